@@ -1,0 +1,125 @@
+"""Pure-MLX varlen paged attention: the oracle for the Metal kernel and the path on every
+non-Metal backend (Linux CPU, CI).
+
+Page layout (shared with the kernel and `engine/kv_cache.py`): one array per layer and per K/V,
+shaped ``[num_blocks, num_kv_heads, block_size, head_dim]``, so one KV head's block is contiguous.
+
+Query row ``i`` of sequence ``s`` (``q_len = cu[s+1] - cu[s]``) sits at position
+``p = seq_lens[s] - q_len + (i - cu[s])`` and attends to keys ``0..p`` (only the last
+``sliding_window`` of them when set). No row ever sees another sequence's keys.
+
+The step metadata (``cu_seqlens_q``, ``seq_lens``) is built on the host with numpy once per step,
+so reading it back here is free; the per-sequence Python loop is over requests, not tokens.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+
+def paged_attention_reference(
+    q: mx.array,
+    k_pages: mx.array,
+    v_pages: mx.array,
+    block_tables: mx.array,
+    seq_lens: mx.array | np.ndarray,
+    cu_seqlens_q: mx.array | np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Attention of packed query rows ``q [N, Hq, D]`` over each row's own paged context.
+
+    Decode rows (``q_len == 1``) of all sequences go through one batched call; each prefill chunk
+    gets its own call with a causal mask offset by the context already cached.
+    """
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    cu = np.asarray(cu_seqlens_q, dtype=np.int64)
+    q_lens = cu[1:] - cu[:-1]
+    num_seqs = len(lens)
+    block_size = k_pages.shape[2]
+    out_parts: list[tuple[int, mx.array]] = []
+
+    decode_seqs = np.flatnonzero(q_lens == 1)
+    if len(decode_seqs):
+        max_len = int(lens[decode_seqs].max())
+        n_blocks = -(-max_len // block_size)
+        tables = block_tables[mx.array(decode_seqs)][:, :n_blocks]
+        keys = _gather_context(k_pages, tables)
+        values = _gather_context(v_pages, tables)
+        q_dec = q[mx.array(cu[decode_seqs])][:, :, None, :]  # (Sd, Hq, 1, D)
+        key_pos = np.arange(n_blocks * block_size)[None, :]
+        query_pos = (lens[decode_seqs] - 1)[:, None]
+        mask = _visible(query_pos, key_pos, sliding_window)[:, None, None, :]
+        out = _attend(q_dec, keys, values, mask, scale, softcap, sinks)[:, :, 0, :]
+        out_parts.extend((int(cu[s]), out[j : j + 1]) for j, s in enumerate(decode_seqs))
+
+    for s in range(num_seqs):
+        q_len = int(q_lens[s])
+        if q_len <= 1:
+            continue
+        ctx = int(lens[s])
+        n_blocks = -(-ctx // block_size)
+        table = block_tables[s : s + 1, :n_blocks]
+        keys = _gather_context(k_pages, table)[:, :, :ctx]
+        values = _gather_context(v_pages, table)[:, :, :ctx]
+        start = int(cu[s])
+        q_seq = q[start : start + q_len].transpose(1, 0, 2)[None]  # (1, Hq, q_len, D)
+        query_pos = np.arange(ctx - q_len, ctx)[:, None]
+        mask = _visible(query_pos, np.arange(ctx)[None, :], sliding_window)[None, None]
+        out = _attend(q_seq, keys, values, mask, scale, softcap, sinks)[0].transpose(1, 0, 2)
+        out_parts.append((start, out))
+
+    if not out_parts:
+        return mx.zeros(q.shape, dtype=q.dtype)
+    out_parts.sort(key=lambda part: part[0])
+    return mx.concatenate([part for _, part in out_parts], axis=0)
+
+
+def _gather_context(pages: mx.array, tables: mx.array) -> mx.array:
+    """[S, n_blocks] block ids -> [S, Hkv, n_blocks * block_size, D] contiguous context."""
+    gathered = pages[tables]  # (S, nb, Hkv, bs, D)
+    s, nb, hkv, bs, d = gathered.shape
+    return gathered.transpose(0, 2, 1, 3, 4).reshape(s, hkv, nb * bs, d)
+
+
+def _visible(query_pos: np.ndarray, key_pos: np.ndarray, window: int | None) -> mx.array:
+    visible = key_pos <= query_pos
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    return mx.array(visible)
+
+
+def _attend(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    mask: mx.array,
+    scale: float,
+    softcap: float | None,
+    sinks: mx.array | None,
+) -> mx.array:
+    """Masked attention with GQA; the fused call unless a logit softcap forces explicit scores."""
+    if softcap is None:
+        return mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=mask, sinks=sinks
+        ).astype(q.dtype)
+    b, hq, lq, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    qg = q.reshape(b, hkv, group, lq, d).astype(mx.float32)
+    scores = (qg * scale) @ k[:, :, None].astype(mx.float32).swapaxes(-1, -2)
+    scores = mx.tanh(scores / softcap) * softcap
+    scores = mx.where(mask[:, :, None], scores, -mx.inf)
+    if sinks is not None:
+        sink = mx.broadcast_to(
+            sinks.astype(mx.float32).reshape(1, hkv, group, 1, 1), (*scores.shape[:-1], 1)
+        )
+        scores = mx.concatenate([sink, scores], axis=-1)
+    probs = mx.softmax(scores, axis=-1, precise=True)
+    if sinks is not None:
+        probs = probs[..., 1:]
+    out = probs @ v[:, :, None].astype(mx.float32)
+    return out.reshape(b, hq, lq, d).astype(q.dtype)

@@ -1,0 +1,15 @@
+"""Shared fixtures: tiny models written to disk once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.tiny import save_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random qwen3 model with a real tokenizer, in Hugging Face layout."""
+    return save_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", arch="qwen3")

@@ -1,0 +1,133 @@
+"""Tiny random-weight models built from mlx-lm's own classes, and a small real tokenizer.
+
+Nothing here downloads anything: models are built in memory (or saved in Hugging Face layout when
+the loading path is under test) and the tokenizer is a byte-level BPE trained in-process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes
+
+VOCAB_SIZE = 384
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, how are you today? I am fine, thank you.",
+    "MLX runs on Apple silicon; macbatch batches many prompts at once.",
+    "0123456789 + - * / = ( ) [ ] { } < > ! ? . , ; : ' \"",
+    "Summarize the following article in one sentence.",
+] * 20
+
+_COMMON = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    vocab_size=VOCAB_SIZE,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+)
+
+ARCH_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(_COMMON, model_type="llama", tie_word_embeddings=False),
+    "qwen2": dict(_COMMON, model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(_COMMON, model_type="qwen3", head_dim=16, tie_word_embeddings=True),
+    "gemma3_text": dict(
+        _COMMON,
+        model_type="gemma3_text",
+        num_hidden_layers=3,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        sliding_window_pattern=3,
+    ),
+    "ministral3": dict(
+        _COMMON,
+        model_type="ministral3",
+        head_dim=16,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "rope_type": "yarn",
+            "factor": 1.0,
+            "original_max_position_embeddings": 4096,
+            "llama_4_scaling_beta": 0.1,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+    "gpt_oss": dict(
+        _COMMON,
+        model_type="gpt_oss",
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+}
+
+
+def build_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> nn.Module:
+    """A float32 random-weight model of `arch`, evaluated and ready to run."""
+    config = dict(ARCH_CONFIGS[arch], **overrides)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def build_tokenizer_json() -> str:
+    """A byte-level BPE tokenizer (JSON text) whose vocabulary fits `VOCAB_SIZE`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    return tokenizer.to_str()
+
+
+def save_model(path: Path, arch: str = "qwen3", seed: int = 0, **overrides: Any) -> Path:
+    """Write a tiny model in Hugging Face layout (config, safetensors, tokenizer files)."""
+    path.mkdir(parents=True, exist_ok=True)
+    model = build_model(arch, seed, **overrides)
+    config = dict(ARCH_CONFIGS[arch], **overrides)
+    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "tokenizer.json").write_text(build_tokenizer_json())
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": 4096,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return path

@@ -1,0 +1,27 @@
+"""Where macbatch keeps its data, and the user's defaults.
+
+macOS: ~/Library/Application Support/macbatch; Linux: $XDG_DATA_HOME/macbatch (~/.local/share);
+``MACBATCH_HOME`` overrides both (tests point it at a temporary directory).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_MODEL = os.environ.get("MACBATCH_MODEL", "demo")
+
+
+def data_dir() -> Path:
+    """The app's data directory (history, ledgers), created on first use."""
+    override = os.environ.get("MACBATCH_HOME")
+    if override:
+        path = Path(override).expanduser()
+    elif sys.platform == "darwin":
+        path = Path.home() / "Library" / "Application Support" / "macbatch"
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        path = Path(xdg) / "macbatch"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

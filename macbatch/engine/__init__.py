@@ -1,0 +1,24 @@
+"""The engine: continuous batching over a paged KV cache. Knows nothing about user interfaces.
+
+Front ends use only the names exported here (see docs/engine.md).
+"""
+
+from macbatch.engine.adapter import UnsupportedModelError
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.runtime import EngineDeadError, EngineThread
+from macbatch.engine.sampling import SamplingParams
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "EngineDeadError",
+    "EngineStats",
+    "EngineThread",
+    "FinishReason",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "UnsupportedModelError",
+]

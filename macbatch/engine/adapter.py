@@ -1,0 +1,224 @@
+"""Runs an unmodified mlx-lm model as one packed forward over the paged KV cache.
+
+How (see shared notes): the model gets inputs shaped (N, 1), one token per batch row, and a cache
+object per layer whose ``offset`` is the (N,) array of token positions, so ``mx.fast.rope`` gives
+each token its own position. The cache object writes K/V into the pages; the model's
+``scaled_dot_product_attention`` (a name each model module imports from ``mlx_lm.models.base``) is
+replaced, in every loaded model module, by a dispatcher that sends paged layers to
+``macbatch.metal.paged_attention`` and everything else to mlx-lm's own function, so plain mlx-lm
+generation in the same process is unaffected. Sliding windows reach the dispatcher through
+``make_mask``. Only the sampled rows go through the LM head, applied by the model's own
+``__call__`` so tied embeddings, logit scaling and softcaps stay the architecture's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import base as mlx_base
+
+import macbatch.metal
+from macbatch.engine.batch import PackedBatch
+from macbatch.engine.kv_cache import KVStore, LayerShape
+
+# Architectures known not to route attention through the patched name, or to keep a compressed
+# latent cache (MLA) or recurrent state: refused at load with the reason.
+_UNSUPPORTED = {
+    "deepseek_v2": "multi-head latent attention (MLA) keeps a compressed cache",
+    "deepseek_v3": "multi-head latent attention (MLA) keeps a compressed cache",
+    "deepseek_v32": "multi-head latent attention (MLA) keeps a compressed cache",
+    "deepseek_v41": "calls mx.fast attention directly",
+    "minicpm3": "multi-head latent attention (MLA) keeps a compressed cache",
+    "kimi_k25": "multi-head latent attention (MLA) keeps a compressed cache",
+    "muse_spark": "calls mx.fast attention directly",
+    "plamo2": "calls mx.fast attention directly and keeps SSM state",
+    "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
+}
+_INNER_NAMES = ("model", "transformer", "backbone")
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture cannot be served through the paged engine."""
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """What ``make_mask`` hands to attention: the layer's sliding window, if any."""
+
+    size: int | None
+
+
+class PagedLayerCache:
+    """The per-layer cache object a model sees during a packed forward."""
+
+    def __init__(self, store: KVStore, layer: int, batch: PackedBatch) -> None:
+        self.store = store
+        self.layer = layer
+        self.batch = batch
+        self.offset = batch.positions
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        rows = self.batch.kv_write_rows[self.store.shapes[self.layer].num_kv_heads]
+        self.store.write(self.layer, rows, keys[:, :, 0, :], values[:, :, 0, :])
+        return keys, values
+
+    def make_mask(
+        self, n: int, return_array: bool = False, window_size: int | None = None
+    ) -> AttentionWindow:
+        return AttentionWindow(window_size)
+
+    def attend(self, queries: mx.array, scale: float, window: int | None, sinks: Any) -> mx.array:
+        k_pages, v_pages = self.store.pages(self.layer)
+        b = self.batch
+        out = macbatch.metal.paged_attention(
+            queries[:, :, 0, :],
+            k_pages,
+            v_pages,
+            b.block_tables,
+            b.seq_lens,
+            b.cu_seqlens_q,
+            scale,
+            sliding_window=window,
+            sinks=sinks,
+        )
+        return out[:, :, None, :]
+
+
+class _ProbeCache:
+    """Records what one layer does during a one-token forward, to learn the cache shapes and to
+    prove attention goes through the patched name."""
+
+    def __init__(self) -> None:
+        self.offset = mx.array([0], dtype=mx.int32)
+        self.shape: LayerShape | None = None
+        self.dtype: mx.Dtype | None = None
+        self.attended = 0
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
+        self.dtype = keys.dtype
+        return keys, values
+
+    def make_mask(
+        self, n: int, return_array: bool = False, window_size: int | None = None
+    ) -> AttentionWindow:
+        return AttentionWindow(window_size)
+
+
+def _dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
+    if isinstance(cache, PagedLayerCache):
+        window = mask.size if isinstance(mask, AttentionWindow) else None
+        return cache.attend(queries, scale, window, sinks)
+    if isinstance(cache, _ProbeCache):
+        cache.attended += 1
+        return mlx_base.scaled_dot_product_attention(
+            queries, keys, values, None, scale, None, sinks
+        )
+    return mlx_base.scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)
+
+
+def _patch_model_modules() -> None:
+    original = mlx_base.scaled_dot_product_attention
+    for name, module in list(sys.modules.items()):
+        if (
+            name.startswith("mlx_lm.models.")
+            and getattr(module, "scaled_dot_product_attention", None) is original
+            and module is not mlx_base
+        ):
+            module.scaled_dot_product_attention = _dispatch_attention
+
+
+class _Delegate:
+    """Answers every attribute from ``target`` except the ones it overrides."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class _PrecomputedInner(_Delegate):
+    """The inner transformer, except that calling it returns states computed already."""
+
+    def __init__(self, inner: nn.Module, hidden: mx.array) -> None:
+        super().__init__(inner)
+        self._hidden = hidden
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        return self._hidden
+
+
+class _HiddenStatesOnly(_Delegate):
+    """Stands in for the model so its own ``__call__`` applies just the head to given states."""
+
+    def __init__(self, model: nn.Module, inner_name: str, hidden: mx.array) -> None:
+        super().__init__(model)
+        setattr(self, inner_name, _PrecomputedInner(getattr(model, inner_name), hidden))
+
+
+class ModelAdapter:
+    def __init__(self, model: nn.Module) -> None:
+        model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
+            model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
+        )
+        self.model_type = str(model_type)
+        if self.model_type in _UNSUPPORTED:
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' is not supported by macbatch's paged engine: "
+                f"{_UNSUPPORTED[self.model_type]}"
+            )
+        self.model = model
+        self.inner_name = next(
+            (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
+        )
+        if self.inner_name is None:
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' has no inner transformer named "
+                f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
+            )
+        self._check_cache_kinds()
+        _patch_model_modules()
+        self.layer_shapes, self.kv_dtype = self._probe()
+
+    @property
+    def inner(self) -> nn.Module:
+        return getattr(self.model, self.inner_name)
+
+    def _check_cache_kinds(self) -> None:
+        from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+        if not hasattr(self.model, "make_cache"):
+            return
+        kinds = {type(c).__name__ for c in self.model.make_cache()}
+        if not kinds <= {KVCache.__name__, RotatingKVCache.__name__}:
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' keeps {', '.join(sorted(kinds))} state "
+                "(recurrent or linear attention); only attention KV caches can be paged"
+            )
+
+    def _probe(self) -> tuple[list[LayerShape], mx.Dtype]:
+        caches = [_ProbeCache() for _ in self.model.layers]
+        mx.eval(self.inner(mx.array([[0]]), cache=caches))
+        if not all(c.shape is not None and c.attended == 1 for c in caches):
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' does not route every layer's attention through "
+                "mlx-lm's scaled_dot_product_attention; macbatch cannot page its KV cache"
+            )
+        return [c.shape for c in caches], caches[0].dtype
+
+    def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
+        """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
+        is sampled: the step only writes K/V)."""
+        caches = [PagedLayerCache(store, i, batch) for i in range(len(self.layer_shapes))]
+        hidden = self.inner(batch.token_ids[:, None], cache=caches)
+        if batch.sample_rows.size == 0:
+            return None
+        hidden = hidden[batch.sample_rows]
+        stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
+        logits = type(self.model).__call__(stand_in, batch.token_ids[:1, None])
+        return logits[:, -1, :].astype(mx.float32)

@@ -1,0 +1,45 @@
+"""Engine sizing knobs, validated once so a typo fails at start, not mid-run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How big the KV pool is and how much work one step may pack.
+
+    ``num_blocks`` fixes the pool size; when it is None the pool takes ``memory_fraction`` of the
+    memory left after the weights (capped at what ``max_num_seqs`` full-length sequences need).
+    ``dtype`` None keeps the model's dtype on Metal and uses float32 on CPU, the only dtype MLX's
+    CPU backend runs through BLAS.
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_fraction: float = 0.5
+    max_num_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    dtype: str | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32):
+            raise ValueError(f"block_size must be 8, 16 or 32, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be at least 1, got {self.num_blocks}")
+        if not 0.0 < self.memory_fraction <= 0.95:
+            raise ValueError(f"memory_fraction must be in (0, 0.95], got {self.memory_fraction}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.dtype not in (None, "float32", "float16", "bfloat16"):
+            raise ValueError(
+                f"dtype must be float32, float16 or bfloat16 (or unset), got {self.dtype!r}"
+            )

@@ -1,0 +1,370 @@
+"""The synchronous engine core: requests in, one packed forward per step, outputs out."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macbatch.engine.adapter import ModelAdapter
+from macbatch.engine.batch import pack
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.request import (
+    FinishReason,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+)
+from macbatch.engine.sampling import SampleRow, SamplingParams, sample
+from macbatch.engine.scheduler import Scheduler
+
+Prompt = Union[Sequence[int], str, Sequence[dict[str, Any]]]
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    preemptions: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    tokens_last_step: int
+    steps: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefix_cache_hit_rate: float
+    cached_blocks: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class Engine:
+    """Continuous batching over a paged KV cache for one mlx-lm model.
+
+    Not thread-safe: use it from one thread, or through ``EngineThread``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        config: EngineConfig | None = None,
+        model_name: str = "model",
+    ) -> None:
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        self.config = config or EngineConfig()
+        self.model_name = model_name
+        dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
+        if dtype is not None:
+            model.set_dtype(getattr(mx, dtype))
+        self.adapter = ModelAdapter(model)
+        self.tokenizer = (
+            tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+        )
+        self.vocab_size = _vocab_size(model)
+        block_size = self.config.block_size
+        shapes = self.adapter.layer_shapes
+        num_blocks = self.config.num_blocks or _blocks_for_memory(
+            model, shapes, block_size, self.adapter.kv_dtype.size, self.config
+        )
+        self.store = KVStore(shapes, num_blocks, block_size, self.adapter.kv_dtype)
+        self.pool = BlockPool(num_blocks)
+        prefix_root = (
+            f"{model_name}:{self.adapter.model_type}".encode()
+            if self.config.enable_prefix_caching
+            else None
+        )
+        self.scheduler = Scheduler(
+            self.pool,
+            block_size,
+            self.config.max_num_batched_tokens,
+            self.config.max_num_seqs,
+            prefix_root,
+        )
+        model_len = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+        self.max_model_len = self.config.max_model_len or model_len or num_blocks * block_size
+        self._kv_head_counts = {s.num_kv_heads for s in shapes}
+        self._requests: dict[str, Request] = {}
+        self._pending: list[RequestOutput] = []
+        self._rng = random.Random()
+        self._steps = 0
+        self._tokens_last_step = 0
+        self._prompt_tokens = 0
+        self._cached_prompt_tokens = 0
+        self._generated_tokens = 0
+
+    @classmethod
+    def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
+        """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
+        from macbatch.engine.loader import load_model
+
+        model, tokenizer = load_model(name)
+        return cls(model, tokenizer, config, model_name=name)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            ids = list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = list(self._apply_chat_template(prompt))
+        elif isinstance(prompt, Sequence) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                )
+        else:
+            raise ValueError(
+                "prompt must be a list of token ids, a string, or a list of chat messages "
+                "({'role': ..., 'content': ...})"
+            )
+        if not ids:
+            raise ValueError("prompt is empty")
+        return ids
+
+    def _apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str) or not isinstance(
+                message.get("content"), str
+            ):
+                raise ValueError(
+                    f"chat message {i} must have string 'role' and 'content' fields, got {message}"
+                )
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"model '{self.model_name}' has no chat template; send a text prompt instead"
+            )
+        ids = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True
+        )
+        return ids["input_ids"] if isinstance(ids, dict) else ids
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
+        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
+        self.enqueue(request)
+        return request.request_id
+
+    def prepare_request(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None
+    ) -> Request:
+        """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        ids = self.encode_prompt(prompt)
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._requests:
+            raise ValueError(f"request id '{request_id}' is already in use")
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
+            eos_token_ids=frozenset(self.tokenizer.eos_token_ids or ()),
+            detokenizer=self.tokenizer.detokenizer,
+            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+        )
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a prepared request, or finish it at once with an error if it can never fit."""
+        self._requests[request.request_id] = request
+        needed = request.num_tokens + request.params.max_tokens
+        capacity = self.pool.num_blocks * self.config.block_size
+        if needed > min(capacity, self.max_model_len):
+            limit, what = (
+                (self.max_model_len, "the model's context length")
+                if self.max_model_len <= capacity
+                else (capacity, "the whole KV cache pool")
+            )
+            self._finish(
+                request,
+                FinishReason.ERROR,
+                f"prompt ({request.num_tokens} tokens) + max_tokens ({request.params.max_tokens}) "
+                f"= {needed} tokens exceeds {what} ({limit} tokens); shorten the prompt or lower "
+                "max_tokens",
+            )
+            return
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks; its final output comes with the next step."""
+        request = self._requests.get(request_id)
+        if request is not None and not request.finished:
+            self._finish(request, FinishReason.ABORT)
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        self.scheduler.finish(request)
+        request.finish(reason, time.monotonic(), error)
+        self._pending.append(request.make_output(self._steps))
+        del self._requests[request.request_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one packed forward over everything scheduled; returns the outputs it produced."""
+        outputs, self._pending = self._pending, []
+        plan = self.scheduler.schedule()
+        self._tokens_last_step = plan.num_tokens
+        if not plan.chunks:
+            return outputs
+        now = time.monotonic()
+        for chunk in plan.chunks:
+            metrics = chunk.request.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.cached_tokens = chunk.start
+                self._prompt_tokens += chunk.request.num_tokens
+                self._cached_prompt_tokens += chunk.start
+
+        batch = pack(plan, self.config.block_size, self._kv_head_counts)
+        logits = self.adapter.forward(batch, self.store)
+        sampled_chunks = [c for c in plan.chunks if c.samples]
+        result = None
+        if logits is not None:
+            rows = [_sample_row(c.request) for c in sampled_chunks]
+            result = sample(logits, rows)
+        mx.eval(*(result.arrays() if result else []), *self.store.arrays())
+        self._steps += 1
+
+        for chunk in plan.chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+            self.scheduler.register_computed_blocks(chunk.request)
+        if result is None:
+            return outputs
+        now = time.monotonic()
+        tokens = result.tokens.tolist()
+        logprobs = result.logprobs.tolist() if result.logprobs is not None else None
+        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
+        top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
+        for i, chunk in enumerate(sampled_chunks):
+            request = chunk.request
+            want = request.params.logprobs
+            if want is not None and logprobs is not None:
+                request.logprobs = (request.logprobs or []) + [logprobs[i]]
+                if want:
+                    top = dict(zip(top_ids[i][:want], top_lps[i][:want]))
+                    request.top_logprobs = (request.top_logprobs or []) + [top]
+            generated_before = len(request.output_token_ids)
+            request.append_token(tokens[i], now)
+            self._generated_tokens += len(request.output_token_ids) - generated_before
+            if request.finished:
+                self.scheduler.finish(request)
+                del self._requests[request.request_id]
+            outputs.append(request.make_output(self._steps))
+        return outputs
+
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run ``prompts`` to completion together; final outputs in the order given."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        requests = [self.prepare_request(p, sp, None) for p, sp in zip(prompts, params)]
+        finals: dict[str, RequestOutput] = {}
+        for request in requests:
+            self.enqueue(request)
+        ids = [r.request_id for r in requests]
+        wanted = set(ids)
+        while len(finals) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    finals[out.request_id] = out
+        return [finals[i] for i in ids]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.num_preemptions,
+            kv_blocks_used=self.pool.num_blocks - self.pool.num_free,
+            kv_blocks_total=self.pool.num_blocks,
+            tokens_last_step=self._tokens_last_step,
+            steps=self._steps,
+            prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._generated_tokens,
+            prefix_cache_hit_rate=(
+                self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
+            ),
+            cached_blocks=self.pool.num_cached,
+        )
+
+
+def _sample_row(request: Request) -> SampleRow:
+    params = request.params
+    return SampleRow(
+        params=params,
+        seed=request.seed,
+        num_generated=len(request.output_token_ids),
+        seen_token_ids=request.all_token_ids if params.repetition_penalty != 1 else [],
+        generated_token_ids=request.output_token_ids,
+    )
+
+
+def _vocab_size(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if size:
+        return int(size)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None:
+        return int(embed.weight.shape[0])
+    raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+def _blocks_for_memory(
+    model: nn.Module, shapes: list, block_size: int, itemsize: int, config: EngineConfig
+) -> int:
+    """Blocks that fit in ``memory_fraction`` of what is left after the weights."""
+    from mlx.utils import tree_flatten
+
+    if mx.default_device() == mx.gpu:
+        total = mx.device_info()["max_recommended_working_set_size"]
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    per_block = KVStore.bytes_per_block(shapes, block_size, itemsize)
+    budget = max(0, int(total * config.memory_fraction) - weights)
+    blocks = budget // per_block
+    model_len = (
+        config.max_model_len
+        or getattr(getattr(model, "args", None), "max_position_embeddings", None)
+        or 32768
+    )
+    most_useful = config.max_num_seqs * (-(-model_len // block_size))
+    blocks = min(blocks, most_useful)
+    if blocks < 1:
+        raise ValueError(
+            f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
+        )
+    return int(blocks)

@@ -1,0 +1,42 @@
+"""Finds a model by name: the packaged demo model, a local directory, or a Hugging Face hub id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def resolve_model_path(name: str) -> Path | str:
+    """A local directory for ``name``, or the hub id itself (mlx-lm downloads and caches it)."""
+    if name == "demo":
+        from macbatch.demo import MODEL_DIR
+
+        if not (MODEL_DIR / "config.json").exists():
+            raise ValueError(
+                f"the demo model is missing from {MODEL_DIR}; rebuild it with "
+                "`python scripts/train_demo_model.py`"
+            )
+        return MODEL_DIR
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ValueError(f"{path} is not a model directory: it has no config.json")
+        return path
+    if name.count("/") != 1 or name.startswith((".", "/")):
+        raise ValueError(
+            f"model '{name}' is neither a local directory nor a Hugging Face hub id "
+            "(owner/name, e.g. mlx-community/Qwen3-0.6B-4bit), nor 'demo'"
+        )
+    return name
+
+
+def load_model(name: str) -> tuple[Any, Any]:
+    """``mlx_lm.load`` with errors a user can act on."""
+    import mlx_lm
+
+    target = resolve_model_path(name)
+    try:
+        return mlx_lm.load(str(target))
+    except Exception as exc:  # hub and file errors come in many types; all get the same framing
+        where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
+        raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc

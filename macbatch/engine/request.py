@@ -1,0 +1,191 @@
+"""A request's life: waiting -> running (prefill in chunks, then decode) -> finished.
+
+Text is detokenized incrementally and stop strings are matched on the text, across token
+boundaries; text that might be the start of a stop string is held back until it is decided.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from macbatch.engine.sampling import SamplingParams
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    cached_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def queue_time_s(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def total_time_s(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Generated tokens after the first, over the time since the first."""
+        end = self.finished_time or time.monotonic()
+        if self.first_token_time is None or self.generated_tokens < 2:
+            return None
+        elapsed = end - self.first_token_time
+        return (self.generated_tokens - 1) / elapsed if elapsed > 0 else None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    metrics: RequestMetrics
+    step: int
+    error: str | None = None
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    eos_token_ids: frozenset[int]
+    detokenizer: Any
+    metrics: RequestMetrics
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    text: str = ""
+    stop_string_hit: bool = False
+    emitted_chars: int = 0
+    emitted_tokens: int = 0
+    logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_token(self, token: int, now: float) -> None:
+        """Record a sampled token; finishes the request on EOS, a stop token or string, or length."""
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = now
+        params = self.params
+        if token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        ):
+            self.finish(FinishReason.STOP, now)
+            return
+        self.output_token_ids.append(token)
+        self.metrics.generated_tokens += 1
+        self.detokenizer.add_token(token)
+        self.text = self.detokenizer.text
+        if params.stop and self._truncate_at_stop_string():
+            self.finish(FinishReason.STOP, now)
+        elif len(self.output_token_ids) >= params.max_tokens:
+            self.finish(FinishReason.LENGTH, now)
+
+    def _truncate_at_stop_string(self) -> bool:
+        longest = max(len(s) for s in self.params.stop)
+        window_start = max(0, self.emitted_chars - longest)
+        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        if not hits:
+            return False
+        self.text = self.text[: min(hits)]
+        self.stop_string_hit = True
+        return True
+
+    def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
+        if self.finished:
+            return
+        if not self.stop_string_hit:
+            self.detokenizer.finalize()
+            self.text = self.detokenizer.text
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.metrics.finished_time = now
+
+    def visible_text_end(self) -> int:
+        """How much of the text may be shown: all of it once finished, else up to any suffix
+        that could still grow into a stop string."""
+        if self.finished or not self.params.stop:
+            return len(self.text)
+        for held in range(min(len(self.text), max(len(s) for s in self.params.stop) - 1), 0, -1):
+            tail = self.text[-held:]
+            if any(s.startswith(tail) for s in self.params.stop):
+                return len(self.text) - held
+        return len(self.text)
+
+    def make_output(self, step: int) -> RequestOutput:
+        """The output for this step: everything so far plus the delta since the last output."""
+        end = max(self.visible_text_end(), self.emitted_chars)
+        new_text = self.text[self.emitted_chars : end]
+        new_tokens = self.output_token_ids[self.emitted_tokens :]
+        self.emitted_chars = end
+        self.emitted_tokens = len(self.output_token_ids)
+        return RequestOutput(
+            request_id=self.request_id,
+            token_ids=list(self.output_token_ids),
+            text=self.text[:end],
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            metrics=self.metrics,
+            step=step,
+            error=self.error,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
+        )

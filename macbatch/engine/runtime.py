@@ -1,0 +1,227 @@
+"""EngineThread: the engine loop on its own thread, so UIs on asyncio (or any other thread) can
+submit, stream and cancel requests while every MLX call stays on one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from typing import Any
+
+from macbatch.engine.engine import Engine, EngineStats, Prompt
+from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+OutputCallback = Callable[[RequestOutput], None]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread is not running (it failed to load, crashed, or was shut down)."""
+
+
+class EngineThread:
+    def __init__(self, loader: Callable[[], Engine], name: str = "macbatch-engine") -> None:
+        self._loader = loader
+        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._ready = threading.Event()
+        self._engine: Engine | None = None
+        self._stats: EngineStats | None = None
+        self._stopped = False
+        self.error: BaseException | None = None
+        self.engine_info: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> EngineThread:
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the model is loaded; re-raises the loader's exception if it failed."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError("the engine did not finish loading in time")
+        if self._engine is None and self.error is not None:
+            raise self.error
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._engine is not None
+
+    @property
+    def alive(self) -> bool:
+        return self.ready and self.error is None and not self._stopped and self._thread.is_alive()
+
+    def shutdown(self, timeout: float | None = 5.0) -> None:
+        """Abort whatever is in flight and stop the thread."""
+        if self._thread.is_alive():
+            self._commands.put(("stop",))
+            self._thread.join(timeout)
+        self._stopped = True
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        on_output: OutputCallback | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a request; ``on_output`` runs on the engine thread for every output."""
+        engine = self._live_engine()
+        request = engine.prepare_request(prompt, params or SamplingParams(), request_id)
+        self._commands.put(("add", request, on_output))
+        return request.request_id
+
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they come; leaving the loop early cancels the request."""
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        def deliver(out: RequestOutput) -> None:
+            try:
+                loop.call_soon_threadsafe(outputs.put_nowait, out)
+            except RuntimeError:  # the consumer's loop is gone; the request is cancelled below
+                pass
+
+        rid = self.submit(prompt, params, deliver, request_id)
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.cancel(rid)
+
+    def cancel(self, request_id: str) -> None:
+        self._commands.put(("cancel", request_id))
+
+    def call(self, fn: Callable[[Engine], Any]) -> Future:
+        """Run ``fn(engine)`` on the engine thread between steps; its result comes in a Future."""
+        self._live_engine()
+        future: Future = Future()
+        self._commands.put(("call", fn, future))
+        return future
+
+    def stats(self) -> EngineStats | None:
+        """The snapshot taken after the last step (plain data, safe from any thread)."""
+        return self._stats
+
+    def _live_engine(self) -> Engine:
+        if not self.alive:
+            why = f": {self.error}" if self.error else ""
+            raise EngineDeadError(f"the engine is not running{why}")
+        assert self._engine is not None
+        return self._engine
+
+    # -- the loop (engine thread only) -------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            engine = self._engine = self._loader()
+        except BaseException as exc:  # report any load failure to the waiting caller
+            self.error = exc
+            self._ready.set()
+            return
+        self.engine_info = {
+            "model_name": engine.model_name,
+            "model_type": engine.adapter.model_type,
+            "kv_blocks_total": engine.pool.num_blocks,
+            "block_size": engine.config.block_size,
+            "max_model_len": engine.max_model_len,
+        }
+        self._stats = engine.stats()
+        self._ready.set()
+        try:
+            while self._handle_commands(engine, block=not engine.has_unfinished()):
+                if engine.has_unfinished():
+                    self._deliver(engine.step())
+                    self._stats = engine.stats()
+        except BaseException as exc:
+            log.exception("engine loop failed")
+            self.error = exc
+            self._fail_everything(f"the engine failed: {exc!r}")
+
+    def _handle_commands(self, engine: Engine, block: bool) -> bool:
+        """Apply queued commands; False once asked to stop."""
+        while True:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            kind = command[0]
+            if kind == "add":
+                _, request, callback = command
+                if callback is not None:
+                    self._callbacks[request.request_id] = callback
+                engine.enqueue(request)
+            elif kind == "cancel":
+                engine.abort(command[1])
+            elif kind == "call":
+                _, fn, future = command
+                try:
+                    future.set_result(fn(engine))
+                except Exception as exc:
+                    future.set_exception(exc)
+            elif kind == "stop":
+                for rid in list(self._callbacks):
+                    engine.abort(rid)
+                self._deliver(engine.step())
+                self._stats = engine.stats()
+                self._stopped = True
+                return False
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            callback = self._callbacks.get(out.request_id)
+            if out.finished:
+                self._callbacks.pop(out.request_id, None)
+            if callback is None:
+                continue
+            try:
+                callback(out)
+            except Exception:
+                log.exception("output callback for request %s failed", out.request_id)
+
+    def _fail_everything(self, message: str) -> None:
+        """After a crash, finish every known request with an error so no caller hangs."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if command[0] == "add" and command[2] is not None:
+                self._callbacks[command[1].request_id] = command[2]
+            elif command[0] == "call":
+                command[2].set_exception(EngineDeadError(message))
+        now = time.monotonic()
+        self._deliver(
+            [
+                RequestOutput(
+                    request_id=rid,
+                    token_ids=[],
+                    text="",
+                    new_token_ids=[],
+                    new_text="",
+                    finished=True,
+                    finish_reason=FinishReason.ERROR,
+                    metrics=RequestMetrics(arrival_time=now, finished_time=now),
+                    step=-1,
+                    error=message,
+                )
+                for rid in list(self._callbacks)
+            ]
+        )

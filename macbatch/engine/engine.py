@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,7 +26,7 @@ from macbatch.engine.request import (
 from macbatch.engine.sampling import SampleRow, SamplingParams, sample
 from macbatch.engine.scheduler import Scheduler
 
-Prompt = Union[Sequence[int], str, Sequence[dict[str, Any]]]
+Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
 
 
 @dataclass

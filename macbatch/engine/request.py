@@ -118,7 +118,7 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def append_token(self, token: int, now: float) -> None:
-        """Record a sampled token; finishes the request on EOS, a stop token or string, or length."""
+        """Record a sampled token; finish on EOS, a stop token or string, or the length limit."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         params = self.params

@@ -5,6 +5,7 @@ submit, stream and cancel requests while every MLX call stays on one thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -89,10 +90,9 @@ class EngineThread:
         outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
         def deliver(out: RequestOutput) -> None:
-            try:
+            # RuntimeError: the consumer's loop is gone; the request is cancelled below.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
-            except RuntimeError:  # the consumer's loop is gone; the request is cancelled below
-                pass
 
         rid = self.submit(prompt, params, deliver, request_id)
         finished = False

@@ -143,7 +143,7 @@ class SampledBatch:
 
 
 def sample(logits: mx.array, rows: list[SampleRow]) -> SampledBatch:
-    """Sample one token per row of ``logits [R, V]`` (float32); builds a graph, evaluates nothing."""
+    """One token per row of ``logits [R, V]`` (float32); builds the graph, evaluates nothing."""
     if any(r.params.penalized for r in rows):
         logits = _apply_penalties(logits, rows)
     tokens = mx.argmax(logits, axis=-1)

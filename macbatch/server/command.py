@@ -1,0 +1,188 @@
+"""``macbatch serve``: the typer command. Heavy imports (MLX, the engine, uvicorn) happen inside
+the function so ``macbatch --help`` stays fast."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import typer
+
+from macbatch.config import DEFAULT_MODEL
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def serve_command(
+    model: str = typer.Option(
+        DEFAULT_MODEL,
+        "--model",
+        "-m",
+        help="Model to serve: 'demo', a local MLX model directory, or a Hugging Face id "
+        "(e.g. mlx-community/Qwen3-0.6B-4bit). Clients name it in the 'model' field.",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Address to listen on. Anything but loopback needs --api-key (or --insecure).",
+    ),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port to listen on."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="MACBATCH_API_KEY",
+        show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on every endpoint but /health.",
+    ),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Allow a non-loopback --host without an API key (anyone on the network can use it).",
+    ),
+    max_num_seqs: int = typer.Option(
+        64, min=1, help="Requests generating at once (the engine's running batch)."
+    ),
+    max_queue: int = typer.Option(
+        256,
+        min=0,
+        help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
+    ),
+    kv_blocks: int | None = typer.Option(
+        None,
+        min=1,
+        help="KV cache blocks of 16 tokens (default: half the memory left after the weights).",
+    ),
+    max_body_mb: float = typer.Option(
+        4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
+    ),
+    shutdown_timeout: float = typer.Option(
+        10.0,
+        min=0,
+        help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
+    ),
+    log_level: str = typer.Option("info", help=f"Server log level: {', '.join(LOG_LEVELS)}."),
+    print_launchd_plist: bool = typer.Option(
+        False,
+        "--print-launchd-plist",
+        help="Print a launchd plist that runs this same command at login, and exit. Save it as "
+        "~/Library/LaunchAgents/com.macbatch.serve.plist, then "
+        "`launchctl load` it.",
+    ),
+) -> None:
+    """Serve the model over a local OpenAI-compatible HTTP API, with no UI.
+
+    All clients share one engine, so concurrent requests are batched together.
+    Point any OpenAI client at http://HOST:PORT/v1 (see docs/serve.md).
+    """
+    from macbatch.server.listen import is_loopback
+
+    if log_level not in LOG_LEVELS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
+        )
+    if not is_loopback(host) and not api_key and not insecure:
+        raise typer.BadParameter(
+            f"{host} is reachable from other machines; give --api-key (or set MACBATCH_API_KEY), "
+            "or pass --insecure to serve without one",
+            param_hint="--host",
+        )
+    if print_launchd_plist:
+        arguments = _command_line(
+            model=model,
+            host=host,
+            port=port,
+            insecure=insecure,
+            max_num_seqs=max_num_seqs,
+            max_queue=max_queue,
+            kv_blocks=kv_blocks,
+            max_body_mb=max_body_mb,
+            shutdown_timeout=shutdown_timeout,
+            log_level=log_level,
+        )
+        typer.echo(_plist(arguments, api_key), nl=False)
+        return
+    _serve(
+        model,
+        host,
+        port,
+        api_key,
+        max_num_seqs=max_num_seqs,
+        max_queue=max_queue,
+        kv_blocks=kv_blocks,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+    )
+
+
+def _command_line(**options: object) -> list[str]:
+    """This command's argv for launchd: the installed ``macbatch`` script and every option."""
+    program = shutil.which("macbatch") or str(Path(sys.argv[0]).resolve())
+    argv = [program, "serve"]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _plist(arguments: list[str], api_key: str | None) -> str:
+    from macbatch.config import data_dir
+    from macbatch.server.launchd import launchd_plist
+
+    log_dir = data_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return launchd_plist(arguments, log_dir / "serve.log", api_key)
+
+
+def _serve(
+    model: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    *,
+    max_num_seqs: int,
+    max_queue: int,
+    kv_blocks: int | None,
+    max_body_bytes: int,
+    shutdown_timeout: float,
+    log_level: str,
+) -> None:
+    from macbatch.engine import Engine, EngineConfig, EngineThread
+    from macbatch.server.app import ServerOptions, create_app
+    from macbatch.server.listen import ListenError, bind, run
+
+    try:
+        sock = bind(host, port)
+    except ListenError as exc:
+        typer.echo(f"macbatch serve: {exc}", err=True)
+        raise typer.Exit(1) from None
+    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks)
+    typer.echo(f"macbatch serve: loading {model} ...", err=True)
+    thread = EngineThread(lambda: Engine.load(model, config)).start()
+    try:
+        try:
+            thread.wait_ready()
+        except Exception as exc:
+            typer.echo(f"macbatch serve: cannot load {model!r}: {exc}", err=True)
+            raise typer.Exit(1) from None
+        tokenizer = thread.call(lambda engine: engine.tokenizer).result()
+        options = ServerOptions(
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            max_pending=max_num_seqs + max_queue,
+            model_aliases=(Path(model).name,),
+        )
+        app = create_app(thread, tokenizer, options, model_id=model)
+        bound_port = sock.getsockname()[1]
+        typer.echo(
+            f"macbatch serve: {model} at http://{host}:{bound_port}/v1 "
+            f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
+            err=True,
+        )
+        run(app, sock, shutdown_timeout, log_level)
+    finally:
+        thread.shutdown(timeout=shutdown_timeout)
+        sock.close()

@@ -1,0 +1,123 @@
+"""The engine requests behind one HTTP request, seen from the event loop.
+
+Requests are submitted up front (so bad input is a 400 before any byte of a stream is sent); their
+outputs arrive on one asyncio queue, merged in arrival order. ``close()`` is synchronous so it also
+runs under cancellation (a client that disconnects mid-stream): it cancels every unfinished
+request, and the engine frees its KV blocks on its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from macbatch.engine import (
+    EngineDeadError,
+    EngineThread,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+)
+from macbatch.server.errors import APIError, engine_unavailable, invalid
+from macbatch.server.metrics import ServerMetrics
+from macbatch.server.params import Prompt
+
+LIVENESS_CHECK_S = 0.5  # how often a waiting handler checks that the engine thread is alive
+
+
+class Admission:
+    """Bounds the engine requests in flight (running plus waiting); beyond it, 429."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.pending = 0
+
+    def take(self, count: int) -> None:
+        if self.pending + count > self.capacity:
+            raise APIError(
+                429,
+                f"the server is busy: {self.pending} requests are running or queued "
+                f"(limit {self.capacity}); retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+        self.pending += count
+
+    def give_back(self, count: int) -> None:
+        self.pending -= count
+
+
+class Run:
+    """Submits ``jobs`` (choice index = position) and yields ``(index, output)`` as they come."""
+
+    def __init__(
+        self,
+        thread: EngineThread,
+        jobs: tuple[tuple[Prompt, SamplingParams], ...],
+        metrics: ServerMetrics,
+    ) -> None:
+        self._thread = thread
+        self._metrics = metrics
+        self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._request_ids: list[str] = []
+        self._unfinished: set[int] = set()
+        self._first_token_seen: set[int] = set()
+        try:
+            for index, (prompt, params) in enumerate(jobs):
+                self._request_ids.append(thread.submit(prompt, params, self._deliver(index)))
+                self._unfinished.add(index)
+        except ValueError as exc:
+            self.close()
+            raise invalid(str(exc), "messages" if isinstance(prompt, list) else "prompt") from None
+        except EngineDeadError as exc:
+            self.close()
+            raise engine_unavailable(str(exc)) from None
+
+    def _deliver(self, index: int) -> Callable[[RequestOutput], None]:
+        """The callback run on the engine thread: hand the output to the event loop."""
+
+        def on_output(out: RequestOutput) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed event loop: the server is gone
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, out))
+
+        return on_output
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs until every request finished; APIError if one fails or the engine dies."""
+        while self._unfinished:
+            try:
+                index, out = await asyncio.wait_for(self._queue.get(), LIVENESS_CHECK_S)
+            except asyncio.TimeoutError:
+                if not self._thread.alive:
+                    raise engine_unavailable(_describe(self._thread.error)) from None
+                continue
+            if index not in self._unfinished:
+                continue  # a late output of a request already cancelled
+            first = index not in self._first_token_seen and out.metrics.first_token_time
+            if first:
+                self._first_token_seen.add(index)
+            self._metrics.record(out, bool(first))
+            if out.finished:
+                self._unfinished.discard(index)
+                if out.finish_reason is FinishReason.ERROR:
+                    self._raise_for_error(out)
+            yield index, out
+
+    def _raise_for_error(self, out: RequestOutput) -> None:
+        """An ERROR finish: 503 if the engine died, else this request was unservable (400)."""
+        if not self._thread.alive:
+            raise engine_unavailable(_describe(self._thread.error))
+        raise invalid(out.error or "the engine could not run this request")
+
+    def close(self) -> None:
+        """Cancel whatever has not finished (idempotent, never awaits)."""
+        for index in sorted(self._unfinished):
+            self._thread.cancel(self._request_ids[index])
+            self._metrics.record_abort()
+        self._unfinished.clear()
+
+
+def _describe(error: BaseException | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {error}"

@@ -1,0 +1,28 @@
+"""A launchd property list that runs ``macbatch serve`` at login (macOS LaunchAgent)."""
+
+from __future__ import annotations
+
+import plistlib
+from pathlib import Path
+
+LABEL = "com.macbatch.serve"
+
+
+def launchd_plist(arguments: list[str], log_file: Path, api_key: str | None) -> str:
+    """The plist text: start at login, restart after a crash (not after a clean stop).
+
+    The API key goes into the job's environment, not its arguments, so `ps` does not show it;
+    keep the installed file private (chmod 600).
+    """
+    job: dict[str, object] = {
+        "Label": LABEL,
+        "ProgramArguments": arguments,
+        "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False},
+        "ProcessType": "Interactive",  # not throttled like a background job
+        "StandardOutPath": str(log_file),
+        "StandardErrorPath": str(log_file),
+    }
+    if api_key:
+        job["EnvironmentVariables"] = {"MACBATCH_API_KEY": api_key}
+    return plistlib.dumps(job, sort_keys=False).decode()

@@ -1,0 +1,134 @@
+"""Prometheus text metrics for /metrics: what the server answered and generated (counted here, on
+the event loop) plus the engine's own gauges (running, waiting, KV use) from its last snapshot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from macbatch.engine import EngineStats, RequestOutput
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, name: str) -> list[str]:
+        rows = [
+            f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)
+        ]
+        rows.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        return [*rows, f"{name}_sum {self.total}", f"{name}_count {self.count}"]
+
+
+@dataclass
+class ServerMetrics:
+    """Counters updated by the handlers; one instance per app, touched only on its event loop."""
+
+    http_responses: Counter = field(default_factory=Counter)  # (route, status) -> count
+    finished: Counter = field(default_factory=Counter)  # finish reason -> engine requests
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+
+    def record(self, out: RequestOutput, first_token: bool) -> None:
+        """Count one engine output; ``first_token`` on the first output after the first token
+        was sampled (an EOS included), when prompt tokens and time to first token are known."""
+        self.generation_tokens += len(out.new_token_ids)
+        ttft = out.metrics.time_to_first_token_s
+        if first_token and ttft is not None:
+            self.prompt_tokens += out.metrics.prompt_tokens
+            self.time_to_first_token.observe(ttft)
+        if out.finished and out.finish_reason is not None:
+            self.finished[out.finish_reason.value] += 1
+
+    def record_abort(self) -> None:
+        """An engine request this server cancelled (client gone, shutdown)."""
+        self.finished["abort"] += 1
+
+    def render(self, stats: EngineStats | None, engine_up: bool, pending: int) -> str:
+        """The exposition text (format 0.0.4)."""
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, rows: list[str]) -> None:
+            out.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *rows])
+
+        metric(
+            "macbatch_http_responses_total",
+            "counter",
+            "HTTP responses by route and status code.",
+            [
+                f'macbatch_http_responses_total{{route="{route}",status="{status}"}} {count}'
+                for (route, status), count in sorted(self.http_responses.items())
+            ],
+        )
+        metric(
+            "macbatch_requests_total",
+            "counter",
+            "Engine requests (one per choice) by finish reason.",
+            [
+                f'macbatch_requests_total{{finish_reason="{reason}"}} {count}'
+                for reason, count in sorted(self.finished.items())
+            ],
+        )
+        metric(
+            "macbatch_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of engine requests that produced output.",
+            [f"macbatch_prompt_tokens_total {self.prompt_tokens}"],
+        )
+        metric(
+            "macbatch_generation_tokens_total",
+            "counter",
+            "Tokens generated and passed to clients.",
+            [f"macbatch_generation_tokens_total {self.generation_tokens}"],
+        )
+        name = "macbatch_time_to_first_token_seconds"
+        metric(
+            name,
+            "histogram",
+            "Seconds from arrival to first generated token, per engine request.",
+            self.time_to_first_token.lines(name),
+        )
+        gauges = {
+            "macbatch_engine_up": ("1 if the engine thread is running.", int(engine_up)),
+            "macbatch_requests_pending": (
+                "Engine requests admitted by the server and not finished.",
+                pending,
+            ),
+        }
+        if stats is not None:
+            gauges.update(
+                {
+                    "macbatch_requests_running": ("Requests in the running batch.", stats.running),
+                    "macbatch_requests_waiting": ("Requests waiting to start.", stats.waiting),
+                    "macbatch_kv_blocks_used": ("KV cache blocks in use.", stats.kv_blocks_used),
+                    "macbatch_kv_blocks_total": ("KV cache blocks in all.", stats.kv_blocks_total),
+                    "macbatch_kv_cache_usage_ratio": ("KV cache use, 0 to 1.", stats.kv_usage),
+                }
+            )
+        for gauge, (help_text, value) in gauges.items():
+            metric(gauge, "gauge", help_text, [f"{gauge} {value}"])
+        if stats is not None:
+            metric(
+                "macbatch_preemptions_total",
+                "counter",
+                "Requests preempted for lack of KV blocks.",
+                [f"macbatch_preemptions_total {stats.preemptions}"],
+            )
+        return "\n".join(out) + "\n"

@@ -1,0 +1,216 @@
+"""OpenAI response objects built from engine outputs: whole answers, stream chunks, usage and
+logprobs, for chat (``chat.completion``) and legacy completions (``text_completion``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from macbatch.engine import RequestOutput
+
+
+class TokenDecoder(Protocol):
+    """What logprobs need from a tokenizer: the text of a token."""
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+@dataclass
+class ChoiceProgress:
+    """What one choice has streamed so far, so every chunk carries only the new part."""
+
+    tokens_sent: int = 0
+    chars_sent: int = 0
+    started: bool = False
+
+
+@dataclass
+class Formatter:
+    """Shared by both endpoints: the response id, model name, logprobs and usage."""
+
+    model: str
+    decoder: TokenDecoder
+    top_logprobs: int | None
+    n: int
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    object_name = ""
+    chunk_object_name = ""
+
+    def envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        """The non-streaming answer: every choice's final output, in choice order."""
+        choices = [self.final_choice(i, out) for i, out in enumerate(finals)]
+        body = self.envelope(self.object_name, choices)
+        body["usage"] = usage(finals, self.n)
+        return body
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        """The last chunk of a stream with ``stream_options.include_usage``."""
+        body = self.envelope(self.chunk_object_name, [])
+        body["usage"] = usage(finals, self.n)
+        return body
+
+    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+        raise NotImplementedError
+
+    def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def token_text(self, token_id: int) -> str:
+        return self.decoder.decode([token_id])
+
+    def new_logprobs(self, out: RequestOutput, start: int) -> list[tuple[int, float, dict]]:
+        """(token, logprob, top alternatives) for the tokens from ``start`` on."""
+        if self.top_logprobs is None or out.logprobs is None:
+            return []
+        end = min(len(out.token_ids), len(out.logprobs))
+        tops = out.top_logprobs or []
+        return [
+            (out.token_ids[i], out.logprobs[i], tops[i] if i < len(tops) else {})
+            for i in range(start, end)
+        ]
+
+
+class ChatFormatter(Formatter):
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": self.logprobs(out, 0),
+            "finish_reason": _finish_reason(out),
+        }
+
+    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+        """Role first, then content deltas, then an empty delta with the finish reason."""
+        chunks = []
+        if not progress.started:
+            progress.started = True
+            chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
+        logprobs = self.logprobs(out, progress.tokens_sent)
+        if out.new_text or (logprobs and logprobs["content"]):
+            chunks.append(self._chunk(index, {"content": out.new_text}, logprobs=logprobs))
+        progress.tokens_sent = len(out.token_ids)
+        if out.finished:
+            chunks.append(self._chunk(index, {}, finish_reason=_finish_reason(out)))
+        return chunks
+
+    def _chunk(
+        self,
+        index: int,
+        delta: dict[str, str],
+        logprobs: dict | None = None,
+        finish_reason: str | None = None,
+    ) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs}
+        choice["finish_reason"] = finish_reason
+        return self.envelope(self.chunk_object_name, [choice])
+
+    def logprobs(self, out: RequestOutput, start: int) -> dict | None:
+        if self.top_logprobs is None:
+            return None
+        return {
+            "content": [
+                {
+                    **self._token_entry(token, logprob),
+                    "top_logprobs": [self._token_entry(t, lp) for t, lp in _ranked(top)],
+                }
+                for token, logprob, top in self.new_logprobs(out, start)
+            ]
+        }
+
+    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+class CompletionFormatter(Formatter):
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": out.text,
+            "logprobs": self.logprobs(out, ChoiceProgress()),
+            "finish_reason": _finish_reason(out),
+        }
+
+    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+        """One chunk per step with new text; the last one carries the finish reason."""
+        logprobs = self.logprobs(out, progress)
+        if not (out.new_text or out.finished or (logprobs and logprobs["tokens"])):
+            return []
+        choice = {
+            "index": index,
+            "text": out.new_text,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(out) if out.finished else None,
+        }
+        return [self.envelope(self.chunk_object_name, [choice])]
+
+    def logprobs(self, out: RequestOutput, progress: ChoiceProgress) -> dict | None:
+        """The legacy layout: parallel lists; advances ``progress`` past the tokens rendered."""
+        if self.top_logprobs is None:
+            return None
+        result: dict[str, list] = {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        for token, logprob, top in self.new_logprobs(out, progress.tokens_sent):
+            text = self.token_text(token)
+            result["tokens"].append(text)
+            result["token_logprobs"].append(logprob)
+            result["top_logprobs"].append({self.token_text(t): lp for t, lp in _ranked(top)})
+            result["text_offset"].append(progress.chars_sent)
+            progress.chars_sent += len(text)
+        progress.tokens_sent = len(out.token_ids)
+        return result
+
+
+def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
+    """Token counts (the prompt once per prompt, not once per choice), time to first token and
+    decode speed (tokens after each choice's first, over the time since the first token)."""
+    metrics = [out.metrics for out in finals]
+    prompt_tokens = sum(m.prompt_tokens for m in metrics[::n])
+    completion_tokens = sum(len(out.token_ids) for out in finals)
+    firsts = [m.first_token_time for m in metrics if m.first_token_time is not None]
+    ttft = tokens_per_second = None
+    if firsts:
+        ttft = min(firsts) - min(m.arrival_time for m in metrics)
+        end = max(m.finished_time or time.monotonic() for m in metrics)
+        if end > min(firsts):
+            tokens_per_second = (completion_tokens - len(firsts)) / (end - min(firsts))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(m.cached_tokens for m in metrics[::n])},
+        "time_to_first_token_s": ttft,
+        "tokens_per_second": tokens_per_second,
+    }
+
+
+def _ranked(top: dict[int, float]) -> list[tuple[int, float]]:
+    return sorted(top.items(), key=lambda item: -item[1])
+
+
+def _finish_reason(out: RequestOutput) -> str | None:
+    return None if out.finish_reason is None else str(out.finish_reason.value)

@@ -13,3 +13,11 @@ from tests.support.tiny import save_model
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random qwen3 model with a real tokenizer, in Hugging Face layout."""
     return save_model(tmp_path_factory.mktemp("models") / "tiny-qwen3", arch="qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_path: Path):
+    """The tiny models' tokenizer, as mlx-lm loads it (a TokenizerWrapper)."""
+    from mlx_lm import load
+
+    return load(str(tiny_model_path))[1]

@@ -1,0 +1,99 @@
+"""Greedy tokens through the packed, paged engine equal mlx-lm's own single-request generation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.tiny import ARCH_CONFIGS, VOCAB_SIZE, build_model
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB_SIZE, size=n).tolist() for n in lengths]
+
+
+def run_staggered(engine: Engine, prompts, params, join_every: int = 2) -> dict[int, list[int]]:
+    """Add request i after i * join_every steps, so requests join a batch already running."""
+    results: dict[int, list[int]] = {}
+    ids: dict[str, int] = {}
+    pending = list(enumerate(prompts))
+    step = 0
+    while pending or engine.has_unfinished():
+        while pending and step >= pending[0][0] * join_every:
+            i, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, params)] = i
+        for out in engine.step():
+            if out.finished:
+                results[ids[out.request_id]] = out.token_ids
+        step += 1
+    return results
+
+
+@pytest.mark.parametrize("arch", list(ARCH_CONFIGS))
+def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
+    """Nine requests of different lengths join at different steps; a 24-token budget chunks the
+    longer prompts (some longer than the whole budget) across steps."""
+    model = build_model(arch)
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8,
+                                                        max_num_batched_tokens=24))
+    prompts = _prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
+    results = run_staggered(engine, prompts, GREEDY)
+    for i, prompt in enumerate(prompts):
+        assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
+def test_preemption_recomputes_identically(arch, tiny_tokenizer):
+    """A pool too small for everyone forces preemption; outputs are unchanged."""
+    model = build_model(arch)
+    engine = Engine(
+        model,
+        tiny_tokenizer,
+        EngineConfig(num_blocks=12, block_size=8, max_num_batched_tokens=64,
+                     enable_prefix_caching=False),
+    )
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = _prompts([20, 18, 22, 15, 19], seed=3)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens)
+    assert_pool_idle(engine)
+
+
+def test_edge_lengths(tiny_tokenizer):
+    """One-token prompt, max_tokens 1, and a prompt longer than the step budget."""
+    model = build_model("llama")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, max_num_batched_tokens=16))
+    cases = [
+        (_prompts([1])[0], 6),
+        (_prompts([9], seed=1)[0], 1),
+        (_prompts([70], seed=2)[0], 5),
+    ]
+    outs = engine.generate(
+        [p for p, _ in cases],
+        [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in cases],
+    )
+    for (prompt, n), out in zip(cases, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, n)
+        assert out.finish_reason == "length"
+    assert_pool_idle(engine)
+
+
+def test_text_and_chat_prompts_match_mlx_lm(tiny_tokenizer):
+    """Text prompts are encoded and chat messages templated exactly as mlx-lm's tokenizer does."""
+    model = build_model("qwen3")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    text_out, chat_out = engine.generate(["the quick brown fox", messages], GREEDY)
+    text_ids = tiny_tokenizer.encode("the quick brown fox")
+    chat_ids = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert text_out.token_ids == mlx_lm_greedy(model, text_ids, GREEDY.max_tokens)
+    assert chat_out.token_ids == mlx_lm_greedy(model, chat_ids, GREEDY.max_tokens)
+    assert text_out.text == tiny_tokenizer.decode(text_out.token_ids)

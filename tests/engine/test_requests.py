@@ -1,0 +1,160 @@
+"""Request lifecycle: abort, bad input, stopping, streaming deltas, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.tiny import VOCAB_SIZE, build_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("qwen3")
+
+
+@pytest.fixture
+def engine(model, tiny_tokenizer):
+    return Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8,
+                                                      max_num_batched_tokens=16))
+
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def _drain(engine):
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    return finals
+
+
+@pytest.mark.parametrize("when", ["waiting", "mid_prefill", "mid_decode"])
+def test_abort_frees_blocks_and_others_continue(engine, model, when):
+    other = list(range(10, 30))
+    victim = engine.add_request(list(range(40, 80)), GREEDY)  # 40 tokens: 3 prefill steps
+    keeper = engine.add_request(other, GREEDY)
+    steps = {"waiting": 0, "mid_prefill": 1, "mid_decode": 4}[when]
+    for _ in range(steps):
+        engine.step()
+    engine.abort(victim)
+    finals = _drain(engine)
+    assert finals[victim].finish_reason == FinishReason.ABORT
+    assert finals[keeper].token_ids == mlx_lm_greedy(model, other, GREEDY.max_tokens)
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize(
+    "prompt,params,message",
+    [
+        ([], GREEDY, "prompt is empty"),
+        ("", GREEDY, "prompt is empty"),
+        ([1, VOCAB_SIZE + 5], GREEDY, "outside the vocabulary"),
+        ([-1], GREEDY, "outside the vocabulary"),
+        ([{"role": "user"}], GREEDY, "'role' and 'content'"),
+        (42, GREEDY, "prompt must be"),
+    ],
+)
+def test_bad_prompt_is_rejected_and_engine_keeps_serving(engine, model, prompt, params, message):
+    good = engine.add_request([5, 6, 7], GREEDY)
+    with pytest.raises(ValueError, match=message):
+        engine.add_request(prompt, params)
+    finals = _drain(engine)
+    assert list(finals) == [good]
+    assert finals[good].token_ids == mlx_lm_greedy(model, [5, 6, 7], GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_sampling_params(kwargs, field):
+    with pytest.raises(ValueError, match=f"invalid sampling parameter {field}="):
+        SamplingParams(**kwargs)
+
+
+def test_request_that_can_never_fit_finishes_with_error(engine, model):
+    too_long = engine.add_request(list(range(3, 100)), SamplingParams(max_tokens=500))
+    ok = engine.add_request([9, 9, 9], GREEDY)
+    finals = _drain(engine)
+    assert finals[too_long].finish_reason == FinishReason.ERROR
+    assert "exceeds the whole KV cache pool (512 tokens)" in finals[too_long].error
+    assert finals[ok].finish_reason == FinishReason.LENGTH
+    assert_pool_idle(engine)
+
+
+def test_eos_and_stop_token_ids_end_without_emitting(engine, model):
+    prompt = [11, 12, 13]
+    reference = mlx_lm_greedy(model, prompt, 8)
+    stop_at = reference[3]
+    first = reference.index(stop_at)
+    out = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0,
+                                                   stop_token_ids=[stop_at]))[0]
+    assert out.finish_reason == FinishReason.STOP
+    assert out.token_ids == reference[:first]
+
+
+def test_stop_string_across_token_boundaries(engine, model, tiny_tokenizer):
+    """A stop string spanning two tokens ends the text before it, and no streamed delta ever
+    contained any part of it."""
+    prompt = [20, 21, 22]
+    reference = mlx_lm_greedy(model, prompt, 12)
+    full_text = tiny_tokenizer.decode(reference)
+    # Two characters around the boundary between the 3rd and 4th tokens' text.
+    cut = len(tiny_tokenizer.decode(reference[:3]))
+    stop = full_text[cut - 1 : cut + 1]
+    assert len(stop) == 2
+    expected = full_text[: full_text.index(stop)]
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=12, temperature=0, stop=[stop]))
+    deltas, final = [], None
+    while final is None:
+        for out in engine.step():
+            if out.request_id == rid:
+                deltas.append(out.new_text)
+                final = out if out.finished else None
+    assert final.finish_reason == FinishReason.STOP
+    assert final.text == expected
+    assert "".join(deltas) == expected
+
+
+def test_streamed_deltas_add_up_and_metrics(engine, model, tiny_tokenizer):
+    rid = engine.add_request([30, 31, 32, 33], GREEDY)
+    tokens, text = [], ""
+    final = None
+    while final is None:
+        for out in engine.step():
+            tokens += out.new_token_ids
+            text += out.new_text
+            final = out if out.finished else None
+    assert tokens == final.token_ids == mlx_lm_greedy(model, [30, 31, 32, 33], 8)
+    assert text == final.text == tiny_tokenizer.decode(tokens)
+    m = final.metrics
+    assert (m.prompt_tokens, m.generated_tokens) == (4, 8)
+    assert 0 <= m.queue_time_s <= m.time_to_first_token_s <= m.total_time_s
+    assert m.decode_tokens_per_s > 0
+    assert final.request_id == rid
+
+
+def test_logprobs_are_normalised_and_match_choice(engine):
+    out = engine.generate([[7, 8, 9]], SamplingParams(max_tokens=4, temperature=0, logprobs=3,
+                                                      ignore_eos=True))[0]
+    assert len(out.logprobs) == len(out.top_logprobs) == 4
+    for token, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
+        assert max(top, key=top.get) == token  # greedy picks the most likely token
+        assert top[token] == pytest.approx(lp)
+        assert all(v <= 0 for v in top.values())

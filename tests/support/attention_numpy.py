@@ -1,0 +1,46 @@
+"""Float64 numpy varlen paged attention, written straight from the contract in DESIGN.md: one
+query row at a time, so it shares no structure with the implementations it checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def paged_attention_numpy(
+    q: np.ndarray,
+    k_pages: np.ndarray,
+    v_pages: np.ndarray,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+) -> np.ndarray:
+    q = q.astype(np.float64)
+    k_pages = k_pages.astype(np.float64)
+    v_pages = v_pages.astype(np.float64)
+    n, hq, d = q.shape
+    hkv, block_size = k_pages.shape[1], k_pages.shape[2]
+    out = np.zeros((n, hq, d))
+    for s in range(len(seq_lens)):
+        start, end = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
+        for i in range(start, end):
+            pos = int(seq_lens[s]) - (end - start) + (i - start)
+            first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
+            keys_at = range(first, pos + 1)
+            for h in range(hq):
+                kv_head = h // (hq // hkv)
+                k = np.stack([k_pages[block_tables[s, t // block_size], kv_head, t % block_size]
+                              for t in keys_at])
+                v = np.stack([v_pages[block_tables[s, t // block_size], kv_head, t % block_size]
+                              for t in keys_at])
+                logits = k @ q[i, h] * scale
+                if softcap is not None:
+                    logits = np.tanh(logits / softcap) * softcap
+                peak = logits.max() if sinks is None else max(logits.max(), float(sinks[h]))
+                weights = np.exp(logits - peak)
+                denom = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - peak))
+                out[i, h] = weights @ v / denom
+    return out

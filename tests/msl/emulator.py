@@ -120,9 +120,7 @@ def _driver(gen: GeneratedKernel) -> str:
     for p in gen.params:
         if p.kind == "attribute":
             if p.ctype == "uint3":
-                args.append(
-                    f"uint3{{info->{p.name}[0], info->{p.name}[1], info->{p.name}[2], 0u}}"
-                )
+                args.append(f"uint3{{info->{p.name}[0], info->{p.name}[1], info->{p.name}[2], 0u}}")
             else:
                 args.append(f"info->{p.name}")
             continue

@@ -31,9 +31,11 @@ def check_object(work: Path, cxx: str) -> None:
     problems = []
     for line in nm.stdout.splitlines():
         parts = line.split()
-        kind, symbol = (parts[0], " ".join(parts[1:])) if len(parts) >= 2 and len(
-            parts[0]
-        ) == 1 else (parts[1], " ".join(parts[2:]))
+        kind, symbol = (
+            (parts[0], " ".join(parts[1:]))
+            if len(parts) >= 2 and len(parts[0]) == 1
+            else (parts[1], " ".join(parts[2:]))
+        )
         if kind == "U" and not _ALLOWED_EXTERNAL.match(symbol):
             problems.append(f"calls {symbol}, which does not exist in Metal")
         elif kind in "DdBb":

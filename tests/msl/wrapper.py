@@ -180,7 +180,5 @@ def generate(
     text += source + "\n}\n"
     if template:
         full = kernel_name + template_def
-        text += (
-            f'\ntemplate [[host_name("{kernel_name}")]] [[kernel]] decltype({full}) {full};\n'
-        )
+        text += f'\ntemplate [[host_name("{kernel_name}")]] [[kernel]] decltype({full}) {full};\n'
     return GeneratedKernel(kernel_name, text, tuple(params), values)

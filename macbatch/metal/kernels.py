@@ -1,0 +1,264 @@
+"""The Metal paged-attention kernel: one factory, the host-side work list, the split-KV merge.
+
+``paged_attention_kernel`` implements the attention contract of ``reference.py`` with ONE kernel
+dispatch per call (plus a small MLX merge when long decode contexts were split). The kernel body
+lives in ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
+``paged_attention.h``. ``metal_kernel`` is the constructor of the kernel object: MLX's
+``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same signature).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+INPUT_NAMES = [
+    "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
+    "params_f", "sinks",
+]  # fmt: skip
+OUTPUT_NAMES = ["out", "part_ml", "part_acc"]
+SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+MAX_HEAD_DIM = 256
+THREADGROUP_FLOATS = 2048  # K (and V) chunk budget in threadgroup memory: 8 KiB each
+
+MetalKernelFactory = Callable[..., Callable[..., list[mx.array]]]
+
+
+@dataclass(frozen=True)
+class SplitPolicy:
+    """When to split a decode row's context across threadgroups (two-pass, log-sum-exp merge).
+
+    Splitting pays when there are fewer work items than the GPU has room for: items below
+    ``target_threadgroups`` are split into shares of at least ``min_keys`` keys each.
+    """
+
+    target_threadgroups: int = 128
+    min_keys: int = 512
+    max_splits: int = 16
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Compile-time shape of the kernel for one call."""
+
+    num_simdgroups: int
+    qvs_per_simdgroup: int
+    chunk_keys: int
+
+    @property
+    def tile(self) -> int:
+        return self.num_simdgroups * self.qvs_per_simdgroup
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Host-side description of one dispatch: the work list and how to merge split parts."""
+
+    tiling: Tiling
+    work: np.ndarray  # int32 [W, 5]: seq, kv_head, qv_start, qv_count, part (-1: not split)
+    num_splits: int
+    split_groups: int  # work items that were split (each into num_splits parts)
+    merge_dest: np.ndarray  # int64 [K]: flat output row (token * Hq + head) of each merged qv
+    merge_src: np.ndarray  # int64 [K]: split group * tile + qv of each merged qv
+    merge_head: np.ndarray  # int64 [K]: query head of each merged qv (for sinks)
+
+
+def choose_tiling(head_dim: int, block_size: int, group: int, max_q_len: int) -> Tiling:
+    """Tile of query vectors per threadgroup and K/V chunk size, within 32 KiB of threadgroup
+    memory: q tile (tile x D floats) + K and V chunks (2 x chunk x D floats) + scores."""
+    cap = 16 if head_dim <= 128 else 8
+    tile = max(1, min(cap, group * max_q_len))
+    nsg = min(4, tile)
+    qps = -(-tile // nsg)
+    chunk = min(block_size, 32, 1 << int(math.log2(THREADGROUP_FLOATS // head_dim)))
+    return Tiling(nsg, qps, chunk)
+
+
+def plan(
+    seq_lens: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    split: SplitPolicy,
+) -> Plan:
+    """One work item per (sequence, KV head, query tile), decode items split when worthwhile."""
+    group = num_q_heads // num_kv_heads
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).astype(np.int64)
+    tiling = choose_tiling(head_dim, block_size, group, int(q_lens.max(initial=1)))
+    tile = tiling.tile
+    tiles = -(-(q_lens * group) // tile)
+    seq_of = np.repeat(np.arange(len(q_lens)), tiles)
+    tile_idx = np.arange(len(seq_of)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
+    qv_start = tile_idx * tile
+    qv_count = np.minimum(tile, q_lens[seq_of] * group - qv_start)
+    heads = np.arange(num_kv_heads)
+    n = len(seq_of)
+    work = np.stack(
+        [
+            np.repeat(seq_of, num_kv_heads),
+            np.tile(heads, n),
+            np.repeat(qv_start, num_kv_heads),
+            np.repeat(qv_count, num_kv_heads),
+            np.full(n * num_kv_heads, -1),
+        ],
+        axis=1,
+    )
+
+    ctx = seq_lens.astype(np.int64)[work[:, 0]]
+    splittable = (q_lens[work[:, 0]] == 1) & (ctx >= 2 * split.min_keys)
+    num_splits = 1
+    if splittable.any() and len(work) < split.target_threadgroups:
+        num_splits = min(
+            split.max_splits,
+            -(-split.target_threadgroups // len(work)),
+            int(ctx[splittable].max()) // split.min_keys,
+        )
+    if num_splits < 2:
+        empty = np.zeros(0, np.int64)
+        return Plan(tiling, work.astype(np.int32), 1, 0, empty, empty, empty)
+
+    split_items = work[splittable]
+    parts = np.repeat(split_items, num_splits, axis=0)
+    parts[:, 4] = np.arange(len(parts))
+    work = np.concatenate([work[~splittable], parts]).astype(np.int32)
+    # Every qv of every split item, for the merge.
+    g_idx = np.repeat(np.arange(len(split_items)), split_items[:, 3])
+    v_idx = np.arange(len(g_idx)) - np.repeat(np.cumsum(split_items[:, 3]) - split_items[:, 3],
+                                               split_items[:, 3])  # fmt: skip
+    flat = split_items[g_idx, 2] + v_idx
+    head = split_items[g_idx, 1] * group + flat % group
+    token = cu_seqlens_q[split_items[g_idx, 0]].astype(np.int64) + flat // group
+    return Plan(
+        tiling, work, num_splits, len(split_items), token * num_q_heads + head,
+        g_idx * tile + v_idx, head,
+    )  # fmt: skip
+
+
+def _source(name: str) -> str:
+    return (HERE / name).read_text()
+
+
+@functools.lru_cache(maxsize=8)
+def make_kernel(metal_kernel: MetalKernelFactory) -> Callable[..., list[mx.array]]:
+    """The single factory of the paged-attention kernel object."""
+    return metal_kernel(
+        name="macbatch_paged_attention",
+        input_names=INPUT_NAMES,
+        output_names=OUTPUT_NAMES,
+        source=_source("paged_attention.metal"),
+        header=_source("paged_attention.h"),
+    )
+
+
+def _default_factory() -> MetalKernelFactory:
+    return mx.fast.metal_kernel
+
+
+def check_shapes(q: mx.array, k_pages: mx.array, v_pages: mx.array) -> None:
+    """Clear errors for inputs the kernel does not handle (the reference handles them)."""
+    if q.ndim != 3 or k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
+        raise ValueError(
+            f"paged_attention: expected q [N, Hq, D] and K/V pages [blocks, Hkv, block, D] of one "
+            f"shape, got q {tuple(q.shape)}, k {tuple(k_pages.shape)}, v {tuple(v_pages.shape)}"
+        )
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k_pages.shape[1]
+    if d != k_pages.shape[3] or d > MAX_HEAD_DIM or hq % hkv:
+        raise ValueError(
+            f"paged_attention: head dim {d} (K/V {k_pages.shape[3]}, at most {MAX_HEAD_DIM}) "
+            f"and {hq} query heads over {hkv} KV heads (must divide) are not supported"
+        )
+    if q.dtype not in SUPPORTED_DTYPES or k_pages.dtype != q.dtype:
+        raise ValueError(
+            f"paged_attention: q {q.dtype} and K/V {k_pages.dtype} must be one of "
+            "float16, bfloat16, float32"
+        )
+
+
+def paged_attention_kernel(
+    q: mx.array,
+    k_pages: mx.array,
+    v_pages: mx.array,
+    block_tables: mx.array,
+    seq_lens: mx.array | np.ndarray,
+    cu_seqlens_q: mx.array | np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+    *,
+    metal_kernel: MetalKernelFactory | None = None,
+    split: SplitPolicy = SplitPolicy(),
+) -> mx.array:
+    """The attention contract of ``reference.py``, computed by the Metal kernel."""
+    check_shapes(q, k_pages, v_pages)
+    n, hq, d = q.shape
+    hkv, bs = k_pages.shape[1], k_pages.shape[2]
+    lens = np.asarray(seq_lens, dtype=np.int32)
+    cu = np.asarray(cu_seqlens_q, dtype=np.int32)
+    p = plan(lens, cu, hq, hkv, d, bs, split)
+    t = p.tiling
+    kernel = make_kernel(metal_kernel or _default_factory())
+    window = int(sliding_window) if sliding_window else 0
+    params_i = mx.array([hq, hkv, block_tables.shape[1], window, p.num_splits], dtype=mx.int32)
+    params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
+    sink_arr = sinks.astype(mx.float32) if sinks is not None else mx.zeros((1,), mx.float32)
+    slots = max(1, p.split_groups * p.num_splits)
+    out, part_ml, part_acc = kernel(
+        inputs=[
+            q, k_pages, v_pages, block_tables.astype(mx.int32), mx.array(lens), mx.array(cu),
+            mx.array(p.work), params_i, params_f, sink_arr,
+        ],
+        output_shapes=[(n, hq, d), (slots, t.tile, 2), (slots, t.tile, d)],
+        output_dtypes=[q.dtype, mx.float32, mx.float32],
+        grid=(len(p.work) * t.num_simdgroups * 32, 1, 1),
+        threadgroup=(t.num_simdgroups * 32, 1, 1),
+        template=[
+            ("T", q.dtype), ("D", d), ("BS", bs), ("TK", t.chunk_keys),
+            ("NSG", t.num_simdgroups), ("QPS", t.qvs_per_simdgroup),
+            ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None),
+        ],
+    )  # fmt: skip
+    if p.split_groups == 0:
+        return out
+    return _merge_splits(out, part_ml, part_acc, p, sink_arr if sinks is not None else None)
+
+
+def _merge_splits(
+    out: mx.array, part_ml: mx.array, part_acc: mx.array, p: Plan, sinks: mx.array | None
+) -> mx.array:
+    """Second pass: log-sum-exp merge of the split parts (base 2), sinks in the denominator."""
+    n, hq, d = out.shape
+    tile = p.tiling.tile
+    ml = part_ml.reshape(p.split_groups, p.num_splits, tile, 2)
+    m, lsum = ml[..., 0], ml[..., 1]
+    acc = part_acc.reshape(p.split_groups, p.num_splits, tile, d)
+    src = mx.array(p.merge_src)
+    m = m.transpose(0, 2, 1).reshape(-1, p.num_splits)[src]  # [K, splits]
+    lsum = lsum.transpose(0, 2, 1).reshape(-1, p.num_splits)[src]
+    acc = acc.transpose(0, 2, 1, 3).reshape(-1, p.num_splits, d)[src]  # [K, splits, D]
+    m_all = m.max(axis=1, keepdims=True)
+    if sinks is not None:
+        sink = (sinks[mx.array(p.merge_head)] * math.log2(math.e))[:, None]
+        m_all = mx.maximum(m_all, sink)
+    weight = _exp2(m - m_all)
+    total = (lsum * weight).sum(axis=1)
+    if sinks is not None:
+        total = total + _exp2(sink - m_all)[:, 0]
+    merged = (acc * weight[..., None]).sum(axis=1) / total[:, None]
+    flat = out.reshape(n * hq, d)
+    flat[mx.array(p.merge_dest)] = merged.astype(out.dtype)
+    return flat.reshape(n, hq, d)
+
+
+def _exp2(x: mx.array) -> mx.array:
+    return mx.exp(x * math.log(2.0))

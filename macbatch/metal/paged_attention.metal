@@ -1,0 +1,182 @@
+// Varlen paged attention: ONE dispatch serves a whole mixed step (decode rows and prefill chunks
+// of many sequences). The host (kernels.py) lists one work item per threadgroup:
+//   work[w] = {seq, kv_head, qv_start, qv_count, part}
+// A "query vector" (qv) is one (query row, query head) pair of the sequence; qv index
+// = row * G + g for the G query heads that share kv_head. A work item owns up to MAXQV = NSG * QPS
+// consecutive qvs of one sequence and one KV head, so:
+//   - decode rows: the G query heads of a KV group sit in one tile and share every K/V page read
+//     (each K/V byte is read once per sequence and KV head, not once per query head);
+//   - prefill chunks: MAXQV / G query rows form a tile that shares each K/V load; keys above the
+//     tile's causal diagonal and blocks before its sliding window are never loaded;
+//   - long decode contexts with too few work items to fill the GPU are split into `num_splits`
+//     key ranges (part >= 0); each writes an unnormalised partial (max, sum, acc) and a second
+//     pass (a log-sum-exp merge in kernels.py) combines them.
+// Inside a threadgroup: NSG SIMD-groups of 32 lanes. K/V arrive in chunks of TK keys (TK divides
+// the block size, so a chunk is contiguous in one page), converted to float once, in threadgroup
+// memory. SIMD-group sg owns qvs sg, sg + NSG, ...; for each, lane j scores key j of the chunk
+// (q is broadcast from threadgroup memory), a simd_max / simd_sum pair updates the float32 online
+// softmax in base 2 (log2(e) is folded into the query scale), and lane l accumulates output
+// dimensions l, l + 32, ... from the chunk's V rows.
+// Template: T (element type), D (head dim), BS (block size), TK, NSG, QPS, SOFTCAP, SINKS.
+// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits}
+// params_f = {scale, softcap}
+
+constexpr int MAXQV = NSG * QPS;
+constexpr int DE = (D + 31) / 32;
+constexpr int NT = NSG * 32;
+
+const int tid = int(thread_index_in_threadgroup);
+const int sg = int(simdgroup_index_in_threadgroup);
+const int lane = int(thread_index_in_simdgroup);
+const int w = int(threadgroup_position_in_grid.x);
+
+const int seq = work[w * 5 + 0];
+const int kvh = work[w * 5 + 1];
+const int qv0 = work[w * 5 + 2];
+const int nqv = work[w * 5 + 3];
+const int part = work[w * 5 + 4];
+
+const int hq = params_i[0];
+const int hkv = params_i[1];
+const int max_blocks = params_i[2];
+const int window = params_i[3];
+const int num_splits = params_i[4];
+const int group = hq / hkv;
+
+const int ctx = seq_lens[seq];
+const int q_begin = cu_seqlens_q[seq];
+const int q_len = cu_seqlens_q[seq + 1] - q_begin;
+const int first_pos = ctx - q_len;  // position of the sequence's first query row
+
+threadgroup float qs[MAXQV * D];
+threadgroup float ks[TK * D];
+threadgroup float vs[TK * D];
+threadgroup float ps[MAXQV * 32];
+
+// The query tile, pre-scaled (and in base 2 unless the softcap needs the natural-scale score).
+const float q_scale = SOFTCAP ? params_f[0] : params_f[0] * M_LOG2E_F;
+for (int i = tid; i < MAXQV * D; i += NT) {
+  const int v = i / D;
+  float x = 0.0f;
+  if (v < nqv) {
+    const int flat = qv0 + v;
+    const int head = kvh * group + flat % group;
+    x = float(q[((q_begin + flat / group) * hq + head) * D + i % D]) * q_scale;
+  }
+  qs[i] = x;
+}
+
+// Keys any row of the tile can see: [k_begin, k_end).
+const int row_lo = qv0 / group;
+const int row_hi = (qv0 + nqv - 1) / group;
+int k_end = first_pos + row_hi + 1;
+int k_begin = window > 0 ? max(0, first_pos + row_lo - window + 1) : 0;
+if (part >= 0) {
+  // This split's share, whole chunks each; a share may be empty.
+  const int base = (k_begin / TK) * TK;
+  const int chunks = (k_end - base + TK - 1) / TK;
+  const int per_split = (chunks + num_splits - 1) / num_splits;
+  const int lo = base + (part % num_splits) * per_split * TK;
+  k_begin = max(k_begin, lo);
+  k_end = min(k_end, lo + per_split * TK);
+}
+
+float m[QPS];
+float l[QPS];
+float acc[QPS][DE];
+for (int j = 0; j < QPS; ++j) {
+  m[j] = -INFINITY;
+  l[j] = 0.0f;
+  for (int e = 0; e < DE; ++e) {
+    acc[j][e] = 0.0f;
+  }
+}
+
+for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk (or q tile) is done
+  const uint block = uint(block_tables[seq * max_blocks + c / BS]);
+  const uint page = ((block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS)) * uint(D);
+  for (int i = tid; i < TK * D; i += NT) {
+    const int key = c + i / D;
+    const bool live = key >= k_begin && key < k_end;
+    ks[i] = live ? kv_load(k_pages, page + uint(i)) : 0.0f;
+    vs[i] = live ? kv_load(v_pages, page + uint(i)) : 0.0f;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  for (int j = 0; j < QPS; ++j) {
+    const int v = j * NSG + sg;
+    if (v >= nqv) {
+      break;  // uniform across the SIMD-group
+    }
+    const int pos = first_pos + (qv0 + v) / group;
+    const int key = c + lane;
+    const bool visible = lane < TK && key >= k_begin && key < k_end && key <= pos &&
+                         (window <= 0 || key > pos - window);
+    float s = -INFINITY;
+    if (visible) {
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        dot += qs[v * D + d] * ks[lane * D + d];
+      }
+      s = SOFTCAP ? soft_cap(dot, params_f[1]) * M_LOG2E_F : dot;
+    }
+    const float m_new = max(m[j], simd_max(s));
+    const float alpha = rescale_factor(m[j], m_new);
+    const float p = visible ? metal::exp2(s - m_new) : 0.0f;
+    l[j] = l[j] * alpha + simd_sum(p);
+    m[j] = m_new;
+    ps[v * 32 + lane] = p;
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    for (int e = 0; e < DE; ++e) {
+      const int d = e * 32 + lane;
+      float a = acc[j][e] * alpha;
+      if (d < D) {
+        for (int t = 0; t < TK; ++t) {
+          a += ps[v * 32 + t] * vs[t * D + d];
+        }
+      }
+      acc[j][e] = a;
+    }
+  }
+}
+
+for (int j = 0; j < QPS; ++j) {
+  const int v = j * NSG + sg;
+  if (v >= nqv) {
+    break;
+  }
+  const int flat = qv0 + v;
+  const int head = kvh * group + flat % group;
+  if (part >= 0) {
+    const int slot = part * MAXQV + v;
+    if (lane == 0) {
+      part_ml[slot * 2 + 0] = m[j];
+      part_ml[slot * 2 + 1] = l[j];
+    }
+    for (int e = 0; e < DE; ++e) {
+      const int d = e * 32 + lane;
+      if (d < D) {
+        part_acc[slot * D + d] = acc[j][e];
+      }
+    }
+  } else {
+    float total = l[j];
+    float keep = 1.0f;
+    if (SINKS) {
+      // The sink joins the denominator only.
+      const float sink = sinks[head] * M_LOG2E_F;
+      const float m_all = max(m[j], sink);
+      keep = metal::exp2(m[j] - m_all);
+      total = total * keep + metal::exp2(sink - m_all);
+    }
+    const float norm = keep / total;
+    const int row = q_begin + flat / group;
+    for (int e = 0; e < DE; ++e) {
+      const int d = e * 32 + lane;
+      if (d < D) {
+        out[(row * hq + head) * D + d] = T(acc[j][e] * norm);
+      }
+    }
+  }
+}

@@ -1,0 +1,184 @@
+"""`macbatch run FILE`: the typer command. Heavy imports (MLX, the engine) happen inside it, so
+`macbatch --help` stays fast.
+"""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+EXIT_FAILED_REQUESTS = 3
+EXIT_INTERRUPTED = 130
+
+
+def run_command(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="The job file (YAML). See docs/jobs.md for every key.", show_default=False
+        ),
+    ],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Resume even though a job changed since its last run: keep the lines already "
+            "written and run only the missing requests with the new settings.",
+        ),
+    ] = False,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start over: delete this job file's output files and resume records first.",
+        ),
+    ] = False,
+    headless: Annotated[
+        bool,
+        typer.Option(
+            "--headless",
+            help="No live display: JSON-lines progress events on stderr (launchd, cron, ssh).",
+        ),
+    ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Use this model instead of the file's: a Hugging Face id, a local path, or demo.",
+            show_default=False,
+        ),
+    ] = None,
+    jobs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--job",
+            "-j",
+            help="Run only the job with this name (repeat for several).",
+            show_default=False,
+        ),
+    ] = None,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-dir",
+            "-o",
+            help="Write outputs here instead of the file's output.dir.",
+            show_default=False,
+        ),
+    ] = None,
+    max_in_flight: Annotated[
+        int,
+        typer.Option(
+            "--max-in-flight",
+            min=1,
+            help="Requests queued or running in the engine at once; inputs are read only as fast "
+            "as this allows, so memory stays flat for any input size.",
+        ),
+    ] = 256,
+    max_seqs: Annotated[
+        int | None,
+        typer.Option(
+            "--max-seqs",
+            min=1,
+            help="Sequences the engine runs together in one step (default: the engine's).",
+            show_default=False,
+        ),
+    ] = None,
+    progress_interval: Annotated[
+        float,
+        typer.Option(
+            "--progress-interval", min=0.0, help="Seconds between --headless progress events."
+        ),
+    ] = 2.0,
+) -> None:
+    """Run the jobs of a YAML job file through one engine; rerun the same command to resume.
+
+    Each job writes OUTPUT_DIR/<job>.jsonl (one OpenAI-batch-shaped line per request, as soon as
+    it finishes) and OUTPUT_DIR/<job>.errors.jsonl (rows that failed, with their line numbers);
+    the run ends with OUTPUT_DIR/summary.json. Exit status: 0 all done, 1 could not run (the
+    message says why), 3 finished with failed requests, 130 interrupted (rerun to resume).
+    """
+    from macbatch.batch.report import HeadlessReporter, RichReporter
+
+    reporter = HeadlessReporter(progress_interval) if headless else RichReporter()
+    if force and fresh:
+        _fail(headless, "--force and --fresh contradict each other; choose one")
+    summary = _run(
+        file,
+        force,
+        fresh,
+        model,
+        jobs or [],
+        output_dir,
+        max_in_flight,
+        max_seqs,
+        reporter,
+        headless,
+    )
+    if summary["status"] == "interrupted":
+        reporter.note(
+            f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
+            f"run the same command again to resume (macbatch run {file} ...)."
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if summary["failed"]:
+        raise typer.Exit(EXIT_FAILED_REQUESTS)
+
+
+def _run(
+    file: Path,
+    force: bool,
+    fresh: bool,
+    model: str | None,
+    jobs: list[str],
+    output_dir: Path | None,
+    max_in_flight: int,
+    max_seqs: int | None,
+    reporter: object,
+    headless: bool,
+) -> dict:
+    """Load, validate and run; every failure a user can cause ends as one clear message."""
+    import dataclasses
+
+    from macbatch.batch.runner import RunOptions, jobs_by_name, run_jobs
+    from macbatch.batch.spec import load_job_file
+    from macbatch.batch.yamlfile import JobFileError
+    from macbatch.engine import Engine, EngineConfig
+
+    def load_engine(name: str) -> object:
+        try:
+            config = EngineConfig() if max_seqs is None else EngineConfig(max_num_seqs=max_seqs)
+            return Engine.load(name, config)
+        except Exception as exc:  # load errors come in many types; all mean "cannot run"
+            raise JobFileError(f"cannot load model '{name}': {exc}") from exc
+
+    try:
+        job_file = load_job_file(file, model_override=model)
+        job_file = dataclasses.replace(
+            job_file,
+            jobs=jobs_by_name(job_file, jobs),
+            output_dir=output_dir or job_file.output_dir,
+        )
+        options = RunOptions(force=force, fresh=fresh, max_in_flight=max_in_flight)
+        return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
+    except JobFileError as exc:
+        _fail(headless, str(exc))
+    except KeyboardInterrupt:
+        _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
+    except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
+        _fail(
+            headless,
+            f"the run stopped: {type(exc).__name__}: {exc}\nCompleted lines are saved; run the "
+            f"same command again to resume (macbatch run {file}).",
+        )
+
+
+def _fail(headless: bool, message: str, code: int = 1) -> NoReturn:
+    if headless:
+        sys.stderr.write(json.dumps({"event": "error", "message": message}) + "\n")
+    else:
+        sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(code)

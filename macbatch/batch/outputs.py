@@ -1,0 +1,169 @@
+"""Output files: one JSON line per finished request, written whole, and crash recovery.
+
+Every line goes out in one `write` on an unbuffered file, so a killed process leaves at most one
+partial line at the end, which `recover` cuts off before the ledger catches up with what the file
+holds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macbatch.batch.ledger import DoneRecord, Ledger
+from macbatch.batch.plan import Planned, Rejected
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What `recover` found in one output file."""
+
+    adopted: int
+    truncated_bytes: int
+    unreadable_lines: int
+    rebuilt: bool
+
+
+class JsonlAppender:
+    """An append-only JSONL file whose lines are each written with a single `write`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("ab", buffering=0)
+
+    def append(self, obj: dict[str, Any]) -> int:
+        """Write one line; returns the file size after it."""
+        data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            view = view[self._file.write(view) :]
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def output_path(directory: Path, job: str) -> Path:
+    return directory / f"{job}.jsonl"
+
+
+def errors_path(directory: Path, job: str) -> Path:
+    return directory / f"{job}.errors.jsonl"
+
+
+def recover(path: Path, ledger: Ledger, job: str) -> Recovery:
+    """Bring the ledger in line with the output file after a crash or a hand edit.
+
+    Only bytes after the size the ledger last committed are read; a file shorter than that (cut
+    or replaced by hand) is re-read in full and the ledger rebuilt from it.
+    """
+    size = path.stat().st_size if path.exists() else 0
+    start = ledger.recorded_size(job)
+    rebuilt = size < start
+    if rebuilt:
+        ledger.forget(job, settings=False)
+        start = 0
+    records, unreadable, end = [], 0, start
+    if size > start:
+        with path.open("rb") as f:
+            f.seek(start)
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                end += len(raw)
+                record = _done_record(raw, job)
+                if record is None:
+                    unreadable += 1
+                else:
+                    records.append(record)
+    if end < size:
+        with path.open("r+b") as f:
+            f.truncate(end)
+    adopted = ledger.adopt(job, records, end)
+    return Recovery(adopted, size - end, unreadable, rebuilt)
+
+
+def _done_record(raw: bytes, job: str) -> DoneRecord | None:
+    try:
+        line = json.loads(raw)
+        meta = line["macbatch"]
+        return DoneRecord(
+            key=meta["key"],
+            job=job,
+            custom_id=str(line["custom_id"]),
+            sample=int(meta["sample"]),
+            correct=meta.get("correct"),
+            group=meta.get("group"),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def result_line(request: Planned, output: Any, model: str, correct: bool | None) -> dict[str, Any]:
+    """The OpenAI batch output shape for one finished request, plus macbatch's own metrics."""
+    metrics = output.metrics
+    usage = {
+        "prompt_tokens": metrics.prompt_tokens,
+        "completion_tokens": metrics.generated_tokens,
+        "total_tokens": metrics.prompt_tokens + metrics.generated_tokens,
+    }
+    reason = str(getattr(output.finish_reason, "value", output.finish_reason))
+    if isinstance(request.prompt, list):
+        obj, choice = "chat.completion", {"message": {"role": "assistant", "content": output.text}}
+    else:
+        obj, choice = "text_completion", {"text": output.text}
+    body = {
+        "id": f"cmpl-{request.key}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, **choice, "finish_reason": reason, "logprobs": None}],
+        "usage": usage,
+    }
+    meta = {
+        "job": request.job,
+        "line": request.line,
+        "sample": request.sample,
+        "key": request.key,
+        "finish_reason": reason,
+        "prompt_tokens": metrics.prompt_tokens,
+        "generated_tokens": metrics.generated_tokens,
+        "cached_tokens": metrics.cached_tokens,
+        "queue_ms": _ms(metrics.queue_time_s),
+        "ttft_ms": _ms(metrics.time_to_first_token_s),
+        "tok_per_s": _round(metrics.decode_tokens_per_s),
+    }
+    if request.expected is not None or correct is not None:
+        meta.update(expected=request.expected, correct=correct, group=request.group)
+    return {
+        "id": f"batch_req_{request.key}",
+        "custom_id": request.custom_id,
+        "response": {"status_code": 200, "request_id": request.key, "body": body},
+        "error": None,
+        "macbatch": meta,
+    }
+
+
+def error_line(item: Planned | Rejected, reason: str, code: str) -> dict[str, Any]:
+    """An errors-file line: which input line failed and why, in the OpenAI batch error shape."""
+    meta: dict[str, Any] = {"job": item.job, "line": item.line}
+    if isinstance(item, Planned):
+        meta.update(sample=item.sample, key=item.key)
+    return {
+        "id": f"batch_req_{item.key}" if isinstance(item, Planned) else None,
+        "custom_id": item.custom_id,
+        "response": None,
+        "error": {"code": code, "message": reason},
+        "macbatch": meta,
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

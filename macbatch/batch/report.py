@@ -1,0 +1,267 @@
+"""Progress while a run goes (a live terminal display, or JSON lines for headless use) and the
+summary at the end (printed, and written to summary.json).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+
+@dataclass
+class JobProgress:
+    """Counts for one job; `skipped` were done by an earlier run."""
+
+    name: str
+    total: int
+    skipped: int = 0
+    ok: int = 0
+    failed: int = 0
+
+    @property
+    def finished(self) -> int:
+        return self.skipped + self.ok + self.failed
+
+
+@dataclass
+class RunProgress:
+    """Everything the display and the summary need, updated by the runner as requests finish."""
+
+    model: str
+    jobs: dict[str, JobProgress]
+    started: float = field(default_factory=time.monotonic)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    in_flight: int = 0
+    kv_usage: float = 0.0
+    stopping: bool = False
+    ttft_s: list[float] = field(default_factory=list)
+    _window: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=64))
+
+    @property
+    def total(self) -> int:
+        return sum(j.total for j in self.jobs.values())
+
+    @property
+    def finished(self) -> int:
+        return sum(j.finished for j in self.jobs.values())
+
+    def sample_rates(self) -> tuple[float, float]:
+        """(generated tok/s, requests/s) over roughly the last ten seconds."""
+        now = time.monotonic()
+        done = sum(j.ok + j.failed for j in self.jobs.values())
+        self._window.append((now, self.generated_tokens, done))
+        while len(self._window) > 2 and now - self._window[0][0] > 10:
+            self._window.popleft()
+        t0, tokens0, done0 = self._window[0]
+        if now - t0 < 1e-3:
+            return 0.0, 0.0
+        return (self.generated_tokens - tokens0) / (now - t0), (done - done0) / (now - t0)
+
+    def eta_s(self, requests_per_s: float) -> float | None:
+        remaining = self.total - self.finished
+        return remaining / requests_per_s if requests_per_s > 0 else None
+
+
+class Reporter(Protocol):
+    """What the runner tells the user about."""
+
+    def note(self, text: str) -> None: ...
+    def start(self, progress: RunProgress) -> None: ...
+    def update(self, progress: RunProgress, force: bool = False) -> None: ...
+    def finish(self, summary: dict[str, Any]) -> None: ...
+
+
+class HeadlessReporter:
+    """JSON lines on a stream (stderr by default) for launchd, cron and ssh: one event per line."""
+
+    def __init__(self, interval_s: float = 2.0, stream: TextIO | None = None) -> None:
+        self.interval_s = interval_s
+        self.stream = stream or sys.stderr
+        self._last = 0.0
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.stream.write(json.dumps({"event": event, "time": round(time.time(), 3), **fields}))
+        self.stream.write("\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        self._emit("note", message=text)
+
+    def start(self, progress: RunProgress) -> None:
+        self._emit("start", model=progress.model, jobs=_job_counts(progress))
+        self._last = time.monotonic()
+
+    def update(self, progress: RunProgress, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last < self.interval_s:
+            return
+        self._last = time.monotonic()
+        tok_s, req_s = progress.sample_rates()
+        eta = progress.eta_s(req_s)
+        self._emit(
+            "progress",
+            done=progress.finished,
+            total=progress.total,
+            in_flight=progress.in_flight,
+            generated_tok_per_s=round(tok_s, 1),
+            eta_s=None if eta is None else round(eta, 1),
+            kv_usage=round(progress.kv_usage, 3),
+            stopping=progress.stopping,
+            jobs=_job_counts(progress),
+        )
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        self._emit("summary", **summary)
+
+
+class RichReporter:
+    """A live display (a bar per job and a line of rates) for an interactive terminal."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=False)
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+        self._last = 0.0
+
+    def note(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False)
+
+    def start(self, progress: RunProgress) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+            refresh_per_second=4,
+        )
+        for name, job in progress.jobs.items():
+            self._tasks[name] = self._progress.add_task(
+                name, total=job.total, completed=job.finished, info=""
+            )
+        self._tasks[""] = self._progress.add_task(
+            "[bold]all", total=progress.total, completed=progress.finished, info=""
+        )
+        self._progress.start()
+
+    def update(self, progress: RunProgress, force: bool = False) -> None:
+        if self._progress is None or (not force and time.monotonic() - self._last < 0.25):
+            return
+        self._last = time.monotonic()
+        for name, job in progress.jobs.items():
+            info = f"[red]{job.failed} failed" if job.failed else ""
+            self._progress.update(self._tasks[name], completed=job.finished, info=info)
+        tok_s, req_s = progress.sample_rates()
+        eta = progress.eta_s(req_s)
+        info = (
+            f"{tok_s:,.0f} tok/s · ETA {_clock(eta)} · KV {progress.kv_usage:.0%} · "
+            f"{progress.in_flight} in flight"
+        )
+        if progress.stopping:
+            info += " · [yellow]stopping (Ctrl-C again: stop now)"
+        self._progress.update(self._tasks[""], completed=progress.finished, info=info)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        for line in summary_lines(summary):
+            self.note(line)
+
+
+def build_summary(
+    progress: RunProgress,
+    status: str,
+    outputs: dict[str, dict[str, Any]],
+    peak_memory: dict[str, int],
+) -> dict[str, Any]:
+    """The end-of-run numbers; `outputs` holds each job's file paths and accuracy."""
+    wall = time.monotonic() - progress.started
+    ok = sum(j.ok for j in progress.jobs.values())
+    ttft = sorted(progress.ttft_s)
+    return {
+        "status": status,
+        "model": progress.model,
+        "ok": ok,
+        "failed": sum(j.failed for j in progress.jobs.values()),
+        "skipped": sum(j.skipped for j in progress.jobs.values()),
+        "remaining": progress.total - progress.finished,
+        "prompt_tokens": progress.prompt_tokens,
+        "generated_tokens": progress.generated_tokens,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(ok / wall, 3) if wall > 0 else None,
+        "generated_tok_per_s": round(progress.generated_tokens / wall, 1) if wall > 0 else None,
+        "ttft_ms": {"p50": _percentile_ms(ttft, 0.5), "p95": _percentile_ms(ttft, 0.95)},
+        **peak_memory,
+        "jobs": {
+            name: {
+                "total": job.total,
+                "ok": job.ok,
+                "failed": job.failed,
+                "skipped": job.skipped,
+                **outputs.get(name, {}),
+            }
+            for name, job in progress.jobs.items()
+        },
+    }
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The summary as a few human lines."""
+    ttft = summary["ttft_ms"]
+    lines = [
+        f"{summary['status']}: {summary['ok']} ok, {summary['failed']} failed, "
+        f"{summary['skipped']} skipped (done before), {summary['remaining']} remaining",
+        f"{summary['prompt_tokens']:,} prompt + {summary['generated_tokens']:,} generated tokens "
+        f"in {summary['wall_s']:.1f} s: {summary['requests_per_s'] or 0:.2f} requests/s, "
+        f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s",
+        f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
+        f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
+    ]
+    for name, job in summary["jobs"].items():
+        line = f"  {name}: {job['ok'] + job['skipped']}/{job['total']} done -> {job['output']}"
+        if job.get("errors"):
+            line += f" ({job['failed']} failed, see {job['errors']})"
+        lines.append(line)
+        accuracy = job.get("accuracy")
+        if accuracy:
+            lines.append(f"    accuracy {_acc(accuracy)}")
+            for group, stats in accuracy.get("groups", {}).items():
+                lines.append(f"      {group}: {_acc(stats)}")
+    return lines
+
+
+def _job_counts(progress: RunProgress) -> dict[str, dict[str, int]]:
+    return {
+        name: {"done": j.finished, "total": j.total, "failed": j.failed, "skipped": j.skipped}
+        for name, j in progress.jobs.items()
+    }
+
+
+def _percentile_ms(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+def _acc(stats: dict[str, Any]) -> str:
+    return f"{stats['accuracy']:.1%} ({stats['correct']}/{stats['scored']})"
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} ms"
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"

@@ -1,0 +1,332 @@
+"""Runs a validated job file: every job's requests stream through one engine, resumably.
+
+Order of work: check every input's header, recover output files after a crash, survey all jobs
+against the ledger (totals, duplicates, changed jobs), and only then load the model. The loop then
+admits requests round-robin across jobs while fewer than `max_in_flight` are queued or running,
+steps the engine, and writes each finished request as one line before recording it in the ledger.
+All MLX work happens on the calling thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macbatch.batch.inputs import InputFile
+from macbatch.batch.ledger import DoneRecord, Ledger
+from macbatch.batch.outputs import (
+    JsonlAppender,
+    error_line,
+    errors_path,
+    output_path,
+    recover,
+    result_line,
+)
+from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
+from macbatch.batch.scoring import accuracy, is_correct
+from macbatch.batch.spec import JobFile, JobSpec
+from macbatch.batch.survey import change_report, survey_job
+from macbatch.batch.yamlfile import JobFileError
+from macbatch.engine import SamplingParams
+
+LEDGER_NAME = ".macbatch-ledger.sqlite"
+LOCK_NAME = ".macbatch.lock"
+SUMMARY_NAME = "summary.json"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to treat earlier results, and how much work may be queued in the engine at once."""
+
+    force: bool = False
+    fresh: bool = False
+    max_in_flight: int = 256
+
+
+def run_jobs(
+    job_file: JobFile,
+    options: RunOptions,
+    reporter: Reporter,
+    load_engine: Callable[[str], Any],
+) -> dict[str, Any]:
+    """Run (or resume) every job of `job_file`; returns the summary (also written to disk).
+
+    Raises JobFileError, before the model loads, for any problem with the file or its inputs.
+    """
+    sources = {job.name: prepare(job) for job in job_file.jobs}
+    directory = job_file.output_dir
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JobFileError(f"cannot create the output directory {directory}: {exc}") from None
+    with _exclusive(directory):
+        ledger = Ledger(directory / LEDGER_NAME)
+        try:
+            jobs = _survey(job_file, sources, ledger, options, reporter)
+            reporter.note(f"Loading model {job_file.model} ...")
+            engine = load_engine(job_file.model)
+            progress = RunProgress(model=job_file.model, jobs=jobs)
+            status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
+            summary = build_summary(
+                progress, status, _job_outputs(job_file, ledger), _peak_memory()
+            )
+            _write_json(directory / SUMMARY_NAME, summary)
+        finally:
+            ledger.close()
+    reporter.finish(summary)
+    return summary
+
+
+def _survey(
+    job_file: JobFile,
+    sources: dict[str, InputFile | None],
+    ledger: Ledger,
+    options: RunOptions,
+    reporter: Reporter,
+) -> dict[str, JobProgress]:
+    """Recover files, count work, refuse changed jobs (unless --force), clear errors files."""
+    directory, model = job_file.output_dir, job_file.model
+    changed: list[str] = []
+    jobs: dict[str, JobProgress] = {}
+    for job in job_file.jobs:
+        output = output_path(directory, job.name)
+        if options.fresh:
+            ledger.forget(job.name, settings=True)
+            output.unlink(missing_ok=True)
+        found = recover(output, ledger, job.name)
+        if found.truncated_bytes:
+            reporter.note(f"{output}: removed a partial last line ({found.truncated_bytes} bytes)")
+        if found.unreadable_lines:
+            reporter.note(f"{output}: {found.unreadable_lines} lines are not macbatch results")
+        survey = survey_job(job, model, sources[job.name], ledger)
+        settings = json.loads(json.dumps(job.settings(model)))
+        if survey.changed and not options.force:
+            changed.append(change_report(job, survey, ledger.settings(job.name), settings))
+        jobs[job.name] = JobProgress(job.name, total=survey.total, skipped=survey.done)
+        if options.force:
+            jobs[job.name].skipped += survey.changed
+    if changed:
+        raise JobFileError(
+            "\n".join(changed)
+            + "\nRerun with --force to keep the completed lines and run only the missing ones "
+            "with the new settings, or --fresh to discard this job file's results and start over."
+        )
+    for job in job_file.jobs:
+        ledger.save_settings(job.name, job.settings(model))
+        errors_path(directory, job.name).unlink(missing_ok=True)
+    return jobs
+
+
+class _Loop:
+    """The admit / step / write loop over one engine."""
+
+    def __init__(
+        self,
+        job_file: JobFile,
+        sources: dict[str, InputFile | None],
+        ledger: Ledger,
+        engine: Any,
+        options: RunOptions,
+        reporter: Reporter,
+        progress: RunProgress,
+    ) -> None:
+        self.job_file, self.ledger, self.engine = job_file, ledger, engine
+        self.options, self.reporter, self.progress = options, reporter, progress
+        self.feed = _round_robin(
+            [plan_job(job, job_file.model, sources[job.name]) for job in job_file.jobs]
+        )
+        self.outputs = {
+            job.name: JsonlAppender(output_path(job_file.output_dir, job.name))
+            for job in job_file.jobs
+        }
+        self.errors: dict[str, JsonlAppender] = {}
+        self.in_flight: dict[str, Planned] = {}
+        self.exhausted = False
+
+    def run(self) -> str:
+        """Run until everything is done or the user interrupts; returns the final status."""
+        self.reporter.start(self.progress)
+        try:
+            with _interrupts() as interrupts:
+                while True:
+                    if interrupts.count and not self.progress.stopping:
+                        self.progress.stopping = True
+                        self.reporter.note(
+                            f"Stopping: no new requests; finishing {len(self.in_flight)} in "
+                            "flight. Press Ctrl-C again to stop now."
+                        )
+                    if interrupts.count >= 2:
+                        for request_id in list(self.in_flight):
+                            self.engine.abort(request_id)
+                        break
+                    if not self.progress.stopping:
+                        self._admit()
+                    if not self.in_flight:
+                        break
+                    for output in self.engine.step():
+                        if output.finished:
+                            self._finish(output)
+                    self._update()
+        finally:
+            for appender in (*self.outputs.values(), *self.errors.values()):
+                appender.close()
+        self._update(force=True)
+        return "interrupted" if self.progress.finished < self.progress.total else "complete"
+
+    def _admit(self) -> None:
+        while len(self.in_flight) < self.options.max_in_flight:
+            item = next(self.feed, None)
+            if item is None:
+                return
+            if isinstance(item, Rejected):
+                self._fail(item, item.reason, "invalid_input")
+                continue
+            if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
+                continue
+            try:
+                request_id = self.engine.add_request(item.prompt, SamplingParams(**item.sampling))
+            except ValueError as exc:
+                self._fail(item, str(exc), "invalid_request")
+                continue
+            self.in_flight[request_id] = item
+
+    def _finish(self, output: Any) -> None:
+        item = self.in_flight.pop(output.request_id)
+        reason = str(getattr(output.finish_reason, "value", output.finish_reason))
+        if reason == "abort":
+            return
+        if reason not in ("stop", "length"):
+            self._fail(item, output.error or f"finished with {reason}", "engine_error")
+            return
+        correct = is_correct(output.text, item.expected)
+        line = result_line(item, output, self.job_file.model, correct)
+        size = self.outputs[item.job].append(line)
+        record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
+        self.ledger.record(record, size)
+        metrics = self.progress
+        metrics.jobs[item.job].ok += 1
+        metrics.prompt_tokens += output.metrics.prompt_tokens
+        metrics.generated_tokens += output.metrics.generated_tokens
+        if output.metrics.time_to_first_token_s is not None:
+            metrics.ttft_s.append(output.metrics.time_to_first_token_s)
+
+    def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
+        if item.job not in self.errors:
+            path = errors_path(self.job_file.output_dir, item.job)
+            self.errors[item.job] = JsonlAppender(path)
+        self.errors[item.job].append(error_line(item, reason, code))
+        self.progress.jobs[item.job].failed += 1
+
+    def _update(self, force: bool = False) -> None:
+        self.progress.in_flight = len(self.in_flight)
+        self.progress.kv_usage = self.engine.stats().kv_usage
+        self.reporter.update(self.progress, force)
+
+
+def _round_robin(
+    iterators: list[Iterator[Planned | Rejected]],
+) -> Iterator[Planned | Rejected]:
+    """One item from each job in turn, so all jobs progress together through the one engine."""
+    queue = deque(iterators)
+    while queue:
+        iterator = queue.popleft()
+        item = next(iterator, None)
+        if item is not None:
+            queue.append(iterator)
+            yield item
+
+
+class _Interrupts:
+    """Counts SIGINT/SIGTERM instead of raising, so the loop can stop between steps."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+
+
+@contextmanager
+def _interrupts() -> Iterator[_Interrupts]:
+    state = _Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+    previous = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield state
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def _exclusive(directory: Path) -> Iterator[None]:
+    """One run per output directory: two writers would break exactly-once output."""
+    import fcntl
+
+    with (directory / LOCK_NAME).open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobFileError(
+                f"another macbatch run is writing to {directory}; wait for it to finish "
+                "or set a different output dir"
+            ) from None
+        yield
+
+
+def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]:
+    result: dict[str, dict[str, Any]] = {}
+    for job in job_file.jobs:
+        entry: dict[str, Any] = {"output": str(output_path(job_file.output_dir, job.name))}
+        errors = errors_path(job_file.output_dir, job.name)
+        if errors.exists():
+            entry["errors"] = str(errors)
+        if job.score is not None:
+            entry["accuracy"] = accuracy(ledger, job.name)
+        result[job.name] = entry
+    return result
+
+
+def _peak_memory() -> dict[str, int]:
+    import resource
+    import sys
+
+    import mlx.core as mx
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "peak_memory_bytes": int(mx.get_peak_memory()),
+        "max_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024),
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a summary."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def jobs_by_name(job_file: JobFile, names: list[str]) -> tuple[JobSpec, ...]:
+    """The jobs named (all when `names` is empty); JobFileError for a name the file lacks."""
+    if not names:
+        return job_file.jobs
+    known = {job.name: job for job in job_file.jobs}
+    missing = [name for name in names if name not in known]
+    if missing:
+        raise JobFileError(
+            f"no job named {', '.join(repr(m) for m in missing)} in {job_file.path}; "
+            f"jobs: {', '.join(known)}"
+        )
+    return tuple(known[name] for name in names)

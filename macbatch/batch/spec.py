@@ -1,0 +1,412 @@
+"""The job file: schema, validation and the resolved job descriptions the runner works from.
+
+Everything a typo can break is checked here, before any input is read or any model is loaded, and
+every message names the file, line and column, and suggests the key the user probably meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
+from macbatch.engine import SamplingParams
+
+TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
+SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score")
+JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
+INPUT_KEYS = ("path", "format", "id")
+OUTPUT_KEYS = ("dir",)
+SCORE_KEYS = ("field", "group")
+INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
+SAMPLING_KEYS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+)
+DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "max_tokens": 512}
+DEFAULT_GROUP_FIELD = "task"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A file of rows: where it is, how to read it, and how to name each row."""
+
+    path: Path
+    format: str
+    id: str | None
+
+
+@dataclass(frozen=True)
+class ScoreSpec:
+    """Exact-match scoring of each reply against `field` of its row, grouped by `group`."""
+
+    field: str
+    group: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job with the file's defaults already merged in."""
+
+    name: str
+    index: int
+    input: InputSpec | None
+    prompts: tuple[Any, ...] | None
+    template: str | None
+    system: str | None
+    sampling: dict[str, Any]
+    n: int
+    chat: bool
+    score: ScoreSpec | None
+
+    def settings(self, model: str) -> dict[str, Any]:
+        """Everything that changes this job's results, as plain data (compared on resume)."""
+        return {
+            "model": model,
+            "input": None
+            if self.input is None
+            else {"path": str(self.input.path), "format": self.input.format, "id": self.input.id},
+            "template": self.template,
+            "system": self.system,
+            "sampling": self.sampling,
+            "n": self.n,
+            "chat": self.chat,
+        }
+
+
+@dataclass(frozen=True)
+class JobFile:
+    """A validated job file."""
+
+    path: Path
+    model: str
+    output_dir: Path
+    jobs: tuple[JobSpec, ...]
+
+
+def dotted(key: PathKey) -> str:
+    """`("jobs", 1, "sampling")` -> `jobs[1].sampling`."""
+    text = ""
+    for part in key:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or "the top level"
+
+
+def suggest(name: str, choices: tuple[str, ...], what: str = "keys") -> str:
+    """`; did you mean 'x'?` when a close match exists, else the list of valid names."""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return f" (valid {what}: {', '.join(choices)})"
+
+
+def message_problem(messages: Any) -> str | None:
+    """Why `messages` is not a usable chat (a list of {role, content} strings), or None."""
+    if not isinstance(messages, list) or not messages:
+        return "messages must be a non-empty list of {role, content}"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages[{i}] must be a mapping with a string 'role'"
+        if not isinstance(message.get("content"), str):
+            return f"messages[{i}].content must be a string (only text content is supported)"
+    return None
+
+
+class _Checker:
+    """Validation helpers that know where each value sits in the YAML file."""
+
+    def __init__(self, loaded: LoadedYaml) -> None:
+        self.loaded = loaded
+
+    def fail(self, key: PathKey, message: str) -> JobFileError:
+        return JobFileError(f"{self.loaded.where(key)}: {message}")
+
+    def mapping(self, value: Any, key: PathKey, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"{dotted(key)} must be a mapping of keys to values")
+        for name in value:
+            if str(name) not in allowed:
+                raise self.fail(
+                    (*key, str(name)),
+                    f"unknown key '{name}' in {dotted(key)}{suggest(str(name), allowed)}",
+                )
+        return value
+
+    def text(self, value: Any, key: PathKey, *, empty_ok: bool = False) -> str:
+        if not isinstance(value, str) or (not empty_ok and not value.strip()):
+            raise self.fail(key, f"{dotted(key)} must be a non-empty string, got {value!r}")
+        return value
+
+    def integer(self, value: Any, key: PathKey, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(key, f"{dotted(key)} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def boolean(self, value: Any, key: PathKey) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"{dotted(key)} must be true or false, got {value!r}")
+        return value
+
+    def template(self, value: Any, key: PathKey) -> str:
+        text = self.text(value, key)
+        try:
+            template_fields(text)
+        except ValueError as exc:
+            raise self.fail(key, f"{dotted(key)}: {exc}") from None
+        return text
+
+
+def template_fields(template: str) -> list[str]:
+    """The row fields a template names, in order; ValueError for anything but plain `{name}`."""
+    names = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        hint = "write a literal brace as {{ or }}"
+        raise ValueError(f"bad template {template!r}: {exc} ({hint})") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name:
+            raise ValueError("empty field {} in template; name a field of the input row: {text}")
+        if spec or conversion or any(c in name for c in ".[]"):
+            raise ValueError(f"template field {{{name}}} must be a plain field name like {{text}}")
+        names.append(name)
+    return names
+
+
+def render(template: str, row: dict[str, Any]) -> str:
+    """Fill `{name}` fields from `row` (KeyError for a missing field); lists and dicts as JSON."""
+    import json
+
+    parts = []
+    for literal, name, _, _ in string.Formatter().parse(template):
+        parts.append(literal)
+        if name is not None:
+            value = row[name]
+            if isinstance(value, (dict, list)):
+                value = json.dumps(value, ensure_ascii=False)
+            parts.append("" if value is None else str(value))
+    return "".join(parts)
+
+
+def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
+    """Read and validate a job file; raises JobFileError with file:line:column on any problem."""
+    loaded = load_yaml(path)
+    check = _Checker(loaded)
+    if loaded.data is None:
+        raise JobFileError(f"{path}: the job file is empty; see docs/jobs.md for an example")
+    top = check.mapping(loaded.data, (), TOP_KEYS)
+    version = top.get("version", 1)
+    if version != 1:
+        raise check.fail(("version",), f"unsupported version {version!r}; this macbatch reads 1")
+    base = path.parent
+    if model_override:
+        model = model_override
+    elif "model" in top:
+        model = _resolve_model(check.text(top["model"], ("model",)), base)
+    else:
+        raise check.fail((), "missing 'model' (a Hugging Face id, a local path, or demo)")
+    output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
+    output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
+    defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
+    if "jobs" not in top:
+        raise check.fail((), "missing 'jobs' (a list of jobs, each with a name)")
+    jobs = top["jobs"]
+    if not isinstance(jobs, list) or not jobs:
+        raise check.fail(("jobs",), "'jobs' must be a non-empty list of jobs")
+    specs: list[JobSpec] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(jobs):
+        spec = _job(check, raw, index, defaults, base)
+        if spec.name in seen:
+            raise check.fail(
+                ("jobs", index, "name"),
+                f"duplicate job name '{spec.name}' (also jobs[{seen[spec.name]}]); "
+                "job names must be unique because they name the output files",
+            )
+        seen[spec.name] = index
+        specs.append(spec)
+    return JobFile(path=path, model=model, output_dir=output_dir, jobs=tuple(specs))
+
+
+def _resolve_model(model: str, base: Path) -> str:
+    """A relative path in the job file is relative to the file; hub ids and 'demo' pass through."""
+    if model.startswith(("/", "./", "../", "~")):
+        return str((base / Path(model).expanduser()).resolve())
+    candidate = base / model
+    return str(candidate.resolve()) if candidate.exists() else model
+
+
+def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: Path) -> JobSpec:
+    key: PathKey = ("jobs", index)
+    job = check.mapping(raw, key, JOB_KEYS)
+    if "name" not in job:
+        raise check.fail(key, f"jobs[{index}] has no 'name'")
+    name = check.text(job["name"], (*key, "name"))
+    if any(c in name for c in "/\\\0") or name.startswith("."):
+        raise check.fail(
+            (*key, "name"), f"job name '{name}' names a file; use letters, digits, - and _"
+        )
+    has_input, has_prompts = "input" in job, "prompts" in job
+    if has_input == has_prompts:
+        raise check.fail(key, f"job '{name}' needs exactly one of 'input' (a file) or 'prompts'")
+
+    def setting(field: str) -> tuple[Any, PathKey] | None:
+        if field in job:
+            return job[field], (*key, field)
+        if field in defaults:
+            return defaults[field], ("defaults", field)
+        return None
+
+    sampling = dict(DEFAULT_SAMPLING)
+    for source, where in (
+        (defaults.get("sampling"), ("defaults", "sampling")),
+        (job.get("sampling"), (*key, "sampling")),
+    ):
+        if source is not None:
+            sampling.update(_sampling(check, source, where))
+    template = system = score = None
+    n, chat = 1, True
+    if (found := setting("template")) is not None:
+        template = check.template(*found)
+    if (found := setting("system")) is not None:
+        system = check.text(*found, empty_ok=True)
+    if (found := setting("n")) is not None:
+        n = check.integer(*found, minimum=1)
+    if (found := setting("chat")) is not None:
+        chat = check.boolean(*found)
+    if (found := setting("score")) is not None:
+        score = _score(check, *found)
+    spec_input = prompts = None
+    if has_input:
+        spec_input = _input(check, job["input"], (*key, "input"), base)
+    else:
+        prompts = _prompts(check, job["prompts"], (*key, "prompts"), score, chat)
+        if "template" in job:
+            raise check.fail(
+                (*key, "template"),
+                "'template' applies to rows of an input file; inline prompts are used as written",
+            )
+        template = None
+    return JobSpec(
+        name=name,
+        index=index,
+        input=spec_input,
+        prompts=prompts,
+        template=template,
+        system=system,
+        sampling=sampling,
+        n=n,
+        chat=chat,
+        score=score,
+    )
+
+
+def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:
+    """Sampling keys checked by name here and by value through the engine's SamplingParams."""
+    values = dict(check.mapping(raw, key, SAMPLING_KEYS))
+    for name in ("stop", "stop_token_ids"):
+        if isinstance(values.get(name), str):
+            values[name] = [values[name]]
+        if name in values and not isinstance(values[name], list):
+            raise check.fail((*key, name), f"{dotted((*key, name))} must be a list")
+    try:
+        SamplingParams(**{**DEFAULT_SAMPLING, **values})
+    except (ValueError, TypeError) as exc:
+        bad = next((n for n in values if f"{n}=" in str(exc)), None)
+        raise check.fail((*key, bad) if bad else key, f"{dotted(key)}: {exc}") from None
+    return values
+
+
+def _score(check: _Checker, raw: Any, key: PathKey) -> ScoreSpec:
+    score = check.mapping(raw, key, SCORE_KEYS)
+    if "field" not in score:
+        raise check.fail(key, f"{dotted(key)} needs 'field': the row field holding the answer")
+    field = check.text(score["field"], (*key, "field"))
+    group = check.text(score.get("group", DEFAULT_GROUP_FIELD), (*key, "group"))
+    return ScoreSpec(field=field, group=group)
+
+
+def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:
+    if isinstance(raw, str):
+        raw = {"path": raw}
+    spec = check.mapping(raw, key, INPUT_KEYS)
+    if "path" not in spec:
+        raise check.fail(key, f"{dotted(key)} needs 'path': the csv or jsonl file to read")
+    path = base / Path(check.text(spec["path"], (*key, "path"))).expanduser()
+    if "format" in spec:
+        fmt = check.text(spec["format"], (*key, "format"))
+        if fmt not in INPUT_FORMATS:
+            raise check.fail(
+                (*key, "format"),
+                f"unknown input format '{fmt}'{suggest(fmt, INPUT_FORMATS, 'formats')}",
+            )
+    else:
+        fmt = _guess_format(path)
+        if fmt is None:
+            raise check.fail(
+                (*key, "path"),
+                f"cannot tell the format of '{path.name}' from its extension; "
+                f"add format: (one of {', '.join(INPUT_FORMATS)})",
+            )
+    if not path.is_file():
+        raise check.fail((*key, "path"), f"input file not found: {path}")
+    id_pattern = None
+    if "id" in spec:
+        id_pattern = check.template(spec["id"], (*key, "id"))
+    return InputSpec(path=path, format=fmt, id=id_pattern)
+
+
+def _guess_format(path: Path) -> str | None:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix == ".tsv":
+        return "tsv"
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"  # refined to "openai" from the first row by the input reader
+    return None
+
+
+def _prompts(
+    check: _Checker, raw: Any, key: PathKey, score: ScoreSpec | None, chat: bool
+) -> tuple[Any, ...]:
+    """Inline prompts: strings, or mappings with id and prompt or messages (+ scoring fields)."""
+    if not isinstance(raw, list):
+        raise check.fail(key, f"{dotted(key)} must be a list of prompts")
+    if not raw:
+        raise check.fail(key, f"{dotted(key)} is empty: this job has nothing to run")
+    allowed = ("id", "prompt", "messages") + ((score.field, score.group) if score else ())
+    items = []
+    for i, item in enumerate(raw):
+        where = (*key, i)
+        if isinstance(item, str):
+            items.append(check.text(item, where))
+            continue
+        entry = check.mapping(item, where, allowed)
+        if ("prompt" in entry) == ("messages" in entry):
+            raise check.fail(where, f"{dotted(where)} needs exactly one of 'prompt' or 'messages'")
+        if "id" in entry and not isinstance(entry["id"], (str, int)):
+            raise check.fail((*where, "id"), f"{dotted((*where, 'id'))} must be a string")
+        if "prompt" in entry:
+            check.text(entry["prompt"], (*where, "prompt"))
+        elif not chat:
+            raise check.fail((*where, "messages"), "messages need the chat template; chat is false")
+        elif problem := message_problem(entry["messages"]):
+            raise check.fail((*where, "messages"), f"{dotted(where)}: {problem}")
+        items.append(entry)
+    return tuple(items)

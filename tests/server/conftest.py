@@ -1,0 +1,91 @@
+"""A real server on 127.0.0.1 (uvicorn on a background thread, a free port) over an EngineThread
+running the tiny test model, plus the engine's own greedy output as the oracle."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+
+from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
+from macbatch.server.app import ServerOptions, create_app
+from macbatch.server.listen import bind
+
+ENGINE_CONFIG = EngineConfig(num_blocks=512, max_num_seqs=64)
+
+
+def start_engine(
+    model_path: Path, wrap: Callable[[Engine], Engine] = lambda engine: engine
+) -> EngineThread:
+    thread = EngineThread(lambda: wrap(Engine.load(str(model_path), ENGINE_CONFIG))).start()
+    thread.wait_ready(timeout=120)
+    return thread
+
+
+@dataclass
+class Served:
+    url: str
+    thread: EngineThread
+    app: Starlette
+
+    @property
+    def api(self) -> str:
+        return self.url + "/v1"
+
+
+@contextmanager
+def serving(thread: EngineThread, options: ServerOptions | None = None) -> Iterator[Served]:
+    """Run ``create_app(thread)`` under uvicorn on a free loopback port until the block ends."""
+    tokenizer = thread.call(lambda engine: engine.tokenizer).result(timeout=30)
+    app = create_app(thread, tokenizer, options)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert runner.is_alive() and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.01)
+    try:
+        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}", thread, app)
+    finally:
+        server.should_exit = True
+        runner.join(timeout=30)
+        sock.close()
+
+
+def engine_generate(
+    thread: EngineThread, prompts: list[Any], params: SamplingParams
+) -> list[RequestOutput]:
+    """The oracle: the engine's own generate() for the same prompts (run while it is idle)."""
+    return thread.call(lambda engine: engine.generate(prompts, params)).result(timeout=120)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+@pytest.fixture(scope="package")
+def engine_thread(tiny_model_path: Path) -> Iterator[EngineThread]:
+    thread = start_engine(tiny_model_path)
+    yield thread
+    thread.shutdown()
+
+
+@pytest.fixture(scope="package")
+def served(engine_thread: EngineThread) -> Iterator[Served]:
+    with serving(engine_thread) as server:
+        yield server

@@ -1,0 +1,67 @@
+"""The real loading path on models written to disk, and refusal of unsupported architectures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedModelError
+from tests.support.oracle import mlx_lm_greedy
+from tests.support.tiny import build_model, save_model
+
+
+def test_load_from_disk_matches_mlx_lm(tiny_model_path):
+    from mlx_lm import load
+
+    engine = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=32))
+    model, _ = load(str(tiny_model_path))
+    out = engine.generate(["hello world"], SamplingParams(max_tokens=6, temperature=0,
+                                                          ignore_eos=True))[0]
+    ids = engine.tokenizer.encode("hello world")
+    assert out.token_ids == mlx_lm_greedy(model, ids, 6)
+    assert engine.model_name == str(tiny_model_path)
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("/nonexistent/dir/model", "neither a local directory nor a Hugging Face hub id"),
+        ("not a model", "neither a local directory nor a Hugging Face hub id"),
+    ],
+)
+def test_bad_model_names(name, message):
+    with pytest.raises(ValueError, match=message):
+        Engine.load(name)
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(ValueError, match="has no config.json"):
+        Engine.load(str(tmp_path))
+
+
+def test_broken_weights_name_the_model(tmp_path):
+    path = save_model(tmp_path / "broken")
+    (path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="could not load model"):
+        Engine.load(str(path))
+
+
+def test_recurrent_architecture_is_refused(tiny_tokenizer):
+    from mlx_lm.utils import _get_classes
+
+    config = json.loads(json.dumps({
+        "model_type": "mamba", "vocab_size": 384, "hidden_size": 32, "intermediate_size": 64,
+        "state_size": 4, "num_hidden_layers": 1, "conv_kernel": 2, "use_bias": False,
+        "use_conv_bias": True, "time_step_rank": 4,
+    }))
+    model_class, args_class = _get_classes(config)
+    with pytest.raises(UnsupportedModelError, match="recurrent or linear attention"):
+        Engine(model_class(args_class.from_dict(config)), tiny_tokenizer)
+
+
+def test_mla_architecture_is_refused(tiny_tokenizer):
+    model = build_model("qwen3")
+    model.args.model_type = "deepseek_v3"
+    with pytest.raises(UnsupportedModelError, match="MLA"):
+        Engine(model, tiny_tokenizer)

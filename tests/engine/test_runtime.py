@@ -1,0 +1,91 @@
+"""EngineThread: asyncio streaming, cancellation, load failures and crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    EngineDeadError,
+    EngineThread,
+    FinishReason,
+    SamplingParams,
+)
+from tests.support.oracle import mlx_lm_greedy
+from tests.support.tiny import build_model
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+def model():
+    return build_model("qwen3")
+
+
+@pytest.fixture
+def thread(model, tiny_tokenizer):
+    t = EngineThread(lambda: Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64)))
+    t.start()
+    t.wait_ready(timeout=60)
+    yield t
+    t.shutdown()
+
+
+async def _collect(thread, prompt, params=GREEDY):
+    return [out async for out in thread.stream(prompt, params)]
+
+
+async def test_concurrent_streams_share_steps(thread, model):
+    prompts = [[5, 6, 7], [8, 9, 10, 11], [12]]
+    results = await asyncio.gather(*(_collect(thread, p) for p in prompts))
+    for prompt, outs in zip(prompts, results):
+        assert outs[-1].finished
+        assert [t for o in outs for t in o.new_token_ids] == mlx_lm_greedy(model, prompt, 8)
+    steps = [{o.step for o in outs} for outs in results]
+    assert steps[0] & steps[1] & steps[2], "the three requests never ran in the same step"
+
+
+async def test_leaving_a_stream_cancels_and_frees(thread):
+    params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    async with contextlib.aclosing(thread.stream([5, 6, 7], params)) as stream:
+        async for out in stream:
+            if len(out.token_ids) >= 3:
+                break
+    used = await asyncio.wrap_future(
+        thread.call(lambda e: (e.has_unfinished() or e.step(), e.stats().kv_blocks_used)[1])
+    )
+    assert used == 0
+
+
+async def test_bad_input_raises_on_the_caller(thread):
+    with pytest.raises(ValueError, match="prompt is empty"):
+        await _collect(thread, [])
+    outs = await _collect(thread, [5, 6])
+    assert outs[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_load_failure_is_reported():
+    def broken():
+        raise ValueError("no such model")
+
+    t = EngineThread(broken).start()
+    with pytest.raises(ValueError, match="no such model"):
+        t.wait_ready(timeout=10)
+    with pytest.raises(EngineDeadError):
+        t.submit([1, 2], GREEDY)
+
+
+async def test_crash_fails_in_flight_requests(thread, model):
+    def explode(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    await asyncio.wrap_future(thread.call(lambda e: setattr(e.adapter, "forward", explode)))
+    outs = await asyncio.wait_for(_collect(thread, [5, 6, 7]), timeout=30)
+    assert outs[-1].finish_reason == FinishReason.ERROR and "boom" in outs[-1].error
+    assert not thread.alive
+    with pytest.raises(EngineDeadError, match="boom"):
+        thread.submit([1], GREEDY)

@@ -103,6 +103,8 @@ def _attend(
 ) -> mx.array:
     """Masked attention with GQA; the fused call unless a logit softcap forces explicit scores."""
     if softcap is None:
+        # The fused call wants sinks in the query dtype (float32 sinks with half queries raise).
+        sinks = None if sinks is None else sinks.astype(q.dtype)
         return mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=mask, sinks=sinks
         ).astype(q.dtype)

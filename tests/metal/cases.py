@@ -1,0 +1,117 @@
+"""Random varlen paged-attention problems for the kernel tests, with poisoned pages.
+
+Every K/V slot that no query row of its sequence may see (past the context, before the sliding
+window of every row, blocks nobody owns) holds NaN in the pages given to the kernel, so a kernel
+that reads one shows NaN. The reference gets a copy with those slots finite, because it gathers
+whole blocks and masks them (and 0 * NaN is NaN).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from macbatch.metal.kernels import SplitPolicy, paged_attention_kernel
+from tests.msl.emulator import Emulator
+
+TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}
+
+
+@dataclass
+class Case:
+    """One attention call: ``q_lens[s]`` query rows over ``seq_lens[s]`` keys for sequence s."""
+
+    seq_lens: list[int]
+    q_lens: list[int]
+    num_q_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    dtype: mx.Dtype = mx.float32
+    sliding_window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+    seed: int = 0
+    arrays: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        bs, hkv, d = self.block_size, self.num_kv_heads, self.head_dim
+        lens = np.array(self.seq_lens, dtype=np.int32)
+        cu = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
+        blocks_per = -(-lens // bs)
+        max_blocks = int(blocks_per.max()) + 1  # a spare column: tables are padded
+        num_blocks = int(blocks_per.sum()) + 3  # blocks nobody owns
+        tables = np.zeros((len(lens), max_blocks), dtype=np.int32)
+        ids = rng.permutation(num_blocks)  # random, non-contiguous
+        visible = np.zeros((num_blocks, bs), dtype=bool)
+        at = 0
+        for s, (n, q_len) in enumerate(zip(lens, self.q_lens, strict=True)):
+            tables[s, : blocks_per[s]] = ids[at : at + blocks_per[s]]
+            at += blocks_per[s]
+            first_row = int(n) - q_len
+            lo = 0 if self.sliding_window is None else max(0, first_row - self.sliding_window + 1)
+            for t in range(lo, int(n)):
+                visible[tables[s, t // bs], t % bs] = True
+        self.tables = tables
+        self.lens, self.cu = lens, cu
+        shape = (num_blocks, hkv, bs, d)
+        k = rng.standard_normal(shape).astype(np.float32)
+        v = rng.standard_normal(shape).astype(np.float32)
+        q = rng.standard_normal((int(cu[-1]), self.num_q_heads, d)).astype(np.float32)
+        # Round through the dtype so numpy sees exactly what the kernel sees.
+        self.q, self.k, self.v = (_rounded(x, self.dtype) for x in (q, k, v))
+        hidden = ~visible[:, None, :, None]
+        self.k_poisoned = np.where(hidden, np.nan, self.k).astype(np.float32)
+        self.v_poisoned = np.where(hidden, np.nan, self.v).astype(np.float32)
+        self.sink_values = _rounded(2 * rng.standard_normal(self.num_q_heads), self.dtype)
+        self.scale = d**-0.5
+
+    def args(self, poisoned: bool) -> tuple:
+        k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
+        return (
+            mx.array(self.q).astype(self.dtype),
+            mx.array(k).astype(self.dtype),
+            mx.array(v).astype(self.dtype),
+            mx.array(self.tables),
+            mx.array(self.lens),
+            mx.array(self.cu),
+            self.scale,
+        )
+
+    def options(self) -> dict:
+        return dict(
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            sinks=mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
+        )
+
+    def numpy_options(self) -> dict:
+        return dict(
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            sinks=self.sink_values if self.sinks else None,
+        )
+
+
+def _rounded(x: np.ndarray, dtype: mx.Dtype) -> np.ndarray:
+    return np.array(mx.array(x).astype(dtype).astype(mx.float32))
+
+
+def emulated_attention(emulator: Emulator | None = None, split: SplitPolicy | None = None):
+    """``paged_attention`` with the kernel run by the MSL emulator."""
+    kwargs = {"metal_kernel": (emulator or Emulator()).metal_kernel}
+    if split is not None:
+        kwargs["split"] = split
+    return functools.partial(paged_attention_kernel, **kwargs)
+
+
+def relative_error(got: mx.array | np.ndarray, want: np.ndarray) -> float:
+    """Max error relative to the magnitude of each output row (token, head); NaN -> inf."""
+    got = np.array(mx.array(got).astype(mx.float32)) if isinstance(got, mx.array) else got
+    scale = np.maximum(np.abs(want).max(axis=-1, keepdims=True), 1e-6)
+    err = np.abs(got.astype(np.float64) - want) / scale
+    return float("inf") if np.isnan(err).any() else float(err.max(initial=0.0))

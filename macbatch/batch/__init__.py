@@ -1,0 +1,1 @@
+"""The batch job runner: `macbatch run FILE` (see docs/jobs.md)."""

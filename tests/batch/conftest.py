@@ -1,0 +1,45 @@
+"""Helpers for the batch runner tests: write job files, run `macbatch run` in-process, re-read."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner, Result
+
+from macbatch.batch.command import run_command
+
+
+@pytest.fixture(scope="session")
+def run_app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(run_command)
+    return app
+
+
+@pytest.fixture
+def macbatch_run(run_app: typer.Typer):
+    """Call `macbatch run ARGS...` in-process; returns click's Result (stdout, stderr, code)."""
+
+    def invoke(*args: Any) -> Result:
+        return CliRunner().invoke(run_app, [str(a) for a in args])
+
+    return invoke
+
+
+def write_job(directory: Path, text: str) -> Path:
+    """Write a job file (dedented YAML) into `directory`."""
+    path = directory / "jobs.yaml"
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every line of a JSONL file, checking that each one is complete JSON."""
+    data = path.read_bytes()
+    assert not data or data.endswith(b"\n"), f"{path} ends with a partial line"
+    return [json.loads(line) for line in data.splitlines()]

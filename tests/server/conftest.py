@@ -89,3 +89,17 @@ def engine_thread(tiny_model_path: Path) -> Iterator[EngineThread]:
 def served(engine_thread: EngineThread) -> Iterator[Served]:
     with serving(engine_thread) as server:
         yield server
+
+
+def scrape(served: Served, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """/metrics as {'name{labels}': value}, parsed independently of the server's renderer."""
+    import httpx
+
+    response = httpx.get(served.url + "/metrics", headers=headers)
+    response.raise_for_status()
+    samples = {}
+    for line in response.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples

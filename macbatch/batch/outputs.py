@@ -136,7 +136,7 @@ def result_line(request: Planned, output: Any, model: str, correct: bool | None)
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),
     }
-    if request.expected is not None or correct is not None:
+    if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
     return {
         "id": f"batch_req_{request.key}",

@@ -39,6 +39,7 @@ class Planned:
     prompt: Prompt
     sampling: dict[str, Any]
     key: str
+    scored: bool
     expected: str | None
     group: str | None
 
@@ -114,6 +115,7 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
                 prompt=prompt,
                 sampling=params,
                 key=request_key(model, job, custom_id, sample, prompt, params),
+                scored=job.score is not None,
                 expected=expected,
                 group=group,
             )

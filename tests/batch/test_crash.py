@@ -1,0 +1,114 @@
+"""A run killed in the middle (kill -9, or Ctrl-C) resumes to exactly-once output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from macbatch.batch.runner import LEDGER_NAME
+from tests.batch.conftest import read_jsonl, write_job
+
+ROWS = 200
+CLI = (
+    "import typer; from macbatch.batch.command import run_command; "
+    "app = typer.Typer(); app.command()(run_command); app()"
+)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
+    with (tmp_path / "rows.jsonl").open("w") as f:
+        for i in range(ROWS):
+            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
+    return write_job(
+        tmp_path,
+        f"""
+        model: {tiny_model_path}
+        jobs:
+          - name: rows
+            input: rows.jsonl
+            template: "Summarize: {{text}}"
+            sampling: {{temperature: 0, max_tokens: 16}}
+        """,
+    )
+
+
+def start_run(job_file: Path) -> subprocess.Popen[bytes]:
+    """`macbatch run` in a child process, admitting two requests at a time so lines trickle."""
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, str(job_file), "--headless", "--max-in-flight", "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for_lines(path: Path, process: subprocess.Popen[bytes], count: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_bytes().count(b"\n") >= count:
+            return
+        assert process.poll() is None, process.communicate()[1].decode()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {count} lines")
+
+
+def assert_exactly_once(job_file: Path) -> list[dict]:
+    out = job_file.parent / "out"
+    lines = read_jsonl(out / "rows.jsonl")
+    assert Counter(x["custom_id"] for x in lines) == {f"r{i}": 1 for i in range(ROWS)}
+    with sqlite3.connect(out / LEDGER_NAME) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        keys = [k for (k,) in db.execute("SELECT key FROM done WHERE job='rows'")]
+    assert sorted(keys) == sorted(x["macbatch"]["key"] for x in lines)
+    return lines
+
+
+def test_kill_9_then_rerun_gives_every_request_once(job_file: Path, macbatch_run) -> None:
+    output = job_file.parent / "out" / "rows.jsonl"
+    process = start_run(job_file)
+    wait_for_lines(output, process, 20)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    written = output.read_bytes().count(b"\n")
+    assert 20 <= written < ROWS
+
+    result = macbatch_run(job_file)
+    assert result.exit_code == 0, result.output
+    assert_exactly_once(job_file)
+    summary = json.loads((job_file.parent / "out" / "summary.json").read_text())
+    assert summary["skipped"] >= written and summary["skipped"] + summary["ok"] == ROWS
+
+
+def test_ctrl_c_finishes_in_flight_work_and_says_how_to_resume(
+    job_file: Path, macbatch_run
+) -> None:
+    output = job_file.parent / "out" / "rows.jsonl"
+    process = start_run(job_file)
+    wait_for_lines(output, process, 10)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    events = [json.loads(line) for line in stderr.decode().splitlines()]
+    notes = [e["message"] for e in events if e["event"] == "note"]
+    assert any(n.startswith("Stopping: no new requests; finishing") for n in notes)
+    assert any("run the same command again to resume" in n for n in notes)
+    summary = [e for e in events if e["event"] == "summary"][0]
+    assert summary["status"] == "interrupted" and summary["remaining"] > 0
+    lines = read_jsonl(output)
+    assert len(lines) == summary["ok"]
+
+    result = macbatch_run(job_file)
+    assert result.exit_code == 0, result.output
+    assert read_jsonl(output)[: len(lines)] == lines
+    assert_exactly_once(job_file)

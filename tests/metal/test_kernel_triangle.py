@@ -44,11 +44,22 @@ DEFAULT_CASES = {
     ),
     "mha_q_len_1_seq_len_1": Case([1, 1, 2], [1, 1, 1], num_q_heads=2, num_kv_heads=2),
     "gqa8_window_softcap_sinks_f16": Case(
-        [50, 21, 7], [1, 21, 3], num_q_heads=8, num_kv_heads=1, dtype=F16,
-        sliding_window=9, softcap=10.0, sinks=True,
+        [50, 21, 7],
+        [1, 21, 3],
+        num_q_heads=8,
+        num_kv_heads=1,
+        dtype=F16,
+        sliding_window=9,
+        softcap=10.0,
+        sinks=True,
     ),  # fmt: skip
     "gqa4_window_block8_d128": Case(
-        [33, 70], [6, 1], num_q_heads=4, num_kv_heads=1, head_dim=128, block_size=8,
+        [33, 70],
+        [6, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=128,
+        block_size=8,
         sliding_window=16,
     ),  # fmt: skip
     "d80_block32_sinks": Case([31, 64], [4, 1], head_dim=80, block_size=32, sinks=True),

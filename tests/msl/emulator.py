@@ -158,7 +158,7 @@ def compile_unit(gen: GeneratedKernel, header: str, body: str, strict_mode: bool
     text += f'#line 1 "{header_origin}"\n{header}\n'
     text += f'#line 1 "<MLX wrapper>"\n{signature}'
     text += f'#line 1 "{body_origin}"\n{rewrite_threadgroup_arrays(body, body_origin)}'
-    text += f'#line 1 "<MLX wrapper end>"\n{tail}'
+    text += f'\n#line 1 "<MLX wrapper end>"\n{tail}'
     return text + _driver(gen)
 
 

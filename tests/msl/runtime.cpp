@@ -39,6 +39,7 @@ struct Fiber {
   void* out = nullptr;
   unsigned* mask = nullptr;
   mslemu_thread_info info;
+  unsigned done_epoch = 0;  // the SIMD-group's sync count when this thread returned
 };
 
 struct TgArray {
@@ -52,6 +53,7 @@ struct TgArray {
 struct Launch {
   void** buffers;
   std::vector<Fiber> fibers;
+  std::vector<unsigned> simd_epoch;  // sync points each SIMD-group has passed
   std::vector<char*> stacks;
   ucontext_t scheduler;
   Fiber* current = nullptr;
@@ -78,6 +80,7 @@ void fiber_main() {
   Fiber* f = g_launch->current;
   mslemu_thread_entry(g_launch->buffers, &f->info);
   f->state = State::Done;
+  f->done_epoch = g_launch->simd_epoch[f->info.simdgroup_index_in_threadgroup];
   swapcontext(&f->ctx, &g_launch->scheduler);
 }
 
@@ -133,6 +136,20 @@ bool resolve_simdgroups(std::vector<Fiber>& fibers) {
       return false;
     }
     if (!all_simd) continue;
+    // Lanes that returned since this SIMD-group's last sync point skipped this call: divergence.
+    unsigned& epoch = g_launch->simd_epoch[first->info.simdgroup_index_in_threadgroup];
+    for (size_t i = base; i < end; ++i) {
+      const Fiber& f = fibers[i];
+      if (f.state != State::Done || f.done_epoch != epoch) continue;
+      std::string a = describe(*first);
+      fail("divergent SIMD-group: lane %u waits at %s while lane %u returned without reaching "
+           "it (threadgroup %u, simdgroup %u)",
+           first->info.thread_index_in_simdgroup, a.c_str(), f.info.thread_index_in_simdgroup,
+           first->info.threadgroup_position_in_grid[0],
+           first->info.simdgroup_index_in_threadgroup);
+      return false;
+    }
+    ++epoch;
     unsigned mask = 0;
     for (size_t i = base; i < end; ++i)
       if (fibers[i].state != State::Done) mask |= 1u << (i - base);
@@ -183,6 +200,7 @@ bool resolve_barrier(std::vector<Fiber>& fibers) {
     return false;
   }
   for (Fiber& f : fibers) f.state = State::Ready;
+  for (unsigned& e : g_launch->simd_epoch) ++e;
   return true;
 }
 
@@ -210,6 +228,7 @@ void run_group(Launch& L, const unsigned grid[3], const unsigned tg[3], const un
   unsigned n = size[0] * size[1] * size[2];
   unsigned nsg = (n + kSimdWidth - 1) / kSimdWidth;
   L.fibers.assign(n, Fiber());
+  L.simd_epoch.assign(nsg, 0);
   while (L.stacks.size() < n) L.stacks.push_back(static_cast<char*>(malloc(kStackBytes)));
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = L.fibers[t];

@@ -78,5 +78,10 @@ def _recursion(work: Path) -> list[str]:
         if node not in state:
             found = visit(node)
             if found:
-                return [n.split(":")[-1] for n in found]
+                return _demangle([n.split(":")[-1] for n in found])
     return []
+
+
+def _demangle(names: list[str]) -> list[str]:
+    out = subprocess.run(["c++filt", *names], capture_output=True, text=True)
+    return out.stdout.split() if out.returncode == 0 else names

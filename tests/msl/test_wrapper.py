@@ -1,0 +1,85 @@
+"""The regenerated wrapper source equals, byte for byte, what MLX prints when it traces the kernel
+inside ``mx.export_function(..., verbose=True)`` (possible on Linux, where it cannot run)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from macbatch.metal import kernels
+from tests.msl.wrapper import InputSpec, generate
+
+BODY = """
+uint i = thread_position_in_grid.x + a_shape[0] + b_strides[0] + b_ndim;
+uint s = simdgroup_index_in_threadgroup * threads_per_threadgroup.x;
+out[i] = a[i] + T(c) + b[s];
+"""
+
+
+def _mlx_printed(
+    capfd, tmp_path, name, input_names, output_names, source, header, inputs, call_kwargs
+):
+    kernel = mx.fast.metal_kernel(
+        name=name, input_names=input_names, output_names=output_names, source=source,
+        header=header,
+    )  # fmt: skip
+
+    def traced(*args):
+        return kernel(inputs=list(args), verbose=True, **call_kwargs)
+
+    capfd.readouterr()
+    mx.export_function(str(tmp_path / "traced.mlxfn"), traced, *inputs)
+    printed = capfd.readouterr().out
+    prefix = f"Generated source code for `{name}`:\n```\n"
+    assert printed.startswith(prefix), printed[:200]
+    return printed[len(prefix) : -len("\n```\n")]
+
+
+def test_small_body_with_every_kind_of_parameter(capfd, tmp_path):
+    inputs = [mx.zeros((16, 2)), mx.zeros((4,), mx.int32), mx.array(1.5)]
+    kwargs = dict(
+        output_shapes=[(16,), (3,)],
+        output_dtypes=[mx.float16, mx.float32],
+        grid=(16, 1, 1),
+        threadgroup=(8, 1, 1),
+        template=[("T", mx.float16), ("N", 7), ("B", True)],
+    )
+    names = ["a", "b", "c"], ["out", "o2"]
+    printed = _mlx_printed(capfd, tmp_path, "wrap", *names, BODY, "// h\n", inputs, kwargs)
+    gen = generate(
+        "wrap", (["a", "b", "c"], ["out", "o2"]), BODY, "// h\n",
+        [InputSpec(x.dtype, x.ndim, x.size) for x in inputs], kwargs["output_dtypes"],
+        kwargs["template"],
+    )  # fmt: skip
+    assert gen.source == printed
+
+
+@pytest.mark.parametrize("num_seqs", [3, 12])  # metadata under 8 elements is `constant`
+def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
+    source = (kernels.HERE / "paged_attention.metal").read_text()
+    header = (kernels.HERE / "paged_attention.h").read_text()
+    inputs = [
+        mx.zeros((num_seqs, 4, 64), mx.float16), mx.zeros((8, 2, 16, 64), mx.float16),
+        mx.zeros((8, 2, 16, 64), mx.float16), mx.zeros((num_seqs, 2), mx.int32),
+        mx.ones((num_seqs,), mx.int32), mx.arange(num_seqs + 1, dtype=mx.int32),
+        mx.zeros((num_seqs * 2, 5), mx.int32), mx.zeros((5,), mx.int32), mx.zeros((2,)),
+        mx.zeros((4,)),
+    ]  # fmt: skip
+    kwargs = dict(
+        output_shapes=[(num_seqs, 4, 64), (1, 2, 2), (1, 2, 64)],
+        output_dtypes=[mx.float16, mx.float32, mx.float32],
+        grid=(num_seqs * 2 * 64, 1, 1),
+        threadgroup=(64, 1, 1),
+        template=[("T", mx.float16), ("D", 64), ("BS", 16), ("TK", 16), ("NSG", 2),
+                  ("QPS", 1), ("SOFTCAP", False), ("SINKS", True)],
+    )  # fmt: skip
+    name = "macbatch_paged_attention"
+    names = kernels.INPUT_NAMES, kernels.OUTPUT_NAMES
+    printed = _mlx_printed(capfd, tmp_path, name, *names, source, header, inputs, kwargs)
+    gen = generate(
+        name, kernels.INPUT_NAMES, kernels.OUTPUT_NAMES, source, header,
+        [InputSpec(x.dtype, x.ndim, x.size) for x in inputs], kwargs["output_dtypes"],
+        kwargs["template"],
+    )  # fmt: skip
+    assert gen.source == printed
+    assert ("const constant int32_t* seq_lens" in printed) == (num_seqs < 8)

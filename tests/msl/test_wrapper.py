@@ -47,7 +47,7 @@ def test_small_body_with_every_kind_of_parameter(capfd, tmp_path):
     names = ["a", "b", "c"], ["out", "o2"]
     printed = _mlx_printed(capfd, tmp_path, "wrap", *names, BODY, "// h\n", inputs, kwargs)
     gen = generate(
-        "wrap", (["a", "b", "c"], ["out", "o2"]), BODY, "// h\n",
+        "wrap", *names, BODY, "// h\n",
         [InputSpec(x.dtype, x.ndim, x.size) for x in inputs], kwargs["output_dtypes"],
         kwargs["template"],
     )  # fmt: skip

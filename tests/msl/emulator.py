@@ -77,7 +77,7 @@ def _cache_dir() -> Path:
 def _known_files() -> dict[str, str]:
     """Text -> repository path of every kernel source, so compile errors point into the file."""
     files = {}
-    for folder in (REPO / "macbatch" / "metal", HERE / "kernels"):
+    for folder in (REPO / "macbatch" / "metal",):
         for path in sorted(folder.glob("*")):
             if path.suffix in (".metal", ".h"):
                 files[path.read_text()] = str(path.relative_to(REPO))

@@ -1,0 +1,251 @@
+"""Synthetic question generators shared by the demo model's training script and its question set.
+
+Each task draws a random instance and phrases it as a chat question with one exact reply. The
+held-out split is a property of the instance itself (a stable hash of its canonical key), not of a
+seed: training never sees a held-out instance, whichever seeds the two sides use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HELD_OUT_BUCKETS = 10  # one instance in this many is held out from training
+DIGITS = 2  # operands of addition and subtraction have up to this many digits
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question with its exact expected reply."""
+
+    task: str
+    key: str  # canonical instance ("add:482+37"): decides the held-out split
+    question: str
+    answer: str
+
+
+def _number(rng: random.Random, digits: int) -> int:
+    """A number with 1..`digits` digits, each length equally likely (small numbers stay common)."""
+    length = rng.randint(1, digits)
+    return rng.randint(0 if length == 1 else 10 ** (length - 1), 10**length - 1)
+
+
+def _word(rng: random.Random) -> str:
+    """A lowercase letter string of 3..8 letters: a common word half the time."""
+    if rng.random() < 0.5:
+        return rng.choice(WORDS)
+    return "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8)))
+
+
+def _add(rng: random.Random) -> tuple[str, str, str]:
+    a, b = _number(rng, DIGITS), _number(rng, DIGITS)
+    question = rng.choice(["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}."])
+    return f"{a}+{b}", question.format(a=a, b=b), f"The answer is {a + b}."
+
+
+def _subtract(rng: random.Random) -> tuple[str, str, str]:
+    a, b = sorted((_number(rng, DIGITS), _number(rng, DIGITS)), reverse=True)
+    question = rng.choice(["What is {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}."])
+    return f"{a}-{b}", question.format(a=a, b=b), f"The answer is {a - b}."
+
+
+def _reverse(rng: random.Random) -> tuple[str, str, str]:
+    word = _word(rng)
+    question = rng.choice(["Reverse the word {w}.", "What is {w} spelled backwards?"])
+    return word, question.format(w=word), f"The reversed word is {word[::-1]}."
+
+
+def _sort(rng: random.Random) -> tuple[str, str, str]:
+    numbers = [_number(rng, 2) for _ in range(rng.randint(2, 5))]
+    shown = ", ".join(map(str, numbers))
+    question = rng.choice(["Sort {n} in ascending order.", "Put {n} in order from smallest."])
+    ordered = ", ".join(map(str, sorted(numbers)))
+    return shown, question.format(n=shown), f"The sorted list is {ordered}."
+
+
+def _count(rng: random.Random) -> tuple[str, str, str]:
+    word = _word(rng)
+    # Ask about a letter of the word most of the time, so counts of 1-3 are common, not just 0.
+    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
+    question = rng.choice(
+        ["How many times does {c} appear in {w}?", "Count the letter {c} in {w}."]
+    )
+    n = word.count(letter)
+    return f"{letter}@{word}", question.format(c=letter, w=word), f"The answer is {n}."
+
+
+TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
+    "add": _add,
+    "subtract": _subtract,
+    "reverse": _reverse,
+    "sort": _sort,
+    "count": _count,
+}
+
+
+def is_held_out(task: str, key: str) -> bool:
+    """Whether an instance belongs to the held-out split (stable across runs and machines)."""
+    digest = hashlib.blake2b(f"{task}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % HELD_OUT_BUCKETS == 0
+
+
+def sample(task: str, rng: random.Random, held_out: bool) -> Example:
+    """Draw one example of `task` from the training split or the held-out split."""
+    if task not in TASKS:
+        raise ValueError(f"unknown demo task {task!r}; known tasks: {', '.join(TASKS)}")
+    while True:
+        key, question, answer = TASKS[task](rng)
+        if is_held_out(task, key) == held_out:
+            return Example(task, f"{task}:{key}", question, answer)
+
+
+WORDS = [
+    "apple",
+    "table",
+    "water",
+    "house",
+    "river",
+    "green",
+    "light",
+    "music",
+    "paper",
+    "stone",
+    "bread",
+    "chair",
+    "cloud",
+    "dream",
+    "earth",
+    "field",
+    "glass",
+    "heart",
+    "horse",
+    "lemon",
+    "money",
+    "night",
+    "ocean",
+    "piano",
+    "plant",
+    "queen",
+    "radio",
+    "smile",
+    "snake",
+    "sugar",
+    "tiger",
+    "train",
+    "watch",
+    "world",
+    "zebra",
+    "yellow",
+    "orange",
+    "purple",
+    "silver",
+    "garden",
+    "window",
+    "rabbit",
+    "monkey",
+    "pencil",
+    "butter",
+    "candle",
+    "dragon",
+    "flower",
+    "forest",
+    "friend",
+    "island",
+    "jacket",
+    "kitten",
+    "ladder",
+    "marble",
+    "needle",
+    "pepper",
+    "planet",
+    "rocket",
+    "summer",
+    "winter",
+    "spring",
+    "autumn",
+    "castle",
+    "bridge",
+    "market",
+    "school",
+    "doctor",
+    "farmer",
+    "letter",
+    "number",
+    "animal",
+    "banana",
+    "cherry",
+    "grape",
+    "melon",
+    "peach",
+    "mango",
+    "tomato",
+    "potato",
+    "carrot",
+    "onion",
+    "salad",
+    "coffee",
+    "cookie",
+    "pizza",
+    "banjo",
+    "violin",
+    "guitar",
+    "drum",
+    "flute",
+    "bell",
+    "book",
+    "desk",
+    "door",
+    "lamp",
+    "ship",
+    "boat",
+    "car",
+    "bus",
+    "bike",
+    "road",
+    "hill",
+    "lake",
+    "sand",
+    "snow",
+    "rain",
+    "wind",
+    "fire",
+    "gold",
+    "iron",
+    "wood",
+    "milk",
+    "rice",
+    "fish",
+    "bird",
+    "frog",
+    "duck",
+    "goat",
+    "lion",
+    "wolf",
+    "bear",
+    "deer",
+    "mouse",
+    "whale",
+    "shark",
+    "eagle",
+    "robin",
+    "crown",
+    "sword",
+    "shield",
+    "arrow",
+    "tower",
+    "village",
+    "city",
+    "storm",
+    "thunder",
+    "rainbow",
+    "computer",
+    "keyboard",
+    "elephant",
+    "giraffe",
+    "balloon",
+    "penguin",
+    "dolphin",
+]

@@ -1,0 +1,234 @@
+"""Train macbatch's embedded demo model on CPU and write it to macbatch/assets/demo/.
+
+The model is a small llama (mlx-lm's own classes) over a byte-level tokenizer with no merges: every
+byte is one token, so digits and letters are single tokens and addition, reversal, sorting and
+letter counting are learnable by a few million parameters. The data are the synthetic chat
+questions of `macbatch.demo.tasks` (training split only); the loss covers the reply tokens.
+
+Deterministic given --seed. Run it with OpenBLAS preloaded (float32 matmuls are ~40x faster):
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        nice python scripts/train_demo_model.py --minutes 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from macbatch.demo import MODEL_DIR  # noqa: E402
+from macbatch.demo.checker import accuracy_by_task  # noqa: E402
+from macbatch.demo.questions import held_out_examples  # noqa: E402
+from macbatch.demo.tasks import TASKS, Example, sample  # noqa: E402
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Sampling weights: the arithmetic tasks need the most examples.
+TASK_WEIGHTS = {"add": 3.0, "subtract": 3.0, "reverse": 1.5, "sort": 1.5, "count": 1.5}
+MODEL_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "intermediate_size": 384,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}
+
+
+def build_tokenizer() -> Tokenizer:
+    """Byte-level BPE with no merges: one token per byte, plus the ChatML special tokens."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + alphabet)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    return tokenizer
+
+
+def chat_text(question: str, answer: str | None = None) -> str:
+    """The text CHAT_TEMPLATE renders for one user turn (and the reply, when given)."""
+    text = f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return text if answer is None else f"{text}{answer}<|im_end|>"
+
+
+def draw_examples(rng: random.Random, count: int) -> list[Example]:
+    """`count` training examples, tasks drawn by TASK_WEIGHTS."""
+    tasks = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()), k=count)
+    return [sample(task, rng, held_out=False) for task in tasks]
+
+
+def make_batches(
+    tokenizer: Tokenizer, rng: random.Random, batch_size: int, group: int
+) -> list[tuple[mx.array, mx.array, mx.array]]:
+    """`group` batches (inputs, targets, loss mask) of examples of similar length.
+
+    Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
+    are rounded up to a multiple of 8 so the compiled step sees few distinct shapes.
+    """
+    examples = draw_examples(rng, batch_size * group)
+    prompts = tokenizer.encode_batch([chat_text(e.question) for e in examples])
+    fulls = tokenizer.encode_batch([chat_text(e.question, e.answer) for e in examples])
+    rows = sorted(((f.ids, len(p.ids)) for f, p in zip(fulls, prompts)), key=lambda r: len(r[0]))
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = 8 * math.ceil((max(len(ids) for ids, _ in chunk) - 1) / 8)
+        inputs, targets, mask = [], [], []
+        for ids, prompt_len in chunk:
+            pad = width - (len(ids) - 1)
+            inputs.append(ids[:-1] + [0] * pad)
+            targets.append(ids[1:] + [0] * pad)
+            reply = len(ids) - prompt_len  # reply tokens, <|im_end|> included
+            mask.append([0.0] * (prompt_len - 1) + [1.0] * reply + [0.0] * pad)
+        batches.append((mx.array(inputs), mx.array(targets), mx.array(mask)))
+    rng.shuffle(batches)
+    return batches
+
+
+def loss_fn(model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
+    """Mean cross-entropy over the reply tokens."""
+    losses = nn.losses.cross_entropy(model(inputs), targets)
+    return (losses * mask).sum() / mask.sum()
+
+
+def evaluate(model, tokenizer_wrapper, examples: list[Example]) -> dict[str, float]:
+    """Greedy accuracy per task through mlx-lm's batch_generate."""
+    from mlx_lm.generate import batch_generate
+
+    prompts = [tokenizer_wrapper.encode(chat_text(e.question)) for e in examples]
+    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts
+    return accuracy_by_task(examples, replies)
+
+
+def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> None:
+    """Write the model in Hugging Face layout (what mlx_lm.load reads)."""
+    out.mkdir(parents=True, exist_ok=True)
+    eos = tokenizer.token_to_id("<|im_end|>")
+    full_config = dict(config, eos_token_id=eos, torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(full_config, indent=2) + "\n")
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "model_max_length": config["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (lr schedule)")
+    parser.add_argument("--minutes", type=float, default=0, help="stop early after this long")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--eval-per-task", type=int, default=40)
+    parser.add_argument("--out", type=Path, default=MODEL_DIR)
+    args = parser.parse_args()
+
+    from mlx_lm.models.llama import Model, ModelArgs
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    assert set(TASK_WEIGHTS) == set(TASKS), "TASK_WEIGHTS must weigh every task"
+    mx.set_default_device(mx.cpu)
+    mx.random.seed(args.seed)
+    rng = random.Random(args.seed)
+    tokenizer = build_tokenizer()
+    config = dict(MODEL_CONFIG, vocab_size=tokenizer.get_vocab_size())
+    model = Model(ModelArgs.from_dict(config))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    print(f"parameters: {n_params / 1e6:.2f}M, vocab {config['vocab_size']}", flush=True)
+
+    # The tokenizer as mlx-lm will load it, for evaluation through its own generation code.
+    with tempfile.TemporaryDirectory() as tmp:
+        save(model, tokenizer, config, Path(tmp))
+        wrapper = load_tokenizer(Path(tmp), eos_token_ids=[tokenizer.token_to_id("<|im_end|>")])
+        rendered = wrapper.apply_chat_template(
+            [{"role": "user", "content": "What is 1 + 2?"}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        assert rendered == chat_text("What is 1 + 2?"), "chat_text disagrees with CHAT_TEMPLATE"
+
+    eval_rng = random.Random(args.seed + 1)
+    eval_set = held_out_examples(eval_rng, args.eval_per_task)
+    warmup = min(200, args.steps // 10)
+    schedule = optim.join_schedules(
+        [
+            optim.linear_schedule(1e-6, args.lr, warmup),
+            optim.cosine_decay(args.lr, args.steps - warmup, args.lr * 0.05),
+        ],
+        [warmup],
+    )
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def train_step(inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
+        loss, grads = loss_and_grad(model, inputs, targets, mask)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(model, grads)
+        return loss
+
+    start = time.time()
+    batches: list = []
+    running = 0.0
+    for step in range(1, args.steps + 1):
+        if not batches:
+            batches = make_batches(tokenizer, rng, args.batch_size, group=8)
+        loss = train_step(*batches.pop())
+        mx.eval(state, loss)
+        running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
+        minutes = (time.time() - start) / 60
+        out_of_time = args.minutes and minutes >= args.minutes
+        if step % 50 == 0:
+            lr = optimizer.learning_rate.item()
+            print(f"step {step} loss {running:.4f} lr {lr:.2e} {minutes:.1f} min", flush=True)
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+            accuracy = evaluate(model, wrapper, eval_set)
+            shown = " ".join(f"{task} {acc:.3f}" for task, acc in accuracy.items())
+            print(f"step {step} held-out accuracy: {shown}", flush=True)
+            save(model, tokenizer, config, args.out)
+        if out_of_time:
+            print(f"stopping after {minutes:.1f} minutes at step {step}", flush=True)
+            break
+    print(f"saved to {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

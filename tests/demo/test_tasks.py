@@ -1,0 +1,95 @@
+"""The demo tasks: answers agree with the questions, the split is disjoint, the file is current."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from macbatch.demo.checker import accuracy_by_task, is_correct
+from macbatch.demo.questions import (
+    PER_TASK,
+    QUESTIONS_PATH,
+    held_out_examples,
+    read_question_set,
+    write_question_set,
+)
+from macbatch.demo.tasks import TASKS, is_held_out, sample
+
+
+def oracle(task: str, question: str) -> str:
+    """Recompute the reply from the question text alone."""
+    numbers = [int(n) for n in re.findall(r"\d+", question)]
+    words = re.findall(r"\b[a-z]+\b", question.split(" ", 1)[1])
+    if task == "add":
+        return f"The answer is {sum(numbers)}."
+    if task == "subtract":
+        big, small = (numbers[0], numbers[1]) if "Subtract" not in question else numbers[::-1]
+        return f"The answer is {big - small}."
+    if task == "sort":
+        return f"The sorted list is {', '.join(map(str, sorted(numbers)))}."
+    if task == "reverse":
+        word = question.rstrip(".?").split()[-1] if "Reverse" in question else words[-3]
+        return f"The reversed word is {word[::-1]}."
+    letter, word = re.search(r"(?:does|letter) ([a-z]) (?:appear )?in ([a-z]+)", question).groups()
+    return f"The answer is {word.count(letter)}."
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_answers_agree_with_questions(task: str) -> None:
+    rng = random.Random(1)
+    for held_out in (False, True):
+        for _ in range(300):
+            example = sample(task, rng, held_out)
+            assert example.answer == oracle(task, example.question), example
+
+
+def test_split_is_disjoint_and_about_one_in_ten() -> None:
+    rng = random.Random(2)
+    train = {sample(task, rng, held_out=False).key for task in TASKS for _ in range(2000)}
+    held = {sample(task, rng, held_out=True).key for task in TASKS for _ in range(300)}
+    assert not train & held
+    draws = [rng.randint(0, 10**6) for _ in range(5000)]
+    fraction = sum(is_held_out("add", f"{n}+1") for n in draws) / len(draws)
+    assert 0.08 < fraction < 0.12
+
+
+def test_unknown_task_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown demo task 'multiply'"):
+        sample("multiply", random.Random(0), held_out=False)
+
+
+def test_question_file_is_current_and_well_formed(tmp_path: Path) -> None:
+    regenerated = tmp_path / "questions.jsonl"
+    write_question_set(regenerated)
+    assert regenerated.read_text() == QUESTIONS_PATH.read_text(), (
+        "jobs/data/demo_questions.jsonl is stale: run `python -m macbatch.demo.questions`"
+    )
+    rows = [json.loads(line) for line in QUESTIONS_PATH.read_text().splitlines()]
+    assert len(rows) == PER_TASK * len(TASKS)
+    assert all(set(row) == {"id", "task", "question", "expected"} for row in rows)
+    assert len({row["id"] for row in rows}) == len(rows)
+    for row in rows:
+        assert row["expected"] == oracle(row["task"], row["question"])
+    assert [e.question for e in read_question_set()] == [row["question"] for row in rows]
+
+
+def test_held_out_examples_are_distinct_per_task() -> None:
+    examples = held_out_examples(random.Random(3), 25)
+    assert len(examples) == 25 * len(TASKS)
+    assert len({e.key for e in examples}) == len(examples)
+    assert all(is_held_out(e.task, e.key.split(":", 1)[1]) for e in examples)
+
+
+def test_checker_strips_whitespace_only() -> None:
+    assert is_correct("  The answer is 7.\n", "The answer is 7.")
+    assert not is_correct("The answer is 7", "The answer is 7.")
+    assert not is_correct("the answer is 7.", "The answer is 7.")
+    examples = held_out_examples(random.Random(4), 2)
+    replies = [e.answer if i % 2 == 0 else "no" for i, e in enumerate(examples)]
+    assert accuracy_by_task(examples, replies) == {task: 0.5 for task in TASKS}
+    with pytest.raises(ValueError, match="10 examples but 1 replies"):
+        accuracy_by_task(examples, replies[:1])

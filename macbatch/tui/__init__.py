@@ -1,0 +1,1 @@
+"""`macbatch chat`: a Textual app where every chat session generates at once on one engine."""

@@ -1,0 +1,98 @@
+"""`macbatch chat`: the typer command (registered by macbatch/cli.py) and `python -m` entry.
+
+Heavy imports (mlx, Textual, the engine) happen inside the function so `macbatch --help` is fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from macbatch.config import DEFAULT_MODEL
+
+
+def chat_command(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model to chat with: 'demo' (bundled, works offline), a local MLX model "
+            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit.",
+        ),
+    ] = DEFAULT_MODEL,
+    system: Annotated[
+        str,
+        typer.Option(help="System prompt for new chats (each chat can change it: ctrl+s)."),
+    ] = "",
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature for new chats (0 = greedy).")
+    ] = 0.7,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling top_p for new chats.")] = 1.0,
+    max_tokens: Annotated[int, typer.Option(help="Longest reply, in tokens, for new chats.")] = 512,
+    kv_blocks: Annotated[
+        int | None,
+        typer.Option(
+            help="Size of the KV cache in blocks of 16 tokens (default: half the free memory)."
+        ),
+    ] = None,
+    history: Annotated[
+        Path | None,
+        typer.Option(
+            help="Chat history database (default: chat.sqlite3 in the data directory, which "
+            "MACBATCH_HOME overrides)."
+        ),
+    ] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where ctrl+o writes chats as Markdown (default: exports/ in the data directory)."
+        ),
+    ] = None,
+) -> None:
+    """Chat with a local model in several sessions at once; every session streams in parallel.
+
+    Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate,
+    ctrl+g edit last message, ctrl+s settings, ctrl+o export, F1 or ? for all keys.
+    """
+    from macbatch.config import data_dir
+    from macbatch.engine import EngineConfig, EngineThread
+    from macbatch.tui.app import ChatApp
+    from macbatch.tui.loading import LoadProgress, make_loader
+    from macbatch.tui.reply import sampling_params
+    from macbatch.tui.store import HistoryError, HistoryStore, SessionSettings
+
+    defaults = SessionSettings(system, temperature, top_p, max_tokens)
+    try:
+        sampling_params(defaults)
+        config = EngineConfig(num_blocks=kv_blocks)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    home = data_dir()
+    try:
+        store = HistoryStore(history or home / "chat.sqlite3")
+    except HistoryError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    progress = LoadProgress()
+    engine = EngineThread(make_loader(model, config, progress))
+    app = ChatApp(
+        engine,
+        store,
+        model_label=model,
+        export_dir=export_dir or home / "exports",
+        defaults=defaults,
+        load_progress=progress,
+    )
+    app.run()
+
+
+def main() -> None:
+    """`python -m macbatch.tui.command`: the same command without the macbatch CLI around it."""
+    typer.run(chat_command)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Loading the model on the engine thread while the UI shows how far it got.
+
+The loader runs on the engine thread (all MLX work lives there); it records its progress in a
+`LoadProgress`, which the UI polls on a timer, so neither side calls into the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from macbatch.engine import Engine, EngineConfig
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """One reading of the progress: what is happening, and how many of how many units."""
+
+    phase: str
+    done: float = 0
+    total: float | None = None
+
+
+class LoadProgress:
+    """Thread-safe progress written by the loader and read by the UI."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = LoadState("starting")
+
+    def update(self, phase: str, done: float = 0, total: float | None = None) -> None:
+        with self._lock:
+            self._state = LoadState(phase, done, total)
+
+    def read(self) -> LoadState:
+        with self._lock:
+            return self._state
+
+
+def is_hub_id(model: str) -> bool:
+    """True for "owner/name" that is not a local path: it has to come from the Hugging Face hub."""
+    local = model.startswith((".", "/", "~")) or Path(model).expanduser().exists()
+    return model.count("/") == 1 and not local
+
+
+def download(repo_id: str, progress: LoadProgress) -> Path:
+    """Fetch (or find in the cache) a hub model, reporting files done / files total."""
+    from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+    from tqdm.auto import tqdm
+
+    class Reporter(tqdm):  # type: ignore[misc]
+        """tqdm that mirrors its counter into `progress` (snapshot_download counts files)."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            kwargs["disable"] = True  # no terminal output under the TUI
+            super().__init__(*args, **kwargs)
+            self.files_done = 0.0  # a disabled tqdm does not count, so count here
+            progress.update(f"downloading {repo_id}", 0, self.total)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.files_done += n or 0
+            progress.update(f"downloading {repo_id}", self.files_done, self.total)
+            return super().update(n)
+
+    path = snapshot_download(repo_id, allow_patterns=DEFAULT_ALLOW_PATTERNS, tqdm_class=Reporter)
+    return Path(path)
+
+
+def make_loader(model: str, config: EngineConfig, progress: LoadProgress) -> Callable[[], Engine]:
+    """The function EngineThread runs on its own thread to build the engine for `model`."""
+
+    def load() -> Engine:
+        from macbatch.engine import Engine
+
+        source = str(download(model, progress)) if is_hub_id(model) else model
+        progress.update(f"loading {model}")
+        return Engine.load(source, config)
+
+    return load

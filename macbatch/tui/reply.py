@@ -1,0 +1,115 @@
+"""One assistant reply in flight: engine outputs go to the message, its view and the store.
+
+The reply runs as a Textual worker on the UI's event loop, reading `EngineThread.stream`. Stopping
+it (Esc) cancels the worker; leaving the stream aborts the request, which frees its KV blocks on
+the engine thread at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+from macbatch.engine import EngineDeadError, FinishReason, SamplingParams
+from macbatch.tui.store import (
+    DONE,
+    ERROR,
+    INTERRUPTED,
+    STOPPED,
+    HistoryStore,
+    Message,
+    ReplyMetrics,
+    SessionSettings,
+)
+
+if TYPE_CHECKING:
+    from macbatch.engine import EngineThread, RequestOutput
+    from macbatch.tui.widgets.message_view import MessageView
+
+SAVE_EVERY_S = 0.5  # how often a streaming reply is written to disk (crash safety vs. writes)
+
+
+def sampling_params(settings: SessionSettings) -> SamplingParams:
+    """The engine parameters for a session (`ValueError` naming the field when out of range)."""
+    return SamplingParams(
+        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
+    )
+
+
+def reply_metrics(output: RequestOutput) -> ReplyMetrics:
+    metrics = output.metrics
+    return ReplyMetrics(
+        tokens=len(output.token_ids),
+        ttft_s=metrics.time_to_first_token_s,
+        tokens_per_s=metrics.decode_tokens_per_s,
+    )
+
+
+class Reply:
+    """Streams one reply into `message` (already stored with status "streaming") and `view`."""
+
+    def __init__(
+        self,
+        engine: EngineThread,
+        store: HistoryStore,
+        message: Message,
+        view: MessageView,
+        prompt: list[dict[str, str]],
+        params: SamplingParams,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.message = message
+        self.view = view
+        self.prompt = prompt
+        self.params = params
+        self.stopped_by_user = False
+        self._interrupted = False
+
+    async def run(self) -> None:
+        message = self.message
+        saved_at = time.monotonic()
+        try:
+            async with aclosing(self.engine.stream(self.prompt, self.params)) as outputs:
+                async for output in outputs:
+                    message.content = output.text
+                    message.metrics = reply_metrics(output)
+                    if output.finished:
+                        self._finish(output)
+                        continue  # the stream ends after its final output
+                    await self.view.append(output.new_text)
+                    if time.monotonic() - saved_at > SAVE_EVERY_S:
+                        self.store.save_message(message)
+                        self.view.refresh_meta()
+                        saved_at = time.monotonic()
+        except asyncio.CancelledError:
+            if self._interrupted:
+                raise  # the app is closing; `interrupt` already saved the reply
+            message.status = STOPPED if self.stopped_by_user else INTERRUPTED
+            self.store.save_message(message)
+            if self.stopped_by_user:  # otherwise the view is going away with its session
+                await self.view.finish()
+            raise
+        except (ValueError, EngineDeadError) as error:
+            message.status = ERROR
+            message.error = str(error)
+        self.store.save_message(message)
+        await self.view.finish()
+
+    def _finish(self, output: RequestOutput) -> None:
+        reason = output.finish_reason
+        if reason == FinishReason.ERROR:
+            self.message.status = ERROR
+            self.message.error = output.error or "the engine failed this request"
+        elif reason == FinishReason.ABORT:
+            self.message.status = STOPPED
+        else:
+            self.message.status = DONE
+
+    def interrupt(self) -> None:
+        """Keep what arrived so far, marked interrupted (the app is quitting mid-reply)."""
+        self._interrupted = True
+        self.message.status = INTERRUPTED
+        self.store.save_message(self.message)

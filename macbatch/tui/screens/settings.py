@@ -1,0 +1,88 @@
+"""Dialog: the open session's system prompt and sampling settings, checked before saving."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, TextArea
+
+from macbatch.tui.reply import sampling_params
+from macbatch.tui.store import SessionSettings
+
+
+def parse_settings(
+    system_prompt: str, temperature: str, top_p: str, max_tokens: str
+) -> SessionSettings:
+    """Settings from the form's text; `ValueError` says which field is wrong and what fits."""
+    settings = SessionSettings(
+        system_prompt=system_prompt,
+        temperature=_number("temperature", temperature, float),
+        top_p=_number("top_p", top_p, float),
+        max_tokens=_number("max tokens", max_tokens, int),
+    )
+    sampling_params(settings)  # the engine's own range checks
+    return settings
+
+
+def _number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text.strip())
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise ValueError(f"{name} must be {noun}, got {text!r}") from None
+
+
+class SettingsScreen(ModalScreen[SessionSettings | None]):
+    """Returns the new settings, or None when cancelled."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save"),
+        Binding("escape", "dismiss(None)", "Cancel"),
+    ]
+
+    def __init__(self, title: str, settings: SessionSettings) -> None:
+        super().__init__()
+        self.session_title = title
+        self.settings = settings
+
+    def compose(self) -> ComposeResult:
+        settings = self.settings
+        with Vertical(classes="dialog settings"):
+            yield Label(f"Settings for {self.session_title}", markup=False)
+            yield Label("System prompt")
+            yield TextArea(settings.system_prompt, id="system-prompt", soft_wrap=True)
+            with Horizontal(classes="numbers"):
+                yield Label("Temperature")
+                yield Input(f"{settings.temperature:g}", id="temperature")
+                yield Label("top_p")
+                yield Input(f"{settings.top_p:g}", id="top-p")
+                yield Label("Max tokens")
+                yield Input(str(settings.max_tokens), id="max-tokens")
+            yield Static("", id="settings-error", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Save (ctrl+s)", variant="primary", id="save")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def action_save(self) -> None:
+        try:
+            settings = parse_settings(
+                self.query_one("#system-prompt", TextArea).text,
+                self.query_one("#temperature", Input).value,
+                self.query_one("#top-p", Input).value,
+                self.query_one("#max-tokens", Input).value,
+            )
+        except ValueError as error:
+            self.query_one("#settings-error", Static).update(str(error))
+            return
+        self.dismiss(settings)
+
+    def on_input_submitted(self) -> None:
+        self.action_save()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.dismiss(None)

@@ -1,0 +1,226 @@
+"""Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
+
+One file (``chat.sqlite3`` in the data directory) with two tables: sessions (title, system prompt,
+sampling settings) and messages (role, text, status, reply metrics). The UI thread is the only
+user; every write commits at once, so a crash loses at most the last streamed tokens.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL NOT NULL,
+    top_p REAL NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'done',
+    error TEXT,
+    tokens INTEGER,
+    ttft_s REAL,
+    tokens_per_s REAL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_session ON messages(session_id, id);
+"""
+
+# Message status values. A reply is "streaming" while the engine produces it; the others are final.
+DONE = "done"
+STREAMING = "streaming"
+STOPPED = "stopped"
+INTERRUPTED = "interrupted"
+ERROR = "error"
+
+
+@dataclass
+class SessionSettings:
+    """What a session sends with each request: its system prompt and sampling settings."""
+
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+
+
+@dataclass
+class Session:
+    id: int
+    title: str
+    settings: SessionSettings
+    created: float
+
+
+@dataclass
+class ReplyMetrics:
+    """The numbers shown under a reply."""
+
+    tokens: int
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass
+class Message:
+    id: int
+    session_id: int
+    role: str
+    content: str
+    status: str = DONE
+    error: str | None = None
+    metrics: ReplyMetrics | None = field(default=None)
+
+
+class HistoryStore:
+    """Sessions and messages on disk. Opening it marks replies left streaming as interrupted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(path)
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.executescript(SCHEMA)
+            # A reply still "streaming" on disk belongs to a run that ended without saying so.
+            self._db.execute(
+                "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
+            )
+            self._db.commit()
+        except sqlite3.DatabaseError as error:
+            raise HistoryError(
+                f"cannot open the chat history {path}: {error}. Move the file away to start a "
+                "fresh history (or point MACBATCH_HOME at another directory)."
+            ) from error
+
+    def close(self) -> None:
+        self._db.close()
+
+    # Sessions
+
+    def sessions(self) -> list[Session]:
+        rows = self._db.execute(
+            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
+            "FROM sessions ORDER BY id"
+        ).fetchall()
+        return [_session(row) for row in rows]
+
+    def session(self, session_id: int) -> Session:
+        row = self._db.execute(
+            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
+            "FROM sessions WHERE id = ?",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            raise KeyError(session_id)
+        return _session(row)
+
+    def create_session(self, title: str, settings: SessionSettings) -> Session:
+        now = time.time()
+        cursor = self._db.execute(
+            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                title,
+                settings.system_prompt,
+                settings.temperature,
+                settings.top_p,
+                settings.max_tokens,
+                now,
+            ),
+        )
+        self._db.commit()
+        return Session(int(cursor.lastrowid or 0), title, settings, now)
+
+    def rename_session(self, session_id: int, title: str) -> None:
+        self._db.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
+        self._db.commit()
+
+    def update_settings(self, session_id: int, settings: SessionSettings) -> None:
+        self._db.execute(
+            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ? "
+            "WHERE id = ?",
+            (
+                settings.system_prompt,
+                settings.temperature,
+                settings.top_p,
+                settings.max_tokens,
+                session_id,
+            ),
+        )
+        self._db.commit()
+
+    def delete_session(self, session_id: int) -> None:
+        self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        self._db.commit()
+
+    # Messages
+
+    def messages(self, session_id: int) -> list[Message]:
+        rows = self._db.execute(
+            "SELECT id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s "
+            "FROM messages WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        ).fetchall()
+        return [_message(row) for row in rows]
+
+    def add_message(self, session_id: int, role: str, content: str, status: str = DONE) -> Message:
+        cursor = self._db.execute(
+            "INSERT INTO messages (session_id, role, content, status, created) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (session_id, role, content, status, time.time()),
+        )
+        self._db.commit()
+        return Message(int(cursor.lastrowid or 0), session_id, role, content, status)
+
+    def save_message(self, message: Message) -> None:
+        """Write a message's text, status, error and metrics back (after edits or streaming)."""
+        metrics = message.metrics
+        self._db.execute(
+            "UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_s = ?, "
+            "tokens_per_s = ? WHERE id = ?",
+            (
+                message.content,
+                message.status,
+                message.error,
+                metrics.tokens if metrics else None,
+                metrics.ttft_s if metrics else None,
+                metrics.tokens_per_s if metrics else None,
+                message.id,
+            ),
+        )
+        self._db.commit()
+
+    def delete_messages_from(self, session_id: int, message_id: int) -> None:
+        """Delete a message and everything after it in its session (regenerate, edit)."""
+        self._db.execute(
+            "DELETE FROM messages WHERE session_id = ? AND id >= ?", (session_id, message_id)
+        )
+        self._db.commit()
+
+
+class HistoryError(RuntimeError):
+    """The history database cannot be opened or is not a macbatch history."""
+
+
+def _session(row: tuple) -> Session:
+    session_id, title, system_prompt, temperature, top_p, max_tokens, created = row
+    settings = SessionSettings(system_prompt, float(temperature), float(top_p), int(max_tokens))
+    return Session(int(session_id), title, settings, float(created))
+
+
+def _message(row: tuple) -> Message:
+    message_id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s = row
+    metrics = None if tokens is None else ReplyMetrics(int(tokens), ttft_s, tokens_per_s)
+    return Message(int(message_id), int(session_id), role, content, status, error, metrics)

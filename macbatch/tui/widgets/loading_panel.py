@@ -1,0 +1,27 @@
+"""Model loading progress: a phase line and a bar (counting files while downloading)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import ProgressBar, Static
+
+from macbatch.tui.loading import LoadState
+
+
+class LoadingPanel(Vertical):
+    """Shown above the chat until the engine is ready; turns into an error box if loading fails."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("Starting the engine…", classes="phase", markup=False)
+        yield ProgressBar(total=None, show_eta=False)
+
+    def show(self, state: LoadState, elapsed_s: float) -> None:
+        self.query_one(".phase", Static).update(f"{state.phase.capitalize()}… {elapsed_s:.0f} s")
+        bar = self.query_one(ProgressBar)
+        bar.update(total=state.total, progress=state.done)
+
+    def fail(self, message: str) -> None:
+        self.add_class("-failed")
+        self.query_one(".phase", Static).update(message)
+        self.query_one(ProgressBar).display = False

@@ -1,0 +1,85 @@
+"""One chat message: who wrote it, its Markdown body (streamed while generating), and a line of
+reply numbers underneath."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from macbatch.tui.store import DONE, STREAMING, Message
+
+# Control characters (from a model or a paste) would drive the terminal or break SVG screenshots:
+# show them as Unicode "control pictures" instead (display only; the stored text is untouched).
+_VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
+
+
+def displayable(text: str) -> str:
+    return text.translate(_VISIBLE_CONTROLS)
+
+
+def describe(message: Message) -> str:
+    """The line under a message: token count, time to first token, speed, and how it ended."""
+    parts = []
+    if message.metrics is not None:
+        metrics = message.metrics
+        parts.append(f"{metrics.tokens} tokens")
+        if metrics.ttft_s is not None:
+            parts.append(f"first token {metrics.ttft_s:.2f} s")
+        if metrics.tokens_per_s is not None:
+            parts.append(f"{metrics.tokens_per_s:.1f} tok/s")
+    if message.status == STREAMING:
+        parts.append("generating…")
+    elif message.status != DONE:
+        parts.append(message.status)
+    if message.error:
+        parts.append(f"error: {message.error}")
+    return " · ".join(parts)
+
+
+class MessageView(Vertical, can_focus=True):
+    """A message in the transcript; focus it (click or Tab) and press c to copy its text."""
+
+    BINDINGS = [Binding("c,ctrl+c", "copy", "Copy message")]
+
+    def __init__(self, message: Message) -> None:
+        super().__init__(classes=f"message -{message.role}")
+        self.message = message
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("You" if self.message.role == "user" else "Assistant", classes="role")
+        yield Markdown(displayable(self.message.content))
+        yield Static(describe(self.message), classes="meta", markup=False)
+
+    def refresh_meta(self) -> None:
+        """Redraw the line of numbers and the status classes from `self.message`."""
+        self.query_one(".meta", Static).update(describe(self.message))
+        self.set_class(self.message.status == STREAMING, "-streaming")
+        self.set_class(self.message.status not in (DONE, STREAMING), "-ended-early")
+
+    def on_mount(self) -> None:
+        self.refresh_meta()
+
+    async def append(self, text: str) -> None:
+        """Add streamed text; fragments queue up when rendering cannot keep pace."""
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write(displayable(text))
+
+    async def finish(self) -> None:
+        """End streaming; show exactly the stored text and the final numbers."""
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        markdown = self.query_one(Markdown)
+        shown = displayable(self.message.content)
+        if markdown.source != shown:
+            await markdown.update(shown)
+        self.refresh_meta()
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.message.content)
+        self.notify(f"Copied {len(self.message.content)} characters", timeout=2)

@@ -1,0 +1,51 @@
+"""The scrolling list of one session's messages; it follows a streaming reply until the user
+scrolls up (Textual's anchor), and follows again once they scroll back to the bottom."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+
+from macbatch.tui.store import Message
+from macbatch.tui.widgets.message_view import MessageView
+
+
+class Transcript(VerticalScroll, can_focus=False):
+    """All messages of one session, kept mounted while the session streams in the background."""
+
+    def __init__(self, session_id: int, messages: list[Message]) -> None:
+        super().__init__(id=transcript_id(session_id))
+        self.session_id = session_id
+        self._initial = messages
+
+    def compose(self) -> ComposeResult:
+        for message in self._initial:
+            yield MessageView(message)
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    @property
+    def views(self) -> list[MessageView]:
+        return list(self.query_children(MessageView))
+
+    def view_for(self, message_id: int) -> MessageView:
+        for view in self.views:
+            if view.message.id == message_id:
+                return view
+        raise KeyError(message_id)
+
+    async def add(self, message: Message) -> MessageView:
+        """Append a message and follow the bottom again (the user just acted in this chat)."""
+        view = MessageView(message)
+        await self.mount(view)
+        self.anchor()
+        return view
+
+    async def remove_from(self, message_id: int) -> None:
+        """Drop the message `message_id` and every later one."""
+        await self.remove_children([v for v in self.views if v.message.id >= message_id])
+
+
+def transcript_id(session_id: int) -> str:
+    return f"session-{session_id}"

@@ -1,0 +1,44 @@
+"""Fixtures for the chat app: a private data directory and apps on a real engine (tiny model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from macbatch.config import data_dir
+from macbatch.engine import Engine, EngineConfig
+from macbatch.tui.app import ChatApp
+from macbatch.tui.store import HistoryStore, SessionSettings
+from tests.tui.helpers import GREEDY, RecordingEngineThread
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MACBATCH_HOME", str(tmp_path / "home"))
+    return data_dir()
+
+
+@pytest.fixture
+def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
+    """Build a ChatApp on a fresh engine thread (not started: the app starts it)."""
+
+    def make(
+        defaults: SessionSettings = GREEDY,
+        config: EngineConfig | None = None,
+        loader: Callable[[], Engine] | None = None,
+    ) -> ChatApp:
+        engine_config = config or EngineConfig(num_blocks=256, max_num_seqs=8)
+        engine = RecordingEngineThread(
+            loader or (lambda: Engine.load(str(tiny_model_path), engine_config))
+        )
+        return ChatApp(
+            engine,
+            HistoryStore(home / "chat.sqlite3"),
+            model_label="tiny",
+            export_dir=home / "exports",
+            defaults=defaults,
+        )
+
+    return make

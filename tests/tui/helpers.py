@@ -1,0 +1,37 @@
+"""Helpers for the chat app tests: greedy settings, an engine thread that records, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from macbatch.engine import Engine, EngineThread, RequestOutput
+from macbatch.tui.store import SessionSettings
+
+# Greedy, short replies: deterministic, so the engine's own output is the oracle for the text.
+GREEDY = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=24)
+
+
+class RecordingEngineThread(EngineThread):
+    """A real EngineThread that also keeps every output it streams, per request, for asserts."""
+
+    def __init__(self, loader: Callable[[], Engine]) -> None:
+        super().__init__(loader)
+        self.outputs: list[list[RequestOutput]] = []
+
+    async def stream(self, prompt, params=None, request_id=None):  # type: ignore[override]
+        seen: list[RequestOutput] = []
+        self.outputs.append(seen)
+        async for output in super().stream(prompt, params, request_id):
+            seen.append(output)
+            yield output
+
+
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Let the app run until `condition()` holds; fail with a clear message after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+        await pilot.pause(0.02)

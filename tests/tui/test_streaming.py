@@ -1,0 +1,140 @@
+"""Replies on a real engine: two sessions at once, stop, regenerate, edit and resend."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.tui.screens.chat import ChatScreen
+from macbatch.tui.store import DONE, STOPPED, SessionSettings
+from macbatch.tui.widgets.message_view import displayable
+from tests.tui.helpers import GREEDY, wait_for
+
+# Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit keeps a
+# reply streaming until the test stops it.
+LONG = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=3000)
+CODE_PROMPT = "Explain this code:\n\n```python\ndef add(a, b):\n    return a + b\n```"
+DOCS_SCREENSHOT = Path(__file__).parents[2] / "docs" / "chat-screenshot.svg"
+
+
+def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:
+    """The oracle: what a fresh engine generates for these chats, greedily."""
+    engine = Engine.load(str(model_path), EngineConfig(num_blocks=64))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return [out.text for out in engine.generate(prompts, params)]
+
+
+async def send(pilot, screen: ChatScreen, text: str) -> None:
+    screen.prompt_input.text = text  # typing key by key is slow while replies stream
+    await pilot.press("enter")
+
+
+async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
+    app = make_app(defaults=LONG)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        assert isinstance(screen, ChatScreen)
+        await send(pilot, screen, "hello world")
+        await pilot.press("ctrl+n")
+        await send(pilot, screen, CODE_PROMPT)
+        first, second = screen.sessions
+        assert set(screen.replies) == {first, second}
+        # Both sessions are marked as generating in the sidebar while both stream.
+        items = [screen.session_list.item_for(s) for s in (first, second)]
+        assert all(item.has_class("-generating") for item in items)
+        outputs = app.engine.outputs
+        await wait_for(pilot, lambda: len(outputs[1]) >= 20)
+        app.save_screenshot(str(tmp_path / "two-sessions.svg"))
+
+        await pilot.press("escape")  # stops the open session (the second)
+        await pilot.press("ctrl+pageup")
+        assert screen.current == first
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.replies)
+        assert not any(item.has_class("-generating") for item in items)
+
+        steps = [{out.step for out in outs} for outs in outputs]
+        shared = steps[0] & steps[1]
+        assert len(shared) >= 10, f"sessions shared only {len(shared)} engine steps"
+        for session_id, outs in zip((first, second), outputs):
+            reply = app.store.messages(session_id)[-1]
+            streamed = "".join(out.new_text for out in outs)
+            assert reply.status == STOPPED
+            assert reply.content == streamed
+            assert reply.metrics is not None and reply.metrics.tokens == len(outs[-1].token_ids)
+            view = screen.transcript(session_id).view_for(reply.id)
+            assert view.query_one("Markdown").source == displayable(streamed)
+
+    svg = (tmp_path / "two-sessions.svg").read_text()
+    assert svg.startswith("<svg") and "● Chat" in svg.replace("&#160;", " ")
+    if os.environ.get("MACBATCH_UPDATE_SCREENSHOT"):
+        shutil.copy(tmp_path / "two-sessions.svg", DOCS_SCREENSHOT)
+
+
+async def test_stop_frees_kv_blocks_at_once(make_app):
+    app = make_app(defaults=LONG)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        outputs = app.engine.outputs
+        await wait_for(pilot, lambda: len(outputs[0]) >= 40)
+        in_use = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
+        assert in_use.kv_blocks_used > 0
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.replies)
+        # The abort was queued before this call, so the engine has freed the blocks by now.
+        after = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
+        assert after.kv_blocks_used == 0
+        assert after.running == 0
+        reply = app.store.messages(screen.current)[-1]
+        assert reply.status == STOPPED
+        assert 40 <= len(outputs[0][-1].token_ids) < LONG.max_tokens
+        meta = screen.transcript(screen.current).views[-1].query_one(".meta")
+        assert "stopped" in str(meta.render())
+
+
+async def test_regenerate_replaces_the_last_reply(make_app, tiny_model_path):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        user, old = app.store.messages(screen.current)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not screen.replies)
+        messages = app.store.messages(screen.current)
+        views = screen.transcript(screen.current).views
+    assert [m.id for m in messages][0] == user.id and len(messages) == 2
+    new = messages[1]
+    assert new.id != old.id and new.role == "assistant" and new.status == DONE
+    assert [v.message.id for v in views] == [user.id, new.id]
+    (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "hello world"}]], 24)
+    assert old.content == new.content == expected
+    assert new.metrics is not None and new.metrics.tokens == GREEDY.max_tokens
+
+
+async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        await pilot.press("ctrl+g")
+        assert screen.prompt_input.text == "hello world"
+        assert screen.prompt_input.has_class("-editing")
+        screen.prompt_input.text = ""
+        await pilot.press(*"0123")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not screen.replies)
+        messages = app.store.messages(screen.current)
+        assert not screen.prompt_input.has_class("-editing")
+    assert [(m.role, m.status) for m in messages] == [("user", DONE), ("assistant", DONE)]
+    assert messages[0].content == "0123"
+    (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "0123"}]], 24)
+    assert messages[1].content == expected

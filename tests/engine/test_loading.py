@@ -16,8 +16,9 @@ def test_load_from_disk_matches_mlx_lm(tiny_model_path):
 
     engine = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=32))
     model, _ = load(str(tiny_model_path))
-    out = engine.generate(["hello world"], SamplingParams(max_tokens=6, temperature=0,
-                                                          ignore_eos=True))[0]
+    out = engine.generate(
+        ["hello world"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    )[0]
     ids = engine.tokenizer.encode("hello world")
     assert out.token_ids == mlx_lm_greedy(model, ids, 6)
     assert engine.model_name == str(tiny_model_path)
@@ -50,11 +51,22 @@ def test_broken_weights_name_the_model(tmp_path):
 def test_recurrent_architecture_is_refused(tiny_tokenizer):
     from mlx_lm.utils import _get_classes
 
-    config = json.loads(json.dumps({
-        "model_type": "mamba", "vocab_size": 384, "hidden_size": 32, "intermediate_size": 64,
-        "state_size": 4, "num_hidden_layers": 1, "conv_kernel": 2, "use_bias": False,
-        "use_conv_bias": True, "time_step_rank": 4,
-    }))
+    config = json.loads(
+        json.dumps(
+            {
+                "model_type": "mamba",
+                "vocab_size": 384,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "state_size": 4,
+                "num_hidden_layers": 1,
+                "conv_kernel": 2,
+                "use_bias": False,
+                "use_conv_bias": True,
+                "time_step_rank": 4,
+            }
+        )
+    )
     model_class, args_class = _get_classes(config)
     with pytest.raises(UnsupportedModelError, match="recurrent or linear attention"):
         Engine(model_class(args_class.from_dict(config)), tiny_tokenizer)

@@ -39,8 +39,9 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     """Nine requests of different lengths join at different steps; a 24-token budget chunks the
     longer prompts (some longer than the whole budget) across steps."""
     model = build_model(arch)
-    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8,
-                                                        max_num_batched_tokens=24))
+    engine = Engine(
+        model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
+    )
     prompts = _prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
     results = run_staggered(engine, prompts, GREEDY)
     for i, prompt in enumerate(prompts):
@@ -55,8 +56,9 @@ def test_preemption_recomputes_identically(arch, tiny_tokenizer):
     engine = Engine(
         model,
         tiny_tokenizer,
-        EngineConfig(num_blocks=12, block_size=8, max_num_batched_tokens=64,
-                     enable_prefix_caching=False),
+        EngineConfig(
+            num_blocks=12, block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False
+        ),
     )
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     prompts = _prompts([20, 18, 22, 15, 19], seed=3)

@@ -56,8 +56,15 @@ def test_window_softcap_sinks(window, softcap, with_sinks):
     q, k, v, tables, lens, cu = _case([1, 6, 1, 3], [10, 6, 4, 11], hq=4, hkv=2, seed=1)
     sinks = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32) if with_sinks else None
     got = paged_attention_reference(
-        mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.3,
-        sliding_window=window, softcap=softcap,
+        mx.array(q),
+        mx.array(k),
+        mx.array(v),
+        mx.array(tables),
+        lens,
+        cu,
+        scale=0.3,
+        sliding_window=window,
+        softcap=softcap,
         sinks=mx.array(sinks) if sinks is not None else None,
     )
     want = paged_attention_numpy(
@@ -69,13 +76,17 @@ def test_window_softcap_sinks(window, softcap, with_sinks):
 def test_rows_never_see_other_sequences():
     """Poisoning another sequence's pages leaves a sequence's output untouched."""
     q, k, v, tables, lens, cu = _case([1, 4], [6, 4], hq=2, hkv=2)
-    before = np.array(paged_attention_reference(
-        mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.5
-    ))
+    before = np.array(
+        paged_attention_reference(
+            mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.5
+        )
+    )
     k[tables[1, :1]] = 1e4
     v[tables[1, :1]] = -1e4
-    after = np.array(paged_attention_reference(
-        mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.5
-    ))
+    after = np.array(
+        paged_attention_reference(
+            mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.5
+        )
+    )
     np.testing.assert_array_equal(before[:1], after[:1])
     assert not np.allclose(before[1:], after[1:])

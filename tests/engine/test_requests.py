@@ -18,8 +18,9 @@ def model():
 
 @pytest.fixture
 def engine(model, tiny_tokenizer):
-    return Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8,
-                                                      max_num_batched_tokens=16))
+    return Engine(
+        model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    )
 
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -103,8 +104,9 @@ def test_eos_and_stop_token_ids_end_without_emitting(engine, model):
     reference = mlx_lm_greedy(model, prompt, 8)
     stop_at = reference[3]
     first = reference.index(stop_at)
-    out = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0,
-                                                   stop_token_ids=[stop_at]))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop_at])
+    )[0]
     assert out.finish_reason == FinishReason.STOP
     assert out.token_ids == reference[:first]
 
@@ -151,8 +153,9 @@ def test_streamed_deltas_add_up_and_metrics(engine, model, tiny_tokenizer):
 
 
 def test_logprobs_are_normalised_and_match_choice(engine):
-    out = engine.generate([[7, 8, 9]], SamplingParams(max_tokens=4, temperature=0, logprobs=3,
-                                                      ignore_eos=True))[0]
+    out = engine.generate(
+        [[7, 8, 9]], SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True)
+    )[0]
     assert len(out.logprobs) == len(out.top_logprobs) == 4
     for token, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs):
         assert max(top, key=top.get) == token  # greedy picks the most likely token

@@ -12,23 +12,30 @@ from tests.support.tiny import build_model
 
 
 def _row(params, seed=0, generated=(), seen=()):
-    return SampleRow(params=params, seed=seed, num_generated=len(generated),
-                     seen_token_ids=list(seen), generated_token_ids=list(generated))
+    return SampleRow(
+        params=params,
+        seed=seed,
+        num_generated=len(generated),
+        seen_token_ids=list(seen),
+        generated_token_ids=list(generated),
+    )
 
 
 def test_seeded_request_is_independent_of_its_batch(tiny_tokenizer):
     model = build_model("qwen3")
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
-    alone = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64)).generate([[5, 6, 7]],
-                                                                               params)[0]
+    alone = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64)).generate(
+        [[5, 6, 7]], params
+    )[0]
     crowd = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64)).generate(
         [[9] * 20, [5, 6, 7], [3, 4]],
         [SamplingParams(max_tokens=12, temperature=0.8), params, SamplingParams(max_tokens=5)],
     )[1]
     assert alone.token_ids == crowd.token_ids
     other_seed = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64)).generate(
-        [[5, 6, 7]], SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=99,
-                                    ignore_eos=True))[0]
+        [[5, 6, 7]],
+        SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True),
+    )[0]
     assert other_seed.token_ids != alone.token_ids
 
 
@@ -60,10 +67,17 @@ def test_min_p_and_temperature_distribution():
 def test_penalties_match_numpy():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((2, 12)).astype(np.float32)
-    params = SamplingParams(temperature=0, repetition_penalty=1.3, presence_penalty=0.5,
-                            frequency_penalty=0.25, logprobs=0)
-    rows = [_row(params, generated=[3, 3, 5], seen=[1, 3, 3, 5]),
-            _row(SamplingParams(temperature=0, logprobs=0))]
+    params = SamplingParams(
+        temperature=0,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        logprobs=0,
+    )
+    rows = [
+        _row(params, generated=[3, 3, 5], seen=[1, 3, 3, 5]),
+        _row(SamplingParams(temperature=0, logprobs=0)),
+    ]
     got = sample(mx.array(logits), rows)
     want = logits.copy()
     for t in (1, 3, 5):

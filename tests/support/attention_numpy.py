@@ -32,10 +32,18 @@ def paged_attention_numpy(
             keys_at = range(first, pos + 1)
             for h in range(hq):
                 kv_head = h // (hq // hkv)
-                k = np.stack([k_pages[block_tables[s, t // block_size], kv_head, t % block_size]
-                              for t in keys_at])
-                v = np.stack([v_pages[block_tables[s, t // block_size], kv_head, t % block_size]
-                              for t in keys_at])
+                k = np.stack(
+                    [
+                        k_pages[block_tables[s, t // block_size], kv_head, t % block_size]
+                        for t in keys_at
+                    ]
+                )
+                v = np.stack(
+                    [
+                        v_pages[block_tables[s, t // block_size], kv_head, t % block_size]
+                        for t in keys_at
+                    ]
+                )
                 logits = k @ q[i, h] * scale
                 if softcap is not None:
                     logits = np.tanh(logits / softcap) * softcap

@@ -1,0 +1,64 @@
+"""Shared pieces of the benchmarks: the random Qwen3-shaped model and the prompt workload."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+BENCH_MODEL = dict(
+    model_type="qwen3",
+    hidden_size=512,
+    num_hidden_layers=8,
+    intermediate_size=1536,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    vocab_size=32000,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=8192,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+)
+
+
+def warn_without_openblas() -> None:
+    if sys.platform == "linux" and "openblas" not in os.environ.get("LD_PRELOAD", ""):
+        print(
+            "warning: OpenBLAS is not preloaded; MLX's CPU matmul will be ~40x slower. Run with "
+            "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
+            file=sys.stderr,
+        )
+
+
+def build_bench_model(seed: int = 0, **overrides):
+    from mlx_lm.utils import _get_classes
+
+    config = dict(BENCH_MODEL, **overrides)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def random_prompts(count: int, low: int, high: int, seed: int = 0, vocab: int = 32000):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(low, high + 1, size=count)
+    return [rng.integers(10, vocab, size=int(n)).tolist() for n in lengths]
+
+
+def bench_tokenizer(vocab: int = 32000):
+    """A word-level tokenizer covering the random model's whole vocabulary, so the engine's
+    incremental detokenization costs what it costs with a real model."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=tokenizer))

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.config import EngineConfig
@@ -69,6 +70,7 @@ class Engine:
         if dtype is not None:
             model.set_dtype(getattr(mx, dtype))
         self.adapter = ModelAdapter(model)
+        macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )

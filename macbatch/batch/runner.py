@@ -194,7 +194,7 @@ class _Loop:
                 continue
             try:
                 request_id = self.engine.add_request(item.prompt, SamplingParams(**item.sampling))
-            except ValueError as exc:
+            except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue
             self.in_flight[request_id] = item

@@ -78,7 +78,11 @@ class JobSpec:
             "model": model,
             "input": None
             if self.input is None
-            else {"path": str(self.input.path), "format": self.input.format, "id": self.input.id},
+            else {
+                "path": str(self.input.path.resolve()),
+                "format": self.input.format,
+                "id": self.input.id,
+            },
             "template": self.template,
             "system": self.system,
             "sampling": self.sampling,
@@ -215,7 +219,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         raise check.fail(("version",), f"unsupported version {version!r}; this macbatch reads 1")
     base = path.parent
     if model_override:
-        model = model_override
+        model = _resolve_model(model_override, Path.cwd())
     elif "model" in top:
         model = _resolve_model(check.text(top["model"], ("model",)), base)
     else:
@@ -245,6 +249,8 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
 
 def _resolve_model(model: str, base: Path) -> str:
     """A relative path in the job file is relative to the file; hub ids and 'demo' pass through."""
+    if model == "demo":
+        return model
     if model.startswith(("/", "./", "../", "~")):
         return str((base / Path(model).expanduser()).resolve())
     candidate = base / model

@@ -366,3 +366,16 @@ def test_unknown_job_model_and_lock(tmp_path: Path, tiny_model_path: Path, macba
         result = macbatch_run(tmp_path / "jobs.yaml")
     assert result.exit_code == 1
     assert f"another macbatch run is writing to {tmp_path / 'out'}" in result.stderr
+
+
+def test_deleting_an_output_file_redoes_that_job(project: Path, macbatch_run) -> None:
+    assert macbatch_run(project / "jobs.yaml", "-j", "inline").exit_code == 0
+    output = project / "out" / "inline.jsonl"
+    first = read_jsonl(output)
+    output.unlink()
+    assert macbatch_run(project / "jobs.yaml", "-j", "inline").exit_code == 0
+    again = read_jsonl(output)
+    assert sorted(x["macbatch"]["key"] for x in again) == sorted(
+        x["macbatch"]["key"] for x in first
+    )
+    assert json.loads((project / "out" / "summary.json").read_text())["ok"] == 2

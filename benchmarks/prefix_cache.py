@@ -1,0 +1,74 @@
+"""Prefix caching on and off: time to first token of turn 10 of a conversation, and a 200-request
+job sharing a 500-token system prompt (issue 7). Random Qwen3-shaped float32 model.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python -m benchmarks.prefix_cache [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks.common import (
+    bench_tokenizer,
+    build_bench_model,
+    random_prompts,
+    warn_without_openblas,
+)
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+
+
+def conversation_ttfts(engine: Engine, turns: int, user_tokens: int, reply_tokens: int):
+    """Each turn resends the whole conversation plus a new user message."""
+    params = SamplingParams(max_tokens=reply_tokens, temperature=0, ignore_eos=True)
+    conversation: list[int] = []
+    ttfts = []
+    for turn in range(turns):
+        conversation = conversation + random_prompts(1, user_tokens, user_tokens, seed=turn)[0]
+        out = engine.generate([conversation], params)[0]
+        ttfts.append(out.metrics.time_to_first_token_s)
+        conversation = conversation + out.token_ids
+    return ttfts
+
+
+def shared_prompt_job(engine: Engine, requests: int, system_tokens: int):
+    system = random_prompts(1, system_tokens, system_tokens, seed=99)[0]
+    prompts = [system + p for p in random_prompts(requests, 20, 60, seed=5)]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--system-tokens", type=int, default=500)
+    parser.add_argument("--turns", type=int, default=10)
+    args = parser.parse_args()
+    warn_without_openblas()
+    model, tokenizer = build_bench_model(), bench_tokenizer()
+    results = {}
+    for caching in (True, False):
+        config = EngineConfig(num_blocks=4096, enable_prefix_caching=caching, max_num_seqs=64)
+        ttfts = conversation_ttfts(Engine(model, tokenizer, config), args.turns, 120, 64)
+        wall = shared_prompt_job(
+            Engine(model, tokenizer, config), args.requests, args.system_tokens
+        )
+        results[caching] = (ttfts, wall)
+        label = "on " if caching else "off"
+        print(
+            f"caching {label}: conversation TTFT turn 1 {ttfts[0] * 1000:7.1f} ms, "
+            f"turn {args.turns} {ttfts[-1] * 1000:7.1f} ms (x{ttfts[-1] / ttfts[0]:.2f}); "
+            f"{args.requests}-request job {wall:6.1f} s ({args.requests / wall:.1f} req/s)"
+        )
+    on, off = results[True], results[False]
+    print(
+        f"caching speeds turn {args.turns}'s TTFT x{off[0][-1] / on[0][-1]:.2f} and the shared-"
+        f"prompt job x{off[1] / on[1]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -47,12 +47,13 @@ def test_multi_turn_conversation(model, tiny_tokenizer):
     """Each turn resends the conversation; every turn reuses everything computed before."""
     cached, plain = _engines(model, tiny_tokenizer, num_blocks=128, block_size=8)
     conversation = _tokens(13, 1)
+    previous_len = 0
     for turn in range(5):
         ours, theirs = cached.generate([conversation], GREEDY)[0], plain.generate(
             [conversation], GREEDY
         )[0]
         assert ours.token_ids == theirs.token_ids
-        if turn:
+        if previous_len:
             # Everything but the partial last block of the previous turn's tokens is reused.
             assert ours.metrics.cached_tokens >= previous_len - 8
         previous_len = len(conversation) + len(ours.token_ids) - 1

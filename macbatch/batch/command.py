@@ -96,10 +96,9 @@ def run_command(
 ) -> None:
     """Run the jobs of a YAML job file through one engine; rerun the same command to resume.
 
-    Each job writes OUTPUT_DIR/<job>.jsonl (one OpenAI-batch-shaped line per request, as soon as
-    it finishes) and OUTPUT_DIR/<job>.errors.jsonl (rows that failed, with their line numbers);
-    the run ends with OUTPUT_DIR/summary.json. Exit status: 0 all done, 1 could not run (the
-    message says why), 3 finished with failed requests, 130 interrupted (rerun to resume).
+    Writes OUTPUT_DIR/<job>.jsonl (a line per finished request) and <job>.errors.jsonl (failures).
+
+    Exit status: 0 all done, 1 could not run, 3 some requests failed, 130 interrupted.
     """
     from macbatch.batch.report import HeadlessReporter, RichReporter
 

@@ -133,6 +133,7 @@ class RichReporter:
         self.console.print(text, highlight=False, markup=False)
 
     def start(self, progress: RunProgress) -> None:
+        from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self._progress = Progress(
@@ -145,7 +146,7 @@ class RichReporter:
         )
         for name, job in progress.jobs.items():
             self._tasks[name] = self._progress.add_task(
-                name, total=job.total, completed=job.finished, info=""
+                escape(name), total=job.total, completed=job.finished, info=""
             )
         self._tasks[""] = self._progress.add_task(
             "[bold]all", total=progress.total, completed=progress.finished, info=""

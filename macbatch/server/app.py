@@ -234,6 +234,10 @@ class EventStream(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels streams still open at the end of the shutdown timeout; the task
+            # ends here either way, and the log gets no traceback for an expected stop.
+            pass
         finally:
             self._on_close()
 

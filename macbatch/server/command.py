@@ -186,3 +186,18 @@ def _serve(
     finally:
         thread.shutdown(timeout=shutdown_timeout)
         sock.close()
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Exit 0 without interpreter teardown. With MLX 0.32 (CPU), a process whose MLX-using
+    thread has ended often dies in C++ static destructors ("terminate called without an active
+    exception", SIGABRT), which would turn a clean stop into a crash for launchd and scripts.
+    Everything is already shut down here; only the output buffers need flushing."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

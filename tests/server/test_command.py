@@ -1,0 +1,158 @@
+"""``macbatch serve`` as users run it: option checks, the launchd plist, a taken port, and a
+real process stopped by SIGTERM/SIGINT that exits 0."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import plistlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from macbatch.server.command import serve_command
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_SERVE = (
+    "import typer; from macbatch.server.command import serve_command; typer.run(serve_command)"
+)
+
+
+def _invoke(args: list[str], env: dict[str, str] | None = None):
+    app = typer.Typer()
+    app.command()(serve_command)
+    return CliRunner().invoke(app, args, env=env)
+
+
+def test_non_loopback_host_needs_a_key() -> None:
+    result = _invoke(["--host", "0.0.0.0", "--print-launchd-plist"], env={"MACBATCH_API_KEY": ""})
+    assert result.exit_code == 2
+    assert "--api-key" in result.output
+
+
+@pytest.mark.parametrize("extra", [["--api-key", "k"], ["--insecure"]])
+def test_non_loopback_host_with_key_or_insecure(extra: list[str], tmp_path: Path) -> None:
+    env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
+    result = _invoke(["--host", "0.0.0.0", "--print-launchd-plist", *extra], env=env)
+    assert result.exit_code == 0, result.output
+
+
+def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
+    env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
+    args = ["--model", "some/model", "--host", "::1", "--port", "9123", "--max-queue", "7"]
+    result = _invoke([*args, "--api-key", "s3cret", "--print-launchd-plist"], env=env)
+    assert result.exit_code == 0, result.output
+    job = plistlib.loads(result.stdout.encode())
+    assert job["Label"] == "com.macbatch.serve"
+    assert job["RunAtLoad"] is True
+    assert job["EnvironmentVariables"] == {"MACBATCH_API_KEY": "s3cret"}
+    assert "s3cret" not in job["ProgramArguments"]  # not visible in `ps`
+    assert Path(job["StandardErrorPath"]).parent == tmp_path / "logs"
+    program, command, *options = job["ProgramArguments"]
+    assert command == "serve" and Path(program).is_absolute()
+    # Fixpoint: the plist's own arguments (and environment) describe the same job.
+    again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
+    assert again.exit_code == 0, again.output
+    assert again.stdout == result.stdout
+
+
+def test_bad_log_level() -> None:
+    result = _invoke(["--log-level", "loud", "--print-launchd-plist"])
+    assert result.exit_code == 2
+    assert "--log-level" in result.output
+
+
+def test_taken_port_fails_before_loading() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = _invoke(["--model", "/no/such/model", "--port", str(port)])
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert time.monotonic() - started < 5
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            RUN_SERVE,
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            *args,
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    pytest.fail("macbatch serve did not become healthy")
+
+
+def _data_lines(lines: Iterator[str]) -> list[str]:
+    """The rest of a stream's data lines; the stream may be cut by the server (no error)."""
+    received = []
+    with contextlib.suppress(httpx.RemoteProtocolError):
+        received += [line for line in lines if line.startswith("data:")]
+    return received
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
+    """In flight at the signal: a short request finishes, one longer than the shutdown timeout
+    is cut off; the process exits 0 either way."""
+    process, url = _start_server(tiny_model_path, "--shutdown-timeout", "3")
+    body = {"prompt": "how are you today?", "temperature": 0, "stream": True}
+    try:
+        with (
+            httpx.Client(base_url=url, timeout=60) as client,
+            client.stream("POST", "/v1/completions", json={**body, "max_tokens": 4000}) as long,
+            client.stream("POST", "/v1/completions", json={**body, "max_tokens": 60}) as short,
+        ):
+            long_lines, short_lines = long.iter_lines(), short.iter_lines()
+            assert next(line for line in long_lines if line.startswith("data:"))
+            assert next(line for line in short_lines if line.startswith("data:"))
+            process.send_signal(sig)
+            assert _data_lines(short_lines)[-1] == "data: [DONE]"
+            assert "data: [DONE]" not in _data_lines(long_lines)
+        assert process.wait(timeout=30) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=1)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stderr.close()

@@ -103,6 +103,8 @@ def _survey(
             ledger.forget(job.name, settings=True)
             output.unlink(missing_ok=True)
         found = recover(output, ledger, job.name)
+        if found.rebuilt:
+            reporter.note(f"{output} is shorter than last recorded: its missing lines will rerun")
         if found.truncated_bytes:
             reporter.note(f"{output}: removed a partial last line ({found.truncated_bytes} bytes)")
         if found.unreadable_lines:

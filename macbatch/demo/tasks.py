@@ -55,7 +55,7 @@ def _subtract(rng: random.Random) -> tuple[str, str, str]:
 def _reverse(rng: random.Random) -> tuple[str, str, str]:
     word = _word(rng)
     question = rng.choice(["Reverse the word {w}.", "What is {w} spelled backwards?"])
-    return word, question.format(w=word), f"The reversed word is {word[::-1]}."
+    return word, question.format(w=word), f"Backwards it is {word[::-1]}."
 
 
 def _sort(rng: random.Random) -> tuple[str, str, str]:
@@ -63,7 +63,7 @@ def _sort(rng: random.Random) -> tuple[str, str, str]:
     shown = ", ".join(map(str, numbers))
     question = rng.choice(["Sort {n} in ascending order.", "Put {n} in order from smallest."])
     ordered = ", ".join(map(str, sorted(numbers)))
-    return shown, question.format(n=shown), f"The sorted list is {ordered}."
+    return shown, question.format(n=shown), f"In order: {ordered}."
 
 
 def _count(rng: random.Random) -> tuple[str, str, str]:

@@ -30,10 +30,10 @@ def oracle(task: str, question: str) -> str:
         big, small = (numbers[0], numbers[1]) if "Subtract" not in question else numbers[::-1]
         return f"The answer is {big - small}."
     if task == "sort":
-        return f"The sorted list is {', '.join(map(str, sorted(numbers)))}."
+        return f"In order: {', '.join(map(str, sorted(numbers)))}."
     if task == "reverse":
         word = question.rstrip(".?").split()[-1] if "Reverse" in question else words[-3]
-        return f"The reversed word is {word[::-1]}."
+        return f"Backwards it is {word[::-1]}."
     letter, word = re.search(r"(?:does|letter) ([a-z]) (?:appear )?in ([a-z]+)", question).groups()
     return f"The answer is {word.count(letter)}."
 

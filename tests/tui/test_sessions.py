@@ -1,0 +1,161 @@
+"""Sessions on a real engine: create, rename, delete, switch; history across restarts; export,
+settings, copy and the help screen."""
+
+from __future__ import annotations
+
+from macbatch.tui.screens.chat import ChatScreen
+from macbatch.tui.screens.help import HelpScreen
+from macbatch.tui.store import DONE, INTERRUPTED, HistoryStore
+from macbatch.tui.widgets.message_view import MessageView
+from tests.tui.helpers import wait_for
+from tests.tui.test_streaming import LONG, send
+
+
+async def test_create_rename_switch_and_delete_sessions(make_app, home):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        assert isinstance(screen, ChatScreen)
+        await pilot.press("ctrl+n", "ctrl+n")
+        ids = list(screen.sessions)
+        assert len(ids) == 3 and screen.current == ids[2]
+
+        await pilot.press("f2")
+        app.screen.query_one("Input").value = ""
+        await pilot.press(*"Groceries", "enter")
+        assert isinstance(app.screen, ChatScreen)
+        assert screen.session_list.item_for(ids[2]).title == "Groceries"
+
+        await pilot.press("ctrl+pageup")
+        assert screen.current == ids[1]
+        await pilot.press("alt+down")
+        assert screen.current == ids[2]
+        await pilot.click(screen.session_list.item_for(ids[0]))
+        assert screen.current == ids[0]
+        assert screen.query_one("#transcripts").current == f"session-{ids[0]}"
+
+        await pilot.press("f8", "n")  # answer no: nothing happens
+        assert list(screen.sessions) == ids
+        await pilot.press("f8", "y")
+        assert list(screen.sessions) == ids[1:]
+        assert screen.current == ids[1]
+        assert [item.session_id for item in screen.session_list.items] == ids[1:]
+        assert not screen.query(f"#session-{ids[0]}")
+
+    store = HistoryStore(home / "chat.sqlite3")
+    assert [(s.id, s.title) for s in store.sessions()] == [
+        (ids[1], "Chat 2"),
+        (ids[2], "Groceries"),
+    ]
+
+
+async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        first = screen.current
+        finished = app.store.messages(first)
+        await pilot.press("ctrl+n")
+        screen.sessions[screen.current].settings = LONG
+        await send(pilot, screen, "the quick brown fox")
+        await wait_for(pilot, lambda: len(app.engine.outputs[-1]) >= 10)
+        second = screen.current
+    # The app quit while the second reply streamed.
+
+    again = make_app()
+    async with again.run_test() as pilot:
+        screen = again.screen
+        await wait_for(pilot, lambda: again.ready)
+        assert list(screen.sessions) == [first, second]
+        assert screen.current == second
+        restored = again.store.messages(second)
+        assert [(m.role, m.status) for m in restored] == [
+            ("user", DONE),
+            ("assistant", INTERRUPTED),
+        ]
+        assert len(restored[1].content) > 0
+        assert restored[1].content == app.engine.outputs[-1][-1].text[: len(restored[1].content)]
+        views = screen.transcript(second).views
+        assert "interrupted" in str(views[-1].query_one(".meta").render())
+        await pilot.press("ctrl+pageup")
+        assert again.store.messages(first) == finished
+        texts = [v.message.content for v in screen.transcript(first).views]
+        assert texts == [m.content for m in finished]
+
+
+async def test_export_writes_the_chat_as_markdown(make_app, home):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        await pilot.press("ctrl+o")
+        session_id = screen.current
+    path = home / "exports" / f"chat-{session_id}.md"
+    text = path.read_text()
+    reply = HistoryStore(home / "chat.sqlite3").messages(session_id)[1]
+    assert text.startswith("# Chat 1\n")
+    assert "- temperature: 0\n" in text and "- max tokens: 24\n" in text
+    user_at = text.index("## User\n\nhello world\n")
+    assert text.index("## Assistant\n\n" + reply.content + "\n") > user_at
+
+
+async def test_settings_are_checked_and_saved(make_app, home):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await pilot.press("ctrl+s")
+        dialog = app.screen
+        dialog.query_one("#system-prompt").text = "Answer in French."
+        dialog.query_one("#temperature").value = "hot"
+        await pilot.press("ctrl+s")
+        assert app.screen is dialog  # still open, with the reason
+        assert "temperature must be a number" in str(dialog.query_one("#settings-error").render())
+        dialog.query_one("#temperature").value = "-1"
+        await pilot.press("ctrl+s")
+        assert "temperature" in str(dialog.query_one("#settings-error").render())
+        dialog.query_one("#temperature").value = "0.3"
+        dialog.query_one("#max-tokens").value = "8"
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, ChatScreen)
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        session_id = screen.current
+    saved = HistoryStore(home / "chat.sqlite3").session(session_id).settings
+    assert (saved.system_prompt, saved.temperature, saved.max_tokens) == (
+        "Answer in French.",
+        0.3,
+        8,
+    )
+    (outputs,) = app.engine.outputs
+    assert len(outputs[-1].token_ids) <= 8
+
+
+async def test_copy_a_message_and_the_help_screen(make_app):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        await wait_for(pilot, lambda: not screen.replies)
+        user_view = screen.transcript(screen.current).views[0]
+        await pilot.click(user_view)
+        assert app.focused is user_view
+        await pilot.press("c")
+        assert app.clipboard == "hello world"
+
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        rows = app.screen.rows
+        actions = {action for _, _, action in rows}
+        for binding in [*ChatScreen.BINDINGS, *MessageView.BINDINGS]:
+            assert binding.description in actions
+        assert ("Anywhere", "^pgup, alt+↑", "Prev") in rows
+        await pilot.press("escape")
+        assert isinstance(app.screen, ChatScreen)

@@ -1,0 +1,77 @@
+"""The history store on disk, and how a session's history becomes an engine prompt."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from macbatch.tui.conversation import prompt_messages
+from macbatch.tui.store import (
+    DONE,
+    ERROR,
+    INTERRUPTED,
+    STREAMING,
+    HistoryError,
+    HistoryStore,
+    ReplyMetrics,
+    SessionSettings,
+)
+
+
+def test_sessions_and_messages_round_trip_through_the_file(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    store = HistoryStore(path)
+    settings = SessionSettings("Be brief.", 0.2, 0.9, 64)
+    first = store.create_session("First", settings)
+    second = store.create_session("Second", SessionSettings())
+    question = store.add_message(first.id, "user", "hi")
+    reply = store.add_message(first.id, "assistant", "", STREAMING)
+    reply.content, reply.metrics = "hello", ReplyMetrics(3, 0.25, 40.0)
+    store.save_message(reply)
+    store.rename_session(second.id, "Renamed")
+    store.close()
+
+    again = HistoryStore(path)
+    assert [(s.title, s.settings) for s in again.sessions()] == [
+        ("First", settings),
+        ("Renamed", SessionSettings()),
+    ]
+    # The reply was still streaming when the first store closed: it comes back interrupted.
+    messages = again.messages(first.id)
+    assert [(m.id, m.role, m.content, m.status) for m in messages] == [
+        (question.id, "user", "hi", DONE),
+        (reply.id, "assistant", "hello", INTERRUPTED),
+    ]
+    assert messages[1].metrics == ReplyMetrics(3, 0.25, 40.0)
+    raw = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()
+    assert raw == (2,)
+
+    again.delete_messages_from(first.id, reply.id)
+    assert [m.id for m in again.messages(first.id)] == [question.id]
+    again.delete_session(first.id)
+    assert [s.id for s in again.sessions()] == [second.id]
+    assert sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone() == (0,)
+
+
+def test_a_file_that_is_not_a_database_gets_a_clear_error(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    path.write_text("not a database, just text " * 100)
+    with pytest.raises(HistoryError, match="Move the file away"):
+        HistoryStore(path)
+
+
+def test_prompt_has_the_system_prompt_and_skips_failed_replies(tmp_path):
+    store = HistoryStore(tmp_path / "chat.sqlite3")
+    session = store.create_session("s", SessionSettings(system_prompt="Be brief."))
+    store.add_message(session.id, "user", "one")
+    failed = store.add_message(session.id, "assistant", "", ERROR)
+    store.add_message(session.id, "user", "two")
+    partial = store.add_message(session.id, "assistant", "half a rep", INTERRUPTED)
+    assert failed.status == ERROR and partial.status == INTERRUPTED
+    assert prompt_messages(session, store.messages(session.id)) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "one"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "half a rep"},
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +28,7 @@ class ChoiceProgress:
 
 
 @dataclass
-class Formatter:
+class Formatter(ABC):
     """Shared by both endpoints: the response id, model name, logprobs and usage."""
 
     model: str
@@ -63,11 +64,13 @@ class Formatter:
         body["usage"] = usage(finals, self.n)
         return body
 
+    @abstractmethod
     def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
-        raise NotImplementedError
+        """Stream chunks for one engine output of choice ``index`` (possibly none)."""
 
+    @abstractmethod
     def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
-        raise NotImplementedError
+        """A choice of the non-streaming answer, from the choice's final output."""
 
     def token_text(self, token_id: int) -> str:
         return self.decoder.decode([token_id])
@@ -117,8 +120,12 @@ class ChatFormatter(Formatter):
         logprobs: dict | None = None,
         finish_reason: str | None = None,
     ) -> dict[str, Any]:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs}
-        choice["finish_reason"] = finish_reason
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         return self.envelope(self.chunk_object_name, [choice])
 
     def logprobs(self, out: RequestOutput, start: int) -> dict | None:

@@ -85,6 +85,12 @@ def test_64_concurrent_streams(engine_thread: EngineThread, served: Served) -> N
             r["usage"].prompt_tokens for r in results
         )
         assert metrics["macbatch_time_to_first_token_seconds_count"] == CLIENTS
+        buckets = [
+            v
+            for k, v in metrics.items()
+            if k.startswith("macbatch_time_to_first_token_s") and "_bucket" in k
+        ]
+        assert buckets == sorted(buckets) and buckets[-1] == CLIENTS  # cumulative, +Inf last
         for route in ("/v1/chat/completions", "/v1/completions"):
             assert metrics[f'macbatch_http_responses_total{{route="{route}",status="200"}}'] == 32
         assert metrics["macbatch_requests_pending"] == 0

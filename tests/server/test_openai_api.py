@@ -259,3 +259,27 @@ def test_prompt_beyond_context_is_400(client: openai.OpenAI, served: Served) -> 
 
 def response_model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+def test_every_sampling_field_reaches_the_engine(client: openai.OpenAI, served: Served) -> None:
+    fields = dict(
+        temperature=0.8,
+        top_p=0.9,
+        top_k=20,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        repetition_penalty=1.1,
+        seed=3,
+        max_tokens=12,
+    )
+    [expected] = engine_generate(served.thread, [TEXT], SamplingParams(**fields))
+    [baseline] = engine_generate(
+        served.thread, [TEXT], SamplingParams(max_tokens=12, temperature=0.8, seed=3)
+    )
+    assert expected.token_ids != baseline.token_ids  # the fields change the output
+    extra = {k: fields.pop(k) for k in ("top_k", "min_p", "repetition_penalty")}
+    response = client.completions.create(
+        model=response_model(client), prompt=TEXT, extra_body=extra, **fields
+    )
+    assert response.choices[0].text == expected.text

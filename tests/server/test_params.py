@@ -1,0 +1,120 @@
+"""Request bodies -> engine work, without a server: defaults, OpenAI field quirks, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from macbatch.server.errors import APIError
+from macbatch.server.params import MAX_CHOICES, parse_chat, parse_completion
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_chat_defaults_follow_openai() -> None:
+    generation = parse_chat({"model": "m", "messages": HI})
+    [(prompt, params)] = generation.jobs
+    assert prompt == HI
+    assert (params.temperature, params.top_p, params.max_tokens) == (1.0, 1.0, 2048)
+    assert (generation.stream, generation.include_usage, generation.top_logprobs) == (
+        False,
+        False,
+        None,
+    )
+    assert parse_completion({"prompt": "x"}).jobs[0][1].max_tokens == 16
+
+
+def test_nulls_mean_absent_and_aliases() -> None:
+    generation = parse_chat(
+        {
+            "messages": HI,
+            "temperature": None,
+            "stop": None,
+            "max_tokens": 5,
+            "max_completion_tokens": 9,
+            "top_k": -1,
+        }
+    )
+    params = generation.jobs[0][1]
+    assert (params.temperature, params.stop, params.max_tokens, params.top_k) == (1.0, (), 9, 0)
+
+
+def test_message_content_parts_and_developer_role() -> None:
+    messages = [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+    ]
+    prompt = parse_chat({"messages": messages}).jobs[0][0]
+    assert prompt == [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": ""},
+    ]
+
+
+def test_n_seeds_and_prompt_order() -> None:
+    generation = parse_completion({"prompt": ["a", "b"], "n": 3, "seed": 5, "stop": "x"})
+    assert [p for p, _ in generation.jobs] == ["a"] * 3 + ["b"] * 3
+    assert [s.seed for _, s in generation.jobs] == [5, 6, 7] * 2
+    assert all(s.stop == ("x",) for _, s in generation.jobs)
+    unseeded = parse_completion({"prompt": "a", "n": 2})
+    assert [s.seed for _, s in unseeded.jobs] == [None, None]
+
+
+def test_prompt_shapes() -> None:
+    assert parse_completion({"prompt": [1, 2, 3]}).jobs[0][0] == [1, 2, 3]
+    assert [p for p, _ in parse_completion({"prompt": [[1], [2, 3]]}).jobs] == [[1], [2, 3]]
+
+
+def test_stream_options_and_logprobs() -> None:
+    streamed = parse_chat(
+        {
+            "messages": HI,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logprobs": True,
+            "top_logprobs": 4,
+        }
+    )
+    assert (streamed.include_usage, streamed.top_logprobs) == (True, 4)
+    assert streamed.jobs[0][1].logprobs == 4
+    assert not parse_chat({"messages": HI, "stream_options": {"include_usage": True}}).include_usage
+    assert parse_completion({"prompt": "a", "logprobs": 0}).top_logprobs == 0
+
+
+@pytest.mark.parametrize(
+    ("parse", "body", "param"),
+    [
+        (parse_completion, {"prompt": "a", "echo": True}, "echo"),
+        (parse_completion, {"prompt": "a", "best_of": 3}, "best_of"),
+        (parse_completion, {"prompt": "a", "suffix": "z"}, "suffix"),
+        (parse_completion, {"prompt": []}, "prompt"),
+        (parse_completion, {"prompt": [1, "a"]}, "prompt"),
+        (parse_completion, {"prompt": ["a", "b"], "n": MAX_CHOICES}, "n"),
+        (parse_completion, {"prompt": "a", "seed": 1.5}, "seed"),
+        (parse_completion, {"prompt": "a", "stop": ["x"] * 17}, "stop"),
+        (parse_completion, {"prompt": "a", "stream": "yes"}, "stream"),
+        (
+            parse_chat,
+            {"messages": HI, "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        (parse_chat, {"messages": HI, "logit_bias": {"1": 5}}, "logit_bias"),
+        (parse_chat, {"messages": HI, "stream_options": 3}, "stream_options"),
+        (parse_chat, {"messages": "hi"}, "messages"),
+        (parse_chat, {"messages": [{"role": "user", "content": 3}]}, "messages[0]"),
+        (parse_chat, {"messages": HI, "model": 7}, "model"),
+    ],
+)
+def test_refusals_name_the_field(parse, body: dict, param: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert param.split("[")[0] in info.value.message
+
+
+def test_sampling_range_errors_come_from_the_engine_with_the_name() -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": HI, "top_p": 0})
+    assert info.value.status == 400 and "top_p" in info.value.message

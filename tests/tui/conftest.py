@@ -10,6 +10,7 @@ import pytest
 from macbatch.config import data_dir
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.app import ChatApp
+from macbatch.tui.loading import LoadProgress
 from macbatch.tui.store import HistoryStore, SessionSettings
 from tests.tui.helpers import GREEDY, RecordingEngineThread
 
@@ -28,6 +29,7 @@ def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
         defaults: SessionSettings = GREEDY,
         config: EngineConfig | None = None,
         loader: Callable[[], Engine] | None = None,
+        load_progress: LoadProgress | None = None,
     ) -> ChatApp:
         engine_config = config or EngineConfig(num_blocks=256, max_num_seqs=8)
         engine = RecordingEngineThread(
@@ -39,6 +41,7 @@ def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
             model_label="tiny",
             export_dir=home / "exports",
             defaults=defaults,
+            load_progress=load_progress,
         )
 
     return make

@@ -1,10 +1,16 @@
-"""Engine and model errors reach the user as messages in the UI, never as a traceback."""
+"""Model loading progress, and engine or model errors shown in the UI, never as a traceback."""
 
 from __future__ import annotations
 
+import threading
+
+from textual.widgets import ProgressBar
+
 from macbatch.engine import Engine, EngineConfig
+from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
 from macbatch.tui.store import ERROR
 from macbatch.tui.widgets.loading_panel import LoadingPanel
+from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import wait_for
 from tests.tui.test_streaming import send
 
@@ -45,3 +51,38 @@ async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
         await send(pilot, screen, "hi")
         await wait_for(pilot, lambda: not screen.replies)
         assert app.store.messages(screen.current)[-1].status != ERROR
+
+
+async def test_loading_progress_is_shown_until_the_model_is_ready(make_app, tiny_model_path):
+    progress = LoadProgress()
+    load = make_loader(str(tiny_model_path), EngineConfig(num_blocks=64), progress)
+    gate = threading.Event()
+
+    def loader() -> Engine:
+        progress.update("downloading tiny-qwen3", 1, 4)  # what the hub download reports
+        assert gate.wait(30)
+        return load()
+
+    app = make_app(loader=loader, load_progress=progress)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        panel = screen.query_one(LoadingPanel)
+        phase = panel.query_one(".phase")
+        await wait_for(pilot, lambda: "Downloading tiny-qwen3" in str(phase.render()))
+        bar = panel.query_one(ProgressBar)
+        assert (bar.progress, bar.total) == (1, 4)
+        assert panel.display and "loading" in str(screen.query_one(StatusBar).render())
+        gate.set()
+        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: not panel.display)
+        assert "tok/step" in str(screen.query_one(StatusBar).render())
+        assert progress.read().phase == f"loading {tiny_model_path}"
+
+
+def test_only_owner_slash_name_that_is_not_on_disk_goes_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert is_hub_id("mlx-community/Qwen3-0.6B-4bit")
+    assert not is_hub_id("demo")
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    assert not is_hub_id("models/mine")  # a local directory wins
+    assert not is_hub_id("./mine")

@@ -138,3 +138,26 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
     assert messages[0].content == "0123"
     (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "0123"}]], 24)
     assert messages[1].content == expected
+
+
+async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):
+    app = make_app(defaults=LONG)
+    async with app.run_test(size=(60, 12)) as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hello world")
+        transcript = screen.transcript(screen.current)
+        await wait_for(pilot, lambda: transcript.max_scroll_y > 3)
+        assert transcript.scroll_y == transcript.max_scroll_y  # following
+
+        transcript.scroll_to(y=0, animate=False)  # what the wheel or the scrollbar does
+        grown = transcript.max_scroll_y + 3
+        await wait_for(pilot, lambda: transcript.max_scroll_y > grown)
+        assert transcript.scroll_y == 0  # the user's position is kept
+
+        transcript.scroll_end(animate=False)  # back at the bottom: follow again
+        grown = transcript.max_scroll_y + 3
+        await wait_for(pilot, lambda: transcript.max_scroll_y > grown)
+        await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, timeout=3)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.replies)

@@ -35,11 +35,15 @@ class Formatter(ABC):
     decoder: TokenDecoder
     top_logprobs: int | None
     n: int
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
 
     object_name = ""
     chunk_object_name = ""
+    id_prefix = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"{self.id_prefix}{uuid.uuid4().hex}"
 
     def envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -90,6 +94,7 @@ class Formatter(ABC):
 class ChatFormatter(Formatter):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
 
     def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
         return {
@@ -149,6 +154,7 @@ class ChatFormatter(Formatter):
 class CompletionFormatter(Formatter):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
+    id_prefix = "cmpl-"
 
     def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
         return {

@@ -28,6 +28,7 @@ def test_chat_completion_matches_engine(client: openai.OpenAI, served: Served) -
     )
     choice = response.choices[0]
     assert response.object == "chat.completion"
+    assert response.id.startswith("chatcmpl-")
     assert choice.message.role == "assistant"
     assert choice.message.content == expected.text
     assert choice.finish_reason == expected.finish_reason.value
@@ -46,6 +47,7 @@ def test_completion_matches_engine(client: openai.OpenAI, served: Served) -> Non
         model=response_model(client), prompt=TEXT, max_tokens=12, temperature=0
     )
     assert response.object == "text_completion"
+    assert response.id.startswith("cmpl-")
     assert response.choices[0].text == expected.text
     assert response.choices[0].finish_reason == "length"
     assert response.usage.prompt_tokens == expected.metrics.prompt_tokens
@@ -80,6 +82,7 @@ def test_chat_stream_with_usage(client: openai.OpenAI, served: Served) -> None:
     )
     chunks = list(stream)
     assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert len({c.id for c in chunks}) == 1  # one id for the whole stream
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected.text

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from macbatch.tui.widgets.message_view import MessageView
 
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to disk (crash safety vs. writes)
+RENDER_EVERY_S = 0.05  # new text reaches the screen at most 20 times a second (the UI's CPU time
+# and the GIL are taken from the engine thread; Markdown re-parses the open paragraph per append)
 
 
 def sampling_params(settings: SessionSettings) -> SamplingParams:
@@ -70,7 +72,8 @@ class Reply:
 
     async def run(self) -> None:
         message = self.message
-        saved_at = time.monotonic()
+        saved_at = rendered_at = time.monotonic()
+        unrendered: list[str] = []
         try:
             async with aclosing(self.engine.stream(self.prompt, self.params)) as outputs:
                 async for output in outputs:
@@ -78,12 +81,17 @@ class Reply:
                     message.metrics = reply_metrics(output)
                     if output.finished:
                         self._finish(output)
-                        continue  # the stream ends after its final output
-                    await self.view.append(output.new_text)
-                    if time.monotonic() - saved_at > SAVE_EVERY_S:
-                        self.store.save_message(message)
+                        continue  # the stream ends after its final output; finish() shows it all
+                    unrendered.append(output.new_text)
+                    now = time.monotonic()
+                    if now - rendered_at > RENDER_EVERY_S:
+                        await self.view.append("".join(unrendered))
+                        unrendered.clear()
                         self.view.refresh_meta()
-                        saved_at = time.monotonic()
+                        rendered_at = now
+                    if now - saved_at > SAVE_EVERY_S:
+                        self.store.save_message(message)
+                        saved_at = now
         except asyncio.CancelledError:
             if self._interrupted:
                 raise  # the app is closing; `interrupt` already saved the reply

@@ -54,8 +54,9 @@ def chat_command(
 ) -> None:
     """Chat with a local model in several sessions at once; every session streams in parallel.
 
-    Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate,
-    ctrl+g edit last message, ctrl+s settings, ctrl+o export, F1 or ? for all keys.
+    Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate, ctrl+g edit
+    the last message, ctrl+s settings, ctrl+o export, F1 or ? for all keys. History is kept in the
+    data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread

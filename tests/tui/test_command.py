@@ -1,0 +1,47 @@
+"""The `chat` command's options: help text, and bad values refused before anything starts."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from macbatch.tui.command import chat_command
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("chat")(chat_command)
+    app.command("other")(lambda: None)  # two commands, so "chat" is a subcommand as in macbatch
+    return app
+
+
+def test_help_lists_every_option():
+    result = CliRunner().invoke(cli(), ["chat", "--help"])
+    assert result.exit_code == 0
+    for option in [
+        "--model",
+        "--system",
+        "--temperature",
+        "--top-p",
+        "--max-tokens",
+        "--kv-blocks",
+        "--history",
+        "--export-dir",
+    ]:
+        assert option in result.output
+    assert "demo" in result.output
+
+
+def test_bad_sampling_values_are_refused_with_the_field_name(home):
+    result = CliRunner().invoke(cli(), ["chat", "--temperature", "-1"])
+    assert result.exit_code == 2
+    assert "temperature" in result.output and "Traceback" not in result.output
+    assert not (home / "chat.sqlite3").exists()  # refused before the history was opened
+
+
+def test_a_broken_history_file_is_reported_without_a_traceback(home):
+    broken = home / "broken.sqlite3"
+    broken.write_text("this is not SQLite " * 100)
+    result = CliRunner().invoke(cli(), ["chat", "--history", str(broken)])
+    assert result.exit_code == 1
+    assert str(broken) in result.output and "Move the file away" in result.output

@@ -43,6 +43,7 @@ class ChatScreen(Screen[None]):
     """Sessions, their transcripts and replies; all actions on the open session live here."""
 
     BINDINGS: list[BindingType] = [
+        Binding("f1,question_mark", "help", "Help"),  # first, so narrow footers still show it
         Binding("ctrl+n", "new_session", "New"),
         Binding("ctrl+pageup,alt+up", "switch(-1)", "Prev", key_display="^pgup"),
         Binding("ctrl+pagedown,alt+down", "switch(1)", "Next", key_display="^pgdn"),
@@ -53,7 +54,6 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+o", "export", "Export"),
         Binding("f2", "rename", "Rename"),
         Binding("f8", "delete", "Delete"),
-        Binding("f1,question_mark", "help", "Help"),
     ]
 
     def __init__(self) -> None:

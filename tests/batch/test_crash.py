@@ -90,13 +90,16 @@ def test_kill_9_then_rerun_gives_every_request_once(job_file: Path, macbatch_run
     assert summary["skipped"] >= written and summary["skipped"] + summary["ok"] == ROWS
 
 
-def test_ctrl_c_finishes_in_flight_work_and_says_how_to_resume(
-    job_file: Path, macbatch_run
+@pytest.mark.parametrize("presses", [1, 2], ids=["finish-in-flight", "stop-now"])
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
+    job_file: Path, macbatch_run, presses: int
 ) -> None:
+    """Once: stop admitting, finish what is in flight. Twice: drop it. Either way whole lines."""
     output = job_file.parent / "out" / "rows.jsonl"
     process = start_run(job_file)
     wait_for_lines(output, process, 10)
-    process.send_signal(signal.SIGINT)
+    for _ in range(presses):
+        process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     events = [json.loads(line) for line in stderr.decode().splitlines()]

@@ -265,7 +265,9 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
     name = check.text(job["name"], (*key, "name"))
     if any(c in name for c in "/\\\0") or name.startswith("."):
         raise check.fail(
-            (*key, "name"), f"job name '{name}' names a file; use letters, digits, - and _"
+            (*key, "name"),
+            f"job name '{name}' must work as a file name (<name>.jsonl): "
+            "use letters, digits, - and _",
         )
     has_input, has_prompts = "input" in job, "prompts" in job
     if has_input == has_prompts:

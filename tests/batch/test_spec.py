@@ -114,7 +114,10 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         ),
         ("model: demo\njobs: [{name: a, prompts: []}]", ":2:18: jobs[0].prompts is empty"),
         ("model: demo\njobs: [{name: a}]", "job 'a' needs exactly one of 'input' (a file)"),
-        ("model: demo\njobs: [{name: ../x, prompts: [hi]}]", "job name '../x' names a file"),
+        (
+            "model: demo\njobs: [{name: ../x, prompts: [hi]}]",
+            "job name '../x' must work as a file name (<name>.jsonl)",
+        ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], sampling: {temperature: -1}}]",
             ":2:44: jobs[0].sampling: invalid sampling parameter temperature=-1: must be a "

@@ -34,40 +34,37 @@ def paged_attention_reference(
 ) -> mx.array:
     """Attention of packed query rows ``q [N, Hq, D]`` over each row's own paged context.
 
-    Decode rows (``q_len == 1``) of all sequences go through one batched call; each prefill chunk
-    gets its own call with a causal mask offset by the context already cached.
+    Decode rows (``q_len == 1``) go through a few batched calls, sequences of similar length
+    together so little padding is read; each prefill chunk is cut into query tiles with a causal
+    mask offset by the context already cached.
     """
     lens = np.asarray(seq_lens, dtype=np.int64)
     cu = np.asarray(cu_seqlens_q, dtype=np.int64)
     q_lens = cu[1:] - cu[:-1]
-    num_seqs = len(lens)
     block_size = k_pages.shape[2]
-    out_parts: list[tuple[int, mx.array]] = []
+    parts: list[tuple[np.ndarray, mx.array]] = []  # (packed row ids, their output rows)
 
     decode_seqs = np.flatnonzero(q_lens == 1)
-    if len(decode_seqs):
-        max_len = int(lens[decode_seqs].max())
-        n_blocks = -(-max_len // block_size)
-        tables = block_tables[mx.array(decode_seqs)][:, :n_blocks]
+    for group in _length_groups(decode_seqs[np.argsort(lens[decode_seqs])], lens):
+        query_pos = lens[group] - 1
+        first_block = 0
+        if sliding_window is not None:  # blocks wholly before every row's window are skipped
+            first_block = int(max(0, query_pos.min() - sliding_window + 1)) // block_size
+        n_blocks = -(-int(lens[group].max()) // block_size)
+        tables = block_tables[mx.array(group)][:, first_block:n_blocks]
         keys = _gather_context(k_pages, tables)
         values = _gather_context(v_pages, tables)
-        q_dec = q[mx.array(cu[decode_seqs])][:, :, None, :]  # (Sd, Hq, 1, D)
-        key_pos = np.arange(n_blocks * block_size)[None, :]
-        query_pos = (lens[decode_seqs] - 1)[:, None]
-        mask = _visible(query_pos, key_pos, sliding_window)[:, None, None, :]
-        out = _attend(q_dec, keys, values, mask, scale, softcap, sinks)[:, :, 0, :]
-        out_parts.extend((int(cu[s]), out[j : j + 1]) for j, s in enumerate(decode_seqs))
+        key_pos = np.arange(first_block * block_size, n_blocks * block_size)[None, :]
+        mask = _visible(query_pos[:, None], key_pos, sliding_window)[:, None, None, :]
+        rows = cu[group]
+        out = _attend(q[mx.array(rows)][:, :, None, :], keys, values, mask, scale, softcap, sinks)
+        parts.append((rows, out[:, :, 0, :]))
 
-    for s in range(num_seqs):
-        q_len = int(q_lens[s])
-        if q_len <= 1:
-            continue
-        ctx = int(lens[s])
-        n_blocks = -(-ctx // block_size)
-        table = block_tables[s : s + 1, :n_blocks]
+    for s in np.flatnonzero(q_lens > 1):
+        q_len, ctx, start = int(q_lens[s]), int(lens[s]), int(cu[s])
+        table = block_tables[int(s) : int(s) + 1, : -(-ctx // block_size)]
         keys = _gather_context(k_pages, table)
         values = _gather_context(v_pages, table)
-        start = int(cu[s])
         # Query tiles: each tile reads keys only up to its own last position (and from the
         # window's start), so the causal upper triangle is skipped, not computed and masked.
         for tile_start in range(0, q_len, _PREFILL_TILE):
@@ -78,9 +75,9 @@ def paged_attention_reference(
             key_start = 0 if sliding_window is None else max(0, first_pos - sliding_window + 1)
             key_pos = np.arange(key_start, key_end)[None, :]
             mask = _visible(query_pos, key_pos, sliding_window)[None, None]
-            rows = q[start + tile_start : start + tile_start + tile_len]
+            rows = np.arange(start + tile_start, start + tile_start + tile_len)
             out = _attend(
-                rows.transpose(1, 0, 2)[None],
+                q[int(rows[0]) : int(rows[-1]) + 1].transpose(1, 0, 2)[None],
                 keys[:, :, key_start:key_end],
                 values[:, :, key_start:key_end],
                 mask,
@@ -88,12 +85,29 @@ def paged_attention_reference(
                 softcap,
                 sinks,
             )
-            out_parts.append((start + tile_start, out[0].transpose(1, 0, 2)))
+            parts.append((rows, out[0].transpose(1, 0, 2)))
 
-    if not out_parts:
+    if not parts:
         return mx.zeros(q.shape, dtype=q.dtype)
-    out_parts.sort(key=lambda part: part[0])
-    return mx.concatenate([part for _, part in out_parts], axis=0)
+    rows = np.concatenate([r for r, _ in parts])
+    out = mx.concatenate([o for _, o in parts], axis=0)
+    if np.array_equal(rows, np.arange(len(rows))):
+        return out
+    return out[mx.array(np.argsort(rows))]
+
+
+def _length_groups(seqs: np.ndarray, lens: np.ndarray, slack: float = 1.25) -> list[np.ndarray]:
+    """Split length-sorted sequences into groups padded to their longest member, so the
+    padding stays within ``slack`` of the keys actually read (one gather per group)."""
+    groups: list[np.ndarray] = []
+    start = 0
+    for end in range(1, len(seqs) + 1):
+        if end == len(seqs) or lens[seqs[end]] * (end + 1 - start) > slack * (
+            lens[seqs[start : end + 1]].sum()
+        ):
+            groups.append(seqs[start:end])
+            start = end
+    return groups
 
 
 def _gather_context(pages: mx.array, tables: mx.array) -> mx.array:

@@ -8,7 +8,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
-from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
 
 __all__ = [
     "Engine",
@@ -17,6 +17,7 @@ __all__ = [
     "EngineStats",
     "EngineThread",
     "FinishReason",
+    "InvalidSamplingParam",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

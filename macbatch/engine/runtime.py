@@ -32,6 +32,7 @@ class EngineThread:
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._ready = threading.Event()
+        self._loop_done = threading.Event()
         self._engine: Engine | None = None
         self._stats: EngineStats | None = None
         self._stopped = False
@@ -58,14 +59,20 @@ class EngineThread:
 
     @property
     def alive(self) -> bool:
-        return self.ready and self.error is None and not self._stopped and self._thread.is_alive()
+        running = not (self._stopped or self._loop_done.is_set())
+        return self.ready and self.error is None and running
 
     def shutdown(self, timeout: float | None = 5.0) -> None:
-        """Abort whatever is in flight and stop the thread."""
+        """Abort whatever is in flight and stop the loop."""
         if self._thread.is_alive():
             self._commands.put(("stop",))
-            self._thread.join(timeout)
+            self._loop_done.wait(timeout)
         self._stopped = True
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (plain Python, safe to use from any thread)."""
+        return self._live_engine().tokenizer
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -129,6 +136,14 @@ class EngineThread:
     # -- the loop (engine thread only) -------------------------------------------------------
 
     def _run(self) -> None:
+        self._serve()
+        self._loop_done.set()
+        # Park instead of returning: with MLX 0.32 on CPU, a thread that used MLX and then ends
+        # makes the process abort at exit ("terminate called without an active exception").
+        # The thread is a daemon, so parking it never blocks the process from exiting.
+        threading.Event().wait()
+
+    def _serve(self) -> None:
         try:
             engine = self._engine = self._loader()
         except BaseException as exc:  # report any load failure to the waiting caller

@@ -114,9 +114,19 @@ def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter out of range; ``field`` names it (servers report it as ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _check(ok: bool, name: str, value: object, expected: str) -> None:
     if not ok:
-        raise ValueError(f"invalid sampling parameter {name}={value!r}: must be {expected}")
+        raise InvalidSamplingParam(
+            name, f"invalid sampling parameter {name}={value!r}: must be {expected}"
+        )
 
 
 @dataclass

@@ -49,9 +49,10 @@ def test_multi_turn_conversation(model, tiny_tokenizer):
     conversation = _tokens(13, 1)
     previous_len = 0
     for turn in range(5):
-        ours, theirs = cached.generate([conversation], GREEDY)[0], plain.generate(
-            [conversation], GREEDY
-        )[0]
+        ours, theirs = (
+            cached.generate([conversation], GREEDY)[0],
+            plain.generate([conversation], GREEDY)[0],
+        )
         assert ours.token_ids == theirs.token_ids
         if previous_len:
             # Everything but the partial last block of the previous turn's tokens is reused.

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    FinishReason,
+    InvalidSamplingParam,
+    SamplingParams,
+)
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import VOCAB_SIZE, build_model
 
@@ -85,8 +91,9 @@ def test_bad_prompt_is_rejected_and_engine_keeps_serving(engine, model, prompt, 
     ],
 )
 def test_bad_sampling_params(kwargs, field):
-    with pytest.raises(ValueError, match=f"invalid sampling parameter {field}="):
+    with pytest.raises(InvalidSamplingParam, match=f"invalid sampling parameter {field}=") as err:
         SamplingParams(**kwargs)
+    assert err.value.field == field
 
 
 def test_request_that_can_never_fit_finishes_with_error(engine, model):

@@ -89,3 +89,34 @@ async def test_crash_fails_in_flight_requests(thread, model):
     assert not thread.alive
     with pytest.raises(EngineDeadError, match="boom"):
         thread.submit([1], GREEDY)
+
+
+def test_process_exits_cleanly_after_shutdown(tiny_model_path, tmp_path):
+    """MLX 0.32 on CPU aborts the process at exit if a thread that used MLX has ended; the
+    engine thread parks instead, so a front end that shuts the engine down exits with 0."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import queue
+            from macbatch.engine import Engine, EngineConfig, EngineThread, SamplingParams
+            t = EngineThread(lambda: Engine.load({str(tiny_model_path)!r},
+                                                 EngineConfig(num_blocks=16))).start()
+            t.wait_ready()
+            outputs = queue.Queue()
+            t.submit([1, 2, 3], SamplingParams(max_tokens=3), outputs.put)
+            while not outputs.get().finished:
+                pass
+            t.shutdown()
+            print("done")
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, "done"), result.stderr

@@ -35,6 +35,7 @@ class RunProgress:
     jobs: dict[str, JobProgress]
     started: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     generated_tokens: int = 0
     in_flight: int = 0
     kv_usage: float = 0.0
@@ -196,6 +197,11 @@ def build_summary(
         "remaining": progress.total - progress.finished,
         "prompt_tokens": progress.prompt_tokens,
         "generated_tokens": progress.generated_tokens,
+        "prefix_cache_hit_rate": (
+            round(progress.cached_prompt_tokens / progress.prompt_tokens, 3)
+            if progress.prompt_tokens
+            else 0.0
+        ),
         "wall_s": round(wall, 3),
         "requests_per_s": round(ok / wall, 3) if wall > 0 else None,
         "generated_tok_per_s": round(progress.generated_tokens / wall, 1) if wall > 0 else None,
@@ -222,7 +228,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['skipped']} skipped (done before), {summary['remaining']} remaining",
         f"{summary['prompt_tokens']:,} prompt + {summary['generated_tokens']:,} generated tokens "
         f"in {summary['wall_s']:.1f} s: {summary['requests_per_s'] or 0:.2f} requests/s, "
-        f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s",
+        f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s; "
+        f"{summary['prefix_cache_hit_rate']:.0%} of prompt tokens from the prefix cache",
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
         f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
     ]

@@ -217,6 +217,7 @@ class _Loop:
         metrics = self.progress
         metrics.jobs[item.job].ok += 1
         metrics.prompt_tokens += output.metrics.prompt_tokens
+        metrics.cached_prompt_tokens += output.metrics.cached_tokens
         metrics.generated_tokens += output.metrics.generated_tokens
         if output.metrics.time_to_first_token_s is not None:
             metrics.ttft_s.append(output.metrics.time_to_first_token_s)

@@ -130,6 +130,8 @@ def test_multi_job_run_writes_every_request_once(
     every = summarize + questions + inline
     assert summary["generated_tokens"] == sum(x["macbatch"]["generated_tokens"] for x in every)
     assert summary["prompt_tokens"] == sum(x["macbatch"]["prompt_tokens"] for x in every)
+    cached = sum(x["macbatch"]["cached_tokens"] for x in every)
+    assert summary["prefix_cache_hit_rate"] == round(cached / summary["prompt_tokens"], 3)
     assert summary["ttft_ms"]["p50"] <= summary["ttft_ms"]["p95"]
     assert summary["jobs"]["questions"] == {
         "total": 4,

@@ -6,7 +6,6 @@ import os
 import sys
 
 import mlx.core as mx
-import numpy as np
 
 BENCH_MODEL = dict(
     model_type="qwen3",
@@ -43,12 +42,6 @@ def build_bench_model(seed: int = 0, **overrides):
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
-
-
-def random_prompts(count: int, low: int, high: int, seed: int = 0, vocab: int = 32000):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(low, high + 1, size=count)
-    return [rng.integers(10, vocab, size=int(n)).tolist() for n in lengths]
 
 
 def bench_tokenizer(vocab: int = 32000):

@@ -13,9 +13,9 @@ import time
 from benchmarks.common import (
     bench_tokenizer,
     build_bench_model,
-    random_prompts,
     warn_without_openblas,
 )
+from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 
@@ -25,7 +25,9 @@ def conversation_ttfts(engine: Engine, turns: int, user_tokens: int, reply_token
     conversation: list[int] = []
     ttfts = []
     for turn in range(turns):
-        conversation = conversation + random_prompts(1, user_tokens, user_tokens, seed=turn)[0]
+        conversation = (
+            conversation + synthetic_prompts(1, user_tokens, user_tokens, 32000, seed=turn)[0]
+        )
         out = engine.generate([conversation], params)[0]
         ttfts.append(out.metrics.time_to_first_token_s)
         conversation = conversation + out.token_ids
@@ -33,8 +35,8 @@ def conversation_ttfts(engine: Engine, turns: int, user_tokens: int, reply_token
 
 
 def shared_prompt_job(engine: Engine, requests: int, system_tokens: int):
-    system = random_prompts(1, system_tokens, system_tokens, seed=99)[0]
-    prompts = [system + p for p in random_prompts(requests, 20, 60, seed=5)]
+    system = synthetic_prompts(1, system_tokens, system_tokens, 32000, seed=99)[0]
+    prompts = [system + p for p in synthetic_prompts(requests, 20, 60, 32000, seed=5)]
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     start = time.perf_counter()
     engine.generate(prompts, params)

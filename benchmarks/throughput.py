@@ -2,29 +2,25 @@
 
 Workload (issue 2): 32 requests, prompt lengths uniform in 32..512 (seeded), 64 new tokens each,
 EOS ignored, a random Qwen3-shaped float32 model (8 layers, hidden 512, 8/4 heads, head_dim 64,
-vocab 32000). All requests arrive at once.
+vocab 32000). All requests arrive at once. Wall and CPU time are both reported: on a shared
+machine the CPU-time ratio is the one to trust.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python benchmarks/throughput.py [--requests 32] [--budget 1024]
+        python -m benchmarks.throughput [--requests 32] [--budget 1024]
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import mlx.core as mx
 
-from benchmarks.common import (
-    bench_tokenizer,
-    build_bench_model,
-    random_prompts,
-    warn_without_openblas,
-)
+from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from macbatch.bench import Clock, WorkloadResult, run_workload, synthetic_prompts
 
 
-def run_mlx_lm(model, prompts, max_tokens):
+def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> WorkloadResult:
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=None)
@@ -39,18 +35,12 @@ def run_mlx_lm(model, prompts, max_tokens):
             generated += 1
     elapsed = clock.read()
     gen.close()
-    return elapsed, generated, [first[u] for u in uids]
-
-
-class Clock:
-    """Wall time and this process's CPU time since creation. CPU time is what to compare on a
-    shared machine: other processes stretch wall time, not the CPU work a run needs."""
-
-    def __init__(self) -> None:
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
-
-    def read(self) -> tuple[float, float]:
-        return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+    return WorkloadResult(
+        prompt_tokens=sum(len(p) for p in prompts),
+        generated_tokens=generated,
+        elapsed=elapsed,
+        first_token=[first[u] for u in uids],
+    )
 
 
 class _TimedEval:
@@ -68,9 +58,9 @@ class _TimedEval:
         self.seconds += time.perf_counter() - t
 
 
-def run_macbatch(model, tokenizer, prompts, max_tokens, budget):
+def run_macbatch(model, tokenizer, prompts, max_tokens, budget) -> tuple[WorkloadResult, float]:
     import macbatch.engine.engine as engine_module
-    from macbatch.engine import Engine, EngineConfig, SamplingParams
+    from macbatch.engine import Engine, EngineConfig
 
     total_tokens = sum(len(p) for p in prompts) + max_tokens * len(prompts)
     config = EngineConfig(
@@ -81,35 +71,20 @@ def run_macbatch(model, tokenizer, prompts, max_tokens, budget):
     engine = Engine(model, tokenizer, config)
     timed = _TimedEval()
     engine_module.mx = timed
-    step_tokens: list[int] = []
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    first: dict[str, tuple[float, float]] = {}
-    generated = 0
     try:
-        clock = Clock()
-        for p in prompts:
-            engine.add_request(p, params)
-        while engine.has_unfinished():
-            outputs = engine.step()
-            now = clock.read()
-            for out in outputs:
-                first.setdefault(out.request_id, now)
-                generated += len(out.new_token_ids)
-            step_tokens.append(engine.stats().tokens_last_step)
-        elapsed = clock.read()
+        result = run_workload(engine, prompts, max_tokens)
     finally:
         engine_module.mx = mx
-    return elapsed, generated, list(first.values()), timed.seconds, step_tokens
+    return result, timed.seconds
 
 
-def bare_forward_seconds(model, step_tokens):
-    """The model's linear layers alone (no attention context, no head) for each step's N."""
-    inner = model.model
+def bare_forward_seconds(model, step_tokens: list[int]) -> float:
+    """The model's layers alone (no attention context, no head) for each step's token count."""
     total = 0.0
     for n in step_tokens:
         tokens = mx.zeros((n, 1), dtype=mx.int32)
         t = time.perf_counter()
-        mx.eval(inner(tokens))
+        mx.eval(model.model(tokens))
         total += time.perf_counter() - t
     return total
 
@@ -126,38 +101,34 @@ def main() -> None:
 
     model = build_bench_model()
     tokenizer = bench_tokenizer()
-    prompts = random_prompts(args.requests, args.min_prompt, args.max_prompt)
-    prompt_tokens = sum(len(p) for p in prompts)
-    print(f"{len(prompts)} requests, {prompt_tokens} prompt tokens, {args.max_tokens} new each")
-
-    ours = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget)
+    prompts = synthetic_prompts(args.requests, args.min_prompt, args.max_prompt, 32000)
+    ours, eval_s = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget)
     peer = run_mlx_lm(model, prompts, args.max_tokens)
-    bare = bare_forward_seconds(model, ours[4])
+    bare = bare_forward_seconds(model, ours.step_tokens)
+    print(
+        f"{len(prompts)} requests, {ours.prompt_tokens} prompt tokens, {args.max_tokens} new each"
+    )
 
-    for kind, index in (("wall", 0), ("cpu", 1)):
-        rows = []
-        for name, (elapsed, generated, ttft, *_) in (("macbatch", ours), ("mlx-lm", peer)):
-            seconds = elapsed[index]
-            median_ttft = statistics.median(t[index] for t in ttft)
-            total = (prompt_tokens + generated) / seconds
-            rows.append((total, generated / seconds, median_ttft))
+    for clock, kind in ((0, "wall"), (1, "cpu")):
+        for name, result in (("macbatch", ours), ("mlx-lm", peer)):
             print(
-                f"{name:9s} {kind:4s} {seconds:6.1f} s  total {total:7.1f} tok/s  "
-                f"generated {generated / seconds:6.1f} tok/s  median TTFT {median_ttft:6.2f} s"
+                f"{name:9s} {kind:4s} {result.elapsed[clock]:6.1f} s  "
+                f"total {result.total_tokens_per_s(clock):7.1f} tok/s  "
+                f"generated {result.generated_tokens_per_s(clock):6.1f} tok/s  "
+                f"median TTFT {result.median_ttft(clock):6.2f} s"
             )
-        (t0, g0, f0), (t1, g1, f1) = rows
         print(
-            f"ratio     {kind:4s} total tok/s x{t0 / t1:.2f}  generated tok/s x{g0 / g1:.2f}  "
-            f"median TTFT {f1 / f0:.2f}x lower"
+            f"ratio     {kind:4s} total tok/s "
+            f"x{ours.total_tokens_per_s(clock) / peer.total_tokens_per_s(clock):.2f}  "
+            f"median TTFT {peer.median_ttft(clock) / ours.median_ttft(clock):.2f}x lower"
         )
-    wall = ours[0][0]
-    eval_s, steps = ours[3], ours[4]
+    wall = ours.elapsed[0]
     host = wall - eval_s
     print(
-        f"macbatch  {len(steps)} steps: {eval_s:.1f} s in the step's mx.eval, {host:.2f} s on the "
-        f"host (scheduling, packing, graph building, sampling bookkeeping) = "
-        f"{100 * host / wall:.1f}% of step time; bare forward (no attention) for the same "
-        f"token counts: {bare:.1f} s"
+        f"macbatch  {len(ours.step_tokens)} steps: {eval_s:.1f} s in the step's mx.eval, "
+        f"{host:.2f} s on the host (scheduling, packing, graph building, sampling bookkeeping) = "
+        f"{100 * host / wall:.1f}% of step time; bare forward (no attention, no head) for the "
+        f"same token counts: {bare:.1f} s"
     )
 
 

@@ -1,4 +1,4 @@
-"""The `macbatch` command line: parse, call the front end, print. Each command lives with its
+"""The `macbatch` command line: parse, call, print. Each command lives with its
 front end; heavy imports happen inside the commands so `macbatch --help` is instant."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from macbatch.batch.command import run_command
+from macbatch.config import DEFAULT_MODEL
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -65,6 +66,56 @@ def doctor_command() -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+
+
+@app.command("models")
+def models_command() -> None:
+    """List the models that run without a download: the packaged demo model and the Hugging Face
+    hub cache. Any other hub id is downloaded on first use."""
+    from macbatch.engine.adapter import unsupported_reason
+    from macbatch.models import local_models
+
+    models = local_models()
+    if not models:
+        typer.echo("no local models; `macbatch run`, `chat` and `serve` download hub ids on use")
+        return
+    width = max(len(m.name) for m in models)
+    for m in models:
+        why = unsupported_reason(m.model_type)
+        note = f"  (not supported: {why})" if why else ""
+        typer.echo(f"{m.name:<{width}}  {m.model_type:<14} {m.size_bytes / 2**20:9,.1f} MiB{note}")
+
+
+@app.command("bench")
+def bench_command(
+    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name, path or hub id."),
+    requests: int = typer.Option(32, min=1, help="Requests, all arriving at once."),
+    min_prompt: int = typer.Option(32, min=1, help="Shortest prompt, in tokens."),
+    max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens generated per request (EOS ignored)."),
+    budget: int = typer.Option(1024, min=1, help="Tokens per engine step (chunked prefill)."),
+) -> None:
+    """Measure this model on this machine: random-token prompts through the engine, then total
+    and generated tokens/s and the median time to first token."""
+    from macbatch.bench import run_workload, synthetic_prompts
+    from macbatch.engine import Engine, EngineConfig
+
+    if min_prompt > max_prompt:
+        raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
+    typer.echo(f"loading {model} ...")
+    try:
+        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.vocab_size)
+    typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
+    result = run_workload(engine, prompts, max_tokens)
+    typer.echo(
+        f"{result.elapsed[0]:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
+        f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "
+        f"{result.median_ttft() * 1000:,.0f} ms, {len(result.step_tokens)} engine steps"
+    )
 
 
 def main() -> None:

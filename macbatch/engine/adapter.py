@@ -41,6 +41,11 @@ _UNSUPPORTED = {
 _INNER_NAMES = ("model", "transformer", "backbone")
 
 
+def unsupported_reason(model_type: str) -> str | None:
+    """Why an architecture is refused before even loading it, or None if it may be served."""
+    return _UNSUPPORTED.get(model_type)
+
+
 class UnsupportedModelError(ValueError):
     """The model's architecture cannot be served through the paged engine."""
 
@@ -167,10 +172,11 @@ class ModelAdapter:
             model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
         )
         self.model_type = str(model_type)
-        if self.model_type in _UNSUPPORTED:
+        reason = unsupported_reason(self.model_type)
+        if reason:
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' is not supported by macbatch's paged engine: "
-                f"{_UNSUPPORTED[self.model_type]}"
+                f"{reason}"
             )
         self.model = model
         self.inner_name = next(

@@ -22,7 +22,9 @@ def resolve_model_path(name: str) -> Path | str:
         if not (path / "config.json").exists():
             raise ValueError(f"{path} is not a model directory: it has no config.json")
         return path
-    if name.count("/") != 1 or name.startswith((".", "/")):
+    if name.startswith((".", "/", "~")):
+        raise ValueError(f"no model directory at {path}")
+    if name.count("/") != 1:
         raise ValueError(
             f"model '{name}' is neither a local directory nor a Hugging Face hub id "
             "(owner/name, e.g. mlx-community/Qwen3-0.6B-4bit), nor 'demo'"

@@ -27,7 +27,7 @@ def test_load_from_disk_matches_mlx_lm(tiny_model_path):
 @pytest.mark.parametrize(
     "name,message",
     [
-        ("/nonexistent/dir/model", "neither a local directory nor a Hugging Face hub id"),
+        ("/nonexistent/dir/model", "no model directory at /nonexistent/dir/model"),
         ("not a model", "neither a local directory nor a Hugging Face hub id"),
     ],
 )

@@ -1,0 +1,77 @@
+"""A synthetic workload through the engine: how fast is this model on this machine?
+
+Used by `macbatch bench` and by the benchmarks in benchmarks/, which add mlx-lm as the peer.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from macbatch.engine import Engine, SamplingParams
+
+
+def synthetic_prompts(
+    count: int, shortest: int, longest: int, vocab_size: int, seed: int = 0
+) -> list[list[int]]:
+    """Random token prompts with lengths uniform in [shortest, longest] (seeded)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(shortest, longest + 1, size=count)
+    return [rng.integers(10, vocab_size, size=int(n)).tolist() for n in lengths]
+
+
+class Clock:
+    """Wall time and this process's CPU time since creation. CPU time is what to compare on a
+    shared machine: other processes stretch wall time, not the CPU work a run needs."""
+
+    def __init__(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+
+
+@dataclass
+class WorkloadResult:
+    prompt_tokens: int
+    generated_tokens: int
+    elapsed: tuple[float, float]  # (wall, cpu) seconds
+    first_token: list[tuple[float, float]]  # per request, (wall, cpu) seconds since the start
+    step_tokens: list[int] = field(default_factory=list)
+
+    def total_tokens_per_s(self, clock: int = 0) -> float:
+        return (self.prompt_tokens + self.generated_tokens) / self.elapsed[clock]
+
+    def generated_tokens_per_s(self, clock: int = 0) -> float:
+        return self.generated_tokens / self.elapsed[clock]
+
+    def median_ttft(self, clock: int = 0) -> float:
+        return statistics.median(t[clock] for t in self.first_token)
+
+
+def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> WorkloadResult:
+    """All prompts arrive at once; greedy, EOS ignored, so every request makes max_tokens."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    first: dict[str, tuple[float, float]] = {}
+    generated = 0
+    step_tokens: list[int] = []
+    clock = Clock()
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        outputs = engine.step()
+        now = clock.read()
+        for out in outputs:
+            first.setdefault(out.request_id, now)
+            generated += len(out.new_token_ids)
+        step_tokens.append(engine.stats().tokens_last_step)
+    return WorkloadResult(
+        prompt_tokens=sum(len(p) for p in prompts),
+        generated_tokens=generated,
+        elapsed=clock.read(),
+        first_token=list(first.values()),
+        step_tokens=step_tokens,
+    )

@@ -1,0 +1,73 @@
+"""The top-level command line: doctor, models, bench (the front ends test their own commands)."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from macbatch.bench import run_workload, synthetic_prompts
+from macbatch.cli import app
+from macbatch.engine import Engine, EngineConfig
+
+runner = CliRunner()
+
+
+def test_help_lists_every_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("chat", "run", "serve", "doctor", "models", "bench"):
+        assert re.search(rf"│ {command}\s", result.output), command
+
+
+def test_doctor_reports_the_attention_path():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0
+    assert re.search(r"attention\s+reference \(no Metal\)", result.output)
+    assert re.search(r"device\s+Device\(cpu", result.output)
+
+
+def test_models_lists_the_demo_model():
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    assert re.search(r"^demo\s+llama\s", result.output, re.MULTILINE)
+
+
+def test_bench_runs_a_model_from_disk(tiny_model_path):
+    args = [
+        "bench",
+        "--model",
+        str(tiny_model_path),
+        "--requests",
+        "3",
+        "--max-tokens",
+        "4",
+        "--min-prompt",
+        "5",
+        "--max-prompt",
+        "9",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"3 requests, \d+ prompt tokens, 4 new", result.output)
+    assert "generated tok/s" in result.output
+
+
+def test_bench_bad_model_is_a_clear_error():
+    result = runner.invoke(app, ["bench", "--model", "/no/such/model"])
+    assert result.exit_code == 1
+    assert "no model directory at /no/such/model" in result.output
+
+
+def test_workload_accounting(tiny_model_path):
+    """Every request makes max_tokens; every prompt token and every generated token but the last
+    of each request goes through exactly one step."""
+    engine = Engine.load(
+        str(tiny_model_path), EngineConfig(num_blocks=64, max_num_batched_tokens=16)
+    )
+    prompts = synthetic_prompts(5, 3, 30, engine.vocab_size, seed=1)
+    result = run_workload(engine, prompts, max_tokens=6)
+    assert result.generated_tokens == 5 * 6
+    assert len(result.first_token) == 5
+    assert sum(result.step_tokens) == result.prompt_tokens + 5 * (6 - 1)
+    assert max(result.step_tokens) <= 16

@@ -35,7 +35,7 @@ def pack(plan: StepPlan, block_size: int, kv_head_counts: set[int]) -> PackedBat
     seq_lens = starts + lengths
 
     token_ids = np.concatenate(
-        [np.asarray(c.request.all_token_ids[c.start : c.start + c.num_tokens]) for c in chunks]
+        [np.asarray(c.request.token_slice(c.start, c.start + c.num_tokens)) for c in chunks]
     ).astype(np.int32)
     row_seq = np.repeat(np.arange(len(chunks)), lengths)
     positions = (np.arange(cu[-1]) - cu[:-1][row_seq] + starts[row_seq]).astype(np.int32)

@@ -90,15 +90,13 @@ class BlockPool:
         self._block_of.clear()
 
 
-def chain_block_hashes(
-    previous: bytes, token_ids: list[int], block_size: int, start: int, stop: int
-) -> list[bytes]:
-    """Hashes of the full blocks ``start .. stop-1`` of ``token_ids``, chained from ``previous``
-    (the hash of block ``start - 1``, or the root): block i's hash covers every token before the
-    end of block i."""
+def chain_block_hashes(previous: bytes, block_tokens: list[int], block_size: int) -> list[bytes]:
+    """Hashes of consecutive full blocks whose tokens are ``block_tokens``, chained from
+    ``previous`` (the hash of the block before the first, or the root): each block's hash covers
+    every token before its end."""
     hashes: list[bytes] = []
-    ids = np.asarray(token_ids, dtype=np.int64)
-    for i in range(start, stop):
+    ids = np.asarray(block_tokens, dtype=np.int64)
+    for i in range(len(block_tokens) // block_size):
         digest = hashlib.blake2b(previous, digest_size=16)
         digest.update(ids[i * block_size : (i + 1) * block_size].tobytes())
         previous = digest.digest()

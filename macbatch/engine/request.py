@@ -109,6 +109,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """Tokens ``start:stop`` of prompt + output without copying the whole sequence (a
+        decode step needs one token of a possibly long one)."""
+        split = len(self.prompt_token_ids)
+        if start >= split:
+            return self.output_token_ids[start - split : stop - split]
+        if stop <= split:
+            return self.prompt_token_ids[start:stop]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - split]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -144,9 +144,9 @@ class Scheduler:
         compute so the request has logits to sample from."""
         if self.prefix_root is None or request.block_ids:
             return
-        tokens = request.all_token_ids
-        usable = (len(tokens) - 1) // self.block_size
-        for digest in chain_block_hashes(self.prefix_root, tokens, self.block_size, 0, usable):
+        usable = (request.num_tokens - 1) // self.block_size
+        tokens = request.token_slice(0, usable * self.block_size)
+        for digest in chain_block_hashes(self.prefix_root, tokens, self.block_size):
             block = self.pool.lookup(digest)
             if block is None:
                 break
@@ -164,7 +164,8 @@ class Scheduler:
         if full <= done:
             return
         previous = request.block_hashes[-1] if done else self.prefix_root
-        new = chain_block_hashes(previous, request.all_token_ids, self.block_size, done, full)
+        tokens = request.token_slice(done * self.block_size, full * self.block_size)
+        new = chain_block_hashes(previous, tokens, self.block_size)
         for block, digest in zip(request.block_ids[done:full], new):
             self.pool.register(block, digest)
         request.block_hashes.extend(new)

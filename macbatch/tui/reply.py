@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from macbatch.engine import EngineDeadError, FinishReason, SamplingParams
@@ -38,6 +39,28 @@ def sampling_params(settings: SessionSettings) -> SamplingParams:
     return SamplingParams(
         temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
     )
+
+
+def fit_to_context(
+    engine: EngineThread, prompt: list[dict[str, str]], params: SamplingParams
+) -> SamplingParams:
+    """A chat's max tokens is a cap, not a demand: shrink it to the room the conversation leaves
+    in the model's context (and the KV cache), so a long chat still gets a reply rather than the
+    engine's "can never fit" error. `ValueError` when no room is left at all."""
+    info = engine.engine_info
+    capacity = info["kv_blocks_total"] * info["block_size"]
+    limit, where = min(
+        (info["max_model_len"], "the model's context"),
+        (capacity, "the KV cache"),
+        key=lambda x: x[0],
+    )
+    used = len(engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
+    if used >= limit:
+        raise ValueError(
+            f"this chat is {used} tokens and {where} holds {limit}: start a new chat (ctrl+n) "
+            "or shorten the message"
+        )
+    return replace(params, max_tokens=min(params.max_tokens, limit - used))
 
 
 def reply_metrics(output: RequestOutput) -> ReplyMetrics:
@@ -75,7 +98,8 @@ class Reply:
         saved_at = rendered_at = time.monotonic()
         unrendered: list[str] = []
         try:
-            async with aclosing(self.engine.stream(self.prompt, self.params)) as outputs:
+            params = fit_to_context(self.engine, self.prompt, self.params)
+            async with aclosing(self.engine.stream(self.prompt, params)) as outputs:
                 async for output in outputs:
                     message.content = output.text
                     message.metrics = reply_metrics(output)

@@ -8,7 +8,7 @@ from textual.widgets import ProgressBar
 
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
-from macbatch.tui.store import ERROR
+from macbatch.tui.store import DONE, ERROR, SessionSettings
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import wait_for
@@ -34,12 +34,12 @@ async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
 
 
 async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
-    # 4 blocks of 16 tokens cannot hold a prompt plus 24 new tokens of a long message.
+    # 4 blocks of 16 tokens cannot even hold the prompt of a long message.
     app = make_app(config=EngineConfig(num_blocks=4, max_num_seqs=4))
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.ready)
         screen = app.screen
-        await send(pilot, screen, "the quick brown fox jumps over the lazy dog " * 4)
+        await send(pilot, screen, "the quick brown fox jumps over the lazy dog " * 8)
         await wait_for(pilot, lambda: not screen.replies)
         reply = app.store.messages(screen.current)[-1]
         assert reply.status == ERROR and "KV cache" in (reply.error or "")
@@ -51,6 +51,28 @@ async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
         await send(pilot, screen, "hi")
         await wait_for(pilot, lambda: not screen.replies)
         assert app.store.messages(screen.current)[-1].status != ERROR
+
+
+async def test_max_tokens_shrinks_to_the_room_left(make_app, tiny_tokenizer):
+    """A chat asking for more tokens than the context has left still gets a reply, cut at the
+    limit, instead of the engine's "can never fit" error."""
+    app = make_app(
+        config=EngineConfig(num_blocks=4, max_num_seqs=4),
+        defaults=SessionSettings("", 0.0, 1.0, 500),
+    )
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        screen = app.screen
+        await send(pilot, screen, "hi")
+        await wait_for(pilot, lambda: not screen.replies)
+        reply = app.store.messages(screen.current)[-1]
+        assert reply.status == DONE, reply.error
+        used = len(
+            tiny_tokenizer.apply_chat_template(
+                [{"role": "user", "content": "hi"}], add_generation_prompt=True
+            )
+        )
+        assert reply.metrics.tokens <= 4 * 16 - used
 
 
 async def test_loading_progress_is_shown_until_the_model_is_ready(make_app, tiny_model_path):

@@ -7,7 +7,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -180,6 +180,9 @@ class Engine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
+        if params.max_tokens is None:  # as many as fit; a prompt that fills it all still errors
+            room = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
+            params = replace(params, max_tokens=max(1, room - len(ids)))
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,

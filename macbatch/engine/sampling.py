@@ -19,14 +19,16 @@ import numpy as np
 class SamplingParams:
     """How one request is sampled and when it stops.
 
-    ``temperature=0`` is greedy. ``top_k=0``, ``top_p=1``, ``min_p=0`` and penalties of 1/0/0 are
-    off. ``repetition_penalty`` divides positive logits of every token seen in the prompt or the
+    ``max_tokens=None`` generates until a stop or the end of the room the prompt leaves in the
+    model's context (and the KV pool), as OpenAI's chat API does. ``temperature=0`` is greedy.
+    ``top_k=0``, ``top_p=1``, ``min_p=0`` and penalties of 1/0/0 are off.
+    ``repetition_penalty`` divides positive logits of every token seen in the prompt or the
     output (as Hugging Face does); ``presence_penalty`` and ``frequency_penalty`` subtract per
     generated occurrence (as OpenAI does). ``logprobs=None`` returns none, ``0`` the chosen
     token's, ``k`` also the top k.
     """
 
-    max_tokens: int = 256
+    max_tokens: int | None = 256
     temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
@@ -46,10 +48,10 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
             "max_tokens",
             self.max_tokens,
-            "an integer >= 1",
+            "an integer >= 1, or None for as many as the context allows",
         )
         _check(
             _finite(self.temperature) and self.temperature >= 0,

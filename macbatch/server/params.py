@@ -11,14 +11,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import SamplingParams
+from macbatch.engine import InvalidSamplingParam, SamplingParams
 from macbatch.server.errors import invalid
 
 Prompt = str | list[int] | list[dict[str, str]]
 
-DEFAULT_MAX_TOKENS = {"chat": 2048, "completion": 16}  # OpenAI's defaults where it has one
+# OpenAI's defaults: chat replies may fill the context (None), completions stop at 16 tokens.
+DEFAULT_MAX_TOKENS = {"chat": None, "completion": 16}
 MAX_CHOICES = 64  # engine requests one HTTP request may start (prompts x n)
 MAX_STOP = 16
+_OPENAI_NAMES = {"logprobs": "top_logprobs"}  # engine field -> request field, where they differ
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _NUMBER = (int, float)
 
@@ -90,8 +92,8 @@ def _generation(
             stop=_stop(body.get("stop")),
             logprobs=top_logprobs,
         )
-    except ValueError as exc:
-        raise invalid(str(exc)) from None
+    except InvalidSamplingParam as exc:
+        raise invalid(str(exc), _OPENAI_NAMES.get(exc.field, exc.field)) from None
     jobs = tuple(
         (prompt, params if seed is None else dataclasses.replace(params, seed=seed + i))
         for prompt in prompts

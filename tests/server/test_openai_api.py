@@ -212,12 +212,12 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"temperature": -1}, None),
+        ({"temperature": -1}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
-        ({"max_tokens": 0}, None),
+        ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
-        ({"top_p": 1.5}, None),
-        ({"presence_penalty": 3}, None),
+        ({"top_p": 1.5}, "top_p"),
+        ({"presence_penalty": 3}, "presence_penalty"),
         ({"n": 0}, "n"),
         ({"stop": [""]}, "stop"),
         ({"top_logprobs": 2}, "top_logprobs"),

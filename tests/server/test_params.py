@@ -14,7 +14,7 @@ def test_chat_defaults_follow_openai() -> None:
     generation = parse_chat({"model": "m", "messages": HI})
     [(prompt, params)] = generation.jobs
     assert prompt == HI
-    assert (params.temperature, params.top_p, params.max_tokens) == (1.0, 1.0, 2048)
+    assert (params.temperature, params.top_p, params.max_tokens) == (1.0, 1.0, None)
     assert (generation.stream, generation.include_usage, generation.top_logprobs) == (
         False,
         False,

@@ -352,10 +352,13 @@ def _blocks_for_memory(
     """Blocks that fit in ``memory_fraction`` of what is left after the weights."""
     from mlx.utils import tree_flatten
 
-    if mx.default_device() == mx.gpu:
-        total = mx.device_info()["max_recommended_working_set_size"]
-    else:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    info = mx.device_info() if mx.default_device() == mx.gpu else {}
+    # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
+    total = int(
+        info.get("max_recommended_working_set_size")
+        or info.get("memory_size")
+        or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     per_block = KVStore.bytes_per_block(shapes, block_size, itemsize)
     budget = max(0, int(total * config.memory_fraction) - weights)

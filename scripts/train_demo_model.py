@@ -42,8 +42,8 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# Sampling weights: the arithmetic tasks need the most examples.
-TASK_WEIGHTS = {"add": 3.0, "subtract": 3.0, "reverse": 1.5, "sort": 1.5, "count": 1.5}
+# Default sampling weights: the arithmetic tasks need the most examples.
+TASK_WEIGHTS = "add=3,subtract=3,reverse=1.5,sort=1.5,count=1.5"
 MODEL_CONFIG = {
     "model_type": "llama",
     "hidden_size": 128,
@@ -75,21 +75,36 @@ def chat_text(question: str, answer: str | None = None) -> str:
     return text if answer is None else f"{text}{answer}<|im_end|>"
 
 
-def draw_examples(rng: random.Random, count: int) -> list[Example]:
-    """`count` training examples, tasks drawn by TASK_WEIGHTS."""
-    tasks = rng.choices(list(TASK_WEIGHTS), weights=list(TASK_WEIGHTS.values()), k=count)
+def parse_weights(text: str) -> dict[str, float]:
+    """Task weights from "add=3,subtract=3,..."; every task must be given."""
+    try:
+        weights = {k.strip(): float(v) for k, v in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected task=weight,... got {text!r}") from None
+    if set(weights) != set(TASKS):
+        raise argparse.ArgumentTypeError(f"give a weight to each of {', '.join(TASKS)}")
+    return weights
+
+
+def draw_examples(rng: random.Random, count: int, weights: dict[str, float]) -> list[Example]:
+    """`count` training examples, tasks drawn by `weights`."""
+    tasks = rng.choices(list(weights), weights=list(weights.values()), k=count)
     return [sample(task, rng, held_out=False) for task in tasks]
 
 
 def make_batches(
-    tokenizer: Tokenizer, rng: random.Random, batch_size: int, group: int
+    tokenizer: Tokenizer,
+    rng: random.Random,
+    batch_size: int,
+    group: int,
+    weights: dict[str, float],
 ) -> list[tuple[mx.array, mx.array, mx.array]]:
     """`group` batches (inputs, targets, loss mask) of examples of similar length.
 
     Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
     are rounded up to a multiple of 8 so the compiled step sees few distinct shapes.
     """
-    examples = draw_examples(rng, batch_size * group)
+    examples = draw_examples(rng, batch_size * group, weights)
     prompts = tokenizer.encode_batch([chat_text(e.question) for e in examples])
     fulls = tokenizer.encode_batch([chat_text(e.question, e.answer) for e in examples])
     rows = sorted(((f.ids, len(p.ids)) for f, p in zip(fulls, prompts)), key=lambda r: len(r[0]))
@@ -149,19 +164,23 @@ def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps (lr schedule)")
+    parser.add_argument("--steps", type=int, default=5000, help="optimizer steps (lr schedule)")
     parser.add_argument("--minutes", type=float, default=0, help="stop early after this long")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--eval-every", type=int, default=250)
-    parser.add_argument("--eval-per-task", type=int, default=40)
+    parser.add_argument("--stop-at", type=int, default=0, help="stop early at this step")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--eval-per-task", type=int, default=30)
     parser.add_argument("--out", type=Path, default=MODEL_DIR)
+    parser.add_argument("--weights", type=parse_weights, default=TASK_WEIGHTS, help="task mix")
+    parser.add_argument(
+        "--init", type=Path, help="start from this saved demo model (train it further)"
+    )
     args = parser.parse_args()
 
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    assert set(TASK_WEIGHTS) == set(TASKS), "TASK_WEIGHTS must weigh every task"
     mx.set_default_device(mx.cpu)
     mx.random.seed(args.seed)
     rng = random.Random(args.seed)
@@ -169,6 +188,11 @@ def main() -> None:
     config = dict(MODEL_CONFIG, vocab_size=tokenizer.get_vocab_size())
     model = Model(ModelArgs.from_dict(config))
     model.set_dtype(mx.float32)
+    if args.init:
+        saved = json.loads((args.init / "config.json").read_text())
+        if any(saved.get(k) != v for k, v in config.items()):
+            sys.exit(f"--init {args.init}: its config.json differs from MODEL_CONFIG")
+        model.load_weights(str(args.init / "model.safetensors"))
     mx.eval(model.parameters())
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     print(f"parameters: {n_params / 1e6:.2f}M, vocab {config['vocab_size']}", flush=True)
@@ -186,7 +210,7 @@ def main() -> None:
 
     eval_rng = random.Random(args.seed + 1)
     eval_set = held_out_examples(eval_rng, args.eval_per_task)
-    warmup = min(200, args.steps // 10)
+    warmup = max(1, min(200, args.steps // 10))
     schedule = optim.join_schedules(
         [
             optim.linear_schedule(1e-6, args.lr, warmup),
@@ -210,22 +234,22 @@ def main() -> None:
     running = 0.0
     for step in range(1, args.steps + 1):
         if not batches:
-            batches = make_batches(tokenizer, rng, args.batch_size, group=8)
+            batches = make_batches(tokenizer, rng, args.batch_size, 8, args.weights)
         loss = train_step(*batches.pop())
         mx.eval(state, loss)
         running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
         minutes = (time.time() - start) / 60
-        out_of_time = args.minutes and minutes >= args.minutes
+        stop = (args.minutes and minutes >= args.minutes) or step == args.stop_at
         if step % 50 == 0:
             lr = optimizer.learning_rate.item()
             print(f"step {step} loss {running:.4f} lr {lr:.2e} {minutes:.1f} min", flush=True)
-        if step % args.eval_every == 0 or step == args.steps or out_of_time:
+        if step % args.eval_every == 0 or step == args.steps or stop:
             accuracy = evaluate(model, wrapper, eval_set)
             shown = " ".join(f"{task} {acc:.3f}" for task, acc in accuracy.items())
             print(f"step {step} held-out accuracy: {shown}", flush=True)
             save(model, tokenizer, config, args.out)
-        if out_of_time:
-            print(f"stopping after {minutes:.1f} minutes at step {step}", flush=True)
+        if stop:
+            print(f"stopping early after {minutes:.1f} minutes at step {step}", flush=True)
             break
     print(f"saved to {args.out}", flush=True)
 

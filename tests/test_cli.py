@@ -21,10 +21,17 @@ def test_help_lists_every_command():
 
 
 def test_doctor_reports_the_attention_path():
+    import mlx.core as mx
+
+    from macbatch.metal import attention_backend
+
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == 0
-    assert re.search(r"attention\s+reference \(no Metal\)", result.output)
-    assert re.search(r"device\s+Device\(cpu", result.output)
+    lines = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.output.splitlines()
+    )
+    assert lines["attention"] == attention_backend()
+    assert lines["device"] == str(mx.default_device())
 
 
 def test_models_lists_the_demo_model():

@@ -68,8 +68,16 @@ def _sort(rng: random.Random) -> tuple[str, str, str]:
 
 def _count(rng: random.Random) -> tuple[str, str, str]:
     word = _word(rng)
-    # Ask about a letter of the word most of the time, so counts of 1-3 are common, not just 0.
-    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
+    # Balance the answers (a letter absent, present once, repeated) so 1 is not a safe guess.
+    kind = rng.randrange(3)
+    absent = sorted(set(string.ascii_lowercase) - set(word))
+    if kind == 0:
+        letter = rng.choice(absent)
+    else:
+        letter = rng.choice(word)
+        if kind == 2:
+            spots = sorted(rng.sample(range(len(word)), k=min(len(word), rng.randint(2, 3))))
+            word = "".join(letter if i in spots else c for i, c in enumerate(word))
     question = rng.choice(
         ["How many times does {c} appear in {w}?", "Count the letter {c} in {w}."]
     )

@@ -145,8 +145,9 @@ async def test_copy_a_message_and_the_help_screen(make_app):
         await send(pilot, screen, "hello world")
         await wait_for(pilot, lambda: not screen.replies)
         user_view = screen.transcript(screen.current).views[0]
+        await pilot.pause(0.2)  # let the finished reply's layout settle before clicking
         await pilot.click(user_view)
-        assert app.focused is user_view
+        await wait_for(pilot, lambda: app.focused is user_view, timeout=5)
         await pilot.press("c")
         assert app.clipboard == "hello world"
 

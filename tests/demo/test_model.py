@@ -1,0 +1,126 @@
+"""The shipped demo model: loads offline from the package, and answers held-out questions.
+
+mlx-lm's own `generate` (greedy) is the reference; the engine must match it answer for answer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from macbatch.demo import MODEL_DIR
+from macbatch.demo.checker import accuracy_by_task
+from macbatch.demo.questions import read_question_set
+from macbatch.demo.tasks import TASKS, Example
+
+PER_TASK = 20
+MAX_TOKENS = 32  # what jobs/demo.yaml allows; the longest reply is 30 tokens with <|im_end|>
+TARGET = 0.95  # the goal for every task (issue 6); reached by reverse only so far
+# Greedy accuracy the shipped weights reach on this sample (20 per task), less a margin for
+# platform numerics: a regression floor for the model and the loading path, not the goal. Raise
+# these when better weights ship (docs/demo-model.md lists the measured numbers).
+FLOORS = {"add": 0.75, "subtract": 0.65, "reverse": TARGET, "sort": 0.35, "count": 0.15}
+
+
+@pytest.fixture(scope="module")
+def demo(monkeypatch_module):
+    """The demo model and tokenizer through mlx_lm.load, with the hub switched off."""
+    import mlx_lm
+
+    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch_module.setenv("TRANSFORMERS_OFFLINE", "1")
+    return mlx_lm.load(str(MODEL_DIR))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def sample_set() -> list[Example]:
+    """The first PER_TASK questions of every task in the shipped held-out question set."""
+    examples = read_question_set()
+    return [e for task in TASKS for e in [x for x in examples if x.task == task][:PER_TASK]]
+
+
+def chat(question: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def reference_replies(demo, sample_set) -> list[str]:
+    """mlx-lm's own greedy generation, one prompt at a time."""
+    from mlx_lm import generate
+
+    model, tokenizer = demo
+    return [
+        generate(
+            model,
+            tokenizer,
+            tokenizer.apply_chat_template(chat(e.question), add_generation_prompt=True),
+            max_tokens=MAX_TOKENS,
+        )
+        for e in sample_set
+    ]
+
+
+def test_ships_in_the_package_within_budget() -> None:
+    names = {p.name for p in MODEL_DIR.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) < 20 * 2**20
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    assert config["model_type"] in {"llama", "qwen3"}
+
+
+def test_loads_offline_with_chat_template_and_eos(demo) -> None:
+    model, tokenizer = demo
+    ids = tokenizer.apply_chat_template(chat("What is 2 + 2?"), add_generation_prompt=True)
+    text = tokenizer.decode(ids)
+    assert text == "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.eos_token_id in tokenizer.eos_token_ids
+    # One token per character: digits are single tokens, so arithmetic stays learnable.
+    assert len(tokenizer.encode("12345", add_special_tokens=False)) == 5
+    assert model.args.vocab_size == len(tokenizer.get_vocab())
+
+
+def below_floor(accuracy: dict[str, float]) -> dict[str, float]:
+    assert set(accuracy) == set(TASKS)
+    return {task: acc for task, acc in accuracy.items() if acc < FLOORS[task]}
+
+
+def test_greedy_accuracy_of_every_task(sample_set, reference_replies) -> None:
+    accuracy = accuracy_by_task(sample_set, reference_replies)
+    assert not below_floor(accuracy), f"accuracy {accuracy} below the floors {FLOORS}"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},  # defaults: every request in flight at once, prefill chunked across steps
+        {"block_size": 8, "num_blocks": 48, "max_num_batched_tokens": 128},  # forces preemption
+    ],
+    ids=["default", "small-pool"],
+)
+def test_engine_matches_mlx_lm_with_many_requests_in_flight(
+    config, sample_set, reference_replies
+) -> None:
+    from macbatch.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine.load("demo", EngineConfig(**config))
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    ids = [engine.add_request(chat(e.question), params) for e in sample_set]
+    finals: dict[str, str] = {}
+    most_running = 0
+    while engine.has_unfinished():
+        finals.update({o.request_id: o.text for o in engine.step() if o.finished})
+        most_running = max(most_running, engine.stats().running)
+    replies = [finals[i] for i in ids]
+    assert most_running >= 4
+    if config:
+        assert engine.stats().preemptions > 0
+    assert replies == reference_replies
+    assert not below_floor(accuracy_by_task(sample_set, replies))

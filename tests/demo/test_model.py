@@ -16,11 +16,11 @@ from macbatch.demo.tasks import TASKS, Example
 
 PER_TASK = 20
 MAX_TOKENS = 32  # what jobs/demo.yaml allows; the longest reply is 30 tokens with <|im_end|>
-TARGET = 0.95  # the goal for every task (issue 6); reached by reverse only so far
+TARGET = 0.95  # the goal for every task (issue 6); letter counting is still short of it
 # Greedy accuracy the shipped weights reach on this sample (20 per task), less a margin for
 # platform numerics: a regression floor for the model and the loading path, not the goal. Raise
 # these when better weights ship (docs/demo-model.md lists the measured numbers).
-FLOORS = {"add": 0.75, "subtract": 0.65, "reverse": TARGET, "sort": 0.35, "count": 0.15}
+FLOORS = {"add": 0.9, "subtract": 0.9, "reverse": TARGET, "sort": 0.9, "count": 0.7}
 
 
 @pytest.fixture(scope="module")

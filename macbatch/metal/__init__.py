@@ -1,12 +1,17 @@
 """Attention as pure functions on arrays: the engine calls `paged_attention` once per layer.
 
-On Metal the custom kernel is used once it has passed its start-up self-test
-(`ensure_selftest()`, which the engine calls once); everywhere else, and whenever
-``MACBATCH_ATTENTION=reference``, the pure-MLX reference runs (``MACBATCH_ATTENTION=kernel`` uses
-the kernel on Metal even if its self-test failed, for debugging). A kernel that fails to compile or
-disagrees with the reference is never used: the self-test logs a warning and the reference takes
-over. `attention_backend()` says which path is active (``macbatch doctor`` prints it). This
-package never imports the engine.
+Three implementations of one contract (``reference.py``):
+
+- on Metal, the custom Metal kernel (``kernels.py``);
+- without Metal (Linux, CI), the C++ CPU kernel (``cpu_kernel.py``), built on first use;
+- the pure-MLX reference: the oracle for both, and the fallback.
+
+A kernel is used only once it has passed its start-up self-test against the reference
+(`ensure_selftest()`, which the engine calls once). One that fails to build or disagrees is never
+used: the self-test logs a warning and the reference takes over. ``MACBATCH_ATTENTION=reference``
+forces the reference; ``MACBATCH_ATTENTION=kernel`` uses the Metal kernel even if its self-test
+failed, for debugging. `attention_backend()` says which path is active (``macbatch doctor`` prints
+it). This package never imports the engine.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
+from macbatch.metal.cpu_kernel import CpuKernelUnavailable, load_extension, paged_attention_cpu
 from macbatch.metal.kernels import paged_attention_kernel
 from macbatch.metal.reference import paged_attention_reference
 
 log = logging.getLogger(__name__)
 ENV = "MACBATCH_ATTENTION"
-_state: dict[str, object] = {"kernel_ok": None, "why": ""}
+# kernel_ok: the Metal kernel's self-test; cpu_ok: the CPU kernel's (None: not run yet).
+_state: dict[str, object] = {"kernel_ok": None, "why": "", "cpu_ok": None, "cpu_why": ""}
 
 
 def _requested() -> str:
@@ -34,8 +41,12 @@ def _requested() -> str:
     return "auto"
 
 
-def _use_kernel() -> bool:
-    return _requested() != "reference" and mx.metal.is_available() and _state["kernel_ok"] is True
+def _active() -> Callable[..., mx.array]:
+    if _requested() == "reference":
+        return paged_attention_reference
+    if mx.metal.is_available():
+        return paged_attention_kernel if _state["kernel_ok"] is True else paged_attention_reference
+    return paged_attention_cpu if _state["cpu_ok"] is True else paged_attention_reference
 
 
 def attention_backend() -> str:
@@ -43,7 +54,11 @@ def attention_backend() -> str:
     if _requested() == "reference":
         return f"reference (forced by {ENV})"
     if not mx.metal.is_available():
-        return "reference (no Metal)"
+        if _state["cpu_ok"] is None:
+            return "reference (no Metal; CPU kernel self-test pending)"
+        if _state["cpu_ok"]:
+            return "CPU kernel (no Metal)"
+        return f"reference (no Metal; CPU kernel unavailable: {_state['cpu_why']})"
     if _requested() == "kernel":
         return f"kernel (Metal, forced by {ENV})"
     if _state["kernel_ok"] is None:
@@ -66,23 +81,33 @@ def paged_attention(
     sinks: mx.array | None = None,
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) on the active path."""
-    fn = paged_attention_kernel if _use_kernel() else paged_attention_reference
-    return fn(
+    return _active()(
         q, k_pages, v_pages, block_tables, seq_lens, cu_seqlens_q, scale,
         sliding_window, softcap, sinks,
     )  # fmt: skip
 
 
 def ensure_selftest() -> None:
-    """Run the kernel self-test once on Metal (a no-op elsewhere or when forced to reference)."""
-    if _state["kernel_ok"] is not None or _requested() == "reference":
+    """Prove this machine's kernel once: the Metal kernel on Metal, else the CPU kernel (built
+    here on first use). A no-op when forced to the reference or already done."""
+    if _requested() == "reference":
         return
-    if not mx.metal.is_available():
+    if mx.metal.is_available():
+        if _state["kernel_ok"] is None:
+            ok, why = selftest(paged_attention_kernel)
+            _state["kernel_ok"], _state["why"] = ok, why
+            if not ok:
+                log.warning("Metal attention kernel disabled, using the reference: %s", why)
         return
-    ok, why = selftest(paged_attention_kernel)
-    _state["kernel_ok"], _state["why"] = ok, why
-    if not ok:
-        log.warning("Metal attention kernel disabled, using the reference: %s", why)
+    if _state["cpu_ok"] is None:
+        try:
+            load_extension()
+            ok, why = selftest(paged_attention_cpu)
+        except CpuKernelUnavailable as exc:
+            ok, why = False, str(exc).splitlines()[0]
+        _state["cpu_ok"], _state["cpu_why"] = ok, why
+        if not ok:
+            log.warning("CPU attention kernel disabled, using the reference: %s", why)
 
 
 def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]:
@@ -117,9 +142,11 @@ def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]
 
 
 __all__ = [
+    "CpuKernelUnavailable",
     "attention_backend",
     "ensure_selftest",
     "paged_attention",
+    "paged_attention_cpu",
     "paged_attention_kernel",
     "paged_attention_reference",
     "selftest",

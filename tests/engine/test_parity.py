@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import macbatch.metal as metal
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import ARCH_CONFIGS, VOCAB_SIZE, build_model
@@ -34,19 +35,32 @@ def run_staggered(engine: Engine, prompts, params, join_every: int = 2) -> dict[
     return results
 
 
-@pytest.mark.parametrize("arch", list(ARCH_CONFIGS))
-def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
-    """Nine requests of different lengths join at different steps; a 24-token budget chunks the
-    longer prompts (some longer than the whole budget) across steps."""
+def _staggered_matches_mlx_lm(arch: str, tokenizer) -> None:
     model = build_model(arch)
     engine = Engine(
-        model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
+        model, tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
     )
     prompts = _prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
     results = run_staggered(engine, prompts, GREEDY)
     for i, prompt in enumerate(prompts):
         assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
     assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", list(ARCH_CONFIGS))
+def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
+    """Nine requests of different lengths join at different steps; a 24-token budget chunks the
+    longer prompts (some longer than the whole budget) across steps. Attention runs on this
+    machine's kernel (the CPU kernel without Metal)."""
+    _staggered_matches_mlx_lm(arch, tiny_tokenizer)
+    assert "kernel" in metal.attention_backend().split(" (")[0].lower()
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "gpt_oss"])
+def test_staggered_batch_through_the_reference(arch, tiny_tokenizer, monkeypatch):
+    """The same through the pure-MLX reference, the kernels' oracle and fallback."""
+    monkeypatch.setenv(metal.ENV, "reference")
+    _staggered_matches_mlx_lm(arch, tiny_tokenizer)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])

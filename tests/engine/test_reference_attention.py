@@ -7,26 +7,7 @@ import numpy as np
 import pytest
 
 from macbatch.metal.reference import paged_attention_reference
-from tests.support.attention_numpy import paged_attention_numpy
-
-
-def _case(q_lens, ctx_lens, hq, hkv, d=16, block_size=4, seed=0):
-    """Random pages and a shuffled (non-contiguous) block table for the given sequences."""
-    rng = np.random.default_rng(seed)
-    blocks_per_seq = [-(-c // block_size) for c in ctx_lens]
-    num_blocks = sum(blocks_per_seq) + 3
-    ids = rng.permutation(num_blocks)
-    tables = np.zeros((len(ctx_lens), max(blocks_per_seq)), dtype=np.int32)
-    used = 0
-    for s, nb in enumerate(blocks_per_seq):
-        tables[s, :nb] = ids[used : used + nb]
-        used += nb
-    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    q = rng.standard_normal((int(cu[-1]), hq, d)).astype(np.float32)
-    k = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
-    v = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
-    return q, k, v, tables, np.array(ctx_lens, dtype=np.int32), cu
-
+from tests.support.attention_numpy import paged_attention_numpy, random_paged_case
 
 CASES = {
     "decode": ([1, 1, 1], [1, 9, 17]),
@@ -40,7 +21,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (8, 2)])
 def test_matches_numpy(case, hq, hkv):
-    q, k, v, tables, lens, cu = _case(*CASES[case], hq=hq, hkv=hkv)
+    q, k, v, tables, lens, cu = random_paged_case(*CASES[case], hq=hq, hkv=hkv)
     got = paged_attention_reference(
         mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.25
     )
@@ -53,7 +34,7 @@ def test_matches_numpy(case, hq, hkv):
     [(4, None, False), (None, 5.0, False), (None, None, True), (3, 2.0, True)],
 )
 def test_window_softcap_sinks(window, softcap, with_sinks):
-    q, k, v, tables, lens, cu = _case([1, 6, 1, 3], [10, 6, 4, 11], hq=4, hkv=2, seed=1)
+    q, k, v, tables, lens, cu = random_paged_case([1, 6, 1, 3], [10, 6, 4, 11], hq=4, hkv=2, seed=1)
     sinks = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32) if with_sinks else None
     got = paged_attention_reference(
         mx.array(q),
@@ -75,7 +56,7 @@ def test_window_softcap_sinks(window, softcap, with_sinks):
 
 def test_rows_never_see_other_sequences():
     """Poisoning another sequence's pages leaves a sequence's output untouched."""
-    q, k, v, tables, lens, cu = _case([1, 4], [6, 4], hq=2, hkv=2)
+    q, k, v, tables, lens, cu = random_paged_case([1, 4], [6, 4], hq=2, hkv=2)
     before = np.array(
         paged_attention_reference(
             mx.array(q), mx.array(k), mx.array(v), mx.array(tables), lens, cu, scale=0.5

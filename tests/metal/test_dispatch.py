@@ -16,8 +16,8 @@ from tests.msl.emulator import Emulator
 
 @pytest.fixture
 def fresh_state(monkeypatch):
-    monkeypatch.setitem(metal._state, "kernel_ok", None)
-    monkeypatch.setitem(metal._state, "why", "")
+    for key, value in (("kernel_ok", None), ("why", ""), ("cpu_ok", None), ("cpu_why", "")):
+        monkeypatch.setitem(metal._state, key, value)
     monkeypatch.delenv(metal.ENV, raising=False)
     return monkeypatch
 
@@ -33,14 +33,34 @@ def _broken_kernel():
     return functools.partial(kernels.paged_attention_kernel, metal_kernel=mutated)
 
 
-def test_without_metal_the_reference_runs(fresh_state):
-    assert metal.attention_backend() == "reference (no Metal)"
-    metal.ensure_selftest()  # a no-op here
-    assert metal._state["kernel_ok"] is None
+def test_without_metal_the_cpu_kernel_runs_once_proven(fresh_state):
+    case = Case([5, 12], [1, 4])
+    reference = metal.paged_attention_reference(*case.args(poisoned=False))
+    assert metal.attention_backend() == "reference (no Metal; CPU kernel self-test pending)"
+    assert mx.array_equal(metal.paged_attention(*case.args(poisoned=False)), reference)
+    metal.ensure_selftest()
+    assert metal._state["kernel_ok"] is None  # the Metal kernel is never tried here
+    assert metal.attention_backend() == "CPU kernel (no Metal)"
+    got = metal.paged_attention(*case.args(poisoned=False))
+    assert mx.array_equal(got, metal.paged_attention_cpu(*case.args(poisoned=False)))
+    assert mx.allclose(got, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_cpu_kernel_the_reference_runs(fresh_state, caplog):
+    def unavailable():
+        raise metal.CpuKernelUnavailable("no C++ compiler found (install g++ or set CXX)")
+
+    fresh_state.setattr(metal, "load_extension", unavailable)
+    with caplog.at_level(logging.WARNING, logger="macbatch.metal"):
+        metal.ensure_selftest()
+    assert "CPU attention kernel disabled" in caplog.text
+    assert metal.attention_backend() == (
+        "reference (no Metal; CPU kernel unavailable: no C++ compiler found (install g++ or set "
+        "CXX))"
+    )
     case = Case([5, 12], [1, 4])
     got = metal.paged_attention(*case.args(poisoned=False))
-    want = metal.paged_attention_reference(*case.args(poisoned=False))
-    assert mx.array_equal(got, want)
+    assert mx.array_equal(got, metal.paged_attention_reference(*case.args(poisoned=False)))
 
 
 def test_environment_forces_reference(fresh_state):

@@ -52,3 +52,21 @@ def paged_attention_numpy(
                 denom = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - peak))
                 out[i, h] = weights @ v / denom
     return out
+
+
+def random_paged_case(q_lens, ctx_lens, hq, hkv, d=16, block_size=4, seed=0):
+    """Random pages and a shuffled (non-contiguous) block table for the given sequences."""
+    rng = np.random.default_rng(seed)
+    blocks_per_seq = [-(-c // block_size) for c in ctx_lens]
+    num_blocks = sum(blocks_per_seq) + 3
+    ids = rng.permutation(num_blocks)
+    tables = np.zeros((len(ctx_lens), max(blocks_per_seq)), dtype=np.int32)
+    used = 0
+    for s, nb in enumerate(blocks_per_seq):
+        tables[s, :nb] = ids[used : used + nb]
+        used += nb
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    q = rng.standard_normal((int(cu[-1]), hq, d)).astype(np.float32)
+    k = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
+    v = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
+    return q, k, v, tables, np.array(ctx_lens, dtype=np.int32), cu

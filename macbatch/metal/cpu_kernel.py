@@ -1,0 +1,161 @@
+"""The CPU attention kernel (`paged_attention_cpu.cpp`): built on first use, then cached.
+
+Without Metal, MLX runs on its CPU backend, where the pure-MLX reference spends most of a
+prefill step in MLX's scalar ``exp`` and most of a decode step gathering pages. This C++ MLX
+primitive reads the pages in place with a vectorised exp. It is compiled against the installed
+``mlx`` (headers and ``libmlx``) and ``nanobind`` with the machine's C++ compiler, the way MLX
+itself compiles its CPU kernels at run time, with ``-march=native`` because it is built on the
+machine that runs it. The build takes about a minute once; the result is cached under
+``$XDG_CACHE_HOME/macbatch`` (``MACBATCH_CACHE`` overrides) keyed by everything that goes into
+it. Any failure (no compiler, no nanobind) raises `CpuKernelUnavailable` and the caller falls back
+to the reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import mlx.core as mx
+import numpy as np
+
+from macbatch.metal.reference import paged_attention_reference
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
+MODULE_NAME = "_paged_attention_cpu"
+SUPPORTED_BLOCK_SIZES = (8, 16, 32)
+_loaded: dict[str, ModuleType] = {}
+
+
+class CpuKernelUnavailable(RuntimeError):
+    """The CPU kernel cannot be built or loaded here; the reference serves instead."""
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("MACBATCH_CACHE")
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "macbatch"
+
+
+def _toolchain() -> tuple[str, Path, Path, Path]:
+    """(compiler, nanobind dir, mlx dir, Python headers), or why the build cannot happen."""
+    compiler = shutil.which(os.environ.get("CXX", "c++"))
+    if compiler is None:
+        raise CpuKernelUnavailable("no C++ compiler found (install g++ or set CXX)")
+    try:
+        import nanobind
+    except ImportError as exc:
+        raise CpuKernelUnavailable("nanobind is not installed (pip install nanobind)") from exc
+    mlx_dir = Path(mx.__file__).parent
+    if not (mlx_dir / "include" / "mlx" / "mlx.h").exists():
+        raise CpuKernelUnavailable(f"this mlx install has no C++ headers under {mlx_dir}")
+    return compiler, Path(nanobind.__file__).parent, mlx_dir, Path(sysconfig.get_paths()["include"])
+
+
+def _commands(toolchain: tuple[str, Path, Path, Path], out: Path, tmp: Path) -> list[list[str]]:
+    """Two compiles (run in parallel) and a link."""
+    cxx, nb, mlx_dir, python = toolchain
+    common = ["-fPIC", "-fvisibility=hidden", "-DNDEBUG", f"-I{nb / 'include'}", f"-I{python}"]
+    nanobind_lib = [
+        cxx, "-std=c++17", "-O2", *common, "-fno-strict-aliasing", "-DNB_BUILD",
+        "-DNB_COMPACT_ASSERTIONS", f"-I{nb / 'ext' / 'robin_map' / 'include'}",
+        "-c", str(nb / "src" / "nb_combined.cpp"), "-o", str(tmp / "nanobind.o"),
+    ]  # fmt: skip
+    kernel = [
+        cxx, "-std=c++20", "-O3", "-march=native", "-ffp-contract=fast", *common, "-DNB_DOMAIN=mlx",
+        f"-I{mlx_dir / 'include'}", "-c", str(SOURCE), "-o", str(tmp / "kernel.o"),
+    ]  # fmt: skip
+    mac = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+    link = [
+        cxx, "-shared", *mac, str(tmp / "kernel.o"), str(tmp / "nanobind.o"), "-o", str(out),
+        f"-L{mlx_dir / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_dir / 'lib'}",
+    ]  # fmt: skip
+    return [nanobind_lib, kernel, link]
+
+
+def _build_key(toolchain: tuple[str, Path, Path, Path]) -> str:
+    """Everything that goes into the binary: source, flags, compiler, mlx, nanobind, Python."""
+    compiler = subprocess.run([toolchain[0], "--version"], capture_output=True, text=True).stdout
+    commands = " ".join(" ".join(c) for c in _commands(toolchain, Path("out"), Path("tmp")))
+    nanobind_init = (toolchain[1] / "__init__.py").read_text()
+    parts = [SOURCE.read_text(), commands, compiler, mx.__version__, nanobind_init, sys.version]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _build(toolchain: tuple[str, Path, Path, Path], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.warning("building macbatch's CPU attention kernel (once, about a minute)")
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        staged = tmp_path / target.name
+        *compiles, link = _commands(toolchain, staged, tmp_path)
+        running = [subprocess.Popen(c, stderr=subprocess.PIPE, text=True) for c in compiles]
+        for command, proc in zip(compiles, running):
+            _, err = proc.communicate()
+            if proc.returncode:
+                raise CpuKernelUnavailable(f"{Path(command[-3]).name} failed to compile:\n{err}")
+        done = subprocess.run(link, capture_output=True, text=True)
+        if done.returncode:
+            raise CpuKernelUnavailable(f"linking the CPU kernel failed:\n{done.stderr}")
+        os.replace(staged, target)  # atomic: a concurrent build never sees half a file
+
+
+def load_extension() -> ModuleType:
+    """The compiled module, building it first if this exact build is not cached."""
+    if "module" in _loaded:
+        return _loaded["module"]
+    toolchain = _toolchain()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = cache_dir() / f"cpu-kernel-{_build_key(toolchain)}" / f"{MODULE_NAME}{suffix}"
+    if not target.exists():
+        _build(toolchain, target)
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, target)
+    if spec is None or spec.loader is None:
+        raise CpuKernelUnavailable(f"cannot import {target}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        raise CpuKernelUnavailable(f"cannot import {target}: {exc}") from exc
+    _loaded["module"] = module
+    return module
+
+
+def paged_attention_cpu(
+    q: mx.array,
+    k_pages: mx.array,
+    v_pages: mx.array,
+    block_tables: mx.array,
+    seq_lens: mx.array | np.ndarray,
+    cu_seqlens_q: mx.array | np.ndarray,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
+
+    Head sizes that are not a multiple of 8 and page sizes other than 8, 16 or 32 (none of
+    `EngineConfig`'s) go to the reference instead.
+    """
+    if q.shape[-1] % 8 or k_pages.shape[2] not in SUPPORTED_BLOCK_SIZES:
+        return paged_attention_reference(
+            q, k_pages, v_pages, block_tables, seq_lens, cu_seqlens_q,
+            scale, sliding_window, softcap, sinks,
+        )  # fmt: skip
+    return load_extension().paged_attention(
+        q, k_pages, v_pages, block_tables, mx.array(seq_lens), mx.array(cu_seqlens_q),
+        scale, sliding_window or 0, softcap or 0.0, sinks,
+    )  # fmt: skip

@@ -1,0 +1,110 @@
+"""The C++ CPU attention kernel against the float64 numpy oracle and the pure-MLX reference.
+
+The first test builds the kernel (about 15 s on 2 cores) unless this exact build is cached.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from macbatch.metal import cpu_kernel
+from macbatch.metal.cpu_kernel import CpuKernelUnavailable, paged_attention_cpu
+from macbatch.metal.reference import paged_attention_reference
+from tests.engine.test_reference_attention import CASES
+from tests.support.attention_numpy import paged_attention_numpy, random_paged_case
+
+
+def _run(case, dtype=mx.float32, **options):
+    q, k, v, tables, lens, cu = case
+    sinks = options.pop("sinks", None)
+    got = paged_attention_cpu(
+        mx.array(q, dtype=dtype),
+        mx.array(k, dtype=dtype),
+        mx.array(v, dtype=dtype),
+        mx.array(tables),
+        lens,
+        cu,
+        sinks=None if sinks is None else mx.array(sinks),
+        **options,
+    )
+    assert got.dtype == dtype
+    return np.array(got.astype(mx.float32))
+
+
+def _numpy(case, **options):
+    return paged_attention_numpy(*case, **options)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (8, 2), (16, 2)])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_matches_numpy(case, hq, hkv, block_size):
+    data = random_paged_case(*CASES[case], hq=hq, hkv=hkv, d=32, block_size=block_size)
+    want = _numpy(data, scale=0.25)
+    np.testing.assert_allclose(_run(data, scale=0.25), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "window,softcap,with_sinks",
+    [(4, None, False), (9, None, False), (None, 5.0, False), (None, None, True), (3, 2.0, True)],
+)
+def test_window_softcap_sinks(window, softcap, with_sinks):
+    data = random_paged_case([1, 6, 1, 3, 20], [10, 6, 4, 11, 40], hq=4, hkv=2, d=16, block_size=8)
+    sinks = np.array([0.5, -1.0, 2.0, 0.0], dtype=np.float32) if with_sinks else None
+    options = dict(scale=0.3, sliding_window=window, softcap=softcap, sinks=sinks)
+    np.testing.assert_allclose(_run(data, **options), _numpy(data, **options), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(mx.float16, 3e-3), (mx.bfloat16, 2e-2)])
+def test_half_precision_pages(dtype, tol):
+    data = random_paged_case([1, 7, 1, 3], [10, 7, 30, 19], hq=4, hkv=2, d=64, block_size=16)
+    rounded = [np.array(mx.array(a).astype(dtype).astype(mx.float32)) for a in data[:3]]
+    want = _numpy((*rounded, *data[3:]), scale=0.125)
+    np.testing.assert_allclose(_run(data, dtype, scale=0.125), want, rtol=tol, atol=tol)
+
+
+def test_strided_queries():
+    """q as the model produces it: a transposed view, not row-contiguous."""
+    q, k, v, tables, lens, cu = random_paged_case([3, 1], [3, 9], hq=4, hkv=2, d=16, block_size=8)
+    q_view = mx.array(np.ascontiguousarray(q.transpose(1, 0, 2))).transpose(1, 0, 2)
+    got = paged_attention_cpu(q_view, mx.array(k), mx.array(v), mx.array(tables), lens, cu, 0.5)
+    want = paged_attention_numpy(q, k, v, tables, lens, cu, scale=0.5)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_long_prefill_on_several_threads_matches_reference():
+    """Enough query tiles that the work is split across threads."""
+    data = random_paged_case([300, 1, 1], [340, 77, 5], hq=8, hkv=4, d=64, block_size=16, seed=3)
+    args = [mx.array(a) for a in data[:4]] + list(data[4:])
+    want = paged_attention_reference(*args, 0.125)
+    np.testing.assert_allclose(
+        np.array(paged_attention_cpu(*args, 0.125)), np.array(want), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_rows_never_see_other_sequences():
+    q, k, v, tables, lens, cu = random_paged_case([1, 4], [6, 4], hq=2, hkv=2, block_size=8)
+    before = _run((q, k, v, tables, lens, cu), scale=0.5)
+    k[tables[1, :1]] = 1e4
+    v[tables[1, :1]] = -1e4
+    after = _run((q, k, v, tables, lens, cu), scale=0.5)
+    np.testing.assert_array_equal(before[:1], after[:1])
+    assert not np.allclose(before[1:], after[1:])
+
+
+def test_unsupported_shapes_use_the_reference():
+    data = random_paged_case([2, 1], [5, 9], hq=2, hkv=2, d=12, block_size=4)
+    np.testing.assert_allclose(_run(data, scale=0.5), _numpy(data, scale=0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_a_failed_build_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_kernel, "_loaded", {})
+    monkeypatch.setenv("MACBATCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(CpuKernelUnavailable, match="failed to compile"):
+        cpu_kernel.load_extension()
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(CpuKernelUnavailable, match="no C\\+\\+ compiler"):
+        cpu_kernel.load_extension()

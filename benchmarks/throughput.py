@@ -15,6 +15,7 @@ import argparse
 import time
 
 import mlx.core as mx
+import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.bench import Clock, WorkloadResult, run_workload, synthetic_prompts
@@ -78,15 +79,27 @@ def run_macbatch(model, tokenizer, prompts, max_tokens, budget) -> tuple[Workloa
     return result, timed.seconds
 
 
-def bare_forward_seconds(model, step_tokens: list[int]) -> float:
+def bare_forward_seconds(model, step_tokens: list[int]) -> list[float]:
     """The model's layers alone (no attention context, no head) for each step's token count."""
-    total = 0.0
+    seconds = []
     for n in step_tokens:
         tokens = mx.zeros((n, 1), dtype=mx.int32)
         t = time.perf_counter()
         mx.eval(model.model(tokens))
-        total += time.perf_counter() - t
-    return total
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
+def print_bounds(ours: WorkloadResult, peer: WorkloadResult, bare: list[float]) -> None:
+    """What the model's own matmuls allow on this machine: the ratios macbatch would reach if
+    attention, the LM head, sampling and scheduling cost nothing (same steps, same order)."""
+    cumulative = np.cumsum(bare)
+    ttft_floor = float(np.median(cumulative[ours.first_token_step]))
+    print(
+        f"bounds    the same steps with free attention/head/sampling: {cumulative[-1]:.1f} s, "
+        f"median TTFT {ttft_floor:.2f} s -> at most x{peer.elapsed[0] / cumulative[-1]:.2f} "
+        f"throughput and {peer.median_ttft(0) / ttft_floor:.2f}x lower TTFT vs mlx-lm (wall)"
+    )
 
 
 def main() -> None:
@@ -128,8 +141,9 @@ def main() -> None:
         f"macbatch  {len(ours.step_tokens)} steps: {eval_s:.1f} s in the step's mx.eval, "
         f"{host:.2f} s on the host (scheduling, packing, graph building, sampling bookkeeping) = "
         f"{100 * host / wall:.1f}% of step time; bare forward (no attention, no head) for the "
-        f"same token counts: {bare:.1f} s"
+        f"same token counts: {sum(bare):.1f} s"
     )
+    print_bounds(ours, peer, bare)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ class WorkloadResult:
     elapsed: tuple[float, float]  # (wall, cpu) seconds
     first_token: list[tuple[float, float]]  # per request, (wall, cpu) seconds since the start
     step_tokens: list[int] = field(default_factory=list)
+    first_token_step: list[int] = field(default_factory=list)  # per request, the step's index
 
     def total_tokens_per_s(self, clock: int = 0) -> float:
         return (self.prompt_tokens + self.generated_tokens) / self.elapsed[clock]
@@ -56,6 +57,7 @@ def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> W
     """All prompts arrive at once; greedy, EOS ignored, so every request makes max_tokens."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     first: dict[str, tuple[float, float]] = {}
+    first_step: dict[str, int] = {}
     generated = 0
     step_tokens: list[int] = []
     clock = Clock()
@@ -66,6 +68,7 @@ def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> W
         now = clock.read()
         for out in outputs:
             first.setdefault(out.request_id, now)
+            first_step.setdefault(out.request_id, len(step_tokens))
             generated += len(out.new_token_ids)
         step_tokens.append(engine.stats().tokens_last_step)
     return WorkloadResult(
@@ -74,4 +77,5 @@ def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> W
         elapsed=clock.read(),
         first_token=list(first.values()),
         step_tokens=step_tokens,
+        first_token_step=list(first_step.values()),
     )

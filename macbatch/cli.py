@@ -38,8 +38,9 @@ def doctor_command() -> None:
     import macbatch
     from macbatch.config import data_dir
     from macbatch.demo import MODEL_DIR
-    from macbatch.metal import attention_backend
+    from macbatch.metal import attention_backend, ensure_selftest
 
+    ensure_selftest()  # report the path an engine would take (builds the CPU kernel if needed)
     rows = [
         ("macbatch", macbatch.__version__),
         ("python", platform.python_version()),

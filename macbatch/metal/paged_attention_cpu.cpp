@@ -38,98 +38,127 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxQueryVectors = 32;  // query vectors (rows x heads of a KV group) per work item
 constexpr int64_t kMinWorkPerThread = 1 << 16;  // query vectors x keys, about 0.4 ms on one core
 
-// Eight floats in one AVX register (two NEON registers on arm64): GCC/Clang vector extensions
-// give the register blocking below without architecture-specific intrinsics.
-using f8 = float __attribute__((vector_size(32)));
+// W floats as one vector (GCC/Clang vector extensions): 16 lanes are one AVX-512 register, two
+// AVX2 registers or four NEON registers, so the register blocking below needs no intrinsics.
+template <int W>
+struct Lanes;
+template <>
+struct Lanes<8> {
+  using f = float __attribute__((vector_size(32)));
+  using i = int32_t __attribute__((vector_size(32)));
+};
+template <>
+struct Lanes<16> {
+  using f = float __attribute__((vector_size(64)));
+  using i = int32_t __attribute__((vector_size(64)));
+};
+template <int W>
+using vec = typename Lanes<W>::f;
+template <int W>
+using ivec = typename Lanes<W>::i;
 
-inline f8 load8(const float* p) {
-  f8 v;
+template <int W>
+inline vec<W> load(const float* p) {
+  vec<W> v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void store8(float* p, f8 v) {
+template <int W>
+inline void store(float* p, vec<W> v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-inline float horizontal_max(f8 v) {
+template <int W>
+inline float horizontal_max(vec<W> v) {
   float m = v[0];
-  for (int l = 1; l < 8; ++l) {
+  for (int l = 1; l < W; ++l) {
     m = std::max(m, v[l]);
   }
   return m;
 }
 
-inline float horizontal_sum(f8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+template <int W>
+inline float horizontal_sum(vec<W> v) {
+  for (int half = W / 2; half > 0; half /= 2) {
+    for (int l = 0; l < half; ++l) {
+      v[l] += v[l + half];
+    }
+  }
+  return v[0];
 }
 
-// exp(x) for x <= 0, eight lanes at once: Cody-Waite reduction to r in [-ln2/2, ln2/2], the
-// degree-6 polynomial of Cephes' expf, and 2^n written into the exponent bits. Relative error
-// about 2 ulp; anything below -87 (and -inf) gives exactly 0.
-inline f8 exp_nonpositive(f8 x) {
-  using i8 = int32_t __attribute__((vector_size(32)));
-  const f8 clamped = x < -87.0f ? f8{} - 87.0f : x;
-  const f8 shifted = clamped * 1.44269504088896341f + 12582912.0f;  // round to nearest by 1.5*2^23
-  const f8 n = shifted - 12582912.0f;
-  const f8 r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
-  f8 poly = f8{} + 1.9875691500e-4f;
+// exp(x) for x <= 0, W lanes at once: Cody-Waite reduction to r in [-ln2/2, ln2/2], the degree-6
+// polynomial of Cephes' expf, and 2^n written into the exponent bits. Relative error about
+// 2 ulp; anything below -87 (and -inf) gives exactly 0.
+template <int W>
+inline vec<W> exp_nonpositive(vec<W> x) {
+  const vec<W> clamped = x < -87.0f ? vec<W>{} - 87.0f : x;
+  const vec<W> shifted = clamped * 1.44269504088896341f + 12582912.0f;  // round by 1.5 * 2^23
+  const vec<W> n = shifted - 12582912.0f;
+  const vec<W> r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+  vec<W> poly = vec<W>{} + 1.9875691500e-4f;
   poly = poly * r + 1.3981999507e-3f;
   poly = poly * r + 8.3334519073e-3f;
   poly = poly * r + 4.1665795894e-2f;
   poly = poly * r + 1.6666665459e-1f;
   poly = poly * r + 5.0000001201e-1f;
   poly = poly * r * r + r + 1.0f;
-  const f8 scale = reinterpret_cast<f8>((__builtin_convertvector(n, i8) + 127) << 23);
-  return x < -87.0f ? f8{} : poly * scale;
+  const auto bits = (__builtin_convertvector(n, ivec<W>) + 127) << 23;
+  return x < -87.0f ? vec<W>{} : poly * __builtin_bit_cast(vec<W>, bits);
 }
 
 inline float exp_nonpositive(float x) {
-  return exp_nonpositive(f8{} + x)[0];
+  return exp_nonpositive<8>(vec<8>{} + x)[0];
 }
+
+// Lanes per vector of a page's scores: 16 keys, or the whole page when it holds 8.
+template <int BS>
+constexpr int kScoreLanes = BS < 16 ? BS : 16;
 
 // scores[v][j] = q_v . k_j for NV query vectors and one page, from the page transposed to
 // [D][BS]: each key column is loaded once and used by all NV vectors.
 template <int BS, int NV>
 inline void page_scores(const float* q, const float* keys_t, int D, float (&scores)[NV][BS]) {
-  f8 acc[NV][BS / 8] = {};
+  constexpr int W = kScoreLanes<BS>, C = BS / W;
+  vec<W> acc[NV][C] = {};
   for (int d = 0; d < D; ++d) {
-    f8 k[BS / 8];
-    for (int c = 0; c < BS / 8; ++c) {
-      k[c] = load8(keys_t + d * BS + 8 * c);
+    vec<W> k[C];
+    for (int c = 0; c < C; ++c) {
+      k[c] = load<W>(keys_t + d * BS + W * c);
     }
     for (int v = 0; v < NV; ++v) {
       const float qd = q[v * D + d];
-      for (int c = 0; c < BS / 8; ++c) {
+      for (int c = 0; c < C; ++c) {
         acc[v][c] += qd * k[c];
       }
     }
   }
   for (int v = 0; v < NV; ++v) {
-    for (int c = 0; c < BS / 8; ++c) {
-      store8(&scores[v][8 * c], acc[v][c]);
+    for (int c = 0; c < C; ++c) {
+      store<W>(&scores[v][W * c], acc[v][c]);
     }
   }
 }
 
-// acc_v = acc_v * correction_v + sum_j p[v][j] * V_j, eight columns at a time in registers.
-template <int BS, int NV>
+// acc_v = acc_v * correction_v + sum_j p[v][j] * V_j, WV columns at a time in registers.
+template <int BS, int NV, int WV>
 inline void page_values(
     float* acc, const float (&correction)[NV], const float (&p)[NV][BS], const float* values,
     int D) {
-  for (int d = 0; d < D; d += 8) {
-    f8 lanes[NV];
+  for (int d = 0; d < D; d += WV) {
+    vec<WV> lanes[NV];
     for (int v = 0; v < NV; ++v) {
-      lanes[v] = load8(acc + v * D + d) * correction[v];
+      lanes[v] = load<WV>(acc + v * D + d) * correction[v];
     }
     for (int j = 0; j < BS; ++j) {
-      const f8 row = load8(values + j * D + d);
+      const vec<WV> row = load<WV>(values + j * D + d);
       for (int v = 0; v < NV; ++v) {
         lanes[v] += p[v][j] * row;
       }
     }
     for (int v = 0; v < NV; ++v) {
-      store8(acc + v * D + d, lanes[v]);
+      store<WV>(acc + v * D + d, lanes[v]);
     }
   }
 }
@@ -174,8 +203,9 @@ struct Scratch {
 };
 
 // One page's contribution to query vectors [first, first + NV): scores, mask, online softmax.
-template <int BS, int NV>
+template <int BS, int NV, int WV>
 void page_update(const Geometry& g, Scratch& s, int first, int block, const float* values) {
+  constexpr int W = kScoreLanes<BS>;
   const int D = g.head_dim;
   float p[NV][BS];
   page_scores<BS, NV>(&s.queries[first * D], s.keys_t.data(), D, p);
@@ -197,12 +227,12 @@ void page_update(const Geometry& g, Scratch& s, int first, int block, const floa
         score[j] = visible ? score[j] : kNegInf;
       }
     }
-    f8 lane_max = load8(score);
-    for (int c = 1; c < BS / 8; ++c) {
-      const f8 next = load8(score + 8 * c);
+    vec<W> lane_max = load<W>(score);
+    for (int c = 1; c < BS / W; ++c) {
+      const vec<W> next = load<W>(score + W * c);
       lane_max = next > lane_max ? next : lane_max;
     }
-    const float block_max = horizontal_max(lane_max);
+    const float block_max = horizontal_max<W>(lane_max);
     float& row_max = s.row_max[first + v];
     if (block_max == kNegInf) {  // nothing visible here: leave this vector's state unchanged
       std::fill(score, score + BS, 0.0f);
@@ -211,19 +241,19 @@ void page_update(const Geometry& g, Scratch& s, int first, int block, const floa
     }
     const float new_max = std::max(row_max, block_max);
     correction[v] = exp_nonpositive(row_max - new_max);
-    f8 lane_sum = {};
-    for (int c = 0; c < BS / 8; ++c) {
-      const f8 e = exp_nonpositive(load8(score + 8 * c) - new_max);
-      store8(score + 8 * c, e);
+    vec<W> lane_sum = {};
+    for (int c = 0; c < BS / W; ++c) {
+      const vec<W> e = exp_nonpositive<W>(load<W>(score + W * c) - new_max);
+      store<W>(score + W * c, e);
       lane_sum += e;
     }
     row_max = new_max;
-    s.row_sum[first + v] = s.row_sum[first + v] * correction[v] + horizontal_sum(lane_sum);
+    s.row_sum[first + v] = s.row_sum[first + v] * correction[v] + horizontal_sum<W>(lane_sum);
   }
-  page_values<BS, NV>(&s.acc[first * D], correction, p, values, D);
+  page_values<BS, NV, WV>(&s.acc[first * D], correction, p, values, D);
 }
 
-template <typename T, int BS>
+template <typename T, int BS, int WV>
 void attend(const Inputs<T>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
   const int D = g.head_dim, G = g.group, hq = g.num_kv_heads * G;
   const int rows = item.row_end - item.row_begin, vectors = rows * G;
@@ -265,17 +295,17 @@ void attend(const Inputs<T>& in, const Geometry& g, const WorkItem& item, Scratc
     }
     int v = 0;
     for (; v + 4 <= vectors; v += 4) {
-      page_update<BS, 4>(g, s, v, block, values);
+      page_update<BS, 4, WV>(g, s, v, block, values);
     }
     switch (vectors - v) {
       case 3:
-        page_update<BS, 3>(g, s, v, block, values);
+        page_update<BS, 3, WV>(g, s, v, block, values);
         break;
       case 2:
-        page_update<BS, 2>(g, s, v, block, values);
+        page_update<BS, 2, WV>(g, s, v, block, values);
         break;
       case 1:
-        page_update<BS, 1>(g, s, v, block, values);
+        page_update<BS, 1, WV>(g, s, v, block, values);
         break;
     }
   }
@@ -324,7 +354,7 @@ size_t usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-template <typename T, int BS>
+template <typename T, int BS, int WV>
 void run_items(const Inputs<T>& in, const Geometry& g, const Plan& plan) {
   const int vectors = std::max(1, kMaxQueryVectors / g.group) * g.group;
   const auto& items = plan.items;
@@ -333,7 +363,7 @@ void run_items(const Inputs<T>& in, const Geometry& g, const Plan& plan) {
     Scratch scratch;
     scratch.resize(vectors, g.head_dim, BS);
     for (size_t i = next++; i < items.size(); i = next++) {
-      attend<T, BS>(in, g, items[i], scratch);
+      attend<T, BS, WV>(in, g, items[i], scratch);
     }
   };
   // A thread costs tens of microseconds to start: only steps with enough work get more.
@@ -400,13 +430,21 @@ class PagedAttentionCPU : public mx::Primitive {
         out.data<T>(),
     };
     const auto work = plan(args.cu_seqlens, args.seq_lens, static_cast<int>(in[4].size()), g);
+    if (g.head_dim % 16 == 0) {
+      return run_for_block_size<T, 16>(args, g, work);
+    }
+    return run_for_block_size<T, 8>(args, g, work);
+  }
+
+  template <typename T, int WV>
+  static void run_for_block_size(const Inputs<T>& args, const Geometry& g, const Plan& work) {
     switch (g.block_size) {
       case 8:
-        return run_items<T, 8>(args, g, work);
+        return run_items<T, 8, WV>(args, g, work);
       case 16:
-        return run_items<T, 16>(args, g, work);
+        return run_items<T, 16, WV>(args, g, work);
       case 32:
-        return run_items<T, 32>(args, g, work);
+        return run_items<T, 32, WV>(args, g, work);
       default:
         throw std::invalid_argument("paged_attention_cpu: block_size must be 8, 16 or 32");
     }

@@ -40,8 +40,9 @@ def _numpy(case, **options):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (8, 2), (16, 2)])
 @pytest.mark.parametrize("block_size", [8, 16, 32])
-def test_matches_numpy(case, hq, hkv, block_size):
-    data = random_paged_case(*CASES[case], hq=hq, hkv=hkv, d=32, block_size=block_size)
+@pytest.mark.parametrize("head_dim", [24, 32])  # values 8 or 16 columns at a time
+def test_matches_numpy(case, hq, hkv, block_size, head_dim):
+    data = random_paged_case(*CASES[case], hq=hq, hkv=hkv, d=head_dim, block_size=block_size)
     want = _numpy(data, scale=0.25)
     np.testing.assert_allclose(_run(data, scale=0.25), want, rtol=1e-5, atol=1e-5)
 

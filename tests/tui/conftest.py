@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,19 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return data_dir()
 
 
+def paced(engine: Engine, seconds: float) -> Engine:
+    """Make every step take at least `seconds`, so a long reply is still streaming when the test
+    acts on it however fast the engine is (the tiny model runs thousands of tokens a second)."""
+    step = engine.step
+
+    def paced_step():
+        time.sleep(seconds)
+        return step()
+
+    engine.step = paced_step
+    return engine
+
+
 @pytest.fixture
 def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
     """Build a ChatApp on a fresh engine thread (not started: the app starts it)."""
@@ -30,10 +44,12 @@ def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
         config: EngineConfig | None = None,
         loader: Callable[[], Engine] | None = None,
         load_progress: LoadProgress | None = None,
+        step_seconds: float = 0.0,
     ) -> ChatApp:
         engine_config = config or EngineConfig(num_blocks=256, max_num_seqs=8)
+        load = loader or (lambda: Engine.load(str(tiny_model_path), engine_config))
         engine = RecordingEngineThread(
-            loader or (lambda: Engine.load(str(tiny_model_path), engine_config))
+            (lambda: paced(load(), step_seconds)) if step_seconds else load
         )
         return ChatApp(
             engine,

@@ -8,7 +8,7 @@ from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import DONE, INTERRUPTED, HistoryStore
 from macbatch.tui.widgets.message_view import MessageView
 from tests.tui.helpers import wait_for
-from tests.tui.test_streaming import LONG, send
+from tests.tui.test_streaming import LONG, STEP_SECONDS, send
 
 
 async def test_create_rename_switch_and_delete_sessions(make_app, home):
@@ -51,7 +51,7 @@ async def test_create_rename_switch_and_delete_sessions(make_app, home):
 
 
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
-    app = make_app()
+    app = make_app(step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.ready)
         screen = app.screen

@@ -12,9 +12,10 @@ from macbatch.tui.store import DONE, STOPPED, SessionSettings
 from macbatch.tui.widgets.message_view import displayable
 from tests.tui.helpers import GREEDY, wait_for
 
-# Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit keeps a
-# reply streaming until the test stops it.
+# Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
+# steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
 LONG = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=3000)
+STEP_SECONDS = 0.01
 CODE_PROMPT = "Explain this code:\n\n```python\ndef add(a, b):\n    return a + b\n```"
 DOCS_SCREENSHOT = Path(__file__).parents[2] / "docs" / "chat-screenshot.svg"
 
@@ -32,7 +33,7 @@ async def send(pilot, screen: ChatScreen, text: str) -> None:
 
 
 async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
-    app = make_app(defaults=LONG)
+    app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test(size=(120, 36)) as pilot:
         await wait_for(pilot, lambda: app.ready)
         screen = app.screen
@@ -77,7 +78,7 @@ async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
 
 
 async def test_stop_frees_kv_blocks_at_once(make_app):
-    app = make_app(defaults=LONG)
+    app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.ready)
         screen = app.screen
@@ -143,7 +144,7 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
 
 
 async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):
-    app = make_app(defaults=LONG)
+    app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test(size=(60, 12)) as pilot:
         await wait_for(pilot, lambda: app.ready)
         screen = app.screen

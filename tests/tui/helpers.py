@@ -35,3 +35,18 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) 
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
         await pilot.pause(0.02)
+
+
+async def send(pilot, screen, text: str) -> None:
+    screen.prompt_input.text = text  # typing key by key is slow while replies stream
+    await pilot.press("enter")
+
+
+async def first_reply(pilot, app, text: str):
+    """Wait for the app, send `text` in the open session and wait for the whole reply; the chat
+    screen is returned."""
+    await wait_for(pilot, lambda: app.ready)
+    screen = app.screen
+    await send(pilot, screen, text)
+    await wait_for(pilot, lambda: not screen.replies)
+    return screen

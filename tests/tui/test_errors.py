@@ -11,8 +11,7 @@ from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
 from macbatch.tui.store import DONE, ERROR, SessionSettings
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import wait_for
-from tests.tui.test_streaming import send
+from tests.tui.helpers import first_reply, send, wait_for
 
 
 async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
@@ -61,10 +60,7 @@ async def test_max_tokens_shrinks_to_the_room_left(make_app, tiny_tokenizer):
         defaults=SessionSettings("", 0.0, 1.0, 500),
     )
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hi")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hi")
         reply = app.store.messages(screen.current)[-1]
         assert reply.status == DONE, reply.error
         used = len(

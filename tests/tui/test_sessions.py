@@ -7,8 +7,8 @@ from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import DONE, INTERRUPTED, HistoryStore
 from macbatch.tui.widgets.message_view import MessageView
-from tests.tui.helpers import wait_for
-from tests.tui.test_streaming import LONG, STEP_SECONDS, send
+from tests.tui.helpers import first_reply, send, wait_for
+from tests.tui.test_streaming import LONG, STEP_SECONDS
 
 
 async def test_create_rename_switch_and_delete_sessions(make_app, home):
@@ -53,10 +53,7 @@ async def test_create_rename_switch_and_delete_sessions(make_app, home):
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
     app = make_app(step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hello world")
         first = screen.current
         finished = app.store.messages(first)
         await pilot.press("ctrl+n")
@@ -90,10 +87,7 @@ async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
 async def test_export_writes_the_chat_as_markdown(make_app, home):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hello world")
         await pilot.press("ctrl+o")
         session_id = screen.current
     path = home / "exports" / f"chat-{session_id}.md"
@@ -140,10 +134,7 @@ async def test_settings_are_checked_and_saved(make_app, home):
 async def test_copy_a_message_and_the_help_screen(make_app):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hello world")
         user_view = screen.transcript(screen.current).views[0]
         await pilot.pause(0.2)  # let the finished reply's layout settle before clicking
         await pilot.click(user_view)

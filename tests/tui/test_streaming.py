@@ -10,7 +10,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED, SessionSettings
 from macbatch.tui.widgets.message_view import displayable
-from tests.tui.helpers import GREEDY, wait_for
+from tests.tui.helpers import GREEDY, first_reply, send, wait_for
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
 # steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
@@ -25,11 +25,6 @@ def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_toke
     engine = Engine.load(str(model_path), EngineConfig(num_blocks=64))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     return [out.text for out in engine.generate(prompts, params)]
-
-
-async def send(pilot, screen: ChatScreen, text: str) -> None:
-    screen.prompt_input.text = text  # typing key by key is slow while replies stream
-    await pilot.press("enter")
 
 
 async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
@@ -103,10 +98,7 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
 async def test_regenerate_replaces_the_last_reply(make_app, tiny_model_path):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hello world")
         user, old = app.store.messages(screen.current)
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: not screen.replies)
@@ -124,10 +116,7 @@ async def test_regenerate_replaces_the_last_reply(make_app, tiny_model_path):
 async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
-        screen = app.screen
-        await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        screen = await first_reply(pilot, app, "hello world")
         await pilot.press("ctrl+g")
         assert screen.prompt_input.text == "hello world"
         assert screen.prompt_input.has_class("-editing")

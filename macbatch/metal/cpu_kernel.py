@@ -61,7 +61,10 @@ def _toolchain() -> tuple[str, Path, Path, Path]:
     mlx_dir = Path(mx.__file__).parent
     if not (mlx_dir / "include" / "mlx" / "mlx.h").exists():
         raise CpuKernelUnavailable(f"this mlx install has no C++ headers under {mlx_dir}")
-    return compiler, Path(nanobind.__file__).parent, mlx_dir, Path(sysconfig.get_paths()["include"])
+    python = Path(sysconfig.get_paths()["include"])
+    if not (python / "Python.h").exists():
+        raise CpuKernelUnavailable(f"no Python headers in {python} (install python3-dev)")
+    return compiler, Path(nanobind.__file__).parent, mlx_dir, python
 
 
 def _commands(toolchain: tuple[str, Path, Path, Path], out: Path, tmp: Path) -> list[list[str]]:

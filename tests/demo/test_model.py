@@ -16,11 +16,10 @@ from macbatch.demo.tasks import TASKS, Example
 
 PER_TASK = 20
 MAX_TOKENS = 32  # what jobs/demo.yaml allows; the longest reply is 30 tokens with <|im_end|>
-TARGET = 0.95  # the goal for every task (issue 6); letter counting is still short of it
-# Greedy accuracy the shipped weights reach on this sample (20 per task), less a margin for
-# platform numerics: a regression floor for the model and the loading path, not the goal. Raise
-# these when better weights ship (docs/demo-model.md lists the measured numbers).
-FLOORS = {"add": 0.9, "subtract": 0.9, "reverse": TARGET, "sort": 0.9, "count": 0.7}
+# The goal for every task (issue 6). The shipped weights answer all of this sample (20 per task)
+# correctly and 299 of the full 300 (docs/demo-model.md), so asserting the goal itself leaves one
+# wrong answer per task for platform numerics.
+TARGET = 0.95
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +86,14 @@ def test_loads_offline_with_chat_template_and_eos(demo) -> None:
     assert model.args.vocab_size == len(tokenizer.get_vocab())
 
 
-def below_floor(accuracy: dict[str, float]) -> dict[str, float]:
+def below_target(accuracy: dict[str, float]) -> dict[str, float]:
     assert set(accuracy) == set(TASKS)
-    return {task: acc for task, acc in accuracy.items() if acc < FLOORS[task]}
+    return {task: acc for task, acc in accuracy.items() if acc < TARGET}
 
 
 def test_greedy_accuracy_of_every_task(sample_set, reference_replies) -> None:
     accuracy = accuracy_by_task(sample_set, reference_replies)
-    assert not below_floor(accuracy), f"accuracy {accuracy} below the floors {FLOORS}"
+    assert not below_target(accuracy), f"accuracy {accuracy} below {TARGET}"
 
 
 @pytest.mark.parametrize(
@@ -123,4 +122,4 @@ def test_engine_matches_mlx_lm_with_many_requests_in_flight(
     if config:
         assert engine.stats().preemptions > 0
     assert replies == reference_replies
-    assert not below_floor(accuracy_by_task(sample_set, replies))
+    assert not below_target(accuracy_by_task(sample_set, replies))

@@ -103,7 +103,7 @@ def ensure_selftest() -> None:
         try:
             load_extension()
             ok, why = selftest(paged_attention_cpu)
-        except CpuKernelUnavailable as exc:
+        except (CpuKernelUnavailable, OSError) as exc:  # never stop the engine: fall back
             ok, why = False, str(exc).splitlines()[0]
         _state["cpu_ok"], _state["cpu_why"] = ok, why
         if not ok:

@@ -123,7 +123,10 @@ def load_extension() -> ModuleType:
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = cache_dir() / f"cpu-kernel-{_build_key(toolchain)}" / f"{MODULE_NAME}{suffix}"
     if not target.exists():
-        _build(toolchain, target)
+        try:
+            _build(toolchain, target)
+        except OSError as exc:  # an unwritable cache, a compiler that cannot be started
+            raise CpuKernelUnavailable(f"cannot build in {target.parent}: {exc}") from exc
     spec = importlib.util.spec_from_file_location(MODULE_NAME, target)
     if spec is None or spec.loader is None:
         raise CpuKernelUnavailable(f"cannot import {target}")

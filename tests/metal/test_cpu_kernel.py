@@ -109,3 +109,8 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(CpuKernelUnavailable, match="no C\\+\\+ compiler"):
         cpu_kernel.load_extension()
+    monkeypatch.delenv("CXX")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MACBATCH_CACHE", str(tmp_path / "file"))  # not a directory
+    with pytest.raises(CpuKernelUnavailable, match="cannot build in"):
+        cpu_kernel.load_extension()

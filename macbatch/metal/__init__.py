@@ -45,7 +45,8 @@ def _active() -> Callable[..., mx.array]:
     if _requested() == "reference":
         return paged_attention_reference
     if mx.metal.is_available():
-        return paged_attention_kernel if _state["kernel_ok"] is True else paged_attention_reference
+        proven = _state["kernel_ok"] is True or _requested() == "kernel"  # forced: for debugging
+        return paged_attention_kernel if proven else paged_attention_reference
     return paged_attention_cpu if _state["cpu_ok"] is True else paged_attention_reference
 
 

@@ -5,7 +5,7 @@ prefill step in MLX's scalar ``exp`` and most of a decode step gathering pages. 
 primitive reads the pages in place with a vectorised exp. It is compiled against the installed
 ``mlx`` (headers and ``libmlx``) and ``nanobind`` with the machine's C++ compiler, the way MLX
 itself compiles its CPU kernels at run time, with ``-march=native`` because it is built on the
-machine that runs it. The build takes about a minute once; the result is cached under
+machine that runs it. The build takes about 15 s once; the result is cached under
 ``$XDG_CACHE_HOME/macbatch`` (``MACBATCH_CACHE`` overrides) keyed by everything that goes into
 it. Any failure (no compiler, no nanobind) raises `CpuKernelUnavailable` and the caller falls back
 to the reference.
@@ -99,7 +99,7 @@ def _build_key(toolchain: tuple[str, Path, Path, Path]) -> str:
 
 def _build(toolchain: tuple[str, Path, Path, Path], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    log.warning("building macbatch's CPU attention kernel (once, about a minute)")
+    log.warning("building macbatch's CPU attention kernel (once, about 15 seconds)")
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         tmp_path = Path(tmp)
         staged = tmp_path / target.name
@@ -153,8 +153,8 @@ def paged_attention_cpu(
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
-    Head sizes that are not a multiple of 8 and page sizes other than 8, 16 or 32 (none of
-    `EngineConfig`'s) go to the reference instead.
+    Head sizes that are not a multiple of 8 go to the reference instead (so would page sizes
+    other than 8, 16 or 32, which `EngineConfig` does not allow).
     """
     if q.shape[-1] % 8 or k_pages.shape[2] not in SUPPORTED_BLOCK_SIZES:
         return paged_attention_reference(

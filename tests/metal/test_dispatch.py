@@ -113,3 +113,16 @@ def test_passed_selftest_on_metal_uses_the_kernel(fresh_state):
     case = Case([9, 3], [2, 1])
     metal.paged_attention(*case.args(poisoned=True))
     assert len(emulator.dispatches) == before + 1
+
+
+def test_forced_kernel_on_metal_runs_even_after_a_failed_selftest(fresh_state):
+    """MACBATCH_ATTENTION=kernel is for debugging a kernel the self-test rejected."""
+    emulator = Emulator()
+    fresh_state.setattr(metal.mx.metal, "is_available", lambda: True)
+    fresh_state.setattr(metal, "paged_attention_kernel", emulated_attention(emulator))
+    fresh_state.setitem(metal._state, "kernel_ok", False)
+    fresh_state.setenv(metal.ENV, "kernel")
+    assert metal.attention_backend() == "kernel (Metal, forced by MACBATCH_ATTENTION)"
+    before = len(emulator.dispatches)
+    metal.paged_attention(*Case([9, 3], [2, 1]).args(poisoned=True))
+    assert len(emulator.dispatches) == before + 1

@@ -98,6 +98,18 @@ def draw_examples(rng: random.Random, count: int, weights: dict[str, float]) -> 
     return [sample(task, rng, held_out=False) for task in tasks]
 
 
+def boosted_weights(
+    base: dict[str, float], accuracy: dict[str, float], boost: float
+) -> dict[str, float]:
+    """The task mix after an evaluation: a task's weight grows with its held-out error rate.
+
+    Tasks are learnt at different speeds; feeding the laggards more keeps the last one from
+    setting the length of the whole run. Mastered tasks keep their base weight, so they are
+    still rehearsed.
+    """
+    return {task: weight * (1 + boost * (1 - accuracy[task])) for task, weight in base.items()}
+
+
 def make_batches(
     tokenizer: Tokenizer,
     rng: random.Random,
@@ -184,6 +196,13 @@ def main() -> None:
     )
     parser.add_argument("--weights", type=parse_weights, default=TASK_WEIGHTS, help="task mix")
     parser.add_argument(
+        "--mix-boost",
+        type=float,
+        default=0.0,
+        help="after each evaluation a task's weight is its --weights one times 1 + this x its"
+        " held-out error rate, so lagging tasks get more examples (0: a fixed mix)",
+    )
+    parser.add_argument(
         "--init", type=Path, help="start from this saved demo model (train it further)"
     )
     args = parser.parse_args()
@@ -241,10 +260,11 @@ def main() -> None:
 
     start = time.time()
     batches: list = []
+    weights = args.weights
     running = 0.0
     for step in range(1, args.steps + 1):
         if not batches:
-            batches = make_batches(tokenizer, rng, args.batch_size, 8, args.weights)
+            batches = make_batches(tokenizer, rng, args.batch_size, 8, weights)
         loss = train_step(*batches.pop())
         mx.eval(state, loss)
         running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
@@ -257,6 +277,7 @@ def main() -> None:
             accuracy = evaluate(model, wrapper, eval_set)
             shown = " ".join(f"{task} {acc:.3f}" for task, acc in accuracy.items())
             print(f"step {step} held-out accuracy: {shown}", flush=True)
+            weights = boosted_weights(args.weights, accuracy, args.mix_boost)
             save(model, tokenizer, config, args.out)
         if stop:
             print(f"stopping early after {minutes:.1f} minutes at step {step}", flush=True)

@@ -6,6 +6,7 @@ tests/demo/test_model.py checks on the shipped weights.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -57,3 +58,14 @@ def test_output_loads_in_mlx_lm_with_the_chat_template(runs):
     config = json.loads((out / "config.json").read_text())
     assert tokenizer.eos_token_id == config["eos_token_id"]
     assert tokenizer.decode(tokenizer.encode("Zählen 12 + 7?")) == "Zählen 12 + 7?"
+
+
+def test_mix_boost_feeds_lagging_tasks_more():
+    spec = importlib.util.spec_from_file_location("train_demo_model", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    base = script.parse_weights("add=2,subtract=2,reverse=1,sort=2,count=2")
+    accuracy = {"add": 1.0, "subtract": 1.0, "reverse": 0.5, "sort": 1.0, "count": 0.75}
+    boosted = script.boosted_weights(base, accuracy, boost=4)
+    assert boosted == {"add": 2, "subtract": 2, "reverse": 3, "sort": 2, "count": 4}
+    assert script.boosted_weights(base, accuracy, boost=0) == base

@@ -5,10 +5,10 @@ byte is one token, so digits and letters are single tokens and addition, reversa
 letter counting are learnable by a few million parameters. The data are the synthetic chat
 questions of `macbatch.demo.tasks` (training split only); the loss covers the reply tokens.
 
-Deterministic given --seed. The defaults are the fastest single-run recipe found so far (see
-docs/demo-model.md, "Retraining"): about 35 minutes on an idle 2-core x86 machine, with OpenBLAS
-preloaded (float32 matmuls are ~40x faster) and held to one thread (this model's matmuls are too
-small for a second one: a step is 10% slower with two):
+Deterministic given --seed. The defaults are the recipe that trained the shipped weights in one
+run (docs/demo-model.md, "Retraining"): 42 minutes on a 2-core x86 machine that a second training
+run shared, with OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread
+(this model's matmuls are too small for a second one: a step is 10% slower with two):
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python scripts/train_demo_model.py --out /tmp/demo/run
@@ -47,8 +47,8 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# Default sampling weights: with a uniform mix reversal is learnt first, so it gets half the weight
-# of the others (in the default run it is still the last but one to reach 0.95).
+# Base sampling weights: with a uniform mix reversal is learnt first, so it gets half the weight of
+# the others. --mix-boost then shifts the mix toward whichever tasks lag at each evaluation.
 TASK_WEIGHTS = "add=2,subtract=2,reverse=1,sort=2,count=2"
 MODEL_CONFIG = {
     "model_type": "llama",
@@ -182,14 +182,14 @@ def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=22000, help="optimizer steps (lr schedule)")
+    parser.add_argument("--steps", type=int, default=24000, help="optimizer steps (lr schedule)")
     parser.add_argument("--minutes", type=float, default=0, help="stop early after this long")
     parser.add_argument("--stop-at", type=int, default=0, help="stop early at this step")
     # Small batches and a low peak rate: after the same 32K examples, batch 8 at 5e-4 has a third
     # of the loss of batch 32 at 3e-3; higher rates stall (docs/demo-model.md, "Retraining").
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=4e-4, help="peak learning rate")
-    parser.add_argument("--eval-every", type=int, default=4000)
+    parser.add_argument("--eval-every", type=int, default=2000)
     parser.add_argument("--eval-per-task", type=int, default=30)
     parser.add_argument(
         "--out", type=Path, default=MODEL_DIR, help="default: the shipped model's directory"
@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument(
         "--mix-boost",
         type=float,
-        default=0.0,
+        default=10.0,
         help="after each evaluation a task's weight is its --weights one times 1 + this x its"
         " held-out error rate, so lagging tasks get more examples (0: a fixed mix)",
     )

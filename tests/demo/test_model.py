@@ -16,9 +16,9 @@ from macbatch.demo.tasks import TASKS, Example
 
 PER_TASK = 20
 MAX_TOKENS = 32  # what jobs/demo.yaml allows; the longest reply is 30 tokens with <|im_end|>
-# The goal for every task (issue 6). The shipped weights answer all of this sample (20 per task)
-# correctly and 299 of the full 300 (docs/demo-model.md), so asserting the goal itself leaves one
-# wrong answer per task for platform numerics.
+# The goal for every task (issue 6). The shipped weights score 295 of the full 300
+# (docs/demo-model.md); in this sample (20 per task) they miss one reverse and one sort question,
+# so those two tasks sit exactly at the goal here.
 TARGET = 0.95
 
 

@@ -6,8 +6,8 @@ letter counting are learnable by a few million parameters. The data are the synt
 questions of `macbatch.demo.tasks` (training split only); the loss covers the reply tokens.
 
 Deterministic given --seed. The defaults are the recipe that trained the shipped weights in one
-run (docs/demo-model.md, "Retraining"): 42 minutes on a 2-core x86 machine that a second training
-run shared, with OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread
+run (docs/demo-model.md, "Retraining"; a rerun writes byte-identical weights): 41 minutes on a
+2-core x86 machine, with OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread
 (this model's matmuls are too small for a second one: a step is 10% slower with two):
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\

@@ -18,7 +18,8 @@ PER_TASK = 20
 MAX_TOKENS = 32  # what jobs/demo.yaml allows; the longest reply is 30 tokens with <|im_end|>
 # The goal for every task (issue 6). The shipped weights score 295 of the full 300
 # (docs/demo-model.md); in this sample (20 per task) they miss one reverse and one sort question,
-# so those two tasks sit exactly at the goal here.
+# so those two tasks sit exactly at the goal here. Their greedy decisions are wide (the smallest
+# top-two logit gap on their sample is 0.54), so CPU numerics cannot flip them (docs/demo-model.md).
 TARGET = 0.95
 
 

@@ -199,13 +199,15 @@ def main() -> None:
         "--mix-boost",
         type=float,
         default=10.0,
-        help="after each evaluation a task's weight is its --weights one times 1 + this x its"
-        " held-out error rate, so lagging tasks get more examples (0: a fixed mix)",
+        help="after each evaluation a task's weight becomes its --weights value times"
+        " (1 + this x its held-out error rate), so lagging tasks get more examples (0: fixed mix)",
     )
     parser.add_argument(
         "--init", type=Path, help="start from this saved demo model (train it further)"
     )
     args = parser.parse_args()
+    if args.mix_boost < 0:
+        parser.error(f"--mix-boost must be 0 or more (got {args.mix_boost}): it scales a weight")
 
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.tokenizer_utils import load as load_tokenizer

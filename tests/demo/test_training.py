@@ -69,3 +69,11 @@ def test_mix_boost_feeds_lagging_tasks_more():
     boosted = script.boosted_weights(base, accuracy, boost=4)
     assert boosted == {"add": 2, "subtract": 2, "reverse": 3, "sort": 2, "count": 4}
     assert script.boosted_weights(base, accuracy, boost=0) == base
+
+
+def test_negative_mix_boost_is_refused_before_training(tmp_path):
+    command = [sys.executable, str(SCRIPT), "--mix-boost", "-1", "--out", str(tmp_path / "run")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--mix-boost must be 0 or more" in done.stderr
+    assert not (tmp_path / "run").exists()

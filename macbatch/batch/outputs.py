@@ -136,6 +136,8 @@ def result_line(request: Planned, output: Any, model: str, correct: bool | None)
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),
     }
+    if output.capped_max_tokens is not None:  # the prompt left less room than max_tokens asked
+        meta["capped_max_tokens"] = output.capped_max_tokens
     if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
     return {

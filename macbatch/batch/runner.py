@@ -216,6 +216,7 @@ class _Loop:
         self.ledger.record(record, size)
         metrics = self.progress
         metrics.jobs[item.job].ok += 1
+        metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         metrics.prompt_tokens += output.metrics.prompt_tokens
         metrics.cached_prompt_tokens += output.metrics.cached_tokens
         metrics.generated_tokens += output.metrics.generated_tokens

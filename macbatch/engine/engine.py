@@ -180,9 +180,16 @@ class Engine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
-        if params.max_tokens is None:  # as many as fit; a prompt that fills it all still errors
-            room = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
-            params = replace(params, max_tokens=max(1, room - len(ids)))
+        limit, what = self.context_limit()
+        room = limit - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} "
+                "tokens); shorten the prompt"
+            )
+        capped = params.max_tokens is not None and params.max_tokens > room
+        if params.max_tokens is None or capped:
+            params = replace(params, max_tokens=room)
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -191,28 +198,24 @@ class Engine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids or ()),
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            capped_max_tokens=room if capped else None,
         )
 
     def enqueue(self, request: Request) -> None:
-        """Queue a prepared request, or finish it at once with an error if it can never fit."""
+        """Queue a prepared request (``prepare_request`` already fitted it to the context)."""
         self._requests[request.request_id] = request
-        needed = request.num_tokens + request.params.max_tokens
-        capacity = self.pool.num_blocks * self.config.block_size
-        if needed > min(capacity, self.max_model_len):
-            limit, what = (
-                (self.max_model_len, "the model's context length")
-                if self.max_model_len <= capacity
-                else (capacity, "the whole KV cache pool")
-            )
-            self._finish(
-                request,
-                FinishReason.ERROR,
-                f"prompt ({request.num_tokens} tokens) + max_tokens ({request.params.max_tokens}) "
-                f"= {needed} tokens exceeds {what} ({limit} tokens); shorten the prompt or lower "
-                "max_tokens",
-            )
-            return
         self.scheduler.add(request)
+
+    def context_limit(self) -> tuple[int, str]:
+        """The most tokens one sequence may hold (prompt and reply), and what sets that limit.
+
+        The one rule every front end uses: ``max_tokens`` is a cap that shrinks to the room the
+        prompt leaves under this limit (``RequestOutput.capped_max_tokens`` says when it did).
+        """
+        capacity = self.pool.num_blocks * self.config.block_size
+        if self.max_model_len <= capacity:
+            return self.max_model_len, "the model's context length"
+        return capacity, "the whole KV cache pool"
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""

@@ -138,6 +138,7 @@ def test_multi_job_run_writes_every_request_once(
         "ok": 3,
         "failed": 1,
         "skipped": 0,
+        "capped": 0,
         "output": str(out / "questions.jsonl"),
         "errors": str(out / "questions.errors.jsonl"),
     }
@@ -370,15 +371,50 @@ def test_unknown_job_model_and_lock(tmp_path: Path, tiny_model_path: Path, macba
     assert f"another macbatch run is writing to {tmp_path / 'out'}" in result.stderr
 
 
-def test_deleting_an_output_file_redoes_that_job(project: Path, macbatch_run) -> None:
+@pytest.mark.parametrize("columns", [None, "40", "160"])
+def test_deleting_an_output_file_redoes_that_job(
+    project: Path, macbatch_run, monkeypatch: pytest.MonkeyPatch, columns: str | None
+) -> None:
+    """Whatever the terminal width (or none, as in cron), a note is one greppable line."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
     assert macbatch_run(project / "jobs.yaml", "-j", "inline").exit_code == 0
     output = project / "out" / "inline.jsonl"
     first = read_jsonl(output)
     output.unlink()
     result = macbatch_run(project / "jobs.yaml", "-j", "inline")
-    assert result.exit_code == 0 and "is shorter than last recorded" in result.stdout
+    assert result.exit_code == 0
+    assert f"{output} is shorter than last recorded" in result.stdout.splitlines()[0]
     again = read_jsonl(output)
     assert sorted(x["macbatch"]["key"] for x in again) == sorted(
         x["macbatch"]["key"] for x in first
     )
     assert json.loads((project / "out" / "summary.json").read_text())["ok"] == 2
+
+
+def test_demo_job_without_max_tokens_caps_each_reply_to_the_room_left(tmp_path: Path, macbatch_run):
+    """The demo model's whole context is the default max_tokens (512): each reply is capped to
+    the room its prompt leaves, and every line and the summary say so."""
+    write_job(
+        tmp_path,
+        """
+        version: 1
+        model: demo
+        jobs:
+          - name: ask
+            prompts: ["What is 48 + 37?", "Reverse the word planet."]
+        """,
+    )
+    result = macbatch_run(tmp_path / "jobs.yaml")
+    assert result.exit_code == 0, result.stdout
+    lines = read_jsonl(tmp_path / "out" / "ask.jsonl")
+    assert len(lines) == 2
+    for line in lines:
+        meta = line["macbatch"]
+        assert meta["capped_max_tokens"] == 512 - meta["prompt_tokens"]
+        assert meta["finish_reason"] == "stop"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ok"] == 2 and summary["jobs"]["ask"]["capped"] == 2
+    assert "2 replies capped" in result.stdout

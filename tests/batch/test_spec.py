@@ -121,7 +121,12 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         (
             "model: demo\njobs: [{name: a, prompts: [hi], sampling: {temperature: -1}}]",
             ":2:44: jobs[0].sampling: invalid sampling parameter temperature=-1: must be a "
-            "finite number >= 0",
+            "number in [0, 2]",
+        ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], sampling: {temperature: 2.5}}]",
+            ":2:44: jobs[0].sampling: invalid sampling parameter temperature=2.5: must be a "
+            "number in [0, 2] (0 means greedy)",
         ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], sampling: {max_tokens: 0}}]",

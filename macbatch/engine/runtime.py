@@ -115,6 +115,11 @@ class EngineThread:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request in flight; each listener still gets its final output
+        (finish_reason ABORT), so a server can end its responses properly. The loop goes on."""
+        self._commands.put(("abort_all",))
+
     def call(self, fn: Callable[[Engine], Any]) -> Future:
         """Run ``fn(engine)`` on the engine thread between steps; its result comes in a Future."""
         self._live_engine()
@@ -191,13 +196,19 @@ class EngineThread:
                     future.set_result(fn(engine))
                 except Exception as exc:
                     future.set_exception(exc)
+            elif kind == "abort_all":
+                self._abort_all(engine)
             elif kind == "stop":
-                for rid in list(self._callbacks):
-                    engine.abort(rid)
-                self._deliver(engine.step())
-                self._stats = engine.stats()
+                self._abort_all(engine)
                 self._stopped = True
                 return False
+
+    def _abort_all(self, engine: Engine) -> None:
+        """Abort every request that has a listener and hand each its final (ABORT) output."""
+        for rid in list(self._callbacks):
+            engine.abort(rid)
+        self._deliver(engine.step())
+        self._stats = engine.stats()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

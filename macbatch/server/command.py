@@ -151,7 +151,7 @@ def _serve(
     log_level: str,
 ) -> None:
     from macbatch.engine import Engine, EngineConfig, EngineThread
-    from macbatch.server.app import ServerOptions, create_app
+    from macbatch.server.app import ServerOptions, create_app, stop_generating
     from macbatch.server.listen import ListenError, bind, run
 
     try:
@@ -182,7 +182,7 @@ def _serve(
             f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
             err=True,
         )
-        run(app, sock, shutdown_timeout, log_level)
+        run(app, sock, shutdown_timeout, log_level, on_deadline=lambda: stop_generating(app))
     finally:
         thread.shutdown(timeout=shutdown_timeout)
         sock.close()

@@ -112,6 +112,14 @@ def bench_command(
     prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.vocab_size)
     typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
     result = run_workload(engine, prompts, max_tokens)
+    if result.failures:
+        typer.echo(
+            f"{len(result.failures)} of {requests} requests failed; first: {result.failures[0]}",
+            err=True,
+        )
+    if not result.succeeded:
+        typer.echo("error: no request succeeded, so there is nothing to measure", err=True)
+        raise typer.Exit(1)
     typer.echo(
         f"{result.elapsed[0]:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
         f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "

@@ -80,3 +80,22 @@ def test_workload_accounting(tiny_model_path):
     assert len(result.first_token) == 5
     assert sum(result.step_tokens) == result.prompt_tokens + 5 * (6 - 1)
     assert max(result.step_tokens) <= 16
+
+
+def test_bench_with_prompts_that_do_not_fit_fails_instead_of_printing_rates():
+    args = ["bench", "--model", "demo", "--requests", "3", "--min-prompt", "600"]
+    result = runner.invoke(app, [*args, "--max-prompt", "700", "--max-tokens", "4"])
+    assert result.exit_code == 1
+    assert "3 of 3 requests failed" in result.output
+    assert "no request succeeded" in result.output
+    assert "tok/s" not in result.output
+
+
+def test_workload_counts_failed_requests_apart(tiny_model_path):
+    """Requests that cannot fit are reported, and the rates count only the ones that ran."""
+    engine = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=4, block_size=8))
+    prompts = [[7] * 10, [7] * 40, [8] * 12]  # the pool holds 32 tokens
+    result = run_workload(engine, prompts, max_tokens=4)
+    assert result.succeeded == 2 and len(result.failures) == 1
+    assert "leaves no room for a reply" in result.failures[0]
+    assert result.prompt_tokens == 22 and result.generated_tokens == 8

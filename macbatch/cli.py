@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
+import typer.core
 
 from macbatch.batch.command import run_command
 from macbatch.config import DEFAULT_MODEL
@@ -17,6 +20,8 @@ from macbatch.tui.command import chat_command
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 
+HELP_OPTIONS = ["-h", "--help"]
+
 app = typer.Typer(
     name="macbatch",
     help="Local LLMs on your Mac: several chats at once (chat), batch jobs of thousands of "
@@ -24,10 +29,61 @@ app = typer.Typer(
     "batching and a paged KV cache. Try: macbatch run jobs/demo.yaml",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": HELP_OPTIONS},
 )
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        import macbatch
+
+        typer.echo(f"macbatch {macbatch.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        callback=_show_version,
+        is_eager=True,
+        help="Print macbatch's version and exit.",
+    ),
+) -> None:
+    """Options for every command."""
+
+
+def command() -> Callable[..., Any]:
+    """The click command behind ``app``, with help that names values the way click does
+    (FILE, INTEGER, PATH) rather than typer's ``<bool>`` / ``<list[str]>`` type labels."""
+    group = typer.main.get_command(app)
+    for sub in [group, *getattr(group, "commands", {}).values()]:
+        sub.context_settings.setdefault("help_option_names", HELP_OPTIONS)
+        help_option = sub.get_help_option(typer.Context(sub, **sub.context_settings))  # cached
+        for param in [*sub.params, *([help_option] if help_option else [])]:
+            if param.metavar is not None:
+                continue
+            if isinstance(param, typer.core.TyperArgument):
+                name = (param.name or "value").upper()
+                param.metavar = name
+                # typer writes a required argument as {name} in the usage line; click's FILE
+                # is what users and man pages know.
+                param._usage_display_name = lambda name=name: name
+                param.display_type_rich = lambda ctx: None  # the name says it; no "<path>"
+            elif getattr(param, "is_flag", False):
+                param.metavar = ""
+            else:
+                bare = param.bare_type().removeprefix("list[").removesuffix("]")
+                param.metavar = _METAVARS.get(bare, "VALUE")
+    return group
+
+
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
 
 
 @app.command("doctor")
@@ -139,4 +195,4 @@ def main() -> None:
         env = dict(os.environ, MACBATCH_NO_REEXEC="1")
         env["LD_PRELOAD"] = ":".join(p for p in (str(OPENBLAS), env.get("LD_PRELOAD")) if p)
         os.execve(sys.executable, [sys.executable, "-m", "macbatch", *sys.argv[1:]], env)
-    app()
+    command()(prog_name="macbatch")

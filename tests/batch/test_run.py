@@ -170,7 +170,7 @@ def test_changed_job_is_refused_then_forced_or_fresh(
     assert refused.stderr.startswith(
         "error: job 'inline' changed since its last run (sampling.max_tokens: 6 -> 5): "
         "2 completed requests would now give different results\n"
-        "Rerun with --force to keep the completed lines and run only the missing ones"
+        "Rerun with --redo-changed to run exactly the changed requests again"
     )
     assert "Traceback" not in refused.output and output.read_bytes() == first
 
@@ -190,6 +190,40 @@ def test_changed_job_is_refused_then_forced_or_fresh(
     assert [reply(x) for x in sorted(lines, key=lambda x: x["custom_id"])] == [
         o.text for o in oracle
     ]
+
+
+def test_redo_changed_reruns_exactly_the_changed_rows(
+    project: Path, tiny_model_path: Path, macbatch_run
+) -> None:
+    """--force keeps a stale answer; --redo-changed replaces just that row's line (the other
+    lines stay byte for byte) with the answer to the new row."""
+    job_file = project / "jobs.yaml"
+    assert macbatch_run(job_file, "-j", "questions").exit_code == 3  # the one broken line
+    output = project / "out" / "questions.jsonl"
+    before = {x["custom_id"]: x for x in read_jsonl(output)}
+    questions = project / "questions.jsonl"
+    questions.write_text(questions.read_text().replace("hello world", "goodbye moon"))
+
+    forced = macbatch_run(job_file, "-j", "questions", "--force")
+    assert forced.exit_code == 3 and {x["custom_id"]: x for x in read_jsonl(output)} == before
+
+    redone = macbatch_run(job_file, "-j", "questions", "--redo-changed")
+    assert redone.exit_code == 3, redone.output
+    assert "questions: 1 results whose rows or settings changed were removed" in redone.stdout
+    after = {x["custom_id"]: x for x in read_jsonl(output)}
+    assert sorted(after) == ["q1", "q2", "q3"]
+    assert after["q1"] == before["q1"] and after["q3"] == before["q3"]
+    oracle = greedy_one_by_one(tiny_model_path, [chat("Q: goodbye moon")], 8)[0]
+    assert reply(after["q2"]) == oracle.text
+    assert after["q2"]["macbatch"]["key"] != before["q2"]["macbatch"]["key"]
+
+    again = macbatch_run(job_file, "-j", "questions")  # nothing changed any more: plain resume
+    assert again.exit_code == 3 and {x["custom_id"]: x for x in read_jsonl(output)} == after
+
+
+def test_redo_changed_with_force_is_refused(project: Path, macbatch_run) -> None:
+    result = macbatch_run(project / "jobs.yaml", "--redo-changed", "--force")
+    assert result.exit_code == 1 and "--redo-changed goes alone" in result.stderr
 
 
 def test_changed_input_row_is_named(project: Path, macbatch_run) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
@@ -99,3 +102,29 @@ def test_workload_counts_failed_requests_apart(tiny_model_path):
     assert result.succeeded == 2 and len(result.failures) == 1
     assert "leaves no room for a reply" in result.failures[0]
     assert result.prompt_tokens == 22 and result.generated_tokens == 8
+
+
+def _macbatch(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line as users run it (``python -m macbatch``), with no terminal size set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["MACBATCH_NO_REEXEC"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "macbatch", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_version_and_short_help_on_every_command():
+    import macbatch
+
+    assert _macbatch("--version").stdout.strip() == f"macbatch {macbatch.__version__}"
+    for command in ([], ["run"], ["chat"], ["serve"], ["bench"], ["models"], ["doctor"]):
+        result = _macbatch(*command, "-h")
+        assert result.returncode == 0, (command, result.stderr)
+        assert result.stdout.lstrip().startswith(f"Usage: macbatch {' '.join(command)}".strip())
+
+
+def test_run_help_names_values_plainly():
+    text = _macbatch("run", "--help").stdout
+    assert "Usage: macbatch run [OPTIONS] FILE" in text
+    assert "{file}" not in text and "<bool>" not in text and "<list[str]>" not in text
+    assert re.search(r"--max-in-flight\s+INTEGER", text)

@@ -88,7 +88,7 @@ def serve_command(
         )
     if print_launchd_plist:
         arguments = _command_line(
-            model=model,
+            model=_absolute_if_local(model),
             host=host,
             port=port,
             insecure=insecure,
@@ -115,6 +115,12 @@ def serve_command(
     )
 
 
+def _absolute_if_local(model: str) -> str:
+    """launchd starts jobs in /: a relative model directory must become absolute there."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if model != "demo" and path.exists() else model
+
+
 def _command_line(**options: object) -> list[str]:
     """This command's argv for launchd: the installed ``macbatch`` script and every option."""
     program = shutil.which("macbatch") or str(Path(sys.argv[0]).resolve())
@@ -134,7 +140,7 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
     log_dir = data_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    return launchd_plist(arguments, log_dir / "serve.log", api_key)
+    return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
 
 
 def _serve(

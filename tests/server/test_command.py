@@ -64,6 +64,21 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     assert again.stdout == result.stdout
 
 
+def test_launchd_plist_has_absolute_paths(
+    tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launchd starts a job in /: a model given relative to here must still be found."""
+    monkeypatch.chdir(tiny_model_path.parent)
+    env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
+    result = _invoke(["--model", tiny_model_path.name, "--print-launchd-plist"], env=env)
+    assert result.exit_code == 0, result.output
+    job = plistlib.loads(result.stdout.encode())
+    arguments = job["ProgramArguments"]
+    assert arguments[arguments.index("--model") + 1] == str(tiny_model_path.resolve())
+    assert job["WorkingDirectory"] == str(tiny_model_path.parent.resolve())
+    assert Path(job["StandardErrorPath"]).is_absolute()
+
+
 def test_bad_log_level() -> None:
     result = _invoke(["--log-level", "loud", "--print-launchd-plist"])
     assert result.exit_code == 2

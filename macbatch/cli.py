@@ -136,11 +136,22 @@ def models_command() -> None:
     if not models:
         typer.echo("no local models; `macbatch run`, `chat` and `serve` download hub ids on use")
         return
-    width = max(len(m.name) for m in models)
+    rows = [("NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT", "")]
     for m in models:
         why = unsupported_reason(m.model_type)
-        note = f"  (not supported: {why})" if why else ""
-        typer.echo(f"{m.name:<{width}}  {m.model_type:<14} {m.size_bytes / 2**20:9,.1f} MiB{note}")
+        rows.append(
+            (
+                m.name,
+                m.model_type,
+                m.quantization,
+                f"{m.size_bytes / 2**20:,.1f} MiB",
+                f"{m.context:,}" if m.context else "?",
+                f"not supported: {why}" if why else "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @app.command("bench")

@@ -39,10 +39,29 @@ def test_doctor_reports_the_attention_path():
     assert lines["device"] == str(mx.default_device())
 
 
-def test_models_lists_the_demo_model():
+def test_models_prints_a_table(tmp_path, monkeypatch):
+    """Name, architecture, quantization, size on disk and context, for the demo model and a
+    4-bit model in a Hugging Face cache laid out as the hub client writes it."""
+    import json
+
+    snapshot = tmp_path / "models--mlx-community--Tiny-4bit" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    config = {
+        "model_type": "qwen3",
+        "max_position_embeddings": 40960,
+        "quantization": {"group_size": 64, "bits": 4},
+    }
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 3 * 2**20)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr("huggingface_hub.utils._cache_manager.HF_HUB_CACHE", str(tmp_path))
     result = runner.invoke(app, ["models"])
-    assert result.exit_code == 0
-    assert re.search(r"^demo\s+llama\s", result.output, re.MULTILINE)
+    assert result.exit_code == 0, result.output
+    rows = [re.split(r"\s{2,}", line.strip()) for line in result.output.splitlines()]
+    assert rows[0] == ["NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT"]
+    assert rows[1] == ["demo", "llama", "none", rows[1][3], "512"]
+    assert rows[2] == ["mlx-community/Tiny-4bit", "qwen3", "4-bit (group 64)", "3.0 MiB", "40,960"]
 
 
 def test_bench_runs_a_model_from_disk(tiny_model_path):

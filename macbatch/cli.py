@@ -94,7 +94,7 @@ def doctor_command() -> None:
     import macbatch
     from macbatch.config import data_dir
     from macbatch.demo import MODEL_DIR
-    from macbatch.metal import attention_backend, ensure_selftest
+    from macbatch.metal import attention_backend, cpu_kernel_status, ensure_selftest
 
     ensure_selftest()  # report the path an engine would take (builds the CPU kernel if needed)
     rows = [
@@ -105,6 +105,8 @@ def doctor_command() -> None:
         ("device", str(mx.default_device())),
         ("metal", "available" if mx.metal.is_available() else "not available"),
         ("attention", attention_backend()),
+        ("cpu kernel", cpu_kernel_status()),
+        ("kv cache (demo)", _demo_kv_pool()),
         ("data dir", str(data_dir())),
         ("demo model", str(MODEL_DIR) if (MODEL_DIR / "config.json").exists() else "missing"),
     ]
@@ -123,6 +125,25 @@ def doctor_command() -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+
+
+def _demo_kv_pool() -> str:
+    """The KV pool an engine sizes by default, shown for the demo model (loads in a second)."""
+    from macbatch.engine import Engine
+
+    try:
+        engine = Engine.load("demo")
+    except ValueError as exc:
+        return f"cannot load the demo model: {exc}"
+    stats = engine.stats()
+    tokens = stats.kv_blocks_total * engine.config.block_size
+    size = sum(a.nbytes for a in engine.store.arrays())
+    return (
+        f"{stats.kv_blocks_total:,} blocks of {engine.config.block_size} tokens = {tokens:,} "
+        f"tokens, {size / 2**20:,.1f} MiB ({engine.config.max_num_seqs} sequences x "
+        f"{engine.max_model_len:,}-token context, at most {engine.config.memory_fraction:.0%} "
+        "of memory)"
+    )
 
 
 @app.command("models")

@@ -36,7 +36,15 @@ def test_doctor_reports_the_attention_path():
     assert lines["attention"] == attention_backend()
     if not mx.metal.is_available():  # doctor built and proved the CPU kernel (g++ is installed)
         assert lines["attention"] == "CPU kernel (no Metal)"
+        assert lines["cpu kernel"] == "built, self-test passed"
     assert lines["device"] == str(mx.default_device())
+    demo = Engine.load("demo")
+    blocks = demo.stats().kv_blocks_total
+    assert blocks == demo.config.max_num_seqs * demo.max_model_len // demo.config.block_size
+    assert lines["kv cache (demo)"].startswith(
+        f"{blocks:,} blocks of 16 tokens = {blocks * 16:,} tokens, "
+        f"{sum(a.nbytes for a in demo.store.arrays()) / 2**20:,.1f} MiB"
+    )
 
 
 def test_models_prints_a_table(tmp_path, monkeypatch):

@@ -69,6 +69,17 @@ def attention_backend() -> str:
     return f"reference (kernel self-test failed: {_state['why']})"
 
 
+def cpu_kernel_status() -> str:
+    """Whether the C++ CPU kernel is built and proved by its self-test, in words."""
+    if mx.metal.is_available():
+        return "not used (Metal runs the Metal kernel)"
+    if _state["cpu_ok"] is None:
+        return "not checked yet"
+    if _state["cpu_ok"]:
+        return "built, self-test passed"
+    return f"not available: {_state['cpu_why']}"
+
+
 def paged_attention(
     q: mx.array,
     k_pages: mx.array,
@@ -145,6 +156,7 @@ def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]
 __all__ = [
     "CpuKernelUnavailable",
     "attention_backend",
+    "cpu_kernel_status",
     "ensure_selftest",
     "paged_attention",
     "paged_attention_cpu",

@@ -118,3 +118,17 @@ def test_sampling_range_errors_come_from_the_engine_with_the_name() -> None:
     with pytest.raises(APIError) as info:
         parse_chat({"messages": HI, "top_p": 0})
     assert info.value.status == 400 and "top_p" in info.value.message
+
+
+@pytest.mark.parametrize("temperature", [2.5, 3, -0.1])
+def test_temperature_beyond_two_is_refused_with_the_engines_message(temperature: float) -> None:
+    """One rule, owned by SamplingParams: serve, run and chat give the same message."""
+    from macbatch.engine import InvalidSamplingParam, SamplingParams
+
+    with pytest.raises(InvalidSamplingParam) as engine_error:
+        SamplingParams(temperature=temperature)
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": HI, "temperature": temperature})
+    assert info.value.status == 400 and info.value.param == "temperature"
+    assert info.value.message == str(engine_error.value)
+    assert "must be a number in [0, 2] (0 means greedy)" in info.value.message

@@ -70,6 +70,7 @@ class Engine:
         if dtype is not None:
             model.set_dtype(getattr(mx, dtype))
         self.adapter = ModelAdapter(model)
+        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)

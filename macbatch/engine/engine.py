@@ -17,6 +17,7 @@ import macbatch.metal
 from macbatch.engine import chat_template
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
+from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore
 from macbatch.engine.request import (
@@ -62,14 +63,15 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig | None = None,
         model_name: str = "model",
+        owns_model: bool = False,
     ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
+        caller's model is cast only when ``config.dtype`` asks)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
         self.model_name = model_name
-        dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
-        if dtype is not None:
-            model.set_dtype(getattr(mx, dtype))
+        self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
         self.adapter = ModelAdapter(model)
         model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
@@ -114,7 +116,7 @@ class Engine:
         from macbatch.engine.loader import load_model
 
         model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name)
+        return cls(model, tokenizer, config, model_name=name, owns_model=True)
 
     # -- requests --------------------------------------------------------------------------
 

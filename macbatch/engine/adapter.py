@@ -236,7 +236,7 @@ class ModelAdapter:
         layer reads, and the K/V dtype. A layer handed the very K/V array an earlier layer was
         handed reuses that layer's K/V, so it reads that layer's pages."""
         caches = [_ProbeCache() for _ in self.model.layers]
-        mx.eval(self.inner(mx.array([[0]]), cache=caches))
+        self.inner(mx.array([[0]]), cache=caches)  # shapes only: the graph is never evaluated
         if not all(c.shape is not None and c.attended == 1 for c in caches):
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' does not route every layer's attention through "

@@ -87,8 +87,11 @@ _METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
 
 
 @app.command("doctor")
-def doctor_command() -> None:
-    """Print what macbatch sees: platform, MLX device, attention path, data directory, models."""
+def doctor_command(
+    model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+) -> None:
+    """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
+    with MODEL, whether it can be served and how (without loading its weights)."""
     import mlx.core as mx
 
     import macbatch
@@ -122,9 +125,18 @@ def doctor_command() -> None:
             )
         )
         rows.append(("cpu blas", blas))
+    report = None
+    if model is not None:
+        from macbatch.model_check import check_model
+
+        report = check_model(model)
+        rows += [("model", model), *report.rows]
+        rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+    if report is not None and not report.servable:
+        raise typer.Exit(1)
 
 
 def _demo_kv_pool() -> str:

@@ -211,7 +211,11 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                request_id = self.engine.add_request(item.prompt, SamplingParams(**item.sampling))
+                request_id = self.engine.add_request(
+                    item.prompt,
+                    SamplingParams(**item.sampling),
+                    chat_template_kwargs=item.chat_template_kwargs,
+                )
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
-from macbatch.engine import SamplingParams
+from macbatch.engine import SamplingParams, check_chat_template_kwargs
 
 TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
-SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score")
+SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score", "chat_template_kwargs")
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
 INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
@@ -71,6 +71,7 @@ class JobSpec:
     n: int
     chat: bool
     score: ScoreSpec | None
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -88,6 +89,11 @@ class JobSpec:
             "sampling": self.sampling,
             "n": self.n,
             "chat": self.chat,
+            **(
+                {"chat_template_kwargs": self.chat_template_kwargs}
+                if self.chat_template_kwargs
+                else {}
+            ),
         }
 
 
@@ -299,6 +305,9 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         chat = check.boolean(*found)
     if (found := setting("score")) is not None:
         score = _score(check, *found)
+    template_kwargs = None
+    if (found := setting("chat_template_kwargs")) is not None:
+        template_kwargs = _template_kwargs(check, *found)
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -321,7 +330,16 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         n=n,
         chat=chat,
         score=score,
+        chat_template_kwargs=template_kwargs,
     )
+
+
+def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:
+    """Template variables, checked by the engine's own rule (a chat job's setting only)."""
+    try:
+        return check_chat_template_kwargs(raw) or None
+    except ValueError as exc:
+        raise check.fail(key, f"{dotted(key)}: {exc}") from None
 
 
 def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:

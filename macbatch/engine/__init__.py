@@ -4,6 +4,7 @@ Front ends use only the names exported here (see docs/engine.md).
 """
 
 from macbatch.engine.adapter import UnsupportedModelError
+from macbatch.engine.chat_template import check_chat_template_kwargs
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
@@ -22,4 +23,5 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "UnsupportedModelError",
+    "check_chat_template_kwargs",
 ]

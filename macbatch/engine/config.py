@@ -11,8 +11,9 @@ class EngineConfig:
 
     ``num_blocks`` fixes the pool size; when it is None the pool takes ``memory_fraction`` of the
     memory left after the weights (capped at what ``max_num_seqs`` full-length sequences need).
-    ``dtype`` None keeps the model's dtype on Metal and uses float32 on CPU, the only dtype MLX's
-    CPU backend runs through BLAS.
+    ``dtype`` None keeps the model's dtype on Metal; on CPU a model the engine loads itself is
+    cast to float32 (the only dtype MLX's CPU backend runs through BLAS) if it fits in memory,
+    and a caller's model keeps its dtype (see ``compute_dtype.py``).
     """
 
     block_size: int = 16

@@ -14,8 +14,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import macbatch.metal
+from macbatch.engine import chat_template
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
+from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore
 from macbatch.engine.request import (
@@ -61,15 +63,17 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig | None = None,
         model_name: str = "model",
+        owns_model: bool = False,
     ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
+        caller's model is cast only when ``config.dtype`` asks)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
         self.model_name = model_name
-        dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
-        if dtype is not None:
-            model.set_dtype(getattr(mx, dtype))
+        self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
         self.adapter = ModelAdapter(model)
+        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
@@ -112,18 +116,21 @@ class Engine:
         from macbatch.engine.loader import load_model
 
         model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name)
+        return cls(model, tokenizer, config, model_name=name, owns_model=True)
 
     # -- requests --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated."""
+    def encode_prompt(
+        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
+        messages templated with ``chat_template_kwargs`` as template variables."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            ids = list(self.tokenizer.encode(prompt))
+            ids = chat_template.encode_text(self.tokenizer, prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = list(self._apply_chat_template(prompt))
+            ids = self._apply_chat_template(prompt, chat_template_kwargs)
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -142,7 +149,9 @@ class Engine:
             raise ValueError("prompt is empty")
         return ids
 
-    def _apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def _apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None
+    ) -> list[int]:
         for i, message in enumerate(messages):
             if not isinstance(message.get("role"), str) or not isinstance(
                 message.get("content"), str
@@ -150,33 +159,37 @@ class Engine:
                 raise ValueError(
                     f"chat message {i} must have string 'role' and 'content' fields, got {message}"
                 )
-        if getattr(self.tokenizer, "chat_template", None) is None:
+        if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"
             )
-        ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        return ids["input_ids"] if isinstance(ids, dict) else ids
+        return chat_template.encode_chat(self.tokenizer, messages, chat_template_kwargs)
 
     def add_request(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = self.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+        )
         self.enqueue(request)
         return request.request_id
 
     def prepare_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> Request:
         """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt)
+        ids = self.encode_prompt(prompt, chat_template_kwargs)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
@@ -291,13 +304,18 @@ class Engine:
         self,
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; final outputs in the order given."""
+        """Run ``prompts`` to completion together; final outputs in the order given
+        (``chat_template_kwargs`` apply to every chat prompt)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        requests = [self.prepare_request(p, sp, None) for p, sp in zip(prompts, params)]
+        requests = [
+            self.prepare_request(p, sp, None, chat_template_kwargs)
+            for p, sp in zip(prompts, params)
+        ]
         finals: dict[str, RequestOutput] = {}
         for request in requests:
             self.enqueue(request)

@@ -82,15 +82,22 @@ class EngineThread:
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output."""
         engine = self._live_engine()
-        request = engine.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = engine.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+        )
         self._commands.put(("add", request, on_output))
         return request.request_id
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
@@ -101,7 +108,7 @@ class EngineThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        rid = self.submit(prompt, params, deliver, request_id)
+        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs)
         finished = False
         try:
             while not finished:

@@ -178,7 +178,7 @@ async def _generate(
     count = len(generation.jobs)
     state.admission.take(count)
     try:
-        run = Run(state.thread, generation.jobs, state.metrics)
+        run = Run(state.thread, generation.jobs, state.metrics, generation.chat_template_kwargs)
     except APIError:
         state.admission.give_back(count)
         raise

@@ -112,8 +112,12 @@ class Engine:
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
-        from macbatch.engine.loader import load_model
+        from macbatch.engine.loader import declared_head_dim, load_model
 
+        config = config or EngineConfig()
+        head_dim = declared_head_dim(name) if config.kv_bits else None
+        if head_dim is not None:  # a group size that cannot work fails before the weights load
+            PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
         model, tokenizer = load_model(name)
         return cls(model, tokenizer, config, model_name=name)
 

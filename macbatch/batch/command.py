@@ -9,6 +9,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
+
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
 
@@ -87,6 +89,7 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    kv_bits: int | None = kv_bits_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -114,6 +117,7 @@ def run_command(
         output_dir,
         max_in_flight,
         max_seqs,
+        kv_bits,
         reporter,
         headless,
     )
@@ -136,6 +140,7 @@ def _run(
     output_dir: Path | None,
     max_in_flight: int,
     max_seqs: int | None,
+    kv_bits: int | None,
     reporter: object,
     headless: bool,
 ) -> dict:
@@ -149,8 +154,9 @@ def _run(
 
     def load_engine(name: str) -> object:
         try:
-            config = EngineConfig() if max_seqs is None else EngineConfig(max_num_seqs=max_seqs)
-            return Engine.load(name, config)
+            sizing = {} if max_seqs is None else {"max_num_seqs": max_seqs}
+            bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+            return Engine.load(name, EngineConfig(**sizing, kv_bits=bits))
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import SamplingParams, check_chat_template_kwargs
+from macbatch.metal.quant import check_kv_quantization
 
-TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
+TOP_KEYS = ("version", "model", "kv_bits", "defaults", "output", "jobs")
 SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score", "chat_template_kwargs")
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
 INPUT_KEYS = ("path", "format", "id")
@@ -105,6 +106,7 @@ class JobFile:
     model: str
     output_dir: Path
     jobs: tuple[JobSpec, ...]
+    kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
 
 
 def dotted(key: PathKey) -> str:
@@ -230,6 +232,11 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         model = _resolve_model(check.text(top["model"], ("model",)), base)
     else:
         raise check.fail((), "missing 'model' (a Hugging Face id, a local path, or demo)")
+    kv_bits = top.get("kv_bits")
+    try:
+        check_kv_quantization(kv_bits, None)
+    except ValueError as exc:
+        raise check.fail(("kv_bits",), str(exc)) from None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
     defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
@@ -250,7 +257,9 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
             )
         seen[spec.name] = index
         specs.append(spec)
-    return JobFile(path=path, model=model, output_dir=output_dir, jobs=tuple(specs))
+    return JobFile(
+        path=path, model=model, output_dir=output_dir, jobs=tuple(specs), kv_bits=kv_bits
+    )
 
 
 def _resolve_model(model: str, base: Path) -> str:

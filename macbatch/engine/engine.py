@@ -19,7 +19,7 @@ from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
 from macbatch.engine.request import (
     FinishReason,
     Request,
@@ -45,6 +45,7 @@ class EngineStats:
     generated_tokens: int
     prefix_cache_hit_rate: float
     cached_blocks: int
+    kv_cache_bytes: int  # the whole pool, scales included
 
     @property
     def kv_usage(self) -> float:
@@ -81,10 +82,12 @@ class Engine:
         self.vocab_size = _vocab_size(model)
         block_size = self.config.block_size
         shapes = self.adapter.layer_shapes
+        fmt = PageFormat(self.adapter.kv_dtype, self.config.kv_bits, self.config.kv_group_size)
+        per_block = fmt.bytes_per_block(shapes, block_size)  # also: a bad group size fails here
         num_blocks = self.config.num_blocks or _blocks_for_memory(
-            model, shapes, block_size, self.adapter.kv_dtype.size, self.config
+            model, per_block, block_size, self.config
         )
-        self.store = KVStore(shapes, num_blocks, block_size, self.adapter.kv_dtype)
+        self.store = KVStore(shapes, num_blocks, block_size, fmt)
         self.pool = BlockPool(num_blocks)
         prefix_root = (
             f"{model_name}:{self.adapter.model_type}".encode()
@@ -113,8 +116,12 @@ class Engine:
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
-        from macbatch.engine.loader import load_model
+        from macbatch.engine.loader import declared_head_dim, load_model
 
+        config = config or EngineConfig()
+        head_dim = declared_head_dim(name) if config.kv_bits else None
+        if head_dim is not None:  # a group size that cannot work fails before the weights load
+            PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
         model, tokenizer = load_model(name)
         return cls(model, tokenizer, config, model_name=name, owns_model=True)
 
@@ -342,6 +349,7 @@ class Engine:
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
+            kv_cache_bytes=self.store.nbytes,
         )
 
 
@@ -368,9 +376,10 @@ def _vocab_size(model: nn.Module) -> int:
 
 
 def _blocks_for_memory(
-    model: nn.Module, shapes: list, block_size: int, itemsize: int, config: EngineConfig
+    model: nn.Module, per_block: int, block_size: int, config: EngineConfig
 ) -> int:
-    """Blocks that fit in ``memory_fraction`` of what is left after the weights."""
+    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
+    ``memory_fraction`` of what is left after the weights."""
     from mlx.utils import tree_flatten
 
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
@@ -381,7 +390,6 @@ def _blocks_for_memory(
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     )
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    per_block = KVStore.bytes_per_block(shapes, block_size, itemsize)
     budget = max(0, int(total * config.memory_fraction) - weights)
     blocks = budget // per_block
     model_len = (

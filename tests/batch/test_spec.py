@@ -84,8 +84,8 @@ def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
 def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> None:
     message = error_for(tmp_path, "model: demo\nzzz: 1\njobs: [{name: a, prompts: [hi]}]\n")
     assert message.endswith(
-        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, defaults, "
-        "output, jobs)"
+        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, kv_bits, "
+        "defaults, output, jobs)"
     )
 
 

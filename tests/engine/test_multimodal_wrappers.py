@@ -13,7 +13,6 @@ import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.kv_cache import KVStore
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import WRAPPER_CONFIGS, save_model
 
@@ -79,4 +78,7 @@ def test_gemma4_kv_shared_layers_use_the_source_pages(tmp_path):
     )
     pool_bytes = sum(a.nbytes for a in engine.store.arrays())
     assert pool_bytes == per_token * engine.store.num_blocks * engine.store.block_size
-    assert KVStore.bytes_per_block(engine.adapter.layer_shapes, 16, 4) * 16 == pool_bytes
+    blocks = engine.store.num_blocks
+    assert (
+        engine.store.format.bytes_per_block(engine.adapter.layer_shapes, 16) * blocks == pool_bytes
+    )

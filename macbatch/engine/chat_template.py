@@ -108,3 +108,16 @@ def template_source(tokenizer: Any) -> str:
 def has_thinking_switch(tokenizer: Any) -> bool:
     """Whether the template reads ``enable_thinking`` (so thinking can be turned on or off)."""
     return THINKING_SWITCH in template_source(tokenizer)
+
+
+def thinking_default(tokenizer: Any) -> bool | None:
+    """Whether the template thinks when not told (None: it has no thinking switch), found by
+    rendering one question both ways: Qwen3 thinks by default, Gemma 4 does not."""
+    if not has_thinking_switch(tokenizer):
+        return None
+    probe = [{"role": "user", "content": "?"}]
+    try:
+        untold = render_chat(tokenizer, probe)
+        return untold == render_chat(tokenizer, probe, {THINKING_SWITCH: True})
+    except ValueError:  # a template that needs more than one question to render: no switch
+        return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx_lm
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig, SamplingParams, thinking_default
 from macbatch.engine.chat_template import has_thinking_switch, render_chat
 from tests.support.real_tokenizers import generation_eos_ids, load_real_tokenizer, model_for
 
@@ -45,6 +45,7 @@ def test_qwen3_template_thinking_on_and_off(qwen3, kwargs, suffix):
     assert ids == tokenizer.encode(QWEN3_TEXT + suffix, add_special_tokens=False)
     assert tokenizer.decode(ids) == QWEN3_TEXT + suffix
     assert has_thinking_switch(tokenizer)
+    assert thinking_default(tokenizer) is True  # Qwen3 thinks unless told not to
 
 
 def test_template_kwargs_reach_add_request_and_generate(qwen3):
@@ -74,6 +75,7 @@ def test_bad_template_kwargs_are_refused(qwen3, kwargs, message):
 
 
 def test_mistral_template_errors_are_value_errors(mistral):
+    assert thinking_default(mistral.tokenizer) is None  # no switch to show
     with pytest.raises(ValueError, match="chat template refused"):
         mistral.encode_prompt([{"role": "assistant", "content": "first"}])
 

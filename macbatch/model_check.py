@@ -103,7 +103,7 @@ def _probe(path: Path, report: ModelReport) -> None:
     needed = weights + max(0, cast_bytes(model, dtype.dtype))
     free = available_memory_bytes()
     report.rows.append(
-        ("memory", f"{needed / 2**30:.2f} GiB of weights, {free / 2**30:.1f} GiB free")
+        ("memory", f"{needed / 2**20:,.1f} MiB of weights, {free / 2**30:.1f} GiB free")
     )
     if needed > free:
         report.problem = (

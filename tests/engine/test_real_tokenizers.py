@@ -61,6 +61,26 @@ def test_template_kwargs_reach_add_request_and_generate(qwen3):
     qwen3.step()
 
 
+def test_template_default_holds_where_mlx_lm_forces_thinking(qwen3, monkeypatch):
+    """A Gemma 4-like template thinks only when told to. mlx-lm's TokenizerWrapper passes
+    enable_thinking=True to every tokenizer with thinking tokens (Qwen3's has them); the engine
+    passes nothing, so the template's own default (no thinking) holds."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}"
+    )
+    tokenizer = qwen3.tokenizer
+    monkeypatch.setattr(tokenizer._tokenizer, "chat_template", template)
+    question = [{"role": "user", "content": "Hi"}]
+    base = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    forced = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    assert forced == base + "<think>\n"  # what mlx-lm's wrapper renders
+    assert thinking_default(tokenizer) is False
+    assert qwen3.encode_prompt(question) == tokenizer.encode(base, add_special_tokens=False)
+    on = qwen3.encode_prompt(question, {"enable_thinking": True})
+    assert on == tokenizer.encode(base + "<think>\n", add_special_tokens=False)
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [

@@ -40,11 +40,11 @@ def check_chat_template_kwargs(kwargs: Any) -> dict[str, Any]:
         )
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"chat_template_kwargs: {name!r} is not a template variable name")
+            raise ValueError(f"{name!r} in chat_template_kwargs is not a template variable name")
         if name in _RESERVED:
             raise ValueError(
-                f"chat_template_kwargs: '{name}' is decided by macbatch, not the template; "
-                "leave it out"
+                f"'{name}' is an argument of apply_chat_template that macbatch decides, not a "
+                "template variable; leave it out of chat_template_kwargs"
             )
     return dict(kwargs)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from macbatch.batch.spec import load_job_file
-from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import Engine, SamplingParams
 from tests.batch.conftest import read_jsonl, write_job
 from tests.support.tiny import THINKING_TEMPLATE, save_model
@@ -61,18 +60,3 @@ def test_jobs_send_template_kwargs_and_resume_sees_changes(
     job_file.write_text(job_file.read_text().replace("enable_thinking: true", "enable_thinking: 0"))
     refused = macbatch_run(job_file, "--job", "think")
     assert refused.exit_code == 1 and "changed since its last run" in refused.stderr
-
-
-def test_bad_template_kwargs_point_at_the_line(tmp_path: Path) -> None:
-    path = write_job(
-        tmp_path,
-        """
-        model: demo
-        jobs:
-          - name: a
-            prompts: ["x"]
-            chat_template_kwargs: {tokenize: true}
-        """,
-    )
-    with pytest.raises(JobFileError, match=r"jobs\.yaml:5:.*'tokenize' is decided by macbatch"):
-        load_job_file(path)

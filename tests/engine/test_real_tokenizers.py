@@ -85,7 +85,7 @@ def test_template_default_holds_where_mlx_lm_forces_thinking(qwen3, monkeypatch)
     "kwargs,message",
     [
         ([("enable_thinking", False)], "must be a mapping"),
-        ({"add_generation_prompt": False}, "decided by macbatch"),
+        ({"add_generation_prompt": False}, "argument of apply_chat_template that macbatch decides"),
         ({"not a name": 1}, "not a template variable name"),
     ],
 )

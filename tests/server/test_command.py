@@ -150,6 +150,7 @@ def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
             assert _data_lines(short_lines)[-1] == "data: [DONE]"
             assert "data: [DONE]" not in _data_lines(long_lines)
         assert process.wait(timeout=30) == 0
+        assert "macbatch serve: weights in float32: " in process.stderr.read()  # says why
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=1)
     finally:

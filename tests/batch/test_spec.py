@@ -171,6 +171,10 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             "model: demo\ndefaults: {chat_template_kwargs: [x]}\njobs: [{name: a, prompts: [hi]}]",
             ":2:12: defaults.chat_template_kwargs: chat_template_kwargs must be a mapping",
         ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], chat: false, chat_template_kwargs: {x: 1}}]",
+            "chat_template_kwargs needs the chat template; chat is false",
+        ),
     ],
 )
 def test_bad_job_files(tmp_path: Path, text: str, expected: str) -> None:

@@ -172,7 +172,8 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             ":2:12: defaults.chat_template_kwargs: chat_template_kwargs must be a mapping",
         ),
         (
-            "model: demo\njobs: [{name: a, prompts: [hi], chat: false, chat_template_kwargs: {x: 1}}]",
+            "model: demo\njobs: [{name: a, prompts: [hi], chat: false,"
+            " chat_template_kwargs: {x: 1}}]",
             "chat_template_kwargs needs the chat template; chat is false",
         ),
     ],

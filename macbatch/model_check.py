@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlx.utils import tree_flatten
+
 from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, unsupported_reason
-from macbatch.engine.compute_dtype import available_memory_bytes, cast_bytes, settle_compute_dtype
+from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
 from macbatch.engine.kv_cache import KVStore
 from macbatch.engine.loader import resolve_model_path
 
@@ -67,7 +69,7 @@ def describe_quantization(config: dict[str, Any]) -> str:
     quant = config.get("quantization") or config.get("quantization_config")
     if not quant:
         return "none (float weights)"
-    mode = quant.get("mode", "affine")
+    mode = quant.get("mode") or quant.get("quant_method") or "affine"
     parts = [f"{mode} {quant.get('bits', '?')}-bit", f"group size {quant.get('group_size', '?')}"]
     mixed = sum(1 for v in quant.values() if isinstance(v, dict))
     if mixed:
@@ -86,27 +88,32 @@ def _probe(path: Path, report: ModelReport) -> None:
     inner_type = model_type_of(text_model(model))
     shown = outer_type if inner_type == outer_type else f"{outer_type} (text model: {inner_type})"
     report.rows.append(("architecture", shown))
-    weights = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     try:
         dtype = settle_compute_dtype(model, None, owns_model=True)
     except ValueError as exc:
         report.problem = str(exc)
         return
     report.rows.append(("compute dtype", f"{dtype.dtype} ({dtype.reason})"))
-    adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
+    try:
+        adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
+    except Exception as exc:  # an architecture whose forward fails on the probe: same answer
+        raise ValueError(f"the paged engine cannot run it: {exc}") from exc
     layers, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
     shared = f", {layers - paged} reuse another layer's K/V" if paged < layers else ""
     report.rows.append(("layers", f"{layers} ({paged} with KV pages{shared})"))
     per_token = KVStore.bytes_per_block(adapter.layer_shapes, 1, adapter.kv_dtype.size)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
-    needed = weights + max(0, cast_bytes(model, dtype.dtype))
+    # what the weights take once loaded and cast (lazy arrays know their size unread)
+    needed = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     free = available_memory_bytes()
-    report.rows.append(
-        ("memory", f"{needed / 2**30:.2f} GiB of weights, {free / 2**30:.1f} GiB free")
-    )
+    report.rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
     if needed > free:
         report.problem = (
-            f"its weights need {needed / 2**30:.1f} GiB and {free / 2**30:.1f} GiB is free; "
+            f"its weights need {_size(needed)} and {_size(free)} is free; "
             "free memory or pick a smaller (quantized) model"
         )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.1f} MiB"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typer.testing import CliRunner
 
 from macbatch.cli import app
@@ -43,3 +45,14 @@ def test_doctor_model_says_why_not(tmp_path):
     missing = CliRunner().invoke(app, ["doctor", "nobody/not-downloaded"])
     assert missing.exit_code == 1
     assert "'nobody/not-downloaded' is not downloaded yet" in missing.output
+
+
+def test_doctor_model_says_when_the_weights_do_not_fit(tmp_path, monkeypatch):
+    import macbatch.model_check
+
+    path = save_model(tmp_path / "qwen3", "qwen3")
+    monkeypatch.setattr(macbatch.model_check, "available_memory_bytes", lambda: 1024)
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 1
+    servable = _rows(result.output)["servable"]
+    assert re.match(r"no: its weights need 0\.\d MiB and 0\.0 MiB is free; free memory", servable)

@@ -317,6 +317,10 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
     template_kwargs = None
     if (found := setting("chat_template_kwargs")) is not None:
         template_kwargs = _template_kwargs(check, *found)
+        if template_kwargs and not chat:
+            raise check.fail(
+                found[1], "chat_template_kwargs needs the chat template; chat is false"
+            )
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)

@@ -214,6 +214,8 @@ class ModelAdapter:
         self._check_cache_kinds()
         _patch_model_modules()
         self.layer_shapes, self.kv_layers, self.kv_dtype = self._probe()
+        # a model layer writes K/V when it is the first to use its store layer
+        self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
 
     @property
     def inner(self) -> nn.Module:
@@ -254,16 +256,12 @@ class ModelAdapter:
             kv_layers.append(store_layer)
         return shapes, kv_layers, caches[0].dtype
 
-    def computes_kv(self, layer: int) -> bool:
-        """Whether model layer ``layer`` writes K/V of its own (else it reuses an earlier one's)."""
-        return self.kv_layers.index(self.kv_layers[layer]) == layer
-
     def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
         """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
         is sampled: the step only writes K/V)."""
         caches = [
-            PagedLayerCache(store, kv, batch, writes=self.computes_kv(i))
-            for i, kv in enumerate(self.kv_layers)
+            PagedLayerCache(store, kv, batch, writes)
+            for kv, writes in zip(self.kv_layers, self.kv_writes)
         ]
         hidden = self.inner(batch.token_ids[:, None], cache=caches)
         if batch.sample_rows.size == 0:

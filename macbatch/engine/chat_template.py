@@ -40,13 +40,30 @@ def check_chat_template_kwargs(kwargs: Any) -> dict[str, Any]:
         )
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"chat_template_kwargs: {name!r} is not a template variable name")
+            raise ValueError(f"{name!r} in chat_template_kwargs is not a template variable name")
         if name in _RESERVED:
             raise ValueError(
-                f"chat_template_kwargs: '{name}' is decided by macbatch, not the template; "
-                "leave it out"
+                f"'{name}' is an argument of apply_chat_template that macbatch decides, not a "
+                "template variable; leave it out of chat_template_kwargs"
             )
     return dict(kwargs)
+
+
+def check_messages(messages: Sequence[dict[str, Any]]) -> None:
+    """``ValueError`` unless every message has a string role and string content (the text model
+    of a multimodal checkpoint is served: image or audio parts are refused, not dropped)."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            raise ValueError(
+                f"chat message {i} has content parts (images, audio ...): macbatch serves text "
+                "models, and the text model of multimodal checkpoints; send the content as a string"
+            )
+        if not isinstance(message.get("role"), str) or not isinstance(content, str):
+            shown = {k: message[k] for k in list(message)[:4]}
+            raise ValueError(
+                f"chat message {i} must have string 'role' and 'content' fields, got {shown!r:.200}"
+            )
 
 
 def _hf_tokenizer(tokenizer: Any) -> Any:
@@ -108,3 +125,16 @@ def template_source(tokenizer: Any) -> str:
 def has_thinking_switch(tokenizer: Any) -> bool:
     """Whether the template reads ``enable_thinking`` (so thinking can be turned on or off)."""
     return THINKING_SWITCH in template_source(tokenizer)
+
+
+def thinking_default(tokenizer: Any) -> bool | None:
+    """Whether the template thinks when not told (None: it has no thinking switch), found by
+    rendering one question both ways: Qwen3 thinks by default, Gemma 4 does not."""
+    if not has_thinking_switch(tokenizer):
+        return None
+    probe = [{"role": "user", "content": "?"}]
+    try:
+        untold = render_chat(tokenizer, probe)
+        return untold == render_chat(tokenizer, probe, {THINKING_SWITCH: True})
+    except ValueError:  # a template that needs more than one question to render: no switch
+        return None

@@ -159,13 +159,7 @@ class Engine:
     def _apply_chat_template(
         self, messages: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None
     ) -> list[int]:
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str) or not isinstance(
-                message.get("content"), str
-            ):
-                raise ValueError(
-                    f"chat message {i} must have string 'role' and 'content' fields, got {message}"
-                )
+        chat_template.check_messages(messages)
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"

@@ -76,6 +76,12 @@ class EngineThread:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def encode_prompt(
+        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
+        return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
+
     def submit(
         self,
         prompt: Prompt,

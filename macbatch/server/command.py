@@ -179,7 +179,8 @@ def _serve(
         except Exception as exc:
             typer.echo(f"macbatch serve: cannot load {model!r}: {exc}", err=True)
             raise typer.Exit(1) from None
-        tokenizer = thread.call(lambda engine: engine.tokenizer).result()
+        tokenizer, dtype = thread.call(lambda e: (e.tokenizer, e.compute_dtype)).result()
+        typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)
         options = ServerOptions(
             api_key=api_key,
             max_body_bytes=max_body_bytes,

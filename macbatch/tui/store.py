@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     temperature REAL NOT NULL,
     top_p REAL NOT NULL,
     max_tokens INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    thinking INTEGER
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -47,12 +48,14 @@ ERROR = "error"
 
 @dataclass
 class SessionSettings:
-    """What a session sends with each request: its system prompt and sampling settings."""
+    """What a session sends with each request: its system prompt and sampling settings, and
+    thinking on or off for templates with that switch (None: the template's own default)."""
 
     system_prompt: str = ""
     temperature: float = 0.7
     top_p: float = 1.0
     max_tokens: int = 512
+    thinking: bool | None = None
 
 
 @dataclass
@@ -93,6 +96,7 @@ class HistoryStore:
             self._db = sqlite3.connect(path)
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.executescript(SCHEMA)
+            _add_missing_columns(self._db)
             # A reply still "streaming" on disk belongs to a run that ended without saying so.
             self._db.execute(
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
@@ -110,16 +114,12 @@ class HistoryStore:
     # Sessions
 
     def sessions(self) -> list[Session]:
-        rows = self._db.execute(
-            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
-            "FROM sessions ORDER BY id"
-        ).fetchall()
+        rows = self._db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
         return [_session(row) for row in rows]
 
     def session(self, session_id: int) -> Session:
         row = self._db.execute(
-            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
-            "FROM sessions WHERE id = ?",
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?",
             (session_id,),
         ).fetchone()
         if row is None:
@@ -129,8 +129,8 @@ class HistoryStore:
     def create_session(self, title: str, settings: SessionSettings) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created, "
+            "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 title,
                 settings.system_prompt,
@@ -138,6 +138,7 @@ class HistoryStore:
                 settings.top_p,
                 settings.max_tokens,
                 now,
+                settings.thinking,
             ),
         )
         self._db.commit()
@@ -149,13 +150,14 @@ class HistoryStore:
 
     def update_settings(self, session_id: int, settings: SessionSettings) -> None:
         self._db.execute(
-            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ? "
-            "WHERE id = ?",
+            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, "
+            "thinking = ? WHERE id = ?",
             (
                 settings.system_prompt,
                 settings.temperature,
                 settings.top_p,
                 settings.max_tokens,
+                settings.thinking,
                 session_id,
             ),
         )
@@ -214,9 +216,25 @@ class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 
 
+_SESSION_COLUMNS = "id, title, system_prompt, temperature, top_p, max_tokens, created, thinking"
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """Histories written before the thinking switch existed get its column (NULL: default)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "thinking" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN thinking INTEGER")
+
+
 def _session(row: tuple) -> Session:
-    session_id, title, system_prompt, temperature, top_p, max_tokens, created = row
-    settings = SessionSettings(system_prompt, float(temperature), float(top_p), int(max_tokens))
+    session_id, title, system_prompt, temperature, top_p, max_tokens, created, thinking = row
+    settings = SessionSettings(
+        system_prompt,
+        float(temperature),
+        float(top_p),
+        int(max_tokens),
+        None if thinking is None else bool(thinking),
+    )
     return Session(int(session_id), title, settings, float(created))
 
 

@@ -168,6 +168,19 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             "model: demo\njobs: [{name: a, prompts: [hi], score: {group: task}}]",
             "jobs[0].score needs 'field'",
         ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], chat_template_kwargs: {tokenize: 1}}]",
+            ":2:33: jobs[0].chat_template_kwargs: 'tokenize' is an argument of apply_chat_template",
+        ),
+        (
+            "model: demo\ndefaults: {chat_template_kwargs: [x]}\njobs: [{name: a, prompts: [hi]}]",
+            ":2:12: defaults.chat_template_kwargs: chat_template_kwargs must be a mapping",
+        ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], chat: false,"
+            " chat_template_kwargs: {x: 1}}]",
+            "chat_template_kwargs needs the chat template; chat is false",
+        ),
     ],
 )
 def test_bad_job_files(tmp_path: Path, text: str, expected: str) -> None:

@@ -3,30 +3,19 @@ job's identity for resume."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from macbatch.batch.spec import load_job_file
-from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import Engine, SamplingParams
 from tests.batch.conftest import read_jsonl, write_job
-from tests.support.tiny import CHAT_TEMPLATE
-
-# the tiny template, plus a switch as Qwen3's: "thinking off" changes the rendered prompt
-SWITCH = "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
+from tests.support.tiny import THINKING_TEMPLATE, save_model
 
 
 @pytest.fixture
-def switch_model(tmp_path: Path, tiny_model_path: Path) -> Path:
-    path = shutil.copytree(tiny_model_path, tmp_path / "model")
-    config_file = path / "tokenizer_config.json"
-    config = json.loads(config_file.read_text())
-    config["chat_template"] = CHAT_TEMPLATE + SWITCH
-    config_file.write_text(json.dumps(config))
-    return path
+def switch_model(tmp_path: Path) -> Path:
+    return save_model(tmp_path / "model", chat_template=THINKING_TEMPLATE)
 
 
 def test_jobs_send_template_kwargs_and_resume_sees_changes(
@@ -71,18 +60,3 @@ def test_jobs_send_template_kwargs_and_resume_sees_changes(
     job_file.write_text(job_file.read_text().replace("enable_thinking: true", "enable_thinking: 0"))
     refused = macbatch_run(job_file, "--job", "think")
     assert refused.exit_code == 1 and "changed since its last run" in refused.stderr
-
-
-def test_bad_template_kwargs_point_at_the_line(tmp_path: Path) -> None:
-    path = write_job(
-        tmp_path,
-        """
-        model: demo
-        jobs:
-          - name: a
-            prompts: ["x"]
-            chat_template_kwargs: {tokenize: true}
-        """,
-    )
-    with pytest.raises(JobFileError, match=r"jobs\.yaml:5:.*'tokenize' is decided by macbatch"):
-        load_job_file(path)

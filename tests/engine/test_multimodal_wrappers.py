@@ -78,7 +78,17 @@ def test_gemma4_kv_shared_layers_use_the_source_pages(tmp_path):
     )
     pool_bytes = sum(a.nbytes for a in engine.store.arrays())
     assert pool_bytes == per_token * engine.store.num_blocks * engine.store.block_size
-    blocks = engine.store.num_blocks
-    assert (
-        engine.store.format.bytes_per_block(engine.adapter.layer_shapes, 16) * blocks == pool_bytes
-    )
+    per_block = engine.store.format.bytes_per_block(engine.adapter.layer_shapes, 16)
+    assert per_block * engine.store.num_blocks == pool_bytes
+
+
+def test_an_image_part_is_refused_and_the_engine_keeps_serving(tmp_path):
+    path = save_model(tmp_path / "gemma3", "gemma3", drop_lm_head=True)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=16))
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(ValueError, match="content parts .* send the content as a string"):
+        engine.add_request([{"role": "user", "content": [image]}])
+    model, _ = mlx_lm.load(str(path))
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    [out] = engine.generate([PROMPTS[1]], params)
+    assert out.token_ids == mlx_lm_greedy(model, PROMPTS[1], 4)

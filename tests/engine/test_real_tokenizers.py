@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx_lm
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig, SamplingParams, thinking_default
 from macbatch.engine.chat_template import has_thinking_switch, render_chat
 from tests.support.real_tokenizers import generation_eos_ids, load_real_tokenizer, model_for
 
@@ -45,6 +45,7 @@ def test_qwen3_template_thinking_on_and_off(qwen3, kwargs, suffix):
     assert ids == tokenizer.encode(QWEN3_TEXT + suffix, add_special_tokens=False)
     assert tokenizer.decode(ids) == QWEN3_TEXT + suffix
     assert has_thinking_switch(tokenizer)
+    assert thinking_default(tokenizer) is True  # Qwen3 thinks unless told not to
 
 
 def test_template_kwargs_reach_add_request_and_generate(qwen3):
@@ -60,11 +61,31 @@ def test_template_kwargs_reach_add_request_and_generate(qwen3):
     qwen3.step()
 
 
+def test_template_default_holds_where_mlx_lm_forces_thinking(qwen3, monkeypatch):
+    """A Gemma 4-like template thinks only when told to. mlx-lm's TokenizerWrapper passes
+    enable_thinking=True to every tokenizer with thinking tokens (Qwen3's has them); the engine
+    passes nothing, so the template's own default (no thinking) holds."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}"
+    )
+    tokenizer = qwen3.tokenizer
+    monkeypatch.setattr(tokenizer._tokenizer, "chat_template", template)
+    question = [{"role": "user", "content": "Hi"}]
+    base = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    forced = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    assert forced == base + "<think>\n"  # what mlx-lm's wrapper renders
+    assert thinking_default(tokenizer) is False
+    assert qwen3.encode_prompt(question) == tokenizer.encode(base, add_special_tokens=False)
+    on = qwen3.encode_prompt(question, {"enable_thinking": True})
+    assert on == tokenizer.encode(base + "<think>\n", add_special_tokens=False)
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
         ([("enable_thinking", False)], "must be a mapping"),
-        ({"add_generation_prompt": False}, "decided by macbatch"),
+        ({"add_generation_prompt": False}, "argument of apply_chat_template that macbatch decides"),
         ({"not a name": 1}, "not a template variable name"),
     ],
 )
@@ -74,6 +95,7 @@ def test_bad_template_kwargs_are_refused(qwen3, kwargs, message):
 
 
 def test_mistral_template_errors_are_value_errors(mistral):
+    assert thinking_default(mistral.tokenizer) is None  # no switch to show
     with pytest.raises(ValueError, match="chat template refused"):
         mistral.encode_prompt([{"role": "assistant", "content": "first"}])
 

@@ -23,6 +23,11 @@ CHAT_TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# The same template with a thinking switch as Qwen3's (thinks unless told not to): "off" adds text.
+THINKING_TEMPLATE = (
+    CHAT_TEMPLATE
+    + "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
+)
 _CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "hello world, how are you today? I am fine, thank you.",
@@ -145,7 +150,13 @@ def build_tokenizer_json() -> str:
 
 
 def save_model(
-    path: Path, arch: str = "qwen3", seed: int = 0, *, drop_lm_head: bool = False, **overrides: Any
+    path: Path,
+    arch: str = "qwen3",
+    seed: int = 0,
+    *,
+    drop_lm_head: bool = False,
+    chat_template: str = CHAT_TEMPLATE,
+    **overrides: Any,
 ) -> Path:
     """Write a tiny model in Hugging Face layout (config, safetensors, tokenizer files).
 
@@ -165,7 +176,7 @@ def save_model(
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "model_max_length": 4096,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))

@@ -10,7 +10,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED, SessionSettings
 from macbatch.tui.widgets.message_view import displayable
-from tests.tui.helpers import GREEDY, first_reply, send, wait_for
+from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
 # steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
@@ -130,6 +130,48 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
     assert messages[0].content == "0123"
     (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "0123"}]], 24)
     assert messages[1].content == expected
+
+
+async def test_keys_typed_ahead_edit_and_resend_in_the_order_typed(make_app, tiny_model_path):
+    """Edit and resend with every key delivered at once, right after a regenerate and right
+    after switching chats twice. Textual runs a binding (Backspace, End, ctrl+g, ctrl+pageup) only
+    once the key has bubbled up to the app, but inserts a letter at once; the prompt must not
+    let them overtake each other (docs/chat.md, "Typing ahead")."""
+    replies = greedy_texts(
+        tiny_model_path, [[{"role": "user", "content": text}] for text in ("0123", "4567")], 24
+    )
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, "hello world")
+        first = screen.current
+
+        async def edit_typed_ahead(text: str, *before: str) -> None:
+            replies_so_far = len(app.engine.outputs)
+            type_ahead(app, *before, "ctrl+g", "end", *["backspace"] * 30, *text, "enter")
+            await wait_for(pilot, lambda: len(app.engine.outputs) > replies_so_far)
+            await wait_for(pilot, lambda: not screen.replies)
+
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not screen.replies)
+        await edit_typed_ahead("0123")
+        messages = app.store.messages(first)
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "0123"),
+            ("assistant", replies[0]),
+        ]
+
+        await pilot.press("ctrl+n", "ctrl+n")
+        await edit_typed_ahead("4567", "ctrl+pageup", "ctrl+pageup")  # back to the first chat
+        assert screen.current == first
+        messages = app.store.messages(first)
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "4567"),
+            ("assistant", replies[1]),
+        ]
+        assert [app.store.messages(other) for other in screen.sessions if other != first] == [
+            [],
+            [],
+        ]
 
 
 async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):

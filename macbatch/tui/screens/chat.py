@@ -73,7 +73,7 @@ class ChatScreen(Screen[None]):
             with Vertical(id="chat"):
                 yield LoadingPanel(id="loading")
                 yield ContentSwitcher(id="transcripts")
-                yield PromptInput()
+                yield PromptInput(on_submit=self.send)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -262,8 +262,8 @@ class ChatScreen(Screen[None]):
 
     # Messages and replies
 
-    @on(PromptInput.Submitted)
-    async def send(self, event: PromptInput.Submitted) -> None:
+    async def send(self, text: str) -> None:
+        """Enter in the message box (the box awaits this before it reads the next key)."""
         session_id = self.current
         if session_id is None or not self.engine_usable():
             return
@@ -272,13 +272,14 @@ class ChatScreen(Screen[None]):
             return
         store = self.chat_app.store
         transcript = self.transcript(session_id)
-        if self.editing is not None:
-            await transcript.remove_from(self.editing.id)
-            store.delete_messages_from(session_id, self.editing.id)
-            self.cancel_edit()
-        message = store.add_message(session_id, "user", event.text)
-        await transcript.add(message)
+        editing = self.editing
+        self.cancel_edit()
         self.prompt_input.clear()
+        if editing is not None:
+            store.delete_messages_from(session_id, editing.id)
+            await transcript.remove_from(editing.id)
+        message = store.add_message(session_id, "user", text)
+        await transcript.add(message)
         await self.start_reply(session_id)
 
     def engine_usable(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED, SessionSettings
 from macbatch.tui.widgets.message_view import displayable
+from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
@@ -72,6 +74,10 @@ async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
         shutil.copy(tmp_path / "two-sessions.svg", DOCS_SCREENSHOT)
 
 
+def status(screen: ChatScreen) -> str:
+    return str(screen.query_one(StatusBar).render())
+
+
 async def test_stop_frees_kv_blocks_at_once(make_app):
     app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:
@@ -82,12 +88,21 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         await wait_for(pilot, lambda: len(outputs[0]) >= 40)
         in_use = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert in_use.kv_blocks_used > 0
+        pool = app.engine.call(lambda engine: (engine.pool.num_blocks, engine.config.block_size))
+        blocks, block_size = pool.result(timeout=10)
+        # The status bar shows the pool: blocks in use of all of them, and the tokens they hold.
+        screen.refresh_status()
+        shown = re.search(r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens\)", status(screen))
+        assert shown, status(screen)
+        assert int(shown[1]) > 0 and int(shown[2]) == blocks
+        assert int(shown[3].replace(",", "")) == blocks * block_size
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.replies)
         # The abort was queued before this call, so the engine has freed the blocks by now.
         after = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert after.kv_blocks_used == 0
         assert after.running == 0
+        await wait_for(pilot, lambda: f"KV 0/{blocks} blocks" in status(screen))
         reply = app.store.messages(screen.current)[-1]
         assert reply.status == STOPPED
         assert 40 <= len(outputs[0][-1].token_ids) < LONG.max_tokens

@@ -69,7 +69,7 @@ async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
             assert view.query_one("Markdown").source == displayable(streamed)
 
     svg = (tmp_path / "two-sessions.svg").read_text()
-    assert svg.startswith("<svg") and "● Chat" in svg.replace("&#160;", " ")
+    assert svg.startswith("<svg") and "● hello world" in svg.replace("&#160;", " ")
     if os.environ.get("MACBATCH_UPDATE_SCREENSHOT"):
         shutil.copy(tmp_path / "two-sessions.svg", DOCS_SCREENSHOT)
 

@@ -126,7 +126,7 @@ def test_chat_draws_at_the_panes_size_whatever_columns_and_lines_say(
             and lines[0].startswith("╭─ Chats")
             and len(lines[0]) == width
             and lines[0].endswith("╮")  # the chat's frame closes at the pane's right edge
-            and "tok/step" in lines[height - 2]  # the status bar above the footer
+            and " running · " in lines[height - 2]  # the status bar above the footer
         )
 
     start_chat(tmux, tiny_model_path, tmp_path / "home", "COLUMNS=160 LINES=48", 100, 30)

@@ -78,6 +78,31 @@ async def test_the_first_message_titles_the_chat(make_app):
         assert app.store.session(screen.current).title == "Groceries"
 
 
+async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
+    """Two switches handled back to back (a held alt+up, keys typed ahead): the sidebar's late
+    news of the first one must not reopen the chat in between, cancelling the edit begun after."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, "hello world")
+        await pilot.press("ctrl+n", "ctrl+n")
+        first, second, third = screen.sessions
+        opened = []
+        original = screen.open_session
+
+        async def open_session(session_id: int) -> None:
+            opened.append(session_id)
+            await original(session_id)
+
+        screen.open_session = open_session
+        await screen.action_switch(-1)
+        await screen.action_switch(-1)
+        screen.action_edit_last()
+        await pilot.pause(0.2)
+        assert opened == [second, first]
+        assert screen.current == first and screen.session_list.index == 0
+        assert screen.editing is not None and screen.prompt_input.text == "hello world"
+
+
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
     app = make_app(step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:

@@ -5,6 +5,7 @@ Heavy imports (mlx, Textual, the engine) happen inside the function so `macbatch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -89,7 +90,20 @@ def chat_command(
         defaults=defaults,
         load_progress=progress,
     )
+    size_from_the_terminal()
     app.run()
+
+
+def size_from_the_terminal() -> None:
+    """Make the app draw at the terminal's size, and follow it when it changes.
+
+    Textual takes its size from `shutil.get_terminal_size`, which believes COLUMNS and LINES over
+    the terminal. Exported (by a shell profile, a parent process, a tmux server started from
+    another terminal) they are stale: the app drew 160x48 into a 120x36 pane and ignored resizes.
+    Nothing else in this process reads them.
+    """
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def main() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from textual import events
+
 from macbatch.engine import Engine, EngineThread, RequestOutput
 from macbatch.tui.store import SessionSettings
 
@@ -52,3 +54,11 @@ async def first_reply(pilot, app, text: str):
     await send(pilot, screen, text)
     await wait_for(pilot, lambda: not screen.replies)
     return screen
+
+
+def type_ahead(app, *keys: str) -> None:
+    """Deliver `keys` all at once, as a terminal does with keys typed (or sent by tmux) faster
+    than the app handles them. `pilot.press` waits for the app to go idle after every key, which
+    hides any race between them."""
+    for key in keys:
+        app.post_message(events.Key(key, key if len(key) == 1 else None))

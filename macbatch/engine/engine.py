@@ -17,6 +17,11 @@ import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.distributed.channel import channel_of
+from macbatch.engine.distributed.group import current as distributed_group
+from macbatch.engine.distributed.group import smallest
+from macbatch.engine.distributed.loading import load_on_every_rank
+from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool, KVStore
 from macbatch.engine.request import (
     FinishReason,
@@ -61,7 +66,10 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig | None = None,
         model_name: str = "model",
+        group: mx.distributed.Group | None = None,
     ) -> None:
+        """``group``: the ranks that share this model (tensor parallel); every rank builds its
+        Engine at the same point, and only rank 0's is stepped (docs/distributed.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
@@ -69,6 +77,8 @@ class Engine:
         dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
         if dtype is not None:
             model.set_dtype(getattr(mx, dtype))
+        if group is not None:
+            shard_model(model, group)
         self.adapter = ModelAdapter(model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
@@ -80,6 +90,8 @@ class Engine:
         num_blocks = self.config.num_blocks or _blocks_for_memory(
             model, shapes, block_size, self.adapter.kv_dtype.size, self.config
         )
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            num_blocks = smallest(num_blocks, group)
         self.store = KVStore(shapes, num_blocks, block_size, self.adapter.kv_dtype)
         self.pool = BlockPool(num_blocks)
         prefix_root = (
@@ -105,14 +117,19 @@ class Engine:
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
+        self._followers = channel_of(group) if group is not None and group.rank() == 0 else None
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
         from macbatch.engine.loader import load_model
 
-        model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name)
+        group = distributed_group()
+        if group is None:
+            model, tokenizer = load_model(name)
+        else:
+            model, tokenizer = load_on_every_rank(name, config or EngineConfig(), group)
+        return cls(model, tokenizer, config, model_name=name, group=group)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -248,6 +265,8 @@ class Engine:
                 self._cached_prompt_tokens += chunk.start
 
         batch = pack(plan, self.config.block_size, self._kv_head_counts)
+        if self._followers is not None:  # the other ranks run this same forward on their shard
+            self._followers.send_step(batch)
         logits = self.adapter.forward(batch, self.store)
         sampled_chunks = [c for c in plan.chunks if c.samples]
         result = None
@@ -255,6 +274,8 @@ class Engine:
             rows = [_sample_row(c.request) for c in sampled_chunks]
             result = sample(logits, rows)
         mx.eval(*(result.arrays() if result else []), *self.store.arrays())
+        if self._followers is not None:
+            self._followers.step_finished()
         self._steps += 1
 
         for chunk in plan.chunks:

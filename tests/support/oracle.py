@@ -9,12 +9,19 @@ from mlx_lm.generate import generate_step
 
 def mlx_lm_greedy(model: nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens from mlx-lm for one prompt (EOS not treated specially)."""
-    tokens = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        tokens.append(int(token))
-        if len(tokens) == max_tokens:
+    return [token for token, _ in mlx_lm_greedy_logprobs(model, prompt, max_tokens)]
+
+
+def mlx_lm_greedy_logprobs(
+    model: nn.Module, prompt: list[int], max_tokens: int
+) -> list[tuple[int, float]]:
+    """Greedy tokens from mlx-lm for one prompt, each with its log-probability."""
+    steps = []
+    for token, logprobs in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        steps.append((int(token), float(logprobs[int(token)])))
+        if len(steps) == max_tokens:
             break
-    return tokens
+    return steps
 
 
 def assert_pool_idle(engine) -> None:

@@ -11,13 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from macbatch.launch import follower_exit_status
 
 # A pool of 14 blocks of 8 tokens cannot hold these requests together (preemption); a 24-token
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
 CONFIG = EngineConfig(num_blocks=14, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
 
 
 def workload_prompts() -> list[list[int]]:
@@ -36,7 +36,7 @@ def workload_prompts() -> list[list[int]]:
 def run_rank_zero(model_dir: str, out: Path) -> None:
     engine = Engine.load(model_dir, CONFIG)
     prompts = workload_prompts()
-    results: dict[int, list[int]] = {}
+    results: dict[int, RequestOutput] = {}
     ids: dict[str, int] = {}
     step = 0
     pending = list(enumerate(prompts))
@@ -46,11 +46,12 @@ def run_rank_zero(model_dir: str, out: Path) -> None:
             ids[engine.add_request(prompt, GREEDY)] = i
         for output in engine.step():
             if output.finished:
-                results[ids[output.request_id]] = output.token_ids
+                results[ids[output.request_id]] = output
         step += 1
     stats = engine.stats()
     report = {
-        "tokens": [results[i] for i in range(len(prompts))],
+        "tokens": [results[i].token_ids for i in range(len(prompts))],
+        "logprobs": [results[i].logprobs for i in range(len(prompts))],
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
         "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],

@@ -3,11 +3,11 @@
 The same random Qwen3-shaped float32 model (benchmarks/common.py: 8 layers, hidden 512, 8/4
 heads), 16 requests of 256 prompt tokens and 32 new tokens each, a 1024-token step budget. One
 rank runs in this process; two ranks run under `mlx.launch -n 2 --backend ring` on 127.0.0.1 (the
-script starts itself there). For each, the median wall time of prefill steps (1024 tokens) and
-of decode steps (16 tokens), wall and rank 0's CPU time. The collectives of one step of each kind are counted on rank 0 by
-wrapping ``mx.distributed.all_sum`` while the step's graph is built: calls and bytes per step,
-split into the plan broadcast and the model's own all_sums (two per layer). A loopback round
-trip of one all_sum is timed too, as the latency floor of a collective here.
+script starts itself there). For each, the median wall and rank-0 CPU time of prefill steps (1024
+tokens) and of decode steps (16 tokens). The collectives of one step of each kind are counted on
+rank 0 by wrapping ``mx.distributed.all_sum`` while the step's graph is built: calls and bytes
+per step, split into the plan broadcast and the model's own all_sums (two per layer). A loopback
+round trip of one all_sum is timed too, as the latency floor of a collective here.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.tensor_parallel
@@ -74,8 +74,9 @@ def measure(engine: Engine) -> dict:
         kind = "decode" if tokens == REQUESTS else "prefill" if tokens == 1024 else None
         if kind:
             times[kind].append(elapsed)
-            traffic.setdefault(kind, {"tokens": tokens, "calls": dict(counter.calls),
-                                      "bytes": dict(counter.bytes)})
+            traffic.setdefault(
+                kind, {"tokens": tokens, "calls": dict(counter.calls), "bytes": dict(counter.bytes)}
+            )
     result: dict = {
         k: [statistics.median(t[clock] for t in (v[1:] or v)) for clock in (0, 1)]
         for k, v in times.items()
@@ -139,15 +140,25 @@ def main() -> None:
         tokens = two["traffic"][kind]["tokens"]
         for clock, name in enumerate(("wall", "rank 0 CPU")):
             a, b = one[kind][clock], two[kind][clock]
-            print(f"{kind} step ({tokens} tokens), {name}: 1 rank {a * 1000:.1f} ms, 2 ranks "
-                  f"{b * 1000:.1f} ms, ratio {b / a:.2f}")
+            print(
+                f"{kind} step ({tokens} tokens), {name}: 1 rank {a * 1000:.1f} ms, 2 ranks "
+                f"{b * 1000:.1f} ms, ratio {b / a:.2f}"
+            )
         calls, sizes = two["traffic"][kind]["calls"], two["traffic"][kind]["bytes"]
         for what in sorted(calls):
-            print(f"  {what}: {calls[what]} calls, {sizes[what]:,} bytes per step"
-                  + (f" ({calls[what] / layers:g} calls, {sizes[what] / layers:,.0f} bytes per "
-                     "layer)" if what == "model all_sum" else ""))
-    print(f"one all_sum of 1x{BENCH_MODEL['hidden_size']} float32 over loopback: "
-          f"{two['all_sum_round_trip_s'] * 1e6:.0f} us")
+            print(
+                f"  {what}: {calls[what]} calls, {sizes[what]:,} bytes per step"
+                + (
+                    f" ({calls[what] / layers:g} calls, {sizes[what] / layers:,.0f} bytes per "
+                    "layer)"
+                    if what == "model all_sum"
+                    else ""
+                )
+            )
+    print(
+        f"one all_sum of 1x{BENCH_MODEL['hidden_size']} float32 over loopback: "
+        f"{two['all_sum_round_trip_s'] * 1e6:.0f} us"
+    )
 
 
 if __name__ == "__main__":

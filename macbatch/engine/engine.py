@@ -243,6 +243,11 @@ class Engine:
         self._pending.append(request.make_output(self._steps))
         del self._requests[request.request_id]
 
+    def close(self) -> None:
+        """Let the other ranks of a distributed engine exit; this engine must not step again."""
+        if self._followers is not None:
+            self._followers.send_stop()
+
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 

@@ -196,6 +196,7 @@ class EngineThread:
                     engine.abort(rid)
                 self._deliver(engine.step())
                 self._stats = engine.stats()
+                engine.close()
                 self._stopped = True
                 return False
 

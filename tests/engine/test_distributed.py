@@ -92,7 +92,9 @@ class _TwoRanks:
 
 
 def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
-    with pytest.raises(UnsupportedModelError, match="gemma3_text.*Architectures that have it:.*llama"):
+    with pytest.raises(
+        UnsupportedModelError, match="gemma3_text.*Architectures that have it:.*llama"
+    ):
         shard_model(build_model("gemma3_text"), _TwoRanks())
     with pytest.raises(UnsupportedModelError, match="3 key value heads.*divides 3"):
         shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())

@@ -22,7 +22,12 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=
 
 def workload_prompts() -> list[list[int]]:
     shared = [(7 * i + 3) % 300 + 5 for i in range(24)]
-    tails = [[11, 12, 13, 14, 15, 16], [40 + i for i in range(9)], [200, 201], [90 + i for i in range(12)]]
+    tails = [
+        [11, 12, 13, 14, 15, 16],
+        [40 + i for i in range(9)],
+        [200, 201],
+        [90 + i for i in range(12)],
+    ]
     return [
         [(13 * i + 1) % 300 + 5 for i in range(30)],
         shared + tails[0],

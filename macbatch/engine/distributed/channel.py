@@ -125,6 +125,7 @@ class StepChannel:
         # Held by rank 0 from a step's broadcast until its results are evaluated, so the stop
         # sent at exit never interleaves with a step's collectives.
         self._step = threading.Lock()
+        self._stopped = False
         if self.rank == 0:
             atexit.register(self.send_stop)
 
@@ -136,6 +137,8 @@ class StepChannel:
 
     def send_step(self, batch: PackedBatch) -> None:
         """Broadcast one step; the watchdog stays armed until ``step_finished``."""
+        if self._stopped:
+            raise RuntimeError(f"{self.who}: the other ranks were released; no step can run")
         self._step.acquire()
         self.watchdog.arm(f"step {self.messages}")
         self._exchange(MessageKind.STEP, encode_batch(batch))
@@ -145,9 +148,10 @@ class StepChannel:
         self._step.release()
 
     def send_stop(self) -> None:
-        """Tell the followers to exit (skipped if a step is still in flight: they then exit on
-        the closed connection instead)."""
-        if self._step.acquire(timeout=1.0):
+        """Tell the followers to exit, once (skipped if a step is still in flight: they then exit
+        on the closed connection instead)."""
+        if not self._stopped and self._step.acquire(timeout=1.0):
+            self._stopped = True
             try:
                 self.watchdog.arm("sending stop")
                 self._exchange(MessageKind.STOP, np.zeros(0, np.int32))

@@ -32,6 +32,7 @@ def smallest(value: int, group: mx.distributed.Group) -> int:
 
 def failed_ranks(failed: bool, group: mx.distributed.Group) -> list[int]:
     """Every rank says whether it failed; all of them learn which did."""
-    flags = mx.distributed.all_gather(mx.array([int(failed)], dtype=mx.int32), group=group,
-                                      stream=mx.cpu)
+    flags = mx.distributed.all_gather(
+        mx.array([int(failed)], dtype=mx.int32), group=group, stream=mx.cpu
+    )
     return [rank for rank, flag in enumerate(flags.tolist()) if flag]

@@ -140,7 +140,7 @@ class StepChannel:
         if self._stopped:
             raise RuntimeError(f"{self.who}: the other ranks were released; no step can run")
         self._step.acquire()
-        self.watchdog.arm(f"step {self.messages}")
+        self.watchdog.arm(f"step {self.messages}", batch.num_tokens)
         self._exchange(MessageKind.STEP, encode_batch(batch))
 
     def step_finished(self) -> None:

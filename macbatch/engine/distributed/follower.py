@@ -47,8 +47,8 @@ def run_steps(engine: Engine, channel: StepChannel) -> None:
             return
         if kind is not MessageKind.STEP:
             raise RuntimeError(f"{channel.who}: unexpected {kind.name} message during serving")
-        channel.watchdog.arm(f"step {channel.messages}")
         batch = decode_batch(payload)
+        channel.watchdog.arm(f"step {channel.messages}", batch.num_tokens)
         # The same calls as rank 0's step: same layers, so the same collectives in the same
         # order. Logits are computed and dropped; rank 0 samples.
         logits = engine.adapter.forward(batch, engine.store)

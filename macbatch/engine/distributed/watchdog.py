@@ -1,10 +1,16 @@
 """Ends the process when a step that needs every rank stops making progress.
 
-MLX's ring backend raises at once when a peer's process dies (its sockets close), but a host that
-stops answering (asleep, cable pulled, hung) leaves a collective waiting forever: TCP cannot tell
-a slow peer from a lost one. Every step is therefore armed with a deadline; a step that misses it
-prints what happened and exits, so rank 0 never hangs. ``macbatch run`` resumes from its ledger
-after such an exit exactly as after ``kill -9``.
+MLX's ring backend raises at once when a peer's process dies between collectives, but not always
+inside a step: when the peer dies while one ``mx.eval`` holds several of the forward's all_sums,
+the survivor reports "Too many send/recv errors. Failing pending tasks..." and then waits forever
+on the next one (measured with MLX 0.32.4 on Linux; see docs/distributed.md). A host that stops
+answering (asleep, cable pulled, hung) also leaves a collective waiting forever: TCP cannot tell a
+slow peer from a lost one. So every step gets a deadline, from how long steps have taken so far:
+ten times the slowest seconds-per-token seen, times this step's tokens, and never less than
+``MACBATCH_PEER_TIMEOUT`` (default 10 s). Until a few steps have been timed (the first ones may
+compile kernels or page in weights) the deadline is at least a minute. A step that misses its
+deadline prints what happened and exits; ``macbatch run`` resumes from its ledger after such an
+exit exactly as after ``kill -9``.
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ import time
 # Exit status of a process stopped by the watchdog (sysexits' EX_UNAVAILABLE).
 EXIT_PEER_TIMEOUT = 69
 TIMEOUT_VARIABLE = "MACBATCH_PEER_TIMEOUT"
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = 10.0
+SAFETY = 10.0
+WARMUP_STEPS = 3
+WARMUP_TIMEOUT_S = 60.0
 
 
 def timeout_from_env() -> float:
-    """Seconds one step may take before the group is declared broken (``MACBATCH_PEER_TIMEOUT``)."""
+    """The shortest deadline a step gets, in seconds (``MACBATCH_PEER_TIMEOUT``)."""
     raw = os.environ.get(TIMEOUT_VARIABLE)
     if raw is None:
         return DEFAULT_TIMEOUT_S
@@ -37,39 +46,56 @@ def timeout_from_env() -> float:
 class Watchdog:
     """A daemon thread that exits the process if an armed step is not disarmed in time."""
 
-    def __init__(self, timeout_s: float, who: str) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, floor_s: float, who: str) -> None:
+        self.floor_s = floor_s
         self.who = who
         self._lock = threading.Condition()
-        self._deadline: float | None = None
+        self._started: float | None = None
+        self._deadline = 0.0
+        self._tokens = 0
         self._what = ""
+        self._timed_steps = 0
+        self._slowest_per_token = 0.0
         threading.Thread(target=self._watch, name="macbatch-watchdog", daemon=True).start()
 
-    def arm(self, what: str) -> None:
+    def deadline_s(self, tokens: int) -> float:
+        """Seconds a step of ``tokens`` tokens may take before the group counts as broken."""
+        expected = SAFETY * self._slowest_per_token * max(tokens, 1)
+        floor = self.floor_s if self._timed_steps >= WARMUP_STEPS else WARMUP_TIMEOUT_S
+        return max(floor, self.floor_s, expected)
+
+    def arm(self, what: str, tokens: int = 1) -> None:
         with self._lock:
-            self._deadline = time.monotonic() + self.timeout_s
+            self._started = time.monotonic()
+            self._tokens = tokens
+            self._deadline = self._started + self.deadline_s(tokens)
             self._what = what
             self._lock.notify()
 
     def disarm(self) -> None:
         with self._lock:
-            self._deadline = None
+            if self._started is not None:
+                took = time.monotonic() - self._started
+                self._slowest_per_token = max(self._slowest_per_token, took / max(self._tokens, 1))
+                self._timed_steps += 1
+            self._started = None
 
     def _watch(self) -> None:
         with self._lock:
             while True:
-                if self._deadline is None:
+                if self._started is None:
                     self._lock.wait()
                     continue
                 left = self._deadline - time.monotonic()
                 if left > 0:
                     self._lock.wait(left)
                     continue
+                waited = time.monotonic() - self._started
                 sys.stderr.write(
-                    f"error: {self.who}: {self._what} made no progress for {self.timeout_s:g} s: "
-                    "another rank stopped answering (host asleep or unreachable, or the process "
-                    f"hung). Stopping this rank. Set {TIMEOUT_VARIABLE} (seconds) if steps of "
-                    "this model legitimately take longer.\n"
+                    f"error: {self.who}: {self._what} made no progress for {waited:.0f} s: "
+                    "another rank died or stopped answering (host asleep or unreachable, or the "
+                    f"process hung). Stopping this rank. Set {TIMEOUT_VARIABLE} (seconds) if "
+                    "steps of this model legitimately take longer.\n"
                 )
                 sys.stderr.flush()
                 os._exit(EXIT_PEER_TIMEOUT)

@@ -25,7 +25,12 @@ def follower_exit_status() -> int | None:
     from macbatch.engine.distributed.group import join
 
     group = join()
-    if group is None or group.rank() == 0:
+    if group is None:
+        return None
+    from macbatch.engine.distributed.channel import channel_of
+
+    if group.rank() == 0:
+        channel_of(group)  # from now on, rank 0 releases the followers when it exits
         return None
     from macbatch.engine.distributed.follower import follow
 

@@ -31,10 +31,14 @@ def follow(group: mx.distributed.Group) -> int:
             raise RuntimeError(f"{channel.who}: expected a load message first, got {kind.name}")
         order = StepChannel.load_order(payload)
         engine = Engine.load(order.model, order.config)
+        sys.stderr.write(f"macbatch {channel.who}: loaded its shard of {order.model}\n")
         run_steps(engine, channel)
     except PeerLostError as exc:
         # Rank 0 exiting without a stop (a crash, or `serve` leaving at once) lands here too.
         sys.stderr.write(f"{exc}\n")
+        return 1
+    except Exception as exc:  # a model this rank cannot load or shard: say so, then exit
+        sys.stderr.write(f"macbatch {channel.who}: error: {exc}\n")
         return 1
     return 0
 

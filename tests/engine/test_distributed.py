@@ -5,7 +5,11 @@ Every subprocess has a deadline, so nothing here can hang CI."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx_lm
@@ -21,7 +25,7 @@ from macbatch.engine.request import Request, RequestMetrics
 from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.scheduler import Scheduler
 from tests.support.oracle import mlx_lm_greedy_logprobs
-from tests.support.ranks import mlx_launch
+from tests.support.ranks import mlx_launch, ring_hostfile
 from tests.support.tiny import build_model, save_model
 from tests.support.tp_worker import CONFIG, GREEDY, workload_prompts
 
@@ -90,3 +94,25 @@ def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
         shard_model(build_model("gemma3_text"), _TwoRanks())
     with pytest.raises(UnsupportedModelError, match="3 key value heads.*divides 3"):
         shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())
+
+
+def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
+    """A host in the hostfile that is down: rank 0 stops with a clear error instead of waiting
+    forever in MLX's connect (3 x MACBATCH_PEER_TIMEOUT)."""
+    env = dict(
+        os.environ,
+        MLX_RANK="0",
+        MLX_HOSTFILE=str(ring_hostfile(tmp_path, 2)),
+        MACBATCH_PEER_TIMEOUT="1",
+    )
+    started = time.monotonic()
+    lonely = subprocess.run(
+        [sys.executable, "-m", "macbatch", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lonely.returncode == -signal.SIGKILL, lonely.stderr
+    assert "connecting to the other ranks made no progress for 3 s" in lonely.stderr
+    assert time.monotonic() - started < 30

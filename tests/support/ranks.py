@@ -53,9 +53,7 @@ def mlx_launch(command: list[str], ranks: int, timeout_s: float) -> subprocess.C
 def spawn_ranks(command: list[str], ranks: int, directory: Path) -> list[subprocess.Popen]:
     """Start ``command`` once per rank as mlx.launch would (MLX_RANK, a ring hostfile), but as
     children of this process, so a test can kill one of them."""
-    first = free_port_run(ranks)
-    hostfile = directory / "ring-hosts.json"
-    hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(ranks)]))
+    hostfile = ring_hostfile(directory, ranks)
     processes = []
     for rank in range(ranks):
         env = dict(os.environ, **RANK_ENV, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
@@ -65,6 +63,14 @@ def spawn_ranks(command: list[str], ranks: int, directory: Path) -> list[subproc
             )
         )
     return processes
+
+
+def ring_hostfile(directory: Path, ranks: int) -> Path:
+    """A ring backend hostfile (what mlx.launch writes) for ``ranks`` ranks on free ports."""
+    first = free_port_run(ranks)
+    hostfile = directory / "ring-hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{first + r}"] for r in range(ranks)]))
+    return hostfile
 
 
 def stop_all(processes: list[subprocess.Popen]) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from macbatch.engine.batch import PackedBatch
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.distributed.watchdog import Watchdog, timeout_from_env
+from macbatch.engine.distributed.watchdog import process_watchdog
 
 
 class MessageKind(IntEnum):
@@ -119,7 +119,8 @@ class StepChannel:
         self.group = group
         self.rank = group.rank()
         self.who = f"rank {self.rank} of {group.size()}"
-        self.watchdog = Watchdog(timeout_from_env(), self.who)
+        self.watchdog = process_watchdog()
+        self.watchdog.who = self.who
         self.messages = 0
         self.payload_ints = 0
         # Held by rank 0 from a step's broadcast until its results are evaluated, so the stop

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from macbatch.engine.distributed.watchdog import guarded, timeout_from_env
 from macbatch.launch import launched
+
+# Connecting may take a few step deadlines: the ranks on other hosts start over ssh.
+CONNECT_TIMEOUTS = 3
 
 _group: mx.distributed.Group | None = None
 
@@ -13,7 +17,9 @@ def join() -> mx.distributed.Group | None:
     """Connect to the other ranks (once per process); None when this process runs alone."""
     global _group
     if _group is None and launched():
-        group = mx.distributed.init(strict=True)
+        # MLX waits forever for a rank that never connects (a host down, a wrong address).
+        with guarded(CONNECT_TIMEOUTS * timeout_from_env(), "connecting to the other ranks"):
+            group = mx.distributed.init(strict=True)
         if group.size() > 1:
             _group = group
     return _group

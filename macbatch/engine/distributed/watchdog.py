@@ -16,9 +16,14 @@ exit exactly as after ``kill -9``.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
 
 # Exit status of a process stopped by the watchdog (sysexits' EX_UNAVAILABLE).
 EXIT_PEER_TIMEOUT = 69
@@ -65,6 +70,7 @@ class Watchdog:
         return max(floor, self.floor_s, expected)
 
     def arm(self, what: str, tokens: int = 1) -> None:
+        """Start the deadline of a step of ``tokens`` tokens."""
         with self._lock:
             self._started = time.monotonic()
             self._tokens = tokens
@@ -99,3 +105,40 @@ class Watchdog:
                 )
                 sys.stderr.flush()
                 os._exit(EXIT_PEER_TIMEOUT)
+
+
+@cache
+def process_watchdog() -> Watchdog:
+    """The one watchdog of this process (its thread lives as long as the process)."""
+    return Watchdog(timeout_from_env(), "macbatch")
+
+
+# The guard process: wait for this one to close the pipe (done, or dead); else report and kill it.
+_GUARD = """
+import os, select, sys
+seconds, pid, signum, message = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ready, _, _ = select.select([sys.stdin], [], [], seconds)
+if not ready:
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    os.kill(pid, signum)
+"""
+
+
+@contextmanager
+def guarded(seconds: float, what: str) -> Iterator[None]:
+    """A deadline for a call that holds the GIL, where the watchdog thread could not run (MLX's
+    connect in ``mx.distributed.init`` does): a tiny child process waits for the call to end,
+    and otherwise prints why and kills this process."""
+    message = (
+        f"error: {what} made no progress for {seconds:g} s: a rank in the hostfile is not "
+        "running or cannot be reached at its address and port. Stopping.\n"
+    )
+    command = [sys.executable, "-S", "-c", _GUARD, str(seconds), str(os.getpid())]
+    guard = subprocess.Popen(command + [str(int(signal.SIGKILL)), message], stdin=subprocess.PIPE)
+    try:
+        yield
+    finally:
+        assert guard.stdin is not None
+        guard.stdin.close()
+        guard.wait()

@@ -116,3 +116,29 @@ def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
     assert lonely.returncode == -signal.SIGKILL, lonely.stderr
     assert "connecting to the other ranks made no progress for 3 s" in lonely.stderr
     assert time.monotonic() - started < 30
+
+
+def test_step_deadlines_follow_the_steps_seen(monkeypatch) -> None:
+    """Warm-up steps get a minute; then ten times the tighter of the slowest seconds-per-token
+    times the step's tokens and the slowest step (scaled when this one is bigger than any seen),
+    never under the floor."""
+    from macbatch.engine.distributed import watchdog as module
+
+    clock = [0.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    dog = module.Watchdog(floor_s=2.0, who="test")
+
+    def step(tokens: int, seconds: float) -> None:
+        dog.arm("step", tokens)
+        clock[0] += seconds
+        dog.disarm()
+
+    for _ in range(module.WARMUP_STEPS):
+        assert dog.deadline_s(2) == pytest.approx(module.WARMUP_TIMEOUT_S)
+        step(2, 1.0)  # 0.5 s per token, 1 s per step
+    assert dog.deadline_s(2) == pytest.approx(10 * min(0.5 * 2, 1.0))
+    assert dog.deadline_s(12) == pytest.approx(10 * min(0.5 * 12, 1.0 * 12 / 2))
+    step(12, 1.2)  # a bigger step: 1.2 s per step, 0.1 s per token
+    assert dog.deadline_s(12) == pytest.approx(10 * min(0.5 * 12, 1.2))
+    assert dog.deadline_s(24) == pytest.approx(10 * min(0.5 * 24, 1.2 * 24 / 12))
+    assert dog.deadline_s(1) == pytest.approx(max(2.0, 10 * min(0.5, 1.2)))

@@ -5,12 +5,11 @@ inside a step: when the peer dies while one ``mx.eval`` holds several of the for
 the survivor reports "Too many send/recv errors. Failing pending tasks..." and then waits forever
 on the next one (measured with MLX 0.32.4 on Linux; see docs/distributed.md). A host that stops
 answering (asleep, cable pulled, hung) also leaves a collective waiting forever: TCP cannot tell a
-slow peer from a lost one. So every step gets a deadline, from how long steps have taken so far:
-ten times the slowest seconds-per-token seen, times this step's tokens, and never less than
-``MACBATCH_PEER_TIMEOUT`` (default 10 s). Until a few steps have been timed (the first ones may
-compile kernels or page in weights) the deadline is at least a minute. A step that misses its
-deadline prints what happened and exits; ``macbatch run`` resumes from its ledger after such an
-exit exactly as after ``kill -9``.
+slow peer from a lost one. So every step gets a deadline, ten times what steps have taken so far
+(``Watchdog.deadline_s``), never less than ``MACBATCH_PEER_TIMEOUT`` (default 10 s), and at least
+a minute until a few steps have been timed (the first ones may compile kernels or page in
+weights). A step that misses its deadline prints what happened and exits; ``macbatch run``
+resumes from its ledger after such an exit exactly as after ``kill -9``.
 """
 
 from __future__ import annotations
@@ -61,11 +60,20 @@ class Watchdog:
         self._what = ""
         self._timed_steps = 0
         self._slowest_per_token = 0.0
+        self._slowest_step = 0.0
+        self._largest_step = 0
         threading.Thread(target=self._watch, name="macbatch-watchdog", daemon=True).start()
 
     def deadline_s(self, tokens: int) -> float:
-        """Seconds a step of ``tokens`` tokens may take before the group counts as broken."""
-        expected = SAFETY * self._slowest_per_token * max(tokens, 1)
+        """Seconds a step of ``tokens`` tokens may take before the group counts as broken.
+
+        Two bounds from the steps seen so far, the tighter one wins: the slowest seconds per token
+        times ``tokens`` (tight for small steps, whose cost is mostly per step), and the slowest
+        step scaled up when this one is bigger than any seen (tight for big prefill steps)."""
+        tokens = max(tokens, 1)
+        per_token = self._slowest_per_token * tokens
+        per_step = self._slowest_step * max(1.0, tokens / max(self._largest_step, 1))
+        expected = SAFETY * min(per_token, per_step)
         floor = self.floor_s if self._timed_steps >= WARMUP_STEPS else WARMUP_TIMEOUT_S
         return max(floor, self.floor_s, expected)
 
@@ -83,6 +91,8 @@ class Watchdog:
             if self._started is not None:
                 took = time.monotonic() - self._started
                 self._slowest_per_token = max(self._slowest_per_token, took / max(self._tokens, 1))
+                self._slowest_step = max(self._slowest_step, took)
+                self._largest_step = max(self._largest_step, self._tokens)
                 self._timed_steps += 1
             self._started = None
 

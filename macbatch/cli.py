@@ -15,6 +15,7 @@ import typer.core
 
 from macbatch.batch.command import run_command
 from macbatch.config import DEFAULT_MODEL
+from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -31,6 +32,17 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": HELP_OPTIONS},
 )
+
+
+@app.callback()
+def _follow_rank_zero() -> None:
+    # Under mlx.launch every rank runs the same command line: rank 0 runs the command, the
+    # others serve its engine's steps and exit when it stops (docs/distributed.md).
+    status = follower_exit_status()
+    if status is not None:
+        raise typer.Exit(status)
+
+
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)

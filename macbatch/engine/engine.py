@@ -19,6 +19,11 @@ from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.distributed.channel import channel_of
+from macbatch.engine.distributed.group import current as distributed_group
+from macbatch.engine.distributed.group import smallest
+from macbatch.engine.distributed.loading import load_on_every_rank
+from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
 from macbatch.engine.request import (
     FinishReason,
@@ -66,14 +71,19 @@ class Engine:
         config: EngineConfig | None = None,
         model_name: str = "model",
         owns_model: bool = False,
+        group: mx.distributed.Group | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
-        caller's model is cast only when ``config.dtype`` asks)."""
+        caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
+        this model (tensor parallel); every rank builds its Engine at the same point, and only
+        rank 0's is stepped (docs/distributed.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
         self.model_name = model_name
         self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
+        if group is not None:
+            shard_model(model, group)
         self.adapter = ModelAdapter(model)
         model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
@@ -88,6 +98,8 @@ class Engine:
         num_blocks = self.config.num_blocks or _blocks_for_memory(
             model, per_block, block_size, self.config
         )
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            num_blocks = smallest(num_blocks, group)
         self.store = KVStore(shapes, num_blocks, block_size, fmt)
         self.pool = BlockPool(num_blocks)
         prefix_root = (
@@ -113,6 +125,7 @@ class Engine:
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
+        self._followers = channel_of(group) if group is not None and group.rank() == 0 else None
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
@@ -123,8 +136,12 @@ class Engine:
         head_dim = declared_head_dim(name) if config.kv_bits else None
         if head_dim is not None:  # a group size that cannot work fails before the weights load
             PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
-        model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name, owns_model=True)
+        group = distributed_group()
+        if group is None:
+            model, tokenizer = load_model(name)
+        else:
+            model, tokenizer = load_on_every_rank(name, config, group)
+        return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -244,6 +261,11 @@ class Engine:
         self._pending.append(request.make_output(self._steps))
         del self._requests[request.request_id]
 
+    def close(self) -> None:
+        """Let the other ranks of a distributed engine exit; this engine must not step again."""
+        if self._followers is not None:
+            self._followers.send_stop()
+
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 
@@ -266,6 +288,8 @@ class Engine:
                 self._cached_prompt_tokens += chunk.start
 
         batch = pack(plan, self.config.block_size, self._kv_head_counts)
+        if self._followers is not None:  # the other ranks run this same forward on their shard
+            self._followers.send_step(batch)
         logits = self.adapter.forward(batch, self.store)
         sampled_chunks = [c for c in plan.chunks if c.samples]
         result = None
@@ -273,6 +297,8 @@ class Engine:
             rows = [_sample_row(c.request) for c in sampled_chunks]
             result = sample(logits, rows)
         mx.eval(*(result.arrays() if result else []), *self.store.arrays())
+        if self._followers is not None:
+            self._followers.step_finished()
         self._steps += 1
 
         for chunk in plan.chunks:

@@ -47,13 +47,14 @@ def declared_head_dim(name: str) -> int | None:
     return int(config["hidden_size"]) // int(heads) if heads and "hidden_size" in config else None
 
 
-def load_model(name: str) -> tuple[Any, Any]:
-    """``mlx_lm.load`` with errors a user can act on."""
+def load_model(name: str, lazy: bool = False) -> tuple[Any, Any]:
+    """``mlx_lm.load`` with errors a user can act on (``lazy``: weights stay unread until used,
+    so a rank that keeps only its shard never holds the whole model)."""
     import mlx_lm
 
     target = resolve_model_path(name)
     try:
-        return mlx_lm.load(str(target))
+        return mlx_lm.load(str(target), lazy=lazy)
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
         raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc

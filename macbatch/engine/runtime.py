@@ -213,6 +213,7 @@ class EngineThread:
                 self._abort_all(engine)
             elif kind == "stop":
                 self._abort_all(engine)
+                engine.close()
                 self._stopped = True
                 return False
 

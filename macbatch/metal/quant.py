@@ -42,9 +42,7 @@ def check_kv_quantization(bits: int | None, group_size: int | None) -> None:
     """Clear errors for settings no head dim could use (called before any model loads)."""
     if bits is not None and (isinstance(bits, bool) or bits not in KV_BITS):
         raise ValueError(f"kv_bits must be 8, 4 or None (float pages), got {bits!r}")
-    if group_size is not None and (
-        isinstance(group_size, bool) or group_size not in GROUP_SIZES
-    ):
+    if group_size is not None and (isinstance(group_size, bool) or group_size not in GROUP_SIZES):
         raise ValueError(
             f"kv_group_size must be 64 or 32 (or None: 64, 32 or the head dim, whichever "
             f"divides it), got {group_size!r}"

@@ -15,7 +15,17 @@ def mlx_lm_greedy(
     model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
     kv_group_size: int = 64,
 ) -> list[int]:  # fmt: skip
-    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially).
+    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially); ``kv_bits`` as in
+    ``mlx_lm_greedy_logprobs``."""
+    steps = mlx_lm_greedy_logprobs(model, prompt, max_tokens, kv_bits, kv_group_size)
+    return [token for token, _ in steps]
+
+
+def mlx_lm_greedy_logprobs(
+    model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
+    kv_group_size: int = 64,
+) -> list[tuple[int, float]]:  # fmt: skip
+    """Greedy tokens from mlx-lm for one prompt, each with its log-probability.
 
     With ``kv_bits``, every K/V row mlx-lm caches is first rounded through the page format
     (numpy quantizer and dequantizer, ``tests/support/attention_numpy.py``), so mlx-lm attends
@@ -25,14 +35,14 @@ def mlx_lm_greedy(
     if kv_bits is not None:
         for layer_cache in cache:
             _round_writes(layer_cache, kv_bits, kv_group_size)
-    tokens = []
-    for token, _ in generate_step(
+    steps = []
+    for token, logprobs in generate_step(
         mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache
     ):
-        tokens.append(int(token))
-        if len(tokens) == max_tokens:
+        steps.append((int(token), float(logprobs[int(token)])))
+        if len(steps) == max_tokens:
             break
-    return tokens
+    return steps
 
 
 def _round_writes(layer_cache, bits: int, group_size: int) -> None:

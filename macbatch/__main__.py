@@ -1,5 +1,5 @@
 """`python -m macbatch` runs the command line."""
 
-from macbatch.cli import app
+from macbatch.cli import command
 
-app(prog_name="macbatch")
+command()(prog_name="macbatch")

@@ -42,6 +42,11 @@ class WorkloadResult:
     first_token: list[tuple[float, float]]  # per request, (wall, cpu) seconds since the start
     step_tokens: list[int] = field(default_factory=list)
     first_token_step: list[int] = field(default_factory=list)  # per request, the step's index
+    failures: list[str] = field(default_factory=list)  # why each failed request failed
+
+    @property
+    def succeeded(self) -> int:
+        return len(self.first_token)
 
     def total_tokens_per_s(self, clock: int = 0) -> float:
         return (self.prompt_tokens + self.generated_tokens) / self.elapsed[clock]
@@ -60,19 +65,29 @@ def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> W
     first_step: dict[str, int] = {}
     generated = 0
     step_tokens: list[int] = []
+    failures: list[str] = []
+    ran: list[list[int]] = []
     clock = Clock()
     for prompt in prompts:
-        engine.add_request(prompt, params)
+        try:
+            engine.add_request(prompt, params)
+            ran.append(prompt)
+        except ValueError as exc:  # a prompt that does not fit: counted, not timed
+            failures.append(str(exc))
     while engine.has_unfinished():
         outputs = engine.step()
         now = clock.read()
         for out in outputs:
+            if out.error is not None:
+                failures.append(out.error)
+                continue
             first.setdefault(out.request_id, now)
             first_step.setdefault(out.request_id, len(step_tokens))
             generated += len(out.new_token_ids)
         step_tokens.append(engine.stats().tokens_last_step)
     return WorkloadResult(
-        prompt_tokens=sum(len(p) for p in prompts),
+        failures=failures,
+        prompt_tokens=sum(len(p) for p in ran),
         generated_tokens=generated,
         elapsed=clock.read(),
         first_token=list(first.values()),

@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
+import typer.core
 
 from macbatch.batch.command import run_command
 from macbatch.config import DEFAULT_MODEL
@@ -17,6 +20,8 @@ from macbatch.tui.command import chat_command
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 
+HELP_OPTIONS = ["-h", "--help"]
+
 app = typer.Typer(
     name="macbatch",
     help="Local LLMs on your Mac: several chats at once (chat), batch jobs of thousands of "
@@ -24,21 +29,75 @@ app = typer.Typer(
     "batching and a paged KV cache. Try: macbatch run jobs/demo.yaml",
     no_args_is_help=True,
     add_completion=False,
+    context_settings={"help_option_names": HELP_OPTIONS},
 )
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        import macbatch
+
+        typer.echo(f"macbatch {macbatch.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        callback=_show_version,
+        is_eager=True,
+        help="Print macbatch's version and exit.",
+    ),
+) -> None:
+    """Options for every command."""
+
+
+def command() -> Callable[..., Any]:
+    """The click command behind ``app``, with help that names values the way click does
+    (FILE, INTEGER, PATH) rather than typer's ``<bool>`` / ``<list[str]>`` type labels."""
+    group = typer.main.get_command(app)
+    for sub in [group, *getattr(group, "commands", {}).values()]:
+        sub.context_settings.setdefault("help_option_names", HELP_OPTIONS)
+        help_option = sub.get_help_option(typer.Context(sub, **sub.context_settings))  # cached
+        for param in [*sub.params, *([help_option] if help_option else [])]:
+            if param.metavar is not None:
+                continue
+            if isinstance(param, typer.core.TyperArgument):
+                name = (param.name or "value").upper()
+                param.metavar = name
+                # typer writes a required argument as {name} in the usage line; click's FILE
+                # is what users and man pages know.
+                param._usage_display_name = lambda name=name: name
+                param.display_type_rich = lambda ctx: None  # the name says it; no "<path>"
+            elif getattr(param, "is_flag", False):
+                param.metavar = ""
+            else:
+                bare = param.bare_type().removeprefix("list[").removesuffix("]")
+                param.metavar = _METAVARS.get(bare, "VALUE")
+    return group
+
+
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
+
+
 @app.command("doctor")
-def doctor_command() -> None:
-    """Print what macbatch sees: platform, MLX device, attention path, data directory, models."""
+def doctor_command(
+    model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+) -> None:
+    """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
+    with MODEL, whether it can be served and how (without loading its weights)."""
     import mlx.core as mx
 
     import macbatch
     from macbatch.config import data_dir
     from macbatch.demo import MODEL_DIR
-    from macbatch.metal import attention_backend, ensure_selftest
+    from macbatch.metal import attention_backend, cpu_kernel_status, ensure_selftest
 
     ensure_selftest()  # report the path an engine would take (builds the CPU kernel if needed)
     rows = [
@@ -49,6 +108,8 @@ def doctor_command() -> None:
         ("device", str(mx.default_device())),
         ("metal", "available" if mx.metal.is_available() else "not available"),
         ("attention", attention_backend()),
+        ("cpu kernel", cpu_kernel_status()),
+        ("kv cache (demo)", _demo_kv_pool()),
         ("data dir", str(data_dir())),
         ("demo model", str(MODEL_DIR) if (MODEL_DIR / "config.json").exists() else "missing"),
     ]
@@ -64,9 +125,37 @@ def doctor_command() -> None:
             )
         )
         rows.append(("cpu blas", blas))
+    report = None
+    if model is not None:
+        from macbatch.model_check import check_model
+
+        report = check_model(model)
+        rows += [("model", model), *report.rows]
+        rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+    if report is not None and not report.servable:
+        raise typer.Exit(1)
+
+
+def _demo_kv_pool() -> str:
+    """The KV pool an engine sizes by default, shown for the demo model (loads in a second)."""
+    from macbatch.engine import Engine
+
+    try:
+        engine = Engine.load("demo")
+    except ValueError as exc:
+        return f"cannot load the demo model: {exc}"
+    stats = engine.stats()
+    tokens = stats.kv_blocks_total * engine.config.block_size
+    size = sum(a.nbytes for a in engine.store.arrays())
+    return (
+        f"{stats.kv_blocks_total:,} blocks of {engine.config.block_size} tokens = {tokens:,} "
+        f"tokens, {size / 2**20:,.1f} MiB ({engine.config.max_num_seqs} sequences x "
+        f"{engine.max_model_len:,}-token context, at most {engine.config.memory_fraction:.0%} "
+        "of memory)"
+    )
 
 
 @app.command("models")
@@ -80,11 +169,22 @@ def models_command() -> None:
     if not models:
         typer.echo("no local models; `macbatch run`, `chat` and `serve` download hub ids on use")
         return
-    width = max(len(m.name) for m in models)
+    rows = [("NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT", "")]
     for m in models:
         why = unsupported_reason(m.model_type)
-        note = f"  (not supported: {why})" if why else ""
-        typer.echo(f"{m.name:<{width}}  {m.model_type:<14} {m.size_bytes / 2**20:9,.1f} MiB{note}")
+        rows.append(
+            (
+                m.name,
+                m.model_type,
+                m.quantization,
+                f"{m.size_bytes / 2**20:,.1f} MiB",
+                f"{m.context:,}" if m.context else "?",
+                f"not supported: {why}" if why else "",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @app.command("bench")
@@ -112,6 +212,14 @@ def bench_command(
     prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.vocab_size)
     typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
     result = run_workload(engine, prompts, max_tokens)
+    if result.failures:
+        typer.echo(
+            f"{len(result.failures)} of {requests} requests failed; first: {result.failures[0]}",
+            err=True,
+        )
+    if not result.succeeded:
+        typer.echo("error: no request succeeded, so there is nothing to measure", err=True)
+        raise typer.Exit(1)
     typer.echo(
         f"{result.elapsed[0]:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
         f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "
@@ -131,4 +239,4 @@ def main() -> None:
         env = dict(os.environ, MACBATCH_NO_REEXEC="1")
         env["LD_PRELOAD"] = ":".join(p for p in (str(OPENBLAS), env.get("LD_PRELOAD")) if p)
         os.execve(sys.executable, [sys.executable, "-m", "macbatch", *sys.argv[1:]], env)
-    app()
+    command()(prog_name="macbatch")

@@ -14,6 +14,8 @@ class LocalModel:
     model_type: str
     size_bytes: int
     path: Path
+    quantization: str  # "4-bit (group 64)", "mxfp4", "none", or "?" when unreadable
+    context: int | None  # max_position_embeddings, when the config says
 
 
 def local_models() -> list[LocalModel]:
@@ -41,8 +43,30 @@ def local_models() -> list[LocalModel]:
 
 def _describe(name: str, path: Path) -> LocalModel:
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type", "?")
+        config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
-        model_type = "unreadable config.json"
+        config = None
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return LocalModel(name=name, model_type=str(model_type), size_bytes=size, path=path)
+    if not isinstance(config, dict):
+        return LocalModel(name, "unreadable config.json", size, path, "?", None)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return LocalModel(
+        name=name,
+        model_type=str(config.get("model_type", "?")),
+        size_bytes=size,
+        path=path,
+        quantization=_quantization(config.get("quantization") or config.get("quantization_config")),
+        context=int(context) if isinstance(context, int) else None,
+    )
+
+
+def _quantization(spec: object) -> str:
+    """mlx-lm's ``quantization`` entry in words: bits and group size, or the named mode."""
+    if not isinstance(spec, dict):
+        return "none"
+    mode = spec.get("mode", "affine")
+    if mode != "affine":
+        return str(mode)
+    bits, group = spec.get("bits"), spec.get("group_size")
+    return f"{bits}-bit (group {group})" if bits else "?"

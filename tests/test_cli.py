@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
@@ -33,13 +36,40 @@ def test_doctor_reports_the_attention_path():
     assert lines["attention"] == attention_backend()
     if not mx.metal.is_available():  # doctor built and proved the CPU kernel (g++ is installed)
         assert lines["attention"] == "CPU kernel (no Metal)"
+        assert lines["cpu kernel"] == "built, self-test passed"
     assert lines["device"] == str(mx.default_device())
+    demo = Engine.load("demo")
+    blocks = demo.stats().kv_blocks_total
+    assert blocks == demo.config.max_num_seqs * demo.max_model_len // demo.config.block_size
+    assert lines["kv cache (demo)"].startswith(
+        f"{blocks:,} blocks of 16 tokens = {blocks * 16:,} tokens, "
+        f"{sum(a.nbytes for a in demo.store.arrays()) / 2**20:,.1f} MiB"
+    )
 
 
-def test_models_lists_the_demo_model():
+def test_models_prints_a_table(tmp_path, monkeypatch):
+    """Name, architecture, quantization, size on disk and context, for the demo model and a
+    4-bit model in a Hugging Face cache laid out as the hub client writes it."""
+    import json
+
+    snapshot = tmp_path / "models--mlx-community--Tiny-4bit" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    config = {
+        "model_type": "qwen3",
+        "max_position_embeddings": 40960,
+        "quantization": {"group_size": 64, "bits": 4},
+    }
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 3 * 2**20)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr("huggingface_hub.utils._cache_manager.HF_HUB_CACHE", str(tmp_path))
     result = runner.invoke(app, ["models"])
-    assert result.exit_code == 0
-    assert re.search(r"^demo\s+llama\s", result.output, re.MULTILINE)
+    assert result.exit_code == 0, result.output
+    rows = [re.split(r"\s{2,}", line.strip()) for line in result.output.splitlines()]
+    assert rows[0] == ["NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT"]
+    assert rows[1] == ["demo", "llama", "none", rows[1][3], "512"]
+    assert rows[2] == ["mlx-community/Tiny-4bit", "qwen3", "4-bit (group 64)", "3.0 MiB", "40,960"]
 
 
 def test_bench_runs_a_model_from_disk(tiny_model_path):
@@ -80,3 +110,48 @@ def test_workload_accounting(tiny_model_path):
     assert len(result.first_token) == 5
     assert sum(result.step_tokens) == result.prompt_tokens + 5 * (6 - 1)
     assert max(result.step_tokens) <= 16
+
+
+def test_bench_with_prompts_that_do_not_fit_fails_instead_of_printing_rates():
+    args = ["bench", "--model", "demo", "--requests", "3", "--min-prompt", "600"]
+    result = runner.invoke(app, [*args, "--max-prompt", "700", "--max-tokens", "4"])
+    assert result.exit_code == 1
+    assert "3 of 3 requests failed" in result.output
+    assert "no request succeeded" in result.output
+    assert "tok/s" not in result.output
+
+
+def test_workload_counts_failed_requests_apart(tiny_model_path):
+    """Requests that cannot fit are reported, and the rates count only the ones that ran."""
+    engine = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=4, block_size=8))
+    prompts = [[7] * 10, [7] * 40, [8] * 12]  # the pool holds 32 tokens
+    result = run_workload(engine, prompts, max_tokens=4)
+    assert result.succeeded == 2 and len(result.failures) == 1
+    assert "leaves no room for a reply" in result.failures[0]
+    assert result.prompt_tokens == 22 and result.generated_tokens == 8
+
+
+def _macbatch(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line as users run it (``python -m macbatch``), with no terminal size set."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["MACBATCH_NO_REEXEC"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "macbatch", *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_version_and_short_help_on_every_command():
+    import macbatch
+
+    assert _macbatch("--version").stdout.strip() == f"macbatch {macbatch.__version__}"
+    for command in ([], ["run"], ["chat"], ["serve"], ["bench"], ["models"], ["doctor"]):
+        result = _macbatch(*command, "-h")
+        assert result.returncode == 0, (command, result.stderr)
+        assert result.stdout.lstrip().startswith(f"Usage: macbatch {' '.join(command)}".strip())
+
+
+def test_run_help_names_values_plainly():
+    text = _macbatch("run", "--help").stdout
+    assert "Usage: macbatch run [OPTIONS] FILE" in text
+    assert "{file}" not in text and "<bool>" not in text and "<list[str]>" not in text
+    assert re.search(r"--max-in-flight\s+INTEGER", text)

@@ -3,11 +3,17 @@
 """
 
 import json
+import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+from macbatch.cli_options import kv_bits_option
+
+if TYPE_CHECKING:
+    from macbatch.batch.runner import RunOptions
 
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
@@ -24,8 +30,18 @@ def run_command(
         bool,
         typer.Option(
             "--force",
-            help="Resume even though a job changed since its last run: keep the lines already "
-            "written and run only the missing requests with the new settings.",
+            help="Resume even though a job changed since its last run: KEEP every line already "
+            "written, including answers to rows or settings that changed since (their old "
+            "answers and scores stay), and run only the missing requests with the new settings.",
+        ),
+    ] = False,
+    redo_changed: Annotated[
+        bool,
+        typer.Option(
+            "--redo-changed",
+            help="Resume a job that changed since its last run by running exactly the changed "
+            "requests again (rows whose content changed, or all rows if the settings did): their "
+            "old lines are removed from the output, everything else is kept.",
         ),
     ] = False,
     fresh: Annotated[
@@ -87,6 +103,7 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    kv_bits: int | None = kv_bits_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -101,56 +118,78 @@ def run_command(
     Exit status: 0 all done, 1 could not run, 3 some requests failed, 130 interrupted.
     """
     from macbatch.batch.report import HeadlessReporter, RichReporter
+    from macbatch.batch.runner import RunOptions
 
     reporter = HeadlessReporter(progress_interval) if headless else RichReporter()
     if force and fresh:
         _fail(headless, "--force and --fresh contradict each other; choose one")
+    if redo_changed and (force or fresh):
+        _fail(headless, "--redo-changed goes alone: --force keeps changed lines, --fresh drops all")
     summary = _run(
         file,
-        force,
-        fresh,
+        RunOptions(
+            force=force, fresh=fresh, redo_changed=redo_changed, max_in_flight=max_in_flight
+        ),
         model,
         jobs or [],
         output_dir,
-        max_in_flight,
         max_seqs,
+        kv_bits,
         reporter,
         headless,
     )
     if summary["status"] == "interrupted":
+        again = resume_command(file, model, jobs or [], output_dir, headless)
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
-            f"run the same command again to resume (macbatch run {file} ...)."
+            f"run the same command again to resume: {again}"
         )
         raise typer.Exit(EXIT_INTERRUPTED)
     if summary["failed"]:
         raise typer.Exit(EXIT_FAILED_REQUESTS)
 
 
+def resume_command(
+    file: Path, model: str | None, jobs: list[str], output_dir: Path | None, headless: bool
+) -> str:
+    """The command that resumes this run: the same file, model, jobs and output directory
+    (without --force / --fresh / --redo-changed, which have done their work)."""
+    words = ["macbatch", "run", str(file)]
+    if model:
+        words += ["-m", model]
+    for name in jobs:
+        words += ["-j", name]
+    if output_dir:
+        words += ["-o", str(output_dir)]
+    if headless:
+        words.append("--headless")
+    return shlex.join(words)
+
+
 def _run(
     file: Path,
-    force: bool,
-    fresh: bool,
+    options: "RunOptions",
     model: str | None,
     jobs: list[str],
     output_dir: Path | None,
-    max_in_flight: int,
     max_seqs: int | None,
+    kv_bits: int | None,
     reporter: object,
     headless: bool,
 ) -> dict:
     """Load, validate and run; every failure a user can cause ends as one clear message."""
     import dataclasses
 
-    from macbatch.batch.runner import RunOptions, jobs_by_name, run_jobs
+    from macbatch.batch.runner import jobs_by_name, run_jobs
     from macbatch.batch.spec import load_job_file
     from macbatch.batch.yamlfile import JobFileError
     from macbatch.engine import Engine, EngineConfig
 
     def load_engine(name: str) -> object:
         try:
-            config = EngineConfig() if max_seqs is None else EngineConfig(max_num_seqs=max_seqs)
-            return Engine.load(name, config)
+            sizing = {} if max_seqs is None else {"max_num_seqs": max_seqs}
+            bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+            return Engine.load(name, EngineConfig(**sizing, kv_bits=bits))
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 
@@ -161,17 +200,17 @@ def _run(
             jobs=jobs_by_name(job_file, jobs),
             output_dir=output_dir or job_file.output_dir,
         )
-        options = RunOptions(force=force, fresh=fresh, max_in_flight=max_in_flight)
         return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))
     except KeyboardInterrupt:
         _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
     except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
+        again = resume_command(file, model, jobs, output_dir, headless)
         _fail(
             headless,
             f"the run stopped: {type(exc).__name__}: {exc}\nCompleted lines are saved; run the "
-            f"same command again to resume (macbatch run {file}).",
+            f"same command again to resume: {again}",
         )
 
 

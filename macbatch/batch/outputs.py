@@ -8,6 +8,7 @@ holds.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,23 @@ def recover(path: Path, ledger: Ledger, job: str) -> Recovery:
     return Recovery(adopted, size - end, unreadable, rebuilt)
 
 
+def drop_results(path: Path, requests: set[tuple[str, int]]) -> int:
+    """Rewrite ``path`` without the lines of ``requests`` ((custom_id, sample) pairs); returns
+    how many lines went. Written beside it and renamed, so a crash leaves the old file or the
+    new one, never a mix; the caller rebuilds the ledger from the file afterwards."""
+    temporary = path.with_suffix(".rewrite")
+    dropped = 0
+    with path.open("rb") as source, temporary.open("wb") as target:
+        for raw in source:
+            record = _done_record(raw, "")
+            if record is not None and (record.custom_id, record.sample) in requests:
+                dropped += 1
+            else:
+                target.write(raw)
+    os.replace(temporary, path)
+    return dropped
+
+
 def _done_record(raw: bytes, job: str) -> DoneRecord | None:
     try:
         line = json.loads(raw)
@@ -136,6 +154,8 @@ def result_line(request: Planned, output: Any, model: str, correct: bool | None)
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),
     }
+    if output.capped_max_tokens is not None:  # the prompt left less room than max_tokens asked
+        meta["capped_max_tokens"] = output.capped_max_tokens
     if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
     return {

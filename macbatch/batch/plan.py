@@ -42,6 +42,7 @@ class Planned:
     scored: bool
     expected: str | None
     group: str | None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,15 +119,20 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
                 scored=job.score is not None,
                 expected=expected,
                 group=group,
+                chat_template_kwargs=job.chat_template_kwargs,
             )
 
 
 def request_key(
     model: str, job: JobSpec, custom_id: str, sample: int, prompt: Prompt, sampling: dict
 ) -> str:
-    """A stable hash of everything that decides this request's output."""
+    """A stable hash of everything that decides this request's output (template variables only
+    when set, so keys written before they existed still match)."""
+    parts = [model, job.name, custom_id, sample, job.chat, prompt, sampling]
+    if job.chat_template_kwargs:
+        parts.append(job.chat_template_kwargs)
     blob = json.dumps(
-        [model, job.name, custom_id, sample, job.chat, prompt, sampling],
+        parts,
         sort_keys=True,
         ensure_ascii=False,
     )

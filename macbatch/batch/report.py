@@ -21,6 +21,7 @@ class JobProgress:
     skipped: int = 0
     ok: int = 0
     failed: int = 0
+    capped: int = 0  # ok replies whose max_tokens shrank to the room the prompt left
 
     @property
     def finished(self) -> int:
@@ -131,9 +132,13 @@ class RichReporter:
         self._last = 0.0
 
     def note(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False)
+        # soft_wrap: a path or message is one line whatever the width, so a log piped to a file
+        # or cron mail can be grepped (a terminal still wraps it for display).
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def start(self, progress: RunProgress) -> None:
+        if not self.console.is_terminal:
+            return  # a pipe or a file gets the notes and the summary, not bar redraws
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -213,6 +218,7 @@ def build_summary(
                 "ok": job.ok,
                 "failed": job.failed,
                 "skipped": job.skipped,
+                "capped": job.capped,
                 **outputs.get(name, {}),
             }
             for name, job in progress.jobs.items()
@@ -238,6 +244,11 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if job.get("errors"):
             line += f" ({job['failed']} failed, see {job['errors']})"
         lines.append(line)
+        if job.get("capped"):
+            lines.append(
+                f"    {job['capped']} replies capped: the prompt left less room in the context "
+                "than max_tokens (macbatch.capped_max_tokens in their lines)"
+            )
         accuracy = job.get("accuracy")
         if accuracy:
             lines.append(f"    accuracy {_acc(accuracy)}")

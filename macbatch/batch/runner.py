@@ -24,6 +24,7 @@ from macbatch.batch.inputs import InputFile
 from macbatch.batch.ledger import DoneRecord, Ledger
 from macbatch.batch.outputs import (
     JsonlAppender,
+    drop_results,
     error_line,
     errors_path,
     output_path,
@@ -49,6 +50,7 @@ class RunOptions:
 
     force: bool = False
     fresh: bool = False
+    redo_changed: bool = False
     max_in_flight: int = 256
 
 
@@ -72,6 +74,10 @@ def run_jobs(
         ledger = Ledger(directory / LEDGER_NAME)
         try:
             jobs = _survey(job_file, sources, ledger, options, reporter)
+            done = sum(job.skipped for job in jobs.values())
+            if done:
+                total = sum(job.total for job in jobs.values())
+                reporter.note(f"resuming: {done:,} of {total:,} requests done before")
             reporter.note(f"Loading model {job_file.model} ...")
             engine = load_engine(job_file.model)
             progress = RunProgress(model=job_file.model, jobs=jobs)
@@ -110,6 +116,15 @@ def _survey(
         if found.unreadable_lines:
             reporter.note(f"{output}: {found.unreadable_lines} lines are not macbatch results")
         survey = survey_job(job, model, sources[job.name], ledger)
+        if options.redo_changed and survey.changed:
+            dropped = drop_results(output, survey.changed_requests)
+            ledger.forget(job.name, settings=False)
+            recover(output, ledger, job.name)
+            reporter.note(
+                f"{job.name}: {dropped} results whose rows or settings changed were removed "
+                f"from {output}; they run again"
+            )
+            survey = survey_job(job, model, sources[job.name], ledger)
         settings = json.loads(json.dumps(job.settings(model)))
         if survey.changed and not options.force:
             changed.append(change_report(job, survey, ledger.settings(job.name), settings))
@@ -119,8 +134,9 @@ def _survey(
     if changed:
         raise JobFileError(
             "\n".join(changed)
-            + "\nRerun with --force to keep the completed lines and run only the missing ones "
-            "with the new settings, or --fresh to discard this job file's results and start over."
+            + "\nRerun with --redo-changed to run exactly the changed requests again (their old "
+            "lines are removed), --force to keep every completed line as it is and run only the "
+            "missing ones, or --fresh to discard this job file's results and start over."
         )
     for job in job_file.jobs:
         ledger.save_settings(job.name, job.settings(model))
@@ -195,7 +211,11 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                request_id = self.engine.add_request(item.prompt, SamplingParams(**item.sampling))
+                request_id = self.engine.add_request(
+                    item.prompt,
+                    SamplingParams(**item.sampling),
+                    chat_template_kwargs=item.chat_template_kwargs,
+                )
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue
@@ -216,6 +236,7 @@ class _Loop:
         self.ledger.record(record, size)
         metrics = self.progress
         metrics.jobs[item.job].ok += 1
+        metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         metrics.prompt_tokens += output.metrics.prompt_tokens
         metrics.cached_prompt_tokens += output.metrics.cached_tokens
         metrics.generated_tokens += output.metrics.generated_tokens

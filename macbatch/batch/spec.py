@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
-from macbatch.engine import SamplingParams
+from macbatch.engine import SamplingParams, check_chat_template_kwargs
+from macbatch.metal.quant import check_kv_quantization
 
-TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
-SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score")
+TOP_KEYS = ("version", "model", "kv_bits", "defaults", "output", "jobs")
+SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score", "chat_template_kwargs")
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
 INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
@@ -71,6 +72,7 @@ class JobSpec:
     n: int
     chat: bool
     score: ScoreSpec | None
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -88,6 +90,11 @@ class JobSpec:
             "sampling": self.sampling,
             "n": self.n,
             "chat": self.chat,
+            **(
+                {"chat_template_kwargs": self.chat_template_kwargs}
+                if self.chat_template_kwargs
+                else {}
+            ),
         }
 
 
@@ -99,6 +106,7 @@ class JobFile:
     model: str
     output_dir: Path
     jobs: tuple[JobSpec, ...]
+    kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
 
 
 def dotted(key: PathKey) -> str:
@@ -224,6 +232,11 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         model = _resolve_model(check.text(top["model"], ("model",)), base)
     else:
         raise check.fail((), "missing 'model' (a Hugging Face id, a local path, or demo)")
+    kv_bits = top.get("kv_bits")
+    try:
+        check_kv_quantization(kv_bits, None)
+    except ValueError as exc:
+        raise check.fail(("kv_bits",), str(exc)) from None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
     defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
@@ -244,7 +257,9 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
             )
         seen[spec.name] = index
         specs.append(spec)
-    return JobFile(path=path, model=model, output_dir=output_dir, jobs=tuple(specs))
+    return JobFile(
+        path=path, model=model, output_dir=output_dir, jobs=tuple(specs), kv_bits=kv_bits
+    )
 
 
 def _resolve_model(model: str, base: Path) -> str:
@@ -299,6 +314,13 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         chat = check.boolean(*found)
     if (found := setting("score")) is not None:
         score = _score(check, *found)
+    template_kwargs = None
+    if (found := setting("chat_template_kwargs")) is not None:
+        template_kwargs = _template_kwargs(check, *found)
+        if template_kwargs and not chat:
+            raise check.fail(
+                found[1], "chat_template_kwargs needs the chat template; chat is false"
+            )
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -321,7 +343,16 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         n=n,
         chat=chat,
         score=score,
+        chat_template_kwargs=template_kwargs,
     )
+
+
+def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:
+    """Template variables, checked by the engine's own rule (a chat job's setting only)."""
+    try:
+        return check_chat_template_kwargs(raw) or None
+    except ValueError as exc:
+        raise check.fail(key, f"{dotted(key)}: {exc}") from None
 
 
 def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:

@@ -7,7 +7,7 @@ last run is reported by name instead of silently mixing old and new results in o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from macbatch.batch.inputs import InputFile
@@ -27,6 +27,7 @@ class JobSurvey:
     done: int = 0
     changed: int = 0
     first_changed: Planned | None = None
+    changed_requests: set[tuple[str, int]] = field(default_factory=set)  # (custom_id, sample)
 
     @property
     def total(self) -> int:
@@ -52,6 +53,7 @@ def survey_job(job: JobSpec, model: str, source: InputFile | None, ledger: Ledge
         elif recorded is not None:
             result.changed += 1
             result.first_changed = result.first_changed or item
+            result.changed_requests.add((item.custom_id, item.sample))
     if result.total == 0:
         where = f"{source.path} has no rows" if source else "it has no prompts"
         raise JobFileError(f"job '{job.name}' is empty: {where}")

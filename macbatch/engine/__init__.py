@@ -4,6 +4,11 @@ Front ends use only the names exported here (see docs/engine.md).
 """
 
 from macbatch.engine.adapter import UnsupportedModelError
+from macbatch.engine.chat_template import (
+    THINKING_SWITCH,
+    check_chat_template_kwargs,
+    thinking_default,
+)
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
@@ -22,4 +27,7 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "UnsupportedModelError",
+    "THINKING_SWITCH",
+    "check_chat_template_kwargs",
+    "thinking_default",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from macbatch.metal.quant import check_kv_quantization
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -11,8 +13,11 @@ class EngineConfig:
 
     ``num_blocks`` fixes the pool size; when it is None the pool takes ``memory_fraction`` of the
     memory left after the weights (capped at what ``max_num_seqs`` full-length sequences need).
-    ``dtype`` None keeps the model's dtype on Metal and uses float32 on CPU, the only dtype MLX's
-    CPU backend runs through BLAS.
+    ``dtype`` None keeps the model's dtype on Metal; on CPU a model the engine loads itself is
+    cast to float32 (the only dtype MLX's CPU backend runs through BLAS) if it fits in memory,
+    and a caller's model keeps its dtype (see ``compute_dtype.py``). ``kv_bits`` 8 or 4 stores
+    K/V pages quantized (affine, one float16 scale and bias per ``kv_group_size`` head-dim
+    elements of each token: 64 or 32, None for the default), None keeps float pages.
     """
 
     block_size: int = 16
@@ -23,6 +28,8 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str | None = None
     enable_prefix_caching: bool = True
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -43,3 +50,4 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be float32, float16 or bfloat16 (or unset), got {self.dtype!r}"
             )
+        check_kv_quantization(self.kv_bits, self.kv_group_size)

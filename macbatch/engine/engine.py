@@ -14,10 +14,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import macbatch.metal
+from macbatch.engine import chat_template
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
+from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
 from macbatch.engine.request import (
     FinishReason,
     Request,
@@ -43,6 +45,7 @@ class EngineStats:
     generated_tokens: int
     prefix_cache_hit_rate: float
     cached_blocks: int
+    kv_cache_bytes: int  # the whole pool, scales included
 
     @property
     def kv_usage(self) -> float:
@@ -61,15 +64,17 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig | None = None,
         model_name: str = "model",
+        owns_model: bool = False,
     ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
+        caller's model is cast only when ``config.dtype`` asks)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
         self.model_name = model_name
-        dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
-        if dtype is not None:
-            model.set_dtype(getattr(mx, dtype))
+        self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
         self.adapter = ModelAdapter(model)
+        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
@@ -77,10 +82,12 @@ class Engine:
         self.vocab_size = _vocab_size(model)
         block_size = self.config.block_size
         shapes = self.adapter.layer_shapes
+        fmt = PageFormat(self.adapter.kv_dtype, self.config.kv_bits, self.config.kv_group_size)
+        per_block = fmt.bytes_per_block(shapes, block_size)  # also: a bad group size fails here
         num_blocks = self.config.num_blocks or _blocks_for_memory(
-            model, shapes, block_size, self.adapter.kv_dtype.size, self.config
+            model, per_block, block_size, self.config
         )
-        self.store = KVStore(shapes, num_blocks, block_size, self.adapter.kv_dtype)
+        self.store = KVStore(shapes, num_blocks, block_size, fmt)
         self.pool = BlockPool(num_blocks)
         prefix_root = (
             f"{model_name}:{self.adapter.model_type}".encode()
@@ -109,21 +116,28 @@ class Engine:
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
-        from macbatch.engine.loader import load_model
+        from macbatch.engine.loader import declared_head_dim, load_model
 
+        config = config or EngineConfig()
+        head_dim = declared_head_dim(name) if config.kv_bits else None
+        if head_dim is not None:  # a group size that cannot work fails before the weights load
+            PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
         model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name)
+        return cls(model, tokenizer, config, model_name=name, owns_model=True)
 
     # -- requests --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated."""
+    def encode_prompt(
+        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
+        messages templated with ``chat_template_kwargs`` as template variables."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            ids = list(self.tokenizer.encode(prompt))
+            ids = chat_template.encode_text(self.tokenizer, prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = list(self._apply_chat_template(prompt))
+            ids = self._apply_chat_template(prompt, chat_template_kwargs)
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -142,47 +156,54 @@ class Engine:
             raise ValueError("prompt is empty")
         return ids
 
-    def _apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str) or not isinstance(
-                message.get("content"), str
-            ):
-                raise ValueError(
-                    f"chat message {i} must have string 'role' and 'content' fields, got {message}"
-                )
-        if getattr(self.tokenizer, "chat_template", None) is None:
+    def _apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None
+    ) -> list[int]:
+        chat_template.check_messages(messages)
+        if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"
             )
-        ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        return ids["input_ids"] if isinstance(ids, dict) else ids
+        return chat_template.encode_chat(self.tokenizer, messages, chat_template_kwargs)
 
     def add_request(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = self.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+        )
         self.enqueue(request)
         return request.request_id
 
     def prepare_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> Request:
         """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt)
+        ids = self.encode_prompt(prompt, chat_template_kwargs)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
-        if params.max_tokens is None:  # as many as fit; a prompt that fills it all still errors
-            room = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
-            params = replace(params, max_tokens=max(1, room - len(ids)))
+        limit, what = self.context_limit()
+        room = limit - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} "
+                "tokens); shorten the prompt"
+            )
+        capped = params.max_tokens is not None and params.max_tokens > room
+        if params.max_tokens is None or capped:
+            params = replace(params, max_tokens=room)
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -191,28 +212,24 @@ class Engine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids or ()),
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            capped_max_tokens=room if capped else None,
         )
 
     def enqueue(self, request: Request) -> None:
-        """Queue a prepared request, or finish it at once with an error if it can never fit."""
+        """Queue a prepared request (``prepare_request`` already fitted it to the context)."""
         self._requests[request.request_id] = request
-        needed = request.num_tokens + request.params.max_tokens
-        capacity = self.pool.num_blocks * self.config.block_size
-        if needed > min(capacity, self.max_model_len):
-            limit, what = (
-                (self.max_model_len, "the model's context length")
-                if self.max_model_len <= capacity
-                else (capacity, "the whole KV cache pool")
-            )
-            self._finish(
-                request,
-                FinishReason.ERROR,
-                f"prompt ({request.num_tokens} tokens) + max_tokens ({request.params.max_tokens}) "
-                f"= {needed} tokens exceeds {what} ({limit} tokens); shorten the prompt or lower "
-                "max_tokens",
-            )
-            return
         self.scheduler.add(request)
+
+    def context_limit(self) -> tuple[int, str]:
+        """The most tokens one sequence may hold (prompt and reply), and what sets that limit.
+
+        The one rule every front end uses: ``max_tokens`` is a cap that shrinks to the room the
+        prompt leaves under this limit (``RequestOutput.capped_max_tokens`` says when it did).
+        """
+        capacity = self.pool.num_blocks * self.config.block_size
+        if self.max_model_len <= capacity:
+            return self.max_model_len, "the model's context length"
+        return capacity, "the whole KV cache pool"
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""
@@ -288,13 +305,18 @@ class Engine:
         self,
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; final outputs in the order given."""
+        """Run ``prompts`` to completion together; final outputs in the order given
+        (``chat_template_kwargs`` apply to every chat prompt)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        requests = [self.prepare_request(p, sp, None) for p, sp in zip(prompts, params)]
+        requests = [
+            self.prepare_request(p, sp, None, chat_template_kwargs)
+            for p, sp in zip(prompts, params)
+        ]
         finals: dict[str, RequestOutput] = {}
         for request in requests:
             self.enqueue(request)
@@ -321,6 +343,7 @@ class Engine:
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
+            kv_cache_bytes=self.store.nbytes,
         )
 
 
@@ -347,9 +370,10 @@ def _vocab_size(model: nn.Module) -> int:
 
 
 def _blocks_for_memory(
-    model: nn.Module, shapes: list, block_size: int, itemsize: int, config: EngineConfig
+    model: nn.Module, per_block: int, block_size: int, config: EngineConfig
 ) -> int:
-    """Blocks that fit in ``memory_fraction`` of what is left after the weights."""
+    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
+    ``memory_fraction`` of what is left after the weights."""
     from mlx.utils import tree_flatten
 
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
@@ -360,7 +384,6 @@ def _blocks_for_memory(
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     )
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    per_block = KVStore.bytes_per_block(shapes, block_size, itemsize)
     budget = max(0, int(total * config.memory_fraction) - weights)
     blocks = budget // per_block
     model_len = (

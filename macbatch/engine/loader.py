@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,20 @@ def resolve_model_path(name: str) -> Path | str:
             "(owner/name, e.g. mlx-community/Qwen3-0.6B-4bit), nor 'demo'"
         )
     return name
+
+
+def declared_head_dim(name: str) -> int | None:
+    """The head dim a local model's config.json declares (None for hub ids and configs that do
+    not say), so settings that depend on it fail before the weights load."""
+    target = resolve_model_path(name)
+    if isinstance(target, str):
+        return None
+    config = json.loads((target / "config.json").read_text())
+    config = config.get("text_config", config)
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    heads = config.get("num_attention_heads")
+    return int(config["hidden_size"]) // int(heads) if heads and "hidden_size" in config else None
 
 
 def load_model(name: str) -> tuple[Any, Any]:

@@ -80,6 +80,9 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    # The max_tokens the request ran with when the room its prompt left in the context was
+    # smaller than the one asked for (None: not capped). See Engine.context_limit.
+    capped_max_tokens: int | None = None
 
 
 @dataclass
@@ -104,6 +107,7 @@ class Request:
     emitted_tokens: int = 0
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    capped_max_tokens: int | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -198,4 +202,5 @@ class Request:
             error=self.error,
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
+            capped_max_tokens=self.capped_max_tokens,
         )

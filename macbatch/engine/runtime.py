@@ -76,21 +76,34 @@ class EngineThread:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def encode_prompt(
+        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
+        return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
+
     def submit(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output."""
         engine = self._live_engine()
-        request = engine.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = engine.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+        )
         self._commands.put(("add", request, on_output))
         return request.request_id
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
@@ -101,7 +114,7 @@ class EngineThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        rid = self.submit(prompt, params, deliver, request_id)
+        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs)
         finished = False
         try:
             while not finished:
@@ -114,6 +127,11 @@ class EngineThread:
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
+
+    def abort_all(self) -> None:
+        """Abort every request in flight; each listener still gets its final output
+        (finish_reason ABORT), so a server can end its responses properly. The loop goes on."""
+        self._commands.put(("abort_all",))
 
     def call(self, fn: Callable[[Engine], Any]) -> Future:
         """Run ``fn(engine)`` on the engine thread between steps; its result comes in a Future."""
@@ -191,13 +209,19 @@ class EngineThread:
                     future.set_result(fn(engine))
                 except Exception as exc:
                     future.set_exception(exc)
+            elif kind == "abort_all":
+                self._abort_all(engine)
             elif kind == "stop":
-                for rid in list(self._callbacks):
-                    engine.abort(rid)
-                self._deliver(engine.step())
-                self._stats = engine.stats()
+                self._abort_all(engine)
                 self._stopped = True
                 return False
+
+    def _abort_all(self, engine: Engine) -> None:
+        """Abort every request that has a listener and hand each its final (ABORT) output."""
+        for rid in list(self._callbacks):
+            engine.abort(rid)
+        self._deliver(engine.step())
+        self._stats = engine.stats()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

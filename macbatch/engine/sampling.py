@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+MAX_TEMPERATURE = 2.0  # OpenAI's limit too; clients and users know it
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is sampled and when it stops.
 
-    ``max_tokens=None`` generates until a stop or the end of the room the prompt leaves in the
-    model's context (and the KV pool), as OpenAI's chat API does. ``temperature=0`` is greedy.
+    ``max_tokens`` is a cap: the engine shrinks it to the room the prompt leaves in the model's
+    context (and the KV pool), and ``None`` asks for all of that room, as OpenAI's chat API does.
+    ``temperature=0`` is greedy; above 2 every model's output is noise, so it is refused.
     ``top_k=0``, ``top_p=1``, ``min_p=0`` and penalties of 1/0/0 are off.
     ``repetition_penalty`` divides positive logits of every token seen in the prompt or the
     output (as Hugging Face does); ``presence_penalty`` and ``frequency_penalty`` subtract per
@@ -54,10 +57,10 @@ class SamplingParams:
             "an integer >= 1, or None for as many as the context allows",
         )
         _check(
-            _finite(self.temperature) and self.temperature >= 0,
+            _finite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE,
             "temperature",
             self.temperature,
-            "a finite number >= 0 (0 means greedy)",
+            f"a number in [0, {MAX_TEMPERATURE:g}] (0 means greedy)",
         )
         _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
         _check(

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from macbatch.engine import EngineThread, RequestOutput
+from macbatch.engine import EngineThread, FinishReason, RequestOutput
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
@@ -54,6 +54,7 @@ class ServerState:
     model_id: str
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     admission: Admission = field(init=False)
+    shutting_down: bool = False
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
@@ -106,6 +107,14 @@ def create_app(
     app.state.macbatch = state
     app.add_middleware(_Guard, state=state, known_paths={r.path for r in routes})
     return app
+
+
+def stop_generating(app: Starlette) -> None:
+    """The shutdown deadline: abort everything still generating. Streams end with a final chunk
+    (finish_reason "abort") and [DONE]; requests waiting for a whole reply get a 503."""
+    state: ServerState = app.state.macbatch
+    state.shutting_down = True
+    state.thread.abort_all()
 
 
 def _state(request: Request) -> ServerState:
@@ -169,7 +178,7 @@ async def _generate(
     count = len(generation.jobs)
     state.admission.take(count)
     try:
-        run = Run(state.thread, generation.jobs, state.metrics)
+        run = Run(state.thread, generation.jobs, state.metrics, generation.chat_template_kwargs)
     except APIError:
         state.admission.give_back(count)
         raise
@@ -185,6 +194,12 @@ async def _generate(
         finals = await _unless_disconnected(request, _finals(run, count))
     finally:
         close()
+    if state.shutting_down and any(out.finish_reason is FinishReason.ABORT for out in finals):
+        raise APIError(
+            503,
+            "the server shut down before this request finished; retry when it is back",
+            code="server_shutdown",
+        )
     return JSONResponse(formatter.response(finals))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
 from macbatch.config import DEFAULT_MODEL
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -52,6 +53,7 @@ def serve_command(
         min=1,
         help="KV cache blocks of 16 tokens (default: half the memory left after the weights).",
     ),
+    kv_bits: int | None = kv_bits_option(),
     max_body_mb: float = typer.Option(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     ),
@@ -88,13 +90,14 @@ def serve_command(
         )
     if print_launchd_plist:
         arguments = _command_line(
-            model=model,
+            model=_absolute_if_local(model),
             host=host,
             port=port,
             insecure=insecure,
             max_num_seqs=max_num_seqs,
             max_queue=max_queue,
             kv_blocks=kv_blocks,
+            kv_bits=kv_bits,
             max_body_mb=max_body_mb,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,
@@ -109,10 +112,17 @@ def serve_command(
         max_num_seqs=max_num_seqs,
         max_queue=max_queue,
         kv_blocks=kv_blocks,
+        kv_bits=kv_bits,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
     )
+
+
+def _absolute_if_local(model: str) -> str:
+    """launchd starts jobs in /: a relative model directory must become absolute there."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if model != "demo" and path.exists() else model
 
 
 def _command_line(**options: object) -> list[str]:
@@ -134,7 +144,7 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
     log_dir = data_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    return launchd_plist(arguments, log_dir / "serve.log", api_key)
+    return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
 
 
 def _serve(
@@ -146,12 +156,13 @@ def _serve(
     max_num_seqs: int,
     max_queue: int,
     kv_blocks: int | None,
+    kv_bits: int | None,
     max_body_bytes: int,
     shutdown_timeout: float,
     log_level: str,
 ) -> None:
     from macbatch.engine import Engine, EngineConfig, EngineThread
-    from macbatch.server.app import ServerOptions, create_app
+    from macbatch.server.app import ServerOptions, create_app, stop_generating
     from macbatch.server.listen import ListenError, bind, run
 
     try:
@@ -159,7 +170,7 @@ def _serve(
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks)
+    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks, kv_bits=kv_bits)
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()
     try:
@@ -168,7 +179,8 @@ def _serve(
         except Exception as exc:
             typer.echo(f"macbatch serve: cannot load {model!r}: {exc}", err=True)
             raise typer.Exit(1) from None
-        tokenizer = thread.call(lambda engine: engine.tokenizer).result()
+        tokenizer, dtype = thread.call(lambda e: (e.tokenizer, e.compute_dtype)).result()
+        typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)
         options = ServerOptions(
             api_key=api_key,
             max_body_bytes=max_body_bytes,
@@ -182,7 +194,7 @@ def _serve(
             f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
             err=True,
         )
-        run(app, sock, shutdown_timeout, log_level)
+        run(app, sock, shutdown_timeout, log_level, on_deadline=lambda: stop_generating(app))
     finally:
         thread.shutdown(timeout=shutdown_timeout)
         sock.close()

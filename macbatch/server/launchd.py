@@ -8,8 +8,11 @@ from pathlib import Path
 LABEL = "com.macbatch.serve"
 
 
-def launchd_plist(arguments: list[str], log_file: Path, api_key: str | None) -> str:
-    """The plist text: start at login, restart after a crash (not after a clean stop).
+def launchd_plist(
+    arguments: list[str], log_file: Path, api_key: str | None, working_dir: Path
+) -> str:
+    """The plist text: start at login, restart after a crash (not after a clean stop), in
+    ``working_dir`` (launchd's default is /, where relative paths mean nothing).
 
     The API key goes into the job's environment, not its arguments, so `ps` does not show it;
     keep the installed file private (chmod 600).
@@ -17,6 +20,7 @@ def launchd_plist(arguments: list[str], log_file: Path, api_key: str | None) -> 
     job: dict[str, object] = {
         "Label": LABEL,
         "ProgramArguments": arguments,
+        "WorkingDirectory": str(working_dir.resolve()),
         "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False},
         "ProcessType": "Interactive",  # not throttled like a background job

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import InvalidSamplingParam, SamplingParams
+from macbatch.engine import InvalidSamplingParam, SamplingParams, check_chat_template_kwargs
 from macbatch.server.errors import invalid
 
 Prompt = str | list[int] | list[dict[str, str]]
@@ -21,8 +21,10 @@ DEFAULT_MAX_TOKENS = {"chat": None, "completion": 16}
 MAX_CHOICES = 64  # engine requests one HTTP request may start (prompts x n)
 MAX_STOP = 16
 _OPENAI_NAMES = {"logprobs": "top_logprobs"}  # engine field -> request field, where they differ
+_MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "video_url", "file")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _NUMBER = (int, float)
+_EFFORTS = ("minimal", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Generation:
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs; k: the chosen token's and k alternatives
     model: str | None
+    chat_template_kwargs: dict[str, Any] | None = None  # chat only: the template's variables
 
 
 def parse_chat(body: dict[str, Any]) -> Generation:
@@ -50,7 +53,26 @@ def parse_chat(body: dict[str, Any]) -> Generation:
     max_tokens = _get(body, "max_completion_tokens", (int,), None, "an integer >= 1")
     if max_tokens is None:
         max_tokens = _get(body, "max_tokens", (int,), DEFAULT_MAX_TOKENS["chat"], "an integer >= 1")
-    return _generation(body, [messages], max_tokens, top_logprobs)
+    generation = _generation(body, [messages], max_tokens, top_logprobs)
+    return dataclasses.replace(generation, chat_template_kwargs=_template_kwargs(body))
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` (as vLLM and mlx-lm's server take it), plus ``reasoning_effort``
+    (OpenAI's field; gpt-oss's template reads the variable of that name)."""
+    try:
+        kwargs = check_chat_template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as exc:
+        raise invalid(str(exc), "chat_template_kwargs") from None
+    effort = _get(body, "reasoning_effort", (str,), None, "one of " + ", ".join(_EFFORTS))
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise invalid(
+                f"'reasoning_effort' must be one of {', '.join(_EFFORTS)}, got {effort!r}",
+                "reasoning_effort",
+            )
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs or None
 
 
 def parse_completion(body: dict[str, Any]) -> Generation:
@@ -174,7 +196,14 @@ def _content(value: Any, where: str) -> str:
     if isinstance(value, list):
         texts = []
         for part in value:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _MEDIA_PARTS:
+                raise invalid(
+                    f"{where}.content: '{kind}' parts are not supported: macbatch serves the text "
+                    "model of multimodal checkpoints; send text parts only",
+                    where,
+                )
+            if kind != "text":
                 raise invalid(f"{where}.content: only text parts are supported", where)
             if not isinstance(part.get("text"), str):
                 raise invalid(f"{where}.content: a text part needs a string 'text'", where)

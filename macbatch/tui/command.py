@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
 from macbatch.config import DEFAULT_MODEL
 
 
@@ -39,6 +40,7 @@ def chat_command(
             help="Size of the KV cache in blocks of 16 tokens (default: half the free memory)."
         ),
     ] = None,
+    kv_bits: int | None = kv_bits_option(),
     history: Annotated[
         Path | None,
         typer.Option(
@@ -69,7 +71,7 @@ def chat_command(
     defaults = SessionSettings(system, temperature, top_p, max_tokens)
     try:
         sampling_params(defaults)
-        config = EngineConfig(num_blocks=kv_blocks)
+        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()

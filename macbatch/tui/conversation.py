@@ -34,6 +34,8 @@ def to_markdown(session: Session, history: list[Message]) -> str:
         f"- top_p: {settings.top_p:g}",
         f"- max tokens: {settings.max_tokens}",
     ]
+    if settings.thinking is not None:
+        lines.append(f"- thinking: {'on' if settings.thinking else 'off'}")
     if settings.system_prompt:
         lines += ["", "## System", "", settings.system_prompt]
     for message in history:

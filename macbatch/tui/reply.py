@@ -13,7 +13,7 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from macbatch.engine import EngineDeadError, FinishReason, SamplingParams
+from macbatch.engine import THINKING_SWITCH, EngineDeadError, FinishReason, SamplingParams
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -41,8 +41,16 @@ def sampling_params(settings: SessionSettings) -> SamplingParams:
     )
 
 
+def template_kwargs(settings: SessionSettings) -> dict[str, bool] | None:
+    """The chat template variables a session sets: thinking on or off, when it chose one."""
+    return None if settings.thinking is None else {THINKING_SWITCH: settings.thinking}
+
+
 def fit_to_context(
-    engine: EngineThread, prompt: list[dict[str, str]], params: SamplingParams
+    engine: EngineThread,
+    prompt: list[dict[str, str]],
+    params: SamplingParams,
+    chat_template_kwargs: dict[str, bool] | None = None,
 ) -> SamplingParams:
     """A chat's max tokens is a cap, not a demand: shrink it to the room the conversation leaves
     in the model's context (and the KV cache), so a long chat still gets a reply rather than the
@@ -54,7 +62,7 @@ def fit_to_context(
         (capacity, "the KV cache"),
         key=lambda x: x[0],
     )
-    used = len(engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
+    used = len(engine.encode_prompt(prompt, chat_template_kwargs))
     if used >= limit:
         raise ValueError(
             f"this chat is {used} tokens and {where} holds {limit}: start a new chat (ctrl+n) "
@@ -83,8 +91,10 @@ class Reply:
         view: MessageView,
         prompt: list[dict[str, str]],
         params: SamplingParams,
+        chat_template_kwargs: dict[str, bool] | None = None,
     ) -> None:
         self.engine = engine
+        self.chat_template_kwargs = chat_template_kwargs
         self.store = store
         self.message = message
         self.view = view
@@ -98,8 +108,10 @@ class Reply:
         saved_at = rendered_at = time.monotonic()
         unrendered: list[str] = []
         try:
-            params = fit_to_context(self.engine, self.prompt, self.params)
-            async with aclosing(self.engine.stream(self.prompt, params)) as outputs:
+            kwargs = self.chat_template_kwargs
+            params = fit_to_context(self.engine, self.prompt, self.params, kwargs)
+            stream = self.engine.stream(self.prompt, params, chat_template_kwargs=kwargs)
+            async with aclosing(stream) as outputs:
                 async for output in outputs:
                     message.content = output.text
                     message.metrics = reply_metrics(output)

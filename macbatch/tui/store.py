@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     temperature REAL NOT NULL,
     top_p REAL NOT NULL,
     max_tokens INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    thinking INTEGER
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -53,12 +54,14 @@ ERROR = "error"
 
 @dataclass
 class SessionSettings:
-    """What a session sends with each request: its system prompt and sampling settings."""
+    """What a session sends with each request: its system prompt and sampling settings, and
+    thinking on or off for templates with that switch (None: the template's own default)."""
 
     system_prompt: str = ""
     temperature: float = 0.7
     top_p: float = 1.0
     max_tokens: int = 512
+    thinking: bool | None = None
 
 
 @dataclass
@@ -100,7 +103,7 @@ class HistoryStore:
             self._db = sqlite3.connect(path)
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.executescript(SCHEMA)
-            self._add_missing_columns()
+            _add_missing_columns(self._db)
             # A reply still "streaming" on disk belongs to a run that ended without saying so.
             self._db.execute(
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
@@ -112,24 +115,18 @@ class HistoryStore:
                 "fresh history (or point MACBATCH_HOME at another directory)."
             ) from error
 
-    def _add_missing_columns(self) -> None:
-        """Bring a history written by an older macbatch up to this schema."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
-        if "named" not in columns:
-            self._db.execute("ALTER TABLE sessions ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
-
     def close(self) -> None:
         self._db.close()
 
     # Sessions
 
     def sessions(self) -> list[Session]:
-        rows = self._db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
+        rows = self._db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
         return [_session(row) for row in rows]
 
     def session(self, session_id: int) -> Session:
         row = self._db.execute(
-            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
         if row is None:
             raise KeyError(session_id)
@@ -138,8 +135,8 @@ class HistoryStore:
     def create_session(self, title: str, settings: SessionSettings) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created, "
+            "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 title,
                 settings.system_prompt,
@@ -147,6 +144,7 @@ class HistoryStore:
                 settings.top_p,
                 settings.max_tokens,
                 now,
+                settings.thinking,
             ),
         )
         self._db.commit()
@@ -169,13 +167,14 @@ class HistoryStore:
 
     def update_settings(self, session_id: int, settings: SessionSettings) -> None:
         self._db.execute(
-            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ? "
-            "WHERE id = ?",
+            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, "
+            "thinking = ? WHERE id = ?",
             (
                 settings.system_prompt,
                 settings.temperature,
                 settings.top_p,
                 settings.max_tokens,
+                settings.thinking,
                 session_id,
             ),
         )
@@ -246,12 +245,30 @@ class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 
 
-SESSION_COLUMNS = "id, title, system_prompt, temperature, top_p, max_tokens, created, named"
+_SESSION_COLUMNS = (
+    "id, title, system_prompt, temperature, top_p, max_tokens, created, thinking, named"
+)
+# Columns added since the first release, with their definition: a history written before gains
+# them when opened (thinking NULL: the template's default; named 0: no title chosen by the user).
+_ADDED_COLUMNS = {"thinking": "INTEGER", "named": "INTEGER NOT NULL DEFAULT 0"}
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    for name, definition in _ADDED_COLUMNS.items():
+        if name not in columns:
+            db.execute(f"ALTER TABLE sessions ADD COLUMN {name} {definition}")
 
 
 def _session(row: tuple) -> Session:
-    session_id, title, system_prompt, temperature, top_p, max_tokens, created, named = row
-    settings = SessionSettings(system_prompt, float(temperature), float(top_p), int(max_tokens))
+    session_id, title, system_prompt, temperature, top_p, max_tokens, created, thinking, named = row
+    settings = SessionSettings(
+        system_prompt,
+        float(temperature),
+        float(top_p),
+        int(max_tokens),
+        None if thinking is None else bool(thinking),
+    )
     return Session(int(session_id), title, settings, float(created), bool(named))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -43,10 +44,10 @@ def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
     )
 
 
-def start_run(job_file: Path) -> subprocess.Popen[bytes]:
+def start_run(job_file: Path, *extra: str) -> subprocess.Popen[bytes]:
     """`macbatch run` in a child process, admitting two requests at a time so lines trickle."""
     return subprocess.Popen(
-        [sys.executable, "-c", CLI, str(job_file), "--headless", "--max-in-flight", "2"],
+        [sys.executable, "-c", CLI, str(job_file), "--headless", "--max-in-flight", "2", *extra],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -95,8 +96,9 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
     job_file: Path, macbatch_run, presses: int
 ) -> None:
     """Once: stop admitting, finish what is in flight. Twice: drop it. Either way whole lines."""
-    output = job_file.parent / "out" / "rows.jsonl"
-    process = start_run(job_file)
+    elsewhere = job_file.parent / "elsewhere"
+    output = elsewhere / "rows.jsonl"
+    process = start_run(job_file, "-o", str(elsewhere))
     wait_for_lines(output, process, 10)
     for _ in range(presses):
         process.send_signal(signal.SIGINT)
@@ -105,13 +107,22 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
     events = [json.loads(line) for line in stderr.decode().splitlines()]
     notes = [e["message"] for e in events if e["event"] == "note"]
     assert any(n.startswith("Stopping: no new requests; finishing") for n in notes)
-    assert any("run the same command again to resume" in n for n in notes)
+    hint = next(n for n in notes if "run the same command again to resume: " in n)
     summary = [e for e in events if e["event"] == "summary"][0]
     assert summary["status"] == "interrupted" and summary["remaining"] > 0
     lines = read_jsonl(output)
     assert len(lines) == summary["ok"]
 
-    result = macbatch_run(job_file)
+    # The hint is the exact command: run as printed, it resumes into the same directory.
+    program, command, *args = shlex.split(hint.split("to resume: ", 1)[1])
+    assert (program, command, args) == (
+        "macbatch",
+        "run",
+        [str(job_file), "-o", str(elsewhere), "--headless"],
+    )
+    result = macbatch_run(*args)
     assert result.exit_code == 0, result.output
+    assert f"resuming: {len(lines)} of {ROWS} requests done before" in result.output
     assert read_jsonl(output)[: len(lines)] == lines
-    assert_exactly_once(job_file)
+    lines = read_jsonl(output)
+    assert Counter(x["custom_id"] for x in lines) == {f"r{i}": 1 for i in range(ROWS)}

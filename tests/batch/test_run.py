@@ -138,6 +138,7 @@ def test_multi_job_run_writes_every_request_once(
         "ok": 3,
         "failed": 1,
         "skipped": 0,
+        "capped": 0,
         "output": str(out / "questions.jsonl"),
         "errors": str(out / "questions.errors.jsonl"),
     }
@@ -169,7 +170,7 @@ def test_changed_job_is_refused_then_forced_or_fresh(
     assert refused.stderr.startswith(
         "error: job 'inline' changed since its last run (sampling.max_tokens: 6 -> 5): "
         "2 completed requests would now give different results\n"
-        "Rerun with --force to keep the completed lines and run only the missing ones"
+        "Rerun with --redo-changed to run exactly the changed requests again"
     )
     assert "Traceback" not in refused.output and output.read_bytes() == first
 
@@ -189,6 +190,40 @@ def test_changed_job_is_refused_then_forced_or_fresh(
     assert [reply(x) for x in sorted(lines, key=lambda x: x["custom_id"])] == [
         o.text for o in oracle
     ]
+
+
+def test_redo_changed_reruns_exactly_the_changed_rows(
+    project: Path, tiny_model_path: Path, macbatch_run
+) -> None:
+    """--force keeps a stale answer; --redo-changed replaces just that row's line (the other
+    lines stay byte for byte) with the answer to the new row."""
+    job_file = project / "jobs.yaml"
+    assert macbatch_run(job_file, "-j", "questions").exit_code == 3  # the one broken line
+    output = project / "out" / "questions.jsonl"
+    before = {x["custom_id"]: x for x in read_jsonl(output)}
+    questions = project / "questions.jsonl"
+    questions.write_text(questions.read_text().replace("hello world", "goodbye moon"))
+
+    forced = macbatch_run(job_file, "-j", "questions", "--force")
+    assert forced.exit_code == 3 and {x["custom_id"]: x for x in read_jsonl(output)} == before
+
+    redone = macbatch_run(job_file, "-j", "questions", "--redo-changed")
+    assert redone.exit_code == 3, redone.output
+    assert "questions: 1 results whose rows or settings changed were removed" in redone.stdout
+    after = {x["custom_id"]: x for x in read_jsonl(output)}
+    assert sorted(after) == ["q1", "q2", "q3"]
+    assert after["q1"] == before["q1"] and after["q3"] == before["q3"]
+    oracle = greedy_one_by_one(tiny_model_path, [chat("Q: goodbye moon")], 8)[0]
+    assert reply(after["q2"]) == oracle.text
+    assert after["q2"]["macbatch"]["key"] != before["q2"]["macbatch"]["key"]
+
+    again = macbatch_run(job_file, "-j", "questions")  # nothing changed any more: plain resume
+    assert again.exit_code == 3 and {x["custom_id"]: x for x in read_jsonl(output)} == after
+
+
+def test_redo_changed_with_force_is_refused(project: Path, macbatch_run) -> None:
+    result = macbatch_run(project / "jobs.yaml", "--redo-changed", "--force")
+    assert result.exit_code == 1 and "--redo-changed goes alone" in result.stderr
 
 
 def test_changed_input_row_is_named(project: Path, macbatch_run) -> None:
@@ -266,8 +301,8 @@ class CountingEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.live, self.peak, self.prompts = engine, 0, 0, {}
 
-    def add_request(self, prompt: Any, params: SamplingParams) -> str:
-        request_id = self.engine.add_request(prompt, params)
+    def add_request(self, prompt: Any, params: SamplingParams, **options: Any) -> str:
+        request_id = self.engine.add_request(prompt, params, **options)
         self.live += 1
         self.peak = max(self.peak, self.live)
         return request_id
@@ -370,15 +405,50 @@ def test_unknown_job_model_and_lock(tmp_path: Path, tiny_model_path: Path, macba
     assert f"another macbatch run is writing to {tmp_path / 'out'}" in result.stderr
 
 
-def test_deleting_an_output_file_redoes_that_job(project: Path, macbatch_run) -> None:
+@pytest.mark.parametrize("columns", [None, "40", "160"])
+def test_deleting_an_output_file_redoes_that_job(
+    project: Path, macbatch_run, monkeypatch: pytest.MonkeyPatch, columns: str | None
+) -> None:
+    """Whatever the terminal width (or none, as in cron), a note is one greppable line."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
     assert macbatch_run(project / "jobs.yaml", "-j", "inline").exit_code == 0
     output = project / "out" / "inline.jsonl"
     first = read_jsonl(output)
     output.unlink()
     result = macbatch_run(project / "jobs.yaml", "-j", "inline")
-    assert result.exit_code == 0 and "is shorter than last recorded" in result.stdout
+    assert result.exit_code == 0
+    assert f"{output} is shorter than last recorded" in result.stdout.splitlines()[0]
     again = read_jsonl(output)
     assert sorted(x["macbatch"]["key"] for x in again) == sorted(
         x["macbatch"]["key"] for x in first
     )
     assert json.loads((project / "out" / "summary.json").read_text())["ok"] == 2
+
+
+def test_demo_job_without_max_tokens_caps_each_reply_to_the_room_left(tmp_path: Path, macbatch_run):
+    """The demo model's whole context is the default max_tokens (512): each reply is capped to
+    the room its prompt leaves, and every line and the summary say so."""
+    write_job(
+        tmp_path,
+        """
+        version: 1
+        model: demo
+        jobs:
+          - name: ask
+            prompts: ["What is 48 + 37?", "Reverse the word planet."]
+        """,
+    )
+    result = macbatch_run(tmp_path / "jobs.yaml")
+    assert result.exit_code == 0, result.stdout
+    lines = read_jsonl(tmp_path / "out" / "ask.jsonl")
+    assert len(lines) == 2
+    for line in lines:
+        meta = line["macbatch"]
+        assert meta["capped_max_tokens"] == 512 - meta["prompt_tokens"]
+        assert meta["finish_reason"] == "stop"
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["ok"] == 2 and summary["jobs"]["ask"]["capped"] == 2
+    assert "2 replies capped" in result.stdout

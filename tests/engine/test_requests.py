@@ -82,6 +82,7 @@ def test_bad_prompt_is_rejected_and_engine_keeps_serving(engine, model, prompt, 
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": math.nan}, "temperature"),
+        ({"temperature": 2.5}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
@@ -96,14 +97,35 @@ def test_bad_sampling_params(kwargs, field):
     assert err.value.field == field
 
 
-def test_request_that_can_never_fit_finishes_with_error(engine, model):
-    too_long = engine.add_request(list(range(3, 100)), SamplingParams(max_tokens=500))
-    ok = engine.add_request([9, 9, 9], GREEDY)
+def test_prompt_that_fills_the_context_is_refused_and_nothing_is_queued(engine):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt \(512 tokens\) leaves no room for a reply in "
+        r"the whole KV cache pool \(512 tokens\)",
+    ):
+        engine.add_request([5] * 512, GREEDY)
+    assert not engine.has_unfinished()
+
+
+def test_max_tokens_is_a_cap_that_shrinks_to_the_room_left(engine, model):
+    """One rule for every front end: prompt + max_tokens beyond the context runs with the room
+    the prompt leaves, and the output says it was capped; a request that fits is untouched."""
+    prompt = [3 + i % 300 for i in range(497)]  # 497 tokens of a 512-token pool: room for 15
+    capped = engine.add_request(prompt, SamplingParams(max_tokens=100, ignore_eos=True))
+    fits = engine.add_request([9, 9, 9], GREEDY)
     finals = _drain(engine)
-    assert finals[too_long].finish_reason == FinishReason.ERROR
-    assert "exceeds the whole KV cache pool (512 tokens)" in finals[too_long].error
-    assert finals[ok].finish_reason == FinishReason.LENGTH
+    assert finals[capped].capped_max_tokens == 15
+    assert finals[capped].finish_reason == FinishReason.LENGTH
+    assert len(finals[capped].token_ids) == 15
+    assert finals[fits].capped_max_tokens is None
+    assert finals[fits].token_ids == mlx_lm_greedy(model, [9, 9, 9], GREEDY.max_tokens)
     assert_pool_idle(engine)
+
+
+def test_max_tokens_none_takes_all_the_room_without_calling_it_capped(engine):
+    rid = engine.add_request([4] * 497, SamplingParams(max_tokens=None, ignore_eos=True))
+    final = _drain(engine)[rid]
+    assert len(final.token_ids) == 15 and final.capped_max_tokens is None
 
 
 def test_eos_and_stop_token_ids_end_without_emitting(engine, model):

@@ -3,7 +3,6 @@ real process stopped by SIGTERM/SIGINT that exits 0."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import plistlib
 import signal
@@ -11,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -63,6 +62,21 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
     assert again.exit_code == 0, again.output
     assert again.stdout == result.stdout
+
+
+def test_launchd_plist_has_absolute_paths(
+    tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """launchd starts a job in /: a model given relative to here must still be found."""
+    monkeypatch.chdir(tiny_model_path.parent)
+    env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
+    result = _invoke(["--model", tiny_model_path.name, "--print-launchd-plist"], env=env)
+    assert result.exit_code == 0, result.output
+    job = plistlib.loads(result.stdout.encode())
+    arguments = job["ProgramArguments"]
+    assert arguments[arguments.index("--model") + 1] == str(tiny_model_path.resolve())
+    assert job["WorkingDirectory"] == str(tiny_model_path.parent.resolve())
+    assert Path(job["StandardErrorPath"]).is_absolute()
 
 
 def test_bad_log_level() -> None:
@@ -123,33 +137,34 @@ def _start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
     pytest.fail("macbatch serve did not become healthy")
 
 
-def _data_lines(lines: Iterator[str]) -> list[str]:
-    """The rest of a stream's data lines; the stream may be cut by the server (no error)."""
-    received = []
-    with contextlib.suppress(httpx.RemoteProtocolError):
-        received += [line for line in lines if line.startswith("data:")]
-    return received
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
-    """In flight at the signal: a short request finishes, one longer than the shutdown timeout
-    is cut off; the process exits 0 either way."""
-    process, url = _start_server(tiny_model_path, "--shutdown-timeout", "3")
-    body = {"prompt": "how are you today?", "temperature": 0, "stream": True}
+    """In flight at the signal: a short request finishes; streams longer than the shutdown
+    timeout end with a final "abort" chunk and [DONE] (the openai client sees a normal end), a
+    non-streaming one gets a JSON 503; the process exits 0."""
+    import openai
+
+    process, url = _start_server(tiny_model_path, "--shutdown-timeout", "2")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    body = dict(model=str(tiny_model_path), prompt="how are you today?", temperature=0)
     try:
-        with (
-            httpx.Client(base_url=url, timeout=60) as client,
-            client.stream("POST", "/v1/completions", json={**body, "max_tokens": 4000}) as long,
-            client.stream("POST", "/v1/completions", json={**body, "max_tokens": 60}) as short,
-        ):
-            long_lines, short_lines = long.iter_lines(), short.iter_lines()
-            assert next(line for line in long_lines if line.startswith("data:"))
-            assert next(line for line in short_lines if line.startswith("data:"))
+        with ThreadPoolExecutor(1) as pool:
+            long = client.completions.create(**body, max_tokens=4000, stream=True)
+            short = client.completions.create(**body, max_tokens=60, stream=True)
+            first_long, first_short = next(iter(long)), next(iter(short))
+            assert first_long.choices and first_short.choices
+            whole = pool.submit(client.completions.create, **body, max_tokens=4000)
+            time.sleep(0.5)  # the non-streaming request is in flight
             process.send_signal(sig)
-            assert _data_lines(short_lines)[-1] == "data: [DONE]"
-            assert "data: [DONE]" not in _data_lines(long_lines)
+            short_rest, long_rest = list(short), list(long)  # both end without an error
+            assert short_rest[-1].choices[0].finish_reason in ("length", "stop")
+            assert long_rest[-1].choices[0].finish_reason == "abort"
+            with pytest.raises(openai.APIStatusError) as refused:
+                whole.result(timeout=60)
+        assert refused.value.status_code == 503
+        assert refused.value.body["code"] == "server_shutdown"
         assert process.wait(timeout=30) == 0
+        assert "macbatch serve: weights in float32: " in process.stderr.read()  # says why
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=1)
     finally:

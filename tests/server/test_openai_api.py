@@ -253,11 +253,22 @@ def test_unknown_fields_are_ignored(client: openai.OpenAI, served: Served) -> No
     assert response.choices[0].text == expected.text
 
 
-def test_prompt_beyond_context_is_400(client: openai.OpenAI, served: Served) -> None:
+def test_prompt_that_fills_the_context_is_400(client: openai.OpenAI, served: Served) -> None:
     limit = served.thread.engine_info["max_model_len"]
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=response_model(client), prompt=TEXT, max_tokens=limit)
-    assert "max_tokens" in info.value.body["message"]
+        client.completions.create(model=response_model(client), prompt=[5] * limit, max_tokens=1)
+    assert "leaves no room for a reply" in info.value.body["message"]
+
+
+def test_max_tokens_beyond_the_context_is_capped(client: openai.OpenAI, served: Served) -> None:
+    """The engine's one rule: max_tokens shrinks to the room the prompt leaves."""
+    limit = served.thread.engine_info["max_model_len"]
+    prompt = [5] * (limit - 3)
+    response = client.completions.create(
+        model=response_model(client), prompt=prompt, max_tokens=limit, temperature=0
+    )
+    assert response.usage.prompt_tokens == limit - 3
+    assert response.usage.completion_tokens <= 3
 
 
 def response_model(client: openai.OpenAI) -> str:

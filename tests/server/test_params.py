@@ -118,3 +118,54 @@ def test_sampling_range_errors_come_from_the_engine_with_the_name() -> None:
     with pytest.raises(APIError) as info:
         parse_chat({"messages": HI, "top_p": 0})
     assert info.value.status == 400 and "top_p" in info.value.message
+
+
+@pytest.mark.parametrize("temperature", [2.5, 3, -0.1])
+def test_temperature_beyond_two_is_refused_with_the_engines_message(temperature: float) -> None:
+    """One rule, owned by SamplingParams: serve, run and chat give the same message."""
+    from macbatch.engine import InvalidSamplingParam, SamplingParams
+
+    with pytest.raises(InvalidSamplingParam) as engine_error:
+        SamplingParams(temperature=temperature)
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": HI, "temperature": temperature})
+    assert info.value.status == 400 and info.value.param == "temperature"
+    assert info.value.message == str(engine_error.value)
+    assert "must be a number in [0, 2] (0 means greedy)" in info.value.message
+
+
+def test_chat_template_kwargs_and_reasoning_effort() -> None:
+    generation = parse_chat(
+        {
+            "messages": HI,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "reasoning_effort": "low",
+        }
+    )
+    assert generation.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    assert parse_chat({"messages": HI}).chat_template_kwargs is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"reasoning_effort": 3}, "reasoning_effort"),
+    ],
+)
+def test_bad_template_arguments_are_400s(body: dict, param: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": HI, **body})
+    assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_an_image_part_gets_a_clear_error() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": messages})
+    assert info.value.status == 400 and info.value.param == "messages[0]"
+    assert "'image_url' parts are not supported" in info.value.message
+    assert "text model of multimodal checkpoints" in info.value.message

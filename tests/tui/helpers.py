@@ -20,11 +20,13 @@ class RecordingEngineThread(EngineThread):
     def __init__(self, loader: Callable[[], Engine]) -> None:
         super().__init__(loader)
         self.outputs: list[list[RequestOutput]] = []
+        self.template_kwargs: list[dict | None] = []
 
-    async def stream(self, prompt, params=None, request_id=None):  # type: ignore[override]
+    async def stream(self, prompt, params=None, request_id=None, chat_template_kwargs=None):  # type: ignore[override]
         seen: list[RequestOutput] = []
         self.outputs.append(seen)
-        async for output in super().stream(prompt, params, request_id):
+        self.template_kwargs.append(chat_template_kwargs)
+        async for output in super().stream(prompt, params, request_id, chat_template_kwargs):
             seen.append(output)
             yield output
 

@@ -18,8 +18,9 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, ListView
 from textual.worker import Worker, WorkerState
 
+from macbatch.engine import thinking_default
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
-from macbatch.tui.reply import Reply, sampling_params
+from macbatch.tui.reply import Reply, sampling_params, template_kwargs
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.screens.rename import RenameScreen
@@ -231,7 +232,9 @@ class ChatScreen(Screen[None]):
                 self.sessions[session_id].settings = settings
                 self.notify("Settings saved; they apply to the next reply.", timeout=3)
 
-        self.app.push_screen(SettingsScreen(session.title, session.settings), save)
+        app = self.chat_app
+        default = thinking_default(app.engine.tokenizer) if app.ready and app.engine.alive else None
+        self.app.push_screen(SettingsScreen(session.title, session.settings, default), save)
 
     def action_export(self) -> None:
         if self.current is None:
@@ -316,8 +319,15 @@ class ChatScreen(Screen[None]):
         prompt = prompt_messages(session, store.messages(session_id))
         message = store.add_message(session_id, "assistant", "", STREAMING)
         view = await self.transcript(session_id).add(message)
+        settings = session.settings
         reply = Reply(
-            self.chat_app.engine, store, message, view, prompt, sampling_params(session.settings)
+            self.chat_app.engine,
+            store,
+            message,
+            view,
+            prompt,
+            sampling_params(settings),
+            template_kwargs(settings),
         )
         worker = self.run_worker(
             reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False

@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, unsupported_reason
 from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
-from macbatch.engine.kv_cache import KVStore
+from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
 
 
@@ -101,7 +101,7 @@ def _probe(path: Path, report: ModelReport) -> None:
     layers, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
     shared = f", {layers - paged} reuse another layer's K/V" if paged < layers else ""
     report.rows.append(("layers", f"{layers} ({paged} with KV pages{shared})"))
-    per_token = KVStore.bytes_per_block(adapter.layer_shapes, 1, adapter.kv_dtype.size)
+    per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
     # what the weights take once loaded and cast (lazy arrays know their size unread)

@@ -11,7 +11,7 @@ from macbatch.engine.chat_template import (
 )
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.engine import Engine, EngineStats
-from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
 from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
 
@@ -23,6 +23,7 @@ __all__ = [
     "EngineThread",
     "FinishReason",
     "InvalidSamplingParam",
+    "PromptTooLongError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",

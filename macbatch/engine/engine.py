@@ -22,6 +22,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
 from macbatch.engine.request import (
     FinishReason,
+    PromptTooLongError,
     Request,
     RequestMetrics,
     RequestOutput,
@@ -197,7 +198,7 @@ class Engine:
         limit, what = self.context_limit()
         room = limit - len(ids)
         if room < 1:
-            raise ValueError(
+            raise PromptTooLongError(
                 f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} "
                 "tokens); shorten the prompt"
             )

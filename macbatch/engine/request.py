@@ -21,6 +21,10 @@ class FinishReason(str, Enum):
     ERROR = "error"
 
 
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room for a reply in the context (or the KV pool); nothing queued."""
+
+
 class RequestStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"

@@ -10,10 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from macbatch.engine import THINKING_SWITCH, EngineDeadError, FinishReason, SamplingParams
+from macbatch.engine import (
+    THINKING_SWITCH,
+    EngineDeadError,
+    FinishReason,
+    PromptTooLongError,
+    SamplingParams,
+)
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -44,31 +49,6 @@ def sampling_params(settings: SessionSettings) -> SamplingParams:
 def template_kwargs(settings: SessionSettings) -> dict[str, bool] | None:
     """The chat template variables a session sets: thinking on or off, when it chose one."""
     return None if settings.thinking is None else {THINKING_SWITCH: settings.thinking}
-
-
-def fit_to_context(
-    engine: EngineThread,
-    prompt: list[dict[str, str]],
-    params: SamplingParams,
-    chat_template_kwargs: dict[str, bool] | None = None,
-) -> SamplingParams:
-    """A chat's max tokens is a cap, not a demand: shrink it to the room the conversation leaves
-    in the model's context (and the KV cache), so a long chat still gets a reply rather than the
-    engine's "can never fit" error. `ValueError` when no room is left at all."""
-    info = engine.engine_info
-    capacity = info["kv_blocks_total"] * info["block_size"]
-    limit, where = min(
-        (info["max_model_len"], "the model's context"),
-        (capacity, "the KV cache"),
-        key=lambda x: x[0],
-    )
-    used = len(engine.encode_prompt(prompt, chat_template_kwargs))
-    if used >= limit:
-        raise ValueError(
-            f"this chat is {used} tokens and {where} holds {limit}: start a new chat (ctrl+n) "
-            "or shorten the message"
-        )
-    return replace(params, max_tokens=min(params.max_tokens, limit - used))
 
 
 def reply_metrics(output: RequestOutput) -> ReplyMetrics:
@@ -108,9 +88,9 @@ class Reply:
         saved_at = rendered_at = time.monotonic()
         unrendered: list[str] = []
         try:
+            # max_tokens is a cap the engine shrinks to the room the conversation leaves.
             kwargs = self.chat_template_kwargs
-            params = fit_to_context(self.engine, self.prompt, self.params, kwargs)
-            stream = self.engine.stream(self.prompt, params, chat_template_kwargs=kwargs)
+            stream = self.engine.stream(self.prompt, self.params, chat_template_kwargs=kwargs)
             async with aclosing(stream) as outputs:
                 async for output in outputs:
                     message.content = output.text
@@ -136,6 +116,9 @@ class Reply:
             if self.stopped_by_user:  # otherwise the view is going away with its session
                 await self.view.finish()
             raise
+        except PromptTooLongError as error:
+            message.status = ERROR
+            message.error = f"{error}: start a new chat (ctrl+n) or shorten the message"
         except (ValueError, EngineDeadError) as error:
             message.status = ERROR
             message.error = str(error)

@@ -103,7 +103,7 @@ class HistoryStore:
             self._db = sqlite3.connect(path)
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.executescript(SCHEMA)
-            _add_missing_columns(self._db)
+            self._add_missing_columns()
             # A reply still "streaming" on disk belongs to a run that ended without saying so.
             self._db.execute(
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
@@ -115,18 +115,26 @@ class HistoryStore:
                 "fresh history (or point MACBATCH_HOME at another directory)."
             ) from error
 
+    def _add_missing_columns(self) -> None:
+        """Bring a history written by an older macbatch up to this schema."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
+        if "named" not in columns:
+            self._db.execute("ALTER TABLE sessions ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
+        if "thinking" not in columns:  # NULL: the template's own default
+            self._db.execute("ALTER TABLE sessions ADD COLUMN thinking INTEGER")
+
     def close(self) -> None:
         self._db.close()
 
     # Sessions
 
     def sessions(self) -> list[Session]:
-        rows = self._db.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
+        rows = self._db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
         return [_session(row) for row in rows]
 
     def session(self, session_id: int) -> Session:
         row = self._db.execute(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
         if row is None:
             raise KeyError(session_id)
@@ -245,23 +253,13 @@ class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 
 
-_SESSION_COLUMNS = (
-    "id, title, system_prompt, temperature, top_p, max_tokens, created, thinking, named"
+SESSION_COLUMNS = (
+    "id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking"
 )
-# Columns added since the first release, with their definition: a history written before gains
-# them when opened (thinking NULL: the template's default; named 0: no title chosen by the user).
-_ADDED_COLUMNS = {"thinking": "INTEGER", "named": "INTEGER NOT NULL DEFAULT 0"}
-
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
-    for name, definition in _ADDED_COLUMNS.items():
-        if name not in columns:
-            db.execute(f"ALTER TABLE sessions ADD COLUMN {name} {definition}")
 
 
 def _session(row: tuple) -> Session:
-    session_id, title, system_prompt, temperature, top_p, max_tokens, created, thinking, named = row
+    session_id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking = row
     settings = SessionSettings(
         system_prompt,
         float(temperature),

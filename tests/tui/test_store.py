@@ -79,15 +79,7 @@ def test_prompt_has_the_system_prompt_and_skips_failed_replies(tmp_path):
 
 def test_thinking_choice_round_trips_and_old_histories_gain_the_column(tmp_path):
     path = tmp_path / "chat.sqlite3"
-    old = sqlite3.connect(path)  # a history written before the thinking switch existed
-    old.execute(
-        "CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
-        "system_prompt TEXT NOT NULL DEFAULT '', temperature REAL NOT NULL, top_p REAL NOT NULL, "
-        "max_tokens INTEGER NOT NULL, created REAL NOT NULL)"
-    )
-    old.execute("INSERT INTO sessions VALUES (1, 'Old', '', 0.5, 1.0, 64, 0.0)")
-    old.commit()
-    old.close()
+    write_first_release_history(path, (1, "Old", "", 0.5, 1.0, 64, 0.0))
     store = HistoryStore(path)
     assert store.session(1).settings == SessionSettings("", 0.5, 1.0, 64, None)
     store.update_settings(1, SessionSettings("", 0.5, 1.0, 64, False))
@@ -120,15 +112,7 @@ def test_automatic_titles_and_the_last_chat_survive_a_reopen(tmp_path):
 
 def test_a_history_from_before_titles_were_automatic_opens(tmp_path):
     path = tmp_path / "chat.sqlite3"
-    old = sqlite3.connect(path)  # the sessions table as macbatch wrote it before
-    old.execute(
-        "CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
-        "system_prompt TEXT NOT NULL DEFAULT '', temperature REAL NOT NULL, top_p REAL NOT NULL, "
-        "max_tokens INTEGER NOT NULL, created REAL NOT NULL)"
-    )
-    old.execute("INSERT INTO sessions VALUES (7, 'Old chat', '', 0.5, 1.0, 64, 0)")
-    old.commit()
-    old.close()
+    write_first_release_history(path, (7, "Old chat", "", 0.5, 1.0, 64, 0.0))
     store = HistoryStore(path)
     (session,) = store.sessions()
     assert (session.id, session.title, session.named) == (7, "Old chat", False)
@@ -144,3 +128,16 @@ def test_a_title_is_the_first_message_on_one_line_cut_at_a_word():
     assert title_from("a" * 100) == "a" * 39 + "…"
     cut = title_from("word " * 7 + "supercalifragilistic")
     assert cut == "word word word word word word word…"
+
+
+def write_first_release_history(path, session: tuple) -> None:
+    """A history as the first macbatch wrote it (no thinking or named column), one session."""
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
+        "system_prompt TEXT NOT NULL DEFAULT '', temperature REAL NOT NULL, top_p REAL NOT NULL, "
+        "max_tokens INTEGER NOT NULL, created REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", session)
+    old.commit()
+    old.close()

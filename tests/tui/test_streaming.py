@@ -7,6 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED, SessionSettings
@@ -88,14 +90,23 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         await wait_for(pilot, lambda: len(outputs[0]) >= 40)
         in_use = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert in_use.kv_blocks_used > 0
-        pool = app.engine.call(lambda engine: (engine.pool.num_blocks, engine.config.block_size))
-        blocks, block_size = pool.result(timeout=10)
-        # The status bar shows the pool: blocks in use of all of them, and the tokens they hold.
+        pool = app.engine.call(
+            lambda engine: (
+                engine.pool.num_blocks,
+                engine.config.block_size,
+                sum(a.nbytes for a in engine.store.arrays()),
+            )
+        )
+        blocks, block_size, nbytes = pool.result(timeout=10)
+        # The status bar shows the pool: blocks in use of all of them, the tokens they hold and
+        # the memory the page arrays take.
         screen.refresh_status()
-        shown = re.search(r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens\)", status(screen))
+        pattern = r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens, ([\d,.]+) MiB\)"
+        shown = re.search(pattern, status(screen))
         assert shown, status(screen)
         assert int(shown[1]) > 0 and int(shown[2]) == blocks
         assert int(shown[3].replace(",", "")) == blocks * block_size
+        assert float(shown[4].replace(",", "")) == pytest.approx(nbytes / 2**20, abs=0.05)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.replies)
         # The abort was queued before this call, so the engine has freed the blocks by now.

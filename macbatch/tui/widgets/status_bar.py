@@ -1,5 +1,5 @@
-"""The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, and
-how many tokens it holds), work in the last step."""
+"""The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
+many tokens it holds and its memory), work in the last step."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def status_text(
     pool_tokens = stats.kv_blocks_total * block_size
     return (
         f"{model} · {stats.running} running · {stats.waiting} waiting · "
-        f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks ({pool_tokens:,} tokens) · "
+        f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks ({pool_tokens:,} tokens, "
+        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB) · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
     )
 

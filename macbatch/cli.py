@@ -34,15 +34,6 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _follow_rank_zero() -> None:
-    # Under mlx.launch every rank runs the same command line: rank 0 runs the command, the
-    # others serve its engine's steps and exit when it stops (docs/distributed.md).
-    status = follower_exit_status()
-    if status is not None:
-        raise typer.Exit(status)
-
-
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
@@ -67,7 +58,12 @@ def _options(
         help="Print macbatch's version and exit.",
     ),
 ) -> None:
-    """Options for every command."""
+    """Options for every command; under mlx.launch, every rank but 0 becomes a follower here:
+    every rank runs the same command line, rank 0 runs the command and the others serve its
+    engine's steps and exit when it stops (docs/distributed.md)."""
+    status = follower_exit_status()
+    if status is not None:
+        raise typer.Exit(status)
 
 
 def command() -> Callable[..., Any]:

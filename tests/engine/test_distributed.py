@@ -96,6 +96,22 @@ def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
         shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())
 
 
+def test_a_launch_with_one_rank_runs_alone(tmp_path: Path) -> None:
+    """`mlx.launch` on one host sets MLX_RANK and an empty ring hostfile: no group to join."""
+    empty = tmp_path / "hosts.json"
+    empty.write_text("")
+    env = dict(os.environ, MLX_RANK="0", MLX_HOSTFILE=str(empty))
+    alone = subprocess.run(
+        [sys.executable, "-m", "macbatch", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert "attention" in alone.stdout
+
+
 def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
     """A host in the hostfile that is down: rank 0 stops with a clear error instead of waiting
     forever in MLX's connect (3 x MACBATCH_PEER_TIMEOUT)."""

@@ -7,14 +7,21 @@ Light on purpose: the CLI checks ``launched()`` on every start, before anything 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # mlx.launch sets MLX_RANK for the ring and JACCL backends; mpirun sets OMPI_COMM_WORLD_RANK.
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK")
 
 
 def launched() -> bool:
-    """True when a distributed launcher started this process (it may still be a group of one)."""
-    return any(os.environ.get(name) for name in RANK_VARIABLES)
+    """True when a distributed launcher started this process with other ranks to join."""
+    if not any(os.environ.get(name) for name in RANK_VARIABLES):
+        return False
+    # `mlx.launch` with a single host gives the ring backend an empty hostfile: no group.
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    return (
+        hostfile is None or not Path(hostfile).is_file() or bool(Path(hostfile).read_text().strip())
+    )
 
 
 def follower_exit_status() -> int | None:

@@ -96,23 +96,31 @@ def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
         shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())
 
 
-def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
-    """A host in the hostfile that is down: rank 0 stops with a clear error instead of waiting
-    forever in MLX's connect (3 x MACBATCH_PEER_TIMEOUT)."""
-    env = dict(
-        os.environ,
-        MLX_RANK="0",
-        MLX_HOSTFILE=str(ring_hostfile(tmp_path, 2)),
-        MACBATCH_PEER_TIMEOUT="1",
-    )
-    started = time.monotonic()
-    lonely = subprocess.run(
+def _doctor_as_rank_zero(hostfile: Path, **env: str) -> subprocess.CompletedProcess:
+    """`macbatch doctor` started as rank 0 of the ring ``hostfile`` (no other rank started)."""
+    return subprocess.run(
         [sys.executable, "-m", "macbatch", "doctor"],
-        env=env,
+        env=dict(os.environ, MLX_RANK="0", MLX_HOSTFILE=str(hostfile), **env),
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_a_launch_with_one_rank_runs_alone(tmp_path: Path) -> None:
+    """`mlx.launch` on one host sets MLX_RANK and an empty ring hostfile: no group to join."""
+    empty = tmp_path / "hosts.json"
+    empty.write_text("")
+    alone = _doctor_as_rank_zero(empty)
+    assert alone.returncode == 0, alone.stderr
+    assert "attention" in alone.stdout
+
+
+def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
+    """A host in the hostfile that is down: rank 0 stops with a clear error instead of waiting
+    forever in MLX's connect (3 x MACBATCH_PEER_TIMEOUT)."""
+    started = time.monotonic()
+    lonely = _doctor_as_rank_zero(ring_hostfile(tmp_path, 2), MACBATCH_PEER_TIMEOUT="1")
     assert lonely.returncode == -signal.SIGKILL, lonely.stderr
     assert "connecting to the other ranks made no progress for 3 s" in lonely.stderr
     assert time.monotonic() - started < 30

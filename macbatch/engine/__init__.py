@@ -5,6 +5,7 @@ Front ends use only the names exported here (see docs/engine.md).
 
 from macbatch.engine.adapter import UnsupportedModelError
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
@@ -21,5 +22,6 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutput",
     "UnsupportedModelError",
 ]

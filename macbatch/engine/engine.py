@@ -17,7 +17,9 @@ import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
 from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.reasoning import ReasoningFormat, ReasoningTracker
 from macbatch.engine.request import (
     FinishReason,
     Request,
@@ -75,6 +77,10 @@ class Engine:
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         self.vocab_size = _vocab_size(model)
+        self.reasoning_format = ReasoningFormat.of(self.tokenizer)
+        self.constraints = ConstraintCompiler(
+            self.tokenizer._tokenizer, self.vocab_size, sorted(self.tokenizer.eos_token_ids or ())
+        )
         block_size = self.config.block_size
         shapes = self.adapter.layer_shapes
         num_blocks = self.config.num_blocks or _blocks_for_memory(
@@ -183,6 +189,17 @@ class Engine:
         if params.max_tokens is None:  # as many as fit; a prompt that fills it all still errors
             room = min(self.max_model_len, self.pool.num_blocks * self.config.block_size)
             params = replace(params, max_tokens=max(1, room - len(ids)))
+        fmt = self.reasoning_format
+        reasoning = (
+            ReasoningTracker(fmt, fmt.initial_phase(ids))
+            if fmt is not None and _is_chat(prompt)
+            else None
+        )
+        constraint = (
+            ConstraintState(self.constraints.compile(params.structured), reasoning)
+            if params.structured is not None
+            else None
+        )
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -191,6 +208,8 @@ class Engine:
             eos_token_ids=frozenset(self.tokenizer.eos_token_ids or ()),
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            reasoning=reasoning,
+            constraint=constraint,
         )
 
     def enqueue(self, request: Request) -> None:
@@ -253,6 +272,11 @@ class Engine:
         result = None
         if logits is not None:
             rows = [_sample_row(c.request) for c in sampled_chunks]
+            logits = self.constraints.mask_logits(
+                logits,
+                [c.request.constraint for c in sampled_chunks],
+                [len(c.request.output_token_ids) for c in sampled_chunks],
+            )
             result = sample(logits, rows)
         mx.eval(*(result.arrays() if result else []), *self.store.arrays())
         self._steps += 1
@@ -322,6 +346,10 @@ class Engine:
             ),
             cached_blocks=self.pool.num_cached,
         )
+
+
+def _is_chat(prompt: Prompt) -> bool:
+    return not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
 
 
 def _sample_row(request: Request) -> SampleRow:

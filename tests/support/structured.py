@@ -1,0 +1,85 @@
+"""Real tokenizers (vendored from ../shared/tokenizers, see SOURCE.txt there) and a family of JSON
+schemas for structured-output tests."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+TOKENIZERS = Path(__file__).parent / "tokenizers"
+QWEN3_VOCAB = 151936  # the model's vocabulary (the tokenizer has 151669 tokens)
+MISTRAL_VOCAB = 32768
+
+
+@functools.cache
+def real_tokenizer(name: str) -> Any:
+    """mlx-lm's TokenizerWrapper for a vendored tokenizer ("qwen3" or "mistral")."""
+    from mlx_lm.tokenizer_utils import load
+
+    return load(TOKENIZERS / name)
+
+
+# Field building blocks: every string and array is bounded so a random-weight model, forced
+# through the grammar, finishes its reply well within the tests' max_tokens.
+_FIELDS: list[tuple[str, dict[str, Any]]] = [
+    ("id", {"type": "integer", "minimum": 0, "maximum": 999}),
+    ("name", {"type": "string", "maxLength": 6}),
+    ("kind", {"enum": ["cat", "dog", "fox"]}),
+    ("score", {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.25}),
+    ("code", {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}),
+    ("ok", {"type": "boolean"}),
+    ("tags", {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}),
+    (
+        "point",
+        {
+            "type": "object",
+            "properties": {
+                "x": {"type": "integer", "minimum": -9, "maximum": 9},
+                "y": {"type": "integer", "minimum": -9, "maximum": 9},
+            },
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        },
+    ),
+    ("level", {"type": "integer", "enum": [1, 2, 3]}),
+    (
+        "items",
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["n"],
+                "additionalProperties": False,
+            },
+            "minItems": 1,
+            "maxItems": 2,
+        },
+    ),
+]
+
+
+def schema_family(count: int = 32) -> list[dict[str, Any]]:
+    """``count`` different object schemas: each takes three to five building blocks, some of
+    them optional, some nested one level deeper."""
+    schemas = []
+    for i in range(count):
+        picked = [_FIELDS[(i + k * (1 + i % 3)) % len(_FIELDS)] for k in range(3 + i % 3)]
+        properties = dict(picked)
+        required = [name for j, (name, _) in enumerate(picked) if (i + j) % 3 != 0]
+        schema: dict[str, Any] = {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+        if i % 4 == 3:  # nest it: {"data": {...}, "version": 1}
+            schema = {
+                "type": "object",
+                "properties": {"data": schema, "version": {"const": i}},
+                "required": ["data", "version"],
+                "additionalProperties": False,
+            }
+        schemas.append(schema)
+    return schemas

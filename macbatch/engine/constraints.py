@@ -27,7 +27,7 @@ from macbatch.engine.reasoning import Phase, ReasoningTracker
 
 # JSON as json.dumps writes it: no free whitespace, so a model cannot pad its reply with newlines
 # until max_tokens runs out.
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
@@ -96,7 +96,7 @@ class StructuredOutput:
         from llguidance import LLMatcher, grammar_from
 
         if self.schema is not None:  # a schema's own "x-guidance" options override these
-            return LLMatcher.grammar_from_json_schema(self.schema, defaults=_JSON_LAYOUT)
+            return LLMatcher.grammar_from_json_schema(self.schema, defaults=JSON_LAYOUT)
         if self.regex is not None:
             return LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:

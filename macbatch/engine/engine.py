@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from jinja2 import TemplateError
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
@@ -28,6 +29,7 @@ from macbatch.engine.request import (
 )
 from macbatch.engine.sampling import SampleRow, SamplingParams, sample
 from macbatch.engine.scheduler import Scheduler
+from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
 
 Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
 
@@ -78,6 +80,7 @@ class Engine:
         )
         self.vocab_size = _vocab_size(model)
         self.reasoning_format = ReasoningFormat.of(self.tokenizer)
+        self.tool_format = detect_tool_format(self.tokenizer)
         self.constraints = ConstraintCompiler(
             self.tokenizer._tokenizer, self.vocab_size, sorted(self.tokenizer.eos_token_ids or ())
         )
@@ -122,14 +125,17 @@ class Engine:
 
     # -- requests --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated."""
+    def encode_prompt(self, prompt: Prompt, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated
+        (with ``tools``, OpenAI-shaped function tools, rendered by the template)."""
+        if tools is not None and not _is_chat(prompt):
+            raise ValueError("tools need a chat prompt (a list of messages)")
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
             ids = list(self.tokenizer.encode(prompt))
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = list(self._apply_chat_template(prompt))
+            ids = list(self._apply_chat_template(prompt, tools))
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -148,21 +154,21 @@ class Engine:
             raise ValueError("prompt is empty")
         return ids
 
-    def _apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str) or not isinstance(
-                message.get("content"), str
-            ):
-                raise ValueError(
-                    f"chat message {i} must have string 'role' and 'content' fields, got {message}"
-                )
+    def _apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        messages = template_messages(messages)
+        extra = {"tools": check_tools(tools)} if tools is not None else {}
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"
             )
-        ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, **extra
+            )
+        except TemplateError as exc:  # e.g. a tool call id the template's rules refuse
+            raise ValueError(f"the model's chat template refused these messages: {exc}") from None
         return ids["input_ids"] if isinstance(ids, dict) else ids
 
     def add_request(
@@ -170,19 +176,24 @@ class Engine:
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = self.prepare_request(prompt, params or SamplingParams(), request_id, tools)
         self.enqueue(request)
         return request.request_id
 
     def prepare_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt)
+        ids = self.encode_prompt(prompt, tools)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")

@@ -82,10 +82,11 @@ class EngineThread:
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output."""
         engine = self._live_engine()
-        request = engine.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = engine.prepare_request(prompt, params or SamplingParams(), request_id, tools)
         self._commands.put(("add", request, on_output))
         return request.request_id
 

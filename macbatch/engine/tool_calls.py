@@ -92,13 +92,18 @@ class ToolFormat:
         call = {"anyOf": options} if len(options) > 1 else options[0]
         return self.grammar_of(call, parallel, tokenizer)
 
-    def might_start(self, text: str) -> bool:
-        """Whether streamed ``text`` is, or may grow into, the start of a call part."""
-        if not self.start:
-            return text.lstrip().startswith("{") or not text.strip()
-        return self.start in text or any(
-            text.endswith(self.start[:k]) for k in range(1, len(self.start))
-        )
+    def content_end(self, text: str) -> int:
+        """How much of a reply still streaming is surely words, not the start of a call."""
+        if not self.start:  # the reply itself is the call when it starts like one
+            head = text.lstrip()
+            return 0 if not head or head.startswith(("{", "<|python_tag|>")) else len(text)
+        at = text.find(self.start)
+        if at >= 0:
+            return at
+        for k in range(min(len(self.start) - 1, len(text)), 0, -1):
+            if text.endswith(self.start[:k]):
+                return len(text) - k
+        return len(text)
 
 
 def _json_rule(schema: dict[str, Any]) -> str:

@@ -79,6 +79,7 @@ class StructuredOutput:
                 f"a structured output takes exactly one of {', '.join(_KINDS)}; got "
                 f"{', '.join(given) or 'none'}"
             )
+        _check_grammar(self.kind, self.llguidance_grammar(), None)
 
     @property
     def kind(self) -> str:
@@ -107,6 +108,16 @@ class StructuredOutput:
             return grammar_from("grammar", self.grammar or "")
         except ValueError as exc:
             raise ValueError(f"invalid grammar: {exc}") from None
+
+
+def _check_grammar(kind: str, grammar: str, tokenizer: Any) -> None:
+    """``ValueError`` saying what is wrong with a grammar (checked against ``tokenizer``'s
+    special tokens when given)."""
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise ValueError(f"invalid {kind.replace('_', ' ')}: {error.strip()}")
 
 
 class ConstraintState:
@@ -150,7 +161,7 @@ class ConstraintCompiler:
         self._lock = threading.Lock()
         self._ll_tokenizer: Any = None
         self._executor: Any = None
-        self._valid: dict[str, str] = {}  # grammar text -> "" or its error
+        self._valid: set[str] = set()  # grammars already checked against this tokenizer
         self.mask_seconds = 0.0  # time spent filling masks (benchmarks read it)
         self.mask_steps = 0
 
@@ -173,12 +184,9 @@ class ConstraintCompiler:
 
         grammar = spec.llguidance_grammar()
         tokenizer = self.ll_tokenizer
-        error = self._valid.get(grammar)
-        if error is None:
-            error = LLMatcher.validate_grammar(grammar, tokenizer)
-            self._valid[grammar] = error
-        if error:
-            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {error.strip()}")
+        if grammar not in self._valid:
+            _check_grammar(spec.kind, grammar, tokenizer)
+            self._valid.add(grammar)
         matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")

@@ -83,3 +83,23 @@ def schema_family(count: int = 32) -> list[dict[str, Any]]:
             }
         schemas.append(schema)
     return schemas
+
+
+def save_model_with_tokenizer(path: Path, name: str, vocab_size: int) -> Path:
+    """A tiny random qwen3-architecture model in Hugging Face layout, with a vendored real
+    tokenizer (its files copied as they are) and that tokenizer's EOS ids in config.json."""
+    import json
+    import shutil
+
+    from tests.support.tiny import save_model
+
+    save_model(path, vocab_size=vocab_size)
+    source = TOKENIZERS / name
+    for file in source.iterdir():
+        if file.name != "SOURCE.txt":
+            shutil.copy(file, path / file.name)
+    config = json.loads((path / "config.json").read_text())
+    generation = json.loads((source / "generation_config.json").read_text())
+    config["eos_token_id"] = generation["eos_token_id"]
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path

@@ -1,0 +1,168 @@
+"""serve with structured output and tools, over a tiny model with Qwen3's real tokenizer and
+template: replies validate against their schema (`jsonschema` is the oracle), forced tool calls
+carry valid arguments streamed or not, and bad input is a 400 while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import Served, serving, start_engine
+from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer, schema_family
+
+ASK = [{"role": "user", "content": "Describe a pet as JSON."}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "maximum": 99, "minimum": 0}},
+            "required": ["a"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    path = save_model_with_tokenizer(
+        tmp_path_factory.mktemp("models") / "tiny-qwen3-tok", "qwen3", QWEN3_VOCAB
+    )
+    thread = start_engine(path)
+    with serving(thread) as server:
+        yield server
+    thread.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=served.api, api_key="unused", max_retries=0)
+
+
+def _chat(client: openai.OpenAI, stream: bool, **fields):
+    """(message-like dict, finish_reason) of one greedy choice, streamed or not."""
+    body = {"messages": ASK, "max_tokens": 120, "temperature": 0, **fields}
+    if not stream:
+        choice = client.post("/chat/completions", body=body, cast_to=object)["choices"][0]
+        return choice["message"], choice["finish_reason"]
+    events = client.post(
+        "/chat/completions",
+        body=dict(body, stream=True),
+        cast_to=object,
+        stream=True,
+        stream_cls=openai.Stream[object],
+    )
+    message: dict = {"content": "", "tool_calls": []}
+    finish = None
+    for event in events:
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        message["content"] += delta.get("content") or ""
+        message["tool_calls"] += delta.get("tool_calls") or []
+        finish = choice["finish_reason"] or finish
+    return message, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_response_format_json_schema(client: openai.OpenAI, stream: bool) -> None:
+    schema = schema_family(4)[3]
+    fmt = {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}}
+    message, finish = _chat(client, stream, response_format=fmt)
+    assert finish == "stop"
+    jsonschema.validate(json.loads(message["content"]), schema)
+
+
+def test_vllm_extras(client: openai.OpenAI) -> None:
+    message, _ = _chat(client, False, guided_choice=["cat", "dog"])
+    assert message["content"] in ("cat", "dog")
+    message, _ = _chat(client, False, guided_regex=r"[0-9]{3}")
+    assert re.fullmatch(r"[0-9]{3}", message["content"])
+    message, _ = _chat(client, False, structured_outputs={"json_object": True}, max_tokens=200)
+    assert isinstance(json.loads(message["content"]), dict)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_forced_tool_calls(client: openai.OpenAI, stream: bool, choice) -> None:
+    message, finish = _chat(
+        client, stream, tools=[WEATHER, ADD], tool_choice=choice, parallel_tool_calls=False
+    )
+    assert finish == "tool_calls", message
+    [call] = message["tool_calls"]
+    assert call["type"] == "function" and call["id"]
+    tool = {"get_weather": WEATHER, "add": ADD}[call["function"]["name"]]
+    if isinstance(choice, dict):
+        assert call["function"]["name"] == "add"
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    assert not message["content"]
+
+
+def test_tool_history_round_trip(client: openai.OpenAI, served: Served) -> None:
+    """A reply's call and the tool's result go back through the template on the next turn."""
+    first, _ = _chat(client, False, tools=[ADD], tool_choice="required")
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": first["tool_calls"]},
+        {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "content": "42"},
+    ]
+    body = {"messages": history, "tools": [ADD], "max_tokens": 3}
+    reply = client.post("/chat/completions", body=body, cast_to=object)
+    assert reply["usage"]["prompt_tokens"] > 0
+    ids = served.thread.call(lambda e: e.encode_prompt(history, tools=[ADD])).result(30)
+    assert "<tool_response>\n42\n</tool_response>" in served.thread.tokenizer.decode(ids)
+    assert reply["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+            "response_format",
+        ),
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "x"}}}, None),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+                    {"role": "tool", "content": "1"},
+                    {"role": "user", "content": "hi"},
+                ],
+                "tools": [ADD],
+            },
+            "messages",
+        ),
+    ],
+)
+def test_bad_input_is_400_and_the_server_keeps_serving(
+    client: openai.OpenAI, fields: dict, param: str | None
+) -> None:
+    body = {"messages": ASK, "max_tokens": 2, **fields}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.post("/chat/completions", body=body, cast_to=object)
+    assert info.value.body["param"] in (param, "tool_choice")
+    message, _ = _chat(client, False, guided_choice=["yes", "no"])
+    assert message["content"] in ("yes", "no")

@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine import InvalidSamplingParam, SamplingParams, StructuredOutput
+from macbatch.engine.request_options import (
+    InvalidField,
+    ToolRequest,
+    constraint,
+    structured_output,
+)
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.server.errors import invalid
-from macbatch.server.structured import (
-    ToolRequest,
-    refuse_both,
-    structured_output,
-    tool_constraint,
-    tool_request,
-)
 
 Prompt = str | list[int] | list[dict[str, Any]]
 
@@ -55,11 +54,7 @@ def parse_chat(
     """Validate a /v1/chat/completions body (``tool_format``: the model's, for tools)."""
     _refuse_unsupported(body, ("functions", "logit_bias", "audio"))
     messages = _messages(body.get("messages"))
-    structured = structured_output(body)
-    tools = tool_request(body, tool_format)
-    refuse_both(structured, tools)
-    if tools is not None and tools.forced is not None and tool_format is not None:
-        structured = tool_constraint(tools, tool_format, tokenizer)
+    structured, tools = _options(body, tool_format, tokenizer)
     top_logprobs = None
     if _get(body, "logprobs", (bool,), False, "true or false"):
         top_logprobs = _get(body, "top_logprobs", (int,), 0, "an integer in [0, 20]")
@@ -85,7 +80,20 @@ def parse_completion(body: dict[str, Any]) -> Generation:
         body, "max_tokens", (int,), DEFAULT_MAX_TOKENS["completion"], "an integer >= 1"
     )
     prompts = _prompts(body.get("prompt"))
-    return _generation(body, prompts, max_tokens, top_logprobs, structured_output(body))
+    try:
+        structured = structured_output(body)
+    except InvalidField as exc:
+        raise invalid(str(exc), exc.field) from None
+    return _generation(body, prompts, max_tokens, top_logprobs, structured)
+
+
+def _options(
+    body: dict[str, Any], tool_format: ToolFormat | None, tokenizer: Any
+) -> tuple[StructuredOutput | None, ToolRequest | None]:
+    try:
+        return constraint(body, tool_format, tokenizer)
+    except InvalidField as exc:
+        raise invalid(str(exc), exc.field) from None
 
 
 def _generation(

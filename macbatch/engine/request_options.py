@@ -1,16 +1,42 @@
-"""Structured output and tools in request bodies: OpenAI's ``response_format``, ``tools``,
-``tool_choice`` and ``parallel_tool_calls``, and vLLM's extras (``structured_outputs``,
-``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``), turned into the
-engine's ``StructuredOutput``. Every mistake is a 400 naming the field."""
+"""Structured output and tools as request fields, in the names clients already send: OpenAI's
+``response_format``, ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and vLLM's extras
+(``structured_outputs``, ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+``guided_grammar``), turned into the engine's ``StructuredOutput``. serve reads them from request
+bodies, run from OpenAI-batch rows and job settings; every mistake is an ``InvalidField`` (a
+``ValueError``) naming the field."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import StructuredOutput
+from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.tool_calls import ToolFormat, check_tools, chosen_tools
-from macbatch.server.errors import APIError, invalid
+
+OPTION_FIELDS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+)
+
+
+class InvalidField(ValueError):
+    """A structured-output or tool field that cannot be honoured; ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def invalid(message: str, field: str) -> InvalidField:
+    return InvalidField(message, field)
+
 
 # vLLM's names -> StructuredOutput's
 _GUIDED = {
@@ -132,10 +158,17 @@ def tool_constraint(
         raise invalid(str(exc), "tool_choice") from None
 
 
-def refuse_both(structured: StructuredOutput | None, tools: ToolRequest | None) -> None:
-    if structured is not None and tools is not None and tools.forced is not None:
-        raise APIError(
-            400,
+def constraint(
+    body: dict[str, Any], tool_format: ToolFormat | None, tokenizer: Any
+) -> tuple[StructuredOutput | None, ToolRequest | None]:
+    """The constraint and the tools a body asks for (a forced tool choice is a constraint)."""
+    structured = structured_output(body)
+    tools = tool_request(body, tool_format)
+    if tools is None or tools.forced is None or tool_format is None:
+        return structured, tools
+    if structured is not None:
+        raise invalid(
             "a forced tool_choice and a response_format cannot both constrain one reply",
-            param="tool_choice",
+            "tool_choice",
         )
+    return tool_constraint(tools, tool_format, tokenizer), tools

@@ -7,6 +7,7 @@ every message names the file, line and column, and suggests the key the user pro
 from __future__ import annotations
 
 import difflib
+import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +15,15 @@ from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import SamplingParams
+from macbatch.engine.request_options import InvalidField, structured_output
 
 TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
-SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score")
+STRUCTURED_KEYS = ("response_format", "schema", "choices")
+SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score", *STRUCTURED_KEYS)
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
 INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
-SCORE_KEYS = ("field", "group")
+SCORE_KEYS = ("field", "group", "parsed")
 INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
 SAMPLING_KEYS = (
     "max_tokens",
@@ -51,10 +54,12 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """Exact-match scoring of each reply against `field` of its row, grouped by `group`."""
+    """Exact-match scoring of each reply (or of field `parsed` of its parsed JSON) against
+    `field` of its row, grouped by `group`."""
 
     field: str
     group: str
+    parsed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class JobSpec:
     n: int
     chat: bool
     score: ScoreSpec | None
+    options: dict[str, Any] | None = None  # the reply's constraint, as request fields
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -88,7 +94,7 @@ class JobSpec:
             "sampling": self.sampling,
             "n": self.n,
             "chat": self.chat,
-        }
+        } | ({"options": self.options} if self.options else {})
 
 
 @dataclass(frozen=True)
@@ -194,8 +200,6 @@ def template_fields(template: str) -> list[str]:
 
 def render(template: str, row: dict[str, Any]) -> str:
     """Fill `{name}` fields from `row` (KeyError for a missing field); lists and dicts as JSON."""
-    import json
-
     parts = []
     for literal, name, _, _ in string.Formatter().parse(template):
         parts.append(literal)
@@ -299,6 +303,7 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         chat = check.boolean(*found)
     if (found := setting("score")) is not None:
         score = _score(check, *found)
+    options = _structured(check, job, key, defaults, base)
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -321,7 +326,52 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         n=n,
         chat=chat,
         score=score,
+        options=options,
     )
+
+
+def _structured(
+    check: _Checker, job: dict[str, Any], key: PathKey, defaults: dict[str, Any], base: Path
+) -> dict[str, Any] | None:
+    """The job's reply constraint (or the defaults'), as the request fields it stands for:
+    ``schema`` (inline, or a .json file) -> guided_json, ``choices`` -> guided_choice."""
+
+    source, where = (
+        (job, key) if any(k in job for k in STRUCTURED_KEYS) else (defaults, ("defaults",))
+    )
+    given = [k for k in STRUCTURED_KEYS if k in source]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise check.fail((*where, given[1]), f"use one of {', '.join(given)}, not both")
+    name = given[0]
+    value, at = source[name], (*where, name)
+    if name == "schema":
+        if isinstance(value, str):
+            value = _schema_file(check, base / Path(value).expanduser(), at)
+        if not isinstance(value, dict):
+            raise check.fail(at, f"{dotted(at)} must be a JSON schema mapping or a .json file")
+        options: dict[str, Any] = {"guided_json": value}
+    elif name == "choices":
+        if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+            raise check.fail(at, f"{dotted(at)} must be a list of non-empty strings")
+        options = {"guided_choice": value}
+    else:
+        options = {"response_format": value}
+    try:
+        structured_output(options)
+    except InvalidField as exc:
+        raise check.fail(at, f"{dotted(at)}: {exc}") from None
+    return options
+
+
+def _schema_file(check: _Checker, path: Path, at: PathKey) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise check.fail(at, f"cannot read the schema file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise check.fail(at, f"{path} is not valid JSON: {exc}") from None
 
 
 def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:
@@ -346,7 +396,8 @@ def _score(check: _Checker, raw: Any, key: PathKey) -> ScoreSpec:
         raise check.fail(key, f"{dotted(key)} needs 'field': the row field holding the answer")
     field = check.text(score["field"], (*key, "field"))
     group = check.text(score.get("group", DEFAULT_GROUP_FIELD), (*key, "group"))
-    return ScoreSpec(field=field, group=group)
+    parsed = check.text(score["parsed"], (*key, "parsed")) if "parsed" in score else None
+    return ScoreSpec(field=field, group=group, parsed=parsed)
 
 
 def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:

@@ -49,7 +49,7 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if isinstance(self.json_schema, dict):
-            object.__setattr__(self, "json_schema", json.dumps(self.json_schema, sort_keys=True))
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
         elif isinstance(self.json_schema, str):
             try:
                 schema = json.loads(self.json_schema)

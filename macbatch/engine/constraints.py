@@ -5,8 +5,8 @@ llguidance does the grammar work: it compiles a constraint once per request (a `
 submission when the schema, regex or grammar is wrong) and fills 32-bit bitmasks (one bit per
 token) for all constrained rows in parallel with the GIL released. The engine starts the forward
 pass on the device first (``mx.async_eval``) and fills the masks while it runs; the masks are then
-applied with a few plain MLX ops (no Metal kernel), only to constrained rows. Rows without a
-constraint, and steps without any, cost nothing extra.
+applied with a few plain MLX ops (no Metal kernel). Steps without a constrained row cost nothing
+extra; rows without a constraint get no mask work (they pass through the one select).
 
 A constraint waits for reasoning to end: while a thinking model is inside ``<think>...</think>``
 no mask applies (as vLLM does); the grammar starts with the first answer token.
@@ -145,6 +145,8 @@ class ConstraintState:
         after = self.reasoning.phase if self.reasoning else Phase.ANSWER
         if before is Phase.REASONING or after is not Phase.ANSWER:
             return None
+        if self.matcher.is_stopped():  # complete: only EOS is allowed, and ignore_eos keeps it
+            return None
         if not self.matcher.consume_token(token):
             return f"the constraint rejected token {token}: {self.matcher.get_error()}"
         return None
@@ -207,23 +209,22 @@ class ConstraintCompiler:
 
         mx.async_eval(logits)
         started = time.perf_counter()
-        words = np.full((len(rows), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
-        fill_next_token_bitmask_par(
-            self._executor, [(states[i].matcher, k) for k, i in enumerate(rows)], words
-        )
-        for k, i in enumerate(rows):
-            states[i].adjust_mask(words[k], generated[i])
+        words = np.full((len(states), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        fill_next_token_bitmask_par(self._executor, [(states[i].matcher, i) for i in rows], words)
+        for i in rows:
+            states[i].adjust_mask(words[i], generated[i])
         self.mask_seconds += time.perf_counter() - started
         self.mask_steps += 1
-        return apply_bitmask(logits, rows, words)
+        return apply_bitmask(logits, words)
 
 
-def apply_bitmask(logits: mx.array, rows: list[int], words: np.ndarray) -> mx.array:
-    """Set to -inf the tokens whose bit is 0 in ``words [len(rows), ceil(V/32)]`` (int32, bit j
-    of word w is token 32*w + j), in ``rows`` of ``logits [R, V]``; plain MLX ops, any backend."""
+def apply_bitmask(logits: mx.array, words: np.ndarray) -> mx.array:
+    """``logits [R, V]`` with -inf where ``words [R, ceil(V/32)]`` (int32; bit j of word w is
+    token 32*w + j) has a 0 bit. Plain MLX ops, any backend: one shift/and expands the bits, one
+    select applies them. Rows without a constraint have all bits set and pass through unchanged
+    (a select over the whole batch measured cheaper than scattering back only the masked rows).
+    """
     vocab = logits.shape[-1]
     bits = mx.array(words).view(mx.uint32)[:, :, None] >> mx.arange(32, dtype=mx.uint32)
-    allowed = (bits & 1).reshape(len(rows), -1)[:, :vocab].astype(mx.bool_)
-    index = mx.array(rows)
-    logits[index] = mx.where(allowed, logits[index], -mx.inf)
-    return logits
+    allowed = (bits & 1).reshape(words.shape[0], -1)[:, :vocab].astype(mx.bool_)
+    return mx.where(allowed, logits, -mx.inf)

@@ -166,3 +166,40 @@ def test_bad_input_is_400_and_the_server_keeps_serving(
     assert info.value.body["param"] in (param, "tool_choice")
     message, _ = _chat(client, False, guided_choice=["yes", "no"])
     assert message["content"] in ("yes", "no")
+
+
+def test_reasoning_goes_out_under_both_names() -> None:
+    """Messages and stream deltas carry reasoning as reasoning_content and as reasoning."""
+    from macbatch.engine import FinishReason, RequestMetrics, RequestOutput
+    from macbatch.server.payloads import ChatFormatter, ChoiceProgress
+
+    class Decoder:
+        def decode(self, ids: list[int]) -> str:
+            return "x"
+
+    def output(reasoning: str, text: str, finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id="r",
+            token_ids=[1, 2],
+            text=text,
+            new_token_ids=[2],
+            new_text=text,
+            finished=finished,
+            finish_reason=FinishReason.STOP if finished else None,
+            metrics=RequestMetrics(arrival_time=0.0),
+            step=1,
+            reasoning=reasoning,
+            new_reasoning=reasoning,
+        )
+
+    formatter = ChatFormatter("m", Decoder(), None, 1)
+    chunks = formatter.chunks(0, output("hmm", "", False), ChoiceProgress())
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert {"reasoning_content": "hmm", "reasoning": "hmm"} in deltas
+    message = formatter.final_choice(0, output("hmm", "42", True))["message"]
+    assert message == {
+        "role": "assistant",
+        "content": "42",
+        "reasoning_content": "hmm",
+        "reasoning": "hmm",
+    }

@@ -13,14 +13,13 @@ inside a grammar for all their tokens.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import build_bench_model, warn_without_openblas
+from benchmarks.common import build_bench_model, warn_without_openblas, workload_arguments
 from macbatch.bench import run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, StructuredOutput
 from macbatch.engine.constraints import ConstraintState
@@ -75,13 +74,7 @@ def mask_ms(engine: Engine, rows: int, steps: int = 20) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--min-prompt", type=int, default=32)
-    parser.add_argument("--max-prompt", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--budget", type=int, default=1024, help="max_num_batched_tokens")
-    args = parser.parse_args()
+    args = workload_arguments(__doc__.splitlines()[0]).parse_args()
     warn_without_openblas()
     from mlx_lm.tokenizer_utils import load
 

@@ -11,20 +11,9 @@ import jsonschema
 import yaml
 
 from tests.batch.conftest import read_jsonl, write_job
+from tests.support.structured import ADD_TOOL
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
-            "required": ["a"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 def test_extract_example_parses_every_reply(tmp_path: Path, tiny_model_path: Path, macbatch_run):
@@ -77,7 +66,7 @@ def test_openai_rows_keep_their_response_format_and_tools(
         # The tiny model's template has no tool-call format: a forced choice cannot be honoured.
         {
             "custom_id": "forced-tool",
-            "body": {"messages": ask, "tools": [ADD], "tool_choice": "required"},
+            "body": {"messages": ask, "tools": [ADD_TOOL], "tool_choice": "required"},
         },
         {"custom_id": "plain", "body": {"messages": ask, "max_tokens": 4}},
     ]

@@ -12,42 +12,16 @@ import pytest
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
 from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.tool_calls import chosen_tools, detect_tool_format, template_messages
-from tests.support.structured import MISTRAL_VOCAB, QWEN3_VOCAB, real_tokenizer
+from tests.support.structured import (
+    ADD_TOOL,
+    MISTRAL_VOCAB,
+    QWEN3_VOCAB,
+    WEATHER_TOOL,
+    real_tokenizer,
+)
 from tests.support.tiny import build_model
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 8},
-                    "unit": {"enum": ["c", "f"]},
-                },
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
-                    "b": {"type": "integer", "minimum": 0, "maximum": 99},
-                },
-                "required": ["a", "b"],
-                "additionalProperties": False,
-            },
-        },
-    },
-]
+TOOLS = [WEATHER_TOOL, ADD_TOOL]
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 FAMILIES = [("qwen3", QWEN3_VOCAB, "hermes"), ("mistral", MISTRAL_VOCAB, "mistral")]
 

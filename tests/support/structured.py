@@ -60,6 +60,30 @@ _FIELDS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def function_tool(name: str, properties: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI function tool whose arguments are exactly ``properties`` (all required)."""
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+# Bounded arguments, so forced calls from a random-weight model finish within max_tokens.
+WEATHER_TOOL = function_tool(
+    "get_weather", {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}}
+)
+ADD_TOOL = function_tool(
+    "add",
+    {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+)
+
+
 def schema_family(count: int = 32) -> list[dict[str, Any]]:
     """``count`` different object schemas: each takes three to five building blocks, some of
     them optional, some nested one level deeper."""

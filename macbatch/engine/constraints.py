@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +153,23 @@ class ConstraintState:
         return None
 
 
+# llguidance tokenizers by HF tokenizer (weakly) and (vocabulary, EOS ids): engines that share a
+# tokenizer object (tests, a reloaded engine) build the index once.
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _ll_tokenizer(hf_tokenizer: Any, vocab_size: int, eos: list[int]) -> Any:
+    import llguidance.hf
+
+    built = _LL_TOKENIZERS.setdefault(hf_tokenizer, {})
+    key = (vocab_size, tuple(eos))
+    if key not in built:
+        built[key] = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=eos or None
+        )
+    return built[key]
+
+
 class ConstraintCompiler:
     """Builds matchers for one tokenizer; llguidance's tokenizer index (about 1-3 s for a
     150k vocabulary) is built on first use, so engines that never see a constraint never pay."""
@@ -172,11 +190,8 @@ class ConstraintCompiler:
         with self._lock:
             if self._ll_tokenizer is None:
                 import llguidance
-                import llguidance.hf
 
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=self._eos or None
-                )
+                self._ll_tokenizer = _ll_tokenizer(self._hf_tokenizer, self.vocab_size, self._eos)
                 self._executor = llguidance.LLExecutor()
             return self._ll_tokenizer
 

@@ -170,29 +170,29 @@ def test_constraint_waits_for_the_reasoning_block_to_end(engine):
 def test_reasoning_is_split_from_the_answer_and_never_masked(model):
     """A DeepSeek-R1-style template opens <think> itself: everything generated is reasoning,
     streamed as such, and a constraint waits (the tokens equal the unconstrained run's)."""
-    from mlx_lm.tokenizer_utils import load
-
-    from tests.support.structured import TOKENIZERS
-
-    tokenizer = load(TOKENIZERS / "qwen3")
+    tokenizer = real_tokenizer("qwen3")
+    qwen3_template = tokenizer.chat_template
     tokenizer.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
     )
-    engine = Engine(model, tokenizer, EngineConfig(num_blocks=64, block_size=8))
-    chat = [{"role": "user", "content": "Is 7 prime?"}]
-    plain = SamplingParams(max_tokens=10, temperature=0)
-    constrained = SamplingParams(
-        max_tokens=10, temperature=0, structured=StructuredOutput(choice=["yes", "no"])
-    )
-    rid = engine.add_request(chat, constrained)
-    streamed = []
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id == rid:
-                streamed.append(out.new_reasoning)
-                final = out
-    [reference] = engine.generate([chat], plain)
+    try:
+        engine = Engine(model, tokenizer, EngineConfig(num_blocks=64, block_size=8))
+        chat = [{"role": "user", "content": "Is 7 prime?"}]
+        plain = SamplingParams(max_tokens=10, temperature=0)
+        constrained = SamplingParams(
+            max_tokens=10, temperature=0, structured=StructuredOutput(choice=["yes", "no"])
+        )
+        rid = engine.add_request(chat, constrained)
+        streamed = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.request_id == rid:
+                    streamed.append(out.new_reasoning)
+                    final = out
+        [reference] = engine.generate([chat], plain)
+    finally:
+        tokenizer.chat_template = qwen3_template  # the tokenizer is shared by the other tests
     assert final.token_ids == reference.token_ids  # no mask inside the reasoning block
     decoded = tokenizer.decode(reference.token_ids)
     assert final.reasoning == decoded.lstrip("\n") == "".join(streamed)

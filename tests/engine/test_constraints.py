@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -89,6 +90,9 @@ def test_every_kind_of_constraint_together(engine):
     # A seeded constrained request gives the same reply alone as in a batch.
     alone = engine.generate([[11, 12, 14]], params[1])[0]
     assert alone.token_ids == outs[1].token_ids
+    # A stop string cuts a constrained reply like any other.
+    cut = engine.generate([[11, 12, 13]], replace(params[0], stop=("-",)))[0]
+    assert (cut.text, cut.finish_reason) == (outs[0].text.split("-")[0], FinishReason.STOP)
 
 
 def test_logprobs_are_of_the_constrained_distribution(engine):

@@ -72,6 +72,19 @@ def test_response_format_json_schema(client: openai.OpenAI, stream: bool) -> Non
     jsonschema.validate(json.loads(message["content"]), schema)
 
 
+def test_every_choice_of_n_follows_the_schema(client: openai.OpenAI) -> None:
+    schema = schema_family(6)[5]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    # A text completion: sampled chat replies of this random model may open a <think> block
+    # (Qwen3's template leaves thinking to the model) and reason until max_tokens.
+    body = {"prompt": "A pet:", "max_tokens": 120, "temperature": 1.0, "seed": 5, "n": 3}
+    reply = client.post("/completions", body=dict(body, response_format=fmt), cast_to=object)
+    assert len(reply["choices"]) == 3
+    for choice in reply["choices"]:
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["text"]), schema)
+
+
 def test_vllm_extras(client: openai.OpenAI) -> None:
     message, _ = _chat(client, False, guided_choice=["cat", "dog"])
     assert message["content"] in ("cat", "dog")

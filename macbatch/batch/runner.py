@@ -154,7 +154,8 @@ class _Loop:
         self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
         self.errors: dict[str, JsonlAppender] = {}
         self.in_flight: dict[str, Planned] = {}
-        self.shapes: dict[str, ReplyShape] = {}
+        self.shapes: dict[str, ReplyShape] = {}  # by request id
+        self._shapes_by_options: dict[str, ReplyShape] = {}  # a job's rows share theirs
         self.exhausted = False
 
     def run(self) -> str:
@@ -198,7 +199,7 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                reply = ReplyShape.of(item.options, self.engine)
+                reply = self._shape(item.options)
                 params = SamplingParams(**item.sampling, structured=reply.structured)
                 request_id = self.engine.add_request(item.prompt, params, tools=reply.tools)
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
@@ -206,6 +207,13 @@ class _Loop:
                 continue
             self.in_flight[request_id] = item
             self.shapes[request_id] = reply
+
+    def _shape(self, options: dict[str, Any] | None) -> ReplyShape:
+        """The constraint and tools for these options, compiled once per distinct options."""
+        key = json.dumps(options, sort_keys=True)
+        if key not in self._shapes_by_options:
+            self._shapes_by_options[key] = ReplyShape.of(options, self.engine)
+        return self._shapes_by_options[key]
 
     def _finish(self, output: Any) -> None:
         item = self.in_flight.pop(output.request_id)

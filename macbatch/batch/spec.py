@@ -130,6 +130,8 @@ def message_problem(messages: Any) -> str | None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             return f"messages[{i}] must be a mapping with a string 'role'"
+        if message.get("tool_calls") and message.get("content") is None:
+            continue  # an assistant turn that only called tools (the engine checks the calls)
         if not isinstance(message.get("content"), str):
             return f"messages[{i}].content must be a string (only text content is supported)"
     return None

@@ -51,6 +51,7 @@ def test_openai_rows_keep_their_response_format_and_tools(
         "additionalProperties": False,
     }
     ask = [{"role": "user", "content": "hello"}]
+    call = {"id": "abc123456", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
     rows = [
         {
             "custom_id": "schema",
@@ -69,6 +70,18 @@ def test_openai_rows_keep_their_response_format_and_tools(
             "body": {"messages": ask, "tools": [ADD_TOOL], "tool_choice": "required"},
         },
         {"custom_id": "plain", "body": {"messages": ask, "max_tokens": 4}},
+        {
+            "custom_id": "tool-history",
+            "body": {
+                "messages": [
+                    *ask,
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "abc123456", "content": "5"},
+                ],
+                "tools": [ADD_TOOL],
+                "max_tokens": 4,
+            },
+        },
     ]
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = write_job(
@@ -84,10 +97,15 @@ def test_openai_rows_keep_their_response_format_and_tools(
     result = macbatch_run(job)
     assert result.exit_code == 3, result.output  # some requests failed (they are in errors)
     lines = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "rows.jsonl")}
-    assert set(lines) == {"schema", "choice", "plain"}
+    assert set(lines) == {"schema", "choice", "plain", "tool-history"}
     jsonschema.validate(lines["schema"]["parsed"], schema)
     assert lines["choice"]["parsed"] in ("yes", "no")
     assert "parsed" not in lines["plain"]
+    # the call and its result reached the template: the prompt is longer than the question's
+    assert (
+        lines["tool-history"]["macbatch"]["prompt_tokens"]
+        > lines["plain"]["macbatch"]["prompt_tokens"]
+    )
     errors = {e["custom_id"]: e for e in read_jsonl(tmp_path / "out" / "rows.errors.jsonl")}
     assert set(errors) == {"bad-regex", "bad-tool", "forced-tool"}
     assert "unclosed group" in errors["bad-regex"]["error"]["message"]

@@ -10,6 +10,7 @@ from macbatch.engine.chat_template import (
     thinking_default,
 )
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
@@ -27,6 +28,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutput",
     "UnsupportedModelError",
     "THINKING_SWITCH",
     "check_chat_template_kwargs",

@@ -19,12 +19,14 @@ from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.batch import pack
 from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
 from macbatch.engine.distributed.channel import channel_of
 from macbatch.engine.distributed.group import current as distributed_group
 from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.loading import load_on_every_rank
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
+from macbatch.engine.reasoning import ReasoningFormat, ReasoningTracker
 from macbatch.engine.request import (
     FinishReason,
     PromptTooLongError,
@@ -34,6 +36,7 @@ from macbatch.engine.request import (
 )
 from macbatch.engine.sampling import SampleRow, SamplingParams, sample
 from macbatch.engine.scheduler import Scheduler
+from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
 
 Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
 
@@ -91,6 +94,11 @@ class Engine:
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         self.vocab_size = _vocab_size(model)
+        self.reasoning_format = ReasoningFormat.of(self.tokenizer)
+        self.tool_format = detect_tool_format(self.tokenizer)
+        self.constraints = ConstraintCompiler(
+            self.tokenizer._tokenizer, self.vocab_size, sorted(self.tokenizer.eos_token_ids or ())
+        )
         block_size = self.config.block_size
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, self.config.kv_bits, self.config.kv_group_size)
@@ -146,16 +154,22 @@ class Engine:
     # -- requests --------------------------------------------------------------------------
 
     def encode_prompt(
-        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+        self,
+        prompt: Prompt,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
-        messages templated with ``chat_template_kwargs`` as template variables."""
+        messages templated with ``chat_template_kwargs`` as template variables and ``tools``
+        (OpenAI-shaped function tools) rendered by the template."""
+        if tools is not None and not _is_chat(prompt):
+            raise ValueError("tools need a chat prompt (a list of messages)")
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
             ids = chat_template.encode_text(self.tokenizer, prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self._apply_chat_template(prompt, chat_template_kwargs)
+            ids = self._apply_chat_template(prompt, chat_template_kwargs, tools)
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -175,14 +189,21 @@ class Engine:
         return ids
 
     def _apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None
+        self,
+        messages: Sequence[dict[str, Any]],
+        chat_template_kwargs: dict[str, Any] | None,
+        tools: list[dict[str, Any]] | None,
     ) -> list[int]:
-        chat_template.check_messages(messages)
+        chat_template.check_content_parts(messages)
+        messages = template_messages(messages)  # tool calls and results in the history
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"
             )
-        return chat_template.encode_chat(self.tokenizer, messages, chat_template_kwargs)
+        variables = chat_template.check_chat_template_kwargs(chat_template_kwargs)
+        if tools is not None:
+            variables["tools"] = check_tools(tools)
+        return chat_template.encode_chat(self.tokenizer, messages, variables)
 
     def add_request(
         self,
@@ -190,10 +211,11 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
         request = self.prepare_request(
-            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
         )
         self.enqueue(request)
         return request.request_id
@@ -204,11 +226,12 @@ class Engine:
         params: SamplingParams,
         request_id: str | None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt, chat_template_kwargs)
+        ids = self.encode_prompt(prompt, chat_template_kwargs, tools)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
@@ -222,6 +245,17 @@ class Engine:
         capped = params.max_tokens is not None and params.max_tokens > room
         if params.max_tokens is None or capped:
             params = replace(params, max_tokens=room)
+        fmt = self.reasoning_format
+        reasoning = (
+            ReasoningTracker(fmt, fmt.initial_phase(ids))
+            if fmt is not None and _is_chat(prompt)
+            else None
+        )
+        constraint = (
+            ConstraintState(self.constraints.compile(params.structured), reasoning)
+            if params.structured is not None
+            else None
+        )
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -231,6 +265,8 @@ class Engine:
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
             capped_max_tokens=room if capped else None,
+            reasoning=reasoning,
+            constraint=constraint,
         )
 
     def enqueue(self, request: Request) -> None:
@@ -295,6 +331,11 @@ class Engine:
         result = None
         if logits is not None:
             rows = [_sample_row(c.request) for c in sampled_chunks]
+            logits = self.constraints.mask_logits(
+                logits,
+                [c.request.constraint for c in sampled_chunks],
+                [len(c.request.output_token_ids) for c in sampled_chunks],
+            )
             result = sample(logits, rows)
         mx.eval(*(result.arrays() if result else []), *self.store.arrays())
         if self._followers is not None:
@@ -372,6 +413,10 @@ class Engine:
             cached_blocks=self.pool.num_cached,
             kv_cache_bytes=self.store.nbytes,
         )
+
+
+def _is_chat(prompt: Prompt) -> bool:
+    return not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
 
 
 def _sample_row(request: Request) -> SampleRow:

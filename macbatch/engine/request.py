@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from macbatch.engine.constraints import ConstraintState
+from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.sampling import SamplingParams
 
 
@@ -87,6 +89,8 @@ class RequestOutput:
     # The max_tokens the request ran with when the room its prompt left in the context was
     # smaller than the one asked for (None: not capped). See Engine.context_limit.
     capped_max_tokens: int | None = None
+    reasoning: str | None = None  # the reasoning block's text (None: the reply had none)
+    new_reasoning: str = ""
 
 
 @dataclass
@@ -112,6 +116,10 @@ class Request:
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     capped_max_tokens: int | None = None
+    reasoning: ReasoningTracker | None = None
+    constraint: ConstraintState | None = None
+    emitted_reasoning_chars: int = 0
+    emitted_answer_chars: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -149,7 +157,12 @@ class Request:
         self.metrics.generated_tokens += 1
         self.detokenizer.add_token(token)
         self.text = self.detokenizer.text
-        if params.stop and self._truncate_at_stop_string():
+        before = self.reasoning.phase if self.reasoning else Phase.ANSWER
+        if self.reasoning:
+            self.reasoning.advance(self.output_token_ids)
+        if self.constraint and (error := self.constraint.accept(token, before)):
+            self.finish(FinishReason.ERROR, now, error)
+        elif params.stop and self._truncate_at_stop_string():
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
@@ -189,14 +202,22 @@ class Request:
     def make_output(self, step: int) -> RequestOutput:
         """The output for this step: everything so far plus the delta since the last output."""
         end = max(self.visible_text_end(), self.emitted_chars)
-        new_text = self.text[self.emitted_chars : end]
+        reasoning, answer = (
+            self.reasoning.split(self.text[:end]) if self.reasoning else (None, self.text[:end])
+        )
+        new_text = answer[self.emitted_answer_chars :]
+        new_reasoning = (reasoning or "")[self.emitted_reasoning_chars :]
         new_tokens = self.output_token_ids[self.emitted_tokens :]
         self.emitted_chars = end
+        self.emitted_answer_chars = len(answer)
+        self.emitted_reasoning_chars = len(reasoning or "")
         self.emitted_tokens = len(self.output_token_ids)
         return RequestOutput(
             request_id=self.request_id,
             token_ids=list(self.output_token_ids),
-            text=self.text[:end],
+            text=answer,
+            reasoning=reasoning,
+            new_reasoning=new_reasoning,
             new_token_ids=new_tokens,
             new_text=new_text,
             finished=self.finished,

@@ -89,11 +89,12 @@ class EngineThread:
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output."""
         engine = self._live_engine()
         request = engine.prepare_request(
-            prompt, params or SamplingParams(), request_id, chat_template_kwargs
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
         )
         self._commands.put(("add", request, on_output))
         return request.request_id

@@ -58,6 +58,7 @@ class Run:
         jobs: tuple[tuple[Prompt, SamplingParams], ...],
         metrics: ServerMetrics,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self._thread = thread
         self._metrics = metrics
@@ -68,9 +69,14 @@ class Run:
         self._first_token_seen: set[int] = set()
         try:
             for index, (prompt, params) in enumerate(jobs):
-                self._request_ids.append(
-                    thread.submit(prompt, params, self._deliver(index), None, chat_template_kwargs)
+                request_id = thread.submit(
+                    prompt,
+                    params,
+                    self._deliver(index),
+                    chat_template_kwargs=chat_template_kwargs,
+                    tools=tools,
                 )
+                self._request_ids.append(request_id)
                 self._unfinished.add(index)
         except ValueError as exc:
             self.close()

@@ -60,6 +60,33 @@ def reply_metrics(output: RequestOutput) -> ReplyMetrics:
     )
 
 
+class ReasoningProgress:
+    """How long a reply reasoned, in tokens and seconds, counted until its answer starts."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.seconds: float | None = None
+        self.done = False
+        self._shown_at = 0.0
+
+    def update(self, output: RequestOutput, now: float) -> bool:
+        """Take in an output; whether the reasoning view should be redrawn now."""
+        if output.reasoning is None or self.done:
+            return False
+        started = output.metrics.first_token_time
+        self.done = bool(output.text) or output.finished
+        if not self.done:
+            self.tokens = len(output.token_ids)
+        self.seconds = None if started is None else now - started
+        if self.done or now - self._shown_at > RENDER_EVERY_S:
+            self._shown_at = now
+            return True
+        return False
+
+    def shown(self, output: RequestOutput) -> tuple[str, int, float | None, bool]:
+        return output.reasoning or "", self.tokens, self.seconds, self.done
+
+
 class Reply:
     """Streams one reply into `message` (already stored with status "streaming") and `view`."""
 
@@ -87,6 +114,7 @@ class Reply:
         message = self.message
         saved_at = rendered_at = time.monotonic()
         unrendered: list[str] = []
+        thinking = ReasoningProgress()
         try:
             # max_tokens is a cap the engine shrinks to the room the conversation leaves.
             kwargs = self.chat_template_kwargs
@@ -95,11 +123,13 @@ class Reply:
                 async for output in outputs:
                     message.content = output.text
                     message.metrics = reply_metrics(output)
+                    now = time.monotonic()
+                    if thinking.update(output, now):
+                        await self.view.show_reasoning(*thinking.shown(output))
                     if output.finished:
                         self._finish(output)
                         continue  # the stream ends after its final output; finish() shows it all
                     unrendered.append(output.new_text)
-                    now = time.monotonic()
                     if now - rendered_at > RENDER_EVERY_S:
                         await self.view.append("".join(unrendered))
                         unrendered.clear()

@@ -84,7 +84,7 @@ def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
 def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> None:
     message = error_for(tmp_path, "model: demo\nzzz: 1\njobs: [{name: a, prompts: [hi]}]\n")
     assert message.endswith(
-        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, defaults, "
+        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, kv_bits, defaults, "
         "output, jobs)"
     )
 
@@ -162,6 +162,10 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         (
             "model: demo\njobs: [{name: a, prompts: [hi], score: {group: task}}]",
             "jobs[0].score needs 'field'",
+        ),
+        (
+            "model: demo\nkv_bits: 16\njobs: [{name: a, prompts: [hi]}]",
+            ":2:1: kv_bits must be 8, 4 or None (float pages), got 16",
         ),
     ],
 )

@@ -8,10 +8,11 @@ Two workloads, each run with float32, 8-bit and 4-bit pages, greedy:
   float KV (identical replies), and the largest difference of the chosen tokens' logprobs while
   the replies still agree;
 - random-weight models (Qwen3-shaped, head dim 64 and 128) with the real Qwen3 and Mistral v0.3
-  tokenizers on multi-turn chats of real text: agreement and logprob difference.
+  tokenizers on multi-turn chats of real text (4 earlier exchanges of lines from docs/):
+  agreement and logprob difference.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m benchmarks.kv_accuracy [--context 440]
+        python -u -m benchmarks.kv_accuracy [--context 440] [--chats 8]
 """
 
 from __future__ import annotations
@@ -121,14 +122,14 @@ def chat_prompts(n: int, turns: int, seed: int = 0) -> list[list[dict]]:
     return chats
 
 
-def run_random_models() -> None:
+def run_random_models(chats_per_model: int) -> None:
     from transformers import AutoTokenizer
 
     print("\nrandom-weight Qwen3-shaped models (8 layers, hidden 512) with real tokenizers")
     print(f"{'tokenizer':10} {'head dim':>8} {'KV':8} {'agreement':>10} {'max |dlogprob|':>15}")
     for tok_name in ("qwen3", "mistral"):
         tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZERS / tok_name))
-        chats = chat_prompts(16, turns=6)
+        chats = chat_prompts(chats_per_model, turns=4)
         for head_dim in (64, 128):
             model = build_bench_model(vocab_size=len(tokenizer), head_dim=head_dim)
             outputs = {}
@@ -146,11 +147,12 @@ def run_random_models() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=440, help="prompt tokens at most (of 512)")
+    parser.add_argument("--chats", type=int, default=8, help="chats per random model")
     args = parser.parse_args()
     warn_without_openblas()
     mx.random.seed(0)
     run_demo(args.context)
-    run_random_models()
+    run_random_models(args.chats)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,7 @@ def check_kv_quantization(bits: int | None, group_size: int | None) -> None:
     """Clear errors for settings no head dim could use (called before any model loads)."""
     if bits is not None and (isinstance(bits, bool) or bits not in KV_BITS):
         raise ValueError(f"kv_bits must be 8, 4 or None (float pages), got {bits!r}")
-    if group_size is not None and (
-        isinstance(group_size, bool) or group_size not in GROUP_SIZES
-    ):
+    if group_size is not None and (isinstance(group_size, bool) or group_size not in GROUP_SIZES):
         raise ValueError(
             f"kv_group_size must be 64 or 32 (or None: 64, 32 or the head dim, whichever "
             f"divides it), got {group_size!r}"
@@ -96,7 +94,8 @@ def scale_bytes(head_dim: int, group_size: int) -> int:
 
 
 def quantize(x: mx.array, bits: int, group_size: int) -> tuple[mx.array, mx.array]:
-    """``x [..., D]`` -> (codes uint8 ``[..., D * bits / 8]``, scales float16 ``[..., D / g, 2]``)."""
+    """``x [..., D]`` -> (codes uint8 ``[..., D * bits / 8]``, scales float16
+    ``[..., D / group_size, 2]``), the format in this module's docstring."""
     *lead, d = x.shape
     levels = (1 << bits) - 1
     groups = mx.clip(x.astype(mx.float32), -_FP16_MAX, _FP16_MAX).reshape(*lead, -1, group_size)

@@ -4,7 +4,8 @@ Two workloads, each run with float32, 8-bit and 4-bit pages, greedy:
 
 - the demo model's 300 held-out questions, each asked as the last turn of a long multi-turn
   conversation (earlier turns: other held-out questions with their expected replies, as many as
-  fit in ``--context`` tokens of the model's 512): accuracy (exact reply), greedy agreement with
+  fit in ``--context`` tokens of the model's 512; the model was trained on single-turn chats
+  only): accuracy (exact reply), greedy agreement with
   float KV (identical replies), and the largest difference of the chosen tokens' logprobs while
   the replies still agree;
 - random-weight models (Qwen3-shaped, head dim 64 and 128) with the real Qwen3 and Mistral v0.3
@@ -12,7 +13,7 @@ Two workloads, each run with float32, 8-bit and 4-bit pages, greedy:
   agreement and logprob difference.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -u -m benchmarks.kv_accuracy [--context 440] [--chats 8]
+        python -u -m benchmarks.kv_accuracy [--context 150 440] [--chats 8]
 """
 
 from __future__ import annotations
@@ -146,13 +147,17 @@ def run_random_models(chats_per_model: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=440, help="prompt tokens at most (of 512)")
-    parser.add_argument("--chats", type=int, default=8, help="chats per random model")
+    parser.add_argument(
+        "--context", type=int, nargs="+", default=[150, 440], help="prompt tokens at most (of 512)"
+    )
+    parser.add_argument("--chats", type=int, default=8, help="chats per random model (0: none)")
     args = parser.parse_args()
     warn_without_openblas()
     mx.random.seed(0)
-    run_demo(args.context)
-    run_random_models(args.chats)
+    for context in args.context:
+        run_demo(context)
+    if args.chats:
+        run_random_models(args.chats)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,10 @@ def test_mismatched_pages_are_refused():
         emulated_attention()(q, k, mx.zeros(k.shape), *rest)
 
 
-def test_quantized_pages_shape():
-    pages = QuantizedPages(mx.zeros((3, 2, 16, 32), mx.uint8), mx.zeros((3, 2, 16, 1, 2)), 4, 64)
-    assert pages.shape == (3, 2, 16, 64)
+def test_quantized_pages_shape_and_checks():
+    codes, scales = mx.zeros((3, 2, 16, 32), mx.uint8), mx.zeros((3, 2, 16, 1, 2), mx.float16)
+    assert QuantizedPages(codes, scales, 4, 64).shape == (3, 2, 16, 64)
+    for bad in ((codes, scales, 8, 64), (codes, scales, 4, 48), (codes, scales, 3, 64),
+                (codes.astype(mx.float16), scales, 4, 64)):  # fmt: skip
+        with pytest.raises(ValueError, match="QuantizedPages: expected"):
+            QuantizedPages(*bad)

@@ -96,6 +96,15 @@ def test_split_kv_two_pass_with_quantized_pages(bits):
     assert emulator.dispatches[-1].threadgroups > 6  # 3 seqs x 2 KV heads, some split
 
 
+@pytest.mark.parametrize("head_dim,block_size,bits", [(256, 32, 4), (128, 32, 8)])
+def test_largest_shapes_fit_threadgroup_memory(head_dim, block_size, bits):
+    """The most scale groups per chunk (group size 32) stay within Apple's 32 KiB."""
+    case = Case([40, 9], [1, 9], 8, 2, head_dim, block_size, F16, kv_bits=bits, group_size=32)
+    emulator = Emulator()
+    _check(case, emulated_attention(emulator)(*case.args(poisoned=True), **case.options()))
+    assert emulator.dispatches[-1].threadgroup_memory <= 32 * 1024
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_kernel_reads_fewer_bytes_by_the_quantization_ratio(bits):
     """A decode step reads each K/V code byte and each (scale, bias) once: exactly the page

@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.kv_cache import PageFormat
 from tests.metal.cases import Case, emulated_attention
 from tests.msl.emulator import Emulator
 
@@ -26,18 +27,29 @@ SCENARIOS = {
     "mixed: 6 decodes x 120 + chunk 32": Case(
         [120] * 6 + [32], [1] * 6 + [32], 8, 2, 128, 16, mx.float16
     ),
+    # Quantized pages (group size 64): the same decode step reads codes and scales once.
+    "decode, 8 seqs x 256 ctx, GQA 4, 8-bit": Case(
+        [256] * 8, [1] * 8, 8, 2, 128, 16, mx.float16, kv_bits=8
+    ),
+    "decode, 8 seqs x 256 ctx, GQA 4, 4-bit": Case(
+        [256] * 8, [1] * 8, 8, 2, 128, 16, mx.float16, kv_bits=4
+    ),
+    "mixed: 6 decodes x 120 + chunk 32, 4-bit": Case(
+        [120] * 6 + [32], [1] * 6 + [32], 8, 2, 128, 16, mx.float16, kv_bits=4
+    ),
 }
 
 
 def minimum_bytes(case: Case) -> int:
-    """Each K and V element a row of the step can see, read once."""
-    itemsize = 2 if case.dtype != mx.float32 else 4
+    """Each K and V element a row of the step can see, read once (quantized: its code bytes
+    and its share of the row's scales)."""
+    fmt = PageFormat(case.dtype, case.kv_bits, case.group_size)
     keys = 0
     for n, q_len in zip(case.seq_lens, case.q_lens, strict=True):
         first = n - q_len
         lo = 0 if case.sliding_window is None else max(0, first - case.sliding_window + 1)
         keys += n - lo
-    return keys * case.num_kv_heads * case.head_dim * 2 * itemsize
+    return keys * case.num_kv_heads * 2 * fmt.row_bytes(case.head_dim)
 
 
 def main() -> None:

@@ -2,34 +2,16 @@
 // Plain MSL: no threadgroup arrays here, no pointers to metadata arrays (those may arrive in the
 // `constant` address space when small).
 
-// Every K/V page element the kernel reads goes through here, so the emulator (which defines
-// MSLEMU_COUNT_BYTES; a Metal build never does) can count the bytes moved per dispatch.
-template <typename T>
-inline float kv_load(const device T* pages, uint index) {
+// Every K/V page read goes through here (a float page element, a byte of quantized codes or a
+// float16 scale or bias), so the emulator (which defines MSLEMU_COUNT_BYTES; a Metal build never
+// does) can count the bytes moved per dispatch. Templated on the pointer type: with float pages
+// the unused scales argument is a 1-element placeholder passed as `constant`.
+template <typename P>
+inline float kv_load(P pages, uint index) {
 #ifdef MSLEMU_COUNT_BYTES
-  mslemu_count_bytes(sizeof(T));
+  mslemu_count_bytes(sizeof(pages[index]));
 #endif
   return float(pages[index]);
-}
-
-// Quantized pages (format in quant.py): one byte of codes, and one float16 of a (scale, bias)
-// pair, counted the same way. Templated on the pointer type so that, with float pages (where the
-// scales argument is a 1-element placeholder passed as `constant`), the unused branch still
-// compiles.
-template <typename P>
-inline uint kv_load_byte(P codes, uint index) {
-#ifdef MSLEMU_COUNT_BYTES
-  mslemu_count_bytes(1);
-#endif
-  return uint(codes[index]);
-}
-
-template <typename S>
-inline float kv_load_scale(S scales, uint index) {
-#ifdef MSLEMU_COUNT_BYTES
-  mslemu_count_bytes(2);
-#endif
-  return float(scales[index]);
 }
 
 // Gemma-style logit softcap: cap * tanh(score / cap).

@@ -115,17 +115,17 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
     }
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
-      const int key = c + i / (NGS * 2);
-      const bool live = key >= k_begin && key < k_end;
-      ksb[i] = live ? kv_load_scale(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
-      vsb[i] = live ? kv_load_scale(v_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+      const int r = i / (NGS * 2);
+      const bool live = c + r >= k_begin && c + r < k_end;
+      ksb[i] = live ? kv_load(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+      vsb[i] = live ? kv_load(v_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
       const bool live = c + r >= k_begin && c + r < k_end;
-      const uint kbyte = live ? kv_load_byte(k_pages, row0 * uint(RB) + uint(i)) : 0u;
-      const uint vbyte = live ? kv_load_byte(v_pages, row0 * uint(RB) + uint(i)) : 0u;
+      const uint kbyte = live ? uint(kv_load(k_pages, row0 * uint(RB) + uint(i))) : 0u;
+      const uint vbyte = live ? uint(kv_load(v_pages, row0 * uint(RB) + uint(i))) : 0u;
       for (int e = 0; e < EPB; ++e) {
         const int d = (i % RB) * EPB + e;
         const int sb = (r * NGS + d / GS) * 2;

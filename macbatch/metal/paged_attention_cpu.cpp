@@ -209,9 +209,14 @@ struct QuantPages {
     const mx::float16_t* sb = scales + row * (D / group_size) * 2;
     for (int g = 0; g < D / group_size; ++g) {
       const float scale = static_cast<float>(sb[2 * g]), bias = static_cast<float>(sb[2 * g + 1]);
-      for (int d = g * group_size; d < (g + 1) * group_size; ++d) {
-        const int code = BITS == 8 ? c[d] : (c[d / 2] >> (4 * (d & 1))) & 0xF;
-        dst[d] = static_cast<float>(code) * scale + bias;
+      const int begin = g * group_size * BITS / 8, end = (g + 1) * group_size * BITS / 8;
+      for (int b = begin; b < end; ++b) {  // byte by byte: straight-line, vectorisable
+        if constexpr (BITS == 8) {
+          dst[b] = static_cast<float>(c[b]) * scale + bias;
+        } else {
+          dst[2 * b] = static_cast<float>(c[b] & 0xF) * scale + bias;
+          dst[2 * b + 1] = static_cast<float>(c[b] >> 4) * scale + bias;
+        }
       }
     }
   }

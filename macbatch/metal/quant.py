@@ -72,6 +72,24 @@ class QuantizedPages:
     bits: int
     group_size: int
 
+    def __post_init__(self) -> None:
+        head_dim = self.codes.shape[-1] * 8 // self.bits if self.bits in KV_BITS else 0
+        groups = head_dim // self.group_size if self.group_size > 0 else 0
+        if (
+            self.codes.ndim != 4
+            or self.codes.dtype != mx.uint8
+            or self.scales.dtype != mx.float16
+            or not groups
+            or groups * self.group_size != head_dim
+            or tuple(self.scales.shape) != (*self.codes.shape[:3], groups, 2)
+        ):
+            raise ValueError(
+                f"QuantizedPages: expected {self.bits}-bit uint8 codes [blocks, Hkv, block, "
+                f"D * bits / 8] and float16 scales [blocks, Hkv, block, D / {self.group_size}, "
+                f"2], got codes {self.codes.dtype} {tuple(self.codes.shape)} and scales "
+                f"{self.scales.dtype} {tuple(self.scales.shape)}"
+            )
+
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """The logical ``[num_blocks, Hkv, block_size, D]`` shape of the pages."""
@@ -94,7 +112,8 @@ def scale_bytes(head_dim: int, group_size: int) -> int:
 
 
 def quantize(x: mx.array, bits: int, group_size: int) -> tuple[mx.array, mx.array]:
-    """``x [..., D]`` -> (codes uint8 ``[..., D * bits / 8]``, scales float16 ``[..., D / g, 2]``)."""
+    """``x [..., D]`` -> (codes uint8 ``[..., D * bits / 8]``, scales float16
+    ``[..., D / group_size, 2]``), the format in this module's docstring."""
     *lead, d = x.shape
     levels = (1 << bits) - 1
     groups = mx.clip(x.astype(mx.float32), -_FP16_MAX, _FP16_MAX).reshape(*lead, -1, group_size)

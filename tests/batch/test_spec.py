@@ -181,6 +181,10 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             " chat_template_kwargs: {x: 1}}]",
             "chat_template_kwargs needs the chat template; chat is false",
         ),
+        (
+            "model: demo\nkv_bits: 16\njobs: [{name: a, prompts: [hi]}]",
+            ":2:1: kv_bits must be 8, 4 or None (float pages), got 16",
+        ),
     ],
 )
 def test_bad_job_files(tmp_path: Path, text: str, expected: str) -> None:

@@ -115,7 +115,5 @@ def test_group_size_that_does_not_divide_the_head_dim_fails_before_loading(tmp_p
         raise AssertionError("the weights were loaded")
 
     monkeypatch.setattr("macbatch.engine.loader.load_model", never)
-    with pytest.raises(
-        ValueError, match="does not divide the model's head dim 96; valid values here: 32"
-    ):
+    with pytest.raises(ValueError, match="does not divide the model's head dim 96; valid .*: 32"):
         Engine.load(str(path), EngineConfig(kv_bits=8, kv_group_size=64))

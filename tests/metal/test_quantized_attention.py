@@ -96,6 +96,15 @@ def test_split_kv_two_pass_with_quantized_pages(bits):
     assert emulator.dispatches[-1].threadgroups > 6  # 3 seqs x 2 KV heads, some split
 
 
+@pytest.mark.parametrize("head_dim,block_size,bits", [(256, 32, 4), (128, 32, 8)])
+def test_largest_shapes_fit_threadgroup_memory(head_dim, block_size, bits):
+    """The most scale groups per chunk (group size 32) stay within Apple's 32 KiB."""
+    case = Case([40, 9], [1, 9], 8, 2, head_dim, block_size, F16, kv_bits=bits, group_size=32)
+    emulator = Emulator()
+    _check(case, emulated_attention(emulator)(*case.args(poisoned=True), **case.options()))
+    assert emulator.dispatches[-1].threadgroup_memory <= 32 * 1024
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 def test_kernel_reads_fewer_bytes_by_the_quantization_ratio(bits):
     """A decode step reads each K/V code byte and each (scale, bias) once: exactly the page
@@ -141,6 +150,10 @@ def test_mismatched_pages_are_refused():
         emulated_attention()(q, k, mx.zeros(k.shape), *rest)
 
 
-def test_quantized_pages_shape():
-    pages = QuantizedPages(mx.zeros((3, 2, 16, 32), mx.uint8), mx.zeros((3, 2, 16, 1, 2)), 4, 64)
-    assert pages.shape == (3, 2, 16, 64)
+def test_quantized_pages_shape_and_checks():
+    codes, scales = mx.zeros((3, 2, 16, 32), mx.uint8), mx.zeros((3, 2, 16, 1, 2), mx.float16)
+    assert QuantizedPages(codes, scales, 4, 64).shape == (3, 2, 16, 64)
+    for bad in ((codes, scales, 8, 64), (codes, scales, 4, 48), (codes, scales, 3, 64),
+                (codes.astype(mx.float16), scales, 4, 64)):  # fmt: skip
+        with pytest.raises(ValueError, match="QuantizedPages: expected"):
+            QuantizedPages(*bad)

@@ -47,7 +47,8 @@ def test_non_loopback_host_with_key_or_insecure(extra: list[str], tmp_path: Path
 
 def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
-    args = ["--model", "some/model", "--host", "::1", "--port", "9123", "--max-queue", "7"]
+    args = ["--model", "some/model", "--host", "::1", "--port", "9123", "--max-queue", "7",
+            "--kv-bits", "4"]  # fmt: skip
     result = _invoke([*args, "--api-key", "s3cret", "--print-launchd-plist"], env=env)
     assert result.exit_code == 0, result.output
     job = plistlib.loads(result.stdout.encode())
@@ -58,6 +59,7 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     assert Path(job["StandardErrorPath"]).parent == tmp_path / "logs"
     program, command, *options = job["ProgramArguments"]
     assert command == "serve" and Path(program).is_absolute()
+    assert options[options.index("--kv-bits") + 1] == "4"
     # Fixpoint: the plist's own arguments (and environment) describe the same job.
     again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
     assert again.exit_code == 0, again.output
@@ -77,6 +79,12 @@ def test_launchd_plist_has_absolute_paths(
     assert arguments[arguments.index("--model") + 1] == str(tiny_model_path.resolve())
     assert job["WorkingDirectory"] == str(tiny_model_path.parent.resolve())
     assert Path(job["StandardErrorPath"]).is_absolute()
+
+
+def test_bad_kv_bits_is_refused_before_loading() -> None:
+    result = _invoke(["--kv-bits", "3", "--print-launchd-plist"])
+    assert result.exit_code == 2
+    assert "kv_bits must be 8, 4 or None" in result.output
 
 
 def test_bad_log_level() -> None:

@@ -26,6 +26,7 @@ def test_help_lists_every_option():
         "--top-p",
         "--max-tokens",
         "--kv-blocks",
+        "--kv-bits",
         "--history",
         "--export-dir",
     ]:
@@ -38,6 +39,13 @@ def test_bad_sampling_values_are_refused_with_the_field_name(home):
     assert result.exit_code == 2
     assert "temperature" in result.output and "Traceback" not in result.output
     assert not (home / "chat.sqlite3").exists()  # refused before the history was opened
+
+
+def test_bad_kv_bits_is_refused_before_anything_starts(home):
+    result = CliRunner().invoke(cli(), ["chat", "--kv-bits", "2"])
+    assert result.exit_code == 2
+    assert "kv_bits must be 8, 4 or None" in result.output and "Traceback" not in result.output
+    assert not (home / "chat.sqlite3").exists()
 
 
 def test_a_broken_history_file_is_reported_without_a_traceback(home):

@@ -15,7 +15,7 @@ import mlx.nn as nn
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.batch import pack
+from macbatch.engine.packing import pack
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore
 from macbatch.engine.request import (

@@ -12,7 +12,9 @@ class EngineConfig:
     ``num_blocks`` fixes the pool size; when it is None the pool takes ``memory_fraction`` of the
     memory left after the weights (capped at what ``max_num_seqs`` full-length sequences need).
     ``dtype`` None keeps the model's dtype on Metal and uses float32 on CPU, the only dtype MLX's
-    CPU backend runs through BLAS.
+    CPU backend runs through BLAS. ``pipelined`` builds and dispatches step N+1 while step N
+    runs on the device (see docs/engine.md); False runs each step synchronously, which
+    benchmarks use to show what the pipeline takes off the host's critical path.
     """
 
     block_size: int = 16
@@ -23,6 +25,7 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str | None = None
     enable_prefix_caching: bool = True
+    pipelined: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):

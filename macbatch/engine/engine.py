@@ -15,9 +15,9 @@ import mlx.nn as nn
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.packing import pack
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.packing import pack
 from macbatch.engine.request import (
     FinishReason,
     Request,
@@ -43,6 +43,9 @@ class EngineStats:
     generated_tokens: int
     prefix_cache_hit_rate: float
     cached_blocks: int
+    # Seconds the engine thread spent blocked on the device (waiting for a step's results);
+    # the rest of its time is host work. Benchmarks read it to split host from device time.
+    device_wait_s: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -105,6 +108,7 @@ class Engine:
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
+        self._device_wait_s = 0.0
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
@@ -257,7 +261,9 @@ class Engine:
         if logits is not None:
             rows = [_sample_row(c.request) for c in sampled_chunks]
             result = sample(logits, rows)
+        waited = time.perf_counter()
         mx.eval(*(result.arrays() if result else []), *self.store.arrays())
+        self._device_wait_s += time.perf_counter() - waited
         self._steps += 1
 
         for chunk in plan.chunks:
@@ -324,6 +330,7 @@ class Engine:
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
+            device_wait_s=self._device_wait_s,
         )
 
 

@@ -1,4 +1,9 @@
-"""The synchronous engine core: requests in, one packed forward per step, outputs out."""
+"""The engine core: requests in, one packed forward per step, outputs out.
+
+Steps are pipelined: ``step()`` dispatches step N+1 to the device (``mx.async_eval``) and only
+then reads step N's sampled tokens and turns them into outputs (detokenizing, matching stop
+strings), so that host work overlaps the device's. See docs/engine.md, "The pipelined step".
+"""
 
 from __future__ import annotations
 
@@ -17,15 +22,16 @@ import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import BlockPool, KVStore
-from macbatch.engine.packing import pack
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.request import (
     FinishReason,
     Request,
     RequestMetrics,
     RequestOutput,
 )
-from macbatch.engine.sampling import SampleRow, SamplingParams, sample
-from macbatch.engine.scheduler import Scheduler
+from macbatch.engine.sampling import SampledBatch, SampleRow, SamplingParams, sample
+from macbatch.engine.scheduler import Scheduler, StepPlan
 
 Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
 
@@ -90,18 +96,16 @@ class Engine:
             if self.config.enable_prefix_caching
             else None
         )
+        self.kv = KVManager(self.pool, block_size, prefix_root)
         self.scheduler = Scheduler(
-            self.pool,
-            block_size,
-            self.config.max_num_batched_tokens,
-            self.config.max_num_seqs,
-            prefix_root,
+            self.kv, self.config.max_num_batched_tokens, self.config.max_num_seqs
         )
         model_len = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.max_model_len = self.config.max_model_len or model_len or num_blocks * block_size
         self._kv_head_counts = {s.num_kv_heads for s in shapes}
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
+        self._in_flight: _InFlightStep | None = None
         self._rng = random.Random()
         self._steps = 0
         self._tokens_last_step = 0
@@ -234,17 +238,58 @@ class Engine:
         del self._requests[request.request_id]
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
     # -- the step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one packed forward over everything scheduled; returns the outputs it produced."""
+        """Dispatch one packed forward over everything scheduled; return the outputs of the step
+        before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
         outputs, self._pending = self._pending, []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._needs_host_tokens():
+            outputs += self._postprocess(previous)  # the synchronous fallback
+            previous = None
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
-        if not plan.chunks:
-            return outputs
+        current = self._dispatch(plan, previous) if plan.chunks else None
+        if previous is not None:
+            outputs += self._postprocess(previous)
+        if current is not None and not self.config.pipelined:
+            outputs += self._postprocess(current)
+        else:
+            self._in_flight = current
+        return outputs
+
+    def _needs_host_tokens(self) -> bool:
+        """Whether a running request must see its pending token on the host before its next
+        step's graph is built (``Request.needs_host_token``)."""
+        return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
+
+    def _dispatch(self, plan: StepPlan, previous: _InFlightStep | None) -> _InFlightStep:
+        """Pack, build the forward and sampling graph, and start it on the device."""
+        self._note_first_schedule(plan)
+        tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
+        batch = pack(plan, tables, self.config.block_size, self._kv_head_counts)
+        if batch.pending_rows:
+            assert previous is not None, "a pending token without a step in flight"
+            _feed_sampled_tokens(batch, plan, previous)
+        logits = self.adapter.forward(batch, self.store)
+        sampled = [c.request for c in plan.chunks if c.samples]
+        result = sample(logits, [_sample_row(r) for r in sampled]) if logits is not None else None
+        mx.async_eval(*(result.arrays() if result else []), *self.store.arrays())
+        self._steps += 1
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            self.kv.cache_full_blocks(
+                request, min(request.num_computed_tokens, request.num_known_tokens)
+            )
+        for request in sampled:
+            request.num_pending += 1
+        return _InFlightStep(sampled, result, self._steps)
+
+    def _note_first_schedule(self, plan: StepPlan) -> None:
         now = time.monotonic()
         for chunk in plan.chunks:
             metrics = chunk.request.metrics
@@ -254,43 +299,28 @@ class Engine:
                 self._prompt_tokens += chunk.request.num_tokens
                 self._cached_prompt_tokens += chunk.start
 
-        batch = pack(plan, self.config.block_size, self._kv_head_counts)
-        logits = self.adapter.forward(batch, self.store)
-        sampled_chunks = [c for c in plan.chunks if c.samples]
-        result = None
-        if logits is not None:
-            rows = [_sample_row(c.request) for c in sampled_chunks]
-            result = sample(logits, rows)
+    def _postprocess(self, done: _InFlightStep) -> list[RequestOutput]:
+        """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
+        A request that stopped or was aborted since the step was dispatched drops its token."""
+        if done.sampled is None:
+            return []
         waited = time.perf_counter()
-        mx.eval(*(result.arrays() if result else []), *self.store.arrays())
+        results = done.sampled.to_host()
         self._device_wait_s += time.perf_counter() - waited
-        self._steps += 1
-
-        for chunk in plan.chunks:
-            chunk.request.num_computed_tokens += chunk.num_tokens
-            self.scheduler.register_computed_blocks(chunk.request)
-        if result is None:
-            return outputs
         now = time.monotonic()
-        tokens = result.tokens.tolist()
-        logprobs = result.logprobs.tolist() if result.logprobs is not None else None
-        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-        top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
-        for i, chunk in enumerate(sampled_chunks):
-            request = chunk.request
-            want = request.params.logprobs
-            if want is not None and logprobs is not None:
-                request.logprobs = (request.logprobs or []) + [logprobs[i]]
-                if want:
-                    top = dict(zip(top_ids[i][:want], top_lps[i][:want]))
-                    request.top_logprobs = (request.top_logprobs or []) + [top]
+        outputs = []
+        for i, request in enumerate(done.requests):
+            request.num_pending -= 1
+            if request.finished:
+                continue
             generated_before = len(request.output_token_ids)
-            request.append_token(tokens[i], now)
+            token, logprob, top = results.row(i, request.params.logprobs)
+            request.append_token(token, now, logprob, top)
             self._generated_tokens += len(request.output_token_ids) - generated_before
             if request.finished:
                 self.scheduler.finish(request)
                 del self._requests[request.request_id]
-            outputs.append(request.make_output(self._steps))
+            outputs.append(request.make_output(done.step))
         return outputs
 
     def generate(
@@ -334,12 +364,33 @@ class Engine:
         )
 
 
+@dataclass
+class _InFlightStep:
+    """A dispatched step whose sampled tokens the host has not read yet."""
+
+    requests: list[Request]  # in sample-row order
+    sampled: SampledBatch | None
+    step: int
+
+    def row_of(self) -> dict[str, int]:
+        return {r.request_id: i for i, r in enumerate(self.requests)}
+
+
+def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlightStep) -> None:
+    """Fill the pending rows' input tokens from the previous step's samples, on the device."""
+    assert previous.sampled is not None
+    row_of = previous.row_of()
+    sources = [row_of[plan.chunks[i].request.request_id] for i in batch.pending_chunks]
+    tokens = previous.sampled.tokens[mx.array(sources)].astype(mx.int32)
+    batch.token_ids[mx.array(batch.pending_rows)] = tokens
+
+
 def _sample_row(request: Request) -> SampleRow:
     params = request.params
     return SampleRow(
         params=params,
         seed=request.seed,
-        num_generated=len(request.output_token_ids),
+        num_generated=request.num_generated,
         seen_token_ids=request.all_token_ids if params.repetition_penalty != 1 else [],
         generated_token_ids=request.output_token_ids,
     )

@@ -96,22 +96,40 @@ class Request:
     metrics: RequestMetrics
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    # Tokens with KV written (or dispatched to be written) in the paged cache.
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)
+    # Tokens sampled on the device whose values the host has not read yet (0 or 1: the
+    # pipelined step reads a step's tokens while the next one runs). They count in
+    # ``num_tokens`` (the next step computes them) but not in ``output_token_ids``.
+    num_pending: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
     text: str = ""
     stop_string_hit: bool = False
     emitted_chars: int = 0
     emitted_tokens: int = 0
+    # One entry per output token, always (None when logprobs were not asked for).
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     capped_max_tokens: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.params.logprobs is not None:
+            self.logprobs = []
+            if self.params.logprobs:
+                self.top_logprobs = []
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def needs_host_token(self) -> bool:
+        """Whether sampling this request's next token needs its previous token on the host
+        (penalties count the generated tokens there; a grammar mask would advance on it). The
+        pipelined step waits for the previous step's results before building the sampling graph
+        when a request scheduled with a pending token says so."""
+        return self.params.penalized
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         """Tokens ``start:stop`` of prompt + output without copying the whole sequence (a
@@ -124,15 +142,43 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - split]
 
     @property
-    def num_tokens(self) -> int:
+    def num_known_tokens(self) -> int:
+        """Prompt and output tokens whose values the host has."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Every token of the sequence so far, pending ones included."""
+        return self.num_known_tokens + self.num_pending
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens sampled so far (pending ones included): what seeds and max_tokens count."""
+        return len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose KV the next steps must compute. A pending token that will end the
+        request by length needs none: nothing is sampled after it."""
+        end = self.num_tokens
+        if self.num_pending and self.num_generated >= self.params.max_tokens:
+            end -= self.num_pending
+        return max(0, end - self.num_computed_tokens)
 
     @property
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def append_token(self, token: int, now: float) -> None:
-        """Record a sampled token; finish on EOS, a stop token or string, or the length limit."""
+    def append_token(
+        self,
+        token: int,
+        now: float,
+        logprob: float | None = None,
+        top: dict[int, float] | None = None,
+    ) -> None:
+        """Record a sampled token with its logprob and top alternatives (when asked for); finish
+        on EOS, a stop token or string, or the length limit. A stop token is not recorded, and
+        neither are its logprobs: the lists stay the same length."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         params = self.params
@@ -142,6 +188,10 @@ class Request:
             self.finish(FinishReason.STOP, now)
             return
         self.output_token_ids.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(_required(logprob, "logprob"))
+        if self.top_logprobs is not None:
+            self.top_logprobs.append(_required(top, "top logprobs"))
         self.metrics.generated_tokens += 1
         self.detokenizer.add_token(token)
         self.text = self.detokenizer.text
@@ -204,3 +254,9 @@ class Request:
             top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
             capped_max_tokens=self.capped_max_tokens,
         )
+
+
+def _required(value: Any, what: str) -> Any:
+    if value is None:
+        raise ValueError(f"the request asked for logprobs but a token came without its {what}")
+    return value

@@ -1,7 +1,8 @@
 """A request's life: waiting -> running (prefill in chunks, then decode) -> finished.
 
-Text is detokenized incrementally and stop strings are matched on the text, across token
-boundaries; text that might be the start of a stop string is held back until it is decided.
+Text is detokenized incrementally (see ``text.py``: when read, except for requests with stop
+strings); stop strings are matched on the text as tokens arrive, across token boundaries, and
+text that might be the start of a stop string is held back until it is decided.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.text import NO_TEXT, ReplyText, TextView
 
 
 class FinishReason(str, Enum):
@@ -70,9 +72,7 @@ class RequestMetrics:
 class RequestOutput:
     request_id: str
     token_ids: list[int]
-    text: str
     new_token_ids: list[int]
-    new_text: str
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
@@ -83,9 +83,21 @@ class RequestOutput:
     # The max_tokens the request ran with when the room its prompt left in the context was
     # smaller than the one asked for (None: not capped). See Engine.context_limit.
     capped_max_tokens: int | None = None
+    # The reply's text as of this output, detokenized when first read (see text.py).
+    text_view: TextView = field(default=NO_TEXT, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The reply so far (all of it once finished; a stop string and what follows are cut)."""
+        return self.text_view.text
+
+    @property
+    def new_text(self) -> str:
+        """The text this output adds to the previous one's."""
+        return self.text_view.new_text
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -104,16 +116,16 @@ class Request:
     num_pending: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
-    text: str = ""
-    stop_string_hit: bool = False
-    emitted_chars: int = 0
+    emitted_chars: int = 0  # of text shown so far (requests with stop strings)
     emitted_tokens: int = 0
     # One entry per output token, always (None when logprobs were not asked for).
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     capped_max_tokens: int | None = None
+    reply: ReplyText = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.reply = ReplyText(self.detokenizer, self.output_token_ids)
         if self.params.logprobs is not None:
             self.logprobs = []
             if self.params.logprobs:
@@ -193,58 +205,53 @@ class Request:
         if self.top_logprobs is not None:
             self.top_logprobs.append(_required(top, "top logprobs"))
         self.metrics.generated_tokens += 1
-        self.detokenizer.add_token(token)
-        self.text = self.detokenizer.text
-        if params.stop and self._truncate_at_stop_string():
+        if params.stop and self._cut_at_stop_string():
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
 
-    def _truncate_at_stop_string(self) -> bool:
+    def _cut_at_stop_string(self) -> bool:
+        text = self.reply.current()
         longest = max(len(s) for s in self.params.stop)
         window_start = max(0, self.emitted_chars - longest)
-        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        hits = [i for s in self.params.stop if (i := text.find(s, window_start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
-        self.stop_string_hit = True
+        self.reply.cut(min(hits))
         return True
 
     def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
         if self.finished:
             return
-        if not self.stop_string_hit:
-            self.detokenizer.finalize()
-            self.text = self.detokenizer.text
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.error = error
         self.metrics.finished_time = now
 
-    def visible_text_end(self) -> int:
+    def _visible_end(self, text: str) -> int:
         """How much of the text may be shown: all of it once finished, else up to any suffix
         that could still grow into a stop string."""
-        if self.finished or not self.params.stop:
-            return len(self.text)
-        for held in range(min(len(self.text), max(len(s) for s in self.params.stop) - 1), 0, -1):
-            tail = self.text[-held:]
+        if self.finished:
+            return len(text)
+        for held in range(min(len(text), max(len(s) for s in self.params.stop) - 1), 0, -1):
+            tail = text[-held:]
             if any(s.startswith(tail) for s in self.params.stop):
-                return len(self.text) - held
-        return len(self.text)
+                return len(text) - held
+        return len(text)
 
     def make_output(self, step: int) -> RequestOutput:
-        """The output for this step: everything so far plus the delta since the last output."""
-        end = max(self.visible_text_end(), self.emitted_chars)
-        new_text = self.text[self.emitted_chars : end]
+        """The output for this step: everything so far plus the delta since the last output.
+        Text is left to be detokenized when read, unless stop strings needed it already."""
+        end = None
+        if self.params.stop:
+            end = max(self._visible_end(self.reply.current(self.finished)), self.emitted_chars)
+            self.emitted_chars = end
         new_tokens = self.output_token_ids[self.emitted_tokens :]
-        self.emitted_chars = end
         self.emitted_tokens = len(self.output_token_ids)
         return RequestOutput(
             request_id=self.request_id,
             token_ids=list(self.output_token_ids),
-            text=self.text[:end],
             new_token_ids=new_tokens,
-            new_text=new_text,
             finished=self.finished,
             finish_reason=self.finish_reason,
             metrics=self.metrics,
@@ -253,6 +260,9 @@ class Request:
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
             capped_max_tokens=self.capped_max_tokens,
+            text_view=TextView(
+                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end)
+            ),
         )
 
 

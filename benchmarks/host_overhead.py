@@ -7,15 +7,18 @@ race there. For each number of running requests, every request is prefilled (16-
 and generating; then ``--steps`` decode steps are timed. macbatch detokenizes every token;
 mlx-lm does not.
 
-Columns: wall ms per step for both; for macbatch also the host time per step (wall minus the time
-the engine thread was blocked waiting for the device) and the host critical path: the host time
-that does not overlap device work. Synchronous steps overlap nothing (critical path = host time);
-pipelined steps (``--sync`` turns them off) build and dispatch step N+1 while step N runs, so
-their critical path is the wall time the device sat idle, estimated as wall minus the device time
-the synchronous run measured for the same steps.
+On a shared machine wall time is stretched by other processes, so CPU time is reported too (the
+ratio to trust there, as in benchmarks/throughput.py). On the CPU backend MLX computes on its own
+stream thread, so a step's CPU time splits into the engine thread's (host: scheduling, packing,
+graph building, reading results, outputs) and the rest (device: the forward and sampling). The
+host critical path is the host time the device cannot hide: all of it for synchronous steps
+(``--sync`` alone), and for pipelined steps, which build and dispatch step N+1 while step N runs,
+what is left once a step's device time overlaps it: max(0, host - device).
 
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 64]
+
+(one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
 """
 
 from __future__ import annotations
@@ -43,18 +46,38 @@ PROMPT_LEN = 16
 
 
 @dataclass
-class EngineTiming:
-    wall_ms: float  # per step
-    wait_ms: float  # per step, engine thread blocked on the device
+class Timing:
+    """Milliseconds per step."""
+
+    wall: float
+    cpu: float  # the whole process
+    host: float = 0.0  # the engine thread's CPU time
 
     @property
-    def host_ms(self) -> float:
-        return self.wall_ms - self.wait_ms
+    def device(self) -> float:
+        return self.cpu - self.host
+
+
+class _Window:
+    def __init__(self) -> None:
+        self.wall, self.cpu, self.host = (
+            time.perf_counter(),
+            time.process_time(),
+            time.thread_time(),
+        )
+
+    def per_step(self, steps: int) -> Timing:
+        ms = 1e3 / steps
+        return Timing(
+            (time.perf_counter() - self.wall) * ms,
+            (time.process_time() - self.cpu) * ms,
+            (time.thread_time() - self.host) * ms,
+        )
 
 
 def time_macbatch(
     model, tokenizer, prompts: list[list[int]], steps: int, pipelined: bool
-) -> EngineTiming:
+) -> Timing:
     n = len(prompts)
     max_tokens = steps + 16
     blocks_per_request = -(-(PROMPT_LEN + max_tokens + 1) // 16)
@@ -73,17 +96,15 @@ def time_macbatch(
         started.update(o.request_id for o in engine.step() if o.new_token_ids)
     for _ in range(4):
         engine.step()
-    wait0 = engine.stats().device_wait_s
-    t0 = time.perf_counter()
+    window = _Window()
     for _ in range(steps):
         engine.step()
-    wall = time.perf_counter() - t0
-    wait = engine.stats().device_wait_s - wait0
+    timing = window.per_step(steps)
     assert engine.stats().running == n, "a request finished inside the timed window"
-    return EngineTiming(1e3 * wall / steps, 1e3 * wait / steps)
+    return timing
 
 
-def time_mlx_lm(model, prompts: list[list[int]], steps: int) -> float:
+def time_mlx_lm(model, prompts: list[list[int]], steps: int) -> Timing:
     from mlx_lm.generate import BatchGenerator
 
     n = len(prompts)
@@ -100,12 +121,12 @@ def time_mlx_lm(model, prompts: list[list[int]], steps: int) -> float:
         started.update(r.uid for r in gen.next_generated())
     for _ in range(4):
         gen.next_generated()
-    t0 = time.perf_counter()
+    window = _Window()
     for _ in range(steps):
         assert len(gen.next_generated()) == n
-    wall = time.perf_counter() - t0
+    timing = window.per_step(steps)
     gen.close()
-    return 1e3 * wall / steps
+    return timing
 
 
 def main() -> None:
@@ -123,21 +144,19 @@ def main() -> None:
         f"1 layer / hidden 64 / vocab {TINY['vocab_size']}, float32, {mx.default_device()}"
     )
     print(
-        "requests | mlx-lm wall | macbatch wall | ratio | macbatch host | host critical path"
-        " | device idle"
+        "requests | mlx-lm wall / cpu | macbatch wall / cpu | ratio wall / cpu | "
+        "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
         prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
         peer = time_mlx_lm(model, prompts, args.steps)
-        sync = time_macbatch(model, tokenizer, prompts, args.steps, pipelined=False)
-        ours = sync
-        critical = sync.host_ms  # nothing overlaps in a synchronous step
-        if not args.sync:
-            ours = time_macbatch(model, tokenizer, prompts, args.steps, pipelined=True)
-            critical = max(0.0, ours.wall_ms - sync.wait_ms)
+        ours = time_macbatch(model, tokenizer, prompts, args.steps, pipelined=not args.sync)
+        critical = ours.host if args.sync else max(0.0, ours.host - ours.device)
         print(
-            f"{n:8d} | {peer:8.2f} ms | {ours.wall_ms:10.2f} ms | x{ours.wall_ms / peer:4.2f} | "
-            f"{ours.host_ms:10.2f} ms | {critical:15.2f} ms | {100 * critical / ours.wall_ms:9.1f}%"
+            f"{n:8d} | {peer.wall:6.2f} / {peer.cpu:6.2f} ms | "
+            f"{ours.wall:6.2f} / {ours.cpu:6.2f} ms | "
+            f"x{ours.wall / peer.wall:4.2f} / x{ours.cpu / peer.cpu:4.2f} | "
+            f"{ours.host:8.2f} ms | {ours.device:6.2f} ms | {critical:6.2f} ms"
         )
 
 

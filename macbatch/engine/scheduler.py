@@ -61,28 +61,27 @@ class Scheduler:
         ``num_computed_tokens`` is left for the engine to advance when it dispatches the step."""
         budget = self.max_num_batched_tokens
         scheduled: dict[str, ScheduledChunk] = {}
-        for decoding in (True, False):
-            for request in list(self.running):
-                if budget == 0:
+        decodes, prefills = [], []
+        for request in self.running:
+            need = request.num_tokens_to_compute
+            if need:
+                (decodes if need == 1 else prefills).append((request, need))
+        for request, need in decodes + prefills:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(need, budget)
+            while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, n):
+                victim = self.running[-1]
+                budget += self._preempt(victim, scheduled)
+                if victim is request:
                     break
-                if request.request_id in scheduled or request.status is not RequestStatus.RUNNING:
-                    continue
-                need = request.num_tokens_to_compute
-                if need == 0 or (need == 1) != decoding:
-                    continue
-                n = min(need, budget)
-                while not self.kv.allocate_slots(
-                    request.request_id, request.num_computed_tokens, n
-                ):
-                    victim = self.running[-1]
-                    budget += self._preempt(victim, scheduled)
-                    if victim is request:
-                        break
-                else:
-                    scheduled[request.request_id] = ScheduledChunk(
-                        request, request.num_computed_tokens, n
-                    )
-                    budget -= n
+            else:
+                scheduled[request.request_id] = ScheduledChunk(
+                    request, request.num_computed_tokens, n
+                )
+                budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.num_pending:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass
+@dataclass(slots=True)
 class _Mark:
     num_tokens: int
     final: bool
@@ -96,8 +96,7 @@ class ReplyText:
             self._text = self._detokenizer.text
 
 
-@dataclass(frozen=True)
-class TextView:
+class TextView(NamedTuple):
     """What one output shows of its reply's text."""
 
     reply: ReplyText | None

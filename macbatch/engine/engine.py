@@ -268,22 +268,37 @@ class Engine:
         return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
 
     def _dispatch(self, plan: StepPlan, previous: _InFlightStep | None) -> _InFlightStep:
-        """Pack, build the forward and sampling graph, and start it on the device."""
+        """Pack, forward, sample, and start it all on the device; nothing waits for it here."""
         self._note_first_schedule(plan)
+        batch = self._pack(plan, previous)
+        logits = self.adapter.forward(batch, self.store)
+        sampled = [c.request for c in plan.chunks if c.samples]
+        result = sample(logits, [_sample_row(r) for r in sampled]) if logits is not None else None
+        self._launch(result)
+        self._advance(plan, sampled)
+        return _InFlightStep(sampled, result, self._steps)
+
+    def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
         batch = pack(plan, tables, self.config.block_size, self._kv_head_counts)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)
-        logits = self.adapter.forward(batch, self.store)
-        sampled = [c.request for c in plan.chunks if c.samples]
-        result = sample(logits, [_sample_row(r) for r in sampled]) if logits is not None else None
+        return batch
+
+    def _launch(self, result: SampledBatch | None) -> None:
+        """``mx.async_eval`` the step: its samples and the KV pages it writes."""
         # Timed as device wait too: with many ops outstanding MLX blocks here (on the CPU
         # backend, until the step in flight is nearly done).
         started = time.perf_counter()
         mx.async_eval(*(result.arrays() if result else []), *self.store.arrays())
         self._device_wait_s += time.perf_counter() - started
         self._steps += 1
+
+    def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
+        """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
+        tokens are known (later readers run after this step on the same stream), and one
+        pending token per sampled request."""
         for chunk in plan.chunks:
             request = chunk.request
             request.num_computed_tokens += chunk.num_tokens
@@ -292,7 +307,6 @@ class Engine:
             )
         for request in sampled:
             request.num_pending += 1
-        return _InFlightStep(sampled, result, self._steps)
 
     def _note_first_schedule(self, plan: StepPlan) -> None:
         now = time.monotonic()

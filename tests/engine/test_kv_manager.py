@@ -6,7 +6,7 @@ import numpy as np
 
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
-from tests.support.requests import make_request
+from tests.support.fake_requests import make_request
 
 BLOCK = 4
 

@@ -7,7 +7,7 @@ from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.request import Request
 from macbatch.engine.scheduler import Scheduler, StepPlan
-from tests.support.requests import make_request
+from tests.support.fake_requests import make_request
 
 BLOCK = 4
 

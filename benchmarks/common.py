@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -21,6 +22,17 @@ BENCH_MODEL = dict(
     rope_theta=1e6,
     tie_word_embeddings=True,
 )
+
+
+def workload_arguments(description: str) -> argparse.ArgumentParser:
+    """The throughput workload's options (issue 2's defaults), shared by its benchmarks."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--min-prompt", type=int, default=32)
+    parser.add_argument("--max-prompt", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--budget", type=int, default=1024, help="max_num_batched_tokens")
+    return parser
 
 
 def warn_without_openblas() -> None:

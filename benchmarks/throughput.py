@@ -14,13 +14,17 @@ machine the CPU-time ratio is the one to trust.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.common import (
+    bench_tokenizer,
+    build_bench_model,
+    warn_without_openblas,
+    workload_arguments,
+)
 from macbatch.bench import Clock, WorkloadResult, run_workload, synthetic_prompts
 
 
@@ -92,13 +96,7 @@ def print_bounds(ours: WorkloadResult, peer: WorkloadResult, bare: list[float]) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--min-prompt", type=int, default=32)
-    parser.add_argument("--max-prompt", type=int, default=512)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--budget", type=int, default=1024, help="max_num_batched_tokens")
-    args = parser.parse_args()
+    args = workload_arguments(__doc__.splitlines()[0]).parse_args()
     warn_without_openblas()
 
     model = build_bench_model()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from macbatch.engine import Engine, SamplingParams
+from macbatch.engine import Engine, SamplingParams, StructuredOutput
 
 
 def synthetic_prompts(
@@ -58,9 +58,17 @@ class WorkloadResult:
         return statistics.median(t[clock] for t in self.first_token)
 
 
-def run_workload(engine: Engine, prompts: list[list[int]], max_tokens: int) -> WorkloadResult:
-    """All prompts arrive at once; greedy, EOS ignored, so every request makes max_tokens."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+def run_workload(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_tokens: int,
+    structured: StructuredOutput | None = None,
+) -> WorkloadResult:
+    """All prompts arrive at once; greedy, EOS ignored, so every request makes max_tokens
+    (``structured``: every request follows this constraint)."""
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0, ignore_eos=True, structured=structured
+    )
     first: dict[str, tuple[float, float]] = {}
     first_step: dict[str, int] = {}
     generated = 0

@@ -15,6 +15,7 @@ import typer.core
 
 from macbatch.batch.command import run_command
 from macbatch.config import DEFAULT_MODEL
+from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -31,6 +32,8 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": HELP_OPTIONS},
 )
+
+
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
@@ -55,7 +58,12 @@ def _options(
         help="Print macbatch's version and exit.",
     ),
 ) -> None:
-    """Options for every command."""
+    """Options for every command; under mlx.launch, every rank but 0 becomes a follower here:
+    every rank runs the same command line, rank 0 runs the command and the others serve its
+    engine's steps and exit when it stops (docs/distributed.md)."""
+    status = follower_exit_status()
+    if status is not None:
+        raise typer.Exit(status)
 
 
 def command() -> Callable[..., Any]:
@@ -87,8 +95,11 @@ _METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
 
 
 @app.command("doctor")
-def doctor_command() -> None:
-    """Print what macbatch sees: platform, MLX device, attention path, data directory, models."""
+def doctor_command(
+    model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+) -> None:
+    """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
+    with MODEL, whether it can be served and how (without loading its weights)."""
     import mlx.core as mx
 
     import macbatch
@@ -122,9 +133,18 @@ def doctor_command() -> None:
             )
         )
         rows.append(("cpu blas", blas))
+    report = None
+    if model is not None:
+        from macbatch.model_check import check_model
+
+        report = check_model(model)
+        rows += [("model", model), *report.rows]
+        rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+    if report is not None and not report.servable:
+        raise typer.Exit(1)
 
 
 def _demo_kv_pool() -> str:

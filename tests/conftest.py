@@ -9,6 +9,16 @@ import pytest
 from tests.support.tiny import save_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def attention_kernel_ready() -> None:
+    """Build and prove this machine's attention kernel once, before any test runs: on a fresh
+    machine the CPU kernel's first build takes ~15 s, which must not land inside a test that
+    waits for a model to load with a deadline."""
+    import macbatch.metal
+
+    macbatch.metal.ensure_selftest()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random qwen3 model with a real tokenizer, in Hugging Face layout."""

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
+
 if TYPE_CHECKING:
     from macbatch.batch.runner import RunOptions
 
@@ -101,6 +103,7 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    kv_bits: int | None = kv_bits_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -131,6 +134,7 @@ def run_command(
         jobs or [],
         output_dir,
         max_seqs,
+        kv_bits,
         reporter,
         headless,
     )
@@ -169,6 +173,7 @@ def _run(
     jobs: list[str],
     output_dir: Path | None,
     max_seqs: int | None,
+    kv_bits: int | None,
     reporter: object,
     headless: bool,
 ) -> dict:
@@ -182,8 +187,9 @@ def _run(
 
     def load_engine(name: str) -> object:
         try:
-            config = EngineConfig() if max_seqs is None else EngineConfig(max_num_seqs=max_seqs)
-            return Engine.load(name, config)
+            sizing = {} if max_seqs is None else {"max_num_seqs": max_seqs}
+            bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+            return Engine.load(name, EngineConfig(**sizing, kv_bits=bits))
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from macbatch.batch.ledger import DoneRecord, Ledger
 from macbatch.batch.plan import Planned, Rejected
+from macbatch.batch.replies import ParsedReply
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,15 @@ def _done_record(raw: bytes, job: str) -> DoneRecord | None:
         return None
 
 
-def result_line(request: Planned, output: Any, model: str, correct: bool | None) -> dict[str, Any]:
-    """The OpenAI batch output shape for one finished request, plus macbatch's own metrics."""
+def result_line(
+    request: Planned,
+    output: Any,
+    model: str,
+    correct: bool | None,
+    parsed: ParsedReply | None = None,
+) -> dict[str, Any]:
+    """The OpenAI batch output shape for one finished request, plus macbatch's own metrics and,
+    for a constrained reply, its ``parsed`` value (null if it did not parse)."""
     metrics = output.metrics
     usage = {
         "prompt_tokens": metrics.prompt_tokens,
@@ -130,7 +138,13 @@ def result_line(request: Planned, output: Any, model: str, correct: bool | None)
     }
     reason = str(getattr(output.finish_reason, "value", output.finish_reason))
     if isinstance(request.prompt, list):
-        obj, choice = "chat.completion", {"message": {"role": "assistant", "content": output.text}}
+        message = {"role": "assistant", "content": output.text}
+        if output.reasoning is not None:
+            message["reasoning_content"] = output.reasoning
+        if parsed is not None and parsed.tool_calls:
+            message.update(content=parsed.content or None, tool_calls=parsed.tool_calls)
+            reason = "tool_calls"
+        obj, choice = "chat.completion", {"message": message}
     else:
         obj, choice = "text_completion", {"text": output.text}
     body = {
@@ -158,13 +172,16 @@ def result_line(request: Planned, output: Any, model: str, correct: bool | None)
         meta["capped_max_tokens"] = output.capped_max_tokens
     if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
-    return {
+    line = {
         "id": f"batch_req_{request.key}",
         "custom_id": request.custom_id,
         "response": {"status_code": 200, "request_id": request.key, "body": body},
         "error": None,
         "macbatch": meta,
     }
+    if parsed is not None:
+        line["parsed"] = parsed.value
+    return line
 
 
 def error_line(item: Planned | Rejected, reason: str, code: str) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from macbatch.batch.spec import (
 )
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import SamplingParams
+from macbatch.engine.request_options import OPTION_FIELDS, structured_output
+from macbatch.engine.tool_calls import check_tools
 
 Prompt = str | list[dict[str, str]]
 OPENAI_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -42,6 +44,8 @@ class Planned:
     scored: bool
     expected: str | None
     group: str | None
+    chat_template_kwargs: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None  # constraint and tools, as request fields
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
             continue
         try:
             prompt, sampling = _prompt_and_sampling(job, source, row.fields)
+            options = _options(job, source, row.fields)
         except (KeyError, ValueError, TypeError) as exc:
             yield Rejected(job.name, line, custom_id, _reason(exc, "template"))
             continue
@@ -114,19 +119,33 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
                 line=line,
                 prompt=prompt,
                 sampling=params,
-                key=request_key(model, job, custom_id, sample, prompt, params),
+                key=request_key(model, job, custom_id, sample, prompt, params, options),
                 scored=job.score is not None,
                 expected=expected,
                 group=group,
+                chat_template_kwargs=job.chat_template_kwargs,
+                options=options,
             )
 
 
 def request_key(
-    model: str, job: JobSpec, custom_id: str, sample: int, prompt: Prompt, sampling: dict
+    model: str,
+    job: JobSpec,
+    custom_id: str,
+    sample: int,
+    prompt: Prompt,
+    sampling: dict,
+    options: dict[str, Any] | None = None,
 ) -> str:
-    """A stable hash of everything that decides this request's output."""
+    """A stable hash of everything that decides this request's output (template variables and
+    reply constraints only when set, so keys written before they existed still match)."""
+    parts = [model, job.name, custom_id, sample, job.chat, prompt, sampling]
+    if job.chat_template_kwargs:
+        parts.append(job.chat_template_kwargs)
+    if options:
+        parts.append(options)
     blob = json.dumps(
-        [model, job.name, custom_id, sample, job.chat, prompt, sampling],
+        parts,
         sort_keys=True,
         ensure_ascii=False,
     )
@@ -181,6 +200,18 @@ def _prompt_and_sampling(
             raise ValueError(problem)
     SamplingParams(**sampling)  # ValueError names the bad parameter
     return prompt, sampling
+
+
+def _options(job: JobSpec, source: InputFile | None, fields: dict) -> dict[str, Any] | None:
+    """The job's constraint, or an OpenAI-batch row's own response_format / guided_* / tools
+    (checked here as far as they can be without the model)."""
+    if source is None or source.format != "openai":
+        return job.options
+    options = {k: v for k, v in fields["body"].items() if k in OPTION_FIELDS and v is not None}
+    structured_output(options)
+    if options.get("tools"):
+        check_tools(options["tools"])
+    return options or None
 
 
 def _openai_prompt(fields: dict) -> Prompt:

@@ -22,6 +22,8 @@ class JobProgress:
     ok: int = 0
     failed: int = 0
     capped: int = 0  # ok replies whose max_tokens shrank to the room the prompt left
+    constrained: int = 0  # replies of this run that had to follow a schema, choices or tools
+    parsed: int = 0  # ... and parsed as such
 
     @property
     def finished(self) -> int:
@@ -199,6 +201,7 @@ def build_summary(
         "ok": ok,
         "failed": sum(j.failed for j in progress.jobs.values()),
         "skipped": sum(j.skipped for j in progress.jobs.values()),
+        "parsed": sum(j.parsed for j in progress.jobs.values()),
         "remaining": progress.total - progress.finished,
         "prompt_tokens": progress.prompt_tokens,
         "generated_tokens": progress.generated_tokens,
@@ -219,11 +222,21 @@ def build_summary(
                 "failed": job.failed,
                 "skipped": job.skipped,
                 "capped": job.capped,
+                **(
+                    {"parsed": job.parsed, "constrained": job.constrained}
+                    if job.constrained
+                    else {}
+                ),
                 **outputs.get(name, {}),
             }
             for name, job in progress.jobs.items()
         },
     }
+
+
+def _parsed_counts(job: JobProgress) -> dict[str, int]:
+    """How many constrained replies parsed (only for jobs that had some)."""
+    return {"parsed": job.parsed, "constrained": job.constrained} if job.constrained else {}
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -243,6 +256,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         line = f"  {name}: {job['ok'] + job['skipped']}/{job['total']} done -> {job['output']}"
         if job.get("errors"):
             line += f" ({job['failed']} failed, see {job['errors']})"
+        if job.get("constrained"):
+            line += f"; {job['parsed']}/{job['constrained']} replies parsed"
         lines.append(line)
         if job.get("capped"):
             lines.append(

@@ -32,6 +32,7 @@ from macbatch.batch.outputs import (
     result_line,
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.replies import ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
@@ -166,8 +167,11 @@ class _Loop:
             job.name: JsonlAppender(output_path(job_file.output_dir, job.name))
             for job in job_file.jobs
         }
+        self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
         self.errors: dict[str, JsonlAppender] = {}
         self.in_flight: dict[str, Planned] = {}
+        self.shapes: dict[str, ReplyShape] = {}  # by request id
+        self._shapes_by_options: dict[str, ReplyShape] = {}  # a job's rows share theirs
         self.exhausted = False
 
     def run(self) -> str:
@@ -211,28 +215,50 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                request_id = self.engine.add_request(item.prompt, SamplingParams(**item.sampling))
+                reply = self._shape(item.options)
+                params = SamplingParams(**item.sampling, structured=reply.structured)
+                request_id = self.engine.add_request(
+                    item.prompt,
+                    params,
+                    chat_template_kwargs=item.chat_template_kwargs,
+                    tools=reply.tools,
+                )
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue
             self.in_flight[request_id] = item
+            self.shapes[request_id] = reply
+
+    def _shape(self, options: dict[str, Any] | None) -> ReplyShape:
+        """The constraint and tools for these options, compiled once per distinct options."""
+        key = json.dumps(options, sort_keys=True)
+        if key not in self._shapes_by_options:
+            self._shapes_by_options[key] = ReplyShape.of(options, self.engine)
+        return self._shapes_by_options[key]
 
     def _finish(self, output: Any) -> None:
         item = self.in_flight.pop(output.request_id)
+        shape = self.shapes.pop(output.request_id)
         reason = str(getattr(output.finish_reason, "value", output.finish_reason))
         if reason == "abort":
             return
         if reason not in ("stop", "length"):
             self._fail(item, output.error or f"finished with {reason}", "engine_error")
             return
-        correct = is_correct(output.text, item.expected)
-        line = result_line(item, output, self.job_file.model, correct)
+        parsed = shape.parse(output.text)
+        score = self.scores.get(item.job)
+        answer = scored_answer(output.text, parsed, score.parsed if score else None)
+        correct = is_correct(answer, item.expected)
+        line = result_line(item, output, self.job_file.model, correct, parsed)
         size = self.outputs[item.job].append(line)
         record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
         self.ledger.record(record, size)
         metrics = self.progress
         metrics.jobs[item.job].ok += 1
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
+        if parsed is not None:
+            metrics.jobs[item.job].constrained += 1
+            metrics.jobs[item.job].parsed += parsed.ok
         metrics.prompt_tokens += output.metrics.prompt_tokens
         metrics.cached_prompt_tokens += output.metrics.cached_tokens
         metrics.generated_tokens += output.metrics.generated_tokens

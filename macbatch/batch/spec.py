@@ -7,20 +7,33 @@ every message names the file, line and column, and suggests the key the user pro
 from __future__ import annotations
 
 import difflib
+import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
-from macbatch.engine import SamplingParams
+from macbatch.engine import SamplingParams, check_chat_template_kwargs
+from macbatch.engine.request_options import InvalidField, structured_output
+from macbatch.metal.quant import check_kv_quantization
 
-TOP_KEYS = ("version", "model", "defaults", "output", "jobs")
-SETTING_KEYS = ("system", "template", "sampling", "n", "chat", "score")
+TOP_KEYS = ("version", "model", "kv_bits", "defaults", "output", "jobs")
+STRUCTURED_KEYS = ("response_format", "schema", "choices")
+SETTING_KEYS = (
+    "system",
+    "template",
+    "sampling",
+    "n",
+    "chat",
+    "score",
+    "chat_template_kwargs",
+    *STRUCTURED_KEYS,
+)
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
 INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
-SCORE_KEYS = ("field", "group")
+SCORE_KEYS = ("field", "group", "parsed")
 INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
 SAMPLING_KEYS = (
     "max_tokens",
@@ -51,10 +64,12 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ScoreSpec:
-    """Exact-match scoring of each reply against `field` of its row, grouped by `group`."""
+    """Exact-match scoring of each reply (or of field `parsed` of its parsed JSON) against
+    `field` of its row, grouped by `group`."""
 
     field: str
     group: str
+    parsed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ class JobSpec:
     n: int
     chat: bool
     score: ScoreSpec | None
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
+    options: dict[str, Any] | None = None  # the reply's constraint, as request fields
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -88,7 +105,12 @@ class JobSpec:
             "sampling": self.sampling,
             "n": self.n,
             "chat": self.chat,
-        }
+            **(
+                {"chat_template_kwargs": self.chat_template_kwargs}
+                if self.chat_template_kwargs
+                else {}
+            ),
+        } | ({"options": self.options} if self.options else {})
 
 
 @dataclass(frozen=True)
@@ -99,6 +121,7 @@ class JobFile:
     model: str
     output_dir: Path
     jobs: tuple[JobSpec, ...]
+    kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
 
 
 def dotted(key: PathKey) -> str:
@@ -124,6 +147,8 @@ def message_problem(messages: Any) -> str | None:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             return f"messages[{i}] must be a mapping with a string 'role'"
+        if message.get("tool_calls") and message.get("content") is None:
+            continue  # an assistant turn that only called tools (the engine checks the calls)
         if not isinstance(message.get("content"), str):
             return f"messages[{i}].content must be a string (only text content is supported)"
     return None
@@ -194,8 +219,6 @@ def template_fields(template: str) -> list[str]:
 
 def render(template: str, row: dict[str, Any]) -> str:
     """Fill `{name}` fields from `row` (KeyError for a missing field); lists and dicts as JSON."""
-    import json
-
     parts = []
     for literal, name, _, _ in string.Formatter().parse(template):
         parts.append(literal)
@@ -224,6 +247,11 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         model = _resolve_model(check.text(top["model"], ("model",)), base)
     else:
         raise check.fail((), "missing 'model' (a Hugging Face id, a local path, or demo)")
+    kv_bits = top.get("kv_bits")
+    try:
+        check_kv_quantization(kv_bits, None)
+    except ValueError as exc:
+        raise check.fail(("kv_bits",), str(exc)) from None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
     defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
@@ -244,7 +272,9 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
             )
         seen[spec.name] = index
         specs.append(spec)
-    return JobFile(path=path, model=model, output_dir=output_dir, jobs=tuple(specs))
+    return JobFile(
+        path=path, model=model, output_dir=output_dir, jobs=tuple(specs), kv_bits=kv_bits
+    )
 
 
 def _resolve_model(model: str, base: Path) -> str:
@@ -299,6 +329,14 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         chat = check.boolean(*found)
     if (found := setting("score")) is not None:
         score = _score(check, *found)
+    template_kwargs = None
+    if (found := setting("chat_template_kwargs")) is not None:
+        template_kwargs = _template_kwargs(check, *found)
+        if template_kwargs and not chat:
+            raise check.fail(
+                found[1], "chat_template_kwargs needs the chat template; chat is false"
+            )
+    options = _structured(check, job, key, defaults, base)
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -321,7 +359,61 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         n=n,
         chat=chat,
         score=score,
+        chat_template_kwargs=template_kwargs,
+        options=options,
     )
+
+
+def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:
+    """Template variables, checked by the engine's own rule (a chat job's setting only)."""
+    try:
+        return check_chat_template_kwargs(raw) or None
+    except ValueError as exc:
+        raise check.fail(key, f"{dotted(key)}: {exc}") from None
+
+
+def _structured(
+    check: _Checker, job: dict[str, Any], key: PathKey, defaults: dict[str, Any], base: Path
+) -> dict[str, Any] | None:
+    """The job's reply constraint (or the defaults'), as the request fields it stands for:
+    ``schema`` (inline, or a .json file) -> guided_json, ``choices`` -> guided_choice."""
+
+    source, where = (
+        (job, key) if any(k in job for k in STRUCTURED_KEYS) else (defaults, ("defaults",))
+    )
+    given = [k for k in STRUCTURED_KEYS if k in source]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise check.fail((*where, given[1]), f"use one of {', '.join(given)}, not both")
+    name = given[0]
+    value, at = source[name], (*where, name)
+    if name == "schema":
+        if isinstance(value, str):
+            value = _schema_file(check, base / Path(value).expanduser(), at)
+        if not isinstance(value, dict):
+            raise check.fail(at, f"{dotted(at)} must be a JSON schema mapping or a .json file")
+        options: dict[str, Any] = {"guided_json": value}
+    elif name == "choices":
+        if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+            raise check.fail(at, f"{dotted(at)} must be a list of non-empty strings")
+        options = {"guided_choice": value}
+    else:
+        options = {"response_format": value}
+    try:
+        structured_output(options)
+    except InvalidField as exc:
+        raise check.fail(at, f"{dotted(at)}: {exc}") from None
+    return options
+
+
+def _schema_file(check: _Checker, path: Path, at: PathKey) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise check.fail(at, f"cannot read the schema file {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise check.fail(at, f"{path} is not valid JSON: {exc}") from None
 
 
 def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:
@@ -346,7 +438,8 @@ def _score(check: _Checker, raw: Any, key: PathKey) -> ScoreSpec:
         raise check.fail(key, f"{dotted(key)} needs 'field': the row field holding the answer")
     field = check.text(score["field"], (*key, "field"))
     group = check.text(score.get("group", DEFAULT_GROUP_FIELD), (*key, "group"))
-    return ScoreSpec(field=field, group=group)
+    parsed = check.text(score["parsed"], (*key, "parsed")) if "parsed" in score else None
+    return ScoreSpec(field=field, group=group, parsed=parsed)
 
 
 def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:

@@ -4,9 +4,15 @@ Front ends use only the names exported here (see docs/engine.md).
 """
 
 from macbatch.engine.adapter import UnsupportedModelError
+from macbatch.engine.chat_template import (
+    THINKING_SWITCH,
+    check_chat_template_kwargs,
+    thinking_default,
+)
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.engine import Engine, EngineStats
-from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
 from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
 
@@ -18,8 +24,13 @@ __all__ = [
     "EngineThread",
     "FinishReason",
     "InvalidSamplingParam",
+    "PromptTooLongError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutput",
     "UnsupportedModelError",
+    "THINKING_SWITCH",
+    "check_chat_template_kwargs",
+    "thinking_default",
 ]

@@ -9,6 +9,11 @@ replaced, in every loaded model module, by a dispatcher that sends paged layers 
 generation in the same process is unaffected. Sliding windows reach the dispatcher through
 ``make_mask``. Only the sampled rows go through the LM head, applied by the model's own
 ``__call__`` so tied embeddings, logit scaling and softcaps stay the architecture's.
+
+Multimodal checkpoints (gemma3, mistral3, gemma4) keep a complete text model at
+``model.language_model``; the adapter serves that text model. Layers that reuse another layer's
+K/V (Gemma 4's KV-shared layers) are found during the probe and read the source layer's pages, so
+the pool holds one set of pages per layer mlx-lm keeps a cache for.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ _UNSUPPORTED = {
     "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
 }
 _INNER_NAMES = ("model", "transformer", "backbone")
+_TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
 
 
 def unsupported_reason(model_type: str) -> str | None:
@@ -60,15 +66,17 @@ class AttentionWindow:
 class PagedLayerCache:
     """The per-layer cache object a model sees during a packed forward."""
 
-    def __init__(self, store: KVStore, layer: int, batch: PackedBatch) -> None:
+    def __init__(self, store: KVStore, layer: int, batch: PackedBatch, writes: bool) -> None:
         self.store = store
-        self.layer = layer
+        self.layer = layer  # the store layer whose pages this model layer reads
         self.batch = batch
+        self.writes = writes  # False for a layer that reuses an earlier layer's K/V
         self.offset = batch.positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        rows = self.batch.kv_write_rows[self.store.shapes[self.layer].num_kv_heads]
-        self.store.write(self.layer, rows, keys[:, :, 0, :], values[:, :, 0, :])
+        if self.writes:
+            rows = self.batch.kv_write_rows[self.store.shapes[self.layer].num_kv_heads]
+            self.store.write(self.layer, rows, keys[:, :, 0, :], values[:, :, 0, :])
         return keys, values
 
     def make_mask(
@@ -101,10 +109,12 @@ class _ProbeCache:
         self.offset = mx.array([0], dtype=mx.int32)
         self.shape: LayerShape | None = None
         self.dtype: mx.Dtype | None = None
+        self.keys: mx.array | None = None  # the very object handed in: shared K/V is the same one
         self.attended = 0
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
+        self.keys = keys
         self.dtype = keys.dtype
         return keys, values
 
@@ -166,19 +176,33 @@ class _HiddenStatesOnly(_Delegate):
         setattr(self, inner_name, _PrecomputedInner(getattr(model, inner_name), hidden))
 
 
+def text_model(model: nn.Module) -> nn.Module:
+    """The model that turns token ids into logits: a multimodal wrapper's ``language_model``, or
+    the model itself."""
+    inner = getattr(model, _TEXT_MODEL_NAME, None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def model_type_of(model: nn.Module) -> str:
+    """The checkpoint's ``model_type`` (a wrapper's own, e.g. gemma3, not its text model's)."""
+    model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
+        model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
+    )
+    return str(model_type)
+
+
 class ModelAdapter:
+    """``model``: what ``mlx_lm.load`` returns (a text model, or a multimodal wrapper)."""
+
     def __init__(self, model: nn.Module) -> None:
-        model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
-            model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
-        )
-        self.model_type = str(model_type)
+        self.model_type = model_type_of(model)
         reason = unsupported_reason(self.model_type)
         if reason:
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' is not supported by macbatch's paged engine: "
                 f"{reason}"
             )
-        self.model = model
+        self.model = model = text_model(model)
         self.inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
         )
@@ -189,7 +213,9 @@ class ModelAdapter:
             )
         self._check_cache_kinds()
         _patch_model_modules()
-        self.layer_shapes, self.kv_dtype = self._probe()
+        self.layer_shapes, self.kv_layers, self.kv_dtype = self._probe()
+        # a model layer writes K/V when it is the first to use its store layer
+        self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
 
     @property
     def inner(self) -> nn.Module:
@@ -207,20 +233,36 @@ class ModelAdapter:
                 "(recurrent or linear attention); only attention KV caches can be paged"
             )
 
-    def _probe(self) -> tuple[list[LayerShape], mx.Dtype]:
+    def _probe(self) -> tuple[list[LayerShape], list[int], mx.Dtype]:
+        """Page shapes (one per layer that computes its own K/V), the store layer each model
+        layer reads, and the K/V dtype. A layer handed the very K/V array an earlier layer was
+        handed reuses that layer's K/V, so it reads that layer's pages."""
         caches = [_ProbeCache() for _ in self.model.layers]
-        mx.eval(self.inner(mx.array([[0]]), cache=caches))
+        self.inner(mx.array([[0]]), cache=caches)  # shapes only: the graph is never evaluated
         if not all(c.shape is not None and c.attended == 1 for c in caches):
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' does not route every layer's attention through "
                 "mlx-lm's scaled_dot_product_attention; macbatch cannot page its KV cache"
             )
-        return [c.shape for c in caches], caches[0].dtype
+        shapes: list[LayerShape] = []
+        kv_layers: list[int] = []
+        owners: list[tuple[mx.array, int]] = []  # (K/V array, store layer) of computing layers
+        for cache in caches:
+            store_layer = next((i for keys, i in owners if keys is cache.keys), None)
+            if store_layer is None:
+                store_layer = len(shapes)
+                shapes.append(cache.shape)
+                owners.append((cache.keys, store_layer))
+            kv_layers.append(store_layer)
+        return shapes, kv_layers, caches[0].dtype
 
     def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
         """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
         is sampled: the step only writes K/V)."""
-        caches = [PagedLayerCache(store, i, batch) for i in range(len(self.layer_shapes))]
+        caches = [
+            PagedLayerCache(store, kv, batch, writes)
+            for kv, writes in zip(self.kv_layers, self.kv_writes)
+        ]
         hidden = self.inner(batch.token_ids[:, None], cache=caches)
         if batch.sample_rows.size == 0:
             return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from macbatch.metal.quant import check_kv_quantization
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -11,10 +13,15 @@ class EngineConfig:
 
     ``num_blocks`` fixes the pool size; when it is None the pool takes ``memory_fraction`` of the
     memory left after the weights (capped at what ``max_num_seqs`` full-length sequences need).
-    ``dtype`` None keeps the model's dtype on Metal and uses float32 on CPU, the only dtype MLX's
-    CPU backend runs through BLAS. ``pipelined`` builds and dispatches step N+1 while step N
-    runs on the device (see docs/engine.md); False runs each step synchronously, which
-    benchmarks use to show what the pipeline takes off the host's critical path.
+    ``dtype`` None keeps the model's dtype on Metal; on CPU a model the engine loads itself is
+    cast to float32 (the only dtype MLX's CPU backend runs through BLAS) if it fits in memory,
+    and a caller's model keeps its dtype (see ``compute_dtype.py``). ``kv_bits`` 8 or 4 stores
+    K/V pages quantized (affine, one float16 scale and bias per ``kv_group_size`` head-dim
+    elements of each token: 64 or 32, None for the default), None keeps float pages.
+    ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
+    docs/engine.md; a distributed engine always steps synchronously); False runs each step
+    synchronously, which benchmarks use to show what the pipeline takes off the host's
+    critical path.
     """
 
     block_size: int = 16
@@ -25,6 +32,8 @@ class EngineConfig:
     max_model_len: int | None = None
     dtype: str | None = None
     enable_prefix_caching: bool = True
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
     pipelined: bool = True
 
     def __post_init__(self) -> None:
@@ -46,3 +55,4 @@ class EngineConfig:
             raise ValueError(
                 f"dtype must be float32, float16 or bfloat16 (or unset), got {self.dtype!r}"
             )
+        check_kv_quantization(self.kv_bits, self.kv_group_size)

@@ -3,6 +3,8 @@
 Steps are pipelined: ``step()`` dispatches step N+1 to the device (``mx.async_eval``) and only
 then reads step N's sampled tokens and turns them into outputs (detokenizing, matching stop
 strings), so that host work overlaps the device's. See docs/engine.md, "The pipelined step".
+Requests whose next sampling needs their previous token on the host (penalties, constraints) and
+rank 0 of a distributed group step synchronously.
 """
 
 from __future__ import annotations
@@ -19,19 +21,30 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import macbatch.metal
+from macbatch.engine import chat_template
 from macbatch.engine.adapter import ModelAdapter
+from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv_cache import BlockPool, KVStore
+from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
+from macbatch.engine.distributed.channel import channel_of
+from macbatch.engine.distributed.group import current as distributed_group
+from macbatch.engine.distributed.group import smallest
+from macbatch.engine.distributed.loading import load_on_every_rank
+from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.packing import PackedBatch, pack
+from macbatch.engine.reasoning import ReasoningFormat, ReasoningTracker
 from macbatch.engine.request import (
     FinishReason,
+    PromptTooLongError,
     Request,
     RequestMetrics,
     RequestOutput,
 )
 from macbatch.engine.sampling import SampledBatch, SampleRow, SamplingParams, sample
 from macbatch.engine.scheduler import Scheduler, StepPlan
+from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
 
 Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
 
@@ -49,6 +62,7 @@ class EngineStats:
     generated_tokens: int
     prefix_cache_hit_rate: float
     cached_blocks: int
+    kv_cache_bytes: int  # the whole pool, scales included
     # Seconds the engine thread spent in MLX's evaluation calls (dispatching a step, reading its
     # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
     # split host from device time.
@@ -71,26 +85,42 @@ class Engine:
         tokenizer: Any,
         config: EngineConfig | None = None,
         model_name: str = "model",
+        owns_model: bool = False,
+        group: mx.distributed.Group | None = None,
     ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
+        caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
+        this model (tensor parallel); every rank builds its Engine at the same point, and only
+        rank 0's is stepped (docs/distributed.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config or EngineConfig()
         self.model_name = model_name
-        dtype = self.config.dtype or ("float32" if mx.default_device() == mx.cpu else None)
-        if dtype is not None:
-            model.set_dtype(getattr(mx, dtype))
+        self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
+        if group is not None:
+            shard_model(model, group)
         self.adapter = ModelAdapter(model)
+        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.tokenizer = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         self.vocab_size = _vocab_size(model)
+        self.reasoning_format = ReasoningFormat.of(self.tokenizer)
+        self.tool_format = detect_tool_format(self.tokenizer)
+        self.constraints = ConstraintCompiler(
+            self.tokenizer._tokenizer, self.vocab_size, sorted(self.tokenizer.eos_token_ids or ())
+        )
         block_size = self.config.block_size
         shapes = self.adapter.layer_shapes
+        fmt = PageFormat(self.adapter.kv_dtype, self.config.kv_bits, self.config.kv_group_size)
+        per_block = fmt.bytes_per_block(shapes, block_size)  # also: a bad group size fails here
         num_blocks = self.config.num_blocks or _blocks_for_memory(
-            model, shapes, block_size, self.adapter.kv_dtype.size, self.config
+            model, per_block, block_size, self.config
         )
-        self.store = KVStore(shapes, num_blocks, block_size, self.adapter.kv_dtype)
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            num_blocks = smallest(num_blocks, group)
+        self.store = KVStore(shapes, num_blocks, block_size, fmt)
         self.pool = BlockPool(num_blocks)
         prefix_root = (
             f"{model_name}:{self.adapter.model_type}".encode()
@@ -114,25 +144,46 @@ class Engine:
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
         self._device_wait_s = 0.0
+        self._followers = channel_of(group) if group is not None and group.rank() == 0 else None
+        # Rank 0 of a group steps synchronously: a step's broadcast carries its input tokens
+        # from the host, and its collectives must finish before the next step's broadcast.
+        self._pipelined = self.config.pipelined and group is None
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
-        from macbatch.engine.loader import load_model
+        from macbatch.engine.loader import declared_head_dim, load_model
 
-        model, tokenizer = load_model(name)
-        return cls(model, tokenizer, config, model_name=name)
+        config = config or EngineConfig()
+        head_dim = declared_head_dim(name) if config.kv_bits else None
+        if head_dim is not None:  # a group size that cannot work fails before the weights load
+            PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
+        group = distributed_group()
+        if group is None:
+            model, tokenizer = load_model(name)
+        else:
+            model, tokenizer = load_on_every_rank(name, config, group)
+        return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
 
     # -- requests --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded, chat messages templated."""
+    def encode_prompt(
+        self,
+        prompt: Prompt,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
+        messages templated with ``chat_template_kwargs`` as template variables and ``tools``
+        (OpenAI-shaped function tools) rendered by the template."""
+        if tools is not None and not _is_chat(prompt):
+            raise ValueError("tools need a chat prompt (a list of messages)")
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            ids = list(self.tokenizer.encode(prompt))
+            ids = chat_template.encode_text(self.tokenizer, prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = list(self._apply_chat_template(prompt))
+            ids = self._apply_chat_template(prompt, chat_template_kwargs, tools)
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -151,54 +202,74 @@ class Engine:
             raise ValueError("prompt is empty")
         return ids
 
-    def _apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str) or not isinstance(
-                message.get("content"), str
-            ):
-                raise ValueError(
-                    f"chat message {i} must have string 'role' and 'content' fields, got {message}"
-                )
-        if getattr(self.tokenizer, "chat_template", None) is None:
+    def _apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        chat_template_kwargs: dict[str, Any] | None,
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int]:
+        chat_template.check_content_parts(messages)
+        messages = template_messages(messages)  # tool calls and results in the history
+        if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.model_name}' has no chat template; send a text prompt instead"
             )
-        ids = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True
-        )
-        return ids["input_ids"] if isinstance(ids, dict) else ids
+        variables = chat_template.check_chat_template_kwargs(chat_template_kwargs)
+        if tools is not None:
+            variables["tools"] = check_tools(tools)
+        return chat_template.encode_chat(self.tokenizer, messages, variables)
 
     def add_request(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = self.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
+        )
         self.enqueue(request)
         return request.request_id
 
     def prepare_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt)
+        ids = self.encode_prompt(prompt, chat_template_kwargs, tools)
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._requests:
             raise ValueError(f"request id '{request_id}' is already in use")
         limit, what = self.context_limit()
         room = limit - len(ids)
         if room < 1:
-            raise ValueError(
+            raise PromptTooLongError(
                 f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} "
                 "tokens); shorten the prompt"
             )
         capped = params.max_tokens is not None and params.max_tokens > room
         if params.max_tokens is None or capped:
             params = replace(params, max_tokens=room)
+        fmt = self.reasoning_format
+        reasoning = (
+            ReasoningTracker(fmt, fmt.initial_phase(ids))
+            if fmt is not None and _is_chat(prompt)
+            else None
+        )
+        constraint = (
+            ConstraintState(self.constraints.compile(params.structured), reasoning)
+            if params.structured is not None
+            else None
+        )
         return Request(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -208,6 +279,8 @@ class Engine:
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
             capped_max_tokens=room if capped else None,
+            reasoning=reasoning,
+            constraint=constraint,
         )
 
     def enqueue(self, request: Request) -> None:
@@ -238,6 +311,11 @@ class Engine:
         self._pending.append(request.make_output(self._steps))
         del self._requests[request.request_id]
 
+    def close(self) -> None:
+        """Let the other ranks of a distributed engine exit; this engine must not step again."""
+        if self._followers is not None:
+            self._followers.send_stop()
+
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
@@ -256,7 +334,7 @@ class Engine:
         current = self._dispatch(plan, previous) if plan.chunks else None
         if previous is not None:
             outputs += self._postprocess(previous)
-        if current is not None and not self.config.pipelined:
+        if current is not None and not self._pipelined:
             outputs += self._postprocess(current)
         else:
             self._in_flight = current
@@ -271,9 +349,16 @@ class Engine:
         """Pack, forward, sample, and start it all on the device; nothing waits for it here."""
         self._note_first_schedule(plan)
         batch = self._pack(plan, previous)
+        if self._followers is not None:  # the other ranks run this same forward on their shard
+            self._followers.send_step(batch)
         logits = self.adapter.forward(batch, self.store)
         sampled = [c.request for c in plan.chunks if c.samples]
-        result = sample(logits, [_sample_row(r) for r in sampled]) if logits is not None else None
+        result = None
+        if logits is not None:
+            logits = self.constraints.mask_logits(
+                logits, [r.constraint for r in sampled], [r.num_generated for r in sampled]
+            )
+            result = sample(logits, [_sample_row(r) for r in sampled])
         self._launch(result)
         self._advance(plan, sampled)
         return _InFlightStep(sampled, result, self._steps)
@@ -291,7 +376,12 @@ class Engine:
         # Timed as device wait too: with many ops outstanding MLX blocks here (on the CPU
         # backend, until the step in flight is nearly done).
         started = time.perf_counter()
-        mx.async_eval(*(result.arrays() if result else []), *self.store.arrays())
+        arrays = [*(result.arrays() if result else []), *self.store.arrays()]
+        if self._followers is None:
+            mx.async_eval(*arrays)
+        else:  # every collective of the step done before the next broadcast (docs/distributed.md)
+            mx.eval(*arrays)
+            self._followers.step_finished()
         self._device_wait_s += time.perf_counter() - started
         self._steps += 1
 
@@ -346,13 +436,18 @@ class Engine:
         self,
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; final outputs in the order given."""
+        """Run ``prompts`` to completion together; final outputs in the order given
+        (``chat_template_kwargs`` apply to every chat prompt)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        requests = [self.prepare_request(p, sp, None) for p, sp in zip(prompts, params)]
+        requests = [
+            self.prepare_request(p, sp, None, chat_template_kwargs)
+            for p, sp in zip(prompts, params)
+        ]
         finals: dict[str, RequestOutput] = {}
         for request in requests:
             self.enqueue(request)
@@ -379,6 +474,7 @@ class Engine:
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
+            kv_cache_bytes=self.store.nbytes,
             device_wait_s=self._device_wait_s,
         )
 
@@ -404,6 +500,10 @@ def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlight
     batch.token_ids[mx.array(batch.pending_rows)] = tokens
 
 
+def _is_chat(prompt: Prompt) -> bool:
+    return not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
+
+
 def _sample_row(request: Request) -> SampleRow:
     params = request.params
     return SampleRow(
@@ -427,9 +527,10 @@ def _vocab_size(model: nn.Module) -> int:
 
 
 def _blocks_for_memory(
-    model: nn.Module, shapes: list, block_size: int, itemsize: int, config: EngineConfig
+    model: nn.Module, per_block: int, block_size: int, config: EngineConfig
 ) -> int:
-    """Blocks that fit in ``memory_fraction`` of what is left after the weights."""
+    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
+    ``memory_fraction`` of what is left after the weights."""
     from mlx.utils import tree_flatten
 
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
@@ -440,7 +541,6 @@ def _blocks_for_memory(
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     )
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    per_block = KVStore.bytes_per_block(shapes, block_size, itemsize)
     budget = max(0, int(total * config.memory_fraction) - weights)
     blocks = budget // per_block
     model_len = (

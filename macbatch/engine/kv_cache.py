@@ -6,6 +6,11 @@ contiguous, which is what the Metal kernel and the reference in ``macbatch.metal
 at position p of a request lives in block ``block_ids[p // block_size]`` at offset
 ``p % block_size``; its flat row for head h is ``(block * Hkv + h) * block_size + offset``.
 
+Quantized pages (``EngineConfig.kv_bits`` 8 or 4): the same rows hold uint8 codes, and a float16
+scales array per layer and per K/V holds each row's (scale, bias) per head-dim group, indexed by
+the same flat row; see `KVStore` and ``macbatch/metal/quant.py`` for the format and why the
+scales are per token row.
+
 Writes are MLX scatters into the flat arrays. The engine replaces each array with the scatter's
 result and evaluates all of them in the step's single ``mx.eval``, so nothing else holds the old
 buffer and MLX donates it: the pool is updated in place, never copied.
@@ -23,6 +28,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+
+from macbatch.metal import quant
+from macbatch.metal.quant import QuantizedPages
 
 
 class BlockPool:
@@ -102,38 +110,109 @@ class LayerShape:
     head_dim: int
 
 
+@dataclass(frozen=True)
+class PageFormat:
+    """How K/V pages are stored: in the model's float dtype, or quantized to ``bits``.
+
+    ``group_size`` None picks the default per head dim (``macbatch.metal.quant``).
+    """
+
+    dtype: mx.Dtype
+    bits: int | None = None
+    group_size: int | None = None
+
+    def group_size_for(self, head_dim: int) -> int:
+        assert self.bits is not None
+        return quant.group_size_for(head_dim, self.bits, self.group_size)
+
+    def row_bytes(self, head_dim: int) -> int:
+        """Bytes of one token's K (or V) for one head, scales included."""
+        if self.bits is None:
+            return head_dim * self.dtype.size
+        g = self.group_size_for(head_dim)
+        return quant.code_bytes(head_dim, self.bits) + quant.scale_bytes(head_dim, g)
+
+    def bytes_per_block(self, shapes: list[LayerShape], block_size: int) -> int:
+        """True bytes of one block over all layers, K and V, scales included."""
+        return sum(2 * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes)
+
+
 class KVStore:
-    """The per-layer page arrays."""
+    """The per-layer page arrays.
+
+    Quantized pages (``fmt.bits`` set) keep, per layer and per K/V, a uint8 codes array and a
+    float16 scales array ``[rows, D / group_size, 2]`` (scale, bias) with the SAME flat row
+    numbering as the codes: a token's scales live beside its codes in the pool, are written by
+    the same scatter, freed and shared with the same block, and a kernel finds them through the
+    same block table. Nothing else is kept: no float copy of any page.
+    """
 
     def __init__(
-        self, shapes: list[LayerShape], num_blocks: int, block_size: int, dtype: mx.Dtype
+        self, shapes: list[LayerShape], num_blocks: int, block_size: int, fmt: PageFormat
     ) -> None:
         self.shapes = shapes
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.keys = [self._zeros(s, dtype) for s in shapes]
-        self.values = [self._zeros(s, dtype) for s in shapes]
-        mx.eval(self.keys, self.values)
+        self.format = fmt
+        self.keys = [self._zeros(s) for s in shapes]
+        self.values = [self._zeros(s) for s in shapes]
+        self.key_scales = [self._zero_scales(s) for s in shapes]
+        self.value_scales = [self._zero_scales(s) for s in shapes]
+        mx.eval(self.arrays())
 
-    def _zeros(self, shape: LayerShape, dtype: mx.Dtype) -> mx.array:
-        rows = self.num_blocks * shape.num_kv_heads * self.block_size
-        return mx.zeros((rows, shape.head_dim), dtype=dtype)
+    def _rows(self, shape: LayerShape) -> int:
+        return self.num_blocks * shape.num_kv_heads * self.block_size
 
-    @staticmethod
-    def bytes_per_block(shapes: list[LayerShape], block_size: int, itemsize: int) -> int:
-        return sum(2 * s.num_kv_heads * block_size * s.head_dim * itemsize for s in shapes)
+    def _zeros(self, shape: LayerShape) -> mx.array:
+        if self.format.bits is None:
+            return mx.zeros((self._rows(shape), shape.head_dim), dtype=self.format.dtype)
+        width = quant.code_bytes(shape.head_dim, self.format.bits)
+        return mx.zeros((self._rows(shape), width), dtype=mx.uint8)
+
+    def _zero_scales(self, shape: LayerShape) -> mx.array | None:
+        if self.format.bits is None:
+            return None
+        groups = shape.head_dim // self.format.group_size_for(shape.head_dim)
+        return mx.zeros((self._rows(shape), groups, 2), dtype=mx.float16)
+
+    @property
+    def nbytes(self) -> int:
+        """The whole pool's bytes (every layer, K and V, scales included)."""
+        return sum(a.nbytes for a in self.arrays())
 
     def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter one step's K/V (``[N, Hkv, D]``) into the flat rows computed by the batcher."""
+        """Scatter one step's K/V (``[N, Hkv, D]``) into the flat rows computed by the batcher,
+        quantizing them first when the pages are quantized."""
         d = self.shapes[layer].head_dim
-        self.keys[layer][rows] = keys.reshape(-1, d).astype(self.keys[layer].dtype)
-        self.values[layer][rows] = values.reshape(-1, d).astype(self.values[layer].dtype)
+        keys, values = keys.reshape(-1, d), values.reshape(-1, d)
+        if self.format.bits is None:
+            self.keys[layer][rows] = keys.astype(self.keys[layer].dtype)
+            self.values[layer][rows] = values.astype(self.values[layer].dtype)
+            return
+        bits, group = self.format.bits, self.format.group_size_for(d)
+        for codes, scales, x in (
+            (self.keys, self.key_scales, keys),
+            (self.values, self.value_scales, values),
+        ):
+            new_codes, new_scales = quant.quantize(x, bits, group)
+            codes[layer][rows] = new_codes
+            scales[layer][rows] = new_scales
 
-    def pages(self, layer: int) -> tuple[mx.array, mx.array]:
-        """``[num_blocks, Hkv, block_size, D]`` views of the layer's K and V."""
+    def pages(self, layer: int) -> tuple[mx.array, mx.array] | tuple[QuantizedPages, ...]:
+        """``[num_blocks, Hkv, block_size, D]`` views of the layer's K and V (quantized pages
+        as ``QuantizedPages`` of that logical shape)."""
         s = self.shapes[layer]
-        shape = (self.num_blocks, s.num_kv_heads, self.block_size, s.head_dim)
-        return self.keys[layer].reshape(shape), self.values[layer].reshape(shape)
+        head = (self.num_blocks, s.num_kv_heads, self.block_size)
+        k, v = self.keys[layer], self.values[layer]
+        if self.format.bits is None:
+            return k.reshape(*head, s.head_dim), v.reshape(*head, s.head_dim)
+        bits, group = self.format.bits, self.format.group_size_for(s.head_dim)
+        ks, vs = self.key_scales[layer], self.value_scales[layer]
+        return (
+            QuantizedPages(k.reshape(*head, -1), ks.reshape(*head, *ks.shape[1:]), bits, group),
+            QuantizedPages(v.reshape(*head, -1), vs.reshape(*head, *vs.shape[1:]), bits, group),
+        )
 
     def arrays(self) -> list[mx.array]:
-        return self.keys + self.values
+        scales = [a for a in self.key_scales + self.value_scales if a is not None]
+        return self.keys + self.values + scales

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,28 @@ def resolve_model_path(name: str) -> Path | str:
     return name
 
 
-def load_model(name: str) -> tuple[Any, Any]:
-    """``mlx_lm.load`` with errors a user can act on."""
+def declared_head_dim(name: str) -> int | None:
+    """The head dim a local model's config.json declares (None for hub ids and configs that do
+    not say), so settings that depend on it fail before the weights load."""
+    target = resolve_model_path(name)
+    if isinstance(target, str):
+        return None
+    config = json.loads((target / "config.json").read_text())
+    config = config.get("text_config", config)
+    if config.get("head_dim"):
+        return int(config["head_dim"])
+    heads = config.get("num_attention_heads")
+    return int(config["hidden_size"]) // int(heads) if heads and "hidden_size" in config else None
+
+
+def load_model(name: str, lazy: bool = False) -> tuple[Any, Any]:
+    """``mlx_lm.load`` with errors a user can act on (``lazy``: weights stay unread until used,
+    so a rank that keeps only its shard never holds the whole model)."""
     import mlx_lm
 
     target = resolve_model_path(name)
     try:
-        return mlx_lm.load(str(target))
+        return mlx_lm.load(str(target), lazy=lazy)
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
         raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc

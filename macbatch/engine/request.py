@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from macbatch.engine.constraints import ConstraintState
+from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.sampling import SamplingParams
-from macbatch.engine.text import NO_TEXT, ReplyText, TextView
+from macbatch.engine.text import NO_TEXT, FixedText, ReplyText, TextView
 
 
 class FinishReason(str, Enum):
@@ -21,6 +23,10 @@ class FinishReason(str, Enum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
+
+
+class PromptTooLongError(ValueError):
+    """The prompt leaves no room for a reply in the context (or the KV pool); nothing queued."""
 
 
 class RequestStatus(Enum):
@@ -84,17 +90,28 @@ class RequestOutput:
     # smaller than the one asked for (None: not capped). See Engine.context_limit.
     capped_max_tokens: int | None = None
     # The reply's text as of this output, detokenized when first read (see text.py).
-    text_view: TextView = field(default=NO_TEXT, repr=False, compare=False)
+    text_view: TextView | FixedText = field(default=NO_TEXT, repr=False, compare=False)
 
     @property
     def text(self) -> str:
-        """The reply so far (all of it once finished; a stop string and what follows are cut)."""
+        """The reply so far (all of it once finished; a stop string and what follows are cut).
+        A reasoning model's reply: the answer, without its reasoning block."""
         return self.text_view.text
 
     @property
     def new_text(self) -> str:
         """The text this output adds to the previous one's."""
         return self.text_view.new_text
+
+    @property
+    def reasoning(self) -> str | None:
+        """The reasoning block's text (None: the reply had none)."""
+        return self.text_view.reasoning
+
+    @property
+    def new_reasoning(self) -> str:
+        """The reasoning this output adds to the previous one's."""
+        return self.text_view.new_reasoning
 
 
 @dataclass(eq=False)  # requests are compared by identity
@@ -122,6 +139,8 @@ class Request:
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     capped_max_tokens: int | None = None
+    reasoning: ReasoningTracker | None = None
+    constraint: ConstraintState | None = None
     reply: ReplyText = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -138,10 +157,12 @@ class Request:
     @property
     def needs_host_token(self) -> bool:
         """Whether sampling this request's next token needs its previous token on the host
-        (penalties count the generated tokens there; a grammar mask would advance on it). The
+        (penalties count the generated tokens there; a constraint's mask advances on it in
+        ``append_token``). A reasoning tracker does not need it: it advances in
+        ``append_token`` too, and only a constraint reads its phase before sampling. The
         pipelined step waits for the previous step's results before building the sampling graph
         when a request scheduled with a pending token says so."""
-        return self.params.penalized
+        return self.params.penalized or self.constraint is not None
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         """Tokens ``start:stop`` of prompt + output without copying the whole sequence (a
@@ -205,7 +226,12 @@ class Request:
         if self.top_logprobs is not None:
             self.top_logprobs.append(_required(top, "top logprobs"))
         self.metrics.generated_tokens += 1
-        if params.stop and self._cut_at_stop_string():
+        before = self.reasoning.phase if self.reasoning else Phase.ANSWER
+        if self.reasoning:
+            self.reasoning.advance(self.output_token_ids)
+        if self.constraint and (error := self.constraint.accept(token, before)):
+            self.finish(FinishReason.ERROR, now, error)
+        elif params.stop and self._cut_at_stop_string():
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
@@ -241,12 +267,14 @@ class Request:
 
     def make_output(self, step: int) -> RequestOutput:
         """The output for this step: everything so far plus the delta since the last output.
-        Text is left to be detokenized when read, unless stop strings needed it already."""
+        Text is left to be detokenized (and a reasoning model's split into reasoning and
+        answer, as the tracker stands now) when read, unless stop strings needed it already."""
         end = None
         if self.params.stop:
             end = max(self._visible_end(self.reply.current(self.finished)), self.emitted_chars)
             self.emitted_chars = end
         new_tokens = self.output_token_ids[self.emitted_tokens :]
+        split = self.reasoning.snapshot().split if self.reasoning else None
         self.emitted_tokens = len(self.output_token_ids)
         return RequestOutput(
             request_id=self.request_id,
@@ -261,7 +289,7 @@ class Request:
             top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
             capped_max_tokens=self.capped_max_tokens,
             text_view=TextView(
-                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end)
+                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end, split)
             ),
         )
 

@@ -76,21 +76,35 @@ class EngineThread:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def encode_prompt(
+        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
+        return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
+
     def submit(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output."""
         engine = self._live_engine()
-        request = engine.prepare_request(prompt, params or SamplingParams(), request_id)
+        request = engine.prepare_request(
+            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
+        )
         self._commands.put(("add", request, on_output))
         return request.request_id
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
@@ -101,7 +115,7 @@ class EngineThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        rid = self.submit(prompt, params, deliver, request_id)
+        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs)
         finished = False
         try:
             while not finished:
@@ -200,6 +214,7 @@ class EngineThread:
                 self._abort_all(engine)
             elif kind == "stop":
                 self._abort_all(engine)
+                engine.close()
                 self._stopped = True
                 return False
 

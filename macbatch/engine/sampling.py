@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.constraints import StructuredOutput
+
 MAX_TEMPERATURE = 2.0  # OpenAI's limit too; clients and users know it
 
 
@@ -28,7 +30,8 @@ class SamplingParams:
     ``repetition_penalty`` divides positive logits of every token seen in the prompt or the
     output (as Hugging Face does); ``presence_penalty`` and ``frequency_penalty`` subtract per
     generated occurrence (as OpenAI does). ``logprobs=None`` returns none, ``0`` the chosen
-    token's, ``k`` also the top k.
+    token's, ``k`` also the top k. ``structured`` constrains the answer (JSON schema, regex,
+    choice, grammar); its logprobs are those of the constrained distribution.
     """
 
     max_tokens: int | None = 256
@@ -44,6 +47,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: int | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -96,6 +100,12 @@ class SamplingParams:
             "logprobs",
             self.logprobs,
             "None or an integer in [0, 20]",
+        )
+        _check(
+            self.structured is None or isinstance(self.structured, StructuredOutput),
+            "structured",
+            self.structured,
+            "None or a StructuredOutput",
         )
 
     @property

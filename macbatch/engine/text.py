@@ -10,13 +10,20 @@ Each output is a *mark*: the number of tokens it covers, and how much text it sh
 by the engine thread with a known visible end (stop strings hold text back) is fixed; one made
 without is resolved when read, in order, as all the text of its tokens. A lock serializes the
 engine thread and readers.
+
+A reasoning model's mark also carries the split of its text into reasoning and answer as of that
+output (``reasoning.ReasoningSplit``: the tracker's state then), applied when the text is read.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+# (reasoning, answer) of a reply's text; reasoning is None when the reply has none.
+Split = Callable[[str], tuple[str | None, str]]
 
 
 @dataclass(slots=True)
@@ -24,6 +31,7 @@ class _Mark:
     num_tokens: int
     final: bool
     end: int | None  # characters shown; None: all of its tokens' text, resolved when read
+    split: Split | None  # None: all of the text is the answer
 
 
 class ReplyText:
@@ -51,23 +59,32 @@ class ReplyText:
             self._text = self._text[:length]
             self._stopped = True
 
-    def mark(self, num_tokens: int, final: bool, end: int | None = None) -> int:
+    def mark(
+        self, num_tokens: int, final: bool, end: int | None = None, split: Split | None = None
+    ) -> int:
         """Register an output covering ``num_tokens`` tokens that shows ``end`` characters (None:
-        all of their text); returns its index for ``text`` and ``new_text``."""
+        all of their text), split by ``split``; returns its index for ``parts``."""
         with self._lock:
-            self._marks.append(_Mark(num_tokens, final, end))
+            self._marks.append(_Mark(num_tokens, final, end, split))
             return len(self._marks) - 1
 
-    def text(self, index: int) -> str:
+    def parts(self, index: int) -> tuple[str | None, str]:
+        """(reasoning, answer) of output ``index``."""
         with self._lock:
-            end = self._end(index)  # may detokenize more: read the text after it
-            return self._text[:end]
+            return self._parts(index)
 
-    def new_text(self, index: int) -> str:
+    def new_parts(self, index: int) -> tuple[str, str]:
+        """What output ``index`` adds to the previous one's reasoning and answer."""
         with self._lock:
-            end = self._end(index)
-            start = self._marks[index - 1].end or 0 if index else 0
-            return self._text[start:end]
+            reasoning, answer = self._parts(index)
+            before, answered = self._parts(index - 1) if index else (None, "")
+            return (reasoning or "")[len(before or "") :], answer[len(answered) :]
+
+    def _parts(self, index: int) -> tuple[str | None, str]:
+        end = self._end(index)  # may detokenize more: read the text after it
+        text = self._text[:end]
+        split = self._marks[index].split
+        return split(text) if split is not None else (None, text)
 
     def _end(self, index: int) -> int:
         while self._resolved <= index:
@@ -99,16 +116,33 @@ class ReplyText:
 class TextView(NamedTuple):
     """What one output shows of its reply's text."""
 
-    reply: ReplyText | None
+    reply: ReplyText
     index: int
 
     @property
     def text(self) -> str:
-        return self.reply.text(self.index) if self.reply is not None else ""
+        return self.reply.parts(self.index)[1]
 
     @property
     def new_text(self) -> str:
-        return self.reply.new_text(self.index) if self.reply is not None else ""
+        return self.reply.new_parts(self.index)[1]
+
+    @property
+    def reasoning(self) -> str | None:
+        return self.reply.parts(self.index)[0]
+
+    @property
+    def new_reasoning(self) -> str:
+        return self.reply.new_parts(self.index)[0]
 
 
-NO_TEXT = TextView(None, 0)
+class FixedText(NamedTuple):
+    """Text known when the output is made (an engine failure's outputs have none)."""
+
+    text: str = ""
+    new_text: str = ""
+    reasoning: str | None = None
+    new_reasoning: str = ""
+
+
+NO_TEXT = FixedText()

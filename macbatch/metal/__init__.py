@@ -25,7 +25,8 @@ import numpy as np
 
 from macbatch.metal.cpu_kernel import CpuKernelUnavailable, load_extension, paged_attention_cpu
 from macbatch.metal.kernels import paged_attention_kernel
-from macbatch.metal.reference import paged_attention_reference
+from macbatch.metal.quant import QuantizedPages, quantize
+from macbatch.metal.reference import Pages, paged_attention_reference
 
 log = logging.getLogger(__name__)
 ENV = "MACBATCH_ATTENTION"
@@ -82,8 +83,8 @@ def cpu_kernel_status() -> str:
 
 def paged_attention(
     q: mx.array,
-    k_pages: mx.array,
-    v_pages: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
     block_tables: mx.array,
     seq_lens: mx.array | np.ndarray,
     cu_seqlens_q: mx.array | np.ndarray,
@@ -92,7 +93,8 @@ def paged_attention(
     softcap: float | None = None,
     sinks: mx.array | None = None,
 ) -> mx.array:
-    """Varlen paged attention (contract in ``reference.py``) on the active path."""
+    """Varlen paged attention (contract in ``reference.py``) on the active path; K/V pages are
+    float arrays or ``QuantizedPages`` (8 or 4 bits, format in ``quant.py``)."""
     return _active()(
         q, k_pages, v_pages, block_tables, seq_lens, cu_seqlens_q, scale,
         sliding_window, softcap, sinks,
@@ -123,7 +125,8 @@ def ensure_selftest() -> None:
 
 
 def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]:
-    """Compare `kernel` with the reference on a small random mixed batch, in each dtype.
+    """Compare `kernel` with the reference on a small random mixed batch, in each dtype, and
+    with float32 queries over 8-bit and 4-bit pages.
 
     Returns (passed, reason). Any exception (a compile error) counts as a failure.
     """
@@ -134,10 +137,13 @@ def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     tables = rng.permutation(blocks)[:12].reshape(4, 3).astype(np.int32)
     shapes = {"q": (int(cu[-1]), hq, d), "k": (blocks, hkv, bs, d)}
-    for dtype, tol in ((mx.float32, 1e-4), (mx.float16, 5e-3), (mx.bfloat16, 3e-2)):
+    formats = [(mx.float32, 1e-4, None), (mx.float16, 5e-3, None), (mx.bfloat16, 3e-2, None)]
+    for dtype, tol, bits in [*formats, (mx.float32, 1e-4, 8), (mx.float32, 1e-4, 4)]:
         q = mx.array(rng.standard_normal(shapes["q"]), dtype=dtype)
         k = mx.array(rng.standard_normal(shapes["k"]), dtype=dtype)
         v = mx.array(rng.standard_normal(shapes["k"]), dtype=dtype)
+        if bits is not None:
+            k, v = (QuantizedPages(*quantize(x, bits, 32), bits, 32) for x in (k, v))
         sinks = mx.array(rng.standard_normal(hq), dtype=mx.float32)
         args = (q, k, v, mx.array(tables), mx.array(lens), mx.array(cu), d**-0.5)
         for extra in ({}, {"sliding_window": 8, "softcap": 20.0, "sinks": sinks}):
@@ -149,12 +155,14 @@ def selftest(kernel: Callable[..., mx.array], seed: int = 0) -> tuple[bool, str]
                 return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
             err = float(mx.max(mx.abs(got - want)).item())
             if not err <= tol:  # NaN fails too
-                return False, f"{dtype} {sorted(extra) or 'plain'}: max error {err:.3g} > {tol}"
+                pages = f"{bits}-bit pages" if bits else f"{dtype} pages"
+                return False, f"{pages} {sorted(extra) or 'plain'}: max error {err:.3g} > {tol}"
     return True, ""
 
 
 __all__ = [
     "CpuKernelUnavailable",
+    "QuantizedPages",
     "attention_backend",
     "cpu_kernel_status",
     "ensure_selftest",

@@ -28,7 +28,8 @@ from types import ModuleType
 import mlx.core as mx
 import numpy as np
 
-from macbatch.metal.reference import paged_attention_reference
+from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.reference import Pages, paged_attention_reference
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
@@ -141,8 +142,8 @@ def load_extension() -> ModuleType:
 
 def paged_attention_cpu(
     q: mx.array,
-    k_pages: mx.array,
-    v_pages: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
     block_tables: mx.array,
     seq_lens: mx.array | np.ndarray,
     cu_seqlens_q: mx.array | np.ndarray,
@@ -154,14 +155,22 @@ def paged_attention_cpu(
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
     Head sizes that are not a multiple of 8 go to the reference instead (so would page sizes
-    other than 8, 16 or 32, which `EngineConfig` does not allow).
+    other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
+    (``QuantizedPages``) are dequantized page by page inside the kernel.
     """
     if q.shape[-1] % 8 or k_pages.shape[2] not in SUPPORTED_BLOCK_SIZES:
         return paged_attention_reference(
             q, k_pages, v_pages, block_tables, seq_lens, cu_seqlens_q,
             scale, sliding_window, softcap, sinks,
         )  # fmt: skip
+    quantized = {}
+    if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
+        quantized = dict(
+            k_scales=k_pages.scales, v_scales=v_pages.scales, bits=k_pages.bits,
+            group_size=k_pages.group_size,
+        )  # fmt: skip
+        k_pages, v_pages = k_pages.codes, v_pages.codes
     return load_extension().paged_attention(
         q, k_pages, v_pages, block_tables, mx.array(seq_lens), mx.array(cu_seqlens_q),
-        scale, sliding_window or 0, softcap or 0.0, sinks,
+        scale, sliding_window or 0, softcap or 0.0, sinks, **quantized,
     )  # fmt: skip

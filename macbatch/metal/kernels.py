@@ -18,10 +18,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.reference import Pages
+
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
     "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
-    "params_f", "sinks",
+    "params_f", "sinks", "k_scales", "v_scales",
 ]  # fmt: skip
 OUTPUT_NAMES = ["out", "part_ml", "part_acc"]
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
@@ -163,7 +166,7 @@ def _default_factory() -> MetalKernelFactory:
     return mx.fast.metal_kernel
 
 
-def check_shapes(q: mx.array, k_pages: mx.array, v_pages: mx.array) -> None:
+def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages) -> None:
     """Clear errors for inputs the kernel does not handle (the reference handles them)."""
     if q.ndim != 3 or k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
         raise ValueError(
@@ -177,17 +180,20 @@ def check_shapes(q: mx.array, k_pages: mx.array, v_pages: mx.array) -> None:
             f"paged_attention: head dim {d} (K/V {k_pages.shape[3]}, at most {MAX_HEAD_DIM}) "
             f"and {hq} query heads over {hkv} KV heads (must divide) are not supported"
         )
-    if q.dtype not in SUPPORTED_DTYPES or k_pages.dtype != q.dtype:
+    if isinstance(k_pages, QuantizedPages) != isinstance(v_pages, QuantizedPages):
+        raise ValueError("paged_attention: K and V pages must both be quantized, or neither")
+    page_dtype = q.dtype if isinstance(k_pages, QuantizedPages) else k_pages.dtype
+    if q.dtype not in SUPPORTED_DTYPES or page_dtype != q.dtype:
         raise ValueError(
-            f"paged_attention: q {q.dtype} and K/V {k_pages.dtype} must be one of "
+            f"paged_attention: q {q.dtype} and float K/V pages {page_dtype} must be one of "
             "float16, bfloat16, float32"
         )
 
 
 def paged_attention_kernel(
     q: mx.array,
-    k_pages: mx.array,
-    v_pages: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
     block_tables: mx.array,
     seq_lens: mx.array | np.ndarray,
     cu_seqlens_q: mx.array | np.ndarray,
@@ -213,10 +219,16 @@ def paged_attention_kernel(
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
     sink_arr = sinks.astype(mx.float32) if sinks is not None else mx.zeros((1,), mx.float32)
     slots = max(1, p.split_groups * p.num_splits)
+    bits, group = 0, d  # float pages; the scales inputs are 1-element placeholders
+    k_scales = v_scales = mx.zeros((1,), mx.float16)
+    if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
+        bits, group = k_pages.bits, k_pages.group_size
+        k_scales, v_scales = k_pages.scales, v_pages.scales
+        k_pages, v_pages = k_pages.codes, v_pages.codes
     out, part_ml, part_acc = kernel(
         inputs=[
             q, k_pages, v_pages, block_tables.astype(mx.int32), mx.array(lens), mx.array(cu),
-            mx.array(p.work), params_i, params_f, sink_arr,
+            mx.array(p.work), params_i, params_f, sink_arr, k_scales, v_scales,
         ],
         output_shapes=[(n, hq, d), (slots, t.tile, 2), (slots, t.tile, d)],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
@@ -225,7 +237,8 @@ def paged_attention_kernel(
         template=[
             ("T", q.dtype), ("D", d), ("BS", bs), ("TK", t.chunk_keys),
             ("NSG", t.num_simdgroups), ("QPS", t.qvs_per_simdgroup),
-            ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None),
+            ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
+            ("GS", group),
         ],
     )  # fmt: skip
     if p.split_groups == 0:

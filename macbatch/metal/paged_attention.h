@@ -12,6 +12,26 @@ inline float kv_load(const device T* pages, uint index) {
   return float(pages[index]);
 }
 
+// Quantized pages (format in quant.py): one byte of codes, and one float16 of a (scale, bias)
+// pair, counted the same way. Templated on the pointer type so that, with float pages (where the
+// scales argument is a 1-element placeholder passed as `constant`), the unused branch still
+// compiles.
+template <typename P>
+inline uint kv_load_byte(P codes, uint index) {
+#ifdef MSLEMU_COUNT_BYTES
+  mslemu_count_bytes(1);
+#endif
+  return uint(codes[index]);
+}
+
+template <typename S>
+inline float kv_load_scale(S scales, uint index) {
+#ifdef MSLEMU_COUNT_BYTES
+  mslemu_count_bytes(2);
+#endif
+  return float(scales[index]);
+}
+
 // Gemma-style logit softcap: cap * tanh(score / cap).
 inline float soft_cap(float score, float cap) {
   return cap * metal::precise::tanh(score / cap);

@@ -17,13 +17,21 @@
 // (q is broadcast from threadgroup memory), a simd_max / simd_sum pair updates the float32 online
 // softmax in base 2 (log2(e) is folded into the query scale), and lane l accumulates output
 // dimensions l, l + 32, ... from the chunk's V rows.
-// Template: T (element type), D (head dim), BS (block size), TK, NSG, QPS, SOFTCAP, SINKS.
+// Quantized pages (BITS 8 or 4, format in quant.py: uint8 codes, float16 (scale, bias) per token
+// row and group of GS head-dim elements): each chunk's scales are read once into threadgroup
+// memory, then every byte of codes once, dequantized straight into the same float chunk as float
+// pages. BITS 0: float pages of type T; k_scales / v_scales are unused placeholders.
+// Template: T (element type), D (head dim), BS (block size), TK, NSG, QPS, SOFTCAP, SINKS, BITS,
+// GS.
 // params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits}
 // params_f = {scale, softcap}
 
 constexpr int MAXQV = NSG * QPS;
 constexpr int DE = (D + 31) / 32;
 constexpr int NT = NSG * 32;
+constexpr int NGS = BITS > 0 ? D / GS : 1;     // scale groups per key row
+constexpr int EPB = BITS > 0 ? 8 / BITS : 1;   // codes per byte
+constexpr int RB = D / EPB;                    // bytes of codes per key row
 
 const int tid = int(thread_index_in_threadgroup);
 const int sg = int(simdgroup_index_in_threadgroup);
@@ -52,6 +60,8 @@ threadgroup float qs[MAXQV * D];
 threadgroup float ks[TK * D];
 threadgroup float vs[TK * D];
 threadgroup float ps[MAXQV * 32];
+threadgroup float ksb[TK * NGS * 2];  // (scale, bias) of the chunk's key rows (quantized pages)
+threadgroup float vsb[TK * NGS * 2];
 
 // The query tile, pre-scaled (and in base 2 unless the softcap needs the natural-scale score).
 const float q_scale = SOFTCAP ? params_f[0] : params_f[0] * M_LOG2E_F;
@@ -95,12 +105,36 @@ for (int j = 0; j < QPS; ++j) {
 for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk (or q tile) is done
   const uint block = uint(block_tables[seq * max_blocks + c / BS]);
-  const uint page = ((block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS)) * uint(D);
-  for (int i = tid; i < TK * D; i += NT) {
-    const int key = c + i / D;
-    const bool live = key >= k_begin && key < k_end;
-    ks[i] = live ? kv_load(k_pages, page + uint(i)) : 0.0f;
-    vs[i] = live ? kv_load(v_pages, page + uint(i)) : 0.0f;
+  const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
+  if (BITS == 0) {
+    for (int i = tid; i < TK * D; i += NT) {
+      const int key = c + i / D;
+      const bool live = key >= k_begin && key < k_end;
+      ks[i] = live ? kv_load(k_pages, row0 * uint(D) + uint(i)) : 0.0f;
+      vs[i] = live ? kv_load(v_pages, row0 * uint(D) + uint(i)) : 0.0f;
+    }
+  } else {
+    for (int i = tid; i < TK * NGS * 2; i += NT) {
+      const int key = c + i / (NGS * 2);
+      const bool live = key >= k_begin && key < k_end;
+      ksb[i] = live ? kv_load_scale(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+      vsb[i] = live ? kv_load_scale(v_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int i = tid; i < TK * RB; i += NT) {
+      const int r = i / RB;
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const uint kbyte = live ? kv_load_byte(k_pages, row0 * uint(RB) + uint(i)) : 0u;
+      const uint vbyte = live ? kv_load_byte(v_pages, row0 * uint(RB) + uint(i)) : 0u;
+      for (int e = 0; e < EPB; ++e) {
+        const int d = (i % RB) * EPB + e;
+        const int sb = (r * NGS + d / GS) * 2;
+        const float kc = float((kbyte >> uint(BITS * e)) & uint((1 << BITS) - 1));
+        const float vc = float((vbyte >> uint(BITS * e)) & uint((1 << BITS) - 1));
+        ks[r * D + d] = kc * ksb[sb] + ksb[sb + 1];
+        vs[r * D + d] = vc * vsb[sb] + vsb[sb + 1];
+      }
+    }
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 

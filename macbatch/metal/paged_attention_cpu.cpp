@@ -6,6 +6,10 @@
 // on x86), this reads each page once per (sequence, KV head, query tile), keeps an online softmax
 // in registers and uses a vectorisable exp. It is built on first use by `cpu_build.py` with the
 // machine's own compiler flags (-march=native) and checked against the reference before use.
+//
+// Pages are float (the model's dtype) or quantized to 8 or 4 bits (format in `quant.py`: uint8
+// codes, one float16 scale and bias per token row and head-dim group). Either way a page is
+// turned into float only in the per-thread scratch of the page being scored, never in the pool.
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <optional>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef __linux__
@@ -173,12 +178,54 @@ struct WorkItem {
   int seq, kv_head, row_begin, row_end;
 };
 
+// Float pages of the model's dtype: a token row of one KV head is D elements.
 template <typename T>
+struct FloatPages {
+  const T* data;
+  void load_row(int64_t row, int D, float* dst) const {
+    const T* src = data + row * D;
+    for (int d = 0; d < D; ++d) {
+      dst[d] = static_cast<float>(src[d]);
+    }
+  }
+  // The page's rows in place, when they are float32 already (no conversion needed).
+  const float* direct(int64_t row, int D) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return data + row * D;
+    }
+    return nullptr;
+  }
+};
+
+// Quantized pages: a token row is D * BITS / 8 bytes of codes (4-bit: element 2i in the low
+// nibble) and D / group_size (scale, bias) float16 pairs, dequantized as code * scale + bias.
+template <int BITS>
+struct QuantPages {
+  const uint8_t* codes;
+  const mx::float16_t* scales;
+  int group_size;
+  void load_row(int64_t row, int D, float* dst) const {
+    const uint8_t* c = codes + row * (D * BITS / 8);
+    const mx::float16_t* sb = scales + row * (D / group_size) * 2;
+    for (int g = 0; g < D / group_size; ++g) {
+      const float scale = static_cast<float>(sb[2 * g]), bias = static_cast<float>(sb[2 * g + 1]);
+      for (int d = g * group_size; d < (g + 1) * group_size; ++d) {
+        const int code = BITS == 8 ? c[d] : (c[d / 2] >> (4 * (d & 1))) & 0xF;
+        dst[d] = static_cast<float>(code) * scale + bias;
+      }
+    }
+  }
+  const float* direct(int64_t, int) const {
+    return nullptr;
+  }
+};
+
+template <typename T, typename Pages>
 struct Inputs {
   const T* q;
   int64_t q_strides[3];
-  const T* k_pages;
-  const T* v_pages;
+  Pages k_pages;
+  Pages v_pages;
   const int32_t* block_tables;
   const int32_t* seq_lens;
   const int32_t* cu_seqlens;
@@ -253,8 +300,8 @@ void page_update(const Geometry& g, Scratch& s, int first, int block, const floa
   page_values<BS, NV, WV>(&s.acc[first * D], correction, p, values, D);
 }
 
-template <typename T, int BS, int WV>
-void attend(const Inputs<T>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
+template <typename T, typename Pages, int BS, int WV>
+void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
   const int D = g.head_dim, G = g.group, hq = g.num_kv_heads * G;
   const int rows = item.row_end - item.row_begin, vectors = rows * G;
   const int q_start = in.cu_seqlens[item.seq];
@@ -282,15 +329,18 @@ void attend(const Inputs<T>& in, const Geometry& g, const WorkItem& item, Scratc
   const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
   for (int block = key_begin / BS; block * BS <= last_pos; ++block) {
     const int64_t page = (static_cast<int64_t>(table[block]) * g.num_kv_heads + item.kv_head) * BS;
-    const T* keys = in.k_pages + page * D;
     for (int j = 0; j < BS; ++j) {
+      float* row = s.values.data();  // scratch until the values are loaded below
+      in.k_pages.load_row(page + j, D, row);
       for (int d = 0; d < D; ++d) {
-        s.keys_t[d * BS + j] = static_cast<float>(keys[j * D + d]);
+        s.keys_t[d * BS + j] = row[d];
       }
     }
-    const float* values = reinterpret_cast<const float*>(in.v_pages + page * D);
-    if constexpr (!std::is_same_v<T, float>) {
-      std::copy(in.v_pages + page * D, in.v_pages + (page + BS) * D, s.values.begin());
+    const float* values = in.v_pages.direct(page, D);
+    if (values == nullptr) {
+      for (int j = 0; j < BS; ++j) {
+        in.v_pages.load_row(page + j, D, s.values.data() + j * D);
+      }
       values = s.values.data();
     }
     int v = 0;
@@ -354,8 +404,8 @@ size_t usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-template <typename T, int BS, int WV>
-void run_items(const Inputs<T>& in, const Geometry& g, const Plan& plan) {
+template <typename T, typename Pages, int BS, int WV>
+void run_items(const Inputs<T, Pages>& in, const Geometry& g, const Plan& plan) {
   const int vectors = std::max(1, kMaxQueryVectors / g.group) * g.group;
   const auto& items = plan.items;
   std::atomic<size_t> next{0};
@@ -363,7 +413,7 @@ void run_items(const Inputs<T>& in, const Geometry& g, const Plan& plan) {
     Scratch scratch;
     scratch.resize(vectors, g.head_dim, BS);
     for (size_t i = next++; i < items.size(); i = next++) {
-      attend<T, BS, WV>(in, g, items[i], scratch);
+      attend<T, Pages, BS, WV>(in, g, items[i], scratch);
     }
   };
   // A thread costs tens of microseconds to start: only steps with enough work get more.
@@ -381,8 +431,12 @@ void run_items(const Inputs<T>& in, const Geometry& g, const Plan& plan) {
 
 class PagedAttentionCPU : public mx::Primitive {
  public:
-  PagedAttentionCPU(mx::Stream stream, Geometry geometry, bool has_sinks)
-      : mx::Primitive(stream), g_(geometry), has_sinks_(has_sinks) {}
+  PagedAttentionCPU(mx::Stream stream, Geometry geometry, bool has_sinks, int bits, int group_size)
+      : mx::Primitive(stream),
+        g_(geometry),
+        has_sinks_(has_sinks),
+        bits_(bits),
+        group_size_(group_size) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto& out = outputs[0];
@@ -392,14 +446,15 @@ class PagedAttentionCPU : public mx::Primitive {
       encoder.set_input_array(a);
     }
     encoder.set_output_array(out);
-    encoder.dispatch([inputs, out, g = g_, has_sinks = has_sinks_]() mutable {
+    encoder.dispatch([inputs, out, g = g_, has_sinks = has_sinks_, bits = bits_,
+                      group = group_size_]() mutable {
       switch (out.dtype()) {
         case mx::float32:
-          return run<float>(inputs, out, g, has_sinks);
+          return run<float>(inputs, out, g, has_sinks, bits, group);
         case mx::float16:
-          return run<mx::float16_t>(inputs, out, g, has_sinks);
+          return run<mx::float16_t>(inputs, out, g, has_sinks, bits, group);
         case mx::bfloat16:
-          return run<mx::bfloat16_t>(inputs, out, g, has_sinks);
+          return run<mx::bfloat16_t>(inputs, out, g, has_sinks, bits, group);
         default:
           throw std::invalid_argument("paged_attention_cpu: float32, float16 or bfloat16 only");
       }
@@ -415,36 +470,66 @@ class PagedAttentionCPU : public mx::Primitive {
   }
 
  private:
+  // Inputs: q, k, v, block_tables, seq_lens, cu_seqlens_q, then k_scales and v_scales when the
+  // pages are quantized (bits 8 or 4), then sinks when the model has them.
   template <typename T>
-  static void run(const std::vector<mx::array>& in, mx::array& out, Geometry g, bool has_sinks) {
+  static void run(
+      const std::vector<mx::array>& in, mx::array& out, Geometry g, bool has_sinks, int bits,
+      int group_size) {
+    const float* sinks = has_sinks ? in.back().data<float>() : nullptr;
+    switch (bits) {
+      case 8:
+        return run_pages<T>(in, out, g, sinks, quant_pages<8>(in, group_size));
+      case 4:
+        return run_pages<T>(in, out, g, sinks, quant_pages<4>(in, group_size));
+      default:
+        return run_pages<T>(
+            in, out, g, sinks,
+            std::pair{FloatPages<T>{in[1].data<T>()}, FloatPages<T>{in[2].data<T>()}});
+    }
+  }
+
+  template <int BITS>
+  static std::pair<QuantPages<BITS>, QuantPages<BITS>> quant_pages(
+      const std::vector<mx::array>& in, int group_size) {
+    return {
+        QuantPages<BITS>{in[1].data<uint8_t>(), in[6].data<mx::float16_t>(), group_size},
+        QuantPages<BITS>{in[2].data<uint8_t>(), in[7].data<mx::float16_t>(), group_size}};
+  }
+
+  template <typename T, typename Pages>
+  static void run_pages(
+      const std::vector<mx::array>& in, mx::array& out, const Geometry& g, const float* sinks,
+      std::pair<Pages, Pages> pages) {
     const auto& q = in[0];
-    Inputs<T> args{
+    Inputs<T, Pages> args{
         q.data<T>(),
         {q.strides()[0], q.strides()[1], q.strides()[2]},
-        in[1].data<T>(),
-        in[2].data<T>(),
+        pages.first,
+        pages.second,
         in[3].data<int32_t>(),
         in[4].data<int32_t>(),
         in[5].data<int32_t>(),
-        has_sinks ? in[6].data<float>() : nullptr,
+        sinks,
         out.data<T>(),
     };
     const auto work = plan(args.cu_seqlens, args.seq_lens, static_cast<int>(in[4].size()), g);
     if (g.head_dim % 16 == 0) {
-      return run_for_block_size<T, 16>(args, g, work);
+      return run_for_block_size<T, Pages, 16>(args, g, work);
     }
-    return run_for_block_size<T, 8>(args, g, work);
+    return run_for_block_size<T, Pages, 8>(args, g, work);
   }
 
-  template <typename T, int WV>
-  static void run_for_block_size(const Inputs<T>& args, const Geometry& g, const Plan& work) {
+  template <typename T, typename Pages, int WV>
+  static void run_for_block_size(
+      const Inputs<T, Pages>& args, const Geometry& g, const Plan& work) {
     switch (g.block_size) {
       case 8:
-        return run_items<T, 8, WV>(args, g, work);
+        return run_items<T, Pages, 8, WV>(args, g, work);
       case 16:
-        return run_items<T, 16, WV>(args, g, work);
+        return run_items<T, Pages, 16, WV>(args, g, work);
       case 32:
-        return run_items<T, 32, WV>(args, g, work);
+        return run_items<T, Pages, 32, WV>(args, g, work);
       default:
         throw std::invalid_argument("paged_attention_cpu: block_size must be 8, 16 or 32");
     }
@@ -452,6 +537,7 @@ class PagedAttentionCPU : public mx::Primitive {
 
   Geometry g_;
   bool has_sinks_;
+  int bits_, group_size_;
 };
 
 mx::array paged_attention_cpu(
@@ -464,22 +550,40 @@ mx::array paged_attention_cpu(
     float scale,
     int sliding_window,
     float softcap,
-    const std::optional<mx::array>& sinks) {
+    const std::optional<mx::array>& sinks,
+    const std::optional<mx::array>& k_scales,
+    const std::optional<mx::array>& v_scales,
+    int bits,
+    int group_size) {
+  const bool quantized = bits != 0;
+  const auto page_dtype = quantized ? mx::uint8 : q.dtype();
+  const int row_width = quantized ? q.shape(2) * bits / 8 : q.shape(2);
   if (q.ndim() != 3 || k_pages.ndim() != 4 || !k_pages.flags().row_contiguous ||
-      !v_pages.flags().row_contiguous || k_pages.dtype() != q.dtype() ||
-      v_pages.dtype() != q.dtype()) {
+      !v_pages.flags().row_contiguous || k_pages.dtype() != page_dtype ||
+      v_pages.dtype() != page_dtype) {
     throw std::invalid_argument(
         "paged_attention_cpu: q [N, Hq, D] and row-contiguous pages [blocks, Hkv, block, D] of "
-        "q's dtype expected");
+        "q's dtype (uint8 codes when quantized) expected");
+  }
+  if (quantized &&
+      ((bits != 8 && bits != 4) || !k_scales || !v_scales || group_size <= 0 ||
+       q.shape(2) % group_size != 0 || k_scales->dtype() != mx::float16 ||
+       v_scales->dtype() != mx::float16 || !k_scales->flags().row_contiguous ||
+       !v_scales->flags().row_contiguous ||
+       k_scales->size() != k_pages.size() / row_width * (q.shape(2) / group_size) * 2 ||
+       v_scales->size() != k_scales->size())) {
+    throw std::invalid_argument(
+        "paged_attention_cpu: quantized pages need bits 8 or 4, a group size dividing the head "
+        "dim and row-contiguous float16 scales [blocks, Hkv, block, D / group, 2]");
   }
   const int block_size = k_pages.shape(2);
-  if (q.shape(2) % 8 != 0 || k_pages.shape(3) != q.shape(2) ||
+  if (q.shape(2) % 8 != 0 || k_pages.shape(3) != row_width ||
       (block_size != 8 && block_size != 16 && block_size != 32)) {
     throw std::invalid_argument(
         "paged_attention_cpu: head_dim must be a multiple of 8 and block_size 8, 16 or 32");
   }
   const int hq = q.shape(1), hkv = k_pages.shape(1);
-  Geometry g{hkv,           hq / hkv, q.shape(2), k_pages.shape(2), block_tables.shape(1),
+  Geometry g{hkv,           hq / hkv, q.shape(2), block_size, block_tables.shape(1),
              sliding_window, scale,   softcap};
   auto stream = mx::default_stream(mx::Device::cpu);
   std::vector<mx::array> inputs{
@@ -490,13 +594,17 @@ mx::array paged_attention_cpu(
       mx::contiguous(mx::astype(seq_lens, mx::int32, stream), false, stream),
       mx::contiguous(mx::astype(cu_seqlens_q, mx::int32, stream), false, stream),
   };
+  if (quantized) {
+    inputs.push_back(*k_scales);
+    inputs.push_back(*v_scales);
+  }
   if (sinks) {
     inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, stream), false, stream));
   }
   return mx::array(
       q.shape(),
       q.dtype(),
-      std::make_shared<PagedAttentionCPU>(stream, g, sinks.has_value()),
+      std::make_shared<PagedAttentionCPU>(stream, g, sinks.has_value(), bits, group_size),
       std::move(inputs));
 }
 
@@ -516,5 +624,9 @@ NB_MODULE(_paged_attention_cpu, m) {
       nb::arg("scale"),
       nb::arg("sliding_window"),
       nb::arg("softcap"),
-      nb::arg("sinks").none());
+      nb::arg("sinks").none(),
+      nb::arg("k_scales").none() = nb::none(),
+      nb::arg("v_scales").none() = nb::none(),
+      nb::arg("bits") = 0,
+      nb::arg("group_size") = 0);
 }

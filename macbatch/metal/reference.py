@@ -8,6 +8,10 @@ Query row ``i`` of sequence ``s`` (``q_len = cu[s+1] - cu[s]``) sits at position
 ``p = seq_lens[s] - q_len + (i - cu[s])`` and attends to keys ``0..p`` (only the last
 ``sliding_window`` of them when set). No row ever sees another sequence's keys.
 
+Quantized pages (``QuantizedPages``, format in ``quant.py``) are gathered as codes and scales and
+dequantized to float32 after the gather: only the context of the sequences being attended, for
+this call, never the pool.
+
 The step metadata (``cu_seqlens_q``, ``seq_lens``) is built on the host with numpy once per step,
 so reading it back here is free; the per-sequence Python loop is over requests, not tokens.
 """
@@ -17,13 +21,16 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from macbatch.metal.quant import QuantizedPages, dequantize
+
 _PREFILL_TILE = 128
+Pages = mx.array | QuantizedPages
 
 
 def paged_attention_reference(
     q: mx.array,
-    k_pages: mx.array,
-    v_pages: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
     block_tables: mx.array,
     seq_lens: mx.array | np.ndarray,
     cu_seqlens_q: mx.array | np.ndarray,
@@ -110,11 +117,16 @@ def _length_groups(seqs: np.ndarray, lens: np.ndarray, slack: float = 1.25) -> l
     return groups
 
 
-def _gather_context(pages: mx.array, tables: mx.array) -> mx.array:
+def _gather_context(pages: Pages, tables: mx.array) -> mx.array:
     """[S, n_blocks] block ids -> [S, Hkv, n_blocks * block_size, D], gathered straight into
-    that order (one gather, no transpose copy)."""
+    that order (one gather, no transpose copy); quantized pages come out as float32."""
     heads = mx.arange(pages.shape[1])[None, :, None]
-    gathered = pages[tables[:, None, :], heads]  # (S, Hkv, nb, bs, D)
+    if isinstance(pages, QuantizedPages):
+        codes = pages.codes[tables[:, None, :], heads]  # (S, Hkv, nb, bs, D * bits / 8)
+        scales = pages.scales[tables[:, None, :], heads]
+        gathered = dequantize(codes, scales, pages.bits, pages.group_size)
+    else:
+        gathered = pages[tables[:, None, :], heads]  # (S, Hkv, nb, bs, D)
     s, hkv, nb, bs, d = gathered.shape
     return gathered.reshape(s, hkv, nb * bs, d)
 

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
+from macbatch.engine.tool_calls import ToolFormat, detect_tool_format
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
@@ -55,9 +56,11 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     admission: Admission = field(init=False)
     shutting_down: bool = False
+    tool_format: ToolFormat | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
+        self.tool_format = detect_tool_format(self.decoder)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_id and name not in self.options.model_aliases:
@@ -155,7 +158,10 @@ async def get_model(request: Request) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, parse_chat, ChatFormatter)
+    state = _state(request)
+    return await _generate(
+        request, lambda body: parse_chat(body, state.tool_format, state.decoder), ChatFormatter
+    )
 
 
 async def completions(request: Request) -> Response:
@@ -172,13 +178,24 @@ async def _generate(
     generation = parse(await _read_json(request, state.options.max_body_bytes))
     state.check_model(generation.model)
     state.check_engine()
+    tools = generation.tools
     formatter = formatter_class(
-        state.model_id, state.decoder, generation.top_logprobs, generation.n
+        state.model_id,
+        state.decoder,
+        generation.top_logprobs,
+        generation.n,
+        tool_format=state.tool_format if tools is not None and tools.parse else None,
     )
     count = len(generation.jobs)
     state.admission.take(count)
     try:
-        run = Run(state.thread, generation.jobs, state.metrics)
+        run = Run(
+            state.thread,
+            generation.jobs,
+            state.metrics,
+            generation.chat_template_kwargs,
+            tools and tools.tools,
+        )
     except APIError:
         state.admission.give_back(count)
         raise

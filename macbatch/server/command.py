@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
 from macbatch.config import DEFAULT_MODEL
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -52,6 +53,7 @@ def serve_command(
         min=1,
         help="KV cache blocks of 16 tokens (default: half the memory left after the weights).",
     ),
+    kv_bits: int | None = kv_bits_option(),
     max_body_mb: float = typer.Option(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     ),
@@ -95,6 +97,7 @@ def serve_command(
             max_num_seqs=max_num_seqs,
             max_queue=max_queue,
             kv_blocks=kv_blocks,
+            kv_bits=kv_bits,
             max_body_mb=max_body_mb,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,
@@ -109,6 +112,7 @@ def serve_command(
         max_num_seqs=max_num_seqs,
         max_queue=max_queue,
         kv_blocks=kv_blocks,
+        kv_bits=kv_bits,
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
@@ -152,6 +156,7 @@ def _serve(
     max_num_seqs: int,
     max_queue: int,
     kv_blocks: int | None,
+    kv_bits: int | None,
     max_body_bytes: int,
     shutdown_timeout: float,
     log_level: str,
@@ -165,7 +170,7 @@ def _serve(
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks)
+    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks, kv_bits=kv_bits)
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()
     try:
@@ -174,7 +179,8 @@ def _serve(
         except Exception as exc:
             typer.echo(f"macbatch serve: cannot load {model!r}: {exc}", err=True)
             raise typer.Exit(1) from None
-        tokenizer = thread.call(lambda engine: engine.tokenizer).result()
+        tokenizer, dtype = thread.call(lambda e: (e.tokenizer, e.compute_dtype)).result()
+        typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)
         options = ServerOptions(
             api_key=api_key,
             max_body_bytes=max_body_bytes,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from macbatch.engine import (
     EngineDeadError,
@@ -56,6 +57,8 @@ class Run:
         thread: EngineThread,
         jobs: tuple[tuple[Prompt, SamplingParams], ...],
         metrics: ServerMetrics,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self._thread = thread
         self._metrics = metrics
@@ -66,7 +69,14 @@ class Run:
         self._first_token_seen: set[int] = set()
         try:
             for index, (prompt, params) in enumerate(jobs):
-                self._request_ids.append(thread.submit(prompt, params, self._deliver(index)))
+                request_id = thread.submit(
+                    prompt,
+                    params,
+                    self._deliver(index),
+                    chat_template_kwargs=chat_template_kwargs,
+                    tools=tools,
+                )
+                self._request_ids.append(request_id)
                 self._unfinished.add(index)
         except ValueError as exc:
             self.close()

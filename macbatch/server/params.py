@@ -1,8 +1,9 @@
 """Request bodies -> engine work: validated prompts and SamplingParams, under OpenAI's field names.
 
 Unknown fields are ignored, as OpenAI clients expect (they send extras such as ``user``). Known
-fields this server cannot honour (``echo``, ``tools`` ...) are refused with a 400 rather than
-silently dropped, unless they hold their neutral value.
+fields this server cannot honour (``echo``, ``functions`` ...) are refused with a 400 rather than
+silently dropped, unless they hold their neutral value. Structured output and tools are read in
+``structured.py``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,34 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import InvalidSamplingParam, SamplingParams
+from macbatch.engine import (
+    InvalidSamplingParam,
+    SamplingParams,
+    StructuredOutput,
+    check_chat_template_kwargs,
+)
+from macbatch.engine.request_options import (
+    InvalidField,
+    ToolRequest,
+    constraint,
+    structured_output,
+)
+from macbatch.engine.tool_calls import ToolFormat
 from macbatch.server.errors import invalid
 
-Prompt = str | list[int] | list[dict[str, str]]
+Prompt = str | list[int] | list[dict[str, Any]]
 
 # OpenAI's defaults: chat replies may fill the context (None), completions stop at 16 tokens.
 DEFAULT_MAX_TOKENS = {"chat": None, "completion": 16}
 MAX_CHOICES = 64  # engine requests one HTTP request may start (prompts x n)
 MAX_STOP = 16
 _OPENAI_NAMES = {"logprobs": "top_logprobs"}  # engine field -> request field, where they differ
+_MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "video_url", "file")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _NUMBER = (int, float)
+_EFFORTS = ("minimal", "low", "medium", "high")
+# message fields the template needs besides role and content (the engine checks their shape)
+_TOOL_FIELDS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 
 
 @dataclass(frozen=True)
@@ -35,13 +52,17 @@ class Generation:
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs; k: the chosen token's and k alternatives
     model: str | None
+    chat_template_kwargs: dict[str, Any] | None = None  # chat only: the template's variables
+    tools: ToolRequest | None = None
 
 
-def parse_chat(body: dict[str, Any]) -> Generation:
-    """Validate a /v1/chat/completions body."""
-    _refuse_unsupported(body, ("tools", "functions", "logit_bias", "audio"))
-    _refuse_response_format(body.get("response_format"))
+def parse_chat(
+    body: dict[str, Any], tool_format: ToolFormat | None = None, tokenizer: Any = None
+) -> Generation:
+    """Validate a /v1/chat/completions body (``tool_format``: the model's, for tools)."""
+    _refuse_unsupported(body, ("functions", "logit_bias", "audio"))
     messages = _messages(body.get("messages"))
+    structured, tools = _options(body, tool_format, tokenizer)
     top_logprobs = None
     if _get(body, "logprobs", (bool,), False, "true or false"):
         top_logprobs = _get(body, "top_logprobs", (int,), 0, "an integer in [0, 20]")
@@ -50,7 +71,26 @@ def parse_chat(body: dict[str, Any]) -> Generation:
     max_tokens = _get(body, "max_completion_tokens", (int,), None, "an integer >= 1")
     if max_tokens is None:
         max_tokens = _get(body, "max_tokens", (int,), DEFAULT_MAX_TOKENS["chat"], "an integer >= 1")
-    return _generation(body, [messages], max_tokens, top_logprobs)
+    generation = _generation(body, [messages], max_tokens, top_logprobs, structured)
+    return dataclasses.replace(generation, tools=tools, chat_template_kwargs=_template_kwargs(body))
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` (as vLLM and mlx-lm's server take it), plus ``reasoning_effort``
+    (OpenAI's field; gpt-oss's template reads the variable of that name)."""
+    try:
+        kwargs = check_chat_template_kwargs(body.get("chat_template_kwargs"))
+    except ValueError as exc:
+        raise invalid(str(exc), "chat_template_kwargs") from None
+    effort = _get(body, "reasoning_effort", (str,), None, "one of " + ", ".join(_EFFORTS))
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise invalid(
+                f"'reasoning_effort' must be one of {', '.join(_EFFORTS)}, got {effort!r}",
+                "reasoning_effort",
+            )
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs or None
 
 
 def parse_completion(body: dict[str, Any]) -> Generation:
@@ -65,11 +105,29 @@ def parse_completion(body: dict[str, Any]) -> Generation:
     max_tokens = _get(
         body, "max_tokens", (int,), DEFAULT_MAX_TOKENS["completion"], "an integer >= 1"
     )
-    return _generation(body, _prompts(body.get("prompt")), max_tokens, top_logprobs)
+    prompts = _prompts(body.get("prompt"))
+    try:
+        structured = structured_output(body)
+    except InvalidField as exc:
+        raise invalid(str(exc), exc.field) from None
+    return _generation(body, prompts, max_tokens, top_logprobs, structured)
+
+
+def _options(
+    body: dict[str, Any], tool_format: ToolFormat | None, tokenizer: Any
+) -> tuple[StructuredOutput | None, ToolRequest | None]:
+    try:
+        return constraint(body, tool_format, tokenizer)
+    except InvalidField as exc:
+        raise invalid(str(exc), exc.field) from None
 
 
 def _generation(
-    body: dict[str, Any], prompts: list[Prompt], max_tokens: int, top_logprobs: int | None
+    body: dict[str, Any],
+    prompts: list[Prompt],
+    max_tokens: int,
+    top_logprobs: int | None,
+    structured: StructuredOutput | None,
 ) -> Generation:
     n = _get(body, "n", (int,), 1, "an integer >= 1")
     if n < 1 or n * len(prompts) > MAX_CHOICES:
@@ -91,6 +149,7 @@ def _generation(
             seed=seed,
             stop=_stop(body.get("stop")),
             logprobs=top_logprobs,
+            structured=structured,
         )
     except InvalidSamplingParam as exc:
         raise invalid(str(exc), _OPENAI_NAMES.get(exc.field, exc.field)) from None
@@ -126,14 +185,6 @@ def _refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
             raise invalid(f"'{name}' is not supported by macbatch serve; leave it out", name)
 
 
-def _refuse_response_format(value: Any) -> None:
-    if value is None or (isinstance(value, dict) and value.get("type") == "text"):
-        return
-    raise invalid(
-        "only the 'text' response_format is supported by macbatch serve", "response_format"
-    )
-
-
 def _stop(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -149,7 +200,7 @@ def _stop(value: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise invalid("'messages' must be a non-empty list of {role, content} objects", "messages")
     messages = []
@@ -161,7 +212,9 @@ def _messages(value: Any) -> list[dict[str, str]]:
         if role not in _ROLES:
             raise invalid(f"{where}.role must be one of {', '.join(_ROLES)}; got {role!r}", where)
         content = _content(message.get("content"), where)
-        messages.append({"role": "system" if role == "developer" else role, "content": content})
+        kept = {k: message[k] for k in _TOOL_FIELDS if message.get(k) is not None}
+        role = "system" if role == "developer" else role
+        messages.append({"role": role, "content": content, **kept})
     return messages
 
 
@@ -174,7 +227,14 @@ def _content(value: Any, where: str) -> str:
     if isinstance(value, list):
         texts = []
         for part in value:
-            if not (isinstance(part, dict) and part.get("type") == "text"):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _MEDIA_PARTS:
+                raise invalid(
+                    f"{where}.content: '{kind}' parts are not supported: macbatch serves the text "
+                    "model of multimodal checkpoints; send text parts only",
+                    where,
+                )
+            if kind != "text":
                 raise invalid(f"{where}.content: only text parts are supported", where)
             if not isinstance(part.get("text"), str):
                 raise invalid(f"{where}.content: a text part needs a string 'text'", where)

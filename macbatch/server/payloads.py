@@ -9,7 +9,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from macbatch.engine import RequestOutput
+from macbatch.engine import FinishReason, RequestOutput
+from macbatch.engine.tool_calls import ToolFormat
 
 
 class TokenDecoder(Protocol):
@@ -37,6 +38,7 @@ class Formatter(ABC):
     n: int
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
+    tool_format: ToolFormat | None = None  # set when the reply's tool calls are to be parsed
 
     object_name = ""
     chunk_object_name = ""
@@ -93,31 +95,57 @@ class ChatFormatter(Formatter):
     id_prefix = "chatcmpl-"
 
     def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": out.text}
+        message.update(_reasoning(out.reasoning))
+        finish_reason = _finish_reason(out)
+        content, calls = self._calls(out)
+        if calls:
+            message.update(content=content or None, tool_calls=[c.openai() for c in calls])
+            finish_reason = "tool_calls"
         return {
             "index": index,
-            "message": {"role": "assistant", "content": out.text},
+            "message": message,
             "logprobs": self.logprobs(out, 0),
-            "finish_reason": _finish_reason(out),
+            "finish_reason": finish_reason,
         }
 
+    def _calls(self, out: RequestOutput) -> tuple[str, list]:
+        """(content, calls) of a reply that stopped; a cut-off reply is all content."""
+        if self.tool_format is None or out.finish_reason is not FinishReason.STOP:
+            return out.text, []
+        return self.tool_format.parse(out.text)
+
     def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
-        """Role first, then content deltas, then an empty delta with the finish reason."""
+        """Role first, then reasoning and content deltas (content that may be the start of a
+        tool call is held back until the reply ends), tool calls, then the finish reason."""
         chunks = []
         if not progress.started:
             progress.started = True
             chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
+        if out.new_reasoning:
+            chunks.append(self._chunk(index, _reasoning(out.new_reasoning)))
+        content, calls = self._calls(out) if out.finished else (out.text, [])
+        end = len(content)
+        if self.tool_format is not None and not out.finished:
+            end = self.tool_format.content_end(out.text)
+        new_text = content[progress.chars_sent : end] if end > progress.chars_sent else ""
+        progress.chars_sent = max(progress.chars_sent, end)
         logprobs = self.logprobs(out, progress.tokens_sent)
-        if out.new_text or (logprobs and logprobs["content"]):
-            chunks.append(self._chunk(index, {"content": out.new_text}, logprobs=logprobs))
+        if new_text or (logprobs and logprobs["content"]):
+            chunks.append(self._chunk(index, {"content": new_text}, logprobs=logprobs))
         progress.tokens_sent = len(out.token_ids)
+        if calls:
+            deltas = [dict(c.openai(), index=k) for k, c in enumerate(calls)]
+            chunks.append(self._chunk(index, {"tool_calls": deltas}))
         if out.finished:
-            chunks.append(self._chunk(index, {}, finish_reason=_finish_reason(out)))
+            reason = "tool_calls" if calls else _finish_reason(out)
+            chunks.append(self._chunk(index, {}, finish_reason=reason))
         return chunks
 
     def _chunk(
         self,
         index: int,
-        delta: dict[str, str],
+        delta: dict[str, Any],
         logprobs: dict | None = None,
         finish_reason: str | None = None,
     ) -> dict[str, Any]:
@@ -215,6 +243,12 @@ def usage(finals: list[RequestOutput], n: int) -> dict[str, Any]:
         "time_to_first_token_s": ttft,
         "tokens_per_second": tokens_per_second,
     }
+
+
+def _reasoning(text: str | None) -> dict[str, str]:
+    """Reasoning under both names clients read: ``reasoning_content`` (DeepSeek, vLLM) and
+    ``reasoning`` (OpenRouter, newer vLLM)."""
+    return {} if text is None else {"reasoning_content": text, "reasoning": text}
 
 
 def _ranked(top: dict[int, float]) -> list[tuple[int, float]]:

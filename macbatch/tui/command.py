@@ -5,11 +5,13 @@ Heavy imports (mlx, Textual, the engine) happen inside the function so `macbatch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from macbatch.cli_options import kv_bits_option
 from macbatch.config import DEFAULT_MODEL
 
 
@@ -38,6 +40,7 @@ def chat_command(
             help="Size of the KV cache in blocks of 16 tokens (default: half the free memory)."
         ),
     ] = None,
+    kv_bits: int | None = kv_bits_option(),
     history: Annotated[
         Path | None,
         typer.Option(
@@ -68,7 +71,7 @@ def chat_command(
     defaults = SessionSettings(system, temperature, top_p, max_tokens)
     try:
         sampling_params(defaults)
-        config = EngineConfig(num_blocks=kv_blocks)
+        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()
@@ -87,7 +90,20 @@ def chat_command(
         defaults=defaults,
         load_progress=progress,
     )
+    size_from_the_terminal()
     app.run()
+
+
+def size_from_the_terminal() -> None:
+    """Make the app draw at the terminal's size, and follow it when it changes.
+
+    Textual takes its size from `shutil.get_terminal_size`, which believes COLUMNS and LINES over
+    the terminal. Exported (by a shell profile, a parent process, a tmux server started from
+    another terminal) they are stale: the app drew 160x48 into a 120x36 pane and ignored resizes.
+    Nothing else in this process reads them.
+    """
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
-"""A session's history as the engine sees it (chat messages) and as a user exports it (Markdown)."""
+"""A session's history as the engine sees it (chat messages), as a user exports it (Markdown),
+and the title its first message gives it."""
 
 from __future__ import annotations
 
 from macbatch.tui.store import ERROR, Message, Session
+
+TITLE_CHARS = 40  # the sidebar shows about 24 and ends the rest with "…"; the chat's border more
 
 
 def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, str]]:
@@ -31,6 +34,8 @@ def to_markdown(session: Session, history: list[Message]) -> str:
         f"- top_p: {settings.top_p:g}",
         f"- max tokens: {settings.max_tokens}",
     ]
+    if settings.thinking is not None:
+        lines.append(f"- thinking: {'on' if settings.thinking else 'off'}")
     if settings.system_prompt:
         lines += ["", "## System", "", settings.system_prompt]
     for message in history:
@@ -41,3 +46,16 @@ def to_markdown(session: Session, history: list[Message]) -> str:
         if message.error:
             lines += ["", f"> error: {message.error}"]
     return "\n".join(lines) + "\n"
+
+
+def title_from(text: str) -> str:
+    """A chat's automatic title: its first message on one line, cut at a word near
+    `TITLE_CHARS` characters."""
+    line = " ".join(text.split())
+    if len(line) <= TITLE_CHARS:
+        return line
+    cut = line[: TITLE_CHARS - 1]
+    space = cut.rfind(" ")
+    if line[len(cut)].isalnum() and space >= TITLE_CHARS // 2:  # do not end mid-word
+        cut = cut[:space]
+    return cut.rstrip() + "…"

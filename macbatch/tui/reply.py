@@ -10,10 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from macbatch.engine import EngineDeadError, FinishReason, SamplingParams
+from macbatch.engine import (
+    THINKING_SWITCH,
+    EngineDeadError,
+    FinishReason,
+    PromptTooLongError,
+    SamplingParams,
+)
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -41,26 +46,9 @@ def sampling_params(settings: SessionSettings) -> SamplingParams:
     )
 
 
-def fit_to_context(
-    engine: EngineThread, prompt: list[dict[str, str]], params: SamplingParams
-) -> SamplingParams:
-    """A chat's max tokens is a cap, not a demand: shrink it to the room the conversation leaves
-    in the model's context (and the KV cache), so a long chat still gets a reply rather than the
-    engine's "can never fit" error. `ValueError` when no room is left at all."""
-    info = engine.engine_info
-    capacity = info["kv_blocks_total"] * info["block_size"]
-    limit, where = min(
-        (info["max_model_len"], "the model's context"),
-        (capacity, "the KV cache"),
-        key=lambda x: x[0],
-    )
-    used = len(engine.tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
-    if used >= limit:
-        raise ValueError(
-            f"this chat is {used} tokens and {where} holds {limit}: start a new chat (ctrl+n) "
-            "or shorten the message"
-        )
-    return replace(params, max_tokens=min(params.max_tokens, limit - used))
+def template_kwargs(settings: SessionSettings) -> dict[str, bool] | None:
+    """The chat template variables a session sets: thinking on or off, when it chose one."""
+    return None if settings.thinking is None else {THINKING_SWITCH: settings.thinking}
 
 
 def reply_metrics(output: RequestOutput) -> ReplyMetrics:
@@ -70,6 +58,33 @@ def reply_metrics(output: RequestOutput) -> ReplyMetrics:
         ttft_s=metrics.time_to_first_token_s,
         tokens_per_s=metrics.decode_tokens_per_s,
     )
+
+
+class ReasoningProgress:
+    """How long a reply reasoned, in tokens and seconds, counted until its answer starts."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.seconds: float | None = None
+        self.done = False
+        self._shown_at = 0.0
+
+    def update(self, output: RequestOutput, now: float) -> bool:
+        """Take in an output; whether the reasoning view should be redrawn now."""
+        if output.reasoning is None or self.done:
+            return False
+        started = output.metrics.first_token_time
+        self.done = bool(output.text) or output.finished
+        if not self.done:
+            self.tokens = len(output.token_ids)
+        self.seconds = None if started is None else now - started
+        if self.done or now - self._shown_at > RENDER_EVERY_S:
+            self._shown_at = now
+            return True
+        return False
+
+    def shown(self, output: RequestOutput) -> tuple[str, int, float | None, bool]:
+        return output.reasoning or "", self.tokens, self.seconds, self.done
 
 
 class Reply:
@@ -83,8 +98,10 @@ class Reply:
         view: MessageView,
         prompt: list[dict[str, str]],
         params: SamplingParams,
+        chat_template_kwargs: dict[str, bool] | None = None,
     ) -> None:
         self.engine = engine
+        self.chat_template_kwargs = chat_template_kwargs
         self.store = store
         self.message = message
         self.view = view
@@ -97,17 +114,22 @@ class Reply:
         message = self.message
         saved_at = rendered_at = time.monotonic()
         unrendered: list[str] = []
+        thinking = ReasoningProgress()
         try:
-            params = fit_to_context(self.engine, self.prompt, self.params)
-            async with aclosing(self.engine.stream(self.prompt, params)) as outputs:
+            # max_tokens is a cap the engine shrinks to the room the conversation leaves.
+            kwargs = self.chat_template_kwargs
+            stream = self.engine.stream(self.prompt, self.params, chat_template_kwargs=kwargs)
+            async with aclosing(stream) as outputs:
                 async for output in outputs:
                     message.content = output.text
                     message.metrics = reply_metrics(output)
+                    now = time.monotonic()
+                    if thinking.update(output, now):
+                        await self.view.show_reasoning(*thinking.shown(output))
                     if output.finished:
                         self._finish(output)
                         continue  # the stream ends after its final output; finish() shows it all
                     unrendered.append(output.new_text)
-                    now = time.monotonic()
                     if now - rendered_at > RENDER_EVERY_S:
                         await self.view.append("".join(unrendered))
                         unrendered.clear()
@@ -124,6 +146,9 @@ class Reply:
             if self.stopped_by_user:  # otherwise the view is going away with its session
                 await self.view.finish()
             raise
+        except PromptTooLongError as error:
+            message.status = ERROR
+            message.error = f"{error}: start a new chat (ctrl+n) or shorten the message"
         except (ValueError, EngineDeadError) as error:
             message.status = ERROR
             message.error = str(error)

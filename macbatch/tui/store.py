@@ -1,8 +1,9 @@
 """Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
 
-One file (``chat.sqlite3`` in the data directory) with two tables: sessions (title, system prompt,
-sampling settings) and messages (role, text, status, reply metrics). The UI thread is the only
-user; every write commits at once, so a crash loses at most the last streamed tokens.
+One file (``chat.sqlite3`` in the data directory) with three tables: sessions (title, whether the
+user chose it, system prompt, sampling settings), messages (role, text, status, reply metrics)
+and app_state (which chat was open last). The UI thread is the only user; every write commits at
+once, so a crash loses at most the last streamed tokens.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     title TEXT NOT NULL,
+    named INTEGER NOT NULL DEFAULT 0,
     system_prompt TEXT NOT NULL DEFAULT '',
     temperature REAL NOT NULL,
     top_p REAL NOT NULL,
     max_tokens INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    thinking INTEGER
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -35,6 +38,10 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_session ON messages(session_id, id);
+CREATE TABLE IF NOT EXISTS app_state (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
@@ -47,12 +54,14 @@ ERROR = "error"
 
 @dataclass
 class SessionSettings:
-    """What a session sends with each request: its system prompt and sampling settings."""
+    """What a session sends with each request: its system prompt and sampling settings, and
+    thinking on or off for templates with that switch (None: the template's own default)."""
 
     system_prompt: str = ""
     temperature: float = 0.7
     top_p: float = 1.0
     max_tokens: int = 512
+    thinking: bool | None = None
 
 
 @dataclass
@@ -61,6 +70,7 @@ class Session:
     title: str
     settings: SessionSettings
     created: float
+    named: bool = False  # the user chose the title; otherwise the first message gives one
 
 
 @dataclass
@@ -93,6 +103,7 @@ class HistoryStore:
             self._db = sqlite3.connect(path)
             self._db.execute("PRAGMA foreign_keys = ON")
             self._db.executescript(SCHEMA)
+            self._add_missing_columns()
             # A reply still "streaming" on disk belongs to a run that ended without saying so.
             self._db.execute(
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
@@ -104,23 +115,26 @@ class HistoryStore:
                 "fresh history (or point MACBATCH_HOME at another directory)."
             ) from error
 
+    def _add_missing_columns(self) -> None:
+        """Bring a history written by an older macbatch up to this schema."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
+        if "named" not in columns:
+            self._db.execute("ALTER TABLE sessions ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
+        if "thinking" not in columns:  # NULL: the template's own default
+            self._db.execute("ALTER TABLE sessions ADD COLUMN thinking INTEGER")
+
     def close(self) -> None:
         self._db.close()
 
     # Sessions
 
     def sessions(self) -> list[Session]:
-        rows = self._db.execute(
-            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
-            "FROM sessions ORDER BY id"
-        ).fetchall()
+        rows = self._db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
         return [_session(row) for row in rows]
 
     def session(self, session_id: int) -> Session:
         row = self._db.execute(
-            "SELECT id, title, system_prompt, temperature, top_p, max_tokens, created "
-            "FROM sessions WHERE id = ?",
-            (session_id,),
+            f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
         if row is None:
             raise KeyError(session_id)
@@ -129,8 +143,8 @@ class HistoryStore:
     def create_session(self, title: str, settings: SessionSettings) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created, "
+            "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 title,
                 settings.system_prompt,
@@ -138,24 +152,37 @@ class HistoryStore:
                 settings.top_p,
                 settings.max_tokens,
                 now,
+                settings.thinking,
             ),
         )
         self._db.commit()
         return Session(int(cursor.lastrowid or 0), title, settings, now)
 
     def rename_session(self, session_id: int, title: str) -> None:
-        self._db.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
+        """The user's title: from now on the chat keeps it."""
+        self._db.execute(
+            "UPDATE sessions SET title = ?, named = 1 WHERE id = ?", (title, session_id)
+        )
         self._db.commit()
+
+    def set_automatic_title(self, session_id: int, title: str) -> bool:
+        """A title from the chat's first message, unless the user chose one (False then)."""
+        cursor = self._db.execute(
+            "UPDATE sessions SET title = ? WHERE id = ? AND named = 0", (title, session_id)
+        )
+        self._db.commit()
+        return cursor.rowcount == 1
 
     def update_settings(self, session_id: int, settings: SessionSettings) -> None:
         self._db.execute(
-            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ? "
-            "WHERE id = ?",
+            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, "
+            "thinking = ? WHERE id = ?",
             (
                 settings.system_prompt,
                 settings.temperature,
                 settings.top_p,
                 settings.max_tokens,
+                settings.thinking,
                 session_id,
             ),
         )
@@ -163,6 +190,18 @@ class HistoryStore:
 
     def delete_session(self, session_id: int) -> None:
         self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        self._db.commit()
+
+    def last_opened(self) -> int | None:
+        """The chat open when the app was last used (it may have been deleted since)."""
+        row = self._db.execute("SELECT value FROM app_state WHERE key = 'last_opened'").fetchone()
+        return None if row is None else int(row[0])
+
+    def set_last_opened(self, session_id: int) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO app_state (key, value) VALUES ('last_opened', ?)",
+            (str(session_id),),
+        )
         self._db.commit()
 
     # Messages
@@ -214,10 +253,21 @@ class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 
 
+SESSION_COLUMNS = (
+    "id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking"
+)
+
+
 def _session(row: tuple) -> Session:
-    session_id, title, system_prompt, temperature, top_p, max_tokens, created = row
-    settings = SessionSettings(system_prompt, float(temperature), float(top_p), int(max_tokens))
-    return Session(int(session_id), title, settings, float(created))
+    session_id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking = row
+    settings = SessionSettings(
+        system_prompt,
+        float(temperature),
+        float(top_p),
+        int(max_tokens),
+        None if thinking is None else bool(thinking),
+    )
+    return Session(int(session_id), title, settings, float(created), bool(named))
 
 
 def _message(row: tuple) -> Message:

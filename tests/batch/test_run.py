@@ -301,8 +301,8 @@ class CountingEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.live, self.peak, self.prompts = engine, 0, 0, {}
 
-    def add_request(self, prompt: Any, params: SamplingParams) -> str:
-        request_id = self.engine.add_request(prompt, params)
+    def add_request(self, prompt: Any, params: SamplingParams, **options: Any) -> str:
+        request_id = self.engine.add_request(prompt, params, **options)
         self.live += 1
         self.peak = max(self.peak, self.live)
         return request_id

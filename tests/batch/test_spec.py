@@ -84,8 +84,8 @@ def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
 def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> None:
     message = error_for(tmp_path, "model: demo\nzzz: 1\njobs: [{name: a, prompts: [hi]}]\n")
     assert message.endswith(
-        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, defaults, "
-        "output, jobs)"
+        ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, kv_bits, "
+        "defaults, output, jobs)"
     )
 
 
@@ -167,6 +167,19 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         (
             "model: demo\njobs: [{name: a, prompts: [hi], score: {group: task}}]",
             "jobs[0].score needs 'field'",
+        ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], chat_template_kwargs: {tokenize: 1}}]",
+            ":2:33: jobs[0].chat_template_kwargs: 'tokenize' is an argument of apply_chat_template",
+        ),
+        (
+            "model: demo\ndefaults: {chat_template_kwargs: [x]}\njobs: [{name: a, prompts: [hi]}]",
+            ":2:12: defaults.chat_template_kwargs: chat_template_kwargs must be a mapping",
+        ),
+        (
+            "model: demo\njobs: [{name: a, prompts: [hi], chat: false,"
+            " chat_template_kwargs: {x: 1}}]",
+            "chat_template_kwargs needs the chat template; chat is false",
         ),
     ],
 )

@@ -11,13 +11,16 @@ from macbatch.engine.kv_cache import BlockPool
 from tests.support.tiny import build_model
 
 
-def test_steps_do_not_copy_the_pool(tiny_tokenizer):
+@pytest.mark.parametrize("kv_bits", [None, 4])
+def test_steps_do_not_copy_the_pool(tiny_tokenizer, kv_bits):
     """Active memory stays flat across many decode steps, and the peak never holds a second
-    copy of the pool (which a copying scatter would need)."""
+    copy of the pool (which a copying scatter would need), float or quantized pages (whose
+    codes and scales are written in place the same way, never dequantized as a whole)."""
     model = build_model("qwen3", num_hidden_layers=4)
-    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=2048, block_size=16))
-    pool_bytes = sum(a.nbytes for a in engine.store.arrays())
-    assert pool_bytes >= 16 * 2**20
+    config = EngineConfig(num_blocks=2048, block_size=16, kv_bits=kv_bits)
+    engine = Engine(model, tiny_tokenizer, config)
+    pool_bytes = engine.stats().kv_cache_bytes
+    assert pool_bytes >= (16 if kv_bits is None else 4) * 2**20
     for i in range(4):
         engine.add_request([3 + i] * 40, SamplingParams(max_tokens=60, ignore_eos=True))
     for _ in range(5):

@@ -4,6 +4,10 @@ Every K/V slot that no query row of its sequence may see (past the context, befo
 window of every row, blocks nobody owns) holds NaN in the pages given to the kernel, so a kernel
 that reads one shows NaN. The reference gets a copy with those slots finite, because it gathers
 whole blocks and masks them (and 0 * NaN is NaN).
+
+With ``kv_bits`` set, the pages are quantized by the numpy quantizer (written from the format's
+definition) and the poison goes into the scales of the hidden slots; ``k`` and ``v`` then hold the
+dequantized values, so the float64 oracle applies exactly the quantization the kernels read.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.metal.kernels import SplitPolicy, paged_attention_kernel
+from macbatch.metal.quant import QuantizedPages, default_group_size
 from tests.msl.emulator import Emulator
+from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
 
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}
 
@@ -35,6 +41,8 @@ class Case:
     softcap: float | None = None
     sinks: bool = False
     seed: int = 0
+    kv_bits: int | None = None
+    group_size: int | None = None
     arrays: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -67,15 +75,31 @@ class Case:
         hidden = ~visible[:, None, :, None]
         self.k_poisoned = np.where(hidden, np.nan, self.k).astype(np.float32)
         self.v_poisoned = np.where(hidden, np.nan, self.v).astype(np.float32)
+        if self.kv_bits is not None:
+            self.group_size = self.group_size or default_group_size(d)
+            self.quantized = [quantize_numpy(x, self.kv_bits, self.group_size) for x in (k, v)]
+            self.k, self.v = (dequantize_numpy(c, sc, self.kv_bits) for c, sc in self.quantized)
+            self.quantized_poisoned = [  # hidden slots' (scale, bias) of every group are NaN
+                (c, np.where(hidden[..., None], np.nan, sc).astype(np.float16))
+                for c, sc in self.quantized
+            ]
         self.sink_values = _rounded(2 * rng.standard_normal(self.num_q_heads), self.dtype)
         self.scale = d**-0.5
 
     def args(self, poisoned: bool) -> tuple:
-        k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
+        if self.kv_bits is not None:
+            pages = self.quantized_poisoned if poisoned else self.quantized
+            k, v = (
+                QuantizedPages(mx.array(c), mx.array(sc), self.kv_bits, self.group_size)
+                for c, sc in pages
+            )
+        else:
+            k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
+            k, v = mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
         return (
             mx.array(self.q).astype(self.dtype),
-            mx.array(k).astype(self.dtype),
-            mx.array(v).astype(self.dtype),
+            k,
+            v,
             mx.array(self.tables),
             mx.array(self.lens),
             mx.array(self.cu),

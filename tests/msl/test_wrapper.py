@@ -54,16 +54,23 @@ def test_small_body_with_every_kind_of_parameter(capfd, tmp_path):
     assert gen.source == printed
 
 
-@pytest.mark.parametrize("num_seqs", [3, 12])  # metadata under 8 elements is `constant`
+# Metadata under 8 elements is `constant`; 12 sequences also run 4-bit pages (uint8 codes).
+@pytest.mark.parametrize("num_seqs", [3, 12])
 def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
     source = (kernels.HERE / "paged_attention.metal").read_text()
     header = (kernels.HERE / "paged_attention.h").read_text()
+    bits = 4 if num_seqs > 8 else 0
+    if bits:
+        pages = [mx.zeros((8, 2, 16, 32), mx.uint8)] * 2
+        scales = [mx.zeros((8, 2, 16, 1, 2), mx.float16)] * 2
+    else:
+        pages = [mx.zeros((8, 2, 16, 64), mx.float16)] * 2
+        scales = [mx.zeros((1,), mx.float16)] * 2
     inputs = [
-        mx.zeros((num_seqs, 4, 64), mx.float16), mx.zeros((8, 2, 16, 64), mx.float16),
-        mx.zeros((8, 2, 16, 64), mx.float16), mx.zeros((num_seqs, 2), mx.int32),
+        mx.zeros((num_seqs, 4, 64), mx.float16), *pages, mx.zeros((num_seqs, 2), mx.int32),
         mx.ones((num_seqs,), mx.int32), mx.arange(num_seqs + 1, dtype=mx.int32),
         mx.zeros((num_seqs * 2, 5), mx.int32), mx.zeros((5,), mx.int32), mx.zeros((2,)),
-        mx.zeros((4,)),
+        mx.zeros((4,)), *scales,
     ]  # fmt: skip
     kwargs = dict(
         output_shapes=[(num_seqs, 4, 64), (1, 2, 2), (1, 2, 64)],
@@ -71,7 +78,7 @@ def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
         grid=(num_seqs * 2 * 64, 1, 1),
         threadgroup=(64, 1, 1),
         template=[("T", mx.float16), ("D", 64), ("BS", 16), ("TK", 16), ("NSG", 2),
-                  ("QPS", 1), ("SOFTCAP", False), ("SINKS", True)],
+                  ("QPS", 1), ("SOFTCAP", False), ("SINKS", True), ("BITS", bits), ("GS", 64)],
     )  # fmt: skip
     name = "macbatch_paged_attention"
     names = kernels.INPUT_NAMES, kernels.OUTPUT_NAMES
@@ -83,3 +90,4 @@ def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
     )  # fmt: skip
     assert gen.source == printed
     assert ("const constant int32_t* seq_lens" in printed) == (num_seqs < 8)
+    assert ("const device uint8_t* k_pages" in printed) == (bits == 4)

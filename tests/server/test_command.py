@@ -164,6 +164,7 @@ def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
         assert refused.value.status_code == 503
         assert refused.value.body["code"] == "server_shutdown"
         assert process.wait(timeout=30) == 0
+        assert "macbatch serve: weights in float32: " in process.stderr.read()  # says why
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=1)
     finally:

@@ -94,11 +94,20 @@ def test_stream_options_and_logprobs() -> None:
         (parse_completion, {"prompt": "a", "seed": 1.5}, "seed"),
         (parse_completion, {"prompt": "a", "stop": ["x"] * 17}, "stop"),
         (parse_completion, {"prompt": "a", "stream": "yes"}, "stream"),
+        (parse_chat, {"messages": HI, "response_format": {"type": "xml"}}, "response_format"),
         (
             parse_chat,
-            {"messages": HI, "response_format": {"type": "json_object"}},
+            {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}},
             "response_format",
         ),
+        (parse_chat, {"messages": HI, "guided_choice": []}, "guided_choice"),
+        (
+            parse_chat,
+            {"messages": HI, "guided_regex": "a", "guided_choice": ["a"]},
+            "guided_choice",
+        ),
+        (parse_chat, {"messages": HI, "tools": [{"function": {}}]}, "tools"),
+        (parse_chat, {"messages": HI, "tool_choice": "required"}, "tool_choice"),
         (parse_chat, {"messages": HI, "logit_bias": {"1": 5}}, "logit_bias"),
         (parse_chat, {"messages": HI, "stream_options": 3}, "stream_options"),
         (parse_chat, {"messages": "hi"}, "messages"),
@@ -132,3 +141,40 @@ def test_temperature_beyond_two_is_refused_with_the_engines_message(temperature:
     assert info.value.status == 400 and info.value.param == "temperature"
     assert info.value.message == str(engine_error.value)
     assert "must be a number in [0, 2] (0 means greedy)" in info.value.message
+
+
+def test_chat_template_kwargs_and_reasoning_effort() -> None:
+    generation = parse_chat(
+        {
+            "messages": HI,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "reasoning_effort": "low",
+        }
+    )
+    assert generation.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "low"}
+    assert parse_chat({"messages": HI}).chat_template_kwargs is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"reasoning_effort": 3}, "reasoning_effort"),
+    ],
+)
+def test_bad_template_arguments_are_400s(body: dict, param: str) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": HI, **body})
+    assert (info.value.status, info.value.param) == (400, param)
+
+
+def test_an_image_part_gets_a_clear_error() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    with pytest.raises(APIError) as info:
+        parse_chat({"messages": messages})
+    assert info.value.status == 400 and info.value.param == "messages[0]"
+    assert "'image_url' parts are not supported" in info.value.message
+    assert "text model of multimodal checkpoints" in info.value.message

@@ -70,3 +70,31 @@ def random_paged_case(q_lens, ctx_lens, hq, hkv, d=16, block_size=4, seed=0):
     k = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
     v = rng.standard_normal((num_blocks, hkv, block_size, d)).astype(np.float32)
     return q, k, v, tables, np.array(ctx_lens, dtype=np.int32), cu
+
+
+def quantize_numpy(x: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The page format of ``macbatch/metal/quant.py`` written from its docstring, element by
+    element in numpy: (codes uint8 [..., D * bits / 8], scales float16 [..., D / g, 2])."""
+    levels = 2**bits - 1
+    groups = np.clip(x.astype(np.float32), -65504, 65504)
+    groups = groups.reshape(*x.shape[:-1], -1, group_size)
+    lo, hi = groups.min(axis=-1), groups.max(axis=-1)
+    scale = ((hi - lo) / np.float32(levels)).astype(np.float16)
+    bias = lo.astype(np.float16)
+    s32, b32 = scale.astype(np.float32)[..., None], bias.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        codes = np.where(s32 > 0, np.rint((groups - b32) / s32), 0)
+    codes = np.clip(codes, 0, levels).astype(np.uint8).reshape(x.shape)
+    if bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return codes, np.stack([scale, bias], axis=-1)
+
+
+def dequantize_numpy(codes: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """Float64 values of quantized pages: code * scale + bias per group."""
+    if bits == 4:
+        codes = np.stack([codes & 0xF, codes >> 4], axis=-1).reshape(*codes.shape[:-1], -1)
+    groups = scales.shape[-2]
+    values = codes.astype(np.float64).reshape(*codes.shape[:-1], groups, -1)
+    scales = scales.astype(np.float64)
+    return (values * scales[..., 0:1] + scales[..., 1:2]).reshape(codes.shape)

@@ -4,17 +4,56 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
 
 
-def mlx_lm_greedy(model: nn.Module, prompt: list[int], max_tokens: int) -> list[int]:
-    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially)."""
-    tokens = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        tokens.append(int(token))
-        if len(tokens) == max_tokens:
+def mlx_lm_greedy(
+    model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
+    kv_group_size: int = 64,
+) -> list[int]:  # fmt: skip
+    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially); ``kv_bits`` as in
+    ``mlx_lm_greedy_logprobs``."""
+    steps = mlx_lm_greedy_logprobs(model, prompt, max_tokens, kv_bits, kv_group_size)
+    return [token for token, _ in steps]
+
+
+def mlx_lm_greedy_logprobs(
+    model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
+    kv_group_size: int = 64,
+) -> list[tuple[int, float]]:  # fmt: skip
+    """Greedy tokens from mlx-lm for one prompt, each with its log-probability.
+
+    With ``kv_bits``, every K/V row mlx-lm caches is first rounded through the page format
+    (numpy quantizer and dequantizer, ``tests/support/attention_numpy.py``), so mlx-lm attends
+    over exactly the values quantized pages hold, in its own float cache and attention.
+    """
+    cache = make_prompt_cache(model)
+    if kv_bits is not None:
+        for layer_cache in cache:
+            _round_writes(layer_cache, kv_bits, kv_group_size)
+    steps = []
+    for token, logprobs in generate_step(
+        mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache
+    ):
+        steps.append((int(token), float(logprobs[int(token)])))
+        if len(steps) == max_tokens:
             break
-    return tokens
+    return steps
+
+
+def _round_writes(layer_cache, bits: int, group_size: int) -> None:
+    write = layer_cache.update_and_fetch
+
+    def rounded(x: mx.array) -> mx.array:
+        size = min(group_size, x.shape[-1])
+        codes, scales = quantize_numpy(np.array(x.astype(mx.float32)), bits, size)
+        return mx.array(dequantize_numpy(codes, scales, bits).astype(np.float32)).astype(x.dtype)
+
+    layer_cache.update_and_fetch = lambda keys, values: write(rounded(keys), rounded(values))
 
 
 def assert_pool_idle(engine) -> None:

@@ -6,6 +6,7 @@ the loading path is under test) and the tokenizer is a byte-level BPE trained in
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,11 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# The same template with a thinking switch as Qwen3's (thinks unless told not to): "off" adds text.
+THINKING_TEMPLATE = (
+    CHAT_TEMPLATE
+    + "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}"
 )
 _CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -84,9 +90,40 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+_GEMMA4_TEXT = dict(
+    _COMMON,
+    model_type="gemma4_text",
+    num_hidden_layers=4,
+    head_dim=16,
+    global_head_dim=32,
+    num_key_value_heads=1,
+    num_kv_shared_layers=2,  # layers 2 and 3 reuse the K/V of layers 0 and 1
+    hidden_size_per_layer_input=32,
+    vocab_size_per_layer_input=VOCAB_SIZE,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+    tie_word_embeddings=True,
+)
+
+# Multimodal checkpoints keep the text model at `language_model` (vision weights are dropped by
+# mlx-lm's sanitize; these tiny ones have none).
+WRAPPER_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma3": dict(
+        model_type="gemma3", vocab_size=VOCAB_SIZE, text_config=ARCH_CONFIGS["gemma3_text"]
+    ),
+    "mistral3": dict(
+        model_type="mistral3",
+        text_config=dict(ARCH_CONFIGS["llama"], model_type="mistral", head_dim=16),
+    ),
+    "mistral3-ministral3": dict(model_type="mistral3", text_config=ARCH_CONFIGS["ministral3"]),
+    "gemma4": dict(model_type="gemma4", vocab_size=VOCAB_SIZE, text_config=_GEMMA4_TEXT),
+}
+ARCH_CONFIGS.update(WRAPPER_CONFIGS)
+
+
 def build_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> nn.Module:
     """A float32 random-weight model of `arch`, evaluated and ready to run."""
-    config = dict(ARCH_CONFIGS[arch], **overrides)
+    config = copy.deepcopy(dict(ARCH_CONFIGS[arch], **overrides))
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -112,21 +149,34 @@ def build_tokenizer_json() -> str:
     return tokenizer.to_str()
 
 
-def save_model(path: Path, arch: str = "qwen3", seed: int = 0, **overrides: Any) -> Path:
-    """Write a tiny model in Hugging Face layout (config, safetensors, tokenizer files)."""
+def save_model(
+    path: Path,
+    arch: str = "qwen3",
+    seed: int = 0,
+    *,
+    drop_lm_head: bool = False,
+    chat_template: str = CHAT_TEMPLATE,
+    **overrides: Any,
+) -> Path:
+    """Write a tiny model in Hugging Face layout (config, safetensors, tokenizer files).
+
+    ``drop_lm_head`` leaves the output projection out, as tied checkpoints (Gemma 3) do."""
     path.mkdir(parents=True, exist_ok=True)
     model = build_model(arch, seed, **overrides)
-    config = dict(ARCH_CONFIGS[arch], **overrides)
+    config = copy.deepcopy(dict(ARCH_CONFIGS[arch], **overrides))
     config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    weights = dict(tree_flatten(model.parameters()))
+    if drop_lm_head:
+        weights = {k: v for k, v in weights.items() if not k.endswith("lm_head.weight")}
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
     (path / "tokenizer.json").write_text(build_tokenizer_json())
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "model_max_length": 4096,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from textual import events
+
 from macbatch.engine import Engine, EngineThread, RequestOutput
 from macbatch.tui.store import SessionSettings
 
@@ -18,11 +20,13 @@ class RecordingEngineThread(EngineThread):
     def __init__(self, loader: Callable[[], Engine]) -> None:
         super().__init__(loader)
         self.outputs: list[list[RequestOutput]] = []
+        self.template_kwargs: list[dict | None] = []
 
-    async def stream(self, prompt, params=None, request_id=None):  # type: ignore[override]
+    async def stream(self, prompt, params=None, request_id=None, chat_template_kwargs=None):  # type: ignore[override]
         seen: list[RequestOutput] = []
         self.outputs.append(seen)
-        async for output in super().stream(prompt, params, request_id):
+        self.template_kwargs.append(chat_template_kwargs)
+        async for output in super().stream(prompt, params, request_id, chat_template_kwargs):
             seen.append(output)
             yield output
 
@@ -50,3 +54,11 @@ async def first_reply(pilot, app, text: str):
     await send(pilot, screen, text)
     await wait_for(pilot, lambda: not screen.replies)
     return screen
+
+
+def type_ahead(app, *keys: str) -> None:
+    """Deliver `keys` all at once, as a terminal does with keys typed (or sent by tmux) faster
+    than the app handles them. `pilot.press` waits for the app to go idle after every key, which
+    hides any race between them."""
+    for key in keys:
+        app.post_message(events.Key(key, key if len(key) == 1 else None))

@@ -41,7 +41,8 @@ async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
         await send(pilot, screen, "the quick brown fox jumps over the lazy dog " * 8)
         await wait_for(pilot, lambda: not screen.replies)
         reply = app.store.messages(screen.current)[-1]
-        assert reply.status == ERROR and "KV cache" in (reply.error or "")
+        assert reply.status == ERROR and "leaves no room for a reply" in (reply.error or "")
+        assert "KV cache" in reply.error and "start a new chat (ctrl+n)" in reply.error
         meta = str(screen.transcript(screen.current).views[-1].query_one(".meta").render())
         assert "error:" in meta
         assert any("Reply failed" in str(n.message) for n in app._notifications)

@@ -37,6 +37,8 @@ async def test_create_rename_switch_and_delete_sessions(make_app, home):
 
         await pilot.press("f8", "n")  # answer no: nothing happens
         assert list(screen.sessions) == ids
+        await pilot.press("f8", "enter")  # an Enter meant for the message box answers no
+        assert isinstance(app.screen, ChatScreen) and list(screen.sessions) == ids
         await pilot.press("f8", "y")
         assert list(screen.sessions) == ids[1:]
         assert screen.current == ids[1]
@@ -48,6 +50,57 @@ async def test_create_rename_switch_and_delete_sessions(make_app, home):
         (ids[1], "Chat 2"),
         (ids[2], "Groceries"),
     ]
+
+    again = make_app()  # reopening selects the chat used last, not the newest
+    async with again.run_test() as pilot:
+        assert again.screen.current == ids[1]
+        assert again.screen.session_list.index == 0
+
+
+async def test_the_first_message_titles_the_chat(make_app):
+    question = "How do I   sort a dict\nby value in Python, keeping ties stable?"
+    title = "How do I sort a dict by value in Python…"
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, question)
+        first = screen.current
+        await send(pilot, screen, "and in reverse?")
+        await wait_for(pilot, lambda: not screen.replies)
+        assert app.store.session(first).title == title
+        assert screen.session_list.item_for(first).title == title
+        assert screen.query_one("#transcripts").border_title == title
+
+        await pilot.press("ctrl+n", "f2")  # a title the user chose is kept
+        app.screen.query_one("Input").value = "Groceries"
+        await pilot.press("enter")
+        await send(pilot, screen, "milk")
+        await wait_for(pilot, lambda: not screen.replies)
+        assert app.store.session(screen.current).title == "Groceries"
+
+
+async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
+    """Two switches handled back to back (a held alt+up, keys typed ahead): the sidebar's late
+    news of the first one must not reopen the chat in between, cancelling the edit begun after."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, "hello world")
+        await pilot.press("ctrl+n", "ctrl+n")
+        first, second, third = screen.sessions
+        opened = []
+        original = screen.open_session
+
+        async def open_session(session_id: int) -> None:
+            opened.append(session_id)
+            await original(session_id)
+
+        screen.open_session = open_session
+        await screen.action_switch(-1)
+        await screen.action_switch(-1)
+        screen.action_edit_last()
+        await pilot.pause(0.2)
+        assert opened == [second, first]
+        assert screen.current == first and screen.session_list.index == 0
+        assert screen.editing is not None and screen.prompt_input.text == "hello world"
 
 
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
@@ -93,7 +146,7 @@ async def test_export_writes_the_chat_as_markdown(make_app, home):
     path = home / "exports" / f"chat-{session_id}.md"
     text = path.read_text()
     reply = HistoryStore(home / "chat.sqlite3").messages(session_id)[1]
-    assert text.startswith("# Chat 1\n")
+    assert text.startswith("# hello world\n")
     assert "- temperature: 0\n" in text and "- max tokens: 24\n" in text
     user_at = text.index("## User\n\nhello world\n")
     assert text.index("## Assistant\n\n" + reply.content + "\n") > user_at

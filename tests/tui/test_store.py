@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from macbatch.tui.conversation import prompt_messages
+from macbatch.tui.conversation import prompt_messages, title_from
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -75,3 +75,69 @@ def test_prompt_has_the_system_prompt_and_skips_failed_replies(tmp_path):
         {"role": "user", "content": "two"},
         {"role": "assistant", "content": "half a rep"},
     ]
+
+
+def test_thinking_choice_round_trips_and_old_histories_gain_the_column(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    write_first_release_history(path, (1, "Old", "", 0.5, 1.0, 64, 0.0))
+    store = HistoryStore(path)
+    assert store.session(1).settings == SessionSettings("", 0.5, 1.0, 64, None)
+    store.update_settings(1, SessionSettings("", 0.5, 1.0, 64, False))
+    on = store.create_session("New", SessionSettings(thinking=True))
+    store.close()
+    again = HistoryStore(path)
+    assert again.session(1).settings.thinking is False
+    assert again.session(on.id).settings.thinking is True
+
+
+def test_automatic_titles_and_the_last_chat_survive_a_reopen(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    store = HistoryStore(path)
+    first = store.create_session("Chat 1", SessionSettings())
+    second = store.create_session("Chat 2", SessionSettings())
+    assert store.last_opened() is None
+    store.set_last_opened(first.id)
+    assert store.set_automatic_title(first.id, "From the first message")
+    store.rename_session(second.id, "Mine")
+    assert not store.set_automatic_title(second.id, "From the first message")
+    store.close()
+
+    again = HistoryStore(path)
+    assert [(s.title, s.named) for s in again.sessions()] == [
+        ("From the first message", False),
+        ("Mine", True),
+    ]
+    assert again.last_opened() == first.id
+
+
+def test_a_history_from_before_titles_were_automatic_opens(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    write_first_release_history(path, (7, "Old chat", "", 0.5, 1.0, 64, 0.0))
+    store = HistoryStore(path)
+    (session,) = store.sessions()
+    assert (session.id, session.title, session.named) == (7, "Old chat", False)
+    assert session.settings == SessionSettings("", 0.5, 1.0, 64)
+    store.rename_session(7, "Renamed")
+    assert store.session(7).named
+
+
+def test_a_title_is_the_first_message_on_one_line_cut_at_a_word():
+    assert title_from("  Hello\n\n  world  ") == "Hello world"
+    long = "How do I sort a dict by value in Python, keeping ties stable?"
+    assert title_from(long) == "How do I sort a dict by value in Python…"
+    assert title_from("a" * 100) == "a" * 39 + "…"
+    cut = title_from("word " * 7 + "supercalifragilistic")
+    assert cut == "word word word word word word word…"
+
+
+def write_first_release_history(path, session: tuple) -> None:
+    """A history as the first macbatch wrote it (no thinking or named column), one session."""
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE sessions (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, "
+        "system_prompt TEXT NOT NULL DEFAULT '', temperature REAL NOT NULL, top_p REAL NOT NULL, "
+        "max_tokens INTEGER NOT NULL, created REAL NOT NULL)"
+    )
+    old.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", session)
+    old.commit()
+    old.close()

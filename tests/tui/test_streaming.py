@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
+
+import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED, SessionSettings
 from macbatch.tui.widgets.message_view import displayable
-from tests.tui.helpers import GREEDY, first_reply, send, wait_for
+from macbatch.tui.widgets.status_bar import StatusBar
+from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
 # steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
@@ -67,9 +71,13 @@ async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
             assert view.query_one("Markdown").source == displayable(streamed)
 
     svg = (tmp_path / "two-sessions.svg").read_text()
-    assert svg.startswith("<svg") and "● Chat" in svg.replace("&#160;", " ")
+    assert svg.startswith("<svg") and "● hello world" in svg.replace("&#160;", " ")
     if os.environ.get("MACBATCH_UPDATE_SCREENSHOT"):
         shutil.copy(tmp_path / "two-sessions.svg", DOCS_SCREENSHOT)
+
+
+def status(screen: ChatScreen) -> str:
+    return str(screen.query_one(StatusBar).render())
 
 
 async def test_stop_frees_kv_blocks_at_once(make_app):
@@ -82,12 +90,30 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         await wait_for(pilot, lambda: len(outputs[0]) >= 40)
         in_use = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert in_use.kv_blocks_used > 0
+        pool = app.engine.call(
+            lambda engine: (
+                engine.pool.num_blocks,
+                engine.config.block_size,
+                sum(a.nbytes for a in engine.store.arrays()),
+            )
+        )
+        blocks, block_size, nbytes = pool.result(timeout=10)
+        # The status bar shows the pool: blocks in use of all of them, the tokens they hold and
+        # the memory the page arrays take.
+        screen.refresh_status()
+        pattern = r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens, ([\d,.]+) MiB\)"
+        shown = re.search(pattern, status(screen))
+        assert shown, status(screen)
+        assert int(shown[1]) > 0 and int(shown[2]) == blocks
+        assert int(shown[3].replace(",", "")) == blocks * block_size
+        assert float(shown[4].replace(",", "")) == pytest.approx(nbytes / 2**20, abs=0.05)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.replies)
         # The abort was queued before this call, so the engine has freed the blocks by now.
         after = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert after.kv_blocks_used == 0
         assert after.running == 0
+        await wait_for(pilot, lambda: f"KV 0/{blocks} blocks" in status(screen))
         reply = app.store.messages(screen.current)[-1]
         assert reply.status == STOPPED
         assert 40 <= len(outputs[0][-1].token_ids) < LONG.max_tokens
@@ -130,6 +156,48 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
     assert messages[0].content == "0123"
     (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "0123"}]], 24)
     assert messages[1].content == expected
+
+
+async def test_keys_typed_ahead_edit_and_resend_in_the_order_typed(make_app, tiny_model_path):
+    """Edit and resend with every key delivered at once, right after a regenerate and right
+    after switching chats twice. Textual runs a binding (Backspace, End, ctrl+g, ctrl+pageup) only
+    once the key has bubbled up to the app, but inserts a letter at once; the prompt must not
+    let them overtake each other (docs/chat.md, "Typing ahead")."""
+    replies = greedy_texts(
+        tiny_model_path, [[{"role": "user", "content": text}] for text in ("0123", "4567")], 24
+    )
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, "hello world")
+        first = screen.current
+
+        async def edit_typed_ahead(text: str, *before: str) -> None:
+            replies_so_far = len(app.engine.outputs)
+            type_ahead(app, *before, "ctrl+g", "end", *["backspace"] * 30, *text, "enter")
+            await wait_for(pilot, lambda: len(app.engine.outputs) > replies_so_far)
+            await wait_for(pilot, lambda: not screen.replies)
+
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not screen.replies)
+        await edit_typed_ahead("0123")
+        messages = app.store.messages(first)
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "0123"),
+            ("assistant", replies[0]),
+        ]
+
+        await pilot.press("ctrl+n", "ctrl+n")
+        await edit_typed_ahead("4567", "ctrl+pageup", "ctrl+pageup")  # back to the first chat
+        assert screen.current == first
+        messages = app.store.messages(first)
+        assert [(m.role, m.content) for m in messages] == [
+            ("user", "4567"),
+            ("assistant", replies[1]),
+        ]
+        assert [app.store.messages(other) for other in screen.sessions if other != first] == [
+            [],
+            [],
+        ]
 
 
 async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):

@@ -18,8 +18,9 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, ListView
 from textual.worker import Worker, WorkerState
 
-from macbatch.tui.conversation import prompt_messages, to_markdown
-from macbatch.tui.reply import Reply, sampling_params
+from macbatch.engine import thinking_default
+from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
+from macbatch.tui.reply import Reply, sampling_params, template_kwargs
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.screens.rename import RenameScreen
@@ -73,7 +74,7 @@ class ChatScreen(Screen[None]):
             with Vertical(id="chat"):
                 yield LoadingPanel(id="loading")
                 yield ContentSwitcher(id="transcripts")
-                yield PromptInput()
+                yield PromptInput(on_submit=self.send)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -82,11 +83,11 @@ class ChatScreen(Screen[None]):
         for session in store.sessions():
             self.sessions[session.id] = session
         if not self.sessions:
-            session = store.create_session("Chat 1", self.chat_app.defaults)
-            self.sessions[session.id] = session
+            self.create_session()
         items = [SessionItem(s.id, s.title) for s in self.sessions.values()]
         await self.query_one(SessionList).extend(items)
-        await self.open_session(max(self.sessions))
+        last = store.last_opened()
+        await self.open_session(last if last in self.sessions else max(self.sessions))
         self.query_one(PromptInput).focus()
         self.refresh_status()
         self.set_interval(STATUS_EVERY_S, self.refresh_status)
@@ -121,7 +122,7 @@ class ChatScreen(Screen[None]):
             panel.display = False
             engine = app.engine
             problem = None if engine.alive else f"engine stopped: {engine.error}"
-            bar.show(app.model_label, engine.stats(), problem)
+            bar.show(app.model_label, engine.stats(), problem, engine.engine_info["block_size"])
 
     # Sessions
 
@@ -134,9 +135,24 @@ class ChatScreen(Screen[None]):
         switcher.current = transcript_id(session_id)
         if self.current != session_id:
             self.cancel_edit()
+            self.chat_app.store.set_last_opened(session_id)
         self.current = session_id
         self.session_list.highlight(session_id)
         switcher.border_title = self.sessions[session_id].title
+
+    def create_session(self) -> Session:
+        """A new chat with the app's default settings, titled "Chat <n>" until its first message
+        gives it a title."""
+        number = max(self.sessions, default=0) + 1
+        session = self.chat_app.store.create_session(f"Chat {number}", self.chat_app.defaults)
+        self.sessions[session.id] = session
+        return session
+
+    def show_title(self, session_id: int, title: str) -> None:
+        self.sessions[session_id].title = title
+        self.session_list.item_for(session_id).set_title(title)
+        if session_id == self.current:
+            self.query_one(ContentSwitcher).border_title = title
 
     @on(ListView.Highlighted, "#sessions")
     async def session_highlighted(self, event: ListView.Highlighted) -> None:
@@ -148,9 +164,7 @@ class ChatScreen(Screen[None]):
         self.prompt_input.focus()
 
     async def action_new_session(self) -> None:
-        number = max(self.sessions, default=0) + 1
-        session = self.chat_app.store.create_session(f"Chat {number}", self.chat_app.defaults)
-        self.sessions[session.id] = session
+        session = self.create_session()
         await self.session_list.append(SessionItem(session.id, session.title))
         await self.open_session(session.id)
         self.prompt_input.focus()
@@ -170,10 +184,7 @@ class ChatScreen(Screen[None]):
             if title is None or session_id not in self.sessions:
                 return
             self.chat_app.store.rename_session(session_id, title)
-            self.sessions[session_id].title = title
-            self.session_list.item_for(session_id).set_title(title)
-            if session_id == self.current:
-                self.query_one(ContentSwitcher).border_title = title
+            self.show_title(session_id, title)
 
         self.app.push_screen(RenameScreen(self.sessions[session_id].title), rename)
 
@@ -221,7 +232,9 @@ class ChatScreen(Screen[None]):
                 self.sessions[session_id].settings = settings
                 self.notify("Settings saved; they apply to the next reply.", timeout=3)
 
-        self.app.push_screen(SettingsScreen(session.title, session.settings), save)
+        app = self.chat_app
+        default = thinking_default(app.engine.tokenizer) if app.ready and app.engine.alive else None
+        self.app.push_screen(SettingsScreen(session.title, session.settings, default), save)
 
     def action_export(self) -> None:
         if self.current is None:
@@ -262,8 +275,8 @@ class ChatScreen(Screen[None]):
 
     # Messages and replies
 
-    @on(PromptInput.Submitted)
-    async def send(self, event: PromptInput.Submitted) -> None:
+    async def send(self, text: str) -> None:
+        """Enter in the message box (the box awaits this before it reads the next key)."""
         session_id = self.current
         if session_id is None or not self.engine_usable():
             return
@@ -272,13 +285,18 @@ class ChatScreen(Screen[None]):
             return
         store = self.chat_app.store
         transcript = self.transcript(session_id)
-        if self.editing is not None:
-            await transcript.remove_from(self.editing.id)
-            store.delete_messages_from(session_id, self.editing.id)
-            self.cancel_edit()
-        message = store.add_message(session_id, "user", event.text)
-        await transcript.add(message)
+        editing = self.editing
+        self.cancel_edit()
         self.prompt_input.clear()
+        if editing is not None:
+            store.delete_messages_from(session_id, editing.id)
+            await transcript.remove_from(editing.id)
+        if not store.messages(session_id):  # the first message names the chat
+            title = title_from(text)
+            if store.set_automatic_title(session_id, title):
+                self.show_title(session_id, title)
+        message = store.add_message(session_id, "user", text)
+        await transcript.add(message)
         await self.start_reply(session_id)
 
     def engine_usable(self) -> bool:
@@ -301,8 +319,15 @@ class ChatScreen(Screen[None]):
         prompt = prompt_messages(session, store.messages(session_id))
         message = store.add_message(session_id, "assistant", "", STREAMING)
         view = await self.transcript(session_id).add(message)
+        settings = session.settings
         reply = Reply(
-            self.chat_app.engine, store, message, view, prompt, sampling_params(session.settings)
+            self.chat_app.engine,
+            store,
+            message,
+            view,
+            prompt,
+            sampling_params(settings),
+            template_kwargs(settings),
         )
         worker = self.run_worker(
             reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False

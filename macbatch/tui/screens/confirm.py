@@ -10,7 +10,12 @@ from textual.widgets import Button, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Returns True for yes (y or the button), False for no (n, Esc or the button)."""
+    """Returns True for yes (y or the button), False for no (n, Esc or the button).
+
+    "No" has the focus, so an Enter meant for the message box cannot confirm.
+    """
+
+    AUTO_FOCUS = "#no"
 
     BINDINGS = [
         Binding("y", "dismiss(True)", "Yes"),

@@ -6,14 +6,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from macbatch.tui.reply import sampling_params
 from macbatch.tui.store import SessionSettings
 
 
 def parse_settings(
-    system_prompt: str, temperature: str, top_p: str, max_tokens: str
+    system_prompt: str, temperature: str, top_p: str, max_tokens: str, thinking: bool | None = None
 ) -> SessionSettings:
     """Settings from the form's text; `ValueError` says which field is wrong and what fits."""
     settings = SessionSettings(
@@ -21,6 +21,7 @@ def parse_settings(
         temperature=_number("temperature", temperature, float),
         top_p=_number("top_p", top_p, float),
         max_tokens=_number("max tokens", max_tokens, int),
+        thinking=thinking,
     )
     sampling_params(settings)  # the engine's own range checks
     return settings
@@ -35,17 +36,21 @@ def _number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
 
 
 class SettingsScreen(ModalScreen[SessionSettings | None]):
-    """Returns the new settings, or None when cancelled."""
+    """Returns the new settings, or None when cancelled. ``thinking_default`` is whether the
+    model's template thinks when not told; None hides the switch (the template has none)."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save"),
         Binding("escape", "dismiss(None)", "Cancel"),
     ]
 
-    def __init__(self, title: str, settings: SessionSettings) -> None:
+    def __init__(
+        self, title: str, settings: SessionSettings, thinking_default: bool | None = None
+    ) -> None:
         super().__init__()
         self.session_title = title
         self.settings = settings
+        self.thinking_default = thinking_default
 
     def compose(self) -> ComposeResult:
         settings = self.settings
@@ -60,6 +65,11 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
                 yield Input(f"{settings.top_p:g}", id="top-p")
                 yield Label("Max tokens")
                 yield Input(str(settings.max_tokens), id="max-tokens")
+            if self.thinking_default is not None:
+                with Horizontal(classes="numbers"):
+                    yield Label("Thinking")
+                    chosen = settings.thinking
+                    yield Switch(self.thinking_default if chosen is None else chosen, id="thinking")
             yield Static("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save (ctrl+s)", variant="primary", id="save")
@@ -72,11 +82,19 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
                 self.query_one("#temperature", Input).value,
                 self.query_one("#top-p", Input).value,
                 self.query_one("#max-tokens", Input).value,
+                self._thinking(),
             )
         except ValueError as error:
             self.query_one("#settings-error", Static).update(str(error))
             return
         self.dismiss(settings)
+
+    def _thinking(self) -> bool | None:
+        """The switch's choice, or None while it says what the template does by default."""
+        if self.thinking_default is None:
+            return None
+        value = self.query_one("#thinking", Switch).value
+        return None if value == self.thinking_default else value
 
     def on_input_submitted(self) -> None:
         self.action_save()

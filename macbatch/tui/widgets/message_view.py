@@ -10,6 +10,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from macbatch.tui.store import DONE, STREAMING, Message
+from macbatch.tui.widgets.reasoning_view import ReasoningView
 
 # Control characters (from a model or a paste) would drive the terminal or break SVG screenshots:
 # show them as Unicode "control pictures" instead (display only; the stored text is untouched).
@@ -53,6 +54,18 @@ class MessageView(Vertical, can_focus=True):
         yield Static("You" if self.message.role == "user" else "Assistant", classes="role")
         yield Markdown(displayable(self.message.content))
         yield Static(describe(self.message), classes="meta", markup=False)
+
+    async def show_reasoning(
+        self, text: str, tokens: int, seconds: float | None, done: bool
+    ) -> None:
+        """Show the reply's reasoning above its answer (mounted on first use)."""
+        views = self.query(ReasoningView)
+        if views:
+            view = views.first()
+        else:
+            view = ReasoningView()
+            await self.mount(view, before=self.query_one(Markdown))
+        view.show(text, tokens, seconds, done)
 
     def refresh_meta(self) -> None:
         """Redraw the line of numbers and the status classes from `self.message`."""

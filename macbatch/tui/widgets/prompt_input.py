@@ -1,47 +1,62 @@
 """Where the user writes: Enter sends, Ctrl+J (or Shift+Enter where the terminal reports it)
-starts a new line."""
+starts a new line.
+
+Every key is handled here, in the order typed, to the end. Textual inserts a printable key as
+soon as the focused widget reads it, but runs a key *binding* (Backspace, End, the arrows,
+ctrl+g ...) only after the key has bubbled up to the app through the queue of every ancestor,
+and a posted message reaches the screen the same way. Keys that arrive faster than the app
+handles them (a fast typist, a terminal catching up after the app was busy switching chats or
+finishing a reply) then overtook each other: a Backspace typed before a word deleted the word's
+last letter, and Enter sent the text before the edits typed ahead of it. So the prompt runs the
+binding of each non-printable key itself, and awaits the screen's `on_submit` for Enter, before
+it reads the next key.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from textual import events
 from textual.binding import Binding
-from textual.message import Message
 from textual.widgets import TextArea
 
 
 class PromptInput(TextArea):
-    """A multi-line input that posts `Submitted` on Enter."""
+    """A multi-line input that hands its text to `on_submit` on Enter."""
 
     BINDINGS = [
         Binding("enter", "submit", "Send"),
         Binding("ctrl+j", "newline", "Newline"),
     ]
 
-    class Submitted(Message):
-        def __init__(self, text: str) -> None:
-            super().__init__()
-            self.text = text
-
-    def __init__(self) -> None:
+    def __init__(self, on_submit: Callable[[str], Awaitable[None]]) -> None:
         super().__init__(id="prompt", soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
         self.placeholder = "Message (Enter to send, Ctrl+J for a new line)"
+        self.on_submit = on_submit
 
     async def _on_key(self, event: events.Key) -> None:
-        # TextArea inserts a newline for Enter itself, before bindings are looked at.
-        if event.key == "enter":
+        if event.key == "enter":  # TextArea would insert a newline before bindings are looked at
             event.stop()
             event.prevent_default()
-            self.action_submit()
+            await self.action_submit()
         elif event.key in ("ctrl+j", "shift+enter"):
             event.stop()
             event.prevent_default()
             self.action_newline()
-        else:
-            await super()._on_key(event)
+        elif event.is_printable:
+            await super()._on_key(event)  # TextArea inserts it
+        elif await self._run_binding(event.key):
+            event.stop()
+            event.prevent_default()
 
-    def action_submit(self) -> None:
+    async def _run_binding(self, key: str) -> bool:
+        """Run `key`'s binding now, looked up as the app does once a key has bubbled up to it
+        (this box, then the screen, then the app; True when one handled it)."""
+        return await self.app._check_bindings(key)
+
+    async def action_submit(self) -> None:
         if self.text.strip():
-            self.post_message(self.Submitted(self.text))
+            await self.on_submit(self.text)
 
     def action_newline(self) -> None:
         self.insert("\n")

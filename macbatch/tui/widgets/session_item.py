@@ -14,16 +14,16 @@ class SessionItem(ListItem):
     def __init__(self, session_id: int, title: str) -> None:
         self.session_id = session_id
         self.title = title
-        super().__init__(Label(f"  {title}", markup=False))
+        self.label = Label(f"  {title}", markup=False)
+        super().__init__(self.label)
 
-    def _label(self) -> str:
+    def _text(self) -> str:
         return f"● {self.title}" if self.generating else f"  {self.title}"
 
     def set_title(self, title: str) -> None:
         self.title = title
-        self.query_one(Label).update(self._label())
+        self.label.update(self._text())
 
     def watch_generating(self, generating: bool) -> None:
         self.set_class(generating, "-generating")
-        if self.is_mounted:
-            self.query_one(Label).update(self._label())
+        self.label.update(self._text())

@@ -23,4 +23,7 @@ class SessionList(ListView):
         raise KeyError(session_id)
 
     def highlight(self, session_id: int) -> None:
-        self.index = self.items.index(self.item_for(session_id))
+        """Move the highlight without posting `Highlighted`: that message means the user moved
+        it, and arriving late (after a second switch) it would reopen the chat left behind."""
+        with self.prevent(ListView.Highlighted):
+            self.index = self.items.index(self.item_for(session_id))

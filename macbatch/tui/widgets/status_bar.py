@@ -1,4 +1,5 @@
-"""The bottom line: model, sessions running / waiting, KV cache use, work in the last step."""
+"""The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
+many tokens it holds and its memory), work in the last step."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ if TYPE_CHECKING:
     from macbatch.engine import EngineStats
 
 
-def status_text(model: str, stats: EngineStats | None, problem: str | None) -> str:
-    """Plain text for the bar; `problem` (loading, failed, stopped) replaces the engine numbers."""
+def status_text(
+    model: str, stats: EngineStats | None, problem: str | None, block_size: int = 0
+) -> str:
+    """Plain text for the bar; `problem` (loading, failed, stopped) replaces the engine numbers.
+    `block_size` (tokens per KV block) turns the pool's blocks into the tokens it holds."""
     if problem is not None or stats is None:
         return f"{model} · {problem or 'starting'}"
+    pool_tokens = stats.kv_blocks_total * block_size
     return (
         f"{model} · {stats.running} running · {stats.waiting} waiting · "
-        f"KV {stats.kv_usage:.0%} of {stats.kv_blocks_total} blocks · "
+        f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks ({pool_tokens:,} tokens, "
+        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB) · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
     )
 
@@ -24,6 +30,12 @@ def status_text(model: str, stats: EngineStats | None, problem: str | None) -> s
 class StatusBar(Static):
     """Shows `status_text`; the app refreshes it on a timer."""
 
-    def show(self, model: str, stats: EngineStats | None, problem: str | None = None) -> None:
-        self.update(status_text(model, stats, problem))
+    def show(
+        self,
+        model: str,
+        stats: EngineStats | None,
+        problem: str | None = None,
+        block_size: int = 0,
+    ) -> None:
+        self.update(status_text(model, stats, problem, block_size))
         self.set_class(problem is not None, "-problem")

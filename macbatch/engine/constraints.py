@@ -1,0 +1,245 @@
+"""Per-request output constraints (JSON schema, any JSON object, regex, choice, Lark/EBNF grammar)
+turned into token masks for the sampled rows of one packed step.
+
+llguidance does the grammar work: it compiles a constraint once per request (a ``ValueError`` at
+submission when the schema, regex or grammar is wrong) and fills 32-bit bitmasks (one bit per
+token) for all constrained rows in parallel with the GIL released. The engine starts the forward
+pass on the device first (``mx.async_eval``) and fills the masks while it runs; the masks are then
+applied with a few plain MLX ops (no Metal kernel). Steps without a constrained row cost nothing
+extra; rows without a constraint get no mask work (they pass through the one select).
+
+A constraint waits for reasoning to end: while a thinking model is inside ``<think>...</think>``
+no mask applies (as vLLM does); the grammar starts with the first answer token.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from macbatch.engine.reasoning import Phase, ReasoningTracker
+
+# JSON as json.dumps writes it: no free whitespace, so a model cannot pad its reply with newlines
+# until max_tokens runs out.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Exactly one constraint on a request's answer.
+
+    ``json_schema`` is a JSON Schema (a dict, or its JSON text); ``json_object=True`` asks for any
+    JSON object; ``regex`` for text matching a regular expression (Rust regex syntax); ``choice``
+    for exactly one of the strings; ``grammar`` for a Lark grammar (GBNF/EBNF is converted).
+    The schema is kept as canonical JSON text so the params stay hashable.
+    """
+
+    json_schema: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.json_schema, dict):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        elif isinstance(self.json_schema, str):
+            try:
+                schema = json.loads(self.json_schema)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise ValueError(
+                    "json_schema must be a JSON object (a schema), got " + repr(schema)
+                )
+        elif self.json_schema is not None:
+            raise ValueError(f"json_schema must be a dict or JSON text, got {self.json_schema!r}")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not all(
+                isinstance(c, str) and c for c in self.choice
+            ):
+                raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")
+            if not self.choice:
+                raise ValueError("choice must list at least one string")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                f"a structured output takes exactly one of {', '.join(_KINDS)}; got "
+                f"{', '.join(given) or 'none'}"
+            )
+        _check_grammar(self.kind, self.llguidance_grammar(), None)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in _KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema as a dict (``{"type": "object"}`` for ``json_object``), else None."""
+        if self.json_object:
+            return {"type": "object"}
+        return json.loads(self.json_schema) if self.json_schema else None
+
+    def llguidance_grammar(self) -> str:
+        """The constraint as an llguidance grammar (not yet validated)."""
+        from llguidance import LLMatcher, grammar_from
+
+        if self.schema is not None:  # a schema's own "x-guidance" options override these
+            return LLMatcher.grammar_from_json_schema(self.schema, defaults=JSON_LAYOUT)
+        if self.regex is not None:
+            return LLMatcher.grammar_from_regex(self.regex)
+        if self.choice is not None:
+            return LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in self.choice)
+            )
+        try:
+            return grammar_from("grammar", self.grammar or "")
+        except ValueError as exc:
+            raise ValueError(f"invalid grammar: {exc}") from None
+
+
+def _check_grammar(kind: str, grammar: str, tokenizer: Any) -> None:
+    """``ValueError`` saying what is wrong with a grammar (checked against ``tokenizer``'s
+    special tokens when given)."""
+    from llguidance import LLMatcher
+
+    error = LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise ValueError(f"invalid {kind.replace('_', ' ')}: {error.strip()}")
+
+
+class ConstraintState:
+    """One request's grammar matcher. It advances with accepted answer tokens only, so it
+    survives preemption and recompute unchanged (they replay no sampling); while the request's
+    reasoning block is open it neither masks nor advances."""
+
+    def __init__(self, matcher: Any, reasoning: ReasoningTracker | None = None) -> None:
+        self.matcher = matcher
+        self.reasoning = reasoning
+
+    @property
+    def masks(self) -> bool:
+        return self.reasoning is None or self.reasoning.phase is not Phase.REASONING
+
+    def adjust_mask(self, words: np.ndarray, num_generated: int) -> None:
+        """Let a model that may still open its reasoning block do so."""
+        token = self.reasoning.next_start_token(num_generated) if self.reasoning else None
+        if token is not None:
+            words[token // 32] |= np.uint32(1 << (token % 32)).view(np.int32)
+
+    def accept(self, token: int, before: Phase) -> str | None:
+        """Advance by an appended token (``before``: the phase it was sampled in); an error
+        message if the grammar rejects it."""
+        after = self.reasoning.phase if self.reasoning else Phase.ANSWER
+        if before is Phase.REASONING or after is not Phase.ANSWER:
+            return None
+        if self.matcher.is_stopped():  # complete: only EOS is allowed, and ignore_eos keeps it
+            return None
+        if not self.matcher.consume_token(token):
+            return f"the constraint rejected token {token}: {self.matcher.get_error()}"
+        return None
+
+
+# llguidance tokenizers by HF tokenizer (weakly) and (vocabulary, EOS ids): engines that share a
+# tokenizer object (tests, a reloaded engine) build the index once.
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _ll_tokenizer(hf_tokenizer: Any, vocab_size: int, eos: list[int]) -> Any:
+    import llguidance.hf
+
+    built = _LL_TOKENIZERS.setdefault(hf_tokenizer, {})
+    key = (vocab_size, tuple(eos))
+    if key not in built:
+        built[key] = llguidance.hf.from_tokenizer(
+            hf_tokenizer, n_vocab=vocab_size, eos_token=eos or None
+        )
+    return built[key]
+
+
+class ConstraintCompiler:
+    """Builds matchers for one tokenizer; llguidance's tokenizer index (about 1-3 s for a
+    150k vocabulary) is built on first use, so engines that never see a constraint never pay."""
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self._hf_tokenizer = hf_tokenizer
+        self.vocab_size = vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._lock = threading.Lock()
+        self._ll_tokenizer: Any = None
+        self._executor: Any = None
+        self._valid: set[str] = set()  # grammars already checked against this tokenizer
+        self.mask_seconds = 0.0  # time spent filling masks (benchmarks read it)
+        self.mask_steps = 0
+
+    @property
+    def ll_tokenizer(self) -> Any:
+        with self._lock:
+            if self._ll_tokenizer is None:
+                import llguidance
+
+                self._ll_tokenizer = _ll_tokenizer(self._hf_tokenizer, self.vocab_size, self._eos)
+                self._executor = llguidance.LLExecutor()
+            return self._ll_tokenizer
+
+    def compile(self, spec: StructuredOutput) -> Any:
+        """A fresh matcher for ``spec``; ``ValueError`` saying what is wrong if it is invalid."""
+        from llguidance import LLMatcher
+
+        grammar = spec.llguidance_grammar()
+        tokenizer = self.ll_tokenizer
+        if grammar not in self._valid:
+            _check_grammar(spec.kind, grammar, tokenizer)
+            self._valid.add(grammar)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")
+        return matcher
+
+    def mask_logits(
+        self, logits: mx.array, states: list[ConstraintState | None], generated: list[int]
+    ) -> mx.array:
+        """``logits [R, V]`` with disallowed tokens at -inf in the rows that have a constraint.
+
+        ``generated[i]``: how many tokens row i's request has generated. Starts the forward on
+        the device, fills the masks on the CPU meanwhile, then applies them.
+        """
+        rows = [i for i, s in enumerate(states) if s is not None and s.masks]
+        if not rows:
+            return logits
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        mx.async_eval(logits)
+        started = time.perf_counter()
+        words = np.full((len(states), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        fill_next_token_bitmask_par(self._executor, [(states[i].matcher, i) for i in rows], words)
+        for i in rows:
+            states[i].adjust_mask(words[i], generated[i])
+        self.mask_seconds += time.perf_counter() - started
+        self.mask_steps += 1
+        return apply_bitmask(logits, words)
+
+
+def apply_bitmask(logits: mx.array, words: np.ndarray) -> mx.array:
+    """``logits [R, V]`` with -inf where ``words [R, ceil(V/32)]`` (int32; bit j of word w is
+    token 32*w + j) has a 0 bit. Plain MLX ops, any backend: one shift/and expands the bits, one
+    select applies them. Rows without a constraint have all bits set and pass through unchanged
+    (a select over the whole batch measured cheaper than scattering back only the masked rows).
+    """
+    vocab = logits.shape[-1]
+    bits = mx.array(words).view(mx.uint32)[:, :, None] >> mx.arange(32, dtype=mx.uint32)
+    allowed = (bits & 1).reshape(words.shape[0], -1)[:, :vocab].astype(mx.bool_)
+    return mx.where(allowed, logits, -mx.inf)

@@ -1,0 +1,60 @@
+"""What every rank but 0 runs: load what rank 0 loads, then run each step it broadcasts.
+
+A follower holds no request state, writes no file and opens no port: its only inputs are rank 0's
+messages, and its only work is the packed forward over its shard and its KV pool.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+
+from macbatch.engine.distributed.channel import (
+    MessageKind,
+    PeerLostError,
+    StepChannel,
+    channel_of,
+    decode_batch,
+)
+from macbatch.engine.engine import Engine
+
+
+def follow(group: mx.distributed.Group) -> int:
+    """Serve rank 0 until it says stop; the exit status for the process."""
+    channel = channel_of(group)
+    try:
+        kind, payload = channel.receive()
+        if kind is MessageKind.STOP:
+            return 0
+        if kind is not MessageKind.LOAD:
+            raise RuntimeError(f"{channel.who}: expected a load message first, got {kind.name}")
+        order = StepChannel.load_order(payload)
+        engine = Engine.load(order.model, order.config)
+        sys.stderr.write(f"macbatch {channel.who}: loaded its shard of {order.model}\n")
+        run_steps(engine, channel)
+    except PeerLostError as exc:
+        # Rank 0 exiting without a stop (a crash, or `serve` leaving at once) lands here too.
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    except Exception as exc:  # a model this rank cannot load or shard: say so, then exit
+        sys.stderr.write(f"macbatch {channel.who}: error: {exc}\n")
+        return 1
+    return 0
+
+
+def run_steps(engine: Engine, channel: StepChannel) -> None:
+    """Run every broadcast step's forward on this rank's shard until the stop message."""
+    while True:
+        kind, payload = channel.receive()
+        if kind is MessageKind.STOP:
+            return
+        if kind is not MessageKind.STEP:
+            raise RuntimeError(f"{channel.who}: unexpected {kind.name} message during serving")
+        batch = decode_batch(payload)
+        channel.watchdog.arm(f"step {channel.messages}", batch.num_tokens)
+        # The same calls as rank 0's step: same layers, so the same collectives in the same
+        # order. Logits are computed and dropped; rank 0 samples.
+        logits = engine.adapter.forward(batch, engine.store)
+        mx.eval(*([] if logits is None else [logits]), *engine.store.arrays())
+        channel.watchdog.disarm()

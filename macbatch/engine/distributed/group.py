@@ -1,0 +1,44 @@
+"""The process group a launcher started: who is rank 0, and agreeing on numbers across ranks."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from macbatch.engine.distributed.watchdog import guarded, timeout_from_env
+from macbatch.launch import launched
+
+# Connecting may take a few step deadlines: the ranks on other hosts start over ssh.
+CONNECT_TIMEOUTS = 3
+
+_group: mx.distributed.Group | None = None
+
+
+def join() -> mx.distributed.Group | None:
+    """Connect to the other ranks (once per process); None when this process runs alone."""
+    global _group
+    if _group is None and launched():
+        # MLX waits forever for a rank that never connects (a host down, a wrong address).
+        with guarded(CONNECT_TIMEOUTS * timeout_from_env(), "connecting to the other ranks"):
+            group = mx.distributed.init(strict=True)
+        if group.size() > 1:
+            _group = group
+    return _group
+
+
+def current() -> mx.distributed.Group | None:
+    """The group ``join`` connected to, if any."""
+    return _group
+
+
+def smallest(value: int, group: mx.distributed.Group) -> int:
+    """The smallest of every rank's ``value`` (every rank must call this at the same point)."""
+    mine = mx.array([value], dtype=mx.int32)
+    return int(mx.distributed.all_min(mine, group=group, stream=mx.cpu).item())
+
+
+def failed_ranks(failed: bool, group: mx.distributed.Group) -> list[int]:
+    """Every rank says whether it failed; all of them learn which did."""
+    flags = mx.distributed.all_gather(
+        mx.array([int(failed)], dtype=mx.int32), group=group, stream=mx.cpu
+    )
+    return [rank for rank, flag in enumerate(flags.tolist()) if flag]

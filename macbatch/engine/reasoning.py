@@ -1,0 +1,145 @@
+"""Reasoning blocks (``<think>...</think>`` in Qwen3 / DeepSeek-R1 style, Gemma 4's thought
+channel): where a request starts relative to one, when it ends, and its text apart from the answer.
+
+The markers are the ones mlx-lm's tokenizer wrapper infers from the vocabulary. Whether a request
+starts inside a reasoning block is read from its own prompt: the tokens after the last start of
+the template's generation prompt (``<|im_start|>`` for Qwen, ``<｜Assistant｜>`` for DeepSeek).
+A start marker there (DeepSeek-R1 opens ``<think>`` itself) means inside; an end marker (Qwen3
+with ``enable_thinking=False`` writes an empty block) means the answer comes next; neither means
+the model decides, and a reasoning block opens if its first tokens are the start marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class Phase(Enum):
+    """Where a request's generation is relative to its reasoning block."""
+
+    ANSWER = "answer"
+    REASONING = "reasoning"
+    MAYBE = "maybe"  # the model may open a reasoning block with its first tokens
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """A model's reasoning markers, as text and as token ids."""
+
+    start: str
+    end: str
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+    turn_start_id: int | None  # first token of the generation prompt
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> ReasoningFormat | None:
+        """The format of an mlx-lm ``TokenizerWrapper``, or None if it has no reasoning."""
+        if not getattr(tokenizer, "has_thinking", False):
+            return None
+        if getattr(tokenizer, "chat_template", None) is None:
+            return None
+        turn_start = None
+        try:
+            plain = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "x"}], add_generation_prompt=False, tokenize=True
+            )
+            with_prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True
+            )
+            if len(with_prompt) > len(plain):
+                turn_start = with_prompt[len(plain)]
+        except Exception:  # a template that cannot render a bare user turn: no prompt hint
+            turn_start = None
+        return cls(
+            start=tokenizer.think_start,
+            end=tokenizer.think_end,
+            start_ids=tuple(tokenizer.think_start_tokens),
+            end_ids=tuple(tokenizer.think_end_tokens),
+            turn_start_id=turn_start,
+        )
+
+    def initial_phase(self, prompt_ids: Sequence[int]) -> Phase:
+        """Whether generation after ``prompt_ids`` (a templated chat) starts inside reasoning."""
+        tail_start = 0
+        if self.turn_start_id is not None:
+            for i in range(len(prompt_ids) - 1, -1, -1):
+                if prompt_ids[i] == self.turn_start_id:
+                    tail_start = i
+                    break
+        tail = list(prompt_ids[tail_start:])
+        last_start = _rfind(tail, self.start_ids)
+        last_end = _rfind(tail, self.end_ids)
+        if last_start < 0 and last_end < 0:
+            return Phase.MAYBE
+        return Phase.REASONING if last_start > last_end else Phase.ANSWER
+
+
+def _rfind(tokens: list[int], pattern: tuple[int, ...]) -> int:
+    n = len(pattern)
+    for i in range(len(tokens) - n, -1, -1):
+        if tuple(tokens[i : i + n]) == pattern:
+            return i
+    return -1
+
+
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """Splits a reply's text into reasoning and answer, given where its tracker was."""
+
+    format: ReasoningFormat
+    starts_inside: bool
+    phase: Phase
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, answer) of ``text``: reasoning is None when the request had none."""
+        fmt = self.format
+        if not self.starts_inside:
+            if not text.startswith(fmt.start):
+                if fmt.start.startswith(text) and self.phase is not Phase.ANSWER:
+                    return "", ""  # the start marker is still arriving
+                return None, text
+            text = text[len(fmt.start) :]
+        reasoning, ended, answer = text.partition(fmt.end)
+        return reasoning.lstrip("\n"), answer.lstrip("\n") if ended else ""
+
+
+class ReasoningTracker:
+    """One request's phase, advanced token by token; splits its text into reasoning and answer."""
+
+    def __init__(self, fmt: ReasoningFormat, phase: Phase) -> None:
+        self.format = fmt
+        self.phase = phase
+        self.starts_inside = phase is Phase.REASONING
+
+    def advance(self, output_ids: Sequence[int]) -> None:
+        """Update the phase after ``output_ids[-1]`` was appended."""
+        fmt = self.format
+        if self.phase is Phase.MAYBE:
+            n = len(fmt.start_ids)
+            if len(output_ids) <= n and tuple(output_ids) == fmt.start_ids[: len(output_ids)]:
+                if len(output_ids) == n:
+                    self.phase = Phase.REASONING
+                return
+            self.phase = Phase.ANSWER
+        elif self.phase is Phase.REASONING:
+            n = len(fmt.end_ids)
+            if tuple(output_ids[-n:]) == fmt.end_ids:
+                self.phase = Phase.ANSWER
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, answer) of ``text``: reasoning is None when the request had none."""
+        return self.snapshot().split(text)
+
+    def snapshot(self) -> ReasoningSplit:
+        """What splitting the text needs as of now (an output splits its text when read)."""
+        return ReasoningSplit(self.format, self.starts_inside, self.phase)
+
+    def next_start_token(self, num_generated: int) -> int | None:
+        """The start marker's next token while the model may still open a reasoning block."""
+        if self.phase is Phase.MAYBE and num_generated < len(self.format.start_ids):
+            return self.format.start_ids[num_generated]
+        return None

@@ -1,0 +1,331 @@
+"""Tool calls: the request's tools checked, the chat history's calls and results made ready for
+the model's own template, and each model family's call format parsed out of a reply (or forced
+by a grammar for ``tool_choice`` "required" or a named function).
+
+The family is detected from the chat template, one table row per format:
+
+- ``hermes`` (Qwen 2.5/3): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
+- ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
+- ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}``
+- ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|>``
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from macbatch.engine.constraints import JSON_LAYOUT
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: ``arguments`` is JSON text, as OpenAI sends it."""
+
+    name: str
+    arguments: str
+    id: str
+
+    def openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def new_call_id() -> str:
+    """Nine letters and digits: the one id shape every template accepts (Mistral's demands it)."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How one model family writes tool calls (see the module docstring)."""
+
+    family: str
+    start: str  # text that opens the call part of a reply ("" : the reply itself)
+    args_key: str  # "arguments" or "parameters"
+    split: Callable[[str], tuple[str, list[tuple[str, Any]]] | None]
+    grammar_of: Callable[[dict[str, Any], bool, Any], str]  # (call schema, parallel, tokenizer)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a finished reply; a reply whose calls do not parse is content."""
+        found = self.split(text)
+        if found is None:
+            return text, []
+        content, raw = found
+        calls = []
+        for name, arguments in raw:
+            if not isinstance(name, str) or not name:
+                return text, []
+            args = (
+                arguments
+                if isinstance(arguments, str)
+                else json.dumps(arguments, ensure_ascii=False)
+            )
+            calls.append(ToolCall(name, args, new_call_id()))
+        return content, calls
+
+    def grammar(self, tools: Sequence[dict[str, Any]], parallel: bool, tokenizer: Any) -> str:
+        """A Lark grammar whose every reply is one call (or more if ``parallel``) to one of
+        ``tools`` (already checked), with arguments valid against its ``parameters``."""
+        options = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t["function"]["name"]},
+                    self.args_key: t["function"].get("parameters") or {"type": "object"},
+                },
+                "required": ["name", self.args_key],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        call = {"anyOf": options} if len(options) > 1 else options[0]
+        return self.grammar_of(call, parallel, tokenizer)
+
+    def content_end(self, text: str) -> int:
+        """How much of a reply still streaming is surely words, not the start of a call."""
+        if not self.start:  # the reply itself is the call when it starts like one
+            head = text.lstrip()
+            return 0 if not head or head.startswith(("{", "<|python_tag|>")) else len(text)
+        at = text.find(self.start)
+        if at >= 0:
+            return at
+        for k in range(min(len(self.start) - 1, len(text)), 0, -1):
+            if text.endswith(self.start[:k]):
+                return len(text) - k
+        return len(text)
+
+
+def _json_rule(schema: dict[str, Any]) -> str:
+    """A Lark rule body for JSON valid against ``schema``, laid out as the engine's JSON is."""
+    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_LAYOUT}))
+
+
+def _literal(tokenizer: Any, text: str) -> str:
+    """A Lark terminal for ``text``: the token itself where the vocabulary has it as one added
+    token (grammars see added tokens as tokens, not as their text), else the quoted text."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) == 1 and ids[0] in getattr(tokenizer, "added_tokens_decoder", {}):
+        return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
+def _json_prefix(text: str) -> tuple[Any, int] | None:
+    try:
+        return json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def _hermes_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+    blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)
+    if not blocks:
+        return None
+    calls = []
+    for block in blocks:
+        try:
+            call = json.loads(block)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(call, dict):
+            return None
+        calls.append((call.get("name"), call.get("arguments", {})))
+    return text[: text.index("<tool_call>")].strip(), calls
+
+
+def _hermes_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+    more = ' ("\\n" call)*' if parallel else ""
+    start, end = _literal(tokenizer, "<tool_call>"), _literal(tokenizer, "</tool_call>")
+    return f'start: call{more}\ncall: {start} "\\n" obj "\\n" {end}\nobj: {_json_rule(call)}\n'
+
+
+def _mistral_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+    at = text.find("[TOOL_CALLS]")
+    if at < 0:
+        return None
+    found = _json_prefix(text[at + len("[TOOL_CALLS]") :].lstrip())
+    if found is None or not isinstance(found[0], list):
+        return None
+    calls = [c for c in found[0] if isinstance(c, dict)]
+    if len(calls) != len(found[0]) or not calls:
+        return None
+    return text[:at].strip(), [(c.get("name"), c.get("arguments", {})) for c in calls]
+
+
+def _mistral_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+    array = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+    return f'start: {_literal(tokenizer, "[TOOL_CALLS]")} " " calls\ncalls: {_json_rule(array)}\n'
+
+
+def _llama3_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+    body = text.removeprefix("<|python_tag|>").strip()
+    found = _json_prefix(body) if body.startswith("{") else None
+    if found is None or found[1] != len(body) or not isinstance(found[0], dict):
+        return None
+    call = found[0]
+    if "name" not in call:
+        return None
+    return "", [(call["name"], call.get("parameters", call.get("arguments", {})))]
+
+
+def _single_json_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+    return f"start: obj\nobj: {_json_rule(call)}\n"
+
+
+_HARMONY_CALL = re.compile(
+    r"to=functions\.([\w.-]+)[^<]*(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)(?:<\|call\|>|$)",
+    re.DOTALL,
+)
+
+
+def _harmony_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+    matches = list(_HARMONY_CALL.finditer(text))
+    if not matches:
+        return None
+    calls = []
+    for m in matches:
+        try:
+            calls.append((m.group(1), json.loads(m.group(2))))
+        except json.JSONDecodeError:
+            return None
+    final = re.search(
+        r"<\|channel\|>final<\|message\|>(.*?)(?:<\|end\|>|<\|return\|>|$)", text, re.DOTALL
+    )
+    return (final.group(1).strip() if final else ""), calls
+
+
+def _harmony_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+    raise ValueError(
+        "tool_choice 'required' or a named function is not available for gpt-oss (harmony) "
+        "models yet; use tool_choice 'auto'"
+    )
+
+
+# Detection order matters: the first row whose marker is in the chat template wins.
+_FAMILIES: list[tuple[tuple[str, ...], ToolFormat]] = [
+    (
+        ("to=functions",),
+        ToolFormat("harmony", "<|channel|>", "arguments", _harmony_split, _harmony_grammar),
+    ),
+    (
+        ("[TOOL_CALLS]",),
+        ToolFormat("mistral", "[TOOL_CALLS]", "arguments", _mistral_split, _mistral_grammar),
+    ),
+    (
+        ("<tool_call>",),
+        ToolFormat("hermes", "<tool_call>", "arguments", _hermes_split, _hermes_grammar),
+    ),
+    (
+        ("<|python_tag|>", "Environment: ipython"),
+        ToolFormat("llama3_json", "", "parameters", _llama3_split, _single_json_grammar),
+    ),
+]
+
+
+def detect_tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The tool-call format of a tokenizer's chat template, or None if no parser knows it."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return None
+    for markers, fmt in _FAMILIES:
+        if any(m in template for m in markers):
+            return fmt
+    return None
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """OpenAI-shaped function tools, checked; ``ValueError`` says which one is wrong."""
+    if not isinstance(tools, list) or not tools:
+        raise ValueError("'tools' must be a non-empty list of {type: function, function: {...}}")
+    names = set()
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise ValueError(f"{where} must be {{'type': 'function', 'function': {{...}}}}")
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"{where}.function must be an object with a string 'name'")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", function["name"]):
+            raise ValueError(f"{where}.function.name must be 1-64 letters, digits, _ . or -")
+        if function["name"] in names:
+            raise ValueError(f"{where}: two tools are named {function['name']!r}")
+        names.add(function["name"])
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ValueError(f"{where}.function.parameters must be a JSON schema object")
+    return tools
+
+
+def chosen_tools(tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any]] | None:
+    """The tools a reply must call from (None: the model may answer in words).
+
+    ``choice``: "none", "auto" (None), "required", or {"type": "function", "function":
+    {"name": ...}}; an unknown name is a ``ValueError``.
+    """
+    if choice is None or choice in ("auto", "none"):
+        return None
+    if choice == "required":
+        return tools
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise ValueError(
+            "tool_choice must be 'none', 'auto', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}"
+        )
+    picked = [t for t in tools if t["function"]["name"] == name]
+    if not picked:
+        known = ", ".join(t["function"]["name"] for t in tools)
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools ({known})")
+    return picked
+
+
+def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages ready for a template: assistant ``tool_calls`` with their arguments as
+    objects (templates serialize them), tool results kept; ``ValueError`` on malformed ones."""
+    out = []
+    for i, message in enumerate(messages):
+        where = f"chat message {i}"
+        role, content = message.get("role"), message.get("content")
+        calls = message.get("tool_calls")
+        if not isinstance(role, str):
+            raise ValueError(f"{where} must have a string 'role', got {message}")
+        if calls:
+            if role != "assistant" or not isinstance(calls, list):
+                raise ValueError(f"{where}: only an assistant message has a list of tool_calls")
+            message = dict(message, content=content or "", tool_calls=_history_calls(calls, where))
+        elif not isinstance(content, str):
+            raise ValueError(f"{where} must have string 'role' and 'content' fields, got {message}")
+        if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
+            raise ValueError(f"{where}: a tool result's tool_call_id must be a string")
+        out.append(message)
+    return out
+
+
+def _history_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"{where}.tool_calls[{j}] needs a 'function' with a string 'name'")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"{where}.tool_calls[{j}].function.arguments is not valid JSON: {exc}"
+                ) from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{where}.tool_calls[{j}].function.arguments must be a JSON object")
+        out.append(dict(call, function={"name": function["name"], "arguments": arguments}))
+    return out

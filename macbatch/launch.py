@@ -1,0 +1,44 @@
+"""Starting under a distributed launcher (``mlx.launch``): every rank joins the group before any
+command runs; rank 0 goes on to run the command, every other rank follows rank 0's engine.
+
+Light on purpose: the CLI checks ``launched()`` on every start, before anything imports MLX.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# mlx.launch sets MLX_RANK for the ring and JACCL backends; mpirun sets OMPI_COMM_WORLD_RANK.
+RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def launched() -> bool:
+    """True when a distributed launcher started this process with other ranks to join."""
+    if not any(os.environ.get(name) for name in RANK_VARIABLES):
+        return False
+    # `mlx.launch` with a single host gives the ring backend an empty hostfile: no group.
+    hostfile = os.environ.get("MLX_HOSTFILE")
+    return (
+        hostfile is None or not Path(hostfile).is_file() or bool(Path(hostfile).read_text().strip())
+    )
+
+
+def follower_exit_status() -> int | None:
+    """Join the group if launched; on ranks other than 0, follow rank 0 until it stops and return
+    the exit status. None on rank 0 and outside a launcher: go on with the command."""
+    if not launched():
+        return None
+    from macbatch.engine.distributed.group import join
+
+    group = join()
+    if group is None:
+        return None
+    from macbatch.engine.distributed.channel import channel_of
+
+    if group.rank() == 0:
+        channel_of(group)  # from now on, rank 0 releases the followers when it exits
+        return None
+    from macbatch.engine.distributed.follower import follow
+
+    return follow(group)

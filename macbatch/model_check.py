@@ -1,0 +1,119 @@
+"""`macbatch doctor MODEL`: what would happen if this local model were served, before loading it.
+
+The weights are opened lazily (memory-mapped, never read) and the engine's own adapter probes the
+model's graph without evaluating it, so the answers (architecture, paged layers, KV bytes per
+token, compute dtype) are the ones ``Engine.load`` would reach, at the cost of a config read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlx.utils import tree_flatten
+
+from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, unsupported_reason
+from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
+from macbatch.engine.kv_cache import PageFormat
+from macbatch.engine.loader import resolve_model_path
+
+
+@dataclass
+class ModelReport:
+    """What ``check_model`` found; ``problem`` is why the model cannot be served (None: it can)."""
+
+    name: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    problem: str | None = None
+
+    @property
+    def servable(self) -> bool:
+        return self.problem is None
+
+
+def check_model(name: str) -> ModelReport:
+    report = ModelReport(name)
+    try:
+        path = _local_path(name)
+        report.rows.append(("path", str(path)))
+        config = json.loads((path / "config.json").read_text())
+        report.rows.append(("quantization", describe_quantization(config)))
+        reason = unsupported_reason(str(config.get("model_type")))
+        if reason:
+            report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
+            return report
+        _probe(path, report)
+    except (ValueError, OSError) as exc:
+        report.problem = str(exc)
+    return report
+
+
+def _local_path(name: str) -> Path:
+    """The model's directory here; a hub id must already be in the Hugging Face cache."""
+    target = resolve_model_path(name)
+    if isinstance(target, Path):
+        return target
+    from macbatch.models import local_models
+
+    for model in local_models():
+        if model.name == target:
+            return model.path
+    raise ValueError(
+        f"'{name}' is not downloaded yet; `macbatch chat -m {name}` (or run/serve) downloads it"
+    )
+
+
+def describe_quantization(config: dict[str, Any]) -> str:
+    quant = config.get("quantization") or config.get("quantization_config")
+    if not quant:
+        return "none (float weights)"
+    mode = quant.get("mode") or quant.get("quant_method") or "affine"
+    parts = [f"{mode} {quant.get('bits', '?')}-bit", f"group size {quant.get('group_size', '?')}"]
+    mixed = sum(1 for v in quant.values() if isinstance(v, dict))
+    if mixed:
+        parts.append(f"{mixed} layers with their own settings")
+    return ", ".join(parts)
+
+
+def _probe(path: Path, report: ModelReport) -> None:
+    from mlx_lm.utils import load_model
+
+    try:
+        model, _ = load_model(path, lazy=True)
+    except Exception as exc:  # an unknown model_type, missing weights ...: all mean "cannot load"
+        raise ValueError(f"mlx-lm cannot load it: {exc}") from exc
+    outer_type = model_type_of(model)
+    inner_type = model_type_of(text_model(model))
+    shown = outer_type if inner_type == outer_type else f"{outer_type} (text model: {inner_type})"
+    report.rows.append(("architecture", shown))
+    try:
+        dtype = settle_compute_dtype(model, None, owns_model=True)
+    except ValueError as exc:
+        report.problem = str(exc)
+        return
+    report.rows.append(("compute dtype", f"{dtype.dtype} ({dtype.reason})"))
+    try:
+        adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
+    except Exception as exc:  # an architecture whose forward fails on the probe: same answer
+        raise ValueError(f"the paged engine cannot run it: {exc}") from exc
+    layers, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
+    shared = f", {layers - paged} reuse another layer's K/V" if paged < layers else ""
+    report.rows.append(("layers", f"{layers} ({paged} with KV pages{shared})"))
+    per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
+    kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
+    report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
+    # what the weights take once loaded and cast (lazy arrays know their size unread)
+    needed = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    free = available_memory_bytes()
+    report.rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
+    if needed > free:
+        report.problem = (
+            f"its weights need {_size(needed)} and {_size(free)} is free; "
+            "free memory or pick a smaller (quantized) model"
+        )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.1f} MiB"

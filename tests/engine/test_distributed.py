@@ -1,0 +1,156 @@
+"""Tensor parallelism: two ranks on 127.0.0.1 over MLX's ring backend, started the way users start
+them (``mlx.launch``, or MLX_RANK + a hostfile), against mlx-lm's own single-process generation.
+Every subprocess has a deadline, so nothing here can hang CI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx_lm
+import numpy as np
+import pytest
+
+from macbatch.engine import UnsupportedModelError
+from macbatch.engine.distributed.channel import decode_batch, encode_batch
+from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.kv_cache import BlockPool
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.packing import pack
+from macbatch.engine.request import Request, RequestMetrics
+from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.scheduler import Scheduler
+from tests.support.oracle import mlx_lm_greedy_logprobs
+from tests.support.ranks import mlx_launch, ring_hostfile
+from tests.support.tiny import build_model, save_model
+from tests.support.tp_worker import CONFIG, GREEDY, workload_prompts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_two_ranks_generate_what_mlx_lm_generates(arch: str, tmp_path: Path) -> None:
+    """Under `mlx.launch -n 2 --backend ring`, with prompts longer than a step's budget (chunked
+    prefill), a pool too small for all of them (preemption) and a shared prefix (prefix cache):
+    every greedy token, and its log-probability, is mlx-lm's on the whole model."""
+    model_dir = save_model(tmp_path / arch, arch=arch, seed=1)
+    out = tmp_path / "result.json"
+    command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out)]
+    launched = mlx_launch(command, ranks=2, timeout_s=180)
+    assert out.exists(), launched.stdout + launched.stderr
+    result = json.loads(out.read_text())
+
+    prompts = workload_prompts()
+    assert max(map(len, prompts)) > CONFIG.max_num_batched_tokens
+    assert result["preemptions"] > 0 and result["prefix_cache_hit_rate"] > 0
+    assert result["kv_heads_per_rank"] == [1, 1]  # each rank pages its half of the 2 KV heads
+    model, _ = mlx_lm.load(str(model_dir))
+    for i, prompt in enumerate(prompts):
+        expected = mlx_lm_greedy_logprobs(model, prompt, GREEDY.max_tokens)
+        assert result["tokens"][i] == [t for t, _ in expected], f"request {i}"
+        np.testing.assert_allclose(result["logprobs"][i], [lp for _, lp in expected], atol=1e-4)
+
+
+def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
+    """What the followers decode is exactly the batch rank 0 packed."""
+    kv = KVManager(BlockPool(32), 8, prefix_root=None)
+    scheduler = Scheduler(kv, 40, 8)
+    for i, length in enumerate([3, 30, 17]):
+        scheduler.add(
+            Request(
+                request_id=str(i),
+                prompt_token_ids=list(range(5, 5 + length)),
+                params=SamplingParams(max_tokens=4),
+                seed=0,
+                eos_token_ids=frozenset(),
+                detokenizer=tiny_tokenizer.detokenizer,
+                metrics=RequestMetrics(arrival_time=0.0, prompt_tokens=length),
+            )
+        )
+    plan = scheduler.schedule()
+    tables = [kv.block_table(c.request.request_id) for c in plan.chunks]
+    batch = pack(plan, tables, 8, {1, 2})
+    decoded = decode_batch(encode_batch(batch))
+    assert decoded.num_tokens == batch.num_tokens == 40
+    for name in ("token_ids", "positions", "cu_seqlens_q", "seq_lens", "block_tables"):
+        assert getattr(decoded, name).tolist() == getattr(batch, name).tolist(), name
+    assert decoded.sample_rows.tolist() == batch.sample_rows.tolist()
+    assert (decoded.pending_rows, decoded.pending_chunks) == (batch.pending_rows, [])
+    assert {k: v.tolist() for k, v in decoded.kv_write_rows.items()} == {
+        k: v.tolist() for k, v in batch.kv_write_rows.items()
+    }
+
+
+class _TwoRanks:
+    """Stands in for a group of two when only the group's size is read (no collective runs)."""
+
+    def size(self) -> int:
+        return 2
+
+
+def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
+    with pytest.raises(
+        UnsupportedModelError, match="gemma3_text.*Architectures that have it:.*llama"
+    ):
+        shard_model(build_model("gemma3_text"), _TwoRanks())
+    with pytest.raises(UnsupportedModelError, match="3 key value heads.*divides 3"):
+        shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())
+
+
+def _doctor_as_rank_zero(hostfile: Path, **env: str) -> subprocess.CompletedProcess:
+    """`macbatch doctor` started as rank 0 of the ring ``hostfile`` (no other rank started)."""
+    return subprocess.run(
+        [sys.executable, "-m", "macbatch", "doctor"],
+        env=dict(os.environ, MLX_RANK="0", MLX_HOSTFILE=str(hostfile), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_launch_with_one_rank_runs_alone(tmp_path: Path) -> None:
+    """`mlx.launch` on one host sets MLX_RANK and an empty ring hostfile: no group to join."""
+    empty = tmp_path / "hosts.json"
+    empty.write_text("")
+    alone = _doctor_as_rank_zero(empty)
+    assert alone.returncode == 0, alone.stderr
+    assert "attention" in alone.stdout
+
+
+def test_a_rank_that_never_connects_stops_rank_zero(tmp_path: Path) -> None:
+    """A host in the hostfile that is down: rank 0 stops with a clear error instead of waiting
+    forever in MLX's connect (3 x MACBATCH_PEER_TIMEOUT)."""
+    started = time.monotonic()
+    lonely = _doctor_as_rank_zero(ring_hostfile(tmp_path, 2), MACBATCH_PEER_TIMEOUT="1")
+    assert lonely.returncode == -signal.SIGKILL, lonely.stderr
+    assert "connecting to the other ranks made no progress for 3 s" in lonely.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_step_deadlines_follow_the_steps_seen(monkeypatch) -> None:
+    """Warm-up steps get a minute; then ten times the tighter of the slowest seconds-per-token
+    times the step's tokens and the slowest step (scaled when this one is bigger than any seen),
+    never under the floor."""
+    from macbatch.engine.distributed import watchdog as module
+
+    clock = [0.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    dog = module.Watchdog(floor_s=2.0, who="test")
+
+    def step(tokens: int, seconds: float) -> None:
+        dog.arm("step", tokens)
+        clock[0] += seconds
+        dog.disarm()
+
+    for _ in range(module.WARMUP_STEPS):
+        assert dog.deadline_s(2) == pytest.approx(module.WARMUP_TIMEOUT_S)
+        step(2, 1.0)  # 0.5 s per token, 1 s per step
+    assert dog.deadline_s(2) == pytest.approx(10 * min(0.5 * 2, 1.0))
+    assert dog.deadline_s(12) == pytest.approx(10 * min(0.5 * 12, 1.0 * 12 / 2))
+    step(12, 1.2)  # a bigger step: 1.2 s per step, 0.1 s per token
+    assert dog.deadline_s(12) == pytest.approx(10 * min(0.5 * 12, 1.2))
+    assert dog.deadline_s(24) == pytest.approx(10 * min(0.5 * 24, 1.2 * 24 / 12))
+    assert dog.deadline_s(1) == pytest.approx(max(2.0, 10 * min(0.5, 1.2)))

@@ -1,0 +1,76 @@
+"""One rank of a tensor-parallel engine run, started by ``mlx.launch`` (or with MLX_RANK and
+MLX_HOSTFILE set by a test). Rank 0 runs a staggered greedy workload that chunks prompts, preempts
+and reuses cached prefixes, and writes what it generated; the other ranks follow it.
+
+    python -m tests.support.tp_worker MODEL_DIR OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
+from macbatch.launch import follower_exit_status
+
+# A pool of 14 blocks of 8 tokens cannot hold these requests together (preemption); a 24-token
+# budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
+CONFIG = EngineConfig(num_blocks=14, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+
+
+def workload_prompts() -> list[list[int]]:
+    shared = [(7 * i + 3) % 300 + 5 for i in range(24)]
+    tails = [
+        [11, 12, 13, 14, 15, 16],
+        [40 + i for i in range(9)],
+        [200, 201],
+        [90 + i for i in range(12)],
+    ]
+    return [
+        [(13 * i + 1) % 300 + 5 for i in range(30)],
+        shared + tails[0],
+        [(5 * i + 2) % 300 + 5 for i in range(11)],
+        shared + tails[1],
+        [(3 * i + 9) % 300 + 5 for i in range(37)],
+        shared + tails[2],
+    ]
+
+
+def run_rank_zero(model_dir: str, out: Path) -> None:
+    engine = Engine.load(model_dir, CONFIG)
+    prompts = workload_prompts()
+    results: dict[int, RequestOutput] = {}
+    ids: dict[str, int] = {}
+    step = 0
+    pending = list(enumerate(prompts))
+    while pending or engine.has_unfinished():
+        while pending and step >= pending[0][0] * 3:
+            i, prompt = pending.pop(0)
+            ids[engine.add_request(prompt, GREEDY)] = i
+        for output in engine.step():
+            if output.finished:
+                results[ids[output.request_id]] = output
+        step += 1
+    stats = engine.stats()
+    report = {
+        "tokens": [results[i].token_ids for i in range(len(prompts))],
+        "logprobs": [results[i].logprobs for i in range(len(prompts))],
+        "preemptions": stats.preemptions,
+        "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
+        "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
+    }
+    out.write_text(json.dumps(report))
+
+
+def main() -> int:
+    status = follower_exit_status()
+    if status is not None:
+        return status
+    run_rank_zero(sys.argv[1], Path(sys.argv[2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

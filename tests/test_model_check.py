@@ -1,0 +1,58 @@
+"""`macbatch doctor MODEL`: what serving a local model would do, checked against loading it."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from macbatch.cli import app
+from macbatch.engine import Engine, EngineConfig
+from tests.support.tiny import save_model
+
+
+def _rows(output: str) -> dict[str, str]:
+    rows = {}
+    for line in output.splitlines():
+        key, _, value = line.partition("  ")
+        rows[key.strip()] = value.strip()
+    return rows
+
+
+def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
+    path = save_model(tmp_path / "gemma4", "gemma4")
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=8))
+    pool_bytes = sum(a.nbytes for a in engine.store.arrays())
+    per_token = pool_bytes // (engine.store.num_blocks * engine.store.block_size)
+    assert rows["KV bytes/token"] == f"{per_token:,} ({engine.compute_dtype.dtype})"
+    assert rows["architecture"] == "gemma4 (text model: gemma4_text)"
+    assert rows["layers"] == "4 (2 with KV pages, 2 reuse another layer's K/V)"
+    assert rows["quantization"] == "none (float weights)"
+    assert rows["servable"] == "yes"
+
+
+def test_doctor_model_says_why_not(tmp_path):
+    path = save_model(tmp_path / "qwen3", "qwen3", model_type="gemma2")  # refused by type
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 1
+    assert _rows(result.output)["servable"] == (
+        "no: model type 'gemma2' is not supported: computes attention inline (logit softcap) "
+        "instead of through mlx-lm's SDPA"
+    )
+    missing = CliRunner().invoke(app, ["doctor", "nobody/not-downloaded"])
+    assert missing.exit_code == 1
+    assert "'nobody/not-downloaded' is not downloaded yet" in missing.output
+
+
+def test_doctor_model_says_when_the_weights_do_not_fit(tmp_path, monkeypatch):
+    import macbatch.model_check
+
+    path = save_model(tmp_path / "qwen3", "qwen3")
+    monkeypatch.setattr(macbatch.model_check, "available_memory_bytes", lambda: 1024)
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 1
+    servable = _rows(result.output)["servable"]
+    assert re.match(r"no: its weights need 0\.\d MiB and 0\.0 MiB is free; free memory", servable)

@@ -1,5 +1,8 @@
 """Throughput and time to first token: macbatch vs mlx-lm's BatchGenerator, same process.
 
+Also the device idle fraction (wall time with no step in flight) of macbatch with synchronous
+and with pipelined steps (issue 18).
+
 Workload (issue 2): 32 requests, prompt lengths uniform in 32..512 (seeded), 64 new tokens each,
 EOS ignored, a random Qwen3-shaped float32 model (8 layers, hidden 512, 8/4 heads, head_dim 64,
 vocab 32000). All requests arrive at once. Wall and CPU time are both reported: on a shared
@@ -48,23 +51,10 @@ def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> WorkloadResu
     )
 
 
-class _TimedEval:
-    """Stands in for ``mx`` inside the engine module to time the step's single mx.eval."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __getattr__(self, name):
-        return getattr(mx, name)
-
-    def eval(self, *arrays):
-        t = time.perf_counter()
-        mx.eval(*arrays)
-        self.seconds += time.perf_counter() - t
-
-
-def run_macbatch(model, tokenizer, prompts, max_tokens, budget) -> tuple[WorkloadResult, float]:
-    import macbatch.engine.engine as engine_module
+def run_macbatch(
+    model, tokenizer, prompts, max_tokens, budget, pipelined: bool
+) -> tuple[WorkloadResult, float]:
+    """The workload's result and the seconds the engine thread waited for the device."""
     from macbatch.engine import Engine, EngineConfig
 
     total_tokens = sum(len(p) for p in prompts) + max_tokens * len(prompts)
@@ -72,21 +62,20 @@ def run_macbatch(model, tokenizer, prompts, max_tokens, budget) -> tuple[Workloa
         num_blocks=total_tokens // 16 + 2 * len(prompts),
         max_num_batched_tokens=budget,
         max_num_seqs=len(prompts),
+        pipelined=pipelined,
     )
     engine = Engine(model, tokenizer, config)
-    timed = _TimedEval()
-    engine_module.mx = timed
-    try:
-        result = run_workload(engine, prompts, max_tokens)
-    finally:
-        engine_module.mx = mx
-    return result, timed.seconds
+    result = run_workload(engine, prompts, max_tokens)
+    return result, engine.stats().device_wait_s
 
 
 def bare_forward_seconds(model, step_tokens: list[int]) -> list[float]:
     """The model's layers alone (no attention context, no head) for each step's token count."""
     seconds = []
     for n in step_tokens:
+        if n == 0:  # a pipelined engine's last call only reads the step before it
+            seconds.append(0.0)
+            continue
         tokens = mx.zeros((n, 1), dtype=mx.int32)
         t = time.perf_counter()
         mx.eval(model.model(tokens))
@@ -113,7 +102,8 @@ def main() -> None:
     model = build_bench_model()
     tokenizer = bench_tokenizer()
     prompts = synthetic_prompts(args.requests, args.min_prompt, args.max_prompt, 32000)
-    ours, eval_s = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget)
+    sync, device_s = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget, False)
+    ours, _ = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget, True)
     peer = run_mlx_lm(model, prompts, args.max_tokens)
     bare = bare_forward_seconds(model, ours.step_tokens)
     print(
@@ -133,13 +123,16 @@ def main() -> None:
             f"x{ours.total_tokens_per_s(clock) / peer.total_tokens_per_s(clock):.2f}  "
             f"median TTFT {peer.median_ttft(clock) / ours.median_ttft(clock):.2f}x lower"
         )
-    wall = ours.elapsed[0]
-    host = wall - eval_s
+    # A synchronous step overlaps nothing: its wait is the device's time, the rest is host
+    # time with no step in flight. The pipelined run does the same device work (same steps).
+    host = sync.elapsed[0] - device_s
+    idle = max(0.0, ours.elapsed[0] - device_s)
     print(
-        f"macbatch  {len(ours.step_tokens)} steps: {eval_s:.1f} s in the step's mx.eval, "
-        f"{host:.2f} s on the host (scheduling, packing, graph building, sampling bookkeeping) = "
-        f"{100 * host / wall:.1f}% of step time; bare forward (no attention, no head) for the "
-        f"same token counts: {sum(bare):.1f} s"
+        f"macbatch  {len(ours.step_tokens)} steps: device {device_s:.1f} s (the synchronous "
+        f"run's wait); synchronous steps {sync.elapsed[0]:.1f} s wall, device idle "
+        f"{100 * host / sync.elapsed[0]:.1f}%; pipelined steps {ours.elapsed[0]:.1f} s wall, "
+        f"device idle about {100 * idle / ours.elapsed[0]:.1f}%; bare forward (no attention, no "
+        f"head) for the same token counts: {sum(bare):.1f} s"
     )
     print_bounds(ours, peer, bare)
 

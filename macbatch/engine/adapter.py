@@ -27,8 +27,8 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
-from macbatch.engine.batch import PackedBatch
 from macbatch.engine.kv_cache import KVStore, LayerShape
+from macbatch.engine.packing import PackedBatch
 
 # Architectures known not to route attention through the patched name, or to keep a compressed
 # latent cache (MLA) or recurrent state: refused at load with the reason.

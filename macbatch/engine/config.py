@@ -18,6 +18,10 @@ class EngineConfig:
     and a caller's model keeps its dtype (see ``compute_dtype.py``). ``kv_bits`` 8 or 4 stores
     K/V pages quantized (affine, one float16 scale and bias per ``kv_group_size`` head-dim
     elements of each token: 64 or 32, None for the default), None keeps float pages.
+    ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
+    docs/engine.md; a distributed engine always steps synchronously); False runs each step
+    synchronously, which benchmarks use to show what the pipeline takes off the host's
+    critical path.
     """
 
     block_size: int = 16
@@ -30,6 +34,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kv_bits: int | None = None
     kv_group_size: int | None = None
+    pipelined: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):

@@ -1,4 +1,11 @@
-"""The synchronous engine core: requests in, one packed forward per step, outputs out."""
+"""The engine core: requests in, one packed forward per step, outputs out.
+
+Steps are pipelined: ``step()`` dispatches step N+1 to the device (``mx.async_eval``) and only
+then reads step N's sampled tokens and turns them into outputs (detokenizing, matching stop
+strings), so that host work overlaps the device's. See docs/engine.md, "The pipelined step".
+Requests whose next sampling needs their previous token on the host (penalties, constraints) and
+rank 0 of a distributed group step synchronously.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,6 @@ import mlx.nn as nn
 import macbatch.metal
 from macbatch.engine import chat_template
 from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.batch import pack
 from macbatch.engine.compute_dtype import settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
@@ -26,6 +32,8 @@ from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.loading import load_on_every_rank
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.reasoning import ReasoningFormat, ReasoningTracker
 from macbatch.engine.request import (
     FinishReason,
@@ -34,8 +42,8 @@ from macbatch.engine.request import (
     RequestMetrics,
     RequestOutput,
 )
-from macbatch.engine.sampling import SampleRow, SamplingParams, sample
-from macbatch.engine.scheduler import Scheduler
+from macbatch.engine.sampling import SampledBatch, SampleRow, SamplingParams, sample
+from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
 
 Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
@@ -55,6 +63,10 @@ class EngineStats:
     prefix_cache_hit_rate: float
     cached_blocks: int
     kv_cache_bytes: int  # the whole pool, scales included
+    # Seconds the engine thread spent in MLX's evaluation calls (dispatching a step, reading its
+    # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
+    # split host from device time.
+    device_wait_s: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -115,25 +127,27 @@ class Engine:
             if self.config.enable_prefix_caching
             else None
         )
+        self.kv = KVManager(self.pool, block_size, prefix_root)
         self.scheduler = Scheduler(
-            self.pool,
-            block_size,
-            self.config.max_num_batched_tokens,
-            self.config.max_num_seqs,
-            prefix_root,
+            self.kv, self.config.max_num_batched_tokens, self.config.max_num_seqs
         )
         model_len = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.max_model_len = self.config.max_model_len or model_len or num_blocks * block_size
         self._kv_head_counts = {s.num_kv_heads for s in shapes}
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
+        self._in_flight: _InFlightStep | None = None
         self._rng = random.Random()
         self._steps = 0
         self._tokens_last_step = 0
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
+        self._device_wait_s = 0.0
         self._followers = channel_of(group) if group is not None and group.rank() == 0 else None
+        # Rank 0 of a group steps synchronously: a step's broadcast carries its input tokens
+        # from the host, and its collectives must finish before the next step's broadcast.
+        self._pipelined = self.config.pipelined and group is None
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
@@ -303,17 +317,88 @@ class Engine:
             self._followers.send_stop()
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests) or bool(self._pending)
+        return bool(self._requests) or bool(self._pending) or self._in_flight is not None
 
     # -- the step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one packed forward over everything scheduled; returns the outputs it produced."""
+        """Dispatch one packed forward over everything scheduled; return the outputs of the step
+        before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
         outputs, self._pending = self._pending, []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._needs_host_tokens():
+            outputs += self._postprocess(previous)  # the synchronous fallback
+            previous = None
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
-        if not plan.chunks:
-            return outputs
+        current = self._dispatch(plan, previous) if plan.chunks else None
+        if previous is not None:
+            outputs += self._postprocess(previous)
+        if current is not None and not self._pipelined:
+            outputs += self._postprocess(current)
+        else:
+            self._in_flight = current
+        return outputs
+
+    def _needs_host_tokens(self) -> bool:
+        """Whether a running request must see its pending token on the host before its next
+        step's graph is built (``Request.needs_host_token``)."""
+        return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
+
+    def _dispatch(self, plan: StepPlan, previous: _InFlightStep | None) -> _InFlightStep:
+        """Pack, forward, sample, and start it all on the device; nothing waits for it here."""
+        self._note_first_schedule(plan)
+        batch = self._pack(plan, previous)
+        if self._followers is not None:  # the other ranks run this same forward on their shard
+            self._followers.send_step(batch)
+        logits = self.adapter.forward(batch, self.store)
+        sampled = [c.request for c in plan.chunks if c.samples]
+        result = None
+        if logits is not None:
+            logits = self.constraints.mask_logits(
+                logits, [r.constraint for r in sampled], [r.num_generated for r in sampled]
+            )
+            result = sample(logits, [_sample_row(r) for r in sampled])
+        self._launch(result)
+        self._advance(plan, sampled)
+        return _InFlightStep(sampled, result, self._steps)
+
+    def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
+        tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
+        batch = pack(plan, tables, self.config.block_size, self._kv_head_counts)
+        if batch.pending_rows:
+            assert previous is not None, "a pending token without a step in flight"
+            _feed_sampled_tokens(batch, plan, previous)
+        return batch
+
+    def _launch(self, result: SampledBatch | None) -> None:
+        """``mx.async_eval`` the step: its samples and the KV pages it writes."""
+        # Timed as device wait too: with many ops outstanding MLX blocks here (on the CPU
+        # backend, until the step in flight is nearly done).
+        started = time.perf_counter()
+        arrays = [*(result.arrays() if result else []), *self.store.arrays()]
+        if self._followers is None:
+            mx.async_eval(*arrays)
+        else:  # every collective of the step done before the next broadcast (docs/distributed.md)
+            mx.eval(*arrays)
+            self._followers.step_finished()
+        self._device_wait_s += time.perf_counter() - started
+        self._steps += 1
+
+    def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
+        """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
+        tokens are known (later readers run after this step on the same stream), and one
+        pending token per sampled request."""
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            self.kv.cache_full_blocks(
+                request, min(request.num_computed_tokens, request.num_known_tokens)
+            )
+        for request in sampled:
+            request.num_pending += 1
+
+    def _note_first_schedule(self, plan: StepPlan) -> None:
         now = time.monotonic()
         for chunk in plan.chunks:
             metrics = chunk.request.metrics
@@ -323,50 +408,28 @@ class Engine:
                 self._prompt_tokens += chunk.request.num_tokens
                 self._cached_prompt_tokens += chunk.start
 
-        batch = pack(plan, self.config.block_size, self._kv_head_counts)
-        if self._followers is not None:  # the other ranks run this same forward on their shard
-            self._followers.send_step(batch)
-        logits = self.adapter.forward(batch, self.store)
-        sampled_chunks = [c for c in plan.chunks if c.samples]
-        result = None
-        if logits is not None:
-            rows = [_sample_row(c.request) for c in sampled_chunks]
-            logits = self.constraints.mask_logits(
-                logits,
-                [c.request.constraint for c in sampled_chunks],
-                [len(c.request.output_token_ids) for c in sampled_chunks],
-            )
-            result = sample(logits, rows)
-        mx.eval(*(result.arrays() if result else []), *self.store.arrays())
-        if self._followers is not None:
-            self._followers.step_finished()
-        self._steps += 1
-
-        for chunk in plan.chunks:
-            chunk.request.num_computed_tokens += chunk.num_tokens
-            self.scheduler.register_computed_blocks(chunk.request)
-        if result is None:
-            return outputs
+    def _postprocess(self, done: _InFlightStep) -> list[RequestOutput]:
+        """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
+        A request that stopped or was aborted since the step was dispatched drops its token."""
+        if done.sampled is None:
+            return []
+        waited = time.perf_counter()
+        results = done.sampled.to_host()
+        self._device_wait_s += time.perf_counter() - waited
         now = time.monotonic()
-        tokens = result.tokens.tolist()
-        logprobs = result.logprobs.tolist() if result.logprobs is not None else None
-        top_ids = result.top_ids.tolist() if result.top_ids is not None else None
-        top_lps = result.top_logprobs.tolist() if result.top_logprobs is not None else None
-        for i, chunk in enumerate(sampled_chunks):
-            request = chunk.request
-            want = request.params.logprobs
-            if want is not None and logprobs is not None:
-                request.logprobs = (request.logprobs or []) + [logprobs[i]]
-                if want:
-                    top = dict(zip(top_ids[i][:want], top_lps[i][:want]))
-                    request.top_logprobs = (request.top_logprobs or []) + [top]
+        outputs = []
+        for i, request in enumerate(done.requests):
+            request.num_pending -= 1
+            if request.finished:
+                continue
             generated_before = len(request.output_token_ids)
-            request.append_token(tokens[i], now)
+            token, logprob, top = results.row(i, request.params.logprobs)
+            request.append_token(token, now, logprob, top)
             self._generated_tokens += len(request.output_token_ids) - generated_before
             if request.finished:
                 self.scheduler.finish(request)
                 del self._requests[request.request_id]
-            outputs.append(request.make_output(self._steps))
+            outputs.append(request.make_output(done.step))
         return outputs
 
     def generate(
@@ -412,7 +475,29 @@ class Engine:
             ),
             cached_blocks=self.pool.num_cached,
             kv_cache_bytes=self.store.nbytes,
+            device_wait_s=self._device_wait_s,
         )
+
+
+@dataclass
+class _InFlightStep:
+    """A dispatched step whose sampled tokens the host has not read yet."""
+
+    requests: list[Request]  # in sample-row order
+    sampled: SampledBatch | None
+    step: int
+
+    def row_of(self) -> dict[str, int]:
+        return {r.request_id: i for i, r in enumerate(self.requests)}
+
+
+def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlightStep) -> None:
+    """Fill the pending rows' input tokens from the previous step's samples, on the device."""
+    assert previous.sampled is not None
+    row_of = previous.row_of()
+    sources = [row_of[plan.chunks[i].request.request_id] for i in batch.pending_chunks]
+    tokens = previous.sampled.tokens[mx.array(sources)].astype(mx.int32)
+    batch.token_ids[mx.array(batch.pending_rows)] = tokens
 
 
 def _is_chat(prompt: Prompt) -> bool:
@@ -424,7 +509,7 @@ def _sample_row(request: Request) -> SampleRow:
     return SampleRow(
         params=params,
         seed=request.seed,
-        num_generated=len(request.output_token_ids),
+        num_generated=request.num_generated,
         seen_token_ids=request.all_token_ids if params.repetition_penalty != 1 else [],
         generated_token_ids=request.output_token_ids,
     )

@@ -50,10 +50,6 @@ class BlockPool:
         return len(self._free)
 
     @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
-    @property
     def num_cached(self) -> int:
         return len(self._block_of)
 
@@ -92,10 +88,6 @@ class BlockPool:
             return
         self._hash_of[block] = digest
         self._block_of[digest] = block
-
-    def reset_prefix_cache(self) -> None:
-        self._hash_of.clear()
-        self._block_of.clear()
 
 
 def chain_block_hashes(previous: bytes, block_tokens: list[int], block_size: int) -> list[bytes]:

@@ -86,6 +86,27 @@ def _rfind(tokens: list[int], pattern: tuple[int, ...]) -> int:
     return -1
 
 
+@dataclass(frozen=True)
+class ReasoningSplit:
+    """Splits a reply's text into reasoning and answer, given where its tracker was."""
+
+    format: ReasoningFormat
+    starts_inside: bool
+    phase: Phase
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, answer) of ``text``: reasoning is None when the request had none."""
+        fmt = self.format
+        if not self.starts_inside:
+            if not text.startswith(fmt.start):
+                if fmt.start.startswith(text) and self.phase is not Phase.ANSWER:
+                    return "", ""  # the start marker is still arriving
+                return None, text
+            text = text[len(fmt.start) :]
+        reasoning, ended, answer = text.partition(fmt.end)
+        return reasoning.lstrip("\n"), answer.lstrip("\n") if ended else ""
+
+
 class ReasoningTracker:
     """One request's phase, advanced token by token; splits its text into reasoning and answer."""
 
@@ -111,15 +132,11 @@ class ReasoningTracker:
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(reasoning, answer) of ``text``: reasoning is None when the request had none."""
-        fmt = self.format
-        if not self.starts_inside:
-            if not text.startswith(fmt.start):
-                if fmt.start.startswith(text) and self.phase is not Phase.ANSWER:
-                    return "", ""  # the start marker is still arriving
-                return None, text
-            text = text[len(fmt.start) :]
-        reasoning, ended, answer = text.partition(fmt.end)
-        return reasoning.lstrip("\n"), answer.lstrip("\n") if ended else ""
+        return self.snapshot().split(text)
+
+    def snapshot(self) -> ReasoningSplit:
+        """What splitting the text needs as of now (an output splits its text when read)."""
+        return ReasoningSplit(self.format, self.starts_inside, self.phase)
 
     def next_start_token(self, num_generated: int) -> int | None:
         """The start marker's next token while the model may still open a reasoning block."""

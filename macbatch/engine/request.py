@@ -1,7 +1,8 @@
 """A request's life: waiting -> running (prefill in chunks, then decode) -> finished.
 
-Text is detokenized incrementally and stop strings are matched on the text, across token
-boundaries; text that might be the start of a stop string is held back until it is decided.
+Text is detokenized incrementally (see ``text.py``: when read, except for requests with stop
+strings); stop strings are matched on the text as tokens arrive, across token boundaries, and
+text that might be the start of a stop string is held back until it is decided.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from macbatch.engine.constraints import ConstraintState
 from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.text import NO_TEXT, FixedText, ReplyText, TextView
 
 
 class FinishReason(str, Enum):
@@ -76,9 +78,7 @@ class RequestMetrics:
 class RequestOutput:
     request_id: str
     token_ids: list[int]
-    text: str
     new_token_ids: list[int]
-    new_text: str
     finished: bool
     finish_reason: FinishReason | None
     metrics: RequestMetrics
@@ -89,11 +89,32 @@ class RequestOutput:
     # The max_tokens the request ran with when the room its prompt left in the context was
     # smaller than the one asked for (None: not capped). See Engine.context_limit.
     capped_max_tokens: int | None = None
-    reasoning: str | None = None  # the reasoning block's text (None: the reply had none)
-    new_reasoning: str = ""
+    # The reply's text as of this output, detokenized when first read (see text.py).
+    text_view: TextView | FixedText = field(default=NO_TEXT, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The reply so far (all of it once finished; a stop string and what follows are cut).
+        A reasoning model's reply: the answer, without its reasoning block."""
+        return self.text_view.text
+
+    @property
+    def new_text(self) -> str:
+        """The text this output adds to the previous one's."""
+        return self.text_view.new_text
+
+    @property
+    def reasoning(self) -> str | None:
+        """The reasoning block's text (None: the reply had none)."""
+        return self.text_view.reasoning
+
+    @property
+    def new_reasoning(self) -> str:
+        """The reasoning this output adds to the previous one's."""
+        return self.text_view.new_reasoning
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -104,26 +125,44 @@ class Request:
     metrics: RequestMetrics
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
+    # Tokens with KV written (or dispatched to be written) in the paged cache.
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)
+    # Tokens sampled on the device whose values the host has not read yet (0 or 1: the
+    # pipelined step reads a step's tokens while the next one runs). They count in
+    # ``num_tokens`` (the next step computes them) but not in ``output_token_ids``.
+    num_pending: int = 0
     finish_reason: FinishReason | None = None
     error: str | None = None
-    text: str = ""
-    stop_string_hit: bool = False
-    emitted_chars: int = 0
+    emitted_chars: int = 0  # of text shown so far (requests with stop strings)
     emitted_tokens: int = 0
+    # One entry per output token, always (None when logprobs were not asked for).
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
     capped_max_tokens: int | None = None
     reasoning: ReasoningTracker | None = None
     constraint: ConstraintState | None = None
-    emitted_reasoning_chars: int = 0
-    emitted_answer_chars: int = 0
+    reply: ReplyText = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.reply = ReplyText(self.detokenizer, self.output_token_ids)
+        if self.params.logprobs is not None:
+            self.logprobs = []
+            if self.params.logprobs:
+                self.top_logprobs = []
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def needs_host_token(self) -> bool:
+        """Whether sampling this request's next token needs its previous token on the host
+        (penalties count the generated tokens there; a constraint's mask advances on it in
+        ``append_token``). A reasoning tracker does not need it: it advances in
+        ``append_token`` too, and only a constraint reads its phase before sampling. The
+        pipelined step waits for the previous step's results before building the sampling graph
+        when a request scheduled with a pending token says so."""
+        return self.params.penalized or self.constraint is not None
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         """Tokens ``start:stop`` of prompt + output without copying the whole sequence (a
@@ -136,15 +175,43 @@ class Request:
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - split]
 
     @property
-    def num_tokens(self) -> int:
+    def num_known_tokens(self) -> int:
+        """Prompt and output tokens whose values the host has."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Every token of the sequence so far, pending ones included."""
+        return self.num_known_tokens + self.num_pending
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens sampled so far (pending ones included): what seeds and max_tokens count."""
+        return len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        """Tokens whose KV the next steps must compute. A pending token that will end the
+        request by length needs none: nothing is sampled after it."""
+        end = self.num_tokens
+        if self.num_pending and self.num_generated >= self.params.max_tokens:
+            end -= self.num_pending
+        return max(0, end - self.num_computed_tokens)
 
     @property
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def append_token(self, token: int, now: float) -> None:
-        """Record a sampled token; finish on EOS, a stop token or string, or the length limit."""
+    def append_token(
+        self,
+        token: int,
+        now: float,
+        logprob: float | None = None,
+        top: dict[int, float] | None = None,
+    ) -> None:
+        """Record a sampled token with its logprob and top alternatives (when asked for); finish
+        on EOS, a stop token or string, or the length limit. A stop token is not recorded, and
+        neither are its logprobs: the lists stay the same length."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         params = self.params
@@ -154,72 +221,65 @@ class Request:
             self.finish(FinishReason.STOP, now)
             return
         self.output_token_ids.append(token)
+        if self.logprobs is not None:
+            self.logprobs.append(_required(logprob, "logprob"))
+        if self.top_logprobs is not None:
+            self.top_logprobs.append(_required(top, "top logprobs"))
         self.metrics.generated_tokens += 1
-        self.detokenizer.add_token(token)
-        self.text = self.detokenizer.text
         before = self.reasoning.phase if self.reasoning else Phase.ANSWER
         if self.reasoning:
             self.reasoning.advance(self.output_token_ids)
         if self.constraint and (error := self.constraint.accept(token, before)):
             self.finish(FinishReason.ERROR, now, error)
-        elif params.stop and self._truncate_at_stop_string():
+        elif params.stop and self._cut_at_stop_string():
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
 
-    def _truncate_at_stop_string(self) -> bool:
+    def _cut_at_stop_string(self) -> bool:
+        text = self.reply.current()
         longest = max(len(s) for s in self.params.stop)
         window_start = max(0, self.emitted_chars - longest)
-        hits = [i for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        hits = [i for s in self.params.stop if (i := text.find(s, window_start)) >= 0]
         if not hits:
             return False
-        self.text = self.text[: min(hits)]
-        self.stop_string_hit = True
+        self.reply.cut(min(hits))
         return True
 
     def finish(self, reason: FinishReason, now: float, error: str | None = None) -> None:
         if self.finished:
             return
-        if not self.stop_string_hit:
-            self.detokenizer.finalize()
-            self.text = self.detokenizer.text
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.error = error
         self.metrics.finished_time = now
 
-    def visible_text_end(self) -> int:
+    def _visible_end(self, text: str) -> int:
         """How much of the text may be shown: all of it once finished, else up to any suffix
         that could still grow into a stop string."""
-        if self.finished or not self.params.stop:
-            return len(self.text)
-        for held in range(min(len(self.text), max(len(s) for s in self.params.stop) - 1), 0, -1):
-            tail = self.text[-held:]
+        if self.finished:
+            return len(text)
+        for held in range(min(len(text), max(len(s) for s in self.params.stop) - 1), 0, -1):
+            tail = text[-held:]
             if any(s.startswith(tail) for s in self.params.stop):
-                return len(self.text) - held
-        return len(self.text)
+                return len(text) - held
+        return len(text)
 
     def make_output(self, step: int) -> RequestOutput:
-        """The output for this step: everything so far plus the delta since the last output."""
-        end = max(self.visible_text_end(), self.emitted_chars)
-        reasoning, answer = (
-            self.reasoning.split(self.text[:end]) if self.reasoning else (None, self.text[:end])
-        )
-        new_text = answer[self.emitted_answer_chars :]
-        new_reasoning = (reasoning or "")[self.emitted_reasoning_chars :]
+        """The output for this step: everything so far plus the delta since the last output.
+        Text is left to be detokenized (and a reasoning model's split into reasoning and
+        answer, as the tracker stands now) when read, unless stop strings needed it already."""
+        end = None
+        if self.params.stop:
+            end = max(self._visible_end(self.reply.current(self.finished)), self.emitted_chars)
+            self.emitted_chars = end
         new_tokens = self.output_token_ids[self.emitted_tokens :]
-        self.emitted_chars = end
-        self.emitted_answer_chars = len(answer)
-        self.emitted_reasoning_chars = len(reasoning or "")
+        split = self.reasoning.snapshot().split if self.reasoning else None
         self.emitted_tokens = len(self.output_token_ids)
         return RequestOutput(
             request_id=self.request_id,
             token_ids=list(self.output_token_ids),
-            text=answer,
-            reasoning=reasoning,
-            new_reasoning=new_reasoning,
             new_token_ids=new_tokens,
-            new_text=new_text,
             finished=self.finished,
             finish_reason=self.finish_reason,
             metrics=self.metrics,
@@ -228,4 +288,13 @@ class Request:
             logprobs=list(self.logprobs) if self.logprobs is not None else None,
             top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
             capped_max_tokens=self.capped_max_tokens,
+            text_view=TextView(
+                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end, split)
+            ),
         )
+
+
+def _required(value: Any, what: str) -> Any:
+    if value is None:
+        raise ValueError(f"the request asked for logprobs but a token came without its {what}")
+    return value

@@ -254,9 +254,7 @@ class EngineThread:
                 RequestOutput(
                     request_id=rid,
                     token_ids=[],
-                    text="",
                     new_token_ids=[],
-                    new_text="",
                     finished=True,
                     finish_reason=FinishReason.ERROR,
                     metrics=RequestMetrics(arrival_time=now, finished_time=now),

@@ -166,6 +166,37 @@ class SampledBatch:
         parts = (self.tokens, self.logprobs, self.top_ids, self.top_logprobs)
         return [a for a in parts if a is not None]
 
+    def to_host(self) -> HostSamples:
+        """The sampled values as Python lists (waits for the device to compute them)."""
+
+        def listed(a: mx.array | None) -> list | None:
+            return a.tolist() if a is not None else None
+
+        return HostSamples(
+            self.tokens.tolist(),
+            listed(self.logprobs),
+            listed(self.top_ids),
+            listed(self.top_logprobs),
+        )
+
+
+@dataclass
+class HostSamples:
+    tokens: list[int]
+    logprobs: list[float] | None
+    top_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+
+    def row(self, i: int, want: int | None) -> tuple[int, float | None, dict[int, float] | None]:
+        """Row ``i``'s token, its logprob and its top ``want`` alternatives, as a request with
+        ``logprobs=want`` asked for them (None where not asked)."""
+        if want is None or self.logprobs is None:
+            return self.tokens[i], None, None
+        top = None
+        if want and self.top_ids is not None and self.top_logprobs is not None:
+            top = dict(zip(self.top_ids[i][:want], self.top_logprobs[i][:want]))
+        return self.tokens[i], self.logprobs[i], top
+
 
 def sample(logits: mx.array, rows: list[SampleRow]) -> SampledBatch:
     """One token per row of ``logits [R, V]`` (float32); builds the graph, evaluates nothing."""

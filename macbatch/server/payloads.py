@@ -85,12 +85,8 @@ class Formatter(ABC):
         """(token, logprob, top alternatives) for the tokens from ``start`` on."""
         if self.top_logprobs is None or out.logprobs is None:
             return []
-        end = min(len(out.token_ids), len(out.logprobs))
-        tops = out.top_logprobs or []
-        return [
-            (out.token_ids[i], out.logprobs[i], tops[i] if i < len(tops) else {})
-            for i in range(start, end)
-        ]
+        tops = out.top_logprobs or [{} for _ in out.logprobs]  # one per token, as logprobs
+        return list(zip(out.token_ids[start:], out.logprobs[start:], tops[start:]))
 
 
 class ChatFormatter(Formatter):

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from macbatch.engine import UnsupportedModelError
-from macbatch.engine.batch import pack
 from macbatch.engine.distributed.channel import decode_batch, encode_batch
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.packing import pack
 from macbatch.engine.request import Request, RequestMetrics
 from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.scheduler import Scheduler
@@ -55,8 +56,8 @@ def test_two_ranks_generate_what_mlx_lm_generates(arch: str, tmp_path: Path) -> 
 
 def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
     """What the followers decode is exactly the batch rank 0 packed."""
-    pool = BlockPool(32)
-    scheduler = Scheduler(pool, 8, 40, 8, prefix_root=None)
+    kv = KVManager(BlockPool(32), 8, prefix_root=None)
+    scheduler = Scheduler(kv, 40, 8)
     for i, length in enumerate([3, 30, 17]):
         scheduler.add(
             Request(
@@ -69,12 +70,15 @@ def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
                 metrics=RequestMetrics(arrival_time=0.0, prompt_tokens=length),
             )
         )
-    batch = pack(scheduler.schedule(), 8, {1, 2})
+    plan = scheduler.schedule()
+    tables = [kv.block_table(c.request.request_id) for c in plan.chunks]
+    batch = pack(plan, tables, 8, {1, 2})
     decoded = decode_batch(encode_batch(batch))
     assert decoded.num_tokens == batch.num_tokens == 40
     for name in ("token_ids", "positions", "cu_seqlens_q", "seq_lens", "block_tables"):
         assert getattr(decoded, name).tolist() == getattr(batch, name).tolist(), name
     assert decoded.sample_rows.tolist() == batch.sample_rows.tolist()
+    assert (decoded.pending_rows, decoded.pending_chunks) == (batch.pending_rows, [])
     assert {k: v.tolist() for k, v in decoded.kv_write_rows.items()} == {
         k: v.tolist() for k, v in batch.kv_write_rows.items()
     }

@@ -117,7 +117,7 @@ def test_refcounts_exact_under_random_traffic(model, tiny_tokenizer):
                 live.remove(out.request_id)
         held = np.zeros(engine.pool.num_blocks, dtype=np.int32)
         for request in engine.scheduler.running + list(engine.scheduler.waiting):
-            np.add.at(held, request.block_ids, 1)
+            np.add.at(held, engine.kv.block_table(request.request_id), 1)
         np.testing.assert_array_equal(held, engine.pool.refcounts)
     while engine.has_unfinished():
         engine.step()

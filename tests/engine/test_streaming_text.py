@@ -59,3 +59,33 @@ def test_stop_strings_across_token_boundaries(name, stop):
     full = engine.tokenizer.decode(engine.tokenizer.encode(TEXT, add_special_tokens=False))
     assert out.finish_reason is FinishReason.STOP
     assert joined == out.text == full[: full.index(stop)]
+
+
+def test_reasoning_and_answer_are_split_whenever_the_outputs_are_read():
+    """A thinking turn through the pipelined step: outputs read only after the request ended, in
+    reverse order, split reasoning from answer as each was when made (its deltas join up)."""
+    tokenizer = load_real_tokenizer("qwen3")
+    chat = [{"role": "user", "content": "Say it"}]
+    reply = tokenizer.encode("<think>hmm 東京🦩</think>yes", add_special_tokens=False)
+    eos = generation_eos_ids("qwen3")[0]
+    prompt_end = tokenizer.apply_chat_template(chat, add_generation_prompt=True)[-1]
+    model = scripted_model("qwen3", VOCAB["qwen3"][1], [prompt_end, *reply, eos])
+    engine = Engine(model, tokenizer, EngineConfig(num_blocks=8, pipelined=True))
+    engine.add_request(chat, SamplingParams(max_tokens=64, temperature=0))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert outputs[-1].token_ids == reply
+    end_marker = reply.index(tokenizer.convert_tokens_to_ids("</think>"))
+    thought, answer = (
+        tokenizer.decode(reply[1:end_marker]),
+        tokenizer.decode(reply[end_marker + 1 :]),
+    )
+    assert (thought, answer) == ("hmm 東京🦩", "yes")
+    for out in reversed(outputs):
+        if len(out.token_ids) <= end_marker:  # still thinking: no answer yet
+            assert thought.startswith(out.reasoning) and out.text == ""
+        else:
+            assert out.reasoning == thought and answer.startswith(out.text)
+    assert "".join(o.new_reasoning for o in outputs) == thought
+    assert "".join(o.new_text for o in outputs) == outputs[-1].text == answer

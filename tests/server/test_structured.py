@@ -170,6 +170,7 @@ def test_bad_input_is_400_and_the_server_keeps_serving(
 def test_reasoning_goes_out_under_both_names() -> None:
     """Messages and stream deltas carry reasoning as reasoning_content and as reasoning."""
     from macbatch.engine import FinishReason, RequestMetrics, RequestOutput
+    from macbatch.engine.text import FixedText
     from macbatch.server.payloads import ChatFormatter, ChoiceProgress
 
     class Decoder:
@@ -180,15 +181,12 @@ def test_reasoning_goes_out_under_both_names() -> None:
         return RequestOutput(
             request_id="r",
             token_ids=[1, 2],
-            text=text,
             new_token_ids=[2],
-            new_text=text,
             finished=finished,
             finish_reason=FinishReason.STOP if finished else None,
             metrics=RequestMetrics(arrival_time=0.0),
             step=1,
-            reasoning=reasoning,
-            new_reasoning=reasoning,
+            text_view=FixedText(text, text, reasoning, reasoning),
         )
 
     formatter = ChatFormatter("m", Decoder(), None, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 
 from macbatch.engine import RequestMetrics, RequestOutput
+from macbatch.engine.text import FixedText
 from macbatch.tui.reply import ReasoningProgress
 from macbatch.tui.store import STREAMING, Message
 from macbatch.tui.widgets.message_view import MessageView
@@ -17,14 +18,12 @@ def _output(tokens: int, reasoning: str | None, text: str) -> RequestOutput:
     return RequestOutput(
         request_id="r",
         token_ids=list(range(tokens)),
-        text=text,
         new_token_ids=[],
-        new_text="",
         finished=False,
         finish_reason=None,
         metrics=metrics,
         step=tokens,
-        reasoning=reasoning,
+        text_view=FixedText(text=text, reasoning=reasoning),
     )
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.batch import PackedBatch
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.watchdog import process_watchdog
+from macbatch.engine.packing import PackedBatch
 
 
 class MessageKind(IntEnum):
@@ -44,7 +44,7 @@ class LoadOrder:
 
 
 # Field encodings: a tag, then the value.
-_INT, _ARRAY, _ARRAYS_BY_INT = 0, 1, 2
+_INT, _ARRAY, _ARRAYS_BY_INT, _INTS = 0, 1, 2, 3
 
 
 def encode_batch(batch: PackedBatch) -> np.ndarray:
@@ -52,13 +52,15 @@ def encode_batch(batch: PackedBatch) -> np.ndarray:
     parts: list[np.ndarray] = []
     for field in dataclasses.fields(batch):
         value = getattr(batch, field.name)
-        if isinstance(value, bool) or not isinstance(value, int | mx.array | dict):
+        if isinstance(value, bool) or not isinstance(value, int | mx.array | dict | list):
             raise TypeError(
                 f"PackedBatch.{field.name} ({type(value).__name__}) has no wire encoding; "
                 "add one in macbatch/engine/distributed/channel.py"
             )
         if isinstance(value, int):
             parts.append(np.array([_INT, value], np.int32))
+        elif isinstance(value, list):
+            parts.append(np.array([_INTS, len(value), *value], np.int32))
         elif isinstance(value, mx.array):
             parts += [np.array([_ARRAY], np.int32), _encode_array(field.name, value)]
         else:
@@ -85,6 +87,8 @@ def decode_batch(data: np.ndarray) -> PackedBatch:
             values[field.name] = int(reader.take(1)[0])
         elif tag == _ARRAY:
             values[field.name] = reader.array()
+        elif tag == _INTS:
+            values[field.name] = [int(v) for v in reader.take(int(reader.take(1)[0]))]
         elif tag == _ARRAYS_BY_INT:
             count = int(reader.take(1)[0])
             values[field.name] = {int(reader.take(1)[0]): reader.array() for _ in range(count)}

@@ -1,0 +1,106 @@
+"""The one owner of KV blocks: which blocks each request holds, sharing a cached prefix, naming
+full blocks in the prefix cache, freeing, and the block tables the packer reads.
+
+The scheduler decides who runs (policy); this module does the block arithmetic it asks for. A
+request's token at position p lives in ``block_table(rid)[p // block_size]`` at offset
+``p % block_size``. Requests are read (ids and tokens), never changed: how many tokens are
+computed is the scheduler's to track.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from macbatch.engine.kv_cache import BlockPool, chain_block_hashes
+
+
+class HasTokens(Protocol):
+    """What the KV manager reads of a request."""
+
+    request_id: str
+
+    def token_slice(self, start: int, stop: int) -> list[int]: ...
+
+
+class KVManager:
+    def __init__(self, pool: BlockPool, block_size: int, prefix_root: bytes | None) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.prefix_root = prefix_root  # None: prefix caching off
+        self._blocks: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self._blocks.get(request_id, [])
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def take_cached_prefix(self, request: HasTokens, num_tokens: int) -> int:
+        """Share every cached block matching the start of the request's first ``num_tokens``
+        tokens, keeping at least one to compute (so the request has logits to sample from);
+        returns how many tokens are already computed."""
+        if self.prefix_root is None or request.request_id in self._blocks:
+            return 0
+        usable = (num_tokens - 1) // self.block_size
+        tokens = request.token_slice(0, usable * self.block_size)
+        blocks, hashes = [], []
+        for digest in chain_block_hashes(self.prefix_root, tokens, self.block_size):
+            block = self.pool.lookup(digest)
+            if block is None:
+                break
+            self.pool.share(block)
+            blocks.append(block)
+            hashes.append(digest)
+        if blocks:
+            self._blocks[request.request_id] = blocks
+            self._hashes[request.request_id] = hashes
+        return len(blocks) * self.block_size
+
+    def tokens_that_fit(self, request_id: str, num_computed: int) -> int:
+        """How many more tokens the request could compute with its blocks and all free ones."""
+        held = len(self.block_table(request_id))
+        return (held + self.pool.num_free) * self.block_size - num_computed
+
+    def allocate_slots(self, request_id: str, num_computed: int, num_new: int) -> bool:
+        """Give the request blocks for ``num_new`` tokens after its ``num_computed``; False (and
+        nothing taken) when the pool has too few free."""
+        blocks = self._blocks.setdefault(request_id, [])
+        missing = self.blocks_for(num_computed + num_new) - len(blocks)
+        if missing > self.pool.num_free:
+            if not blocks:
+                del self._blocks[request_id]
+            return False
+        blocks.extend(self.pool.allocate() for _ in range(missing))
+        return True
+
+    def cache_full_blocks(self, request: HasTokens, num_tokens: int) -> None:
+        """Name the request's blocks that the first ``num_tokens`` tokens fill (computed, or
+        dispatched for computing) in the prefix cache."""
+        if self.prefix_root is None:
+            return
+        blocks = self._blocks.get(request.request_id)
+        if not blocks:
+            return
+        hashes = self._hashes.setdefault(request.request_id, [])
+        full = min(num_tokens // self.block_size, len(blocks))
+        done = len(hashes)
+        if full <= done:
+            return
+        previous = hashes[-1] if done else self.prefix_root
+        tokens = request.token_slice(done * self.block_size, full * self.block_size)
+        new = chain_block_hashes(previous, tokens, self.block_size)
+        for block, digest in zip(blocks[done:full], new):
+            self.pool.register(block, digest)
+        hashes.extend(new)
+
+    def free(self, request_id: str) -> None:
+        """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay
+        cached longest)."""
+        for block in reversed(self._blocks.pop(request_id, [])):
+            self.pool.free(block)
+        self._hashes.pop(request_id, None)

@@ -193,6 +193,16 @@ class ConstraintCompiler:
         self.mask_steps = 0
 
     @property
+    def ready(self) -> bool:
+        """Whether the tokenizer index is built (no constrained request has to wait for it)."""
+        return self._ll_tokenizer is not None
+
+    def prepare(self) -> None:
+        """Build the tokenizer index now (a server does it on a worker thread, so its event
+        loop never waits the 1-3 s)."""
+        _ = self.ll_tokenizer
+
+    @property
     def ll_tokenizer(self) -> Any:
         with self._lock:
             if self._ll_tokenizer is None:

@@ -10,7 +10,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
 from tests.support.scripted import scripted_model
-from tests.support.standin import standin_tokenizer
+from tests.support.standin import gemma4_tokenizer, standin_tokenizer
 from tests.support.tiny import VOCAB_SIZE
 
 HARMONY_SPECIAL = [
@@ -136,19 +136,12 @@ def test_harmony_constraint_applies_to_the_final_channel_only():
     assert final.text == streamed_text and final.text in ("fox", "dog")
 
 
-GEMMA4_SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
-GEMMA4 = (
-    "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
-)
-
-
 @pytest.mark.parametrize("constrained", [False, True])
 def test_gemma4_thought_channel_is_reasoning(constrained):
     """mlx-lm infers Gemma 4's markers from `<|channel>` / `<channel|>` in the vocabulary: the
     start is two tokens (`<|channel>thought`); reasoning and answer split, and a constraint
     waits for `<channel|>`."""
-    tokenizer = standin_tokenizer(GEMMA4_SPECIAL, ["thought", "model", "user"], GEMMA4, ["<eos>"])
+    tokenizer = gemma4_tokenizer()
     assert (tokenizer.think_start, tokenizer.think_end) == ("<|channel>thought", "<channel|>")
     start = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)[-1]
     opening = _ids(tokenizer, "<|channel>", "thought")

@@ -35,3 +35,17 @@ def standin_tokenizer(
     hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos[0])
     hf.chat_template = chat_template
     return TokenizerWrapper(hf, eos_token_ids=[hf.convert_tokens_to_ids(t) for t in eos])
+
+
+GEMMA4_SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
+GEMMA4_TEMPLATE = (
+    "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+
+def gemma4_tokenizer() -> Any:
+    """Gemma 4's thinking markers (``<|channel>thought ... <channel|>``) on the stand-in."""
+    return standin_tokenizer(
+        GEMMA4_SPECIAL, ["thought", "model", "user"], GEMMA4_TEMPLATE, ["<eos>"]
+    )

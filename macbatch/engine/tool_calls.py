@@ -8,6 +8,7 @@ The family is detected from the chat template, one table row per format:
 - ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
 - ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}``
 - ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|>``
+  or ``to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>``
 """
 
 from __future__ import annotations
@@ -183,7 +184,10 @@ def _single_json_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -
 
 
 _HARMONY_CALL = re.compile(
-    r"to=functions\.([\w.-]+)[^<]*(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)(?:<\|call\|>|$)",
+    # the recipient before the channel (as gpt-oss's template renders calls) or after it (as
+    # the model may write them), then any content type, then the arguments
+    r"to=functions\.([\w.-]+)(?:[^<]|<\|channel\|>|<\|constrain\|>)*?<\|message\|>"
+    r"(.*?)(?:<\|call\|>|$)",
     re.DOTALL,
 )
 

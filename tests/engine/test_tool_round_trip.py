@@ -1,7 +1,7 @@
 """Llama 3.x JSON and gpt-oss harmony tool calls: a call rendered by a template in the family's
-shape parses back. The templates are stand-ins written here (the real ones are not vendored),
-rendering calls as the real ones do: Llama 3.1's assistant turn is the bare
-``{"name": ..., "parameters": ...}`` object; gpt-oss puts the recipient in the header,
+shape parses back, and no part of it streams as content. The templates are stand-ins written here
+(the real ones are not vendored), rendering calls as the real ones do: Llama 3.1's assistant turn
+is the bare ``{"name": ..., "parameters": ...}`` object; gpt-oss puts the recipient in the header,
 ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>``."""
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def test_a_rendered_call_parses_back(family):
             tracker.advance(ids[:n])
         assert tracker.split(reply)[0] is None
         reply = tracker.split(reply)[1]
+    # streaming, no part of the call is ever shown as words
+    assert all(fmt.content_end(reply[:n]) == 0 for n in range(1, len(reply) + 1))
     content, calls = fmt.parse(reply)
     assert content == ""
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [

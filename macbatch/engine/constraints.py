@@ -134,17 +134,24 @@ class ConstraintState:
     def masks(self) -> bool:
         return self.reasoning is None or self.reasoning.phase is not Phase.REASONING
 
+    def forced_token(self, num_generated: int) -> int | None:
+        """The one token allowed next while the answer header (harmony's final channel) is
+        being written after the reasoning; the grammar starts after it."""
+        return self.reasoning.header_token(num_generated) if self.reasoning else None
+
     def adjust_mask(self, words: np.ndarray, num_generated: int) -> None:
         """Let a model that may still open its reasoning block do so."""
         token = self.reasoning.next_start_token(num_generated) if self.reasoning else None
         if token is not None:
-            words[token // 32] |= np.uint32(1 << (token % 32)).view(np.int32)
+            _allow(words, token)
 
-    def accept(self, token: int, before: Phase) -> str | None:
-        """Advance by an appended token (``before``: the phase it was sampled in); an error
-        message if the grammar rejects it."""
+    def accept(self, token: int, before: Phase, index: int) -> str | None:
+        """Advance by a token appended at output position ``index`` (``before``: the phase it
+        was sampled in); an error message if the grammar rejects it."""
         after = self.reasoning.phase if self.reasoning else Phase.ANSWER
         if before is Phase.REASONING or after is not Phase.ANSWER:
+            return None
+        if self.forced_token(index) is not None:  # the answer header: not the grammar's
             return None
         if self.matcher.is_stopped():  # complete: only EOS is allowed, and ignore_eos keeps it
             return None
@@ -186,6 +193,16 @@ class ConstraintCompiler:
         self.mask_steps = 0
 
     @property
+    def ready(self) -> bool:
+        """Whether the tokenizer index is built (no constrained request has to wait for it)."""
+        return self._ll_tokenizer is not None
+
+    def prepare(self) -> None:
+        """Build the tokenizer index now (a server does it on a worker thread, so its event
+        loop never waits the 1-3 s)."""
+        _ = self.ll_tokenizer
+
+    @property
     def ll_tokenizer(self) -> Any:
         with self._lock:
             if self._ll_tokenizer is None:
@@ -225,12 +242,25 @@ class ConstraintCompiler:
         mx.async_eval(logits)
         started = time.perf_counter()
         words = np.full((len(states), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
-        fill_next_token_bitmask_par(self._executor, [(states[i].matcher, i) for i in rows], words)
+        forced = {i: states[i].forced_token(generated[i]) for i in rows}
+        filled = [i for i in rows if forced[i] is None]
+        if filled:
+            matchers = [(states[i].matcher, i) for i in filled]
+            fill_next_token_bitmask_par(self._executor, matchers, words)
         for i in rows:
-            states[i].adjust_mask(words[i], generated[i])
+            if (token := forced[i]) is not None:
+                words[i] = 0
+                _allow(words[i], token)
+            else:
+                states[i].adjust_mask(words[i], generated[i])
         self.mask_seconds += time.perf_counter() - started
         self.mask_steps += 1
         return apply_bitmask(logits, words)
+
+
+def _allow(words: np.ndarray, token: int) -> None:
+    """Set ``token``'s bit in one row of 32-bit mask words."""
+    words[token // 32] |= np.uint32(1 << (token % 32)).view(np.int32)
 
 
 def apply_bitmask(logits: mx.array, words: np.ndarray) -> mx.array:

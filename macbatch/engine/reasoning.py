@@ -1,5 +1,6 @@
 """Reasoning blocks (``<think>...</think>`` in Qwen3 / DeepSeek-R1 style, Gemma 4's thought
-channel): where a request starts relative to one, when it ends, and its text apart from the answer.
+channel, gpt-oss harmony's analysis channel): where a request starts relative to one, when it
+ends, and its text apart from the answer.
 
 The markers are the ones mlx-lm's tokenizer wrapper infers from the vocabulary. Whether a request
 starts inside a reasoning block is read from its own prompt: the tokens after the last start of
@@ -7,6 +8,12 @@ the template's generation prompt (``<|im_start|>`` for Qwen, ``<｜Assistant｜>
 A start marker there (DeepSeek-R1 opens ``<think>`` itself) means inside; an end marker (Qwen3
 with ``enable_thinking=False`` writes an empty block) means the answer comes next; neither means
 the model decides, and a reasoning block opens if its first tokens are the start marker.
+
+Harmony (gpt-oss) has no think tokens: the reasoning is the analysis message
+(``<|channel|>analysis<|message|>...<|end|>``) and the answer the final one, which comes after a
+header (``<|start|>assistant<|channel|>final<|message|>``, or ``<|channel|>final<|message|>`` when
+the model answers at once). The header is template structure, not answer: it is cut from the
+text, and a constrained request is made to write it before its grammar starts.
 """
 
 from __future__ import annotations
@@ -34,13 +41,26 @@ class ReasoningFormat:
     start_ids: tuple[int, ...]
     end_ids: tuple[int, ...]
     turn_start_id: int | None  # first token of the generation prompt
+    # Text that opens the answer and is not part of it (harmony's final-channel header): the
+    # first follows a reasoning block, the second opens a reply without one.
+    answer_headers: tuple[str, ...] = ()
+    answer_header_ids: tuple[int, ...] = ()  # the first, as tokens: forced for constraints
 
     @classmethod
     def of(cls, tokenizer: Any) -> ReasoningFormat | None:
         """The format of an mlx-lm ``TokenizerWrapper``, or None if it has no reasoning."""
-        if not getattr(tokenizer, "has_thinking", False):
-            return None
         if getattr(tokenizer, "chat_template", None) is None:
+            return None
+        if getattr(tokenizer, "has_thinking", False):
+            markers: dict[str, Any] = dict(
+                start=tokenizer.think_start,
+                end=tokenizer.think_end,
+                start_ids=tuple(tokenizer.think_start_tokens),
+                end_ids=tuple(tokenizer.think_end_tokens),
+            )
+        elif all(token in tokenizer.get_vocab() for token in HARMONY_TOKENS):
+            markers = _harmony_markers(tokenizer)
+        else:
             return None
         turn_start = None
         try:
@@ -54,13 +74,7 @@ class ReasoningFormat:
                 turn_start = with_prompt[len(plain)]
         except Exception:  # a template that cannot render a bare user turn: no prompt hint
             turn_start = None
-        return cls(
-            start=tokenizer.think_start,
-            end=tokenizer.think_end,
-            start_ids=tuple(tokenizer.think_start_tokens),
-            end_ids=tuple(tokenizer.think_end_tokens),
-            turn_start_id=turn_start,
-        )
+        return cls(turn_start_id=turn_start, **markers)
 
     def initial_phase(self, prompt_ids: Sequence[int]) -> Phase:
         """Whether generation after ``prompt_ids`` (a templated chat) starts inside reasoning."""
@@ -76,6 +90,30 @@ class ReasoningFormat:
         if last_start < 0 and last_end < 0:
             return Phase.MAYBE
         return Phase.REASONING if last_start > last_end else Phase.ANSWER
+
+
+HARMONY_TOKENS = ("<|start|>", "<|end|>", "<|channel|>", "<|message|>")
+
+
+def _harmony_markers(tokenizer: Any) -> dict[str, Any]:
+    """gpt-oss's channels as reasoning markers: analysis is the reasoning, final the answer."""
+    start, end = "<|channel|>analysis<|message|>", "<|end|>"
+    after_reasoning, at_once = (
+        "<|start|>assistant<|channel|>final<|message|>",
+        "<|channel|>final<|message|>",
+    )
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    return dict(
+        start=start,
+        end=end,
+        start_ids=ids(start),
+        end_ids=ids(end),
+        answer_headers=(after_reasoning, at_once),
+        answer_header_ids=ids(after_reasoning),
+    )
 
 
 def _rfind(tokens: list[int], pattern: tuple[int, ...]) -> int:
@@ -101,10 +139,19 @@ class ReasoningSplit:
             if not text.startswith(fmt.start):
                 if fmt.start.startswith(text) and self.phase is not Phase.ANSWER:
                     return "", ""  # the start marker is still arriving
-                return None, text
+                return None, self._answer(text)
             text = text[len(fmt.start) :]
         reasoning, ended, answer = text.partition(fmt.end)
-        return reasoning.lstrip("\n"), answer.lstrip("\n") if ended else ""
+        return reasoning.lstrip("\n"), self._answer(answer).lstrip("\n") if ended else ""
+
+    def _answer(self, text: str) -> str:
+        """``text`` without the answer header (nothing while the header is still arriving)."""
+        for header in self.format.answer_headers:
+            if text.startswith(header):
+                return text[len(header) :]
+            if header.startswith(text):
+                return ""
+        return text
 
 
 class ReasoningTracker:
@@ -114,6 +161,7 @@ class ReasoningTracker:
         self.format = fmt
         self.phase = phase
         self.starts_inside = phase is Phase.REASONING
+        self.answer_from: int | None = None  # output index where the answer followed reasoning
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Update the phase after ``output_ids[-1]`` was appended."""
@@ -129,6 +177,16 @@ class ReasoningTracker:
             n = len(fmt.end_ids)
             if tuple(output_ids[-n:]) == fmt.end_ids:
                 self.phase = Phase.ANSWER
+                self.answer_from = len(output_ids)
+
+    def header_token(self, index: int) -> int | None:
+        """The answer header's token due at output position ``index`` after the reasoning ended
+        (None: no header there). A constrained request writes these before its grammar starts."""
+        if self.answer_from is None:
+            return None
+        k = index - self.answer_from
+        header = self.format.answer_header_ids
+        return header[k] if 0 <= k < len(header) else None
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(reasoning, answer) of ``text``: reasoning is None when the request had none."""

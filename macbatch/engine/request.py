@@ -229,7 +229,8 @@ class Request:
         before = self.reasoning.phase if self.reasoning else Phase.ANSWER
         if self.reasoning:
             self.reasoning.advance(self.output_token_ids)
-        if self.constraint and (error := self.constraint.accept(token, before)):
+        index = len(self.output_token_ids) - 1
+        if self.constraint and (error := self.constraint.accept(token, before, index)):
             self.finish(FinishReason.ERROR, now, error)
         elif params.stop and self._cut_at_stop_string():
             self.finish(FinishReason.STOP, now)

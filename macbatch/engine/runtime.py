@@ -82,6 +82,13 @@ class EngineThread:
         """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
         return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
 
+    async def prepare_constraints(self) -> None:
+        """Build the engine's grammar index (1-3 s, once) on a worker thread before a first
+        constrained request is submitted, so the caller's event loop keeps answering."""
+        compiler = self._live_engine().constraints
+        if not compiler.ready:
+            await asyncio.to_thread(compiler.prepare)
+
     def submit(
         self,
         prompt: Prompt,

@@ -8,6 +8,7 @@ The family is detected from the chat template, one table row per format:
 - ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
 - ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}``
 - ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|>``
+  or ``to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>``
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class ToolFormat:
     """How one model family writes tool calls (see the module docstring)."""
 
     family: str
-    start: str  # text that opens the call part of a reply ("" : the reply itself)
+    starts: tuple[str, ...]  # texts that may open the call part of a reply (none: the reply)
     args_key: str  # "arguments" or "parameters"
     split: Callable[[str], tuple[str, list[tuple[str, Any]]] | None]
     grammar_of: Callable[[dict[str, Any], bool, Any], str]  # (call schema, parallel, tokenizer)
@@ -94,16 +95,21 @@ class ToolFormat:
 
     def content_end(self, text: str) -> int:
         """How much of a reply still streaming is surely words, not the start of a call."""
-        if not self.start:  # the reply itself is the call when it starts like one
+        if not self.starts:  # the reply itself is the call when it starts like one
             head = text.lstrip()
             return 0 if not head or head.startswith(("{", "<|python_tag|>")) else len(text)
-        at = text.find(self.start)
-        if at >= 0:
-            return at
-        for k in range(min(len(self.start) - 1, len(text)), 0, -1):
-            if text.endswith(self.start[:k]):
-                return len(text) - k
-        return len(text)
+        return min(_words_before(text, start) for start in self.starts)
+
+
+def _words_before(text: str, start: str) -> int:
+    """Where ``start`` begins in ``text``, or where a part of it ends ``text``."""
+    at = text.find(start)
+    if at >= 0:
+        return at
+    for k in range(min(len(start) - 1, len(text)), 0, -1):
+        if text.endswith(start[:k]):
+            return len(text) - k
+    return len(text)
 
 
 def _json_rule(schema: dict[str, Any]) -> str:
@@ -183,7 +189,10 @@ def _single_json_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -
 
 
 _HARMONY_CALL = re.compile(
-    r"to=functions\.([\w.-]+)[^<]*(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)(?:<\|call\|>|$)",
+    # the recipient before the channel (as gpt-oss's template renders calls) or after it (as
+    # the model may write them), then any content type, then the arguments
+    r"to=functions\.([\w.-]+)(?:[^<]|<\|channel\|>|<\|constrain\|>)*?<\|message\|>"
+    r"(.*?)(?:<\|call\|>|$)",
     re.DOTALL,
 )
 
@@ -215,19 +224,26 @@ def _harmony_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> st
 _FAMILIES: list[tuple[tuple[str, ...], ToolFormat]] = [
     (
         ("to=functions",),
-        ToolFormat("harmony", "<|channel|>", "arguments", _harmony_split, _harmony_grammar),
+        ToolFormat(
+            "harmony",
+            # after the analysis a new message starts; the recipient may precede the channel
+            ("<|start|>", "<|channel|>", " to=functions."),
+            "arguments",
+            _harmony_split,
+            _harmony_grammar,
+        ),
     ),
     (
         ("[TOOL_CALLS]",),
-        ToolFormat("mistral", "[TOOL_CALLS]", "arguments", _mistral_split, _mistral_grammar),
+        ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments", _mistral_split, _mistral_grammar),
     ),
     (
         ("<tool_call>",),
-        ToolFormat("hermes", "<tool_call>", "arguments", _hermes_split, _hermes_grammar),
+        ToolFormat("hermes", ("<tool_call>",), "arguments", _hermes_split, _hermes_grammar),
     ),
     (
         ("<|python_tag|>", "Environment: ipython"),
-        ToolFormat("llama3_json", "", "parameters", _llama3_split, _single_json_grammar),
+        ToolFormat("llama3_json", (), "parameters", _llama3_split, _single_json_grammar),
     ),
 ]
 

@@ -186,6 +186,8 @@ async def _generate(
         generation.n,
         tool_format=state.tool_format if tools is not None and tools.parse else None,
     )
+    if any(params.structured is not None for _, params in generation.jobs):
+        await state.thread.prepare_constraints()
     count = len(generation.jobs)
     state.admission.take(count)
     try:

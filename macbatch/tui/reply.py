@@ -26,6 +26,7 @@ from macbatch.tui.store import (
     STOPPED,
     HistoryStore,
     Message,
+    Reasoning,
     ReplyMetrics,
     SessionSettings,
 )
@@ -86,6 +87,11 @@ class ReasoningProgress:
     def shown(self, output: RequestOutput) -> tuple[str, int, float | None, bool]:
         return output.reasoning or "", self.tokens, self.seconds, self.done
 
+    def kept(self, output: RequestOutput) -> Reasoning | None:
+        """What the history stores of the reasoning (None: the reply had none)."""
+        reasoning = output.reasoning
+        return None if reasoning is None else Reasoning(reasoning, self.tokens, self.seconds)
+
 
 class Reply:
     """Streams one reply into `message` (already stored with status "streaming") and `view`."""
@@ -126,6 +132,7 @@ class Reply:
                     now = time.monotonic()
                     if thinking.update(output, now):
                         await self.view.show_reasoning(*thinking.shown(output))
+                    message.reasoning = thinking.kept(output)
                     if output.finished:
                         self._finish(output)
                         continue  # the stream ends after its final output; finish() shows it all

@@ -1,9 +1,10 @@
 """Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
 
 One file (``chat.sqlite3`` in the data directory) with three tables: sessions (title, whether the
-user chose it, system prompt, sampling settings), messages (role, text, status, reply metrics)
-and app_state (which chat was open last). The UI thread is the only user; every write commits at
-once, so a crash loses at most the last streamed tokens.
+user chose it, system prompt, sampling settings), messages (role, text, status, reply metrics,
+a thinking model's reasoning with its tokens and seconds) and app_state (which chat was open
+last). The UI thread is the only user; every write commits at once, so a crash loses at most the
+last streamed tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ CREATE TABLE IF NOT EXISTS app_state (
 );
 """
 
+# Message columns added since the first release: every history gains them on open.
+REASONING_COLUMNS = (
+    ("reasoning", "TEXT"),
+    ("reasoning_tokens", "INTEGER"),
+    ("reasoning_s", "REAL"),
+)
+
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
 DONE = "done"
 STREAMING = "streaming"
@@ -83,6 +91,15 @@ class ReplyMetrics:
 
 
 @dataclass
+class Reasoning:
+    """A reply's reasoning block, kept to show again (never sent back to the model)."""
+
+    text: str
+    tokens: int
+    seconds: float | None = None
+
+
+@dataclass
 class Message:
     id: int
     session_id: int
@@ -91,6 +108,7 @@ class Message:
     status: str = DONE
     error: str | None = None
     metrics: ReplyMetrics | None = field(default=None)
+    reasoning: Reasoning | None = None
 
 
 class HistoryStore:
@@ -122,6 +140,10 @@ class HistoryStore:
             self._db.execute("ALTER TABLE sessions ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
         if "thinking" not in columns:  # NULL: the template's own default
             self._db.execute("ALTER TABLE sessions ADD COLUMN thinking INTEGER")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+        for name, kind in REASONING_COLUMNS:
+            if name not in columns:  # NULL: the reply had no reasoning
+                self._db.execute(f"ALTER TABLE messages ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -208,8 +230,7 @@ class HistoryStore:
 
     def messages(self, session_id: int) -> list[Message]:
         rows = self._db.execute(
-            "SELECT id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s "
-            "FROM messages WHERE session_id = ? ORDER BY id",
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id",
             (session_id,),
         ).fetchall()
         return [_message(row) for row in rows]
@@ -224,11 +245,12 @@ class HistoryStore:
         return Message(int(cursor.lastrowid or 0), session_id, role, content, status)
 
     def save_message(self, message: Message) -> None:
-        """Write a message's text, status, error and metrics back (after edits or streaming)."""
-        metrics = message.metrics
+        """Write a message's text, status, error, metrics and reasoning back (after edits or
+        streaming)."""
+        metrics, reasoning = message.metrics, message.reasoning
         self._db.execute(
             "UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_s = ?, "
-            "tokens_per_s = ? WHERE id = ?",
+            "tokens_per_s = ?, reasoning = ?, reasoning_tokens = ?, reasoning_s = ? WHERE id = ?",
             (
                 message.content,
                 message.status,
@@ -236,6 +258,9 @@ class HistoryStore:
                 metrics.tokens if metrics else None,
                 metrics.ttft_s if metrics else None,
                 metrics.tokens_per_s if metrics else None,
+                reasoning.text if reasoning else None,
+                reasoning.tokens if reasoning else None,
+                reasoning.seconds if reasoning else None,
                 message.id,
             ),
         )
@@ -257,6 +282,11 @@ SESSION_COLUMNS = (
     "id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking"
 )
 
+MESSAGE_COLUMNS = (
+    "id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s, reasoning, "
+    "reasoning_tokens, reasoning_s"
+)
+
 
 def _session(row: tuple) -> Session:
     session_id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking = row
@@ -271,6 +301,10 @@ def _session(row: tuple) -> Session:
 
 
 def _message(row: tuple) -> Message:
-    message_id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s = row
+    message_id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s = row[:9]
     metrics = None if tokens is None else ReplyMetrics(int(tokens), ttft_s, tokens_per_s)
-    return Message(int(message_id), int(session_id), role, content, status, error, metrics)
+    text, reasoning_tokens, seconds = row[9:]
+    reasoning = None if text is None else Reasoning(text, int(reasoning_tokens or 0), seconds)
+    return Message(
+        int(message_id), int(session_id), role, content, status, error, metrics, reasoning
+    )

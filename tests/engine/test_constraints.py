@@ -163,12 +163,12 @@ def test_constraint_waits_for_the_reasoning_block_to_end(engine):
         before = tracker.phase
         generated.append(token)
         tracker.advance(generated)
-        assert state.accept(token, before) is None, tokenizer.decode(generated)
+        assert state.accept(token, before, len(generated) - 1) is None, tokenizer.decode(generated)
     assert state.matcher.is_accepting()
     text = tokenizer.decode(reply)
     assert tracker.split(text) == ("anything at all {\n", "yes")
     bad = ConstraintState(engine.constraints.compile(spec), None)
-    assert bad.accept(tokenizer.encode("maybe", add_special_tokens=False)[0], Phase.ANSWER)
+    assert bad.accept(tokenizer.encode("maybe", add_special_tokens=False)[0], Phase.ANSWER, 0)
 
 
 def test_reasoning_is_split_from_the_answer_and_never_masked(model):

@@ -21,11 +21,13 @@ class RecordingEngineThread(EngineThread):
         super().__init__(loader)
         self.outputs: list[list[RequestOutput]] = []
         self.template_kwargs: list[dict | None] = []
+        self.prompts: list = []
 
     async def stream(self, prompt, params=None, request_id=None, chat_template_kwargs=None):  # type: ignore[override]
         seen: list[RequestOutput] = []
         self.outputs.append(seen)
         self.template_kwargs.append(chat_template_kwargs)
+        self.prompts.append(prompt)
         async for output in super().stream(prompt, params, request_id, chat_template_kwargs):
             seen.append(output)
             yield output

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 
-from macbatch.engine import RequestMetrics, RequestOutput
+from macbatch.engine import Engine, EngineConfig, RequestMetrics, RequestOutput
 from macbatch.engine.text import FixedText
 from macbatch.tui.reply import ReasoningProgress
-from macbatch.tui.store import STREAMING, Message
+from macbatch.tui.store import DONE, STREAMING, HistoryStore, Message, Reasoning
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.reasoning_view import ReasoningView
+from tests.support.scripted import scripted_model
+from tests.support.standin import gemma4_tokenizer
+from tests.support.tiny import VOCAB_SIZE
+from tests.tui.helpers import first_reply, send, wait_for
 
 
 def _output(tokens: int, reasoning: str | None, text: str) -> RequestOutput:
@@ -61,3 +65,48 @@ async def test_reasoning_opens_then_collapses_when_the_answer_starts():
         assert box.collapsed
         assert box.title == "Reasoned (5 tokens, 2.0 s)"
         assert not progress.update(_output(9, "Let me add 2 and 2.", "4."), 13.0)
+
+
+class _StoredReply(App):
+    def compose(self) -> ComposeResult:
+        reasoning = Reasoning("Let me add 2 and 2.", 5, 1.5)
+        yield MessageView(Message(1, 1, "assistant", "4", DONE, reasoning=reasoning))
+
+
+async def test_a_stored_reply_shows_its_reasoning_again_collapsed():
+    """After a restart a reply comes from the history: its reasoning is shown, collapsed."""
+    app = _StoredReply()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        box = app.query_one(ReasoningView)
+        assert box.collapsed and box.title == "Reasoned (5 tokens, 1.5 s)"
+        assert str(box.query_one(".reasoning-text").render()) == "Let me add 2 and 2."
+
+
+async def test_a_thinking_reply_keeps_its_reasoning_out_of_the_next_prompt(make_app, home):
+    """A chat with a thinking model (scripted, Gemma-4-style stand-in tokenizer): the reply's
+    reasoning is stored apart from its answer, and the next turn sends the answer only."""
+    tokenizer = gemma4_tokenizer()
+    chat = [{"role": "user", "content": "hello"}]
+    start = tokenizer.apply_chat_template(chat, add_generation_prompt=True)[-1]
+    thought = tokenizer.encode(" quick brown", add_special_tokens=False)
+    answer = tokenizer.encode(" lazy dog", add_special_tokens=False)
+    marks = [
+        tokenizer.convert_tokens_to_ids(t) for t in ("<|channel>", "thought", "<channel|>", "<eos>")
+    ]
+    script = [start, *marks[:2], *thought, marks[2], *answer, marks[3]]
+    model = scripted_model("qwen3", VOCAB_SIZE, script)
+    app = make_app(loader=lambda: Engine(model, tokenizer, EngineConfig(num_blocks=64)))
+    async with app.run_test() as pilot:
+        screen = await first_reply(pilot, app, "hello")
+        await send(pilot, screen, "again")
+        await wait_for(pilot, lambda: len(app.engine.prompts) == 2 and not screen.replies)
+        session_id = screen.current
+    history = HistoryStore(home / "chat.sqlite3").messages(session_id)
+    assert history[1].reasoning.text == tokenizer.decode(thought)
+    assert history[1].content == tokenizer.decode(answer)
+    assert app.engine.prompts[1] == [
+        *chat,
+        {"role": "assistant", "content": tokenizer.decode(answer)},
+        {"role": "user", "content": "again"},
+    ]

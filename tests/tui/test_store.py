@@ -14,6 +14,7 @@ from macbatch.tui.store import (
     STREAMING,
     HistoryError,
     HistoryStore,
+    Reasoning,
     ReplyMetrics,
     SessionSettings,
 )
@@ -88,6 +89,42 @@ def test_thinking_choice_round_trips_and_old_histories_gain_the_column(tmp_path)
     again = HistoryStore(path)
     assert again.session(1).settings.thinking is False
     assert again.session(on.id).settings.thinking is True
+
+
+def test_reasoning_is_kept_with_its_reply_and_never_sent_back(tmp_path):
+    """A history from before reasoning was stored (messages without its columns) gains them;
+    a reply's reasoning survives a reopen, and the next turn's prompt carries only answers."""
+    path = tmp_path / "chat.sqlite3"
+    write_first_release_history(path, (1, "Old", "", 0.5, 1.0, 64, 0.0))
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id INTEGER NOT NULL "
+        "REFERENCES sessions(id) ON DELETE CASCADE, role TEXT NOT NULL, content TEXT NOT NULL, "
+        "status TEXT NOT NULL DEFAULT 'done', error TEXT, tokens INTEGER, ttft_s REAL, "
+        "tokens_per_s REAL, created REAL NOT NULL)"
+    )
+    old.execute(
+        "INSERT INTO messages (session_id, role, content, created) VALUES (1, 'user', 'q', 0)"
+    )
+    old.commit()
+    old.close()
+
+    store = HistoryStore(path)
+    [question] = store.messages(1)
+    assert (question.content, question.reasoning) == ("q", None)
+    reply = store.add_message(1, "assistant", "", STREAMING)
+    reply.content, reply.status = "4", DONE
+    reply.reasoning = Reasoning("2 and 2 make 4.", 7, 1.5)
+    store.save_message(reply)
+    store.close()
+
+    again = HistoryStore(path)
+    history = again.messages(1)
+    assert history[1].reasoning == Reasoning("2 and 2 make 4.", 7, 1.5)
+    assert prompt_messages(again.session(1), history) == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "4"},
+    ]
 
 
 def test_automatic_titles_and_the_last_chat_survive_a_reopen(tmp_path):

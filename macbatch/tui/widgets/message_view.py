@@ -73,8 +73,11 @@ class MessageView(Vertical, can_focus=True):
         self.set_class(self.message.status == STREAMING, "-streaming")
         self.set_class(self.message.status not in (DONE, STREAMING), "-ended-early")
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         self.refresh_meta()
+        stored = self.message.reasoning
+        if stored is not None and self.message.status != STREAMING:  # from the history
+            await self.show_reasoning(stored.text, stored.tokens, stored.seconds, True)
 
     async def append(self, text: str) -> None:
         """Add streamed text; fragments queue up when rendering cannot keep pace."""

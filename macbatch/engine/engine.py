@@ -326,13 +326,19 @@ class Engine:
         before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
         outputs, self._pending = self._pending, []
         previous, self._in_flight = self._in_flight, None
-        if previous is not None and self._needs_host_tokens():
-            outputs += self._postprocess(previous)  # the synchronous fallback
-            previous = None
+        # A request whose sampling needs its previous token on the host (a grammar mask, or
+        # penalties) gets it read after this step's forward is dispatched and before its
+        # sampling graph is built: the forward still overlaps the read and the mask fill.
+        read_before_sampling = previous is not None and self._needs_host_tokens()
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
-        current = self._dispatch(plan, previous) if plan.chunks else None
-        if previous is not None:
+        if plan.chunks:
+            current = self._dispatch(plan, previous, read_before_sampling, outputs)
+        else:
+            current = None
+            if read_before_sampling:
+                outputs += self._postprocess(previous)
+        if previous is not None and not read_before_sampling:
             outputs += self._postprocess(previous)
         if current is not None and not self._pipelined:
             outputs += self._postprocess(current)
@@ -345,18 +351,33 @@ class Engine:
         step's graph is built (``Request.needs_host_token``)."""
         return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
 
-    def _dispatch(self, plan: StepPlan, previous: _InFlightStep | None) -> _InFlightStep:
-        """Pack, forward, sample, and start it all on the device; nothing waits for it here."""
+    def _dispatch(
+        self,
+        plan: StepPlan,
+        previous: _InFlightStep | None,
+        read_before_sampling: bool = False,
+        outputs: list[RequestOutput] | None = None,
+    ) -> _InFlightStep:
+        """Pack, forward, sample, and start it all on the device. With ``read_before_sampling``
+        the forward starts first, then the previous step's tokens are read (their outputs go to
+        ``outputs``), then the sampling graph is built on them; otherwise nothing waits here."""
         self._note_first_schedule(plan)
         batch = self._pack(plan, previous)
         if self._followers is not None:  # the other ranks run this same forward on their shard
             self._followers.send_step(batch)
         logits = self.adapter.forward(batch, self.store)
-        sampled = [c.request for c in plan.chunks if c.samples]
+        sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
+        if read_before_sampling:
+            assert previous is not None and outputs is not None
+            if logits is not None:
+                mx.async_eval(logits)
+            outputs += self._postprocess(previous)
         result = None
         if logits is not None:
+            # A request that finished on the token just read samples a token nobody emits.
+            constraints = [None if r.finished else r.constraint for r in sampled]
             logits = self.constraints.mask_logits(
-                logits, [r.constraint for r in sampled], [r.num_generated for r in sampled]
+                logits, constraints, [r.num_generated for r in sampled]
             )
             result = sample(logits, [_sample_row(r) for r in sampled])
         self._launch(result)

@@ -157,7 +157,7 @@ def _demo_kv_pool() -> str:
         return f"cannot load the demo model: {exc}"
     stats = engine.stats()
     tokens = stats.kv_blocks_total * engine.config.block_size
-    size = sum(a.nbytes for a in engine.store.arrays())
+    size = engine.store.nbytes
     return (
         f"{stats.kv_blocks_total:,} blocks of {engine.config.block_size} tokens = {tokens:,} "
         f"tokens, {size / 2**20:,.1f} MiB ({engine.config.max_num_seqs} sequences x "

@@ -6,10 +6,10 @@ from typing import Any
 
 import typer
 
-from macbatch.metal.quant import check_kv_quantization
-
 
 def _check_kv_bits(value: int | None) -> int | None:
+    from macbatch.metal.quant import check_kv_quantization  # MLX: not on `macbatch --help`
+
     try:
         check_kv_quantization(value, None)
     except ValueError as error:
@@ -25,5 +25,6 @@ def kv_bits_option() -> Any:
         callback=_check_kv_bits,
         show_default=False,
         help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
-        "cache (default: the model's float dtype; see docs/kernel.md for accuracy).",
+        "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
+        "for accuracy).",
     )

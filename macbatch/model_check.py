@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mlx.utils import tree_flatten
 
@@ -18,6 +17,7 @@ from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, uns
 from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
 from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
+from macbatch.models import describe_quantization
 
 
 @dataclass
@@ -63,18 +63,6 @@ def _local_path(name: str) -> Path:
     raise ValueError(
         f"'{name}' is not downloaded yet; `macbatch chat -m {name}` (or run/serve) downloads it"
     )
-
-
-def describe_quantization(config: dict[str, Any]) -> str:
-    quant = config.get("quantization") or config.get("quantization_config")
-    if not quant:
-        return "none (float weights)"
-    mode = quant.get("mode") or quant.get("quant_method") or "affine"
-    parts = [f"{mode} {quant.get('bits', '?')}-bit", f"group size {quant.get('group_size', '?')}"]
-    mixed = sum(1 for v in quant.values() if isinstance(v, dict))
-    if mixed:
-        parts.append(f"{mixed} layers with their own settings")
-    return ", ".join(parts)
 
 
 def _probe(path: Path, report: ModelReport) -> None:

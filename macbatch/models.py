@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,20 @@ def _describe(name: str, path: Path) -> LocalModel:
         model_type=str(config.get("model_type", "?")),
         size_bytes=size,
         path=path,
-        quantization=_quantization(config.get("quantization") or config.get("quantization_config")),
+        quantization=describe_quantization(config),
         context=int(context) if isinstance(context, int) else None,
     )
 
 
-def _quantization(spec: object) -> str:
-    """mlx-lm's ``quantization`` entry in words: bits and group size, or the named mode."""
-    if not isinstance(spec, dict):
+def describe_quantization(config: dict[str, Any]) -> str:
+    """A config.json's weight quantization in words: mlx-lm's ``quantization`` entry (bits,
+    group size, mode) or a Hugging Face ``quantization_config`` (its ``quant_method``)."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if not isinstance(quant, dict):
         return "none"
-    mode = spec.get("mode", "affine")
+    mode = quant.get("mode") or quant.get("quant_method") or "affine"
+    words = f"{quant.get('bits', '?')}-bit (group {quant.get('group_size', '?')})"
     if mode != "affine":
-        return str(mode)
-    bits, group = spec.get("bits"), spec.get("group_size")
-    return f"{bits}-bit (group {group})" if bits else "?"
+        words = f"{mode}, {words}" if "bits" in quant else str(mode)
+    mixed = sum(1 for v in quant.values() if isinstance(v, dict))
+    return f"{words}, {mixed} layers with their own settings" if mixed else words

@@ -30,7 +30,7 @@ def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
     assert rows["KV bytes/token"] == f"{per_token:,} ({engine.compute_dtype.dtype})"
     assert rows["architecture"] == "gemma4 (text model: gemma4_text)"
     assert rows["layers"] == "4 (2 with KV pages, 2 reuse another layer's K/V)"
-    assert rows["quantization"] == "none (float weights)"
+    assert rows["quantization"] == "none"
     assert rows["servable"] == "yes"
 
 

@@ -139,7 +139,7 @@ def run_command(
         headless,
     )
     if summary["status"] == "interrupted":
-        again = resume_command(file, model, jobs or [], output_dir, headless)
+        again = resume_command(file, model, jobs or [], output_dir, kv_bits, headless)
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"
@@ -150,10 +150,15 @@ def run_command(
 
 
 def resume_command(
-    file: Path, model: str | None, jobs: list[str], output_dir: Path | None, headless: bool
+    file: Path,
+    model: str | None,
+    jobs: list[str],
+    output_dir: Path | None,
+    kv_bits: int | None,
+    headless: bool,
 ) -> str:
-    """The command that resumes this run: the same file, model, jobs and output directory
-    (without --force / --fresh / --redo-changed, which have done their work)."""
+    """The command that resumes this run: the same file, model, jobs, output directory and KV
+    format (without --force / --fresh / --redo-changed, which have done their work)."""
     words = ["macbatch", "run", str(file)]
     if model:
         words += ["-m", model]
@@ -161,6 +166,8 @@ def resume_command(
         words += ["-j", name]
     if output_dir:
         words += ["-o", str(output_dir)]
+    if kv_bits is not None:
+        words += ["--kv-bits", str(kv_bits)]
     if headless:
         words.append("--headless")
     return shlex.join(words)
@@ -206,7 +213,7 @@ def _run(
     except KeyboardInterrupt:
         _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
     except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
-        again = resume_command(file, model, jobs, output_dir, headless)
+        again = resume_command(file, model, jobs, output_dir, kv_bits, headless)
         _fail(
             headless,
             f"the run stopped: {type(exc).__name__}: {exc}\nCompleted lines are saved; run the "

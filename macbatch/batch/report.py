@@ -222,11 +222,7 @@ def build_summary(
                 "failed": job.failed,
                 "skipped": job.skipped,
                 "capped": job.capped,
-                **(
-                    {"parsed": job.parsed, "constrained": job.constrained}
-                    if job.constrained
-                    else {}
-                ),
+                **_parsed_counts(job),
                 **outputs.get(name, {}),
             }
             for name, job in progress.jobs.items()

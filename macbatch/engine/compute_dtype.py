@@ -30,8 +30,10 @@ class ComputeDtype:
 
 
 def available_memory_bytes() -> int:
-    """Memory free for new allocations now (unified memory on a Mac: the same pool)."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    """Memory free for new allocations now (unified memory on a Mac: the same pool). macOS has
+    no count of free pages in sysconf (a glibc extension): there, all of physical memory."""
+    pages = "SC_AVPHYS_PAGES" if "SC_AVPHYS_PAGES" in os.sysconf_names else "SC_PHYS_PAGES"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf(pages)
 
 
 def _float_dtype(model: nn.Module) -> str | None:

@@ -2,9 +2,10 @@
 
 Steps are pipelined: ``step()`` dispatches step N+1 to the device (``mx.async_eval``) and only
 then reads step N's sampled tokens and turns them into outputs (detokenizing, matching stop
-strings), so that host work overlaps the device's. See docs/engine.md, "The pipelined step".
-Requests whose next sampling needs their previous token on the host (penalties, constraints) and
-rank 0 of a distributed group step synchronously.
+strings), so that host work overlaps the device's. Requests whose next sampling needs their
+previous token on the host (penalties, constraints) have it read between step N+1's forward and
+its sampling; rank 0 of a distributed group steps synchronously. See docs/engine.md, "The
+pipelined step".
 """
 
 from __future__ import annotations
@@ -253,8 +254,7 @@ class Engine:
         room = limit - len(ids)
         if room < 1:
             raise PromptTooLongError(
-                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} "
-                "tokens); shorten the prompt"
+                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} tokens)"
             )
         capped = params.max_tokens is not None and params.max_tokens > room
         if params.max_tokens is None or capped:
@@ -329,16 +329,16 @@ class Engine:
         # A request whose sampling needs its previous token on the host (a grammar mask, or
         # penalties) gets it read after this step's forward is dispatched and before its
         # sampling graph is built: the forward still overlaps the read and the mask fill.
-        read_before_sampling = previous is not None and self._needs_host_tokens()
+        read_first = previous if previous is not None and self._needs_host_tokens() else None
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
+        current = None
         if plan.chunks:
-            current = self._dispatch(plan, previous, read_before_sampling, outputs)
-        else:
-            current = None
-            if read_before_sampling:
-                outputs += self._postprocess(previous)
-        if previous is not None and not read_before_sampling:
+            current, read = self._dispatch(plan, previous, read_first)
+            outputs += read
+            if read_first is not None:
+                previous = None  # read inside the dispatch
+        if previous is not None:
             outputs += self._postprocess(previous)
         if current is not None and not self._pipelined:
             outputs += self._postprocess(current)
@@ -352,26 +352,22 @@ class Engine:
         return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
 
     def _dispatch(
-        self,
-        plan: StepPlan,
-        previous: _InFlightStep | None,
-        read_before_sampling: bool = False,
-        outputs: list[RequestOutput] | None = None,
-    ) -> _InFlightStep:
-        """Pack, forward, sample, and start it all on the device. With ``read_before_sampling``
-        the forward starts first, then the previous step's tokens are read (their outputs go to
-        ``outputs``), then the sampling graph is built on them; otherwise nothing waits here."""
+        self, plan: StepPlan, previous: _InFlightStep | None, read_first: _InFlightStep | None
+    ) -> tuple[_InFlightStep, list[RequestOutput]]:
+        """Pack, forward, sample, and start it all on the device; returns the step and the
+        outputs of ``read_first`` (the step in flight, read after the forward starts and before
+        the sampling graph is built on its tokens). Nothing else waits here."""
         self._note_first_schedule(plan)
         batch = self._pack(plan, previous)
         if self._followers is not None:  # the other ranks run this same forward on their shard
             self._followers.send_step(batch)
         logits = self.adapter.forward(batch, self.store)
         sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
-        if read_before_sampling:
-            assert previous is not None and outputs is not None
+        read: list[RequestOutput] = []
+        if read_first is not None:
             if logits is not None:
                 mx.async_eval(logits)
-            outputs += self._postprocess(previous)
+            read = self._postprocess(read_first)
         result = None
         if logits is not None:
             # A request that finished on the token just read samples a token nobody emits.
@@ -382,7 +378,7 @@ class Engine:
             result = sample(logits, [_sample_row(r) for r in sampled])
         self._launch(result)
         self._advance(plan, sampled)
-        return _InFlightStep(sampled, result, self._steps)
+        return _InFlightStep(sampled, result, self._steps), read
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]

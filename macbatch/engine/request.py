@@ -26,7 +26,12 @@ class FinishReason(str, Enum):
 
 
 class PromptTooLongError(ValueError):
-    """The prompt leaves no room for a reply in the context (or the KV pool); nothing queued."""
+    """The prompt leaves no room for a reply in the context (or the KV pool); nothing queued.
+    ``what`` says so without advice, for front ends that give their own (chat: a new chat)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}; shorten the prompt")
+        self.what = what
 
 
 class RequestStatus(Enum):

@@ -2,8 +2,8 @@
 
 Unknown fields are ignored, as OpenAI clients expect (they send extras such as ``user``). Known
 fields this server cannot honour (``echo``, ``functions`` ...) are refused with a 400 rather than
-silently dropped, unless they hold their neutral value. Structured output and tools are read in
-``structured.py``.
+silently dropped, unless they hold their neutral value. Structured output and tools are read by
+``macbatch.engine.request_options``.
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ class Reply:
             raise
         except PromptTooLongError as error:
             message.status = ERROR
-            message.error = f"{error}: start a new chat (ctrl+n) or shorten the message"
+            message.error = f"{error.what}: start a new chat (ctrl+n) or shorten the message"
         except (ValueError, EngineDeadError) as error:
             message.status = ERROR
             message.error = str(error)

@@ -452,3 +452,16 @@ def test_demo_job_without_max_tokens_caps_each_reply_to_the_room_left(tmp_path: 
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["ok"] == 2 and summary["jobs"]["ask"]["capped"] == 2
     assert "2 replies capped" in result.stdout
+
+
+def test_the_resume_hint_keeps_what_changes_results(tmp_path: Path) -> None:
+    """The printed command resumes with the same model, jobs, output dir and KV format."""
+    import shlex
+
+    from macbatch.batch.command import resume_command
+
+    hint = resume_command(tmp_path / "j.yaml", "demo", ["a", "b"], tmp_path / "o", 4, True)
+    assert shlex.split(hint) == [
+        "macbatch", "run", str(tmp_path / "j.yaml"), "-m", "demo", "-j", "a", "-j", "b",
+        "-o", str(tmp_path / "o"), "--kv-bits", "4", "--headless",
+    ]  # fmt: skip

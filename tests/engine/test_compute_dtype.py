@@ -59,3 +59,14 @@ def test_loaded_half_model_is_cast_when_it_fits(tmp_path, monkeypatch):
     message = str(info.value)
     assert "casting the bfloat16 weights to float32" in message
     assert "GiB more memory" in message and "EngineConfig(dtype='bfloat16')" in message
+
+
+def test_available_memory_without_a_free_page_count(monkeypatch):
+    """macOS's sysconf has no SC_AVPHYS_PAGES (a glibc extension): physical memory is used."""
+    import os
+
+    from macbatch.engine.compute_dtype import available_memory_bytes
+
+    names = {k: v for k, v in os.sysconf_names.items() if k != "SC_AVPHYS_PAGES"}
+    monkeypatch.setattr(os, "sysconf_names", names)
+    assert available_memory_bytes() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -90,8 +90,9 @@ def test_pool_bytes_per_block_and_stats(tiny_tokenizer):
     model = build_model("qwen3")
     engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=32, kv_bits=4))
     fmt = engine.store.format
-    assert engine.stats().kv_cache_bytes == 32 * fmt.bytes_per_block(engine.store.shapes, 16)
-    assert engine.stats().kv_cache_bytes == sum(a.nbytes for a in engine.store.arrays())
+    expected = 32 * fmt.bytes_per_block(engine.store.shapes, 16)
+    assert engine.stats().kv_cache_bytes == expected  # what is reported
+    assert sum(a.nbytes for a in engine.store.arrays()) == expected  # what is allocated
 
 
 @pytest.mark.parametrize(

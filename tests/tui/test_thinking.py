@@ -48,3 +48,22 @@ async def test_no_switch_without_one_in_the_template(make_app):
         await wait_for(pilot, lambda: app.ready)
         await pilot.press("ctrl+s")
         assert not app.screen.query("#thinking")
+
+
+async def test_saving_without_the_switch_keeps_the_chats_choice(make_app):
+    """With no switch shown (the model still loading, or no such template), saving other
+    settings must not wipe a thinking choice the chat already has."""
+    from dataclasses import replace
+
+    from macbatch.tui.screens.settings import SettingsScreen
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.ready)
+        chosen = replace(GREEDY, thinking=False)
+        saved = []
+        app.push_screen(SettingsScreen("Chat", chosen, thinking_default=None), saved.append)
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: bool(saved))
+    assert saved[0] is not None and saved[0].thinking is False

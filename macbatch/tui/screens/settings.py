@@ -90,9 +90,10 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
         self.dismiss(settings)
 
     def _thinking(self) -> bool | None:
-        """The switch's choice, or None while it says what the template does by default."""
+        """The switch's choice, or None while it says what the template does by default. With
+        no switch shown (no such template, or the model still loading), the chat keeps its own."""
         if self.thinking_default is None:
-            return None
+            return self.settings.thinking
         value = self.query_one("#thinking", Switch).value
         return None if value == self.thinking_default else value
 

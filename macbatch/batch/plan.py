@@ -204,14 +204,15 @@ def _prompt_and_sampling(
 
 def _options(job: JobSpec, source: InputFile | None, fields: dict) -> dict[str, Any] | None:
     """The job's constraint, or an OpenAI-batch row's own response_format / guided_* / tools
-    (checked here as far as they can be without the model)."""
+    (checked here as far as they can be without the model); a row with none of its own gets the
+    job's."""
     if source is None or source.format != "openai":
         return job.options
     options = {k: v for k, v in fields["body"].items() if k in OPTION_FIELDS and v is not None}
     structured_output(options)
     if options.get("tools"):
         check_tools(options["tools"])
-    return options or None
+    return options or job.options
 
 
 def _openai_prompt(fields: dict) -> Prompt:

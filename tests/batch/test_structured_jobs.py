@@ -112,6 +112,33 @@ def test_openai_rows_keep_their_response_format_and_tools(
     assert "no tool-call format" in errors["forced-tool"]["error"]["message"]
 
 
+def test_openai_rows_without_their_own_constraint_follow_the_jobs(
+    tmp_path: Path, tiny_model_path: Path, macbatch_run
+):
+    ask = [{"role": "user", "content": "hello"}]
+    rows = [
+        {"custom_id": "inherits", "body": {"messages": ask}},
+        {"custom_id": "own", "body": {"messages": ask, "guided_choice": ["up", "down"]}},
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = write_job(
+        tmp_path,
+        f"""
+        model: {tiny_model_path}
+        defaults: {{sampling: {{temperature: 0, max_tokens: 8}}}}
+        jobs:
+          - name: rows
+            input: rows.jsonl
+            choices: ["yes", "no"]
+        """,
+    )
+    result = macbatch_run(job)
+    assert result.exit_code == 0, result.output
+    lines = {line["custom_id"]: line for line in read_jsonl(tmp_path / "out" / "rows.jsonl")}
+    assert lines["inherits"]["parsed"] in ("yes", "no")
+    assert lines["own"]["parsed"] in ("up", "down")
+
+
 def test_bad_schema_in_the_job_file_names_the_line(
     tmp_path: Path, tiny_model_path: Path, macbatch_run
 ):

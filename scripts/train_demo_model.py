@@ -25,6 +25,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
+from macbatch.demo.conversation import chat_messages, draw_histories  # noqa: E402
 from macbatch.demo.questions import held_out_examples  # noqa: E402
 from macbatch.demo.tasks import TASKS, Example, sample  # noqa: E402
 
@@ -81,6 +83,20 @@ def chat_text(question: str, answer: str | None = None) -> str:
     return text if answer is None else f"{text}{answer}<|im_end|>"
 
 
+def conversation_pieces(turns: list[Example]) -> list[tuple[str, bool]]:
+    """A conversation as CHAT_TEMPLATE renders it, cut into (text, is_reply) pieces.
+
+    The replies (with their <|im_end|>) are what the loss covers: every turn is trained as
+    the answer to the last question with all earlier turns in context.
+    """
+    pieces: list[tuple[str, bool]] = []
+    for i, turn in enumerate(turns):
+        separator = "\n" if i else ""
+        pieces.append((f"{separator}{chat_text(turn.question)}", False))
+        pieces.append((f"{turn.answer}<|im_end|>", True))
+    return pieces
+
+
 def parse_weights(text: str) -> dict[str, float]:
     """Task weights from "add=3,subtract=3,..."; every task must be given."""
     try:
@@ -98,6 +114,16 @@ def draw_examples(rng: random.Random, count: int, weights: dict[str, float]) -> 
     return [sample(task, rng, held_out=False) for task in tasks]
 
 
+def draw_conversations(
+    rng: random.Random, count: int, weights: dict[str, float], max_turns: int
+) -> list[list[Example]]:
+    """`count` conversations of 1..`max_turns` turns (equally likely), tasks drawn by `weights`."""
+    lengths = [rng.randint(1, max_turns) for _ in range(count)]
+    tasks = rng.choices(list(weights), weights=list(weights.values()), k=sum(lengths))
+    examples = iter(sample(task, rng, held_out=False) for task in tasks)
+    return [[next(examples) for _ in range(length)] for length in lengths]
+
+
 def boosted_weights(
     base: dict[str, float], accuracy: dict[str, float], boost: float
 ) -> dict[str, float]:
@@ -110,14 +136,14 @@ def boosted_weights(
     return {task: weight * (1 + boost * (1 - accuracy[task])) for task, weight in base.items()}
 
 
-def make_batches(
+def make_single_turn_batches(
     tokenizer: Tokenizer,
     rng: random.Random,
     batch_size: int,
     group: int,
     weights: dict[str, float],
 ) -> list[tuple[mx.array, mx.array, mx.array]]:
-    """`group` batches (inputs, targets, loss mask) of examples of similar length.
+    """Phase 1: `group` batches (inputs, targets, loss mask) of one-turn examples of similar length.
 
     Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
     are rounded up to a multiple of 8 so the compiled step sees few distinct shapes.
@@ -142,19 +168,90 @@ def make_batches(
     return batches
 
 
+def encode_conversation(
+    tokenizer: Tokenizer, turns: list[Example], max_len: int
+) -> tuple[list[int], list[float]]:
+    """Token ids and loss mask of a conversation cut to `max_len` tokens at a turn's edge: the
+    replies kept are whole; a last question whose reply does not fit stays, untrained on."""
+    pieces = conversation_pieces(turns)
+    encoded = tokenizer.encode_batch([text for text, _ in pieces])
+    ids: list[int] = []
+    mask: list[float] = []
+    for (_, is_reply), piece in zip(pieces, encoded):
+        if is_reply and len(ids) + len(piece.ids) > max_len:
+            break
+        if not is_reply and len(ids) + len(piece.ids) >= max_len:
+            break
+        ids += piece.ids
+        mask += [float(is_reply)] * len(piece.ids)
+    return ids, mask
+
+
+def make_conversation_batches(
+    tokenizer: Tokenizer,
+    rng: random.Random,
+    batch_size: int,
+    group: int,
+    weights: dict[str, float],
+    max_turns: int,
+    max_len: int,
+) -> list[tuple[mx.array, mx.array, mx.array]]:
+    """Phase 2: `group` batches (inputs, targets, loss mask) of conversations of similar length.
+
+    Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
+    are rounded up to a multiple of 16 so the compiled step sees few distinct shapes.
+    """
+    conversations = draw_conversations(rng, batch_size * group, weights, max_turns)
+    rows = sorted(
+        (encode_conversation(tokenizer, turns, max_len + 1) for turns in conversations),
+        key=lambda row: len(row[0]),
+    )
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = 16 * math.ceil((max(len(ids) for ids, _ in chunk) - 1) / 16)
+        inputs, targets, mask = [], [], []
+        for ids, reply in chunk:
+            pad = width - (len(ids) - 1)
+            inputs.append(ids[:-1] + [0] * pad)
+            targets.append(ids[1:] + [0] * pad)
+            mask.append(reply[1:] + [0.0] * pad)
+        batches.append((mx.array(inputs), mx.array(targets), mx.array(mask)))
+    rng.shuffle(batches)
+    return batches
+
+
 def loss_fn(model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
     """Mean cross-entropy over the reply tokens."""
     losses = nn.losses.cross_entropy(model(inputs), targets)
     return (losses * mask).sum() / mask.sum()
 
 
-def evaluate(model, tokenizer_wrapper, examples: list[Example]) -> dict[str, float]:
-    """Greedy accuracy per task through mlx-lm's batch_generate."""
+def evaluate_first_turns(model, tokenizer_wrapper, examples: list[Example]) -> dict[str, float]:
+    """Phase 1: greedy accuracy per task of questions asked alone (mlx-lm's batch_generate)."""
     from mlx_lm.generate import batch_generate
 
     prompts = [tokenizer_wrapper.encode(chat_text(e.question)) for e in examples]
     replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts
     return accuracy_by_task(examples, replies)
+
+
+def evaluate_conversations(
+    model, tokenizer_wrapper, examples: list[Example], histories: list[list[Example]]
+) -> dict[str, float]:
+    """Phase 2: greedy accuracy per task through mlx-lm's batch_generate, each task's worse of
+    asked as the first turn and asked after its history."""
+    from mlx_lm.generate import batch_generate
+
+    chats = [chat_messages([], e.question) for e in examples]
+    chats += [chat_messages(h, e.question) for e, h in zip(examples, histories)]
+    prompts = [tokenizer_wrapper.apply_chat_template(c, add_generation_prompt=True) for c in chats]
+    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts
+    first = accuracy_by_task(examples, replies[: len(examples)])
+    later = accuracy_by_task(examples, replies[len(examples) :])
+    print("  turn 1: " + " ".join(f"{t} {a:.3f}" for t, a in first.items()), flush=True)
+    print("  turn 5: " + " ".join(f"{t} {a:.3f}" for t, a in later.items()), flush=True)
+    return {task: min(first[task], later[task]) for task in first}
 
 
 def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> None:
@@ -179,18 +276,94 @@ def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> Non
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
+def make_train_step(model: nn.Module, lr: float, steps: int):
+    """A compiled AdamW step (linear warmup, cosine decay to 5%, gradient clipping at 1.0)."""
+    warmup = max(1, min(200, steps // 10))
+    schedule = optim.join_schedules(
+        [
+            optim.linear_schedule(1e-6, lr, warmup),
+            optim.cosine_decay(lr, steps - warmup, lr * 0.05),
+        ],
+        [warmup],
+    )
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def train_step(inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
+        loss, grads = loss_and_grad(model, inputs, targets, mask)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(model, grads)
+        return loss
+
+    return train_step, state, optimizer
+
+
+def train_phase(
+    name: str,
+    model: nn.Module,
+    args: argparse.Namespace,
+    steps: int,
+    lr: float,
+    eval_every: int,
+    next_batches: Callable[[dict[str, float]], list],
+    evaluate: Callable[[], dict[str, float]],
+    save_model: Callable[[], None],
+) -> None:
+    """`steps` optimizer steps on `next_batches(task weights)`; every `eval_every` steps (and at
+    the end) evaluate, shift the task mix toward the laggards and save."""
+    train_step, state, optimizer = make_train_step(model, lr, steps)
+    start = time.time()
+    batches: list = []
+    weights = args.weights
+    running = 0.0
+    for step in range(1, steps + 1):
+        if not batches:
+            batches = next_batches(weights)
+        loss = train_step(*batches.pop())
+        mx.eval(state, loss)
+        running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
+        minutes = (time.time() - start) / 60
+        stop = (args.minutes and minutes >= args.minutes) or step == args.stop_at
+        if step % 50 == 0:
+            lr_now = optimizer.learning_rate.item()
+            print(f"{name} step {step} loss {running:.4f} lr {lr_now:.2e} {minutes:.1f} min")
+        if step % eval_every == 0 or step == steps or stop:
+            accuracy = evaluate()
+            shown = " ".join(f"{task} {acc:.3f}" for task, acc in accuracy.items())
+            print(f"{name} step {step} held-out accuracy: {shown}", flush=True)
+            weights = boosted_weights(args.weights, accuracy, args.mix_boost)
+            save_model()
+        if stop:
+            print(f"{name}: stopping early after {minutes:.1f} minutes at step {step}", flush=True)
+            break
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=24000, help="optimizer steps (lr schedule)")
-    parser.add_argument("--minutes", type=float, default=0, help="stop early after this long")
-    parser.add_argument("--stop-at", type=int, default=0, help="stop early at this step")
     # Small batches and a low peak rate: after the same 32K examples, batch 8 at 5e-4 has a third
     # of the loss of batch 32 at 3e-3; higher rates stall (docs/demo-model.md, "Retraining").
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=4e-4, help="peak learning rate")
-    parser.add_argument("--eval-every", type=int, default=2000)
+    phase1 = parser.add_argument_group("phase 1: questions asked alone")
+    phase1.add_argument("--steps", type=int, default=24000, help="optimizer steps (lr schedule)")
+    phase1.add_argument("--batch-size", type=int, default=8, help="questions per step")
+    phase1.add_argument("--lr", type=float, default=4e-4, help="peak learning rate")
+    phase1.add_argument("--eval-every", type=int, default=2000)
+    phase2 = parser.add_argument_group("phase 2: conversations")
+    phase2.add_argument("--chat-steps", type=int, default=4000, help="optimizer steps")
+    phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")
+    phase2.add_argument("--chat-lr", type=float, default=2e-4, help="peak learning rate")
+    phase2.add_argument("--chat-eval-every", type=int, default=1000)
+    phase2.add_argument(
+        "--max-turns",
+        type=int,
+        default=8,
+        help="turns per conversation: 1 to this, fewer if they overflow the context",
+    )
     parser.add_argument("--eval-per-task", type=int, default=30)
+    parser.add_argument("--minutes", type=float, default=0, help="end a phase after this long")
+    parser.add_argument("--stop-at", type=int, default=0, help="end a phase at this step")
     parser.add_argument(
         "--out", type=Path, default=MODEL_DIR, help="default: the shipped model's directory"
     )
@@ -217,6 +390,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     tokenizer = build_tokenizer()
     config = dict(MODEL_CONFIG, vocab_size=tokenizer.get_vocab_size())
+    max_len = config["max_position_embeddings"]
     model = Model(ModelArgs.from_dict(config))
     model.set_dtype(mx.float32)
     if args.init:
@@ -238,52 +412,46 @@ def main() -> None:
             tokenize=False,
         )
         assert rendered == chat_text("What is 1 + 2?"), "chat_text disagrees with CHAT_TEMPLATE"
+        turns = held_out_examples(random.Random(args.seed), 1)
+        templated = wrapper.apply_chat_template(chat_messages(turns[:-1], turns[-1].question))
+        ids, _ = encode_conversation(tokenizer, turns, max_len)
+        assert ids[: len(templated)] == templated, "conversation_pieces disagrees with the template"
 
-    eval_rng = random.Random(args.seed + 1)
-    eval_set = held_out_examples(eval_rng, args.eval_per_task)
-    warmup = max(1, min(200, args.steps // 10))
-    schedule = optim.join_schedules(
-        [
-            optim.linear_schedule(1e-6, args.lr, warmup),
-            optim.cosine_decay(args.lr, args.steps - warmup, args.lr * 0.05),
-        ],
-        [warmup],
-    )
-    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-    state = [model.state, optimizer.state]
+    def save_model() -> None:
+        save(model, tokenizer, config, args.out)
 
-    @partial(mx.compile, inputs=state, outputs=state)
-    def train_step(inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
-        loss, grads = loss_and_grad(model, inputs, targets, mask)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        optimizer.update(model, grads)
-        return loss
-
-    start = time.time()
-    batches: list = []
-    weights = args.weights
-    running = 0.0
-    for step in range(1, args.steps + 1):
-        if not batches:
-            batches = make_batches(tokenizer, rng, args.batch_size, 8, weights)
-        loss = train_step(*batches.pop())
-        mx.eval(state, loss)
-        running = 0.98 * running + 0.02 * loss.item() if step > 1 else loss.item()
-        minutes = (time.time() - start) / 60
-        stop = (args.minutes and minutes >= args.minutes) or step == args.stop_at
-        if step % 50 == 0:
-            lr = optimizer.learning_rate.item()
-            print(f"step {step} loss {running:.4f} lr {lr:.2e} {minutes:.1f} min", flush=True)
-        if step % args.eval_every == 0 or step == args.steps or stop:
-            accuracy = evaluate(model, wrapper, eval_set)
-            shown = " ".join(f"{task} {acc:.3f}" for task, acc in accuracy.items())
-            print(f"step {step} held-out accuracy: {shown}", flush=True)
-            weights = boosted_weights(args.weights, accuracy, args.mix_boost)
-            save(model, tokenizer, config, args.out)
-        if stop:
-            print(f"stopping early after {minutes:.1f} minutes at step {step}", flush=True)
-            break
+    if args.steps:
+        eval_set = held_out_examples(random.Random(args.seed + 1), args.eval_per_task)
+        train_phase(
+            "phase 1",
+            model,
+            args,
+            args.steps,
+            args.lr,
+            args.eval_every,
+            lambda weights: make_single_turn_batches(tokenizer, rng, args.batch_size, 8, weights),
+            lambda: evaluate_first_turns(model, wrapper, eval_set),
+            save_model,
+        )
+    if args.chat_steps:
+        # Its own generators, seeded as phase 1's: phase 2 draws the same data whether it
+        # follows phase 1 here or continues a saved phase-1 model (--init ... --steps 0).
+        chat_rng, eval_rng = random.Random(args.seed), random.Random(args.seed + 1)
+        chat_eval = held_out_examples(eval_rng, args.eval_per_task)
+        histories = draw_histories(chat_eval, eval_rng)
+        train_phase(
+            "phase 2",
+            model,
+            args,
+            args.chat_steps,
+            args.chat_lr,
+            args.chat_eval_every,
+            lambda weights: make_conversation_batches(
+                tokenizer, chat_rng, args.chat_batch_size, 8, weights, args.max_turns, max_len
+            ),
+            lambda: evaluate_conversations(model, wrapper, chat_eval, histories),
+            save_model,
+        )
     print(f"saved to {args.out}", flush=True)
 
 

@@ -9,10 +9,11 @@ import json
 import random
 from pathlib import Path
 
+from macbatch.demo.conversation import chat_messages, draw_histories
 from macbatch.demo.tasks import TASKS, Example, sample
 
 QUESTIONS_PATH = Path(__file__).resolve().parents[2] / "jobs" / "data" / "demo_questions.jsonl"
-PER_TASK = 60
+PER_TASK = 200
 SEED = 2024
 
 
@@ -30,8 +31,14 @@ def held_out_examples(rng: random.Random, per_task: int) -> list[Example]:
 
 
 def write_question_set(path: Path, per_task: int = PER_TASK, seed: int = SEED) -> int:
-    """Write the question set as JSON lines (id, task, question, expected); returns the count."""
-    examples = held_out_examples(random.Random(seed), per_task)
+    """Write the question set as JSON lines; returns the count.
+
+    Each row has id, task, question, expected, and `messages`: the same question asked as turn 5
+    of a conversation whose four earlier turns are other held-out questions, answered correctly.
+    """
+    rng = random.Random(seed)
+    examples = held_out_examples(rng, per_task)
+    histories = draw_histories(examples, rng)
     lines = [
         json.dumps(
             {
@@ -39,19 +46,24 @@ def write_question_set(path: Path, per_task: int = PER_TASK, seed: int = SEED) -
                 "task": e.task,
                 "question": e.question,
                 "expected": e.answer,
+                "messages": chat_messages(history, e.question),
             }
         )
-        for i, e in enumerate(examples)
+        for i, (e, history) in enumerate(zip(examples, histories))
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return len(lines)
 
 
+def read_rows(path: Path = QUESTIONS_PATH) -> list[dict]:
+    """The question set's rows as written."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def read_question_set(path: Path = QUESTIONS_PATH) -> list[Example]:
     """The question set as Examples (key is the row id)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [Example(r["task"], r["id"], r["question"], r["expected"]) for r in rows]
+    return [Example(r["task"], r["id"], r["question"], r["expected"]) for r in read_rows(path)]
 
 
 if __name__ == "__main__":

@@ -94,6 +94,16 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
 }
 
 
+# What each task answers, with a question to try: the empty demo chat and the README show these.
+SHOWCASE: dict[str, tuple[str, str]] = {
+    "add": ("adds two numbers below 100", "What is 48 + 37?"),
+    "subtract": ("subtracts a smaller number below 100", "Subtract 37 from 48."),
+    "reverse": ("spells a word of 3 to 8 letters backwards", "Reverse the word planet."),
+    "sort": ("sorts 2 to 5 numbers below 100", "Sort 42, 7, 19 in ascending order."),
+    "count": ("counts a letter in a word", "How many times does a appear in banana?"),
+}
+
+
 def is_held_out(task: str, key: str) -> bool:
     """Whether an instance belongs to the held-out split (stable across runs and machines)."""
     digest = hashlib.blake2b(f"{task}:{key}".encode(), digest_size=8).digest()

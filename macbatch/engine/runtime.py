@@ -82,6 +82,10 @@ class EngineThread:
         """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
         return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
 
+    def context_limit(self) -> int:
+        """The most tokens one sequence may hold (`Engine.context_limit`; plain Python, safe)."""
+        return self._live_engine().context_limit()[0]
+
     async def prepare_constraints(self) -> None:
         """Build the engine's grammar index (1-3 s, once) on a worker thread before a first
         constrained request is submitted, so the caller's event loop keeps answering."""

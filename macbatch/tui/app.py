@@ -43,6 +43,7 @@ class ChatApp(App[None]):
         self.engine = engine
         self.store = store
         self.model_label = model_label
+        self.model_requested = model_label  # as the user named it; model_label follows the load
         self.export_dir = export_dir
         self.defaults = defaults or SessionSettings()
         self.load_progress = load_progress or LoadProgress()

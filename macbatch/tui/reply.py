@@ -19,6 +19,7 @@ from macbatch.engine import (
     PromptTooLongError,
     SamplingParams,
 )
+from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -124,7 +125,8 @@ class Reply:
         try:
             # max_tokens is a cap the engine shrinks to the room the conversation leaves.
             kwargs = self.chat_template_kwargs
-            stream = self.engine.stream(self.prompt, self.params, chat_template_kwargs=kwargs)
+            prompt = self._fitted_prompt()
+            stream = self.engine.stream(prompt, self.params, chat_template_kwargs=kwargs)
             async with aclosing(stream) as outputs:
                 async for output in outputs:
                     message.content = output.text
@@ -161,6 +163,22 @@ class Reply:
             message.error = str(error)
         self.store.save_message(message)
         await self.view.finish()
+
+    def _fitted_prompt(self) -> list[dict[str, str]]:
+        """The prompt with the oldest turns left out if the chat outgrew the context."""
+        context = self.engine.context_limit()
+        room = reply_room(self.params.max_tokens or context, context)
+        kwargs = self.chat_template_kwargs
+        prompt, left_out = fit_to_context(
+            self.prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
+        )
+        if left_out:
+            self.view.app.notify(
+                f"The chat is longer than the model's context ({context} tokens): its first"
+                f" {left_out} messages were left out of this prompt.",
+                timeout=4,
+            )
+        return prompt
 
     def _finish(self, output: RequestOutput) -> None:
         reason = output.finish_reason

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner, Result
 
 from macbatch.batch.command import run_command
@@ -43,3 +44,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     assert not data or data.endswith(b"\n"), f"{path} ends with a partial line"
     return [json.loads(line) for line in data.splitlines()]
+
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+def shipped_job_on_a_sample(name: str, directory: Path, every: int = 25) -> tuple[Path, list]:
+    """jobs/`name` as shipped, but reading every `every`-th row of the demo question set (the
+    whole set is 1,000 questions: too many for a random-weight stand-in in every test run).
+    Returns the job file and the sampled rows."""
+    rows = read_jsonl(JOBS / "data" / "demo_questions.jsonl")[::every]
+    sample = directory / "questions.jsonl"
+    sample.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = yaml.safe_load((JOBS / name).read_text())
+    for job in spec["jobs"]:
+        assert job["input"] == "data/demo_questions.jsonl", job
+        job["input"] = str(sample)
+    path = directory / name
+    path.write_text(yaml.safe_dump(spec))
+    return path, rows

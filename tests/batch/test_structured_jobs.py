@@ -10,23 +10,21 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests.batch.conftest import read_jsonl, write_job
+from tests.batch.conftest import JOBS, read_jsonl, shipped_job_on_a_sample, write_job
 from tests.support.structured import ADD_TOOL
-
-JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
 
 def test_extract_example_parses_every_reply(tmp_path: Path, tiny_model_path: Path, macbatch_run):
     """`jobs/extract.yaml` with the tiny model standing in for the demo model."""
-    result = macbatch_run(
-        JOBS / "extract.yaml", "--model", tiny_model_path, "-o", tmp_path, "--max-seqs", "128"
-    )
+    job_file, rows = shipped_job_on_a_sample("extract.yaml", tmp_path, every=10)
+    out = tmp_path / "out"
+    result = macbatch_run(job_file, "--model", tiny_model_path, "-o", out, "--max-seqs", "128")
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load((JOBS / "extract.yaml").read_text())
     schema = spec["jobs"][0]["schema"]
-    questions = {q["id"]: q for q in read_jsonl(JOBS / "data" / "demo_questions.jsonl")}
-    extract = read_jsonl(tmp_path / "extract.jsonl")
-    classify = read_jsonl(tmp_path / "classify.jsonl")
+    questions = {q["id"]: q for q in rows}
+    extract = read_jsonl(out / "extract.jsonl")
+    classify = read_jsonl(out / "classify.jsonl")
     assert len(extract) == len(classify) == len(questions)
     for line in extract:
         content = line["response"]["body"]["choices"][0]["message"]["content"]
@@ -36,7 +34,7 @@ def test_extract_example_parses_every_reply(tmp_path: Path, tiny_model_path: Pat
         assert line["macbatch"]["correct"] is correct
     for line in classify:
         assert line["parsed"] in spec["jobs"][1]["choices"]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["parsed"] == 2 * len(questions)
     assert summary["jobs"]["extract"]["parsed"] == len(questions)
 

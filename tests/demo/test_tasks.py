@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,7 @@ from macbatch.demo.questions import (
     write_question_set,
 )
 from macbatch.demo.tasks import TASKS, is_held_out, sample
-
-
-def oracle(task: str, question: str) -> str:
-    """Recompute the reply from the question text alone."""
-    numbers = [int(n) for n in re.findall(r"\d+", question)]
-    words = re.findall(r"\b[a-z]+\b", question.split(" ", 1)[1])
-    if task == "add":
-        return f"The answer is {sum(numbers)}."
-    if task == "subtract":
-        big, small = (numbers[0], numbers[1]) if "Subtract" not in question else numbers[::-1]
-        return f"The answer is {big - small}."
-    if task == "sort":
-        return f"In order: {', '.join(map(str, sorted(numbers)))}."
-    if task == "reverse":
-        word = question.rstrip(".?").split()[-1] if "Reverse" in question else words[-3]
-        return f"Backwards it is {word[::-1]}."
-    letter, word = re.search(r"(?:does|letter) ([a-z]) (?:appear )?in ([a-z]+)", question).groups()
-    return f"The answer is {word.count(letter)}."
+from tests.support.demo_oracle import oracle
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -70,10 +52,17 @@ def test_question_file_is_current_and_well_formed(tmp_path: Path) -> None:
     )
     rows = [json.loads(line) for line in QUESTIONS_PATH.read_text().splitlines()]
     assert len(rows) == PER_TASK * len(TASKS)
-    assert all(set(row) == {"id", "task", "question", "expected"} for row in rows)
+    assert all(set(row) == {"id", "task", "question", "expected", "messages"} for row in rows)
     assert len({row["id"] for row in rows}) == len(rows)
+    answers = {row["question"]: row["expected"] for row in rows}
     for row in rows:
         assert row["expected"] == oracle(row["task"], row["question"])
+        # Turn 5: four other questions of the set, each answered correctly, then this one.
+        *earlier, last = row["messages"]
+        assert last == {"role": "user", "content": row["question"]}
+        assert [m["role"] for m in earlier] == ["user", "assistant"] * 4
+        pairs = [(q["content"], a["content"]) for q, a in zip(earlier[::2], earlier[1::2])]
+        assert all(answers[q] == a and q != row["question"] for q, a in pairs)
     assert [e.question for e in read_question_set()] == [row["question"] for row in rows]
 
 

@@ -20,12 +20,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
 
 
 def train(out: Path, seed: int) -> dict[str, mx.array]:
-    """Run the script for three steps and return the weights it wrote."""
+    """Run the script for three steps of each phase and return the weights it wrote."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
-    command += ["--batch-size", "4", "--eval-per-task", "1", "--out", str(out)]
+    command += ["--batch-size", "4", "--chat-steps", "3", "--eval-per-task", "1", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "held-out accuracy" in done.stdout
+    assert "phase 1 step 3 held-out accuracy" in done.stdout
+    assert "phase 2 step 3 held-out accuracy" in done.stdout
     return mx.load(str(out / "model.safetensors"))
 
 
@@ -77,3 +78,35 @@ def test_negative_mix_boost_is_refused_before_training(tmp_path):
     assert done.returncode == 2
     assert "--mix-boost must be 0 or more" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_conversations_are_the_chat_template_and_the_loss_covers_the_replies(runs):
+    """Phase 2's training rows against the chat template as mlx-lm applies it (the oracle)."""
+    import random
+
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from macbatch.demo.conversation import chat_messages
+    from macbatch.demo.questions import held_out_examples
+
+    spec = importlib.util.spec_from_file_location("train_demo_model", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, _ = runs[0]
+    wrapper = load_tokenizer(out)
+    turns = held_out_examples(random.Random(5), 1)[:3]
+    messages = chat_messages(turns, "unused")[:-1]  # the three turns, answered
+    ids, mask = script.encode_conversation(script.build_tokenizer(), turns, 512)
+    assert ids == wrapper.apply_chat_template(messages)[:-1]  # up to the last <|im_end|>
+    replied = wrapper.decode([i for i, m in zip(ids, mask) if m])
+    assert replied == "".join(f"{t.answer}<|im_end|>" for t in turns)
+    # One token short: the last reply goes whole, its question stays without a target.
+    short_ids, short_mask = script.encode_conversation(
+        script.build_tokenizer(), turns, len(ids) - 1
+    )
+    assert wrapper.decode([i for i, m in zip(short_ids, short_mask) if m]) == "".join(
+        f"{t.answer}<|im_end|>" for t in turns[:2]
+    )
+    assert wrapper.decode(short_ids).endswith(
+        f"{turns[2].question}<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -45,6 +45,7 @@ def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
         loader: Callable[[], Engine] | None = None,
         load_progress: LoadProgress | None = None,
         step_seconds: float = 0.0,
+        model_label: str = "tiny",
     ) -> ChatApp:
         engine_config = config or EngineConfig(num_blocks=256, max_num_seqs=8)
         load = loader or (lambda: Engine.load(str(tiny_model_path), engine_config))
@@ -54,7 +55,7 @@ def make_app(tiny_model_path: Path, home: Path) -> Callable[..., ChatApp]:
         return ChatApp(
             engine,
             HistoryStore(home / "chat.sqlite3"),
-            model_label="tiny",
+            model_label=model_label,
             export_dir=home / "exports",
             defaults=defaults,
             load_progress=load_progress,

@@ -131,7 +131,7 @@ class ChatScreen(Screen[None]):
         switcher = self.query_one(ContentSwitcher)
         if not switcher.query(f"#{transcript_id(session_id)}"):
             messages = self.chat_app.store.messages(session_id)
-            await switcher.mount(Transcript(session_id, messages))
+            await switcher.mount(Transcript(session_id, messages, self.chat_app.model_requested))
         switcher.current = transcript_id(session_id)
         if self.current != session_id:
             self.cancel_edit()

@@ -7,18 +7,22 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 
 from macbatch.tui.store import Message
+from macbatch.tui.widgets.empty_chat import EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
 
 
 class Transcript(VerticalScroll, can_focus=False):
     """All messages of one session, kept mounted while the session streams in the background."""
 
-    def __init__(self, session_id: int, messages: list[Message]) -> None:
+    def __init__(self, session_id: int, messages: list[Message], model: str) -> None:
         super().__init__(id=transcript_id(session_id))
         self.session_id = session_id
+        self.model = model
         self._initial = messages
 
     def compose(self) -> ComposeResult:
+        if not self._initial:
+            yield EmptyChat(self.model)
         for message in self._initial:
             yield MessageView(message)
 
@@ -37,6 +41,7 @@ class Transcript(VerticalScroll, can_focus=False):
 
     async def add(self, message: Message) -> MessageView:
         """Append a message and follow the bottom again (the user just acted in this chat)."""
+        await self.query(EmptyChat).remove()
         view = MessageView(message)
         await self.mount(view)
         self.anchor()
@@ -45,6 +50,8 @@ class Transcript(VerticalScroll, can_focus=False):
     async def remove_from(self, message_id: int) -> None:
         """Drop the message `message_id` and every later one."""
         await self.remove_children([v for v in self.views if v.message.id >= message_id])
+        if not self.views:
+            await self.mount(EmptyChat(self.model))
 
 
 def transcript_id(session_id: int) -> str:

@@ -14,6 +14,7 @@ no mask applies (as vLLM does); the grammar starts with the first answer token.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -265,11 +266,24 @@ def _allow(words: np.ndarray, token: int) -> None:
 
 def apply_bitmask(logits: mx.array, words: np.ndarray) -> mx.array:
     """``logits [R, V]`` with -inf where ``words [R, ceil(V/32)]`` (int32; bit j of word w is
-    token 32*w + j) has a 0 bit. Plain MLX ops, any backend: one shift/and expands the bits, one
-    select applies them. Rows without a constraint have all bits set and pass through unchanged
-    (a select over the whole batch measured cheaper than scattering back only the masked rows).
+    token 32*w + j) has a 0 bit.
+
+    The host expands the bits to one byte per token (``np.unpackbits``, about 0.3 ms for 32 rows
+    of a 152k vocabulary, done while the forward runs) and the device does one fused
+    compare-and-select. On MLX's CPU backend that measured 5-10x cheaper than expanding the bits
+    with device ops (a shift/and/select over [32, 152k] logits took 15-30 ms: the unfused
+    ``where`` is a scalar loop). Rows without a constraint have all bits set and pass through
+    unchanged.
     """
-    vocab = logits.shape[-1]
-    bits = mx.array(words).view(mx.uint32)[:, :, None] >> mx.arange(32, dtype=mx.uint32)
-    allowed = (bits & 1).reshape(words.shape[0], -1)[:, :vocab].astype(mx.bool_)
-    return mx.where(allowed, logits, -mx.inf)
+    # As little-endian bytes (a no-op on Apple silicon and x86), bit j of a word is bit j % 8
+    # of its byte j // 8: what bitorder="little" reads.
+    little = words.astype("<i4", copy=False).view(np.uint8)
+    allowed = np.unpackbits(little, axis=-1, count=logits.shape[-1], bitorder="little")
+    return _select_allowed(mx.array(allowed), logits)
+
+
+@functools.partial(mx.compile, shapeless=True)
+def _select_allowed(allowed: mx.array, logits: mx.array) -> mx.array:
+    """``logits`` where ``allowed`` (uint8) is nonzero, else -inf: compiled, so the compare and
+    the select run as one fused elementwise kernel."""
+    return mx.where(allowed > 0, logits, -mx.inf)

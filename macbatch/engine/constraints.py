@@ -147,13 +147,10 @@ class ConstraintState:
     ) -> None:
         self.matcher = matcher
         self.reasoning = reasoning
-        self._header = (
-            ()
-            if reasoning is None
-            else reasoning.format.message_start_ids
-            if own_channel
-            else reasoning.format.answer_header_ids
-        )
+        self._header: tuple[int, ...] = ()  # forced after the reasoning, before the grammar
+        if reasoning is not None:
+            fmt = reasoning.format
+            self._header = fmt.message_start_ids if own_channel else fmt.answer_header_ids
         self._tentative = 0  # tokens of a maybe-reasoning prefix the grammar consumed
         self._marker_only = False  # that prefix has a token the grammar refused
 

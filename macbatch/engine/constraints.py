@@ -14,6 +14,7 @@ no mask applies (as vLLM does); the grammar starts with the first answer token.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -39,7 +40,10 @@ class StructuredOutput:
     ``json_schema`` is a JSON Schema (a dict, or its JSON text); ``json_object=True`` asks for any
     JSON object; ``regex`` for text matching a regular expression (Rust regex syntax); ``choice``
     for exactly one of the strings; ``grammar`` for a Lark grammar (GBNF/EBNF is converted).
-    The schema is kept as canonical JSON text so the params stay hashable.
+    The schema is kept as canonical JSON text so the params stay hashable. ``own_channel``: the
+    grammar writes the reply's channel header itself (a forced harmony tool call names the
+    commentary channel and its recipient), so a harmony reply is not made to open the final
+    channel first.
     """
 
     json_schema: str | None = None
@@ -47,6 +51,7 @@ class StructuredOutput:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    own_channel: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.json_schema, dict):
@@ -70,6 +75,8 @@ class StructuredOutput:
             if not self.choice:
                 raise ValueError("choice must list at least one string")
             object.__setattr__(self, "choice", tuple(self.choice))
+        if not isinstance(self.own_channel, bool):
+            raise ValueError(f"own_channel must be true or false, got {self.own_channel!r}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
@@ -124,20 +131,42 @@ def _check_grammar(kind: str, grammar: str, tokenizer: Any) -> None:
 class ConstraintState:
     """One request's grammar matcher. It advances with accepted answer tokens only, so it
     survives preemption and recompute unchanged (they replay no sampling); while the request's
-    reasoning block is open it neither masks nor advances."""
+    reasoning block is open it neither masks nor advances.
 
-    def __init__(self, matcher: Any, reasoning: ReasoningTracker | None = None) -> None:
+    While the model may still open its reasoning block (``Phase.MAYBE``) the mask is the
+    grammar's plus the start marker's next token. A token that could begin either (harmony's
+    ``<|channel|>`` opens both the analysis and a tool call's commentary channel) is consumed by
+    the grammar tentatively, and rolled back if the marker completes; once a token is the
+    marker's only, the rest of the marker is forced. ``own_channel``: the grammar writes its
+    channel header itself (``StructuredOutput.own_channel``), so after the reasoning only the new
+    message's start is forced, not the final channel's header.
+    """
+
+    def __init__(
+        self, matcher: Any, reasoning: ReasoningTracker | None = None, own_channel: bool = False
+    ) -> None:
         self.matcher = matcher
         self.reasoning = reasoning
+        self._header: tuple[int, ...] = ()  # forced after the reasoning, before the grammar
+        if reasoning is not None:
+            fmt = reasoning.format
+            self._header = fmt.message_start_ids if own_channel else fmt.answer_header_ids
+        self._tentative = 0  # tokens of a maybe-reasoning prefix the grammar consumed
+        self._marker_only = False  # that prefix has a token the grammar refused
 
     @property
     def masks(self) -> bool:
         return self.reasoning is None or self.reasoning.phase is not Phase.REASONING
 
     def forced_token(self, num_generated: int) -> int | None:
-        """The one token allowed next while the answer header (harmony's final channel) is
-        being written after the reasoning; the grammar starts after it."""
-        return self.reasoning.header_token(num_generated) if self.reasoning else None
+        """The one token allowed next: the rest of a reasoning start marker the grammar cannot
+        follow, or the header due after the reasoning (harmony's final channel); the grammar
+        starts after it."""
+        if self.reasoning is None:
+            return None
+        if self._marker_only:
+            return self.reasoning.next_start_token(num_generated)
+        return self.reasoning.header_token(num_generated, self._header)
 
     def adjust_mask(self, words: np.ndarray, num_generated: int) -> None:
         """Let a model that may still open its reasoning block do so."""
@@ -149,15 +178,31 @@ class ConstraintState:
         """Advance by a token appended at output position ``index`` (``before``: the phase it
         was sampled in); an error message if the grammar rejects it."""
         after = self.reasoning.phase if self.reasoning else Phase.ANSWER
+        if before is Phase.MAYBE and after is not Phase.ANSWER:
+            self._maybe_reasoning(token, after)
+            return None
+        self._tentative = 0  # a maybe-reasoning prefix, if any, was the answer's start
         if before is Phase.REASONING or after is not Phase.ANSWER:
             return None
-        if self.forced_token(index) is not None:  # the answer header: not the grammar's
-            return None
+        if self.reasoning and self.reasoning.header_token(index, self._header) is not None:
+            return None  # the header: not the grammar's
         if self.matcher.is_stopped():  # complete: only EOS is allowed, and ignore_eos keeps it
             return None
         if not self.matcher.consume_token(token):
             return f"the constraint rejected token {token}: {self.matcher.get_error()}"
         return None
+
+    def _maybe_reasoning(self, token: int, after: Phase) -> None:
+        """A token of the reasoning start marker: the grammar takes it too while it can; the
+        marker completed, the grammar forgets the prefix and waits for the reasoning's end."""
+        if after is Phase.REASONING:
+            if self._tentative:
+                self.matcher.rollback(self._tentative)
+            self._tentative, self._marker_only = 0, False
+        elif not self._marker_only and self.matcher.try_consume_tokens([token]) == 1:
+            self._tentative += 1
+        else:
+            self._marker_only = True
 
 
 # llguidance tokenizers by HF tokenizer (weakly) and (vocabulary, EOS ids): engines that share a
@@ -265,11 +310,24 @@ def _allow(words: np.ndarray, token: int) -> None:
 
 def apply_bitmask(logits: mx.array, words: np.ndarray) -> mx.array:
     """``logits [R, V]`` with -inf where ``words [R, ceil(V/32)]`` (int32; bit j of word w is
-    token 32*w + j) has a 0 bit. Plain MLX ops, any backend: one shift/and expands the bits, one
-    select applies them. Rows without a constraint have all bits set and pass through unchanged
-    (a select over the whole batch measured cheaper than scattering back only the masked rows).
+    token 32*w + j) has a 0 bit.
+
+    The host expands the bits to one byte per token (``np.unpackbits``, about 0.3 ms for 32 rows
+    of a 152k vocabulary, done while the forward runs) and the device does one fused
+    compare-and-select. On MLX's CPU backend that measured 5-10x cheaper than expanding the bits
+    with device ops (a shift/and/select over [32, 152k] logits took 15-30 ms: the unfused
+    ``where`` is a scalar loop). Rows without a constraint have all bits set and pass through
+    unchanged.
     """
-    vocab = logits.shape[-1]
-    bits = mx.array(words).view(mx.uint32)[:, :, None] >> mx.arange(32, dtype=mx.uint32)
-    allowed = (bits & 1).reshape(words.shape[0], -1)[:, :vocab].astype(mx.bool_)
-    return mx.where(allowed, logits, -mx.inf)
+    # As little-endian bytes (a no-op on Apple silicon and x86), bit j of a word is bit j % 8
+    # of its byte j // 8: what bitorder="little" reads.
+    little = words.astype("<i4", copy=False).view(np.uint8)
+    allowed = np.unpackbits(little, axis=-1, count=logits.shape[-1], bitorder="little")
+    return _select_allowed(mx.array(allowed), logits)
+
+
+@functools.partial(mx.compile, shapeless=True)
+def _select_allowed(allowed: mx.array, logits: mx.array) -> mx.array:
+    """``logits`` where ``allowed`` (uint8) is nonzero, else -inf: compiled, so the compare and
+    the select run as one fused elementwise kernel."""
+    return mx.where(allowed > 0, logits, -mx.inf)

@@ -265,9 +265,10 @@ class Engine:
             if fmt is not None and _is_chat(prompt)
             else None
         )
+        spec = params.structured
         constraint = (
-            ConstraintState(self.constraints.compile(params.structured), reasoning)
-            if params.structured is not None
+            ConstraintState(self.constraints.compile(spec), reasoning, spec.own_channel)
+            if spec is not None
             else None
         )
         return Request(

@@ -45,6 +45,10 @@ class ReasoningFormat:
     # first follows a reasoning block, the second opens a reply without one.
     answer_headers: tuple[str, ...] = ()
     answer_header_ids: tuple[int, ...] = ()  # the first, as tokens: forced for constraints
+    # The tokens that open a new assistant message after the reasoning (harmony's
+    # ``<|start|>assistant``): all that is forced before a grammar that writes its own channel
+    # header (a harmony tool call's commentary channel and recipient).
+    message_start_ids: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, tokenizer: Any) -> ReasoningFormat | None:
@@ -113,6 +117,7 @@ def _harmony_markers(tokenizer: Any) -> dict[str, Any]:
         end_ids=ids(end),
         answer_headers=(after_reasoning, at_once),
         answer_header_ids=ids(after_reasoning),
+        message_start_ids=ids(after_reasoning.removesuffix(at_once)),
     )
 
 
@@ -179,13 +184,14 @@ class ReasoningTracker:
                 self.phase = Phase.ANSWER
                 self.answer_from = len(output_ids)
 
-    def header_token(self, index: int) -> int | None:
-        """The answer header's token due at output position ``index`` after the reasoning ended
-        (None: no header there). A constrained request writes these before its grammar starts."""
+    def header_token(self, index: int, header: tuple[int, ...]) -> int | None:
+        """``header``'s token due at output position ``index`` after the reasoning ended (None:
+        no header there). A constrained request writes its header (``format.answer_header_ids``,
+        or ``format.message_start_ids`` when its grammar writes its own channel) before its
+        grammar starts."""
         if self.answer_from is None:
             return None
         k = index - self.answer_from
-        header = self.format.answer_header_ids
         return header[k] if 0 <= k < len(header) else None
 
     def split(self, text: str) -> tuple[str | None, str]:

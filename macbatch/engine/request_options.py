@@ -153,7 +153,7 @@ def tool_constraint(
     """The grammar that forces a call to one of ``request.forced``."""
     try:
         grammar = tool_format.grammar(request.forced or [], request.parallel, tokenizer)
-        return StructuredOutput(grammar=grammar)
+        return StructuredOutput(grammar=grammar, own_channel=tool_format.own_channel)
     except ValueError as exc:
         raise invalid(str(exc), "tool_choice") from None
 

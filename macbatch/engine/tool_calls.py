@@ -26,6 +26,9 @@ from macbatch.engine.constraints import JSON_LAYOUT
 TOOL_CHOICES = ("none", "auto", "required")
 
 
+Function = tuple[str, dict[str, Any]]  # a tool's name and its parameters' schema
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One parsed call: ``arguments`` is JSON text, as OpenAI sends it."""
@@ -53,9 +56,11 @@ class ToolFormat:
 
     family: str
     starts: tuple[str, ...]  # texts that may open the call part of a reply (none: the reply)
-    args_key: str  # "arguments" or "parameters"
     split: Callable[[str], tuple[str, list[tuple[str, Any]]] | None]
-    grammar_of: Callable[[dict[str, Any], bool, Any], str]  # (call schema, parallel, tokenizer)
+    grammar_of: Callable[[list[Function], bool, Any], str]  # (functions, parallel, tokenizer)
+    # The grammar writes the reply's channel header (harmony: the commentary channel and the
+    # recipient), so the engine must not open the final channel first.
+    own_channel: bool = False
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a finished reply; a reply whose calls do not parse is content."""
@@ -76,22 +81,14 @@ class ToolFormat:
         return content, calls
 
     def grammar(self, tools: Sequence[dict[str, Any]], parallel: bool, tokenizer: Any) -> str:
-        """A Lark grammar whose every reply is one call (or more if ``parallel``) to one of
-        ``tools`` (already checked), with arguments valid against its ``parameters``."""
-        options = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": t["function"]["name"]},
-                    self.args_key: t["function"].get("parameters") or {"type": "object"},
-                },
-                "required": ["name", self.args_key],
-                "additionalProperties": False,
-            }
+        """A Lark grammar whose every reply is one call (or more if ``parallel`` and the family
+        can) to one of ``tools`` (already checked), with arguments valid against its
+        ``parameters``."""
+        functions = [
+            (t["function"]["name"], t["function"].get("parameters") or {"type": "object"})
             for t in tools
         ]
-        call = {"anyOf": options} if len(options) > 1 else options[0]
-        return self.grammar_of(call, parallel, tokenizer)
+        return self.grammar_of(functions, parallel, tokenizer)
 
     def content_end(self, text: str) -> int:
         """How much of a reply still streaming is surely words, not the start of a call."""
@@ -110,6 +107,20 @@ def _words_before(text: str, start: str) -> int:
         if text.endswith(start[:k]):
             return len(text) - k
     return len(text)
+
+
+def _call_schema(functions: list[Function], args_key: str) -> dict[str, Any]:
+    """The schema of a JSON call object ``{"name": ..., args_key: {...}}`` to one function."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, args_key: parameters},
+            "required": ["name", args_key],
+            "additionalProperties": False,
+        }
+        for name, parameters in functions
+    ]
+    return {"anyOf": options} if len(options) > 1 else options[0]
 
 
 def _json_rule(schema: dict[str, Any]) -> str:
@@ -149,7 +160,8 @@ def _hermes_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
     return text[: text.index("<tool_call>")].strip(), calls
 
 
-def _hermes_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+def _hermes_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+    call = _call_schema(functions, "arguments")
     more = ' ("\\n" call)*' if parallel else ""
     start, end = _literal(tokenizer, "<tool_call>"), _literal(tokenizer, "</tool_call>")
     return f'start: call{more}\ncall: {start} "\\n" obj "\\n" {end}\nobj: {_json_rule(call)}\n'
@@ -168,7 +180,8 @@ def _mistral_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
     return text[:at].strip(), [(c.get("name"), c.get("arguments", {})) for c in calls]
 
 
-def _mistral_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
+def _mistral_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+    call = _call_schema(functions, "arguments")
     array = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
     return f'start: {_literal(tokenizer, "[TOOL_CALLS]")} " " calls\ncalls: {_json_rule(array)}\n'
 
@@ -184,8 +197,8 @@ def _llama3_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
     return "", [(call["name"], call.get("parameters", call.get("arguments", {})))]
 
 
-def _single_json_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
-    return f"start: obj\nobj: {_json_rule(call)}\n"
+def _llama3_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+    return f"start: obj\nobj: {_json_rule(_call_schema(functions, 'parameters'))}\n"
 
 
 _HARMONY_CALL = re.compile(
@@ -213,11 +226,21 @@ def _harmony_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
     return (final.group(1).strip() if final else ""), calls
 
 
-def _harmony_grammar(call: dict[str, Any], parallel: bool, tokenizer: Any) -> str:
-    raise ValueError(
-        "tool_choice 'required' or a named function is not available for gpt-oss (harmony) "
-        "models yet; use tool_choice 'auto'"
+def _harmony_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+    """One call as gpt-oss writes it: ``<|channel|>commentary to=functions.NAME <|constrain|>json
+    <|message|>{...}<|call|>``. ``<|call|>`` ends the model's turn (it waits for the result), so a
+    reply holds one call whatever ``parallel`` says. After an analysis message the engine writes
+    the new message's ``<|start|>assistant`` before this grammar starts."""
+    channel, constrain, message, call = (
+        _literal(tokenizer, marker)
+        for marker in ("<|channel|>", "<|constrain|>", "<|message|>", "<|call|>")
     )
+    rules = ["start: " + " | ".join(f"call{i}" for i in range(len(functions)))]
+    for i, (name, parameters) in enumerate(functions):
+        header = json.dumps(f"commentary to=functions.{name} ")
+        rules.append(f'call{i}: {channel} {header} {constrain} "json" {message} args{i} {call}')
+        rules.append(f"args{i}: {_json_rule(parameters)}")
+    return "\n".join(rules) + "\n"
 
 
 # Detection order matters: the first row whose marker is in the chat template wins.
@@ -228,22 +251,22 @@ _FAMILIES: list[tuple[tuple[str, ...], ToolFormat]] = [
             "harmony",
             # after the analysis a new message starts; the recipient may precede the channel
             ("<|start|>", "<|channel|>", " to=functions."),
-            "arguments",
             _harmony_split,
             _harmony_grammar,
+            own_channel=True,
         ),
     ),
     (
         ("[TOOL_CALLS]",),
-        ToolFormat("mistral", ("[TOOL_CALLS]",), "arguments", _mistral_split, _mistral_grammar),
+        ToolFormat("mistral", ("[TOOL_CALLS]",), _mistral_split, _mistral_grammar),
     ),
     (
         ("<tool_call>",),
-        ToolFormat("hermes", ("<tool_call>",), "arguments", _hermes_split, _hermes_grammar),
+        ToolFormat("hermes", ("<tool_call>",), _hermes_split, _hermes_grammar),
     ),
     (
         ("<|python_tag|>", "Environment: ipython"),
-        ToolFormat("llama3_json", (), "parameters", _llama3_split, _single_json_grammar),
+        ToolFormat("llama3_json", (), _llama3_split, _llama3_grammar),
     ),
 ]
 

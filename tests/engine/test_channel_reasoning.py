@@ -10,39 +10,15 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
 from tests.support.scripted import scripted_model
-from tests.support.standin import gemma4_tokenizer, standin_tokenizer
+from tests.support.standin import HARMONY, HARMONY_TURNS, gemma4_tokenizer, harmony_tokenizer
 from tests.support.tiny import VOCAB_SIZE
 
-HARMONY_SPECIAL = [
-    "<|endoftext|>",
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|return|>",
-    "<|call|>",
-    "<|constrain|>",
-]
-HARMONY_TURNS = (
-    "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
-)
-# gpt-oss's generation prompt; the model picks its channel.
-HARMONY = HARMONY_TURNS + "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
 # A stand-in that opens the analysis channel itself (as DeepSeek-R1's template opens <think>).
 HARMONY_OPEN = (
     HARMONY_TURNS
     + "{% if add_generation_prompt %}<|start|>assistant<|channel|>analysis<|message|>{% endif %}"
 )
 CHAT = [{"role": "user", "content": "Which animal?"}]
-
-
-def _harmony(template: str):
-    return standin_tokenizer(
-        HARMONY_SPECIAL,
-        ["assistant", "user", "analysis", "final", "commentary"],
-        template,
-        eos=["<|return|>", "<|call|>"],
-    )
 
 
 def _ids(tokenizer, *pieces: str) -> list[int]:
@@ -77,7 +53,7 @@ def _engine(arch: str, tokenizer, script: list[int]) -> Engine:
 
 
 def test_harmony_analysis_is_reasoning_and_final_is_the_answer():
-    tokenizer = _harmony(HARMONY_OPEN)
+    tokenizer = harmony_tokenizer(HARMONY_OPEN)
     thought = _words(tokenizer, " quick brown")
     header = _ids(tokenizer, "<|start|>", "assistant", "<|channel|>", "final", "<|message|>")
     [message] = _ids(tokenizer, "<|message|>")
@@ -95,7 +71,7 @@ def test_harmony_analysis_is_reasoning_and_final_is_the_answer():
 
 
 def test_harmony_answer_without_analysis_loses_its_header():
-    tokenizer = _harmony(HARMONY)
+    tokenizer = harmony_tokenizer(HARMONY)
     start = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)[-1]
     header = _ids(tokenizer, "<|channel|>", "final", "<|message|>")
     answer = _words(tokenizer, " lazy dog")
@@ -113,7 +89,7 @@ def test_harmony_answer_without_analysis_loses_its_header():
 def test_harmony_constraint_applies_to_the_final_channel_only():
     """The model would write a second analysis message; a constrained request instead writes
     the final channel's header after the first, then an answer its grammar allows."""
-    tokenizer = _harmony(HARMONY)
+    tokenizer = harmony_tokenizer(HARMONY)
     start = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)[-1]
     opening = _ids(tokenizer, "<|channel|>", "analysis", "<|message|>")
     thought = _words(tokenizer, " quick brown")

@@ -10,9 +10,12 @@ import re
 from dataclasses import replace
 
 import jsonschema
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
+from macbatch.engine.constraints import apply_bitmask
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
 from tests.support.tiny import build_model
@@ -201,3 +204,20 @@ def test_reasoning_is_split_from_the_answer_and_never_masked(model):
     decoded = tokenizer.decode(reference.token_ids)
     assert final.reasoning == decoded.lstrip("\n") == "".join(streamed)
     assert final.text == "" and final.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("vocab", [100, 151936])
+def test_bitmask_apply_matches_a_numpy_oracle(vocab):
+    """Bit j of word w allows token 32*w + j (llguidance's layout); a vocabulary that is not a
+    multiple of 32 ignores the padding bits; an all-ones row passes through unchanged."""
+    rng = np.random.default_rng(vocab)
+    words = rng.integers(0, 2**32, size=(3, (vocab + 31) // 32), dtype=np.uint64)
+    words = words.astype(np.uint32).view(np.int32)
+    words[1] = -1
+    logits = rng.normal(size=(3, vocab)).astype(np.float32)
+    tokens = np.arange(vocab)
+    bits = (words.view(np.uint32)[:, tokens // 32] >> (tokens % 32).astype(np.uint32)) & 1
+    want = np.where(bits == 1, logits, -np.inf)
+    got = np.array(apply_bitmask(mx.array(logits), words))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got[1], logits[1])

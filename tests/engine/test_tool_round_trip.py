@@ -12,7 +12,7 @@ import pytest
 
 from macbatch.engine.reasoning import Phase, ReasoningFormat, ReasoningTracker
 from macbatch.engine.tool_calls import detect_tool_format, template_messages
-from tests.support.standin import standin_tokenizer
+from tests.support.standin import HARMONY_TOOLS, standin_tokenizer
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 
 LLAMA3 = (
@@ -27,17 +27,6 @@ LLAMA3 = (
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-HARMONY = (
-    "{% if tools %}<|start|>developer<|message|>namespace functions {\n"
-    "{% for t in tools %} type {{ t.function.name }} = (_: any) => any;{% endfor %} }"
-    "<|end|>{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}"
-    "<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json<|message|>"
-    "{{ c.function.arguments | tojson }}<|call|>{% endfor %}"
-    "{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
-)
 FAMILIES = {
     "llama3_json": (
         LLAMA3,
@@ -45,7 +34,7 @@ FAMILIES = {
         ["<|eot_id|>"],
     ),
     "harmony": (
-        HARMONY,
+        HARMONY_TOOLS,
         ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>"],
         ["<|call|>"],
     ),

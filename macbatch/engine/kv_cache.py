@@ -181,8 +181,9 @@ class KVStore:
         return sum(a.nbytes for a in self.arrays())
 
     def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter one step's K/V (``[N, Hkv, D]``) into the flat rows computed by the batcher,
-        quantizing them first when the pages are quantized."""
+        """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache)
+        into the flat rows computed by the batcher, quantizing them first when the pages are
+        quantized."""
         d = self.shapes[layer].head_dim
         keys, values = keys.reshape(-1, d), values.reshape(-1, d)
         if self.format.bits is None:

@@ -79,7 +79,7 @@ class RequestMetrics:
         return (self.generated_tokens - 1) / elapsed if elapsed > 0 else None
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     token_ids: list[int]
@@ -213,10 +213,11 @@ class Request:
         now: float,
         logprob: float | None = None,
         top: dict[int, float] | None = None,
-    ) -> None:
+    ) -> bool:
         """Record a sampled token with its logprob and top alternatives (when asked for); finish
         on EOS, a stop token or string, or the length limit. A stop token is not recorded, and
-        neither are its logprobs: the lists stay the same length."""
+        neither are its logprobs: the lists stay the same length. Returns whether the token was
+        recorded."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         params = self.params
@@ -224,7 +225,7 @@ class Request:
             token in self.eos_token_ids and not params.ignore_eos
         ):
             self.finish(FinishReason.STOP, now)
-            return
+            return False
         self.output_token_ids.append(token)
         if self.logprobs is not None:
             self.logprobs.append(_required(logprob, "logprob"))
@@ -241,6 +242,7 @@ class Request:
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
+        return True
 
     def _cut_at_stop_string(self) -> bool:
         text = self.reply.current()
@@ -275,28 +277,30 @@ class Request:
         """The output for this step: everything so far plus the delta since the last output.
         Text is left to be detokenized (and a reasoning model's split into reasoning and
         answer, as the tracker stands now) when read, unless stop strings needed it already."""
+        tokens = self.output_token_ids
+        count = len(tokens)
+        finished = self.status is RequestStatus.FINISHED
         end = None
         if self.params.stop:
-            end = max(self._visible_end(self.reply.current(self.finished)), self.emitted_chars)
+            end = max(self._visible_end(self.reply.current(finished)), self.emitted_chars)
             self.emitted_chars = end
-        new_tokens = self.output_token_ids[self.emitted_tokens :]
+        new_tokens = tokens[self.emitted_tokens :]
+        self.emitted_tokens = count
         split = self.reasoning.snapshot().split if self.reasoning else None
-        self.emitted_tokens = len(self.output_token_ids)
+        logprobs, top = self.logprobs, self.top_logprobs
         return RequestOutput(
             request_id=self.request_id,
-            token_ids=list(self.output_token_ids),
+            token_ids=tokens[:],
             new_token_ids=new_tokens,
-            finished=self.finished,
+            finished=finished,
             finish_reason=self.finish_reason,
             metrics=self.metrics,
             step=step,
             error=self.error,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
-            top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
+            logprobs=logprobs[:] if logprobs is not None else None,
+            top_logprobs=top[:] if top is not None else None,
             capped_max_tokens=self.capped_max_tokens,
-            text_view=TextView(
-                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end, split)
-            ),
+            text_view=TextView(self.reply, self.reply.mark(count, finished, end, split)),
         )
 
 

@@ -256,9 +256,7 @@ def _apply_penalties(logits: mx.array, rows: Sequence[SampleRow]) -> mx.array:
     return logits
 
 
-def _sample_stochastic(
-    logits: mx.array, rows: Sequence[SampleRow], greedy: mx.array
-) -> mx.array:
+def _sample_stochastic(logits: mx.array, rows: Sequence[SampleRow], greedy: mx.array) -> mx.array:
     """Gumbel-max sampling after temperature and top-k / top-p / min-p filtering.
 
     The noise of each row comes from its own key, so rows never influence each other.

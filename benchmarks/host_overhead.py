@@ -4,9 +4,11 @@ The model's compute is negligible (1 layer, hidden 64, vocab 2048), so a step's 
 host does around it: scheduling, packing, graph building, sampling bookkeeping, detokenization.
 On a Mac a small model's decode step takes a few milliseconds on the GPU, so this decides the
 race there. For each number of running requests, every request is prefilled (16-token prompts)
-and generating; then ``--steps`` decode steps are timed, with synchronous and with pipelined
-macbatch steps. Neither side detokenizes here: macbatch's outputs carry text that is detokenized
-when read (engine/text.py), and nothing reads it.
+and generating; then windows of ``--steps`` decode steps are timed, ``--repeats`` per engine,
+interleaved (mlx-lm, synchronous macbatch, pipelined macbatch, mlx-lm, ...) so that load
+drifting on a shared machine hits all three alike, and the median window is reported. Neither
+side detokenizes here: macbatch's outputs carry text that is detokenized when read
+(engine/text.py), and nothing reads it.
 
 On a shared machine wall time is stretched by other processes, so CPU time is reported too (the
 ratio to trust there, as in benchmarks/throughput.py). On the CPU backend MLX computes on its own
@@ -18,7 +20,7 @@ step's device time overlaps it: max(0, host - device), an estimate that assumes 
 complete (MLX's CPU backend caps it: docs/engine.md).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
-        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 64]
+        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 64] [--repeats 3]
 
 (one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
 """
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.bench import synthetic_prompts
@@ -45,6 +48,7 @@ TINY = dict(
     vocab_size=2048,
 )
 PROMPT_LEN = 16
+WARMUP_STEPS = 4
 
 
 @dataclass
@@ -77,86 +81,140 @@ class _Window:
         )
 
 
-def time_macbatch(
-    model, tokenizer, prompts: list[list[int]], steps: int, pipelined: bool
-) -> Timing:
-    n = len(prompts)
-    max_tokens = steps + 16
-    blocks_per_request = -(-(PROMPT_LEN + max_tokens + 1) // 16)
-    config = EngineConfig(
-        num_blocks=n * blocks_per_request + 1,
-        max_num_batched_tokens=max(n * PROMPT_LEN, 1024),
-        max_num_seqs=n,
-        enable_prefix_caching=False,
-        pipelined=pipelined,
-    )
-    engine = Engine(model, tokenizer, config)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    ids = {engine.add_request(p, params) for p in prompts}
-    started: set[str] = set()
-    while started != ids:  # prefill everyone and let every request emit a token
-        started.update(o.request_id for o in engine.step() if o.new_token_ids)
-    for _ in range(4):
-        engine.step()
+class MacbatchArm:
+    """An engine with every request prefilled and generating, stepped on demand."""
+
+    def __init__(
+        self, model, tokenizer, prompts: list[list[int]], max_tokens: int, pipelined: bool
+    ) -> None:
+        self.n = n = len(prompts)
+        self.name = "pipelined" if pipelined else "sync"
+        blocks_per_request = -(-(PROMPT_LEN + max_tokens + 1) // 16)
+        config = EngineConfig(
+            num_blocks=n * blocks_per_request + 1,
+            max_num_batched_tokens=max(n * PROMPT_LEN, 1024),
+            max_num_seqs=n,
+            enable_prefix_caching=False,
+            pipelined=pipelined,
+        )
+        self.engine = Engine(model, tokenizer, config)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        ids = {self.engine.add_request(p, params) for p in prompts}
+        started: set[str] = set()
+        while started != ids:  # prefill everyone and let every request emit a token
+            started.update(o.request_id for o in self.engine.step() if o.new_token_ids)
+        for _ in range(WARMUP_STEPS):
+            self.engine.step()
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def check(self) -> None:
+        assert self.engine.stats().running == self.n, "a request finished inside a timed window"
+
+    def close(self) -> None:
+        pass
+
+
+class MlxLmArm:
+    """mlx-lm's BatchGenerator with every request prefilled and generating."""
+
+    name = "mlx-lm"
+
+    def __init__(self, model, prompts: list[list[int]], max_tokens: int) -> None:
+        from mlx_lm.generate import BatchGenerator
+
+        self.n = n = len(prompts)
+        self.gen = BatchGenerator(
+            model,
+            max_tokens=max_tokens,
+            stop_tokens=None,
+            completion_batch_size=n,
+            prefill_batch_size=n,
+        )
+        uids = set(self.gen.insert(prompts, [max_tokens] * n))
+        started: set[int] = set()
+        while started != uids:
+            started.update(r.uid for r in self.gen.next_generated())
+        for _ in range(WARMUP_STEPS):
+            self.gen.next_generated()
+
+    def step(self) -> None:
+        assert len(self.gen.next_generated()) == self.n
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.gen.close()
+
+
+def timed(arm: MacbatchArm | MlxLmArm, steps: int) -> Timing:
+    """``steps`` steps and the drain of the last one: every window does the same work, and the
+    next arm's window starts with nothing of this one's in flight."""
     window = _Window()
     for _ in range(steps):
-        engine.step()
+        arm.step()
+    mx.synchronize()
     timing = window.per_step(steps)
-    assert engine.stats().running == n, "a request finished inside the timed window"
+    arm.check()
     return timing
 
 
-def time_mlx_lm(model, prompts: list[list[int]], steps: int) -> Timing:
-    from mlx_lm.generate import BatchGenerator
-
-    n = len(prompts)
-    gen = BatchGenerator(
-        model,
-        max_tokens=steps + 16,
-        stop_tokens=None,
-        completion_batch_size=n,
-        prefill_batch_size=n,
+def median(timings: list[Timing]) -> Timing:
+    return Timing(
+        float(np.median([t.wall for t in timings])),
+        float(np.median([t.cpu for t in timings])),
+        float(np.median([t.host for t in timings])),
     )
-    uids = set(gen.insert(prompts, [steps + 16] * n))
-    started: set[int] = set()
-    while started != uids:
-        started.update(r.uid for r in gen.next_generated())
-    for _ in range(4):
-        gen.next_generated()
-    window = _Window()
-    for _ in range(steps):
-        assert len(gen.next_generated()) == n
-    timing = window.per_step(steps)
-    gen.close()
-    return timing
+
+
+def measure(model, tokenizer, n: int, steps: int, repeats: int) -> tuple[Timing, Timing, Timing]:
+    """Median per-step timings of mlx-lm, synchronous and pipelined macbatch over ``repeats``
+    windows each, the three interleaved so that load drifting on a shared machine hits all."""
+    prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
+    max_tokens = WARMUP_STEPS + steps * repeats + 16
+    arms = [
+        MlxLmArm(model, prompts, max_tokens),
+        MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=False),
+        MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=True),
+    ]
+    windows: list[list[Timing]] = [[] for _ in arms]
+    for _ in range(repeats):
+        for arm, timings in zip(arms, windows):
+            timings.append(timed(arm, steps))
+    for arm in arms:
+        arm.close()
+    peer, sync, pipelined = (median(t) for t in windows)
+    return peer, sync, pipelined
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 32, 128, 256])
-    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=64, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows per engine")
     args = parser.parse_args()
     warn_without_openblas()
 
     model = build_bench_model(**TINY)
     tokenizer = bench_tokenizer(TINY["vocab_size"])
     print(
-        f"ms per decode step, {args.steps} steps, {PROMPT_LEN}-token prompts, "
-        f"1 layer / hidden 64 / vocab {TINY['vocab_size']}, float32, {mx.default_device()}"
+        f"ms per decode step (median of {args.repeats} interleaved windows of {args.steps} "
+        f"steps), {PROMPT_LEN}-token prompts, 1 layer / hidden 64 / vocab {TINY['vocab_size']}, "
+        f"float32, {mx.default_device()}"
     )
     print(
         "requests | engine    | wall / cpu        | ratio wall / cpu | "
         "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
-        prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
-        peer = time_mlx_lm(model, prompts, args.steps)
+        peer, sync, pipelined = measure(model, tokenizer, n, args.steps, args.repeats)
         print(f"{n:8d} | mlx-lm    | {peer.wall:6.2f} / {peer.cpu:6.2f} ms |")
-        for pipelined in (False, True):
-            ours = time_macbatch(model, tokenizer, prompts, args.steps, pipelined)
-            critical = max(0.0, ours.host - ours.device) if pipelined else ours.host
+        for name, ours in (("sync", sync), ("pipelined", pipelined)):
+            critical = max(0.0, ours.host - ours.device) if name == "pipelined" else ours.host
             print(
-                f"{n:8d} | {'pipelined' if pipelined else 'sync':9s} | "
+                f"{n:8d} | {name:9s} | "
                 f"{ours.wall:6.2f} / {ours.cpu:6.2f} ms | "
                 f"x{ours.wall / peer.wall:4.2f} / x{ours.cpu / peer.cpu:4.2f}    | "
                 f"{ours.host:8.2f} ms          | {ours.device:6.2f} | {critical:6.2f} ms"

@@ -186,9 +186,9 @@ class KVStore:
         quantized."""
         d = self.shapes[layer].head_dim
         keys, values = keys.reshape(-1, d), values.reshape(-1, d)
-        if self.format.bits is None:
-            self.keys[layer][rows] = keys.astype(self.keys[layer].dtype)
-            self.values[layer][rows] = values.astype(self.values[layer].dtype)
+        if self.format.bits is None:  # the scatter casts to the pages' dtype
+            self.keys[layer][rows] = keys
+            self.values[layer][rows] = values
             return
         bits, group = self.format.bits, self.format.group_size_for(d)
         for codes, scales, x in (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from macbatch.engine.constraints import ConstraintState
 from macbatch.engine.reasoning import Phase, ReasoningTracker
@@ -79,23 +79,78 @@ class RequestMetrics:
         return (self.generated_tokens - 1) / elapsed if elapsed > 0 else None
 
 
-@dataclass(slots=True)
+class Prefix(NamedTuple):
+    """The first ``count`` items of a list that only grows (a request's output tokens, logprobs
+    or top logprobs): what an output shows of it, copied when first read."""
+
+    items: list
+    count: int
+
+
 class RequestOutput:
-    request_id: str
-    token_ids: list[int]
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: FinishReason | None
-    metrics: RequestMetrics
-    step: int
-    error: str | None = None
-    logprobs: list[float] | None = None
-    top_logprobs: list[dict[int, float]] | None = None
-    # The max_tokens the request ran with when the room its prompt left in the context was
-    # smaller than the one asked for (None: not capped). See Engine.context_limit.
-    capped_max_tokens: int | None = None
-    # The reply's text as of this output, detokenized when first read (see text.py).
-    text_view: TextView | FixedText = field(default=NO_TEXT, repr=False, compare=False)
+    """A request's state after a step. The engine makes one per advancing request per step, so
+    what would cost O(reply length) is left for whoever reads it: ``token_ids``, ``logprobs``
+    and ``top_logprobs`` are copied from the request's lists when first read (constructed from
+    a list, they are that list), and ``text`` is detokenized when first read (text.py)."""
+
+    __slots__ = (
+        "request_id", "_token_ids", "new_token_ids", "finished", "finish_reason", "metrics",
+        "step", "error", "_logprobs", "_top_logprobs", "capped_max_tokens", "text_view",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        token_ids: list[int] | Prefix,
+        new_token_ids: list[int],
+        finished: bool,
+        finish_reason: FinishReason | None,
+        metrics: RequestMetrics,
+        step: int,
+        error: str | None = None,
+        logprobs: list[float] | Prefix | None = None,
+        top_logprobs: list[dict[int, float]] | Prefix | None = None,
+        capped_max_tokens: int | None = None,
+        text_view: TextView | FixedText = NO_TEXT,
+    ) -> None:
+        self.request_id = request_id
+        self._token_ids = token_ids
+        self.new_token_ids = new_token_ids
+        self.finished = finished
+        self.finish_reason = finish_reason
+        self.metrics = metrics
+        self.step = step
+        self.error = error
+        self._logprobs = logprobs
+        self._top_logprobs = top_logprobs
+        # The max_tokens the request ran with when the room its prompt left in the context was
+        # smaller than the one asked for (None: not capped). See Engine.context_limit.
+        self.capped_max_tokens = capped_max_tokens
+        self.text_view = text_view  # the reply's text as of this output
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestOutput({self.request_id!r}, {len(self.token_ids)} tokens, "
+            f"finished={self.finished}, finish_reason={self.finish_reason}, step={self.step})"
+        )
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token generated so far."""
+        self._token_ids = _listed(self._token_ids)
+        return self._token_ids
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        """One per token of ``token_ids`` (None: not asked for)."""
+        self._logprobs = _listed(self._logprobs)
+        return self._logprobs
+
+    @property
+    def top_logprobs(self) -> list[dict[int, float]] | None:
+        """The top alternatives, one dict per token of ``token_ids`` (None: not asked for)."""
+        self._top_logprobs = _listed(self._top_logprobs)
+        return self._top_logprobs
 
     @property
     def text(self) -> str:
@@ -290,18 +345,22 @@ class Request:
         logprobs, top = self.logprobs, self.top_logprobs
         return RequestOutput(
             request_id=self.request_id,
-            token_ids=tokens[:],
+            token_ids=Prefix(tokens, count),
             new_token_ids=new_tokens,
             finished=finished,
             finish_reason=self.finish_reason,
             metrics=self.metrics,
             step=step,
             error=self.error,
-            logprobs=logprobs[:] if logprobs is not None else None,
-            top_logprobs=top[:] if top is not None else None,
+            logprobs=Prefix(logprobs, count) if logprobs is not None else None,
+            top_logprobs=Prefix(top, count) if top is not None else None,
             capped_max_tokens=self.capped_max_tokens,
             text_view=TextView(self.reply, self.reply.mark(count, finished, end, split)),
         )
+
+
+def _listed(value: Any) -> Any:
+    return value.items[: value.count] if isinstance(value, Prefix) else value
 
 
 def _required(value: Any, what: str) -> Any:

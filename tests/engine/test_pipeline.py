@@ -74,13 +74,16 @@ def test_outputs_come_one_step_later_and_a_stop_never_leaks(model, tiny_tokenize
         prompt, SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop])
     )
     assert engine.step() == []  # the prefill is in flight; its token is read next step
-    streamed, final = [], None
+    streamed, final, prefixes = [], None, []
     while engine.has_unfinished():
         for out in engine.step():
             streamed += out.new_token_ids
             final = out
+            prefixes.append((out, list(streamed)))
     assert final.request_id == rid and final.finished
     assert streamed == final.token_ids == reference[: reference.index(stop)]
+    for out, tokens_then in prefixes:  # read after the run: still as of its own step
+        assert out.token_ids == tokens_then
     assert engine.stats().generated_tokens == len(streamed)
     assert_pool_idle(engine)
 

@@ -17,7 +17,9 @@ graph building, reading results, outputs) and the rest (device: the forward and 
 host critical path is the host time the device cannot hide: all of it for synchronous steps, and
 for pipelined steps, which build and dispatch step N+1 while step N runs, what is left once a
 step's device time overlaps it: max(0, host - device), an estimate that assumes the overlap is
-complete (MLX's CPU backend caps it: docs/engine.md).
+complete (MLX's CPU backend caps it: docs/engine.md). The "graph" row is the decode step's
+graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it): the floor of a
+macbatch step on this backend.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 64] [--repeats 3]
@@ -37,6 +39,7 @@ import numpy as np
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.packing import pack
 
 TINY = dict(
     hidden_size=64,
@@ -116,6 +119,32 @@ class MacbatchArm:
         pass
 
 
+class GraphArm:
+    """The decode step's graph alone: macbatch's packed forward over the paged cache, greedy
+    sampling and ``mx.async_eval``, built each step on one packed batch with no scheduling,
+    packing or outputs. The floor of a macbatch step on this backend: the rest of a step's
+    host time is the engine's own."""
+
+    name = "graph"
+
+    def __init__(self, model, tokenizer, prompts: list[list[int]], max_tokens: int) -> None:
+        self.engine = engine = MacbatchArm(model, tokenizer, prompts, max_tokens, False).engine
+        plan = engine.scheduler.schedule()
+        tables = [engine.kv.block_table(c.request.request_id) for c in plan.chunks]
+        heads = {s.num_kv_heads for s in engine.adapter.layer_shapes}
+        self.batch = pack(plan, tables, engine.config.block_size, heads)
+
+    def step(self) -> None:
+        logits = self.engine.adapter.forward(self.batch, self.engine.store)
+        mx.async_eval(mx.argmax(logits, axis=-1), *self.engine.store.arrays())
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class MlxLmArm:
     """mlx-lm's BatchGenerator with every request prefilled and generating."""
 
@@ -149,7 +178,7 @@ class MlxLmArm:
         self.gen.close()
 
 
-def timed(arm: MacbatchArm | MlxLmArm, steps: int) -> Timing:
+def timed(arm: MacbatchArm | MlxLmArm | GraphArm, steps: int) -> Timing:
     """``steps`` steps and the drain of the last one: every window does the same work, and the
     next arm's window starts with nothing of this one's in flight."""
     window = _Window()
@@ -169,15 +198,17 @@ def median(timings: list[Timing]) -> Timing:
     )
 
 
-def measure(model, tokenizer, n: int, steps: int, repeats: int) -> tuple[Timing, Timing, Timing]:
-    """Median per-step timings of mlx-lm, synchronous and pipelined macbatch over ``repeats``
-    windows each, the three interleaved so that load drifting on a shared machine hits all."""
+def measure(model, tokenizer, n: int, steps: int, repeats: int) -> list[Timing]:
+    """Median per-step timings of mlx-lm, synchronous and pipelined macbatch and the graph alone
+    over ``repeats`` windows each, interleaved so that load drifting on a shared machine hits
+    all of them."""
     prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
     max_tokens = WARMUP_STEPS + steps * repeats + 16
     arms = [
         MlxLmArm(model, prompts, max_tokens),
         MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=False),
         MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=True),
+        GraphArm(model, tokenizer, prompts, max_tokens),
     ]
     windows: list[list[Timing]] = [[] for _ in arms]
     for _ in range(repeats):
@@ -185,8 +216,7 @@ def measure(model, tokenizer, n: int, steps: int, repeats: int) -> tuple[Timing,
             timings.append(timed(arm, steps))
     for arm in arms:
         arm.close()
-    peer, sync, pipelined = (median(t) for t in windows)
-    return peer, sync, pipelined
+    return [median(t) for t in windows]
 
 
 def main() -> None:
@@ -209,10 +239,10 @@ def main() -> None:
         "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
-        peer, sync, pipelined = measure(model, tokenizer, n, args.steps, args.repeats)
+        peer, sync, pipelined, graph = measure(model, tokenizer, n, args.steps, args.repeats)
         print(f"{n:8d} | mlx-lm    | {peer.wall:6.2f} / {peer.cpu:6.2f} ms |")
-        for name, ours in (("sync", sync), ("pipelined", pipelined)):
-            critical = max(0.0, ours.host - ours.device) if name == "pipelined" else ours.host
+        for name, ours in (("sync", sync), ("pipelined", pipelined), ("graph", graph)):
+            critical = ours.host if name == "sync" else max(0.0, ours.host - ours.device)
             print(
                 f"{n:8d} | {name:9s} | "
                 f"{ours.wall:6.2f} / {ours.cpu:6.2f} ms | "

@@ -6,7 +6,8 @@ On a Mac a small model's decode step takes a few milliseconds on the GPU, so thi
 race there. For each number of running requests, every request is prefilled (16-token prompts)
 and generating; then windows of ``--steps`` decode steps are timed, ``--repeats`` per engine,
 interleaved (mlx-lm, synchronous macbatch, pipelined macbatch, mlx-lm, ...) so that load
-drifting on a shared machine hits all three alike, and the median window is reported. Neither
+drifting on a shared machine hits them alike; medians over the windows are reported, ratios
+window by window against the mlx-lm window beside it. Neither
 side detokenizes here: macbatch's outputs carry text that is detokenized when read
 (engine/text.py), and nothing reads it.
 
@@ -22,7 +23,7 @@ graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it): 
 macbatch step on this backend.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
-        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 64] [--repeats 3]
+        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9]
 
 (one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
 """
@@ -190,18 +191,14 @@ def timed(arm: MacbatchArm | MlxLmArm | GraphArm, steps: int) -> Timing:
     return timing
 
 
-def median(timings: list[Timing]) -> Timing:
-    return Timing(
-        float(np.median([t.wall for t in timings])),
-        float(np.median([t.cpu for t in timings])),
-        float(np.median([t.host for t in timings])),
-    )
+def median(values: list[float]) -> float:
+    return float(np.median(values))
 
 
-def measure(model, tokenizer, n: int, steps: int, repeats: int) -> list[Timing]:
-    """Median per-step timings of mlx-lm, synchronous and pipelined macbatch and the graph alone
-    over ``repeats`` windows each, interleaved so that load drifting on a shared machine hits
-    all of them."""
+def measure(model, tokenizer, n: int, steps: int, repeats: int) -> list[list[Timing]]:
+    """Per-step timings of ``repeats`` windows each of mlx-lm, synchronous and pipelined
+    macbatch and the graph alone, interleaved so that load drifting on a shared machine hits
+    all of them alike: window i of every arm ran at about the same time."""
     prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
     max_tokens = WARMUP_STEPS + steps * repeats + 16
     arms = [
@@ -216,21 +213,21 @@ def measure(model, tokenizer, n: int, steps: int, repeats: int) -> list[Timing]:
             timings.append(timed(arm, steps))
     for arm in arms:
         arm.close()
-    return [median(t) for t in windows]
+    return windows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 32, 128, 256])
-    parser.add_argument("--steps", type=int, default=64, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=3, help="timed windows per engine")
+    parser.add_argument("--steps", type=int, default=32, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=9, help="timed windows per engine")
     args = parser.parse_args()
     warn_without_openblas()
 
     model = build_bench_model(**TINY)
     tokenizer = bench_tokenizer(TINY["vocab_size"])
     print(
-        f"ms per decode step (median of {args.repeats} interleaved windows of {args.steps} "
+        f"ms per decode step (medians of {args.repeats} interleaved windows of {args.steps} "
         f"steps), {PROMPT_LEN}-token prompts, 1 layer / hidden 64 / vocab {TINY['vocab_size']}, "
         f"float32, {mx.default_device()}"
     )
@@ -239,15 +236,24 @@ def main() -> None:
         "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
-        peer, sync, pipelined, graph = measure(model, tokenizer, n, args.steps, args.repeats)
-        print(f"{n:8d} | mlx-lm    | {peer.wall:6.2f} / {peer.cpu:6.2f} ms |")
-        for name, ours in (("sync", sync), ("pipelined", pipelined), ("graph", graph)):
-            critical = ours.host if name == "sync" else max(0.0, ours.host - ours.device)
+        peer, *ours = measure(model, tokenizer, n, args.steps, args.repeats)
+        print(
+            f"{n:8d} | mlx-lm    | {median([t.wall for t in peer]):6.2f} / "
+            f"{median([t.cpu for t in peer]):6.2f} ms |"
+        )
+        for name, windows in zip(("sync", "pipelined", "graph"), ours):
+            # Ratios window by window (each against mlx-lm's window run beside it), then the
+            # median: steadier than a ratio of medians when the load drifts.
+            wall = median([t.wall / p.wall for t, p in zip(windows, peer)])
+            cpu = median([t.cpu / p.cpu for t, p in zip(windows, peer)])
+            critical = median(
+                [t.host if name == "sync" else max(0.0, t.host - t.device) for t in windows]
+            )
             print(
-                f"{n:8d} | {name:9s} | "
-                f"{ours.wall:6.2f} / {ours.cpu:6.2f} ms | "
-                f"x{ours.wall / peer.wall:4.2f} / x{ours.cpu / peer.cpu:4.2f}    | "
-                f"{ours.host:8.2f} ms          | {ours.device:6.2f} | {critical:6.2f} ms"
+                f"{n:8d} | {name:9s} | {median([t.wall for t in windows]):6.2f} / "
+                f"{median([t.cpu for t in windows]):6.2f} ms | x{wall:4.2f} / x{cpu:4.2f}    | "
+                f"{median([t.host for t in windows]):8.2f} ms          | "
+                f"{median([t.device for t in windows]):6.2f} | {critical:6.2f} ms"
             )
 
 

@@ -76,7 +76,7 @@ class PagedLayerCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:
             rows = self.batch.kv_write_rows[self.store.shapes[self.layer].num_kv_heads]
-            self.store.write(self.layer, rows, keys[:, :, 0, :], values[:, :, 0, :])
+            self.store.write(self.layer, rows, keys, values)
         return keys, values
 
     def make_mask(
@@ -263,10 +263,12 @@ class ModelAdapter:
             PagedLayerCache(store, kv, batch, writes)
             for kv, writes in zip(self.kv_layers, self.kv_writes)
         ]
-        hidden = self.inner(batch.token_ids[:, None], cache=caches)
+        inputs = batch.token_ids[:, None]
+        hidden = self.inner(inputs, cache=caches)
         if batch.sample_rows.size == 0:
             return None
-        hidden = hidden[batch.sample_rows]
+        if batch.sample_rows.size < batch.num_tokens:  # else every row, in order: no gather
+            hidden = hidden[batch.sample_rows]
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
-        logits = type(self.model).__call__(stand_in, batch.token_ids[:1, None])
-        return logits[:, -1, :].astype(mx.float32)
+        logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]  # inputs: unread
+        return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)

@@ -43,7 +43,7 @@ from macbatch.engine.request import (
     RequestMetrics,
     RequestOutput,
 )
-from macbatch.engine.sampling import SampledBatch, SampleRow, SamplingParams, sample
+from macbatch.engine.sampling import SampledBatch, SamplingParams, sample
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
 
@@ -376,7 +376,7 @@ class Engine:
             logits = self.constraints.mask_logits(
                 logits, constraints, [r.num_generated for r in sampled]
             )
-            result = sample(logits, [_sample_row(r) for r in sampled])
+            result = sample(logits, sampled)
         self._launch(result)
         self._advance(plan, sampled)
         return _InFlightStep(sampled, result, self._steps), read
@@ -440,10 +440,8 @@ class Engine:
             request.num_pending -= 1
             if request.finished:
                 continue
-            generated_before = len(request.output_token_ids)
             token, logprob, top = results.row(i, request.params.logprobs)
-            request.append_token(token, now, logprob, top)
-            self._generated_tokens += len(request.output_token_ids) - generated_before
+            self._generated_tokens += request.append_token(token, now, logprob, top)
             if request.finished:
                 self.scheduler.finish(request)
                 del self._requests[request.request_id]
@@ -510,8 +508,14 @@ class _InFlightStep:
 
 
 def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlightStep) -> None:
-    """Fill the pending rows' input tokens from the previous step's samples, on the device."""
+    """Fill the pending rows' input tokens from the previous step's samples, on the device. A
+    decode-only step over exactly the requests the previous step sampled, in its order (steady
+    decoding), takes those samples as its input as they are: no gather, no scatter."""
     assert previous.sampled is not None
+    every_row_pending = len(batch.pending_rows) == batch.num_tokens
+    if every_row_pending and [c.request for c in plan.chunks] == previous.requests:
+        batch.token_ids = previous.sampled.tokens
+        return
     row_of = previous.row_of()
     sources = [row_of[plan.chunks[i].request.request_id] for i in batch.pending_chunks]
     tokens = previous.sampled.tokens[mx.array(sources)].astype(mx.int32)
@@ -520,17 +524,6 @@ def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlight
 
 def _is_chat(prompt: Prompt) -> bool:
     return not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
-
-
-def _sample_row(request: Request) -> SampleRow:
-    params = request.params
-    return SampleRow(
-        params=params,
-        seed=request.seed,
-        num_generated=request.num_generated,
-        seen_token_ids=request.all_token_ids if params.repetition_penalty != 1 else [],
-        generated_token_ids=request.output_token_ids,
-    )
 
 
 def _vocab_size(model: nn.Module) -> int:

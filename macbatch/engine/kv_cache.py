@@ -181,13 +181,14 @@ class KVStore:
         return sum(a.nbytes for a in self.arrays())
 
     def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter one step's K/V (``[N, Hkv, D]``) into the flat rows computed by the batcher,
-        quantizing them first when the pages are quantized."""
+        """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache)
+        into the flat rows computed by the batcher, quantizing them first when the pages are
+        quantized."""
         d = self.shapes[layer].head_dim
         keys, values = keys.reshape(-1, d), values.reshape(-1, d)
-        if self.format.bits is None:
-            self.keys[layer][rows] = keys.astype(self.keys[layer].dtype)
-            self.values[layer][rows] = values.astype(self.values[layer].dtype)
+        if self.format.bits is None:  # the scatter casts to the pages' dtype
+            self.keys[layer][rows] = keys
+            self.values[layer][rows] = values
             return
         bits, group = self.format.bits, self.format.group_size_for(d)
         for codes, scales, x in (

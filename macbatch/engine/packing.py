@@ -9,6 +9,7 @@ device.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -19,7 +20,9 @@ from macbatch.engine.scheduler import StepPlan
 
 @dataclass
 class PackedBatch:
-    token_ids: mx.array  # [N] int32
+    # [N] int32 (uint32 when the engine takes a decode-only step's inputs straight from the
+    # previous step's samples: the embedding gathers either)
+    token_ids: mx.array
     positions: mx.array  # [N] int32, each token's position in its sequence
     cu_seqlens_q: mx.array  # [S+1] int32
     seq_lens: mx.array  # [S] int32, context length after this step
@@ -34,47 +37,68 @@ class PackedBatch:
 def pack(
     plan: StepPlan, block_tables: list[list[int]], block_size: int, kv_head_counts: set[int]
 ) -> PackedBatch:
-    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request."""
+    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request.
+
+    One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
+    step's host time grows with the running requests, so no per-chunk numpy calls)."""
     chunks = plan.chunks
-    lengths = np.array([c.num_tokens for c in chunks], dtype=np.int32)
-    cu = np.zeros(len(chunks) + 1, dtype=np.int32)
+    count = len(chunks)
+    lengths = np.fromiter((c.num_tokens for c in chunks), np.int32, count)
+    starts = np.fromiter((c.start for c in chunks), np.int32, count)
+    samples = np.fromiter((c.samples for c in chunks), np.bool_, count)
+    cu = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
-    starts = np.array([c.start for c in chunks], dtype=np.int32)
+    num_tokens = int(cu[-1])
     seq_lens = starts + lengths
+    if num_tokens == count:  # decodes only: one row per chunk
+        row_seq = np.arange(count)
+        positions = starts
+    else:
+        row_seq = np.repeat(np.arange(count), lengths)
+        positions = (np.arange(num_tokens) - cu[:-1][row_seq] + starts[row_seq]).astype(np.int32)
+    token_ids, pending_chunks = _known_tokens(plan)
+    pending_rows = [int(cu[i + 1]) - 1 for i in pending_chunks]
 
-    token_ids = np.zeros(int(cu[-1]), dtype=np.int32)
-    pending_rows, pending_chunks = [], []
-    for i, c in enumerate(chunks):
-        known = c.request.token_slice(c.start, c.start + c.num_tokens)
-        token_ids[cu[i] : cu[i] + len(known)] = known
-        if len(known) < c.num_tokens:  # only a decode's single token can be pending
-            pending_rows.append(int(cu[i + 1]) - 1)
-            pending_chunks.append(i)
-    row_seq = np.repeat(np.arange(len(chunks)), lengths)
-    positions = (np.arange(cu[-1]) - cu[:-1][row_seq] + starts[row_seq]).astype(np.int32)
-
-    max_blocks = max(len(t) for t in block_tables)
-    tables = np.zeros((len(chunks), max_blocks), dtype=np.int32)
-    for i, table in enumerate(block_tables):
-        tables[i, : len(table)] = table
+    tables = _table_array(block_tables)
     blocks = tables[row_seq, positions // block_size].astype(np.int64)
     offsets = positions % block_size
-
     write_rows = {}
     for hkv in kv_head_counts:
         rows = (blocks[:, None] * hkv + np.arange(hkv)[None, :]) * block_size + offsets[:, None]
         write_rows[hkv] = mx.array(rows.reshape(-1).astype(np.int32))
 
-    sample_rows = np.array([cu[i + 1] - 1 for i, c in enumerate(chunks) if c.samples], np.int32)
     return PackedBatch(
         token_ids=mx.array(token_ids),
         positions=mx.array(positions),
         cu_seqlens_q=mx.array(cu),
-        seq_lens=mx.array(seq_lens.astype(np.int32)),
+        seq_lens=mx.array(seq_lens),
         block_tables=mx.array(tables),
         kv_write_rows=write_rows,
-        sample_rows=mx.array(sample_rows),
-        num_tokens=int(cu[-1]),
+        sample_rows=mx.array(cu[1:][samples] - 1),
+        num_tokens=num_tokens,
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
     )
+
+
+def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:
+    """Every row's input token in row order (0 where it is pending), and the chunks whose last
+    token is pending (only a decode's single token can be)."""
+    flat: list[int] = []
+    pending: list[int] = []
+    for i, c in enumerate(plan.chunks):
+        known = c.request.token_slice(c.start, c.start + c.num_tokens)
+        flat += known
+        if len(known) < c.num_tokens:
+            flat.append(0)
+            pending.append(i)
+    return np.array(flat, dtype=np.int32), pending
+
+
+def _table_array(block_tables: list[list[int]]) -> np.ndarray:
+    """``[S, max_blocks]`` int32, each table left-aligned, padded with block 0 (never read)."""
+    lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
+    flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum()))
+    tables = np.zeros((len(block_tables), int(lengths.max())), dtype=np.int32)
+    tables[np.arange(tables.shape[1]) < lengths[:, None]] = flat  # row-major: rows in order
+    return tables

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from macbatch.engine.constraints import ConstraintState
 from macbatch.engine.reasoning import Phase, ReasoningTracker
@@ -79,23 +79,78 @@ class RequestMetrics:
         return (self.generated_tokens - 1) / elapsed if elapsed > 0 else None
 
 
-@dataclass
+class Prefix(NamedTuple):
+    """The first ``count`` items of a list that only grows (a request's output tokens, logprobs
+    or top logprobs): what an output shows of it, copied when first read."""
+
+    items: list
+    count: int
+
+
 class RequestOutput:
-    request_id: str
-    token_ids: list[int]
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: FinishReason | None
-    metrics: RequestMetrics
-    step: int
-    error: str | None = None
-    logprobs: list[float] | None = None
-    top_logprobs: list[dict[int, float]] | None = None
-    # The max_tokens the request ran with when the room its prompt left in the context was
-    # smaller than the one asked for (None: not capped). See Engine.context_limit.
-    capped_max_tokens: int | None = None
-    # The reply's text as of this output, detokenized when first read (see text.py).
-    text_view: TextView | FixedText = field(default=NO_TEXT, repr=False, compare=False)
+    """A request's state after a step. The engine makes one per advancing request per step, so
+    what would cost O(reply length) is left for whoever reads it: ``token_ids``, ``logprobs``
+    and ``top_logprobs`` are copied from the request's lists when first read (constructed from
+    a list, they are that list), and ``text`` is detokenized when first read (text.py)."""
+
+    __slots__ = (
+        "request_id", "_token_ids", "new_token_ids", "finished", "finish_reason", "metrics",
+        "step", "error", "_logprobs", "_top_logprobs", "capped_max_tokens", "text_view",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        token_ids: list[int] | Prefix,
+        new_token_ids: list[int],
+        finished: bool,
+        finish_reason: FinishReason | None,
+        metrics: RequestMetrics,
+        step: int,
+        error: str | None = None,
+        logprobs: list[float] | Prefix | None = None,
+        top_logprobs: list[dict[int, float]] | Prefix | None = None,
+        capped_max_tokens: int | None = None,
+        text_view: TextView | FixedText = NO_TEXT,
+    ) -> None:
+        self.request_id = request_id
+        self._token_ids = token_ids
+        self.new_token_ids = new_token_ids
+        self.finished = finished
+        self.finish_reason = finish_reason
+        self.metrics = metrics
+        self.step = step
+        self.error = error
+        self._logprobs = logprobs
+        self._top_logprobs = top_logprobs
+        # The max_tokens the request ran with when the room its prompt left in the context was
+        # smaller than the one asked for (None: not capped). See Engine.context_limit.
+        self.capped_max_tokens = capped_max_tokens
+        self.text_view = text_view  # the reply's text as of this output
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestOutput({self.request_id!r}, {len(self.token_ids)} tokens, "
+            f"finished={self.finished}, finish_reason={self.finish_reason}, step={self.step})"
+        )
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Every token generated so far."""
+        self._token_ids = _listed(self._token_ids)
+        return self._token_ids
+
+    @property
+    def logprobs(self) -> list[float] | None:
+        """One per token of ``token_ids`` (None: not asked for)."""
+        self._logprobs = _listed(self._logprobs)
+        return self._logprobs
+
+    @property
+    def top_logprobs(self) -> list[dict[int, float]] | None:
+        """The top alternatives, one dict per token of ``token_ids`` (None: not asked for)."""
+        self._top_logprobs = _listed(self._top_logprobs)
+        return self._top_logprobs
 
     @property
     def text(self) -> str:
@@ -213,10 +268,11 @@ class Request:
         now: float,
         logprob: float | None = None,
         top: dict[int, float] | None = None,
-    ) -> None:
+    ) -> bool:
         """Record a sampled token with its logprob and top alternatives (when asked for); finish
         on EOS, a stop token or string, or the length limit. A stop token is not recorded, and
-        neither are its logprobs: the lists stay the same length."""
+        neither are its logprobs: the lists stay the same length. Returns whether the token was
+        recorded."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = now
         params = self.params
@@ -224,7 +280,7 @@ class Request:
             token in self.eos_token_ids and not params.ignore_eos
         ):
             self.finish(FinishReason.STOP, now)
-            return
+            return False
         self.output_token_ids.append(token)
         if self.logprobs is not None:
             self.logprobs.append(_required(logprob, "logprob"))
@@ -241,6 +297,7 @@ class Request:
             self.finish(FinishReason.STOP, now)
         elif len(self.output_token_ids) >= params.max_tokens:
             self.finish(FinishReason.LENGTH, now)
+        return True
 
     def _cut_at_stop_string(self) -> bool:
         text = self.reply.current()
@@ -275,29 +332,35 @@ class Request:
         """The output for this step: everything so far plus the delta since the last output.
         Text is left to be detokenized (and a reasoning model's split into reasoning and
         answer, as the tracker stands now) when read, unless stop strings needed it already."""
+        tokens = self.output_token_ids
+        count = len(tokens)
+        finished = self.status is RequestStatus.FINISHED
         end = None
         if self.params.stop:
-            end = max(self._visible_end(self.reply.current(self.finished)), self.emitted_chars)
+            end = max(self._visible_end(self.reply.current(finished)), self.emitted_chars)
             self.emitted_chars = end
-        new_tokens = self.output_token_ids[self.emitted_tokens :]
+        new_tokens = tokens[self.emitted_tokens :]
+        self.emitted_tokens = count
         split = self.reasoning.snapshot().split if self.reasoning else None
-        self.emitted_tokens = len(self.output_token_ids)
+        logprobs, top = self.logprobs, self.top_logprobs
         return RequestOutput(
             request_id=self.request_id,
-            token_ids=list(self.output_token_ids),
+            token_ids=Prefix(tokens, count),
             new_token_ids=new_tokens,
-            finished=self.finished,
+            finished=finished,
             finish_reason=self.finish_reason,
             metrics=self.metrics,
             step=step,
             error=self.error,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
-            top_logprobs=list(self.top_logprobs) if self.top_logprobs is not None else None,
+            logprobs=Prefix(logprobs, count) if logprobs is not None else None,
+            top_logprobs=Prefix(top, count) if top is not None else None,
             capped_max_tokens=self.capped_max_tokens,
-            text_view=TextView(
-                self.reply, self.reply.mark(len(self.output_token_ids), self.finished, end, split)
-            ),
+            text_view=TextView(self.reply, self.reply.mark(count, finished, end, split)),
         )
+
+
+def _listed(value: Any) -> Any:
+    return value.items[: value.count] if isinstance(value, Prefix) else value
 
 
 def _required(value: Any, what: str) -> Any:

@@ -9,7 +9,9 @@ else shares its batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
@@ -144,15 +146,24 @@ def _check(ok: bool, name: str, value: object, expected: str) -> None:
         )
 
 
-@dataclass
-class SampleRow:
-    """What the sampler needs to know about one sampled row."""
+class SampleRow(Protocol):
+    """What the sampler reads of one sampled row (a ``Request`` is one: no per-step copy). The
+    token lists are read only by penalties."""
 
-    params: SamplingParams
-    seed: int
-    num_generated: int
-    seen_token_ids: list[int]
-    generated_token_ids: list[int]
+    @property
+    def params(self) -> SamplingParams: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def num_generated(self) -> int: ...
+
+    @property
+    def all_token_ids(self) -> list[int]: ...  # prompt and output: repetition penalty
+
+    @property
+    def output_token_ids(self) -> list[int]: ...  # presence and frequency penalties
 
 
 @dataclass
@@ -198,7 +209,7 @@ class HostSamples:
         return self.tokens[i], self.logprobs[i], top
 
 
-def sample(logits: mx.array, rows: list[SampleRow]) -> SampledBatch:
+def sample(logits: mx.array, rows: Sequence[SampleRow]) -> SampledBatch:
     """One token per row of ``logits [R, V]`` (float32); builds the graph, evaluates nothing."""
     if any(r.params.penalized for r in rows):
         logits = _apply_penalties(logits, rows)
@@ -219,18 +230,18 @@ def sample(logits: mx.array, rows: list[SampleRow]) -> SampledBatch:
     return batch
 
 
-def _apply_penalties(logits: mx.array, rows: list[SampleRow]) -> mx.array:
+def _apply_penalties(logits: mx.array, rows: Sequence[SampleRow]) -> mx.array:
     rep_rows, rep_ids, rep_vals = [], [], []
     pf_rows, pf_ids, pf_sub = [], [], []
     for i, row in enumerate(rows):
         p = row.params
-        if p.repetition_penalty != 1 and row.seen_token_ids:
-            seen = np.unique(np.asarray(row.seen_token_ids))
+        if p.repetition_penalty != 1 and (all_ids := row.all_token_ids):
+            seen = np.unique(np.asarray(all_ids))
             rep_rows.append(np.full(len(seen), i))
             rep_ids.append(seen)
             rep_vals.append(np.full(len(seen), p.repetition_penalty, dtype=np.float32))
-        if (p.presence_penalty or p.frequency_penalty) and row.generated_token_ids:
-            ids, counts = np.unique(np.asarray(row.generated_token_ids), return_counts=True)
+        if (p.presence_penalty or p.frequency_penalty) and row.output_token_ids:
+            ids, counts = np.unique(np.asarray(row.output_token_ids), return_counts=True)
             pf_rows.append(np.full(len(ids), i))
             pf_ids.append(ids)
             pf_sub.append((p.presence_penalty + p.frequency_penalty * counts).astype(np.float32))
@@ -245,7 +256,7 @@ def _apply_penalties(logits: mx.array, rows: list[SampleRow]) -> mx.array:
     return logits
 
 
-def _sample_stochastic(logits: mx.array, rows: list[SampleRow], greedy: mx.array) -> mx.array:
+def _sample_stochastic(logits: mx.array, rows: Sequence[SampleRow], greedy: mx.array) -> mx.array:
     """Gumbel-max sampling after temperature and top-k / top-p / min-p filtering.
 
     The noise of each row comes from its own key, so rows never influence each other.

@@ -23,16 +23,17 @@ from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     request: Request
     start: int
     num_tokens: int
+    # Only a chunk that completes the request's tokens yields logits to sample. Decided when
+    # scheduled: reading the step in flight may end the request before this step samples.
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Only a chunk that completes the request's tokens yields logits to sample."""
-        return self.start + self.num_tokens == self.request.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.start + self.num_tokens == self.request.num_tokens
 
 
 @dataclass

@@ -171,6 +171,11 @@ def paged_attention_cpu(
         )  # fmt: skip
         k_pages, v_pages = k_pages.codes, v_pages.codes
     return load_extension().paged_attention(
-        q, k_pages, v_pages, block_tables, mx.array(seq_lens), mx.array(cu_seqlens_q),
+        q, k_pages, v_pages, block_tables, _as_mx(seq_lens), _as_mx(cu_seqlens_q),
         scale, sliding_window or 0, softcap or 0.0, sinks, **quantized,
     )  # fmt: skip
+
+
+def _as_mx(a: mx.array | np.ndarray) -> mx.array:
+    """An mx.array as it is (``mx.array(a)`` would add a copy to the step's graph)."""
+    return a if isinstance(a, mx.array) else mx.array(a)

@@ -227,7 +227,7 @@ def paged_attention_kernel(
         k_pages, v_pages = k_pages.codes, v_pages.codes
     out, part_ml, part_acc = kernel(
         inputs=[
-            q, k_pages, v_pages, block_tables.astype(mx.int32), mx.array(lens), mx.array(cu),
+            q, k_pages, v_pages, _int32(block_tables), mx.array(lens), mx.array(cu),
             mx.array(p.work), params_i, params_f, sink_arr, k_scales, v_scales,
         ],
         output_shapes=[(n, hq, d), (slots, t.tile, 2), (slots, t.tile, d)],
@@ -275,3 +275,8 @@ def _merge_splits(
 
 def _exp2(x: mx.array) -> mx.array:
     return mx.exp(x * math.log(2.0))
+
+
+def _int32(a: mx.array) -> mx.array:
+    """``a`` as int32; as it is when it already is (``astype`` would add an op to the step)."""
+    return a if a.dtype == mx.int32 else a.astype(mx.int32)

@@ -545,6 +545,15 @@ class PagedAttentionCPU : public mx::Primitive {
   int bits_, group_size_;
 };
 
+// An input as the kernel reads it: ``dtype``, row contiguous. One the host built already so
+// (the packer's metadata) goes in as it is: every op a step adds costs host dispatch time.
+mx::array kernel_input(const mx::array& a, mx::Dtype dtype, mx::StreamOrDevice stream) {
+  if (a.dtype() == dtype && a.is_available() && a.flags().row_contiguous) {
+    return a;
+  }
+  return mx::contiguous(mx::astype(a, dtype, stream), false, stream);
+}
+
 mx::array paged_attention_cpu(
     const mx::array& q,
     const mx::array& k_pages,
@@ -595,16 +604,16 @@ mx::array paged_attention_cpu(
       q,
       k_pages,
       v_pages,
-      mx::contiguous(mx::astype(block_tables, mx::int32, stream), false, stream),
-      mx::contiguous(mx::astype(seq_lens, mx::int32, stream), false, stream),
-      mx::contiguous(mx::astype(cu_seqlens_q, mx::int32, stream), false, stream),
+      kernel_input(block_tables, mx::int32, stream),
+      kernel_input(seq_lens, mx::int32, stream),
+      kernel_input(cu_seqlens_q, mx::int32, stream),
   };
   if (quantized) {
     inputs.push_back(*k_scales);
     inputs.push_back(*v_scales);
   }
   if (sinks) {
-    inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, stream), false, stream));
+    inputs.push_back(kernel_input(*sinks, mx::float32, stream));
   }
   return mx::array(
       q.shape(),

@@ -74,13 +74,16 @@ def test_outputs_come_one_step_later_and_a_stop_never_leaks(model, tiny_tokenize
         prompt, SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop])
     )
     assert engine.step() == []  # the prefill is in flight; its token is read next step
-    streamed, final = [], None
+    streamed, final, prefixes = [], None, []
     while engine.has_unfinished():
         for out in engine.step():
             streamed += out.new_token_ids
             final = out
+            prefixes.append((out, list(streamed)))
     assert final.request_id == rid and final.finished
     assert streamed == final.token_ids == reference[: reference.index(stop)]
+    for out, tokens_then in prefixes:  # read after the run: still as of its own step
+        assert out.token_ids == tokens_then
     assert engine.stats().generated_tokens == len(streamed)
     assert_pool_idle(engine)
 
@@ -120,3 +123,27 @@ def test_text_is_the_same_whenever_and_in_whatever_order_it_is_read(model, tiny_
         for token in out.token_ids:
             streaming.add_token(token)
         assert out.text == streaming.text
+
+
+def test_steady_decoding_feeds_the_samples_straight_in_and_keeps_greedy_parity(
+    model, tiny_tokenizer, monkeypatch
+):
+    """Decode-only steps over the requests the step in flight sampled, in its order, take its
+    sampled tokens as their inputs as they are (no gather, no scatter): the tokens must still
+    be mlx-lm's."""
+    import macbatch.engine.engine as engine_module
+
+    fed_straight = []
+    feed = engine_module._feed_sampled_tokens
+
+    def spy(batch, plan, previous):
+        feed(batch, plan, previous)
+        fed_straight.append(batch.token_ids is previous.sampled.tokens)
+
+    monkeypatch.setattr(engine_module, "_feed_sampled_tokens", spy)
+    prompts = [[60 + i, 61 + i, 62 + i, 63 + i] for i in range(0, 12, 4)]
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    outs = _engine(model, tiny_tokenizer, pipelined=True).generate(prompts, params)
+    assert fed_straight.count(True) >= 5
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, 10)

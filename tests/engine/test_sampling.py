@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,14 +13,19 @@ from macbatch.engine.sampling import SampleRow, sample
 from tests.support.tiny import build_model
 
 
-def _row(params, seed=0, generated=(), seen=()):
-    return SampleRow(
-        params=params,
-        seed=seed,
-        num_generated=len(generated),
-        seen_token_ids=list(seen),
-        generated_token_ids=list(generated),
-    )
+@dataclass
+class _Row:
+    """A sampled row as the sampler reads it (``SampleRow``), without a request around it."""
+
+    params: SamplingParams
+    seed: int
+    num_generated: int
+    all_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+def _row(params, seed=0, generated=(), seen=()) -> SampleRow:
+    return _Row(params, seed, len(generated), list(seen), list(generated))
 
 
 def test_seeded_request_is_independent_of_its_batch(tiny_tokenizer):

@@ -114,3 +114,18 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("MACBATCH_CACHE", str(tmp_path / "file"))  # not a directory
     with pytest.raises(CpuKernelUnavailable, match="cannot build in"):
         cpu_kernel.load_extension()
+
+
+def test_metadata_in_any_form_gives_the_same_result():
+    """Host-built int32 arrays go in as they are; other dtypes, arrays still to be computed and
+    strided views are made int32 and contiguous first: every form reads the same metadata."""
+    q, k, v, tables, lens, cu = random_paged_case([1, 5, 2], [9, 5, 30], hq=4, hkv=2, block_size=8)
+    want = paged_attention_numpy(q, k, v, tables, lens, cu, scale=0.5)
+    as_host_int32 = [mx.array(np.asarray(a, dtype=np.int32)) for a in (tables, lens, cu)]
+    as_int64 = [mx.array(np.asarray(a, dtype=np.int64)) for a in (tables, lens, cu)]
+    lazy = [a + 0 for a in as_host_int32]  # computed by the step's graph, not yet evaluated
+    strided_tables = mx.array(np.ascontiguousarray(np.asarray(tables, np.int32).T)).T
+    forms = [as_host_int32, as_int64, lazy, [strided_tables, *as_host_int32[1:]]]
+    for metadata in forms:
+        got = paged_attention_cpu(mx.array(q), mx.array(k), mx.array(v), *metadata, 0.5)
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)

@@ -108,6 +108,19 @@ def parse_weights(text: str) -> dict[str, float]:
     return weights
 
 
+def parse_cycles(kind: type) -> Callable[[str], list]:
+    """A parser of comma-separated values, one per phase-2 cycle ("4000,5000")."""
+
+    def parse(text: str) -> list:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            message = f"expected {kind.__name__}s like 1,2 got {text!r}"
+            raise argparse.ArgumentTypeError(message) from None
+
+    return parse
+
+
 def draw_examples(rng: random.Random, count: int, weights: dict[str, float]) -> list[Example]:
     """`count` training examples, tasks drawn by `weights`."""
     tasks = rng.choices(list(weights), weights=list(weights.values()), k=count)
@@ -351,9 +364,16 @@ def main() -> None:
     phase1.add_argument("--lr", type=float, default=4e-4, help="peak learning rate")
     phase1.add_argument("--eval-every", type=int, default=2000)
     phase2 = parser.add_argument_group("phase 2: conversations")
-    phase2.add_argument("--chat-steps", type=int, default=4000, help="optimizer steps")
+    phase2.add_argument(
+        "--chat-steps",
+        type=parse_cycles(int),
+        default="4000,5000",
+        help="optimizer steps of each cycle (a fresh warmup and cosine decay each)",
+    )
+    phase2.add_argument(
+        "--chat-lr", type=parse_cycles(float), default="2e-4,1e-4", help="each cycle's peak rate"
+    )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")
-    phase2.add_argument("--chat-lr", type=float, default=2e-4, help="peak learning rate")
     phase2.add_argument("--chat-eval-every", type=int, default=1000)
     phase2.add_argument(
         "--max-turns",
@@ -381,6 +401,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mix_boost < 0:
         parser.error(f"--mix-boost must be 0 or more (got {args.mix_boost}): it scales a weight")
+    if len(args.chat_steps) != len(args.chat_lr):
+        parser.error("give --chat-steps and --chat-lr one value per cycle each")
 
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -433,23 +455,26 @@ def main() -> None:
             lambda: evaluate_first_turns(model, wrapper, eval_set),
             save_model,
         )
-    if args.chat_steps:
-        # Its own generators, seeded as phase 1's: phase 2 draws the same data whether it
-        # follows phase 1 here or continues a saved phase-1 model (--init ... --steps 0).
-        chat_rng, eval_rng = random.Random(args.seed), random.Random(args.seed + 1)
+    for cycle, (steps, lr) in enumerate(zip(args.chat_steps, args.chat_lr)):
+        # Each cycle has its own generators, seeded from --seed and the cycle: a cycle draws the
+        # same data whether it follows the previous one here or continues a saved model
+        # (--init MODEL --steps 0 --seed SEED+CYCLE --chat-steps STEPS --chat-lr LR).
+        chat_rng, eval_rng = random.Random(args.seed + cycle), random.Random(args.seed + cycle + 1)
         chat_eval = held_out_examples(eval_rng, args.eval_per_task)
         histories = draw_histories(chat_eval, eval_rng)
         train_phase(
-            "phase 2",
+            f"phase 2.{cycle + 1}",
             model,
             args,
-            args.chat_steps,
-            args.chat_lr,
+            steps,
+            lr,
             args.chat_eval_every,
-            lambda weights: make_conversation_batches(
-                tokenizer, chat_rng, args.chat_batch_size, 8, weights, args.max_turns, max_len
+            lambda weights, rng=chat_rng: make_conversation_batches(
+                tokenizer, rng, args.chat_batch_size, 8, weights, args.max_turns, max_len
             ),
-            lambda: evaluate_conversations(model, wrapper, chat_eval, histories),
+            lambda eval_set=chat_eval, histories=histories: evaluate_conversations(
+                model, wrapper, eval_set, histories
+            ),
             save_model,
         )
     print(f"saved to {args.out}", flush=True)

@@ -3,13 +3,30 @@ demo answers those questions one after another in the same chat."""
 
 from __future__ import annotations
 
+from macbatch.demo import MODEL_DIR
 from macbatch.demo.questions import read_question_set
 from macbatch.demo.tasks import SHOWCASE
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.widgets.empty_chat import GENERAL_HINT, EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
 from tests.support.demo_oracle import oracle
-from tests.tui.helpers import send, wait_for
+from tests.tui.helpers import GREEDY, send, wait_for
+
+
+def reference_replies(prompts: list[list[dict[str, str]]]) -> list[str]:
+    """mlx-lm's greedy replies to `prompts` with the shipped demo model."""
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(MODEL_DIR))
+    return [
+        mlx_lm.generate(
+            model,
+            tokenizer,
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True),
+            max_tokens=GREEDY.max_tokens,
+        )
+        for messages in prompts
+    ]
 
 
 def shown(screen) -> str:
@@ -33,15 +50,19 @@ async def test_the_demo_chat_lists_its_tasks_and_answers_them_in_one_chat(make_a
         assert all(question in text for _, question in SHOWCASE.values())
 
         # Ten questions in one chat: each turn sees the earlier ones, until the chat outgrows the
-        # demo's 512-token context and its oldest turns are left out of the prompt.
+        # demo's 512-token context and its oldest turns are left out of the prompt. Every reply is
+        # mlx-lm's own greedy reply to the prompt the app sent (the oracle).
         questions = [(task, question) for task, (_, question) in SHOWCASE.items()]
         questions += [(e.task, e.question) for e in read_question_set()[::200]]
-        for task, question in questions:
+        replies = []
+        for _, question in questions:
             await send(pilot, screen, question)
             await wait_for(pilot, lambda: not screen.replies)
-            reply = screen.transcript(screen.current).views[-1].message
-            assert (question, reply.content.strip()) == (question, oracle(task, question))
+            replies.append(screen.transcript(screen.current).views[-1].message.content)
         assert not screen.query(EmptyChat)
+        assert replies == reference_replies(app.engine.prompts)
+        task, question = questions[0]
+        assert replies[0].strip() == oracle(task, question)  # asked first, in a fresh chat
         last_prompt = app.engine.prompts[-1]
         assert 1 < len(last_prompt) < 2 * len(questions) - 1
         assert last_prompt[0]["role"] == "user"

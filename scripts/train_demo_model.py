@@ -3,12 +3,14 @@
 The model is a small llama (mlx-lm's own classes) over a byte-level tokenizer with no merges: every
 byte is one token, so digits and letters are single tokens and addition, reversal, sorting and
 letter counting are learnable by a few million parameters. The data are the synthetic chat
-questions of `macbatch.demo.tasks` (training split only); the loss covers the reply tokens.
+questions of `macbatch.demo.tasks` (training split only); the loss covers the reply tokens. Phase 1
+trains on questions asked alone, phase 2 (in cycles) on conversations, every reply with the
+earlier turns in context.
 
-Deterministic given --seed. The defaults are the recipe that trained the shipped weights in one
-run (docs/demo-model.md, "Retraining"; a rerun writes byte-identical weights): 41 minutes on a
-2-core x86 machine, with OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread
-(this model's matmuls are too small for a second one: a step is 10% slower with two):
+Deterministic given --seed. The defaults are the recipe of the shipped weights (docs/demo-model.md,
+"Retraining", says how they were made and what was verified): phase 1 takes 41 minutes on a 2-core
+x86 machine, phase 2 about an hour more, with OpenBLAS preloaded (float32 matmuls are ~40x faster)
+and held to one thread (phase 1's matmuls are too small for a second one: a step is 10% slower):
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python scripts/train_demo_model.py --out /tmp/demo/run
@@ -367,11 +369,14 @@ def main() -> None:
     phase2.add_argument(
         "--chat-steps",
         type=parse_cycles(int),
-        default="4000,5000",
+        default="4000,5000,5000",
         help="optimizer steps of each cycle (a fresh warmup and cosine decay each)",
     )
     phase2.add_argument(
-        "--chat-lr", type=parse_cycles(float), default="2e-4,1e-4", help="each cycle's peak rate"
+        "--chat-lr",
+        type=parse_cycles(float),
+        default="2e-4,1e-4,1e-4",
+        help="each cycle's peak rate",
     )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")
     phase2.add_argument("--chat-eval-every", type=int, default=1000)

@@ -151,6 +151,31 @@ def boosted_weights(
     return {task: weight * (1 + boost * (1 - accuracy[task])) for task, weight in base.items()}
 
 
+def padded_batches(
+    rows: list[tuple[list[int], list[float]]], batch_size: int, multiple: int, rng: random.Random
+) -> list[tuple[mx.array, mx.array, mx.array]]:
+    """Rows (token ids, loss mask per token) as batches (inputs, targets, loss mask) of rows of
+    similar length, in random order.
+
+    Sorting a group of rows by length keeps padding near zero; lengths are rounded up to a
+    multiple of `multiple` so the compiled step sees few distinct shapes.
+    """
+    rows = sorted(rows, key=lambda row: len(row[0]))
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        width = multiple * math.ceil((max(len(ids) for ids, _ in chunk) - 1) / multiple)
+        inputs, targets, mask = [], [], []
+        for ids, loss_mask in chunk:
+            pad = width - (len(ids) - 1)
+            inputs.append(ids[:-1] + [0] * pad)
+            targets.append(ids[1:] + [0] * pad)
+            mask.append(loss_mask[1:] + [0.0] * pad)
+        batches.append((mx.array(inputs), mx.array(targets), mx.array(mask)))
+    rng.shuffle(batches)
+    return batches
+
+
 def make_single_turn_batches(
     tokenizer: Tokenizer,
     rng: random.Random,
@@ -158,29 +183,16 @@ def make_single_turn_batches(
     group: int,
     weights: dict[str, float],
 ) -> list[tuple[mx.array, mx.array, mx.array]]:
-    """Phase 1: `group` batches (inputs, targets, loss mask) of one-turn examples of similar length.
-
-    Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
-    are rounded up to a multiple of 8 so the compiled step sees few distinct shapes.
-    """
+    """Phase 1: `group` batches of one-turn examples; the loss covers the reply and its
+    <|im_end|>."""
     examples = draw_examples(rng, batch_size * group, weights)
     prompts = tokenizer.encode_batch([chat_text(e.question) for e in examples])
     fulls = tokenizer.encode_batch([chat_text(e.question, e.answer) for e in examples])
-    rows = sorted(((f.ids, len(p.ids)) for f, p in zip(fulls, prompts)), key=lambda r: len(r[0]))
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        width = 8 * math.ceil((max(len(ids) for ids, _ in chunk) - 1) / 8)
-        inputs, targets, mask = [], [], []
-        for ids, prompt_len in chunk:
-            pad = width - (len(ids) - 1)
-            inputs.append(ids[:-1] + [0] * pad)
-            targets.append(ids[1:] + [0] * pad)
-            reply = len(ids) - prompt_len  # reply tokens, <|im_end|> included
-            mask.append([0.0] * (prompt_len - 1) + [1.0] * reply + [0.0] * pad)
-        batches.append((mx.array(inputs), mx.array(targets), mx.array(mask)))
-    rng.shuffle(batches)
-    return batches
+    rows = [
+        (f.ids, [0.0] * len(p.ids) + [1.0] * (len(f.ids) - len(p.ids)))
+        for f, p in zip(fulls, prompts)
+    ]
+    return padded_batches(rows, batch_size, 8, rng)
 
 
 def encode_conversation(
@@ -211,29 +223,10 @@ def make_conversation_batches(
     max_turns: int,
     max_len: int,
 ) -> list[tuple[mx.array, mx.array, mx.array]]:
-    """Phase 2: `group` batches (inputs, targets, loss mask) of conversations of similar length.
-
-    Drawing `group` batches at once and sorting them by length keeps padding near zero; lengths
-    are rounded up to a multiple of 16 so the compiled step sees few distinct shapes.
-    """
+    """Phase 2: `group` batches of conversations; the loss covers every reply."""
     conversations = draw_conversations(rng, batch_size * group, weights, max_turns)
-    rows = sorted(
-        (encode_conversation(tokenizer, turns, max_len + 1) for turns in conversations),
-        key=lambda row: len(row[0]),
-    )
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        width = 16 * math.ceil((max(len(ids) for ids, _ in chunk) - 1) / 16)
-        inputs, targets, mask = [], [], []
-        for ids, reply in chunk:
-            pad = width - (len(ids) - 1)
-            inputs.append(ids[:-1] + [0] * pad)
-            targets.append(ids[1:] + [0] * pad)
-            mask.append(reply[1:] + [0.0] * pad)
-        batches.append((mx.array(inputs), mx.array(targets), mx.array(mask)))
-    rng.shuffle(batches)
-    return batches
+    rows = [encode_conversation(tokenizer, turns, max_len + 1) for turns in conversations]
+    return padded_batches(rows, batch_size, 16, rng)
 
 
 def loss_fn(model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:

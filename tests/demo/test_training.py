@@ -23,7 +23,8 @@ def train(out: Path, seed: int) -> dict[str, mx.array]:
     """Run the script for three steps of phase 1 and two short cycles of phase 2; return the
     weights it wrote."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
-    command += ["--batch-size", "4", "--chat-steps", "3,2", "--eval-per-task", "1"]
+    command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
+    command += ["--eval-per-task", "1"]
     command += ["--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

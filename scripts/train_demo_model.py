@@ -9,7 +9,7 @@ earlier turns in context.
 
 Deterministic given --seed. The defaults are the recipe of the shipped weights (docs/demo-model.md,
 "Retraining", says how they were made and what was verified): phase 1 takes 41 minutes on a
-2-core x86 machine, phase 2 about 75 minutes more, with OpenBLAS preloaded (float32 matmuls are
+2-core x86 machine, phase 2 about 95 minutes more, with OpenBLAS preloaded (float32 matmuls are
 ~40x faster) and held to one thread (phase 1's matmuls are too small for a second one: a step is
 10% slower with two):
 
@@ -363,13 +363,13 @@ def main() -> None:
     phase2.add_argument(
         "--chat-steps",
         type=parse_cycles(int),
-        default="4000,5000,5000,5000",
+        default="4000,5000,5000,5000,5000",
         help="optimizer steps of each cycle (a fresh warmup and cosine decay each)",
     )
     phase2.add_argument(
         "--chat-lr",
         type=parse_cycles(float),
-        default="2e-4,1e-4,1e-4,1e-4",
+        default="2e-4,1e-4,1e-4,1e-4,1e-4",
         help="each cycle's peak rate",
     )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")

@@ -1,6 +1,6 @@
 """Fitting a long chat into the model's context: the oldest turns are left out of the prompt.
 
-A chat outgrows a small context (the demo model's is 512 tokens, six or seven questions). Rather
+A chat outgrows a small context (the demo model's is 512 tokens, about nine questions). Rather
 than refusing the next message, the prompt keeps the system message and the newest turns that fit
 while leaving room for a reply; the transcript and the history keep everything.
 """

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from textual.widgets import Static
 
+from macbatch.demo import MODEL_DIR
+from macbatch.demo.tasks import SHOWCASE
+
 GENERAL_HINT = "Type a message below and press Enter. F1 lists the keys."
 
 
 def is_demo_model(model: str) -> bool:
     """Whether `model` (a CLI name or a path) is the bundled demo model."""
-    from macbatch.demo import MODEL_DIR
-
     return model == "demo" or Path(model).expanduser().resolve() == MODEL_DIR
 
 
@@ -24,8 +25,6 @@ def welcome_text(model: str) -> str:
     """The text of an empty chat with `model`."""
     if not is_demo_model(model):
         return GENERAL_HINT
-    from macbatch.demo.tasks import SHOWCASE
-
     lines = [
         "This is the bundled demo model: a tiny model that answers five kinds of questions",
         "(and nothing else). Try one:",

@@ -50,8 +50,6 @@ class Transcript(VerticalScroll, can_focus=False):
     async def remove_from(self, message_id: int) -> None:
         """Drop the message `message_id` and every later one."""
         await self.remove_children([v for v in self.views if v.message.id >= message_id])
-        if not self.views:
-            await self.mount(EmptyChat(self.model))
 
 
 def transcript_id(session_id: int) -> str:

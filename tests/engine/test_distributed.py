@@ -12,12 +12,19 @@ import sys
 import time
 from pathlib import Path
 
+import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
 
 from macbatch.engine import UnsupportedModelError
-from macbatch.engine.distributed.channel import decode_batch, encode_batch
+from macbatch.engine.distributed.channel import (
+    MessageKind,
+    PeerLostError,
+    StepChannel,
+    decode_batch,
+    encode_batch,
+)
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
@@ -54,8 +61,8 @@ def test_two_ranks_generate_what_mlx_lm_generates(arch: str, tmp_path: Path) -> 
         np.testing.assert_allclose(result["logprobs"][i], [lp for _, lp in expected], atol=1e-4)
 
 
-def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
-    """What the followers decode is exactly the batch rank 0 packed."""
+def _packed_step(tiny_tokenizer):
+    """A prefill step of three requests, 40 tokens."""
     kv = KVManager(BlockPool(32), 8, prefix_root=None)
     scheduler = Scheduler(kv, 40, 8)
     for i, length in enumerate([3, 30, 17]):
@@ -72,7 +79,12 @@ def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
         )
     plan = scheduler.schedule()
     tables = [kv.block_table(c.request.request_id) for c in plan.chunks]
-    batch = pack(plan, tables, 8, {1, 2})
+    return pack(plan, tables, 8, {1, 2})
+
+
+def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
+    """What the followers decode is exactly the batch rank 0 packed."""
+    batch = _packed_step(tiny_tokenizer)
     decoded = decode_batch(encode_batch(batch))
     assert decoded.num_tokens == batch.num_tokens == 40
     for name in ("token_ids", "positions", "cu_seqlens_q", "seq_lens", "block_tables"):
@@ -82,6 +94,27 @@ def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
     assert {k: v.tolist() for k, v in decoded.kv_write_rows.items()} == {
         k: v.tolist() for k, v in batch.kv_write_rows.items()
     }
+
+
+def test_a_step_lost_in_sending_leaves_no_step_in_flight(tiny_tokenizer, monkeypatch) -> None:
+    """A broadcast that fails (a rank died) raises PeerLostError and leaves the channel as if no
+    step had started: the watchdog disarmed (else it would end the process during the caller's
+    cleanup) and the stop still sent at exit."""
+    channel = StepChannel(mx.distributed.init())
+    sent: list[int] = []
+
+    def broadcast(values: np.ndarray) -> np.ndarray:
+        sent.append(int(values[0]))
+        if values[0] == MessageKind.STEP:
+            raise RuntimeError("connection reset by peer")
+        return values
+
+    monkeypatch.setattr(channel, "_broadcast", broadcast)
+    with pytest.raises(PeerLostError, match="lost a rank"):
+        channel.send_step(_packed_step(tiny_tokenizer))
+    assert channel.watchdog._started is None
+    channel.send_stop()
+    assert sent == [MessageKind.STEP, MessageKind.STOP]
 
 
 class _TwoRanks:

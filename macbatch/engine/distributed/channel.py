@@ -146,7 +146,13 @@ class StepChannel:
             raise RuntimeError(f"{self.who}: the other ranks were released; no step can run")
         self._step.acquire()
         self.watchdog.arm(f"step {self.messages}", batch.num_tokens)
-        self._exchange(MessageKind.STEP, encode_batch(batch))
+        try:
+            self._exchange(MessageKind.STEP, encode_batch(batch))
+        except BaseException:
+            # No step is in flight: an armed watchdog would kill this process mid-cleanup (the
+            # run's ledger, the server's answers) and a held lock would skip the stop at exit.
+            self.step_finished()
+            raise
 
     def step_finished(self) -> None:
         self.watchdog.disarm()

@@ -327,8 +327,8 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         n = check.integer(*found, minimum=1)
     if (found := setting("chat")) is not None:
         chat = check.boolean(*found)
-    if (found := setting("score")) is not None:
-        score = _score(check, *found)
+    if (found_score := setting("score")) is not None:
+        score = _score(check, *found_score)
     template_kwargs = None
     if (found := setting("chat_template_kwargs")) is not None:
         template_kwargs = _template_kwargs(check, *found)
@@ -337,6 +337,14 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 found[1], "chat_template_kwargs needs the chat template; chat is false"
             )
     options = _structured(check, job, key, defaults, base)
+    if score is not None and score.parsed is not None and not _replies_are_json(options):
+        at = (*found_score[1], "parsed")
+        raise check.fail(
+            at,
+            f"{dotted(at)} scores a field of the reply's JSON, but nothing makes job '{name}' "
+            "reply in JSON: give it a 'schema' (or 'response_format: {type: json_object}'), or "
+            "drop 'parsed' to score the whole reply",
+        )
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -405,6 +413,13 @@ def _structured(
     except InvalidField as exc:
         raise check.fail(at, f"{dotted(at)}: {exc}") from None
     return options
+
+
+def _replies_are_json(options: dict[str, Any] | None) -> bool:
+    """Whether the job's constraint makes every reply a JSON value (the only replies whose
+    fields ``score.parsed`` can read)."""
+    structured = structured_output(options) if options else None
+    return structured is not None and structured.schema is not None
 
 
 def _schema_file(check: _Checker, path: Path, at: PathKey) -> Any:

@@ -182,6 +182,16 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             "chat_template_kwargs needs the chat template; chat is false",
         ),
         (
+            "model: demo\njobs: [{name: a, input: d.csv, score: {field: x, parsed: label}}]",
+            ":2:50: jobs[0].score.parsed scores a field of the reply's JSON, but nothing makes "
+            "job 'a' reply in JSON: give it a 'schema'",
+        ),
+        (
+            "model: demo\ndefaults: {score: {field: x, parsed: label}}\n"
+            "jobs: [{name: a, input: d.csv, choices: [good, bad]}]",
+            ":2:30: defaults.score.parsed scores a field of the reply's JSON",
+        ),
+        (
             "model: demo\nkv_bits: 16\njobs: [{name: a, prompts: [hi]}]",
             ":2:1: kv_bits must be 8, 4 or None (float pages), got 16",
         ),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -67,3 +69,40 @@ def bench_tokenizer(vocab: int = 32000):
     tokenizer = Tokenizer(models.WordLevel(words, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=tokenizer))
+
+
+class DeviceClock:
+    """Seconds a step was in flight, measured: on MLX's CPU backend the device is MLX's own
+    stream thread (not a Python thread), and a step is in flight exactly while that thread runs
+    or waits for a core (Linux ``/proc/self/task/*/schedstat``). None where there is no /proc.
+    Waiting for a core counts as in flight, so the load of a shared machine does not read as
+    idle time. The stream thread is the busiest thread Python did not start (BLAS workers only
+    run while it waits on them)."""
+
+    TASKS = Path("/proc/self/task")
+
+    def __init__(self) -> None:
+        self.start = self._stream_threads()
+
+    @classmethod
+    def _stream_threads(cls) -> dict[int, int] | None:
+        """Nanoseconds each non-Python thread has run or been runnable."""
+        if not cls.TASKS.is_dir():
+            return None
+        python = {t.native_id for t in threading.enumerate()}
+        times = {}
+        for task in cls.TASKS.iterdir():
+            if int(task.name) in python:
+                continue
+            try:
+                ran, waited, _ = (task / "schedstat").read_text().split()
+            except OSError:  # the thread ended while listed
+                continue
+            times[int(task.name)] = int(ran) + int(waited)
+        return times
+
+    def busy_seconds(self) -> float | None:
+        now = self._stream_threads()
+        if now is None or self.start is None:
+            return None
+        return max((ns - self.start.get(tid, 0) for tid, ns in now.items()), default=0) / 1e9

@@ -1,7 +1,9 @@
 """Throughput and time to first token: macbatch vs mlx-lm's BatchGenerator, same process.
 
 Also the device idle fraction (wall time with no step in flight) of macbatch with synchronous
-and with pipelined steps (issue 18).
+and with pipelined steps, and of mlx-lm (issue 18): measured as the wall time MLX's stream thread
+neither ran nor waited for a core (``DeviceClock``); for synchronous steps also as the engine
+thread's time outside MLX's evaluation calls, a cross-check.
 
 Workload (issue 2): 32 requests, prompt lengths uniform in 32..512 (seeded), 64 new tokens each,
 EOS ignored, a random Qwen3-shaped float32 model (8 layers, hidden 512, 8/4 heads, head_dim 64,
@@ -20,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import (
+    DeviceClock,
     bench_tokenizer,
     build_bench_model,
     warn_without_openblas,
@@ -28,10 +31,14 @@ from benchmarks.common import (
 from macbatch.bench import Clock, WorkloadResult, run_workload, synthetic_prompts
 
 
-def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> WorkloadResult:
+def run_mlx_lm(
+    model, prompts: list[list[int]], max_tokens: int
+) -> tuple[WorkloadResult, float | None]:
+    """The workload's result and the seconds a step was in flight."""
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=None)
+    device = DeviceClock()
     clock = Clock()
     uids = gen.insert(prompts, [max_tokens] * len(prompts))
     first: dict[int, tuple[float, float]] = {}
@@ -42,19 +49,22 @@ def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> WorkloadResu
             first.setdefault(r.uid, now)
             generated += 1
     elapsed = clock.read()
+    busy = device.busy_seconds()
     gen.close()
-    return WorkloadResult(
+    result = WorkloadResult(
         prompt_tokens=sum(len(p) for p in prompts),
         generated_tokens=generated,
         elapsed=elapsed,
         first_token=[first[u] for u in uids],
     )
+    return result, busy
 
 
 def run_macbatch(
     model, tokenizer, prompts, max_tokens, budget, pipelined: bool
-) -> tuple[WorkloadResult, float]:
-    """The workload's result and the seconds the engine thread waited for the device."""
+) -> tuple[WorkloadResult, float, float | None]:
+    """The workload's result, the seconds the engine thread waited for the device, and the
+    seconds a step was in flight."""
     from macbatch.engine import Engine, EngineConfig
 
     total_tokens = sum(len(p) for p in prompts) + max_tokens * len(prompts)
@@ -65,8 +75,9 @@ def run_macbatch(
         pipelined=pipelined,
     )
     engine = Engine(model, tokenizer, config)
+    device = DeviceClock()
     result = run_workload(engine, prompts, max_tokens)
-    return result, engine.stats().device_wait_s
+    return result, engine.stats().device_wait_s, device.busy_seconds()
 
 
 def bare_forward_seconds(model, step_tokens: list[int]) -> list[float]:
@@ -95,6 +106,13 @@ def print_bounds(ours: WorkloadResult, peer: WorkloadResult, bare: list[float]) 
     )
 
 
+def idle_percent(result: WorkloadResult, busy: float | None) -> str:
+    """The share of the run's wall time with no step in flight."""
+    if busy is None:
+        return "n/a (no /proc)"
+    return f"{100 * max(0.0, 1 - busy / result.elapsed[0]):.1f}%"
+
+
 def main() -> None:
     args = workload_arguments(__doc__.splitlines()[0]).parse_args()
     warn_without_openblas()
@@ -102,9 +120,11 @@ def main() -> None:
     model = build_bench_model()
     tokenizer = bench_tokenizer()
     prompts = synthetic_prompts(args.requests, args.min_prompt, args.max_prompt, 32000)
-    sync, device_s = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget, False)
-    ours, _ = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget, True)
-    peer = run_mlx_lm(model, prompts, args.max_tokens)
+    sync, device_s, sync_busy = run_macbatch(
+        model, tokenizer, prompts, args.max_tokens, args.budget, False
+    )
+    ours, _, ours_busy = run_macbatch(model, tokenizer, prompts, args.max_tokens, args.budget, True)
+    peer, peer_busy = run_mlx_lm(model, prompts, args.max_tokens)
     bare = bare_forward_seconds(model, ours.step_tokens)
     print(
         f"{len(prompts)} requests, {ours.prompt_tokens} prompt tokens, {args.max_tokens} new each"
@@ -124,15 +144,17 @@ def main() -> None:
             f"median TTFT {peer.median_ttft(clock) / ours.median_ttft(clock):.2f}x lower"
         )
     # A synchronous step overlaps nothing: its wait is the device's time, the rest is host
-    # time with no step in flight. The pipelined run does the same device work (same steps).
+    # time with no step in flight.
     host = sync.elapsed[0] - device_s
-    idle = max(0.0, ours.elapsed[0] - device_s)
     print(
-        f"macbatch  {len(ours.step_tokens)} steps: device {device_s:.1f} s (the synchronous "
-        f"run's wait); synchronous steps {sync.elapsed[0]:.1f} s wall, device idle "
-        f"{100 * host / sync.elapsed[0]:.1f}%; pipelined steps {ours.elapsed[0]:.1f} s wall, "
-        f"device idle about {100 * idle / ours.elapsed[0]:.1f}%; bare forward (no attention, no "
-        f"head) for the same token counts: {sum(bare):.1f} s"
+        f"macbatch  {len(ours.step_tokens)} steps: synchronous {sync.elapsed[0]:.1f} s wall, "
+        f"pipelined {ours.elapsed[0]:.1f} s wall; bare forward (no attention, no head) for the "
+        f"same token counts: {sum(bare):.1f} s"
+    )
+    print(
+        f"device idle  synchronous {idle_percent(sync, sync_busy)} (engine thread outside MLX's "
+        f"evaluation calls: {100 * host / sync.elapsed[0]:.1f}%), pipelined "
+        f"{idle_percent(ours, ours_busy)}, mlx-lm {idle_percent(peer, peer_busy)}"
     )
     print_bounds(ours, peer, bare)
 

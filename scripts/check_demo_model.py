@@ -4,7 +4,8 @@ engine gives exactly mlx-lm's greedy replies on every question.
     python scripts/check_demo_model.py [MODEL_DIR]      # default: the shipped demo model
 
 Prints accuracy per task and turn (engine, greedy), the number of replies where the engine and
-mlx-lm's batch_generate differ (must be 0), and accuracy at the chat's default temperature.
+mlx-lm's batch_generate differ (must be 0), accuracy at the chat's default temperature, and
+accuracy of the same questions asked for JSON under the demo's schema (jobs/extract.yaml's way).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
 from macbatch.demo.questions import read_question_set, read_rows  # noqa: E402
+from macbatch.demo.tasks import JSON_REQUEST, JSON_SCHEMA  # noqa: E402
 from macbatch.tui.store import SessionSettings  # noqa: E402
 
 MAX_TOKENS = 32
+JSON_MAX_TOKENS = 64  # {"task": "subtract", "answer": "..."}: one token per character
 
 
 def engine_replies(engine, chats, params) -> list[str]:
@@ -38,7 +41,7 @@ def main() -> None:
     from mlx_lm import load
     from mlx_lm.generate import batch_generate
 
-    from macbatch.engine import Engine, SamplingParams
+    from macbatch.engine import Engine, SamplingParams, StructuredOutput
 
     model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else MODEL_DIR
     examples = read_question_set()
@@ -60,6 +63,19 @@ def main() -> None:
     for turn, turn_chats in chats.items():
         accuracy = accuracy_by_task(examples, engine_replies(engine, turn_chats, sampled))
         print(f"{turn} at temperature {temperature:g}: {shown(accuracy)}")
+    constrained = SamplingParams(
+        temperature=0,
+        max_tokens=JSON_MAX_TOKENS,
+        structured=StructuredOutput(json_schema=JSON_SCHEMA),
+    )
+    as_json = [e.as_json() for e in examples]
+    for turn, turn_chats in chats.items():
+        asked = [
+            [*chat[:-1], {"role": "user", "content": chat[-1]["content"] + JSON_REQUEST}]
+            for chat in turn_chats
+        ]
+        accuracy = accuracy_by_task(as_json, engine_replies(engine, asked, constrained))
+        print(f"{turn} asked for JSON (schema, greedy): {shown(accuracy)}")
 
 
 if __name__ == "__main__":

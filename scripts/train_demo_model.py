@@ -131,13 +131,18 @@ def draw_examples(rng: random.Random, count: int, weights: dict[str, float]) -> 
 
 
 def draw_conversations(
-    rng: random.Random, count: int, weights: dict[str, float], max_turns: int
+    rng: random.Random, count: int, weights: dict[str, float], max_turns: int, json_share: float
 ) -> list[list[Example]]:
-    """`count` conversations of 1..`max_turns` turns (equally likely), tasks drawn by `weights`."""
+    """`count` conversations of 1..`max_turns` turns (equally likely), tasks drawn by `weights`,
+    each turn asked for JSON with probability `json_share` (0 draws no extra random numbers, so
+    the cycles before JSON was taught draw what they always drew)."""
     lengths = [rng.randint(1, max_turns) for _ in range(count)]
     tasks = rng.choices(list(weights), weights=list(weights.values()), k=sum(lengths))
-    examples = iter(sample(task, rng, held_out=False) for task in tasks)
-    return [[next(examples) for _ in range(length)] for length in lengths]
+    examples = [sample(task, rng, held_out=False) for task in tasks]
+    if json_share:
+        examples = [e.as_json() if rng.random() < json_share else e for e in examples]
+    turns = iter(examples)
+    return [[next(turns) for _ in range(length)] for length in lengths]
 
 
 def boosted_weights(
@@ -223,9 +228,10 @@ def make_conversation_batches(
     weights: dict[str, float],
     max_turns: int,
     max_len: int,
+    json_share: float,
 ) -> list[tuple[mx.array, mx.array, mx.array]]:
     """Phase 2: `group` batches of conversations; the loss covers every reply."""
-    conversations = draw_conversations(rng, batch_size * group, weights, max_turns)
+    conversations = draw_conversations(rng, batch_size * group, weights, max_turns, json_share)
     rows = [encode_conversation(tokenizer, turns, max_len + 1) for turns in conversations]
     return padded_batches(rows, batch_size, 16, rng)
 
@@ -246,21 +252,37 @@ def evaluate_first_turns(model, tokenizer_wrapper, examples: list[Example]) -> d
 
 
 def evaluate_conversations(
-    model, tokenizer_wrapper, examples: list[Example], histories: list[list[Example]]
+    model,
+    tokenizer_wrapper,
+    examples: list[Example],
+    histories: list[list[Example]],
+    with_json: bool,
 ) -> dict[str, float]:
-    """Phase 2: greedy accuracy per task through mlx-lm's batch_generate, each task's worse of
-    asked as the first turn and asked after its history."""
+    """Phase 2: greedy accuracy per task through mlx-lm's batch_generate, each task's worst of
+    asked as the first turn and asked after its history (and, `with_json`, the same two asked
+    for JSON)."""
     from mlx_lm.generate import batch_generate
 
-    chats = [chat_messages([], e.question) for e in examples]
-    chats += [chat_messages(h, e.question) for e, h in zip(examples, histories)]
-    prompts = [tokenizer_wrapper.apply_chat_template(c, add_generation_prompt=True) for c in chats]
-    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts
-    first = accuracy_by_task(examples, replies[: len(examples)])
-    later = accuracy_by_task(examples, replies[len(examples) :])
-    print("  turn 1: " + " ".join(f"{t} {a:.3f}" for t, a in first.items()), flush=True)
-    print("  turn 5: " + " ".join(f"{t} {a:.3f}" for t, a in later.items()), flush=True)
-    return {task: min(first[task], later[task]) for task in first}
+    variants = {"": examples}
+    if with_json:
+        variants["JSON, "] = [e.as_json() for e in examples]
+    asked: list[tuple[str, list[Example], list[list[dict[str, str]]]]] = []
+    for label, questions in variants.items():
+        alone = [chat_messages([], e.question) for e in questions]
+        later = [chat_messages(h, e.question) for e, h in zip(questions, histories)]
+        asked += [(f"{label}turn 1", questions, alone), (f"{label}turn 5", questions, later)]
+    prompts = [
+        tokenizer_wrapper.apply_chat_template(chat, add_generation_prompt=True)
+        for _, _, chats in asked
+        for chat in chats
+    ]
+    replies = iter(batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts)
+    worst: dict[str, float] = {}
+    for label, questions, chats in asked:
+        accuracy = accuracy_by_task(questions, [next(replies) for _ in chats])
+        print(f"  {label}: " + " ".join(f"{t} {a:.3f}" for t, a in accuracy.items()), flush=True)
+        worst = {task: min(worst.get(task, 1.0), a) for task, a in accuracy.items()}
+    return worst
 
 
 def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> None:
@@ -372,6 +394,12 @@ def main() -> None:
         default="2e-4,1e-4,1e-4,1e-4,1e-4",
         help="each cycle's peak rate",
     )
+    phase2.add_argument(
+        "--chat-json",
+        type=parse_cycles(float),
+        default="0,0,0,0,0",
+        help="each cycle's share of turns asked for JSON (' Answer in JSON.')",
+    )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")
     phase2.add_argument("--chat-eval-every", type=int, default=1000)
     phase2.add_argument(
@@ -400,8 +428,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mix_boost < 0:
         parser.error(f"--mix-boost must be 0 or more (got {args.mix_boost}): it scales a weight")
-    if len(args.chat_steps) != len(args.chat_lr):
-        parser.error("give --chat-steps and --chat-lr one value per cycle each")
+    if not len(args.chat_steps) == len(args.chat_lr) == len(args.chat_json):
+        parser.error("give --chat-steps, --chat-lr and --chat-json one value per cycle each")
 
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -454,10 +482,13 @@ def main() -> None:
             lambda: evaluate_first_turns(model, wrapper, eval_set),
             save_model,
         )
-    for cycle, (steps, lr) in enumerate(zip(args.chat_steps, args.chat_lr)):
+    for cycle, (steps, lr, json_share) in enumerate(
+        zip(args.chat_steps, args.chat_lr, args.chat_json)
+    ):
         # Each cycle has its own generators, seeded from --seed and the cycle: a cycle draws the
         # same data whether it follows the previous one here or continues a saved model
-        # (--init MODEL --steps 0 --seed SEED+CYCLE --chat-steps STEPS --chat-lr LR).
+        # (--init MODEL --steps 0 --seed SEED+CYCLE --chat-steps STEPS --chat-lr LR
+        # --chat-json SHARE).
         chat_rng, eval_rng = random.Random(args.seed + cycle), random.Random(args.seed + cycle + 1)
         chat_eval = held_out_examples(eval_rng, args.eval_per_task)
         histories = draw_histories(chat_eval, eval_rng)
@@ -468,11 +499,11 @@ def main() -> None:
             steps,
             lr,
             args.chat_eval_every,
-            lambda weights, rng=chat_rng: make_conversation_batches(
-                tokenizer, rng, args.chat_batch_size, 8, weights, args.max_turns, max_len
+            lambda weights, rng=chat_rng, share=json_share: make_conversation_batches(
+                tokenizer, rng, args.chat_batch_size, 8, weights, args.max_turns, max_len, share
             ),
-            lambda eval_set=chat_eval, histories=histories: evaluate_conversations(
-                model, wrapper, eval_set, histories
+            lambda eval_set=chat_eval, histories=histories, share=json_share: (
+                evaluate_conversations(model, wrapper, eval_set, histories, share > 0)
             ),
             save_model,
         )

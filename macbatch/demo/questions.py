@@ -33,8 +33,9 @@ def held_out_examples(rng: random.Random, per_task: int) -> list[Example]:
 def write_question_set(path: Path, per_task: int = PER_TASK, seed: int = SEED) -> int:
     """Write the question set as JSON lines; returns the count.
 
-    Each row has id, task, question, expected, and `messages`: the same question asked as turn 5
-    of a conversation whose four earlier turns are other held-out questions, answered correctly.
+    Each row has id, task, question, expected (the exact reply), answer (the bare answer in it:
+    what a JSON reply carries) and `messages`: the same question asked as turn 5 of a conversation
+    whose four earlier turns are other held-out questions, answered correctly.
     """
     rng = random.Random(seed)
     examples = held_out_examples(rng, per_task)
@@ -46,6 +47,7 @@ def write_question_set(path: Path, per_task: int = PER_TASK, seed: int = SEED) -
                 "task": e.task,
                 "question": e.question,
                 "expected": e.answer,
+                "answer": e.value,
                 "messages": chat_messages(history, e.question),
             }
         )
@@ -63,7 +65,10 @@ def read_rows(path: Path = QUESTIONS_PATH) -> list[dict]:
 
 def read_question_set(path: Path = QUESTIONS_PATH) -> list[Example]:
     """The question set as Examples (key is the row id)."""
-    return [Example(r["task"], r["id"], r["question"], r["expected"]) for r in read_rows(path)]
+    return [
+        Example(r["task"], r["id"], r["question"], r["expected"], r["answer"])
+        for r in read_rows(path)
+    ]
 
 
 if __name__ == "__main__":

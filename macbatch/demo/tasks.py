@@ -8,6 +8,7 @@ seed: training never sees a held-out instance, whichever seeds the two sides use
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import string
 from collections.abc import Callable
@@ -17,6 +18,19 @@ HELD_OUT_BUCKETS = 10  # one instance in this many is held out from training
 DIGITS = 2  # operands of addition and subtraction have up to this many digits
 
 
+JSON_REQUEST = " Answer in JSON."  # appended to a question, asks for JSON_SCHEMA's shape
+# The one JSON shape the demo answers in (jobs/data/demo_answer.schema.json is this, as a file).
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "task": {"enum": ["add", "subtract", "reverse", "sort", "count"]},
+        "answer": {"type": "string", "maxLength": 20},
+    },
+    "required": ["task", "answer"],
+    "additionalProperties": False,
+}
+
+
 @dataclass(frozen=True)
 class Example:
     """One question with its exact expected reply."""
@@ -24,7 +38,14 @@ class Example:
     task: str
     key: str  # canonical instance ("add:482+37"): decides the held-out split
     question: str
-    answer: str
+    answer: str  # the exact reply
+    value: str  # the bare answer inside it ("85", "tenalp", "7, 19, 42")
+
+    def as_json(self) -> Example:
+        """The same instance asked with JSON_REQUEST, replied in JSON_SCHEMA's shape as
+        ``json.dumps`` writes it (the layout a JSON constraint allows)."""
+        reply = json.dumps({"task": self.task, "answer": self.value})
+        return Example(self.task, self.key, self.question + JSON_REQUEST, reply, self.value)
 
 
 def _number(rng: random.Random, digits: int) -> int:
@@ -43,27 +64,26 @@ def _word(rng: random.Random) -> str:
 def _add(rng: random.Random) -> tuple[str, str, str]:
     a, b = _number(rng, DIGITS), _number(rng, DIGITS)
     question = rng.choice(["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} + {b}."])
-    return f"{a}+{b}", question.format(a=a, b=b), f"The answer is {a + b}."
+    return f"{a}+{b}", question.format(a=a, b=b), str(a + b)
 
 
 def _subtract(rng: random.Random) -> tuple[str, str, str]:
     a, b = sorted((_number(rng, DIGITS), _number(rng, DIGITS)), reverse=True)
     question = rng.choice(["What is {a} - {b}?", "Subtract {b} from {a}.", "Compute {a} - {b}."])
-    return f"{a}-{b}", question.format(a=a, b=b), f"The answer is {a - b}."
+    return f"{a}-{b}", question.format(a=a, b=b), str(a - b)
 
 
 def _reverse(rng: random.Random) -> tuple[str, str, str]:
     word = _word(rng)
     question = rng.choice(["Reverse the word {w}.", "What is {w} spelled backwards?"])
-    return word, question.format(w=word), f"Backwards it is {word[::-1]}."
+    return word, question.format(w=word), word[::-1]
 
 
 def _sort(rng: random.Random) -> tuple[str, str, str]:
     numbers = [_number(rng, 2) for _ in range(rng.randint(2, 5))]
     shown = ", ".join(map(str, numbers))
     question = rng.choice(["Sort {n} in ascending order.", "Put {n} in order from smallest."])
-    ordered = ", ".join(map(str, sorted(numbers)))
-    return shown, question.format(n=shown), f"In order: {ordered}."
+    return shown, question.format(n=shown), ", ".join(map(str, sorted(numbers)))
 
 
 def _count(rng: random.Random) -> tuple[str, str, str]:
@@ -81,16 +101,24 @@ def _count(rng: random.Random) -> tuple[str, str, str]:
     question = rng.choice(
         ["How many times does {c} appear in {w}?", "Count the letter {c} in {w}."]
     )
-    n = word.count(letter)
-    return f"{letter}@{word}", question.format(c=letter, w=word), f"The answer is {n}."
+    return f"{letter}@{word}", question.format(c=letter, w=word), str(word.count(letter))
 
 
+# Each draws (instance key, question, bare answer); REPLIES phrases the answer.
 TASKS: dict[str, Callable[[random.Random], tuple[str, str, str]]] = {
     "add": _add,
     "subtract": _subtract,
     "reverse": _reverse,
     "sort": _sort,
     "count": _count,
+}
+
+REPLIES = {
+    "add": "The answer is {}.",
+    "subtract": "The answer is {}.",
+    "reverse": "Backwards it is {}.",
+    "sort": "In order: {}.",
+    "count": "The answer is {}.",
 }
 
 
@@ -115,9 +143,9 @@ def sample(task: str, rng: random.Random, held_out: bool) -> Example:
     if task not in TASKS:
         raise ValueError(f"unknown demo task {task!r}; known tasks: {', '.join(TASKS)}")
     while True:
-        key, question, answer = TASKS[task](rng)
+        key, question, value = TASKS[task](rng)
         if is_held_out(task, key) == held_out:
-            return Example(task, f"{task}:{key}", question, answer)
+            return Example(task, f"{task}:{key}", question, REPLIES[task].format(value), value)
 
 
 WORDS = [

@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from macbatch.demo.checker import accuracy_by_task, is_correct
@@ -16,8 +17,10 @@ from macbatch.demo.questions import (
     read_question_set,
     write_question_set,
 )
-from macbatch.demo.tasks import TASKS, is_held_out, sample
+from macbatch.demo.tasks import JSON_REQUEST, JSON_SCHEMA, TASKS, is_held_out, sample
 from tests.support.demo_oracle import oracle
+
+SCHEMA_FILE = QUESTIONS_PATH.parent / "demo_answer.schema.json"
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -27,6 +30,25 @@ def test_answers_agree_with_questions(task: str) -> None:
         for _ in range(300):
             example = sample(task, rng, held_out)
             assert example.answer == oracle(task, example.question), example
+            assert example.answer.endswith(f" {example.value}."), example
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_json_replies_carry_the_answer_in_the_schema_shape(task: str) -> None:
+    rng = random.Random(6)
+    for _ in range(100):
+        example = sample(task, rng, held_out=False)
+        asked = example.as_json()
+        assert asked.question == example.question + JSON_REQUEST
+        reply = json.loads(asked.answer)
+        jsonschema.validate(reply, JSON_SCHEMA)
+        assert reply == {"task": task, "answer": example.value}
+        assert asked.answer == json.dumps(reply)  # the layout the JSON constraint allows
+        assert (asked.task, asked.key) == (example.task, example.key)  # same held-out split
+
+
+def test_the_schema_file_is_the_schema() -> None:
+    assert json.loads(SCHEMA_FILE.read_text()) == JSON_SCHEMA
 
 
 def test_split_is_disjoint_and_about_one_in_ten() -> None:
@@ -52,11 +74,13 @@ def test_question_file_is_current_and_well_formed(tmp_path: Path) -> None:
     )
     rows = [json.loads(line) for line in QUESTIONS_PATH.read_text().splitlines()]
     assert len(rows) == PER_TASK * len(TASKS)
-    assert all(set(row) == {"id", "task", "question", "expected", "messages"} for row in rows)
+    fields = {"id", "task", "question", "expected", "answer", "messages"}
+    assert all(set(row) == fields for row in rows)
     assert len({row["id"] for row in rows}) == len(rows)
     answers = {row["question"]: row["expected"] for row in rows}
     for row in rows:
         assert row["expected"] == oracle(row["task"], row["question"])
+        assert row["expected"].endswith(f" {row['answer']}.")
         # Turn 5: four other questions of the set, each answered correctly, then this one.
         *earlier, last = row["messages"]
         assert last == {"role": "user", "content": row["question"]}

@@ -24,6 +24,7 @@ def train(out: Path, seed: int) -> dict[str, mx.array]:
     weights it wrote."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
+    command += ["--chat-json", "0,0.5"]
     command += ["--eval-per-task", "1"]
     command += ["--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -31,6 +32,8 @@ def train(out: Path, seed: int) -> dict[str, mx.array]:
     assert "phase 1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.2 step 2 held-out accuracy" in done.stdout
+    assert "JSON, turn 5:" in done.stdout.split("phase 2.1 step 3")[1]  # the cycle with JSON
+    assert "JSON" not in done.stdout.split("phase 2.1 step 3")[0]
     return mx.load(str(out / "model.safetensors"))
 
 

@@ -385,19 +385,19 @@ def main() -> None:
     phase2.add_argument(
         "--chat-steps",
         type=parse_cycles(int),
-        default="4000,5000,5000,5000,5000",
+        default="4000,5000,5000,5000,5000,5000",
         help="optimizer steps of each cycle (a fresh warmup and cosine decay each)",
     )
     phase2.add_argument(
         "--chat-lr",
         type=parse_cycles(float),
-        default="2e-4,1e-4,1e-4,1e-4,1e-4",
+        default="2e-4,1e-4,1e-4,1e-4,1e-4,1e-4",
         help="each cycle's peak rate",
     )
     phase2.add_argument(
         "--chat-json",
         type=parse_cycles(float),
-        default="0,0,0,0,0",
+        default="0,0,0,0,0,0",
         help="each cycle's share of turns asked for JSON (' Answer in JSON.')",
     )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")

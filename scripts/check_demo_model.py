@@ -22,7 +22,7 @@ from macbatch.demo.tasks import JSON_REQUEST, JSON_SCHEMA  # noqa: E402
 from macbatch.tui.store import SessionSettings  # noqa: E402
 
 MAX_TOKENS = 32
-JSON_MAX_TOKENS = 64  # {"task": "subtract", "answer": "..."}: one token per character
+JSON_MAX_TOKENS = 96  # {"task": "sort", "reply": "In order: ...", ...}: a token per character
 
 
 def engine_replies(engine, chats, params) -> list[str]:

@@ -19,14 +19,18 @@ DIGITS = 2  # operands of addition and subtraction have up to this many digits
 
 
 JSON_REQUEST = " Answer in JSON."  # appended to a question, asks for JSON_SCHEMA's shape
-# The one JSON shape the demo answers in (jobs/data/demo_answer.schema.json is this, as a file).
+# The one JSON shape the demo answers in (jobs/data/demo_answer.schema.json is this, as a file):
+# the task, the usual reply, then the bare answer copied out of it. Writing the usual reply first
+# lets the JSON answer reuse what the model learnt for plain replies; computing the bare answer
+# straight after '"answer": "' had to be learnt anew (20% right after 2,000 steps of training).
 JSON_SCHEMA = {
     "type": "object",
     "properties": {
         "task": {"enum": ["add", "subtract", "reverse", "sort", "count"]},
+        "reply": {"type": "string", "maxLength": 40},
         "answer": {"type": "string", "maxLength": 20},
     },
-    "required": ["task", "answer"],
+    "required": ["task", "reply", "answer"],
     "additionalProperties": False,
 }
 
@@ -44,7 +48,7 @@ class Example:
     def as_json(self) -> Example:
         """The same instance asked with JSON_REQUEST, replied in JSON_SCHEMA's shape as
         ``json.dumps`` writes it (the layout a JSON constraint allows)."""
-        reply = json.dumps({"task": self.task, "answer": self.value})
+        reply = json.dumps({"task": self.task, "reply": self.answer, "answer": self.value})
         return Example(self.task, self.key, self.question + JSON_REQUEST, reply, self.value)
 
 

@@ -42,7 +42,7 @@ def test_json_replies_carry_the_answer_in_the_schema_shape(task: str) -> None:
         assert asked.question == example.question + JSON_REQUEST
         reply = json.loads(asked.answer)
         jsonschema.validate(reply, JSON_SCHEMA)
-        assert reply == {"task": task, "answer": example.value}
+        assert reply == {"task": task, "reply": example.answer, "answer": example.value}
         assert asked.answer == json.dumps(reply)  # the layout the JSON constraint allows
         assert (asked.task, asked.key) == (example.task, example.key)  # same held-out split
 

@@ -55,6 +55,9 @@ CHAT_TEMPLATE = (
 # Base sampling weights: with a uniform mix reversal is learnt first, so it gets half the weight of
 # the others. --mix-boost then shifts the mix toward whichever tasks lag at each evaluation.
 TASK_WEIGHTS = "add=2,subtract=2,reverse=1,sort=2,count=2"
+# Replies of the evaluations: a JSON reply runs to about 90 tokens (a plain one to 30; a longer
+# reply is wrong at any limit, so the limit changes no plain score).
+EVAL_MAX_TOKENS = 96
 MODEL_CONFIG = {
     "model_type": "llama",
     "hidden_size": 128,
@@ -247,7 +250,7 @@ def evaluate_first_turns(model, tokenizer_wrapper, examples: list[Example]) -> d
     from mlx_lm.generate import batch_generate
 
     prompts = [tokenizer_wrapper.encode(chat_text(e.question)) for e in examples]
-    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts
+    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=EVAL_MAX_TOKENS).texts
     return accuracy_by_task(examples, replies)
 
 
@@ -276,7 +279,9 @@ def evaluate_conversations(
         for _, _, chats in asked
         for chat in chats
     ]
-    replies = iter(batch_generate(model, tokenizer_wrapper, prompts, max_tokens=40).texts)
+    replies = iter(
+        batch_generate(model, tokenizer_wrapper, prompts, max_tokens=EVAL_MAX_TOKENS).texts
+    )
     worst: dict[str, float] = {}
     for label, questions, chats in asked:
         accuracy = accuracy_by_task(questions, [next(replies) for _ in chats])

@@ -18,11 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
 from macbatch.demo.questions import read_question_set, read_rows  # noqa: E402
-from macbatch.demo.tasks import JSON_REQUEST, JSON_SCHEMA  # noqa: E402
+from macbatch.demo.tasks import JSON_SCHEMA, json_question  # noqa: E402
 from macbatch.tui.store import SessionSettings  # noqa: E402
 
 MAX_TOKENS = 32
-JSON_MAX_TOKENS = 96  # {"task": "sort", "reply": "In order: ...", ...}: a token per character
+JSON_MAX_TOKENS = 96  # {"reply": "In order: ...", ...}: a token per character
 
 
 def engine_replies(engine, chats, params) -> list[str]:
@@ -71,7 +71,7 @@ def main() -> None:
     as_json = [e.as_json() for e in examples]
     for turn, turn_chats in chats.items():
         asked = [
-            [*chat[:-1], {"role": "user", "content": chat[-1]["content"] + JSON_REQUEST}]
+            [*chat[:-1], {"role": "user", "content": json_question(chat[-1]["content"])}]
             for chat in turn_chats
         ]
         accuracy = accuracy_by_task(as_json, engine_replies(engine, asked, constrained))

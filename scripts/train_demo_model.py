@@ -403,7 +403,7 @@ def main() -> None:
         "--chat-json",
         type=parse_cycles(float),
         default="0,0,0,0,0,0",
-        help="each cycle's share of turns asked for JSON (' Answer in JSON.')",
+        help="each cycle's share of turns asked for JSON ('In JSON: ' before the question)",
     )
     phase2.add_argument("--chat-batch-size", type=int, default=2, help="conversations per step")
     phase2.add_argument("--chat-eval-every", type=int, default=1000)

@@ -18,21 +18,27 @@ HELD_OUT_BUCKETS = 10  # one instance in this many is held out from training
 DIGITS = 2  # operands of addition and subtraction have up to this many digits
 
 
-JSON_REQUEST = " Answer in JSON."  # appended to a question, asks for JSON_SCHEMA's shape
+JSON_REQUEST = "In JSON: "  # put before a question, asks for JSON_SCHEMA's shape
 # The one JSON shape the demo answers in (jobs/data/demo_answer.schema.json is this, as a file):
-# the task, the usual reply, then the bare answer copied out of it. Writing the usual reply first
-# lets the JSON answer reuse what the model learnt for plain replies; computing the bare answer
-# straight after '"answer": "' had to be learnt anew (20% right after 2,000 steps of training).
+# the usual reply, the bare answer copied out of it, then the task. The usual reply comes first
+# and the request before the question so that the reply starts as close to the question as a
+# plain one: this model finds its operands by their distance, and a JSON request after the
+# question with the task first was learnt about half as fast (docs/demo-model.md).
 JSON_SCHEMA = {
     "type": "object",
     "properties": {
-        "task": {"enum": ["add", "subtract", "reverse", "sort", "count"]},
         "reply": {"type": "string", "maxLength": 40},
         "answer": {"type": "string", "maxLength": 20},
+        "task": {"enum": ["add", "subtract", "reverse", "sort", "count"]},
     },
-    "required": ["task", "reply", "answer"],
+    "required": ["reply", "answer", "task"],
     "additionalProperties": False,
 }
+
+
+def json_question(question: str) -> str:
+    """`question` asked for a reply in JSON_SCHEMA's shape."""
+    return JSON_REQUEST + question
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,10 @@ class Example:
     value: str  # the bare answer inside it ("85", "tenalp", "7, 19, 42")
 
     def as_json(self) -> Example:
-        """The same instance asked with JSON_REQUEST, replied in JSON_SCHEMA's shape as
-        ``json.dumps`` writes it (the layout a JSON constraint allows)."""
-        reply = json.dumps({"task": self.task, "reply": self.answer, "answer": self.value})
-        return Example(self.task, self.key, self.question + JSON_REQUEST, reply, self.value)
+        """The same instance asked for JSON, replied in JSON_SCHEMA's shape as ``json.dumps``
+        writes it (the layout a JSON constraint allows)."""
+        reply = json.dumps({"reply": self.answer, "answer": self.value, "task": self.task})
+        return Example(self.task, self.key, json_question(self.question), reply, self.value)
 
 
 def _number(rng: random.Random, digits: int) -> int:

@@ -17,7 +17,7 @@ from macbatch.demo.questions import (
     read_question_set,
     write_question_set,
 )
-from macbatch.demo.tasks import JSON_REQUEST, JSON_SCHEMA, TASKS, is_held_out, sample
+from macbatch.demo.tasks import JSON_SCHEMA, TASKS, is_held_out, json_question, sample
 from tests.support.demo_oracle import oracle
 
 SCHEMA_FILE = QUESTIONS_PATH.parent / "demo_answer.schema.json"
@@ -39,10 +39,10 @@ def test_json_replies_carry_the_answer_in_the_schema_shape(task: str) -> None:
     for _ in range(100):
         example = sample(task, rng, held_out=False)
         asked = example.as_json()
-        assert asked.question == example.question + JSON_REQUEST
+        assert asked.question == json_question(example.question) == f"In JSON: {example.question}"
         reply = json.loads(asked.answer)
         jsonschema.validate(reply, JSON_SCHEMA)
-        assert reply == {"task": task, "reply": example.answer, "answer": example.value}
+        assert reply == {"reply": example.answer, "answer": example.value, "task": task}
         assert asked.answer == json.dumps(reply)  # the layout the JSON constraint allows
         assert (asked.task, asked.key) == (example.task, example.key)  # same held-out split
 

@@ -5,7 +5,8 @@ engine gives exactly mlx-lm's greedy replies on every question.
 
 Prints accuracy per task and turn (engine, greedy), the number of replies where the engine and
 mlx-lm's batch_generate differ (must be 0), accuracy at the chat's default temperature, and
-accuracy of the same questions asked for JSON under the demo's schema (jobs/extract.yaml's way).
+accuracy of the same questions asked for JSON under the JSON shape the training script can teach
+(`--chat-json`; near 0 for weights not taught it).
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ DIGITS = 2  # operands of addition and subtraction have up to this many digits
 
 
 JSON_REQUEST = "In JSON: "  # put before a question, asks for JSON_SCHEMA's shape
-# The one JSON shape the demo answers in (jobs/data/demo_answer.schema.json is this, as a file):
-# the usual reply, the bare answer copied out of it, then the task. The usual reply comes first
-# and the request before the question so that the reply starts as close to the question as a
-# plain one: this model finds its operands by their distance, and a JSON request after the
-# question with the task first was learnt about half as fast (docs/demo-model.md).
+# The JSON shape the training script can teach (--chat-json; not in the shipped weights, whose
+# plain replies it cost accuracy: docs/demo-model.md): the usual reply, the bare answer copied
+# out of it, then the task. The usual reply comes first and the request before the question so
+# that the reply starts as close to the question as a plain one: this model finds its operands by
+# their distance, and a request after the question with the task first was learnt half as fast.
 JSON_SCHEMA = {
     "type": "object",
     "properties": {

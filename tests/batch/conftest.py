@@ -60,8 +60,6 @@ def shipped_job_on_a_sample(name: str, directory: Path, every: int = 25) -> tupl
     for job in spec["jobs"]:
         assert job["input"] == "data/demo_questions.jsonl", job
         job["input"] = str(sample)
-        if isinstance(job.get("schema"), str):  # a schema file, relative to the shipped job
-            job["schema"] = str(JOBS / job["schema"])
     path = directory / name
     path.write_text(yaml.safe_dump(spec))
     return path, rows

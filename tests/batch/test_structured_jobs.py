@@ -21,7 +21,7 @@ def test_extract_example_parses_every_reply(tmp_path: Path, tiny_model_path: Pat
     result = macbatch_run(job_file, "--model", tiny_model_path, "-o", out, "--max-seqs", "128")
     assert result.exit_code == 0, result.output
     spec = yaml.safe_load((JOBS / "extract.yaml").read_text())
-    schema = json.loads((JOBS / spec["jobs"][0]["schema"]).read_text())
+    schema = spec["jobs"][0]["schema"]
     questions = {q["id"]: q for q in rows}
     extract = read_jsonl(out / "extract.jsonl")
     classify = read_jsonl(out / "classify.jsonl")
@@ -30,7 +30,7 @@ def test_extract_example_parses_every_reply(tmp_path: Path, tiny_model_path: Pat
         content = line["response"]["body"]["choices"][0]["message"]["content"]
         assert line["parsed"] == json.loads(content)
         jsonschema.validate(line["parsed"], schema)
-        correct = line["parsed"]["answer"] == questions[line["custom_id"]]["answer"]
+        correct = line["parsed"]["task"] == questions[line["custom_id"]]["task"]
         assert line["macbatch"]["correct"] is correct
     for line in classify:
         assert line["parsed"] in spec["jobs"][1]["choices"]

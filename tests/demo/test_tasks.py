@@ -20,8 +20,6 @@ from macbatch.demo.questions import (
 from macbatch.demo.tasks import JSON_SCHEMA, TASKS, is_held_out, json_question, sample
 from tests.support.demo_oracle import oracle
 
-SCHEMA_FILE = QUESTIONS_PATH.parent / "demo_answer.schema.json"
-
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_answers_agree_with_questions(task: str) -> None:
@@ -45,10 +43,6 @@ def test_json_replies_carry_the_answer_in_the_schema_shape(task: str) -> None:
         assert reply == {"reply": example.answer, "answer": example.value, "task": task}
         assert asked.answer == json.dumps(reply)  # the layout the JSON constraint allows
         assert (asked.task, asked.key) == (example.task, example.key)  # same held-out split
-
-
-def test_the_schema_file_is_the_schema() -> None:
-    assert json.loads(SCHEMA_FILE.read_text()) == JSON_SCHEMA
 
 
 def test_split_is_disjoint_and_about_one_in_ten() -> None:

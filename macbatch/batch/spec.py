@@ -337,14 +337,6 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 found[1], "chat_template_kwargs needs the chat template; chat is false"
             )
     options = _structured(check, job, key, defaults, base)
-    if score is not None and score.parsed is not None and not _replies_are_json(options):
-        at = (*found_score[1], "parsed")
-        raise check.fail(
-            at,
-            f"{dotted(at)} scores a field of the reply's JSON, but nothing makes job '{name}' "
-            "reply in JSON: give it a 'schema' (or 'response_format: {type: json_object}'), or "
-            "drop 'parsed' to score the whole reply",
-        )
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -356,6 +348,17 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 "'template' applies to rows of an input file; inline prompts are used as written",
             )
         template = None
+    # A JSON-lines file may be an OpenAI batch whose rows ask for JSON themselves.
+    rows_may_ask = spec_input is not None and spec_input.format not in ("csv", "tsv")
+    parsed_unreadable = not rows_may_ask and not _replies_are_json(options)
+    if score is not None and score.parsed is not None and parsed_unreadable:
+        at = (*found_score[1], "parsed")
+        raise check.fail(
+            at,
+            f"{dotted(at)} scores a field of the reply's JSON, but nothing makes job '{name}' "
+            "reply in JSON: give it a 'schema' (or 'response_format: {type: json_object}'), or "
+            "drop 'parsed' to score the whole reply",
+        )
     return JobSpec(
         name=name,
         index=index,

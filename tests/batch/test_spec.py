@@ -182,13 +182,14 @@ def test_job_file_not_found(tmp_path: Path) -> None:
             "chat_template_kwargs needs the chat template; chat is false",
         ),
         (
-            "model: demo\njobs: [{name: a, input: d.csv, score: {field: x, parsed: label}}]",
-            ":2:50: jobs[0].score.parsed scores a field of the reply's JSON, but nothing makes "
+            "model: demo\njobs: [{name: a, prompts: [{prompt: hi, x: y}],"
+            " score: {field: x, parsed: label}}]",
+            "jobs[0].score.parsed scores a field of the reply's JSON, but nothing makes "
             "job 'a' reply in JSON: give it a 'schema'",
         ),
         (
             "model: demo\ndefaults: {score: {field: x, parsed: label}}\n"
-            "jobs: [{name: a, input: d.csv, choices: [good, bad]}]",
+            "jobs: [{name: a, prompts: [{prompt: hi, x: y}], choices: [good, bad]}]",
             ":2:30: defaults.score.parsed scores a field of the reply's JSON",
         ),
         (
@@ -227,3 +228,14 @@ def test_model_path_is_relative_to_the_job_file(tmp_path: Path) -> None:
     path = write_job(tmp_path, "model: models/tiny\njobs: [{name: a, prompts: [hi]}]\n")
     assert load_job_file(path).model == str((tmp_path / "models" / "tiny").resolve())
     assert load_job_file(path, model_override="demo").model == "demo"
+
+
+def test_parsed_scores_are_allowed_where_rows_may_ask_for_json(tmp_path: Path) -> None:
+    """An OpenAI-batch file's rows carry their own response_format, so a JSON-lines input may
+    score a parsed field with no constraint on the job; a CSV cannot."""
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    (tmp_path / "rows.csv").write_text("x\n1\n")
+    job = "model: demo\njobs: [{name: a, input: rows.%s, score: {field: x, parsed: label}}]"
+    spec = load_job_file(write_job(tmp_path, job % "jsonl"))
+    assert spec.jobs[0].score.parsed == "label"
+    assert "nothing makes job 'a' reply in JSON" in error_for(tmp_path, job % "csv")

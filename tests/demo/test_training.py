@@ -1,6 +1,7 @@
-"""The demo model's training script: deterministic given a seed, and its output loads in mlx-lm.
+"""The demo model's training script: deterministic given a seed, its processes' steps are the
+step of one process over the whole batch, and its output loads in mlx-lm.
 
-A few optimizer steps are enough to prove both; the accuracy of a full run is what
+A few optimizer steps are enough to prove all three; the accuracy of a full run is what
 tests/demo/test_model.py checks on the shipped weights.
 """
 
@@ -19,10 +20,11 @@ from mlx.utils import tree_flatten
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
 
 
-def train(out: Path, seed: int) -> dict[str, mx.array]:
+def train(out: Path, seed: int, processes: int = 2) -> dict[str, mx.array]:
     """Run the script for three steps of phase 1 and two short cycles of phase 2; return the
     weights it wrote."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
+    command += ["--processes", str(processes)]
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
     command += ["--chat-json", "0,0.5"]
     command += ["--eval-per-task", "1"]
@@ -39,17 +41,26 @@ def train(out: Path, seed: int) -> dict[str, mx.array]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[tuple[Path, dict[str, mx.array]]]:
-    """Two runs with seed 0 and one with seed 1."""
+    """Two runs with seed 0 and one with seed 1, two processes each, and a run with seed 0 in one
+    process."""
     root = tmp_path_factory.mktemp("train")
-    seeds = {"a": 0, "b": 0, "c": 1}
-    return [(root / name, train(root / name, seed)) for name, seed in seeds.items()]
+    runs = {"a": (0, 2), "b": (0, 2), "c": (1, 2), "alone": (0, 1)}
+    return [(root / name, train(root / name, *run)) for name, run in runs.items()]
 
 
 def test_same_seed_gives_identical_weights(runs):
-    (_, first), (_, second), (_, other) = runs
+    (_, first), (_, second), (_, other), _ = runs
     assert first.keys() == second.keys()
     assert all(mx.array_equal(first[k], second[k]).item() for k in first)
     assert not all(mx.array_equal(first[k], other[k]).item() for k in first)
+
+
+def test_processes_together_take_one_process_steps(runs):
+    """Each process trains on its rows of a step's batch and the gradients are summed: the same
+    steps as one process on the whole batch, up to float32 rounding (the sums run in another
+    order), not a run on half the data nor one with twice the step."""
+    (_, together), *_, (_, alone) = runs
+    assert all(mx.allclose(together[k], alone[k], rtol=1e-4, atol=1e-5).item() for k in alone)
 
 
 def test_output_loads_in_mlx_lm_with_the_chat_template(runs):

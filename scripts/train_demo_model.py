@@ -518,8 +518,9 @@ def main() -> None:
         "--processes",
         type=int,
         default=2,
-        help="data-parallel training processes, one core each (each takes its share of every"
-        " step's rows; the gradients are summed): MLX's CPU backend computes on one core",
+        help="data-parallel training processes, one core each, as MLX's CPU backend computes on"
+        " one: each takes its share of every step's rows and the gradients are summed (default"
+        " 2; 1 repeats the arithmetic of the shipped weights byte for byte)",
     )
     args = parser.parse_args()
     if not 1 <= args.processes <= min(args.batch_size, args.chat_batch_size):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from pathlib import Path
 
 import pytest
 
@@ -116,7 +118,14 @@ def test_process_exits_cleanly_after_shutdown(tiny_model_path, tmp_path):
             """
         )
     )
+    # The checkout first on the path, as for the suite itself: macbatch need not be installed.
+    checkout = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=path),
     )
     assert (result.returncode, result.stdout.strip()) == (0, "done"), result.stderr

@@ -523,6 +523,10 @@ def main() -> None:
         " 2; 1 repeats the arithmetic of the shipped weights byte for byte)",
     )
     args = parser.parse_args()
+    if args.init and not all(
+        (args.init / f).is_file() for f in ("config.json", "model.safetensors")
+    ):
+        parser.error(f"--init {args.init}: no config.json and model.safetensors there")
     if not 1 <= args.processes <= min(args.batch_size, args.chat_batch_size):
         parser.error(
             f"--processes must be 1 to the smaller batch size (got {args.processes}): each"

@@ -11,10 +11,10 @@ Deterministic given --seed (and --processes). The defaults are the recipe of the
 (docs/demo-model.md, "Retraining", says how they were made and what was verified). By default two
 processes train together, one core each, each on its rows of every step's batch with the
 gradients summed: the same steps as one process up to float32 rounding, and steps 1.4x as fast on
-a 2-core x86 machine (by those step times about 29 minutes for phase 1 and 90 for phase 2, against
-41 and 125 in one process; --processes 1 repeats the shipped weights' arithmetic byte for byte).
-OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread per process (phase 1's
-matmuls are too small for a second one: a step is 10% slower with two):
+a 2-core x86 machine (at that ratio about 29 minutes for phase 1 and 90 for phase 2, against the
+41 and 125 measured in one process; --processes 1 repeats the shipped weights' arithmetic byte
+for byte). OpenBLAS preloaded (float32 matmuls are ~40x faster) and held to one thread per process
+(phase 1's matmuls are too small for a second one: a step is 10% slower with two):
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python scripts/train_demo_model.py --out /tmp/demo/run

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from itertools import accumulate
 from pathlib import Path
@@ -46,6 +47,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # fast_training_ops, when imported
+
+from fast_training_ops import fast_cross_entropy, fast_training_ops  # noqa: E402
 
 from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
@@ -247,11 +251,16 @@ def make_conversation_batches(
 
 
 def loss_fn(
-    model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array, tokens: mx.array
+    model: nn.Module,
+    inputs: mx.array,
+    targets: mx.array,
+    mask: mx.array,
+    tokens: mx.array,
+    per_token: Callable[[mx.array, mx.array], mx.array] = nn.losses.cross_entropy,
 ) -> mx.array:
     """This process's share of the mean cross-entropy over the whole step's `tokens` reply
     tokens: the shares of all processes sum to the step's mean, and so do their gradients."""
-    losses = nn.losses.cross_entropy(model(inputs), targets)
+    losses = per_token(model(inputs), targets)
     return (losses * mask).sum() / tokens
 
 
@@ -336,9 +345,12 @@ def all_sum_tree(tree, group: mx.distributed.Group):
     )
 
 
-def make_train_step(model: nn.Module, lr: float, steps: int, group: mx.distributed.Group):
+def make_train_step(
+    model: nn.Module, lr: float, steps: int, group: mx.distributed.Group, fast_ops: bool
+):
     """A compiled AdamW step (linear warmup, cosine decay to 5%, gradient clipping at 1.0) on
-    this process's rows of the step's batch; the gradients are summed over the group first."""
+    this process's rows of the step's batch; the gradients are summed over the group first.
+    With `fast_ops` the forward pass uses the stand-ins of scripts/fast_training_ops.py."""
     warmup = max(1, min(200, steps // 10))
     schedule = optim.join_schedules(
         [
@@ -348,8 +360,10 @@ def make_train_step(model: nn.Module, lr: float, steps: int, group: mx.distribut
         [warmup],
     )
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    per_token = fast_cross_entropy if fast_ops else nn.losses.cross_entropy
+    loss_and_grad = nn.value_and_grad(model, partial(loss_fn, per_token=per_token))
     state = [model.state, optimizer.state]
+    ops = fast_training_ops if fast_ops else nullcontext
 
     @partial(mx.compile, inputs=state, outputs=state)
     def train_step(
@@ -362,7 +376,11 @@ def make_train_step(model: nn.Module, lr: float, steps: int, group: mx.distribut
         optimizer.update(model, grads)
         return loss
 
-    return train_step, state, optimizer
+    def run_step(*batch: mx.array) -> mx.array:
+        with ops():  # a new shape traces the step again, so the ops stay in place for every call
+            return train_step(*batch)
+
+    return run_step, state, optimizer
 
 
 def check_in_step(model: nn.Module, group: mx.distributed.Group) -> None:
@@ -390,7 +408,7 @@ def train_phase(
 ) -> None:
     """`steps` optimizer steps on `next_batches(task weights)`; every `eval_every` steps (and at
     the end) evaluate, shift the task mix toward the laggards and save."""
-    train_step, state, optimizer = make_train_step(model, lr, steps, group)
+    train_step, state, optimizer = make_train_step(model, lr, steps, group, args.fast_ops)
     start = time.time()
     batches: list = []
     weights = args.weights
@@ -521,6 +539,14 @@ def main() -> None:
         help="data-parallel training processes, one core each, as MLX's CPU backend computes on"
         " one: each takes its share of every step's rows and the gradients are summed (default"
         " 2; 1 repeats the arithmetic of the shipped weights byte for byte)",
+    )
+    parser.add_argument(
+        "--fast-ops",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="train with scripts/fast_training_ops.py's exp and blocked causal attention, the"
+        " same functions to float32 rounding and faster steps on the CPU (default off: the"
+        " shipped weights' arithmetic)",
     )
     args = parser.parse_args()
     if args.init and not all(

@@ -20,11 +20,11 @@ from mlx.utils import tree_flatten
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
 
 
-def train(out: Path, seed: int, processes: int = 2) -> dict[str, mx.array]:
+def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.array]:
     """Run the script for three steps of phase 1 and two short cycles of phase 2; return the
     weights it wrote."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
-    command += ["--processes", str(processes)]
+    command += ["--processes", str(processes), "--fast-ops" if fast_ops else "--no-fast-ops"]
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
     command += ["--chat-json", "0,0.5"]
     command += ["--eval-per-task", "1"]
@@ -40,16 +40,22 @@ def train(out: Path, seed: int, processes: int = 2) -> dict[str, mx.array]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> list[tuple[Path, dict[str, mx.array]]]:
-    """Two runs with seed 0 and one with seed 1, two processes each, and a run with seed 0 in one
-    process."""
+def runs(tmp_path_factory) -> dict[str, tuple[Path, dict[str, mx.array]]]:
+    """Two runs with seed 0 and one with seed 1, two processes each; a run with seed 0 in one
+    process; one with seed 0 and the fast ops."""
     root = tmp_path_factory.mktemp("train")
-    runs = {"a": (0, 2), "b": (0, 2), "c": (1, 2), "alone": (0, 1)}
-    return [(root / name, train(root / name, *run)) for name, run in runs.items()]
+    runs = {
+        "a": (0, 2, False),
+        "b": (0, 2, False),
+        "c": (1, 2, False),
+        "alone": (0, 1, False),
+        "fast": (0, 2, True),
+    }
+    return {name: (root / name, train(root / name, *run)) for name, run in runs.items()}
 
 
 def test_same_seed_gives_identical_weights(runs):
-    (_, first), (_, second), (_, other), _ = runs
+    (_, first), (_, second), (_, other) = runs["a"], runs["b"], runs["c"]
     assert first.keys() == second.keys()
     assert all(mx.array_equal(first[k], second[k]).item() for k in first)
     assert not all(mx.array_equal(first[k], other[k]).item() for k in first)
@@ -59,16 +65,24 @@ def test_processes_together_take_one_process_steps(runs):
     """Each process trains on its rows of a step's batch and the gradients are summed: the same
     steps as one process on the whole batch, up to float32 rounding (the sums run in another
     order), not a run on half the data nor one with twice the step."""
-    (_, together), *_, (_, alone) = runs
+    (_, together), (_, alone) = runs["a"], runs["alone"]
     assert all(mx.allclose(together[k], alone[k], rtol=1e-4, atol=1e-5).item() for k in alone)
     # Not the same bits: the run really was split (deterministic, so this cannot flake).
     assert not all(mx.array_equal(together[k], alone[k]).item() for k in alone)
 
 
+def test_fast_ops_take_the_steps_of_mlx_ops(runs):
+    """--fast-ops computes the same functions to float32 rounding: after eight steps the weights
+    are those of MLX's own ops up to that rounding (6e-7 apart when measured)."""
+    (_, exact), (_, fast) = runs["a"], runs["fast"]
+    assert all(mx.allclose(fast[k], exact[k], rtol=1e-4, atol=1e-5).item() for k in exact)
+    assert not all(mx.array_equal(fast[k], exact[k]).item() for k in exact)  # other arithmetic
+
+
 def test_output_loads_in_mlx_lm_with_the_chat_template(runs):
     import mlx_lm
 
-    out, weights = runs[0]
+    out, weights = runs["a"]
     model, tokenizer = mlx_lm.load(str(out))
     loaded = dict(tree_flatten(model.parameters()))
     assert all(mx.array_equal(loaded[k], weights[k]).item() for k in weights)
@@ -112,7 +126,7 @@ def test_conversations_are_the_chat_template_and_the_loss_covers_the_replies(run
     spec = importlib.util.spec_from_file_location("train_demo_model", SCRIPT)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    out, _ = runs[0]
+    out, _ = runs["a"]
     wrapper = load_tokenizer(out)
     turns = held_out_examples(random.Random(5), 1)[:3]
     messages = chat_messages(turns, "unused")[:-1]  # the three turns, answered

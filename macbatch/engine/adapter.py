@@ -256,15 +256,20 @@ class ModelAdapter:
             kv_layers.append(store_layer)
         return shapes, kv_layers, caches[0].dtype
 
-    def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
-        """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
-        is sampled: the step only writes K/V)."""
+    def hidden_states(self, batch: PackedBatch, store: KVStore) -> mx.array:
+        """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
+        into ``store``: every layer and every collective of a step, without the LM head."""
         caches = [
             PagedLayerCache(store, kv, batch, writes)
             for kv, writes in zip(self.kv_layers, self.kv_writes)
         ]
+        return self.inner(batch.token_ids[:, None], cache=caches)
+
+    def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
+        """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
+        is sampled: the step only writes K/V)."""
         inputs = batch.token_ids[:, None]
-        hidden = self.inner(inputs, cache=caches)
+        hidden = self.hidden_states(batch, store)
         if batch.sample_rows.size == 0:
             return None
         if batch.sample_rows.size < batch.num_tokens:  # else every row, in order: no gather

@@ -17,7 +17,7 @@ import mlx_lm
 import numpy as np
 import pytest
 
-from macbatch.engine import UnsupportedModelError
+from macbatch.engine import Engine, EngineConfig, UnsupportedModelError
 from macbatch.engine.distributed.channel import (
     MessageKind,
     PeerLostError,
@@ -25,6 +25,7 @@ from macbatch.engine.distributed.channel import (
     decode_batch,
     encode_batch,
 )
+from macbatch.engine.distributed.follower import follow_step
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
@@ -115,6 +116,37 @@ def test_a_step_lost_in_sending_leaves_no_step_in_flight(tiny_tokenizer, monkeyp
     assert channel.watchdog._started is None
     channel.send_stop()
     assert sent == [MessageKind.STEP, MessageKind.STOP]
+
+
+def test_a_follower_step_writes_rank_zero_k_v_without_the_lm_head(tiny_tokenizer) -> None:
+    """A follower runs every layer of the step (so every collective, in rank 0's order) and
+    writes the same K/V as rank 0's full forward, but never computes logits: only rank 0
+    samples, and the head is not split."""
+    batch = _packed_step(tiny_tokenizer)
+    engines = [
+        Engine(
+            build_model("llama", seed=3), tiny_tokenizer, EngineConfig(num_blocks=32, block_size=8)
+        )
+        for _ in range(2)
+    ]
+    logits = engines[0].adapter.forward(batch, engines[0].store)
+    mx.eval(logits, *engines[0].store.arrays())
+    assert logits.shape[0] == batch.sample_rows.size > 0
+
+    follower = engines[1]
+    head = type(follower.adapter.model).__call__
+
+    def no_head(*args, **kwargs):
+        raise AssertionError("a follower computed the LM head")
+
+    type(follower.adapter.model).__call__ = no_head
+    try:
+        follow_step(follower, batch)
+    finally:
+        type(follower.adapter.model).__call__ = head
+    for rank0, own in zip(engines[0].store.arrays(), follower.store.arrays()):
+        assert mx.array_equal(rank0, own).item()
+    assert any(mx.abs(a).max().item() > 0 for a in follower.store.arrays())
 
 
 class _TwoRanks:

@@ -18,6 +18,7 @@ from macbatch.engine.distributed.channel import (
     decode_batch,
 )
 from macbatch.engine.engine import Engine
+from macbatch.engine.packing import PackedBatch
 
 
 def follow(group: mx.distributed.Group) -> int:
@@ -53,8 +54,13 @@ def run_steps(engine: Engine, channel: StepChannel) -> None:
             raise RuntimeError(f"{channel.who}: unexpected {kind.name} message during serving")
         batch = decode_batch(payload)
         channel.watchdog.arm(f"step {channel.messages}", batch.num_tokens)
-        # The same calls as rank 0's step: same layers, so the same collectives in the same
-        # order. Logits are computed and dropped; rank 0 samples.
-        logits = engine.adapter.forward(batch, engine.store)
-        mx.eval(*([] if logits is None else [logits]), *engine.store.arrays())
+        follow_step(engine, batch)
         channel.watchdog.disarm()
+
+
+def follow_step(engine: Engine, batch: PackedBatch) -> None:
+    """Rank 0's step on this rank's shard: the same layers, so the same collectives in the same
+    order, and this rank's K/V written. Not the LM head: it is not split and only rank 0
+    samples, so computing it here would only delay this rank's next step (and so rank 0's)."""
+    hidden = engine.adapter.hidden_states(batch, engine.store)
+    mx.eval(hidden, *engine.store.arrays())

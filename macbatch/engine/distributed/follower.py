@@ -63,4 +63,6 @@ def follow_step(engine: Engine, batch: PackedBatch) -> None:
     order, and this rank's K/V written. Not the LM head: it is not split and only rank 0
     samples, so computing it here would only delay this rank's next step (and so rank 0's)."""
     hidden = engine.adapter.hidden_states(batch, engine.store)
-    mx.eval(hidden, *engine.store.arrays())
+    # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write, so
+    # the last layer's collectives after it are not run there, and must not be run here.
+    mx.eval(*([hidden] if batch.sample_rows.size else []), *engine.store.arrays())

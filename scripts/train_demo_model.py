@@ -558,12 +558,12 @@ def main() -> None:
             f"--processes must be 1 to the smaller batch size (got {args.processes}): each"
             " process takes at least one row of every step"
         )
-    if args.processes > 1 and "MLX_RANK" not in os.environ:
-        sys.exit(run_processes(args.processes))
     if args.mix_boost < 0:
         parser.error(f"--mix-boost must be 0 or more (got {args.mix_boost}): it scales a weight")
     if not len(args.chat_steps) == len(args.chat_lr) == len(args.chat_json):
         parser.error("give --chat-steps, --chat-lr and --chat-json one value per cycle each")
+    if args.processes > 1 and "MLX_RANK" not in os.environ:  # every usage error is said above
+        sys.exit(run_processes(args.processes))
 
     from mlx_lm.models.llama import Model, ModelArgs
     from mlx_lm.tokenizer_utils import load as load_tokenizer

@@ -106,11 +106,18 @@ def test_mix_boost_feeds_lagging_tasks_more():
     assert script.boosted_weights(base, accuracy, boost=0) == base
 
 
-def test_negative_mix_boost_is_refused_before_training(tmp_path):
-    command = [sys.executable, str(SCRIPT), "--mix-boost", "-1", "--out", str(tmp_path / "run")]
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--mix-boost", "-1"], "--mix-boost must be 0 or more"),
+        (["--chat-steps", "100,100", "--chat-lr", "1e-4"], "one value per cycle each"),
+    ],
+)
+def test_bad_options_are_refused_once_before_any_process_starts(tmp_path, options, message):
+    command = [sys.executable, str(SCRIPT), *options, "--out", str(tmp_path / "run")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--mix-boost must be 0 or more" in done.stderr
+    assert done.stderr.count(message) == 1  # said by the command, not by each process
     assert not (tmp_path / "run").exists()
 
 

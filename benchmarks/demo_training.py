@@ -94,7 +94,7 @@ def main() -> None:
         width = statistics.mean(batch[0].shape[1] for batch in batches)
         exact_ms, fast_ms = (statistics.median(windows[f]) * 1e3 for f in (False, True))
         print(
-            f"{name:13s} | {exact_ms:8.1f} | {fast_ms:7.1f} | x{ratio:9.2f} |"
+            f"{name:13s} | {exact_ms:8.1f} | {fast_ms:7.1f} | {f'x{ratio:.2f}':>10} |"
             f" {loss_gap:9.1e} | {grad_gap:9.1e} | {width:10.0f}",
             flush=True,
         )

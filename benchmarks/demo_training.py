@@ -5,7 +5,8 @@ script's own generators: phase 1 (8 questions asked alone) and phase 2 (2 conver
 turns, up to 512 tokens). Windows of one pass over the batches alternate between the two steps so
 that load drifting on a shared machine hits both alike; medians over the windows are reported,
 and the ratio window by window. Before timing, the loss and gradients of the two are compared on
-each phase's first batch (largest relative difference over all gradient arrays).
+each phase's first batch (for the gradients, the largest difference in any array relative to that
+array's largest value).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.demo_training [--batches 16] [--repeats 7]
@@ -34,7 +35,8 @@ from fast_training_ops import fast_cross_entropy, fast_training_ops  # noqa: E40
 
 
 def largest_gradient_difference(model: nn.Module, batch: tuple[mx.array, ...]) -> tuple:
-    """(relative loss difference, largest relative gradient-norm difference of any array)."""
+    """(relative loss difference, largest gradient difference relative to its array's largest
+    value)."""
     tokens = batch[2].sum()
     exact = nn.value_and_grad(model, training.loss_fn)(model, *batch, tokens)
     with fast_training_ops():

@@ -47,9 +47,14 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # fast_training_ops, when imported
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules, when imported
 
 from fast_training_ops import fast_cross_entropy, fast_training_ops  # noqa: E402
+from shared_memory_sum import (  # noqa: E402
+    SHARED_FILE_VARIABLE,
+    SharedMemorySum,
+    create_shared_file,
+)
 
 from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
@@ -331,26 +336,13 @@ def save(model: nn.Module, tokenizer: Tokenizer, config: dict, out: Path) -> Non
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 
-def all_sum_tree(tree, group: mx.distributed.Group):
-    """`tree`'s arrays summed over the group's processes, in one message (each a separate one
-    costs a round trip per array)."""
-    flat = tree_flatten(tree)
-    joined = mx.distributed.all_sum(
-        mx.concatenate([value.reshape(-1) for _, value in flat]), group=group
-    )
-    ends = list(accumulate(value.size for _, value in flat))
-    parts = mx.split(joined, ends[:-1])
-    return tree_unflatten(
-        [(key, part.reshape(value.shape)) for (key, value), part in zip(flat, parts)]
-    )
-
-
 def make_train_step(
     model: nn.Module, lr: float, steps: int, group: mx.distributed.Group, fast_ops: bool
 ):
     """A compiled AdamW step (linear warmup, cosine decay to 5%, gradient clipping at 1.0) on
-    this process's rows of the step's batch; the gradients are summed over the group first.
-    With `fast_ops` the forward pass uses the stand-ins of scripts/fast_training_ops.py."""
+    this process's rows of the step's batch; with more than one process the gradients are
+    summed over them first (scripts/shared_memory_sum.py). With `fast_ops` the forward pass
+    uses the stand-ins of scripts/fast_training_ops.py."""
     warmup = max(1, min(200, steps // 10))
     schedule = optim.join_schedules(
         [
@@ -365,16 +357,41 @@ def make_train_step(
     state = [model.state, optimizer.state]
     ops = fast_training_ops if fast_ops else nullcontext
 
-    @partial(mx.compile, inputs=state, outputs=state)
-    def train_step(
-        inputs: mx.array, targets: mx.array, mask: mx.array, tokens: mx.array
-    ) -> mx.array:
-        loss, grads = loss_and_grad(model, inputs, targets, mask, tokens)
-        if group.size() > 1:
-            loss, grads = mx.distributed.all_sum(loss, group=group), all_sum_tree(grads, group)
+    def update(grads) -> None:
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         optimizer.update(model, grads)
-        return loss
+
+    if group.size() == 1:
+
+        @partial(mx.compile, inputs=state, outputs=state)
+        def train_step(*batch: mx.array) -> mx.array:
+            loss, grads = loss_and_grad(model, *batch)
+            update(grads)
+            return loss
+
+    else:
+        # The sum runs on the host between two compiled halves: gradients and loss as one
+        # vector, then the update from the summed vector.
+        shapes = [(key, value.shape) for key, value in tree_flatten(model.trainable_parameters())]
+        ends = list(accumulate(math.prod(shape) for _, shape in shapes))
+        shared_sum = SharedMemorySum(Path(os.environ[SHARED_FILE_VARIABLE]), group, ends[-1] + 1)
+
+        # outputs=state: value_and_grad leaves the traced weights in the model.
+        @partial(mx.compile, inputs=state, outputs=state)
+        def local_gradients(*batch: mx.array) -> mx.array:
+            loss, grads = loss_and_grad(model, *batch)
+            flat = [value.reshape(-1) for _, value in tree_flatten(grads)]
+            return mx.concatenate([*flat, loss.reshape(1)])
+
+        @partial(mx.compile, inputs=state, outputs=state)
+        def update_from(summed: mx.array) -> None:
+            parts = mx.split(summed[:-1], ends[:-1])
+            update(tree_unflatten([(k, p.reshape(s)) for (k, s), p in zip(shapes, parts)]))
+
+        def train_step(*batch: mx.array) -> mx.array:
+            summed = shared_sum(local_gradients(*batch))
+            update_from(summed)
+            return summed[-1]
 
     def run_step(*batch: mx.array) -> mx.array:
         with ops():  # a new shape traces the step again, so the ops stay in place for every call
@@ -461,6 +478,7 @@ def run_processes(count: int) -> int:
         hostfile = Path(tmp) / "ring-hosts.json"
         hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"] for port in free_ports(count)]))
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MLX_HOSTFILE=str(hostfile))
+        env[SHARED_FILE_VARIABLE] = str(create_shared_file(Path(tmp)))
         command = [sys.executable, *sys.argv]
         processes = [
             subprocess.Popen(command, env=dict(env, MLX_RANK=str(rank))) for rank in range(count)
@@ -573,6 +591,8 @@ def main() -> None:
     group = mx.distributed.init(
         strict="MLX_RANK" in os.environ, backend="ring" if "MLX_RANK" in os.environ else "any"
     )
+    if group.size() > 1 and SHARED_FILE_VARIABLE not in os.environ:
+        sys.exit("start the processes with --processes N: they sum through a file it makes")
     if group.rank() != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the same lines as rank 0's
     mx.random.seed(args.seed)

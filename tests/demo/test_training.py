@@ -27,6 +27,7 @@ def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.
     command += ["--processes", str(processes), "--fast-ops" if fast_ops else "--no-fast-ops"]
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
     command += ["--chat-json", "0,0.5"]
+    command += ["--chat-weights", "add=1,subtract=1,reverse=1,sort=1,count=0"]  # no counting
     command += ["--eval-per-task", "1"]
     command += ["--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -34,6 +35,9 @@ def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.
     assert "phase 1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.2 step 2 held-out accuracy" in done.stdout
+    mixes = [line.split("mix from here: ")[1] for line in done.stdout.splitlines() if "mix" in line]
+    assert len(mixes) == 3 and "count 0%" not in mixes[0]  # phase 1: --weights
+    assert all("count 0%" in mix for mix in mixes[1:])  # phase 2: --chat-weights
     assert "JSON, turn 5:" in done.stdout.split("phase 2.1 step 3")[1]  # the cycle with JSON
     assert "JSON" not in done.stdout.split("phase 2.1 step 3")[0]
     return mx.load(str(out / "model.safetensors"))
@@ -111,6 +115,7 @@ def test_mix_boost_feeds_lagging_tasks_more():
     [
         (["--mix-boost", "-1"], "--mix-boost must be 0 or more"),
         (["--chat-steps", "100,100", "--chat-lr", "1e-4"], "one value per cycle each"),
+        (["--chat-weights", "add=1,subtract=1,reverse=1,sort=1,count=-1"], "0 or more, not all"),
     ],
 )
 def test_bad_options_are_refused_once_before_any_process_starts(tmp_path, options, message):

@@ -38,8 +38,8 @@ def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.
     mixes = [line.split("mix from here: ")[1] for line in done.stdout.splitlines() if "mix" in line]
     assert len(mixes) == 3 and "count 0%" not in mixes[0]  # phase 1: --weights
     assert all("count 0%" in mix for mix in mixes[1:])  # phase 2: --chat-weights
-    assert "JSON, turn 5:" in done.stdout.split("phase 2.1 step 3")[1]  # the cycle with JSON
-    assert "JSON" not in done.stdout.split("phase 2.1 step 3")[0]
+    before, after = done.stdout.split("phase 2.1 step 3 held-out")
+    assert "JSON, turn 5:" in after and "JSON" not in before  # only the second cycle asks JSON
     return mx.load(str(out / "model.safetensors"))
 
 

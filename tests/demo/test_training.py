@@ -35,7 +35,11 @@ def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.
     assert "phase 1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.1 step 3 held-out accuracy" in done.stdout
     assert "phase 2.2 step 2 held-out accuracy" in done.stdout
-    mixes = [line.split("mix from here: ")[1] for line in done.stdout.splitlines() if "mix" in line]
+    mixes = [
+        line.split("mix from here: ")[1]
+        for line in done.stdout.splitlines()
+        if "mix from here: " in line
+    ]
     assert len(mixes) == 3 and "count 0%" not in mixes[0]  # phase 1: --weights
     assert all("count 0%" in mix for mix in mixes[1:])  # phase 2: --chat-weights
     before, after = done.stdout.split("phase 2.1 step 3 held-out")

@@ -12,6 +12,8 @@ from macbatch.engine.chat_template import (
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.model_info import EngineInfo, ModelInfo, Tokenizer
+from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
 from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
@@ -20,6 +22,11 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineDeadError",
+    "EngineInfo",
+    "ModelInfo",
+    "Prompt",
+    "PromptInput",
+    "Tokenizer",
     "EngineStats",
     "EngineThread",
     "FinishReason",

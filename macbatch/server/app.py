@@ -22,17 +22,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
 from macbatch.engine.tool_calls import ToolFormat, detect_tool_format
+from macbatch.openai import ChoiceProgress, Endpoint, Formatter, InvalidRequest, parse_body
+from macbatch.openai import formatter_for as openai_formatter
+from macbatch.openai.responses import TokenDecoder
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
-from macbatch.server.params import Generation, parse_chat, parse_completion
-from macbatch.server.payloads import (
-    ChatFormatter,
-    ChoiceProgress,
-    CompletionFormatter,
-    Formatter,
-    TokenDecoder,
-)
 
 PUBLIC_PATHS = ("/health",)
 
@@ -103,6 +98,7 @@ def create_app(
         routes=routes,
         exception_handlers={
             APIError: _api_error,
+            InvalidRequest: _invalid_request,
             HTTPException: _http_error,
             Exception: _server_error,
         },
@@ -158,47 +154,28 @@ async def get_model(request: Request) -> Response:
 
 
 async def chat_completions(request: Request) -> Response:
-    state = _state(request)
-    return await _generate(
-        request, lambda body: parse_chat(body, state.tool_format, state.decoder), ChatFormatter
-    )
+    return await _generate(request, Endpoint.CHAT)
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, parse_completion, CompletionFormatter)
+    return await _generate(request, Endpoint.COMPLETION)
 
 
-async def _generate(
-    request: Request,
-    parse: Callable[[dict[str, Any]], Generation],
-    formatter_class: type[Formatter],
-) -> Response:
+async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Validate, admit, submit; then stream SSE or wait for every choice."""
     state = _state(request)
-    generation = parse(await _read_json(request, state.options.max_body_bytes))
+    generation = parse_body(endpoint, await _read_json(request, state.options.max_body_bytes))
     state.check_model(generation.model)
     state.check_engine()
-    tools = generation.tools
-    formatter = formatter_class(
-        state.model_id,
-        state.decoder,
-        generation.top_logprobs,
-        generation.n,
-        tool_format=state.tool_format if tools is not None and tools.parse else None,
-    )
-    if any(params.structured is not None for _, params in generation.jobs):
+    bound = generation.bind(state.tool_format, state.decoder)
+    formatter = openai_formatter(generation, bound.parse_with, state.model_id, state.decoder)
+    if any(params.structured is not None for _, params in bound.requests):
         await state.thread.prepare_constraints()
-    count = len(generation.jobs)
+    count = len(bound.requests)
     state.admission.take(count)
     try:
-        run = Run(
-            state.thread,
-            generation.jobs,
-            state.metrics,
-            generation.chat_template_kwargs,
-            tools and tools.tools,
-        )
-    except APIError:
+        run = Run(state.thread, bound.requests, state.metrics)
+    except BaseException:  # whatever failed, the slots it took go back
         state.admission.give_back(count)
         raise
 
@@ -360,6 +337,11 @@ class _Guard:
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, InvalidRequest)
+    return invalid(str(exc), exc.param).response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

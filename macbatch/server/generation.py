@@ -11,18 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from macbatch.engine import (
     EngineDeadError,
     EngineThread,
     FinishReason,
+    PromptInput,
     RequestOutput,
     SamplingParams,
 )
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.metrics import ServerMetrics
-from macbatch.server.params import Prompt
 
 LIVENESS_CHECK_S = 0.5  # how often a waiting handler checks that the engine thread is alive
 
@@ -55,10 +54,8 @@ class Run:
     def __init__(
         self,
         thread: EngineThread,
-        jobs: tuple[tuple[Prompt, SamplingParams], ...],
+        jobs: tuple[tuple[PromptInput, SamplingParams], ...],
         metrics: ServerMetrics,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         self._thread = thread
         self._metrics = metrics
@@ -70,17 +67,17 @@ class Run:
         try:
             for index, (prompt, params) in enumerate(jobs):
                 request_id = thread.submit(
-                    prompt,
+                    prompt.prompt,
                     params,
                     self._deliver(index),
-                    chat_template_kwargs=chat_template_kwargs,
-                    tools=tools,
+                    chat_template_kwargs=prompt.chat_template_kwargs,
+                    tools=prompt.tools,
                 )
                 self._request_ids.append(request_id)
                 self._unfinished.add(index)
         except ValueError as exc:
             self.close()
-            raise invalid(str(exc), "messages" if isinstance(prompt, list) else "prompt") from None
+            raise invalid(str(exc), "messages" if prompt.is_chat else "prompt") from None
         except EngineDeadError as exc:
             self.close()
             raise engine_unavailable(str(exc)) from None

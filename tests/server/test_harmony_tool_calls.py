@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
-from macbatch.engine.request_options import constraint
 from macbatch.engine.tool_calls import detect_tool_format, template_messages
-from macbatch.server.payloads import ChatFormatter, ChoiceProgress
+from macbatch.openai import parse_chat
+from macbatch.openai.responses import ChatFormatter, ChoiceProgress
 from tests.support.scripted import scripted_model
 from tests.support.standin import HARMONY_TOOLS, harmony_tokenizer
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
@@ -81,7 +81,8 @@ def _answer(engine: Engine, structured, seed: int):
 def test_forced_calls_are_valid_streamed_and_whole(engine, path, tokenizer, choice):
     assert engine.tool_format.family == "harmony"
     body = {"tools": TOOLS, "tool_choice": CHOICES[choice]}
-    structured, _ = constraint(body, engine.tool_format, tokenizer)
+    chat = parse_chat(dict(body, messages=[{"role": "user", "content": "-"}]))
+    structured = chat.bind(engine.tool_format, tokenizer).requests[0][1].structured
     for seed in range(2):
         final, whole, deltas = _answer(engine, structured, seed)
         # a stop is on <|call|>, the grammar's last token

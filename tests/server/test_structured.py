@@ -171,7 +171,7 @@ def test_reasoning_goes_out_under_both_names() -> None:
     """Messages and stream deltas carry reasoning as reasoning_content and as reasoning."""
     from macbatch.engine import FinishReason, RequestMetrics, RequestOutput
     from macbatch.engine.text import FixedText
-    from macbatch.server.payloads import ChatFormatter, ChoiceProgress
+    from macbatch.openai.responses import ChatFormatter, ChoiceProgress
 
     class Decoder:
         def decode(self, ids: list[int]) -> str:

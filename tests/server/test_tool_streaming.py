@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.request_options import constraint
-from macbatch.server.payloads import ChatFormatter, ChoiceProgress
+from macbatch.openai import parse_chat
+from macbatch.openai.responses import ChatFormatter, ChoiceProgress
 from tests.support.structured import (
     ADD_TOOL,
     MISTRAL_VOCAB,
@@ -27,9 +27,11 @@ def test_streamed_calls_equal_the_whole_answer(name: str, vocab: int) -> None:
     tokenizer = real_tokenizer(name)
     engine = Engine(build_model("qwen3", vocab_size=vocab), tokenizer, EngineConfig(num_blocks=64))
     body = {"tools": [WEATHER_TOOL, ADD_TOOL], "tool_choice": "required"}
-    structured, tools = constraint(
-        dict(body, parallel_tool_calls=False), engine.tool_format, tokenizer
+    chat = parse_chat(
+        dict(body, messages=[{"role": "user", "content": "-"}], parallel_tool_calls=False)
     )
+    [(request, choice)] = chat.bind(engine.tool_format, tokenizer).requests
+    structured, tools = choice.structured, request
     # thinking off: a random model that opens <think> never closes it
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Add 2 and 3."}],

@@ -1,5 +1,6 @@
 """OpenAI response objects built from engine outputs: whole answers, stream chunks, usage and
-logprobs, for chat (``chat.completion``) and legacy completions (``text_completion``)."""
+logprobs, for chat (``chat.completion``) and legacy completions (``text_completion``). serve
+answers with them and run writes them into its result lines, so a reply has one JSON shape."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 
 from macbatch.engine import FinishReason, RequestOutput
 from macbatch.engine.tool_calls import ToolFormat
+from macbatch.openai.requests import Endpoint, Generation
 
 
 class TokenDecoder(Protocol):
@@ -257,3 +259,21 @@ def _ranked(top: dict[int, float]) -> list[tuple[int, float]]:
 
 def _finish_reason(out: RequestOutput) -> str | None:
     return None if out.finish_reason is None else str(out.finish_reason.value)
+
+
+def formatter_for(
+    generation: Generation,
+    parse_with: ToolFormat | None,
+    model: str,
+    decoder: TokenDecoder,
+    key: str | None = None,
+) -> Formatter:
+    """The formatter of ``generation``'s endpoint; ``key`` makes the response id stable (run
+    derives it from the request's resume key), else it is random."""
+    cls: type[Formatter] = (
+        ChatFormatter if generation.endpoint is Endpoint.CHAT else CompletionFormatter
+    )
+    response_id = f"{cls.id_prefix}{key}" if key else ""
+    return cls(
+        model, decoder, generation.top_logprobs, generation.n, response_id, tool_format=parse_with
+    )

@@ -1,18 +1,23 @@
-"""Request bodies -> engine work, without a server: defaults, OpenAI field quirks, refusals."""
+"""Request bodies -> engine work, without a front end: defaults, OpenAI field quirks, refusals."""
 
 from __future__ import annotations
 
 import pytest
 
-from macbatch.server.errors import APIError
-from macbatch.server.params import MAX_CHOICES, parse_chat, parse_completion
+from macbatch.engine import SamplingParams
+from macbatch.openai import MAX_CHOICES, Generation, InvalidRequest, parse_chat, parse_completion
 
 HI = [{"role": "user", "content": "hi"}]
 
 
+def jobs(generation: Generation) -> list[tuple[object, SamplingParams]]:
+    """(prompt, params) of every engine request, for a body without tools."""
+    return [(p.prompt, params) for p, params in generation.bind(None, None).requests]
+
+
 def test_chat_defaults_follow_openai() -> None:
     generation = parse_chat({"model": "m", "messages": HI})
-    [(prompt, params)] = generation.jobs
+    [(prompt, params)] = jobs(generation)
     assert prompt == HI
     assert (params.temperature, params.top_p, params.max_tokens) == (1.0, 1.0, None)
     assert (generation.stream, generation.include_usage, generation.top_logprobs) == (
@@ -20,7 +25,7 @@ def test_chat_defaults_follow_openai() -> None:
         False,
         None,
     )
-    assert parse_completion({"prompt": "x"}).jobs[0][1].max_tokens == 16
+    assert jobs(parse_completion({"prompt": "x"}))[0][1].max_tokens == 16
 
 
 def test_nulls_mean_absent_and_aliases() -> None:
@@ -34,7 +39,7 @@ def test_nulls_mean_absent_and_aliases() -> None:
             "top_k": -1,
         }
     )
-    params = generation.jobs[0][1]
+    params = jobs(generation)[0][1]
     assert (params.temperature, params.stop, params.max_tokens, params.top_k) == (1.0, (), 9, 0)
 
 
@@ -44,7 +49,7 @@ def test_message_content_parts_and_developer_role() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None},
     ]
-    prompt = parse_chat({"messages": messages}).jobs[0][0]
+    prompt = jobs(parse_chat({"messages": messages}))[0][0]
     assert prompt == [
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "ab"},
@@ -54,16 +59,16 @@ def test_message_content_parts_and_developer_role() -> None:
 
 def test_n_seeds_and_prompt_order() -> None:
     generation = parse_completion({"prompt": ["a", "b"], "n": 3, "seed": 5, "stop": "x"})
-    assert [p for p, _ in generation.jobs] == ["a"] * 3 + ["b"] * 3
-    assert [s.seed for _, s in generation.jobs] == [5, 6, 7] * 2
-    assert all(s.stop == ("x",) for _, s in generation.jobs)
+    assert [p for p, _ in jobs(generation)] == ["a"] * 3 + ["b"] * 3
+    assert [s.seed for _, s in jobs(generation)] == [5, 6, 7] * 2
+    assert all(s.stop == ("x",) for _, s in jobs(generation))
     unseeded = parse_completion({"prompt": "a", "n": 2})
-    assert [s.seed for _, s in unseeded.jobs] == [None, None]
+    assert [s.seed for _, s in jobs(unseeded)] == [None, None]
 
 
 def test_prompt_shapes() -> None:
-    assert parse_completion({"prompt": [1, 2, 3]}).jobs[0][0] == [1, 2, 3]
-    assert [p for p, _ in parse_completion({"prompt": [[1], [2, 3]]}).jobs] == [[1], [2, 3]]
+    assert jobs(parse_completion({"prompt": [1, 2, 3]}))[0][0] == [1, 2, 3]
+    assert [p for p, _ in jobs(parse_completion({"prompt": [[1], [2, 3]]}))] == [[1], [2, 3]]
 
 
 def test_stream_options_and_logprobs() -> None:
@@ -77,7 +82,7 @@ def test_stream_options_and_logprobs() -> None:
         }
     )
     assert (streamed.include_usage, streamed.top_logprobs) == (True, 4)
-    assert streamed.jobs[0][1].logprobs == 4
+    assert jobs(streamed)[0][1].logprobs == 4
     assert not parse_chat({"messages": HI, "stream_options": {"include_usage": True}}).include_usage
     assert parse_completion({"prompt": "a", "logprobs": 0}).top_logprobs == 0
 
@@ -116,17 +121,16 @@ def test_stream_options_and_logprobs() -> None:
     ],
 )
 def test_refusals_name_the_field(parse, body: dict, param: str) -> None:
-    with pytest.raises(APIError) as info:
+    with pytest.raises(InvalidRequest) as info:
         parse(body)
-    assert info.value.status == 400
     assert info.value.param == param
-    assert param.split("[")[0] in info.value.message
+    assert param.split("[")[0] in str(info.value)
 
 
 def test_sampling_range_errors_come_from_the_engine_with_the_name() -> None:
-    with pytest.raises(APIError) as info:
+    with pytest.raises(InvalidRequest) as info:
         parse_chat({"messages": HI, "top_p": 0})
-    assert info.value.status == 400 and "top_p" in info.value.message
+    assert "top_p" in str(info.value)
 
 
 @pytest.mark.parametrize("temperature", [2.5, 3, -0.1])
@@ -136,11 +140,11 @@ def test_temperature_beyond_two_is_refused_with_the_engines_message(temperature:
 
     with pytest.raises(InvalidSamplingParam) as engine_error:
         SamplingParams(temperature=temperature)
-    with pytest.raises(APIError) as info:
+    with pytest.raises(InvalidRequest) as info:
         parse_chat({"messages": HI, "temperature": temperature})
-    assert info.value.status == 400 and info.value.param == "temperature"
-    assert info.value.message == str(engine_error.value)
-    assert "must be a number in [0, 2] (0 means greedy)" in info.value.message
+    assert info.value.param == "temperature"
+    assert str(info.value) == str(engine_error.value)
+    assert "must be a number in [0, 2] (0 means greedy)" in str(info.value)
 
 
 def test_chat_template_kwargs_and_reasoning_effort() -> None:
@@ -165,16 +169,16 @@ def test_chat_template_kwargs_and_reasoning_effort() -> None:
     ],
 )
 def test_bad_template_arguments_are_400s(body: dict, param: str) -> None:
-    with pytest.raises(APIError) as info:
+    with pytest.raises(InvalidRequest) as info:
         parse_chat({"messages": HI, **body})
-    assert (info.value.status, info.value.param) == (400, param)
+    assert info.value.param == param
 
 
 def test_an_image_part_gets_a_clear_error() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
-    with pytest.raises(APIError) as info:
+    with pytest.raises(InvalidRequest) as info:
         parse_chat({"messages": messages})
-    assert info.value.status == 400 and info.value.param == "messages[0]"
-    assert "'image_url' parts are not supported" in info.value.message
-    assert "text model of multimodal checkpoints" in info.value.message
+    assert info.value.param == "messages[0]"
+    assert "'image_url' parts are not supported" in str(info.value)
+    assert "text model of multimodal checkpoints" in str(info.value)

@@ -1,9 +1,9 @@
 """Structured output and tools as request fields, in the names clients already send: OpenAI's
 ``response_format``, ``tools``, ``tool_choice`` and ``parallel_tool_calls``, and vLLM's extras
 (``structured_outputs``, ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
-``guided_grammar``), turned into the engine's ``StructuredOutput``. serve reads them from request
-bodies, run from OpenAI-batch rows and job settings; every mistake is an ``InvalidField`` (a
-``ValueError``) naming the field."""
+``guided_grammar``), turned into the engine's ``StructuredOutput``. Part of the one request layer
+(``macbatch.openai``): serve's bodies, run's OpenAI-batch rows and job settings all come here; every
+mistake is an ``InvalidRequest`` naming the field."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine.constraints import StructuredOutput
+from macbatch.engine.model_info import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat, check_tools, chosen_tools
+from macbatch.openai.errors import InvalidRequest
 
 OPTION_FIELDS = (
     "response_format",
@@ -26,16 +28,8 @@ OPTION_FIELDS = (
 )
 
 
-class InvalidField(ValueError):
-    """A structured-output or tool field that cannot be honoured; ``field`` names it."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-def invalid(message: str, field: str) -> InvalidField:
-    return InvalidField(message, field)
+def invalid(message: str, field: str) -> InvalidRequest:
+    return InvalidRequest(message, field)
 
 
 # vLLM's names -> StructuredOutput's
@@ -56,12 +50,22 @@ _STRUCTURED_OUTPUTS = {
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """The tools a chat request offers and how the reply should treat them."""
+    """The tools a chat request offers and how the reply should treat them (read from the body
+    alone; ``bind`` checks them against the model)."""
 
     tools: list[dict[str, Any]]
-    parse: bool  # look for calls in the reply (false for tool_choice "none")
+    choice: Any  # tool_choice as sent: None, "none", "auto", "required" or a function
     forced: list[dict[str, Any]] | None  # the reply must call one of these
     parallel: bool
+
+
+@dataclass(frozen=True)
+class BoundTools:
+    """A ``ToolRequest`` checked against the model's tool-call format."""
+
+    tools: list[dict[str, Any]]  # for the chat template
+    parse_with: ToolFormat | None  # read calls out of the reply with this (None: all text)
+    constraint: StructuredOutput | None  # the grammar of a forced call
 
 
 def structured_output(body: dict[str, Any]) -> StructuredOutput | None:
@@ -117,8 +121,9 @@ def _build(where: str, fields: dict[str, Any]) -> StructuredOutput:
         raise invalid(f"{where}: {exc}", where) from None
 
 
-def tool_request(body: dict[str, Any], tool_format: ToolFormat | None) -> ToolRequest | None:
-    """The body's tools and tool_choice, checked against what this model can parse."""
+def tool_request(body: dict[str, Any]) -> ToolRequest | None:
+    """The body's tools, tool_choice and parallel_tool_calls, checked as far as they can be
+    without the model."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -135,40 +140,26 @@ def tool_request(body: dict[str, Any], tool_format: ToolFormat | None) -> ToolRe
         forced = chosen_tools(tools, choice)
     except ValueError as exc:
         raise invalid(str(exc), "tool_choice") from None
-    parse = choice != "none"
-    if parse and tool_format is None:
-        if forced is not None:
-            raise invalid(
-                "this model's chat template has no tool-call format macbatch can parse, so "
-                f"tool_choice {choice!r} cannot be honoured; use 'none' or leave out tools",
-                "tool_choice",
-            )
-        parse = False  # "auto": the template still shows the tools; the reply stays text
-    return ToolRequest(tools, parse, forced, parallel)
+    return ToolRequest(tools, choice, forced, parallel)
 
 
-def tool_constraint(
-    request: ToolRequest, tool_format: ToolFormat, tokenizer: Any
-) -> StructuredOutput:
-    """The grammar that forces a call to one of ``request.forced``."""
-    try:
-        grammar = tool_format.grammar(request.forced or [], request.parallel, tokenizer)
-        return StructuredOutput(grammar=grammar, own_channel=tool_format.own_channel)
-    except ValueError as exc:
-        raise invalid(str(exc), "tool_choice") from None
-
-
-def constraint(
-    body: dict[str, Any], tool_format: ToolFormat | None, tokenizer: Any
-) -> tuple[StructuredOutput | None, ToolRequest | None]:
-    """The constraint and the tools a body asks for (a forced tool choice is a constraint)."""
-    structured = structured_output(body)
-    tools = tool_request(body, tool_format)
-    if tools is None or tools.forced is None or tool_format is None:
-        return structured, tools
-    if structured is not None:
+def bind_tools(
+    request: ToolRequest, tool_format: ToolFormat | None, tokenizer: Tokenizer
+) -> BoundTools:
+    """What the model makes of the request: a forced choice needs a format macbatch can parse
+    (and becomes a grammar); "auto" without one shows the tools and leaves the reply text."""
+    parse = request.choice != "none" and tool_format is not None
+    if request.forced is None:
+        return BoundTools(request.tools, tool_format if parse else None, None)
+    if tool_format is None:
         raise invalid(
-            "a forced tool_choice and a response_format cannot both constrain one reply",
+            "this model's chat template has no tool-call format macbatch can parse, so "
+            f"tool_choice {request.choice!r} cannot be honoured; use 'none' or leave out tools",
             "tool_choice",
         )
-    return tool_constraint(tools, tool_format, tokenizer), tools
+    try:
+        grammar = tool_format.grammar(request.forced, request.parallel, tokenizer)
+    except ValueError as exc:
+        raise invalid(str(exc), "tool_choice") from None
+    constraint = StructuredOutput(grammar=grammar, own_channel=tool_format.own_channel)
+    return BoundTools(request.tools, tool_format, constraint)

@@ -1,0 +1,44 @@
+"""The one place where OpenAI request bodies become engine requests and engine outputs become
+OpenAI responses (chat and legacy completions, streamed and whole, tools, reasoning, logprobs,
+usage). ``serve`` and ``run`` both use it, so a body means the same thing to both; only their
+defaults tables differ. See docs/architecture.md.
+"""
+
+from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.requests import (
+    MAX_CHOICES,
+    Bound,
+    Endpoint,
+    Generation,
+    parse_body,
+    parse_chat,
+    parse_completion,
+)
+from macbatch.openai.responses import ChoiceProgress, Formatter, formatter_for, usage
+from macbatch.openai.sampling import (
+    OPENAI_CHAT,
+    OPENAI_COMPLETION,
+    SAMPLING_FIELDS,
+    Defaults,
+    sampling_params,
+)
+
+__all__ = [
+    "MAX_CHOICES",
+    "OPENAI_CHAT",
+    "OPENAI_COMPLETION",
+    "SAMPLING_FIELDS",
+    "Bound",
+    "ChoiceProgress",
+    "Defaults",
+    "Endpoint",
+    "Formatter",
+    "Generation",
+    "InvalidRequest",
+    "formatter_for",
+    "parse_body",
+    "parse_chat",
+    "parse_completion",
+    "sampling_params",
+    "usage",
+]

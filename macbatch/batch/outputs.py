@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from macbatch.batch.ledger import DoneRecord, Ledger
 from macbatch.batch.plan import Planned, Rejected
 from macbatch.batch.replies import ParsedReply
+from macbatch.engine import RequestOutput
 
 
 @dataclass(frozen=True)
@@ -123,44 +123,21 @@ def _done_record(raw: bytes, job: str) -> DoneRecord | None:
 
 def result_line(
     request: Planned,
-    output: Any,
-    model: str,
+    output: RequestOutput,
+    body: dict[str, Any],
     correct: bool | None,
     parsed: ParsedReply | None = None,
 ) -> dict[str, Any]:
-    """The OpenAI batch output shape for one finished request, plus macbatch's own metrics and,
-    for a constrained reply, its ``parsed`` value (null if it did not parse)."""
+    """The OpenAI batch output shape for one finished request: ``body`` is the response serve
+    would have sent (``macbatch.openai``), plus macbatch's own metrics and, for a constrained
+    reply, its ``parsed`` value (null if it did not parse)."""
     metrics = output.metrics
-    usage = {
-        "prompt_tokens": metrics.prompt_tokens,
-        "completion_tokens": metrics.generated_tokens,
-        "total_tokens": metrics.prompt_tokens + metrics.generated_tokens,
-    }
-    reason = str(getattr(output.finish_reason, "value", output.finish_reason))
-    if isinstance(request.prompt, list):
-        message = {"role": "assistant", "content": output.text}
-        if output.reasoning is not None:
-            message["reasoning_content"] = output.reasoning
-        if parsed is not None and parsed.tool_calls:
-            message.update(content=parsed.content or None, tool_calls=parsed.tool_calls)
-            reason = "tool_calls"
-        obj, choice = "chat.completion", {"message": message}
-    else:
-        obj, choice = "text_completion", {"text": output.text}
-    body = {
-        "id": f"cmpl-{request.key}",
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, **choice, "finish_reason": reason, "logprobs": None}],
-        "usage": usage,
-    }
     meta = {
         "job": request.job,
         "line": request.line,
         "sample": request.sample,
         "key": request.key,
-        "finish_reason": reason,
+        "finish_reason": body["choices"][0]["finish_reason"],
         "prompt_tokens": metrics.prompt_tokens,
         "generated_tokens": metrics.generated_tokens,
         "cached_tokens": metrics.cached_tokens,

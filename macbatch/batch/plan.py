@@ -6,6 +6,7 @@ sampling, sample index), so a rerun can tell "already done" from "changed since"
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Iterator
@@ -13,21 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.batch.inputs import InputFile, Row, open_input
-from macbatch.batch.spec import (
-    SAMPLING_KEYS,
-    JobSpec,
-    message_problem,
-    render,
-    suggest,
-    template_fields,
-)
+from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import SamplingParams
-from macbatch.engine.request_options import OPTION_FIELDS, structured_output
-from macbatch.engine.tool_calls import check_tools
+from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, parse_body
+from macbatch.openai.options import OPTION_FIELDS
+from macbatch.openai.sampling import ALIASES
 
-Prompt = str | list[dict[str, str]]
-OPENAI_URLS = ("/v1/chat/completions", "/v1/completions")
+Prompt = str | list[dict[str, Any]]
+OPENAI_URLS = tuple(e.value for e in Endpoint)
 
 
 @dataclass(frozen=True)
@@ -39,13 +33,12 @@ class Planned:
     sample: int
     line: int
     prompt: Prompt
-    sampling: dict[str, Any]
+    sampling: dict[str, Any]  # the sampling fields as given (part of the key)
     key: str
     scored: bool
     expected: str | None
     group: str | None
-    chat_template_kwargs: dict[str, Any] | None = None
-    options: dict[str, Any] | None = None  # constraint and tools, as request fields
+    generation: Generation  # the request, as the request layer read it (one choice)
 
 
 @dataclass(frozen=True)
@@ -99,8 +92,7 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
             yield Rejected(job.name, line, None, _reason(exc, "id"))
             continue
         try:
-            prompt, sampling = _prompt_and_sampling(job, source, row.fields)
-            options = _options(job, source, row.fields)
+            request = _request(job, source, row.fields)
         except (KeyError, ValueError, TypeError) as exc:
             yield Rejected(job.name, line, custom_id, _reason(exc, "template"))
             continue
@@ -108,23 +100,27 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
         if job.score is not None:
             expected = _text(row.fields.get(job.score.field))
             group = _text(row.fields.get(job.score.group))
-        for sample in range(job.n):
-            params = dict(sampling)
-            if params.get("seed") is not None:
-                params["seed"] += sample
+        generation = request.generation
+        for sample, params in enumerate(generation.choice_params()):
+            sampling = dict(request.sampling)
+            if sampling.get("seed") is not None:
+                sampling["seed"] += sample
+            one = dataclasses.replace(generation, n=1, params=params)
+            key = request_key(
+                model, job, custom_id, sample, request.prompt, sampling, request.options
+            )
             yield Planned(
                 job=job.name,
                 custom_id=custom_id,
                 sample=sample,
                 line=line,
-                prompt=prompt,
-                sampling=params,
-                key=request_key(model, job, custom_id, sample, prompt, params, options),
+                prompt=request.prompt,
+                sampling=sampling,
+                key=key,
                 scored=job.score is not None,
                 expected=expected,
                 group=group,
-                chat_template_kwargs=job.chat_template_kwargs,
-                options=options,
+                generation=one,
             )
 
 
@@ -174,60 +170,74 @@ def _custom_id(job: JobSpec, source: InputFile | None, line: int, fields: dict) 
     return str(line) if value is None or value == "" else str(value)
 
 
-def _prompt_and_sampling(
-    job: JobSpec, source: InputFile | None, fields: dict
-) -> tuple[Prompt, dict[str, Any]]:
-    sampling = dict(job.sampling)
+@dataclass(frozen=True)
+class _RowRequest:
+    """A row read as a request body, and the parts of it that go into its key."""
+
+    prompt: Prompt
+    sampling: dict[str, Any]
+    options: dict[str, Any] | None
+    generation: Generation  # n choices: the row's samples
+
+
+def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowRequest:
+    """The row as an OpenAI body, read by the one request layer. An OpenAI-batch row is an API
+    body (the API's defaults, with the job's written `sampling:` under it, and the job's
+    constraint if it has none of its own); other rows become bodies with the job's settings."""
     if source is not None and source.format == "openai":
-        prompt = _openai_prompt(fields)
-        body = fields["body"]
-        overrides = {k: v for k, v in body.items() if k in SAMPLING_KEYS}
-        if "max_completion_tokens" in body:
-            overrides["max_tokens"] = body["max_completion_tokens"]
-        if isinstance(overrides.get("stop"), str):
-            overrides["stop"] = [overrides["stop"]]
-        sampling.update(overrides)
-    elif job.template is not None:
+        endpoint, body = _openai_body(fields)
+        sampling = {**(job.given_sampling or {}), **_sampling_fields(body)}
+        options = {k: v for k, v in body.items() if k in OPTION_FIELDS and v is not None}
+        options = options or job.options or None
+        merged = {**body, **sampling, **(options or {})}
+        merged.setdefault("chat_template_kwargs", job.chat_template_kwargs)
+        generation = parse_body(endpoint, merged)
+        if "n" not in body:  # the job's n: samples, not bounded by a body's choice limit
+            generation = dataclasses.replace(generation, n=job.n)
+        if generation.prompts and isinstance(generation.prompts[0], list) and not job.chat:
+            raise ValueError("the row has chat messages but the job sets chat: false")
+        return _RowRequest(_body_prompt(endpoint, body), sampling, options, generation)
+    if job.template is not None:
         prompt = _chat(job, render(job.template, fields))
     elif "messages" in fields:
+        if not job.chat:
+            raise ValueError("the row has chat messages but the job sets chat: false")
         prompt = fields["messages"]
     else:
         prompt = _chat(job, _text(fields["prompt"]) or "")
-    if isinstance(prompt, list):
-        if not job.chat:
-            raise ValueError("the row has chat messages but the job sets chat: false")
-        if problem := message_problem(prompt):
-            raise ValueError(problem)
-    SamplingParams(**sampling)  # ValueError names the bad parameter
-    return prompt, sampling
+    endpoint = Endpoint.CHAT if isinstance(prompt, list) else Endpoint.COMPLETION
+    body: dict[str, Any] = {**job.sampling, **(job.options or {})}
+    if endpoint is Endpoint.CHAT:
+        body.update(messages=prompt, chat_template_kwargs=job.chat_template_kwargs)
+    else:
+        body["prompt"] = prompt
+    generation = dataclasses.replace(parse_body(endpoint, body, JOB_DEFAULTS), n=job.n)
+    return _RowRequest(prompt, dict(job.sampling), job.options, generation)
 
 
-def _options(job: JobSpec, source: InputFile | None, fields: dict) -> dict[str, Any] | None:
-    """The job's constraint, or an OpenAI-batch row's own response_format / guided_* / tools
-    (checked here as far as they can be without the model); a row with none of its own gets the
-    job's."""
-    if source is None or source.format != "openai":
-        return job.options
-    options = {k: v for k, v in fields["body"].items() if k in OPTION_FIELDS and v is not None}
-    structured_output(options)
-    if options.get("tools"):
-        check_tools(options["tools"])
-    return options or job.options
+def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields a body sets, under SamplingParams' names (for the key)."""
+    given = {k: v for k, v in body.items() if k in SAMPLING_FIELDS}
+    for alias, name in ALIASES.items():
+        if alias in body:
+            given[name] = body[alias]
+    if isinstance(given.get("stop"), str):
+        given["stop"] = [given["stop"]]
+    return given
 
 
-def _openai_prompt(fields: dict) -> Prompt:
+def _openai_body(fields: dict) -> tuple[Endpoint, dict[str, Any]]:
     body, url = fields.get("body"), fields.get("url", OPENAI_URLS[0])
     if not isinstance(body, dict):
         raise ValueError("'body' must be a JSON object")
     if url not in OPENAI_URLS:
         raise ValueError(f"unsupported url {url!r}; use {' or '.join(OPENAI_URLS)}")
-    if url == "/v1/completions":
-        if not isinstance(body.get("prompt"), str):
-            raise ValueError("a /v1/completions body needs a string 'prompt'")
-        return body["prompt"]
-    if "messages" not in body:
-        raise ValueError("a /v1/chat/completions body needs 'messages'")
-    return body["messages"]
+    return Endpoint(url), body
+
+
+def _body_prompt(endpoint: Endpoint, body: dict[str, Any]) -> Prompt:
+    """The prompt as the row wrote it (for its key and its result line)."""
+    return body.get("messages" if endpoint is Endpoint.CHAT else "prompt")  # type: ignore[return-value]
 
 
 def _chat(job: JobSpec, text: str) -> Prompt:

@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import Engine, StructuredOutput
-from macbatch.engine.request_options import constraint
+from macbatch.engine import StructuredOutput
 from macbatch.engine.tool_calls import ToolFormat
 
 
@@ -28,19 +27,10 @@ class ParsedReply:
 
 @dataclass(frozen=True)
 class ReplyShape:
-    structured: StructuredOutput | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_format: ToolFormat | None = None  # set when the reply's tool calls are to be parsed
+    """What constrained a request's reply, to read it back."""
 
-    @classmethod
-    def of(cls, options: dict[str, Any] | None, engine: Engine) -> ReplyShape:
-        """``ValueError`` (a line in errors.jsonl) for options this model cannot honour."""
-        if not options:
-            return cls()
-        structured, tools = constraint(options, engine.tool_format, engine.tokenizer)
-        if tools is None:
-            return cls(structured)
-        return cls(structured, tools.tools, engine.tool_format if tools.parse else None)
+    structured: StructuredOutput | None = None
+    tool_format: ToolFormat | None = None  # set when the reply's tool calls are to be parsed
 
     def parse(self, text: str) -> ParsedReply | None:
         """The reply read back, or None when nothing constrained it."""

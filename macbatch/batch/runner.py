@@ -38,7 +38,8 @@ from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import SamplingParams
+from macbatch.engine import FinishReason, RequestOutput
+from macbatch.openai import formatter_for
 
 LEDGER_NAME = ".macbatch-ledger.sqlite"
 LOCK_NAME = ".macbatch.lock"
@@ -171,7 +172,6 @@ class _Loop:
         self.errors: dict[str, JsonlAppender] = {}
         self.in_flight: dict[str, Planned] = {}
         self.shapes: dict[str, ReplyShape] = {}  # by request id
-        self._shapes_by_options: dict[str, ReplyShape] = {}  # a job's rows share theirs
         self.exhausted = False
 
     def run(self) -> str:
@@ -215,41 +215,37 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                reply = self._shape(item.options)
-                params = SamplingParams(**item.sampling, structured=reply.structured)
+                bound = item.generation.bind(self.engine.tool_format, self.engine.tokenizer)
+                [(prompt, params)] = bound.requests
                 request_id = self.engine.add_request(
-                    item.prompt,
+                    prompt.prompt,
                     params,
-                    chat_template_kwargs=item.chat_template_kwargs,
-                    tools=reply.tools,
+                    chat_template_kwargs=prompt.chat_template_kwargs,
+                    tools=prompt.tools,
                 )
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue
             self.in_flight[request_id] = item
-            self.shapes[request_id] = reply
+            self.shapes[request_id] = ReplyShape(params.structured, bound.parse_with)
 
-    def _shape(self, options: dict[str, Any] | None) -> ReplyShape:
-        """The constraint and tools for these options, compiled once per distinct options."""
-        key = json.dumps(options, sort_keys=True)
-        if key not in self._shapes_by_options:
-            self._shapes_by_options[key] = ReplyShape.of(options, self.engine)
-        return self._shapes_by_options[key]
-
-    def _finish(self, output: Any) -> None:
+    def _finish(self, output: RequestOutput) -> None:
         item = self.in_flight.pop(output.request_id)
         shape = self.shapes.pop(output.request_id)
-        reason = str(getattr(output.finish_reason, "value", output.finish_reason))
-        if reason == "abort":
+        reason = output.finish_reason
+        if reason is FinishReason.ABORT:
             return
-        if reason not in ("stop", "length"):
+        if reason not in (FinishReason.STOP, FinishReason.LENGTH):
             self._fail(item, output.error or f"finished with {reason}", "engine_error")
             return
         parsed = shape.parse(output.text)
         score = self.scores.get(item.job)
         answer = scored_answer(output.text, parsed, score.parsed if score else None)
         correct = is_correct(answer, item.expected)
-        line = result_line(item, output, self.job_file.model, correct, parsed)
+        formatter = formatter_for(
+            item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
+        )
+        line = result_line(item, output, formatter.response([output]), correct, parsed)
         size = self.outputs[item.job].append(line)
         record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
         self.ledger.record(record, size)

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
-from macbatch.engine import SamplingParams, check_chat_template_kwargs
-from macbatch.engine.request_options import InvalidField, structured_output
+from macbatch.engine import check_chat_template_kwargs
 from macbatch.metal.quant import check_kv_quantization
+from macbatch.openai import SAMPLING_FIELDS, Defaults, InvalidRequest, sampling_params
+from macbatch.openai.messages import chat_messages
+from macbatch.openai.options import structured_output
 
 TOP_KEYS = ("version", "model", "kv_bits", "defaults", "output", "jobs")
 STRUCTURED_KEYS = ("response_format", "schema", "choices")
@@ -35,21 +37,14 @@ INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
 SCORE_KEYS = ("field", "group", "parsed")
 INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
-SAMPLING_KEYS = (
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-)
-DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "max_tokens": 512}
+SAMPLING_KEYS = SAMPLING_FIELDS  # a job's `sampling:` takes exactly SamplingParams' fields
+# The job file's defaults table: what `sampling:` means when it leaves a key out (OpenAI-batch
+# rows are API bodies and take the API's defaults instead, as serve does).
+JOB_DEFAULTS = Defaults(temperature=0.7, max_tokens=512)
+DEFAULT_SAMPLING: dict[str, Any] = {
+    "temperature": JOB_DEFAULTS.temperature,
+    "max_tokens": JOB_DEFAULTS.max_tokens,
+}
 DEFAULT_GROUP_FIELD = "task"
 
 
@@ -82,12 +77,13 @@ class JobSpec:
     prompts: tuple[Any, ...] | None
     template: str | None
     system: str | None
-    sampling: dict[str, Any]
+    sampling: dict[str, Any]  # with the job file's defaults
     n: int
     chat: bool
     score: ScoreSpec | None
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
     options: dict[str, Any] | None = None  # the reply's constraint, as request fields
+    given_sampling: dict[str, Any] | None = None  # `sampling:` as written, without defaults
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -141,16 +137,11 @@ def suggest(name: str, choices: tuple[str, ...], what: str = "keys") -> str:
 
 
 def message_problem(messages: Any) -> str | None:
-    """Why `messages` is not a usable chat (a list of {role, content} strings), or None."""
-    if not isinstance(messages, list) or not messages:
-        return "messages must be a non-empty list of {role, content}"
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            return f"messages[{i}] must be a mapping with a string 'role'"
-        if message.get("tool_calls") and message.get("content") is None:
-            continue  # an assistant turn that only called tools (the engine checks the calls)
-        if not isinstance(message.get("content"), str):
-            return f"messages[{i}].content must be a string (only text content is supported)"
+    """Why ``messages`` is not a chat the request layer accepts (as serve would say), or None."""
+    try:
+        chat_messages(messages)
+    except InvalidRequest as exc:
+        return str(exc)
     return None
 
 
@@ -310,13 +301,13 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
             return defaults[field], ("defaults", field)
         return None
 
-    sampling = dict(DEFAULT_SAMPLING)
+    given_sampling: dict[str, Any] = {}
     for source, where in (
         (defaults.get("sampling"), ("defaults", "sampling")),
         (job.get("sampling"), (*key, "sampling")),
     ):
         if source is not None:
-            sampling.update(_sampling(check, source, where))
+            given_sampling.update(_sampling(check, source, where))
     template = system = score = None
     n, chat = 1, True
     if (found := setting("template")) is not None:
@@ -366,7 +357,8 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         prompts=prompts,
         template=template,
         system=system,
-        sampling=sampling,
+        sampling={**DEFAULT_SAMPLING, **given_sampling},
+        given_sampling=given_sampling,
         n=n,
         chat=chat,
         score=score,
@@ -413,7 +405,7 @@ def _structured(
         options = {"response_format": value}
     try:
         structured_output(options)
-    except InvalidField as exc:
+    except InvalidRequest as exc:
         raise check.fail(at, f"{dotted(at)}: {exc}") from None
     return options
 
@@ -443,9 +435,9 @@ def _sampling(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any]:
         if name in values and not isinstance(values[name], list):
             raise check.fail((*key, name), f"{dotted((*key, name))} must be a list")
     try:
-        SamplingParams(**{**DEFAULT_SAMPLING, **values})
-    except (ValueError, TypeError) as exc:
-        bad = next((n for n in values if f"{n}=" in str(exc)), None)
+        sampling_params(values, JOB_DEFAULTS)
+    except InvalidRequest as exc:
+        bad = exc.param if exc.param in values else None
         raise check.fail((*key, bad) if bad else key, f"{dotted(key)}: {exc}") from None
     return values
 

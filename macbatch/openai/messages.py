@@ -32,6 +32,9 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(
                 f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}", where
             )
+        if message.get("content") is None and role != "assistant":
+            # only an assistant turn may go without (one that just called tools)
+            raise InvalidRequest(f"{where}.content must be a string or a list of text parts", where)
         content = _content(message.get("content"), where)
         kept = {k: message[k] for k in _TOOL_FIELDS if message.get(k) is not None}
         role = "system" if role == "developer" else role

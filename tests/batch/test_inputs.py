@@ -138,7 +138,7 @@ def test_openai_batch_rows(tmp_path: Path) -> None:
     assert first.sampling == {"temperature": 0, "max_tokens": 5, "stop": ["x"]}
     assert second.prompt == "raw" and second.sampling["top_p"] == 0.5
     assert isinstance(third, Rejected) and "unsupported url '/v1/embeddings'" in third.reason
-    assert isinstance(fourth, Rejected) and "messages must be a non-empty list" in fourth.reason
+    assert isinstance(fourth, Rejected) and "'messages' must be a non-empty list" in fourth.reason
     assert isinstance(fifth, Rejected) and "top_p=2" in fifth.reason
 
 

@@ -175,3 +175,24 @@ def test_rows_are_read_lazily(tmp_path: Path) -> None:
     tracemalloc.stop()
     assert count == 5_000
     assert peak < 1_000_000, f"planning peaked at {peak} bytes for a 10 MB file"
+
+
+def test_openai_rows_are_refused_as_serve_refuses_them(tmp_path: Path) -> None:
+    """The one request layer: what serve answers with a 400, run writes as an error line."""
+    hi = [{"role": "user", "content": "hi"}]
+    rows = [
+        {"custom_id": "a", "body": {"messages": [{"role": "wizard", "content": "x"}]}},
+        {"custom_id": "b", "body": {"messages": hi, "logit_bias": {"1": 5}}},
+        {"custom_id": "c", "body": {"messages": hi, "temperature": True}},
+        {"custom_id": "d", "url": "/v1/completions", "body": {"messages": hi}},
+        {"custom_id": "e", "body": {"messages": hi, "n": 2, "top_k": -1}},
+    ]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = planned(tmp_path, "  - {name: a, input: b.jsonl}\n")
+    wizard, bias, boolean, misplaced, *two = items
+    assert "messages[0].role must be one of" in wizard.reason
+    assert "'logit_bias' is not supported" in bias.reason
+    assert "'temperature' must be a number, got True" in boolean.reason
+    assert "/v1/completions takes 'prompt', not 'messages'" in misplaced.reason
+    assert [(i.sample, i.generation.params.top_k) for i in two] == [(0, 0), (1, 0)]
+    assert {i.generation.params.temperature for i in two} == {1.0}  # the API's default

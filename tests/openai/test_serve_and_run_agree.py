@@ -1,0 +1,163 @@
+"""One request layer: the same OpenAI body sent to `serve` and written as a row of an OpenAI-batch
+job for `run` gives the same engine requests (SamplingParams compared field by field) and the same
+reply JSON (every field, bar the ids and times that differ by nature).
+
+Both front ends run for real: a uvicorn server over an EngineThread, and `macbatch run` in-process,
+each on a tiny random model with the real Qwen3 tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from macbatch.engine import Engine, EngineThread, SamplingParams
+from tests.batch.conftest import read_jsonl, write_job
+from tests.server.conftest import serving, start_engine
+from tests.support.structured import QWEN3_VOCAB, WEATHER_TOOL, save_model_with_tokenizer
+
+BODIES = {
+    # no temperature: OpenAI's 1.0 in both (run's job defaults once gave 0.7); the seed makes
+    # the sampled reply the same in both
+    "defaults": {
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 6,
+        "seed": 5,
+    },
+    "openai quirks": {
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+            },
+        ],
+        "temperature": 0,
+        "top_k": -1,
+        "max_completion_tokens": 7,
+        "seed": 11,
+        "n": 2,
+        "stop": "zzz",
+        "logprobs": True,
+        "top_logprobs": 2,
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    "tools": {
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 40,
+        "chat_template_kwargs": {"enable_thinking": False},
+    },
+    "completion": {"prompt": "Once upon", "max_tokens": 5, "temperature": 0, "logprobs": 1},
+}
+# Differ by nature between two runs: response ids, creation time, speed and timing.
+VOLATILE = {"id", "created", "time_to_first_token_s", "tokens_per_second"}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_model_with_tokenizer(tmp_path_factory.mktemp("agree") / "m", "qwen3", QWEN3_VOCAB)
+
+
+@pytest.fixture(scope="module")
+def thread(model_path: Path):
+    thread = start_engine(model_path)
+    yield thread
+    thread.shutdown()
+
+
+def _url(body: dict[str, Any]) -> str:
+    return "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+
+
+def _served(thread: EngineThread, body: dict[str, Any], monkeypatch) -> tuple[list, dict]:
+    """(the SamplingParams serve submitted, its JSON reply)."""
+    submitted: list[SamplingParams] = []
+    submit = EngineThread.submit
+
+    def recording(self, prompt, params=None, *args, **kwargs):
+        submitted.append(params)
+        return submit(self, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(EngineThread, "submit", recording)
+    with serving(thread) as served:
+        reply = httpx.post(served.url + _url(body), json=body, timeout=120)
+    monkeypatch.undo()
+    assert reply.status_code == 200, reply.text
+    return submitted, reply.json()
+
+
+def _ran(model_path: Path, body: dict[str, Any], tmp_path: Path, monkeypatch) -> tuple[list, list]:
+    """(the SamplingParams run queued, in sample order, and its result lines)."""
+    import typer
+
+    from macbatch.batch.command import run_command
+
+    queued: list[SamplingParams] = []
+    add = Engine.add_request
+
+    def recording(self, prompt, params=None, *args, **kwargs):
+        queued.append(params)
+        return add(self, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "add_request", recording)
+    row = {"custom_id": "r", "method": "POST", "url": _url(body), "body": body}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    job = write_job(
+        tmp_path,
+        f"model: {model_path}\noutput: {{dir: out}}\njobs:\n  - {{name: j, input: rows.jsonl}}\n",
+    )
+    app = typer.Typer()
+    app.command()(run_command)
+    result = CliRunner().invoke(app, [str(job), "--headless"])
+    monkeypatch.undo()
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "out" / "j.errors.jsonl").exists()
+    lines = sorted(
+        read_jsonl(tmp_path / "out" / "j.jsonl"), key=lambda line: line["macbatch"]["sample"]
+    )
+    return queued, lines
+
+
+def _same_json(served: Any, ran: Any, where: str = "") -> None:
+    """Field by field: the same keys everywhere, the same values bar the volatile ones (and
+    float32 rounding)."""
+    if isinstance(served, dict):
+        assert isinstance(ran, dict) and served.keys() == ran.keys(), where
+        for key in served:
+            if key not in VOLATILE:
+                _same_json(served[key], ran[key], f"{where}.{key}")
+    elif isinstance(served, list):
+        assert isinstance(ran, list) and len(served) == len(ran), where
+        for i, (a, b) in enumerate(zip(served, ran)):
+            _same_json(a, b, f"{where}[{i}]")
+    elif isinstance(served, float):  # logprobs: float32 sums in another batch differ in the ulp
+        assert ran == pytest.approx(served, rel=1e-5, abs=1e-5), f"{where}: {served} vs {ran}"
+    else:
+        assert served == ran, f"{where}: serve {served!r}, run {ran!r}"
+
+
+@pytest.mark.parametrize("name", BODIES)
+def test_serve_and_run_read_a_body_alike(name, thread, model_path, tmp_path, monkeypatch) -> None:
+    body = BODIES[name]
+    submitted, reply = _served(thread, body, monkeypatch)
+    queued, lines = _ran(model_path, body, tmp_path, monkeypatch)
+    assert queued == submitted  # SamplingParams: a frozen dataclass, compared field by field
+    assert len(lines) == len(reply["choices"]) == body.get("n", 1)
+    for index, line in enumerate(lines):
+        ran = line["response"]["body"]
+        choice = dict(ran["choices"][0], index=index)  # run writes one choice per sample line
+        one = {**reply, "choices": [reply["choices"][index]], "usage": _usage(reply, ran)}
+        _same_json(one, {**ran, "choices": [choice]})
+
+
+def _usage(reply: dict[str, Any], ran: dict[str, Any]) -> dict[str, Any]:
+    """serve's usage counts every choice; run's line one sample: compare the one-choice fields
+    (token counts are checked through the choices' identical logprobs and text)."""
+    return {**reply["usage"], **{k: ran["usage"][k] for k in ("completion_tokens", "total_tokens")}}

@@ -2,8 +2,8 @@
 
 ``paged_attention_kernel`` implements the attention contract of ``reference.py`` with ONE kernel
 dispatch per call (plus a small MLX merge when long decode contexts were split);
-`MetalKernelBackend` is its entry in the backend registry. The kernel body
-lives in ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
+`MetalKernelBackend` is its entry in the backend registry. The kernel body lives in
+``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
 ``paged_attention.h``. ``metal_kernel`` is the constructor of the kernel object: MLX's
 ``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same signature).
 """

@@ -15,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import warn_without_openblas
+from macbatch.metal import AttentionMetadata, LayerParams
 from macbatch.metal.cpu_kernel import paged_attention_cpu
 from macbatch.metal.reference import paged_attention_reference
 
@@ -37,16 +38,17 @@ def make_inputs(q_lens: list[int], ctx_lens: list[int], rng: np.random.Generator
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     q = mx.array(rng.standard_normal((int(cu[-1]), HEADS, HEAD_DIM), dtype=np.float32))
     mx.eval(k, v, q)
-    return q, k, v, mx.array(tables.astype(np.int32)), np.array(ctx_lens, np.int32), cu
+    meta = AttentionMetadata.build(tables, np.array(ctx_lens, np.int32), cu)
+    return q, k, v, meta, LayerParams(HEAD_DIM**-0.5)
 
 
 def milliseconds(fn, args, repeats: int = 7) -> float:
     """Median of `repeats` timed calls after a warm-up."""
-    mx.eval(fn(*args, HEAD_DIM**-0.5))
+    mx.eval(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        mx.eval(fn(*args, HEAD_DIM**-0.5))
+        mx.eval(fn(*args))
         times.append(time.perf_counter() - start)
     return 1000 * float(np.median(times))
 

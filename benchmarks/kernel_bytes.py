@@ -56,7 +56,7 @@ def main() -> None:
     print(f"{'scenario':44} {'threadgroups':>12} {'read KiB':>9} {'min KiB':>8} {'ratio':>6}")
     for name, case in SCENARIOS.items():
         emulator = Emulator()
-        out = emulated_attention(emulator)(*case.args(poisoned=True), **case.options())
+        out = emulated_attention(emulator)(*case.args(poisoned=True))
         assert not np.isnan(np.array(out.astype(mx.float32))).any()
         d = emulator.dispatches[-1]
         low = minimum_bytes(case)

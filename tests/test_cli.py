@@ -35,7 +35,7 @@ def test_doctor_reports_the_attention_path():
     )
     assert lines["attention"] == attention_backend()
     if not mx.metal.is_available():  # doctor built and proved the CPU kernel (g++ is installed)
-        assert lines["attention"] == "CPU kernel (no Metal)"
+        assert lines["attention"] == "CPU kernel (self-test passed)"
         assert lines["cpu kernel"] == "built, self-test passed"
     assert lines["device"] == str(mx.default_device())
     demo = Engine.load("demo")

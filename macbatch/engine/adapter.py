@@ -86,17 +86,9 @@ class PagedLayerCache:
 
     def attend(self, queries: mx.array, scale: float, window: int | None, sinks: Any) -> mx.array:
         k_pages, v_pages = self.store.pages(self.layer)
-        b = self.batch
+        layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
         out = macbatch.metal.paged_attention(
-            queries[:, :, 0, :],
-            k_pages,
-            v_pages,
-            b.block_tables,
-            b.seq_lens,
-            b.cu_seqlens_q,
-            scale,
-            sliding_window=window,
-            sinks=sinks,
+            queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
         )
         return out[:, :, None, :]
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
 
 from macbatch.engine.scheduler import StepPlan
+from macbatch.metal import AttentionMetadata
 
 
 @dataclass
@@ -32,6 +34,12 @@ class PackedBatch:
     num_tokens: int
     pending_rows: list[int]  # rows whose token is pending (filled on the device)
     pending_chunks: list[int]  # the plan's chunk index of each pending row
+
+    @cached_property
+    def attention(self) -> AttentionMetadata:
+        """What every layer's attention reads of this step, made once per step on first use (a
+        property, not a field: the distributed channel sends the fields as they are)."""
+        return AttentionMetadata.build(self.block_tables, self.seq_lens, self.cu_seqlens_q)
 
 
 def pack(

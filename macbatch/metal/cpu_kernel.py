@@ -7,13 +7,14 @@ primitive reads the pages in place with a vectorised exp. It is compiled against
 itself compiles its CPU kernels at run time, with ``-march=native`` because it is built on the
 machine that runs it. The build takes about 15 s once; the result is cached under
 ``$XDG_CACHE_HOME/macbatch`` (``MACBATCH_CACHE`` overrides) keyed by everything that goes into
-it. Any failure (no compiler, no nanobind) raises `CpuKernelUnavailable` and the caller falls back
-to the reference.
+it. Any failure (no compiler, no nanobind) raises `CpuKernelUnavailable` and the registry falls
+back to the reference. `CpuKernelBackend` is the kernel's entry in the backend registry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -26,10 +27,16 @@ from pathlib import Path
 from types import ModuleType
 
 import mlx.core as mx
-import numpy as np
 
+from macbatch.metal.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    BackendUnavailable,
+    LayerParams,
+    Pages,
+)
 from macbatch.metal.quant import QuantizedPages
-from macbatch.metal.reference import Pages, paged_attention_reference
+from macbatch.metal.reference import paged_attention_reference
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
@@ -38,7 +45,7 @@ SUPPORTED_BLOCK_SIZES = (8, 16, 32)
 _loaded: dict[str, ModuleType] = {}
 
 
-class CpuKernelUnavailable(RuntimeError):
+class CpuKernelUnavailable(BackendUnavailable):
     """The CPU kernel cannot be built or loaded here; the reference serves instead."""
 
 
@@ -94,7 +101,14 @@ def _build_key(toolchain: tuple[str, Path, Path, Path]) -> str:
     compiler = subprocess.run([toolchain[0], "--version"], capture_output=True, text=True).stdout
     commands = " ".join(" ".join(c) for c in _commands(toolchain, Path("out"), Path("tmp")))
     nanobind_init = (toolchain[1] / "__init__.py").read_text()
-    parts = [SOURCE.read_text(), commands, compiler, mx.__version__, nanobind_init, sys.version]
+    parts = [
+        SOURCE.read_text(),
+        commands,
+        compiler,
+        importlib.metadata.version("mlx"),
+        nanobind_init,
+        sys.version,
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -141,16 +155,7 @@ def load_extension() -> ModuleType:
 
 
 def paged_attention_cpu(
-    q: mx.array,
-    k_pages: Pages,
-    v_pages: Pages,
-    block_tables: mx.array,
-    seq_lens: mx.array | np.ndarray,
-    cu_seqlens_q: mx.array | np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    sinks: mx.array | None = None,
+    q: mx.array, k_pages: Pages, v_pages: Pages, meta: AttentionMetadata, layer: LayerParams
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
@@ -159,10 +164,8 @@ def paged_attention_cpu(
     (``QuantizedPages``) are dequantized page by page inside the kernel.
     """
     if q.shape[-1] % 8 or k_pages.shape[2] not in SUPPORTED_BLOCK_SIZES:
-        return paged_attention_reference(
-            q, k_pages, v_pages, block_tables, seq_lens, cu_seqlens_q,
-            scale, sliding_window, softcap, sinks,
-        )  # fmt: skip
+        return paged_attention_reference(q, k_pages, v_pages, meta, layer)
+    scale, sliding_window, softcap, sinks = layer
     quantized = {}
     if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
         quantized = dict(
@@ -171,11 +174,25 @@ def paged_attention_cpu(
         )  # fmt: skip
         k_pages, v_pages = k_pages.codes, v_pages.codes
     return load_extension().paged_attention(
-        q, k_pages, v_pages, block_tables, _as_mx(seq_lens), _as_mx(cu_seqlens_q),
+        q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
         scale, sliding_window or 0, softcap or 0.0, sinks, **quantized,
     )  # fmt: skip
 
 
-def _as_mx(a: mx.array | np.ndarray) -> mx.array:
-    """An mx.array as it is (``mx.array(a)`` would add a copy to the step's graph)."""
-    return a if isinstance(a, mx.array) else mx.array(a)
+class CpuKernelBackend(AttentionBackend):
+    """The CPU kernel as a registry entry: for MLX's CPU backend only (the primitive has no GPU
+    implementation), so not where Metal runs."""
+
+    name = "cpu"
+    label = "CPU kernel"
+
+    def available(self) -> str | None:
+        return "Metal runs the Metal kernel" if mx.metal.is_available() else None
+
+    def prepare(self) -> None:
+        try:
+            load_extension()
+        except OSError as exc:  # a cache or compiler that cannot be reached: fall back
+            raise CpuKernelUnavailable(str(exc)) from exc
+
+    __call__ = staticmethod(paged_attention_cpu)

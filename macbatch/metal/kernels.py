@@ -1,8 +1,9 @@
 """The Metal paged-attention kernel: one factory, the host-side work list, the split-KV merge.
 
 ``paged_attention_kernel`` implements the attention contract of ``reference.py`` with ONE kernel
-dispatch per call (plus a small MLX merge when long decode contexts were split). The kernel body
-lives in ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
+dispatch per call (plus a small MLX merge when long decode contexts were split);
+`MetalKernelBackend` is its entry in the backend registry. The kernel body lives in
+``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
 ``paged_attention.h``. ``metal_kernel`` is the constructor of the kernel object: MLX's
 ``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same signature).
 """
@@ -14,12 +15,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 import numpy as np
 
+from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
-from macbatch.metal.reference import Pages
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
@@ -163,7 +165,8 @@ def make_kernel(metal_kernel: MetalKernelFactory) -> Callable[..., list[mx.array
 
 
 def _default_factory() -> MetalKernelFactory:
-    return mx.fast.metal_kernel
+    # mlx's stub types the kernel object it makes as `object`; it is called as below.
+    return cast(MetalKernelFactory, mx.fast.metal_kernel)
 
 
 def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages) -> None:
@@ -190,17 +193,36 @@ def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages) -> None:
         )
 
 
+@dataclass(frozen=True)
+class MetalKernelBackend(AttentionBackend):
+    """The Metal kernel as a registry entry; ``metal_kernel`` None means MLX's own
+    ``mx.fast.metal_kernel`` (the tests pass the MSL emulator's)."""
+
+    name = "metal"
+    label = "Metal kernel"
+    metal_kernel: MetalKernelFactory | None = None
+    split: SplitPolicy = SplitPolicy()
+
+    def available(self) -> str | None:
+        return None if mx.metal.is_available() else "no Metal"
+
+    def prepare(self) -> None:
+        make_kernel(self.metal_kernel or _default_factory())
+
+    def __call__(
+        self, q: mx.array, k: Pages, v: Pages, meta: AttentionMetadata, layer: LayerParams, /
+    ) -> mx.array:
+        return paged_attention_kernel(
+            q, k, v, meta, layer, metal_kernel=self.metal_kernel, split=self.split
+        )
+
+
 def paged_attention_kernel(
     q: mx.array,
     k_pages: Pages,
     v_pages: Pages,
-    block_tables: mx.array,
-    seq_lens: mx.array | np.ndarray,
-    cu_seqlens_q: mx.array | np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    sinks: mx.array | None = None,
+    meta: AttentionMetadata,
+    layer: LayerParams,
     *,
     metal_kernel: MetalKernelFactory | None = None,
     split: SplitPolicy = SplitPolicy(),
@@ -209,13 +231,12 @@ def paged_attention_kernel(
     check_shapes(q, k_pages, v_pages)
     n, hq, d = q.shape
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
-    lens = np.asarray(seq_lens, dtype=np.int32)
-    cu = np.asarray(cu_seqlens_q, dtype=np.int32)
-    p = plan(lens, cu, hq, hkv, d, bs, split)
+    scale, sliding_window, softcap, sinks = layer
+    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, d, bs, split)
     t = p.tiling
     kernel = make_kernel(metal_kernel or _default_factory())
     window = int(sliding_window) if sliding_window else 0
-    params_i = mx.array([hq, hkv, block_tables.shape[1], window, p.num_splits], dtype=mx.int32)
+    params_i = mx.array([hq, hkv, meta.block_tables.shape[1], window, p.num_splits], dtype=mx.int32)
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
     sink_arr = sinks.astype(mx.float32) if sinks is not None else mx.zeros((1,), mx.float32)
     slots = max(1, p.split_groups * p.num_splits)
@@ -227,7 +248,7 @@ def paged_attention_kernel(
         k_pages, v_pages = k_pages.codes, v_pages.codes
     out, part_ml, part_acc = kernel(
         inputs=[
-            q, k_pages, v_pages, _int32(block_tables), mx.array(lens), mx.array(cu),
+            q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
             mx.array(p.work), params_i, params_f, sink_arr, k_scales, v_scales,
         ],
         output_shapes=[(n, hq, d), (slots, t.tile, 2), (slots, t.tile, d)],
@@ -275,8 +296,3 @@ def _merge_splits(
 
 def _exp2(x: mx.array) -> mx.array:
     return mx.exp(x * math.log(2.0))
-
-
-def _int32(a: mx.array) -> mx.array:
-    """``a`` as int32; as it is when it already is (``astype`` would add an op to the step)."""
-    return a if a.dtype == mx.int32 else a.astype(mx.int32)

@@ -55,10 +55,10 @@ def group_size_for(head_dim: int, bits: int, group_size: int | None) -> int:
         raise ValueError(f"kv_bits={bits} needs an even head dim, got {head_dim}")
     size = min(group_size, head_dim) if group_size else default_group_size(head_dim)
     if head_dim % size:
-        valid = [g for g in GROUP_SIZES if head_dim % g == 0] or [f"None (uses {head_dim})"]
+        valid = [str(g) for g in GROUP_SIZES if head_dim % g == 0] or [f"None (uses {head_dim})"]
         raise ValueError(
             f"kv_group_size {size} does not divide the model's head dim {head_dim}; "
-            f"valid values here: {', '.join(map(str, valid))}"
+            f"valid values here: {', '.join(valid)}"
         )
     return size
 

@@ -1,5 +1,5 @@
-"""Pure-MLX varlen paged attention: the oracle for the Metal kernel and the path on every
-non-Metal backend (Linux CPU, CI).
+"""Pure-MLX varlen paged attention: the contract every attention backend implements, the oracle
+their self-tests compare with, and the fallback when no kernel is proven.
 
 Page layout (shared with the kernel and `engine/kv_cache.py`): one array per layer and per K/V,
 shaped ``[num_blocks, num_kv_heads, block_size, head_dim]``, so one KV head's block is contiguous.
@@ -12,8 +12,8 @@ Quantized pages (``QuantizedPages``, format in ``quant.py``) are gathered as cod
 dequantized to float32 after the gather: only the context of the sequences being attended, for
 this call, never the pool.
 
-The step metadata (``cu_seqlens_q``, ``seq_lens``) is built on the host with numpy once per step,
-so reading it back here is free; the per-sequence Python loop is over requests, not tokens.
+The step metadata (`AttentionMetadata`) carries host copies of ``cu_seqlens_q`` and ``seq_lens``,
+so planning here reads no device array; the per-sequence Python loop is over requests, not tokens.
 """
 
 from __future__ import annotations
@@ -21,23 +21,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages, dequantize
 
 _PREFILL_TILE = 128
-Pages = mx.array | QuantizedPages
 
 
 def paged_attention_reference(
-    q: mx.array,
-    k_pages: Pages,
-    v_pages: Pages,
-    block_tables: mx.array,
-    seq_lens: mx.array | np.ndarray,
-    cu_seqlens_q: mx.array | np.ndarray,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    sinks: mx.array | None = None,
+    q: mx.array, k_pages: Pages, v_pages: Pages, meta: AttentionMetadata, layer: LayerParams
 ) -> mx.array:
     """Attention of packed query rows ``q [N, Hq, D]`` over each row's own paged context.
 
@@ -45,8 +36,10 @@ def paged_attention_reference(
     together so little padding is read; each prefill chunk is cut into query tiles with a causal
     mask offset by the context already cached.
     """
-    lens = np.asarray(seq_lens, dtype=np.int64)
-    cu = np.asarray(cu_seqlens_q, dtype=np.int64)
+    scale, sliding_window, softcap, sinks = layer
+    block_tables = meta.block_tables
+    lens = meta.host_seq_lens.astype(np.int64)
+    cu = meta.host_cu_seqlens_q.astype(np.int64)
     q_lens = cu[1:] - cu[:-1]
     block_size = k_pages.shape[2]
     parts: list[tuple[np.ndarray, mx.array]] = []  # (packed row ids, their output rows)
@@ -101,6 +94,15 @@ def paged_attention_reference(
     if np.array_equal(rows, np.arange(len(rows))):
         return out
     return out[mx.array(np.argsort(rows))]
+
+
+class ReferenceBackend(AttentionBackend):
+    """The oracle every kernel is self-tested against, and the fallback: runs anywhere."""
+
+    name = "reference"
+    label = "reference"
+
+    __call__ = staticmethod(paged_attention_reference)
 
 
 def _length_groups(seqs: np.ndarray, lens: np.ndarray, slack: float = 1.25) -> list[np.ndarray]:

@@ -12,13 +12,13 @@ dequantized values, so the float64 oracle applies exactly the quantization the k
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
-from macbatch.metal.kernels import SplitPolicy, paged_attention_kernel
+from macbatch.metal import AttentionMetadata, LayerParams
+from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from macbatch.metal.quant import QuantizedPages, default_group_size
 from tests.msl.emulator import Emulator
 from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
@@ -87,6 +87,7 @@ class Case:
         self.scale = d**-0.5
 
     def args(self, poisoned: bool) -> tuple:
+        """(q, K pages, V pages, metadata, layer): what a backend is called with."""
         if self.kv_bits is not None:
             pages = self.quantized_poisoned if poisoned else self.quantized
             k, v = (
@@ -100,17 +101,16 @@ class Case:
             mx.array(self.q).astype(self.dtype),
             k,
             v,
-            mx.array(self.tables),
-            mx.array(self.lens),
-            mx.array(self.cu),
-            self.scale,
+            AttentionMetadata.build(self.tables, self.lens, self.cu),
+            self.layer(),
         )
 
-    def options(self) -> dict:
-        return dict(
-            sliding_window=self.sliding_window,
-            softcap=self.softcap,
-            sinks=mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
+    def layer(self) -> LayerParams:
+        return LayerParams(
+            self.scale,
+            self.sliding_window,
+            self.softcap,
+            mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
         )
 
     def numpy_options(self) -> dict:
@@ -125,12 +125,12 @@ def _rounded(x: np.ndarray, dtype: mx.Dtype) -> np.ndarray:
     return np.array(mx.array(x).astype(dtype).astype(mx.float32))
 
 
-def emulated_attention(emulator: Emulator | None = None, split: SplitPolicy | None = None):
-    """``paged_attention`` with the kernel run by the MSL emulator."""
-    kwargs = {"metal_kernel": (emulator or Emulator()).metal_kernel}
-    if split is not None:
-        kwargs["split"] = split
-    return functools.partial(paged_attention_kernel, **kwargs)
+def emulated_attention(
+    emulator: Emulator | None = None, split: SplitPolicy | None = None
+) -> MetalKernelBackend:
+    """The Metal kernel backend with the kernel run by the MSL emulator."""
+    factory = (emulator or Emulator()).metal_kernel
+    return MetalKernelBackend(factory) if split is None else MetalKernelBackend(factory, split)
 
 
 def relative_error(got: mx.array | np.ndarray, want: np.ndarray) -> float:

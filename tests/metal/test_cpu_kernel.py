@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from macbatch.metal import cpu_kernel
+from macbatch.metal import AttentionMetadata, LayerParams, cpu_kernel
 from macbatch.metal.cpu_kernel import CpuKernelUnavailable, paged_attention_cpu
 from macbatch.metal.reference import paged_attention_reference
 from tests.engine.test_reference_attention import CASES
@@ -19,15 +19,13 @@ from tests.support.attention_numpy import paged_attention_numpy, random_paged_ca
 def _run(case, dtype=mx.float32, **options):
     q, k, v, tables, lens, cu = case
     sinks = options.pop("sinks", None)
+    layer = LayerParams(**options, sinks=None if sinks is None else mx.array(sinks))
     got = paged_attention_cpu(
         mx.array(q, dtype=dtype),
         mx.array(k, dtype=dtype),
         mx.array(v, dtype=dtype),
-        mx.array(tables),
-        lens,
-        cu,
-        sinks=None if sinks is None else mx.array(sinks),
-        **options,
+        AttentionMetadata.build(tables, lens, cu),
+        layer,
     )
     assert got.dtype == dtype
     return np.array(got.astype(mx.float32))
@@ -70,7 +68,8 @@ def test_strided_queries():
     """q as the model produces it: a transposed view, not row-contiguous."""
     q, k, v, tables, lens, cu = random_paged_case([3, 1], [3, 9], hq=4, hkv=2, d=16, block_size=8)
     q_view = mx.array(np.ascontiguousarray(q.transpose(1, 0, 2))).transpose(1, 0, 2)
-    got = paged_attention_cpu(q_view, mx.array(k), mx.array(v), mx.array(tables), lens, cu, 0.5)
+    meta = AttentionMetadata.build(tables, lens, cu)
+    got = paged_attention_cpu(q_view, mx.array(k), mx.array(v), meta, LayerParams(0.5))
     want = paged_attention_numpy(q, k, v, tables, lens, cu, scale=0.5)
     np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
 
@@ -78,10 +77,14 @@ def test_strided_queries():
 def test_long_prefill_on_several_threads_matches_reference():
     """Enough query tiles that the work is split across threads."""
     data = random_paged_case([300, 1, 1], [340, 77, 5], hq=8, hkv=4, d=64, block_size=16, seed=3)
-    args = [mx.array(a) for a in data[:4]] + list(data[4:])
-    want = paged_attention_reference(*args, 0.125)
+    args = (
+        *(mx.array(a) for a in data[:3]),
+        AttentionMetadata.build(*data[3:]),
+        LayerParams(0.125),
+    )
+    want = paged_attention_reference(*args)
     np.testing.assert_allclose(
-        np.array(paged_attention_cpu(*args, 0.125)), np.array(want), rtol=1e-5, atol=1e-5
+        np.array(paged_attention_cpu(*args)), np.array(want), rtol=1e-5, atol=1e-5
     )
 
 
@@ -118,7 +121,8 @@ def test_a_failed_build_says_why(monkeypatch, tmp_path):
 
 def test_metadata_in_any_form_gives_the_same_result():
     """Host-built int32 arrays go in as they are; other dtypes, arrays still to be computed and
-    strided views are made int32 and contiguous first: every form reads the same metadata."""
+    strided views are made int32 (by `AttentionMetadata.build`) and contiguous (by the kernel)
+    first: every form reads the same metadata."""
     q, k, v, tables, lens, cu = random_paged_case([1, 5, 2], [9, 5, 30], hq=4, hkv=2, block_size=8)
     want = paged_attention_numpy(q, k, v, tables, lens, cu, scale=0.5)
     as_host_int32 = [mx.array(np.asarray(a, dtype=np.int32)) for a in (tables, lens, cu)]
@@ -127,5 +131,6 @@ def test_metadata_in_any_form_gives_the_same_result():
     strided_tables = mx.array(np.ascontiguousarray(np.asarray(tables, np.int32).T)).T
     forms = [as_host_int32, as_int64, lazy, [strided_tables, *as_host_int32[1:]]]
     for metadata in forms:
-        got = paged_attention_cpu(mx.array(q), mx.array(k), mx.array(v), *metadata, 0.5)
+        meta = AttentionMetadata.build(*metadata)
+        got = paged_attention_cpu(mx.array(q), mx.array(k), mx.array(v), meta, LayerParams(0.5))
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)

@@ -27,8 +27,8 @@ def check_triangle(case: Case, split: SplitPolicy | None = None, emulator: Emula
         **case.numpy_options(),
     )  # fmt: skip
     kernel = emulated_attention(emulator, split)
-    got = kernel(*case.args(poisoned=True), **case.options())
-    ref = paged_attention_reference(*case.args(poisoned=False), **case.options())
+    got = kernel(*case.args(poisoned=True))
+    ref = paged_attention_reference(*case.args(poisoned=False))
     tol = TOLERANCE[case.dtype]
     assert got.dtype == case.dtype and got.shape == case.q.shape
     assert relative_error(got, want) <= tol, f"kernel vs numpy: {relative_error(got, want)}"

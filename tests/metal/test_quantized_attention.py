@@ -71,20 +71,20 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_emulated_kernel_matches_numpy(name):
     case = CASES[name]
-    _check(case, emulated_attention()(*case.args(poisoned=True), **case.options()))
+    _check(case, emulated_attention()(*case.args(poisoned=True)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_reference_matches_numpy(name):
     case = CASES[name]
-    _check(case, paged_attention_reference(*case.args(poisoned=False), **case.options()))
+    _check(case, paged_attention_reference(*case.args(poisoned=False)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_cpu_kernel_matches_numpy(name):
     case = CASES[name]
     # Like the reference, it reads whole pages and masks the hidden slots' scores.
-    _check(case, paged_attention_cpu(*case.args(poisoned=False), **case.options()))
+    _check(case, paged_attention_cpu(*case.args(poisoned=False)))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -92,7 +92,7 @@ def test_split_kv_two_pass_with_quantized_pages(bits):
     case = Case([300, 97, 3], [1, 1, 1], dtype=F16, sinks=True, kv_bits=bits, sliding_window=200)
     emulator = Emulator()
     attention = emulated_attention(emulator, SplitPolicy(64, min_keys=32, max_splits=8))
-    _check(case, attention(*case.args(poisoned=True), **case.options()))
+    _check(case, attention(*case.args(poisoned=True)))
     assert emulator.dispatches[-1].threadgroups > 6  # 3 seqs x 2 KV heads, some split
 
 
@@ -101,7 +101,7 @@ def test_largest_shapes_fit_threadgroup_memory(head_dim, block_size, bits):
     """The most scale groups per chunk (group size 32) stay within Apple's 32 KiB."""
     case = Case([40, 9], [1, 9], 8, 2, head_dim, block_size, F16, kv_bits=bits, group_size=32)
     emulator = Emulator()
-    _check(case, emulated_attention(emulator)(*case.args(poisoned=True), **case.options()))
+    _check(case, emulated_attention(emulator)(*case.args(poisoned=True)))
     assert emulator.dispatches[-1].threadgroup_memory <= 32 * 1024
 
 
@@ -114,7 +114,7 @@ def test_kernel_reads_fewer_bytes_by_the_quantization_ratio(bits):
     read = []
     for case in (float_case, quant_case):
         emulator = Emulator()
-        emulated_attention(emulator)(*case.args(poisoned=True), **case.options())
+        emulated_attention(emulator)(*case.args(poisoned=True))
         read.append(emulator.dispatches[-1].bytes_read)
     keys = 64 + 40
     per_key_head = 128 * bits // 8 + 2 * 2 * (128 // 64)  # codes + two (scale, bias) pairs

@@ -25,9 +25,7 @@ def _mutant_error(old: str, new: str, order: str = "forward") -> float:
         kw["source"] = kw["source"].replace(old, new)
         return real_factory(**kw)
 
-    got = kernels.paged_attention_kernel(
-        *CASE.args(poisoned=True), **CASE.options(), metal_kernel=factory
-    )
+    got = kernels.paged_attention_kernel(*CASE.args(poisoned=True), metal_kernel=factory)
     want = paged_attention_numpy(
         CASE.q, CASE.k, CASE.v, CASE.tables, CASE.lens, CASE.cu, CASE.scale
     )

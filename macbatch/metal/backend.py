@@ -1,0 +1,102 @@
+"""The attention contract's types: what a step hands every layer, what a layer adds, and the
+protocol every attention backend implements (the registry of them is in ``registry.py``).
+
+Two objects instead of ten loose arguments, split by lifetime: `AttentionMetadata` is the step's
+(one per packed forward, shared by every layer), `LayerParams` the layer's (its scale, window,
+softcap and sinks). The function both describe is written out in ``reference.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple, Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from macbatch.metal.quant import QuantizedPages
+
+Pages = mx.array | QuantizedPages
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionMetadata:
+    """The step's sequences as attention sees them, on the device and on the host.
+
+    Sequence ``s`` owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]``, has ``seq_lens[s]``
+    tokens of context after this step, and keeps them in the blocks listed in
+    ``block_tables[s]`` (padded with block 0, never read). All int32. The host copies exist
+    because every backend plans its work with numpy; holding them here converts them once per
+    step rather than once per layer. ``eq=False``: arrays do not compare to a bool.
+    """
+
+    block_tables: mx.array  # [S, max_blocks]
+    seq_lens: mx.array  # [S]
+    cu_seqlens_q: mx.array  # [S + 1]
+    host_seq_lens: np.ndarray  # seq_lens, as numpy
+    host_cu_seqlens_q: np.ndarray  # cu_seqlens_q, as numpy
+
+    @classmethod
+    def build(
+        cls,
+        block_tables: mx.array | np.ndarray,
+        seq_lens: mx.array | np.ndarray,
+        cu_seqlens_q: mx.array | np.ndarray,
+    ) -> AttentionMetadata:
+        """From numpy or MLX arrays of any integer type; int32 MLX arrays are kept as they are
+        (a conversion would add an op to the step's graph)."""
+        return cls(
+            _int32(block_tables),
+            _int32(seq_lens),
+            _int32(cu_seqlens_q),
+            np.asarray(seq_lens, dtype=np.int32),
+            np.asarray(cu_seqlens_q, dtype=np.int32),
+        )
+
+
+class LayerParams(NamedTuple):
+    """One layer's own attention parameters. A tuple, not a dataclass: the engine builds one per
+    layer per step, and a tuple costs a fifth of a frozen dataclass to make."""
+
+    scale: float
+    sliding_window: int | None = None  # attend to the last this many keys only
+    softcap: float | None = None  # scores become tanh(score / softcap) * softcap
+    sinks: mx.array | None = None  # [Hq] one extra logit per head, in the softmax only
+
+
+class BackendUnavailable(RuntimeError):
+    """`AttentionBackend.prepare` cannot make the backend runnable here (no compiler, ...)."""
+
+
+class AttentionBackend(Protocol):
+    """One implementation of the attention contract of ``reference.py``.
+
+    ``name`` is what ``MACBATCH_ATTENTION`` selects it by, ``label`` the words
+    ``macbatch doctor`` prints. The defaults suit a backend that runs anywhere and builds
+    nothing; subclass this protocol to inherit them.
+    """
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+
+    def available(self) -> str | None:
+        """None when this machine can run the backend, else why not (cheap: builds nothing)."""
+        return None
+
+    def prepare(self) -> None:
+        """Build or compile what the backend needs, once; raise `BackendUnavailable` on
+        failure. Runs before the start-up self-test."""
+        return None
+
+    def __call__(
+        self, q: mx.array, k: Pages, v: Pages, meta: AttentionMetadata, layer: LayerParams, /
+    ) -> mx.array:
+        """Attention of packed query rows ``q [N, Hq, D]`` over each row's own paged context."""
+        ...
+
+
+def _int32(a: mx.array | np.ndarray) -> mx.array:
+    """``a`` as an int32 MLX array; as it is when it already is one."""
+    if isinstance(a, mx.array):
+        return a if a.dtype == mx.int32 else a.astype(mx.int32)
+    return mx.array(np.asarray(a, dtype=np.int32))

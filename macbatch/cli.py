@@ -81,8 +81,10 @@ def command() -> Callable[..., Any]:
                 param.metavar = name
                 # typer writes a required argument as {name} in the usage line; click's FILE
                 # is what users and man pages know.
-                param._usage_display_name = lambda name=name: name
-                param.display_type_rich = lambda ctx: None  # the name says it; no "<path>"
+                # typer's renderer calls these methods; replacing them per parameter is the
+                # documented way to change its display, which mypy cannot see
+                param._usage_display_name = lambda name=name: name  # type: ignore[method-assign,misc]
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
             elif getattr(param, "is_flag", False):
                 param.metavar = ""
             else:
@@ -100,19 +102,21 @@ def doctor_command(
 ) -> None:
     """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
     with MODEL, whether it can be served and how (without loading its weights)."""
+    from importlib.metadata import version
+
     import mlx.core as mx
 
-    import macbatch
+    from macbatch import __version__
     from macbatch.config import data_dir
     from macbatch.demo import MODEL_DIR
     from macbatch.metal import attention_backend, cpu_kernel_status, ensure_selftest
 
     ensure_selftest()  # report the path an engine would take (builds the CPU kernel if needed)
     rows = [
-        ("macbatch", macbatch.__version__),
+        ("macbatch", __version__),
         ("python", platform.python_version()),
         ("platform", f"{platform.system()} {platform.machine()}"),
-        ("mlx", mx.__version__),
+        ("mlx", version("mlx")),
         ("device", str(mx.default_device())),
         ("metal", "available" if mx.metal.is_available() else "not available"),
         ("attention", attention_backend()),

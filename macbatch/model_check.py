@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlx.utils import tree_flatten
+from mlx.utils import tree_reduce
 
 from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, unsupported_reason
 from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
@@ -93,7 +93,7 @@ def _probe(path: Path, report: ModelReport) -> None:
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
     # what the weights take once loaded and cast (lazy arrays know their size unread)
-    needed = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    needed = tree_reduce(lambda total, array: total + array.nbytes, model.parameters(), 0)
     free = available_memory_bytes()
     report.rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
     if needed > free:

@@ -50,7 +50,8 @@ def _describe(name: str, path: Path) -> LocalModel:
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     if not isinstance(config, dict):
         return LocalModel(name, "unreadable config.json", size, path, "?", None)
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
     context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
     return LocalModel(
         name=name,

@@ -194,9 +194,11 @@ def _run(
 
     def load_engine(name: str) -> object:
         try:
-            sizing = {} if max_seqs is None else {"max_num_seqs": max_seqs}
             bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
-            return Engine.load(name, EngineConfig(**sizing, kv_bits=bits))
+            config = EngineConfig(kv_bits=bits)
+            if max_seqs is not None:
+                config = dataclasses.replace(config, max_num_seqs=max_seqs)
+            return Engine.load(name, config)
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 

@@ -187,8 +187,8 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
     if source is not None and source.format == "openai":
         endpoint, body = _openai_body(fields)
         sampling = {**(job.given_sampling or {}), **_sampling_fields(body)}
-        options = {k: v for k, v in body.items() if k in OPTION_FIELDS and v is not None}
-        options = options or job.options or None
+        own = {k: v for k, v in body.items() if k in OPTION_FIELDS and v is not None}
+        options = own or job.options or None
         merged = {**body, **sampling, **(options or {})}
         merged.setdefault("chat_template_kwargs", job.chat_template_kwargs)
         generation = parse_body(endpoint, merged)
@@ -206,12 +206,12 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
     else:
         prompt = _chat(job, _text(fields["prompt"]) or "")
     endpoint = Endpoint.CHAT if isinstance(prompt, list) else Endpoint.COMPLETION
-    body: dict[str, Any] = {**job.sampling, **(job.options or {})}
+    built: dict[str, Any] = {**job.sampling, **(job.options or {})}
     if endpoint is Endpoint.CHAT:
-        body.update(messages=prompt, chat_template_kwargs=job.chat_template_kwargs)
+        built.update(messages=prompt, chat_template_kwargs=job.chat_template_kwargs)
     else:
-        body["prompt"] = prompt
-    generation = dataclasses.replace(parse_body(endpoint, body, JOB_DEFAULTS), n=job.n)
+        built["prompt"] = prompt
+    generation = dataclasses.replace(parse_body(endpoint, built, JOB_DEFAULTS), n=job.n)
     return _RowRequest(prompt, dict(job.sampling), job.options, generation)
 
 

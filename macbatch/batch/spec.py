@@ -342,7 +342,7 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
     # A JSON-lines file may be an OpenAI batch whose rows ask for JSON themselves.
     rows_may_ask = spec_input is not None and spec_input.format not in ("csv", "tsv")
     parsed_unreadable = not rows_may_ask and not _replies_are_json(options)
-    if score is not None and score.parsed is not None and parsed_unreadable:
+    if found_score is not None and score is not None and score.parsed and parsed_unreadable:
         at = (*found_score[1], "parsed")
         raise check.fail(
             at,
@@ -467,13 +467,14 @@ def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:
                 f"unknown input format '{fmt}'{suggest(fmt, INPUT_FORMATS, 'formats')}",
             )
     else:
-        fmt = _guess_format(path)
-        if fmt is None:
+        guessed = _guess_format(path)
+        if guessed is None:
             raise check.fail(
                 (*key, "path"),
                 f"cannot tell the format of '{path.name}' from its extension; "
                 f"add format: (one of {', '.join(INPUT_FORMATS)})",
             )
+        fmt = guessed
     if not path.is_file():
         raise check.fail((*key, "path"), f"input file not found: {path}")
     id_pattern = None
@@ -502,7 +503,7 @@ def _prompts(
     if not raw:
         raise check.fail(key, f"{dotted(key)} is empty: this job has nothing to run")
     allowed = ("id", "prompt", "messages") + ((score.field, score.group) if score else ())
-    items = []
+    items: list[str | dict[str, Any]] = []
     for i, item in enumerate(raw):
         where = (*key, i)
         if isinstance(item, str):

@@ -74,13 +74,14 @@ class Generation:
         params = self.choice_params()
         if tools is not None and tools.constraint is not None:
             params = [dataclasses.replace(p, structured=tools.constraint) for p in params]
-        kwargs, tool_list = self.chat_template_kwargs, tools and tools.tools
+        kwargs = self.chat_template_kwargs
+        tool_list = None if tools is None else tools.tools
         requests = tuple(
             (PromptInput(prompt, kwargs, tool_list), choice)
             for prompt in self.prompts
             for choice in params
         )
-        return Bound(requests, tools and tools.parse_with)
+        return Bound(requests, None if tools is None else tools.parse_with)
 
 
 def parse_chat(body: dict[str, Any], defaults: Defaults = OPENAI_CHAT) -> Generation:

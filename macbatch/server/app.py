@@ -21,10 +21,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
+from macbatch.engine.model_info import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat, detect_tool_format
 from macbatch.openai import ChoiceProgress, Endpoint, Formatter, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
-from macbatch.openai.responses import TokenDecoder
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
@@ -45,7 +45,7 @@ class ServerOptions:
 @dataclass
 class ServerState:
     thread: EngineThread
-    decoder: TokenDecoder
+    decoder: Tokenizer
     options: ServerOptions
     model_id: str
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
@@ -75,7 +75,7 @@ class ServerState:
 
 def create_app(
     thread: EngineThread,
-    decoder: TokenDecoder,
+    decoder: Tokenizer,
     options: ServerOptions | None = None,
     model_id: str | None = None,
 ) -> Starlette:

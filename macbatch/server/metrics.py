@@ -105,7 +105,7 @@ class ServerMetrics:
             "Seconds from arrival to first generated token, per engine request.",
             self.time_to_first_token.lines(name),
         )
-        gauges = {
+        gauges: dict[str, tuple[str, float]] = {
             "macbatch_engine_up": ("1 if the engine thread is running.", int(engine_up)),
             "macbatch_requests_pending": (
                 "Engine requests admitted by the server and not finished.",

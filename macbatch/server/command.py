@@ -3,8 +3,10 @@ the function so ``macbatch --help`` stays fast."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -88,35 +90,33 @@ def serve_command(
             "or pass --insecure to serve without one",
             param_hint="--host",
         )
-    if print_launchd_plist:
-        arguments = _command_line(
-            model=_absolute_if_local(model),
-            host=host,
-            port=port,
-            insecure=insecure,
-            max_num_seqs=max_num_seqs,
-            max_queue=max_queue,
-            kv_blocks=kv_blocks,
-            kv_bits=kv_bits,
-            max_body_mb=max_body_mb,
-            shutdown_timeout=shutdown_timeout,
-            log_level=log_level,
-        )
-        typer.echo(_plist(arguments, api_key), nl=False)
-        return
-    _serve(
-        model,
-        host,
-        port,
-        api_key,
-        max_num_seqs=max_num_seqs,
-        max_queue=max_queue,
-        kv_blocks=kv_blocks,
-        kv_bits=kv_bits,
-        max_body_bytes=int(max_body_mb * 1024 * 1024),
-        shutdown_timeout=shutdown_timeout,
-        log_level=log_level,
+    settings = ServeSettings(
+        model, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
     )
+    settings = dataclasses.replace(settings, shutdown_timeout=shutdown_timeout, log_level=log_level)
+    if print_launchd_plist:
+        local = dataclasses.replace(settings, model=_absolute_if_local(model))
+        typer.echo(_plist(_command_line(local), api_key), nl=False)
+        return
+    _serve(settings, api_key)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The command's options but the API key (which never goes on a command line): what the
+    server runs with, and what a launchd plist repeats."""
+
+    model: str
+    host: str
+    port: int
+    insecure: bool
+    max_num_seqs: int
+    max_queue: int
+    kv_blocks: int | None
+    kv_bits: int | None
+    max_body_mb: float
+    shutdown_timeout: float = 10.0
+    log_level: str = "info"
 
 
 def _absolute_if_local(model: str) -> str:
@@ -125,12 +125,12 @@ def _absolute_if_local(model: str) -> str:
     return str(path.resolve()) if model != "demo" and path.exists() else model
 
 
-def _command_line(**options: object) -> list[str]:
+def _command_line(settings: ServeSettings) -> list[str]:
     """This command's argv for launchd: the installed ``macbatch`` script and every option."""
     program = shutil.which("macbatch") or str(Path(sys.argv[0]).resolve())
     argv = [program, "serve"]
-    for name, value in options.items():
-        flag = "--" + name.replace("_", "-")
+    for field in dataclasses.fields(settings):
+        flag, value = "--" + field.name.replace("_", "-"), getattr(settings, field.name)
         if isinstance(value, bool):
             argv += [flag] if value else []
         elif value is not None:
@@ -147,30 +147,20 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
     return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
 
 
-def _serve(
-    model: str,
-    host: str,
-    port: int,
-    api_key: str | None,
-    *,
-    max_num_seqs: int,
-    max_queue: int,
-    kv_blocks: int | None,
-    kv_bits: int | None,
-    max_body_bytes: int,
-    shutdown_timeout: float,
-    log_level: str,
-) -> None:
+def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.engine import Engine, EngineConfig, EngineThread
     from macbatch.server.app import ServerOptions, create_app, stop_generating
     from macbatch.server.listen import ListenError, bind, run
 
+    model, host = settings.model, settings.host
     try:
-        sock = bind(host, port)
+        sock = bind(host, settings.port)
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = EngineConfig(max_num_seqs=max_num_seqs, num_blocks=kv_blocks, kv_bits=kv_bits)
+    config = EngineConfig(
+        max_num_seqs=settings.max_num_seqs, num_blocks=settings.kv_blocks, kv_bits=settings.kv_bits
+    )
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()
     try:
@@ -183,8 +173,8 @@ def _serve(
         typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)
         options = ServerOptions(
             api_key=api_key,
-            max_body_bytes=max_body_bytes,
-            max_pending=max_num_seqs + max_queue,
+            max_body_bytes=int(settings.max_body_mb * 1024 * 1024),
+            max_pending=settings.max_num_seqs + settings.max_queue,
             model_aliases=(Path(model).name,),
         )
         app = create_app(thread, tokenizer, options, model_id=model)
@@ -194,9 +184,10 @@ def _serve(
             f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
             err=True,
         )
-        run(app, sock, shutdown_timeout, log_level, on_deadline=lambda: stop_generating(app))
+        stop = lambda: stop_generating(app)  # noqa: E731
+        run(app, sock, settings.shutdown_timeout, settings.log_level, on_deadline=stop)
     finally:
-        thread.shutdown(timeout=shutdown_timeout)
+        thread.shutdown(timeout=settings.shutdown_timeout)
         sock.close()
     _exit_now()
 

@@ -65,12 +65,11 @@ def chat_command(
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.tui.app import ChatApp
     from macbatch.tui.loading import LoadProgress, make_loader
-    from macbatch.tui.reply import sampling_params
-    from macbatch.tui.store import HistoryError, HistoryStore, SessionSettings
+    from macbatch.tui.settings import SessionSettings
+    from macbatch.tui.store import HistoryError, HistoryStore
 
-    defaults = SessionSettings(system, temperature, top_p, max_tokens)
     try:
-        sampling_params(defaults)
+        defaults = SessionSettings(system, temperature, top_p, max_tokens)
         config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

@@ -3,6 +3,7 @@ and the title its first message gives it."""
 
 from __future__ import annotations
 
+from macbatch.tui.settings import SAMPLING_FIELDS
 from macbatch.tui.store import ERROR, Message, Session
 
 TITLE_CHARS = 40  # the sidebar shows about 24 and ends the rest with "…"; the chat's border more
@@ -27,13 +28,9 @@ def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, 
 def to_markdown(session: Session, history: list[Message]) -> str:
     """The chat as a Markdown document: a title, the settings, then one section per message."""
     settings = session.settings
-    lines = [
-        f"# {session.title}",
-        "",
-        f"- temperature: {settings.temperature:g}",
-        f"- top_p: {settings.top_p:g}",
-        f"- max tokens: {settings.max_tokens}",
-    ]
+    lines = [f"# {session.title}", ""]
+    for field in SAMPLING_FIELDS:
+        lines.append(f"- {field.label.lower()}: {field.text(getattr(settings, field.name))}")
     if settings.thinking is not None:
         lines.append(f"- thinking: {'on' if settings.thinking else 'off'}")
     if settings.system_prompt:

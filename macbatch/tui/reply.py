@@ -1,25 +1,20 @@
 """One assistant reply in flight: engine outputs go to the message, its view and the store.
 
-The reply runs as a Textual worker on the UI's event loop, reading `EngineThread.stream`. Stopping
-it (Esc) cancels the worker; leaving the stream aborts the request, which frees its KV blocks on
-the engine thread at once.
+The reply runs as a Textual worker on the UI's event loop, reading the stream the chat service
+opens on the engine thread (this module never calls the engine itself). Stopping it (Esc)
+cancels the worker; leaving the stream aborts the request, which frees its KV blocks on the
+engine thread at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from macbatch.engine import (
-    THINKING_SWITCH,
-    EngineDeadError,
-    FinishReason,
-    PromptTooLongError,
-    SamplingParams,
-)
-from macbatch.tui.context_window import fit_to_context, reply_room
+from macbatch.engine import EngineDeadError, FinishReason, PromptTooLongError
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -29,28 +24,30 @@ from macbatch.tui.store import (
     Message,
     Reasoning,
     ReplyMetrics,
-    SessionSettings,
 )
 
 if TYPE_CHECKING:
-    from macbatch.engine import EngineThread, RequestOutput
-    from macbatch.tui.widgets.message_view import MessageView
+    from macbatch.engine import RequestOutput
+
+OpenStream = Callable[[], AsyncGenerator["RequestOutput", None]]
 
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to disk (crash safety vs. writes)
 RENDER_EVERY_S = 0.05  # new text reaches the screen at most 20 times a second (the UI's CPU time
 # and the GIL are taken from the engine thread; Markdown re-parses the open paragraph per append)
 
 
-def sampling_params(settings: SessionSettings) -> SamplingParams:
-    """The engine parameters for a session (`ValueError` naming the field when out of range)."""
-    return SamplingParams(
-        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens
-    )
+class ReplyView(Protocol):
+    """Where a reply is shown while it streams (a `MessageView`; the service knows no widgets)."""
 
+    async def append(self, text: str) -> None: ...
 
-def template_kwargs(settings: SessionSettings) -> dict[str, bool] | None:
-    """The chat template variables a session sets: thinking on or off, when it chose one."""
-    return None if settings.thinking is None else {THINKING_SWITCH: settings.thinking}
+    async def show_reasoning(
+        self, text: str, tokens: int, seconds: float | None, done: bool
+    ) -> None: ...
+
+    def refresh_meta(self) -> None: ...
+
+    async def finish(self) -> None: ...
 
 
 def reply_metrics(output: RequestOutput) -> ReplyMetrics:
@@ -95,25 +92,19 @@ class ReasoningProgress:
 
 
 class Reply:
-    """Streams one reply into `message` (already stored with status "streaming") and `view`."""
+    """Streams one reply into `message` (already stored with status "streaming") and `view`.
+
+    `open_stream` is called inside the worker, so an engine that refuses the prompt fails this
+    reply (shown on it), not the screen that started it.
+    """
 
     def __init__(
-        self,
-        engine: EngineThread,
-        store: HistoryStore,
-        message: Message,
-        view: MessageView,
-        prompt: list[dict[str, str]],
-        params: SamplingParams,
-        chat_template_kwargs: dict[str, bool] | None = None,
+        self, open_stream: OpenStream, store: HistoryStore, message: Message, view: ReplyView
     ) -> None:
-        self.engine = engine
-        self.chat_template_kwargs = chat_template_kwargs
+        self.open_stream = open_stream
         self.store = store
         self.message = message
         self.view = view
-        self.prompt = prompt
-        self.params = params
         self.stopped_by_user = False
         self._interrupted = False
 
@@ -123,11 +114,7 @@ class Reply:
         unrendered: list[str] = []
         thinking = ReasoningProgress()
         try:
-            # max_tokens is a cap the engine shrinks to the room the conversation leaves.
-            kwargs = self.chat_template_kwargs
-            prompt = self._fitted_prompt()
-            stream = self.engine.stream(prompt, self.params, chat_template_kwargs=kwargs)
-            async with aclosing(stream) as outputs:
+            async with aclosing(self.open_stream()) as outputs:
                 async for output in outputs:
                     message.content = output.text
                     message.metrics = reply_metrics(output)
@@ -163,22 +150,6 @@ class Reply:
             message.error = str(error)
         self.store.save_message(message)
         await self.view.finish()
-
-    def _fitted_prompt(self) -> list[dict[str, str]]:
-        """The prompt with the oldest turns left out if the chat outgrew the context."""
-        context = self.engine.context_limit()
-        room = reply_room(self.params.max_tokens or context, context)
-        kwargs = self.chat_template_kwargs
-        prompt, left_out = fit_to_context(
-            self.prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
-        )
-        if left_out:
-            self.view.app.notify(
-                f"The chat is longer than the model's context ({context} tokens): its first"
-                f" {left_out} messages were left out of this prompt.",
-                timeout=4,
-            )
-        return prompt
 
     def _finish(self, output: RequestOutput) -> None:
         reason = output.finish_reason

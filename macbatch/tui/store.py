@@ -1,10 +1,10 @@
 """Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
 
 One file (``chat.sqlite3`` in the data directory) with three tables: sessions (title, whether the
-user chose it, system prompt, sampling settings), messages (role, text, status, reply metrics,
-a thinking model's reasoning with its tokens and seconds) and app_state (which chat was open
-last). The UI thread is the only user; every write commits at once, so a crash loses at most the
-last streamed tokens.
+user chose it, and its settings as one JSON column, so a new setting needs no migration),
+messages (role, text, status, reply metrics, a thinking model's reasoning with its tokens and
+seconds) and app_state (which chat was open last). The UI thread is the only user; every write
+commits at once, so a crash loses at most the last streamed tokens.
 """
 
 from __future__ import annotations
@@ -14,18 +14,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
+from macbatch.tui.settings import SessionSettings
+
+SESSIONS = """
+CREATE TABLE IF NOT EXISTS {name} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     title TEXT NOT NULL,
     named INTEGER NOT NULL DEFAULT 0,
-    system_prompt TEXT NOT NULL DEFAULT '',
-    temperature REAL NOT NULL,
-    top_p REAL NOT NULL,
-    max_tokens INTEGER NOT NULL,
     created REAL NOT NULL,
-    thinking INTEGER
+    settings TEXT NOT NULL CHECK (json_valid(settings))
 );
+"""
+SCHEMA = (
+    SESSIONS.format(name="sessions")
+    + """
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS app_state (
     value TEXT NOT NULL
 );
 """
+)
 
 # Message columns added since the first release: every history gains them on open.
 REASONING_COLUMNS = (
@@ -58,18 +61,6 @@ STREAMING = "streaming"
 STOPPED = "stopped"
 INTERRUPTED = "interrupted"
 ERROR = "error"
-
-
-@dataclass
-class SessionSettings:
-    """What a session sends with each request: its system prompt and sampling settings, and
-    thinking on or off for templates with that switch (None: the template's own default)."""
-
-    system_prompt: str = ""
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_tokens: int = 512
-    thinking: bool | None = None
 
 
 @dataclass
@@ -119,9 +110,10 @@ class HistoryStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(path)
-            self._db.execute("PRAGMA foreign_keys = ON")
+            self._move_settings_to_json()  # before foreign keys are on: it rebuilds sessions
             self._db.executescript(SCHEMA)
             self._add_missing_columns()
+            self._db.execute("PRAGMA foreign_keys = ON")
             # A reply still "streaming" on disk belongs to a run that ended without saying so.
             self._db.execute(
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
@@ -133,13 +125,36 @@ class HistoryStore:
                 "fresh history (or point MACBATCH_HOME at another directory)."
             ) from error
 
+    def _move_settings_to_json(self) -> None:
+        """Bring sessions written with one column per setting (before the settings column) to
+        this schema, keeping every value. SQLite cannot drop those columns everywhere, so the
+        table is rebuilt in one transaction, the way its ALTER TABLE documentation describes."""
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(sessions)")]
+        if not columns or "settings" in columns:
+            return
+        rows = [dict(zip(columns, row)) for row in self._db.execute("SELECT * FROM sessions")]
+        with self._db:  # commits, or rolls back to the old table on any error
+            self._db.execute("BEGIN")  # sqlite3 would not open the transaction before the DDL
+            self._db.execute(SESSIONS.format(name="sessions_new"))
+            self._db.executemany(
+                "INSERT INTO sessions_new (id, title, named, created, settings) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [
+                    (
+                        row["id"],
+                        row["title"],
+                        row.get("named", 0),
+                        row["created"],
+                        SessionSettings.from_values(row).to_json(),
+                    )
+                    for row in rows
+                ],
+            )
+            self._db.execute("DROP TABLE sessions")
+            self._db.execute("ALTER TABLE sessions_new RENAME TO sessions")
+
     def _add_missing_columns(self) -> None:
-        """Bring a history written by an older macbatch up to this schema."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(sessions)")}
-        if "named" not in columns:
-            self._db.execute("ALTER TABLE sessions ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
-        if "thinking" not in columns:  # NULL: the template's own default
-            self._db.execute("ALTER TABLE sessions ADD COLUMN thinking INTEGER")
+        """Bring messages written by an older macbatch up to this schema."""
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
         for name, kind in REASONING_COLUMNS:
             if name not in columns:  # NULL: the reply had no reasoning
@@ -165,17 +180,8 @@ class HistoryStore:
     def create_session(self, title: str, settings: SessionSettings) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, system_prompt, temperature, top_p, max_tokens, created, "
-            "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                title,
-                settings.system_prompt,
-                settings.temperature,
-                settings.top_p,
-                settings.max_tokens,
-                now,
-                settings.thinking,
-            ),
+            "INSERT INTO sessions (title, created, settings) VALUES (?, ?, ?)",
+            (title, now, settings.to_json()),
         )
         self._db.commit()
         return Session(int(cursor.lastrowid or 0), title, settings, now)
@@ -197,16 +203,7 @@ class HistoryStore:
 
     def update_settings(self, session_id: int, settings: SessionSettings) -> None:
         self._db.execute(
-            "UPDATE sessions SET system_prompt = ?, temperature = ?, top_p = ?, max_tokens = ?, "
-            "thinking = ? WHERE id = ?",
-            (
-                settings.system_prompt,
-                settings.temperature,
-                settings.top_p,
-                settings.max_tokens,
-                settings.thinking,
-                session_id,
-            ),
+            "UPDATE sessions SET settings = ? WHERE id = ?", (settings.to_json(), session_id)
         )
         self._db.commit()
 
@@ -278,9 +275,7 @@ class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 
 
-SESSION_COLUMNS = (
-    "id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking"
-)
+SESSION_COLUMNS = "id, title, created, named, settings"
 
 MESSAGE_COLUMNS = (
     "id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s, reasoning, "
@@ -289,15 +284,10 @@ MESSAGE_COLUMNS = (
 
 
 def _session(row: tuple) -> Session:
-    session_id, title, system_prompt, temperature, top_p, max_tokens, created, named, thinking = row
-    settings = SessionSettings(
-        system_prompt,
-        float(temperature),
-        float(top_p),
-        int(max_tokens),
-        None if thinking is None else bool(thinking),
+    session_id, title, created, named, settings = row
+    return Session(
+        int(session_id), title, SessionSettings.from_json(settings), float(created), bool(named)
     )
-    return Session(int(session_id), title, settings, float(created), bool(named))
 
 
 def _message(row: tuple) -> Message:

@@ -12,7 +12,8 @@ from macbatch.config import data_dir
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.app import ChatApp
 from macbatch.tui.loading import LoadProgress
-from macbatch.tui.store import HistoryStore, SessionSettings
+from macbatch.tui.settings import SessionSettings
+from macbatch.tui.store import HistoryStore
 from tests.tui.helpers import GREEDY, RecordingEngineThread
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from textual import events
 
 from macbatch.engine import Engine, EngineThread, RequestOutput
-from macbatch.tui.store import SessionSettings
+from macbatch.tui.settings import SessionSettings
 
 # Greedy, short replies: deterministic, so the engine's own output is the oracle for the text.
 GREEDY = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=24)
@@ -51,10 +51,10 @@ async def send(pilot, screen, text: str) -> None:
 async def first_reply(pilot, app, text: str):
     """Wait for the app, send `text` in the open session and wait for the whole reply; the chat
     screen is returned."""
-    await wait_for(pilot, lambda: app.ready)
+    await wait_for(pilot, lambda: app.chats.ready)
     screen = app.screen
     await send(pilot, screen, text)
-    await wait_for(pilot, lambda: not screen.replies)
+    await wait_for(pilot, lambda: not screen.chats.replies)
     return screen
 
 

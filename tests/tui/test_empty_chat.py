@@ -36,7 +36,7 @@ def shown(screen) -> str:
 async def test_an_empty_chat_shows_how_to_start(make_app):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         assert shown(app.screen) == GENERAL_HINT
 
 
@@ -44,7 +44,7 @@ async def test_the_demo_chat_lists_its_tasks_and_answers_them_in_one_chat(make_a
     config = EngineConfig(num_blocks=256, max_num_seqs=8)
     app = make_app(loader=lambda: Engine.load("demo", config), model_label="demo")
     async with app.run_test(size=(140, 40)) as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         text = shown(screen)
         assert all(question in text for _, question in SHOWCASE.values())
@@ -57,13 +57,13 @@ async def test_the_demo_chat_lists_its_tasks_and_answers_them_in_one_chat(make_a
         replies = []
         for _, question in questions:
             await send(pilot, screen, question)
-            await wait_for(pilot, lambda: not screen.replies)
+            await wait_for(pilot, lambda: not screen.chats.replies)
             replies.append(screen.transcript(screen.current).views[-1].message.content)
         assert not screen.query(EmptyChat)
-        assert replies == reference_replies(app.engine.prompts)
+        assert replies == reference_replies(app.chats.engine.prompts)
         task, question = questions[0]
         assert replies[0].strip() == oracle(task, question)  # asked first, in a fresh chat
-        last_prompt = app.engine.prompts[-1]
+        last_prompt = app.chats.engine.prompts[-1]
         assert 1 < len(last_prompt) < 2 * len(questions) - 1
         assert last_prompt[0]["role"] == "user"
         assert last_prompt[-1]["content"] == questions[-1][1]

@@ -8,7 +8,8 @@ from textual.widgets import ProgressBar
 
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
-from macbatch.tui.store import DONE, ERROR, SessionSettings
+from macbatch.tui.settings import SessionSettings
+from macbatch.tui.store import DONE, ERROR
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import first_reply, send, wait_for
@@ -18,7 +19,7 @@ async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
     missing = tmp_path / "no-such-model"
     app = make_app(loader=lambda: Engine.load(str(missing)))
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.load_error is not None)
+        await wait_for(pilot, lambda: app.chats.load_error is not None)
         await pilot.pause(0.6)  # one status refresh
         screen = app.screen
         panel = screen.query_one(LoadingPanel)
@@ -26,8 +27,8 @@ async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
         assert str(missing) in str(panel.query_one(".phase").render())
         assert any(str(missing) in str(n.message) for n in app._notifications)
         await send(pilot, screen, "hello")
-        assert not screen.replies  # nothing was sent; the app is still running
-        assert app.store.messages(screen.current) == []
+        assert not screen.chats.replies  # nothing was sent; the app is still running
+        assert app.chats.store.messages(screen.current) == []
         assert any("failed to load" in str(n.message) for n in app._notifications)
         assert screen.prompt_input.text == "hello"  # kept for when the user fixes the model
 
@@ -36,11 +37,11 @@ async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
     # 4 blocks of 16 tokens cannot even hold the prompt of a long message.
     app = make_app(config=EngineConfig(num_blocks=4, max_num_seqs=4))
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await send(pilot, screen, "the quick brown fox jumps over the lazy dog " * 8)
-        await wait_for(pilot, lambda: not screen.replies)
-        reply = app.store.messages(screen.current)[-1]
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        reply = app.chats.store.messages(screen.current)[-1]
         assert reply.status == ERROR and "leaves no room for a reply" in (reply.error or "")
         assert "KV cache" in reply.error and "start a new chat (ctrl+n)" in reply.error
         meta = str(screen.transcript(screen.current).views[-1].query_one(".meta").render())
@@ -49,8 +50,8 @@ async def test_a_request_the_engine_rejects_is_shown_on_the_reply(make_app):
         # The engine is still fine: a short message gets a reply.
         await pilot.press("ctrl+n")
         await send(pilot, screen, "hi")
-        await wait_for(pilot, lambda: not screen.replies)
-        assert app.store.messages(screen.current)[-1].status != ERROR
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        assert app.chats.store.messages(screen.current)[-1].status != ERROR
 
 
 async def test_max_tokens_shrinks_to_the_room_left(make_app, tiny_tokenizer):
@@ -62,7 +63,7 @@ async def test_max_tokens_shrinks_to_the_room_left(make_app, tiny_tokenizer):
     )
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hi")
-        reply = app.store.messages(screen.current)[-1]
+        reply = app.chats.store.messages(screen.current)[-1]
         assert reply.status == DONE, reply.error
         used = len(
             tiny_tokenizer.apply_chat_template(
@@ -92,7 +93,7 @@ async def test_loading_progress_is_shown_until_the_model_is_ready(make_app, tiny
         assert (bar.progress, bar.total) == (1, 4)
         assert panel.display and "loading" in str(screen.query_one(StatusBar).render())
         gate.set()
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         await wait_for(pilot, lambda: not panel.display)
         assert "tok/step" in str(screen.query_one(StatusBar).render())
         assert progress.read().phase == f"loading {tiny_model_path}"

@@ -100,12 +100,14 @@ async def test_a_thinking_reply_keeps_its_reasoning_out_of_the_next_prompt(make_
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hello")
         await send(pilot, screen, "again")
-        await wait_for(pilot, lambda: len(app.engine.prompts) == 2 and not screen.replies)
+        await wait_for(
+            pilot, lambda: len(app.chats.engine.prompts) == 2 and not screen.chats.replies
+        )
         session_id = screen.current
     history = HistoryStore(home / "chat.sqlite3").messages(session_id)
     assert history[1].reasoning.text == tokenizer.decode(thought)
     assert history[1].content == tokenizer.decode(answer)
-    assert app.engine.prompts[1] == [
+    assert app.chats.engine.prompts[1] == [
         *chat,
         {"role": "assistant", "content": tokenizer.decode(answer)},
         {"role": "user", "content": "again"},

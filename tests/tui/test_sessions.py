@@ -14,11 +14,11 @@ from tests.tui.test_streaming import LONG, STEP_SECONDS
 async def test_create_rename_switch_and_delete_sessions(make_app, home):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         assert isinstance(screen, ChatScreen)
         await pilot.press("ctrl+n", "ctrl+n")
-        ids = list(screen.sessions)
+        ids = list(screen.chats.sessions)
         assert len(ids) == 3 and screen.current == ids[2]
 
         await pilot.press("f2")
@@ -36,11 +36,11 @@ async def test_create_rename_switch_and_delete_sessions(make_app, home):
         assert screen.query_one("#transcripts").current == f"session-{ids[0]}"
 
         await pilot.press("f8", "n")  # answer no: nothing happens
-        assert list(screen.sessions) == ids
+        assert list(screen.chats.sessions) == ids
         await pilot.press("f8", "enter")  # an Enter meant for the message box answers no
-        assert isinstance(app.screen, ChatScreen) and list(screen.sessions) == ids
+        assert isinstance(app.screen, ChatScreen) and list(screen.chats.sessions) == ids
         await pilot.press("f8", "y")
-        assert list(screen.sessions) == ids[1:]
+        assert list(screen.chats.sessions) == ids[1:]
         assert screen.current == ids[1]
         assert [item.session_id for item in screen.session_list.items] == ids[1:]
         assert not screen.query(f"#session-{ids[0]}")
@@ -65,8 +65,8 @@ async def test_the_first_message_titles_the_chat(make_app):
         screen = await first_reply(pilot, app, question)
         first = screen.current
         await send(pilot, screen, "and in reverse?")
-        await wait_for(pilot, lambda: not screen.replies)
-        assert app.store.session(first).title == title
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        assert app.chats.store.session(first).title == title
         assert screen.session_list.item_for(first).title == title
         assert screen.query_one("#transcripts").border_title == title
 
@@ -74,8 +74,8 @@ async def test_the_first_message_titles_the_chat(make_app):
         app.screen.query_one("Input").value = "Groceries"
         await pilot.press("enter")
         await send(pilot, screen, "milk")
-        await wait_for(pilot, lambda: not screen.replies)
-        assert app.store.session(screen.current).title == "Groceries"
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        assert app.chats.store.session(screen.current).title == "Groceries"
 
 
 async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
@@ -85,7 +85,7 @@ async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hello world")
         await pilot.press("ctrl+n", "ctrl+n")
-        first, second, third = screen.sessions
+        first, second, third = screen.chats.sessions
         opened = []
         original = screen.open_session
 
@@ -108,31 +108,33 @@ async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hello world")
         first = screen.current
-        finished = app.store.messages(first)
+        finished = app.chats.store.messages(first)
         await pilot.press("ctrl+n")
-        screen.sessions[screen.current].settings = LONG
+        screen.chats.sessions[screen.current].settings = LONG
         await send(pilot, screen, "the quick brown fox")
-        await wait_for(pilot, lambda: len(app.engine.outputs[-1]) >= 10)
+        await wait_for(pilot, lambda: len(app.chats.engine.outputs[-1]) >= 10)
         second = screen.current
     # The app quit while the second reply streamed.
 
     again = make_app()
     async with again.run_test() as pilot:
         screen = again.screen
-        await wait_for(pilot, lambda: again.ready)
-        assert list(screen.sessions) == [first, second]
+        await wait_for(pilot, lambda: again.chats.ready)
+        assert list(screen.chats.sessions) == [first, second]
         assert screen.current == second
-        restored = again.store.messages(second)
+        restored = again.chats.store.messages(second)
         assert [(m.role, m.status) for m in restored] == [
             ("user", DONE),
             ("assistant", INTERRUPTED),
         ]
         assert len(restored[1].content) > 0
-        assert restored[1].content == app.engine.outputs[-1][-1].text[: len(restored[1].content)]
+        assert (
+            restored[1].content == app.chats.engine.outputs[-1][-1].text[: len(restored[1].content)]
+        )
         views = screen.transcript(second).views
         assert "interrupted" in str(views[-1].query_one(".meta").render())
         await pilot.press("ctrl+pageup")
-        assert again.store.messages(first) == finished
+        assert again.chats.store.messages(first) == finished
         texts = [v.message.content for v in screen.transcript(first).views]
         assert texts == [m.content for m in finished]
 
@@ -155,7 +157,7 @@ async def test_export_writes_the_chat_as_markdown(make_app, home):
 async def test_settings_are_checked_and_saved(make_app, home):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await pilot.press("ctrl+s")
         dialog = app.screen
@@ -172,7 +174,7 @@ async def test_settings_are_checked_and_saved(make_app, home):
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, ChatScreen)
         await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)
         session_id = screen.current
     saved = HistoryStore(home / "chat.sqlite3").session(session_id).settings
     assert (saved.system_prompt, saved.temperature, saved.max_tokens) == (
@@ -180,7 +182,7 @@ async def test_settings_are_checked_and_saved(make_app, home):
         0.3,
         8,
     )
-    (outputs,) = app.engine.outputs
+    (outputs,) = app.chats.engine.outputs
     assert len(outputs[-1].token_ids) <= 8
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import pytest
 
 from macbatch.tui.conversation import prompt_messages, title_from
+from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import (
     DONE,
     ERROR,
@@ -16,7 +17,6 @@ from macbatch.tui.store import (
     HistoryStore,
     Reasoning,
     ReplyMetrics,
-    SessionSettings,
 )
 
 
@@ -82,8 +82,8 @@ def test_thinking_choice_round_trips_and_old_histories_gain_the_column(tmp_path)
     path = tmp_path / "chat.sqlite3"
     write_first_release_history(path, (1, "Old", "", 0.5, 1.0, 64, 0.0))
     store = HistoryStore(path)
-    assert store.session(1).settings == SessionSettings("", 0.5, 1.0, 64, None)
-    store.update_settings(1, SessionSettings("", 0.5, 1.0, 64, False))
+    assert store.session(1).settings == SessionSettings("", 0.5, 1.0, 64, thinking=None)
+    store.update_settings(1, SessionSettings("", 0.5, 1.0, 64, thinking=False))
     on = store.create_session("New", SessionSettings(thinking=True))
     store.close()
     again = HistoryStore(path)
@@ -178,3 +178,117 @@ def write_first_release_history(path, session: tuple) -> None:
     old.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)", session)
     old.commit()
     old.close()
+
+
+# The schema before settings moved to one JSON column, copied from macbatch/tui/store.py as it
+# was then; a history written by that version also has the reasoning columns, added on open.
+SCHEMA_WITH_A_COLUMN_PER_SETTING = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    named INTEGER NOT NULL DEFAULT 0,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    temperature REAL NOT NULL,
+    top_p REAL NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    created REAL NOT NULL,
+    thinking INTEGER
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'done',
+    error TEXT,
+    tokens INTEGER,
+    ttft_s REAL,
+    tokens_per_s REAL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_session ON messages(session_id, id);
+CREATE TABLE IF NOT EXISTS app_state (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+ALTER TABLE messages ADD COLUMN reasoning TEXT;
+ALTER TABLE messages ADD COLUMN reasoning_tokens INTEGER;
+ALTER TABLE messages ADD COLUMN reasoning_s REAL;
+"""
+
+
+def test_a_history_with_a_column_per_setting_keeps_every_value(tmp_path):
+    path = tmp_path / "chat.sqlite3"
+    # (id, title, named, system_prompt, temperature, top_p, max_tokens, created, thinking)
+    rows = [
+        (3, "Greedy", 0, "", 0.0, 1.0, 24, 100.5, None),
+        (5, "Mine", 1, "Be brief.\nAnswer in French.", 1.25, 0.9, 3000, 200.25, 0),
+        (9, "Thinks", 0, "You are a poet.", 2.0, 0.05, 1, 300.0, 1),
+    ]
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA_WITH_A_COLUMN_PER_SETTING)
+    old.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    old.execute(
+        "INSERT INTO messages (session_id, role, content, status, tokens, ttft_s, tokens_per_s, "
+        "reasoning, reasoning_tokens, reasoning_s, created) "
+        "VALUES (5, 'assistant', 'Bonjour', 'done', 3, 0.5, 12.0, 'Hmm.', 2, 0.25, 0)"
+    )
+    old.execute("INSERT INTO app_state VALUES ('last_opened', '5')")
+    old.commit()
+    old.close()
+
+    store = HistoryStore(path)
+    sessions = store.sessions()
+    assert [(s.id, s.title, s.named, s.created) for s in sessions] == [
+        (3, "Greedy", False, 100.5),
+        (5, "Mine", True, 200.25),
+        (9, "Thinks", False, 300.0),
+    ]
+    assert [s.settings for s in sessions] == [
+        SessionSettings("", 0.0, 1.0, 24, thinking=None),
+        SessionSettings("Be brief.\nAnswer in French.", 1.25, 0.9, 3000, thinking=False),
+        SessionSettings("You are a poet.", 2.0, 0.05, 1, thinking=True),
+    ]
+    [reply] = store.messages(5)
+    assert (reply.content, reply.metrics, reply.reasoning) == (
+        "Bonjour",
+        ReplyMetrics(3, 0.5, 12.0),
+        Reasoning("Hmm.", 2, 0.25),
+    )
+    assert store.last_opened() == 5
+    fresh = store.create_session("New", SessionSettings())
+    assert fresh.id == 10  # AUTOINCREMENT goes on after the old ids
+    store.delete_session(5)  # the foreign key still holds: its messages go with it
+    store.close()
+
+    raw = sqlite3.connect(path)
+    columns = [row[1] for row in raw.execute("PRAGMA table_info(sessions)")]
+    assert columns == ["id", "title", "named", "created", "settings"]
+    assert raw.execute("SELECT count(*) FROM messages").fetchone() == (0,)
+    assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_stored_settings_read_by_name_so_a_new_setting_needs_no_migration(tmp_path):
+    """Settings stored before a setting existed read as its default; one since removed, a value
+    of the wrong type, or one the engine now refuses must not keep the history from opening."""
+    path = tmp_path / "chat.sqlite3"
+    HistoryStore(path).close()
+    raw = sqlite3.connect(path)
+    stored = [
+        '{"temperature": 0.3}',
+        '{"system_prompt": "Hi.", "top_p": 0.5, "retired": 7, "thinking": true}',
+        '{"temperature": 9.0, "max_tokens": "many", "top_p": 0.25}',
+    ]
+    raw.executemany(
+        "INSERT INTO sessions (title, created, settings) VALUES ('s', 0, ?)",
+        [(text,) for text in stored],
+    )
+    raw.commit()
+    with pytest.raises(sqlite3.IntegrityError):  # the column takes JSON only
+        raw.execute("INSERT INTO sessions (title, created, settings) VALUES ('s', 0, 'top_p')")
+    raw.close()
+    assert [s.settings for s in HistoryStore(path).sessions()] == [
+        SessionSettings(temperature=0.3),
+        SessionSettings("Hi.", top_p=0.5, thinking=True),
+        SessionSettings(top_p=0.25),
+    ]

@@ -11,7 +11,8 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
-from macbatch.tui.store import DONE, STOPPED, SessionSettings
+from macbatch.tui.settings import SessionSettings
+from macbatch.tui.store import DONE, STOPPED
 from macbatch.tui.widgets.message_view import displayable
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
@@ -34,18 +35,18 @@ def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_toke
 async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
     app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test(size=(120, 36)) as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         assert isinstance(screen, ChatScreen)
         await send(pilot, screen, "hello world")
         await pilot.press("ctrl+n")
         await send(pilot, screen, CODE_PROMPT)
-        first, second = screen.sessions
-        assert set(screen.replies) == {first, second}
+        first, second = screen.chats.sessions
+        assert set(screen.chats.replies) == {first, second}
         # Both sessions are marked as generating in the sidebar while both stream.
         items = [screen.session_list.item_for(s) for s in (first, second)]
         assert all(item.has_class("-generating") for item in items)
-        outputs = app.engine.outputs
+        outputs = app.chats.engine.outputs
         # Greedy replies start with newlines; wait until the second one shows some text.
         await wait_for(pilot, lambda: len(outputs[1]) >= 20 and outputs[1][-1].text.strip())
         await pilot.pause(0.2)
@@ -55,14 +56,14 @@ async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):
         await pilot.press("ctrl+pageup")
         assert screen.current == first
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)
         assert not any(item.has_class("-generating") for item in items)
 
         steps = [{out.step for out in outs} for outs in outputs]
         shared = steps[0] & steps[1]
         assert len(shared) >= 10, f"sessions shared only {len(shared)} engine steps"
         for session_id, outs in zip((first, second), outputs):
-            reply = app.store.messages(session_id)[-1]
+            reply = app.chats.store.messages(session_id)[-1]
             streamed = "".join(out.new_text for out in outs)
             assert reply.status == STOPPED
             assert reply.content == streamed
@@ -83,14 +84,14 @@ def status(screen: ChatScreen) -> str:
 async def test_stop_frees_kv_blocks_at_once(make_app):
     app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await send(pilot, screen, "hello world")
-        outputs = app.engine.outputs
+        outputs = app.chats.engine.outputs
         await wait_for(pilot, lambda: len(outputs[0]) >= 40)
-        in_use = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
+        in_use = app.chats.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert in_use.kv_blocks_used > 0
-        pool = app.engine.call(
+        pool = app.chats.engine.call(
             lambda engine: (
                 engine.pool.num_blocks,
                 engine.config.block_size,
@@ -108,13 +109,13 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         assert int(shown[3].replace(",", "")) == blocks * block_size
         assert float(shown[4].replace(",", "")) == pytest.approx(nbytes / 2**20, abs=0.05)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)
         # The abort was queued before this call, so the engine has freed the blocks by now.
-        after = app.engine.call(lambda engine: engine.stats()).result(timeout=10)
+        after = app.chats.engine.call(lambda engine: engine.stats()).result(timeout=10)
         assert after.kv_blocks_used == 0
         assert after.running == 0
         await wait_for(pilot, lambda: f"KV 0/{blocks} blocks" in status(screen))
-        reply = app.store.messages(screen.current)[-1]
+        reply = app.chats.store.messages(screen.current)[-1]
         assert reply.status == STOPPED
         assert 40 <= len(outputs[0][-1].token_ids) < LONG.max_tokens
         meta = screen.transcript(screen.current).views[-1].query_one(".meta")
@@ -125,10 +126,10 @@ async def test_regenerate_replaces_the_last_reply(make_app, tiny_model_path):
     app = make_app()
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hello world")
-        user, old = app.store.messages(screen.current)
+        user, old = app.chats.store.messages(screen.current)
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: not screen.replies)
-        messages = app.store.messages(screen.current)
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        messages = app.chats.store.messages(screen.current)
         views = screen.transcript(screen.current).views
     assert [m.id for m in messages][0] == user.id and len(messages) == 2
     new = messages[1]
@@ -149,8 +150,8 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
         screen.prompt_input.text = ""
         await pilot.press(*"0123")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: not screen.replies)
-        messages = app.store.messages(screen.current)
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        messages = app.chats.store.messages(screen.current)
         assert not screen.prompt_input.has_class("-editing")
     assert [(m.role, m.status) for m in messages] == [("user", DONE), ("assistant", DONE)]
     assert messages[0].content == "0123"
@@ -172,15 +173,15 @@ async def test_keys_typed_ahead_edit_and_resend_in_the_order_typed(make_app, tin
         first = screen.current
 
         async def edit_typed_ahead(text: str, *before: str) -> None:
-            replies_so_far = len(app.engine.outputs)
+            replies_so_far = len(app.chats.engine.outputs)
             type_ahead(app, *before, "ctrl+g", "end", *["backspace"] * 30, *text, "enter")
-            await wait_for(pilot, lambda: len(app.engine.outputs) > replies_so_far)
-            await wait_for(pilot, lambda: not screen.replies)
+            await wait_for(pilot, lambda: len(app.chats.engine.outputs) > replies_so_far)
+            await wait_for(pilot, lambda: not screen.chats.replies)
 
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)
         await edit_typed_ahead("0123")
-        messages = app.store.messages(first)
+        messages = app.chats.store.messages(first)
         assert [(m.role, m.content) for m in messages] == [
             ("user", "0123"),
             ("assistant", replies[0]),
@@ -189,12 +190,14 @@ async def test_keys_typed_ahead_edit_and_resend_in_the_order_typed(make_app, tin
         await pilot.press("ctrl+n", "ctrl+n")
         await edit_typed_ahead("4567", "ctrl+pageup", "ctrl+pageup")  # back to the first chat
         assert screen.current == first
-        messages = app.store.messages(first)
+        messages = app.chats.store.messages(first)
         assert [(m.role, m.content) for m in messages] == [
             ("user", "4567"),
             ("assistant", replies[1]),
         ]
-        assert [app.store.messages(other) for other in screen.sessions if other != first] == [
+        assert [
+            app.chats.store.messages(other) for other in screen.chats.sessions if other != first
+        ] == [
             [],
             [],
         ]
@@ -203,7 +206,7 @@ async def test_keys_typed_ahead_edit_and_resend_in_the_order_typed(make_app, tin
 async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):
     app = make_app(defaults=LONG, step_seconds=STEP_SECONDS)
     async with app.run_test(size=(60, 12)) as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await send(pilot, screen, "hello world")
         transcript = screen.transcript(screen.current)
@@ -220,4 +223,4 @@ async def test_the_view_follows_the_stream_unless_scrolled_up(make_app):
         await wait_for(pilot, lambda: transcript.max_scroll_y > grown)
         await wait_for(pilot, lambda: transcript.scroll_y == transcript.max_scroll_y, timeout=3)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)

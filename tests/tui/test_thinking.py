@@ -6,21 +6,20 @@ from __future__ import annotations
 from textual.widgets import Switch
 
 from macbatch.engine import Engine, EngineConfig
-from macbatch.tui.reply import sampling_params
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import HistoryStore
 from tests.support.tiny import THINKING_TEMPLATE, save_model
 from tests.tui.helpers import GREEDY, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
-GREEDY_PARAMS = sampling_params(GREEDY)
+GREEDY_PARAMS = GREEDY.sampling_params()
 
 
 async def test_thinking_switch_reaches_the_template(make_app, home, tmp_path):
     path = save_model(tmp_path / "thinking", chat_template=THINKING_TEMPLATE)
     app = make_app(loader=lambda: Engine.load(str(path), CONFIG))
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await pilot.press("ctrl+s")
         switch = app.screen.query_one("#thinking", Switch)
@@ -29,10 +28,10 @@ async def test_thinking_switch_reaches_the_template(make_app, home, tmp_path):
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, ChatScreen)
         await send(pilot, screen, "hello world")
-        await wait_for(pilot, lambda: not screen.replies)
+        await wait_for(pilot, lambda: not screen.chats.replies)
         session_id = screen.current
     assert HistoryStore(home / "chat.sqlite3").session(session_id).settings.thinking is False
-    assert app.engine.template_kwargs == [{"enable_thinking": False}]
+    assert app.chats.engine.template_kwargs == [{"enable_thinking": False}]
     reply = HistoryStore(home / "chat.sqlite3").messages(session_id)[1].content
     oracle = Engine.load(str(path), CONFIG).generate(
         [[{"role": "user", "content": "hello world"}]],
@@ -45,7 +44,7 @@ async def test_thinking_switch_reaches_the_template(make_app, home, tmp_path):
 async def test_no_switch_without_one_in_the_template(make_app):
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         await pilot.press("ctrl+s")
         assert not app.screen.query("#thinking")
 
@@ -59,7 +58,7 @@ async def test_saving_without_the_switch_keeps_the_chats_choice(make_app):
 
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.ready)
+        await wait_for(pilot, lambda: app.chats.ready)
         chosen = replace(GREEDY, thinking=False)
         saved = []
         app.push_screen(SettingsScreen("Chat", chosen, thinking_default=None), saved.append)

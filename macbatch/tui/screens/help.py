@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from textual.app import ComposeResult
-from textual.binding import Binding
+from dataclasses import replace
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Label
+from textual.widgets import DataTable, Label, ListView
+
+from macbatch.tui.widgets.message_view import MessageView
+from macbatch.tui.widgets.prompt_input import PromptInput
 
 
 class HelpScreen(ModalScreen[None]):
@@ -28,3 +33,25 @@ class HelpScreen(ModalScreen[None]):
         table.add_columns("Where", "Keys", "Action")
         table.add_rows(self.rows)
         table.focus()
+
+
+def help_rows(app: App[None], screen: list[BindingType]) -> list[tuple[str, str, str]]:
+    """One row per action and where it works, keys as the footer shows them; `screen` is the
+    chat screen's bindings."""
+    places = [
+        ("Anywhere", screen + list(app.BINDINGS)),
+        ("Message box", PromptInput.BINDINGS),
+        ("Selected message", MessageView.BINDINGS),
+        ("Chat list", ListView.BINDINGS),
+    ]
+    rows = []
+    for place, bindings in places:
+        actions: dict[str, tuple[str, list[str]]] = {}
+        for binding in Binding.make_bindings(bindings):
+            if binding.system and not binding.description:
+                continue
+            _, keys = actions.setdefault(binding.action, (binding.description, []))
+            keys.append(app.get_key_display(replace(binding, key_display=None)))
+        rows += [(place, ", ".join(keys), text) for text, keys in actions.values()]
+    rows.append(("Anywhere", "tab, shift+tab", "Move focus"))
+    return rows

@@ -1,4 +1,7 @@
-"""Dialog: the open session's system prompt and sampling settings, checked before saving."""
+"""Dialog: the open session's system prompt and sampling settings, checked before saving.
+
+Its inputs are generated from `SAMPLING_FIELDS`, so a new sampling setting appears here without
+an edit to this file."""
 
 from __future__ import annotations
 
@@ -8,31 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
-from macbatch.tui.reply import sampling_params
-from macbatch.tui.store import SessionSettings
-
-
-def parse_settings(
-    system_prompt: str, temperature: str, top_p: str, max_tokens: str, thinking: bool | None = None
-) -> SessionSettings:
-    """Settings from the form's text; `ValueError` says which field is wrong and what fits."""
-    settings = SessionSettings(
-        system_prompt=system_prompt,
-        temperature=_number("temperature", temperature, float),
-        top_p=_number("top_p", top_p, float),
-        max_tokens=_number("max tokens", max_tokens, int),
-        thinking=thinking,
-    )
-    sampling_params(settings)  # the engine's own range checks
-    return settings
-
-
-def _number(name: str, text: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(text.strip())
-    except ValueError:
-        noun = "a whole number" if kind is int else "a number"
-        raise ValueError(f"{name} must be {noun}, got {text!r}") from None
+from macbatch.tui.settings import SAMPLING_FIELDS, SessionSettings, parse_settings
 
 
 class SettingsScreen(ModalScreen[SessionSettings | None]):
@@ -59,12 +38,9 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
             yield Label("System prompt")
             yield TextArea(settings.system_prompt, id="system-prompt", soft_wrap=True)
             with Horizontal(classes="numbers"):
-                yield Label("Temperature")
-                yield Input(f"{settings.temperature:g}", id="temperature")
-                yield Label("top_p")
-                yield Input(f"{settings.top_p:g}", id="top-p")
-                yield Label("Max tokens")
-                yield Input(str(settings.max_tokens), id="max-tokens")
+                for field in SAMPLING_FIELDS:
+                    yield Label(field.label)
+                    yield Input(field.text(getattr(settings, field.name)), id=field.input_id)
             if self.thinking_default is not None:
                 with Horizontal(classes="numbers"):
                     yield Label("Thinking")
@@ -79,9 +55,7 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
         try:
             settings = parse_settings(
                 self.query_one("#system-prompt", TextArea).text,
-                self.query_one("#temperature", Input).value,
-                self.query_one("#top-p", Input).value,
-                self.query_one("#max-tokens", Input).value,
+                {f.name: self.query_one(f"#{f.input_id}", Input).value for f in SAMPLING_FIELDS},
                 self._thinking(),
             )
         except ValueError as error:

@@ -60,3 +60,15 @@ class PromptInput(TextArea):
 
     def action_newline(self) -> None:
         self.insert("\n")
+
+    def start_editing(self, text: str) -> None:
+        """Show `text` (a message already sent) marked as being edited, to resend with Enter."""
+        self.text = text
+        self.border_title = "Editing your last message: Enter resends, Esc cancels"
+        self.add_class("-editing")
+        self.focus()
+
+    def stop_editing(self) -> None:
+        self.clear()
+        self.border_title = None
+        self.remove_class("-editing")

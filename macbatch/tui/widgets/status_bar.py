@@ -9,6 +9,7 @@ from textual.widgets import Static
 
 if TYPE_CHECKING:
     from macbatch.engine import EngineStats
+    from macbatch.tui.chats import EngineStatus
 
 
 def status_text(
@@ -30,12 +31,6 @@ def status_text(
 class StatusBar(Static):
     """Shows `status_text`; the app refreshes it on a timer."""
 
-    def show(
-        self,
-        model: str,
-        stats: EngineStats | None,
-        problem: str | None = None,
-        block_size: int = 0,
-    ) -> None:
-        self.update(status_text(model, stats, problem, block_size))
-        self.set_class(problem is not None, "-problem")
+    def show(self, model: str, status: EngineStatus) -> None:
+        self.update(status_text(model, status.stats, status.problem, status.block_size))
+        self.set_class(status.problem is not None, "-problem")

@@ -1,10 +1,14 @@
 """The scrolling list of one session's messages; it follows a streaming reply until the user
-scrolls up (Textual's anchor), and follows again once they scroll back to the bottom."""
+scrolls up (Textual's anchor), and follows again once they scroll back to the bottom. The chats
+opened so far keep theirs mounted, one shown at a time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.widgets import ContentSwitcher
 
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.empty_chat import EmptyChat
@@ -50,6 +54,23 @@ class Transcript(VerticalScroll, can_focus=False):
     async def remove_from(self, message_id: int) -> None:
         """Drop the message `message_id` and every later one."""
         await self.remove_children([v for v in self.views if v.message.id >= message_id])
+
+
+class Transcripts(ContentSwitcher):
+    """A transcript per chat opened so far: a reply keeps streaming into its own while another
+    chat is shown. The border shows the open chat's title."""
+
+    def transcript(self, session_id: int) -> Transcript:
+        return self.query_one(f"#{transcript_id(session_id)}", Transcript)
+
+    async def show(
+        self, session_id: int, title: str, messages: Callable[[], list[Message]], model: str
+    ) -> None:
+        """Show the chat's transcript, made from `messages()` the first time."""
+        if not self.query(f"#{transcript_id(session_id)}"):
+            await self.mount(Transcript(session_id, messages(), model))
+        self.current = transcript_id(session_id)
+        self.border_title = title
 
 
 def transcript_id(session_id: int) -> str:

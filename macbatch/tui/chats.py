@@ -1,0 +1,278 @@
+"""The chat service: sessions, their messages and replies, between the screens and the store.
+
+Screens render and route keys; everything that changes a chat goes through `ChatService`, as
+elia's screens go through its ChatsManager. It keeps the store and the sessions in memory in step,
+starts and stops replies, exports, and is the one place the TUI talks to the engine thread. An
+action it refuses raises `ChatRefused` with the sentence to show; a reply's end reaches the screen
+as its worker's `StateChanged` message, which `reply_ended` turns into what to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from textual.notifications import SeverityLevel
+from textual.worker import Worker, WorkerState
+
+from macbatch.engine import EngineThread, thinking_default
+from macbatch.tui.context_window import fit_to_context, reply_room
+from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
+from macbatch.tui.reply import Reply, ReplyView
+from macbatch.tui.settings import SessionSettings
+from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, Session
+
+if TYPE_CHECKING:
+    from textual.widget import Widget
+
+    from macbatch.engine import EngineStats, RequestOutput
+
+ShowReply = Callable[[Message], Awaitable[ReplyView]]
+ENDED = (WorkerState.SUCCESS, WorkerState.CANCELLED, WorkerState.ERROR)
+
+
+class ChatRefused(Exception):
+    """An action that cannot happen now; the text says why, for a notification."""
+
+    def __init__(self, text: str, severity: SeverityLevel = "information") -> None:
+        super().__init__(text)
+        self.severity: SeverityLevel = severity
+
+
+@dataclass(frozen=True)
+class ReplyEnd:
+    """A reply that ended: its session, and why it failed (None: it did not)."""
+
+    session_id: int
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What the status bar shows of the engine; `problem` replaces the numbers when set."""
+
+    stats: EngineStats | None
+    problem: str | None
+    block_size: int = 0
+
+
+class ChatService:
+    """Every session of the history and the replies in flight, on one engine thread."""
+
+    def __init__(
+        self,
+        engine: EngineThread,
+        store: HistoryStore,
+        *,
+        defaults: SessionSettings,
+        export_dir: Path,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.defaults = defaults
+        self.export_dir = export_dir
+        self.sessions: dict[int, Session] = {s.id: s for s in store.sessions()}
+        self.replies: dict[int, tuple[Reply, Worker[None]]] = {}
+        self.ready = False
+        self.load_error: str | None = None
+
+    # The engine
+
+    def load(self) -> None:
+        """Runs on a worker thread: start the engine thread and wait for its model."""
+        self.engine.start()
+        self.engine.wait_ready()
+
+    def loaded(self) -> str | None:
+        """The model is ready; the name it reports (a path or a hub id), when it has one."""
+        self.ready = True
+        name = self.engine.engine_info.get("model_name")
+        return None if name is None else str(name)
+
+    def failed(self, error: BaseException | None) -> None:
+        self.load_error = str(error) or type(error).__name__
+
+    def status(self) -> EngineStatus:
+        if self.load_error is not None:
+            return EngineStatus(None, "model failed to load")
+        if not self.ready:
+            return EngineStatus(None, "loading")
+        engine = self.engine
+        problem = None if engine.alive else f"engine stopped: {engine.error}"
+        return EngineStatus(engine.stats(), problem, engine.engine_info["block_size"])
+
+    def thinking_default(self) -> bool | None:
+        """Whether the model's template thinks when not told (None: no switch, or no model)."""
+        if not (self.ready and self.engine.alive):
+            return None
+        return thinking_default(self.engine.tokenizer)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.store.close()
+
+    # Sessions
+
+    def create(self) -> Session:
+        """A new chat with the default settings, titled "Chat <n>" until its first message
+        gives it a title."""
+        number = max(self.sessions, default=0) + 1
+        session = self.store.create_session(f"Chat {number}", self.defaults)
+        self.sessions[session.id] = session
+        return session
+
+    def opened_last(self) -> int:
+        """The chat to open at start: the one used last, else the newest (made if none)."""
+        if not self.sessions:
+            self.create()
+        last = self.store.last_opened()
+        return last if last in self.sessions else max(self.sessions)
+
+    def opened(self, session_id: int) -> None:
+        self.store.set_last_opened(session_id)
+
+    def messages(self, session_id: int) -> list[Message]:
+        return self.store.messages(session_id)
+
+    def rename(self, session_id: int, title: str) -> None:
+        self.store.rename_session(session_id, title)
+        self.sessions[session_id].title = title
+
+    def delete(self, session_id: int) -> int | None:
+        """Stop its reply and forget it, messages and all; the chat to open instead, the one
+        that takes its place in the list (None: it was the only one)."""
+        if session_id in self.replies:
+            _, worker = self.replies.pop(session_id)
+            worker.cancel()
+        position = list(self.sessions).index(session_id)
+        self.store.delete_session(session_id)
+        del self.sessions[session_id]
+        remaining = list(self.sessions)
+        return remaining[min(position, len(remaining) - 1)] if remaining else None
+
+    def save_settings(self, session_id: int, settings: SessionSettings) -> None:
+        """The chat's new settings; they apply from its next reply."""
+        self.store.update_settings(session_id, settings)
+        self.sessions[session_id].settings = settings
+
+    def export(self, session_id: int) -> Path:
+        """Write the chat as Markdown; the file's path."""
+        session = self.sessions[session_id]
+        path = self.export_dir / f"chat-{session.id}.md"
+        try:
+            self.export_dir.mkdir(parents=True, exist_ok=True)
+            path.write_text(to_markdown(session, self.store.messages(session.id)))
+        except OSError as error:
+            raise ChatRefused(f"Could not export to {path}: {error}", "error") from error
+        return path
+
+    # Messages and replies
+
+    def _check_can_reply(self, session_id: int) -> None:
+        """`ChatRefused` unless the engine can take a reply for this chat now."""
+        if self.load_error is not None:
+            raise ChatRefused(f"The model failed to load: {self.load_error}", "error")
+        if not self.ready:
+            raise ChatRefused("The model is still loading; try again in a moment.", "warning")
+        if not self.engine.alive:
+            raise ChatRefused(f"The engine stopped: {self.engine.error}", "error")
+        self._check_idle(session_id)
+
+    def _check_idle(self, session_id: int) -> None:
+        if session_id in self.replies:
+            raise ChatRefused("This chat is still replying: wait, or press Esc to stop it.")
+
+    def send(self, session_id: int, text: str, replacing: Message | None = None) -> Message:
+        """Store the user's message (in place of `replacing` and all after it, when editing);
+        the first message of a chat also titles it unless the user named it."""
+        self._check_can_reply(session_id)
+        if replacing is not None:
+            self.store.delete_messages_from(session_id, replacing.id)
+        if not self.store.messages(session_id):
+            title = title_from(text)
+            if self.store.set_automatic_title(session_id, title):
+                self.sessions[session_id].title = title
+        return self.store.add_message(session_id, "user", text)
+
+    def last_user_message(self, session_id: int) -> Message:
+        """The message ctrl+g edits."""
+        self._check_idle(session_id)
+        users = [m for m in self.store.messages(session_id) if m.role == "user"]
+        if not users:
+            raise ChatRefused("No message to edit yet.")
+        return users[-1]
+
+    def drop_last_reply(self, session_id: int) -> int | None:
+        """Before regenerating: forget the last reply; its id (None: the chat ends with the
+        user's message, which gets its first reply)."""
+        self._check_can_reply(session_id)
+        messages = self.store.messages(session_id)
+        if not messages:
+            raise ChatRefused("Nothing to regenerate yet.")
+        if messages[-1].role != "assistant":
+            return None
+        self.store.delete_messages_from(session_id, messages[-1].id)
+        return messages[-1].id
+
+    async def start_reply(self, session_id: int, show: ShowReply, host: Widget) -> None:
+        """Store an empty streaming reply, have `show` put it on screen, and stream into what it
+        shows, as a worker of `host` (whose `StateChanged` messages go to `reply_ended`)."""
+        session = self.sessions[session_id]
+        prompt = prompt_messages(session, self.store.messages(session_id))
+        message = self.store.add_message(session_id, "assistant", "", STREAMING)
+        view = await show(message)
+        settings = session.settings
+        reply = Reply(lambda: self._stream(prompt, settings, host), self.store, message, view)
+        worker = host.run_worker(
+            reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False
+        )
+        self.replies[session_id] = (reply, worker)
+
+    def _stream(
+        self, prompt: list[dict[str, str]], settings: SessionSettings, host: Widget
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's stream for a reply, the oldest turns left out if the chat outgrew the
+        context (max_tokens is a cap the engine shrinks to the room the chat leaves)."""
+        params = settings.sampling_params()
+        kwargs = settings.template_kwargs()
+        context = self.engine.context_limit()
+        room = reply_room(params.max_tokens or context, context)
+        prompt, left_out = fit_to_context(
+            prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
+        )
+        if left_out:
+            host.notify(
+                f"The chat is longer than the model's context ({context} tokens): its first"
+                f" {left_out} messages were left out of this prompt.",
+                timeout=4,
+            )
+        stream = self.engine.stream(prompt, params, chat_template_kwargs=kwargs)
+        return cast("AsyncGenerator[RequestOutput, None]", stream)  # it is one; typed as less
+
+    def stop(self, session_id: int) -> None:
+        """Esc: stop the chat's reply, if any (leaving its stream frees its KV blocks now)."""
+        if session_id in self.replies:
+            reply, worker = self.replies[session_id]
+            reply.stopped_by_user = True
+            worker.cancel()
+
+    def reply_ended(self, worker: Worker[None]) -> ReplyEnd | None:
+        """Forget the reply `worker` ran, once it has ended (None: it has not, or it was not a
+        reply still kept, such as one of a deleted chat)."""
+        if worker.state not in ENDED:
+            return None
+        for session_id, (reply, running) in list(self.replies.items()):
+            if running is worker:
+                del self.replies[session_id]
+                failure = reply.message.error if reply.message.status == ERROR else None
+                if worker.state == WorkerState.ERROR:
+                    failure = str(worker.error)
+                return ReplyEnd(session_id, failure)
+        return None
+
+    def interrupt_replies(self) -> None:
+        """Quitting mid-reply: keep what streamed so far, marked interrupted."""
+        for reply, _ in self.replies.values():
+            reply.interrupt()

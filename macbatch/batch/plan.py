@@ -186,7 +186,7 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
     constraint if it has none of its own); other rows become bodies with the job's settings."""
     if source is not None and source.format == "openai":
         endpoint, body = _openai_body(fields)
-        sampling = {**(job.given_sampling or {}), **_sampling_fields(body)}
+        sampling = {**job.given_sampling, **_sampling_fields(body)}
         own = {k: v for k, v in body.items() if k in OPTION_FIELDS and v is not None}
         options = own or job.options or None
         merged = {**body, **sampling, **(options or {})}

@@ -77,13 +77,17 @@ class JobSpec:
     prompts: tuple[Any, ...] | None
     template: str | None
     system: str | None
-    sampling: dict[str, Any]  # with the job file's defaults
+    given_sampling: dict[str, Any]  # `sampling:` as written (defaults and job merged)
     n: int
     chat: bool
     score: ScoreSpec | None
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
     options: dict[str, Any] | None = None  # the reply's constraint, as request fields
-    given_sampling: dict[str, Any] | None = None  # `sampling:` as written, without defaults
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The job's sampling with the job file's defaults under what it gives."""
+        return {**DEFAULT_SAMPLING, **self.given_sampling}
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
@@ -338,7 +342,6 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 (*key, "template"),
                 "'template' applies to rows of an input file; inline prompts are used as written",
             )
-        template = None
     # A JSON-lines file may be an OpenAI batch whose rows ask for JSON themselves.
     rows_may_ask = spec_input is not None and spec_input.format not in ("csv", "tsv")
     parsed_unreadable = not rows_may_ask and not _replies_are_json(options)
@@ -355,9 +358,8 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         index=index,
         input=spec_input,
         prompts=prompts,
-        template=template,
+        template=template if has_input else None,  # inline prompts are used as written
         system=system,
-        sampling={**DEFAULT_SAMPLING, **given_sampling},
         given_sampling=given_sampling,
         n=n,
         chat=chat,

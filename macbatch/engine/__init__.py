@@ -12,6 +12,8 @@ from macbatch.engine.chat_template import (
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.model_info import EngineInfo, ModelInfo, Tokenizer
+from macbatch.engine.prompt import PromptInput
 from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
 from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
@@ -20,15 +22,19 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineDeadError",
+    "EngineInfo",
     "EngineStats",
     "EngineThread",
     "FinishReason",
     "InvalidSamplingParam",
+    "ModelInfo",
+    "PromptInput",
     "PromptTooLongError",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
     "StructuredOutput",
+    "Tokenizer",
     "UnsupportedModelError",
     "THINKING_SWITCH",
     "check_chat_template_kwargs",

@@ -89,7 +89,7 @@ def create_app(
         thread=thread,
         decoder=decoder,
         options=options or ServerOptions(),
-        model_id=model_id or str(thread.engine_info.get("model_name", "model")),
+        model_id=model_id or thread.info.model_name,
     )
     routes = [
         Route("/health", health, methods=["GET"]),

@@ -65,7 +65,7 @@ class ChatApp(App[None]):
             return
         if event.state == WorkerState.SUCCESS:
             self.ready = True
-            name = self.engine.engine_info.get("model_name", self.model_label)
+            name = self.engine.info.model_name
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
         elif event.state == WorkerState.ERROR:

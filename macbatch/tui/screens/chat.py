@@ -122,7 +122,7 @@ class ChatScreen(Screen[None]):
             panel.display = False
             engine = app.engine
             problem = None if engine.alive else f"engine stopped: {engine.error}"
-            bar.show(app.model_label, engine.stats(), problem, engine.engine_info["block_size"])
+            bar.show(app.model_label, engine.stats(), problem, engine.info.block_size)
 
     # Sessions
 

@@ -30,20 +30,16 @@ from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_info import EngineInfo, ModelInfo, Tokenizer
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
-from macbatch.engine.processor import InputProcessor, prompt_input
+from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.reasoning import ReasoningFormat
 from macbatch.engine.request import FinishReason, Request, RequestOutput
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
-from macbatch.engine.tool_calls import ToolFormat, detect_tool_format
+from macbatch.engine.tool_calls import detect_tool_format
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    from macbatch.engine.adapter import ModelAdapter
-    from macbatch.engine.compute_dtype import ComputeDtype
-    from macbatch.engine.kv_cache import KVStore
 
 
 @dataclass
@@ -70,7 +66,7 @@ class EngineStats:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
-class Engine:
+class Engine(PromptEncoder):
     """Continuous batching over a paged KV cache for one mlx-lm model.
 
     Not thread-safe: use it from one thread, or through ``EngineThread`` (its ``processor`` is
@@ -95,11 +91,14 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.model_name = model_name
         self.runner = runner = ModelRunner(model, config, owns_model, group)
+        self.adapter, self.store = runner.adapter, runner.store
+        self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
         self.tokenizer: TokenizerWrapper = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         model_info = _model_info(model_name, runner, self.tokenizer)
         self.info = _engine_info(model_info, config, runner.num_blocks)
+        self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
         eos = sorted(self.tokenizer.eos_token_ids or ())
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
@@ -123,6 +122,9 @@ class Engine:
         # from the host, and its collectives must finish before the next step's broadcast.
         self._pipelined = config.pipelined and group is None
 
+    def _processor(self) -> InputProcessor:
+        return self.processor
+
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id (on every
@@ -133,50 +135,7 @@ class Engine:
         model, tokenizer, group = load(name, config)
         return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
 
-    # -- what the engine runs (read-only views of the runner and the model's facts) -------------
-
-    @property
-    def adapter(self) -> ModelAdapter:
-        return self.runner.adapter
-
-    @property
-    def store(self) -> KVStore:
-        return self.runner.store
-
-    @property
-    def compute_dtype(self) -> ComputeDtype:
-        """What the weights run in, and why."""
-        return self.runner.compute_dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return self.info.model.vocab_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self.info.model.max_model_len
-
-    @property
-    def tool_format(self) -> ToolFormat | None:
-        """The chat template's tool-call format (parse / grammar), or None."""
-        return self.info.model.tool_format
-
-    @property
-    def reasoning_format(self) -> ReasoningFormat | None:
-        return self.info.model.reasoning_format
-
     # -- requests --------------------------------------------------------------------------
-
-    def encode_prompt(
-        self,
-        prompt: Prompt | PromptInput,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
-        messages templated with ``chat_template_kwargs`` as template variables and ``tools``
-        (OpenAI-shaped function tools) rendered by the template."""
-        return self.processor.encode(prompt_input(prompt, chat_template_kwargs, tools))
 
     def add_request(
         self,

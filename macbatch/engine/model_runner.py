@@ -20,7 +20,7 @@ import mlx.nn as nn
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.compute_dtype import settle_compute_dtype
+from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
@@ -55,7 +55,8 @@ class ModelRunner:
         if group is not None:
             shard_model(model, group)
         self.adapter = ModelAdapter(model)
-        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
+        self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
+        self.model_type = self.adapter.model_type
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.vocab_size = model_vocab_size(model)
         args = getattr(model, "args", None)  # mlx-lm's ModelArgs: a dataclass
@@ -69,6 +70,7 @@ class ModelRunner:
         )
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             num_blocks = smallest(num_blocks, group)
+        self.num_blocks = num_blocks
         self.store = KVStore(shapes, num_blocks, config.block_size, fmt)
         self.kv_head_counts = {s.num_kv_heads for s in shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
@@ -76,18 +78,6 @@ class ModelRunner:
         self._followers: StepChannel | None = (
             channel_of(group) if group is not None and group.rank() == 0 else None
         )
-
-    @property
-    def model(self) -> nn.Module:
-        return self.adapter.model
-
-    @property
-    def model_type(self) -> str:
-        return self.adapter.model_type
-
-    @property
-    def num_blocks(self) -> int:
-        return self.store.num_blocks
 
     # -- a step (rank 0) ---------------------------------------------------------------------
 
@@ -154,8 +144,6 @@ def blocks_for_memory(
     """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
     ``memory_fraction`` of what is left after the weights, capped at what ``max_num_seqs``
     sequences of ``context_length`` tokens can use."""
-    from mlx.utils import tree_flatten
-
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
     # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
     total = int(
@@ -163,7 +151,7 @@ def blocks_for_memory(
         or info.get("memory_size")
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     )
-    weights = sum(array.nbytes for _, array in tree_flatten(model.parameters()))
+    weights = sum(array.nbytes for array in parameter_arrays(model))
     budget = max(0, int(total * config.memory_fraction) - weights)
     most_useful = config.max_num_seqs * -(-context_length // config.block_size)
     blocks = min(budget // per_block, most_useful)

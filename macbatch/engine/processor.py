@@ -133,6 +133,25 @@ class InputProcessor:
         )
 
 
+class PromptEncoder:
+    """``encode_prompt``, for the engine and its thread alike (each gives its processor)."""
+
+    def _processor(self) -> InputProcessor:
+        raise NotImplementedError
+
+    def encode_prompt(
+        self,
+        prompt: Prompt | PromptInput,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The token ids a request for this prompt would get: ids as given, raw text encoded
+        (one BOS, as mlx-lm), chat messages templated with ``chat_template_kwargs`` as template
+        variables and ``tools`` (OpenAI-shaped function tools) rendered by the template.
+        Tokenizer work only: an ``EngineThread``'s is safe from any thread."""
+        return self._processor().encode(prompt_input(prompt, chat_template_kwargs, tools))
+
+
 def prompt_input(
     prompt: Prompt | PromptInput,
     chat_template_kwargs: dict[str, Any] | None = None,

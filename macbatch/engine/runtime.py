@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.model_info import EngineInfo
-from macbatch.engine.processor import prompt_input
+from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestMetrics, RequestOutput
 from macbatch.engine.sampling import SamplingParams
@@ -66,7 +66,7 @@ class _Stop:
 _Command = _Add | _Cancel | _Call | _AbortAll | _Stop
 
 
-class EngineThread:
+class EngineThread(PromptEncoder):
     def __init__(self, loader: Callable[[], Engine], name: str = "macbatch-engine") -> None:
         self._loader = loader
         self._commands: queue.Queue[_Command] = queue.Queue()
@@ -124,15 +124,8 @@ class EngineThread:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def encode_prompt(
-        self,
-        prompt: Prompt | PromptInput,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
-        processor = self._live_engine().processor
-        return processor.encode(prompt_input(prompt, chat_template_kwargs, tools))
+    def _processor(self) -> InputProcessor:
+        return self._live_engine().processor  # plain Python: safe from any thread
 
     def context_limit(self) -> int:
         """The most tokens one sequence may hold (`Engine.context_limit`; plain Python, safe)."""
@@ -164,7 +157,7 @@ class EngineThread:
 
     async def stream(
         self,
-        prompt: Prompt | PromptInput,
+        prompt: Prompt | PromptInput,  # a PromptInput carries the template variables and tools
         params: SamplingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,

@@ -34,7 +34,7 @@ def follow(group: mx.distributed.Group) -> int:
         if kind is not MessageKind.LOAD:
             raise RuntimeError(f"{channel.who}: expected a load message first, got {kind.name}")
         order = StepChannel.load_order(payload)
-        model, _, group = load(order.model, order.config)
+        model, _, _ = load(order.model, order.config)  # on this process's group
         # The same collectives as rank 0's engine makes while it builds its runner.
         runner = ModelRunner(model, order.config, owns_model=True, group=group)
         sys.stderr.write(f"macbatch {channel.who}: loaded its shard of {order.model}\n")

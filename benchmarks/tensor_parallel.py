@@ -112,7 +112,7 @@ def child(out: Path) -> None:
         out.write_text(json.dumps(dict(measure(engine), all_sum_round_trip_s=round_trip)))
         channel_of(group).send_stop()
     else:
-        run_steps(engine, channel_of(group))
+        run_steps(engine.runner, channel_of(group))
 
 
 def two_ranks() -> dict:

@@ -165,7 +165,7 @@ def _demo_kv_pool() -> str:
     return (
         f"{stats.kv_blocks_total:,} blocks of {engine.config.block_size} tokens = {tokens:,} "
         f"tokens, {size / 2**20:,.1f} MiB ({engine.config.max_num_seqs} sequences x "
-        f"{engine.max_model_len:,}-token context, at most {engine.config.memory_fraction:.0%} "
+        f"{engine.info.max_model_len:,}-token context, at most {engine.config.memory_fraction:.0%} "
         "of memory)"
     )
 
@@ -221,7 +221,7 @@ def bench_command(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.vocab_size)
+    prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.info.model.vocab_size)
     typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
     result = run_workload(engine, prompts, max_tokens)
     if result.failures:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from macbatch.engine.model_info import declared_context_length
+
 
 @dataclass(frozen=True)
 class LocalModel:
@@ -50,16 +52,13 @@ def _describe(name: str, path: Path) -> LocalModel:
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     if not isinstance(config, dict):
         return LocalModel(name, "unreadable config.json", size, path, "?", None)
-    nested = config.get("text_config")
-    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
     return LocalModel(
         name=name,
         model_type=str(config.get("model_type", "?")),
         size_bytes=size,
         path=path,
         quantization=describe_quantization(config),
-        context=int(context) if isinstance(context, int) else None,
+        context=declared_context_length(config),
     )
 
 

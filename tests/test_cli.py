@@ -40,7 +40,7 @@ def test_doctor_reports_the_attention_path():
     assert lines["device"] == str(mx.default_device())
     demo = Engine.load("demo")
     blocks = demo.stats().kv_blocks_total
-    assert blocks == demo.config.max_num_seqs * demo.max_model_len // demo.config.block_size
+    assert blocks == demo.config.max_num_seqs * demo.info.max_model_len // demo.config.block_size
     assert lines["kv cache (demo)"].startswith(
         f"{blocks:,} blocks of 16 tokens = {blocks * 16:,} tokens, "
         f"{sum(a.nbytes for a in demo.store.arrays()) / 2**20:,.1f} MiB"
@@ -104,7 +104,7 @@ def test_workload_accounting(tiny_model_path):
     engine = Engine.load(
         str(tiny_model_path), EngineConfig(num_blocks=64, max_num_batched_tokens=16)
     )
-    prompts = synthetic_prompts(5, 3, 30, engine.vocab_size, seed=1)
+    prompts = synthetic_prompts(5, 3, 30, engine.info.model.vocab_size, seed=1)
     result = run_workload(engine, prompts, max_tokens=6)
     assert result.generated_tokens == 5 * 6
     assert len(result.first_token) == 5

@@ -215,14 +215,10 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                bound = item.generation.bind(self.engine.tool_format, self.engine.tokenizer)
+                tool_format = self.engine.info.model.tool_format
+                bound = item.generation.bind(tool_format, self.engine.tokenizer)
                 [(prompt, params)] = bound.requests
-                request_id = self.engine.add_request(
-                    prompt.prompt,
-                    params,
-                    chat_template_kwargs=prompt.chat_template_kwargs,
-                    tools=prompt.tools,
-                )
+                request_id = self.engine.add_request(prompt, params)
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue

@@ -136,7 +136,7 @@ def _patch_model_modules() -> None:
             and getattr(module, "scaled_dot_product_attention", None) is original
             and module is not mlx_base
         ):
-            module.scaled_dot_product_attention = _dispatch_attention
+            vars(module)["scaled_dot_product_attention"] = _dispatch_attention
 
 
 class _Delegate:
@@ -195,14 +195,15 @@ class ModelAdapter:
                 f"{reason}"
             )
         self.model = model = text_model(model)
-        self.inner_name = next(
+        inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
         )
-        if self.inner_name is None:
+        if inner_name is None:
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' has no inner transformer named "
                 f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
             )
+        self.inner_name: str = inner_name
         self._check_cache_kinds()
         _patch_model_modules()
         self.layer_shapes, self.kv_layers, self.kv_dtype = self._probe()
@@ -240,12 +241,14 @@ class ModelAdapter:
         kv_layers: list[int] = []
         owners: list[tuple[mx.array, int]] = []  # (K/V array, store layer) of computing layers
         for cache in caches:
+            assert cache.shape is not None and cache.keys is not None  # every layer attended
             store_layer = next((i for keys, i in owners if keys is cache.keys), None)
             if store_layer is None:
                 store_layer = len(shapes)
                 shapes.append(cache.shape)
                 owners.append((cache.keys, store_layer))
             kv_layers.append(store_layer)
+        assert caches[0].dtype is not None
         return shapes, kv_layers, caches[0].dtype
 
     def hidden_states(self, batch: PackedBatch, store: KVStore) -> mx.array:

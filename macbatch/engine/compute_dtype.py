@@ -36,8 +36,15 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf(pages)
 
 
+def parameter_arrays(model: nn.Module) -> list[mx.array]:
+    """Every parameter array of ``model``."""
+    flat = tree_flatten(model.parameters())
+    assert isinstance(flat, list)  # a dict only when given one to fill
+    return [array for _, array in flat]
+
+
 def _float_dtype(model: nn.Module) -> str | None:
-    for _, value in tree_flatten(model.parameters()):
+    for value in parameter_arrays(model):
         if mx.issubdtype(value.dtype, mx.floating):
             return str(value.dtype).removeprefix("mlx.core.")
     return None
@@ -48,7 +55,7 @@ def cast_bytes(model: nn.Module, dtype: str) -> int:
     size = getattr(mx, dtype).size
     return sum(
         value.size * size - value.nbytes
-        for _, value in tree_flatten(model.parameters())
+        for value in parameter_arrays(model)
         if mx.issubdtype(value.dtype, mx.floating)
     )
 

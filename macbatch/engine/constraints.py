@@ -20,16 +20,23 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
 from macbatch.engine.reasoning import Phase, ReasoningTracker
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # the stub's name for these options
+
 # JSON as json.dumps writes it: no free whitespace, so a model cannot pad its reply with newlines
 # until max_tokens runs out.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 _KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
@@ -279,25 +286,24 @@ class ConstraintCompiler:
         ``generated[i]``: how many tokens row i's request has generated. Starts the forward on
         the device, fills the masks on the CPU meanwhile, then applies them.
         """
-        rows = [i for i, s in enumerate(states) if s is not None and s.masks]
-        if not rows:
+        masked = {i: s for i, s in enumerate(states) if s is not None and s.masks}
+        if not masked:
             return logits
         from llguidance.numpy import fill_next_token_bitmask_par
 
         mx.async_eval(logits)
         started = time.perf_counter()
         words = np.full((len(states), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
-        forced = {i: states[i].forced_token(generated[i]) for i in rows}
-        filled = [i for i in rows if forced[i] is None]
-        if filled:
-            matchers = [(states[i].matcher, i) for i in filled]
+        forced = {i: s.forced_token(generated[i]) for i, s in masked.items()}
+        matchers = [(s.matcher, i) for i, s in masked.items() if forced[i] is None]
+        if matchers:
             fill_next_token_bitmask_par(self._executor, matchers, words)
-        for i in rows:
+        for i, state in masked.items():
             if (token := forced[i]) is not None:
                 words[i] = 0
                 _allow(words[i], token)
             else:
-                states[i].adjust_mask(words[i], generated[i])
+                state.adjust_mask(words[i], generated[i])
         self.mask_seconds += time.perf_counter() - started
         self.mask_steps += 1
         return apply_bitmask(logits, words)

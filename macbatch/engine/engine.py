@@ -1,5 +1,9 @@
 """The engine core: requests in, one packed forward per step, outputs out.
 
+Three parts, as in vLLM v1: the ``InputProcessor`` (processor.py) turns prompts into requests on
+any thread; the core here owns the scheduler, the KV manager and the step loop; the
+``ModelRunner`` (model_runner.py) owns the model, the KV pages, the forward and sampling.
+
 Steps are pipelined: ``step()`` dispatches step N+1 to the device (``mx.async_eval``) and only
 then reads step N's sampled tokens and turns them into outputs (detokenizing, matching stop
 strings), so that host work overlaps the device's. Requests whose next sampling needs their
@@ -10,44 +14,32 @@ pipelined step".
 
 from __future__ import annotations
 
-import os
-import random
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-import macbatch.metal
-from macbatch.engine import chat_template
-from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.compute_dtype import settle_compute_dtype
+from macbatch.engine.chat_template import thinking_default
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
-from macbatch.engine.distributed.channel import channel_of
-from macbatch.engine.distributed.group import current as distributed_group
-from macbatch.engine.distributed.group import smallest
-from macbatch.engine.distributed.loading import load_on_every_rank
-from macbatch.engine.distributed.sharding import shard_model
-from macbatch.engine.kv_cache import BlockPool, KVStore, PageFormat
+from macbatch.engine.constraints import ConstraintCompiler
+from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.model_info import EngineInfo, ModelInfo, Tokenizer
+from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
-from macbatch.engine.reasoning import ReasoningFormat, ReasoningTracker
-from macbatch.engine.request import (
-    FinishReason,
-    PromptTooLongError,
-    Request,
-    RequestMetrics,
-    RequestOutput,
-)
-from macbatch.engine.sampling import SampledBatch, SamplingParams, sample
+from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
+from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.reasoning import ReasoningFormat
+from macbatch.engine.request import FinishReason, Request, RequestOutput
+from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
-from macbatch.engine.tool_calls import check_tools, detect_tool_format, template_messages
+from macbatch.engine.tool_calls import detect_tool_format
 
-Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 @dataclass
@@ -74,16 +66,17 @@ class EngineStats:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
-class Engine:
+class Engine(PromptEncoder):
     """Continuous batching over a paged KV cache for one mlx-lm model.
 
-    Not thread-safe: use it from one thread, or through ``EngineThread``.
+    Not thread-safe: use it from one thread, or through ``EngineThread`` (its ``processor`` is
+    the exception: any thread may prepare requests with it).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        tokenizer: Any,
+        tokenizer: Tokenizer | TokenizerWrapper,
         config: EngineConfig | None = None,
         model_name: str = "model",
         owns_model: bool = False,
@@ -91,138 +84,62 @@ class Engine:
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
-        this model (tensor parallel); every rank builds its Engine at the same point, and only
-        rank 0's is stepped (docs/distributed.md)."""
+        this model (tensor parallel); every rank builds its runner at the same point, and only
+        rank 0 builds an Engine (docs/distributed.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-        self.config = config or EngineConfig()
+        self.config = config = config or EngineConfig()
         self.model_name = model_name
-        self.compute_dtype = settle_compute_dtype(model, self.config.dtype, owns_model)
-        if group is not None:
-            shard_model(model, group)
-        self.adapter = ModelAdapter(model)
-        model = self.adapter.model  # the text model (a multimodal wrapper's language_model)
-        macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
-        self.tokenizer = (
+        self.runner = runner = ModelRunner(model, config, owns_model, group)
+        self.adapter, self.store = runner.adapter, runner.store
+        self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
+        self.tokenizer: TokenizerWrapper = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
-        self.vocab_size = _vocab_size(model)
-        self.reasoning_format = ReasoningFormat.of(self.tokenizer)
-        self.tool_format = detect_tool_format(self.tokenizer)
-        self.constraints = ConstraintCompiler(
-            self.tokenizer._tokenizer, self.vocab_size, sorted(self.tokenizer.eos_token_ids or ())
+        model_info = _model_info(model_name, runner, self.tokenizer)
+        self.info = _engine_info(model_info, config, runner.num_blocks)
+        self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
+        eos = sorted(self.tokenizer.eos_token_ids or ())
+        self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
+        runner.constraints = self.constraints
+        self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
+        self.pool = BlockPool(runner.num_blocks)
+        prefix_root = f"{model_name}:{runner.model_type}".encode()
+        self.kv = KVManager(
+            self.pool, config.block_size, prefix_root if config.enable_prefix_caching else None
         )
-        block_size = self.config.block_size
-        shapes = self.adapter.layer_shapes
-        fmt = PageFormat(self.adapter.kv_dtype, self.config.kv_bits, self.config.kv_group_size)
-        per_block = fmt.bytes_per_block(shapes, block_size)  # also: a bad group size fails here
-        num_blocks = self.config.num_blocks or _blocks_for_memory(
-            model, per_block, block_size, self.config
-        )
-        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
-            num_blocks = smallest(num_blocks, group)
-        self.store = KVStore(shapes, num_blocks, block_size, fmt)
-        self.pool = BlockPool(num_blocks)
-        prefix_root = (
-            f"{model_name}:{self.adapter.model_type}".encode()
-            if self.config.enable_prefix_caching
-            else None
-        )
-        self.kv = KVManager(self.pool, block_size, prefix_root)
-        self.scheduler = Scheduler(
-            self.kv, self.config.max_num_batched_tokens, self.config.max_num_seqs
-        )
-        model_len = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-        self.max_model_len = self.config.max_model_len or model_len or num_blocks * block_size
-        self._kv_head_counts = {s.num_kv_heads for s in shapes}
+        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
         self._in_flight: _InFlightStep | None = None
-        self._rng = random.Random()
         self._steps = 0
         self._tokens_last_step = 0
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
         self._device_wait_s = 0.0
-        self._followers = channel_of(group) if group is not None and group.rank() == 0 else None
         # Rank 0 of a group steps synchronously: a step's broadcast carries its input tokens
         # from the host, and its collectives must finish before the next step's broadcast.
-        self._pipelined = self.config.pipelined and group is None
+        self._pipelined = config.pipelined and group is None
+
+    def _processor(self) -> InputProcessor:
+        return self.processor
 
     @classmethod
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
-        """Load ``name``: "demo", a local model directory, or a Hugging Face hub id."""
-        from macbatch.engine.loader import declared_head_dim, load_model
+        """Load ``name``: "demo", a local model directory, or a Hugging Face hub id (on every
+        rank of a launched group: docs/distributed.md)."""
+        from macbatch.engine.distributed.loading import load
 
         config = config or EngineConfig()
-        head_dim = declared_head_dim(name) if config.kv_bits else None
-        if head_dim is not None:  # a group size that cannot work fails before the weights load
-            PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
-        group = distributed_group()
-        if group is None:
-            model, tokenizer = load_model(name)
-        else:
-            model, tokenizer = load_on_every_rank(name, config, group)
+        model, tokenizer, group = load(name, config)
         return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
 
     # -- requests --------------------------------------------------------------------------
 
-    def encode_prompt(
-        self,
-        prompt: Prompt,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
-        messages templated with ``chat_template_kwargs`` as template variables and ``tools``
-        (OpenAI-shaped function tools) rendered by the template."""
-        if tools is not None and not _is_chat(prompt):
-            raise ValueError("tools need a chat prompt (a list of messages)")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt is empty")
-            ids = chat_template.encode_text(self.tokenizer, prompt)
-        elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self._apply_chat_template(prompt, chat_template_kwargs, tools)
-        elif isinstance(prompt, Sequence) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-                )
-        else:
-            raise ValueError(
-                "prompt must be a list of token ids, a string, or a list of chat messages "
-                "({'role': ..., 'content': ...})"
-            )
-        if not ids:
-            raise ValueError("prompt is empty")
-        return ids
-
-    def _apply_chat_template(
-        self,
-        messages: Sequence[dict[str, Any]],
-        chat_template_kwargs: dict[str, Any] | None,
-        tools: list[dict[str, Any]] | None,
-    ) -> list[int]:
-        chat_template.check_content_parts(messages)
-        messages = template_messages(messages)  # tool calls and results in the history
-        if not chat_template.has_chat_template(self.tokenizer):
-            raise ValueError(
-                f"model '{self.model_name}' has no chat template; send a text prompt instead"
-            )
-        variables = chat_template.check_chat_template_kwargs(chat_template_kwargs)
-        if tools is not None:
-            variables["tools"] = check_tools(tools)
-        return chat_template.encode_chat(self.tokenizer, messages, variables)
-
     def add_request(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PromptInput,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -237,55 +154,21 @@ class Engine:
 
     def prepare_request(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PromptInput,
         params: SamplingParams,
         request_id: str | None,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> Request:
-        """Validate and tokenize (safe off the engine thread: no MLX work happens here)."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode_prompt(prompt, chat_template_kwargs, tools)
-        request_id = request_id or uuid.uuid4().hex
-        if request_id in self._requests:
-            raise ValueError(f"request id '{request_id}' is already in use")
-        limit, what = self.context_limit()
-        room = limit - len(ids)
-        if room < 1:
-            raise PromptTooLongError(
-                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} tokens)"
-            )
-        capped = params.max_tokens is not None and params.max_tokens > room
-        if params.max_tokens is None or capped:
-            params = replace(params, max_tokens=room)
-        fmt = self.reasoning_format
-        reasoning = (
-            ReasoningTracker(fmt, fmt.initial_phase(ids))
-            if fmt is not None and _is_chat(prompt)
-            else None
-        )
-        spec = params.structured
-        constraint = (
-            ConstraintState(self.constraints.compile(spec), reasoning, spec.own_channel)
-            if spec is not None
-            else None
-        )
-        return Request(
-            request_id=request_id,
-            prompt_token_ids=ids,
-            params=params,
-            seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
-            eos_token_ids=frozenset(self.tokenizer.eos_token_ids or ()),
-            detokenizer=self.tokenizer.detokenizer,
-            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
-            capped_max_tokens=room if capped else None,
-            reasoning=reasoning,
-            constraint=constraint,
-        )
+        """Validate and tokenize (``InputProcessor.process``: safe off the engine thread)."""
+        prompt = prompt_input(prompt, chat_template_kwargs, tools)
+        return self.processor.process(prompt, params, request_id)
 
     def enqueue(self, request: Request) -> None:
-        """Queue a prepared request (``prepare_request`` already fitted it to the context)."""
+        """Queue a prepared request (the processor already fitted it to the context);
+        ``ValueError`` if its id is in use."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request id '{request.request_id}' is already in use")
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -295,10 +178,7 @@ class Engine:
         The one rule every front end uses: ``max_tokens`` is a cap that shrinks to the room the
         prompt leaves under this limit (``RequestOutput.capped_max_tokens`` says when it did).
         """
-        capacity = self.pool.num_blocks * self.config.block_size
-        if self.max_model_len <= capacity:
-            return self.max_model_len, "the model's context length"
-        return capacity, "the whole KV cache pool"
+        return self.info.context_limit, self.info.context_limit_reason
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""
@@ -314,8 +194,7 @@ class Engine:
 
     def close(self) -> None:
         """Let the other ranks of a distributed engine exit; this engine must not step again."""
-        if self._followers is not None:
-            self._followers.send_stop()
+        self.runner.close()
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending) or self._in_flight is not None
@@ -359,49 +238,26 @@ class Engine:
         outputs of ``read_first`` (the step in flight, read after the forward starts and before
         the sampling graph is built on its tokens). Nothing else waits here."""
         self._note_first_schedule(plan)
-        batch = self._pack(plan, previous)
-        if self._followers is not None:  # the other ranks run this same forward on their shard
-            self._followers.send_step(batch)
-        logits = self.adapter.forward(batch, self.store)
+        logits = self.runner.forward(self._pack(plan, previous))
         sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
         read: list[RequestOutput] = []
         if read_first is not None:
             if logits is not None:
                 mx.async_eval(logits)
             read = self._postprocess(read_first)
-        result = None
-        if logits is not None:
-            # A request that finished on the token just read samples a token nobody emits.
-            constraints = [None if r.finished else r.constraint for r in sampled]
-            logits = self.constraints.mask_logits(
-                logits, constraints, [r.num_generated for r in sampled]
-            )
-            result = sample(logits, sampled)
-        self._launch(result)
+        result = None if logits is None else self.runner.sample(logits, sampled)
+        self._device_wait_s += self.runner.launch(result)
+        self._steps += 1
         self._advance(plan, sampled)
         return _InFlightStep(sampled, result, self._steps), read
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
-        batch = pack(plan, tables, self.config.block_size, self._kv_head_counts)
+        batch = pack(plan, tables, self.config.block_size, self.runner.kv_head_counts)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)
         return batch
-
-    def _launch(self, result: SampledBatch | None) -> None:
-        """``mx.async_eval`` the step: its samples and the KV pages it writes."""
-        # Timed as device wait too: with many ops outstanding MLX blocks here (on the CPU
-        # backend, until the step in flight is nearly done).
-        started = time.perf_counter()
-        arrays = [*(result.arrays() if result else []), *self.store.arrays()]
-        if self._followers is None:
-            mx.async_eval(*arrays)
-        else:  # every collective of the step done before the next broadcast (docs/distributed.md)
-            mx.eval(*arrays)
-            self._followers.step_finished()
-        self._device_wait_s += time.perf_counter() - started
-        self._steps += 1
 
     def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
         """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
@@ -450,25 +306,27 @@ class Engine:
 
     def generate(
         self,
-        prompts: Sequence[Prompt],
+        prompts: Sequence[Prompt | PromptInput],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run ``prompts`` to completion together; final outputs in the order given
-        (``chat_template_kwargs`` apply to every chat prompt)."""
+        (``chat_template_kwargs`` apply to every chat prompt given without a ``PromptInput``)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
         requests = [
-            self.prepare_request(p, sp, None, chat_template_kwargs)
+            self.processor.process(
+                p if isinstance(p, PromptInput) else PromptInput(p, chat_template_kwargs), sp
+            )
             for p, sp in zip(prompts, params)
         ]
-        finals: dict[str, RequestOutput] = {}
         for request in requests:
             self.enqueue(request)
         ids = [r.request_id for r in requests]
         wanted = set(ids)
+        finals: dict[str, RequestOutput] = {}
         while len(finals) < len(ids):
             for out in self.step():
                 if out.finished and out.request_id in wanted:
@@ -490,9 +348,36 @@ class Engine:
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=self.store.nbytes,
+            kv_cache_bytes=self.runner.store.nbytes,
             device_wait_s=self._device_wait_s,
         )
+
+
+def _model_info(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:
+    """The model's facts, decided here once: the runner's from the weights, the rest from the
+    tokenizer and its chat template."""
+    return ModelInfo(
+        name=name,
+        model_type=runner.model_type,
+        vocab_size=runner.vocab_size,
+        max_model_len=runner.context_length,
+        tool_format=detect_tool_format(tokenizer),
+        reasoning_format=ReasoningFormat.of(tokenizer),
+        thinking_default=thinking_default(tokenizer),
+        kv_bytes_per_token=runner.kv_bytes_per_token,
+    )
+
+
+def _engine_info(model: ModelInfo, config: EngineConfig, num_blocks: int) -> EngineInfo:
+    capacity = num_blocks * config.block_size
+    fits = model.max_model_len <= capacity
+    return EngineInfo(
+        model=model,
+        block_size=config.block_size,
+        kv_blocks_total=num_blocks,
+        context_limit=model.max_model_len if fits else capacity,
+        context_limit_reason="the model's context length" if fits else "the whole KV cache pool",
+    )
 
 
 @dataclass
@@ -520,50 +405,3 @@ def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlight
     sources = [row_of[plan.chunks[i].request.request_id] for i in batch.pending_chunks]
     tokens = previous.sampled.tokens[mx.array(sources)].astype(mx.int32)
     batch.token_ids[mx.array(batch.pending_rows)] = tokens
-
-
-def _is_chat(prompt: Prompt) -> bool:
-    return not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
-
-
-def _vocab_size(model: nn.Module) -> int:
-    args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    if size:
-        return int(size)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if embed is not None:
-        return int(embed.weight.shape[0])
-    raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
-
-
-def _blocks_for_memory(
-    model: nn.Module, per_block: int, block_size: int, config: EngineConfig
-) -> int:
-    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
-    ``memory_fraction`` of what is left after the weights."""
-    from mlx.utils import tree_flatten
-
-    info = mx.device_info() if mx.default_device() == mx.gpu else {}
-    # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
-    total = int(
-        info.get("max_recommended_working_set_size")
-        or info.get("memory_size")
-        or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    )
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    budget = max(0, int(total * config.memory_fraction) - weights)
-    blocks = budget // per_block
-    model_len = (
-        config.max_model_len
-        or getattr(getattr(model, "args", None), "max_position_embeddings", None)
-        or 32768
-    )
-    most_useful = config.max_num_seqs * (-(-model_len // block_size))
-    blocks = min(blocks, most_useful)
-    if blocks < 1:
-        raise ValueError(
-            f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "
-            f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
-        )
-    return int(blocks)

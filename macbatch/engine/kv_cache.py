@@ -156,8 +156,10 @@ class KVStore:
         self.format = fmt
         self.keys = [self._zeros(s) for s in shapes]
         self.values = [self._zeros(s) for s in shapes]
-        self.key_scales = [self._zero_scales(s) for s in shapes]
-        self.value_scales = [self._zero_scales(s) for s in shapes]
+        # One scales array per layer for quantized pages; none for float pages.
+        quantized = fmt.bits is not None
+        self.key_scales = [self._zero_scales(s) for s in shapes] if quantized else []
+        self.value_scales = [self._zero_scales(s) for s in shapes] if quantized else []
         mx.eval(self.arrays())
 
     def _rows(self, shape: LayerShape) -> int:
@@ -169,9 +171,7 @@ class KVStore:
         width = quant.code_bytes(shape.head_dim, self.format.bits)
         return mx.zeros((self._rows(shape), width), dtype=mx.uint8)
 
-    def _zero_scales(self, shape: LayerShape) -> mx.array | None:
-        if self.format.bits is None:
-            return None
+    def _zero_scales(self, shape: LayerShape) -> mx.array:
         groups = shape.head_dim // self.format.group_size_for(shape.head_dim)
         return mx.zeros((self._rows(shape), groups, 2), dtype=mx.float16)
 
@@ -215,5 +215,4 @@ class KVStore:
         )
 
     def arrays(self) -> list[mx.array]:
-        scales = [a for a in self.key_scales + self.value_scales if a is not None]
-        return self.keys + self.values + scales
+        return self.keys + self.values + self.key_scales + self.value_scales

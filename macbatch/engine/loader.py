@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
 def resolve_model_path(name: str) -> Path | str:
@@ -47,14 +51,15 @@ def declared_head_dim(name: str) -> int | None:
     return int(config["hidden_size"]) // int(heads) if heads and "hidden_size" in config else None
 
 
-def load_model(name: str, lazy: bool = False) -> tuple[Any, Any]:
+def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapper]:
     """``mlx_lm.load`` with errors a user can act on (``lazy``: weights stay unread until used,
     so a rank that keeps only its shard never holds the whole model)."""
     import mlx_lm
 
     target = resolve_model_path(name)
     try:
-        return mlx_lm.load(str(target), lazy=lazy)
+        loaded = mlx_lm.load(str(target), lazy=lazy)
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
         raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc
+    return loaded[0], loaded[1]  # (a third item only when asked for the config)

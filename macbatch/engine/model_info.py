@@ -7,8 +7,9 @@ read ``EngineInfo`` (the same facts plus the KV pool's) from the engine or its t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from macbatch.engine.reasoning import ReasoningFormat
@@ -19,9 +20,31 @@ class Tokenizer(Protocol):
     """What macbatch needs of a tokenizer (mlx-lm's ``TokenizerWrapper`` is one): text to ids
     and back. Chat templating goes through ``chat_template.py``, which reads the rest."""
 
-    def encode(self, text: str, *args: object, **kwargs: object) -> list[int]: ...
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
 
-    def decode(self, token_ids: list[int], *args: object, **kwargs: object) -> str: ...
+    def decode(self, token_ids: list[int], *args: Any, **kwargs: Any) -> str: ...
+
+
+# The context length assumed for a model whose config does not declare one (it caps the KV
+# pool that ``memory_fraction`` sizes, and the longest sequence).
+FALLBACK_CONTEXT_LENGTH = 32768
+
+
+def declared_context_length(config: Mapping[str, Any]) -> int | None:
+    """The context length a model declares: ``max_position_embeddings`` of its config.json (or
+    of a multimodal checkpoint's ``text_config``), or of a loaded model's ``args``."""
+    text = config.get("text_config")
+    for source in (config, text if isinstance(text, Mapping) else {}):
+        value = source.get("max_position_embeddings")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def context_length(declared: int | None, max_model_len: int | None) -> int:
+    """The model's context length, the one rule: ``EngineConfig.max_model_len`` when set, else
+    what the model declares, else ``FALLBACK_CONTEXT_LENGTH``."""
+    return max_model_len or declared or FALLBACK_CONTEXT_LENGTH
 
 
 @dataclass(frozen=True)
@@ -51,3 +74,11 @@ class EngineInfo:
     @property
     def model_name(self) -> str:
         return self.model.name
+
+    @property
+    def model_type(self) -> str:
+        return self.model.model_type
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.max_model_len

@@ -53,21 +53,18 @@ class RequestMetrics:
 
     @property
     def queue_time_s(self) -> float | None:
-        if self.first_scheduled_time is None:
-            return None
-        return self.first_scheduled_time - self.arrival_time
+        return self._since_arrival(self.first_scheduled_time)
 
     @property
     def time_to_first_token_s(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return self._since_arrival(self.first_token_time)
 
     @property
     def total_time_s(self) -> float | None:
-        if self.finished_time is None:
-            return None
-        return self.finished_time - self.arrival_time
+        return self._since_arrival(self.finished_time)
+
+    def _since_arrival(self, moment: float | None) -> float | None:
+        return None if moment is None else moment - self.arrival_time
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -80,11 +77,14 @@ class RequestMetrics:
 
 
 class Prefix(NamedTuple):
-    """The first ``count`` items of a list that only grows (a request's output tokens, logprobs
+    """The first ``length`` items of a list that only grows (a request's output tokens, logprobs
     or top logprobs): what an output shows of it, copied when first read."""
 
-    items: list
-    count: int
+    items: list[Any]
+    length: int
+
+    def listed(self) -> list[Any]:
+        return self.items[: self.length]
 
 
 class RequestOutput:
@@ -137,19 +137,22 @@ class RequestOutput:
     @property
     def token_ids(self) -> list[int]:
         """Every token generated so far."""
-        self._token_ids = _listed(self._token_ids)
+        if isinstance(self._token_ids, Prefix):
+            self._token_ids = self._token_ids.listed()
         return self._token_ids
 
     @property
     def logprobs(self) -> list[float] | None:
         """One per token of ``token_ids`` (None: not asked for)."""
-        self._logprobs = _listed(self._logprobs)
+        if isinstance(self._logprobs, Prefix):
+            self._logprobs = self._logprobs.listed()
         return self._logprobs
 
     @property
     def top_logprobs(self) -> list[dict[int, float]] | None:
         """The top alternatives, one dict per token of ``token_ids`` (None: not asked for)."""
-        self._top_logprobs = _listed(self._top_logprobs)
+        if isinstance(self._top_logprobs, Prefix):
+            self._top_logprobs = self._top_logprobs.listed()
         return self._top_logprobs
 
     @property
@@ -202,8 +205,12 @@ class Request:
     reasoning: ReasoningTracker | None = None
     constraint: ConstraintState | None = None
     reply: ReplyText = field(init=False, repr=False)
+    max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 
     def __post_init__(self) -> None:
+        if self.params.max_tokens is None:
+            raise ValueError("a request's max_tokens is fitted to the context before it is built")
+        self.max_tokens = self.params.max_tokens
         self.reply = ReplyText(self.detokenizer, self.output_token_ids)
         if self.params.logprobs is not None:
             self.logprobs = []
@@ -254,7 +261,7 @@ class Request:
         """Tokens whose KV the next steps must compute. A pending token that will end the
         request by length needs none: nothing is sampled after it."""
         end = self.num_tokens
-        if self.num_pending and self.num_generated >= self.params.max_tokens:
+        if self.num_pending and self.num_generated >= self.max_tokens:
             end -= self.num_pending
         return max(0, end - self.num_computed_tokens)
 
@@ -295,7 +302,7 @@ class Request:
             self.finish(FinishReason.ERROR, now, error)
         elif params.stop and self._cut_at_stop_string():
             self.finish(FinishReason.STOP, now)
-        elif len(self.output_token_ids) >= params.max_tokens:
+        elif len(self.output_token_ids) >= self.max_tokens:
             self.finish(FinishReason.LENGTH, now)
         return True
 
@@ -357,10 +364,6 @@ class Request:
             capped_max_tokens=self.capped_max_tokens,
             text_view=TextView(self.reply, self.reply.mark(count, finished, end, split)),
         )
-
-
-def _listed(value: Any) -> Any:
-    return value.items[: value.count] if isinstance(value, Prefix) else value
 
 
 def _required(value: Any, what: str) -> Any:

@@ -12,11 +12,18 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from macbatch.engine.engine import Engine, EngineStats, Prompt
-from macbatch.engine.request import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
+from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.request import FinishReason, Request, RequestMetrics, RequestOutput
 from macbatch.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
@@ -26,10 +33,43 @@ class EngineDeadError(RuntimeError):
     """The engine thread is not running (it failed to load, crashed, or was shut down)."""
 
 
-class EngineThread:
+# The commands other threads queue for the engine thread, applied between steps.
+
+
+@dataclass(frozen=True)
+class _Add:
+    request: Request
+    on_output: OutputCallback | None
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    fn: Callable[[Engine], Any]
+    future: Future[Any]
+
+
+@dataclass(frozen=True)
+class _AbortAll:
+    pass
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Add | _Cancel | _Call | _AbortAll | _Stop
+
+
+class EngineThread(PromptEncoder):
     def __init__(self, loader: Callable[[], Engine], name: str = "macbatch-engine") -> None:
         self._loader = loader
-        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._commands: queue.Queue[_Command] = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._ready = threading.Event()
         self._loop_done = threading.Event()
@@ -37,7 +77,7 @@ class EngineThread:
         self._stats: EngineStats | None = None
         self._stopped = False
         self.error: BaseException | None = None
-        self.engine_info: dict[str, Any] = {}
+        self._info: EngineInfo | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -65,26 +105,31 @@ class EngineThread:
     def shutdown(self, timeout: float | None = 5.0) -> None:
         """Abort whatever is in flight and stop the loop."""
         if self._thread.is_alive():
-            self._commands.put(("stop",))
+            self._commands.put(_Stop())
             self._loop_done.wait(timeout)
         self._stopped = True
 
     @property
-    def tokenizer(self) -> Any:
+    def info(self) -> EngineInfo:
+        """The model's and the KV pool's facts (plain data, safe from any thread; readable after
+        a crash too). ``EngineDeadError`` before the model has loaded."""
+        if self._info is None:
+            raise EngineDeadError("the engine has not loaded a model")
+        return self._info
+
+    @property
+    def tokenizer(self) -> TokenizerWrapper:
         """The model's tokenizer (plain Python, safe to use from any thread)."""
         return self._live_engine().tokenizer
 
     # -- requests ----------------------------------------------------------------------------
 
-    def encode_prompt(
-        self, prompt: Prompt, chat_template_kwargs: dict[str, Any] | None = None
-    ) -> list[int]:
-        """The prompt's token ids, as a request would get them (tokenizer work only: safe here)."""
-        return self._live_engine().encode_prompt(prompt, chat_template_kwargs)
+    def _processor(self) -> InputProcessor:
+        return self._live_engine().processor  # plain Python: safe from any thread
 
     def context_limit(self) -> int:
         """The most tokens one sequence may hold (`Engine.context_limit`; plain Python, safe)."""
-        return self._live_engine().context_limit()[0]
+        return self.info.context_limit
 
     async def prepare_constraints(self) -> None:
         """Build the engine's grammar index (1-3 s, once) on a worker thread before a first
@@ -95,27 +140,28 @@ class EngineThread:
 
     def submit(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PromptInput,
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Queue a request; ``on_output`` runs on the engine thread for every output."""
-        engine = self._live_engine()
-        request = engine.prepare_request(
-            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
-        )
-        self._commands.put(("add", request, on_output))
+        """Queue a request; ``on_output`` runs on the engine thread for every output. Bad input
+        raises ``ValueError`` here; a request id already in use gets a final ERROR output."""
+        processor = self._live_engine().processor
+        prompt = prompt_input(prompt, chat_template_kwargs, tools)
+        request = processor.process(prompt, params or SamplingParams(), request_id)
+        self._commands.put(_Add(request, on_output))
         return request.request_id
 
     async def stream(
         self,
-        prompt: Prompt,
+        prompt: Prompt | PromptInput,  # a PromptInput carries the template variables and tools
         params: SamplingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
         loop = asyncio.get_running_loop()
@@ -126,7 +172,7 @@ class EngineThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(outputs.put_nowait, out)
 
-        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs)
+        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs, tools)
         finished = False
         try:
             while not finished:
@@ -138,18 +184,18 @@ class EngineThread:
                 self.cancel(rid)
 
     def cancel(self, request_id: str) -> None:
-        self._commands.put(("cancel", request_id))
+        self._commands.put(_Cancel(request_id))
 
     def abort_all(self) -> None:
         """Abort every request in flight; each listener still gets its final output
         (finish_reason ABORT), so a server can end its responses properly. The loop goes on."""
-        self._commands.put(("abort_all",))
+        self._commands.put(_AbortAll())
 
-    def call(self, fn: Callable[[Engine], Any]) -> Future:
+    def call(self, fn: Callable[[Engine], Any]) -> Future[Any]:
         """Run ``fn(engine)`` on the engine thread between steps; its result comes in a Future."""
         self._live_engine()
-        future: Future = Future()
-        self._commands.put(("call", fn, future))
+        future: Future[Any] = Future()
+        self._commands.put(_Call(fn, future))
         return future
 
     def stats(self) -> EngineStats | None:
@@ -180,13 +226,7 @@ class EngineThread:
             self.error = exc
             self._ready.set()
             return
-        self.engine_info = {
-            "model_name": engine.model_name,
-            "model_type": engine.adapter.model_type,
-            "kv_blocks_total": engine.pool.num_blocks,
-            "block_size": engine.config.block_size,
-            "max_model_len": engine.max_model_len,
-        }
+        self._info = engine.info
         self._stats = engine.stats()
         self._ready.set()
         try:
@@ -207,27 +247,33 @@ class EngineThread:
             except queue.Empty:
                 return True
             block = False
-            kind = command[0]
-            if kind == "add":
-                _, request, callback = command
-                if callback is not None:
-                    self._callbacks[request.request_id] = callback
-                engine.enqueue(request)
-            elif kind == "cancel":
-                engine.abort(command[1])
-            elif kind == "call":
-                _, fn, future = command
+            if isinstance(command, _Add):
+                self._add(engine, command)
+            elif isinstance(command, _Cancel):
+                engine.abort(command.request_id)
+            elif isinstance(command, _Call):
                 try:
-                    future.set_result(fn(engine))
+                    command.future.set_result(command.fn(engine))
                 except Exception as exc:
-                    future.set_exception(exc)
-            elif kind == "abort_all":
+                    command.future.set_exception(exc)
+            elif isinstance(command, _AbortAll):
                 self._abort_all(engine)
-            elif kind == "stop":
+            else:
                 self._abort_all(engine)
                 engine.close()
                 self._stopped = True
                 return False
+
+    def _add(self, engine: Engine, command: _Add) -> None:
+        rid = command.request.request_id
+        try:
+            engine.enqueue(command.request)
+        except ValueError as exc:  # its id is in use: the request already queued keeps its own
+            if command.on_output is not None:
+                _safely(command.on_output, _error_output(rid, str(exc)))
+            return
+        if command.on_output is not None:
+            self._callbacks[rid] = command.on_output
 
     def _abort_all(self, engine: Engine) -> None:
         """Abort every request that has a listener and hand each its final (ABORT) output."""
@@ -241,12 +287,8 @@ class EngineThread:
             callback = self._callbacks.get(out.request_id)
             if out.finished:
                 self._callbacks.pop(out.request_id, None)
-            if callback is None:
-                continue
-            try:
-                callback(out)
-            except Exception:
-                log.exception("output callback for request %s failed", out.request_id)
+            if callback is not None:
+                _safely(callback, out)
 
     def _fail_everything(self, message: str) -> None:
         """After a crash, finish every known request with an error so no caller hangs."""
@@ -255,23 +297,30 @@ class EngineThread:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if command[0] == "add" and command[2] is not None:
-                self._callbacks[command[1].request_id] = command[2]
-            elif command[0] == "call":
-                command[2].set_exception(EngineDeadError(message))
-        now = time.monotonic()
-        self._deliver(
-            [
-                RequestOutput(
-                    request_id=rid,
-                    token_ids=[],
-                    new_token_ids=[],
-                    finished=True,
-                    finish_reason=FinishReason.ERROR,
-                    metrics=RequestMetrics(arrival_time=now, finished_time=now),
-                    step=-1,
-                    error=message,
-                )
-                for rid in list(self._callbacks)
-            ]
-        )
+            if isinstance(command, _Add) and command.on_output is not None:
+                self._callbacks[command.request.request_id] = command.on_output
+            elif isinstance(command, _Call):
+                command.future.set_exception(EngineDeadError(message))
+        self._deliver([_error_output(rid, message) for rid in list(self._callbacks)])
+
+
+def _error_output(request_id: str, message: str) -> RequestOutput:
+    """The final output of a request the engine could not run."""
+    now = time.monotonic()
+    return RequestOutput(
+        request_id=request_id,
+        token_ids=[],
+        new_token_ids=[],
+        finished=True,
+        finish_reason=FinishReason.ERROR,
+        metrics=RequestMetrics(arrival_time=now, finished_time=now),
+        step=-1,
+        error=message,
+    )
+
+
+def _safely(callback: OutputCallback, out: RequestOutput) -> None:
+    try:
+        callback(out)
+    except Exception:
+        log.exception("output callback for request %s failed", out.request_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 import numpy as np
@@ -180,11 +180,12 @@ class SampledBatch:
     def to_host(self) -> HostSamples:
         """The sampled values as Python lists (waits for the device to compute them)."""
 
-        def listed(a: mx.array | None) -> list | None:
-            return a.tolist() if a is not None else None
+        # MLX's stub types ``tolist`` as any nesting of scalars; these arrays are 1-d or 2-d.
+        def listed(a: mx.array | None) -> list[Any] | None:
+            return cast(list[Any], a.tolist()) if a is not None else None
 
         return HostSamples(
-            self.tokens.tolist(),
+            cast(list[int], self.tokens.tolist()),
             listed(self.logprobs),
             listed(self.top_ids),
             listed(self.top_logprobs),

@@ -62,7 +62,8 @@ class Scheduler:
         ``num_computed_tokens`` is left for the engine to advance when it dispatches the step."""
         budget = self.max_num_batched_tokens
         scheduled: dict[str, ScheduledChunk] = {}
-        decodes, prefills = [], []
+        decodes: list[tuple[Request, int]] = []  # (request, tokens it needs)
+        prefills: list[tuple[Request, int]] = []
         for request in self.running:
             need = request.num_tokens_to_compute
             if need:

@@ -117,23 +117,23 @@ class TextView(NamedTuple):
     """What one output shows of its reply's text."""
 
     reply: ReplyText
-    index: int
+    mark: int  # ReplyText.mark's: how far this output reads the reply
 
     @property
     def text(self) -> str:
-        return self.reply.parts(self.index)[1]
+        return self.reply.parts(self.mark)[1]
 
     @property
     def new_text(self) -> str:
-        return self.reply.new_parts(self.index)[1]
+        return self.reply.new_parts(self.mark)[1]
 
     @property
     def reasoning(self) -> str | None:
-        return self.reply.parts(self.index)[0]
+        return self.reply.parts(self.mark)[0]
 
     @property
     def new_reasoning(self) -> str:
-        return self.reply.new_parts(self.index)[0]
+        return self.reply.new_parts(self.mark)[0]
 
 
 class FixedText(NamedTuple):

@@ -29,6 +29,10 @@ TOOL_CHOICES = ("none", "auto", "required")
 Function = tuple[str, dict[str, Any]]  # a tool's name and its parameters' schema
 
 
+# [(name, arguments)] as a reply wrote them: names not checked yet (``parse`` does).
+RawCalls = list[tuple[Any, Any]]
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One parsed call: ``arguments`` is JSON text, as OpenAI sends it."""
@@ -56,7 +60,7 @@ class ToolFormat:
 
     family: str
     starts: tuple[str, ...]  # texts that may open the call part of a reply (none: the reply)
-    split: Callable[[str], tuple[str, list[tuple[str, Any]]] | None]
+    split: Callable[[str], tuple[str, RawCalls] | None]
     grammar_of: Callable[[list[Function], bool, Any], str]  # (functions, parallel, tokenizer)
     # The grammar writes the reply's channel header (harmony: the commentary channel and the
     # recipient), so the engine must not open the final channel first.
@@ -125,7 +129,7 @@ def _call_schema(functions: list[Function], args_key: str) -> dict[str, Any]:
 
 def _json_rule(schema: dict[str, Any]) -> str:
     """A Lark rule body for JSON valid against ``schema``, laid out as the engine's JSON is."""
-    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_LAYOUT}))
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
 
 
 def _literal(tokenizer: Any, text: str) -> str:
@@ -144,7 +148,7 @@ def _json_prefix(text: str) -> tuple[Any, int] | None:
         return None
 
 
-def _hermes_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+def _hermes_split(text: str) -> tuple[str, RawCalls] | None:
     blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)
     if not blocks:
         return None
@@ -167,7 +171,7 @@ def _hermes_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -
     return f'start: call{more}\ncall: {start} "\\n" obj "\\n" {end}\nobj: {_json_rule(call)}\n'
 
 
-def _mistral_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+def _mistral_split(text: str) -> tuple[str, RawCalls] | None:
     at = text.find("[TOOL_CALLS]")
     if at < 0:
         return None
@@ -186,7 +190,7 @@ def _mistral_grammar(functions: list[Function], parallel: bool, tokenizer: Any) 
     return f'start: {_literal(tokenizer, "[TOOL_CALLS]")} " " calls\ncalls: {_json_rule(array)}\n'
 
 
-def _llama3_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+def _llama3_split(text: str) -> tuple[str, RawCalls] | None:
     body = text.removeprefix("<|python_tag|>").strip()
     found = _json_prefix(body) if body.startswith("{") else None
     if found is None or found[1] != len(body) or not isinstance(found[0], dict):
@@ -210,7 +214,7 @@ _HARMONY_CALL = re.compile(
 )
 
 
-def _harmony_split(text: str) -> tuple[str, list[tuple[str, Any]]] | None:
+def _harmony_split(text: str) -> tuple[str, RawCalls] | None:
     matches = list(_HARMONY_CALL.finditer(text))
     if not matches:
         return None

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
 from macbatch.engine.model_info import Tokenizer
-from macbatch.engine.tool_calls import ToolFormat, detect_tool_format
+from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai import ChoiceProgress, Endpoint, Formatter, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.server.errors import APIError, engine_unavailable, invalid
@@ -55,7 +55,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
-        self.tool_format = detect_tool_format(self.decoder)
+        self.tool_format = self.thread.info.model.tool_format  # decided once, at load
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_id and name not in self.options.model_aliases:
@@ -84,7 +84,7 @@ def create_app(
         thread=thread,
         decoder=decoder,
         options=options or ServerOptions(),
-        model_id=model_id or str(thread.engine_info.get("model_name", "model")),
+        model_id=model_id or thread.info.model_name,
     )
     routes = [
         Route("/health", health, methods=["GET"]),

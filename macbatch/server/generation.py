@@ -66,13 +66,7 @@ class Run:
         self._first_token_seen: set[int] = set()
         try:
             for index, (prompt, params) in enumerate(jobs):
-                request_id = thread.submit(
-                    prompt.prompt,
-                    params,
-                    self._deliver(index),
-                    chat_template_kwargs=prompt.chat_template_kwargs,
-                    tools=prompt.tools,
-                )
+                request_id = thread.submit(prompt, params, self._deliver(index))
                 self._request_ids.append(request_id)
                 self._unfinished.add(index)
         except ValueError as exc:

@@ -88,7 +88,7 @@ class ChatService:
     def loaded(self) -> str | None:
         """The model is ready; the name it reports (a path or a hub id), when it has one."""
         self.ready = True
-        name = self.engine.engine_info.get("model_name")
+        name = self.engine.info.model_name
         return None if name is None else str(name)
 
     def failed(self, error: BaseException | None) -> None:
@@ -101,7 +101,7 @@ class ChatService:
             return EngineStatus(None, "loading")
         engine = self.engine
         problem = None if engine.alive else f"engine stopped: {engine.error}"
-        return EngineStatus(engine.stats(), problem, engine.engine_info["block_size"])
+        return EngineStatus(engine.stats(), problem, engine.info.block_size)
 
     def thinking_default(self) -> bool | None:
         """Whether the model's template thinks when not told (None: no switch, or no model)."""

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,10 +54,10 @@ def download(repo_id: str, progress: LoadProgress) -> Path:
     from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
     from tqdm.auto import tqdm
 
-    class Reporter(tqdm):  # type: ignore[misc]
+    class Reporter(tqdm):
         """tqdm that mirrors its counter into `progress` (snapshot_download counts files)."""
 
-        def __init__(self, *args: object, **kwargs: object) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True  # no terminal output under the TUI
             super().__init__(*args, **kwargs)
             self.files_done = 0.0  # a disabled tqdm does not count, so count here

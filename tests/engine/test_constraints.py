@@ -146,7 +146,7 @@ def test_constraint_waits_for_the_reasoning_block_to_end(engine):
     from macbatch.engine.reasoning import Phase, ReasoningTracker
 
     tokenizer = engine.tokenizer
-    fmt = engine.reasoning_format
+    fmt = engine.info.model.reasoning_format
     messages = [{"role": "user", "content": "hi"}]
     thinking = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     plain = tokenizer.apply_chat_template(

@@ -52,8 +52,10 @@ def test_each_family_is_detected_and_round_trips_a_rendered_call(engine):
     assert after[: len(before)] == before
     added = [t for t in after[len(before) :] if t not in tokenizer.eos_token_ids]
     text = tokenizer.decode(added)
-    if engine.reasoning_format is not None:  # Qwen3 renders an empty <think></think> first
-        text = ReasoningTracker(engine.reasoning_format, Phase.MAYBE).split(text)[1]
+    if (
+        engine.info.model.reasoning_format is not None
+    ):  # Qwen3 renders an empty <think></think> first
+        text = ReasoningTracker(engine.info.model.reasoning_format, Phase.MAYBE).split(text)[1]
     content, calls = fmt.parse(text)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris", "unit": "c"})

@@ -197,7 +197,7 @@ def test_completion_logprobs_stream(client: openai.OpenAI, served: Served) -> No
 
 def test_models(client: openai.OpenAI, served: Served) -> None:
     models = client.models.list().data
-    assert [m.id for m in models] == [served.thread.engine_info["model_name"]]
+    assert [m.id for m in models] == [served.thread.info.model_name]
     assert client.models.retrieve(models[0].id).id == models[0].id
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
@@ -254,7 +254,7 @@ def test_unknown_fields_are_ignored(client: openai.OpenAI, served: Served) -> No
 
 
 def test_prompt_that_fills_the_context_is_400(client: openai.OpenAI, served: Served) -> None:
-    limit = served.thread.engine_info["max_model_len"]
+    limit = served.thread.info.max_model_len
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=response_model(client), prompt=[5] * limit, max_tokens=1)
     assert "leaves no room for a reply" in info.value.body["message"]
@@ -262,7 +262,7 @@ def test_prompt_that_fills_the_context_is_400(client: openai.OpenAI, served: Ser
 
 def test_max_tokens_beyond_the_context_is_capped(client: openai.OpenAI, served: Served) -> None:
     """The engine's one rule: max_tokens shrinks to the room the prompt leaves."""
-    limit = served.thread.engine_info["max_model_len"]
+    limit = served.thread.info.max_model_len
     prompt = [5] * (limit - 3)
     response = client.completions.create(
         model=response_model(client), prompt=prompt, max_tokens=limit, temperature=0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import mlx.core as mx
 
 from macbatch.engine.distributed.watchdog import guarded, timeout_from_env
-from macbatch.launch import launched
 
 # Connecting may take a few step deadlines: the ranks on other hosts start over ssh.
 CONNECT_TIMEOUTS = 3
@@ -14,9 +15,10 @@ _group: mx.distributed.Group | None = None
 
 
 def join() -> mx.distributed.Group | None:
-    """Connect to the other ranks (once per process); None when this process runs alone."""
+    """Connect to the other ranks (once per process; only in a process a launcher started, which
+    ``macbatch.launch.launched`` tells); None when the launcher started this rank alone."""
     global _group
-    if _group is None and launched():
+    if _group is None:
         # MLX waits forever for a rank that never connects (a host down, a wrong address).
         with guarded(CONNECT_TIMEOUTS * timeout_from_env(), "connecting to the other ranks"):
             group = mx.distributed.init(strict=True)
@@ -33,7 +35,7 @@ def current() -> mx.distributed.Group | None:
 def smallest(value: int, group: mx.distributed.Group) -> int:
     """The smallest of every rank's ``value`` (every rank must call this at the same point)."""
     mine = mx.array([value], dtype=mx.int32)
-    return int(mx.distributed.all_min(mine, group=group, stream=mx.cpu).item())
+    return _ints(mx.distributed.all_min(mine, group=group, stream=mx.cpu))[0]
 
 
 def failed_ranks(failed: bool, group: mx.distributed.Group) -> list[int]:
@@ -41,4 +43,9 @@ def failed_ranks(failed: bool, group: mx.distributed.Group) -> list[int]:
     flags = mx.distributed.all_gather(
         mx.array([int(failed)], dtype=mx.int32), group=group, stream=mx.cpu
     )
-    return [rank for rank, flag in enumerate(flags.tolist()) if flag]
+    return [rank for rank, flag in enumerate(_ints(flags)) if flag]
+
+
+def _ints(array: mx.array) -> list[int]:
+    """A 1-d integer array's values (MLX's stub types ``tolist`` as any nesting of scalars)."""
+    return cast(list[int], array.tolist())

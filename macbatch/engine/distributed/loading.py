@@ -1,21 +1,43 @@
-"""Loading one model on every rank at once, so that a rank that cannot load it stops the group
-with a clear error instead of leaving the others waiting in a collective."""
+"""Loading a model for the engine: alone, or on every rank of a launched group at once, so that
+a rank that cannot load it stops the group with a clear error instead of leaving the others
+waiting in a collective."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import LoadOrder, channel_of
-from macbatch.engine.distributed.group import failed_ranks
-from macbatch.engine.loader import load_model
+from macbatch.engine.distributed.group import current, failed_ranks
+from macbatch.engine.kv_cache import PageFormat
+from macbatch.engine.loader import declared_head_dim, load_model
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+def load(
+    name: str, config: EngineConfig
+) -> tuple[nn.Module, TokenizerWrapper, mx.distributed.Group | None]:
+    """The model and tokenizer ``name`` names, and the group that shares them (None alone):
+    every rank of a launched group loads it lazily (each materializes only its shard)."""
+    head_dim = declared_head_dim(name) if config.kv_bits else None
+    if head_dim is not None:  # a group size that cannot work fails before the weights load
+        PageFormat(mx.float16, config.kv_bits, config.kv_group_size).group_size_for(head_dim)
+    group = current()
+    if group is None:
+        model, tokenizer = load_model(name)
+    else:
+        model, tokenizer = load_on_every_rank(name, config, group)
+    return model, tokenizer, group
 
 
 def load_on_every_rank(
     name: str, config: EngineConfig, group: mx.distributed.Group
-) -> tuple[Any, Any]:
+) -> tuple[nn.Module, TokenizerWrapper]:
     """``load_model`` on this rank, lazily (each rank materializes only its shard later); rank 0
     first tells the others what to load."""
     if group.rank() == 0:

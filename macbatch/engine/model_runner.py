@@ -1,0 +1,163 @@
+"""The model runner: everything a step needs on the device, and nothing about requests.
+
+It owns the model (cast and sharded as settled at load), its adapter, the KV pages (sized here,
+from free memory), the forward, the constraint masks and sampling, and the dispatch of a step
+(``mx.async_eval``; a distributed rank 0 broadcasts the packed batch first and evaluates each
+step before the next). It is built from the model and an ``EngineConfig`` alone: a distributed
+follower runs one with no tokenizer, scheduler or engine (docs/distributed.md), and the engine
+core composes one with its scheduler and KV manager (docs/engine.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import macbatch.metal
+from macbatch.engine.adapter import ModelAdapter
+from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.distributed.channel import StepChannel, channel_of
+from macbatch.engine.distributed.group import smallest
+from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.kv_cache import KVStore, PageFormat
+from macbatch.engine.model_info import context_length, declared_context_length
+from macbatch.engine.packing import PackedBatch
+from macbatch.engine.sampling import SampledBatch, sample
+
+if TYPE_CHECKING:
+    from macbatch.engine.constraints import ConstraintCompiler
+    from macbatch.engine.request import Request
+
+
+class ModelRunner:
+    """One model's forward over a paged KV pool. Not thread-safe: the engine thread's only."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        owns_model: bool = False,
+        group: mx.distributed.Group | None = None,
+    ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
+        ``group``: the ranks that share the model; each keeps its shard and pages its own KV
+        heads, and the ranks agree on the smallest pool (a collective: every rank builds its
+        runner at the same point)."""
+        self.config = config
+        self.group = group
+        self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
+        if group is not None:
+            shard_model(model, group)
+        self.adapter = ModelAdapter(model)
+        self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
+        self.model_type = self.adapter.model_type
+        macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
+        self.vocab_size = model_vocab_size(model)
+        args = getattr(model, "args", None)  # mlx-lm's ModelArgs: a dataclass
+        declared = declared_context_length(getattr(args, "__dict__", None) or {})
+        self.context_length = context_length(declared, config.max_model_len)
+        shapes = self.adapter.layer_shapes
+        fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
+        self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
+        num_blocks = config.num_blocks or blocks_for_memory(
+            model, self.kv_bytes_per_token * config.block_size, self.context_length, config
+        )
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            num_blocks = smallest(num_blocks, group)
+        self.num_blocks = num_blocks
+        self.store = KVStore(shapes, num_blocks, config.block_size, fmt)
+        self.kv_head_counts = {s.num_kv_heads for s in shapes}
+        # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
+        self.constraints: ConstraintCompiler | None = None
+        self._followers: StepChannel | None = (
+            channel_of(group) if group is not None and group.rank() == 0 else None
+        )
+
+    # -- a step (rank 0) ---------------------------------------------------------------------
+
+    def forward(self, batch: PackedBatch) -> mx.array | None:
+        """The logits of the step's sampled rows (None when it samples none); the other ranks
+        of a group run the same forward on their shard."""
+        if self._followers is not None:
+            self._followers.send_step(batch)
+        return self.adapter.forward(batch, self.store)
+
+    def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
+        """Mask the constrained rows' logits, then sample one token per row (``rows``: the
+        requests of the logits' rows, in order)."""
+        if self.constraints is not None:
+            # A request that finished on the token just read samples a token nobody emits.
+            states = [None if r.finished else r.constraint for r in rows]
+            logits = self.constraints.mask_logits(logits, states, [r.num_generated for r in rows])
+        return sample(logits, rows)
+
+    def launch(self, result: SampledBatch | None) -> float:
+        """Start the step on the device: its samples and the KV pages it writes. Returns the
+        seconds spent blocked here (MLX blocks in ``async_eval`` when many ops are outstanding;
+        a group's rank 0 evaluates the step before the next broadcast, docs/distributed.md)."""
+        started = time.perf_counter()
+        arrays = [*(result.arrays() if result else []), *self.store.arrays()]
+        if self._followers is None:
+            mx.async_eval(*arrays)
+        else:
+            mx.eval(*arrays)
+            self._followers.step_finished()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        """Let the other ranks of a group exit; this runner must not run a step again."""
+        if self._followers is not None:
+            self._followers.send_stop()
+
+    # -- a step (the other ranks) -----------------------------------------------------------
+
+    def follow(self, batch: PackedBatch) -> None:
+        """Rank 0's step on this rank's shard: the same layers, so the same collectives in the
+        same order, and this rank's K/V written. Not the LM head: it is not split and only rank
+        0 samples, so computing it here would only delay this rank's next step (and rank 0's)."""
+        hidden = self.adapter.hidden_states(batch, self.store)
+        # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
+        # so the last layer's collectives after it are not run there, and must not be run here.
+        mx.eval(*([hidden] if batch.sample_rows.size else []), *self.store.arrays())
+
+
+def model_vocab_size(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if size:
+        return int(size)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None:
+        return int(embed.weight.shape[0])
+    raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+def blocks_for_memory(
+    model: nn.Module, per_block: int, context_length: int, config: EngineConfig
+) -> int:
+    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
+    ``memory_fraction`` of what is left after the weights, capped at what ``max_num_seqs``
+    sequences of ``context_length`` tokens can use."""
+    info = mx.device_info() if mx.default_device() == mx.gpu else {}
+    # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
+    total = int(
+        info.get("max_recommended_working_set_size")
+        or info.get("memory_size")
+        or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
+    weights = sum(array.nbytes for array in parameter_arrays(model))
+    budget = max(0, int(total * config.memory_fraction) - weights)
+    most_useful = config.max_num_seqs * -(-context_length // config.block_size)
+    blocks = min(budget // per_block, most_useful)
+    if blocks < 1:
+        raise ValueError(
+            f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
+        )
+    return int(blocks)

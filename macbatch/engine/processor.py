@@ -1,0 +1,166 @@
+"""The input processor: a prompt and its sampling parameters in, a ``Request`` ready to queue out.
+
+It templates chat messages (with their template variables and tools), tokenizes, checks the
+prompt against the vocabulary and the context, fits ``max_tokens`` to the room left, and builds
+the request's reasoning tracker and grammar matcher: vLLM v1's ``Processor``. It reads only facts
+fixed at load (``EngineInfo``) and the tokenizer, never the engine's mutable state, so any thread
+may call it (``EngineThread.submit`` does, on the caller's thread); the engine core checks what
+depends on its state (a request id already in use) when the request is queued.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from macbatch.engine import chat_template
+from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
+from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.reasoning import ReasoningTracker
+from macbatch.engine.request import PromptTooLongError, Request, RequestMetrics
+from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.tool_calls import check_tools, template_messages
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+class InputProcessor:
+    """Turns prompts into requests for one model and KV pool (thread-safe)."""
+
+    def __init__(
+        self, tokenizer: TokenizerWrapper, info: EngineInfo, constraints: ConstraintCompiler
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.info = info
+        self.constraints = constraints
+        self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
+        self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
+
+    def encode(self, prompt: PromptInput) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
+        messages templated with the prompt's template variables and tools."""
+        ids = self._encode(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        return ids
+
+    def _encode(self, prompt: PromptInput) -> list[int]:
+        if prompt.tools is not None and not prompt.is_chat:
+            raise ValueError("tools need a chat prompt (a list of messages)")
+        text = prompt.prompt
+        if isinstance(text, str):
+            if not text:
+                raise ValueError("prompt is empty")
+            return chat_template.encode_text(self.tokenizer, text)
+        if isinstance(text, Sequence):
+            messages = [m for m in text if isinstance(m, dict)]
+            if messages and len(messages) == len(text):
+                return self._apply_chat_template(messages, prompt)
+            ids = [t for t in text if isinstance(t, int) and not isinstance(t, bool)]
+            if len(ids) == len(text):
+                return self._check_token_ids(ids)
+        raise ValueError(
+            "prompt must be a list of token ids, a string, or a list of chat messages "
+            "({'role': ..., 'content': ...})"
+        )
+
+    def _check_token_ids(self, ids: list[int]) -> list[int]:
+        vocab = self.info.model.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _apply_chat_template(
+        self, messages: list[dict[str, Any]], prompt: PromptInput
+    ) -> list[int]:
+        chat_template.check_content_parts(messages)
+        messages = template_messages(messages)  # tool calls and results in the history
+        if not chat_template.has_chat_template(self.tokenizer):
+            raise ValueError(
+                f"model '{self.info.model_name}' has no chat template; send a text prompt instead"
+            )
+        variables = chat_template.check_chat_template_kwargs(prompt.chat_template_kwargs)
+        if prompt.tools is not None:
+            variables["tools"] = check_tools(prompt.tools)
+        return chat_template.encode_chat(self.tokenizer, messages, variables)
+
+    def process(
+        self, prompt: PromptInput, params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """Validate and tokenize; ``ValueError`` saying what is wrong (no MLX work happens)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        ids = self.encode(prompt)
+        limit, what = self.info.context_limit, self.info.context_limit_reason
+        room = limit - len(ids)
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} tokens)"
+            )
+        capped = params.max_tokens is not None and params.max_tokens > room
+        if params.max_tokens is None or capped:
+            params = replace(params, max_tokens=room)
+        fmt = self.info.model.reasoning_format
+        reasoning = (
+            ReasoningTracker(fmt, fmt.initial_phase(ids))
+            if fmt is not None and prompt.is_chat
+            else None
+        )
+        spec = params.structured
+        constraint = (
+            ConstraintState(self.constraints.compile(spec), reasoning, spec.own_channel)
+            if spec is not None
+            else None
+        )
+        return Request(
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_token_ids=ids,
+            params=params,
+            seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
+            eos_token_ids=self._eos_token_ids,
+            detokenizer=self.tokenizer.detokenizer,
+            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            capped_max_tokens=room if capped else None,
+            reasoning=reasoning,
+            constraint=constraint,
+        )
+
+
+class PromptEncoder:
+    """``encode_prompt``, for the engine and its thread alike (each gives its processor)."""
+
+    def _processor(self) -> InputProcessor:
+        raise NotImplementedError
+
+    def encode_prompt(
+        self,
+        prompt: Prompt | PromptInput,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The token ids a request for this prompt would get: ids as given, raw text encoded
+        (one BOS, as mlx-lm), chat messages templated with ``chat_template_kwargs`` as template
+        variables and ``tools`` (OpenAI-shaped function tools) rendered by the template.
+        Tokenizer work only: an ``EngineThread``'s is safe from any thread."""
+        return self._processor().encode(prompt_input(prompt, chat_template_kwargs, tools))
+
+
+def prompt_input(
+    prompt: Prompt | PromptInput,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> PromptInput:
+    """A ``PromptInput`` from the public methods' arguments: one given, or one built from the
+    prompt and the keywords (which a ``PromptInput`` must not be given alongside)."""
+    if not isinstance(prompt, PromptInput):
+        return PromptInput(prompt, chat_template_kwargs, tools)
+    if chat_template_kwargs is not None or tools is not None:
+        raise ValueError("give chat_template_kwargs and tools inside the PromptInput, not beside")
+    return prompt

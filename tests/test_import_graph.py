@@ -1,0 +1,165 @@
+"""The import graph of macbatch, read from the source with ``ast``: no module imports itself
+through others (a cycle makes import order matter and hides a layer pointing up), and the
+distributed follower runs the forward without the engine core (docs/distributed.md).
+
+Every import counts, at any level (inside functions and ``TYPE_CHECKING`` blocks too): an import
+that only runs later still ties the two modules together. ``from package import name`` is an
+edge to ``package.name`` when that is a module, else to the package. Importing a submodule runs
+its package's ``__init__``, but that is not counted as an edge: otherwise every package whose
+``__init__`` re-exports its submodules would be a cycle with each of them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "macbatch"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The macbatch modules ``name`` imports."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                child = f"{origin}.{alias.name}"
+                found.add(child if child in modules else origin)
+    return {_owning_module(m, modules) for m in found if m.split(".")[0] == PACKAGE} - {None}
+
+
+def _owning_module(name: str, modules: dict[str, Path]) -> str | None:
+    """``name`` or the closest package above it that exists (``import a.b.c`` names a.b.c)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) - {name} for name, path in modules.items()}
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_through(component, graph) for component in components]
+
+
+def _cycle_through(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle from the component's first module back to it, for the message."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt_frontier = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & members):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    nxt_frontier.append(nxt)
+        frontier = nxt_frontier
+    return component
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not, each with the module that imports it."""
+    seen = {start: ""}
+    frontier = [start]
+    while frontier:
+        node = frontier.pop()
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in seen:
+                seen[nxt] = node
+                frontier.append(nxt)
+    return seen
+
+
+def test_the_graph_is_read() -> None:
+    """A sanity check on the reader itself, on edges known to exist."""
+    graph = import_graph()
+    assert "macbatch.engine.engine" in graph["macbatch.engine"]  # from macbatch.engine.engine ...
+    assert "macbatch.engine.kv_cache" in graph["macbatch.engine.adapter"]
+    assert "macbatch.engine.distributed.follower" in graph["macbatch.launch"]  # in a function
+
+
+# Cycles known and being removed elsewhere (the TUI's service split, issue 30): each entry is a
+# cycle's modules. The test fails on any other cycle, and on an entry that no longer is one, so
+# this list only shrinks.
+KNOWN_CYCLES: list[set[str]] = [
+    {"macbatch.tui.widgets.message_view", "macbatch.tui.widgets.reasoning_view"},
+    {"macbatch.tui.app", "macbatch.tui.screens.chat"},
+]
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(import_graph())
+    new = [c for c in cycles if set(c) not in KNOWN_CYCLES]
+    assert not new, "import cycles:\n" + "\n".join(" -> ".join(c) for c in new)
+    gone = [k for k in KNOWN_CYCLES if k not in [set(c) for c in cycles]]
+    assert not gone, f"no longer cycles, remove them from KNOWN_CYCLES: {gone}"
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycles(graph) == [["a", "b", "c", "a"]]
+
+
+def test_the_follower_does_not_import_the_engine_core() -> None:
+    graph = import_graph()
+    seen = reachable(graph, "macbatch.engine.distributed.follower")
+    chain = ["macbatch.engine.engine"]
+    while chain[-1] in seen and seen[chain[-1]]:
+        chain.append(seen[chain[-1]])
+    assert len(chain) == 1, "the follower imports the engine core: " + " <- ".join(chain)

@@ -38,6 +38,8 @@ BACKENDS: dict[str, AttentionBackend] = {
         ReferenceBackend(),  # last: auto never looks past the reference
     )
 }
+# Names earlier releases documented, still honoured so a set variable keeps meaning the same.
+RENAMED = {"kernel": MetalKernelBackend.name}
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ def cpu_kernel_status() -> str:
 
 def _requested() -> str:
     value = os.environ.get(ENV, "").strip().lower() or AUTO
+    value = RENAMED.get(value, value)
     if value == AUTO or value in BACKENDS:
         return value
     names = ", ".join([AUTO, *BACKENDS])

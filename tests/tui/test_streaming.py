@@ -13,7 +13,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import DONE, STOPPED
-from macbatch.tui.widgets.message_view import displayable
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
 
 from textual import on
 from textual.app import ComposeResult
@@ -22,6 +22,7 @@ from textual.widgets import Footer, ListView
 from textual.worker import Worker
 
 from macbatch.tui.chats import ChatRefused, ChatService
+from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen, help_rows
 from macbatch.tui.screens.rename import RenameScreen
@@ -35,8 +36,17 @@ from macbatch.tui.widgets.session_list import SessionList
 from macbatch.tui.widgets.status_bar import StatusBar
 from macbatch.tui.widgets.transcript import Transcript, Transcripts
 
-if TYPE_CHECKING:
-    from macbatch.tui.app import ChatApp
+
+class ChatHost(Protocol):
+    """What the screen reads of its app (``ChatApp``), named here so the screen need not import
+    the app that imports it."""
+
+    chats: ChatService
+    model_label: str
+    model_requested: str
+    load_progress: LoadProgress
+    load_started: float
+
 
 STATUS_EVERY_S = 0.5
 
@@ -64,8 +74,8 @@ class ChatScreen(Screen[None]):
         self.editing: Message | None = None  # the user message being edited, if any
 
     @property
-    def chat_app(self) -> ChatApp:
-        return cast("ChatApp", self.app)
+    def chat_app(self) -> ChatHost:
+        return cast(ChatHost, self.app)
 
     @property
     def chats(self) -> ChatService:

@@ -10,15 +10,8 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from macbatch.tui.store import DONE, STREAMING, Message
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.reasoning_view import ReasoningView
-
-# Control characters (from a model or a paste) would drive the terminal or break SVG screenshots:
-# show them as Unicode "control pictures" instead (display only; the stored text is untouched).
-_VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {0x7F: 0x2421}
-
-
-def displayable(text: str) -> str:
-    return text.translate(_VISIBLE_CONTROLS)
 
 
 def describe(message: Message) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from textual.widgets import Collapsible, Static
 
+from macbatch.tui.widgets.display import displayable
+
 
 def reasoning_title(tokens: int, seconds: float | None, done: bool) -> str:
     timing = "" if seconds is None else f", {seconds:.1f} s"
@@ -24,8 +26,6 @@ class ReasoningView(Collapsible):
         self.done = False
 
     def show(self, text: str, tokens: int, seconds: float | None, done: bool) -> None:
-        from macbatch.tui.widgets.message_view import displayable
-
         self.query_one(".reasoning-text", Static).update(displayable(text))
         self.title = reasoning_title(tokens, seconds, done)
         if done and not self.done:

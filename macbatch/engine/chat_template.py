@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from macbatch.engine.tokenizer import Tokenizer
+
 # Arguments of ``apply_chat_template`` itself, which the engine decides; not template variables.
 _RESERVED = (
     "conversation",
@@ -60,19 +62,19 @@ def check_content_parts(messages: Sequence[dict[str, Any]]) -> None:
             )
 
 
-def _hf_tokenizer(tokenizer: Any) -> Any:
+def _hf_tokenizer(tokenizer: Tokenizer) -> Any:
     """The Hugging Face tokenizer inside mlx-lm's ``TokenizerWrapper`` (or the one given)."""
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     """Ids of a text prompt: BOS added unless the text already starts with the BOS text."""
     bos = getattr(_hf_tokenizer(tokenizer), "bos_token", None)
     add_special = bos is None or not text.startswith(bos)
     return list(tokenizer.encode(text, add_special_tokens=add_special))
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: Tokenizer) -> bool:
     return bool(
         getattr(tokenizer, "has_chat_template", False)
         or getattr(_hf_tokenizer(tokenizer), "chat_template", None)
@@ -80,7 +82,7 @@ def has_chat_template(tokenizer: Any) -> bool:
 
 
 def render_chat(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages: Sequence[dict[str, Any]],
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
@@ -99,7 +101,7 @@ def render_chat(
 
 
 def encode_chat(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     messages: Sequence[dict[str, Any]],
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
@@ -108,7 +110,7 @@ def encode_chat(
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def template_source(tokenizer: Any) -> str:
+def template_source(tokenizer: Tokenizer) -> str:
     """The chat template's Jinja text ('' when there is none); several named ones are joined."""
     template = getattr(_hf_tokenizer(tokenizer), "chat_template", None)
     if isinstance(template, dict):
@@ -116,12 +118,12 @@ def template_source(tokenizer: Any) -> str:
     return template or ""
 
 
-def has_thinking_switch(tokenizer: Any) -> bool:
+def has_thinking_switch(tokenizer: Tokenizer) -> bool:
     """Whether the template reads ``enable_thinking`` (so thinking can be turned on or off)."""
     return THINKING_SWITCH in template_source(tokenizer)
 
 
-def thinking_default(tokenizer: Any) -> bool | None:
+def thinking_default(tokenizer: Tokenizer) -> bool | None:
     """Whether the template thinks when not told (None: it has no thinking switch), found by
     rendering one question both ways: Qwen3 thinks by default, Gemma 4 does not."""
     if not has_thinking_switch(tokenizer):

@@ -27,7 +27,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
-from macbatch.engine.model_info import EngineInfo, ModelInfo, Tokenizer
+from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
@@ -36,6 +36,7 @@ from macbatch.engine.reasoning import ReasoningFormat
 from macbatch.engine.request import FinishReason, Request, RequestOutput
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import detect_tool_format
 
 if TYPE_CHECKING:

@@ -9,20 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from macbatch.engine.reasoning import ReasoningFormat
     from macbatch.engine.tool_calls import ToolFormat
-
-
-class Tokenizer(Protocol):
-    """What macbatch needs of a tokenizer (mlx-lm's ``TokenizerWrapper`` is one): text to ids
-    and back. Chat templating goes through ``chat_template.py``, which reads the rest."""
-
-    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
-
-    def decode(self, token_ids: list[int], *args: Any, **kwargs: Any) -> str: ...
 
 
 # The context length assumed for a model whose config does not declare one (it caps the KV

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine.constraints import JSON_LAYOUT
+from macbatch.engine.tokenizer import Tokenizer
 
 TOOL_CHOICES = ("none", "auto", "required")
 
@@ -84,7 +85,7 @@ class ToolFormat:
             calls.append(ToolCall(name, args, new_call_id()))
         return content, calls
 
-    def grammar(self, tools: Sequence[dict[str, Any]], parallel: bool, tokenizer: Any) -> str:
+    def grammar(self, tools: Sequence[dict[str, Any]], parallel: bool, tokenizer: Tokenizer) -> str:
         """A Lark grammar whose every reply is one call (or more if ``parallel`` and the family
         can) to one of ``tools`` (already checked), with arguments valid against its
         ``parameters``."""
@@ -132,7 +133,7 @@ def _json_rule(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
 
 
-def _literal(tokenizer: Any, text: str) -> str:
+def _literal(tokenizer: Tokenizer, text: str) -> str:
     """A Lark terminal for ``text``: the token itself where the vocabulary has it as one added
     token (grammars see added tokens as tokens, not as their text), else the quoted text."""
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -164,7 +165,7 @@ def _hermes_split(text: str) -> tuple[str, RawCalls] | None:
     return text[: text.index("<tool_call>")].strip(), calls
 
 
-def _hermes_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+def _hermes_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
     call = _call_schema(functions, "arguments")
     more = ' ("\\n" call)*' if parallel else ""
     start, end = _literal(tokenizer, "<tool_call>"), _literal(tokenizer, "</tool_call>")
@@ -184,7 +185,7 @@ def _mistral_split(text: str) -> tuple[str, RawCalls] | None:
     return text[:at].strip(), [(c.get("name"), c.get("arguments", {})) for c in calls]
 
 
-def _mistral_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+def _mistral_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
     call = _call_schema(functions, "arguments")
     array = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
     return f'start: {_literal(tokenizer, "[TOOL_CALLS]")} " " calls\ncalls: {_json_rule(array)}\n'
@@ -201,7 +202,7 @@ def _llama3_split(text: str) -> tuple[str, RawCalls] | None:
     return "", [(call["name"], call.get("parameters", call.get("arguments", {})))]
 
 
-def _llama3_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+def _llama3_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
     return f"start: obj\nobj: {_json_rule(_call_schema(functions, 'parameters'))}\n"
 
 
@@ -230,7 +231,7 @@ def _harmony_split(text: str) -> tuple[str, RawCalls] | None:
     return (final.group(1).strip() if final else ""), calls
 
 
-def _harmony_grammar(functions: list[Function], parallel: bool, tokenizer: Any) -> str:
+def _harmony_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
     """One call as gpt-oss writes it: ``<|channel|>commentary to=functions.NAME <|constrain|>json
     <|message|>{...}<|call|>``. ``<|call|>`` ends the model's turn (it waits for the result), so a
     reply holds one call whatever ``parallel`` says. After an analysis message the engine writes
@@ -275,7 +276,7 @@ _FAMILIES: list[tuple[tuple[str, ...], ToolFormat]] = [
 ]
 
 
-def detect_tool_format(tokenizer: Any) -> ToolFormat | None:
+def detect_tool_format(tokenizer: Tokenizer) -> ToolFormat | None:
     """The tool-call format of a tokenizer's chat template, or None if no parser knows it."""
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):

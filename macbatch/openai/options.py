@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine.constraints import StructuredOutput
-from macbatch.engine.model_info import Tokenizer
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat, check_tools, chosen_tools
 from macbatch.openai.errors import InvalidRequest
 

@@ -19,8 +19,8 @@ from enum import Enum
 from typing import Any
 
 from macbatch.engine import SamplingParams, StructuredOutput, check_chat_template_kwargs
-from macbatch.engine.model_info import Tokenizer
 from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages, completion_prompts

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
-from macbatch.engine.model_info import Tokenizer
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai import ChoiceProgress, Endpoint, Formatter, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter

@@ -38,29 +38,35 @@ class EngineDeadError(RuntimeError):
 
 @dataclass(frozen=True)
 class _Add:
+    """Queue a request the caller's thread already processed; its outputs go to `on_output`."""
+
     request: Request
     on_output: OutputCallback | None
 
 
 @dataclass(frozen=True)
 class _Cancel:
+    """Abort one request (its final output still reaches its listener)."""
+
     request_id: str
 
 
 @dataclass(frozen=True)
 class _Call:
+    """Run `fn` on the engine between steps; its result or exception goes to `future`."""
+
     fn: Callable[[Engine], Any]
     future: Future[Any]
 
 
 @dataclass(frozen=True)
 class _AbortAll:
-    pass
+    """Abort every request with a listener (the server's shutdown deadline); the loop goes on."""
 
 
 @dataclass(frozen=True)
 class _Stop:
-    pass
+    """Abort everything, let the other ranks go, and end the loop."""
 
 
 _Command = _Add | _Cancel | _Call | _AbortAll | _Stop

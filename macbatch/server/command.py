@@ -50,21 +50,21 @@ def serve_command(
         min=0,
         help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
     ),
+    log_level: str = typer.Option("info", help=f"Server log level: {', '.join(LOG_LEVELS)}."),
     kv_blocks: int | None = typer.Option(
         None,
         min=1,
         help="KV cache blocks of 16 tokens (default: half the memory left after the weights).",
     ),
-    kv_bits: int | None = kv_bits_option(),
     max_body_mb: float = typer.Option(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     ),
+    kv_bits: int | None = kv_bits_option(),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
         help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
     ),
-    log_level: str = typer.Option("info", help=f"Server log level: {', '.join(LOG_LEVELS)}."),
     print_launchd_plist: bool = typer.Option(
         False,
         "--print-launchd-plist",

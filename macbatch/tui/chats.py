@@ -10,9 +10,8 @@ as its worker's `StateChanged` message, which `reply_ended` turns into what to s
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
@@ -41,16 +40,14 @@ class ChatRefused(Exception):
         self.severity: SeverityLevel = severity
 
 
-@dataclass(frozen=True)
-class ReplyEnd:
+class ReplyEnd(NamedTuple):
     """A reply that ended: its session, and why it failed (None: it did not)."""
 
     session_id: int
     failure: str | None
 
 
-@dataclass(frozen=True)
-class EngineStatus:
+class EngineStatus(NamedTuple):
     """What the status bar shows of the engine; `problem` replaces the numbers when set."""
 
     stats: EngineStats | None

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from macbatch.engine import EngineDeadError, FinishReason, PromptTooLongError
@@ -91,6 +92,7 @@ class ReasoningProgress:
         return None if reasoning is None else Reasoning(reasoning, self.tokens, self.seconds)
 
 
+@dataclass(eq=False)
 class Reply:
     """Streams one reply into `message` (already stored with status "streaming") and `view`.
 
@@ -98,15 +100,12 @@ class Reply:
     reply (shown on it), not the screen that started it.
     """
 
-    def __init__(
-        self, open_stream: OpenStream, store: HistoryStore, message: Message, view: ReplyView
-    ) -> None:
-        self.open_stream = open_stream
-        self.store = store
-        self.message = message
-        self.view = view
-        self.stopped_by_user = False
-        self._interrupted = False
+    open_stream: OpenStream
+    store: HistoryStore
+    message: Message
+    view: ReplyView
+    stopped_by_user: bool = field(default=False, init=False)
+    _interrupted: bool = field(default=False, init=False)
 
     async def run(self) -> None:
         message = self.message

@@ -29,6 +29,7 @@ from mlx_lm.models import base as mlx_base
 import macbatch.metal
 from macbatch.engine.kv_cache import KVStore, LayerShape
 from macbatch.engine.packing import PackedBatch
+from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
 
 # Architectures known not to route attention through the patched name, or to keep a compressed
 # latent cache (MLA) or recurrent state: refused at load with the reason.
@@ -41,6 +42,7 @@ _UNSUPPORTED = {
     "kimi_k25": "multi-head latent attention (MLA) keeps a compressed cache",
     "muse_spark": "calls mx.fast attention directly",
     "plamo2": "calls mx.fast attention directly and keeps SSM state",
+    "falcon_h1": "runs attention and an SSM side by side in every layer (one cache list each)",
     "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
 }
 _INNER_NAMES = ("model", "transformer", "backbone")
@@ -204,43 +206,65 @@ class ModelAdapter:
                 f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
             )
         self.inner_name: str = inner_name
-        self._check_cache_kinds()
+        self.recurrent = self._recurrent_caches()
         _patch_model_modules()
-        self.layer_shapes, self.kv_layers, self.kv_dtype = self._probe()
+        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes = self._probe()
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
+        if self.state_shapes:
+            run_packed_layers(self.model.layers)
 
     @property
     def inner(self) -> nn.Module:
         return getattr(self.model, self.inner_name)
 
-    def _check_cache_kinds(self) -> None:
-        from mlx_lm.models.cache import KVCache, RotatingKVCache
+    @property
+    def hybrid(self) -> bool:
+        """Whether some layers keep recurrent state (Gated DeltaNet, Mamba, short convolutions)."""
+        return bool(self.state_shapes)
+
+    def _recurrent_caches(self) -> list[int]:
+        """Sizes of mlx-lm's cache list entries, 0 for attention (K/V) and the number of state
+        arrays for a recurrent layer; refuses any other kind of cache with the reason."""
+        from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
         if not hasattr(self.model, "make_cache"):
-            return
-        kinds = {type(c).__name__ for c in self.model.make_cache()}
-        if not kinds <= {KVCache.__name__, RotatingKVCache.__name__}:
-            raise UnsupportedModelError(
-                f"model type '{self.model_type}' keeps {', '.join(sorted(kinds))} state "
-                "(recurrent or linear attention); only attention KV caches can be paged"
-            )
+            return [0] * len(self.model.layers)
+        sizes = []
+        for cache in self.model.make_cache():
+            if type(cache) in (KVCache, RotatingKVCache):
+                sizes.append(0)
+            elif type(cache) is ArraysCache:
+                sizes.append(len(cache.cache))
+            else:
+                raise UnsupportedModelError(
+                    f"model type '{self.model_type}' keeps {type(cache).__name__} state; macbatch "
+                    "pages attention K/V and keeps recurrent (ArraysCache) state per request"
+                )
+        return sizes
 
-    def _probe(self) -> tuple[list[LayerShape], list[int], mx.Dtype]:
-        """Page shapes (one per layer that computes its own K/V), the store layer each model
-        layer reads, and the K/V dtype. A layer handed the very K/V array an earlier layer was
-        handed reuses that layer's K/V, so it reads that layer's pages."""
-        caches = [_ProbeCache() for _ in self.model.layers]
+    def _probe(self) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape]]:
+        """Page shapes (one per layer that computes its own K/V), the store layer each attention
+        layer reads, the K/V dtype, and each recurrent layer's state shapes. A layer handed the
+        very K/V array an earlier layer was handed reuses that layer's K/V, so it reads that
+        layer's pages."""
+        from mlx_lm.models.cache import ArraysCache
+
+        caches: list[_ProbeCache | ArraysCache] = [
+            ArraysCache(size) if size else _ProbeCache() for size in self.recurrent
+        ]
         self.inner(mx.array([[0]]), cache=caches)  # shapes only: the graph is never evaluated
-        if not all(c.shape is not None and c.attended == 1 for c in caches):
+        attention = [c for c in caches if isinstance(c, _ProbeCache)]
+        if not attention or not all(c.shape is not None and c.attended == 1 for c in attention):
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' does not route every layer's attention through "
                 "mlx-lm's scaled_dot_product_attention; macbatch cannot page its KV cache"
             )
+        states = [_state_shape(c) for c in caches if isinstance(c, ArraysCache)]
         shapes: list[LayerShape] = []
         kv_layers: list[int] = []
         owners: list[tuple[mx.array, int]] = []  # (K/V array, store layer) of computing layers
-        for cache in caches:
+        for cache in attention:
             assert cache.shape is not None and cache.keys is not None  # every layer attended
             store_layer = next((i for keys, i in owners if keys is cache.keys), None)
             if store_layer is None:
@@ -248,23 +272,34 @@ class ModelAdapter:
                 shapes.append(cache.shape)
                 owners.append((cache.keys, store_layer))
             kv_layers.append(store_layer)
-        assert caches[0].dtype is not None
-        return shapes, kv_layers, caches[0].dtype
+        assert attention[0].dtype is not None
+        return shapes, kv_layers, attention[0].dtype, states
 
-    def hidden_states(self, batch: PackedBatch, store: KVStore) -> mx.array:
+    def hidden_states(
+        self, batch: PackedBatch, store: KVStore, states: StateStore | None = None
+    ) -> mx.array:
         """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
-        into ``store``: every layer and every collective of a step, without the LM head."""
-        caches = [
-            PagedLayerCache(store, kv, batch, writes)
-            for kv, writes in zip(self.kv_layers, self.kv_writes)
-        ]
+        into ``store`` (and a hybrid model's recurrent state into ``states``): every layer and
+        every collective of a step, without the LM head."""
+        attention = iter(zip(self.kv_layers, self.kv_writes))
+        state_layers = iter(range(len(self.state_shapes)))
+        caches: list[PagedLayerCache | PagedStateCache] = []
+        for size in self.recurrent:
+            if size:
+                assert states is not None and batch.state_rows is not None
+                caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
+            else:
+                kv, writes = next(attention)
+                caches.append(PagedLayerCache(store, kv, batch, writes))
         return self.inner(batch.token_ids[:, None], cache=caches)
 
-    def forward(self, batch: PackedBatch, store: KVStore) -> mx.array | None:
+    def forward(
+        self, batch: PackedBatch, store: KVStore, states: StateStore | None = None
+    ) -> mx.array | None:
         """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
         is sampled: the step only writes K/V)."""
         inputs = batch.token_ids[:, None]
-        hidden = self.hidden_states(batch, store)
+        hidden = self.hidden_states(batch, store, states)
         if batch.sample_rows.size == 0:
             return None
         if batch.sample_rows.size < batch.num_tokens:  # else every row, in order: no gather
@@ -272,3 +307,10 @@ class ModelAdapter:
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
         logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]  # inputs: unread
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+
+def _state_shape(cache: Any) -> StateShape:
+    """A recurrent layer's state as its probe left it (batch axis dropped)."""
+    if any(a is None for a in cache.cache):
+        raise UnsupportedModelError("a recurrent layer kept no state in a one-token forward")
+    return StateShape(tuple(a.shape[1:] for a in cache.cache), tuple(a.dtype for a in cache.cache))

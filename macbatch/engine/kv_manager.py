@@ -23,12 +23,18 @@ class HasTokens(Protocol):
 
 
 class KVManager:
-    def __init__(self, pool: BlockPool, block_size: int, prefix_root: bytes | None) -> None:
+    def __init__(
+        self, pool: BlockPool, block_size: int, prefix_root: bytes | None, state_slots: int = 0
+    ) -> None:
+        """``state_slots``: a hybrid model's recurrent-state slots (one per running request; 0
+        for a model with attention only)."""
         self.pool = pool
         self.block_size = block_size
         self.prefix_root = prefix_root  # None: prefix caching off
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
+        self._free_slots = list(range(state_slots - 1, -1, -1))  # popped from the end: 0 first
+        self._slots: dict[str, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -100,9 +106,24 @@ class KVManager:
             self.pool.register(block, digest)
         hashes.extend(new)
 
+    @property
+    def state_slots_in_use(self) -> int:
+        return len(self._slots)
+
+    def state_slot(self, request_id: str) -> int:
+        """The request's recurrent-state slot, taken when it first runs and kept until ``free``
+        (the scheduler runs at most as many requests as there are slots)."""
+        slot = self._slots.get(request_id)
+        if slot is None:
+            slot = self._slots[request_id] = self._free_slots.pop()
+        return slot
+
     def free(self, request_id: str) -> None:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay
-        cached longest)."""
+        cached longest) and its state slot."""
+        slot = self._slots.pop(request_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
         for block in reversed(self._blocks.pop(request_id, [])):
             self.pool.free(block)
         self._hashes.pop(request_id, None)

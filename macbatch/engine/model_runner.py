@@ -28,6 +28,7 @@ from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv_cache import KVStore, PageFormat
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
+from macbatch.engine.recurrent import StateStore
 from macbatch.engine.sampling import SampledBatch, sample
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class ModelRunner:
             num_blocks = smallest(num_blocks, group)
         self.num_blocks = num_blocks
         self.store = KVStore(shapes, num_blocks, config.block_size, fmt)
+        # a hybrid model's recurrent state: one slot per request that may run at once
+        states = self.adapter.state_shapes
+        self.states = StateStore(states, config.max_num_seqs) if states else None
         self.kv_head_counts = {s.num_kv_heads for s in shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
@@ -86,7 +90,7 @@ class ModelRunner:
         of a group run the same forward on their shard."""
         if self._followers is not None:
             self._followers.send_step(batch)
-        return self.adapter.forward(batch, self.store)
+        return self.adapter.forward(batch, self.store, self.states)
 
     def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the
@@ -102,13 +106,16 @@ class ModelRunner:
         seconds spent blocked here (MLX blocks in ``async_eval`` when many ops are outstanding;
         a group's rank 0 evaluates the step before the next broadcast, docs/distributed.md)."""
         started = time.perf_counter()
-        arrays = [*(result.arrays() if result else []), *self.store.arrays()]
+        arrays = [*(result.arrays() if result else []), *self.store.arrays(), *self._state_arrays()]
         if self._followers is None:
             mx.async_eval(*arrays)
         else:
             mx.eval(*arrays)
             self._followers.step_finished()
         return time.perf_counter() - started
+
+    def _state_arrays(self) -> list[mx.array]:
+        return [] if self.states is None else self.states.arrays()
 
     def close(self) -> None:
         """Let the other ranks of a group exit; this runner must not run a step again."""

@@ -10,12 +10,14 @@ device.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.recurrent import StateRows
 from macbatch.engine.scheduler import StepPlan
 from macbatch.metal import AttentionMetadata
 
@@ -34,6 +36,9 @@ class PackedBatch:
     num_tokens: int
     pending_rows: list[int]  # rows whose token is pending (filled on the device)
     pending_chunks: list[int]  # the plan's chunk index of each pending row
+    # A hybrid model's recurrent layers: which rows form which sequence, and their state slots.
+    # Rank 0's alone (a distributed step carries no recurrent state).
+    state_rows: StateRows | None = field(default=None, metadata={"rank_local": True})
 
     @cached_property
     def attention(self) -> AttentionMetadata:
@@ -43,9 +48,14 @@ class PackedBatch:
 
 
 def pack(
-    plan: StepPlan, block_tables: list[list[int]], block_size: int, kv_head_counts: set[int]
+    plan: StepPlan,
+    block_tables: list[list[int]],
+    block_size: int,
+    kv_head_counts: set[int],
+    state_slots: Sequence[int] | None = None,
 ) -> PackedBatch:
-    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request.
+    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request, and
+    ``state_slots[i]`` its recurrent-state slot (hybrid models only).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
     step's host time grows with the running requests, so no per-chunk numpy calls)."""
@@ -86,6 +96,7 @@ def pack(
         num_tokens=num_tokens,
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
+        state_rows=None if state_slots is None else StateRows.build(lengths, starts, state_slots),
     )
 
 

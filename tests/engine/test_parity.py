@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import macbatch.metal as metal
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
-from tests.support.tiny import ARCH_CONFIGS, VOCAB_SIZE, build_model
-
-GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-
-
-def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB_SIZE, size=n).tolist() for n in lengths]
-
-
-def run_staggered(engine: Engine, prompts, params, join_every: int = 2) -> dict[int, list[int]]:
-    """Add request i after i * join_every steps, so requests join a batch already running."""
-    results: dict[int, list[int]] = {}
-    ids: dict[str, int] = {}
-    pending = list(enumerate(prompts))
-    step = 0
-    while pending or engine.has_unfinished():
-        while pending and step >= pending[0][0] * join_every:
-            i, prompt = pending.pop(0)
-            ids[engine.add_request(prompt, params)] = i
-        for out in engine.step():
-            if out.finished:
-                results[ids[out.request_id]] = out.token_ids
-        step += 1
-    return results
+from tests.support.staggered import GREEDY, run_staggered
+from tests.support.staggered import random_prompts as _prompts
+from tests.support.tiny import ARCH_CONFIGS, build_model
 
 
 def _staggered_matches_mlx_lm(arch: str, tokenizer) -> None:

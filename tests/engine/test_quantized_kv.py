@@ -11,9 +11,10 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv_cache import KVStore, LayerShape, PageFormat
-from tests.engine.test_parity import GREEDY, _prompts, run_staggered
 from tests.support.attention_numpy import quantize_numpy
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.staggered import GREEDY, run_staggered
+from tests.support.staggered import random_prompts as _prompts
 from tests.support.tiny import build_model, save_model
 
 

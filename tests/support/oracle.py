@@ -61,4 +61,5 @@ def assert_pool_idle(engine) -> None:
     pool = engine.pool
     assert (pool.refcounts == 0).all(), f"blocks still referenced: {pool.refcounts.nonzero()}"
     assert pool.num_free == pool.num_blocks
+    assert engine.kv.state_slots_in_use == 0, "recurrent-state slots still held"
     assert not engine.scheduler.running and not engine.scheduler.waiting

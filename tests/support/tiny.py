@@ -90,6 +90,99 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# Hybrid models: a few attention layers among recurrent ones (docs/models.md, "Hybrid models").
+HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen3_5": dict(
+        _COMMON,
+        model_type="qwen3_5",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+        },
+    ),
+    "qwen3_next": dict(
+        _COMMON,
+        model_type="qwen3_next",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=64,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+        partial_rotary_factor=0.5,
+    ),
+    "lfm2": dict(
+        _COMMON,
+        model_type="lfm2",
+        num_hidden_layers=4,
+        norm_eps=1e-5,
+        conv_bias=False,
+        conv_L_cache=3,
+        block_dim=64,
+        block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=False,
+        block_ff_dim=128,
+        full_attn_idxs=[1, 3],
+    ),
+    "nemotron_h": dict(
+        _COMMON,
+        model_type="nemotron_h",
+        attention_bias=False,
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        mamba_proj_bias=False,
+        ssm_state_size=16,
+        conv_kernel=4,
+        n_groups=2,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-5,
+        use_bias=False,
+        use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "-", "M", "-"],
+        time_step_limit=[0.0, 1e9],
+    ),
+    "granitemoehybrid": dict(
+        _COMMON,
+        model_type="granitemoehybrid",
+        num_hidden_layers=4,
+        attention_bias=False,
+        embedding_multiplier=1.0,
+        attention_multiplier=0.25,
+        logits_scaling=1.0,
+        residual_multiplier=1.0,
+        layer_types=["mamba", "attention", "mamba", "mamba"],
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_proj_bias=False,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_n_groups=1,
+        mamba_conv_bias=True,
+        shared_intermediate_size=128,
+    ),
+}
+
 _GEMMA4_TEXT = dict(
     _COMMON,
     model_type="gemma4_text",
@@ -123,7 +216,7 @@ ARCH_CONFIGS.update(WRAPPER_CONFIGS)
 
 def build_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> nn.Module:
     """A float32 random-weight model of `arch`, evaluated and ready to run."""
-    config = copy.deepcopy(dict(ARCH_CONFIGS[arch], **overrides))
+    config = copy.deepcopy(dict(_config(arch), **overrides))
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -163,7 +256,7 @@ def save_model(
     ``drop_lm_head`` leaves the output projection out, as tied checkpoints (Gemma 3) do."""
     path.mkdir(parents=True, exist_ok=True)
     model = build_model(arch, seed, **overrides)
-    config = copy.deepcopy(dict(ARCH_CONFIGS[arch], **overrides))
+    config = copy.deepcopy(dict(_config(arch), **overrides))
     config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
     (path / "config.json").write_text(json.dumps(config, indent=2))
     weights = dict(tree_flatten(model.parameters()))
@@ -181,3 +274,7 @@ def save_model(
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return path
+
+
+def _config(arch: str) -> dict[str, Any]:
+    return ARCH_CONFIGS[arch] if arch in ARCH_CONFIGS else HYBRID_CONFIGS[arch]

@@ -50,7 +50,7 @@ _INT, _ARRAY, _ARRAYS_BY_INT, _INTS = 0, 1, 2, 3
 def encode_batch(batch: PackedBatch) -> np.ndarray:
     """The batch as one int32 vector, every field in declaration order."""
     parts: list[np.ndarray] = []
-    for field in dataclasses.fields(batch):
+    for field in _wire_fields():
         value = getattr(batch, field.name)
         if isinstance(value, bool) or not isinstance(value, int | mx.array | dict | list):
             raise TypeError(
@@ -81,7 +81,7 @@ def decode_batch(data: np.ndarray) -> PackedBatch:
     """The inverse of ``encode_batch``."""
     reader = _Reader(data)
     values: dict[str, Any] = {}
-    for field in dataclasses.fields(PackedBatch):
+    for field in _wire_fields():
         tag = reader.take(1)[0]
         if tag == _INT:
             values[field.name] = int(reader.take(1)[0])
@@ -213,3 +213,8 @@ class StepChannel:
 def channel_of(group: mx.distributed.Group) -> StepChannel:
     """The one channel of ``group`` in this process."""
     return StepChannel(group)
+
+
+def _wire_fields() -> list[dataclasses.Field]:
+    """The batch's fields every rank needs (not the ones marked ``rank_local``)."""
+    return [f for f in dataclasses.fields(PackedBatch) if not f.metadata.get("rank_local")]

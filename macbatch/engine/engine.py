@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macbatch.engine.chat_template import thinking_default
+from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
 from macbatch.engine.kv_cache import BlockPool
@@ -106,11 +107,18 @@ class Engine(PromptEncoder):
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
         self.pool = BlockPool(runner.num_blocks)
         prefix_root = f"{model_name}:{runner.model_type}".encode()
-        # A hybrid model's recurrent state holds the whole prefix: a cached attention prefix
-        # alone cannot resume it, so its requests always compute their prompt.
-        caching = config.enable_prefix_caching and runner.states is None
-        slots = 0 if runner.states is None else runner.states.num_slots
-        self.kv = KVManager(self.pool, config.block_size, prefix_root if caching else None, slots)
+        states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
+        slots = 0 if states is None else states.num_slots
+        checkpoints = None
+        if states is not None and states.num_checkpoints:
+            checkpoints = StateCheckpoints(states.num_slots, states.num_checkpoints)
+        self.kv = KVManager(
+            self.pool,
+            config.block_size,
+            prefix_root if config.enable_prefix_caching else None,
+            slots,
+            checkpoints,
+        )
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
@@ -256,10 +264,13 @@ class Engine(PromptEncoder):
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
-        slots = None
+        states = None
         if self.runner.states is not None:
-            slots = [self.kv.state_slot(c.request.request_id) for c in plan.chunks]
-        batch = pack(plan, tables, self.config.block_size, self.runner.kv_head_counts, slots)
+            states = [
+                self.kv.state_chunk(c.request.request_id, c.start, c.num_tokens)
+                for c in plan.chunks
+            ]
+        batch = pack(plan, tables, self.config.block_size, self.runner.kv_head_counts, states)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.kv_cache import BlockPool, chain_block_hashes
+from macbatch.engine.recurrent import StateChunk
 
 
 class HasTokens(Protocol):
@@ -24,17 +26,26 @@ class HasTokens(Protocol):
 
 class KVManager:
     def __init__(
-        self, pool: BlockPool, block_size: int, prefix_root: bytes | None, state_slots: int = 0
+        self,
+        pool: BlockPool,
+        block_size: int,
+        prefix_root: bytes | None,
+        state_slots: int = 0,
+        checkpoints: StateCheckpoints | None = None,
     ) -> None:
         """``state_slots``: a hybrid model's recurrent-state slots (one per running request; 0
-        for a model with attention only)."""
+        for a model with attention only); ``checkpoints``: its prefix cache's states (None: a
+        cached prefix needs none, or prefix caching is off)."""
         self.pool = pool
         self.block_size = block_size
         self.prefix_root = prefix_root  # None: prefix caching off
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
+        self.hybrid = state_slots > 0
         self._free_slots = list(range(state_slots - 1, -1, -1))  # popped from the end: 0 first
         self._slots: dict[str, int] = {}
+        self.checkpoints = checkpoints
+        self._resume: dict[str, int] = {}  # request -> checkpoint slot its first chunk reads
 
     @property
     def num_free_blocks(self) -> int:
@@ -59,13 +70,29 @@ class KVManager:
             block = self.pool.lookup(digest)
             if block is None:
                 break
-            self.pool.share(block)
             blocks.append(block)
             hashes.append(digest)
+        if self.hybrid:
+            blocks = blocks[: self._resumable(request.request_id, hashes)]
+            hashes = hashes[: len(blocks)]
+        for block in blocks:
+            self.pool.share(block)
         if blocks:
             self._blocks[request.request_id] = blocks
             self._hashes[request.request_id] = hashes
         return len(blocks) * self.block_size
+
+    def _resumable(self, request_id: str, hashes: list[bytes]) -> int:
+        """The most leading blocks of ``hashes`` a recurrent state can resume after (the
+        longest prefix with a checkpoint; 0 without one), noting the checkpoint to read."""
+        if self.checkpoints is None:
+            return 0
+        for count in range(len(hashes), 0, -1):
+            slot = self.checkpoints.find(hashes[count - 1])
+            if slot is not None:
+                self._resume[request_id] = slot
+                return count
+        return 0
 
     def tokens_that_fit(self, request_id: str, num_computed: int) -> int:
         """How many more tokens the request could compute with its blocks and all free ones."""
@@ -105,18 +132,29 @@ class KVManager:
         for block, digest in zip(blocks[done:full], new):
             self.pool.register(block, digest)
         hashes.extend(new)
+        if self.checkpoints is not None:
+            self.checkpoints.name(request.request_id, hashes)
 
     @property
     def state_slots_in_use(self) -> int:
         return len(self._slots)
 
-    def state_slot(self, request_id: str) -> int:
-        """The request's recurrent-state slot, taken when it first runs and kept until ``free``
-        (the scheduler runs at most as many requests as there are slots)."""
+    def state_chunk(self, request_id: str, start: int, num_tokens: int) -> StateChunk:
+        """How a chunk's recurrent state flows: from the checkpoint the request resumes after, its
+        own slot, or zeros (its first token); into its own slot (taken when it first runs and kept
+        until ``free``: the scheduler runs at most as many requests as there are slots); and,
+        when the chunk crosses a block boundary, into a checkpoint at the last one."""
         slot = self._slots.get(request_id)
         if slot is None:
             slot = self._slots[request_id] = self._free_slots.pop()
-        return slot
+        read = self._resume.pop(request_id, slot if start else -1)
+        boundary = (start + num_tokens) // self.block_size * self.block_size
+        if self.checkpoints is None or self.prefix_root is None or boundary <= start:
+            return StateChunk(read, slot)
+        checkpoint = self.checkpoints.reserve(request_id, boundary // self.block_size)
+        if checkpoint < 0:
+            return StateChunk(read, slot)
+        return StateChunk(read, slot, checkpoint, boundary - start)
 
     def free(self, request_id: str) -> None:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay
@@ -124,6 +162,9 @@ class KVManager:
         slot = self._slots.pop(request_id, None)
         if slot is not None:
             self._free_slots.append(slot)
+        self._resume.pop(request_id, None)
+        if self.checkpoints is not None:
+            self.checkpoints.release(request_id)
         for block in reversed(self._blocks.pop(request_id, [])):
             self.pool.free(block)
         self._hashes.pop(request_id, None)

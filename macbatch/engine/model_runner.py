@@ -75,7 +75,11 @@ class ModelRunner:
         self.store = KVStore(shapes, num_blocks, config.block_size, fmt)
         # a hybrid model's recurrent state: one slot per request that may run at once
         states = self.adapter.state_shapes
-        self.states = StateStore(states, config.max_num_seqs) if states else None
+        self.states = None
+        if states:
+            per_slot = sum(s.nbytes for s in states)
+            checkpoints = _checkpoint_count(config, per_slot, self.store.nbytes)
+            self.states = StateStore(states, config.max_num_seqs, checkpoints)
         self.kv_head_counts = {s.num_kv_heads for s in shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
@@ -168,3 +172,12 @@ def blocks_for_memory(
             f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
         )
     return int(blocks)
+
+
+def _checkpoint_count(config: EngineConfig, bytes_per_state: int, kv_bytes: int) -> int:
+    """How many recurrent-state checkpoints a hybrid model's prefix cache keeps: an eighth of
+    the K/V pool's bytes, at least 8 and at most 4 per running request (none without prefix
+    caching)."""
+    if not config.enable_prefix_caching:
+        return 0
+    return min(4 * config.max_num_seqs, max(8, kv_bytes // 8 // bytes_per_state))

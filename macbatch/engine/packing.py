@@ -17,7 +17,7 @@ from functools import cached_property
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.recurrent import StateRows
+from macbatch.engine.recurrent import StateChunk, StateRows
 from macbatch.engine.scheduler import StepPlan
 from macbatch.metal import AttentionMetadata
 
@@ -52,10 +52,10 @@ def pack(
     block_tables: list[list[int]],
     block_size: int,
     kv_head_counts: set[int],
-    state_slots: Sequence[int] | None = None,
+    states: Sequence[StateChunk] | None = None,
 ) -> PackedBatch:
     """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request, and
-    ``state_slots[i]`` its recurrent-state slot (hybrid models only).
+    ``states[i]`` how its recurrent state flows (hybrid models only).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
     step's host time grows with the running requests, so no per-chunk numpy calls)."""
@@ -96,7 +96,7 @@ def pack(
         num_tokens=num_tokens,
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
-        state_rows=None if state_slots is None else StateRows.build(lengths, starts, state_slots),
+        state_rows=None if states is None else StateRows.build(lengths, states),
     )
 
 

@@ -38,13 +38,16 @@ class StateShape:
 
 
 class StateStore:
-    """Every recurrent layer's state arrays, ``num_slots`` sequences each."""
+    """Every recurrent layer's state arrays: ``num_slots`` for the running requests, then
+    ``num_checkpoints`` for the prefix cache's checkpoints (slots ``num_slots`` and up)."""
 
-    def __init__(self, layers: Sequence[StateShape], num_slots: int) -> None:
+    def __init__(self, layers: Sequence[StateShape], num_slots: int, num_checkpoints: int) -> None:
         self.layers = list(layers)
         self.num_slots = num_slots
+        self.num_checkpoints = num_checkpoints
+        total = num_slots + num_checkpoints
         self.states: list[list[mx.array]] = [
-            [mx.zeros((num_slots, *shape), dtype) for shape, dtype in zip(s.shapes, s.dtypes)]
+            [mx.zeros((total, *shape), dtype) for shape, dtype in zip(s.shapes, s.dtypes)]
             for s in self.layers
         ]
 
@@ -54,7 +57,7 @@ class StateStore:
 
     @property
     def nbytes(self) -> int:
-        return self.bytes_per_slot * self.num_slots
+        return self.bytes_per_slot * (self.num_slots + self.num_checkpoints)
 
     def arrays(self) -> list[mx.array]:
         """What a step writes (evaluated with it, like the K/V pages)."""
@@ -62,41 +65,60 @@ class StateStore:
 
 
 @dataclass(frozen=True)
+class StateChunk:
+    """Where one chunk's sequence starts from and what it leaves behind."""
+
+    read: int  # the slot whose state it starts from; -1: zeros (its first token)
+    write: int  # its request's slot, which receives the state after the chunk
+    # A checkpoint slot that receives the state after the chunk's first ``checkpoint_at`` tokens
+    # (a block boundary of the prefix cache); -1: none.
+    checkpoint: int = -1
+    checkpoint_at: int = 0
+
+
+@dataclass(frozen=True)
 class StateRows:
-    """How one step's rows map onto sequences for the recurrent layers (built by the packer)."""
+    """How one step's rows map onto sequences for the recurrent layers (built by the packer).
+
+    Pieces: the one-token chunks as one batch, then each longer chunk. Writes, in order: every
+    piece's final state into its request's slot, then the checkpoints (the singles' first)."""
 
     singles: mx.array | None  # [S] rows of one-token chunks; None: rows 0..S-1
     num_singles: int
-    single_slots: mx.array  # [S] their slots
+    single_reads: mx.array  # [S] slots they start from
     single_keep: mx.array  # [S] float32: 0 where the chunk starts its request (zero state)
-    chunks: tuple[tuple[int, int, int, bool], ...]  # (first row, length, slot, starts request)
-    write_slots: mx.array  # [S + len(chunks)] every slot written, in piece order
+    single_checkpoints: mx.array | None  # which singles (indices) leave a checkpoint
+    chunks: tuple[tuple[int, int, StateChunk], ...]  # (first row, length, plan) of the others
+    write_slots: mx.array  # every slot written, in the order above
     restore: mx.array | None  # rows from piece order; None: pieces are already in row order
 
     @classmethod
-    def build(cls, lengths: np.ndarray, starts: np.ndarray, slots: Sequence[int]) -> StateRows:
-        """``lengths``, ``starts`` and ``slots`` of the step's chunks, in row order."""
+    def build(cls, lengths: np.ndarray, plans: Sequence[StateChunk]) -> StateRows:
+        """``lengths`` and ``plans`` of the step's chunks, in row order."""
         first_rows = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         single = lengths == 1
-        slot_array = np.asarray(slots, dtype=np.int32)
         single_rows = first_rows[single]
         num_singles = int(single.sum())
         in_order = bool(single[:num_singles].all()) if num_singles else True
+        singles = [p for p, one in zip(plans, single) if one]
         chunks = tuple(
-            (int(first_rows[i]), int(lengths[i]), int(slot_array[i]), bool(starts[i] == 0))
-            for i in np.flatnonzero(~single)
+            (int(first_rows[i]), int(lengths[i]), plans[int(i)]) for i in np.flatnonzero(~single)
         )
-        pieces = [single_rows] + [np.arange(r, r + n) for r, n, _, _ in chunks]
+        pieces = [single_rows] + [np.arange(r, r + n) for r, n, _ in chunks]
         order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-        restore = None if in_order else mx.array(np.argsort(order).astype(np.int32))
+        marked = [i for i, p in enumerate(singles) if p.checkpoint >= 0]
+        writes = [p.write for p in singles] + [p.write for _, _, p in chunks]
+        writes += [singles[i].checkpoint for i in marked]
+        writes += [p.checkpoint for _, _, p in chunks if p.checkpoint >= 0]
         return cls(
             singles=None if in_order else mx.array(single_rows.astype(np.int32)),
             num_singles=num_singles,
-            single_slots=mx.array(slot_array[single]),
-            single_keep=mx.array((starts[single] > 0).astype(np.float32)),
+            single_reads=mx.array([max(p.read, 0) for p in singles], dtype=mx.int32),
+            single_keep=mx.array([float(p.read >= 0) for p in singles], dtype=mx.float32),
+            single_checkpoints=mx.array(marked, dtype=mx.int32) if marked else None,
             chunks=chunks,
-            write_slots=mx.array(np.concatenate([slot_array[single], slot_array[~single]])),
-            restore=restore,
+            write_slots=mx.array(writes, dtype=mx.int32),
+            restore=None if in_order else mx.array(np.argsort(order).astype(np.int32)),
         )
 
 
@@ -117,49 +139,72 @@ class PagedStateCache:
         """``call`` (the layer's own ``__call__``) over the step's sequences; ``x``: ``[N, 1, H]``
         rows, the result in the same rows."""
         rows = self.rows
-        pieces: list[tuple[mx.array, Any]] = []  # (output rows, the cache it left)
+        outs: list[mx.array] = []
+        finals: list[list[mx.array]] = []  # the state each piece leaves
+        checkpoints: list[list[mx.array]] = []
         if rows.num_singles:
-            pieces.append(self._singles(call, x, args, kwargs))
-        for chunk in rows.chunks:
-            pieces.append(self._chunk(call, x, chunk, args, kwargs))
-        self._write_back([cache for _, cache in pieces])
-        outs = [out for out, _ in pieces]
+            out, state = self._singles(call, x, args, kwargs)
+            outs.append(out)
+            finals.append(state)
+            if rows.single_checkpoints is not None:
+                checkpoints.append([a[rows.single_checkpoints] for a in state])
+        for first, length, plan in rows.chunks:
+            out, state, checkpoint = self._chunk(
+                call, x[first : first + length], plan, args, kwargs
+            )
+            outs.append(out)
+            finals.append(state)
+            if checkpoint is not None:
+                checkpoints.append(checkpoint)
+        self._write_back(finals + checkpoints)
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if rows.restore is None else out[rows.restore]
 
-    def _singles(self, call: LayerCall, x: mx.array, args: tuple, kwargs: dict) -> tuple:
-        """Every one-token chunk as a batch of length-1 sequences, each from its slot (zeroed
-        where the chunk starts its request)."""
+    def _singles(
+        self, call: LayerCall, x: mx.array, args: tuple, kwargs: dict
+    ) -> tuple[mx.array, list[mx.array]]:
+        """Every one-token chunk as a batch of length-1 sequences, each from its read slot
+        (zeroed where the chunk starts its request)."""
         rows, cache = self.rows, _new_cache(len(self.store.states[self.layer]))
         for e, state in enumerate(self.store.states[self.layer]):
-            picked = state[rows.single_slots]
+            picked = state[rows.single_reads]
             keep = rows.single_keep.reshape(-1, *([1] * (picked.ndim - 1))).astype(picked.dtype)
             cache[e] = picked * keep
         if rows.singles is not None:
             part = x[rows.singles]
         else:
             part = x if rows.num_singles == x.shape[0] else x[: rows.num_singles]
-        return call(part, *args, **dict(kwargs, cache=cache)), cache
+        out = call(part, *args, **dict(kwargs, cache=cache))
+        return out, list(cache.cache)
 
     def _chunk(
-        self, call: LayerCall, x: mx.array, chunk: tuple[int, int, int, bool], args: tuple,
-        kwargs: dict,
-    ) -> tuple:  # fmt: skip
-        """One prefill chunk as one sequence, from its slot's state (none when it starts)."""
-        first, length, slot, starts = chunk
+        self, call: LayerCall, rows: mx.array, plan: StateChunk, args: tuple, kwargs: dict
+    ) -> tuple[mx.array, list[mx.array], list[mx.array] | None]:
+        """One chunk as one sequence from its read slot (zeros when it starts its request), cut
+        where it leaves a checkpoint; returns its output rows, final state and checkpoint."""
         cache = _new_cache(len(self.store.states[self.layer]))
-        if not starts:
+        if plan.read >= 0:
             for e, state in enumerate(self.store.states[self.layer]):
-                cache[e] = state[slot : slot + 1]
-        sequence = x[first : first + length].reshape(1, length, -1)
-        out = call(sequence, *args, **dict(kwargs, cache=cache))
-        return out.reshape(length, 1, -1), cache
+                cache[e] = state[plan.read : plan.read + 1]
+        length = rows.shape[0]
+        cut = plan.checkpoint_at if 0 < plan.checkpoint_at < length else length
+        outs, checkpoint = [], None
+        for start, stop in ((0, cut), (cut, length)):
+            if stop > start:
+                piece = rows[start:stop].reshape(1, stop - start, -1)
+                outs.append(
+                    call(piece, *args, **dict(kwargs, cache=cache)).reshape(stop - start, 1, -1)
+                )
+            if plan.checkpoint >= 0 and stop == plan.checkpoint_at and checkpoint is None:
+                checkpoint = list(cache.cache)
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+        return out, list(cache.cache), checkpoint
 
-    def _write_back(self, caches: list[Any]) -> None:
-        """Each sequence's new state into its slot: one scatter per state array."""
-        for e, state in enumerate(self.store.states[self.layer]):
-            parts = [cache[e].astype(state.dtype) for cache in caches]
-            state[self.rows.write_slots] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    def _write_back(self, states: list[list[mx.array]]) -> None:
+        """Every new state into its slot: one scatter per state array."""
+        for e, array in enumerate(self.store.states[self.layer]):
+            parts = [state[e].astype(array.dtype) for state in states]
+            array[self.rows.write_slots] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
 
 
 LayerCall = Callable[..., mx.array]

@@ -64,3 +64,40 @@ def test_loaded_from_the_hugging_face_layout(quantized, tmp_path: Path):
     outs = engine.generate(prompts, GREEDY)
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_a_conversation_resumes_from_state_checkpoints(arch, tiny_tokenizer):
+    """Each turn's prompt is the previous turn's prompt and reply plus new tokens (a chat, an
+    agent loop): from turn 2 on the request resumes after the longest cached prefix that has a
+    recurrent-state checkpoint, and its tokens stay mlx-lm's."""
+    model = build_model(arch)
+    config = EngineConfig(num_blocks=256, block_size=8, max_num_batched_tokens=48)
+    engine = Engine(model, tiny_tokenizer, config)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompt: list[int] = []
+    cached = []
+    for turn, new in enumerate(random_prompts([30, 9, 17, 4, 25, 11], seed=7)):
+        prompt = prompt + new
+        [out] = engine.generate([prompt], params)
+        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens), f"turn {turn}"
+        cached.append(out.metrics.cached_tokens)
+        prompt = prompt + out.token_ids
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+    assert engine.stats().prefix_cache_hit_rate > 0.5
+    assert_pool_idle(engine)
+
+
+def test_requests_sharing_a_prefix_in_one_batch(tiny_tokenizer):
+    """Several requests with one long shared prefix, run together after a first one cached it:
+    they resume from its checkpoint and decode side by side."""
+    model = build_model("qwen3_5")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=256, block_size=8))
+    shared = random_prompts([40], seed=11)[0]
+    engine.generate([shared + [5]], GREEDY)
+    prompts = [shared + tail for tail in random_prompts([3, 9, 1, 6], seed=12)]
+    outs = engine.generate(prompts, GREEDY)
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+        assert out.metrics.cached_tokens == 40
+    assert_pool_idle(engine)

@@ -1,0 +1,67 @@
+"""Recurrent-state checkpoints for the prefix cache of a hybrid model.
+
+An attention layer's cached prefix is its K/V blocks; a recurrent layer's is the state after the
+prefix's last token, which no block holds. So at block boundaries a request's state is copied
+into a checkpoint slot (``StateStore``: slots past the running requests'), named by the hash of the
+prefix's last full block: the same chain that names the cached K/V blocks. A request whose prompt
+shares a cached prefix resumes from the longest one with a checkpoint. Checkpoints are few (each
+is a whole state, every recurrent layer's), so the least recently used one makes room.
+
+A checkpoint is reserved when the step that fills it is packed, and named once the tokens of its
+prefix are all known on the host (a decode's input token may still be in flight).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class StateCheckpoints:
+    def __init__(self, first_slot: int, count: int) -> None:
+        self._free = list(range(first_slot + count - 1, first_slot - 1, -1))
+        self._named: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
+        self._pending: dict[str, dict[int, int]] = {}  # request -> {prefix blocks: slot}
+
+    def __len__(self) -> int:
+        """How many checkpoints can be found now."""
+        return len(self._named)
+
+    def reserve(self, request_id: str, num_blocks: int) -> int:
+        """A slot for the request's state after its first ``num_blocks`` blocks; -1 when every
+        slot is waiting for its name (nothing to evict)."""
+        pending = self._pending.setdefault(request_id, {})
+        if num_blocks in pending:
+            return pending[num_blocks]
+        if self._free:
+            slot = self._free.pop()
+        elif self._named:
+            slot = self._named.popitem(last=False)[1]
+        else:
+            return -1
+        pending[num_blocks] = slot
+        return slot
+
+    def name(self, request_id: str, hashes: list[bytes]) -> None:
+        """Name the request's reserved checkpoints whose prefix is hashed now (``hashes``: its
+        blocks' chain so far)."""
+        pending = self._pending.get(request_id)
+        if not pending:
+            return
+        for num_blocks in [n for n in pending if n <= len(hashes)]:
+            slot, digest = pending.pop(num_blocks), hashes[num_blocks - 1]
+            if digest in self._named:  # another request got there first: keep the older
+                self._named.move_to_end(digest)
+                self._free.append(slot)
+            else:
+                self._named[digest] = slot
+
+    def find(self, digest: bytes) -> int | None:
+        """The slot holding the state after the prefix ``digest`` names (now most recent)."""
+        slot = self._named.get(digest)
+        if slot is not None:
+            self._named.move_to_end(digest)
+        return slot
+
+    def release(self, request_id: str) -> None:
+        """Give back the request's reservations that never got their name."""
+        self._free.extend(self._pending.pop(request_id, {}).values())

@@ -86,12 +86,19 @@ def _probe(path: Path, report: ModelReport) -> None:
         adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
     except Exception as exc:  # an architecture whose forward fails on the probe: same answer
         raise ValueError(f"the paged engine cannot run it: {exc}") from exc
-    layers, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
-    shared = f", {layers - paged} reuse another layer's K/V" if paged < layers else ""
-    report.rows.append(("layers", f"{layers} ({paged} with KV pages{shared})"))
+    attention, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
+    shared = f", {attention - paged} reuse another layer's K/V" if paged < attention else ""
+    recurrent = len(adapter.state_shapes)
+    kinds = f"{paged} with KV pages{shared}"
+    if recurrent:
+        kinds += f", {recurrent} recurrent"
+    report.rows.append(("layers", f"{attention + recurrent} ({kinds})"))
     per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
+    if recurrent:
+        state = sum(s.nbytes for s in adapter.state_shapes)
+        report.rows.append(("state bytes/request", f"{state:,} (recurrent layers, fixed size)"))
     # what the weights take once loaded and cast (lazy arrays know their size unread)
     needed = tree_reduce(lambda total, array: total + array.nbytes, model.parameters(), 0)
     free = available_memory_bytes()

@@ -34,6 +34,24 @@ def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
     assert rows["servable"] == "yes"
 
 
+def test_doctor_model_shows_a_hybrid_models_recurrent_state(tmp_path):
+    """A Qwen3.5-shaped model: the recurrent layers, and the bytes of state each running
+    request holds (the store's own size per slot, once loaded)."""
+    path = save_model(tmp_path / "qwen3_5", "qwen3_5")
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=8, max_num_seqs=4))
+    states = engine.runner.states
+    assert states is not None
+    per_request = sum(a.nbytes for a in states.arrays()) // (
+        states.num_slots + states.num_checkpoints
+    )
+    assert rows["layers"] == "4 (2 with KV pages, 2 recurrent)"
+    assert rows["state bytes/request"] == f"{per_request:,} (recurrent layers, fixed size)"
+    assert rows["servable"] == "yes"
+
+
 def test_doctor_model_says_why_not(tmp_path):
     path = save_model(tmp_path / "qwen3", "qwen3", model_type="gemma2")  # refused by type
     result = CliRunner().invoke(app, ["doctor", str(path)])

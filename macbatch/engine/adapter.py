@@ -224,8 +224,9 @@ class ModelAdapter:
         return bool(self.state_shapes)
 
     def _recurrent_caches(self) -> list[int]:
-        """Sizes of mlx-lm's cache list entries, 0 for attention (K/V) and the number of state
-        arrays for a recurrent layer; refuses any other kind of cache with the reason."""
+        """What the model's forward is handed as its cache list: 0 for an attention (K/V) entry,
+        the number of state arrays for a recurrent layer's (a hybrid model's list is mlx-lm's
+        ``make_cache()``); refuses any other kind of cache with the reason."""
         from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
         if not hasattr(self.model, "make_cache"):
@@ -241,6 +242,8 @@ class ModelAdapter:
                     f"model type '{self.model_type}' keeps {type(cache).__name__} state; macbatch "
                     "pages attention K/V and keeps recurrent (ArraysCache) state per request"
                 )
+        if not any(sizes):  # attention only: one cache per layer (KV-shared layers included)
+            return [0] * len(self.model.layers)
         return sizes
 
     def _probe(self) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape]]:
@@ -255,7 +258,12 @@ class ModelAdapter:
         ]
         self.inner(mx.array([[0]]), cache=caches)  # shapes only: the graph is never evaluated
         attention = [c for c in caches if isinstance(c, _ProbeCache)]
-        if not attention or not all(c.shape is not None and c.attended == 1 for c in attention):
+        if not attention:
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' is recurrent only (no attention layer); "
+                "macbatch runs attention models and hybrids of attention and recurrent layers"
+            )
+        if not all(c.shape is not None and c.attended == 1 for c in attention):
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' does not route every layer's attention through "
                 "mlx-lm's scaled_dot_product_attention; macbatch cannot page its KV cache"

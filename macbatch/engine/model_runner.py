@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import macbatch.metal
-from macbatch.engine.adapter import ModelAdapter
+from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
@@ -56,6 +56,11 @@ class ModelRunner:
         if group is not None:
             shard_model(model, group)
         self.adapter = ModelAdapter(model)
+        if group is not None and self.adapter.hybrid:
+            raise UnsupportedModelError(
+                f"model type '{self.adapter.model_type}' has recurrent layers; tensor parallelism "
+                "(mlx.launch) does not split their state yet: run it in one process"
+            )
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.model_type = self.adapter.model_type
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it

@@ -68,7 +68,7 @@ def test_recurrent_architecture_is_refused(tiny_tokenizer):
         )
     )
     model_class, args_class = _get_classes(config)
-    with pytest.raises(UnsupportedModelError, match="recurrent or linear attention"):
+    with pytest.raises(UnsupportedModelError, match="recurrent only"):
         Engine(model_class(args_class.from_dict(config)), tiny_tokenizer)
 
 

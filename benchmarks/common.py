@@ -25,6 +25,24 @@ BENCH_MODEL = dict(
     tie_word_embeddings=True,
 )
 
+# The same size as a hybrid: Qwen3.5's layout, 3 of every 4 layers Gated DeltaNet.
+HYBRID_BENCH_MODEL = dict(
+    BENCH_MODEL,
+    model_type="qwen3_5",
+    linear_num_value_heads=8,
+    linear_num_key_heads=4,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
+    rope_parameters={
+        "type": "default",
+        "rope_theta": 1e6,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [4, 2, 2],
+    },
+)
+
 
 def workload_arguments(description: str) -> argparse.ArgumentParser:
     """The throughput workload's options (issue 2's defaults), shared by its benchmarks."""

@@ -1,8 +1,9 @@
 """Prefix caching on and off: time to first token of turn 10 of a conversation, and a 200-request
-job sharing a 500-token system prompt (issue 7). Random Qwen3-shaped float32 model.
+job sharing a 500-token system prompt (issue 7). Random Qwen3-shaped float32 model, or with
+``--hybrid`` a Qwen3.5-shaped one of the same size (issue 31).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m benchmarks.prefix_cache [--requests 200]
+        python -m benchmarks.prefix_cache [--requests 200] [--hybrid]
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import time
 
 from benchmarks.common import (
+    HYBRID_BENCH_MODEL,
     bench_tokenizer,
     build_bench_model,
     warn_without_openblas,
@@ -48,13 +50,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--system-tokens", type=int, default=500)
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="a Qwen3.5-shaped hybrid of the same size (3 of 4 layers Gated DeltaNet): its cache "
+        "resumes from recurrent-state checkpoints",
+    )
     args = parser.parse_args()
     warn_without_openblas()
-    model, tokenizer = build_bench_model(), bench_tokenizer()
+    model = build_bench_model(**(HYBRID_BENCH_MODEL if args.hybrid else {}))
+    tokenizer = bench_tokenizer()
     results = {}
     for caching in (True, False):
         config = EngineConfig(num_blocks=4096, enable_prefix_caching=caching, max_num_seqs=64)
-        ttfts = conversation_ttfts(Engine(model, tokenizer, config), args.turns, 120, 64)
+        engine = Engine(model, tokenizer, config)
+        ttfts = conversation_ttfts(engine, args.turns, 120, 64)
+        hits = engine.stats().prefix_cache_hit_rate
         wall = shared_prompt_job(
             Engine(model, tokenizer, config), args.requests, args.system_tokens
         )
@@ -62,7 +73,8 @@ def main() -> None:
         label = "on " if caching else "off"
         print(
             f"caching {label}: conversation TTFT turn 1 {ttfts[0] * 1000:7.1f} ms, "
-            f"turn {args.turns} {ttfts[-1] * 1000:7.1f} ms (x{ttfts[-1] / ttfts[0]:.2f}); "
+            f"turn {args.turns} {ttfts[-1] * 1000:7.1f} ms (x{ttfts[-1] / ttfts[0]:.2f}), "
+            f"prefix cache hit rate {hits:.0%}; "
             f"{args.requests}-request job {wall:6.1f} s ({args.requests / wall:.1f} req/s)"
         )
     on, off = results[True], results[False]

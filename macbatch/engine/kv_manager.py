@@ -46,6 +46,9 @@ class KVManager:
         self._slots: dict[str, int] = {}
         self.checkpoints = checkpoints
         self._resume: dict[str, int] = {}  # request -> checkpoint slot its first chunk reads
+        # request -> tokens of cached K/V it found without a checkpoint: its chunk checkpoints
+        # there, so the next request with that prefix resumes (a job's shared system prompt)
+        self._shared_end: dict[str, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -73,8 +76,10 @@ class KVManager:
             blocks.append(block)
             hashes.append(digest)
         if self.hybrid:
-            blocks = blocks[: self._resumable(request.request_id, hashes)]
-            hashes = hashes[: len(blocks)]
+            resumable = self._resumable(request.request_id, hashes)
+            if len(blocks) > resumable:
+                self._shared_end[request.request_id] = len(blocks) * self.block_size
+            blocks, hashes = blocks[:resumable], hashes[:resumable]
         for block in blocks:
             self.pool.share(block)
         if blocks:
@@ -149,6 +154,10 @@ class KVManager:
             slot = self._slots[request_id] = self._free_slots.pop()
         read = self._resume.pop(request_id, slot if start else -1)
         boundary = (start + num_tokens) // self.block_size * self.block_size
+        shared_end = self._shared_end.get(request_id, 0)
+        if shared_end <= boundary:
+            self._shared_end.pop(request_id, None)
+            boundary = shared_end if shared_end > start else boundary
         if self.checkpoints is None or self.prefix_root is None or boundary <= start:
             return StateChunk(read, slot)
         checkpoint = self.checkpoints.reserve(request_id, boundary // self.block_size)
@@ -163,6 +172,7 @@ class KVManager:
         if slot is not None:
             self._free_slots.append(slot)
         self._resume.pop(request_id, None)
+        self._shared_end.pop(request_id, None)
         if self.checkpoints is not None:
             self.checkpoints.release(request_id)
         for block in reversed(self._blocks.pop(request_id, [])):

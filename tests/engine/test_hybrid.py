@@ -101,3 +101,21 @@ def test_requests_sharing_a_prefix_in_one_batch(tiny_tokenizer):
         assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
         assert out.metrics.cached_tokens == 40
     assert_pool_idle(engine)
+
+
+def test_a_shared_prompt_gets_its_own_checkpoint(tiny_tokenizer):
+    """A job's rows share a system prompt, then differ. The first row checkpoints only at its
+    own last block boundary (past the shared part); the second finds the shared K/V cached
+    without a checkpoint, so it leaves one at the end of the shared blocks, and every later row
+    resumes there."""
+    model = build_model("qwen3_5")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=256, block_size=8))
+    system = random_prompts([37], seed=21)[0]  # 4 whole blocks shared (32 tokens), then 5 more
+    rows = [system + tail for tail in random_prompts([19, 6, 11, 8], seed=22)]
+    cached = []
+    for row in rows:
+        [out] = engine.generate([row], GREEDY)
+        assert out.token_ids == mlx_lm_greedy(model, row, GREEDY.max_tokens)
+        cached.append(out.metrics.cached_tokens)
+    assert cached == [0, 0, 32, 32]
+    assert_pool_idle(engine)

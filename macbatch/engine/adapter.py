@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
+from macbatch.engine import gated_delta
 from macbatch.engine.kv_cache import KVStore, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
@@ -213,6 +214,7 @@ class ModelAdapter:
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
         if self.state_shapes:
             run_packed_layers(self.model.layers)
+            gated_delta.install()
 
     @property
     def inner(self) -> nn.Module:

@@ -23,6 +23,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine import gated_delta
+
 
 @dataclass(frozen=True)
 class StateShape:
@@ -149,9 +151,10 @@ class PagedStateCache:
             if rows.single_checkpoints is not None:
                 checkpoints.append([a[rows.single_checkpoints] for a in state])
         for first, length, plan in rows.chunks:
-            out, state, checkpoint = self._chunk(
-                call, x[first : first + length], plan, args, kwargs
-            )
+            with gated_delta.prefill():  # long sequences chunked where mlx-lm has no kernel
+                out, state, checkpoint = self._chunk(
+                    call, x[first : first + length], plan, args, kwargs
+                )
             outs.append(out)
             finals.append(state)
             if checkpoint is not None:

@@ -119,3 +119,32 @@ def test_a_shared_prompt_gets_its_own_checkpoint(tiny_tokenizer):
         cached.append(out.metrics.cached_tokens)
     assert cached == [0, 0, 32, 32]
     assert_pool_idle(engine)
+
+
+def test_long_prompts_take_the_chunked_prefill(tiny_tokenizer, monkeypatch):
+    """Prompts of several chunks (``gated_delta.CHUNK`` tokens) in one step run the chunked
+    gated-delta prefill (each up to its last block boundary, where it leaves a checkpoint);
+    their tokens and log-probabilities stay mlx-lm's, which steps through the prompt token by
+    token here."""
+    from macbatch.engine import gated_delta
+    from tests.support.oracle import mlx_lm_greedy_logprobs
+
+    model = build_model("qwen3_5")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=256, block_size=16))
+    lengths: list[int] = []
+    chunked = gated_delta.chunked_gated_delta
+
+    def counting(*args):
+        lengths.append(args[0].shape[1])
+        return chunked(*args)
+
+    monkeypatch.setattr(gated_delta, "chunked_gated_delta", counting)
+    prompts = random_prompts([150, 3 * gated_delta.CHUNK + 5], seed=31)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
+    outs = engine.generate(prompts, params)
+    layers = len(engine.adapter.state_shapes)
+    assert sorted(lengths) == [144] * layers + [192] * layers  # cut at the last 16-token block
+    for prompt, out in zip(prompts, outs):
+        want = mlx_lm_greedy_logprobs(model, prompt, params.max_tokens)
+        assert out.token_ids == [token for token, _ in want]
+        assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)

@@ -1,0 +1,101 @@
+"""A hybrid model on the engine against mlx-lm, same process (issue 31): prompt processing of one
+long prompt (macbatch's time to first token vs mlx-lm's ``generate_step``), and the long-tailed
+many-request workload of ``benchmarks/throughput.py`` (vs mlx-lm's ``BatchGenerator``).
+
+Model: random Qwen3.5-shaped float32 (``qwen3_5``: hidden 1024, 24 layers, 3 of every 4 Gated
+DeltaNet, 16 value / 8 key heads of 128 for them, 8/4 attention heads of 128, vocab 32000). On
+the CPU mlx-lm steps a Gated DeltaNet layer through a prompt token by token; macbatch runs its
+chunked prefill (``engine/gated_delta.py``). Repeats interleave the two sides; medians reported.
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python -m benchmarks.hybrid [--prompt 2048] [--repeats 3] [--requests 32] [--skip-workload]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+
+from benchmarks.common import (
+    HYBRID_BENCH_MODEL,
+    bench_tokenizer,
+    build_bench_model,
+    warn_without_openblas,
+)
+from benchmarks.throughput import run_macbatch, run_mlx_lm
+from macbatch.bench import synthetic_prompts
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+
+MODEL = dict(
+    HYBRID_BENCH_MODEL,
+    hidden_size=1024,
+    num_hidden_layers=24,
+    intermediate_size=3072,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    linear_num_value_heads=16,
+    linear_num_key_heads=8,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+)
+
+
+def macbatch_prefill_s(engine: Engine, prompt: list[int]) -> float:
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    engine.generate([prompt], params)
+    return time.perf_counter() - start
+
+
+def mlx_lm_prefill_s(model, prompt: list[int]) -> float:
+    from mlx_lm.generate import generate_step
+
+    start = time.perf_counter()
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=1):
+        mx.eval(token)
+        break
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt", type=int, default=2048, help="tokens of the long prompt")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--skip-workload", action="store_true")
+    args = parser.parse_args()
+    warn_without_openblas()
+    model, tokenizer = build_bench_model(**MODEL), bench_tokenizer()
+    prompt = synthetic_prompts(1, args.prompt, args.prompt, 32000, seed=1)[0]
+    config = EngineConfig(num_blocks=1024, max_num_batched_tokens=args.prompt)
+    ours, peer = [], []
+    for _ in range(args.repeats):  # a fresh engine each time: nothing cached
+        ours.append(macbatch_prefill_s(Engine(model, tokenizer, config), prompt))
+        peer.append(mlx_lm_prefill_s(model, prompt))
+    mine, theirs = statistics.median(ours), statistics.median(peer)
+    print(
+        f"prefill of one {args.prompt}-token prompt: macbatch {mine:.2f} s "
+        f"({args.prompt / mine:.0f} tok/s), mlx-lm generate {theirs:.2f} s "
+        f"({args.prompt / theirs:.0f} tok/s): x{theirs / mine:.2f}"
+    )
+    if args.skip_workload:
+        return
+    prompts = synthetic_prompts(args.requests, 32, 512, 32000)
+    result, _, _ = run_macbatch(model, tokenizer, prompts, 64, 1024, True)
+    base, _ = run_mlx_lm(model, prompts, 64)
+    for clock, kind in ((0, "wall"), (1, "cpu")):
+        print(
+            f"{args.requests}-request workload, {kind}: macbatch "
+            f"{result.total_tokens_per_s(clock):.1f} tok/s, mlx-lm BatchGenerator "
+            f"{base.total_tokens_per_s(clock):.1f} tok/s: "
+            f"x{result.total_tokens_per_s(clock) / base.total_tokens_per_s(clock):.2f}; median "
+            f"TTFT {base.median_ttft(clock) / result.median_ttft(clock):.2f}x lower"
+        )
+
+
+if __name__ == "__main__":
+    main()

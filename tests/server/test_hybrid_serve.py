@@ -26,10 +26,11 @@ def test_a_conversation_hits_the_cache_and_matches_the_engine(hybrid_thread) -> 
     messages = [{"role": "user", "content": "the quick brown fox jumps over the lazy dog " * 4}]
     with serving(hybrid_thread) as served:
         client = openai.OpenAI(base_url=served.api, api_key="unused")
+        model = client.models.list().data[0].id
         cached = []
         for turn in range(3):
             reply = client.chat.completions.create(
-                model="qwen3_5", messages=messages, max_tokens=12, temperature=0,
+                model=model, messages=messages, max_tokens=12, temperature=0,
                 extra_body={"ignore_eos": True},
             )  # fmt: skip
             [oracle] = engine_generate(

@@ -72,12 +72,14 @@ def test_pool_grows_under_load_and_shrinks_when_idle(arch, tiny_tokenizer):
     assert_pool_idle(engine)
 
 
-def test_growth_stops_at_the_cap_and_then_preempts(tiny_tokenizer, monkeypatch):
+@pytest.mark.parametrize("kv_bits", [None, 8])
+def test_growth_stops_at_the_cap_and_then_preempts(tiny_tokenizer, monkeypatch, kv_bits):
     """A cap too small for everyone (as memory would set it on a small machine: 12 blocks): the
-    pool grows to it, then the scheduler preempts as with a fixed pool; outputs are unchanged."""
+    pool grows to it, then the scheduler preempts as with a fixed pool; outputs are unchanged,
+    with float pages and with quantized ones (whose scales grow with their codes)."""
     monkeypatch.setattr(model_runner, "blocks_for_memory", lambda *args: 12)
     model = build_model("qwen3")
-    config = _elastic(max_num_seqs=4, enable_prefix_caching=False)
+    config = _elastic(max_num_seqs=4, enable_prefix_caching=False, kv_bits=kv_bits)
     engine = Engine(model, tiny_tokenizer, config)
     assert (engine.stats().kv_blocks_total, engine.info.kv_blocks_cap) == (4, 12)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -86,7 +88,8 @@ def test_growth_stops_at_the_cap_and_then_preempts(tiny_tokenizer, monkeypatch):
     stats = engine.stats()
     assert stats.kv_blocks_total == stats.kv_blocks_cap and stats.preemptions > 0
     for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens)
+        # head dim 16: quantized pages keep one scale per row of 16
+        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens, kv_bits, 16)
     assert_pool_idle(engine)
 
 

@@ -159,14 +159,19 @@ def _demo_kv_pool() -> str:
         engine = Engine.load("demo")
     except ValueError as exc:
         return f"cannot load the demo model: {exc}"
-    stats = engine.stats()
-    tokens = stats.kv_blocks_total * engine.config.block_size
-    size = engine.store.nbytes
+    stats, config = engine.stats(), engine.config
+    tokens = stats.kv_blocks_total * config.block_size
+    cap_mib = stats.kv_blocks_cap * engine.store.bytes_per_block / 2**20
+    grows = (
+        f"grows to {stats.kv_blocks_cap:,} blocks, {cap_mib:,.1f} MiB"
+        if stats.kv_blocks_cap > stats.kv_blocks_total
+        else "its cap"
+    )
     return (
-        f"{stats.kv_blocks_total:,} blocks of {engine.config.block_size} tokens = {tokens:,} "
-        f"tokens, {size / 2**20:,.1f} MiB ({engine.config.max_num_seqs} sequences x "
-        f"{engine.info.max_model_len:,}-token context, at most {engine.config.memory_fraction:.0%} "
-        "of memory)"
+        f"{stats.kv_blocks_total:,} blocks of {config.block_size} tokens = {tokens:,} tokens, "
+        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB, {stats.kv_bytes_used / 2**20:,.1f} MiB used "
+        f"({grows}: {config.max_num_seqs} sequences x {engine.info.max_model_len:,}-token "
+        f"context, at most {config.memory_fraction:.0%} of memory)"
     )
 
 

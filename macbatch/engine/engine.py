@@ -26,6 +26,7 @@ from macbatch.engine.chat_template import thinking_default
 from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
+from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
@@ -49,15 +50,19 @@ class EngineStats:
     running: int
     waiting: int
     preemptions: int
-    kv_blocks_used: int
-    kv_blocks_total: int
+    kv_blocks_used: int  # taken by requests
+    kv_blocks_total: int  # the pool's blocks now (an elastic pool grows to kv_blocks_cap)
+    kv_blocks_cap: int
     tokens_last_step: int
     steps: int
     prompt_tokens: int
     generated_tokens: int
     prefix_cache_hit_rate: float
     cached_blocks: int
-    kv_cache_bytes: int  # the whole pool, scales included
+    kv_cache_bytes: int  # the whole pool now, scales included
+    # Pages held by requests and the prefix cache, and a hybrid model's recurrent states in use
+    # (running requests' slots and the prefix cache's checkpoints).
+    kv_bytes_used: int
     # Seconds the engine thread spent in MLX's evaluation calls (dispatching a step, reading its
     # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
     # split host from device time.
@@ -65,7 +70,8 @@ class EngineStats:
 
     @property
     def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+        """Blocks taken by requests, of the most the pool may hold."""
+        return self.kv_blocks_used / self.kv_blocks_cap if self.kv_blocks_cap else 0.0
 
 
 class Engine(PromptEncoder):
@@ -99,13 +105,16 @@ class Engine(PromptEncoder):
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         model_info = _model_info(model_name, runner, self.tokenizer)
-        self.info = _engine_info(model_info, config, runner.num_blocks)
+        self.info = _engine_info(model_info, config, runner.pool_size.cap)
         self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
         eos = sorted(self.tokenizer.eos_token_ids or ())
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
-        self.pool = BlockPool(runner.num_blocks)
+        self.pool = BlockPool(runner.pool_size.start)
+        elastic = None
+        if runner.pool_size.elastic:
+            elastic = ElasticPool(self.pool, runner.store, runner.pool_size)
         prefix_root = f"{model_name}:{runner.model_type}".encode()
         states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
         slots = 0 if states is None else states.num_slots
@@ -118,6 +127,7 @@ class Engine(PromptEncoder):
             prefix_root if config.enable_prefix_caching else None,
             slots,
             checkpoints,
+            elastic,
         )
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self._requests: dict[str, Request] = {}
@@ -209,6 +219,14 @@ class Engine(PromptEncoder):
 
     def has_unfinished(self) -> bool:
         return bool(self._requests) or bool(self._pending) or self._in_flight is not None
+
+    def shrink_pool(self) -> int:
+        """Give an elastic pool's memory back: down to its start size, keeping the prefix cache
+        that fits. Only while nothing is unfinished (``EngineThread`` calls it when the engine
+        has been idle for ``config.kv_shrink_after_s``); returns the blocks given back."""
+        if self.has_unfinished():
+            return 0
+        return self.kv.shrink()
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -357,6 +375,7 @@ class Engine(PromptEncoder):
             preemptions=self.scheduler.num_preemptions,
             kv_blocks_used=self.pool.num_blocks - self.pool.num_free,
             kv_blocks_total=self.pool.num_blocks,
+            kv_blocks_cap=self.info.kv_blocks_cap,
             tokens_last_step=self._tokens_last_step,
             steps=self._steps,
             prompt_tokens=self._prompt_tokens,
@@ -366,8 +385,18 @@ class Engine(PromptEncoder):
             ),
             cached_blocks=self.pool.num_cached,
             kv_cache_bytes=self.runner.store.nbytes,
+            kv_bytes_used=self._kv_bytes_used(),
             device_wait_s=self._device_wait_s,
         )
+
+    def _kv_bytes_used(self) -> int:
+        used = self.pool.num_occupied * self.runner.store.bytes_per_block
+        states = self.runner.states
+        if states is not None:
+            checkpoints = self.kv.checkpoints
+            in_use = self.kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
+            used += in_use * states.bytes_per_slot
+        return used
 
 
 def _model_info(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:
@@ -386,12 +415,14 @@ def _model_info(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> 
 
 
 def _engine_info(model: ModelInfo, config: EngineConfig, num_blocks: int) -> EngineInfo:
+    """``num_blocks``: the pool's cap, so that no request is refused for room the pool has not
+    grown into yet."""
     capacity = num_blocks * config.block_size
     fits = model.max_model_len <= capacity
     return EngineInfo(
         model=model,
         block_size=config.block_size,
-        kv_blocks_total=num_blocks,
+        kv_blocks_cap=num_blocks,
         context_limit=model.max_model_len if fits else capacity,
         context_limit_reason="the model's context length" if fits else "the whole KV cache pool",
     )

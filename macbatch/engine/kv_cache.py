@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -37,6 +38,9 @@ class BlockPool:
     """Free list, reference counts and the prefix-hash index of the KV blocks."""
 
     def __init__(self, num_blocks: int) -> None:
+        self._reset(num_blocks)
+
+    def _reset(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.refcounts = np.zeros(num_blocks, dtype=np.int32)
         # Blocks nobody uses, least recently freed first. Uncached blocks go to the front so the
@@ -44,6 +48,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        self._free_cached = 0  # free blocks that still hold a cached prefix
 
     @property
     def num_free(self) -> int:
@@ -53,6 +58,11 @@ class BlockPool:
     def num_cached(self) -> int:
         return len(self._block_of)
 
+    @property
+    def num_occupied(self) -> int:
+        """Blocks whose pages hold something: taken by a request, or idle in the prefix cache."""
+        return self.num_blocks - self.num_free + self._free_cached
+
     def allocate(self) -> int:
         """A fresh block for exclusive use, evicting the least recently used cached block."""
         if not self._free:
@@ -61,6 +71,7 @@ class BlockPool:
         digest = self._hash_of.pop(block, None)
         if digest is not None:
             del self._block_of[digest]
+            self._free_cached -= 1
         self.refcounts[block] = 1
         return block
 
@@ -70,7 +81,9 @@ class BlockPool:
         self.refcounts[block] -= 1
         if self.refcounts[block] == 0:
             self._free[block] = None
-            if block not in self._hash_of:
+            if block in self._hash_of:
+                self._free_cached += 1
+            else:
                 self._free.move_to_end(block, last=False)
 
     def lookup(self, digest: bytes) -> int | None:
@@ -80,6 +93,8 @@ class BlockPool:
         """Take one more reference to a cached block (taking it off the free list if idle)."""
         if self.refcounts[block] == 0:
             del self._free[block]
+            if block in self._hash_of:
+                self._free_cached -= 1
         self.refcounts[block] += 1
 
     def register(self, block: int, digest: bytes) -> None:
@@ -88,6 +103,34 @@ class BlockPool:
             return
         self._hash_of[block] = digest
         self._block_of[digest] = block
+        if self.refcounts[block] == 0:  # named while idle
+            self._free_cached += 1
+
+    def grow(self, num_blocks: int) -> None:
+        """Add ids up to ``num_blocks`` (their pages were added first), free and uncached: they
+        are taken before any cached block is evicted."""
+        new = range(self.num_blocks, num_blocks)
+        self.refcounts = np.concatenate([self.refcounts, np.zeros(len(new), dtype=np.int32)])
+        for block in reversed(new):
+            self._free[block] = None
+            self._free.move_to_end(block, last=False)
+        self.num_blocks = num_blocks
+
+    def compact(self, num_blocks: int) -> list[int]:
+        """Become a pool of ``num_blocks`` that keeps the most recently freed cached blocks that
+        fit, renumbered from 0; returns their old ids in their new order. Only when no block is
+        taken: block ids change."""
+        if self.num_free < self.num_blocks:
+            raise RuntimeError("cannot compact a pool whose blocks are in use")
+        recent = [b for b in reversed(self._free) if b in self._hash_of][:num_blocks]
+        kept = recent[::-1]  # least recently freed first, as the free list keeps them
+        digests = [self._hash_of[b] for b in kept]
+        self._reset(num_blocks)
+        for block in range(len(kept)):  # uncached first, then the cache in its LRU order
+            self._free.move_to_end(block)
+        for block, digest in enumerate(digests):
+            self.register(block, digest)
+        return kept
 
 
 def chain_block_hashes(previous: bytes, block_tokens: list[int], block_size: int) -> list[bytes]:
@@ -180,6 +223,27 @@ class KVStore:
         """The whole pool's bytes (every layer, K and V, scales included)."""
         return sum(a.nbytes for a in self.arrays())
 
+    @property
+    def bytes_per_block(self) -> int:
+        return self.format.bytes_per_block(self.shapes, self.block_size)
+
+    def resize(self, num_blocks: int, keep: Sequence[int] | None = None) -> None:
+        """Hold ``num_blocks`` blocks: the first ones as they are and zeros after them, or, with
+        ``keep``, the blocks of those ids renumbered from 0 (the rest are dropped).
+
+        Each array is replaced and evaluated in turn, so at most one array's old copy is alive
+        beside the new pool. A step in flight still reads and writes the arrays it was built on;
+        the copy waits for it on the stream, so every block it wrote keeps its contents.
+        """
+        arrays = (self.keys, self.values, self.key_scales, self.value_scales)
+        for group in arrays:
+            for layer, array in enumerate(group):
+                per_block = self.shapes[layer].num_kv_heads * self.block_size
+                group[layer] = _resized(array, per_block, num_blocks, keep)
+                mx.eval(group[layer])
+        self.num_blocks = num_blocks
+        mx.clear_cache()  # a Metal buffer cache would keep the old pages' memory
+
     def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
         """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache)
         into the flat rows computed by the batcher, quantizing them first when the pages are
@@ -216,3 +280,18 @@ class KVStore:
 
     def arrays(self) -> list[mx.array]:
         return self.keys + self.values + self.key_scales + self.value_scales
+
+
+def _resized(
+    array: mx.array, rows_per_block: int, num_blocks: int, keep: Sequence[int] | None
+) -> mx.array:
+    """A flat page array (rows first) resized to ``num_blocks`` blocks: its blocks ``keep``
+    gathered (a new buffer; a slice would keep the old one alive) or its first blocks, then
+    zeros."""
+    blocks = array.reshape(-1, rows_per_block, *array.shape[1:])
+    if keep is not None:
+        blocks = blocks[mx.array(list(keep), dtype=mx.int32)] if keep else blocks[:0]
+    extra = num_blocks - blocks.shape[0]
+    assert extra >= 0, "resizing would drop blocks it was not told to"
+    zeros = mx.zeros((extra, *blocks.shape[1:]), dtype=array.dtype)
+    return mx.concatenate([blocks, zeros]).reshape(-1, *array.shape[1:])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from macbatch.engine.checkpoints import StateCheckpoints
+from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.kv_cache import BlockPool, chain_block_hashes
 from macbatch.engine.recurrent import StateChunk
 
@@ -32,11 +33,14 @@ class KVManager:
         prefix_root: bytes | None,
         state_slots: int = 0,
         checkpoints: StateCheckpoints | None = None,
+        elastic: ElasticPool | None = None,
     ) -> None:
         """``state_slots``: a hybrid model's recurrent-state slots (one per running request; 0
         for a model with attention only); ``checkpoints``: its prefix cache's states (None: a
-        cached prefix needs none, or prefix caching is off)."""
+        cached prefix needs none, or prefix caching is off); ``elastic``: grows ``pool`` (and
+        its pages) when too few blocks are free (None: a fixed pool)."""
         self.pool = pool
+        self.elastic = elastic
         self.block_size = block_size
         self.prefix_root = prefix_root  # None: prefix caching off
         self._blocks: dict[str, list[int]] = {}
@@ -100,23 +104,35 @@ class KVManager:
         return 0
 
     def tokens_that_fit(self, request_id: str, num_computed: int) -> int:
-        """How many more tokens the request could compute with its blocks and all free ones."""
+        """How many more tokens the request could compute with its blocks, all free ones and
+        those the pool may still grow by."""
         held = len(self.block_table(request_id))
-        return (held + self.pool.num_free) * self.block_size - num_computed
+        room = 0 if self.elastic is None else self.elastic.room
+        return (held + self.pool.num_free + room) * self.block_size - num_computed
 
     def allocate_slots(self, request_id: str, num_computed: int, num_new: int) -> bool:
-        """Give the request blocks for ``num_new`` tokens after its ``num_computed``; False (and
-        nothing taken) when the pool has too few free."""
+        """Give the request blocks for ``num_new`` tokens after its ``num_computed``, growing an
+        elastic pool first when too few are free; False (and nothing taken) when the pool has
+        too few free even so."""
         blocks = self._blocks.setdefault(request_id, [])
         missing = self.blocks_for(num_computed + num_new) - len(blocks)
         if missing <= 0:  # most decode steps: the last block has room
             return True
-        if missing > self.pool.num_free:
+        if missing > self.pool.num_free and not (
+            self.elastic is not None and self.elastic.make_room(missing)
+        ):
             if not blocks:
                 del self._blocks[request_id]
             return False
         blocks.extend(self.pool.allocate() for _ in range(missing))
         return True
+
+    def shrink(self) -> int:
+        """Shrink an elastic pool (``ElasticPool.shrink``) when no request holds a block;
+        returns the blocks given back."""
+        if self.elastic is None or self._blocks:
+            return 0
+        return self.elastic.shrink()
 
     def cache_full_blocks(self, request: HasTokens, num_tokens: int) -> None:
         """Name the request's blocks that the first ``num_tokens`` tokens fill (computed, or

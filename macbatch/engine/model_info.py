@@ -58,8 +58,8 @@ class EngineInfo:
 
     model: ModelInfo
     block_size: int
-    kv_blocks_total: int
-    context_limit: int  # the most tokens one sequence may hold: min(model, whole pool)
+    kv_blocks_cap: int  # the most blocks the pool may hold (an elastic pool starts smaller)
+    context_limit: int  # the most tokens one sequence may hold: min(model, the pool's cap)
     context_limit_reason: str  # what sets it, in words ("the model's context length" ...)
 
     @property

@@ -1,11 +1,12 @@
 """The model runner: everything a step needs on the device, and nothing about requests.
 
-It owns the model (cast and sharded as settled at load), its adapter, the KV pages (sized here,
-from free memory), the forward, the constraint masks and sampling, and the dispatch of a step
-(``mx.async_eval``; a distributed rank 0 broadcasts the packed batch first and evaluates each
-step before the next). It is built from the model and an ``EngineConfig`` alone: a distributed
-follower runs one with no tokenizer, scheduler or engine (docs/distributed.md), and the engine
-core composes one with its scheduler and KV manager (docs/engine.md).
+It owns the model (cast and sharded as settled at load), its adapter, the KV pages (their cap
+sized here, from free memory; elastic_pool.py grows them), the forward, the constraint masks and
+sampling, and the dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the
+packed batch first and evaluates each step before the next). It is built from the model and an
+``EngineConfig`` alone: a distributed follower runs one with no tokenizer, scheduler or engine
+(docs/distributed.md), and the engine core composes one with its scheduler and KV manager
+(docs/engine.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.elastic_pool import pool_size
 from macbatch.engine.kv_cache import KVStore, PageFormat
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
@@ -71,19 +73,20 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        num_blocks = config.num_blocks or blocks_for_memory(
-            model, self.kv_bytes_per_token * config.block_size, self.context_length, config
-        )
+        per_block = self.kv_bytes_per_token * config.block_size
+        cap = config.num_blocks or blocks_for_memory(model, per_block, self.context_length, config)
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
-            num_blocks = smallest(num_blocks, group)
-        self.num_blocks = num_blocks
-        self.store = KVStore(shapes, num_blocks, config.block_size, fmt)
+            cap = smallest(cap, group)
+        # A pinned size, or ranks that must agree on every block id: a fixed pool.
+        fixed = config.num_blocks is not None or group is not None
+        self.pool_size = pool_size(cap, per_block, config, fixed)
+        self.store = KVStore(shapes, self.pool_size.start, config.block_size, fmt)
         # a hybrid model's recurrent state: one slot per request that may run at once
         states = self.adapter.state_shapes
         self.states = None
         if states:
             per_slot = sum(s.nbytes for s in states)
-            checkpoints = _checkpoint_count(config, per_slot, self.store.nbytes)
+            checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
         self.kv_head_counts = {s.num_kv_heads for s in shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
@@ -157,8 +160,8 @@ def model_vocab_size(model: nn.Module) -> int:
 def blocks_for_memory(
     model: nn.Module, per_block: int, context_length: int, config: EngineConfig
 ) -> int:
-    """Blocks of ``per_block`` bytes (their true size, scales included) that fit in
-    ``memory_fraction`` of what is left after the weights, capped at what ``max_num_seqs``
+    """The pool's cap: blocks of ``per_block`` bytes (their true size, scales included) that fit
+    in ``memory_fraction`` of what is left after the weights, capped at what ``max_num_seqs``
     sequences of ``context_length`` tokens can use."""
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
     # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
@@ -181,8 +184,8 @@ def blocks_for_memory(
 
 def _checkpoint_count(config: EngineConfig, bytes_per_state: int, kv_bytes: int) -> int:
     """How many recurrent-state checkpoints a hybrid model's prefix cache keeps: an eighth of
-    the K/V pool's bytes, at least 8 and at most 4 per running request (none without prefix
-    caching)."""
+    the K/V pool's bytes at its cap, at least 8 and at most 4 per running request (none without
+    prefix caching)."""
     if not config.enable_prefix_caching:
         return 0
     return min(4 * config.max_num_seqs, max(8, kv_bytes // 8 // bytes_per_state))

@@ -82,6 +82,9 @@ class EngineThread(PromptEncoder):
         self._engine: Engine | None = None
         self._stats: EngineStats | None = None
         self._stopped = False
+        # When an idle elastic pool shrinks: kv_shrink_after_s after the last step (None: no
+        # step since it last shrank, or it never does).
+        self._shrink_at: float | None = None
         self.error: BaseException | None = None
         self._info: EngineInfo | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -236,20 +239,36 @@ class EngineThread(PromptEncoder):
         self._stats = engine.stats()
         self._ready.set()
         try:
-            while self._handle_commands(engine, block=not engine.has_unfinished()):
+            while self._handle_commands(engine, self._idle_wait(engine)):
                 if engine.has_unfinished():
                     self._deliver(engine.step())
                     self._stats = engine.stats()
+                    self._shrink_at = _shrink_deadline(engine)
+                elif self._shrink_at is not None and time.monotonic() >= self._shrink_at:
+                    self._shrink_at = None
+                    if engine.shrink_pool():
+                        self._stats = engine.stats()
         except BaseException as exc:
             log.exception("engine loop failed")
             self.error = exc
             self._fail_everything(f"the engine failed: {exc!r}")
 
-    def _handle_commands(self, engine: Engine, block: bool) -> bool:
-        """Apply queued commands; False once asked to stop."""
+    def _idle_wait(self, engine: Engine) -> float | None:
+        """How long to wait for a command: not at all while there is work; while idle, until
+        the pool is due to shrink, then for as long as it takes (None)."""
+        if engine.has_unfinished():
+            return 0.0
+        if self._shrink_at is None:
+            return None
+        return max(0.0, self._shrink_at - time.monotonic())
+
+    def _handle_commands(self, engine: Engine, wait: float | None) -> bool:
+        """Apply queued commands, waiting up to ``wait`` seconds for the first (None: for as
+        long as it takes); False once asked to stop."""
+        block = wait != 0.0
         while True:
             try:
-                command = self._commands.get(block=block)
+                command = self._commands.get(block=block, timeout=wait if block else None)
             except queue.Empty:
                 return True
             block = False
@@ -308,6 +327,13 @@ class EngineThread(PromptEncoder):
             elif isinstance(command, _Call):
                 command.future.set_exception(EngineDeadError(message))
         self._deliver([_error_output(rid, message) for rid in list(self._callbacks)])
+
+
+def _shrink_deadline(engine: Engine) -> float | None:
+    after = engine.config.kv_shrink_after_s
+    if after is None or engine.kv.elastic is None:
+        return None
+    return time.monotonic() + after
 
 
 def _error_output(request_id: str, message: str) -> RequestOutput:

@@ -54,7 +54,10 @@ def serve_command(
     kv_blocks: int | None = typer.Option(
         None,
         min=1,
-        help="KV cache blocks of 16 tokens (default: half the memory left after the weights).",
+        help=(
+            "KV cache blocks of 16 tokens, fixed (default: it grows with use, up to half the "
+            "memory left after the weights)."
+        ),
     ),
     max_body_mb: float = typer.Option(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."

@@ -118,8 +118,24 @@ class ServerMetrics:
                     "macbatch_requests_running": ("Requests in the running batch.", stats.running),
                     "macbatch_requests_waiting": ("Requests waiting to start.", stats.waiting),
                     "macbatch_kv_blocks_used": ("KV cache blocks in use.", stats.kv_blocks_used),
-                    "macbatch_kv_blocks_total": ("KV cache blocks in all.", stats.kv_blocks_total),
-                    "macbatch_kv_cache_usage_ratio": ("KV cache use, 0 to 1.", stats.kv_usage),
+                    "macbatch_kv_blocks_total": (
+                        "KV cache blocks in the pool now (it grows up to the cap).",
+                        stats.kv_blocks_total,
+                    ),
+                    "macbatch_kv_blocks_cap": (
+                        "The most KV cache blocks the pool may grow to.",
+                        stats.kv_blocks_cap,
+                    ),
+                    "macbatch_kv_cache_usage_ratio": (
+                        "KV cache blocks in use, of the cap, 0 to 1.",
+                        stats.kv_usage,
+                    ),
+                    "macbatch_kv_cache_bytes": ("Bytes of the KV pool now.", stats.kv_cache_bytes),
+                    "macbatch_kv_bytes_used": (
+                        "Bytes of KV pages (and recurrent states) held by requests and the "
+                        "prefix cache.",
+                        stats.kv_bytes_used,
+                    ),
                 }
             )
         for gauge, (help_text, value) in gauges.items():

@@ -37,7 +37,10 @@ def chat_command(
     kv_blocks: Annotated[
         int | None,
         typer.Option(
-            help="Size of the KV cache in blocks of 16 tokens (default: half the free memory)."
+            help=(
+                "Size of the KV cache in blocks of 16 tokens (default: it grows with use, up "
+                "to half the free memory)."
+            )
         ),
     ] = None,
     kv_bits: int | None = kv_bits_option(),

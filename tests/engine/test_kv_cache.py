@@ -55,6 +55,7 @@ def test_pool_refcounts_and_lru_eviction():
 def test_pool_sized_from_memory_fraction(tiny_tokenizer):
     model = build_model("qwen3")
     small = Engine(model, tiny_tokenizer, EngineConfig(memory_fraction=0.01, max_num_seqs=4))
-    # Capped at what max_num_seqs full-length sequences can use.
-    assert small.pool.num_blocks == 4 * (4096 // 16)
+    # The cap: what max_num_seqs full-length sequences can use (the pool starts at most there).
+    assert small.info.kv_blocks_cap == 4 * (4096 // 16)
+    assert small.pool.num_blocks <= small.info.kv_blocks_cap
     assert np.all(small.pool.refcounts == 0)

@@ -95,3 +95,5 @@ def test_64_concurrent_streams(engine_thread: EngineThread, served: Served) -> N
             assert metrics[f'macbatch_http_responses_total{{route="{route}",status="200"}}'] == 32
         assert metrics["macbatch_requests_pending"] == 0
         assert metrics["macbatch_kv_blocks_used"] == 0
+        # What the finished requests left in the prefix cache (the pool is idle: only that).
+        assert metrics["macbatch_kv_bytes_used"] == stats.kv_bytes_used > 0

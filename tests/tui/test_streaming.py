@@ -99,15 +99,17 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
             )
         )
         blocks, block_size, nbytes = pool.result(timeout=10)
-        # The status bar shows the pool: blocks in use of all of them, the tokens they hold and
-        # the memory the page arrays take.
+        # The status bar shows the pool: blocks in use of all of them, the tokens they hold,
+        # the memory the page arrays take and how much of it requests and the cache use.
         screen.refresh_status()
-        pattern = r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens, ([\d,.]+) MiB\)"
+        pattern = r"KV (\d+)/(\d+) blocks \(([\d,]+) tokens, ([\d,.]+) MiB, ([\d,.]+) MiB used\)"
         shown = re.search(pattern, status(screen))
         assert shown, status(screen)
         assert int(shown[1]) > 0 and int(shown[2]) == blocks
         assert int(shown[3].replace(",", "")) == blocks * block_size
         assert float(shown[4].replace(",", "")) == pytest.approx(nbytes / 2**20, abs=0.05)
+        used = float(shown[5].replace(",", ""))  # a few blocks of a tiny model: about 0
+        assert used == pytest.approx(in_use.kv_bytes_used / 2**20, abs=0.1)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.chats.replies)
         # The abort was queued before this call, so the engine has freed the blocks by now.

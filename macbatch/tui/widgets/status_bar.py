@@ -1,5 +1,6 @@
 """The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
-many tokens it holds and its memory), work in the last step."""
+many tokens it holds, its memory now and how much of it requests and the prefix cache use), work
+in the last step."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def status_text(
     return (
         f"{model} · {stats.running} running · {stats.waiting} waiting · "
         f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks ({pool_tokens:,} tokens, "
-        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB) · "
+        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB, {stats.kv_bytes_used / 2**20:,.1f} MiB used) · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
     )
 

@@ -13,6 +13,7 @@ from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.runner import LOCK_NAME
 from macbatch.batch.spec import load_job_file
 from tests.batch.conftest import read_jsonl, write_job
+from tests.support.hostile import ref_chain_schema, rule_chain_grammar
 
 DEEP = 5_000
 
@@ -184,3 +185,23 @@ def test_rows_nested_past_the_bound_are_rejected_with_their_line(
     spec = load_job_file(write_job(tmp_path, "model: demo\njobs: [{name: a, input: d.jsonl}]\n"))
     items = list(plan_job(spec.jobs[0], spec.model, prepare(spec.jobs[0])))
     assert [(type(i).__name__, i.line) for i in items] == [("Planned", 1), ("Rejected", 2)]
+
+
+def test_a_row_whose_schema_crashed_llguidance_is_that_rows_error(
+    tmp_path: Path, tiny_model_path: Path, macbatch_run
+) -> None:
+    """An OpenAI-batch row with a $ref chain 1,000 deep made every rerun exit 139."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    deep = {"type": "json_schema", "json_schema": {"name": "d", "schema": ref_chain_schema(1000)}}
+    rows = [
+        {"custom_id": "ok", "body": body},
+        {"custom_id": "deep", "body": {**body, "response_format": deep}},
+        {"custom_id": "rules", "body": {**body, "guided_grammar": rule_chain_grammar(3000)}},
+    ]
+    (tmp_path / "batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_job(tmp_path, f"model: {tiny_model_path}\njobs: [{{name: a, input: batch.jsonl}}]\n")
+    result = macbatch_run(tmp_path / "jobs.yaml")
+    assert result.exit_code == 3, result.output
+    errors = read_jsonl(tmp_path / "out" / "a.errors.jsonl")
+    assert [(e["custom_id"], e["macbatch"]["line"]) for e in errors] == [("deep", 2), ("rules", 3)]
+    assert [line["custom_id"] for line in read_jsonl(tmp_path / "out" / "a.jsonl")] == ["ok"]

@@ -12,8 +12,10 @@ import pytest
 
 from macbatch.engine import EngineThread
 from macbatch.openai.bodies import MAX_NESTING
+from macbatch.openai.options import MAX_GRAMMAR_RULES, MAX_SCHEMA_DEPTH
 from macbatch.server.app import ServerOptions
 from tests.server.conftest import Served, scrape, serving
+from tests.support.hostile import ref_chain_schema, rule_chain_grammar
 
 SURROGATE_BODY = b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}], "max_tokens": 2}'
 
@@ -128,3 +130,39 @@ def test_a_huge_prompt_does_not_stall_other_streams(served: Served) -> None:
     assert during and max(gaps) < 0.5, (max(gaps), finished - started)
     assert max(health_times) < 0.5, max(health_times)
     assert scrape(served)["macbatch_requests_pending"] == 0
+
+
+def test_schemas_and_grammars_that_crashed_llguidance_are_400s(served: Served) -> None:
+    """A $ref chain 1,000 definitions deep and a grammar of 3,000 chained rules killed the
+    process (SIGSEGV in llguidance); now each is a 400 saying the bound, and the server
+    serves the next request."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "deep", "schema": ref_chain_schema(1000)},
+    }
+    deep = httpx.post(served.api + "/chat/completions", json={**chat, "response_format": schema})
+    assert deep.status_code == 400, deep.text
+    error = deep.json()["error"]
+    assert error["param"] == "response_format"
+    assert f"nests more than {MAX_SCHEMA_DEPTH} levels deep" in error["message"]
+    rules = httpx.post(
+        served.api + "/completions",
+        json={"prompt": "hi", "max_tokens": 4, "guided_grammar": rule_chain_grammar(3000)},
+    )
+    assert rules.status_code == 400, rules.text
+    assert rules.json()["error"]["param"] == "guided_grammar"
+    assert f"at most {MAX_GRAMMAR_RULES:,}" in rules.json()["error"]["message"]
+    normal = httpx.post(served.api + "/chat/completions", json=chat)
+    assert normal.status_code == 200
+    assert scrape(served)["macbatch_requests_pending"] == 0
+
+
+def test_a_bad_regex_is_said_in_a_line_not_a_dump(served: Served) -> None:
+    regex = "[a-z]+ " * 15_000 + "("  # 105 KB, one group left open
+    response = httpx.post(
+        served.api + "/completions", json={"prompt": "hi", "max_tokens": 4, "guided_regex": regex}
+    )
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "unclosed group" in message and len(message) < 600, len(message)

@@ -166,3 +166,13 @@ def test_a_bad_regex_is_said_in_a_line_not_a_dump(served: Served) -> None:
     assert response.status_code == 400
     message = response.json()["error"]["message"]
     assert "unclosed group" in message and len(message) < 600, len(message)
+
+
+def test_messages_sent_to_completions_are_named(served: Served) -> None:
+    response = httpx.post(
+        served.api + "/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "messages"
+    assert "/v1/completions takes 'prompt', not 'messages'" in error["message"]

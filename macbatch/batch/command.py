@@ -218,8 +218,8 @@ def _run(
         again = resume_command(file, model, jobs, output_dir, kv_bits, headless)
         _fail(
             headless,
-            f"the run stopped: {type(exc).__name__}: {exc}\nCompleted lines are saved; run the "
-            f"same command again to resume: {again}",
+            f"the run stopped: {type(exc).__name__}: {exc}\nEvery line finished before the stop "
+            f"is saved; run the same command again to resume: {again}",
         )
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from macbatch.batch.spec import InputSpec
 from macbatch.batch.yamlfile import JobFileError
+from macbatch.openai import InvalidRequest
+from macbatch.openai.bodies import MAX_NESTING, check_value
 
 csv.field_size_limit(1 << 30)
 
@@ -119,11 +121,18 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
                 continue
             try:
                 value = json.loads(raw.decode("utf-8"))
+                check_value(value, "the row")
             except UnicodeDecodeError as exc:
                 yield Row(number, None, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
                 continue
             except json.JSONDecodeError as exc:
                 yield Row(number, None, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                continue
+            except RecursionError:
+                yield Row(number, None, f"the row nests more than {MAX_NESTING} levels deep")
+                continue
+            except InvalidRequest as exc:  # too deep, or a lone surrogate
+                yield Row(number, None, str(exc))
                 continue
             if not isinstance(value, dict):
                 yield Row(number, None, f"expected a JSON object, got {type(value).__name__}")

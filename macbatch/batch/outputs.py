@@ -37,8 +37,12 @@ class JsonlAppender:
         self._file = path.open("ab", buffering=0)
 
     def append(self, obj: dict[str, Any]) -> int:
-        """Write one line; returns the file size after it."""
-        data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+        """Write one line; returns the file size after it. Text that is not valid Unicode (an
+        error line quoting a lone surrogate) is written as JSON escapes, so the line is UTF-8."""
+        try:
+            data = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:
+            data = (json.dumps(obj) + "\n").encode("ascii")
         view = memoryview(data)
         while view:
             view = view[self._file.write(view) :]

@@ -17,6 +17,7 @@ from macbatch.batch.inputs import InputFile, Row, open_input
 from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, parse_body
+from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS
 from macbatch.openai.sampling import ALIASES
 
@@ -83,33 +84,40 @@ def prepare(job: JobSpec) -> InputFile | None:
 def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Planned | Rejected]:
     """Every request of `job` in input order (n per row), and every row that cannot run."""
     for line, row in _rows(job, source):
-        if row.problem is not None or row.fields is None:
-            yield Rejected(job.name, line, None, row.problem or "unreadable row")
-            continue
         try:
-            custom_id = _custom_id(job, source, line, row.fields)
-        except (KeyError, ValueError) as exc:
-            yield Rejected(job.name, line, None, _reason(exc, "id"))
-            continue
-        try:
-            request = _request(job, source, row.fields)
-        except (KeyError, ValueError, TypeError) as exc:
-            yield Rejected(job.name, line, custom_id, _reason(exc, "template"))
-            continue
-        expected = group = None
-        if job.score is not None:
-            expected = _text(row.fields.get(job.score.field))
-            group = _text(row.fields.get(job.score.group))
-        generation = request.generation
-        for sample, params in enumerate(generation.choice_params()):
-            sampling = dict(request.sampling)
-            if sampling.get("seed") is not None:
-                sampling["seed"] += sample
-            one = dataclasses.replace(generation, n=1, params=params)
-            key = request_key(
-                model, job, custom_id, sample, request.prompt, sampling, request.options
-            )
-            yield Planned(
+            items = _plan_row(job, model, source, line, row)
+        except Exception as exc:  # whatever one row causes is that row's error, not the run's
+            items = [Rejected(job.name, line, None, f"{type(exc).__name__}: {exc}")]
+        yield from items
+
+
+def _plan_row(
+    job: JobSpec, model: str, source: InputFile | None, line: int, row: Row
+) -> list[Planned | Rejected]:
+    if row.problem is not None or row.fields is None:
+        return [Rejected(job.name, line, None, row.problem or "unreadable row")]
+    try:
+        custom_id = _custom_id(job, source, line, row.fields)
+    except (KeyError, ValueError) as exc:
+        return [Rejected(job.name, line, None, _reason(exc, "id"))]
+    try:
+        request = _request(job, source, row.fields)
+    except (KeyError, ValueError, TypeError) as exc:
+        return [Rejected(job.name, line, custom_id, _reason(exc, "template"))]
+    expected = group = None
+    if job.score is not None:
+        expected = _text(row.fields.get(job.score.field))
+        group = _text(row.fields.get(job.score.group))
+    generation = request.generation
+    items: list[Planned | Rejected] = []
+    for sample, params in enumerate(generation.choice_params()):
+        sampling = dict(request.sampling)
+        if sampling.get("seed") is not None:
+            sampling["seed"] += sample
+        one = dataclasses.replace(generation, n=1, params=params)
+        key = request_key(model, job, custom_id, sample, request.prompt, sampling, request.options)
+        items.append(
+            Planned(
                 job=job.name,
                 custom_id=custom_id,
                 sample=sample,
@@ -122,6 +130,8 @@ def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Pla
                 group=group,
                 generation=one,
             )
+        )
+    return items
 
 
 def request_key(
@@ -163,11 +173,16 @@ def _custom_id(job: JobSpec, source: InputFile | None, line: int, fields: dict) 
         value = fields.get("custom_id")
         if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
             raise ValueError("custom_id must be a non-empty string")
-        return str(value)
+        return _checked_id(str(value))
     if job.input is not None and job.input.id is not None:
-        return render(job.input.id, fields)
+        return _checked_id(render(job.input.id, fields))
     value = fields.get("id")
-    return str(line) if value is None or value == "" else str(value)
+    return str(line) if value is None or value == "" else _checked_id(str(value))
+
+
+def _checked_id(value: str) -> str:
+    check_value(value, "the row's id")  # it goes into the key, the ledger and the output
+    return value
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ def run_jobs(
 
     Raises JobFileError, before the model loads, for any problem with the file or its inputs.
     """
+    _refuse_inputs_among_outputs(job_file)
     sources = {job.name: prepare(job) for job in job_file.jobs}
     directory = job_file.output_dir
     try:
@@ -307,12 +308,36 @@ def _interrupts() -> Iterator[_Interrupts]:
             signal.signal(sig, handler)
 
 
+def _refuse_inputs_among_outputs(job_file: JobFile) -> None:
+    """A job reading a file this run writes would append its results to its own input (and a
+    --fresh run would delete it): refused before anything is read or written."""
+    directory = job_file.output_dir
+    written = {directory / name for name in (LEDGER_NAME, LOCK_NAME, SUMMARY_NAME)}
+    for job in job_file.jobs:
+        written |= {output_path(directory, job.name), errors_path(directory, job.name)}
+    written = {path.resolve() for path in written}
+    for job in job_file.jobs:
+        if job.input is not None and job.input.path.resolve() in written:
+            raise JobFileError(
+                f"job '{job.name}' reads {job.input.path}, a file this run writes its results "
+                f"to; move the input out of the output directory {directory} or set a "
+                "different output dir"
+            )
+
+
 @contextmanager
 def _exclusive(directory: Path) -> Iterator[None]:
     """One run per output directory: two writers would break exactly-once output."""
     import fcntl
 
-    with (directory / LOCK_NAME).open("w") as lock:
+    try:
+        lock_file = (directory / LOCK_NAME).open("w")
+    except OSError as exc:
+        raise JobFileError(
+            f"cannot write to the output directory {directory}: {exc.strerror or exc}; make it "
+            "writable or set a different output dir (output: {dir: ...} or --output-dir)"
+        ) from None
+    with lock_file as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

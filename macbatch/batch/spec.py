@@ -38,6 +38,7 @@ OUTPUT_KEYS = ("dir",)
 SCORE_KEYS = ("field", "group", "parsed")
 INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
 SAMPLING_KEYS = SAMPLING_FIELDS  # a job's `sampling:` takes exactly SamplingParams' fields
+MAX_SAMPLES = 10_000  # a job's n: samples per row (n: 1e9 would plan for days before one ran)
 # The job file's defaults table: what `sampling:` means when it leaves a key out (OpenAI-batch
 # rows are API bodies and take the API's defaults instead, as serve does).
 JOB_DEFAULTS = Defaults(temperature=0.7, max_tokens=512)
@@ -174,9 +175,13 @@ class _Checker:
             raise self.fail(key, f"{dotted(key)} must be a non-empty string, got {value!r}")
         return value
 
-    def integer(self, value: Any, key: PathKey, minimum: int) -> int:
+    def integer(
+        self, value: Any, key: PathKey, minimum: int, maximum: int | None = None, why: str = ""
+    ) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.fail(key, f"{dotted(key)} must be an integer >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"{dotted(key)} must be at most {maximum:,}, got {value:,}{why}")
         return value
 
     def boolean(self, value: Any, key: PathKey) -> bool:
@@ -319,7 +324,12 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
     if (found := setting("system")) is not None:
         system = check.text(*found, empty_ok=True)
     if (found := setting("n")) is not None:
-        n = check.integer(*found, minimum=1)
+        n = check.integer(
+            *found,
+            minimum=1,
+            maximum=MAX_SAMPLES,
+            why=" (samples of each row; for more, repeat the rows or split the job)",
+        )
     if (found := setting("chat")) is not None:
         chat = check.boolean(*found)
     if (found_score := setting("score")) is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 PathKey = tuple[str | int, ...]
+MAX_REPEATED = 100_000  # values aliases may repeat in one job file (a YAML "billion laughs" guard)
 
 
 class JobFileError(Exception):
@@ -27,6 +28,8 @@ class LoadedYaml:
     path: Path
     data: Any
     marks: dict[PathKey, tuple[int, int]] = field(default_factory=dict)
+    built: set[int] = field(default_factory=set, repr=False)  # the nodes read so far (by id)
+    repeated: int = field(default=0, repr=False)  # values read again through an alias
 
     def where(self, key: PathKey) -> str:
         """`file:line:column` of the value at `key`, or of its nearest ancestor that has one."""
@@ -53,9 +56,14 @@ def load_yaml(path: Path) -> LoadedYaml:
         raise JobFileError(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as exc:
         raise JobFileError(f"{path}: YAML error: {exc}") from None
+    except RecursionError:
+        raise JobFileError(f"{path}: the YAML nests too deep to read") from None
     loaded = LoadedYaml(path=path, data=None)
     if node is not None:
-        loaded.data = _build(node, (), loaded, yaml.constructor.SafeConstructor())
+        try:
+            loaded.data = _build(node, (), loaded, yaml.constructor.SafeConstructor())
+        except RecursionError:
+            raise JobFileError(f"{path}: the YAML nests too deep to read") from None
     return loaded
 
 
@@ -64,6 +72,16 @@ def _build(
 ) -> Any:
     """Turn a composed node into plain values, recording each node's position."""
     loaded.marks[key] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if (
+        id(node) in loaded.built
+    ):  # an alias: a few lines of them can repeat a node billions of times
+        loaded.repeated += 1
+        if loaded.repeated > MAX_REPEATED:
+            raise JobFileError(
+                f"{loaded.where(key)}: aliases (*name) repeat more than {MAX_REPEATED:,} values "
+                "(anchors that repeat others?); write the values out"
+            )
+    loaded.built.add(id(node))
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:

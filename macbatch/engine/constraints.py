@@ -112,17 +112,20 @@ class StructuredOutput:
         from llguidance import LLMatcher, grammar_from
 
         if self.schema is not None:  # a schema's own "x-guidance" options override these
-            return LLMatcher.grammar_from_json_schema(self.schema, defaults=JSON_LAYOUT)
+            return on_large_stack(
+                functools.partial(LLMatcher.grammar_from_json_schema, defaults=JSON_LAYOUT),
+                self.schema,
+            )
         if self.regex is not None:
-            return LLMatcher.grammar_from_regex(self.regex)
+            return on_large_stack(LLMatcher.grammar_from_regex, self.regex)
         if self.choice is not None:
             return LLMatcher.grammar_from_lark(
                 "start: " + " | ".join(json.dumps(c) for c in self.choice)
             )
         try:
-            return grammar_from("grammar", self.grammar or "")
+            return on_large_stack(grammar_from, "grammar", self.grammar or "")
         except ValueError as exc:
-            raise ValueError(f"invalid grammar: {exc}") from None
+            raise ValueError(f"invalid grammar: {_summary(str(exc))}") from None
 
 
 def _check_grammar(kind: str, grammar: str, tokenizer: Any) -> None:
@@ -130,9 +133,53 @@ def _check_grammar(kind: str, grammar: str, tokenizer: Any) -> None:
     special tokens when given)."""
     from llguidance import LLMatcher
 
-    error = LLMatcher.validate_grammar(grammar, tokenizer)
+    error = on_large_stack(LLMatcher.validate_grammar, grammar, tokenizer)
     if error:
-        raise ValueError(f"invalid {kind.replace('_', ' ')}: {error.strip()}")
+        raise ValueError(f"invalid {kind.replace('_', ' ')}: {_summary(error)}")
+
+
+def _summary(error: str, width: int = 240) -> str:
+    """llguidance's message, short: its first line and the line saying what is wrong, without
+    the echo that follows (the whole regex or grammar again, or the parser's state: hundreds of
+    lines that once reached clients as a 400 message)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no reason given"
+    said = [line.removeprefix("error:").strip() for line in lines[1:] if line.startswith("error:")]
+    parts = [_clip(lines[0], width), *(_clip(line, width) for line in said[:2])]
+    return " ".join(parts) if parts[0].endswith(":") else "; ".join(parts)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# llguidance compiles grammars recursively, one native stack frame per nested rule; a deep enough
+# chain overflows the stack and the process dies with SIGSEGV (a $ref chain 1,000 deep did, on an
+# 8 MB stack). Compiling on a thread with a large stack (address space, touched only as used)
+# makes the request layer's bounds (openai/options.py) safe by a wide margin on every platform,
+# whatever stack the calling thread has.
+COMPILE_STACK_BYTES = 256 * 1024 * 1024
+_compile_lock = threading.Lock()
+_compile_pool: Any = None
+
+
+def on_large_stack(function: Any, *args: Any) -> Any:
+    """``function(*args)`` on the compile thread (its stack: ``COMPILE_STACK_BYTES``)."""
+    global _compile_pool
+    with _compile_lock:
+        if _compile_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            previous = threading.stack_size(COMPILE_STACK_BYTES)
+            try:
+                pool = ThreadPoolExecutor(2, thread_name_prefix="macbatch-compile")
+                for ready in [pool.submit(int) for _ in range(2)]:  # start both threads now
+                    ready.result()
+            finally:
+                threading.stack_size(previous)
+            _compile_pool = pool
+    return _compile_pool.submit(function, *args).result()
 
 
 class ConstraintState:
@@ -196,7 +243,7 @@ class ConstraintState:
         if self.matcher.is_stopped():  # complete: only EOS is allowed, and ignore_eos keeps it
             return None
         if not self.matcher.consume_token(token):
-            return f"the constraint rejected token {token}: {self.matcher.get_error()}"
+            return f"the constraint rejected token {token}: {_summary(self.matcher.get_error())}"
         return None
 
     def _maybe_reasoning(self, token: int, after: Phase) -> None:
@@ -273,9 +320,10 @@ class ConstraintCompiler:
         if grammar not in self._valid:
             _check_grammar(spec.kind, grammar, tokenizer)
             self._valid.add(grammar)
-        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        matcher = on_large_stack(functools.partial(LLMatcher, log_level=0), tokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error()}")
+            error = _summary(matcher.get_error())
+            raise ValueError(f"invalid {spec.kind.replace('_', ' ')}: {error}")
         return matcher
 
     def mask_logits(

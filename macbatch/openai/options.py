@@ -7,6 +7,8 @@ mistake is an ``InvalidRequest`` naming the field."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,8 +30,131 @@ OPTION_FIELDS = (
 )
 
 
+# What reaches llguidance is bounded: it compiles recursively, and a $ref chain 1,000 definitions
+# deep or a chain of 3,000 grammar rules overflowed an 8 MB stack and killed the process (a
+# segfault no exception handler sees; 800 and 2,500 passed). The engine compiles on a thread with
+# a 256 MB stack (engine/constraints.py); these bounds keep ~100x below what that stack holds, and
+# far above real schemas (a 22,000-line OpenAPI-style one with 400 definitions nests 156 deep).
+MAX_SCHEMA_DEPTH = 512  # objects and arrays inside each other, each $ref entering what it names
+MAX_SCHEMA_DEFINITIONS = 5_000  # entries of $defs / definitions, all together
+MAX_GRAMMAR_RULES = 1_000
+MAX_GRAMMAR_BYTES = 256 * 1024
+_RULE = re.compile(r"^[ \t]*[?!]?[A-Za-z_][\w.]*(?:\.-?\d+)?[ \t]*(?::|::=)", re.MULTILINE)
+
+
 def invalid(message: str, field: str) -> InvalidRequest:
     return InvalidRequest(message, field)
+
+
+def check_schema_size(schema: dict[str, Any], where: str) -> None:
+    """``InvalidRequest`` if ``schema`` nests past ``MAX_SCHEMA_DEPTH`` (following its local
+    ``$ref``s: a recursive schema is fine, a chain of definitions counts in full) or has more
+    than ``MAX_SCHEMA_DEFINITIONS`` definitions."""
+    depth, definitions = _schema_extent(schema)
+    if definitions > MAX_SCHEMA_DEFINITIONS:
+        raise invalid(
+            f"{where}: the schema has {definitions:,} definitions; macbatch accepts at most "
+            f"{MAX_SCHEMA_DEFINITIONS:,}",
+            where,
+        )
+    if depth > MAX_SCHEMA_DEPTH:
+        raise invalid(
+            f"{where}: the schema nests more than {MAX_SCHEMA_DEPTH} levels deep (objects and "
+            "arrays inside each other, each $ref counted as the schema it names); macbatch "
+            f"accepts at most {MAX_SCHEMA_DEPTH}: flatten the chain of definitions",
+            where,
+        )
+
+
+def check_grammar_size(grammar: str, where: str) -> None:
+    """``InvalidRequest`` for a grammar past ``MAX_GRAMMAR_BYTES`` or ``MAX_GRAMMAR_RULES``."""
+    size = len(grammar.encode("utf-8", "replace"))
+    if size > MAX_GRAMMAR_BYTES:
+        raise invalid(
+            f"{where}: the grammar is {size:,} bytes; macbatch accepts at most "
+            f"{MAX_GRAMMAR_BYTES:,}",
+            where,
+        )
+    rules = len(_RULE.findall(grammar))
+    if rules > MAX_GRAMMAR_RULES:
+        raise invalid(
+            f"{where}: the grammar has {rules:,} rules; macbatch accepts at most "
+            f"{MAX_GRAMMAR_RULES:,}",
+            where,
+        )
+
+
+def _schema_extent(schema: dict[str, Any]) -> tuple[int, int]:
+    """(the deepest nesting, following local ``$ref``s; the number of definitions).
+
+    Each part of the schema a ``$ref`` can name is walked once, without following refs: its own
+    depth and, per ref in it, the depth the ref sits at. The longest path through those refs is
+    then found without recursion (a ref back to a part on the path is recursion, which
+    llguidance compiles lazily, so it adds nothing)."""
+    parts: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+    definitions = 0
+    pending = ["#"]
+    while pending:
+        pointer = pending.pop()
+        if pointer in parts:
+            continue
+        node = _resolve(schema, pointer)
+        local, refs, found = _walk(node)
+        definitions += found if pointer == "#" else 0
+        parts[pointer] = (local, refs)
+        pending.extend(target for _, target in refs if target not in parts)
+    best: dict[str, int] = {}
+    on_path: set[str] = set()
+    stack: list[tuple[str, bool]] = [("#", False)]
+    while stack:
+        pointer, expanded = stack.pop()
+        local, refs = parts[pointer]
+        if expanded:
+            on_path.discard(pointer)
+            below = [at + best.get(t, 0) for at, t in refs if t in parts and t not in on_path]
+            best[pointer] = max([local, *below])
+            continue
+        if pointer in best or pointer in on_path:
+            continue
+        on_path.add(pointer)
+        stack.append((pointer, True))
+        stack.extend((t, False) for _, t in refs if t in parts and t not in best)
+    return best["#"], definitions
+
+
+def _walk(node: Any) -> tuple[int, list[tuple[int, str]], int]:
+    """(depth of ``node``, (depth, pointer) of each local $ref in it, definitions in it)."""
+    deepest, refs, definitions = 0, [], 0
+    stack: list[tuple[Any, int]] = [(node, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, depth)
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                refs.append((depth, ref))
+            for key, child in item.items():
+                if key in ("$defs", "definitions") and isinstance(child, dict):
+                    definitions += len(child)
+                stack.append((child, depth + 1))
+        elif isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest, refs, definitions
+
+
+def _resolve(schema: dict[str, Any], pointer: str) -> Any:
+    """The part of ``schema`` a local JSON pointer names (None if it names nothing)."""
+    node: Any = schema
+    for raw in pointer[1:].lstrip("/").split("/") if pointer != "#" else ():
+        key = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(key)
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
 
 
 # vLLM's names -> StructuredOutput's
@@ -115,6 +240,16 @@ def _response_format(value: Any) -> StructuredOutput | None:
 def _build(where: str, fields: dict[str, Any]) -> StructuredOutput:
     if "choice" in fields and isinstance(fields["choice"], list):
         fields = dict(fields, choice=tuple(fields["choice"]))
+    schema = fields.get("json_schema")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError):
+            schema = None  # StructuredOutput says what is wrong with it
+    if isinstance(schema, dict):
+        check_schema_size(schema, where)
+    if isinstance(fields.get("grammar"), str):
+        check_grammar_size(fields["grammar"], where)
     try:
         return StructuredOutput(**fields)
     except ValueError as exc:
@@ -133,6 +268,10 @@ def tool_request(body: dict[str, Any]) -> ToolRequest | None:
         tools = check_tools(tools)
     except ValueError as exc:
         raise invalid(str(exc), "tools") from None
+    for i, tool in enumerate(tools):
+        parameters = tool["function"].get("parameters")
+        if parameters is not None:
+            check_schema_size(parameters, f"tools[{i}].function.parameters")
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise invalid("'parallel_tool_calls' must be true or false", "parallel_tool_calls")

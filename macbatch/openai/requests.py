@@ -22,6 +22,7 @@ from macbatch.engine import SamplingParams, StructuredOutput, check_chat_templat
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
+from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages, completion_prompts
 from macbatch.openai.options import ToolRequest, bind_tools, structured_output, tool_request
@@ -86,6 +87,7 @@ class Generation:
 
 def parse_chat(body: dict[str, Any], defaults: Defaults = OPENAI_CHAT) -> Generation:
     """Validate a /v1/chat/completions body."""
+    check_value(body)
     _refuse_unsupported(body, ("functions", "logit_bias", "audio"))
     messages = chat_messages(body.get("messages"))
     tools = tool_request(body)
@@ -106,6 +108,7 @@ def parse_chat(body: dict[str, Any], defaults: Defaults = OPENAI_CHAT) -> Genera
 
 def parse_completion(body: dict[str, Any], defaults: Defaults = OPENAI_COMPLETION) -> Generation:
     """Validate a /v1/completions body (prompt: a text, token ids, or a list of either)."""
+    check_value(body)
     _refuse_unsupported(body, ("logit_bias", "suffix"))
     if body.get("messages") is not None:
         raise InvalidRequest(

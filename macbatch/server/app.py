@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +26,13 @@ from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai import ChoiceProgress, Endpoint, Formatter, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
+from macbatch.openai.bodies import load_json
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
 
 PUBLIC_PATHS = ("/health",)
+_log = logging.getLogger("macbatch.server")
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,6 @@ def create_app(
             APIError: _api_error,
             InvalidRequest: _invalid_request,
             HTTPException: _http_error,
-            Exception: _server_error,
         },
     )
     app.state.macbatch = state
@@ -175,6 +177,7 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     state.admission.take(count)
     try:
         run = Run(state.thread, bound.requests, state.metrics)
+        await run.start()
     except BaseException:  # whatever failed, the slots it took go back
         state.admission.give_back(count)
         raise
@@ -288,10 +291,7 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         body += chunk
         if len(body) > limit:
             raise too_large
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid(f"the request body is not valid JSON: {exc}") from None
+    data = load_json(bytes(body))
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
     return data
@@ -315,8 +315,12 @@ class _Guard:
         path = scope["path"]
         route = path if path in self.known_paths or path.startswith("/v1/models/") else "other"
 
+        started = False
+
         async def counting_send(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.state.metrics.http_responses[(route, message["status"])] += 1
             await send(message)
 
@@ -331,7 +335,14 @@ class _Guard:
                 )
                 await error.response()(scope, receive, counting_send)
                 return
-        await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception as exc:
+            # A bug, not the client's fault: answered (and counted) here, because Starlette's
+            # own 500 is sent outside every middleware, where no count would see it.
+            _log.exception("internal error on %s %s", scope.get("method"), path)
+            if not started:
+                await _internal_error(exc).response()(scope, receive, counting_send)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -353,5 +364,5 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return APIError(exc.status_code, message).response()
 
 
-async def _server_error(request: Request, exc: Exception) -> Response:
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+def _internal_error(exc: Exception) -> APIError:
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")

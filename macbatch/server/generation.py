@@ -1,6 +1,7 @@
 """The engine requests behind one HTTP request, seen from the event loop.
 
-Requests are submitted up front (so bad input is a 400 before any byte of a stream is sent); their
+Requests are submitted up front, templated and tokenized on a worker thread (so bad input is a 400
+before any byte of a stream is sent, and no other request waits on the work); their
 outputs arrive on one asyncio queue, merged in arrival order. ``close()`` is synchronous so it also
 runs under cancellation (a client that disconnects mid-stream): it cancels every unfinished
 request, and the engine frees its KV blocks on its next step.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 
 from macbatch.engine import (
@@ -49,7 +51,11 @@ class Admission:
 
 
 class Run:
-    """Submits ``jobs`` (choice index = position) and yields ``(index, output)`` as they come."""
+    """Submits ``jobs`` (choice index = position) and yields ``(index, output)`` as they come.
+
+    ``await start()`` templates and tokenizes on a worker thread (the input processor is
+    thread-safe): a 4 MB prompt takes seconds to tokenize, and on the event loop it would stall
+    every stream and /health meanwhile."""
 
     def __init__(
         self,
@@ -58,23 +64,41 @@ class Run:
         metrics: ServerMetrics,
     ) -> None:
         self._thread = thread
+        self._jobs = jobs
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()  # the submitting worker and close() on the loop
+        self._closed = False
         self._request_ids: list[str] = []
         self._unfinished: set[int] = set()
         self._first_token_seen: set[int] = set()
+
+    async def start(self) -> None:
+        """Submit every job; a 400 (or 503) if one cannot run, with nothing left queued."""
         try:
-            for index, (prompt, params) in enumerate(jobs):
-                request_id = thread.submit(prompt, params, self._deliver(index))
-                self._request_ids.append(request_id)
-                self._unfinished.add(index)
+            await asyncio.to_thread(self._submit_all)
         except ValueError as exc:
             self.close()
-            raise invalid(str(exc), "messages" if prompt.is_chat else "prompt") from None
+            raise invalid(str(exc), "messages" if self._jobs[0][0].is_chat else "prompt") from None
         except EngineDeadError as exc:
             self.close()
             raise engine_unavailable(str(exc)) from None
+        except BaseException:  # whatever else failed (or the client left), nothing stays queued
+            self.close()
+            raise
+
+    def _submit_all(self) -> None:
+        """On a worker thread. A request submitted after close() (the handler was cancelled
+        while this ran) is cancelled at once."""
+        for index, (prompt, params) in enumerate(self._jobs):
+            request_id = self._thread.submit(prompt, params, self._deliver(index))
+            with self._lock:
+                if self._closed:
+                    self._thread.cancel(request_id)
+                    return
+                self._request_ids.append(request_id)
+                self._unfinished.add(index)
 
     def _deliver(self, index: int) -> Callable[[RequestOutput], None]:
         """The callback run on the engine thread: hand the output to the event loop."""
@@ -114,10 +138,13 @@ class Run:
 
     def close(self) -> None:
         """Cancel whatever has not finished (idempotent, never awaits)."""
-        for index in sorted(self._unfinished):
+        with self._lock:
+            self._closed = True
+            unfinished = sorted(self._unfinished)
+            self._unfinished.clear()
+        for index in unfinished:
             self._thread.cancel(self._request_ids[index])
             self._metrics.record_abort()
-        self._unfinished.clear()
 
 
 def _describe(error: BaseException | None) -> str | None:

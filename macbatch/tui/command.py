@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from macbatch.cli_options import kv_bits_option
 from macbatch.config import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from macbatch.tui.store import HistoryStore
 
 
 def chat_command(
@@ -69,7 +72,7 @@ def chat_command(
     from macbatch.tui.app import ChatApp
     from macbatch.tui.loading import LoadProgress, make_loader
     from macbatch.tui.settings import SessionSettings
-    from macbatch.tui.store import HistoryError, HistoryStore
+    from macbatch.tui.store import HistoryError, HistoryLock
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
@@ -77,8 +80,10 @@ def chat_command(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()
+    path = history or home / "chat.sqlite3"
     try:
-        store = HistoryStore(history or home / "chat.sqlite3")
+        lock = HistoryLock(path)
+        store = open_history(path)
     except HistoryError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
@@ -93,7 +98,33 @@ def chat_command(
         load_progress=progress,
     )
     size_from_the_terminal()
-    app.run()
+    try:
+        app.run()
+    finally:
+        lock.release()
+
+
+def open_history(path: Path) -> HistoryStore:
+    """The history at ``path``; if it is damaged, say so, keep it, and offer a fresh one
+    (the damaged file moved aside under a timestamped name). Declined: ``HistoryError``."""
+    from macbatch.tui.store import CorruptHistory, HistoryStore, aside_name, set_aside
+
+    try:
+        return HistoryStore(path)
+    except CorruptHistory as error:
+        typer.echo(
+            f"The chat history {path} is damaged: {error.problem}. It is kept as it is.", err=True
+        )
+        question = f"Move it aside (to {aside_name(path).name}) and start a fresh history?"
+        try:
+            fresh = typer.confirm(question, default=False, err=True)
+        except typer.Abort:  # no answer (end of input, Ctrl-C): as declined
+            fresh = False
+        if not fresh:
+            raise
+        moved = set_aside(path)
+        typer.echo(f"Moved the damaged history to {moved}; starting a fresh one.", err=True)
+        return HistoryStore(path)
 
 
 def size_from_the_terminal() -> None:

@@ -110,6 +110,7 @@ class HistoryStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(path)
+            self._check_intact()
             self._move_settings_to_json()  # before foreign keys are on: it rebuilds sessions
             self._db.executescript(SCHEMA)
             self._add_missing_columns()
@@ -119,11 +120,30 @@ class HistoryStore:
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
             )
             self._db.commit()
+        except CorruptHistory:
+            self._db.close()
+            raise
         except sqlite3.DatabaseError as error:
+            self._db.close()
+            if type(error) is sqlite3.DatabaseError:  # not a database, or a malformed one
+                raise CorruptHistory(path, str(error)) from error
             raise HistoryError(
                 f"cannot open the chat history {path}: {error}. Move the file away to start a "
                 "fresh history (or point MACBATCH_HOME at another directory)."
             ) from error
+
+    def _check_intact(self) -> None:
+        """``CorruptHistory`` unless SQLite finds every page sound. Random bytes over a page
+        otherwise surface later, as a traceback from the first query that reads it."""
+        rows = self._db.execute("PRAGMA quick_check").fetchall()
+        problems = [
+            "; ".join(line for line in str(row[0]).splitlines() if not line.startswith("***"))
+            for row in rows
+            if row[0] != "ok"
+        ]
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise CorruptHistory(self.path, problems[0] + more)
 
     def _move_settings_to_json(self) -> None:
         """Bring sessions written with one column per setting (before the settings column) to
@@ -273,6 +293,57 @@ class HistoryStore:
 
 class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
+
+
+class CorruptHistory(HistoryError):
+    """The history file is damaged; ``problem`` is what SQLite found."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"the chat history {path} is damaged ({problem}). Move the file away to start a "
+            "fresh history (or point MACBATCH_HOME at another directory)."
+        )
+        self.path = path
+        self.problem = problem
+
+
+def aside_name(path: Path, now: float | None = None) -> Path:
+    """Where a damaged history is kept: beside it, named for the moment it was set aside."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return path.with_name(f"{path.name}.damaged-{stamp}")
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged history (and SQLite's -wal / -shm files beside it) out of the way,
+    keeping every byte; returns its new name."""
+    target = aside_name(path)
+    for suffix in ("-wal", "-shm", ""):
+        part = path.with_name(path.name + suffix)
+        if part.exists():
+            part.rename(target.with_name(target.name + suffix))
+    return target
+
+
+class HistoryLock:
+    """One ``macbatch chat`` per history: two would write into the same sessions interleaved.
+    An exclusive lock on ``<history>.lock``, held until ``release`` (or the process ends)."""
+
+    def __init__(self, path: Path) -> None:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.with_name(path.name + ".lock").open("w")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.close()
+            raise HistoryError(
+                f"another macbatch chat has the history {path} open; use that one, close it "
+                "first, or give this one another file with --history"
+            ) from None
+
+    def release(self) -> None:
+        self._file.close()
 
 
 SESSION_COLUMNS = "id, title, created, named, settings"

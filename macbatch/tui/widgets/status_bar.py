@@ -21,10 +21,11 @@ def status_text(
     if problem is not None or stats is None:
         return f"{model} · {problem or 'starting'}"
     pool_tokens = stats.kv_blocks_total * block_size
+    # short enough for an 80-column terminal to show the step numbers too
     return (
         f"{model} · {stats.running} running · {stats.waiting} waiting · "
-        f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks ({pool_tokens:,} tokens, "
-        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB, {stats.kv_bytes_used / 2**20:,.1f} MiB used) · "
+        f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} ({pool_tokens:,} tok) "
+        f"{stats.kv_bytes_used / 2**20:,.1f}/{stats.kv_cache_bytes / 2**20:,.1f} MiB · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
     )
 

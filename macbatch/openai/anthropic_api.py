@@ -36,6 +36,12 @@ def parse_messages(body: dict[str, Any], count_only: bool = False) -> MessagesRe
     for name in REFUSED:
         if body.get(name):
             raise InvalidRequest(f"'{name}' is not supported by macbatch; leave it out", name)
+    output = body.get("output_config")
+    if isinstance(output, dict) and output.get("format") is not None:
+        raise InvalidRequest(
+            "'output_config.format' is not supported by macbatch yet; leave it out",
+            "output_config",
+        )
     chat: dict[str, Any] = {name: body[name] for name in (*_SAMPLING, "model") if name in body}
     messages = [*_system(body.get("system")), *anthropic_messages(body.get("messages"))]
     chat.update(messages=messages, stream=body.get("stream", False))

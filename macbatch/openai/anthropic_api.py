@@ -15,6 +15,7 @@ from typing import Any
 
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
 
@@ -166,12 +167,7 @@ def _string(block: dict[str, Any], key: str, at: str) -> str:
 
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
-    chat: dict[str, Any] = {}
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise InvalidRequest("'tools' must be a list of tools", "tools")
-        chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)] or None
+    chat: dict[str, Any] = {"tools": converted_tools(body.get("tools"), _tool)}
     choice = body.get("tool_choice")
     if choice is not None:
         kind = choice.get("type") if isinstance(choice, dict) else None

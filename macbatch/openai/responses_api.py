@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
 
@@ -172,12 +173,7 @@ def _call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> N
 
 def _tools(body: dict[str, Any]) -> dict[str, Any]:
     """Flat function tools (``{type, name, description, parameters}``) in chat's shape."""
-    chat: dict[str, Any] = {}
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise InvalidRequest("'tools' must be a list of function tools", "tools")
-        chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)] or None
+    chat: dict[str, Any] = {"tools": converted_tools(body.get("tools"), _tool)}
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):

@@ -93,9 +93,12 @@ async def count_tokens(request: Request) -> Response:
 
 
 ROUTES = [
-    Route("/v1/responses", create_response, methods=["POST"]),
-    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
-    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
-    Route("/v1/messages", create_message, methods=["POST"]),
-    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    Route(path, handler, methods=[method])
+    for method, path, handler in (
+        ("POST", "/v1/responses", create_response),
+        ("GET", "/v1/responses/{response_id}", get_response),
+        ("DELETE", "/v1/responses/{response_id}", delete_response),
+        ("POST", "/v1/messages", create_message),
+        ("POST", "/v1/messages/count_tokens", count_tokens),
+    )
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,6 +281,18 @@ def tool_request(body: dict[str, Any]) -> ToolRequest | None:
     except ValueError as exc:
         raise invalid(str(exc), "tool_choice") from None
     return ToolRequest(tools, choice, forced, parallel)
+
+
+def converted_tools(
+    value: Any, convert: Callable[[Any, str], dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """Another API's ``tools`` (Responses', Anthropic's) in chat's shape: ``convert`` takes one
+    tool and where it is (``tools[3]``); None when there are none."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise invalid("'tools' must be a list of tools", "tools")
+    return [convert(tool, f"tools[{i}]") for i, tool in enumerate(value)] or None
 
 
 def bind_tools(

@@ -1,5 +1,7 @@
-"""OpenAI-style errors: one exception type that knows its HTTP status and renders the body
-OpenAI clients parse (``{"error": {"message", "type", "param", "code"}}``)."""
+"""Errors answered to clients: one exception type that knows its HTTP status and renders the body
+OpenAI clients parse (``{"error": {"message", "type", "param", "code"}}``), or, on Anthropic's
+Messages routes, the one Anthropic clients parse (``{"type": "error", "error": {"type",
+"message"}}``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,25 @@ _TYPES = {
     500: "server_error",
     503: "service_unavailable",
 }
+
+# Anthropic's error types (docs.anthropic.com, "Errors"); 503 is its "overloaded" (529)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_ROUTE = "/v1/messages"
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether errors on ``path`` take Anthropic's shape (the Messages API and its subpaths)."""
+    return path == ANTHROPIC_ROUTE or path.startswith(ANTHROPIC_ROUTE + "/")
 
 
 class APIError(Exception):
@@ -46,8 +67,13 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, object]:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
+        body = self.anthropic_body() if anthropic else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, param: str | None = None) -> APIError:

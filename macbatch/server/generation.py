@@ -62,8 +62,10 @@ class Run:
         thread: EngineThread,
         jobs: tuple[tuple[PromptInput, SamplingParams], ...],
         metrics: ServerMetrics,
+        prompt_param: str = "messages",
     ) -> None:
         self._thread = thread
+        self._prompt_param = prompt_param  # the body field a bad chat prompt's 400 names
         self._jobs = jobs
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
@@ -80,7 +82,8 @@ class Run:
             await asyncio.to_thread(self._submit_all)
         except ValueError as exc:
             self.close()
-            raise invalid(str(exc), "messages" if self._jobs[0][0].is_chat else "prompt") from None
+            param = self._prompt_param if self._jobs[0][0].is_chat else "prompt"
+            raise invalid(str(exc), param) from None
         except EngineDeadError as exc:
             self.close()
             raise engine_unavailable(str(exc)) from None

@@ -1,0 +1,104 @@
+"""The routes coding agents speak: OpenAI's Responses API (Codex CLI) and Anthropic's Messages API
+(Claude Code). Each parses its body into the same engine requests as chat
+(``macbatch.openai.responses_api`` / ``anthropic_api``) and is served by the same loop
+(``serving.serve_generation``) through its own renderer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from macbatch.openai.anthropic_api import parse_messages
+from macbatch.openai.anthropic_output import MessagesRenderer
+from macbatch.openai.responses_api import parse_responses, previous_response_id
+from macbatch.openai.responses_output import ResponsesRenderer
+from macbatch.server.errors import APIError, invalid
+from macbatch.server.serving import (
+    ServerState,
+    bind,
+    read_json,
+    serve_generation,
+    state_of,
+)
+from macbatch.server.stored import Stored
+
+
+async def create_response(request: Request) -> Response:
+    state = state_of(request)
+    body = await read_json(request, state.options.max_body_bytes)
+    previous = previous_response_id(body)
+    history = None if previous is None else _stored(state, previous).conversation
+    parsed = parse_responses(body, history)
+    bound = bind(state, parsed.generation)
+    renderer = ResponsesRenderer(parsed, bound.parse_with, state.model_id)
+
+    def keep(finals: list) -> None:
+        if parsed.store:
+            state.responses.put(renderer.response(finals), renderer.conversation(finals))
+
+    stream = parsed.generation.stream
+    return await serve_generation(request, state, bound, renderer, stream, "input", keep)
+
+
+async def get_response(request: Request) -> Response:
+    state = state_of(request)
+    return JSONResponse(_stored(state, request.path_params["response_id"]).response)
+
+
+async def delete_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    if not state_of(request).responses.delete(response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def _stored(state: ServerState, response_id: str) -> Stored:
+    stored = state.responses.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(
+        404,
+        f"no stored response {response_id!r} (responses are kept in this server's memory, for "
+        "the last 1,000 created with store: true)",
+        param="previous_response_id",
+        code="response_not_found",
+    )
+
+
+async def create_message(request: Request) -> Response:
+    state = state_of(request)
+    parsed = parse_messages(await read_json(request, state.options.max_body_bytes))
+    bound = bind(state, parsed.generation)
+    renderer = MessagesRenderer(parsed, bound.parse_with, state.model_id, state.decoder)
+    return await serve_generation(request, state, bound, renderer, parsed.generation.stream)
+
+
+async def count_tokens(request: Request) -> Response:
+    """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
+    state = state_of(request)
+    parsed = parse_messages(await read_json(request, state.options.max_body_bytes), True)
+    [(prompt, _)] = bind(state, parsed.generation).requests
+    try:
+        ids = await asyncio.to_thread(state.thread.encode_prompt, prompt)
+    except ValueError as exc:
+        raise invalid(str(exc), "messages") from None
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+ROUTES = [
+    Route(path, handler, methods=[method])
+    for method, path, handler in (
+        ("POST", "/v1/responses", create_response),
+        ("GET", "/v1/responses/{response_id}", get_response),
+        ("DELETE", "/v1/responses/{response_id}", delete_response),
+        ("POST", "/v1/messages", create_message),
+        ("POST", "/v1/messages/count_tokens", count_tokens),
+    )
+]

@@ -1,0 +1,228 @@
+"""What every generating route shares: the server's state, reading a body, binding it to the
+model, and serving it (admission, ``Run``, a whole answer or an ``EventStream``) through the
+``Renderer`` of the route's API shape (chat completions, Responses, Anthropic Messages)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from macbatch.engine import EngineThread, FinishReason, RequestOutput
+from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.tool_calls import ToolFormat
+from macbatch.openai import Bound, Generation
+from macbatch.openai.bodies import load_json
+from macbatch.openai.rendering import Event, Renderer
+from macbatch.server.errors import APIError, engine_unavailable, invalid
+from macbatch.server.generation import Admission, Run
+from macbatch.server.metrics import ServerMetrics
+from macbatch.server.stored import ResponseStore
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Limits and access: ``max_pending`` bounds engine requests running plus waiting."""
+
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_pending: int = 320
+    model_aliases: tuple[str, ...] = ()
+
+
+@dataclass
+class ServerState:
+    thread: EngineThread
+    decoder: Tokenizer
+    options: ServerOptions
+    model_id: str
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses, stored
+    admission: Admission = field(init=False)
+    shutting_down: bool = False
+    tool_format: ToolFormat | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.options.max_pending)
+        self.tool_format = self.thread.info.model.tool_format  # decided once, at load
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id and name not in self.options.model_aliases:
+            raise APIError(
+                404,
+                f"model {name!r} is not served here; this server runs {self.model_id!r} "
+                "(see GET /v1/models)",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_engine(self) -> None:
+        if not self.thread.alive:
+            error = self.thread.error
+            raise engine_unavailable(None if error is None else f"{type(error).__name__}: {error}")
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.macbatch
+
+
+def bind(state: ServerState, generation: Generation) -> Bound:
+    """The engine requests of a parsed body, for this server's model (400 / 404 / 503)."""
+    state.check_model(generation.model)
+    state.check_engine()
+    return generation.bind(state.tool_format, state.decoder)
+
+
+async def serve_generation(
+    request: Request,
+    state: ServerState,
+    bound: Bound,
+    renderer: Renderer,
+    stream: bool,
+    prompt_param: str = "messages",
+    on_done: Callable[[list[RequestOutput]], None] | None = None,
+) -> Response:
+    """Admit, submit; then stream the renderer's events or wait for every choice. Every API
+    shape comes through here; ``on_done`` sees the finals of a generation that completed."""
+    if any(params.structured is not None for _, params in bound.requests):
+        await state.thread.prepare_constraints()
+    count = len(bound.requests)
+    state.admission.take(count)
+    try:
+        run = Run(state.thread, bound.requests, state.metrics, prompt_param)
+        await run.start()
+    except BaseException:  # whatever failed, the slots it took go back
+        state.admission.give_back(count)
+        raise
+
+    def close() -> None:
+        run.close()
+        state.admission.give_back(count)
+
+    if stream:
+        return EventStream(_events(run, renderer, count, on_done), on_close=close)
+    try:
+        finals = await _unless_disconnected(request, _finals(run, count))
+    finally:
+        close()
+    if state.shutting_down and any(out.finish_reason is FinishReason.ABORT for out in finals):
+        raise APIError(
+            503,
+            "the server shut down before this request finished; retry when it is back",
+            code="server_shutdown",
+        )
+    body = renderer.response(finals)
+    if on_done is not None:
+        on_done(finals)
+    return JSONResponse(body)
+
+
+async def _finals(run: Run, count: int) -> list[RequestOutput]:
+    finals: list[RequestOutput | None] = [None] * count
+    async for index, out in run.outputs():
+        if out.finished:
+            finals[index] = out
+    return [out for out in finals if out is not None]
+
+
+async def _events(
+    run: Run,
+    renderer: Renderer,
+    count: int,
+    on_done: Callable[[list[RequestOutput]], None] | None,
+) -> AsyncIterator[str]:
+    """SSE lines: the renderer's events as outputs arrive, and its closing events, or its error
+    events if generation fails."""
+    finals: list[RequestOutput | None] = [None] * count
+    try:
+        for event in renderer.open():
+            yield _sse(event)
+        async for index, out in run.outputs():
+            if out.finished:
+                finals[index] = out
+            for event in renderer.step(index, out):
+                yield _sse(event)
+        done = [out for out in finals if out is not None]
+        for event in renderer.close(done):
+            yield _sse(event)
+        if on_done is not None:
+            on_done(done)
+    except APIError as exc:
+        for event in renderer.failed(exc):
+            yield _sse(event)
+
+
+def _sse(event: Event) -> str:
+    name, data = event
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return (f"event: {name}\n" if name else "") + f"data: {text}\n\n"
+
+
+class EventStream(StreamingResponse):
+    """A server-sent-event response whose cleanup runs however the stream ends: finished,
+    failed, client gone (Starlette cancels the body on disconnect) or the server shutting down."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # uvicorn cancels streams still open at the end of the shutdown timeout; the task
+            # ends here either way, and the log gets no traceback for an expected stop.
+            pass
+        finally:
+            self._on_close()
+
+
+async def _unless_disconnected(request: Request, work: Any) -> Any:
+    """Await ``work``, but give up (cancelling it) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise APIError(499, "the client disconnected")
+    return task.result()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The JSON object body, refusing bodies over ``limit`` bytes before reading them whole."""
+    too_large = APIError(
+        413,
+        f"request body over {limit} bytes; send a shorter prompt or raise serve --max-body-mb",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    data = load_json(bytes(body))
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    return data

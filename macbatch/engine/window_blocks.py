@@ -5,9 +5,10 @@ Gemma 3, Gemma 4 and gpt-oss attend over the last ``window`` tokens in most laye
 pages live in a pool of their own (its own block ids), and each request's table here is indexed
 by position like the full group's (``table[p // block_size]``), but a block whose every position
 lies before the window of the request's next token to compute is given back, and its entry
-becomes block 0: the attention kernels (Metal, CPU, reference) never read a block wholly before
-a row's window. What a request holds is its window, rounded out to blocks, plus the chunk it
-computes: about ``window + chunk`` tokens, whatever its length.
+becomes block 0: no attention backend lets a key before a row's window into its softmax (the
+Metal and CPU kernels never load a block wholly before it; the reference masks what it
+gathers). What a request holds is its window, rounded out to blocks, plus the chunk it computes:
+about ``window + chunk`` tokens, whatever its length.
 
 Prefix cache: blocks are named under the full group's hash chain. A block given back because it
 left the window loses its name (the cache would otherwise hold every sliding page again); the
@@ -22,7 +23,7 @@ from __future__ import annotations
 from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.kv_cache import BlockPool
 
-DUMMY_BLOCK = 0  # a freed entry's id: never read (before every window), never written
+DUMMY_BLOCK = 0  # a freed entry's id: before every window (masked if read), never written
 
 
 class WindowBlocks:
@@ -59,6 +60,7 @@ class WindowBlocks:
         ):
             if not table:
                 del self._tables[request_id]
+                self._start.pop(request_id, None)
             return False
         table.extend(self.pool.allocate() for _ in range(missing))
         return True

@@ -3,10 +3,11 @@ window (docs/engine.md, "Cache groups").
 
 The model has Gemma 3 1B's attention layout (26 layers, one full-attention layer in six, windows
 of 512 tokens, 1 KV head of dim 256; the rest shrunk, which changes no KV byte) with random
-weights. One request of ``--prompt`` tokens generates ``--max-tokens``; after every step the
-engine's ``EngineStats.kv_bytes_used`` is read. Prints its most while prefilling and while
-decoding, and after the request finished (what the prefix cache keeps), each against every layer
-at the prompt's full length (``ModelInfo.kv_bytes_per_token`` times the prompt).
+weights. One request of ``--prompt`` tokens generates ``--max-tokens``; after every step the bytes
+of the pages the request holds (both groups' blocks in use; window blocks it gave back sit idle
+in the prefix cache, reused first) are read. Prints their most while prefilling and while
+decoding, and after the request finished what the prefix cache keeps (``kv_bytes_used``), each
+against every layer at the prompt's full length (``ModelInfo.kv_bytes_per_token`` times it).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.window_kv [--prompt 2000] [--chunk 1024]
@@ -54,7 +55,7 @@ def main() -> None:
         engine.step()
         stats = engine.stats()
         if stats.running:
-            (decode if stats.tokens_last_step == 1 else prefill).append(stats.kv_bytes_used)
+            (decode if stats.tokens_last_step == 1 else prefill).append(_held_bytes(engine))
     full = engine.info.model.kv_bytes_per_token * args.prompt
     print(f"every layer at {args.prompt} tokens: {full / 2**20:.2f} MiB")
     for label, used in (
@@ -63,6 +64,15 @@ def main() -> None:
         ("finished (prefix cache)", engine.stats().kv_bytes_used),
     ):
         print(f"{label:>24}: {used / 2**20:.2f} MiB = {used / full:.1%}")
+
+
+def _held_bytes(engine: Engine) -> int:
+    """Bytes of the pages requests hold in both groups (not idle prefix-cache blocks)."""
+    held = (engine.pool.num_blocks - engine.pool.num_free) * engine.runner.store.bytes_per_block
+    window, store = engine.window_pool, engine.runner.window_store
+    if window is not None and store is not None:
+        held += (window.num_blocks - window.num_free) * store.bytes_per_block
+    return held
 
 
 if __name__ == "__main__":

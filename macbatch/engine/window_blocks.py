@@ -10,12 +10,12 @@ Metal and CPU kernels never load a block wholly before it; the reference masks w
 gathers). What a request holds is its window, rounded out to blocks, plus the chunk it computes:
 about ``window + chunk`` tokens, whatever its length.
 
-Prefix cache: blocks are named under the full group's hash chain. A block given back because it
-left the window loses its name (the cache would otherwise hold every sliding page again); the
-blocks a request holds when it finishes or is preempted keep theirs. So the window group can
-resume a cached prefix only where it still has the window before the resume point, which is
-exactly where a finished request ended (the next turn of a conversation); ``take_prefix`` says
-how far that is, and the KV manager shares no further in either group.
+Prefix cache: blocks are named under the full group's hash chain, and a block given back because
+it left the window keeps its name: it is idle in the cache, the first to be reused when blocks
+run short (least recently used first), never held. So the window group resumes a cached prefix
+wherever the window before the resume point is still cached: a job's shared system prompt, the
+next turn of a conversation; ``take_prefix`` says how far that is, and the KV manager shares no
+further in either group.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class WindowBlocks:
         if first <= start:
             return
         for i in range(start, min(first, len(table))):
-            self.pool.free(table[i], keep_cached=False)
+            self.pool.free(table[i])  # idle in the prefix cache: reused first, never held
             table[i] = DUMMY_BLOCK
         self._start[request_id] = first
 

@@ -136,7 +136,7 @@ class GraphArm:
         self.batch = pack(plan, tables, engine.config.block_size, heads)
 
     def step(self) -> None:
-        logits = self.engine.adapter.forward(self.batch, self.engine.store)
+        logits = self.engine.adapter.forward(self.batch, self.engine.runner.kv_stores)
         mx.async_eval(mx.argmax(logits, axis=-1), *self.engine.store.arrays())
 
     def check(self) -> None:

@@ -28,7 +28,7 @@ from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
 from macbatch.engine import gated_delta
-from macbatch.engine.kv_cache import KVStore, LayerShape
+from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
 
@@ -67,18 +67,24 @@ class AttentionWindow:
 
 
 class PagedLayerCache:
-    """The per-layer cache object a model sees during a packed forward."""
+    """The per-layer cache object a model sees during a packed forward: its cache group's pages,
+    write rows and block tables (a sliding-window layer's group holds only the window)."""
 
-    def __init__(self, store: KVStore, layer: int, batch: PackedBatch, writes: bool) -> None:
-        self.store = store
-        self.layer = layer  # the store layer whose pages this model layer reads
+    def __init__(self, stores: KVStores, layer: int, batch: PackedBatch, writes: bool) -> None:
+        windowed, self.layer = stores.slots[layer]  # the group's layer whose pages it reads
+        store = stores.window if windowed else stores.full
+        assert store is not None
+        self.store: KVStore = store
+        self.rows = batch.window_write_rows if windowed else batch.kv_write_rows
         self.batch = batch
+        self.windowed = windowed
         self.writes = writes  # False for a layer that reuses an earlier layer's K/V
         self.offset = batch.positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:
-            rows = self.batch.kv_write_rows[self.store.shapes[self.layer].num_kv_heads]
+            assert self.rows is not None
+            rows = self.rows[self.store.shapes[self.layer].num_kv_heads]
             self.store.write(self.layer, rows, keys, values)
         return keys, values
 
@@ -90,9 +96,8 @@ class PagedLayerCache:
     def attend(self, queries: mx.array, scale: float, window: int | None, sinks: Any) -> mx.array:
         k_pages, v_pages = self.store.pages(self.layer)
         layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
-        out = macbatch.metal.paged_attention(
-            queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
-        )
+        meta = self.batch.window_attention if self.windowed else self.batch.attention
+        out = macbatch.metal.paged_attention(queries[:, :, 0, :], k_pages, v_pages, meta, layer)
         return out[:, :, None, :]
 
 
@@ -106,6 +111,7 @@ class _ProbeCache:
         self.dtype: mx.Dtype | None = None
         self.keys: mx.array | None = None  # the very object handed in: shared K/V is the same one
         self.attended = 0
+        self.window: int | None = None  # the sliding window its attention was handed
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
@@ -125,6 +131,7 @@ def _dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
         return cache.attend(queries, scale, window, sinks)
     if isinstance(cache, _ProbeCache):
         cache.attended += 1
+        cache.window = mask.size if isinstance(mask, AttentionWindow) else None
         return mlx_base.scaled_dot_product_attention(
             queries, keys, values, None, scale, None, sinks
         )
@@ -189,7 +196,9 @@ def model_type_of(model: nn.Module) -> str:
 class ModelAdapter:
     """``model``: what ``mlx_lm.load`` returns (a text model, or a multimodal wrapper)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, windows: bool = True) -> None:
+        """``windows``: sliding-window layers get their own cache group holding only the window
+        (False: every attention layer in the full group, as a distributed group needs)."""
         self.model_type = model_type_of(model)
         reason = unsupported_reason(self.model_type)
         if reason:
@@ -209,7 +218,12 @@ class ModelAdapter:
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
         _patch_model_modules()
-        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes = self._probe()
+        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
+            self._probe()
+        )
+        # A hybrid model keeps every attention layer in the full group: its prefix cache resumes
+        # at recurrent checkpoints, which a window group's cache would have to match as well.
+        self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
         if self.state_shapes:
@@ -248,9 +262,12 @@ class ModelAdapter:
             return [0] * len(self.model.layers)
         return sizes
 
-    def _probe(self) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape]]:
+    def _probe(
+        self,
+    ) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape], list[int | None]]:
         """Page shapes (one per layer that computes its own K/V), the store layer each attention
-        layer reads, the K/V dtype, and each recurrent layer's state shapes. A layer handed the
+        layer reads, the K/V dtype, each recurrent layer's state shapes, and each store layer's
+        sliding window (None: some layer reading it sees the whole sequence). A layer handed the
         very K/V array an earlier layer was handed reuses that layer's K/V, so it reads that
         layer's pages."""
         from mlx_lm.models.cache import ArraysCache
@@ -274,6 +291,7 @@ class ModelAdapter:
         shapes: list[LayerShape] = []
         kv_layers: list[int] = []
         owners: list[tuple[mx.array, int]] = []  # (K/V array, store layer) of computing layers
+        windows: list[int | None] = []
         for cache in attention:
             assert cache.shape is not None and cache.keys is not None  # every layer attended
             store_layer = next((i for keys, i in owners if keys is cache.keys), None)
@@ -281,15 +299,28 @@ class ModelAdapter:
                 store_layer = len(shapes)
                 shapes.append(cache.shape)
                 owners.append((cache.keys, store_layer))
+                windows.append(cache.window)
+            seen = windows[store_layer]
+            windows[store_layer] = (
+                None if seen is None or cache.window is None else max(seen, cache.window)
+            )
             kv_layers.append(store_layer)
         assert attention[0].dtype is not None
-        return shapes, kv_layers, attention[0].dtype, states
+        return shapes, kv_layers, attention[0].dtype, states, windows
+
+    @property
+    def group_shapes(self) -> tuple[list[LayerShape], list[LayerShape]]:
+        """The page shapes of the full group's layers and of the window group's."""
+        groups: tuple[list[LayerShape], list[LayerShape]] = ([], [])
+        for shape, (windowed, _) in zip(self.layer_shapes, self.kv_slots):
+            groups[windowed].append(shape)
+        return groups
 
     def hidden_states(
-        self, batch: PackedBatch, store: KVStore, states: StateStore | None = None
+        self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None
     ) -> mx.array:
         """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
-        into ``store`` (and a hybrid model's recurrent state into ``states``): every layer and
+        into ``stores`` (and a hybrid model's recurrent state into ``states``): every layer and
         every collective of a step, without the LM head."""
         attention = iter(zip(self.kv_layers, self.kv_writes))
         state_layers = iter(range(len(self.state_shapes)))
@@ -300,16 +331,16 @@ class ModelAdapter:
                 caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
             else:
                 kv, writes = next(attention)
-                caches.append(PagedLayerCache(store, kv, batch, writes))
+                caches.append(PagedLayerCache(stores, kv, batch, writes))
         return self.inner(batch.token_ids[:, None], cache=caches)
 
     def forward(
-        self, batch: PackedBatch, store: KVStore, states: StateStore | None = None
+        self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None
     ) -> mx.array | None:
         """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
         is sampled: the step only writes K/V)."""
         inputs = batch.token_ids[:, None]
-        hidden = self.hidden_states(batch, store, states)
+        hidden = self.hidden_states(batch, stores, states)
         if batch.sample_rows.size == 0:
             return None
         if batch.sample_rows.size < batch.num_tokens:  # else every row, in order: no gather
@@ -317,6 +348,25 @@ class ModelAdapter:
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
         logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]  # inputs: unread
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
+
+
+def cache_groups(
+    windows: list[int | None], enabled: bool
+) -> tuple[int | None, list[tuple[bool, int]]]:
+    """The window group's window (None: no window group) and, per store layer, whether it is in
+    the window group and its index in its group. Layers with a sliding window form the window
+    group (its window the largest of theirs), the rest the full group; only when ``enabled`` and
+    some layer sees the whole sequence (the full group's block table carries the prefix cache)."""
+    sliding = [enabled and w is not None for w in windows]
+    if all(sliding):
+        sliding = [False] * len(windows)
+    counts = [0, 0]
+    slots = []
+    for windowed in sliding:
+        slots.append((windowed, counts[windowed]))
+        counts[windowed] += 1
+    window = max((w for w, s in zip(windows, sliding) if s and w is not None), default=None)
+    return window, slots
 
 
 def _state_shape(cache: Any) -> StateShape:

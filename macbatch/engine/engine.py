@@ -40,6 +40,7 @@ from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import detect_tool_format
+from macbatch.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -121,6 +122,7 @@ class Engine(PromptEncoder):
         checkpoints = None
         if states is not None and states.num_checkpoints:
             checkpoints = StateCheckpoints(states.num_slots, states.num_checkpoints)
+        self.window_pool, window = _window_group(runner, config.block_size)
         self.kv = KVManager(
             self.pool,
             config.block_size,
@@ -128,6 +130,7 @@ class Engine(PromptEncoder):
             slots,
             checkpoints,
             elastic,
+            window,
         )
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self._requests: dict[str, Request] = {}
@@ -288,7 +291,13 @@ class Engine(PromptEncoder):
                 self.kv.state_chunk(c.request.request_id, c.start, c.num_tokens)
                 for c in plan.chunks
             ]
-        batch = pack(plan, tables, self.config.block_size, self.runner.kv_head_counts, states)
+        window = None
+        if self.kv.window is not None:
+            window_tables = [self.kv.window_table(c.request.request_id) for c in plan.chunks]
+            window = (window_tables, self.runner.window_head_counts)
+        batch = pack(
+            plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
+        )
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)
@@ -384,19 +393,35 @@ class Engine(PromptEncoder):
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=self.runner.store.nbytes,
+            kv_cache_bytes=self.runner.kv_stores.nbytes,
             kv_bytes_used=self._kv_bytes_used(),
             device_wait_s=self._device_wait_s,
         )
 
     def _kv_bytes_used(self) -> int:
         used = self.pool.num_occupied * self.runner.store.bytes_per_block
+        window = self.runner.window_store
+        if self.window_pool is not None and window is not None:
+            used += self.window_pool.num_occupied * window.bytes_per_block
         states = self.runner.states
         if states is not None:
             checkpoints = self.kv.checkpoints
             in_use = self.kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
             used += in_use * states.bytes_per_slot
         return used
+
+
+def _window_group(
+    runner: ModelRunner, block_size: int
+) -> tuple[BlockPool | None, WindowBlocks | None]:
+    """The sliding-window layers' block pool and block tables (None, None: the model has no
+    window group)."""
+    size, store, window = runner.window_pool_size, runner.window_store, runner.adapter.window
+    if size is None or store is None or window is None:
+        return None, None
+    pool = BlockPool(size.start)
+    elastic = ElasticPool(pool, store, size) if size.elastic else None
+    return pool, WindowBlocks(pool, block_size, window, elastic)
 
 
 def _model_info(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:

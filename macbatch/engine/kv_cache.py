@@ -75,11 +75,15 @@ class BlockPool:
         self.refcounts[block] = 1
         return block
 
-    def free(self, block: int) -> None:
+    def free(self, block: int, keep_cached: bool = True) -> None:
+        """Drop one reference; a block nobody holds any more goes back to the free list, still
+        findable in the prefix cache unless ``keep_cached`` is False (then it loses its name)."""
         if self.refcounts[block] <= 0:
             raise RuntimeError(f"block {block} freed more often than it was taken")
         self.refcounts[block] -= 1
         if self.refcounts[block] == 0:
+            if not keep_cached and block in self._hash_of:
+                del self._block_of[self._hash_of.pop(block)]
             self._free[block] = None
             if block in self._hash_of:
                 self._free_cached += 1
@@ -280,6 +284,24 @@ class KVStore:
 
     def arrays(self) -> list[mx.array]:
         return self.keys + self.values + self.key_scales + self.value_scales
+
+
+@dataclass
+class KVStores:
+    """The page arrays of every cache group: the full-attention layers' and, for a model with
+    sliding-window layers, the window group's (its own block ids); ``slots[i]`` says where store
+    layer i lives: (in the window group, its layer index there)."""
+
+    full: KVStore
+    window: KVStore | None
+    slots: list[tuple[bool, int]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.full.nbytes + (self.window.nbytes if self.window is not None else 0)
+
+    def arrays(self) -> list[mx.array]:
+        return self.full.arrays() + (self.window.arrays() if self.window is not None else [])
 
 
 def _resized(

@@ -1,6 +1,11 @@
 """The one owner of KV blocks: which blocks each request holds, sharing a cached prefix, naming
 full blocks in the prefix cache, freeing, and the block tables the packer reads.
 
+Cache groups: the full-attention layers' blocks (here), a model's sliding-window layers' blocks
+(``WindowBlocks``: only the window, in a pool of their own) and a hybrid model's recurrent state
+slots. The scheduler asks this one manager for room in all of them, and freeing a request frees
+all of them.
+
 The scheduler decides who runs (policy); this module does the block arithmetic it asks for. A
 request's token at position p lives in ``block_table(rid)[p // block_size]`` at offset
 ``p % block_size``. Requests are read (ids and tokens), never changed: how many tokens are
@@ -15,6 +20,7 @@ from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.kv_cache import BlockPool, chain_block_hashes
 from macbatch.engine.recurrent import StateChunk
+from macbatch.engine.window_blocks import WindowBlocks
 
 
 class HasTokens(Protocol):
@@ -34,13 +40,16 @@ class KVManager:
         state_slots: int = 0,
         checkpoints: StateCheckpoints | None = None,
         elastic: ElasticPool | None = None,
+        window: WindowBlocks | None = None,
     ) -> None:
         """``state_slots``: a hybrid model's recurrent-state slots (one per running request; 0
         for a model with attention only); ``checkpoints``: its prefix cache's states (None: a
         cached prefix needs none, or prefix caching is off); ``elastic``: grows ``pool`` (and
-        its pages) when too few blocks are free (None: a fixed pool)."""
+        its pages) when too few blocks are free (None: a fixed pool); ``window``: the
+        sliding-window layers' group (None: the model has none)."""
         self.pool = pool
         self.elastic = elastic
+        self.window = window
         self.block_size = block_size
         self.prefix_root = prefix_root  # None: prefix caching off
         self._blocks: dict[str, list[int]] = {}
@@ -60,6 +69,12 @@ class KVManager:
 
     def block_table(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
+
+    def window_table(self, request_id: str) -> list[int]:
+        """The request's block table in the window group (block 0 where a block left the
+        window)."""
+        assert self.window is not None
+        return self.window.block_table(request_id)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -84,6 +99,9 @@ class KVManager:
             if len(blocks) > resumable:
                 self._shared_end[request.request_id] = len(blocks) * self.block_size
             blocks, hashes = blocks[:resumable], hashes[:resumable]
+        if self.window is not None and hashes:  # also the window before the resume point
+            usable = self.window.take_prefix(request.request_id, hashes)
+            blocks, hashes = blocks[:usable], hashes[:usable]
         for block in blocks:
             self.pool.share(block)
         if blocks:
@@ -111,16 +129,22 @@ class KVManager:
         return (held + self.pool.num_free + room) * self.block_size - num_computed
 
     def allocate_slots(self, request_id: str, num_computed: int, num_new: int) -> bool:
-        """Give the request blocks for ``num_new`` tokens after its ``num_computed``, growing an
-        elastic pool first when too few are free; False (and nothing taken) when the pool has
-        too few free even so."""
+        """Give the request blocks for ``num_new`` tokens after its ``num_computed`` in every
+        group (the window group first gives back what left the window), growing an elastic pool
+        first when too few are free; False (and nothing more taken) when a pool has too few free
+        even so."""
         blocks = self._blocks.setdefault(request_id, [])
-        missing = self.blocks_for(num_computed + num_new) - len(blocks)
-        if missing <= 0:  # most decode steps: the last block has room
+        needed = self.blocks_for(num_computed + num_new)
+        missing = needed - len(blocks)
+        if missing <= 0 and self.window is None:  # most decode steps: the last block has room
             return True
-        if missing > self.pool.num_free and not (
+        if (missing > 0 and missing > self.pool.num_free) and not (
             self.elastic is not None and self.elastic.make_room(missing)
         ):
+            if not blocks:
+                del self._blocks[request_id]
+            return False
+        if self.window is not None and not self.window.allocate(request_id, num_computed, needed):
             if not blocks:
                 del self._blocks[request_id]
             return False
@@ -128,11 +152,12 @@ class KVManager:
         return True
 
     def shrink(self) -> int:
-        """Shrink an elastic pool (``ElasticPool.shrink``) when no request holds a block;
+        """Shrink the elastic pools (``ElasticPool.shrink``) when no request holds a block;
         returns the blocks given back."""
-        if self.elastic is None or self._blocks:
+        if self._blocks:
             return 0
-        return self.elastic.shrink()
+        window = 0 if self.window is None else self.window.shrink()
+        return window + (0 if self.elastic is None else self.elastic.shrink())
 
     def cache_full_blocks(self, request: HasTokens, num_tokens: int) -> None:
         """Name the request's blocks that the first ``num_tokens`` tokens fill (computed, or
@@ -152,6 +177,8 @@ class KVManager:
         new = chain_block_hashes(previous, tokens, self.block_size)
         for block, digest in zip(blocks[done:full], new):
             self.pool.register(block, digest)
+        if self.window is not None:
+            self.window.register(request.request_id, done, new)
         hashes.extend(new)
         if self.checkpoints is not None:
             self.checkpoints.name(request.request_id, hashes)
@@ -194,3 +221,5 @@ class KVManager:
         for block in reversed(self._blocks.pop(request_id, [])):
             self.pool.free(block)
         self._hashes.pop(request_id, None)
+        if self.window is not None:
+            self.window.free(request_id)

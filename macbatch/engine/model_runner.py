@@ -27,7 +27,7 @@ from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.elastic_pool import pool_size
-from macbatch.engine.kv_cache import KVStore, PageFormat
+from macbatch.engine.kv_cache import KVStore, KVStores, PageFormat
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import StateStore
@@ -57,7 +57,8 @@ class ModelRunner:
         self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
         if group is not None:
             shard_model(model, group)
-        self.adapter = ModelAdapter(model)
+        # A distributed step carries no window group (followers page every layer in full).
+        self.adapter = ModelAdapter(model, windows=group is None)
         if group is not None and self.adapter.hybrid:
             raise UnsupportedModelError(
                 f"model type '{self.adapter.model_type}' has recurrent layers; tensor parallelism "
@@ -73,14 +74,31 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        per_block = self.kv_bytes_per_token * config.block_size
-        cap = config.num_blocks or blocks_for_memory(model, per_block, self.context_length, config)
+        full_shapes, window_shapes = self.adapter.group_shapes
+        per_block = fmt.bytes_per_block(full_shapes, config.block_size)
+        window_per_block = fmt.bytes_per_block(window_shapes, config.block_size)
+        window_cap = 0
+        if self.adapter.window is not None:
+            window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
+        cap = config.num_blocks or blocks_for_memory(
+            model, per_block, self.context_length, config, window_cap * window_per_block
+        )
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             cap = smallest(cap, group)
         # A pinned size, or ranks that must agree on every block id: a fixed pool.
         fixed = config.num_blocks is not None or group is not None
-        self.pool_size = pool_size(cap, per_block, config, fixed)
-        self.store = KVStore(shapes, self.pool_size.start, config.block_size, fmt)
+        # both groups start with as many blocks as one pool of every layer would
+        start_per_block = per_block + window_per_block
+        self.pool_size = pool_size(cap, start_per_block, config, fixed)
+        self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
+        # the window group never needs more blocks than the full group holds (``window_pool_cap``)
+        self.window_pool_size = self.window_store = None
+        if self.adapter.window is not None:
+            window_cap = min(window_cap, cap)
+            self.window_pool_size = pool_size(window_cap, start_per_block, config, fixed)
+            start = self.window_pool_size.start
+            self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
+        self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
         # a hybrid model's recurrent state: one slot per request that may run at once
         states = self.adapter.state_shapes
         self.states = None
@@ -88,7 +106,8 @@ class ModelRunner:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
-        self.kv_head_counts = {s.num_kv_heads for s in shapes}
+        self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
+        self.window_head_counts = {s.num_kv_heads for s in window_shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
         self._followers: StepChannel | None = (
@@ -102,7 +121,7 @@ class ModelRunner:
         of a group run the same forward on their shard."""
         if self._followers is not None:
             self._followers.send_step(batch)
-        return self.adapter.forward(batch, self.store, self.states)
+        return self.adapter.forward(batch, self.kv_stores, self.states)
 
     def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the
@@ -118,7 +137,11 @@ class ModelRunner:
         seconds spent blocked here (MLX blocks in ``async_eval`` when many ops are outstanding;
         a group's rank 0 evaluates the step before the next broadcast, docs/distributed.md)."""
         started = time.perf_counter()
-        arrays = [*(result.arrays() if result else []), *self.store.arrays(), *self._state_arrays()]
+        arrays = [
+            *(result.arrays() if result else []),
+            *self.kv_stores.arrays(),
+            *self._state_arrays(),
+        ]
         if self._followers is None:
             mx.async_eval(*arrays)
         else:
@@ -140,10 +163,10 @@ class ModelRunner:
         """Rank 0's step on this rank's shard: the same layers, so the same collectives in the
         same order, and this rank's K/V written. Not the LM head: it is not split and only rank
         0 samples, so computing it here would only delay this rank's next step (and rank 0's)."""
-        hidden = self.adapter.hidden_states(batch, self.store)
+        hidden = self.adapter.hidden_states(batch, self.kv_stores)
         # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
         # so the last layer's collectives after it are not run there, and must not be run here.
-        mx.eval(*([hidden] if batch.sample_rows.size else []), *self.store.arrays())
+        mx.eval(*([hidden] if batch.sample_rows.size else []), *self.kv_stores.arrays())
 
 
 def model_vocab_size(model: nn.Module) -> int:
@@ -157,12 +180,37 @@ def model_vocab_size(model: nn.Module) -> int:
     raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
 
 
+def window_pool_cap(
+    model: nn.Module,
+    per_block: int,
+    window_per_block: int,
+    runner: ModelRunner,
+    config: EngineConfig,
+) -> int:
+    """The window group's cap: what ``max_num_seqs`` requests can hold at once (each its window
+    before the last block boundary and a step's chunk, in blocks), no more than the memory
+    budget holds with a full-group block beside each. The window group never needs more blocks
+    than the full group holds (a request's window entries are a subset of its positions, and a
+    shared window block is shared in the full group too), so the engine also caps it at the
+    full group's cap; it is never what preempts a request."""
+    window = runner.adapter.window
+    assert window is not None
+    size = config.block_size
+    per_request = -(-(window + config.max_num_batched_tokens) // size) + 2
+    per_request = min(per_request, -(-runner.context_length // size))
+    fits = config.num_blocks or blocks_for_memory(
+        model, per_block + window_per_block, runner.context_length, config
+    )
+    return min(config.max_num_seqs * per_request, fits)
+
+
 def blocks_for_memory(
-    model: nn.Module, per_block: int, context_length: int, config: EngineConfig
+    model: nn.Module, per_block: int, context_length: int, config: EngineConfig, reserved: int = 0
 ) -> int:
     """The pool's cap: blocks of ``per_block`` bytes (their true size, scales included) that fit
-    in ``memory_fraction`` of what is left after the weights, capped at what ``max_num_seqs``
-    sequences of ``context_length`` tokens can use."""
+    in ``memory_fraction`` of what is left after the weights (and ``reserved`` bytes: the window
+    group's cap), capped at what ``max_num_seqs`` sequences of ``context_length`` tokens can
+    use."""
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
     # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
     total = int(
@@ -171,7 +219,7 @@ def blocks_for_memory(
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     )
     weights = sum(array.nbytes for array in parameter_arrays(model))
-    budget = max(0, int(total * config.memory_fraction) - weights)
+    budget = max(0, int(total * config.memory_fraction) - weights - reserved)
     most_useful = config.max_num_seqs * -(-context_length // config.block_size)
     blocks = min(budget // per_block, most_useful)
     if blocks < 1:

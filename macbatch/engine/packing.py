@@ -39,12 +39,25 @@ class PackedBatch:
     # A hybrid model's recurrent layers: which rows form which sequence, and their state slots.
     # Rank 0's alone (a distributed step carries no recurrent state).
     state_rows: StateRows | None = field(default=None, metadata={"rank_local": True})
+    # The window group's (sliding-window layers) block tables and write rows, when the model has
+    # one: its own block ids, block 0 where a block left every window (never read). Rank 0's
+    # alone (a distributed engine keeps every layer in the full group).
+    window_block_tables: mx.array | None = field(default=None, metadata={"rank_local": True})
+    window_write_rows: dict[int, mx.array] | None = field(
+        default=None, metadata={"rank_local": True}
+    )
 
     @cached_property
     def attention(self) -> AttentionMetadata:
-        """What every layer's attention reads of this step, made once per step on first use (a
-        property, not a field: the distributed channel sends the fields as they are)."""
+        """What every full-attention layer reads of this step, made once per step on first use
+        (a property, not a field: the distributed channel sends the fields as they are)."""
         return AttentionMetadata.build(self.block_tables, self.seq_lens, self.cu_seqlens_q)
+
+    @cached_property
+    def window_attention(self) -> AttentionMetadata:
+        """What every sliding-window layer reads of this step: the window group's tables."""
+        assert self.window_block_tables is not None
+        return AttentionMetadata.build(self.window_block_tables, self.seq_lens, self.cu_seqlens_q)
 
 
 def pack(
@@ -53,9 +66,11 @@ def pack(
     block_size: int,
     kv_head_counts: set[int],
     states: Sequence[StateChunk] | None = None,
+    window: tuple[list[list[int]], set[int]] | None = None,
 ) -> PackedBatch:
-    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request, and
-    ``states[i]`` how its recurrent state flows (hybrid models only).
+    """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request,
+    ``states[i]`` how its recurrent state flows (hybrid models only), and ``window`` the window
+    group's block tables and KV head counts (models with sliding-window layers only).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
     step's host time grows with the running requests, so no per-chunk numpy calls)."""
@@ -78,12 +93,12 @@ def pack(
     pending_rows = [int(cu[i + 1]) - 1 for i in pending_chunks]
 
     tables = _table_array(block_tables)
-    blocks = tables[row_seq, positions // block_size].astype(np.int64)
-    offsets = positions % block_size
-    write_rows = {}
-    for hkv in kv_head_counts:
-        rows = (blocks[:, None] * hkv + np.arange(hkv)[None, :]) * block_size + offsets[:, None]
-        write_rows[hkv] = mx.array(rows.reshape(-1).astype(np.int32))
+    write_rows = _write_rows(tables, row_seq, positions, block_size, kv_head_counts)
+    window_tables = window_rows = None
+    if window is not None:
+        window_array = _table_array(window[0])
+        window_rows = _write_rows(window_array, row_seq, positions, block_size, window[1])
+        window_tables = mx.array(window_array)
 
     return PackedBatch(
         token_ids=mx.array(token_ids),
@@ -97,7 +112,26 @@ def pack(
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
         state_rows=None if states is None else StateRows.build(lengths, states),
+        window_block_tables=window_tables,
+        window_write_rows=window_rows,
     )
+
+
+def _write_rows(
+    tables: np.ndarray,
+    row_seq: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+    kv_head_counts: set[int],
+) -> dict[int, mx.array]:
+    """Per KV head count, the flat page rows every token's K/V goes to (``[N * Hkv]``)."""
+    blocks = tables[row_seq, positions // block_size].astype(np.int64)
+    offsets = positions % block_size
+    write_rows = {}
+    for hkv in kv_head_counts:
+        rows = (blocks[:, None] * hkv + np.arange(hkv)[None, :]) * block_size + offsets[:, None]
+        write_rows[hkv] = mx.array(rows.reshape(-1).astype(np.int32))
+    return write_rows
 
 
 def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:

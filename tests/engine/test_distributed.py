@@ -128,7 +128,7 @@ def test_a_follower_step_writes_rank_zero_k_v_without_the_lm_head(
     batch = _packed_step(tiny_tokenizer)
     config = EngineConfig(num_blocks=32, block_size=8)
     rank0 = Engine(build_model("llama", seed=3), tiny_tokenizer, config)
-    logits = rank0.adapter.forward(batch, rank0.store)
+    logits = rank0.adapter.forward(batch, rank0.runner.kv_stores)
     mx.eval(logits, *rank0.store.arrays())
     assert logits.shape[0] == batch.sample_rows.size > 0
 

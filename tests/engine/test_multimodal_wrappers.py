@@ -69,17 +69,22 @@ def test_gemma4_kv_shared_layers_use_the_source_pages(tmp_path):
     caches = model.make_cache()
     num_layers = len(model.layers)
     assert len(caches) < num_layers  # the shape under test does share K/V
-    assert len(engine.store.keys) == len(caches)
+    # the full and the window cache group (docs/engine.md, "Cache groups")
+    stores = [s for s in (engine.store, engine.runner.window_store) if s is not None]
+    assert sum(len(store.keys) for store in stores) == len(caches)
     # what mlx-lm's caches hold per token: one K and one V row per kv head, per computing layer
     text = model.language_model
-    per_token = sum(
+    per_layer = sorted(
         2 * layer.self_attn.n_kv_heads * layer.self_attn.head_dim * 4
         for layer in text.layers[: len(caches)]
     )
-    pool_bytes = sum(a.nbytes for a in engine.store.arrays())
-    assert pool_bytes == per_token * engine.store.num_blocks * engine.store.block_size
-    per_block = engine.store.format.bytes_per_block(engine.adapter.layer_shapes, 16)
-    assert per_block * engine.store.num_blocks == pool_bytes
+    paged = [2 * shape.num_kv_heads * shape.head_dim * 4 for st in stores for shape in st.shapes]
+    assert sorted(paged) == per_layer
+    for store in stores:
+        pool_bytes = sum(a.nbytes for a in store.arrays())
+        per_token = sum(2 * shape.num_kv_heads * shape.head_dim * 4 for shape in store.shapes)
+        assert pool_bytes == per_token * store.num_blocks * store.block_size
+        assert store.format.bytes_per_block(store.shapes, 16) * store.num_blocks == pool_bytes
 
 
 def test_an_image_part_is_refused_and_the_engine_keeps_serving(tmp_path):

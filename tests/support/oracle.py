@@ -58,8 +58,11 @@ def _round_writes(layer_cache, bits: int, group_size: int) -> None:
 
 def assert_pool_idle(engine) -> None:
     """Every KV block is back: free, or idle in the prefix cache; nothing leaked."""
-    pool = engine.pool
-    assert (pool.refcounts == 0).all(), f"blocks still referenced: {pool.refcounts.nonzero()}"
-    assert pool.num_free == pool.num_blocks
+    for pool in (engine.pool, engine.window_pool):  # the window group's too, if any
+        if pool is None:
+            continue
+        held = pool.refcounts.nonzero()
+        assert (pool.refcounts == 0).all(), f"blocks still referenced: {held}"
+        assert pool.num_free == pool.num_blocks
     assert engine.kv.state_slots_in_use == 0, "recurrent-state slots still held"
     assert not engine.scheduler.running and not engine.scheduler.waiting

@@ -25,8 +25,11 @@ def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
     assert result.exit_code == 0, result.output
     rows = _rows(result.output)
     engine = Engine.load(str(path), EngineConfig(num_blocks=8))
-    pool_bytes = sum(a.nbytes for a in engine.store.arrays())
-    per_token = pool_bytes // (engine.store.num_blocks * engine.store.block_size)
+    # every layer's K/V per token at full length: the full group's pages and the window group's
+    stores = [s for s in (engine.store, engine.runner.window_store) if s is not None]
+    per_token = sum(
+        sum(a.nbytes for a in s.arrays()) // (s.num_blocks * s.block_size) for s in stores
+    )
     assert rows["KV bytes/token"] == f"{per_token:,} ({engine.compute_dtype.dtype})"
     assert rows["architecture"] == "gemma4 (text model: gemma4_text)"
     assert rows["layers"] == "4 (2 with KV pages, 2 reuse another layer's K/V)"

@@ -22,25 +22,17 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from macbatch.engine.chat_template import thinking_default
-from macbatch.engine.checkpoints import StateCheckpoints
+from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
-from macbatch.engine.elastic_pool import ElasticPool
-from macbatch.engine.kv_cache import BlockPool
-from macbatch.engine.kv_manager import KVManager
-from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.reasoning import ReasoningFormat
 from macbatch.engine.request import FinishReason, Request, RequestOutput
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tokenizer import Tokenizer
-from macbatch.engine.tool_calls import detect_tool_format
-from macbatch.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -105,33 +97,14 @@ class Engine(PromptEncoder):
         self.tokenizer: TokenizerWrapper = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
-        model_info = _model_info(model_name, runner, self.tokenizer)
-        self.info = _engine_info(model_info, config, runner.pool_size.cap)
+        model_info = model_info_of(model_name, runner, self.tokenizer)
+        self.info = engine_info_of(model_info, config, runner.pool_size.cap)
         self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
         eos = sorted(self.tokenizer.eos_token_ids or ())
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
-        self.pool = BlockPool(runner.pool_size.start)
-        elastic = None
-        if runner.pool_size.elastic:
-            elastic = ElasticPool(self.pool, runner.store, runner.pool_size)
-        prefix_root = f"{model_name}:{runner.model_type}".encode()
-        states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
-        slots = 0 if states is None else states.num_slots
-        checkpoints = None
-        if states is not None and states.num_checkpoints:
-            checkpoints = StateCheckpoints(states.num_slots, states.num_checkpoints)
-        self.window_pool, window = _window_group(runner, config.block_size)
-        self.kv = KVManager(
-            self.pool,
-            config.block_size,
-            prefix_root if config.enable_prefix_caching else None,
-            slots,
-            checkpoints,
-            elastic,
-            window,
-        )
+        self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
@@ -409,48 +382,6 @@ class Engine(PromptEncoder):
             in_use = self.kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
             used += in_use * states.bytes_per_slot
         return used
-
-
-def _window_group(
-    runner: ModelRunner, block_size: int
-) -> tuple[BlockPool | None, WindowBlocks | None]:
-    """The sliding-window layers' block pool and block tables (None, None: the model has no
-    window group)."""
-    size, store, window = runner.window_pool_size, runner.window_store, runner.adapter.window
-    if size is None or store is None or window is None:
-        return None, None
-    pool = BlockPool(size.start)
-    elastic = ElasticPool(pool, store, size) if size.elastic else None
-    return pool, WindowBlocks(pool, block_size, window, elastic)
-
-
-def _model_info(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:
-    """The model's facts, decided here once: the runner's from the weights, the rest from the
-    tokenizer and its chat template."""
-    return ModelInfo(
-        name=name,
-        model_type=runner.model_type,
-        vocab_size=runner.vocab_size,
-        max_model_len=runner.context_length,
-        tool_format=detect_tool_format(tokenizer),
-        reasoning_format=ReasoningFormat.of(tokenizer),
-        thinking_default=thinking_default(tokenizer),
-        kv_bytes_per_token=runner.kv_bytes_per_token,
-    )
-
-
-def _engine_info(model: ModelInfo, config: EngineConfig, num_blocks: int) -> EngineInfo:
-    """``num_blocks``: the pool's cap, so that no request is refused for room the pool has not
-    grown into yet."""
-    capacity = num_blocks * config.block_size
-    fits = model.max_model_len <= capacity
-    return EngineInfo(
-        model=model,
-        block_size=config.block_size,
-        kv_blocks_cap=num_blocks,
-        context_limit=model.max_model_len if fits else capacity,
-        context_limit_reason="the model's context length" if fits else "the whole KV cache pool",
-    )
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""What the engine decides once at load, from its model runner: the model's facts (``ModelInfo``,
+``EngineInfo``) and the KV manager over the runner's pools (the full group's blocks, a
+sliding-window group's, a hybrid model's state slots and checkpoints, and whether the pools grow).
+Kept apart from the engine core, whose job is the step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from macbatch.engine.chat_template import thinking_default
+from macbatch.engine.checkpoints import StateCheckpoints
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.elastic_pool import ElasticPool
+from macbatch.engine.kv_cache import BlockPool
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.model_info import EngineInfo, ModelInfo
+from macbatch.engine.model_runner import ModelRunner
+from macbatch.engine.reasoning import ReasoningFormat
+from macbatch.engine.tool_calls import detect_tool_format
+from macbatch.engine.window_blocks import WindowBlocks
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+def kv_manager_for(
+    runner: ModelRunner, config: EngineConfig, model_name: str
+) -> tuple[BlockPool, BlockPool | None, KVManager]:
+    """The full group's block pool, the window group's (None without one), and the KV manager
+    that owns them and a hybrid model's state slots."""
+    pool = BlockPool(runner.pool_size.start)
+    elastic = None
+    if runner.pool_size.elastic:
+        elastic = ElasticPool(pool, runner.store, runner.pool_size)
+    prefix_root = f"{model_name}:{runner.model_type}".encode()
+    states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
+    slots = 0 if states is None else states.num_slots
+    checkpoints = None
+    if states is not None and states.num_checkpoints:
+        checkpoints = StateCheckpoints(states.num_slots, states.num_checkpoints)
+    window_pool, window = _window_group(runner, config.block_size)
+    kv = KVManager(
+        pool,
+        config.block_size,
+        prefix_root if config.enable_prefix_caching else None,
+        slots,
+        checkpoints,
+        elastic,
+        window,
+    )
+    return pool, window_pool, kv
+
+
+def _window_group(
+    runner: ModelRunner, block_size: int
+) -> tuple[BlockPool | None, WindowBlocks | None]:
+    """The sliding-window layers' block pool and block tables (None, None: the model has no
+    window group)."""
+    size, store, window = runner.window_pool_size, runner.window_store, runner.adapter.window
+    if size is None or store is None or window is None:
+        return None, None
+    pool = BlockPool(size.start)
+    elastic = ElasticPool(pool, store, size) if size.elastic else None
+    return pool, WindowBlocks(pool, block_size, window, elastic)
+
+
+def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:
+    """The model's facts, decided here once: the runner's from the weights, the rest from the
+    tokenizer and its chat template."""
+    return ModelInfo(
+        name=name,
+        model_type=runner.model_type,
+        vocab_size=runner.vocab_size,
+        max_model_len=runner.context_length,
+        tool_format=detect_tool_format(tokenizer),
+        reasoning_format=ReasoningFormat.of(tokenizer),
+        thinking_default=thinking_default(tokenizer),
+        kv_bytes_per_token=runner.kv_bytes_per_token,
+    )
+
+
+def engine_info_of(model: ModelInfo, config: EngineConfig, num_blocks: int) -> EngineInfo:
+    """``num_blocks``: the pool's cap, so that no request is refused for room the pool has not
+    grown into yet."""
+    capacity = num_blocks * config.block_size
+    fits = model.max_model_len <= capacity
+    return EngineInfo(
+        model=model,
+        block_size=config.block_size,
+        kv_blocks_cap=num_blocks,
+        context_limit=model.max_model_len if fits else capacity,
+        context_limit_reason="the model's context length" if fits else "the whole KV cache pool",
+    )

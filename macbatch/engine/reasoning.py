@@ -167,6 +167,8 @@ class ReasoningTracker:
         self.phase = phase
         self.starts_inside = phase is Phase.REASONING
         self.answer_from: int | None = None  # output index where the answer followed reasoning
+        # output index where the reasoning's text starts (after a start marker the model wrote)
+        self.reasoning_from: int | None = 0 if self.starts_inside else None
 
     def advance(self, output_ids: Sequence[int]) -> None:
         """Update the phase after ``output_ids[-1]`` was appended."""
@@ -176,6 +178,7 @@ class ReasoningTracker:
             if len(output_ids) <= n and tuple(output_ids) == fmt.start_ids[: len(output_ids)]:
                 if len(output_ids) == n:
                     self.phase = Phase.REASONING
+                    self.reasoning_from = n
                 return
             self.phase = Phase.ANSWER
         elif self.phase is Phase.REASONING:
@@ -183,6 +186,32 @@ class ReasoningTracker:
             if tuple(output_ids[-n:]) == fmt.end_ids:
                 self.phase = Phase.ANSWER
                 self.answer_from = len(output_ids)
+
+    def budget_token(self, index: int, budget: int, header: bool) -> int | None:
+        """The token a thinking budget of ``budget`` tokens forces at output position ``index``
+        (None: the model's choice): the end marker once the reasoning holds ``budget`` tokens,
+        then (``header``) the answer header the format wants after it (harmony's final channel).
+        """
+        end = self.format.end_ids
+        if self.phase is Phase.REASONING and self.reasoning_from is not None:
+            k = index - self.reasoning_from - budget
+            return end[k] if 0 <= k < len(end) else None
+        closed_at = None if self.reasoning_from is None else self.reasoning_from + budget
+        if header and closed_at is not None and self.answer_from == closed_at + len(end):
+            return self.header_token(index, self.format.answer_header_ids)
+        return None
+
+    def budget_due(self, index: int, budget: int) -> bool:
+        """Whether a budget may force a token at output position ``index`` or later without
+        the tokens before it being known (the pipelined step reads them first when so)."""
+        if self.phase is Phase.MAYBE:
+            return True
+        # the header after the end is due by position alone
+        return (
+            self.phase is Phase.REASONING
+            and self.reasoning_from is not None
+            and index - self.reasoning_from >= budget
+        )
 
     def header_token(self, index: int, header: tuple[int, ...]) -> int | None:
         """``header``'s token due at output position ``index`` after the reasoning ended (None:

@@ -228,8 +228,25 @@ class Request:
         ``append_token``). A reasoning tracker does not need it: it advances in
         ``append_token`` too, and only a constraint reads its phase before sampling. The
         pipelined step waits for the previous step's results before building the sampling graph
-        when a request scheduled with a pending token says so."""
-        return self.params.penalized or self.constraint is not None
+        when a request scheduled with a pending token says so. A thinking budget needs it
+        while its reasoning may reach the budget (``ReasoningTracker.budget_due``)."""
+        if self.params.penalized or self.constraint is not None:
+            return True
+        budget = self.params.thinking_token_budget
+        return (
+            budget is not None
+            and self.reasoning is not None
+            and self.reasoning.budget_due(self.num_generated, budget)
+        )
+
+    def forced_token(self) -> int | None:
+        """The token a thinking budget makes this request's next one (None: sampled as usual):
+        the reasoning's end marker at the budget, then the answer's header where the format has
+        one and no constraint forces its own."""
+        budget = self.params.thinking_token_budget
+        if budget is None or self.reasoning is None or self.finished:
+            return None
+        return self.reasoning.budget_token(self.num_generated, budget, self.constraint is None)
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         """Tokens ``start:stop`` of prompt + output without copying the whole sequence (a

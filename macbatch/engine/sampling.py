@@ -34,6 +34,9 @@ class SamplingParams:
     generated occurrence (as OpenAI does). ``logprobs=None`` returns none, ``0`` the chosen
     token's, ``k`` also the top k. ``structured`` constrains the answer (JSON schema, regex,
     choice, grammar); its logprobs are those of the constrained distribution.
+    ``thinking_token_budget``: the most tokens a reasoning model's reasoning block may hold; at
+    the budget the engine writes the template's end marker (Qwen3's ``</think>``) and the answer
+    follows (None: no budget; 0 closes the block at once). A reply without reasoning ignores it.
     """
 
     max_tokens: int | None = 256
@@ -50,6 +53,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     structured: StructuredOutput | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -102,6 +106,13 @@ class SamplingParams:
             "logprobs",
             self.logprobs,
             "None or an integer in [0, 20]",
+        )
+        _check(
+            self.thinking_token_budget is None
+            or (isinstance(self.thinking_token_budget, int) and self.thinking_token_budget >= 0),
+            "thinking_token_budget",
+            self.thinking_token_budget,
+            "None or an integer >= 0",
         )
         _check(
             self.structured is None or isinstance(self.structured, StructuredOutput),

@@ -3,7 +3,8 @@
 A Messages body is read as the chat body it means (``system`` -> a system message, content
 blocks -> messages with ``tool_calls`` and ``role: tool`` results, ``input_schema`` tools -> chat
 tools, ``tool_choice`` any/tool -> required/named, ``thinking`` -> the template's
-``enable_thinking``, ``stop_sequences`` -> ``stop``) and parsed by ``parse_chat``, so every field
+``enable_thinking`` and ``budget_tokens`` -> ``thinking_token_budget``, ``stop_sequences`` ->
+``stop``) and parsed by ``parse_chat``, so every field
 means what it means to chat; errors name the Messages field. ``anthropic_output`` renders the
 replies.
 """
@@ -201,8 +202,9 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
 
 
 def _thinking(value: Any) -> dict[str, Any]:
-    """``thinking`` -> the chat template's ``enable_thinking`` (absent: the template's default).
-    ``budget_tokens`` is accepted but not enforced yet."""
+    """``thinking`` -> the chat template's ``enable_thinking`` (absent: the template's default),
+    and an enabled block's ``budget_tokens`` -> ``thinking_token_budget`` (any integer >= 0:
+    Anthropic's floor of 1024 is its models', not a local one's)."""
     if value is None:
         return {}
     kind = value.get("type") if isinstance(value, dict) else None
@@ -211,4 +213,12 @@ def _thinking(value: Any) -> dict[str, Any]:
             "thinking must be {'type': 'enabled', 'budget_tokens': ...} or {'type': 'disabled'}",
             "thinking",
         )
-    return {"chat_template_kwargs": {"enable_thinking": kind == "enabled"}}
+    chat: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": kind == "enabled"}}
+    budget = value.get("budget_tokens")
+    if kind == "enabled" and budget is not None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise InvalidRequest(
+                "'thinking.budget_tokens' must be an integer >= 0", "thinking.budget_tokens"
+            )
+        chat["thinking_token_budget"] = budget
+    return chat

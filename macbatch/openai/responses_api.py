@@ -2,7 +2,8 @@
 
 A Responses body is read as the chat body it means (``input`` items -> messages,
 ``instructions`` -> a system message, flat function tools -> chat tools, ``text.format`` ->
-``response_format``, ``reasoning.effort`` -> the template's ``reasoning_effort``,
+``response_format``, ``reasoning.effort`` -> the template's ``reasoning_effort`` and a thinking
+budget (``EFFORT_BUDGETS``),
 ``max_output_tokens`` -> ``max_tokens``) and parsed by ``parse_chat``, so every field means what it
 means to chat; errors name the Responses field. ``responses_output`` turns the engine outputs into
 the ``response`` object and its stream events.
@@ -66,7 +67,8 @@ def parse_responses(
     system = [{"role": "system", "content": instructions}] if instructions else []
     chat = {name: body[name] for name in (*SAMPLING_FIELDS, "model") if name in body}
     chat.update(messages=[*system, *conversation], stream=body.get("stream", False))
-    chat.update(_tools(body), **_format(body.get("text")), **_effort(body.get("reasoning")))
+    chat.update(_tools(body), **_format(body.get("text")))
+    chat = {**_effort(body.get("reasoning")), **chat}  # a body's own thinking_token_budget wins
     chat["max_tokens"] = body.get("max_output_tokens")
     try:
         generation = parse_chat(chat)
@@ -217,13 +219,25 @@ def _format(text: Any) -> dict[str, Any]:
     return {"response_format": fmt}
 
 
+# ``reasoning.effort`` -> a thinking budget (tokens of reasoning before the engine closes the
+# block); an effort not listed sets the template's variable only.
+EFFORT_BUDGETS = {"minimal": 256, "low": 1024, "medium": 4096, "high": 16384}
+
+
 def _effort(reasoning: Any) -> dict[str, Any]:
+    """``reasoning.effort`` -> the template's ``reasoning_effort`` (gpt-oss reads it) and the
+    budget ``EFFORT_BUDGETS`` gives it."""
     if reasoning is None:
         return {}
     if not isinstance(reasoning, dict):
         raise InvalidRequest("'reasoning' must be an object", "reasoning")
     effort = reasoning.get("effort")
-    return {} if effort is None else {"reasoning_effort": effort}
+    if effort is None:
+        return {}
+    chat: dict[str, Any] = {"reasoning_effort": effort}
+    if isinstance(effort, str) and effort in EFFORT_BUDGETS:
+        chat["thinking_token_budget"] = EFFORT_BUDGETS[effort]
+    return chat
 
 
 def _renamed(exc: InvalidRequest) -> InvalidRequest:

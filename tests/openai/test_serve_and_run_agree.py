@@ -76,16 +76,22 @@ def _url(body: dict[str, Any]) -> str:
     return "/v1/completions" if "prompt" in body else "/v1/chat/completions"
 
 
-def _served(thread: EngineThread, body: dict[str, Any], monkeypatch) -> tuple[list, dict]:
-    """(the SamplingParams serve submitted, its JSON reply)."""
-    submitted: list[SamplingParams] = []
-    submit = EngineThread.submit
+def _record_params(cls: type, method: str, monkeypatch) -> list[SamplingParams]:
+    """The SamplingParams every call of ``cls.method(prompt, params, ...)`` gets, as it runs."""
+    seen: list[SamplingParams] = []
+    original = getattr(cls, method)
 
     def recording(self, prompt, params=None, *args, **kwargs):
-        submitted.append(params)
-        return submit(self, prompt, params, *args, **kwargs)
+        seen.append(params)
+        return original(self, prompt, params, *args, **kwargs)
 
-    monkeypatch.setattr(EngineThread, "submit", recording)
+    monkeypatch.setattr(cls, method, recording)
+    return seen
+
+
+def _served(thread: EngineThread, body: dict[str, Any], monkeypatch) -> tuple[list, dict]:
+    """(the SamplingParams serve submitted, its JSON reply)."""
+    submitted = _record_params(EngineThread, "submit", monkeypatch)
     with serving(thread) as served:
         reply = httpx.post(served.url + _url(body), json=body, timeout=120)
     monkeypatch.undo()
@@ -99,14 +105,7 @@ def _ran(model_path: Path, body: dict[str, Any], tmp_path: Path, monkeypatch) ->
 
     from macbatch.batch.command import run_command
 
-    queued: list[SamplingParams] = []
-    add = Engine.add_request
-
-    def recording(self, prompt, params=None, *args, **kwargs):
-        queued.append(params)
-        return add(self, prompt, params, *args, **kwargs)
-
-    monkeypatch.setattr(Engine, "add_request", recording)
+    queued = _record_params(Engine, "add_request", monkeypatch)
     row = {"custom_id": "r", "method": "POST", "url": _url(body), "body": body}
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
     job = write_job(

@@ -62,6 +62,20 @@ def serving(thread: EngineThread, options: ServerOptions | None = None) -> Itera
         sock.close()
 
 
+def serving_real_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server over a tiny random model with the real Qwen3 tokenizer and chat template (whose
+    tool-call format macbatch parses); for a module-scoped fixture to ``yield from``."""
+    from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer
+
+    path = save_model_with_tokenizer(
+        tmp_path_factory.mktemp("models") / "tiny-qwen3-tok", "qwen3", QWEN3_VOCAB
+    )
+    thread = start_engine(path)
+    with serving(thread) as server:
+        yield server
+    thread.shutdown()
+
+
 def engine_generate(
     thread: EngineThread, prompts: list[Any], params: SamplingParams
 ) -> list[RequestOutput]:

@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Served, serving, start_engine
-from tests.support.structured import ADD_TOOL, QWEN3_VOCAB, WEATHER_TOOL, save_model_with_tokenizer
+from tests.server.conftest import Served, serving_real_qwen3
+from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 
 ASK = "Describe a pet as JSON."
 TOOLS = {t["function"]["name"]: t["function"] for t in (WEATHER_TOOL, ADD_TOOL)}
@@ -24,13 +24,7 @@ NO_THINKING = {"type": "disabled"}  # a random model that opens <think> never cl
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    path = save_model_with_tokenizer(
-        tmp_path_factory.mktemp("models") / "tiny-qwen3-tok", "qwen3", QWEN3_VOCAB
-    )
-    thread = start_engine(path)
-    with serving(thread) as server:
-        yield server
-    thread.shutdown()
+    yield from serving_real_qwen3(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

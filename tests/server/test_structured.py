@@ -11,12 +11,10 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Served, serving, start_engine
+from tests.server.conftest import Served, serving_real_qwen3
 from tests.support.structured import (
     ADD_TOOL,
-    QWEN3_VOCAB,
     WEATHER_TOOL,
-    save_model_with_tokenizer,
     schema_family,
 )
 
@@ -25,13 +23,7 @@ ASK = [{"role": "user", "content": "Describe a pet as JSON."}]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    path = save_model_with_tokenizer(
-        tmp_path_factory.mktemp("models") / "tiny-qwen3-tok", "qwen3", QWEN3_VOCAB
-    )
-    thread = start_engine(path)
-    with serving(thread) as server:
-        yield server
-    thread.shutdown()
+    yield from serving_real_qwen3(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -165,6 +165,21 @@ def result_line(
     return line
 
 
+def write_result(
+    appender: JsonlAppender,
+    ledger: Ledger,
+    item: Planned,
+    output: RequestOutput,
+    body: dict[str, Any],
+    correct: bool | None = None,
+    parsed: ParsedReply | None = None,
+) -> None:
+    """Write a finished request's line, then record it done (the order exactly-once needs)."""
+    size = appender.append(result_line(item, output, body, correct, parsed))
+    done = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
+    ledger.record(done, size)
+
+
 def error_line(item: Planned | Rejected, reason: str, code: str) -> dict[str, Any]:
     """An errors-file line: which input line failed and why, in the OpenAI batch error shape."""
     meta: dict[str, Any] = {"job": item.job, "line": item.line}

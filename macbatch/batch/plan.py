@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.batch.inputs import InputFile, Row, open_input
+from macbatch.batch.replies import ReplyShape
 from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
 from macbatch.batch.yamlfile import JobFileError
+from macbatch.engine import PromptInput, SamplingParams
+from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, parse_body
 from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS
@@ -40,6 +44,19 @@ class Planned:
     expected: str | None
     group: str | None
     generation: Generation  # the request, as the request layer read it (one choice)
+
+    def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> BoundItem:
+        """The engine request for this model, and how its reply is read back."""
+        bound = self.generation.bind(tool_format, tokenizer)
+        [(prompt, params)] = bound.requests
+        return BoundItem(prompt, params, ReplyShape(params.structured, bound.parse_with))
+
+
+@dataclass(frozen=True)
+class BoundItem:
+    prompt: PromptInput
+    params: SamplingParams
+    shape: ReplyShape
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.inputs import InputFile
-from macbatch.batch.ledger import DoneRecord, Ledger
+from macbatch.batch.ledger import Ledger
 from macbatch.batch.outputs import (
     JsonlAppender,
     drop_results,
@@ -29,7 +29,7 @@ from macbatch.batch.outputs import (
     errors_path,
     output_path,
     recover,
-    result_line,
+    write_result,
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.replies import ReplyShape, scored_answer
@@ -216,15 +216,13 @@ class _Loop:
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
             try:
-                tool_format = self.engine.info.model.tool_format
-                bound = item.generation.bind(tool_format, self.engine.tokenizer)
-                [(prompt, params)] = bound.requests
-                request_id = self.engine.add_request(prompt, params)
+                bound = item.bind(self.engine.info.model.tool_format, self.engine.tokenizer)
+                request_id = self.engine.add_request(bound.prompt, bound.params)
             except Exception as exc:  # ValueError, or a chat template that rejects the messages
                 self._fail(item, str(exc), "invalid_request")
                 continue
             self.in_flight[request_id] = item
-            self.shapes[request_id] = ReplyShape(params.structured, bound.parse_with)
+            self.shapes[request_id] = bound.shape
 
     def _finish(self, output: RequestOutput) -> None:
         item = self.in_flight.pop(output.request_id)
@@ -242,10 +240,8 @@ class _Loop:
         formatter = formatter_for(
             item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
         )
-        line = result_line(item, output, formatter.response([output]), correct, parsed)
-        size = self.outputs[item.job].append(line)
-        record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
-        self.ledger.record(record, size)
+        body = formatter.response([output])
+        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
         metrics = self.progress
         metrics.jobs[item.job].ok += 1
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None

@@ -23,6 +23,8 @@ from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer
 from macbatch.server import agents
+from macbatch.server.batchapi import routes as batch_routes
+from macbatch.server.batchapi.service import BatchAPI, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic
 from macbatch.server.serving import (
     ServerOptions,
@@ -33,7 +35,7 @@ from macbatch.server.serving import (
     state_of,
 )
 
-__all__ = ["ServerOptions", "create_app", "stop_generating"]
+__all__ = ["ServerOptions", "create_app", "stop_batches", "stop_generating"]
 
 PUBLIC_PATHS = ("/health",)
 _log = logging.getLogger("macbatch.server")
@@ -60,6 +62,7 @@ def create_app(
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         *agents.ROUTES,
+        *batch_routes.ROUTES,
     ]
     app = Starlette(
         routes=routes,
@@ -69,9 +72,29 @@ def create_app(
             HTTPException: _http_error,
         },
     )
+    if state.options.data_dir is not None:
+        state.batch_api = _batch_api(state)
     app.state.macbatch = state
     app.add_middleware(_Guard, state=state, known_paths={r.path for r in routes})
     return app
+
+
+def _batch_api(state: ServerState) -> BatchAPI:
+    """The Batch API over the data directory. Live requests first: a batch keeps at most
+    ``batch_max_in_flight`` requests in the engine (half its sequences by default), and none
+    that would leave a live request without a sequence to run in."""
+    options = state.options
+    assert options.data_dir is not None
+    seqs = state.thread.call(lambda engine: engine.config.max_num_seqs).result(timeout=60)
+    most = options.batch_max_in_flight or max(1, seqs // 2)
+
+    def room() -> int:
+        return max(0, min(most, seqs - state.admission.pending))
+
+    return open_batch_api(
+        options.data_dir, state.thread, state.model_id, state.decoder, room,
+        options.max_file_bytes,
+    )  # fmt: skip
 
 
 def stop_generating(app: Starlette) -> None:
@@ -79,7 +102,16 @@ def stop_generating(app: Starlette) -> None:
     (finish_reason "abort") and [DONE]; requests waiting for a whole reply get a 503."""
     state: ServerState = app.state.macbatch
     state.shutting_down = True
+    stop_batches(app)
     state.thread.abort_all()
+
+
+def stop_batches(app: Starlette) -> None:
+    """Stop the batch thread (its requests in flight are aborted); unfinished batches stay
+    in the data directory and resume when a server starts on it again."""
+    api: BatchAPI | None = app.state.macbatch.batch_api
+    if api is not None:
+        api.worker.stop(timeout=30)
 
 
 async def health(request: Request) -> Response:
@@ -98,6 +130,8 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = state_of(request)
     text = state.metrics.render(state.thread.stats(), state.thread.alive, state.admission.pending)
+    if state.batch_api is not None:
+        text += "\n".join(state.batch_api.metrics()) + "\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -151,7 +185,7 @@ class _Guard:
             return
         path = scope["path"]
         route = path if path in self.known_paths else "other"
-        for prefix in ("/v1/models/", "/v1/responses/"):
+        for prefix in ("/v1/models/", "/v1/responses/", "/v1/files/", "/v1/batches/"):
             route = prefix + "{id}" if path.startswith(prefix) else route
         anthropic = speaks_anthropic(path)
 

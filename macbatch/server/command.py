@@ -63,6 +63,15 @@ def serve_command(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     ),
     kv_bits: int | None = kv_bits_option(),
+    max_file_mb: float = typer.Option(
+        200.0, min=0.001, help="Largest /v1/files upload (a batch's input) in MiB; larger: 413."
+    ),
+    batch_max_in_flight: int | None = typer.Option(
+        None,
+        min=1,
+        help="Requests of a /v1/batches batch in the engine at once (default: half of "
+        "--max-num-seqs); live requests always come first.",
+    ),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
@@ -96,7 +105,13 @@ def serve_command(
     settings = ServeSettings(
         model, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
     )
-    settings = dataclasses.replace(settings, shutdown_timeout=shutdown_timeout, log_level=log_level)
+    settings = dataclasses.replace(
+        settings,
+        max_file_mb=max_file_mb,
+        batch_max_in_flight=batch_max_in_flight,
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+    )
     if print_launchd_plist:
         local = dataclasses.replace(settings, model=_absolute_if_local(model))
         typer.echo(_plist(_command_line(local), api_key), nl=False)
@@ -118,6 +133,8 @@ class ServeSettings:
     kv_blocks: int | None
     kv_bits: int | None
     max_body_mb: float
+    max_file_mb: float = 200.0
+    batch_max_in_flight: int | None = None
     shutdown_timeout: float = 10.0
     log_level: str = "info"
 
@@ -151,8 +168,9 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
 
 def _serve(settings: ServeSettings, api_key: str | None) -> None:
+    from macbatch.config import data_dir
     from macbatch.engine import Engine, EngineConfig, EngineThread
-    from macbatch.server.app import ServerOptions, create_app, stop_generating
+    from macbatch.server.app import ServerOptions, create_app, stop_batches, stop_generating
     from macbatch.server.listen import ListenError, bind, run
 
     model, host = settings.model, settings.host
@@ -179,6 +197,9 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             max_body_bytes=int(settings.max_body_mb * 1024 * 1024),
             max_pending=settings.max_num_seqs + settings.max_queue,
             model_aliases=(Path(model).name,),
+            data_dir=data_dir() / "serve",
+            max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
+            batch_max_in_flight=settings.batch_max_in_flight,
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]
@@ -188,7 +209,10 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             err=True,
         )
         stop = lambda: stop_generating(app)  # noqa: E731
-        run(app, sock, settings.shutdown_timeout, settings.log_level, on_deadline=stop)
+        try:
+            run(app, sock, settings.shutdown_timeout, settings.log_level, on_deadline=stop)
+        finally:
+            stop_batches(app)
     finally:
         thread.shutdown(timeout=settings.shutdown_timeout)
         sock.close()

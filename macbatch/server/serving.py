@@ -8,7 +8,8 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +26,9 @@ from macbatch.server.generation import Admission, Run
 from macbatch.server.metrics import ServerMetrics
 from macbatch.server.stored import ResponseStore
 
+if TYPE_CHECKING:
+    from macbatch.server.batchapi.service import BatchAPI
+
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -34,6 +38,11 @@ class ServerOptions:
     max_body_bytes: int = 4 * 1024 * 1024
     max_pending: int = 320
     model_aliases: tuple[str, ...] = ()
+    # Stored responses, batch files and batches live here (macbatch serve: the data directory);
+    # None: responses in memory and no Batch API.
+    data_dir: Path | None = None
+    max_file_bytes: int = 200 * 1024 * 1024  # one /v1/files upload (OpenAI's batch file limit)
+    batch_max_in_flight: int | None = None  # a batch's requests in the engine; None: half the seqs
 
 
 @dataclass
@@ -43,14 +52,17 @@ class ServerState:
     options: ServerOptions
     model_id: str
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses, stored
+    responses: ResponseStore = field(init=False)  # /v1/responses, stored
     admission: Admission = field(init=False)
     shutting_down: bool = False
     tool_format: ToolFormat | None = field(init=False)
+    batch_api: BatchAPI | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
         self.tool_format = self.thread.info.model.tool_format  # decided once, at load
+        directory = self.options.data_dir
+        self.responses = ResponseStore(None if directory is None else directory / "responses")
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_id and name not in self.options.model_aliases:

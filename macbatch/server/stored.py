@@ -1,16 +1,23 @@
 """Responses kept for ``previous_response_id`` and ``GET`` / ``DELETE /v1/responses/{id}``.
 
-In memory, per server (a restart forgets them), bounded: the oldest go first past
-``MAX_STORED``. Each keeps the response object and the conversation it ended, as chat messages,
-so a follow-up continues it without the client sending it again."""
+``macbatch serve`` keeps them in its data directory (one JSON file each, written whole and
+renamed), so a conversation continues across a restart; without a directory (an app built in
+a test) they live in memory. Bounded either way: past ``MAX_STORED`` the oldest go first. Each
+keeps the response object and the conversation it ended, as chat messages, so a follow-up
+continues it without the client sending it again."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-MAX_STORED = 1_000
+MAX_STORED = 10_000
+_ID = re.compile(r"resp_[0-9a-f]{32}")  # the renderer's ids; anything else is never stored
 
 
 @dataclass(frozen=True)
@@ -20,17 +27,52 @@ class Stored:
 
 
 class ResponseStore:
-    def __init__(self, capacity: int = MAX_STORED) -> None:
+    def __init__(self, directory: Path | None = None, capacity: int = MAX_STORED) -> None:
         self.capacity = capacity
-        self._items: OrderedDict[str, Stored] = OrderedDict()
+        self.directory = directory
+        self._items: OrderedDict[str, Stored | None] = OrderedDict()  # None: on disk only
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            for path in sorted(directory.glob("resp_*.json"), key=lambda p: p.stat().st_mtime):
+                self._items[path.stem] = None
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = Stored(response, conversation)
+        response_id = response["id"]
+        if self.directory is None:
+            self._items[response_id] = Stored(response, conversation)
+        else:
+            path = self._path(response_id)
+            temporary = path.with_suffix(".tmp")
+            data = {"response": response, "conversation": conversation}
+            temporary.write_text(json.dumps(data, ensure_ascii=False))
+            os.replace(temporary, path)
+            self._items[response_id] = None
         while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+            self._forget(next(iter(self._items)))
 
     def get(self, response_id: str) -> Stored | None:
-        return self._items.get(response_id)
+        if response_id not in self._items:
+            return None
+        stored = self._items[response_id]
+        if stored is not None:
+            return stored
+        try:
+            data = json.loads(self._path(response_id).read_text())
+        except (OSError, ValueError):
+            return None
+        return Stored(data["response"], data["conversation"])
 
     def delete(self, response_id: str) -> bool:
-        return self._items.pop(response_id, None) is not None
+        if response_id not in self._items:
+            return False
+        self._forget(response_id)
+        return True
+
+    def _forget(self, response_id: str) -> None:
+        self._items.pop(response_id, None)
+        if self.directory is not None:
+            self._path(response_id).unlink(missing_ok=True)
+
+    def _path(self, response_id: str) -> Path:
+        assert self.directory is not None and _ID.fullmatch(response_id), response_id
+        return self.directory / f"{response_id}.json"

@@ -3,12 +3,9 @@ real process stopped by SIGTERM/SIGINT that exits 0."""
 
 from __future__ import annotations
 
-import os
 import plistlib
 import signal
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,11 +16,7 @@ import typer
 from typer.testing import CliRunner
 
 from macbatch.server.command import serve_command
-
-REPO = Path(__file__).resolve().parents[2]
-RUN_SERVE = (
-    "import typer; from macbatch.server.command import serve_command; typer.run(serve_command)"
-)
+from tests.support.serve_process import start_server
 
 
 def _invoke(args: list[str], env: dict[str, str] | None = None):
@@ -105,46 +98,6 @@ def test_taken_port_fails_before_loading() -> None:
     assert time.monotonic() - started < 5
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            RUN_SERVE,
-            "--model",
-            str(model),
-            "--port",
-            str(port),
-            *args,
-            "--log-level",
-            "warning",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read()
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    pytest.fail("macbatch serve did not become healthy")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
     """In flight at the signal: a short request finishes; streams longer than the shutdown
@@ -152,7 +105,7 @@ def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
     non-streaming one gets a JSON 503; the process exits 0."""
     import openai
 
-    process, url = _start_server(tiny_model_path, "--shutdown-timeout", "2")
+    process, url = start_server(tiny_model_path, "--shutdown-timeout", "2")
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
     body = dict(model=str(tiny_model_path), prompt="how are you today?", temperature=0)
     try:

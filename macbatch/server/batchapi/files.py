@@ -1,0 +1,107 @@
+"""Files for the Batch API, in the server's data directory: the content as uploaded and a small
+JSON description beside it (OpenAI's file object). Batch outputs join the same store when a
+batch ends, so ``GET /v1/files/{id}/content`` serves inputs and outputs alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from macbatch.server.errors import APIError
+
+_ID = re.compile(r"file-[0-9a-f]{32}")
+CHUNK = 1 << 20
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+def not_found(file_id: str) -> APIError:
+    return APIError(
+        404, f"no file {file_id!r}; see GET /v1/files", param="file_id", code="file_not_found"
+    )
+
+
+class FileStore:
+    """``<id>.json`` (the file object) and ``<id>.data`` (the bytes) per file. The description
+    is written last, so a file exists only once its bytes are whole."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def content_path(self, file_id: str) -> Path:
+        return self.directory / f"{file_id}.data"
+
+    def save(self, source: BinaryIO, filename: str, purpose: str, limit: int) -> dict[str, Any]:
+        """Copy an upload in, refusing it (413) past ``limit`` bytes."""
+        file_id = new_file_id()
+        partial = self.content_path(file_id).with_suffix(".part")
+        size = 0
+        with partial.open("wb") as target:
+            while chunk := source.read(CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    target.close()
+                    partial.unlink()
+                    raise too_large(limit)
+                target.write(chunk)
+        os.replace(partial, self.content_path(file_id))
+        return self.adopt(file_id, filename, purpose)
+
+    def adopt(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
+        """Describe the bytes already at ``content_path(file_id)`` (an upload, a batch's output)."""
+        meta = {
+            "id": file_id,
+            "object": "file",
+            "bytes": self.content_path(file_id).stat().st_size,
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+            "status_details": None,
+        }
+        _write_json(self.directory / f"{file_id}.json", meta)
+        return meta
+
+    def get(self, file_id: str) -> dict[str, Any]:
+        """The file object, or 404."""
+        path = self.directory / f"{file_id}.json"
+        if not _ID.fullmatch(file_id) or not path.exists():
+            raise not_found(file_id)
+        return json.loads(path.read_text())
+
+    def delete(self, file_id: str) -> None:
+        self.get(file_id)
+        with self._lock:
+            (self.directory / f"{file_id}.json").unlink(missing_ok=True)
+            self.content_path(file_id).unlink(missing_ok=True)
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every file, newest first."""
+        found = [json.loads(p.read_text()) for p in self.directory.glob("file-*.json")]
+        return sorted(found, key=lambda f: (f["created_at"], f["id"]), reverse=True)
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(
+        413,
+        f"the file is over {limit:,} bytes, this server's limit; split it into smaller files "
+        "or raise serve --max-file-mb",
+        param="file",
+        code="file_too_large",
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(data, ensure_ascii=False))
+    os.replace(temporary, path)

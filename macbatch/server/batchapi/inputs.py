@@ -1,0 +1,89 @@
+"""A batch's input file: checked line by line when the batch is created (OpenAI's rules: one
+JSON object per line with a unique ``custom_id``, ``method`` POST, the batch's ``url`` and a
+``body``), then read as a job of the job runner (``macbatch run``'s OpenAI-batch input), so a
+row means what it means there and in ``serve``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from macbatch.batch.plan import plan_job, prepare
+from macbatch.batch.spec import InputSpec, JobSpec
+from macbatch.openai import Endpoint
+from macbatch.server.errors import invalid
+
+ENDPOINTS = tuple(e.value for e in Endpoint)
+LATER = ("/v1/responses", "/v1/embeddings")  # OpenAI's, not yet served in a batch here
+SHOWN = 3  # problems named in one refusal
+
+
+def batch_job(batch_id: str, path: Path) -> JobSpec:
+    """The batch as a job: its rows are API bodies (no template, system or job sampling)."""
+    return JobSpec(
+        name=batch_id,
+        index=0,
+        input=InputSpec(path, "openai", None),
+        prompts=None,
+        template=None,
+        system=None,
+        given_sampling={},
+        n=1,
+        chat=True,
+        score=None,
+    )
+
+
+def check_endpoint(endpoint: object) -> str:
+    if endpoint in LATER:
+        raise invalid(
+            f"endpoint {endpoint} is not supported in a batch yet; use {' or '.join(ENDPOINTS)}",
+            "endpoint",
+        )
+    if endpoint not in ENDPOINTS:
+        raise invalid(f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
+    assert isinstance(endpoint, str)
+    return endpoint
+
+
+def count_requests(path: Path, endpoint: str, model: str) -> int:
+    """Check every line (a 400 naming the first few bad ones); returns the engine requests the
+    batch will run (one per row, ``n`` per row that asks for ``n``)."""
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if raw.strip():
+                problem = _line_problem(raw, endpoint, seen, number)
+                if problem is not None:
+                    problems.append(f"line {number}: {problem}")
+    if problems:
+        more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
+        raise invalid("the input file is not a valid batch: " + "; ".join(problems[:SHOWN]) + more,
+                      "input_file_id")  # fmt: skip
+    if not seen:
+        raise invalid("the input file has no requests", "input_file_id")
+    job = batch_job("check", path)
+    return sum(1 for _ in plan_job(job, model, prepare(job)))
+
+
+def _line_problem(raw: bytes, endpoint: str, seen: dict[str, int], number: int) -> str | None:
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "not a JSON object"
+    if not isinstance(row, dict):
+        return "not a JSON object"
+    custom_id = row.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return "custom_id must be a non-empty string"
+    if custom_id in seen:
+        return f"custom_id {custom_id!r} repeats line {seen[custom_id]}"
+    seen[custom_id] = number
+    if row.get("method", "POST") != "POST":
+        return "method must be POST"
+    if row.get("url") != endpoint:
+        return f"url must be the batch's endpoint {endpoint}"
+    if not isinstance(row.get("body"), dict):
+        return "body must be a JSON object"
+    return None

@@ -1,0 +1,148 @@
+"""One batch's requests through the server's engine, exactly once: the job runner's plan, ledger
+and output files (``macbatch/batch/``), fed from the batch thread with ``EngineThread.submit``.
+
+Live requests come first: the batch keeps at most ``room()`` requests in the engine, which
+leaves the running batch's other sequences to live requests (docs/serve.md)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from macbatch.batch.ledger import Ledger
+from macbatch.batch.outputs import (
+    JsonlAppender,
+    error_line,
+    errors_path,
+    output_path,
+    recover,
+    write_result,
+)
+from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.replies import ReplyShape
+from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput
+from macbatch.engine.tokenizer import Tokenizer
+from macbatch.openai import formatter_for
+from macbatch.server.batchapi.inputs import batch_job
+
+LEDGER_NAME = "ledger.sqlite"
+POLL_S = 0.1  # how often a waiting batch looks at cancels, stops and the engine's health
+log = logging.getLogger("macbatch.server")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What a batch needs of the server: its engine, model name, decoder and live load."""
+
+    thread: EngineThread
+    model: str
+    decoder: Tokenizer
+    room: Callable[[], int]  # batch requests allowed in the engine right now
+
+
+class BatchRun:
+    """Runs (or resumes) one batch in ``folder`` until it is done or ``stopped()`` says so."""
+
+    def __init__(self, engine: Engine, batch_id: str, input_path: Path, folder: Path) -> None:
+        self.engine = engine
+        self.job = batch_job(batch_id, input_path)
+        self.output = output_path(folder, batch_id)
+        self.errors_file = errors_path(folder, batch_id)
+        self.ledger = Ledger(folder / LEDGER_NAME)
+        recover(self.output, self.ledger, batch_id)
+        self.errors_file.unlink(missing_ok=True)  # failures are retried, as a rerun of a job
+        self.completed = self.ledger.count(batch_id)
+        self.failed = 0
+        self._outputs: queue.Queue[RequestOutput] = queue.Queue()
+        self._in_flight: dict[str, tuple[Planned, ReplyShape]] = {}
+        self._appender: JsonlAppender | None = None
+        self._errors: JsonlAppender | None = None
+
+    def run(self, stopped: Callable[[], bool], on_progress: Callable[[], None]) -> bool:
+        """Admit and finish requests; True when every request is done (False: stopped)."""
+        exhausted = aborted = False
+        try:
+            feed = plan_job(self.job, self.engine.model, prepare(self.job))
+            self._appender = JsonlAppender(self.output)
+            while True:
+                stop = stopped()
+                if stop and not aborted:
+                    for request_id in list(self._in_flight):
+                        self.engine.thread.cancel(request_id)
+                    aborted = True
+                while not stop and not exhausted and len(self._in_flight) < self.engine.room():
+                    exhausted = not self._admit(next(feed, None))
+                if not self._in_flight and (exhausted or stop):
+                    return exhausted and not stop
+                self._wait()
+                on_progress()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for appender in (self._appender, self._errors):
+            if appender is not None:
+                appender.close()
+        self._appender = self._errors = None
+        self.ledger.close()
+
+    def _wait(self) -> None:
+        try:
+            out = self._outputs.get(timeout=POLL_S)
+        except queue.Empty:
+            if not self.engine.thread.alive:
+                raise EngineDeadError("the engine stopped during a batch") from None
+            return
+        self._finish(out)
+
+    def _admit(self, item: Planned | Rejected | None) -> bool:
+        """Submit one request (or write one error line); False when the plan is exhausted."""
+        if item is None:
+            return False
+        if isinstance(item, Rejected):
+            self._fail(item, item.reason, "invalid_input")
+            return True
+        if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
+            return True
+        thread = self.engine.thread
+        try:
+            bound = item.bind(thread.info.model.tool_format, self.engine.decoder)
+            request_id = thread.submit(bound.prompt, bound.params, self._deliver)
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # ValueError, or a chat template that rejects the messages
+            self._fail(item, str(exc), "invalid_request")
+            return True
+        self._in_flight[request_id] = (item, bound.shape)
+        return True
+
+    def _deliver(self, out: RequestOutput) -> None:
+        """On the engine thread: hand finished requests to the batch thread."""
+        if out.finished:
+            self._outputs.put(out)
+
+    def _finish(self, out: RequestOutput) -> None:
+        entry = self._in_flight.pop(out.request_id, None)
+        if entry is None:
+            return
+        item, shape = entry
+        if out.finish_reason is FinishReason.ABORT:
+            return  # cancelled or shutting down: not done, so a resume runs it again
+        if out.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            self._fail(item, out.error or f"finished with {out.finish_reason}", "engine_error")
+            return
+        model, decoder = self.engine.model, self.engine.decoder
+        formatter = formatter_for(item.generation, shape.tool_format, model, decoder, item.key)
+        assert self._appender is not None
+        body = formatter.response([out])
+        write_result(self._appender, self.ledger, item, out, body, parsed=shape.parse(out.text))
+        self.completed += 1
+
+    def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
+        if self._errors is None:
+            self._errors = JsonlAppender(self.errors_file)
+        self._errors.append(error_line(item, reason, code))
+        self.failed += 1

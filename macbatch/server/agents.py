@@ -23,7 +23,7 @@ from macbatch.server.serving import (
     serve_generation,
     state_of,
 )
-from macbatch.server.stored import Stored
+from macbatch.server.stored import MAX_STORED, Stored
 
 
 async def create_response(request: Request) -> Response:
@@ -65,8 +65,8 @@ def _stored(state: ServerState, response_id: str) -> Stored:
 def _not_found(response_id: str) -> APIError:
     return APIError(
         404,
-        f"no stored response {response_id!r} (responses are kept in this server's memory, for "
-        "the last 1,000 created with store: true)",
+        f"no stored response {response_id!r} (the server keeps the last {MAX_STORED:,} "
+        "created with store: true, in its data directory, until deleted)",
         param="previous_response_id",
         code="response_not_found",
     )

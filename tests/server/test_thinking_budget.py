@@ -111,3 +111,47 @@ def test_responses_effort_sets_the_budget(served: Served, monkeypatch: pytest.Mo
         temperature=0, reasoning={"effort": "low"}, extra_body={"thinking_token_budget": 6},
     )  # fmt: skip
     assert response.output_text == expected.text
+
+
+def test_responses_stream_reasoning_events(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streamed Responses events of a reply that reasons: a reasoning item whose
+    ``response.reasoning_text.delta`` events join into the engine's reasoning, closed (done
+    events) before the message opens, and both items equal to the final response's."""
+    monkeypatch.setitem(EFFORT_BUDGETS, "low", 3)
+    expected = _expected(served, 3)
+    client = openai.OpenAI(base_url=served.api, api_key="unused", max_retries=0)
+    events = list(
+        client.responses.create(
+            model=served.thread.info.model_name, input="Why is the sky blue?",
+            max_output_tokens=MAX, temperature=0, reasoning={"effort": "low"}, stream=True,
+        )  # fmt: skip
+    )
+    kinds = [event.type for event in events]
+    assert kinds[:5] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+    ]
+    assert events[2].item.type == "reasoning" and events[2].output_index == 0
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert expected.reasoning and "".join(deltas) == expected.reasoning
+    [done] = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert done.text == expected.reasoning
+    closed = kinds.index("response.reasoning_text.done")
+    assert kinds[closed : closed + 3] == [
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert closed < kinds.index("response.output_text.delta")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == expected.text
+    final = events[-1].response
+    items = [e.item.model_dump() for e in events if e.type == "response.output_item.done"]
+    assert [item.model_dump() for item in final.output] == items
+    assert final.output[0].content[0].text == expected.reasoning
+    assert final.output_text == expected.text

@@ -9,7 +9,6 @@ import asyncio
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from macbatch.openai.anthropic_api import parse_messages
 from macbatch.openai.anthropic_output import MessagesRenderer
@@ -20,6 +19,7 @@ from macbatch.server.serving import (
     ServerState,
     bind,
     read_json,
+    route_table,
     serve_generation,
     state_of,
 )
@@ -92,13 +92,10 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": len(ids)})
 
 
-ROUTES = [
-    Route(path, handler, methods=[method])
-    for method, path, handler in (
-        ("POST", "/v1/responses", create_response),
-        ("GET", "/v1/responses/{response_id}", get_response),
-        ("DELETE", "/v1/responses/{response_id}", delete_response),
-        ("POST", "/v1/messages", create_message),
-        ("POST", "/v1/messages/count_tokens", count_tokens),
-    )
-]
+ROUTES = route_table(
+    ("POST", "/v1/responses", create_response),
+    ("GET", "/v1/responses/{response_id}", get_response),
+    ("DELETE", "/v1/responses/{response_id}", delete_response),
+    ("POST", "/v1/messages", create_message),
+    ("POST", "/v1/messages/count_tokens", count_tokens),
+)

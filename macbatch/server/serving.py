@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, RequestOutput
@@ -78,6 +79,11 @@ class ServerState:
         if not self.thread.alive:
             error = self.thread.error
             raise engine_unavailable(None if error is None else f"{type(error).__name__}: {error}")
+
+
+def route_table(*rows: tuple[str, str, Callable[[Request], Awaitable[Response]]]) -> list[Route]:
+    """Routes from (method, path, handler) rows."""
+    return [Route(path, handler, methods=[method]) for method, path, handler in rows]
 
 
 def state_of(request: Request) -> ServerState:

@@ -101,9 +101,9 @@ def test_cancel_keeps_what_is_done(client: openai.OpenAI, server: Served) -> Non
     done = metrics[f'macbatch_batch_requests{{batch="{batch.id}",state="completed"}}']
     assert metrics[f'macbatch_batch_requests{{batch="{batch.id}",state="total"}}'] == 300
     assert 3 <= done < 300 and metrics["macbatch_requests_running"] <= IN_FLIGHT
-    live = client.chat.completions.create(
-        model=server.thread.info.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=3
-    )
+    hello = [{"role": "user", "content": "hi"}]
+    model = server.thread.info.model_name
+    live = client.chat.completions.create(model=model, messages=hello, max_tokens=3)
     assert live.choices[0].finish_reason in ("length", "stop")
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled")

@@ -113,9 +113,7 @@ def test_responses_effort_sets_the_budget(served: Served, monkeypatch: pytest.Mo
     assert response.output_text == expected.text
 
 
-def test_responses_stream_reasoning_events(
-    served: Served, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_responses_stream_reasoning_events(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """The streamed Responses events of a reply that reasons: a reasoning item whose
     ``response.reasoning_text.delta`` events join into the engine's reasoning, closed (done
     events) before the message opens, and both items equal to the final response's."""
@@ -124,8 +122,12 @@ def test_responses_stream_reasoning_events(
     client = openai.OpenAI(base_url=served.api, api_key="unused", max_retries=0)
     events = list(
         client.responses.create(
-            model=served.thread.info.model_name, input="Why is the sky blue?",
-            max_output_tokens=MAX, temperature=0, reasoning={"effort": "low"}, stream=True,
+            model=served.thread.info.model_name,
+            input="Why is the sky blue?",
+            max_output_tokens=MAX,
+            temperature=0,
+            reasoning={"effort": "low"},
+            stream=True,
         )  # fmt: skip
     )
     kinds = [event.type for event in events]

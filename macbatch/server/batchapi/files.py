@@ -92,13 +92,8 @@ class FileStore:
 
 
 def too_large(limit: int) -> APIError:
-    return APIError(
-        413,
-        f"the file is over {limit:,} bytes, this server's limit; split it into smaller files "
-        "or raise serve --max-file-mb",
-        param="file",
-        code="file_too_large",
-    )
+    message = f"the file is over {limit:,} bytes, this server's limit; split it or raise "
+    return APIError(413, message + "serve --max-file-mb", param="file", code="file_too_large")
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

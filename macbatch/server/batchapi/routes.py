@@ -9,14 +9,13 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Route
 
 from macbatch.server.batchapi.files import too_large
 from macbatch.server.batchapi.inputs import check_endpoint, count_requests
 from macbatch.server.batchapi.records import public
 from macbatch.server.batchapi.service import BatchAPI
 from macbatch.server.errors import APIError, invalid
-from macbatch.server.serving import read_json, state_of
+from macbatch.server.serving import read_json, route_table, state_of
 
 BATCH_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
 MULTIPART_SLACK = 64 * 1024  # form fields and boundaries around the file itself
@@ -165,17 +164,14 @@ def _page(request: Request, items: list[dict[str, Any]], most: int, default: int
     }
 
 
-ROUTES = [
-    Route(path, handler, methods=[method])
-    for method, path, handler in (
-        ("POST", "/v1/files", upload_file),
-        ("GET", "/v1/files", list_files),
-        ("GET", "/v1/files/{file_id}", get_file),
-        ("GET", "/v1/files/{file_id}/content", file_content),
-        ("DELETE", "/v1/files/{file_id}", delete_file),
-        ("POST", "/v1/batches", create_batch),
-        ("GET", "/v1/batches", list_batches),
-        ("GET", "/v1/batches/{batch_id}", get_batch),
-        ("POST", "/v1/batches/{batch_id}/cancel", cancel_batch),
-    )
-]
+ROUTES = route_table(
+    ("POST", "/v1/files", upload_file),
+    ("GET", "/v1/files", list_files),
+    ("GET", "/v1/files/{file_id}", get_file),
+    ("GET", "/v1/files/{file_id}/content", file_content),
+    ("DELETE", "/v1/files/{file_id}", delete_file),
+    ("POST", "/v1/batches", create_batch),
+    ("GET", "/v1/batches", list_batches),
+    ("GET", "/v1/batches/{batch_id}", get_batch),
+    ("POST", "/v1/batches/{batch_id}/cancel", cancel_batch),
+)

@@ -102,16 +102,17 @@ def stop_generating(app: Starlette) -> None:
     (finish_reason "abort") and [DONE]; requests waiting for a whole reply get a 503."""
     state: ServerState = app.state.macbatch
     state.shutting_down = True
-    stop_batches(app)
+    stop_batches(app, wait_s=0)  # on the event loop: say stop, do not wait
     state.thread.abort_all()
 
 
-def stop_batches(app: Starlette) -> None:
-    """Stop the batch thread (its requests in flight are aborted); unfinished batches stay
-    in the data directory and resume when a server starts on it again."""
+def stop_batches(app: Starlette, wait_s: float = 30) -> None:
+    """Stop the batch thread (its requests in flight are aborted) and wait up to ``wait_s``
+    for it; unfinished batches stay in the data directory and resume when a server starts on
+    it again."""
     api: BatchAPI | None = app.state.macbatch.batch_api
     if api is not None:
-        api.worker.stop(timeout=30)
+        api.worker.stop(timeout=wait_s)
 
 
 async def health(request: Request) -> Response:

@@ -12,7 +12,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 
 from macbatch.server.batchapi.files import too_large
 from macbatch.server.batchapi.inputs import check_endpoint, count_requests
-from macbatch.server.batchapi.records import public
+from macbatch.server.batchapi.records import ACTIVE, public
 from macbatch.server.batchapi.service import BatchAPI
 from macbatch.server.errors import APIError, invalid
 from macbatch.server.serving import read_json, route_table, state_of
@@ -73,8 +73,8 @@ async def file_content(request: Request) -> Response:
 async def delete_file(request: Request) -> Response:
     api, file_id = _api(request), request.path_params["file_id"]
     api.files.get(file_id)
-    using = [b["id"] for b in api.batches.all() if b["input_file_id"] == file_id]
-    if any(api.batches.get(b)["status"] in ("validating", "in_progress") for b in using):
+    batches = api.batches.all()
+    if any(b["input_file_id"] == file_id and b["status"] in ACTIVE for b in batches):
         raise APIError(
             409, f"file {file_id} is the input of an unfinished batch; cancel it first",
             param="file_id", code="file_in_use",

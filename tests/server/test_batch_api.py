@@ -150,8 +150,9 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(http.post("/files", data={"purpose": "fine-tune"}, files=files), 400, "purpose")
     _refused(http.post("/files", data={"purpose": "batch"}), 400, "file")
     _refused(http.post("/files", content=b"not a form"), 400)
-    big = {"file": ("big.jsonl", b"x" * (20 * 1024 * 1024))}
-    _refused(http.post("/files", data={"purpose": "batch"}, files=big), 413, "file")
+    with pytest.raises(openai.APIStatusError) as big:
+        client.files.create(file=("big.jsonl", b"x" * (20 * 1024 * 1024)), purpose="batch")
+    _refused(big.value.response, 413, "file")
     for path in ("/files/file-nope", "/files/file-nope/content", "/batches/batch_nope"):
         _refused(http.get(path), 404)
     _refused(http.delete("/files/file-nope"), 404)
@@ -199,3 +200,33 @@ def test_stored_responses_survive_a_restart(engine_thread: EngineThread, tmp_pat
             client.responses.retrieve(stored.id)
         stop_batches(second.app)
     assert not list((tmp_path / "responses").glob(f"{stored.id}*"))
+
+
+def test_a_stopped_server_resumes_its_batch(engine_thread: EngineThread, tmp_path: Path) -> None:
+    """A clean stop mid-batch (serve's shutdown) leaves it in_progress on disk; the next server
+    on the same data directory finishes it, each custom_id once."""
+    options = ServerOptions(data_dir=tmp_path, batch_max_in_flight=IN_FLIGHT)
+    rows = batch_lines(200, max_tokens=16)
+    with serving(engine_thread, options) as first:
+        client = openai.OpenAI(base_url=first.api, api_key="unused", max_retries=0)
+        upload = client.files.create(file=("rows.jsonl", jsonl(rows)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint=CHAT, completion_window="24h"
+        )
+        wait_for(client, batch.id, lambda b: b.request_counts.completed >= 5)
+        stop_batches(first.app)
+        stopped = client.batches.retrieve(batch.id)
+    assert stopped.status == "in_progress" and stopped.request_counts.completed < 200
+    with serving(engine_thread, options) as second:
+        client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
+        ended = wait_for(client, batch.id, lambda b: b.status in DONE)
+        lines = output_lines(client, ended.output_file_id)
+        stop_batches(second.app)
+    assert ended.status == "completed" and ended.request_counts.completed == 200
+    assert Counter(line["custom_id"] for line in lines) == {row["custom_id"]: 1 for row in rows}
+
+
+def test_without_a_data_directory_the_batch_api_says_so(served: Served) -> None:
+    response = httpx.get(served.api + "/batches")
+    _refused(response, 503)
+    assert "data directory" in response.json()["error"]["message"]

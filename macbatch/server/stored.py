@@ -9,12 +9,13 @@ continues it without the client sending it again."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from macbatch.server.atomic import write_json
 
 MAX_STORED = 10_000
 _ID = re.compile(r"resp_[0-9a-f]{32}")  # the renderer's ids; anything else is never stored
@@ -41,11 +42,8 @@ class ResponseStore:
         if self.directory is None:
             self._items[response_id] = Stored(response, conversation)
         else:
-            path = self._path(response_id)
-            temporary = path.with_suffix(".tmp")
             data = {"response": response, "conversation": conversation}
-            temporary.write_text(json.dumps(data, ensure_ascii=False))
-            os.replace(temporary, path)
+            write_json(self._path(response_id), data)
             self._items[response_id] = None
         while len(self._items) > self.capacity:
             self._forget(next(iter(self._items)))

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from macbatch.server.atomic import write_json
 from macbatch.server.errors import APIError
 
 _ID = re.compile(r"file-[0-9a-f]{32}")
@@ -69,7 +70,7 @@ class FileStore:
             "status": "processed",
             "status_details": None,
         }
-        _write_json(self.directory / f"{file_id}.json", meta)
+        write_json(self.directory / f"{file_id}.json", meta)
         return meta
 
     def get(self, file_id: str) -> dict[str, Any]:
@@ -94,9 +95,3 @@ class FileStore:
 def too_large(limit: int) -> APIError:
     message = f"the file is over {limit:,} bytes, this server's limit; split it or raise "
     return APIError(413, message + "serve --max-file-mb", param="file", code="file_too_large")
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, ensure_ascii=False))
-    os.replace(temporary, path)

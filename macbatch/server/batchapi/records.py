@@ -6,7 +6,6 @@ worker recounts them from the ledger."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -14,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from macbatch.server.atomic import write_json
 from macbatch.server.errors import APIError
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")  # the worker still owes work
@@ -115,7 +115,4 @@ class BatchStore:
             self._batches[batch_id]["request_counts"].update(completed=completed, failed=failed)
 
     def _save(self, batch: dict[str, Any]) -> None:
-        path = self.folder(batch["id"]) / "batch.json"
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(batch, ensure_ascii=False))
-        os.replace(temporary, path)
+        write_json(self.folder(batch["id"]) / "batch.json", batch)

@@ -179,29 +179,6 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     assert _run(client, jsonl(batch_lines(1, max_tokens=1))).status == "completed"
 
 
-def test_stored_responses_survive_a_restart(engine_thread: EngineThread, tmp_path: Path) -> None:
-    """A server on the same data directory continues a stored conversation."""
-    options = ServerOptions(data_dir=tmp_path)
-    model = engine_thread.info.model_name
-    body = dict(model=model, input="hello", max_output_tokens=4, temperature=0)
-    with serving(engine_thread, options) as first:
-        client = openai.OpenAI(base_url=first.api, api_key="unused", max_retries=0)
-        stored = client.responses.create(**body)  # type: ignore[call-overload]
-        stop_batches(first.app)
-    with serving(engine_thread, options) as second:
-        client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
-        assert client.responses.retrieve(stored.id).output_text == stored.output_text
-        follow = client.responses.create(
-            model=model, input="and?", previous_response_id=stored.id, max_output_tokens=2
-        )
-        assert follow.previous_response_id == stored.id
-        client.responses.delete(stored.id)
-        with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(stored.id)
-        stop_batches(second.app)
-    assert not list((tmp_path / "responses").glob(f"{stored.id}*"))
-
-
 def test_a_stopped_server_resumes_its_batch(engine_thread: EngineThread, tmp_path: Path) -> None:
     """A clean stop mid-batch (serve's shutdown) leaves it in_progress on disk; the next server
     on the same data directory finishes it, each custom_id once."""

@@ -4,11 +4,14 @@ whole response, and previous_response_id continues a stored conversation."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
 import pytest
 
-from macbatch.engine import FinishReason, SamplingParams
-from tests.server.conftest import Served, engine_generate
+from macbatch.engine import EngineThread, FinishReason, SamplingParams
+from macbatch.server.app import ServerOptions, stop_batches
+from tests.server.conftest import Served, engine_generate, serving
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 SYSTEM = "Be brief."
@@ -141,3 +144,26 @@ def test_bad_input_is_a_400_naming_the_field(
         client.post("/responses", body=body, cast_to=object)
     assert info.value.body["param"] == param, info.value.body
     assert client.responses.create(model=_model(client), input=ASK, max_output_tokens=1).output
+
+
+def test_stored_responses_survive_a_restart(engine_thread: EngineThread, tmp_path: Path) -> None:
+    """A server on the same data directory continues a stored conversation."""
+    options = ServerOptions(data_dir=tmp_path)
+    model = engine_thread.info.model_name
+    body = dict(model=model, input="hello", max_output_tokens=4, temperature=0)
+    with serving(engine_thread, options) as first:
+        client = openai.OpenAI(base_url=first.api, api_key="unused", max_retries=0)
+        stored = client.responses.create(**body)  # type: ignore[call-overload]
+        stop_batches(first.app)
+    with serving(engine_thread, options) as second:
+        client = openai.OpenAI(base_url=second.api, api_key="unused", max_retries=0)
+        assert client.responses.retrieve(stored.id).output_text == stored.output_text
+        follow = client.responses.create(
+            model=model, input="and?", previous_response_id=stored.id, max_output_tokens=2
+        )
+        assert follow.previous_response_id == stored.id
+        client.responses.delete(stored.id)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(stored.id)
+        stop_batches(second.app)
+    assert not list((tmp_path / "responses").glob(f"{stored.id}*"))

@@ -24,7 +24,7 @@ from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer
 from macbatch.server import agents
 from macbatch.server.batchapi import routes as batch_routes
-from macbatch.server.batchapi.service import BatchAPI, open_batch_api
+from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic
 from macbatch.server.serving import (
     ServerOptions,
@@ -73,7 +73,11 @@ def create_app(
         },
     )
     if state.options.data_dir is not None:
-        state.batch_api = _batch_api(state)
+        try:
+            state.batch_api = _batch_api(state)
+        except BatchAPIUnavailable as exc:
+            _log.warning("%s", exc)
+            state.batch_api_off = str(exc)
     app.state.macbatch = state
     app.add_middleware(_Guard, state=state, known_paths={r.path for r in routes})
     return app
@@ -112,7 +116,7 @@ def stop_batches(app: Starlette, wait_s: float = 30) -> None:
     it again."""
     api: BatchAPI | None = app.state.macbatch.batch_api
     if api is not None:
-        api.worker.stop(timeout=wait_s)
+        api.close(wait_s)
 
 
 async def health(request: Request) -> Response:

@@ -58,6 +58,9 @@ class ServerState:
     shutting_down: bool = False
     tool_format: ToolFormat | None = field(init=False)
     batch_api: BatchAPI | None = field(init=False, default=None)
+    batch_api_off: str = (  # why batch_api is None, answered on its routes
+        "the Batch API needs a data directory (macbatch serve has one; see docs/serve.md)"
+    )
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)

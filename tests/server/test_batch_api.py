@@ -23,11 +23,13 @@ IN_FLIGHT = 4
 
 
 @pytest.fixture(scope="module")
-def server(engine_thread: EngineThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    options = ServerOptions(
-        data_dir=tmp_path_factory.mktemp("data"), max_file_bytes=LIMIT,
-        batch_max_in_flight=IN_FLIGHT,
-    )  # fmt: skip
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def server(engine_thread: EngineThread, data_dir: Path) -> Iterator:
+    options = ServerOptions(data_dir=data_dir, max_file_bytes=LIMIT, batch_max_in_flight=IN_FLIGHT)
     with serving(engine_thread, options) as served:
         yield served
         stop_batches(served.app)
@@ -207,3 +209,15 @@ def test_without_a_data_directory_the_batch_api_says_so(served: Served) -> None:
     response = httpx.get(served.api + "/batches")
     _refused(response, 503)
     assert "data directory" in response.json()["error"]["message"]
+
+
+def test_one_server_runs_batches_per_data_directory(
+    engine_thread: EngineThread, data_dir: Path, server: Served
+) -> None:
+    """Two would run the same rows twice: a second server on the directory answers 503."""
+    with serving(engine_thread, ServerOptions(data_dir=data_dir)) as second:
+        response = httpx.get(second.api + "/batches")
+        stop_batches(second.app)
+    _refused(response, 503)
+    assert "another macbatch serve" in response.json()["error"]["message"]
+    assert httpx.get(server.api + "/batches").status_code == 200

@@ -23,13 +23,10 @@ MAX_METADATA = 16
 
 
 def _api(request: Request) -> BatchAPI:
-    api = state_of(request).batch_api
-    if api is None:
-        raise APIError(
-            503, "the Batch API needs a data directory (macbatch serve has one; see docs/serve.md)",
-            code="batch_api_unavailable",
-        )  # fmt: skip
-    return api
+    state = state_of(request)
+    if state.batch_api is None:
+        raise APIError(503, state.batch_api_off, code="batch_api_unavailable")
+    return state.batch_api
 
 
 async def upload_file(request: Request) -> Response:

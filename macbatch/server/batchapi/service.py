@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from macbatch.engine import EngineThread
 from macbatch.engine.tokenizer import Tokenizer
@@ -21,6 +22,14 @@ class BatchAPI:
     batches: BatchStore
     worker: BatchWorker
     max_file_bytes: int
+    lock: TextIO  # held while the batch thread runs
+
+    def close(self, wait_s: float) -> None:
+        """Stop the batch thread, waiting up to ``wait_s``; once it has ended, let the
+        directory go (another server may run its batches)."""
+        self.worker.stop(timeout=wait_s)
+        if not self.worker.running:
+            self.lock.close()
 
     def metrics(self) -> list[str]:
         """Rows done, failed and total per unfinished batch, and batches per status."""
@@ -42,6 +51,10 @@ class BatchAPI:
         return lines
 
 
+class BatchAPIUnavailable(RuntimeError):
+    """Why this server has no Batch API (answered as a 503 on its routes)."""
+
+
 def open_batch_api(
     directory: Path,
     thread: EngineThread,
@@ -51,8 +64,26 @@ def open_batch_api(
     max_file_bytes: int,
 ) -> BatchAPI:
     """The stores under ``directory`` and a started batch thread (which resumes at once what a
-    previous server left unfinished)."""
+    previous server left unfinished). One server per directory runs batches: two would run the
+    same rows twice, so a second one gets ``BatchAPIUnavailable``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = _lock(directory / "batches.lock")
     files = FileStore(directory / "files")
     batches = BatchStore(directory / "batches")
     worker = BatchWorker(Engine(thread, model, decoder, room), batches, files).start()
-    return BatchAPI(files, batches, worker, max_file_bytes)
+    return BatchAPI(files, batches, worker, max_file_bytes, lock)
+
+
+def _lock(path: Path) -> TextIO:
+    import fcntl
+
+    lock = path.open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise BatchAPIUnavailable(
+            f"another macbatch serve runs the Batch API over {path.parent}; use that server "
+            "for batches (or stop it)"
+        ) from None
+    return lock

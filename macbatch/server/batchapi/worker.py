@@ -48,6 +48,10 @@ class BatchWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()

@@ -117,6 +117,7 @@ def test_cancel_keeps_what_is_done(client: openai.OpenAI, server: Served) -> Non
     assert ended.request_counts.completed == len(ids)
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+    assert scrape(server)['macbatch_batches{status="cancelled"}'] >= 1
 
 
 def test_files(client: openai.OpenAI) -> None:

@@ -1,6 +1,7 @@
 """/v1/responses through the official openai client against a real server: text equals the
 engine's own greedy generation for the same conversation, streamed events reassemble into the
-whole response, and previous_response_id continues a stored conversation."""
+whole response, and previous_response_id continues a stored conversation, on a new server over
+the same data directory too."""
 
 from __future__ import annotations
 

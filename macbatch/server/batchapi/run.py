@@ -34,7 +34,7 @@ log = logging.getLogger("macbatch.server")
 
 
 @dataclass(frozen=True)
-class Engine:
+class BatchEngine:
     """What a batch needs of the server: its engine, model name, decoder and live load."""
 
     thread: EngineThread
@@ -46,7 +46,7 @@ class Engine:
 class BatchRun:
     """Runs (or resumes) one batch in ``folder`` until it is done or ``stopped()`` says so."""
 
-    def __init__(self, engine: Engine, batch_id: str, input_path: Path, folder: Path) -> None:
+    def __init__(self, engine: BatchEngine, batch_id: str, input_path: Path, folder: Path) -> None:
         self.engine = engine
         self.job = batch_job(batch_id, input_path)
         self.output = output_path(folder, batch_id)

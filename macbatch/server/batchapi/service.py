@@ -12,7 +12,7 @@ from macbatch.engine import EngineThread
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.server.batchapi.files import FileStore
 from macbatch.server.batchapi.records import ACTIVE, BatchStore
-from macbatch.server.batchapi.run import Engine
+from macbatch.server.batchapi.run import BatchEngine
 from macbatch.server.batchapi.worker import BatchWorker
 
 
@@ -70,7 +70,7 @@ def open_batch_api(
     lock = _lock(directory / "batches.lock")
     files = FileStore(directory / "files")
     batches = BatchStore(directory / "batches")
-    worker = BatchWorker(Engine(thread, model, decoder, room), batches, files).start()
+    worker = BatchWorker(BatchEngine(thread, model, decoder, room), batches, files).start()
     return BatchAPI(files, batches, worker, max_file_bytes, lock)
 
 

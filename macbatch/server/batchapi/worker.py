@@ -14,13 +14,13 @@ from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import EngineDeadError
 from macbatch.server.batchapi.files import FileStore, new_file_id
 from macbatch.server.batchapi.records import BatchStore
-from macbatch.server.batchapi.run import BatchRun, Engine
+from macbatch.server.batchapi.run import BatchEngine, BatchRun
 
 log = logging.getLogger("macbatch.server")
 
 
 class BatchWorker:
-    def __init__(self, engine: Engine, batches: BatchStore, files: FileStore) -> None:
+    def __init__(self, engine: BatchEngine, batches: BatchStore, files: FileStore) -> None:
         self.engine = engine
         self.batches = batches
         self.files = files

@@ -96,9 +96,13 @@ def _batch_api(state: ServerState) -> BatchAPI:
         return max(0, min(most, seqs - state.admission.pending))
 
     return open_batch_api(
-        options.data_dir, state.thread, state.model_id, state.decoder, room,
+        options.data_dir,
+        state.thread,
+        state.model_id,
+        state.decoder,
+        room,
         options.max_file_bytes,
-    )  # fmt: skip
+    )
 
 
 def stop_generating(app: Starlette) -> None:

@@ -59,8 +59,10 @@ def count_requests(path: Path, endpoint: str, model: str) -> int:
                     problems.append(f"line {number}: {problem}")
     if problems:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
-        raise invalid("the input file is not a valid batch: " + "; ".join(problems[:SHOWN]) + more,
-                      "input_file_id")  # fmt: skip
+        raise invalid(
+            "the input file is not a valid batch: " + "; ".join(problems[:SHOWN]) + more,
+            "input_file_id",
+        )
     if not seen:
         raise invalid("the input file has no requests", "input_file_id")
     job = batch_job("check", path)

@@ -23,9 +23,11 @@ WINDOW_S = 24 * 3600  # completion_window "24h", the one value OpenAI accepts
 
 def not_found(batch_id: str) -> APIError:
     return APIError(
-        404, f"no batch {batch_id!r}; see GET /v1/batches", param="batch_id",
+        404,
+        f"no batch {batch_id!r}; see GET /v1/batches",
+        param="batch_id",
         code="batch_not_found",
-    )  # fmt: skip
+    )
 
 
 def public(batch: dict[str, Any]) -> dict[str, Any]:

@@ -73,9 +73,11 @@ async def delete_file(request: Request) -> Response:
     batches = api.batches.all()
     if any(b["input_file_id"] == file_id and b["status"] in ACTIVE for b in batches):
         raise APIError(
-            409, f"file {file_id} is the input of an unfinished batch; cancel it first",
-            param="file_id", code="file_in_use",
-        )  # fmt: skip
+            409,
+            f"file {file_id} is the input of an unfinished batch; cancel it first",
+            param="file_id",
+            code="file_in_use",
+        )
     api.files.delete(file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
@@ -86,12 +88,14 @@ async def create_batch(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_bytes)
     unknown = sorted(set(body) - set(BATCH_FIELDS))
     if unknown:
-        raise invalid(f"unknown field {unknown[0]!r}; a batch takes {', '.join(BATCH_FIELDS)}",
-                      unknown[0])  # fmt: skip
+        raise invalid(
+            f"unknown field {unknown[0]!r}; a batch takes {', '.join(BATCH_FIELDS)}", unknown[0]
+        )
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str):
-        raise invalid("input_file_id must be the id of a file uploaded with purpose 'batch'",
-                      "input_file_id")  # fmt: skip
+        raise invalid(
+            "input_file_id must be the id of a file uploaded with purpose 'batch'", "input_file_id"
+        )
     endpoint = check_endpoint(body.get("endpoint"))
     if body.get("completion_window") != "24h":
         raise invalid("completion_window must be '24h'", "completion_window")
@@ -120,9 +124,11 @@ async def cancel_batch(request: Request) -> Response:
     batch = api.batches.get(batch_id)
     if batch["status"] not in ("validating", "in_progress", "cancelling"):
         raise APIError(
-            409, f"batch {batch_id} is {batch['status']}; only an unfinished batch can be "
-            "cancelled", param="batch_id", code="batch_not_cancellable",
-        )  # fmt: skip
+            409,
+            f"batch {batch_id} is {batch['status']}; only an unfinished batch can be cancelled",
+            param="batch_id",
+            code="batch_not_cancellable",
+        )
     batch = api.batches.set_status(batch_id, "cancelling", when=("validating", "in_progress"))
     api.worker.cancel(batch_id)
     return JSONResponse(public(batch))
@@ -133,8 +139,9 @@ def _metadata(value: Any) -> dict[str, str] | None:
         return None
     ok = isinstance(value, dict) and len(value) <= MAX_METADATA
     if not ok or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise invalid(f"metadata must be an object of up to {MAX_METADATA} string values",
-                      "metadata")  # fmt: skip
+        raise invalid(
+            f"metadata must be an object of up to {MAX_METADATA} string values", "metadata"
+        )
     return value
 
 

@@ -34,16 +34,20 @@ class BatchAPI:
     def metrics(self) -> list[str]:
         """Rows done, failed and total per unfinished batch, and batches per status."""
         batches = self.batches.all()
-        lines = ["# HELP macbatch_batch_requests Requests of each unfinished batch, by state.",
-                 "# TYPE macbatch_batch_requests gauge"]  # fmt: skip
+        lines = [
+            "# HELP macbatch_batch_requests Requests of each unfinished batch, by state.",
+            "# TYPE macbatch_batch_requests gauge",
+        ]
         for batch in batches:
             if batch["status"] in ACTIVE:
                 for state, count in batch["request_counts"].items():
                     lines.append(
                         f'macbatch_batch_requests{{batch="{batch["id"]}",state="{state}"}} {count}'
                     )
-        lines += ["# HELP macbatch_batches Batches kept by this server, by status.",
-                  "# TYPE macbatch_batches gauge"]  # fmt: skip
+        lines += [
+            "# HELP macbatch_batches Batches kept by this server, by status.",
+            "# TYPE macbatch_batches gauge",
+        ]
         statuses = sorted({b["status"] for b in batches})
         for status in statuses:
             count = sum(b["status"] == status for b in batches)

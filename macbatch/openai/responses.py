@@ -14,6 +14,8 @@ from macbatch.engine import FinishReason, RequestOutput
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai.requests import Endpoint, Generation
 
+LOWEST_LOGPROB = -9999.0  # OpenAI's logprob for a token with no chance (JSON has no -inf)
+
 
 class TokenDecoder(Protocol):
     """What logprobs need from a tokenizer: the text of a token."""
@@ -88,7 +90,12 @@ class Formatter(ABC):
         if self.top_logprobs is None or out.logprobs is None:
             return []
         tops = out.top_logprobs or [{} for _ in out.logprobs]  # one per token, as logprobs
-        return list(zip(out.token_ids[start:], out.logprobs[start:], tops[start:]))
+        return [
+            (token, _finite(logprob), {t: _finite(lp) for t, lp in top.items()})
+            for token, logprob, top in zip(
+                out.token_ids[start:], out.logprobs[start:], tops[start:]
+            )
+        ]
 
 
 class ChatFormatter(Formatter):
@@ -251,6 +258,12 @@ def _reasoning(text: str | None) -> dict[str, str]:
     """Reasoning under both names clients read: ``reasoning_content`` (DeepSeek, vLLM) and
     ``reasoning`` (OpenRouter, newer vLLM)."""
     return {} if text is None else {"reasoning_content": text, "reasoning": text}
+
+
+def _finite(logprob: float) -> float:
+    """A token a constraint masked out has logprob -inf, which JSON cannot carry: OpenAI's
+    lowest value, ``LOWEST_LOGPROB``, stands for it."""
+    return max(logprob, LOWEST_LOGPROB)
 
 
 def _ranked(top: dict[int, float]) -> list[tuple[int, float]]:

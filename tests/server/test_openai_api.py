@@ -297,3 +297,27 @@ def test_every_sampling_field_reaches_the_engine(client: openai.OpenAI, served: 
         model=response_model(client), prompt=TEXT, extra_body=extra, **fields
     )
     assert response.choices[0].text == expected.text
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_logprobs_of_masked_tokens_are_json(client: openai.OpenAI, chat: bool) -> None:
+    """A choice constraint masks every other token to -inf, which JSON cannot carry (found by
+    tests/fuzz): the alternatives come back with OpenAI's lowest logprob, -9999."""
+    from macbatch.openai.responses import LOWEST_LOGPROB
+
+    model = client.models.list().data[0].id
+    extra = {"guided_choice": ["0"]}
+    if chat:
+        reply = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "0"}], max_tokens=1,
+            logprobs=True, top_logprobs=2, extra_body=extra,
+        )  # fmt: skip
+        [entry] = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+        alternatives = [top.logprob for top in entry.top_logprobs]
+    else:
+        completion = client.completions.create(
+            model=model, prompt="0", max_tokens=1, logprobs=2, extra_body=extra
+        )
+        [top] = completion.choices[0].logprobs.top_logprobs  # type: ignore[union-attr]
+        alternatives = sorted(top.values(), reverse=True)
+    assert alternatives[0] == 0.0 and alternatives[1] == LOWEST_LOGPROB

@@ -332,7 +332,12 @@ class ModelAdapter:
             else:
                 kv, writes = next(attention)
                 caches.append(PagedLayerCache(stores, kv, batch, writes))
-        return self.inner(batch.token_ids[:, None], cache=caches)
+        inputs = batch.token_ids[:, None]
+        if batch.image_rows is None:
+            return self.inner(inputs, cache=caches)
+        embeddings = self.inner.embed_tokens(inputs)
+        embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
+        return self.inner(inputs, cache=caches, input_embeddings=embeddings)
 
     def forward(
         self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None

@@ -52,13 +52,24 @@ def check_chat_template_kwargs(kwargs: Any) -> dict[str, Any]:
 
 
 def check_content_parts(messages: Sequence[dict[str, Any]]) -> None:
-    """``ValueError`` for content parts: the text model of a multimodal checkpoint is served, so
-    image or audio parts are refused, not dropped."""
+    """``ValueError`` for content parts other than text and checked images (the request layer's
+    ``{"type": "image", "image": Image}``): raw OpenAI image or audio parts are refused, not
+    dropped."""
+    from macbatch.engine.images import Image
+
     for i, message in enumerate(messages):
-        if isinstance(message.get("content"), list):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            if kind == "image" and isinstance(part.get("image"), Image):
+                continue
             raise ValueError(
-                f"chat message {i} has content parts (images, audio ...): macbatch serves text "
-                "models, and the text model of multimodal checkpoints; send the content as a string"
+                f"chat message {i} has a content part macbatch cannot read ({kind!r}); parts are "
+                "text, or images as macbatch.openai's chat_messages reads image_url parts"
             )
 
 

@@ -30,6 +30,7 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestOutput
+from macbatch.engine.vision import vision_for
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tokenizer import Tokenizer
@@ -130,7 +131,10 @@ class Engine(PromptEncoder):
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
-        return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
+        engine = cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
+        if group is None:  # a launched group pages text only (docs/vision.md)
+            engine.processor.vision = vision_for(name, engine.runner.model)
+        return engine
 
     # -- requests --------------------------------------------------------------------------
 
@@ -271,6 +275,9 @@ class Engine(PromptEncoder):
         batch = pack(
             plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
         )
+        vision = self.processor.vision
+        if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
+            batch.image_rows, batch.image_embeddings = images
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)

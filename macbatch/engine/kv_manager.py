@@ -28,7 +28,7 @@ class HasTokens(Protocol):
 
     request_id: str
 
-    def token_slice(self, start: int, stop: int) -> list[int]: ...
+    def hash_slice(self, start: int, stop: int) -> list[int]: ...
 
 
 class KVManager:
@@ -86,7 +86,7 @@ class KVManager:
         if self.prefix_root is None or request.request_id in self._blocks:
             return 0
         usable = (num_tokens - 1) // self.block_size
-        tokens = request.token_slice(0, usable * self.block_size)
+        tokens = request.hash_slice(0, usable * self.block_size)
         blocks, hashes = [], []
         for digest in chain_block_hashes(self.prefix_root, tokens, self.block_size):
             block = self.pool.lookup(digest)
@@ -173,7 +173,7 @@ class KVManager:
         if full <= done:
             return
         previous = hashes[-1] if done else self.prefix_root
-        tokens = request.token_slice(done * self.block_size, full * self.block_size)
+        tokens = request.hash_slice(done * self.block_size, full * self.block_size)
         new = chain_block_hashes(previous, tokens, self.block_size)
         for block, digest in zip(blocks[done:full], new):
             self.pool.register(block, digest)

@@ -47,6 +47,11 @@ class PackedBatch:
         default=None, metadata={"rank_local": True}
     )
 
+    # Image rows (vision models): the rows whose input is an image embedding, not their token's.
+    # Rank 0's alone (the engine sets them after packing, from its vision encoder).
+    image_rows: mx.array | None = field(default=None, metadata={"rank_local": True})
+    image_embeddings: mx.array | None = field(default=None, metadata={"rank_local": True})
+
     @cached_property
     def attention(self) -> AttentionMetadata:
         """What every full-attention layer reads of this step, made once per step on first use

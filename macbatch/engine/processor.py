@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from macbatch.engine import chat_template
 from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
+from macbatch.engine.images import images_of
 from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.reasoning import ReasoningTracker
 from macbatch.engine.request import PromptTooLongError, Request, RequestMetrics
@@ -27,6 +29,7 @@ from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.tool_calls import check_tools, template_messages
 
 if TYPE_CHECKING:
+    from macbatch.engine.vision import VisionEncoder
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
@@ -41,14 +44,31 @@ class InputProcessor:
         self.constraints = constraints
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
         self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
+        # The model's vision encoder, or why requests with images are refused.
+        self.vision: VisionEncoder | str = (
+            "this engine was built from a model object; load the model by name for images"
+        )
 
     def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
         messages templated with the prompt's template variables and tools."""
-        ids = self._encode(prompt)
+        return self.encode_with_images(prompt)[0]
+
+    def encode_with_images(self, prompt: PromptInput) -> tuple[list[int], PromptImages | None]:
+        """``encode``, and where the prompt's images are: with images, the template's text goes
+        through the model's processor, which expands each image's placeholder."""
+        images = images_of(prompt.prompt)
+        if not images:
+            ids, placed = self._encode(prompt), None
+        elif isinstance(self.vision, str):
+            raise ValueError(f"the prompt has {len(images)} image(s), but {self.vision}")
+        else:
+            assert isinstance(prompt.prompt, Sequence)
+            text = self._render_chat([m for m in prompt.prompt if isinstance(m, dict)], prompt)
+            ids, placed = self.vision.prompt_images(text, images)
         if not ids:
             raise ValueError("prompt is empty")
-        return ids
+        return ids, placed
 
     def _encode(self, prompt: PromptInput) -> list[int]:
         if prompt.tools is not None and not prompt.is_chat:
@@ -80,6 +100,10 @@ class InputProcessor:
     def _apply_chat_template(
         self, messages: list[dict[str, Any]], prompt: PromptInput
     ) -> list[int]:
+        text = self._render_chat(messages, prompt)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _render_chat(self, messages: list[dict[str, Any]], prompt: PromptInput) -> str:
         chat_template.check_content_parts(messages)
         messages = template_messages(messages)  # tool calls and results in the history
         if not chat_template.has_chat_template(self.tokenizer):
@@ -89,7 +113,7 @@ class InputProcessor:
         variables = chat_template.check_chat_template_kwargs(prompt.chat_template_kwargs)
         if prompt.tools is not None:
             variables["tools"] = check_tools(prompt.tools)
-        return chat_template.encode_chat(self.tokenizer, messages, variables)
+        return chat_template.render_chat(self.tokenizer, messages, variables)
 
     def process(
         self, prompt: PromptInput, params: SamplingParams, request_id: str | None = None
@@ -97,7 +121,7 @@ class InputProcessor:
         """Validate and tokenize; ``ValueError`` saying what is wrong (no MLX work happens)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        ids = self.encode(prompt)
+        ids, images = self.encode_with_images(prompt)
         limit, what = self.info.context_limit, self.info.context_limit_reason
         room = limit - len(ids)
         if room < 1:
@@ -130,6 +154,7 @@ class InputProcessor:
             capped_max_tokens=room if capped else None,
             reasoning=reasoning,
             constraint=constraint,
+            images=images,
         )
 
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from macbatch.engine.constraints import ConstraintState
+from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.text import NO_TEXT, FixedText, ReplyText, TextView
@@ -204,6 +205,7 @@ class Request:
     capped_max_tokens: int | None = None
     reasoning: ReasoningTracker | None = None
     constraint: ConstraintState | None = None
+    images: PromptImages | None = None  # where its images' rows are (vision models only)
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 
@@ -257,6 +259,11 @@ class Request:
         if stop <= split:
             return self.prompt_token_ids[start:stop]
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - split]
+
+    def hash_slice(self, start: int, stop: int) -> list[int]:
+        """``token_slice`` as the prefix cache hashes it: image rows keyed by their images."""
+        tokens = self.token_slice(start, stop)
+        return tokens if self.images is None else self.images.hash_tokens(tokens, start)
 
     @property
     def num_known_tokens(self) -> int:

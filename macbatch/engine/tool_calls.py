@@ -347,7 +347,7 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
             if role != "assistant" or not isinstance(calls, list):
                 raise ValueError(f"{where}: only an assistant message has a list of tool_calls")
             message = dict(message, content=content or "", tool_calls=_history_calls(calls, where))
-        elif not isinstance(content, str):
+        elif not isinstance(content, (str, list)):  # a list: parts check_content_parts read
             raise ValueError(f"{where} must have string 'role' and 'content' fields, got {message}")
         if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
             raise ValueError(f"{where}: a tool result's tool_call_id must be a string")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.image_parts import image_part
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "video_url", "file")
+_MEDIA_PARTS = ("input_image", "image", "input_audio", "audio", "video_url", "file")
 # message fields the template needs besides role and content (the engine checks their shape)
 _TOOL_FIELDS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 
@@ -17,7 +18,7 @@ CompletionPrompt = str | list[int]
 
 def chat_messages(value: Any) -> list[dict[str, Any]]:
     """Messages with a known role (``developer`` read as ``system``, as OpenAI does for models
-    without it) and text content (a list of text parts joined)."""
+    without it) and text content (a list of text parts joined), or text and image parts."""
     if not isinstance(value, list) or not value:
         raise InvalidRequest(
             "'messages' must be a non-empty list of {role, content} objects", "messages"
@@ -42,29 +43,35 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _content(value: Any, where: str) -> str:
-    """Message content: a string, or a list of text parts (joined); other parts are refused."""
+def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """Message content: a string, or a list of parts: text parts are joined into a string when
+    there is no image; with images, a list of text and ``{"type": "image", "image": Image}``
+    parts in order (the form multimodal chat templates read). Other parts are refused."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
-    if isinstance(value, list):
-        texts = []
-        for part in value:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in _MEDIA_PARTS:
-                raise InvalidRequest(
-                    f"{where}.content: '{kind}' parts are not supported: macbatch serves the text "
-                    "model of multimodal checkpoints; send text parts only",
-                    where,
-                )
-            if kind != "text":
-                raise InvalidRequest(f"{where}.content: only text parts are supported", where)
-            if not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"{where}.content: a text part needs a string 'text'", where)
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequest(f"{where}.content must be a string or a list of text parts", where)
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of parts", where)
+    parts = [_part(part, f"{where}.content[{i}]") for i, part in enumerate(value)]
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image_url":
+        return {"type": "image", "image": image_part(part, where)}
+    if kind in _MEDIA_PARTS:
+        raise InvalidRequest(
+            f"{where}: '{kind}' parts are not supported; images go in 'image_url' parts", where
+        )
+    if kind != "text":
+        raise InvalidRequest(f"{where}: only text and image_url parts are supported", where)
+    if not isinstance(part.get("text"), str):
+        raise InvalidRequest(f"{where}: a text part needs a string 'text'", where)
+    return {"type": "text", "text": part["text"]}
 
 
 def completion_prompts(value: Any) -> list[CompletionPrompt]:

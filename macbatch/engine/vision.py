@@ -1,0 +1,178 @@
+"""Vision through mlx-vlm: which checkpoints can take images, their prompt ids with each image's
+placeholder rows expanded, and the image embeddings (the vision tower and projector), encoded
+once per image content and kept in a byte-budgeted cache.
+
+The text model stays mlx-lm's (the engine pages it); mlx-vlm's model keeps only its vision
+tower and projector, and reads token embeddings from the engine's text model, so no weight is
+held twice. mlx-vlm is an optional extra (``macbatch[vision]``); without it, or for a text-only
+or not yet supported checkpoint, ``unavailable_reason`` says why and requests with images are
+refused with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from macbatch.engine.images import VISION_EXTRA, Image
+from macbatch.engine.prompt_images import PromptImages
+
+# Families whose image rows are ordinary causal rows at 1-D RoPE positions: the paged step runs
+# them as it runs text. The others need what the paged step does not do yet.
+SUPPORTED = ("mistral3",)
+REFUSED = {
+    "gemma3": "Gemma 3 attends bidirectionally within an image span; the paged step is causal",
+    "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
+    "qwen2_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+    "qwen2_5_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+    "qwen3_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+    "qwen3_5": "Qwen3.5 places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+}
+ENCODE_CACHE_BYTES = 256 * 2**20
+
+
+def unavailable_reason(path: Path | str, model_name: str) -> str | None:
+    """Why the checkpoint at ``path`` cannot take images here (None: it can)."""
+    config_file = Path(path) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    model_type = config.get("model_type", "?")
+    if "vision_config" not in config:
+        return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
+    if model_type in REFUSED:
+        return f"images for '{model_type}' models are not supported yet: {REFUSED[model_type]}"
+    if model_type not in SUPPORTED:
+        return (
+            f"images for '{model_type}' models are not supported yet (supported: "
+            f"{', '.join(SUPPORTED)})"
+        )
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError:
+        return f"images need mlx-vlm, which is not installed: {VISION_EXTRA}"
+    return None
+
+
+def vision_for(name: str, text_model: nn.Module) -> VisionEncoder | str:
+    """The vision encoder of model ``name`` (as the loader resolves it), or why it has none."""
+    from macbatch.engine.loader import resolve_model_path
+
+    path = resolve_model_path(name)
+    if isinstance(path, str):  # a hub id: mlx-lm has downloaded it by now
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(path, local_files_only=True))
+    reason = unavailable_reason(path, name)
+    return reason if reason is not None else VisionEncoder(path, text_model)
+
+
+class EncodeCache:
+    """Image embeddings by image digest, least recently used dropped past ``budget`` bytes."""
+
+    def __init__(self, budget: int = ENCODE_CACHE_BYTES) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self.encoded = 0  # how many images were run through the tower (hits do not count)
+        self._entries: OrderedDict[str, mx.array] = OrderedDict()
+
+    def get(self, digest: str) -> mx.array | None:
+        found = self._entries.get(digest)
+        if found is not None:
+            self._entries.move_to_end(digest)
+        return found
+
+    def put(self, digest: str, embeddings: mx.array) -> None:
+        self.encoded += 1
+        self._entries[digest] = embeddings
+        self.bytes += embeddings.nbytes
+        while self.bytes > self.budget and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= dropped.nbytes
+
+
+class VisionEncoder:
+    """mlx-vlm's processor and vision half of one checkpoint (thread use: ``prompt_images`` on
+    any thread, ``embeddings`` on the engine thread only)."""
+
+    def __init__(self, path: Path | str, text_model: nn.Module) -> None:
+        from mlx_vlm.utils import load
+
+        vlm, self.processor = load(str(path))
+        vlm.language_model = text_model  # its embed_tokens; the duplicate weights are freed
+        self.model = vlm
+        self.image_token = int(vlm.config.image_token_index)
+        self.cache = EncodeCache()
+
+    def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
+        """The prompt's ids with each image's placeholder expanded (the processor's own rule, as
+        mlx-vlm's ``generate`` tokenizes it), and where its image rows are."""
+        ids = self._inputs(text, images)["input_ids"]
+        flat = [int(t) for t in np.array(ids).reshape(-1)]
+        positions = np.flatnonzero(np.array(flat) == self.image_token)
+        if not positions.size:
+            raise ValueError(
+                "the prompt has images but no image placeholder: the chat template did not "
+                "render the image parts"
+            )
+        return flat, PromptImages(tuple(images), positions)
+
+    def _inputs(self, text: str, images: Sequence[Image]) -> dict[str, Any]:
+        from mlx_vlm.utils import prepare_inputs
+
+        return dict(
+            prepare_inputs(
+                self.processor,
+                images=[image.pil() for image in images],
+                prompts=text,
+                image_token_index=self.image_token,
+            )
+        )
+
+    def embeddings(self, images: PromptImages) -> mx.array:
+        """``[P, H]``: every image row's embedding in prompt order (each image encoded once)."""
+        parts = [self._encoded(image) for image in images.images]
+        joined = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+        if joined.shape[0] != images.positions.size:
+            raise ValueError(
+                f"the prompt has {images.positions.size} image rows but its images encode to "
+                f"{joined.shape[0]}"
+            )
+        return joined
+
+    def _encoded(self, image: Image) -> mx.array:
+        found = self.cache.get(image.digest)
+        if found is not None:
+            return found
+        inputs = self._inputs(self.processor.image_token, [image])
+        ids = inputs.pop("input_ids")
+        inputs.pop("attention_mask", None)
+        features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
+        rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
+        encoded = features[rows]
+        mx.eval(encoded)
+        self.cache.put(image.digest, encoded)
+        return encoded
+
+    def step_inputs(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
+        """The packed rows of a step's chunks (``StepPlan.chunks``, in packing order) that are
+        image rows, and their embeddings (None: the step has none). A chunk boundary may fall
+        anywhere in an image's rows: each chunk takes the rows at its positions."""
+        rows, parts = [], []
+        offset = 0
+        for chunk in chunks:
+            images = chunk.request.images
+            if images is not None:
+                lo, hi = images.rows_between(chunk.start, chunk.start + chunk.num_tokens)
+                if hi > lo:
+                    rows.append(images.positions[lo:hi] - chunk.start + offset)
+                    parts.append(self.embeddings(images)[lo:hi])
+            offset += chunk.num_tokens
+        if not rows:
+            return None
+        return mx.array(np.concatenate(rows).astype(np.int32)), mx.concatenate(parts)

@@ -30,10 +30,10 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestOutput
-from macbatch.engine.vision import vision_for
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.vision import vision_for
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper

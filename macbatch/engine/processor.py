@@ -21,16 +21,17 @@ from macbatch.engine import chat_template
 from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
 from macbatch.engine.images import images_of
 from macbatch.engine.model_info import EngineInfo
-from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.reasoning import ReasoningTracker
 from macbatch.engine.request import PromptTooLongError, Request, RequestMetrics
 from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.tool_calls import check_tools, template_messages
 
 if TYPE_CHECKING:
-    from macbatch.engine.vision import VisionEncoder
     from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    from macbatch.engine.vision import VisionEncoder
 
 
 class InputProcessor:

@@ -1,0 +1,56 @@
+"""The tiny Mistral 3 VLM (tests/support/tiny_vlm.py) saved once per session, its images on disk,
+and mlx-vlm's own greedy generation as the oracle."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx_vlm", reason="the vision extra: pip install -e '.[vision]'")
+
+from tests.support.tiny_vlm import png_bytes, save_tiny_vlm  # noqa: E402
+
+# (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
+IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]
+
+
+@pytest.fixture(scope="session")
+def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-mistral3")
+
+
+@pytest.fixture(scope="session")
+def image_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("images")
+    paths = []
+    for width, height, seed in IMAGE_SPECS:
+        path = folder / f"image{seed}.png"
+        path.write_bytes(png_bytes(width, height, seed))
+        paths.append(path)
+    return paths
+
+
+@cache
+def _mlx_vlm(path: str) -> tuple:
+    from mlx_vlm import load
+
+    return load(path)
+
+
+def mlx_vlm_greedy(path: Path, text: str, images: list[Path], max_tokens: int) -> list[int]:
+    """mlx-vlm's own ``generate`` at temperature 0: the ids it samples."""
+    from mlx_vlm import generate
+
+    model, processor = _mlx_vlm(str(path))
+    result = generate(
+        model,
+        processor,
+        text,
+        image=[str(p) for p in images],
+        max_tokens=max_tokens,
+        temperature=0.0,
+        verbose=False,
+    )
+    return list(result.token_ids)

@@ -1,0 +1,98 @@
+"""Images in the packed step: greedy ids equal mlx-vlm's own generation with several prompts and
+images in flight, prefill chunks that split an image's rows, and a second pass that hits the
+encode cache and the prefix cache (different images never share blocks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.images import load_image
+from macbatch.engine.prompt import PromptInput
+from tests.support.tiny import save_model
+from tests.support.tiny_vlm import png_bytes
+from tests.vision.conftest import mlx_vlm_greedy
+
+QUESTIONS = ["what is this?", "describe the picture in detail please", "colors?", "count them"]
+PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def chat(question: str, images: list[Path]) -> PromptInput:
+    parts = [{"type": "image", "image": load_image(p.read_bytes(), str(p))} for p in images]
+    return PromptInput([{"role": "user", "content": [*parts, {"type": "text", "text": question}]}])
+
+
+def rendered(question: str, images: list[Path]) -> str:
+    """What the tiny model's template renders (mlx-vlm is given the same text)."""
+    return "<s>[INST]" + "[IMG]" * len(images) + question + "[/INST]"
+
+
+@pytest.fixture(scope="module")
+def engine(vlm_path: Path) -> Engine:
+    # 8-token blocks and 12-token prefill chunks: every image's rows span a chunk boundary
+    config = EngineConfig(num_blocks=256, block_size=8, max_num_batched_tokens=12)
+    return Engine.load(str(vlm_path), config)
+
+
+def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
+    one, two, three, four = image_files
+    return [
+        (QUESTIONS[0], [one]),
+        (QUESTIONS[1], [two]),
+        (QUESTIONS[2], [three, four]),  # two images in one message
+        (QUESTIONS[3], [four]),
+    ]
+
+
+def test_greedy_ids_equal_mlx_vlm_with_several_in_flight(
+    engine: Engine, vlm_path: Path, image_files: list[Path]
+) -> None:
+    todo = cases(image_files)
+    outputs = engine.generate([chat(q, imgs) for q, imgs in todo], PARAMS)
+    for (question, images), out in zip(todo, outputs):
+        expected = mlx_vlm_greedy(vlm_path, rendered(question, images), images, 8)
+        assert out.token_ids == expected, (question, [p.name for p in images])
+
+
+def test_second_pass_hits_the_encode_and_prefix_caches(
+    engine: Engine, vlm_path: Path, image_files: list[Path]
+) -> None:
+    vision = engine.processor.vision
+    assert not isinstance(vision, str)
+    question, images = QUESTIONS[1], [image_files[1]]
+    [first] = engine.generate([chat(question, images)], PARAMS)
+    encoded = vision.cache.encoded
+    request = engine.processor.process(chat(question, images), PARAMS)
+    engine.enqueue(request)
+    while engine.has_unfinished():
+        engine.step()
+    assert vision.cache.encoded == encoded  # the image was not run through the tower again
+    assert request.metrics.cached_tokens >= 16  # whole blocks through the image rows
+    assert request.output_token_ids == first.token_ids
+
+
+def test_a_different_image_never_shares_the_image_blocks(
+    engine: Engine, vlm_path: Path, image_files: list[Path]
+) -> None:
+    question = "same words, different picture"
+    engine.generate([chat(question, [image_files[1]])], PARAMS)
+    other = [image_files[0].parent / "other.png"]
+    other[0].write_bytes(png_bytes(64, 48, 99))  # the same size: the same token ids
+    request = engine.processor.process(chat(question, other), PARAMS)
+    engine.enqueue(request)
+    while engine.has_unfinished():
+        engine.step()
+    first_image_row = int(request.images.positions[0]) if request.images else 0
+    assert request.metrics.cached_tokens <= first_image_row
+    expected = mlx_vlm_greedy(vlm_path, rendered(question, other), other, 8)
+    assert request.output_token_ids == expected
+
+
+def test_an_image_for_a_text_only_model_is_refused(tmp_path: Path, image_files: list[Path]) -> None:
+    engine = Engine.load(str(save_model(tmp_path / "llama", "llama")), EngineConfig(num_blocks=16))
+    with pytest.raises(ValueError, match="text-only model .* cannot read images"):
+        engine.add_request(chat("what?", [image_files[0]]))
+    [out] = engine.generate(["hello"], PARAMS)  # and it keeps serving
+    assert len(out.token_ids) == 8

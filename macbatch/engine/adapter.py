@@ -333,7 +333,7 @@ class ModelAdapter:
                 kv, writes = next(attention)
                 caches.append(PagedLayerCache(stores, kv, batch, writes))
         inputs = batch.token_ids[:, None]
-        if batch.image_rows is None:
+        if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=caches)
         embeddings = self.inner.embed_tokens(inputs)
         embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)

@@ -111,16 +111,6 @@ def render_chat(
         raise ValueError(f"the model's chat template refused these messages: {exc}") from exc
 
 
-def encode_chat(
-    tokenizer: Tokenizer,
-    messages: Sequence[dict[str, Any]],
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-) -> list[int]:
-    """Ids of the rendered chat (the template writes every special token itself)."""
-    text = render_chat(tokenizer, messages, chat_template_kwargs)
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def template_source(tokenizer: Tokenizer) -> str:
     """The chat template's Jinja text ('' when there is none); several named ones are joined."""
     template = getattr(_hf_tokenizer(tokenizer), "chat_template", None)

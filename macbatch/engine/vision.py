@@ -103,7 +103,8 @@ class VisionEncoder:
     def __init__(self, path: Path | str, text_model: nn.Module) -> None:
         from mlx_vlm.utils import load
 
-        vlm, self.processor = load(str(path))
+        vlm, processor = load(str(path))
+        self.processor: Any = processor
         vlm.language_model = text_model  # its embed_tokens; the duplicate weights are freed
         self.model = vlm
         self.image_token = int(vlm.config.image_token_index)

@@ -174,11 +174,10 @@ def test_bad_template_arguments_are_400s(body: dict, param: str) -> None:
     assert info.value.param == param
 
 
-def test_an_image_part_gets_a_clear_error() -> None:
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+def test_an_audio_part_gets_a_clear_error() -> None:
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, audio]}]
     with pytest.raises(InvalidRequest) as info:
         parse_chat({"messages": messages})
-    assert info.value.param == "messages[0]"
-    assert "'image_url' parts are not supported" in str(info.value)
-    assert "text model of multimodal checkpoints" in str(info.value)
+    assert info.value.param == "messages[0].content[1]"
+    assert "'input_audio' parts are not supported" in str(info.value)

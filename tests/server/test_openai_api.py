@@ -225,7 +225,10 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"tools": [{"type": "function", "function": {"name": "f f"}}]}, "tools"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
     ],
 )
 def test_invalid_chat_fields_are_400(

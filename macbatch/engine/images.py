@@ -66,7 +66,7 @@ def load_image(data: bytes, where: str) -> Image:
 
 def images_of(messages: Any) -> tuple[Image, ...]:
     """The images of chat messages, in order (parts ``{"type": "image", "image": Image}``)."""
-    if isinstance(messages, str):
+    if isinstance(messages, str) or not isinstance(messages, (list, tuple)):
         return ()
     found = []
     for message in messages:

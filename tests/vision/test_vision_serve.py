@@ -1,0 +1,68 @@
+"""serve: chat completions with image_url parts through the official openai client, against the
+tiny VLM; the reply's ids are mlx-vlm's own greedy ones, and a bad image is a 400 naming the part
+while the server keeps answering."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.server.conftest import Served, serving, start_engine
+from tests.vision.conftest import mlx_vlm_greedy
+
+
+@pytest.fixture(scope="module")
+def served(vlm_path: Path) -> Iterator[Served]:
+    thread = start_engine(vlm_path)
+    with serving(thread) as server:
+        yield server
+    thread.shutdown()
+
+
+def test_chat_with_two_images_matches_mlx_vlm(served: Served, vlm_path: Path, image_files):
+    first, second = image_files[0], image_files[3]
+    encoded = base64.b64encode(second.read_bytes()).decode()
+    client = openai.OpenAI(base_url=served.api, api_key="none")
+    reply = client.chat.completions.create(
+        model=str(vlm_path),
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": first.as_uri()}},
+                    {"type": "text", "text": "compare"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encoded}"}},
+                ],
+            }
+        ],
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+    )
+    tokenizer = served.thread.call(lambda engine: engine.tokenizer).result(timeout=30)
+    expected = mlx_vlm_greedy(vlm_path, "<s>[INST][IMG]compare[IMG][/INST]", [first, second], 6)
+    assert reply.choices[0].logprobs is not None
+    texts = [t.token for t in reply.choices[0].logprobs.content]
+    assert texts == [tokenizer.decode([t]) for t in expected]
+    assert reply.usage is not None and reply.usage.prompt_tokens > 20  # the image rows count
+
+
+def test_a_bad_image_is_a_400_and_the_server_keeps_answering(
+    served: Served, vlm_path: Path
+) -> None:
+    client = openai.OpenAI(base_url=served.api, api_key="none")
+    bad = {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=str(vlm_path), messages=[{"role": "user", "content": [bad]}], max_tokens=2
+        )
+    assert info.value.body["param"] == "messages[0].content[0]"
+    assert "not a readable image" in info.value.body["message"]
+    reply = client.chat.completions.create(
+        model=str(vlm_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert reply.choices[0].finish_reason == "length"

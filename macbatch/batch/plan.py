@@ -87,6 +87,7 @@ def prepare(job: JobSpec) -> InputFile | None:
             f"{where} has no 'prompt' or 'messages' field and the job has no template; "
             f"add template: naming fields of the rows (they have: {', '.join(header)})"
         )
+    needed += [(name, "images") for image in job.images for name in template_fields(image)]
     if job.input.id is not None:
         needed += [(name, "input.id") for name in template_fields(job.input.id)]
     if job.score is not None:
@@ -230,13 +231,13 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
             raise ValueError("the row has chat messages but the job sets chat: false")
         return _RowRequest(_body_prompt(endpoint, body), sampling, options, generation)
     if job.template is not None:
-        prompt = _chat(job, render(job.template, fields))
+        prompt = _chat(job, render(job.template, fields), fields)
     elif "messages" in fields:
         if not job.chat:
             raise ValueError("the row has chat messages but the job sets chat: false")
         prompt = fields["messages"]
     else:
-        prompt = _chat(job, _text(fields["prompt"]) or "")
+        prompt = _chat(job, _text(fields["prompt"]) or "", fields)
     endpoint = Endpoint.CHAT if isinstance(prompt, list) else Endpoint.COMPLETION
     built: dict[str, Any] = {**job.sampling, **(job.options or {})}
     if endpoint is Endpoint.CHAT:
@@ -272,12 +273,19 @@ def _body_prompt(endpoint: Endpoint, body: dict[str, Any]) -> Prompt:
     return body.get("messages" if endpoint is Endpoint.CHAT else "prompt")  # type: ignore[return-value]
 
 
-def _chat(job: JobSpec, text: str) -> Prompt:
-    """A user message (after the job's system message) or, with chat: false, the raw text."""
+def _chat(job: JobSpec, text: str, fields: dict[str, Any]) -> Prompt:
+    """A user message (after the job's system message; the job's images before its text) or,
+    with chat: false, the raw text."""
     if not job.chat:
         return text
     messages = [{"role": "system", "content": job.system}] if job.system else []
-    return [*messages, {"role": "user", "content": text}]
+    content: str | list[dict[str, Any]] = text
+    if job.images:
+        assert job.image_dir is not None
+        urls = [(job.image_dir / render(image, fields)).resolve().as_uri() for image in job.images]
+        parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+        content = [*parts, {"type": "text", "text": text}]
+    return [*messages, {"role": "user", "content": content}]
 
 
 def _text(value: Any) -> str | None:

@@ -30,6 +30,7 @@ SETTING_KEYS = (
     "chat",
     "score",
     "chat_template_kwargs",
+    "images",
     *STRUCTURED_KEYS,
 )
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
@@ -84,6 +85,10 @@ class JobSpec:
     score: ScoreSpec | None
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
     options: dict[str, Any] | None = None  # the reply's constraint, as request fields
+    # Images shown before each row's text: path templates (`"{path}"`), relative to `image_dir`
+    # (the job file's folder).
+    images: tuple[str, ...] = ()
+    image_dir: Path | None = None
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -111,7 +116,9 @@ class JobSpec:
                 if self.chat_template_kwargs
                 else {}
             ),
-        } | ({"options": self.options} if self.options else {})
+        } | ({"options": self.options} if self.options else {}) | (
+            {"images": list(self.images)} if self.images else {}
+        )
 
 
 @dataclass(frozen=True)
@@ -342,6 +349,9 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 found[1], "chat_template_kwargs needs the chat template; chat is false"
             )
     options = _structured(check, job, key, defaults, base)
+    images: tuple[str, ...] = ()
+    if (found := setting("images")) is not None:
+        images = _images(check, *found, chat)
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -376,7 +386,19 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         score=score,
         chat_template_kwargs=template_kwargs,
         options=options,
+        images=images,
+        image_dir=base if images else None,
     )
+
+
+def _images(check: _Checker, raw: Any, key: PathKey, chat: bool) -> tuple[str, ...]:
+    """`images:`: one path template or a list of them (docs/vision.md)."""
+    if not chat:
+        raise check.fail(key, "images need the chat template; chat is false")
+    listed = raw if isinstance(raw, list) else [raw]
+    if not listed:
+        raise check.fail(key, f"{dotted(key)} must be a path or a non-empty list of paths")
+    return tuple(check.template(value, (*key, i)) for i, value in enumerate(listed))
 
 
 def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("mlx_vlm", reason="the vision extra: pip install -e '.[vision]'")
 
+from tests.batch.conftest import macbatch_run, run_app  # noqa: E402, F401 (fixtures, shared)
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm  # noqa: E402
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
@@ -41,10 +43,19 @@ def _mlx_vlm(path: str) -> tuple:
 
 def mlx_vlm_greedy(path: Path, text: str, images: list[Path], max_tokens: int) -> list[int]:
     """mlx-vlm's own ``generate`` at temperature 0: the ids it samples."""
+    return list(_generate(path, text, images, max_tokens).token_ids)
+
+
+def mlx_vlm_generate(path: Path, text: str, images: list[Path], max_tokens: int) -> str:
+    """mlx-vlm's own ``generate`` at temperature 0: its text."""
+    return str(_generate(path, text, images, max_tokens).text)
+
+
+def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any:
     from mlx_vlm import generate
 
     model, processor = _mlx_vlm(str(path))
-    result = generate(
+    return generate(
         model,
         processor,
         text,
@@ -53,4 +64,3 @@ def mlx_vlm_greedy(path: Path, text: str, images: list[Path], max_tokens: int) -
         temperature=0.0,
         verbose=False,
     )
-    return list(result.token_ids)

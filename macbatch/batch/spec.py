@@ -97,27 +97,29 @@ class JobSpec:
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
-        return {
-            "model": model,
-            "input": None
-            if self.input is None
-            else {
-                "path": str(self.input.path.resolve()),
-                "format": self.input.format,
-                "id": self.input.id,
-            },
-            "template": self.template,
-            "system": self.system,
-            "sampling": self.sampling,
-            "n": self.n,
-            "chat": self.chat,
-            **(
-                {"chat_template_kwargs": self.chat_template_kwargs}
-                if self.chat_template_kwargs
-                else {}
-            ),
-        } | ({"options": self.options} if self.options else {}) | (
-            {"images": list(self.images)} if self.images else {}
+        return (
+            {
+                "model": model,
+                "input": None
+                if self.input is None
+                else {
+                    "path": str(self.input.path.resolve()),
+                    "format": self.input.format,
+                    "id": self.input.id,
+                },
+                "template": self.template,
+                "system": self.system,
+                "sampling": self.sampling,
+                "n": self.n,
+                "chat": self.chat,
+                **(
+                    {"chat_template_kwargs": self.chat_template_kwargs}
+                    if self.chat_template_kwargs
+                    else {}
+                ),
+            }
+            | ({"options": self.options} if self.options else {})
+            | ({"images": list(self.images)} if self.images else {})
         )
 
 

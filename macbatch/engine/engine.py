@@ -170,6 +170,8 @@ class Engine(PromptEncoder):
         ``ValueError`` if its id is in use."""
         if request.request_id in self._requests:
             raise ValueError(f"request id '{request.request_id}' is already in use")
+        if request.images is not None and not isinstance(self.processor.vision, str):
+            self.processor.vision.admit(request.images)
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 

@@ -135,6 +135,14 @@ class VisionEncoder:
             )
         )
 
+    def admit(self, images: PromptImages) -> None:
+        """Encode a request's images as it is queued (engine thread), so an image the tower
+        cannot read fails its own request (``ValueError``), not a step of everyone's."""
+        try:
+            mx.eval(self.embeddings(images))
+        except Exception as exc:
+            raise ValueError(f"the request's images could not be encoded: {exc}") from exc
+
     def embeddings(self, images: PromptImages) -> mx.array:
         """``[P, H]``: every image row's embedding in prompt order (each image encoded once)."""
         parts = [self._encoded(image) for image in images.images]

@@ -96,3 +96,18 @@ def test_an_image_for_a_text_only_model_is_refused(tmp_path: Path, image_files: 
         engine.add_request(chat("what?", [image_files[0]]))
     [out] = engine.generate(["hello"], PARAMS)  # and it keeps serving
     assert len(out.token_ids) == 8
+
+
+def test_preempted_image_requests_still_equal_mlx_vlm(
+    vlm_path: Path, image_files: list[Path]
+) -> None:
+    # 9 blocks of 8 tokens for four requests of ~20-40 tokens each: some are preempted and
+    # recomputed (their image rows included) from their prompt
+    config = EngineConfig(num_blocks=9, block_size=8, max_num_batched_tokens=16)
+    engine = Engine.load(str(vlm_path), config)
+    todo = cases(image_files)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
+    assert sum(out.metrics.preemptions for out in outputs) > 0
+    for (question, images), out in zip(todo, outputs):
+        assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)

@@ -17,6 +17,7 @@ from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, uns
 from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
 from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
+from macbatch.engine.vision import unavailable_reason
 from macbatch.models import describe_quantization
 
 
@@ -45,6 +46,10 @@ def check_model(name: str) -> ModelReport:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report
         _probe(path, report)
+        no_images = unavailable_reason(path, name)
+        report.rows.append(
+            ("images", "yes (docs/vision.md)" if no_images is None else f"no: {no_images}")
+        )
     except (ValueError, OSError) as exc:
         report.problem = str(exc)
     return report

@@ -1,0 +1,23 @@
+"""`macbatch doctor MODEL` says whether a checkpoint takes images, and why not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from macbatch.cli import app
+from tests.support.tiny import save_model
+
+
+def _images_row(path: Path) -> str:
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 0, result.output
+    [row] = [line for line in result.output.splitlines() if line.startswith("images")]
+    return row.partition("  ")[2].strip()
+
+
+def test_doctor_says_which_checkpoints_take_images(tmp_path: Path, vlm_path: Path) -> None:
+    assert _images_row(vlm_path).startswith("yes")
+    text_only = _images_row(save_model(tmp_path / "llama", "llama"))
+    assert text_only.startswith("no: ") and "text-only model (llama)" in text_only

@@ -23,7 +23,7 @@ from macbatch.openai.sampling import SAMPLING_FIELDS
 REFUSED = ("mcp_servers", "container")  # server-side features macbatch does not run
 _SAMPLING = tuple(name for name in SAMPLING_FIELDS if name not in ("stop", "max_tokens"))
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-_MEDIA = ("image", "document", "search_result", "container_upload")
+_MEDIA = ("document", "search_result", "container_upload")
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,25 @@ def anthropic_messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _image_url(block: dict[str, Any], at: str) -> str:
+    """An image block's source as a URL: base64 data as a data URL, or the url itself."""
+    given = block.get("source")
+    source: dict[str, Any] = given if isinstance(given, dict) else {}
+    kind = source.get("type")
+    if kind == "base64":
+        media = _string(source, "media_type", f"{at}.source")
+        return f"data:{media};base64,{_string(source, 'data', f'{at}.source')}"
+    if kind == "url":
+        return _string(source, "url", f"{at}.source")
+    raise InvalidRequest(f"{at}.source must be {{type: base64, ...}} or {{type: url, url}}", at)
+
+
 def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
     texts, results, calls, thinking = [], [], [], []
-    allowed = ("text", "tool_result") if role == "user" else ("text", "tool_use", "thinking")
+    parts: list[dict[str, Any]] = []  # a user turn's text and images in order (chat parts)
+    allowed = (
+        ("text", "tool_result", "image") if role == "user" else ("text", "tool_use", "thinking")
+    )
     for j, block in enumerate(blocks):
         at = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -119,6 +135,9 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
             )
         if kind == "text":
             texts.append(_string(block, "text", at))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block, at)}})
         elif kind == "thinking":
             thinking.append(_string(block, "thinking", at))
         elif kind == "tool_use":
@@ -130,7 +149,10 @@ def _blocks(role: str, blocks: list[Any], where: str) -> list[dict[str, Any]]:
         else:
             results.append(_result(block, at))
     if role == "user":
-        return [*results, *([{"role": "user", "content": "".join(texts)}] if texts else [])]
+        content: str | list[dict[str, Any]] = "".join(texts)
+        if len(parts) > len(texts):  # images: the chat layer reads and checks them
+            content = parts
+        return [*results, *([{"role": "user", "content": content}] if parts else [])]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         message["tool_calls"] = calls

@@ -139,10 +139,30 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         )
     content = item.get("content")
     if isinstance(content, list):
-        content = _text(content, where + ".content")
-    if not isinstance(content, str):
-        raise InvalidRequest(f"{where}.content must be a string or a list of text parts", where)
+        content = _parts(content, where + ".content")
+    if not isinstance(content, (str, list)):
+        raise InvalidRequest(f"{where}.content must be a string or a list of parts", where)
     return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _parts(parts: list[Any], where: str) -> str | list[dict[str, Any]]:
+    """Text parts joined; with ``input_image`` parts, chat parts in order (``image_url`` parts,
+    which the chat layer reads and checks as it does serve's)."""
+    if not any(isinstance(p, dict) and p.get("type") == "input_image" for p in parts):
+        return _text(parts, where)
+    out = []
+    for i, part in enumerate(parts):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise InvalidRequest(
+                    f"{where}[{i}]: an input_image part needs image_url (a data: URL, a file:// "
+                    "path or an http(s) URL); file_id is not supported",
+                    where,
+                )
+            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            out.append({"type": "text", "text": _text([part], f"{where}[{i}]")})
+    return out
 
 
 def _text(parts: list[Any], where: str) -> str:
@@ -152,8 +172,8 @@ def _text(parts: list[Any], where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             raise InvalidRequest(
-                f"{where}: only text parts (input_text, output_text) are supported, got "
-                f"{kind!r}: macbatch serves the text model",
+                f"{where}: only text parts (input_text, output_text) and input_image parts "
+                f"(in messages) are supported, got {kind!r}",
                 where,
             )
         texts.append(part["text"])

@@ -66,3 +66,49 @@ def test_a_bad_image_is_a_400_and_the_server_keeps_answering(
         model=str(vlm_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_responses_and_anthropic_image_shapes_equal_chat(
+    served: Served, vlm_path: Path, image_files
+) -> None:
+    import anthropic
+
+    image = image_files[1]
+    encoded = base64.b64encode(image.read_bytes()).decode()
+    client = openai.OpenAI(base_url=served.api, api_key="none")
+    expected = mlx_vlm_greedy(vlm_path, "<s>[INST][IMG]what?[/INST]", [image], 4)
+    tokenizer = served.thread.call(lambda engine: engine.tokenizer).result(timeout=30)
+    response = client.responses.create(
+        model=str(vlm_path),
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": f"data:image/png;base64,{encoded}"},
+                    {"type": "input_text", "text": "what?"},
+                ],
+            }
+        ],
+        max_output_tokens=4,
+        temperature=0,
+        store=False,
+    )
+    assert response.output_text == tokenizer.decode(expected)
+    claude = anthropic.Anthropic(base_url=served.url, api_key="none")
+    source = {"type": "base64", "media_type": "image/png", "data": encoded}
+    message = claude.messages.create(
+        model=str(vlm_path),
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "source": source},
+                    {"type": "text", "text": "what?"},
+                ],
+            }
+        ],
+        max_tokens=4,
+        extra_body={"temperature": 0},  # this client version has no temperature argument
+    )
+    assert message.content[0].type == "text"
+    assert message.content[0].text == tokenizer.decode(expected)

@@ -21,6 +21,8 @@ from macbatch.openai import InvalidRequest
 from macbatch.openai.bodies import MAX_NESTING, check_value
 
 csv.field_size_limit(1 << 30)
+# A folder input's row: the file's name (its id, unless input.id says otherwise) and its path.
+FOLDER_FIELDS = ("id", "file", "path")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,11 @@ class InputFile:
     format: str
     header: tuple[str, ...]
 
+    glob: str = "*"
+
     def rows(self) -> Iterator[Row]:
+        if self.format == "folder":
+            return _folder_rows(self.path, self.glob)
         if self.format in ("csv", "tsv"):
             return _csv_rows(self.path, "\t" if self.format == "tsv" else ",")
         return _jsonl_rows(self.path)
@@ -48,6 +54,10 @@ class InputFile:
 
 def open_input(spec: InputSpec, job: str) -> InputFile:
     """Check the file and its header; JobFileError names the job and the file."""
+    if spec.format == "folder":
+        if next(_folder_rows(spec.path, spec.glob), None) is None:
+            raise JobFileError(f"job '{job}': no file in {spec.path} matches '{spec.glob}'")
+        return InputFile(spec.path, "folder", FOLDER_FIELDS, spec.glob)
     try:
         if spec.format in ("csv", "tsv"):
             header = _csv_header(spec.path, "\t" if spec.format == "tsv" else ",", job)
@@ -138,3 +148,11 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
                 yield Row(number, None, f"expected a JSON object, got {type(value).__name__}")
                 continue
             yield Row(number, value)
+
+
+def _folder_rows(folder: Path, glob: str) -> Iterator[Row]:
+    """One row per file matching ``glob``, in name order (so a resumed job sees the same rows)."""
+    files = sorted(p for p in folder.glob(glob) if p.is_file())
+    for number, path in enumerate(files, 1):
+        name = str(path.relative_to(folder))
+        yield Row(number, {"id": name, "file": name, "path": str(path.resolve())})

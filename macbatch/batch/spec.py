@@ -34,7 +34,7 @@ SETTING_KEYS = (
     *STRUCTURED_KEYS,
 )
 JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
-INPUT_KEYS = ("path", "format", "id")
+INPUT_KEYS = ("path", "format", "id", "folder", "glob")
 OUTPUT_KEYS = ("dir",)
 SCORE_KEYS = ("field", "group", "parsed")
 INPUT_FORMATS = ("csv", "tsv", "jsonl", "openai")
@@ -57,6 +57,7 @@ class InputSpec:
     path: Path
     format: str
     id: str | None
+    glob: str = "*"  # format "folder": which files of the folder are rows
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class JobSpec:
                     "path": str(self.input.path.resolve()),
                     "format": self.input.format,
                     "id": self.input.id,
+                    **({"glob": self.input.glob} if self.input.format == "folder" else {}),
                 },
                 "template": self.template,
                 "system": self.system,
@@ -365,7 +367,7 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 "'template' applies to rows of an input file; inline prompts are used as written",
             )
     # A JSON-lines file may be an OpenAI batch whose rows ask for JSON themselves.
-    rows_may_ask = spec_input is not None and spec_input.format not in ("csv", "tsv")
+    rows_may_ask = spec_input is not None and spec_input.format not in ("csv", "tsv", "folder")
     parsed_unreadable = not rows_may_ask and not _replies_are_json(options)
     if found_score is not None and score is not None and score.parsed and parsed_unreadable:
         at = (*found_score[1], "parsed")
@@ -492,6 +494,8 @@ def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:
     if isinstance(raw, str):
         raw = {"path": raw}
     spec = check.mapping(raw, key, INPUT_KEYS)
+    if "folder" in spec:
+        return _folder(check, spec, key, base)
     if "path" not in spec:
         raise check.fail(key, f"{dotted(key)} needs 'path': the csv or jsonl file to read")
     path = base / Path(check.text(spec["path"], (*key, "path"))).expanduser()
@@ -517,6 +521,19 @@ def _input(check: _Checker, raw: Any, key: PathKey, base: Path) -> InputSpec:
     if "id" in spec:
         id_pattern = check.template(spec["id"], (*key, "id"))
     return InputSpec(path=path, format=fmt, id=id_pattern)
+
+
+def _folder(check: _Checker, spec: dict[str, Any], key: PathKey, base: Path) -> InputSpec:
+    """`input: {folder, glob}`: one row per matching file (docs/vision.md)."""
+    extra = sorted(set(spec) - {"folder", "glob", "id"})
+    if extra:
+        raise check.fail((*key, extra[0]), f"{dotted(key)}: a folder input takes folder, glob, id")
+    folder = base / Path(check.text(spec["folder"], (*key, "folder"))).expanduser()
+    if not folder.is_dir():
+        raise check.fail((*key, "folder"), f"input folder not found: {folder}")
+    glob = check.text(spec.get("glob", "*"), (*key, "glob"))
+    id_pattern = check.template(spec["id"], (*key, "id")) if "id" in spec else None
+    return InputSpec(path=folder, format="folder", id=id_pattern, glob=glob)
 
 
 def _guess_format(path: Path) -> str | None:

@@ -103,9 +103,11 @@ class VisionEncoder:
     def __init__(self, path: Path | str, text_model: nn.Module) -> None:
         from mlx_vlm.utils import load
 
-        vlm, processor = load(str(path))
+        # lazy: the text weights mlx-vlm would load are never read (its language_model is
+        # replaced by the engine's before anything is evaluated); the vision half loads on use
+        vlm, processor = load(str(path), lazy=True)
         self.processor: Any = processor
-        vlm.language_model = text_model  # its embed_tokens; the duplicate weights are freed
+        vlm.language_model = text_model
         self.model = vlm
         self.image_token = int(vlm.config.image_token_index)
         self.cache = EncodeCache()

@@ -72,3 +72,38 @@ def test_a_csv_job_with_images_and_an_openai_batch_with_image_parts(
     [line] = read_jsonl(tmp_path / "out" / "batch.jsonl")
     expected = mlx_vlm_generate(vlm_path, f"<s>[INST][IMG]{QUESTION}[/INST]", [image_files[3]], 6)
     assert line["response"]["body"]["choices"][0]["message"]["content"] == expected
+
+
+def test_a_folder_input_is_one_row_per_image_and_resumes_exactly_once(
+    tmp_path: Path, vlm_path: Path, image_files: list[Path], macbatch_run
+) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for image in image_files:
+        shutil.copy(image, photos / image.name)
+    (photos / "notes.txt").write_text("not matched by the glob")
+    job_file = write_job(
+        tmp_path,
+        f"""
+        model: {vlm_path}
+        defaults:
+          sampling: {{temperature: 0, max_tokens: 4}}
+        jobs:
+          - name: folder
+            input: {{folder: photos, glob: "*.png"}}
+            template: "{QUESTION}"
+            images: "{{path}}"
+        """,
+    )
+    result = macbatch_run(job_file)
+    assert result.exit_code == 0, result.output
+    lines = read_jsonl(tmp_path / "out" / "folder.jsonl")
+    assert sorted(line["custom_id"] for line in lines) == sorted(p.name for p in image_files)
+    for line in lines:
+        image = photos / line["custom_id"]
+        expected = mlx_vlm_generate(vlm_path, f"<s>[INST][IMG]{QUESTION}[/INST]", [image], 4)
+        assert line["response"]["body"]["choices"][0]["message"]["content"] == expected
+    again = macbatch_run(job_file)  # a rerun resumes: every row is done, none runs twice
+    assert again.exit_code == 0, again.output
+    assert f"0 ok, 0 failed, {len(image_files)} skipped (done before)" in again.output
+    assert len(read_jsonl(tmp_path / "out" / "folder.jsonl")) == len(image_files)

@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("mlx_vlm", reason="the vision extra: pip install -e '.[vision]'")
-
-from tests.batch.conftest import macbatch_run, run_app  # noqa: E402, F401 (fixtures, shared)
-from tests.support.tiny_vlm import png_bytes, save_tiny_vlm  # noqa: E402
+from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
+from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
 IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]

@@ -8,11 +8,14 @@ import io
 from pathlib import Path
 
 import pytest
-from PIL import Image as PILImage
 
 from macbatch.engine.images import MAX_PIXELS, images_of
 from macbatch.openai import InvalidRequest, parse_chat
 from tests.support.tiny_vlm import png_bytes
+
+# the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
+pytest.importorskip("mlx_vlm")
+PILImage = pytest.importorskip("PIL.Image")
 
 
 def data_url(data: bytes) -> str:

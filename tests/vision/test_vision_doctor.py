@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
 from tests.support.tiny import save_model
+
+# the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
+pytest.importorskip("mlx_vlm")
 
 
 def _images_row(path: Path) -> str:

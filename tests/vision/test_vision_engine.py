@@ -4,6 +4,7 @@ encode cache and the prefix cache (different images never share blocks)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from macbatch.engine.prompt import PromptInput
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
 from tests.vision.conftest import mlx_vlm_greedy
+
+# the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
+pytest.importorskip("mlx_vlm")
 
 QUESTIONS = ["what is this?", "describe the picture in detail please", "colors?", "count them"]
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -111,3 +115,16 @@ def test_preempted_image_requests_still_equal_mlx_vlm(
     assert sum(out.metrics.preemptions for out in outputs) > 0
     for (question, images), out in zip(todo, outputs):
         assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)
+
+
+def test_without_mlx_vlm_an_image_says_what_to_install(
+    vlm_path: Path, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mlx_vlm", None)  # as if the vision extra were missing
+    engine = Engine.load(str(vlm_path), EngineConfig(num_blocks=16))
+    with pytest.raises(
+        ValueError, match=r"images need mlx-vlm, .*pip install 'macbatch\[vision\]'"
+    ):
+        engine.add_request(chat("what?", [image_files[0]]))
+    [out] = engine.generate(["hello"], PARAMS)  # text still runs
+    assert len(out.token_ids) == 8

@@ -14,6 +14,9 @@ import pytest
 from tests.server.conftest import Served, serving, start_engine
 from tests.vision.conftest import mlx_vlm_greedy
 
+# the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
+pytest.importorskip("mlx_vlm")
+
 
 @pytest.fixture(scope="module")
 def served(vlm_path: Path) -> Iterator[Served]:

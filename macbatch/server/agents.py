@@ -15,6 +15,7 @@ from macbatch.openai.anthropic_output import MessagesRenderer
 from macbatch.openai.responses_api import parse_responses, previous_response_id
 from macbatch.openai.responses_output import ResponsesRenderer
 from macbatch.server.errors import APIError, invalid
+from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import (
     ServerState,
     bind,
@@ -31,7 +32,7 @@ async def create_response(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_bytes)
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
-    parsed = parse_responses(body, history)
+    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history))
     bound = bind(state, parsed.generation)
     renderer = ResponsesRenderer(parsed, bound.parse_with, state.model_id)
 
@@ -74,7 +75,8 @@ def _not_found(response_id: str) -> APIError:
 
 async def create_message(request: Request) -> Response:
     state = state_of(request)
-    parsed = parse_messages(await read_json(request, state.options.max_body_bytes))
+    body = await read_json(request, state.options.max_body_bytes)
+    parsed = await parse_body_off_loop(body, lambda: parse_messages(body))
     bound = bind(state, parsed.generation)
     renderer = MessagesRenderer(parsed, bound.parse_with, state.model_id, state.decoder)
     return await serve_generation(request, state, bound, renderer, parsed.generation.stream)

@@ -26,6 +26,7 @@ from macbatch.server import agents
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic
+from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import (
     ServerOptions,
     ServerState,
@@ -169,7 +170,8 @@ async def completions(request: Request) -> Response:
 async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
-    generation = parse_body(endpoint, await read_json(request, state.options.max_body_bytes))
+    body = await read_json(request, state.options.max_body_bytes)
+    generation = await parse_body_off_loop(body, lambda: parse_body(endpoint, body))
     bound = bind(state, generation)
     formatter = openai_formatter(generation, bound.parse_with, state.model_id, state.decoder)
     renderer = ChatRenderer(formatter, len(bound.requests), generation.include_usage)

@@ -115,3 +115,42 @@ def test_responses_and_anthropic_image_shapes_equal_chat(
     )
     assert message.content[0].type == "text"
     assert message.content[0].text == tokenizer.decode(expected)
+
+
+def test_a_hanging_image_url_is_a_400_and_does_not_hold_up_others(
+    served: Served, vlm_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import threading
+
+    from macbatch.openai import image_parts
+
+    monkeypatch.setattr(image_parts, "FETCH_TIMEOUT_S", 2.0)
+    silent = socket.socket()  # accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/photo.png"
+    client = openai.OpenAI(base_url=served.api, api_key="none", max_retries=0)
+    failures: list[Exception] = []
+
+    def ask_with_the_hanging_image() -> None:
+        part = {"type": "image_url", "image_url": {"url": url}}
+        try:
+            client.chat.completions.create(
+                model=str(vlm_path), messages=[{"role": "user", "content": [part]}], max_tokens=2
+            )
+        except Exception as exc:  # the 400, read below
+            failures.append(exc)
+
+    waiting = threading.Thread(target=ask_with_the_hanging_image)
+    waiting.start()
+    reply = client.chat.completions.create(
+        model=str(vlm_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert waiting.is_alive()  # answered while the image fetch still hangs
+    waiting.join(timeout=30)
+    silent.close()
+    [failure] = failures
+    assert isinstance(failure, openai.BadRequestError)
+    assert "could not fetch" in failure.body["message"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -69,12 +70,22 @@ def _local_file(path: Path, where: str) -> bytes:
 
 
 def _fetch(url: str, where: str) -> bytes:
-    """At most ``MAX_IMAGE_BYTES`` of ``url``, within ``FETCH_TIMEOUT_S`` per read."""
+    """At most ``MAX_IMAGE_BYTES`` of ``url``, all within ``FETCH_TIMEOUT_S`` (a server that
+    sends a byte now and then is cut off too, not only one that never answers)."""
+    deadline = time.monotonic() + FETCH_TIMEOUT_S
+    chunks: list[bytes] = []
+    size = 0
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310
-            data: bytes = response.read(MAX_IMAGE_BYTES + 1)
+            while chunk := response.read(1 << 16):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_IMAGE_BYTES:
+                    raise InvalidRequest(
+                        f"{where}: {url[:80]} is over {MAX_IMAGE_BYTES >> 20} MiB", where
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not received within {FETCH_TIMEOUT_S:g} s")
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise InvalidRequest(f"{where}: could not fetch {url[:80]} ({exc})", where) from exc
-    if len(data) > MAX_IMAGE_BYTES:
-        raise InvalidRequest(f"{where}: {url[:80]} is over {MAX_IMAGE_BYTES >> 20} MiB", where)
-    return data
+    return b"".join(chunks)

@@ -76,3 +76,22 @@ def test_bad_urls_are_400s(tmp_path: Path) -> None:
 def test_an_unreachable_url_is_a_400() -> None:
     # port 9 on loopback: nothing listens, the connection is refused at once (no network)
     assert "could not fetch" in str(_bad("http://127.0.0.1:9/a.png"))
+
+
+def test_an_image_served_over_http_is_read(tmp_path: Path) -> None:
+    import http.server
+    import threading
+    from functools import partial
+
+    (tmp_path / "photo.png").write_bytes(png_bytes(24, 24, 7))
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/photo.png"
+        [prompt] = parse_chat({"messages": messages_of(image_part(url))}).prompts
+    finally:
+        server.shutdown()
+        server.server_close()
+    [image] = images_of(prompt)
+    assert image.data == (tmp_path / "photo.png").read_bytes()

@@ -1,0 +1,93 @@
+"""Which syntax a model's chat template writes tool calls in, found by rendering: a probe
+conversation holding one known call goes through the template, and the first registered syntax
+whose markers are all in the rendered call, and which reads the same call back from it, wins.
+A template that only concatenates arguments (DeepSeek V3.1's) refuses a mapping or renders it
+wrong; it is tried again with the arguments as JSON text, and that shape is what the history
+gets from then on. Searching the template's source for markers missed templates that write a
+marker in pieces (gpt-oss's ``to=`` and ``functions.``) and confused families that share one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.tool_calls import CallSyntax, ToolFormat, template_messages
+from macbatch.engine.tool_formats import SYNTAXES
+
+PROBE_NAME = "get_weather"
+PROBE_ARGUMENTS = {"city": "Lisbon", "days": 3}
+PROBE_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": PROBE_NAME, "description": "Weather", "parameters": PROBE_PARAMETERS},
+    }
+]
+_ASK = {"role": "user", "content": "What is the weather in Lisbon?"}
+_WORDS = "It is sunny."
+
+
+def detect_tool_format(tokenizer: Tokenizer) -> ToolFormat | None:
+    """The tool-call format of a tokenizer's chat template, or None if no syntax reads it."""
+    for text_arguments in (False, True):
+        reply = rendered_call(tokenizer, text_arguments)
+        if reply is None:
+            continue
+        for syntax in SYNTAXES.values():
+            if all(m in reply for m in syntax.markers) and _reads_probe(syntax, reply):
+                return ToolFormat(syntax, text_arguments)
+    return None
+
+
+def rendered_call(tokenizer: Tokenizer, text_arguments: bool) -> str | None:
+    """The text the template writes for the probe call, after the generation prompt and
+    without the turn's end (None: the template refused it)."""
+    call = {"id": "abc123456", "type": "function"}
+    call["function"] = {"name": PROBE_NAME, "arguments": json.dumps(PROBE_ARGUMENTS)}
+    answer = {"role": "assistant", "content": "", "tool_calls": [call]}
+    try:
+        prompt = _render(tokenizer, [_ASK], True)
+        called = _render(tokenizer, template_messages([_ASK, answer], text_arguments), False)
+        worded = _render(tokenizer, [_ASK, {"role": "assistant", "content": _WORDS}], False)
+    except Exception:  # jinja's errors and the template's own raise_exception
+        return None
+    shared = _shared_prefix(prompt, called)
+    turn_end = worded[worded.find(_WORDS) + len(_WORDS) :] if _WORDS in worded else ""
+    reply = called[shared:]
+    return (reply.removesuffix(turn_end) if turn_end.strip() else reply).rstrip()
+
+
+def _shared_prefix(prompt: str, called: str) -> int:
+    """How much of the rendered call is the conversation before it: the common prefix, backed
+    off to a boundary when the call parts from the generation prompt midway (Nemotron's
+    ``<think>`` and its ``<TOOLCALL>`` share their first character)."""
+    shared = 0
+    for a, b in zip(prompt, called):
+        if a != b:
+            break
+        shared += 1
+    if shared < len(prompt):
+        shared = max(called.rfind(c, 0, shared) + 1 for c in "\n>]")
+    return shared
+
+
+def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], prompt: bool) -> str:
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    return hf.apply_chat_template(
+        messages, tools=_TOOLS, add_generation_prompt=prompt, tokenize=False
+    )
+
+
+def _reads_probe(syntax: CallSyntax, reply: str) -> bool:
+    found = syntax.split(reply, {PROBE_NAME: PROBE_PARAMETERS})
+    if found is None:
+        return False
+    calls = [
+        (name, json.loads(args) if isinstance(args, str) else args) for name, args in found[1]
+    ]
+    return calls == [(PROBE_NAME, PROBE_ARGUMENTS)]

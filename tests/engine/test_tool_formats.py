@@ -1,0 +1,122 @@
+"""Every tool-call family macbatch parses, on the family's REAL chat template (vendored in
+tests/support/templates): detection by rendering finds the family; a call rendered by the
+template parses back to the same name and arguments; a history with a call and its result
+renders; and a call forced by the family's grammar (tool_choice "required" and named), written
+by a tiny random model, parses and its arguments validate against the tool's schema
+(``jsonschema`` is the oracle)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
+from macbatch.engine.tool_calls import chosen_tools, template_messages
+from macbatch.engine.tool_formats.detect import detect_tool_format
+from tests.support.real_templates import FAMILIES, template_on
+from tests.support.structured import ADD_TOOL, QWEN3_VOCAB, WEATHER_TOOL, real_tokenizer
+from tests.support.tiny import build_model
+
+# gpt-oss's template needs a description for every tool
+TOOLS = [
+    {"type": "function", "function": {**t["function"], "description": "a tool"}}
+    for t in (WEATHER_TOOL, ADD_TOOL)
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTION = {"role": "user", "content": "What is the weather in São Paulo, and 2 + 40?"}
+CALLS = [("get_weather", {"city": "São Paulo", "unit": "c"}), ("add", {"a": 2, "b": 40})]
+CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "add"}}}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("qwen3", vocab_size=QWEN3_VOCAB)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def engine(request, model):
+    """An engine over the tiny model with the real Qwen3 tokenizer wearing the family's
+    template (one tokenizer object for all, so llguidance indexes its vocabulary once)."""
+    with template_on(real_tokenizer("qwen3"), request.param) as tokenizer:
+        yield Engine(model, tokenizer, EngineConfig(num_blocks=128, block_size=16))
+
+
+def _message(name: str, arguments: dict) -> dict:
+    call = {"id": "abc123456", "type": "function"}
+    call["function"] = {"name": name, "arguments": json.dumps(arguments)}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
+    text_arguments = engine.tool_format.text_arguments
+    return engine.tokenizer.apply_chat_template(
+        template_messages(messages, text_arguments), tools=TOOLS, add_generation_prompt=prompt
+    )
+
+
+def _reply(engine: Engine, name: str, arguments: dict) -> str:
+    """What the template writes for the assistant's call: the tokens after those it shares
+    with the generation prompt, without what it writes after every assistant turn."""
+    prompt = _render(engine, [QUESTION], True)
+    called = _render(engine, [QUESTION, _message(name, arguments)], False)
+    shared = next((i for i, (a, b) in enumerate(zip(prompt, called)) if a != b), len(prompt))
+    words = engine.tokenizer.decode(
+        _render(engine, [QUESTION, {"role": "assistant", "content": "Fine."}], False)
+    )
+    turn_end = words[words.rindex("Fine.") + len("Fine.") :]
+    reply = engine.tokenizer.decode(called[shared:])
+    return reply.removesuffix(turn_end).rstrip() if turn_end.strip() else reply
+
+
+def test_detection_finds_the_family(engine, request):
+    family = FAMILIES[request.node.callspec.params["engine"]]
+    assert engine.tool_format is not None and engine.tool_format.family == family
+    assert detect_tool_format(engine.tokenizer) == engine.tool_format
+
+
+@pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers"])
+def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
+    fmt = engine.tool_format.for_tools(TOOLS)
+    reply = _reply(engine, name, arguments)
+    _, calls = fmt.parse(reply)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [(name, arguments)], reply
+    at = fmt.content_end(reply)
+    assert reply[at:].strip() and fmt.parse(reply[at:])[1], "the call streams as a call"
+
+
+def test_a_history_with_a_call_and_its_result_renders(engine):
+    result = {"role": "tool", "tool_call_id": "abc123456", "content": "sunny 21"}
+    history = [QUESTION, _message(*CALLS[0]), result]
+    text = engine.tokenizer.decode(engine.encode_prompt(history, tools=TOOLS))
+    assert "sunny 21" in text and "São Paulo" in text
+
+
+@pytest.mark.parametrize("choice", CHOICES)
+def test_a_forced_call_parses_and_validates(engine, choice):
+    fmt = engine.tool_format.for_tools(TOOLS)
+    allowed = chosen_tools(TOOLS, CHOICES[choice])
+    grammar = StructuredOutput(grammar=fmt.grammar(allowed, False, engine.tokenizer))
+    params = [
+        SamplingParams(
+            max_tokens=160,
+            temperature=1.0,
+            seed=seed,
+            structured=StructuredOutput(grammar=grammar.grammar, own_channel=fmt.own_channel),
+            thinking_token_budget=0,  # a random model that opens a reasoning block at once
+        )
+        for seed in range(2)
+    ]
+    thinking_off = {"enable_thinking": False}
+    ids = [engine.add_request([QUESTION], p, None, thinking_off, TOOLS) for p in params]
+    finals = {}
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    for rid in ids:
+        out = finals[rid]
+        assert out.finish_reason is FinishReason.STOP, out.text
+        _, calls = fmt.parse(out.text)
+        assert len(calls) == 1, out.text
+        assert calls[0].name in {t["function"]["name"] for t in allowed}
+        jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])

@@ -1,0 +1,63 @@
+"""Real chat templates of current families (tests/support/templates, sources in its SOURCE.txt),
+attached to the vendored real Qwen3 tokenizer: the template decides the text, Qwen3's
+vocabulary tokenizes it (a family's markup that is not a Qwen3 token is plain text to it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# Each vendored template and the tool-call syntax detection must find in it.
+FAMILIES = {
+    "qwen3_5": "qwen3_xml",
+    "qwen3_coder": "qwen3_xml",
+    "nemotron_3": "qwen3_xml",
+    "seed_oss": "seed_oss",
+    "gpt_oss": "harmony",
+    "llama3_3": "llama3_json",
+    "mistral_small_3_2": "mistral_args",
+    "ministral_3": "mistral_args",
+    "mistral_nemo": "mistral_nemo",
+    "deepseek_v3_1": "deepseek_v31",
+    "glm4_6": "glm45",
+    "glm4_7": "glm47",
+    "kimi_k2": "kimi_k2",
+    "minimax_m2": "minimax_m2",
+    "nemotron_nano_v2": "nemotron_v2",
+    "granite4": "hermes",
+    "apriel_1_5": "apriel",
+}
+
+
+def read_template(name: str) -> str:
+    return (TEMPLATES / f"{name}.jinja").read_text()
+
+
+@contextmanager
+def template_on(tokenizer: Any, name: str) -> Iterator[Any]:
+    """``tokenizer`` (an mlx-lm wrapper) with the named template, the old one back after."""
+    hf = tokenizer._tokenizer
+    before = hf.chat_template
+    hf.chat_template = read_template(name)
+    try:
+        yield tokenizer
+    finally:
+        hf.chat_template = before
+
+
+def save_with_template(path: Path, name: str) -> Path:
+    """A tiny random model with the real Qwen3 tokenizer and the named real template, in the
+    Hugging Face layout, for ``Engine.load`` and the server."""
+    from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer
+
+    save_model_with_tokenizer(path, "qwen3", QWEN3_VOCAB)
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = read_template(name)
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    return path

@@ -61,3 +61,21 @@ def save_with_template(path: Path, name: str) -> Path:
     config["chat_template"] = read_template(name)
     config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
     return path
+
+
+def save_gpt_oss(path: Path) -> Path:
+    """A tiny random model with gpt-oss's real template on the harmony stand-in tokenizer
+    (gpt-oss's special tokens: its real tokenizer is not vendored), ``<|return|>`` and
+    ``<|call|>`` as EOS, in the Hugging Face layout."""
+    from tests.support.standin import harmony_tokenizer
+    from tests.support.tiny import save_model
+
+    save_model(path)
+    wrapper = harmony_tokenizer(read_template("gpt_oss"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    wrapper._tokenizer.save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    config["eos_token_id"] = sorted(wrapper.eos_token_ids)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path

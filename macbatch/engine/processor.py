@@ -82,7 +82,9 @@ class InputProcessor:
     ) -> list[int]:
         chat_template.check_content_parts(messages)
         tool_format = self.info.model.tool_format  # its template's shape of call arguments
-        messages = template_messages(messages, tool_format is not None and tool_format.text_arguments)
+        messages = template_messages(
+            messages, tool_format is not None and tool_format.text_arguments
+        )
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.info.model_name}' has no chat template; send a text prompt instead"

@@ -152,6 +152,7 @@ def _words_before(text: str, start: str) -> int:
             return len(text) - k
     return len(text)
 
+
 def check_tools(tools: Any) -> list[dict[str, Any]]:
     """OpenAI-shaped function tools, checked; ``ValueError`` says which one is wrong."""
     if not isinstance(tools, list) or not tools:

@@ -22,8 +22,8 @@ from macbatch.engine.tool_calls import ToolFormat, template_messages
 from macbatch.engine.tool_formats.harmony import Harmony
 from macbatch.openai import parse_chat
 from macbatch.openai.responses import ChatFormatter, ChoiceProgress
-from tests.support.scripted import scripted_model
 from tests.support.real_templates import read_template
+from tests.support.scripted import scripted_model
 from tests.support.standin import harmony_tokenizer
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 from tests.support.tiny import VOCAB_SIZE

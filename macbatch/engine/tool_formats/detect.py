@@ -47,8 +47,8 @@ def detect_tool_format(tokenizer: Tokenizer) -> ToolFormat | None:
 def rendered_call(tokenizer: Tokenizer, text_arguments: bool) -> str | None:
     """The text the template writes for the probe call, after the generation prompt and
     without the turn's end (None: the template refused it)."""
-    call = {"id": "abc123456", "type": "function"}
-    call["function"] = {"name": PROBE_NAME, "arguments": json.dumps(PROBE_ARGUMENTS)}
+    function = {"name": PROBE_NAME, "arguments": json.dumps(PROBE_ARGUMENTS)}
+    call = {"id": "abc123456", "type": "function", "function": function}
     answer = {"role": "assistant", "content": "", "tool_calls": [call]}
     try:
         prompt = _render(tokenizer, [_ASK], True)
@@ -77,7 +77,7 @@ def _shared_prefix(prompt: str, called: str) -> int:
 
 
 def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], prompt: bool) -> str:
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    hf: Any = getattr(tokenizer, "_tokenizer", tokenizer)
     return hf.apply_chat_template(
         messages, tools=_TOOLS, add_generation_prompt=prompt, tokenize=False
     )
@@ -87,7 +87,5 @@ def _reads_probe(syntax: CallSyntax, reply: str) -> bool:
     found = syntax.split(reply, {PROBE_NAME: PROBE_PARAMETERS})
     if found is None:
         return False
-    calls = [
-        (name, json.loads(args) if isinstance(args, str) else args) for name, args in found[1]
-    ]
+    calls = [(name, json.loads(args) if isinstance(args, str) else args) for name, args in found[1]]
     return calls == [(PROBE_NAME, PROBE_ARGUMENTS)]

@@ -32,13 +32,16 @@ class Glm:
         calls: RawCalls = []
         for match in _CALL.finditer(text):
             name = match.group(1)
-            calls.append((name, text_arguments(_ARG.findall(match.group(2)), schemas.get(name, {}))))
+            calls.append(
+                (name, text_arguments(_ARG.findall(match.group(2)), schemas.get(name, {})))
+            )
         return (text[: text.index("<tool_call>")].strip(), calls) if calls else None
 
     def grammar(self, functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
         begin, end = literal(tokenizer, "<tool_call>"), literal(tokenizer, "</tool_call>")
         key, key_end, value, value_end = (
-            literal(tokenizer, t) for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+            literal(tokenizer, t)
+            for t in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
         )
         gap = '"\\n"' if self.newlines else ""
 
@@ -46,6 +49,8 @@ class Glm:
             return f"{begin} {json.dumps(name)} {params} {gap} {end}"
 
         def parameter(name: str, value_rule: str) -> str:
-            return f"{gap} {key} {json.dumps(name)} {key_end} {gap} {value} {value_rule} {value_end}"
+            return (
+                f"{gap} {key} {json.dumps(name)} {key_end} {gap} {value} {value_rule} {value_end}"
+            )
 
         return text_calls_grammar(functions, call, parameter, "<", gap if parallel else None)

@@ -16,17 +16,47 @@ from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, 
 from macbatch.engine.tool_calls import chosen_tools, template_messages
 from macbatch.engine.tool_formats.detect import detect_tool_format
 from tests.support.real_templates import FAMILIES, template_on
-from tests.support.structured import ADD_TOOL, QWEN3_VOCAB, WEATHER_TOOL, real_tokenizer
+from tests.support.structured import (
+    ADD_TOOL,
+    QWEN3_VOCAB,
+    WEATHER_TOOL,
+    function_tool,
+    real_tokenizer,
+)
 from tests.support.tiny import build_model
 
+# nested arguments, bounded so that a random model's forced call ends within max_tokens
+SEARCH_TOOL = function_tool(
+    "search",
+    {
+        "query": {"type": "string", "maxLength": 12},
+        "filter": {
+            "type": "object",
+            "properties": {
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 6},
+                    "maxItems": 2,
+                },
+                "exact": {"type": "boolean"},
+            },
+            "required": ["tags", "exact"],
+            "additionalProperties": False,
+        },
+    },
+)
 # gpt-oss's template needs a description for every tool
 TOOLS = [
     {"type": "function", "function": {**t["function"], "description": "a tool"}}
-    for t in (WEATHER_TOOL, ADD_TOOL)
+    for t in (WEATHER_TOOL, ADD_TOOL, SEARCH_TOOL)
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 QUESTION = {"role": "user", "content": "What is the weather in São Paulo, and 2 + 40?"}
-CALLS = [("get_weather", {"city": "São Paulo", "unit": "c"}), ("add", {"a": 2, "b": 40})]
+CALLS = [
+    ("get_weather", {"city": "São Paulo", "unit": "c"}),
+    ("add", {"a": 2, "b": 40}),
+    ("search", {"filter": {"exact": True, "tags": ["x y", "z: 1"]}, "query": "a, b {c}"}),
+]
 CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "add"}}}
 
 
@@ -76,7 +106,7 @@ def test_detection_finds_the_family(engine, request):
     assert detect_tool_format(engine.tokenizer) == engine.tool_format
 
 
-@pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers"])
+@pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers", "nested"])
 def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
     fmt = engine.tool_format.for_tools(TOOLS)
     reply = _reply(engine, name, arguments)

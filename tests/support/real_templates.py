@@ -31,6 +31,7 @@ FAMILIES = {
     "nemotron_nano_v2": "nemotron_v2",
     "granite4": "hermes",
     "apriel_1_5": "apriel",
+    "gemma4": "gemma4",
 }
 
 

@@ -7,6 +7,7 @@ first (Qwen3.5's XML and GLM's ``<arg_key>`` before Hermes JSON, all of which op
 from __future__ import annotations
 
 from macbatch.engine.tool_calls import CallSyntax
+from macbatch.engine.tool_formats.gemma4 import Gemma4
 from macbatch.engine.tool_formats.glm import Glm
 from macbatch.engine.tool_formats.harmony import Harmony
 from macbatch.engine.tool_formats.hermes import Hermes
@@ -43,6 +44,7 @@ SYNTAXES: dict[str, CallSyntax] = {
         name_prefix="functions.",
         indexed=True,
     ),
+    "gemma4": Gemma4(),
     "hermes": Hermes(),
     "llama3_json": Llama3Json(),
 }

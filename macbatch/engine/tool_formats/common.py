@@ -4,6 +4,7 @@ back and forced by their parameter's schema."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from typing import Any
@@ -64,12 +65,17 @@ def one_of(rules: list[str]) -> str:
 
 def typed_value(text: str, schema: Any) -> Any:
     """A parameter's value written as text, read as its schema's type: JSON for anything that
-    is not surely a string (numbers, booleans, objects), the text itself when it is not JSON."""
+    is not surely a string (numbers, booleans, objects), else a Python literal (Seed-OSS's
+    template writes a mapping as Python prints it), else the text itself."""
     if not isinstance(schema, dict) or _is_string(schema):
         return text
     try:
         return json.loads(text)
     except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
 
 

@@ -32,6 +32,7 @@ FAMILIES = {
     "granite4": "hermes",
     "apriel_1_5": "apriel",
     "gemma4": "gemma4",
+    "deepseek_v3_2": "deepseek_v32",
 }
 
 

@@ -11,9 +11,9 @@ from macbatch.engine.tool_formats.gemma4 import Gemma4
 from macbatch.engine.tool_formats.glm import Glm
 from macbatch.engine.tool_formats.harmony import Harmony
 from macbatch.engine.tool_formats.hermes import Hermes
+from macbatch.engine.tool_formats.invoke import InvokeCalls
 from macbatch.engine.tool_formats.json_list import JsonList
 from macbatch.engine.tool_formats.llama3 import Llama3Json
-from macbatch.engine.tool_formats.minimax import MiniMax
 from macbatch.engine.tool_formats.mistral_args import MistralArgs
 from macbatch.engine.tool_formats.qwen_xml import QwenXml
 from macbatch.engine.tool_formats.sections import SectionCalls
@@ -29,7 +29,13 @@ SYNTAXES: dict[str, CallSyntax] = {
     "seed_oss": QwenXml("seed_oss", ("<seed:tool_call>", "</seed:tool_call>"), value_lines=False),
     "glm45": Glm(),
     "glm47": Glm("glm47", newlines=False),
-    "minimax_m2": MiniMax(),
+    "minimax_m2": InvokeCalls("minimax_m2", ("<minimax:tool_call>", "</minimax:tool_call>")),
+    "deepseek_v32": InvokeCalls(
+        "deepseek_v32",
+        ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>"),
+        tag="｜DSML｜",
+        string_flag=True,
+    ),
     "deepseek_v31": SectionCalls(
         "deepseek_v31",
         ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),

@@ -67,7 +67,7 @@ def typed_value(text: str, schema: Any) -> Any:
     """A parameter's value written as text, read as its schema's type: JSON for anything that
     is not surely a string (numbers, booleans, objects), else a Python literal (Seed-OSS's
     template writes a mapping as Python prints it), else the text itself."""
-    if not isinstance(schema, dict) or _is_string(schema):
+    if not isinstance(schema, dict) or is_string(schema):
         return text
     try:
         return json.loads(text)
@@ -79,7 +79,11 @@ def typed_value(text: str, schema: Any) -> Any:
         return text
 
 
-def _is_string(schema: dict[str, Any]) -> bool:
+STRING = {"type": "string"}
+
+
+def is_string(schema: dict[str, Any]) -> bool:
+    """Whether values of ``schema`` are surely strings (a string type, or string enum)."""
     kind = schema.get("type")
     if kind == "string":
         return True
@@ -91,7 +95,7 @@ def text_value_rule(schema: dict[str, Any], stop: str) -> str:
     """A Lark rule body for a parameter's value written as text: a string's characters (none of
     ``stop``, a regex character class's inside, e.g. ``<\\n``, within its length bounds), a
     string enum's words, else JSON valid against the schema."""
-    if not _is_string(schema):
+    if not is_string(schema):
         return json_rule(schema)
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(values, list):
@@ -117,24 +121,24 @@ def ordered_parameters(parameters: dict[str, Any]) -> list[tuple[str, dict[str, 
 def text_calls_grammar(
     functions: list[Function],
     call: Callable[[str, str], str],
-    parameter: Callable[[str, str], str],
+    parameter: Callable[[str, str, dict[str, Any]], str],
     stop: str,
     separator: str | None,
 ) -> str:
     """A Lark grammar for calls whose arguments are written as text, one parameter after the
     other (Qwen3.5's XML, GLM's ``<arg_key>``, MiniMax's ``<invoke>`` ...).
 
-    ``call(name, params)`` writes a call around its parameters' rule, ``parameter(key, value)``
-    one parameter around its value's rule (both as Lark sequences); required parameters come
-    in the schema's order, optional ones may be left out; ``separator`` (a Lark terminal) joins
-    more calls when the reply may hold several (None: one call)."""
+    ``call(name, params)`` writes a call around its parameters' rule, ``parameter(key, value,
+    schema)`` one parameter around its value's rule (both as Lark sequences); required
+    parameters come in the schema's order, optional ones may be left out; ``separator`` (a Lark
+    terminal) joins more calls when the reply may hold several (None: one call)."""
     more = f" ({separator} call)*" if separator is not None else ""
     rules = [f"start: call{more}", "call: " + one_of([f"call{i}" for i in range(len(functions))])]
     for i, (name, parameters) in enumerate(functions):
         parts = []
         for j, (key, schema, required) in enumerate(ordered_parameters(parameters)):
             rules.append(f"value{i}_{j}: {text_value_rule(schema, stop)}")
-            part = parameter(key, f"value{i}_{j}")
+            part = parameter(key, f"value{i}_{j}", schema)
             parts.append(part if required else f"({part})?")
         if parts:
             rules.append(f"params{i}: {' '.join(parts)}")

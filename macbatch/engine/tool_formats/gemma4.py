@@ -42,7 +42,9 @@ class Gemma4:
         calls = []
         for name, parameters in functions:
             body = rules.of(parameters, top=True)
-            calls.append(f"{literal(tokenizer, '<|tool_call>')} {json.dumps('call:' + name)} {body}")
+            calls.append(
+                f"{literal(tokenizer, '<|tool_call>')} {json.dumps('call:' + name)} {body}"
+            )
         end = literal(tokenizer, "<tool_call|>")
         rules.add("call", f"({one_of(calls)}) {end}")
         rules.add("start", "call+" if parallel else "call")
@@ -100,10 +102,24 @@ class _Rules:
         if kind == "array" and isinstance(schema.get("items"), dict):
             item = self.of(schema["items"])
             low, high = schema.get("minItems", 0), schema.get("maxItems")
-            more = f'("," {item})' + "{" + f"{max(low - 1, 0)},{'' if high is None else high - 1}" + "}"
+            more = (
+                f'("," {item})'
+                + "{"
+                + f"{max(low - 1, 0)},{'' if high is None else high - 1}"
+                + "}"
+            )
             items = f"{item} {more}" if low else f"({item} {more})?"
             return self.add(name, f'"[" {items} "]"')
         raise ValueError(f"a forced Gemma 4 call cannot write values of this schema: {schema}")
+
+    def _array(self, name: str, schema: dict[str, Any]) -> str:
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        if high == 0:
+            return self.add(name, '"[" "]"')
+        item = self.of(schema["items"])
+        bounds = f"{max(low - 1, 0)},{'' if high is None else high - 1}"
+        items = f'{item} ("," {item}){{{bounds}}}'
+        return self.add(name, f'"[" {items if low else f"({items})?"} "]"')
 
     def _object(self, name: str, schema: dict[str, Any]) -> str:
         properties = schema.get("properties") or {}

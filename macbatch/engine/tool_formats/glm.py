@@ -48,9 +48,7 @@ class Glm:
         def call(name: str, params: str) -> str:
             return f"{begin} {json.dumps(name)} {params} {gap} {end}"
 
-        def parameter(name: str, value_rule: str) -> str:
-            return (
-                f"{gap} {key} {json.dumps(name)} {key_end} {gap} {value} {value_rule} {value_end}"
-            )
+        def parameter(name: str, rule: str, schema: dict) -> str:
+            return f"{gap} {key} {json.dumps(name)} {key_end} {gap} {value} {rule} {value_end}"
 
         return text_calls_grammar(functions, call, parameter, "<", gap if parallel else None)

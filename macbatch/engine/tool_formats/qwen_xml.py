@@ -60,7 +60,7 @@ class QwenXml:
             head = json.dumps(f"\n<function={name}>\n")
             return f'{begin} {head} {params} "</function>\\n" {end}'
 
-        def parameter(key: str, value: str) -> str:
+        def parameter(key: str, value: str, schema: dict) -> str:
             return f'{json.dumps(f"<parameter={key}>")} {nl} {value} {nl} "</parameter>\\n"'
 
         stop = "<\\n" if self.value_lines else "<"

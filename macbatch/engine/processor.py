@@ -81,10 +81,8 @@ class InputProcessor:
         self, messages: list[dict[str, Any]], prompt: PromptInput
     ) -> list[int]:
         chat_template.check_content_parts(messages)
-        tool_format = self.info.model.tool_format  # its template's shape of call arguments
-        messages = template_messages(
-            messages, tool_format is not None and tool_format.text_arguments
-        )
+        # the history's calls in the shape the template takes
+        messages = template_messages(messages, self.info.model.tool_format)
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.info.model_name}' has no chat template; send a text prompt instead"

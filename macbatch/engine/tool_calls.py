@@ -16,7 +16,7 @@ import secrets
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from macbatch.engine.tokenizer import Tokenizer
 
@@ -85,14 +85,24 @@ class CallSyntax(Protocol):
         ...
 
 
+@runtime_checkable
+class WritesCalls(Protocol):
+    """A syntax that can write calls as the model does, for templates that render a history's
+    calls only as part of the assistant's content (LFM2's)."""
+
+    def write(self, calls: RawCalls) -> str: ...
+
+
 @dataclass(frozen=True)
 class ToolFormat:
-    """A model's tool-call syntax, how its template takes arguments in the history
-    (``text_arguments``: as JSON text, not a mapping), and the request's tools (``schemas``)
-    once bound to one."""
+    """A model's tool-call syntax, how its template takes the history's calls
+    (``text_arguments``: arguments as JSON text, not a mapping; ``calls_in_content``: written
+    into the content by the syntax, the template renders no ``tool_calls``), and the request's
+    tools (``schemas``) once bound to one."""
 
     syntax: CallSyntax
     text_arguments: bool = False
+    calls_in_content: bool = False
     schemas: Schemas = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -200,12 +210,12 @@ def chosen_tools(tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any
 
 
 def template_messages(
-    messages: Sequence[dict[str, Any]], text_arguments: bool = False
+    messages: Sequence[dict[str, Any]], fmt: ToolFormat | None = None
 ) -> list[dict[str, Any]]:
-    """Chat messages ready for a template: assistant ``tool_calls`` with their arguments as
-    objects (most templates serialize them) or, with ``text_arguments``, as JSON text (the
-    templates that concatenate them, DeepSeek's); tool results kept; ``ValueError`` on
-    malformed ones."""
+    """Chat messages ready for a template: assistant ``tool_calls`` in the shape ``fmt`` says
+    the template takes (arguments as objects, which most templates serialize; as JSON text for
+    the templates that concatenate them, DeepSeek V3.1's; or written into the content for those
+    that render no calls, LFM2's); tool results kept; ``ValueError`` on malformed ones."""
     out = []
     for i, message in enumerate(messages):
         where = f"chat message {i}"
@@ -216,11 +226,11 @@ def template_messages(
         if calls:
             if role != "assistant" or not isinstance(calls, list):
                 raise ValueError(f"{where}: only an assistant message has a list of tool_calls")
-            message = dict(
-                message,
-                content=content or "",
-                tool_calls=_history_calls(calls, where, text_arguments),
-            )
+            calls = _history_calls(calls, where, fmt is not None and fmt.text_arguments)
+            message = dict(message, content=content or "", tool_calls=calls)
+            if fmt is not None and fmt.calls_in_content and isinstance(fmt.syntax, WritesCalls):
+                raw = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+                message = {"role": role, "content": (content or "") + fmt.syntax.write(raw)}
         elif not isinstance(content, str):
             raise ValueError(f"{where} must have string 'role' and 'content' fields, got {message}")
         if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):

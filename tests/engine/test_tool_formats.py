@@ -15,13 +15,12 @@ import pytest
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
 from macbatch.engine.tool_calls import chosen_tools, template_messages
 from macbatch.engine.tool_formats.detect import detect_tool_format
-from tests.support.real_templates import FAMILIES, template_on
+from tests.support.real_templates import FAMILIES, template_on, tokenizer_for
 from tests.support.structured import (
     ADD_TOOL,
     QWEN3_VOCAB,
     WEATHER_TOOL,
     function_tool,
-    real_tokenizer,
 )
 from tests.support.tiny import build_model
 
@@ -68,8 +67,9 @@ def model():
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def engine(request, model):
     """An engine over the tiny model with the real Qwen3 tokenizer wearing the family's
-    template (one tokenizer object for all, so llguidance indexes its vocabulary once)."""
-    with template_on(real_tokenizer("qwen3"), request.param) as tokenizer:
+    template (one tokenizer object for all but LFM2, so llguidance indexes its vocabulary
+    once)."""
+    with template_on(tokenizer_for(request.param), request.param) as tokenizer:
         yield Engine(model, tokenizer, EngineConfig(num_blocks=128, block_size=16))
 
 
@@ -80,9 +80,10 @@ def _message(name: str, arguments: dict) -> dict:
 
 
 def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
-    text_arguments = engine.tool_format.text_arguments
     return engine.tokenizer.apply_chat_template(
-        template_messages(messages, text_arguments), tools=TOOLS, add_generation_prompt=prompt
+        template_messages(messages, engine.tool_format),
+        tools=TOOLS,
+        add_generation_prompt=prompt,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,43 @@ FAMILIES = {
     "apriel_1_5": "apriel",
     "gemma4": "gemma4",
     "deepseek_v3_2": "deepseek_v32",
+    "lfm2": "lfm2",
+    "lfm2_5": "lfm2",
 }
+# Special tokens of a family that the Qwen3 vocabulary lacks and detection needs (LFM2's
+# templates render no calls: its markers are found among the tokens), added to a copy of it.
+_LFM2_TOKENS = ("<|tool_call_start|>", "<|tool_call_end|>")
+EXTRA_TOKENS = {"lfm2": _LFM2_TOKENS, "lfm2_5": _LFM2_TOKENS}
+
+
+def tokenizer_for(name: str) -> Any:
+    """The real Qwen3 tokenizer (one shared object), or a copy with the template's family's
+    extra special tokens."""
+    from tests.support.structured import real_tokenizer
+
+    extra = EXTRA_TOKENS.get(name)
+    return real_tokenizer("qwen3") if extra is None else _with_tokens(extra)
+
+
+@cache
+def _with_tokens(tokens: tuple[str, ...]) -> Any:
+    """Saved and loaded again, as mlx-lm loads a model's tokenizer (its streaming detokenizer
+    reads the vocabulary once, when the wrapper is built)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from mlx_lm.utils import load_tokenizer
+    from transformers import AutoTokenizer
+
+    from tests.support.real_tokenizers import TOKENIZERS, generation_eos_ids
+
+    hf = AutoTokenizer.from_pretrained(TOKENIZERS / "qwen3")
+    hf.add_special_tokens({"additional_special_tokens": list(tokens)})
+    copy = Path(tempfile.mkdtemp(prefix="macbatch-tokenizer-"))
+    atexit.register(shutil.rmtree, copy, True)
+    hf.save_pretrained(copy)
+    return load_tokenizer(copy, eos_token_ids=generation_eos_ids("qwen3"))
 
 
 def read_template(name: str) -> str:

@@ -15,6 +15,7 @@ from macbatch.engine.tool_formats.invoke import InvokeCalls
 from macbatch.engine.tool_formats.json_list import JsonList
 from macbatch.engine.tool_formats.llama3 import Llama3Json
 from macbatch.engine.tool_formats.mistral_args import MistralArgs
+from macbatch.engine.tool_formats.pythonic import Pythonic
 from macbatch.engine.tool_formats.qwen_xml import QwenXml
 from macbatch.engine.tool_formats.sections import SectionCalls
 
@@ -39,18 +40,19 @@ SYNTAXES: dict[str, CallSyntax] = {
     "deepseek_v31": SectionCalls(
         "deepseek_v31",
         ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
-        ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
-        "<｜tool▁sep｜>",
+        call=("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
+        sep="<｜tool▁sep｜>",
     ),
     "kimi_k2": SectionCalls(
         "kimi_k2",
         ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
-        ("<|tool_call_begin|>", "<|tool_call_end|>"),
-        "<|tool_call_argument_begin|>",
+        call=("<|tool_call_begin|>", "<|tool_call_end|>"),
+        sep="<|tool_call_argument_begin|>",
         name_prefix="functions.",
         indexed=True,
     ),
     "gemma4": Gemma4(),
+    "lfm2": Pythonic(),
     "hermes": Hermes(),
     "llama3_json": Llama3Json(),
 }

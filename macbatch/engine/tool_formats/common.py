@@ -7,11 +7,31 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine.constraints import JSON_LAYOUT
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import Function, RawCalls
+
+
+@dataclass(frozen=True)
+class BlockSyntax:
+    """A syntax whose calls sit in one block that opens with ``block[0]``, the text streaming
+    holds back, and ends with ``block[1]``."""
+
+    family: str
+    block: tuple[str, str]
+    own_channel: bool = False
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return (self.block[0],)
+
+    def opened_at(self, text: str) -> int | None:
+        """Where the block opens in ``text`` (None: it does not)."""
+        at = text.find(self.block[0])
+        return None if at < 0 else at
 
 
 def call_schema(functions: list[Function], args_key: str) -> dict[str, Any]:

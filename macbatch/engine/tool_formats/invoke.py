@@ -18,6 +18,7 @@ from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.tool_formats.common import (
     STRING,
+    BlockSyntax,
     is_string,
     literal,
     text_calls_grammar,
@@ -26,24 +27,17 @@ from macbatch.engine.tool_formats.common import (
 
 
 @dataclass(frozen=True)
-class InvokeCalls:
-    family: str
-    block: tuple[str, str]
+class InvokeCalls(BlockSyntax):
     tag: str = ""  # before each element's name: DeepSeek's "｜DSML｜"
     string_flag: bool = False  # each parameter says string="true" or "false"
-    own_channel: bool = False
 
     @property
     def markers(self) -> tuple[str, ...]:
         return (self.block[0], f'<{self.tag}invoke name="', f'<{self.tag}parameter name="')
 
-    @property
-    def starts(self) -> tuple[str, ...]:
-        return (self.block[0],)
-
     def split(self, text: str, schemas: Schemas) -> tuple[str, RawCalls] | None:
-        at = text.find(self.block[0])
-        if at < 0:
+        at = self.opened_at(text)
+        if at is None:
             return None
         tag = re.escape(self.tag)
         invoke = re.compile(rf'<{tag}invoke name="([^"]+)">(.*?)</{tag}invoke>', re.DOTALL)

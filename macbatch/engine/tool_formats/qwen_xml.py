@@ -20,30 +20,30 @@ from dataclasses import dataclass
 
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import Function, RawCalls, Schemas
-from macbatch.engine.tool_formats.common import literal, text_arguments, text_calls_grammar
+from macbatch.engine.tool_formats.common import (
+    BlockSyntax,
+    literal,
+    text_arguments,
+    text_calls_grammar,
+)
 
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.DOTALL)
 
 
 @dataclass(frozen=True)
-class QwenXml:
+class QwenXml(BlockSyntax):
     family: str = "qwen3_xml"
     block: tuple[str, str] = ("<tool_call>", "</tool_call>")
     value_lines: bool = True  # each value on its own line(s), between newlines
-    own_channel: bool = False
 
     @property
     def markers(self) -> tuple[str, ...]:
         return (self.block[0], "<function=", "<parameter=", self.block[1])
 
-    @property
-    def starts(self) -> tuple[str, ...]:
-        return (self.block[0],)
-
     def split(self, text: str, schemas: Schemas) -> tuple[str, RawCalls] | None:
-        at = text.find(self.block[0])
-        if at < 0:
+        at = self.opened_at(text)
+        if at is None:
             return None
         calls: RawCalls = []
         for match in _FUNCTION.finditer(text, at):

@@ -14,30 +14,29 @@ from dataclasses import dataclass
 
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import Function, RawCalls, Schemas
-from macbatch.engine.tool_formats.common import json_prefix, json_rule, literal, one_of
+from macbatch.engine.tool_formats.common import (
+    BlockSyntax,
+    json_prefix,
+    json_rule,
+    literal,
+    one_of,
+)
 
 
 @dataclass(frozen=True)
-class SectionCalls:
-    family: str
-    section: tuple[str, str]
-    call: tuple[str, str]  # around one call
-    sep: str  # between the name and the arguments
+class SectionCalls(BlockSyntax):
+    call: tuple[str, str] = ("", "")  # around one call
+    sep: str = ""  # between the name and the arguments
     name_prefix: str = ""  # Kimi's "functions."
     indexed: bool = False  # Kimi's ":0" after the name
-    own_channel: bool = False
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return (self.section[0], self.call[0], self.sep, self.call[1], self.section[1])
-
-    @property
-    def starts(self) -> tuple[str, ...]:
-        return (self.section[0],)
+        return (self.block[0], self.call[0], self.sep, self.call[1], self.block[1])
 
     def split(self, text: str, schemas: Schemas) -> tuple[str, RawCalls] | None:
-        at = text.find(self.section[0])
-        if at < 0:
+        at = self.opened_at(text)
+        if at is None:
             return None
         pattern = re.escape(self.call[0]) + r"\s*(.*?)\s*" + re.escape(self.sep)
         calls: RawCalls = []
@@ -53,7 +52,7 @@ class SectionCalls:
         return re.sub(r":\d+$", "", name) if self.indexed else name
 
     def grammar(self, functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
-        section = [literal(tokenizer, t) for t in self.section]
+        section = [literal(tokenizer, t) for t in self.block]
         begin, end, sep = (literal(tokenizer, t) for t in (*self.call, self.sep))
         count = range(8 if parallel else 1)  # Kimi numbers the calls of a reply
         rules = [f"start: {section[0]} call0" + "".join(f" (call{k}" for k in count[1:])]

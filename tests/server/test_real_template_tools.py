@@ -83,3 +83,21 @@ def test_three_tool_round_trips(oai: openai.OpenAI, served: Served, stream: bool
     body = dict(model=served.thread.info.model_name, messages=messages, tools=TOOLS)
     reply = oai.chat.completions.create(**body, max_tokens=4, extra_body=NO_REASONING)
     assert reply.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_thinking_by_default_and_the_switch(oai: openai.OpenAI, served: Served) -> None:
+    """Qwen3.5's template opens a reasoning block unless told not to: the reply's reasoning
+    comes apart from the answer, and ``enable_thinking: false`` leaves none (gpt-oss's
+    template has no switch: its analysis channel is the model's choice)."""
+    if served.thread.info.model.thinking_default is None:
+        pytest.skip("this template has no thinking switch")
+    assert served.thread.info.model.thinking_default is True
+    body = dict(model=served.thread.info.model_name, max_tokens=8, temperature=0)
+    body["messages"] = [{"role": "user", "content": "Hello?"}]
+    budget = {"thinking_token_budget": 3}  # the reasoning ends and an answer follows
+    thinks = oai.chat.completions.create(**body, extra_body=budget).choices[0].message
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    plain = oai.chat.completions.create(**body, extra_body=off).choices[0].message
+    assert thinks.model_extra is not None and "reasoning_content" in thinks.model_extra
+    assert plain.model_extra is not None and "reasoning_content" not in plain.model_extra
+    assert plain.content

@@ -84,8 +84,7 @@ def rendered_call(tokenizer: Tokenizer, fmt: ToolFormat) -> str | None:
 
 def _tokens(tokenizer: Tokenizer, texts: tuple[str, ...]) -> bool:
     """Whether every one of ``texts`` is a single token of the vocabulary."""
-    vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    return all(text in vocabulary for text in texts)
+    return all(len(tokenizer.encode(text, add_special_tokens=False)) == 1 for text in texts)
 
 
 def _shared_prefix(prompt: str, called: str) -> int:

@@ -73,10 +73,14 @@ def engine(request, model):
         yield Engine(model, tokenizer, EngineConfig(num_blocks=128, block_size=16))
 
 
-def _message(name: str, arguments: dict) -> dict:
-    call = {"id": "abc123456", "type": "function"}
-    call["function"] = {"name": name, "arguments": json.dumps(arguments)}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
+def _message(*calls: tuple[str, dict]) -> dict:
+    written = [
+        {"id": f"abc12345{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(calls)
+    ]
+    for call in written:
+        call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+    return {"role": "assistant", "content": "", "tool_calls": written}
 
 
 def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
@@ -87,11 +91,11 @@ def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
     )
 
 
-def _reply(engine: Engine, name: str, arguments: dict) -> str:
-    """What the template writes for the assistant's call: the tokens after those it shares
+def _reply(engine: Engine, *calls: tuple[str, dict]) -> str:
+    """What the template writes for the assistant's calls: the tokens after those it shares
     with the generation prompt, without what it writes after every assistant turn."""
     prompt = _render(engine, [QUESTION], True)
-    called = _render(engine, [QUESTION, _message(name, arguments)], False)
+    called = _render(engine, [QUESTION, _message(*calls)], False)
     shared = next((i for i, (a, b) in enumerate(zip(prompt, called)) if a != b), len(prompt))
     words = engine.tokenizer.decode(
         _render(engine, [QUESTION, {"role": "assistant", "content": "Fine."}], False)
@@ -110,7 +114,7 @@ def test_detection_finds_the_family(engine, request):
 @pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers", "nested"])
 def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
     fmt = engine.tool_format.for_tools(TOOLS)
-    reply = _reply(engine, name, arguments)
+    reply = _reply(engine, (name, arguments))
     _, calls = fmt.parse(reply)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [(name, arguments)], reply
     # streamed, no part of the call is ever shown as words
@@ -119,9 +123,23 @@ def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
     assert all(fmt.content_end(reply[:n]) <= at for n in range(len(reply) + 1))
 
 
+def test_two_calls_in_one_turn_parse_back(engine):
+    """Parallel calls as the template writes them (a template that takes one call per turn
+    refuses two, Llama 3's, or keeps the first, gpt-oss's: harmony ends a turn at a call)."""
+    fmt = engine.tool_format.for_tools(TOOLS)
+    try:
+        reply = _reply(engine, *CALLS[:2])
+    except Exception as exc:  # the template's own raise_exception
+        assert fmt.family == "llama3_json", exc
+        return
+    _, calls = fmt.parse(reply)
+    written = CALLS[:1] if fmt.family == "harmony" else CALLS[:2]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == written, reply
+
+
 def test_a_history_with_a_call_and_its_result_renders(engine):
     result = {"role": "tool", "tool_call_id": "abc123456", "content": "sunny 21"}
-    history = [QUESTION, _message(*CALLS[0]), result]
+    history = [QUESTION, _message(CALLS[0]), result]
     text = engine.tokenizer.decode(engine.encode_prompt(history, tools=TOOLS))
     assert "sunny 21" in text and "São Paulo" in text
 

@@ -138,7 +138,7 @@ def test_two_calls_in_one_turn_parse_back(engine):
 
 
 def test_a_history_with_a_call_and_its_result_renders(engine):
-    result = {"role": "tool", "tool_call_id": "abc123456", "content": "sunny 21"}
+    result = {"role": "tool", "tool_call_id": "abc123450", "content": "sunny 21"}
     history = [QUESTION, _message(CALLS[0]), result]
     text = engine.tokenizer.decode(engine.encode_prompt(history, tools=TOOLS))
     assert "sunny 21" in text and "São Paulo" in text

@@ -32,6 +32,8 @@ FAMILIES = {
     "nemotron_nano_v2": "nemotron_v2",
     "granite4": "hermes",
     "apriel_1_5": "apriel",
+    "apriel_1_6": "apriel",
+    "devstral": "mistral_args",
     "gemma4": "gemma4",
     "deepseek_v3_2": "deepseek_v32",
     "lfm2": "lfm2",

@@ -18,6 +18,7 @@ from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute
 from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
 from macbatch.models import describe_quantization
+from macbatch.template_check import template_rows
 
 
 @dataclass
@@ -45,6 +46,7 @@ def check_model(name: str) -> ModelReport:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report
         _probe(path, report)
+        report.rows.extend(template_rows(path))
     except (ValueError, OSError) as exc:
         report.problem = str(exc)
     return report

@@ -16,7 +16,7 @@ from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.reasoning import ReasoningFormat
-from macbatch.engine.tool_calls import detect_tool_format
+from macbatch.engine.tool_formats.detect import detect_tool_format
 from macbatch.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:

@@ -81,7 +81,8 @@ class InputProcessor:
         self, messages: list[dict[str, Any]], prompt: PromptInput
     ) -> list[int]:
         chat_template.check_content_parts(messages)
-        messages = template_messages(messages)  # tool calls and results in the history
+        # the history's calls in the shape the template takes
+        messages = template_messages(messages, self.info.model.tool_format)
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.info.model_name}' has no chat template; send a text prompt instead"

@@ -121,7 +121,8 @@ def _sentence_transformers(directory: Path, base: EmbeddingProfile) -> Embedding
             )
         pooling = on[0]
     st = _read_json(directory / "config_sentence_transformers.json") or {}
-    prompts = st.get("prompts") if isinstance(st.get("prompts"), dict) else {}
+    prompts = st.get("prompts")
+    prompts = prompts if isinstance(prompts, dict) else {}
     return EmbeddingProfile(
         pooling=pooling,
         normalize=_NORMALIZE_MODULE in types,

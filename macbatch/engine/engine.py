@@ -354,7 +354,10 @@ class Engine(PromptEncoder):
     def generate(
         self,
         prompts: Sequence[Prompt | PromptInput],
-        params: SamplingParams | PoolingParams | Sequence[SamplingParams | PoolingParams] | None = None,
+        params: SamplingParams
+        | PoolingParams
+        | Sequence[SamplingParams | PoolingParams]
+        | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run ``prompts`` to completion together; final outputs in the order given

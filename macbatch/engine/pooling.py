@@ -67,7 +67,11 @@ class Mean:
         return acc / num_tokens
 
 
-POOLING_METHODS: dict[str, PoolingMethod] = {"last": LastToken(), "cls": FirstToken(), "mean": Mean()}
+POOLING_METHODS: dict[str, PoolingMethod] = {
+    "last": LastToken(),
+    "cls": FirstToken(),
+    "mean": Mean(),
+}
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,6 @@ class InputProcessor:
             constraint=constraint,
         )
 
-
     def _pooling_request(
         self, prompt: PromptInput, params: PoolingParams, request_id: str | None
     ) -> Request:
@@ -157,9 +156,7 @@ class InputProcessor:
         profile = self.info.model.embedding
         hidden = profile.hidden_size
         if params.dimensions is not None and hidden and params.dimensions > hidden:
-            raise ValueError(
-                f"dimensions ({params.dimensions}) is more than the model's {hidden}"
-            )
+            raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
         params = replace(
             params,
             method=params.method or profile.pooling,

@@ -4,8 +4,6 @@ once; the reranker's yes/no score; and the refusals."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -14,6 +12,7 @@ from macbatch.engine.embedding_profile import profile_of
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer, model_for
+from tests.support.sentence_transformers import QWEN3_QUERY_PROMPT, write_sentence_transformers
 from tests.support.tiny import build_model, save_model
 
 TEXTS = [
@@ -169,26 +168,16 @@ def test_profile_from_sentence_transformers_files(tmp_path, tiny_tokenizer):
     """Qwen3-Embedding's files: last-token pooling, a Normalize module, its query prompt."""
     from mlx_lm.utils import load_tokenizer
 
-    path = save_model(tmp_path / "Qwen3-Embedding-tiny")
-    module = "sentence_transformers.models."
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": module + "Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": module + "Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": module + "Normalize"},
-    ]
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    pooling = {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True}
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    query = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
-    st = {"prompts": {"query": query, "document": ""}, "default_prompt_name": None}
-    (path / "config_sentence_transformers.json").write_text(json.dumps(st))
+    path = write_sentence_transformers(save_model(tmp_path / "Qwen3-Embedding-tiny"))
     profile = profile_of(load_tokenizer(path), str(path), 64)
     assert profile.pooling == "last" and profile.normalize and profile.embedding_model
-    assert profile.prompts == {"query": query, "document": ""} and profile.rerank is None
-    pooling["pooling_mode_mean_tokens"] = True
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert profile.prompts == {"query": QWEN3_QUERY_PROMPT, "document": ""}
+    assert profile.rerank is None
+    write_sentence_transformers(path, ("mean_tokens",), normalize=False)
+    profile = profile_of(load_tokenizer(path), str(path), 64)
+    assert profile.pooling == "mean" and not profile.normalize
+    write_sentence_transformers(path, ("mean_tokens", "cls_token"))
     with pytest.raises(ValueError, match="exactly one"):
         profile_of(load_tokenizer(path), str(path), 64)
     plain = profile_of(tiny_tokenizer, "demo", 64)
-    assert plain.pooling == "last" and not plain.embedding_model
+    assert plain.pooling == "last" and plain.normalize and not plain.embedding_model

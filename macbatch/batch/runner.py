@@ -32,11 +32,13 @@ from macbatch.batch.outputs import (
     result_line,
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
+from macbatch.batch.vectors import write_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
 from macbatch.openai import formatter_for
@@ -85,9 +87,9 @@ def run_jobs(
             engine = load_engine(job_file.model)
             progress = RunProgress(model=job_file.model, jobs=jobs)
             status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
-            summary = build_summary(
-                progress, status, _job_outputs(job_file, ledger), _peak_memory()
-            )
+            outputs = _job_outputs(job_file, ledger)
+            _write_vectors(job_file, outputs, reporter)
+            summary = build_summary(progress, status, outputs, _peak_memory())
             _write_json(directory / SUMMARY_NAME, summary)
         finally:
             ledger.close()
@@ -173,6 +175,7 @@ class _Loop:
         self.errors: dict[str, JsonlAppender] = {}
         self.in_flight: dict[str, Planned] = {}
         self.shapes: dict[str, ReplyShape] = {}  # by request id
+        self.pending = Pending()  # pooled rows' requests in flight
         self.exhausted = False
 
     def run(self) -> str:
@@ -215,6 +218,10 @@ class _Loop:
                 continue
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
+            if item.pooled is not None:
+                self._admit_pooled(item, item.pooled)
+                continue
+            assert item.generation is not None
             try:
                 tool_format = self.engine.info.model.tool_format
                 bound = item.generation.bind(tool_format, self.engine.tokenizer)
@@ -226,8 +233,56 @@ class _Loop:
             self.in_flight[request_id] = item
             self.shapes[request_id] = ReplyShape(params.structured, bound.parse_with)
 
+    def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
+        """Queue a pooled row's engine requests (all of them, or none)."""
+        request_ids: list[str] = []
+        try:
+            for prompt, params in row.bind(self.engine.info.model.embedding, self.engine.tokenizer):
+                request_ids.append(self.engine.add_request(prompt, params))
+        except Exception as exc:  # ValueError: too long, a bad prompt name ...
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            self._fail(item, str(exc), "invalid_request")
+            return
+        self.pending.add(item.key, item, request_ids)
+        self.in_flight.update(dict.fromkeys(request_ids, item))
+
+    def _finish_pooled(self, item: Planned, output: RequestOutput) -> None:
+        """Gather a pooled row's outputs; write its line when the last one arrives."""
+        if output.finish_reason is not FinishReason.STOP:
+            for sibling in self.pending.drop(output.request_id):
+                self.in_flight.pop(sibling, None)
+                self.engine.abort(sibling)
+            if output.finish_reason is not FinishReason.ABORT:
+                self._fail(
+                    item, output.error or f"finished with {output.finish_reason}", "engine_error"
+                )
+            return
+        done = self.pending.finish(output)
+        if done is None:
+            return
+        assert item.pooled is not None
+        outputs = done[1]
+        body = item.pooled.response(outputs, self.job_file.model)
+        line = result_line(item, outputs[0], body, None)
+        self._record(item, line)
+        self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
+        self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
+
+    def _record(self, item: Planned, line: dict[str, Any], correct: bool | None = None) -> None:
+        """Write a finished request's line, then record it in the ledger (the order that makes
+        a crash between the two recoverable: ``recover`` adopts the line)."""
+        size = self.outputs[item.job].append(line)
+        record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
+        self.ledger.record(record, size)
+        self.progress.jobs[item.job].ok += 1
+
     def _finish(self, output: RequestOutput) -> None:
         item = self.in_flight.pop(output.request_id)
+        if output.request_id in self.pending:
+            self._finish_pooled(item, output)
+            return
+        assert item.generation is not None
         shape = self.shapes.pop(output.request_id)
         reason = output.finish_reason
         if reason is FinishReason.ABORT:
@@ -243,11 +298,8 @@ class _Loop:
             item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
         )
         line = result_line(item, output, formatter.response([output]), correct, parsed)
-        size = self.outputs[item.job].append(line)
-        record = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
-        self.ledger.record(record, size)
+        self._record(item, line, correct)
         metrics = self.progress
-        metrics.jobs[item.job].ok += 1
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         if parsed is not None:
             metrics.jobs[item.job].constrained += 1
@@ -359,6 +411,21 @@ def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]
             entry["accuracy"] = accuracy(ledger, job.name)
         result[job.name] = entry
     return result
+
+
+def _write_vectors(
+    job_file: JobFile, outputs: dict[str, dict[str, Any]], reporter: Reporter
+) -> None:
+    """Each ``task: embed`` job's matrix, from its result lines (vectors.py)."""
+    for job in job_file.jobs:
+        if job.vectors is None:
+            continue
+        try:
+            rows = write_vectors(output_path(job_file.output_dir, job.name), job.vectors)
+        except ValueError as exc:
+            reporter.note(f"{job.name}: no vectors file: {exc}")
+            continue
+        outputs[job.name].update(vectors=str(job.vectors), vectors_rows=rows)
 
 
 def _peak_memory() -> dict[str, int]:

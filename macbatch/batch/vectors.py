@@ -1,0 +1,65 @@
+"""A ``task: embed`` job's ``vectors:`` file: one float32 matrix, rows in input order.
+
+It is assembled from the job's result lines when a run ends (each line holds its row's vectors
+exactly: JSON floats and base64 both round-trip float32), never appended to as rows finish, so a
+run killed any number of times and resumed writes the same file as one that never stopped: the
+result lines are exactly-once (outputs.py, the ledger), and their order is restored from each
+line's input line number. Beside it, ``<name>.ids.json`` names each matrix row (custom id, and
+the index of the input within its row's body), so rows that failed leave no silent gap.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def write_vectors(results: Path, target: Path) -> int:
+    """Write ``target`` (.npy) and its ids file from the result lines in ``results``; returns
+    the matrix's row count. ``ValueError`` if the rows' vectors differ in length."""
+    rows: list[tuple[int, str, list[np.ndarray]]] = []
+    if results.exists():
+        with results.open("rb") as lines:
+            for raw in lines:
+                line = json.loads(raw)
+                data = line["response"]["body"]["data"]
+                vectors = [_decoded(item["embedding"]) for item in data]
+                rows.append((int(line["macbatch"]["line"]), str(line["custom_id"]), vectors))
+    rows.sort(key=lambda row: row[0])
+    vectors = [v for _, _, row in rows for v in row]
+    widths = {len(v) for v in vectors}
+    if len(widths) > 1:
+        raise ValueError(
+            f"{results.name}: vectors of {sorted(widths)} dimensions cannot form one matrix; give "
+            "every row the same 'dimensions'"
+        )
+    width = widths.pop() if widths else 0
+    matrix = np.stack(vectors) if vectors else np.zeros((0, width), dtype=np.float32)
+    ids = [[custom_id, i] for _, custom_id, row in rows for i in range(len(row))]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _replace(target, lambda f: np.save(f, matrix.astype(np.float32, copy=False)))
+    _replace(ids_path(target), lambda f: f.write(json.dumps(ids).encode("utf-8")))
+    return len(vectors)
+
+
+def ids_path(target: Path) -> Path:
+    return target.with_name(target.stem + ".ids.json")
+
+
+def _decoded(value: Any) -> np.ndarray:
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
+    return np.asarray(value, dtype=np.float32)
+
+
+def _replace(path: Path, write: Any) -> None:
+    """Write beside ``path`` and rename: a crash leaves the old file or the new one."""
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("wb") as f:
+        write(f)
+    os.replace(temporary, path)

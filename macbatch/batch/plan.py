@@ -283,7 +283,7 @@ def _openai_body(fields: dict) -> tuple[Endpoint, dict[str, Any]]:
     if not isinstance(body, dict):
         raise ValueError("'body' must be a JSON object")
     if url not in OPENAI_URLS:
-        raise ValueError(f"unsupported url {url!r}; use {' or '.join(OPENAI_URLS)}")
+        raise ValueError(f"unsupported url {url!r}; use {', '.join(OPENAI_URLS + POOLED_URLS)}")
     return Endpoint(url), body
 
 

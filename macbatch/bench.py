@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from macbatch.engine import Engine, SamplingParams, StructuredOutput
+from macbatch.engine import Engine, PoolingParams, SamplingParams, StructuredOutput
 
 
 def synthetic_prompts(
@@ -102,3 +102,17 @@ def run_workload(
         step_tokens=step_tokens,
         first_token_step=list(first_step.values()),
     )
+
+
+def run_pooling_workload(
+    engine: Engine, prompts: list[list[int]], pooling: PoolingParams | None = None
+) -> tuple[WorkloadResult, list[np.ndarray]]:
+    """All prompts arrive at once as pooling requests (embeddings); returns the timing (no
+    tokens generated: prompt tokens are the throughput) and the vectors in prompt order."""
+    clock = Clock()
+    outputs = engine.generate(prompts, pooling or PoolingParams())
+    elapsed = clock.read()
+    failures = [o.error for o in outputs if o.error is not None]
+    vectors = [o.embedding for o in outputs if o.embedding is not None]
+    tokens = sum(o.metrics.prompt_tokens for o in outputs if o.embedding is not None)
+    return WorkloadResult(tokens, 0, elapsed, [], failures=failures), vectors

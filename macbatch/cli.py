@@ -212,10 +212,14 @@ def bench_command(
     max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens generated per request (EOS ignored)."),
     budget: int = typer.Option(1024, min=1, help="Tokens per engine step (chunked prefill)."),
+    embed: bool = typer.Option(
+        False, "--embed", help="Embed the prompts (pooling requests) instead of generating."
+    ),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
-    and generated tokens/s and the median time to first token."""
-    from macbatch.bench import run_workload, synthetic_prompts
+    and generated tokens/s and the median time to first token (``--embed``: embedding
+    throughput, prompt tokens/s and inputs/s)."""
+    from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
     from macbatch.engine import Engine, EngineConfig
 
     if min_prompt > max_prompt:
@@ -227,6 +231,15 @@ def bench_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.info.model.vocab_size)
+    if embed:
+        typer.echo(f"{requests} inputs to embed, {sum(map(len, prompts)):,} tokens")
+        pooled, _ = run_pooling_workload(engine, prompts)
+        wall = pooled.elapsed[0]
+        typer.echo(
+            f"{wall:.1f} s: {pooled.prompt_tokens / wall:,.1f} tok/s embedded, "
+            f"{(requests - len(pooled.failures)) / wall:,.1f} inputs/s"
+        )
+        return
     typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
     result = run_workload(engine, prompts, max_tokens)
     if result.failures:

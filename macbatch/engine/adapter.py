@@ -46,6 +46,20 @@ _UNSUPPORTED = {
     "falcon_h1": "runs attention and an SSM side by side in every layer (one cache list each)",
     "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
 }
+# Encoder-only embedding models attend both ways; the engine's paged attention is causal.
+# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
+# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
+ENCODER_REASON = (
+    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
+    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
+)
+_UNSUPPORTED.update(
+    dict.fromkeys(
+        ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
+         "electra", "mpnet", "deberta-v2", "new"),
+        ENCODER_REASON,
+    )
+)  # fmt: skip
 _INNER_NAMES = ("model", "transformer", "backbone")
 _TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
 

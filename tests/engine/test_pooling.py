@@ -4,10 +4,19 @@ once; the reranker's yes/no score; and the refusals."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, PoolingParams, PromptTooLongError, SamplingParams
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    PoolingParams,
+    PromptTooLongError,
+    SamplingParams,
+    UnsupportedModelError,
+)
 from macbatch.engine.embedding_profile import profile_of
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
@@ -181,3 +190,12 @@ def test_profile_from_sentence_transformers_files(tmp_path, tiny_tokenizer):
         profile_of(load_tokenizer(path), str(path), 64)
     plain = profile_of(tiny_tokenizer, "demo", 64)
     assert plain.pooling == "last" and plain.normalize and not plain.embedding_model
+
+
+def test_encoder_only_checkpoints_are_refused_with_the_reason(tmp_path):
+    """A BERT-family checkpoint is refused before its weights load, saying why and what to use."""
+    path = save_model(tmp_path / "bge-tiny")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(config, model_type="bert")))
+    with pytest.raises(UnsupportedModelError, match="encoder-only .*Qwen3-Embedding"):
+        Engine.load(str(path))

@@ -83,21 +83,24 @@ class Pending:
         return request_id in self._request_rows
 
     def finish(self, output: RequestOutput) -> tuple[Any, list[RequestOutput]] | None:
-        """Record a final output; the row and all its outputs once it is the last."""
+        """Record a final output; the row and all its outputs once it is the last (None: more
+        to come, or its row failed already)."""
         key, index = self._request_rows.pop(output.request_id)
-        item, outputs = self._rows[key]
+        row = self._rows.get(key)
+        if row is None:
+            return None
+        item, outputs = row
         outputs[index] = output
         if any(o is None for o in outputs):
             return None
         del self._rows[key]
         return item, [o for o in outputs if o is not None]
 
-    def drop(self, request_id: str) -> list[str]:
-        """Forget the row of a request that failed or was aborted; returns its other requests
-        still running (to abort)."""
+    def fail(self, request_id: str) -> list[str] | None:
+        """A request of a row failed or was aborted: forget the row, and return its other
+        requests still running (to abort; their outputs then finish nothing). None: the row
+        had failed already."""
         key, _ = self._request_rows.pop(request_id)
-        self._rows.pop(key, None)
-        siblings = [r for r, (k, _) in self._request_rows.items() if k == key]
-        for sibling in siblings:
-            del self._request_rows[sibling]
-        return siblings
+        if self._rows.pop(key, None) is None:
+            return None
+        return [r for r, (k, _) in self._request_rows.items() if k == key]

@@ -38,7 +38,7 @@ from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summ
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
-from macbatch.batch.vectors import write_vectors
+from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
 from macbatch.openai import formatter_for
@@ -88,7 +88,7 @@ def run_jobs(
             progress = RunProgress(model=job_file.model, jobs=jobs)
             status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
             outputs = _job_outputs(job_file, ledger)
-            _write_vectors(job_file, outputs, reporter)
+            write_job_vectors(job_file, outputs, reporter.note)
             summary = build_summary(progress, status, outputs, _peak_memory())
             _write_json(directory / SUMMARY_NAME, summary)
         finally:
@@ -249,14 +249,13 @@ class _Loop:
 
     def _finish_pooled(self, item: Planned, output: RequestOutput) -> None:
         """Gather a pooled row's outputs; write its line when the last one arrives."""
-        if output.finish_reason is not FinishReason.STOP:
-            for sibling in self.pending.drop(output.request_id):
-                self.in_flight.pop(sibling, None)
+        reason = output.finish_reason
+        if reason is not FinishReason.STOP:
+            siblings = self.pending.fail(output.request_id)
+            for sibling in siblings or ():
                 self.engine.abort(sibling)
-            if output.finish_reason is not FinishReason.ABORT:
-                self._fail(
-                    item, output.error or f"finished with {output.finish_reason}", "engine_error"
-                )
+            if siblings is not None and reason is not FinishReason.ABORT:
+                self._fail(item, output.error or f"finished with {reason}", "engine_error")
             return
         done = self.pending.finish(output)
         if done is None:
@@ -278,7 +277,9 @@ class _Loop:
         self.progress.jobs[item.job].ok += 1
 
     def _finish(self, output: RequestOutput) -> None:
-        item = self.in_flight.pop(output.request_id)
+        item = self.in_flight.pop(output.request_id, None)
+        if item is None:  # a pooled row's request aborted when a later one could not be queued
+            return
         if output.request_id in self.pending:
             self._finish_pooled(item, output)
             return
@@ -411,21 +412,6 @@ def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]
             entry["accuracy"] = accuracy(ledger, job.name)
         result[job.name] = entry
     return result
-
-
-def _write_vectors(
-    job_file: JobFile, outputs: dict[str, dict[str, Any]], reporter: Reporter
-) -> None:
-    """Each ``task: embed`` job's matrix, from its result lines (vectors.py)."""
-    for job in job_file.jobs:
-        if job.vectors is None:
-            continue
-        try:
-            rows = write_vectors(output_path(job_file.output_dir, job.name), job.vectors)
-        except ValueError as exc:
-            reporter.note(f"{job.name}: no vectors file: {exc}")
-            continue
-        outputs[job.name].update(vectors=str(job.vectors), vectors_rows=rows)
 
 
 def _peak_memory() -> dict[str, int]:

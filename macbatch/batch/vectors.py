@@ -13,10 +13,30 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from macbatch.batch.outputs import output_path
+from macbatch.batch.spec import JobFile
+
+
+def write_job_vectors(
+    job_file: JobFile, outputs: dict[str, dict[str, Any]], note: Callable[[str], None]
+) -> None:
+    """Each ``task: embed`` job's matrix from its result lines; its path and row count go into
+    the job's entry of ``outputs`` (the summary's), a problem into ``note``."""
+    for job in job_file.jobs:
+        if job.vectors is None:
+            continue
+        try:
+            rows = write_vectors(output_path(job_file.output_dir, job.name), job.vectors)
+        except ValueError as exc:
+            note(f"{job.name}: no vectors file: {exc}")
+            continue
+        outputs[job.name].update(vectors=str(job.vectors), vectors_rows=rows)
 
 
 def write_vectors(results: Path, target: Path) -> int:

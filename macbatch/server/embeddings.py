@@ -12,14 +12,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from macbatch.engine import RequestOutput
+from macbatch.openai import rerank as scoring
 from macbatch.openai.embeddings import embeddings_response, parse_embeddings
-from macbatch.openai.rerank import (
-    Scoring,
-    parse_rerank,
-    parse_score,
-    rerank_response,
-    score_response,
-)
 from macbatch.server.errors import invalid
 from macbatch.server.serving import ServerState, read_json, serve_pooling, state_of
 
@@ -34,7 +28,7 @@ async def embeddings(request: Request) -> Response:
 
 async def rerank(request: Request) -> Response:
     state = state_of(request)
-    parsed = parse_rerank(await read_json(request, state.options.max_body_bytes))
+    parsed = scoring.parse_rerank(await read_json(request, state.options.max_body_bytes))
     _check(state, parsed.scoring.model)
     if state.thread.info.model.embedding.rerank is None:
         raise invalid(
@@ -44,23 +38,23 @@ async def rerank(request: Request) -> Response:
             "model",
         )
     scores, tokens = await _scores(request, state, parsed.scoring)
-    return JSONResponse(rerank_response(parsed, scores, tokens, state.model_id))
+    return JSONResponse(scoring.rerank_response(parsed, scores, tokens, state.model_id))
 
 
 async def score(request: Request) -> Response:
     state = state_of(request)
-    parsed = parse_score(await read_json(request, state.options.max_body_bytes))
+    parsed = scoring.parse_score(await read_json(request, state.options.max_body_bytes))
     _check(state, parsed.model)
     scores, tokens = await _scores(request, state, parsed)
-    return JSONResponse(score_response(scores, tokens, state.model_id))
+    return JSONResponse(scoring.score_response(scores, tokens, state.model_id))
 
 
 async def _scores(
-    request: Request, state: ServerState, scoring: Scoring
+    request: Request, state: ServerState, pairs: scoring.Scoring
 ) -> tuple[list[float], int]:
-    jobs = scoring.bind(state.thread.info.model.embedding, state.decoder)
+    jobs = pairs.bind(state.thread.info.model.embedding, state.decoder)
     outputs = await serve_pooling(request, state, jobs)
-    return scoring.pair_scores(outputs), _tokens(outputs)
+    return pairs.pair_scores(outputs), _tokens(outputs)
 
 
 def _tokens(outputs: list[RequestOutput]) -> int:

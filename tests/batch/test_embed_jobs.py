@@ -110,6 +110,8 @@ def test_openai_batch_embedding_rows(tmp_path: Path, tiny_model_path: Path, macb
         {"custom_id": "b", "url": "/v1/embeddings",
          "body": {"input": ids, "encoding_format": "base64"}},
         {"custom_id": "c", "url": "/v1/embeddings", "body": {"input": ""}},
+        # its second input is too long: the first, queued already, is aborted with the row
+        {"custom_id": "d", "url": "/v1/embeddings", "body": {"input": ["fine", [5] * 5000]}},
     ]  # fmt: skip
     (tmp_path / "batch.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     job_file = write_job(
@@ -124,7 +126,7 @@ def test_openai_batch_embedding_rows(tmp_path: Path, tiny_model_path: Path, macb
         """,
     )
     result = macbatch_run(job_file)
-    assert result.exit_code == 3, result.output  # row c failed
+    assert result.exit_code == 3, result.output  # rows c and d failed
     lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out" / "docs.jsonl")}
     body = lines["a"]["response"]["body"]
     assert body["object"] == "list" and [d["index"] for d in body["data"]] == [0, 1]
@@ -137,8 +139,10 @@ def test_openai_batch_embedding_rows(tmp_path: Path, tiny_model_path: Path, macb
     for row, prompt in zip(matrix, [tokenizer.encode("one"), tokenizer.encode("two words"), ids]):
         assert cosine(row, direct_pooled(model, prompt, "last")) >= 0.99999
     np.testing.assert_array_equal(matrix[2], vector_b)
-    [error] = read_jsonl(tmp_path / "out" / "docs.errors.jsonl")
-    assert error["custom_id"] == "c" and "empty string" in error["error"]["message"]
+    empty, long = read_jsonl(tmp_path / "out" / "docs.errors.jsonl")
+    assert empty["custom_id"] == "c" and "empty string" in empty["error"]["message"]
+    assert long["custom_id"] == "d" and "5000 tokens" in long["error"]["message"]
+    assert sorted(lines) == ["a", "b"]
 
 
 def test_rerank_job_on_a_reranker(tmp_path: Path, macbatch_run) -> None:

@@ -111,11 +111,7 @@ class Scheduler:
             if request.num_pending:
                 break  # preempted mid-flight: recomputing needs its last token on the host
             # A waiting request holds no blocks: start from whatever prefix is cached.
-            request.num_computed_tokens = (
-                self.kv.take_cached_prefix(request, request.num_tokens)
-                if request.reads_cached_prefix
-                else 0
-            )
+            request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens
             fit = self.kv.tokens_that_fit(request.request_id, request.num_computed_tokens)
             n = min(need, budget, fit)
@@ -130,6 +126,13 @@ class Scheduler:
             scheduled[request.request_id] = ScheduledChunk(request, request.num_computed_tokens, n)
             budget -= n
         return StepPlan(list(scheduled.values()))
+
+    def _cached_prefix(self, request: Request) -> int:
+        """The tokens a waiting request finds computed in cached blocks (it shares them); none
+        for pooling that reads every row's hidden state (mean, first token)."""
+        if not request.reads_cached_prefix:
+            return 0
+        return self.kv.take_cached_prefix(request, request.num_tokens)
 
     def _preempt(self, victim: Request, scheduled: dict[str, ScheduledChunk]) -> int:
         """Send ``victim`` back to waiting; returns the budget its cancelled chunk gave back."""

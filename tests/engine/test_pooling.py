@@ -111,9 +111,10 @@ def test_last_token_pooling_resumes_from_prefix_cache_mean_does_not(qwen3):
     _assert_matches(mean, model, tokenizer.encode(shared), "mean")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "qwen3_5", "lfm2"])
 def test_other_families(arch, tiny_tokenizer):
-    """A sliding-window model (gemma3_text, window 8) pools over its whole prompt too."""
+    """A sliding-window model (gemma3_text, window 8) pools over its whole prompt too, and
+    hybrids (qwen3_5, lfm2) carry their recurrent state across the chunks."""
     model = build_model(arch)
     engine = _engine(model, tiny_tokenizer, num_blocks=64, max_num_batched_tokens=8)
     text = TEXTS[1]

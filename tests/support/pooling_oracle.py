@@ -9,8 +9,10 @@ import numpy as np
 
 
 def direct_hidden(model: nn.Module, ids: list[int]) -> np.ndarray:
-    """The last layer's normed hidden states ``[L, H]`` (float64) of the inner transformer."""
-    return np.array(model.model(mx.array([ids]))[0].astype(mx.float32), dtype=np.float64)
+    """The last layer's normed hidden states ``[L, H]`` (float64) of the inner transformer (a
+    multimodal or hybrid checkpoint's text model's)."""
+    inner = getattr(model, "language_model", model).model
+    return np.array(inner(mx.array([ids]))[0].astype(mx.float32), dtype=np.float64)
 
 
 def direct_pooled(

@@ -169,6 +169,10 @@ class Engine(PromptEncoder):
         ``ValueError`` if its id is in use."""
         if request.request_id in self._requests:
             raise ValueError(f"request id '{request.request_id}' is already in use")
+        if request.pooling is not None and self.runner.group is not None:
+            # a step of pooling rows alone evaluates the last layers' collectives on rank 0
+            # only (followers evaluate them for sampled rows): not supported yet
+            raise ValueError("embeddings and scores are not supported under mlx.launch yet")
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 

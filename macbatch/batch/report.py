@@ -260,6 +260,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['skipped']} skipped (done before), {summary['remaining']} remaining",
         f"{summary['prompt_tokens']:,} prompt + {summary['generated_tokens']:,} generated tokens "
         f"in {summary['wall_s']:.1f} s: {summary['requests_per_s'] or 0:.2f} requests/s, "
+        f"{summary['prompt_tok_per_s'] or 0:,.1f} prompt tok/s, "
         f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s; "
         f"{summary['prefix_cache_hit_rate']:.0%} of prompt tokens from the prefix cache",
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
@@ -271,6 +272,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             line += f" ({job['failed']} failed, see {job['errors']})"
         if job.get("constrained"):
             line += f"; {job['parsed']}/{job['constrained']} replies parsed"
+        if job.get("vectors"):
+            line += f"; {job['vectors_rows']:,} vectors -> {job['vectors']}"
         lines.append(line)
         if job.get("capped"):
             lines.append(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from macbatch.engine.embedding_profile import RerankFormat
-from tests.batch.conftest import read_jsonl, write_job
+from tests.batch.conftest import JOBS, read_jsonl, write_job
 from tests.support.batch_process import start_run, wait_for_lines
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer
@@ -190,3 +191,22 @@ def test_job_file_refusals(tmp_path: Path, tiny_model_path: Path, macbatch_run, 
     job_file = write_job(tmp_path, f"model: {tiny_model_path}\njobs: [{json.dumps(job)}]\n")
     result = macbatch_run(job_file)
     assert result.exit_code == 1 and message in result.output, result.output
+
+
+def test_shipped_embed_job_runs_offline_on_the_demo_model(tmp_path: Path, macbatch_run) -> None:
+    """jobs/embed.yaml as shipped (a copy beside copies of its data), on the packaged model."""
+    shutil.copy(JOBS / "embed.yaml", tmp_path / "embed.yaml")
+    shutil.copytree(JOBS / "data", tmp_path / "data")
+    result = macbatch_run(tmp_path / "embed.yaml")
+    assert result.exit_code == 0, result.output
+    questions = read_jsonl(JOBS / "data" / "demo_questions.jsonl")
+    matrix = np.load(tmp_path / "out" / "questions.npy")
+    order = json.loads((tmp_path / "out" / "questions.ids.json").read_text())
+    assert matrix.shape == (len(questions), 64)
+    assert order == [[q["id"], 0] for q in questions]
+    np.testing.assert_allclose(np.linalg.norm(matrix, axis=1), 1.0, atol=1e-5)
+    scores = [
+        x["response"]["body"]["data"][0]["score"]
+        for x in read_jsonl(tmp_path / "out" / "relevance.jsonl")
+    ]
+    assert len(scores) == 100 and all(-1.0 <= s <= 1.0 for s in scores)

@@ -8,7 +8,7 @@ import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import typer.core
@@ -18,6 +18,9 @@ from macbatch.config import DEFAULT_MODEL
 from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
+
+if TYPE_CHECKING:
+    from macbatch.bench import WorkloadResult
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 
@@ -233,15 +236,12 @@ def bench_command(
     prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.info.model.vocab_size)
     if embed:
         typer.echo(f"{requests} inputs to embed, {sum(map(len, prompts)):,} tokens")
-        pooled, _ = run_pooling_workload(engine, prompts)
-        wall = pooled.elapsed[0]
+        result, _ = run_pooling_workload(engine, prompts)
+    else:
         typer.echo(
-            f"{wall:.1f} s: {pooled.prompt_tokens / wall:,.1f} tok/s embedded, "
-            f"{(requests - len(pooled.failures)) / wall:,.1f} inputs/s"
+            f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new"
         )
-        return
-    typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
-    result = run_workload(engine, prompts, max_tokens)
+        result = run_workload(engine, prompts, max_tokens)
     if result.failures:
         typer.echo(
             f"{len(result.failures)} of {requests} requests failed; first: {result.failures[0]}",
@@ -250,10 +250,21 @@ def bench_command(
     if not result.succeeded:
         typer.echo("error: no request succeeded, so there is nothing to measure", err=True)
         raise typer.Exit(1)
-    typer.echo(
-        f"{result.elapsed[0]:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
+    typer.echo(_rates(result, embed))
+
+
+def _rates(result: WorkloadResult, embed: bool) -> str:
+    """What ``bench`` measured, in one line."""
+    wall, steps = result.elapsed[0], len(result.step_tokens)
+    if embed:
+        return (
+            f"{wall:.1f} s: {result.prompt_tokens / wall:,.1f} tok/s embedded, "
+            f"{result.succeeded / wall:,.1f} inputs/s, {steps} engine steps"
+        )
+    return (
+        f"{wall:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
         f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "
-        f"{result.median_ttft() * 1000:,.0f} ms, {len(result.step_tokens)} engine steps"
+        f"{result.median_ttft() * 1000:,.0f} ms, {steps} engine steps"
     )
 
 

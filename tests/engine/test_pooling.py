@@ -200,3 +200,19 @@ def test_encoder_only_checkpoints_are_refused_with_the_reason(tmp_path):
     (path / "config.json").write_text(json.dumps(dict(config, model_type="bert")))
     with pytest.raises(UnsupportedModelError, match="encoder-only .*Qwen3-Embedding"):
         Engine.load(str(path))
+
+
+def test_blocks_go_back_when_the_last_chunk_is_dispatched(qwen3):
+    """Freed at once: once the step computing its last chunk is dispatched the request holds no
+    block (they idle in the prefix cache), before its vector is even read."""
+    model, tokenizer = qwen3
+    engine = _engine(model, tokenizer, num_blocks=64, max_num_batched_tokens=16)
+    rid = engine.add_request(TEXTS[1], PoolingParams(method="mean"))
+    steps = 0
+    while engine.scheduler.running or engine.scheduler.waiting:
+        assert engine.step() == []
+        steps += 1
+    assert steps == -(-len(tokenizer.encode(TEXTS[1])) // 16)  # one step per chunk
+    assert (engine.pool.refcounts == 0).all() and engine.pool.num_cached > 0
+    [output] = engine.step()  # the pipelined step reads the last one's vector now
+    assert output.request_id == rid and output.finished and output.embedding is not None

@@ -39,6 +39,7 @@ SETTING_KEYS = (
 )
 JOB_KEYS = ("name", "input", "prompts", "vectors", *SETTING_KEYS)
 # a task: embed job's `embedding:` takes the OpenAI embeddings body's fields (bar the input)
+VECTOR_FORMATS = (".npy", ".safetensors")
 EMBEDDING_KEYS = (
     "dimensions",
     "normalize",
@@ -436,8 +437,10 @@ def _pooling(
         if task != "embed":
             raise check.fail(where, "'vectors' is the matrix of a task: embed job")
         vectors = base / check.text(job["vectors"], where)
-        if vectors.suffix != ".npy":
-            raise check.fail(where, f"'vectors' must name a .npy file, got {vectors.name}")
+        if vectors.suffix not in VECTOR_FORMATS:
+            raise check.fail(
+                where, f"'vectors' must name a .npy or .safetensors file, got {vectors.name}"
+            )
     return {"task": task, "embedding": embedding, "instruction": instruction, "vectors": vectors}
 
 

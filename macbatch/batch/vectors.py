@@ -1,4 +1,5 @@
-"""A ``task: embed`` job's ``vectors:`` file: one float32 matrix, rows in input order.
+"""A ``task: embed`` job's ``vectors:`` file: one float32 matrix, rows in input order (``.npy``,
+or ``.safetensors`` holding it as ``vectors``).
 
 It is assembled from the job's result lines when a run ends (each line holds its row's vectors
 exactly: JSON floats and base64 both round-trip float32), never appended to as rows finish, so a
@@ -62,9 +63,19 @@ def write_vectors(results: Path, target: Path) -> int:
     matrix = np.stack(vectors) if vectors else np.zeros((0, width), dtype=np.float32)
     ids = [[custom_id, i] for _, custom_id, row in rows for i in range(len(row))]
     target.parent.mkdir(parents=True, exist_ok=True)
-    _replace(target, lambda f: np.save(f, matrix.astype(np.float32, copy=False)))
+    _replace(target, lambda f: _save(f, target.suffix, matrix.astype(np.float32, copy=False)))
     _replace(ids_path(target), lambda f: f.write(json.dumps(ids).encode("utf-8")))
     return len(vectors)
+
+
+def _save(file: Any, suffix: str, matrix: np.ndarray) -> None:
+    """``.npy``, or ``.safetensors`` with the matrix under the name ``vectors``."""
+    if suffix == ".safetensors":
+        import mlx.core as mx
+
+        mx.save_safetensors(file, {"vectors": mx.array(matrix)})
+    else:
+        np.save(file, matrix)
 
 
 def ids_path(target: Path) -> Path:

@@ -179,7 +179,7 @@ def test_rerank_job_on_a_reranker(tmp_path: Path, macbatch_run) -> None:
     [
         ({"task": "classify"}, "task must be one of generate, embed, rerank"),
         ({"vectors": "out/x.npy"}, "'vectors' is the matrix of a task: embed job"),
-        ({"task": "embed", "vectors": "out/x.csv"}, "must name a .npy file"),
+        ({"task": "embed", "vectors": "out/x.csv"}, "must name a .npy or .safetensors file"),
         ({"task": "embed", "embedding": {"dimension": 8}}, "did you mean 'dimensions'"),
         ({"task": "embed", "embedding": {"pooling": "max"}}, "'pooling' must be one of"),
         ({"task": "embed", "n": 2}, "'score', 'n' and reply formats are for generation"),
@@ -210,3 +210,16 @@ def test_shipped_embed_job_runs_offline_on_the_demo_model(tmp_path: Path, macbat
         for x in read_jsonl(tmp_path / "out" / "relevance.jsonl")
     ]
     assert len(scores) == 100 and all(-1.0 <= s <= 1.0 for s in scores)
+
+
+def test_vectors_as_safetensors(tmp_path: Path, tiny_model_path: Path, macbatch_run) -> None:
+    from safetensors.numpy import load_file
+
+    job_file = _embed_job(tmp_path, tiny_model_path, rows=5)
+    job_file.write_text(job_file.read_text().replace("out/docs.npy", "out/docs.safetensors"))
+    assert macbatch_run(job_file).exit_code == 0
+    matrix = load_file(tmp_path / "out" / "docs.safetensors")["vectors"]
+    lines = sorted(read_jsonl(tmp_path / "out" / "docs.jsonl"), key=lambda x: x["macbatch"]["line"])
+    expected = [x["response"]["body"]["data"][0]["embedding"] for x in lines]
+    np.testing.assert_array_equal(matrix, np.asarray(expected, dtype=np.float32))
+    assert json.loads((tmp_path / "out" / "docs.ids.json").read_text())[4] == ["d4", 0]

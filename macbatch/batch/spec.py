@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -415,7 +416,11 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
 
 
 def _pooling(
-    check: _Checker, job: dict[str, Any], key: PathKey, setting: Any, base: Path
+    check: _Checker,
+    job: dict[str, Any],
+    key: PathKey,
+    setting: Callable[[str], tuple[Any, PathKey] | None],
+    base: Path,
 ) -> dict[str, Any]:
     """A job's task and its embedding settings, instruction and vectors file, checked."""
     task, embedding, instruction = "generate", None, None

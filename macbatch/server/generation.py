@@ -127,7 +127,10 @@ class Run:
                 continue
             if index not in self._unfinished:
                 continue  # a late output of a request already cancelled
-            first = index not in self._first_token_seen and out.metrics.first_token_time
+            # a pooling request's one output is its first (prompt tokens counted; no TTFT)
+            first = index not in self._first_token_seen and (
+                out.metrics.first_token_time or out.embedding is not None or out.score is not None
+            )
             if first:
                 self._first_token_seen.add(index)
             self._metrics.record(out, bool(first))

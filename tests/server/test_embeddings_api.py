@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from macbatch.engine.embedding_profile import RerankFormat
-from tests.server.conftest import Served, serving, start_engine
+from tests.server.conftest import Served, scrape, serving, start_engine
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer
 from tests.support.sentence_transformers import QWEN3_QUERY_PROMPT, write_sentence_transformers
@@ -207,3 +207,13 @@ def test_bad_scoring_bodies(embedder, path, body, param) -> None:
 def test_bad_rerank_bodies(reranker, body, param) -> None:
     response = httpx.post(reranker[0].api + "/rerank", json=body, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_metrics_count_embedded_tokens(embedder) -> None:
+    server, _ = embedder
+    before = scrape(server)["macbatch_prompt_tokens_total"]
+    body = {"input": TEXTS}
+    usage = httpx.post(server.api + "/embeddings", json=body, timeout=60).json()["usage"]
+    after = scrape(server)
+    assert after["macbatch_prompt_tokens_total"] - before == usage["prompt_tokens"]
+    assert after['macbatch_requests_total{finish_reason="stop"}'] >= len(TEXTS)

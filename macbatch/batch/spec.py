@@ -9,14 +9,17 @@ from __future__ import annotations
 import difflib
 import json
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from macbatch.batch.pooled import TASKS
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_chat_template_kwargs
 from macbatch.metal.quant import check_kv_quantization
 from macbatch.openai import SAMPLING_FIELDS, Defaults, InvalidRequest, sampling_params
+from macbatch.openai.embeddings import parse_embeddings
 from macbatch.openai.messages import chat_messages
 from macbatch.openai.options import structured_output
 
@@ -30,9 +33,22 @@ SETTING_KEYS = (
     "chat",
     "score",
     "chat_template_kwargs",
+    "task",
+    "embedding",
+    "instruction",
     *STRUCTURED_KEYS,
 )
-JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
+JOB_KEYS = ("name", "input", "prompts", "vectors", *SETTING_KEYS)
+# a task: embed job's `embedding:` takes the OpenAI embeddings body's fields (bar the input)
+VECTOR_FORMATS = (".npy", ".safetensors")
+EMBEDDING_KEYS = (
+    "dimensions",
+    "normalize",
+    "pooling",
+    "truncate",
+    "prompt_name",
+    "encoding_format",
+)
 INPUT_KEYS = ("path", "format", "id")
 OUTPUT_KEYS = ("dir",)
 SCORE_KEYS = ("field", "group", "parsed")
@@ -84,6 +100,10 @@ class JobSpec:
     score: ScoreSpec | None
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
     options: dict[str, Any] | None = None  # the reply's constraint, as request fields
+    task: str = "generate"  # or embed, rerank (docs/embeddings.md)
+    embedding: dict[str, Any] | None = None  # a task: embed job's embeddings body fields
+    instruction: str | None = None  # a task: rerank job's task line for the reranker
+    vectors: Path | None = None  # a task: embed job's float32 matrix (.npy), input row order
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -92,26 +112,35 @@ class JobSpec:
 
     def settings(self, model: str) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
-        return {
-            "model": model,
-            "input": None
-            if self.input is None
-            else {
-                "path": str(self.input.path.resolve()),
-                "format": self.input.format,
-                "id": self.input.id,
-            },
-            "template": self.template,
-            "system": self.system,
-            "sampling": self.sampling,
-            "n": self.n,
-            "chat": self.chat,
-            **(
-                {"chat_template_kwargs": self.chat_template_kwargs}
-                if self.chat_template_kwargs
-                else {}
-            ),
-        } | ({"options": self.options} if self.options else {})
+        return (
+            {
+                "model": model,
+                "input": None
+                if self.input is None
+                else {
+                    "path": str(self.input.path.resolve()),
+                    "format": self.input.format,
+                    "id": self.input.id,
+                },
+                "template": self.template,
+                "system": self.system,
+                "sampling": self.sampling,
+                "n": self.n,
+                "chat": self.chat,
+                **(
+                    {"chat_template_kwargs": self.chat_template_kwargs}
+                    if self.chat_template_kwargs
+                    else {}
+                ),
+            }
+            | ({"options": self.options} if self.options else {})
+            | self._pooling_settings()
+        )
+
+    def _pooling_settings(self) -> dict[str, Any]:
+        if self.task == "generate":
+            return {}
+        return {"task": self.task, "embedding": self.embedding, "instruction": self.instruction}
 
 
 @dataclass(frozen=True)
@@ -342,6 +371,12 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
                 found[1], "chat_template_kwargs needs the chat template; chat is false"
             )
     options = _structured(check, job, key, defaults, base)
+    pooling = _pooling(check, job, key, setting, base)
+    if pooling["task"] != "generate" and (score is not None or options or n != 1):
+        raise check.fail(
+            key, f"job '{name}' has task: {pooling['task']}; 'score', 'n' and reply formats are "
+            "for generation"
+        )  # fmt: skip
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -376,7 +411,42 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         score=score,
         chat_template_kwargs=template_kwargs,
         options=options,
+        **pooling,
     )
+
+
+def _pooling(
+    check: _Checker,
+    job: dict[str, Any],
+    key: PathKey,
+    setting: Callable[[str], tuple[Any, PathKey] | None],
+    base: Path,
+) -> dict[str, Any]:
+    """A job's task and its embedding settings, instruction and vectors file, checked."""
+    task, embedding, instruction = "generate", None, None
+    if (found := setting("task")) is not None:
+        task = check.text(*found)
+        if task not in TASKS:
+            raise check.fail(found[1], f"task must be one of {', '.join(TASKS)}; got {task!r}")
+    if (found := setting("embedding")) is not None:
+        embedding = check.mapping(found[0], found[1], EMBEDDING_KEYS)
+        try:
+            parse_embeddings({**embedding, "input": "x"})
+        except InvalidRequest as exc:
+            raise check.fail(found[1], str(exc)) from None
+    if (found := setting("instruction")) is not None:
+        instruction = check.text(*found)
+    vectors = None
+    if "vectors" in job:
+        where = (*key, "vectors")
+        if task != "embed":
+            raise check.fail(where, "'vectors' is the matrix of a task: embed job")
+        vectors = base / check.text(job["vectors"], where)
+        if vectors.suffix not in VECTOR_FORMATS:
+            raise check.fail(
+                where, f"'vectors' must name a .npy or .safetensors file, got {vectors.name}"
+            )
+    return {"task": task, "embedding": embedding, "instruction": instruction, "vectors": vectors}
 
 
 def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:

@@ -41,6 +41,7 @@ class EngineConfig:
     pipelined: bool = True
     kv_start_mib: float = 256.0
     kv_shrink_after_s: float | None = 30.0
+    reranker: bool | None = None  # a yes/no cross-encoder (None: its name says "rerank")
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):

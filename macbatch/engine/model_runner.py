@@ -22,6 +22,7 @@ import numpy as np
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
+from macbatch.engine.compiled_step import compiled_decode
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
@@ -107,6 +108,10 @@ class ModelRunner:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
+        # small decode steps' forward, compiled once a shape recurs (compiled_step.py)
+        self.compiled = compiled_decode(
+            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+        )
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
         self.window_head_counts = {s.num_kv_heads for s in window_shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
@@ -122,6 +127,9 @@ class ModelRunner:
         of a group run the same forward on their shard."""
         if self._followers is not None:
             self._followers.send_step(batch)
+        logits = None if self.compiled is None else self.compiled.forward(batch)
+        if logits is not None:
+            return logits
         return self.adapter.forward(batch, self.kv_stores, self.states)
 
     def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:

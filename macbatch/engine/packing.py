@@ -30,7 +30,7 @@ class PackedBatch:
     positions: mx.array  # [N] int32, each token's position in its sequence
     cu_seqlens_q: mx.array  # [S+1] int32
     seq_lens: mx.array  # [S] int32, context length after this step
-    block_tables: mx.array  # [S, max_blocks] int32 (padding: block 0, never read)
+    block_tables: mx.array  # [S, width] int32 (padding: block 0, never read)
     kv_write_rows: dict[int, mx.array]  # num_kv_heads -> [N * Hkv] flat page rows to write
     sample_rows: mx.array  # [R] rows whose logits are sampled
     num_tokens: int
@@ -149,9 +149,12 @@ def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:
 
 
 def _table_array(block_tables: list[list[int]]) -> np.ndarray:
-    """``[S, max_blocks]`` int32, each table left-aligned, padded with block 0 (never read)."""
+    """``[S, width]`` int32, each table left-aligned, padded with block 0 (never read); the
+    width is the longest table's rounded up to a power of two, so a growing context changes
+    the step's shapes only when it doubles (a compiled step is traced per shape)."""
     lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
     flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum()))
-    tables = np.zeros((len(block_tables), int(lengths.max())), dtype=np.int32)
+    width = 1 << (int(lengths.max()) - 1).bit_length()
+    tables = np.zeros((len(block_tables), width), dtype=np.int32)
     tables[np.arange(tables.shape[1]) < lengths[:, None]] = flat  # row-major: rows in order
     return tables

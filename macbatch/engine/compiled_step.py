@@ -83,6 +83,11 @@ class CompiledDecode:
             (logits,) = self._compiled(*_arrays(batch))
         finally:
             self._template = None
+        # The step's page writes must not be encoded while the step in flight still reads the
+        # pages: MLX then cannot write in place and copies every page array. The uncompiled
+        # forward is never that far ahead (MLX holds evaluation back to about 100 ops in flight,
+        # a layer of any real model); a compiled step of a small model is, whole.
+        mx.synchronize()
         return logits
 
     def _shape(self, batch: PackedBatch) -> Shape | None:

@@ -142,3 +142,22 @@ def test_hybrid_models_are_not_compiled(tiny_tokenizer):
     prompt = random_prompts([6])[0]
     out = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=0))[0]
     assert out.token_ids == mlx_lm_greedy(model, prompt, 12)
+
+
+def test_compiled_steps_write_the_pages_in_place(tiny_tokenizer):
+    """A pipelined compiled step of a one-layer model is encoded while the step before it is
+    still in flight; its page writes must still happen in place (MLX copies an array it cannot
+    write in place): the peak memory of many steps stays far below a second pool."""
+    model = build_model("qwen3", num_hidden_layers=1)
+    engine = _engine(model, tiny_tokenizer, num_blocks=16384)  # 64 MiB of pages
+    pool = engine.runner.kv_stores.nbytes
+    engine.add_request(random_prompts([5])[0], SamplingParams(max_tokens=60, temperature=0))
+    for _ in range(8):
+        engine.step()
+    mx.synchronize()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes
+    assert mx.get_peak_memory() - before < pool // 4

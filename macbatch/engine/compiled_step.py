@@ -107,7 +107,8 @@ class CompiledDecode:
             batch.block_tables.shape[1],
             None if window is None else window.shape[1],
             batch.token_ids.dtype,
-            tuple(a.shape for a in self._stores.arrays()),  # an elastic pool that grew
+            self._stores.full.num_blocks,  # an elastic pool that grew: new page shapes
+            None if self._stores.window is None else self._stores.window.num_blocks,
         )
 
     def _forward(self, *arrays: mx.array) -> list[mx.array]:

@@ -59,9 +59,8 @@ class CompiledDecode:
             _page_lists(stores.window) if stores.window is not None else []
         )
         self._compiled = mx.compile(self._forward, inputs=pages, outputs=pages)
-        head_dims = {s.head_dim for s in adapter.layer_shapes}
+        self._head_dims = {s.head_dim for s in adapter.layer_shapes}
         self._block_size = stores.full.block_size
-        self._head_dims = head_dims
 
     @property
     def compiled_shapes(self) -> int:

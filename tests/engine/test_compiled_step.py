@@ -162,3 +162,22 @@ def test_compiled_steps_write_the_pages_in_place(tiny_tokenizer):
         engine.step()
     assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes
     assert mx.get_peak_memory() - before < pool // 4
+
+
+def test_a_growing_pool_recompiles(tiny_tokenizer):
+    """An elastic pool that grows mid-decode changes the pages' shapes: the compiled step is
+    traced again over the new pages, and the ids still match mlx-lm."""
+    model = build_model("qwen3")
+    config = EngineConfig(
+        block_size=8, max_num_seqs=2, max_num_batched_tokens=32, kv_start_mib=0.0,
+        compile_decode_after=0,
+    )  # fmt: skip
+    engine = Engine(model, tiny_tokenizer, config)
+    start = engine.pool.num_blocks
+    prompts = random_prompts([5, 9], seed=4)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
+    assert engine.pool.num_blocks > start
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, 60)
+    compiled = engine.runner.compiled
+    assert compiled is not None and compiled.compiled_shapes > 2

@@ -19,11 +19,18 @@ host critical path is the host time the device cannot hide: all of it for synchr
 for pipelined steps, which build and dispatch step N+1 while step N runs, what is left once a
 step's device time overlaps it: max(0, host - device), an estimate that assumes the overlap is
 complete (MLX's CPU backend caps it: docs/engine.md). The "graph" row is the decode step's
-graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it): the floor of a
-macbatch step on this backend.
+uncompiled graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it). The
+"sync" and "pipelined" rows never compile; the "compiled" row (up to 8 requests) is pipelined
+with its decode forward compiled from the first step (engine/compiled_step.py).
+
+At one request the single-request path is also held against mlx-lm's ``generate_step`` (what
+``mlx_lm.generate`` runs; its host is the thread calling it), host ms per step and ratio. Last,
+decode tokens per second of one request on a Qwen3-0.6B-shaped float32 model, macbatch with its
+default config against ``generate_step`` (``--speed-tokens 0`` skips it).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
-        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9]
+        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9] \\
+        [--speed-tokens 128]
 
 (one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
 """

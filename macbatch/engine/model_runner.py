@@ -108,7 +108,7 @@ class ModelRunner:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
-        # small decode steps' forward, compiled once a shape recurs (compiled_step.py)
+        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None
         )

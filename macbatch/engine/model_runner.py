@@ -22,6 +22,7 @@ import numpy as np
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
+from macbatch.engine.compiled_step import compiled_decode
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
@@ -109,6 +110,10 @@ class ModelRunner:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
+        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
+        self.compiled = compiled_decode(
+            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+        )
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
         self.window_head_counts = {s.num_kv_heads for s in window_shapes}
         self.pools = Pools()  # pooling requests' running accumulators
@@ -130,6 +135,9 @@ class ModelRunner:
         if self._followers is not None:
             self._followers.send_step(batch)
         if not spans:
+            logits = None if self.compiled is None else self.compiled.forward(batch)
+            if logits is not None:
+                return logits, {}
             return self.adapter.forward(batch, self.kv_stores, self.states), {}
         hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
         pooled = self.pools.take(hidden, spans, self.adapter.head)

@@ -21,20 +21,15 @@ from pathlib import Path
 
 from mlx.utils import tree_flatten
 
-from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.common import (
+    QWEN3_0_6B,
+    bench_tokenizer,
+    build_bench_model,
+    warn_without_openblas,
+)
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
 from macbatch.engine.model_runner import blocks_for_memory
 
-QWEN3_0_6B = dict(
-    hidden_size=1024,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    intermediate_size=3072,
-    vocab_size=151936,
-    max_position_embeddings=40960,
-)
 GIB = 2**30
 
 

@@ -25,6 +25,18 @@ BENCH_MODEL = dict(
     tie_word_embeddings=True,
 )
 
+# Qwen3-0.6B's shape (random weights): what single-stream decode speed is measured on.
+QWEN3_0_6B = dict(
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    intermediate_size=3072,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+)
+
 # The same size as a hybrid: Qwen3.5's layout, 3 of every 4 layers Gated DeltaNet.
 HYBRID_BENCH_MODEL = dict(
     BENCH_MODEL,

@@ -19,11 +19,18 @@ host critical path is the host time the device cannot hide: all of it for synchr
 for pipelined steps, which build and dispatch step N+1 while step N runs, what is left once a
 step's device time overlaps it: max(0, host - device), an estimate that assumes the overlap is
 complete (MLX's CPU backend caps it: docs/engine.md). The "graph" row is the decode step's
-graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it): the floor of a
-macbatch step on this backend.
+uncompiled graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it). The
+"sync" and "pipelined" rows never compile; the "compiled" row (up to 8 requests) is pipelined
+with its decode forward compiled from the first step (engine/compiled_step.py).
+
+At one request the single-request path is also held against mlx-lm's ``generate_step`` (what
+``mlx_lm.generate`` runs; its host is the thread calling it), host ms per step and ratio. Last,
+decode tokens per second of one request on a Qwen3-0.6B-shaped float32 model, macbatch with its
+default config against ``generate_step`` (``--speed-tokens 0`` skips it).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
-        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9]
+        python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9] \\
+        [--speed-tokens 128]
 
 (one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
 """
@@ -37,9 +44,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.common import (
+    QWEN3_0_6B,
+    bench_tokenizer,
+    build_bench_model,
+    warn_without_openblas,
+)
 from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.compiled_step import MAX_BATCH
 from macbatch.engine.packing import pack
 
 TINY = dict(
@@ -86,13 +99,19 @@ class _Window:
 
 
 class MacbatchArm:
-    """An engine with every request prefilled and generating, stepped on demand."""
+    """An engine with every request prefilled and generating, stepped on demand; its decode
+    steps compiled from the first (``compiled``) or never."""
 
     def __init__(
-        self, model, tokenizer, prompts: list[list[int]], max_tokens: int, pipelined: bool
+        self,
+        model,
+        tokenizer,
+        prompts: list[list[int]],
+        max_tokens: int,
+        pipelined: bool,
+        compiled: bool = False,
     ) -> None:
         self.n = n = len(prompts)
-        self.name = "pipelined" if pipelined else "sync"
         blocks_per_request = -(-(PROMPT_LEN + max_tokens + 1) // 16)
         config = EngineConfig(
             num_blocks=n * blocks_per_request + 1,
@@ -100,6 +119,7 @@ class MacbatchArm:
             max_num_seqs=n,
             enable_prefix_caching=False,
             pipelined=pipelined,
+            compile_decode_after=0 if compiled else None,
         )
         self.engine = Engine(model, tokenizer, config)
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -115,6 +135,12 @@ class MacbatchArm:
 
     def check(self) -> None:
         assert self.engine.stats().running == self.n, "a request finished inside a timed window"
+        compiled = self.engine.runner.compiled
+        assert (
+            compiled is None
+            or self.engine.config.compile_decode_after is None
+            or (compiled.compiled_shapes)
+        ), "the compiled arm ran uncompiled"
 
     def close(self) -> None:
         pass
@@ -179,7 +205,30 @@ class MlxLmArm:
         self.gen.close()
 
 
-def timed(arm: MacbatchArm | MlxLmArm | GraphArm, steps: int) -> Timing:
+class GenerateArm:
+    """mlx-lm's single-request ``generate_step`` (what ``mlx_lm.generate`` runs), mid-reply."""
+
+    def __init__(self, model, prompt: list[int], max_tokens: int) -> None:
+        from mlx_lm.generate import generate_step
+
+        self.tokens = generate_step(mx.array(prompt), model, max_tokens=max_tokens)
+        for _ in range(WARMUP_STEPS + 1):
+            next(self.tokens)
+
+    def step(self) -> None:
+        next(self.tokens)
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.tokens.close()
+
+
+Arm = MacbatchArm | MlxLmArm | GraphArm | GenerateArm
+
+
+def timed(arm: Arm, steps: int) -> Timing:
     """``steps`` steps and the drain of the last one: every window does the same work, and the
     next arm's window starts with nothing of this one's in flight."""
     window = _Window()
@@ -195,23 +244,28 @@ def median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def measure(model, tokenizer, n: int, steps: int, repeats: int) -> list[list[Timing]]:
-    """Per-step timings of ``repeats`` windows each of mlx-lm, synchronous and pipelined
-    macbatch and the graph alone, interleaved so that load drifting on a shared machine hits
-    all of them alike: window i of every arm ran at about the same time."""
+def measure(model, tokenizer, n: int, steps: int, repeats: int) -> dict[str, list[Timing]]:
+    """Per-step timings of ``repeats`` windows each of mlx-lm's ``BatchGenerator``,
+    synchronous, pipelined and compiled macbatch, the graph alone and (at one request) mlx-lm's
+    ``generate_step``, interleaved so that load drifting on a shared machine hits all of them
+    alike: window i of every arm ran at about the same time."""
     prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
     max_tokens = WARMUP_STEPS + steps * repeats + 16
-    arms = [
-        MlxLmArm(model, prompts, max_tokens),
-        MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=False),
-        MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=True),
-        GraphArm(model, tokenizer, prompts, max_tokens),
-    ]
-    windows: list[list[Timing]] = [[] for _ in arms]
+    arms: dict[str, Arm] = {
+        "mlx-lm": MlxLmArm(model, prompts, max_tokens),
+        "sync": MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=False),
+        "pipelined": MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=True),
+        "graph": GraphArm(model, tokenizer, prompts, max_tokens),
+    }
+    if n <= MAX_BATCH:
+        arms["compiled"] = MacbatchArm(model, tokenizer, prompts, max_tokens, True, True)
+    if n == 1:
+        arms["generate"] = GenerateArm(model, prompts[0], max_tokens)
+    windows: dict[str, list[Timing]] = {name: [] for name in arms}
     for _ in range(repeats):
-        for arm, timings in zip(arms, windows):
-            timings.append(timed(arm, steps))
-    for arm in arms:
+        for name, arm in arms.items():
+            windows[name].append(timed(arm, steps))
+    for arm in arms.values():
         arm.close()
     return windows
 
@@ -221,6 +275,10 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 32, 128, 256])
     parser.add_argument("--steps", type=int, default=32, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=9, help="timed windows per engine")
+    parser.add_argument(
+        "--speed-tokens", type=int, default=128,
+        help="tokens per timed reply on the Qwen3-0.6B-shaped model (0: skip that part)",
+    )  # fmt: skip
     args = parser.parse_args()
     warn_without_openblas()
 
@@ -236,25 +294,102 @@ def main() -> None:
         "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
-        peer, *ours = measure(model, tokenizer, n, args.steps, args.repeats)
-        print(
-            f"{n:8d} | mlx-lm    | {median([t.wall for t in peer]):6.2f} / "
-            f"{median([t.cpu for t in peer]):6.2f} ms |"
+        timings = measure(model, tokenizer, n, args.steps, args.repeats)
+        generate = timings.pop("generate", None)
+        print_rows(n, timings)
+        if generate is not None:
+            print_single_request(timings, generate)
+    if args.speed_tokens:
+        print_decode_speed(args.speed_tokens, args.repeats)
+
+
+def print_rows(n: int, timings: dict[str, list[Timing]]) -> None:
+    """One row per engine; ratios against mlx-lm's ``BatchGenerator``."""
+    peer = timings["mlx-lm"]
+    print(
+        f"{n:8d} | mlx-lm    | {median([t.wall for t in peer]):6.2f} / "
+        f"{median([t.cpu for t in peer]):6.2f} ms |"
+    )
+    for name, windows in timings.items():
+        if name == "mlx-lm":
+            continue
+        # Ratios window by window (each against mlx-lm's window run beside it), then the
+        # median: steadier than a ratio of medians when the load drifts.
+        wall = median([t.wall / p.wall for t, p in zip(windows, peer)])
+        cpu = median([t.cpu / p.cpu for t, p in zip(windows, peer)])
+        critical = median(
+            [t.host if name == "sync" else max(0.0, t.host - t.device) for t in windows]
         )
-        for name, windows in zip(("sync", "pipelined", "graph"), ours):
-            # Ratios window by window (each against mlx-lm's window run beside it), then the
-            # median: steadier than a ratio of medians when the load drifts.
-            wall = median([t.wall / p.wall for t, p in zip(windows, peer)])
-            cpu = median([t.cpu / p.cpu for t, p in zip(windows, peer)])
-            critical = median(
-                [t.host if name == "sync" else max(0.0, t.host - t.device) for t in windows]
-            )
-            print(
-                f"{n:8d} | {name:9s} | {median([t.wall for t in windows]):6.2f} / "
-                f"{median([t.cpu for t in windows]):6.2f} ms | x{wall:4.2f} / x{cpu:4.2f}    | "
-                f"{median([t.host for t in windows]):8.2f} ms          | "
-                f"{median([t.device for t in windows]):6.2f} | {critical:6.2f} ms"
-            )
+        print(
+            f"{n:8d} | {name:9s} | {median([t.wall for t in windows]):6.2f} / "
+            f"{median([t.cpu for t in windows]):6.2f} ms | x{wall:4.2f} / x{cpu:4.2f}    | "
+            f"{median([t.host for t in windows]):8.2f} ms          | "
+            f"{median([t.device for t in windows]):6.2f} | {critical:6.2f} ms"
+        )
+
+
+def print_single_request(timings: dict[str, list[Timing]], generate: list[Timing]) -> None:
+    """Host ms per step at one request against mlx-lm's ``generate_step`` (its host: the
+    thread that calls it), window by window."""
+    print(
+        f"one request, mlx-lm generate_step: host {median([t.host for t in generate]):.2f} ms, "
+        f"cpu {median([t.cpu for t in generate]):.2f} ms per step"
+    )
+    for name in ("pipelined", "compiled"):
+        windows = timings[name]
+        host = median([t.host / g.host for t, g in zip(windows, generate)])
+        cpu = median([t.cpu / g.cpu for t, g in zip(windows, generate)])
+        print(
+            f"  macbatch {name:9s}: host {median([t.host for t in windows]):.2f} ms "
+            f"(x{host:.2f} of generate_step's), cpu x{cpu:.2f}"
+        )
+
+
+def print_decode_speed(tokens: int, repeats: int) -> None:
+    """Decode tokens per second of one request on a Qwen3-0.6B-shaped float32 model: macbatch
+    as configured by default (its decode compiled once a shape recurs) against mlx-lm's
+    ``generate_step``, replies interleaved, ratio per pair."""
+    model = build_bench_model(**QWEN3_0_6B)
+    tokenizer = bench_tokenizer(QWEN3_0_6B["vocab_size"])
+    prompt = synthetic_prompts(1, PROMPT_LEN, PROMPT_LEN, QWEN3_0_6B["vocab_size"], seed=0)[0]
+    engine = Engine(model, tokenizer, EngineConfig(enable_prefix_caching=False))
+    params = SamplingParams(max_tokens=tokens + WARMUP_STEPS, temperature=0, ignore_eos=True)
+    _macbatch_reply_speed(engine, prompt, params)  # past compile_decode_after
+    _generate_reply_speed(model, prompt, tokens)
+    ours, theirs = [], []
+    for _ in range(max(1, repeats // 3)):
+        ours.append(_macbatch_reply_speed(engine, prompt, params))
+        theirs.append(_generate_reply_speed(model, prompt, tokens))
+    compiled = engine.runner.compiled
+    print(
+        f"decode tok/s at one request, Qwen3-0.6B-shaped float32 (random weights), {tokens} "
+        f"tokens after {WARMUP_STEPS}: macbatch {median(ours):.1f}, mlx-lm generate_step "
+        f"{median(theirs):.1f}, x{median([a / b for a, b in zip(ours, theirs)]):.2f} "
+        f"(macbatch compiled shapes: {compiled.compiled_shapes if compiled else 0})"
+    )
+
+
+def _macbatch_reply_speed(engine: Engine, prompt: list[int], params: SamplingParams) -> float:
+    """Tokens per second of one reply after its first ``WARMUP_STEPS`` tokens."""
+    engine.add_request(prompt, params)
+    counted, started = 0, 0.0
+    while engine.has_unfinished():
+        for out in engine.step():
+            counted += len(out.new_token_ids)
+            if counted == WARMUP_STEPS and not started:
+                started = time.perf_counter()
+    return (counted - WARMUP_STEPS) / (time.perf_counter() - started)
+
+
+def _generate_reply_speed(model, prompt: list[int], tokens: int) -> float:
+    from mlx_lm.generate import generate_step
+
+    replies = generate_step(mx.array(prompt), model, max_tokens=tokens + WARMUP_STEPS)
+    for _ in range(WARMUP_STEPS):
+        next(replies)
+    started = time.perf_counter()
+    counted = sum(1 for _ in replies)
+    return counted / (time.perf_counter() - started)
 
 
 if __name__ == "__main__":

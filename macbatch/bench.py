@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from macbatch.engine import Engine, SamplingParams, StructuredOutput
+from macbatch.engine import Engine, PoolingParams, RequestOutput, SamplingParams, StructuredOutput
 
 
 def synthetic_prompts(
@@ -102,3 +102,33 @@ def run_workload(
         step_tokens=step_tokens,
         first_token_step=list(first_step.values()),
     )
+
+
+def run_pooling_workload(
+    engine: Engine, prompts: list[list[int]], pooling: PoolingParams | None = None
+) -> tuple[WorkloadResult, list[np.ndarray]]:
+    """All prompts arrive at once as pooling requests (embeddings); returns the timing (no
+    tokens generated: prompt tokens are the throughput; ``first_token`` holds each vector's
+    time) and the vectors in prompt order. A prompt that does not fit is counted, not timed."""
+    clock = Clock()
+    failures: list[str] = []
+    order: list[str] = []
+    for prompt in prompts:
+        try:
+            order.append(engine.add_request(prompt, pooling or PoolingParams()))
+        except ValueError as exc:
+            failures.append(str(exc))
+    done: dict[str, RequestOutput] = {}
+    step_tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+        step_tokens.append(engine.stats().tokens_last_step)
+    finals = [done[rid] for rid in order]
+    failures += [o.error or "no vector" for o in finals if o.embedding is None]
+    ok = [o for o in finals if o.embedding is not None]
+    elapsed = clock.read()
+    tokens = sum(o.metrics.prompt_tokens for o in ok)
+    result = WorkloadResult(tokens, 0, elapsed, [elapsed] * len(ok), step_tokens, [], failures)
+    return result, [o.embedding for o in ok]

@@ -8,7 +8,7 @@ import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import typer.core
@@ -18,6 +18,9 @@ from macbatch.config import DEFAULT_MODEL
 from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
+
+if TYPE_CHECKING:
+    from macbatch.bench import WorkloadResult
 
 OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
 
@@ -212,10 +215,14 @@ def bench_command(
     max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens generated per request (EOS ignored)."),
     budget: int = typer.Option(1024, min=1, help="Tokens per engine step (chunked prefill)."),
+    embed: bool = typer.Option(
+        False, "--embed", help="Embed the prompts (pooling requests) instead of generating."
+    ),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
-    and generated tokens/s and the median time to first token."""
-    from macbatch.bench import run_workload, synthetic_prompts
+    and generated tokens/s and the median time to first token (``--embed``: embedding
+    throughput, prompt tokens/s and inputs/s)."""
+    from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
     from macbatch.engine import Engine, EngineConfig
 
     if min_prompt > max_prompt:
@@ -227,8 +234,14 @@ def bench_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     prompts = synthetic_prompts(requests, min_prompt, max_prompt, engine.info.model.vocab_size)
-    typer.echo(f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new")
-    result = run_workload(engine, prompts, max_tokens)
+    if embed:
+        typer.echo(f"{requests} inputs to embed, {sum(map(len, prompts)):,} tokens")
+        result, _ = run_pooling_workload(engine, prompts)
+    else:
+        typer.echo(
+            f"{requests} requests, {sum(map(len, prompts)):,} prompt tokens, {max_tokens} new"
+        )
+        result = run_workload(engine, prompts, max_tokens)
     if result.failures:
         typer.echo(
             f"{len(result.failures)} of {requests} requests failed; first: {result.failures[0]}",
@@ -237,10 +250,21 @@ def bench_command(
     if not result.succeeded:
         typer.echo("error: no request succeeded, so there is nothing to measure", err=True)
         raise typer.Exit(1)
-    typer.echo(
-        f"{result.elapsed[0]:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
+    typer.echo(_rates(result, embed))
+
+
+def _rates(result: WorkloadResult, embed: bool) -> str:
+    """What ``bench`` measured, in one line."""
+    wall, steps = result.elapsed[0], len(result.step_tokens)
+    if embed:
+        return (
+            f"{wall:.1f} s: {result.prompt_tokens / wall:,.1f} tok/s embedded, "
+            f"{result.succeeded / wall:,.1f} inputs/s, {steps} engine steps"
+        )
+    return (
+        f"{wall:.1f} s: {result.total_tokens_per_s():,.1f} total tok/s, "
         f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "
-        f"{result.median_ttft() * 1000:,.0f} ms, {len(result.step_tokens)} engine steps"
+        f"{result.median_ttft() * 1000:,.0f} ms, {steps} engine steps"
     )
 
 

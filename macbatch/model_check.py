@@ -19,6 +19,7 @@ from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
 from macbatch.engine.vision import unavailable_reason
 from macbatch.models import describe_quantization
+from macbatch.template_check import template_rows
 
 
 @dataclass
@@ -46,6 +47,7 @@ def check_model(name: str) -> ModelReport:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report
         _probe(path, report)
+        report.rows.extend(template_rows(path))
         no_images = unavailable_reason(path, name)
         report.rows.append(
             ("images", "yes (docs/vision.md)" if no_images is None else f"no: {no_images}")

@@ -9,7 +9,7 @@ import sys
 
 from typer.testing import CliRunner
 
-from macbatch.bench import run_workload, synthetic_prompts
+from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
 from macbatch.cli import app
 from macbatch.engine import Engine, EngineConfig
 
@@ -157,3 +157,21 @@ def test_run_help_names_values_plainly():
     assert "Usage: macbatch run [OPTIONS] FILE" in text
     assert "{file}" not in text and "<bool>" not in text and "<list[str]>" not in text
     assert re.search(r"--max-in-flight\s+INTEGER", text)
+
+
+def test_bench_embeds(tiny_model_path):
+    args = ["bench", "--model", str(tiny_model_path), "--embed", "--requests", "3"]
+    result = runner.invoke(app, [*args, "--min-prompt", "5", "--max-prompt", "9"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"3 inputs to embed, \d+ tokens", result.output)
+    assert re.search(r"tok/s embedded, [\d.]+ inputs/s, \d+ engine steps", result.output)
+
+
+def test_pooling_workload_accounting(tiny_model_path):
+    """Every prompt that fits is embedded once and every one of its tokens goes through one
+    step; one that does not fit is counted as a failure."""
+    engine = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=4, block_size=8))
+    prompts = [[7] * 10, [7] * 40, [8] * 12]  # the pool holds 32 tokens
+    result, vectors = run_pooling_workload(engine, prompts)
+    assert len(vectors) == 2 and result.succeeded == 2 and len(result.failures) == 1
+    assert result.prompt_tokens == 22 == sum(result.step_tokens)

@@ -77,3 +77,18 @@ def test_doctor_model_says_when_the_weights_do_not_fit(tmp_path, monkeypatch):
     assert result.exit_code == 1
     servable = _rows(result.output)["servable"]
     assert re.match(r"no: its weights need 0\.\d MiB and 0\.0 MiB is free; free memory", servable)
+
+
+def test_doctor_model_reports_the_templates_tool_calls_and_thinking(tmp_path):
+    """Qwen3.5's real template: its XML calls, thinking on by default; the tiny model's own
+    template (no tools): no format, reported and still servable."""
+    from tests.support.real_templates import save_with_template
+
+    qwen = save_with_template(tmp_path / "qwen3_5", "qwen3_5")
+    rows = _rows(CliRunner().invoke(app, ["doctor", str(qwen)]).output)
+    assert rows["tool calls"] == "qwen3_xml"
+    assert rows["thinking"] == "on by default (enable_thinking switches it)"
+    plain = CliRunner().invoke(app, ["doctor", str(save_model(tmp_path / "plain"))])
+    rows = _rows(plain.output)
+    assert rows["tool calls"].startswith("none macbatch parses")
+    assert rows["servable"] == "yes"

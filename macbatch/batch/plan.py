@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.batch.inputs import InputFile, Row, open_input
+from macbatch.batch.pooled import POOLED_URLS, PooledRow, body_row, embedding_row, rerank_row
 from macbatch.batch.replies import ReplyShape
 from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
 from macbatch.batch.yamlfile import JobFileError
@@ -43,10 +44,13 @@ class Planned:
     scored: bool
     expected: str | None
     group: str | None
-    generation: Generation  # the request, as the request layer read it (one choice)
+    generation: Generation | None  # the request, as the request layer read it (one choice)
+    pooled: PooledRow | None = None  # instead of ``generation``: an embedding or scoring row
 
     def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> BoundItem:
         """The engine request for this model, and how its reply is read back."""
+        if self.generation is None:
+            raise ValueError("a pooled row has no generation request; bind its PooledRow")
         bound = self.generation.bind(tool_format, tokenizer)
         [(prompt, params)] = bound.requests
         return BoundItem(prompt, params, ReplyShape(params.structured, bound.parse_with))
@@ -80,6 +84,8 @@ def prepare(job: JobSpec) -> InputFile | None:
     if source.format == "openai":
         if job.template is not None:
             raise JobFileError(f"{where} holds OpenAI batch requests; remove 'template'")
+    elif job.task == "rerank":
+        needed += [("query", "task: rerank"), ("document", "task: rerank")]
     elif job.template is not None:
         needed += [(name, "template") for name in template_fields(job.template)]
     elif "prompt" not in header and "messages" not in header:
@@ -119,6 +125,12 @@ def _plan_row(
     except (KeyError, ValueError) as exc:
         return [Rejected(job.name, line, None, _reason(exc, "id"))]
     try:
+        pooled = _pooled_request(job, source, row.fields)
+        if pooled is not None:
+            prompt, settings, work = pooled
+            key = request_key(model, job, custom_id, 0, prompt, settings)
+            return [Planned(job.name, custom_id, 0, line, prompt, settings, key, False, None,
+                            None, None, work)]  # fmt: skip
         request = _request(job, source, row.fields)
     except (KeyError, ValueError, TypeError) as exc:
         return [Rejected(job.name, line, custom_id, _reason(exc, "template"))]
@@ -248,6 +260,33 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
     return _RowRequest(prompt, dict(job.sampling), job.options, generation)
 
 
+def _pooled_request(
+    job: JobSpec, source: InputFile | None, fields: dict
+) -> tuple[Any, dict[str, Any], PooledRow] | None:
+    """A row that pools (its task, or an OpenAI-batch row's URL): the prompt and settings that
+    go into its key, and its work; None for a generation row."""
+    if source is not None and source.format == "openai":
+        url, body = fields.get("url"), fields.get("body")
+        if url not in POOLED_URLS:
+            if job.task != "generate":
+                raise ValueError(
+                    f"a task: {job.task} job takes rows for {' or '.join(POOLED_URLS)}"
+                )
+            return None
+        if not isinstance(body, dict):
+            raise ValueError("'body' must be a JSON object")
+        settings = {k: v for k, v in body.items() if k not in ("input", "model")}
+        return body.get("input", body), {"url": url, **settings}, body_row(url, body)
+    if job.task == "rerank":
+        query, document = _text(fields["query"]), _text(fields["document"])
+        return [query, document], {"task": "rerank"}, rerank_row(query, document, job.instruction)
+    if job.task == "embed":
+        text = render(job.template, fields) if job.template is not None else fields["prompt"]
+        settings = {"task": "embed", **(job.embedding or {})}
+        return text, settings, embedding_row(text, job.embedding)
+    return None
+
+
 def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     """The sampling fields a body sets, under SamplingParams' names (for the key)."""
     given = {k: v for k, v in body.items() if k in SAMPLING_FIELDS}
@@ -264,7 +303,7 @@ def _openai_body(fields: dict) -> tuple[Endpoint, dict[str, Any]]:
     if not isinstance(body, dict):
         raise ValueError("'body' must be a JSON object")
     if url not in OPENAI_URLS:
-        raise ValueError(f"unsupported url {url!r}; use {' or '.join(OPENAI_URLS)}")
+        raise ValueError(f"unsupported url {url!r}; use {', '.join(OPENAI_URLS + POOLED_URLS)}")
     return Endpoint(url), body
 
 

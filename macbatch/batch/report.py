@@ -9,7 +9,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import Any, NamedTuple, Protocol, TextIO
 
 
 @dataclass
@@ -44,7 +44,7 @@ class RunProgress:
     kv_usage: float = 0.0
     stopping: bool = False
     ttft_s: list[float] = field(default_factory=list)
-    _window: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=64))
+    _window: deque[tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=64))
 
     @property
     def total(self) -> int:
@@ -54,21 +54,33 @@ class RunProgress:
     def finished(self) -> int:
         return sum(j.finished for j in self.jobs.values())
 
-    def sample_rates(self) -> tuple[float, float]:
-        """(generated tok/s, requests/s) over roughly the last ten seconds."""
+    def rates(self) -> Rates:
+        """Generated and prompt tok/s and rows/s over roughly the last ten seconds (an
+        embedding job generates nothing: its speed is prompt tokens and rows)."""
         now = time.monotonic()
         done = sum(j.ok + j.failed for j in self.jobs.values())
-        self._window.append((now, self.generated_tokens, done))
+        self._window.append((now, self.generated_tokens, self.prompt_tokens, done))
         while len(self._window) > 2 and now - self._window[0][0] > 10:
             self._window.popleft()
-        t0, tokens0, done0 = self._window[0]
-        if now - t0 < 1e-3:
-            return 0.0, 0.0
-        return (self.generated_tokens - tokens0) / (now - t0), (done - done0) / (now - t0)
+        t0, generated0, prompt0, done0 = self._window[0]
+        elapsed = now - t0
+        if elapsed < 1e-3:
+            return Rates(0.0, 0.0, 0.0)
+        return Rates(
+            (self.generated_tokens - generated0) / elapsed,
+            (self.prompt_tokens - prompt0) / elapsed,
+            (done - done0) / elapsed,
+        )
 
     def eta_s(self, requests_per_s: float) -> float | None:
         remaining = self.total - self.finished
         return remaining / requests_per_s if requests_per_s > 0 else None
+
+
+class Rates(NamedTuple):
+    generated_tok_per_s: float
+    prompt_tok_per_s: float
+    rows_per_s: float
 
 
 class Reporter(Protocol):
@@ -104,14 +116,16 @@ class HeadlessReporter:
         if not force and time.monotonic() - self._last < self.interval_s:
             return
         self._last = time.monotonic()
-        tok_s, req_s = progress.sample_rates()
-        eta = progress.eta_s(req_s)
+        rates = progress.rates()
+        eta = progress.eta_s(rates.rows_per_s)
         self._emit(
             "progress",
             done=progress.finished,
             total=progress.total,
             in_flight=progress.in_flight,
-            generated_tok_per_s=round(tok_s, 1),
+            generated_tok_per_s=round(rates.generated_tok_per_s, 1),
+            prompt_tok_per_s=round(rates.prompt_tok_per_s, 1),
+            rows_per_s=round(rates.rows_per_s, 2),
             eta_s=None if eta is None else round(eta, 1),
             kv_usage=round(progress.kv_usage, 3),
             stopping=progress.stopping,
@@ -168,10 +182,12 @@ class RichReporter:
         for name, job in progress.jobs.items():
             info = f"[red]{job.failed} failed" if job.failed else ""
             self._progress.update(self._tasks[name], completed=job.finished, info=info)
-        tok_s, req_s = progress.sample_rates()
-        eta = progress.eta_s(req_s)
+        rates = progress.rates()
+        eta = progress.eta_s(rates.rows_per_s)
         info = (
-            f"{tok_s:,.0f} tok/s · ETA {_clock(eta)} · KV {progress.kv_usage:.0%} · "
+            f"{rates.generated_tok_per_s:,.0f} tok/s · {rates.prompt_tok_per_s:,.0f} prompt "
+            f"tok/s · {rates.rows_per_s:,.1f} rows/s · ETA {_clock(eta)} · "
+            f"KV {progress.kv_usage:.0%} · "
             f"{progress.in_flight} in flight"
         )
         if progress.stopping:
@@ -213,6 +229,7 @@ def build_summary(
         "wall_s": round(wall, 3),
         "requests_per_s": round(ok / wall, 3) if wall > 0 else None,
         "generated_tok_per_s": round(progress.generated_tokens / wall, 1) if wall > 0 else None,
+        "prompt_tok_per_s": round(progress.prompt_tokens / wall, 1) if wall > 0 else None,
         "ttft_ms": {"p50": _percentile_ms(ttft, 0.5), "p95": _percentile_ms(ttft, 0.95)},
         **peak_memory,
         "jobs": {
@@ -243,6 +260,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['skipped']} skipped (done before), {summary['remaining']} remaining",
         f"{summary['prompt_tokens']:,} prompt + {summary['generated_tokens']:,} generated tokens "
         f"in {summary['wall_s']:.1f} s: {summary['requests_per_s'] or 0:.2f} requests/s, "
+        f"{summary['prompt_tok_per_s'] or 0:,.1f} prompt tok/s, "
         f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s; "
         f"{summary['prefix_cache_hit_rate']:.0%} of prompt tokens from the prefix cache",
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
@@ -254,6 +272,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             line += f" ({job['failed']} failed, see {job['errors']})"
         if job.get("constrained"):
             line += f"; {job['parsed']}/{job['constrained']} replies parsed"
+        if job.get("vectors"):
+            line += f"; {job['vectors_rows']:,} vectors -> {job['vectors']}"
         lines.append(line)
         if job.get("capped"):
             lines.append(

@@ -32,11 +32,13 @@ from macbatch.batch.outputs import (
     write_result,
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
-from macbatch.batch.replies import ReplyShape, scored_answer
+from macbatch.batch.pooled import Pending, PooledRow
+from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
+from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
 from macbatch.openai import formatter_for
@@ -85,9 +87,9 @@ def run_jobs(
             engine = load_engine(job_file.model)
             progress = RunProgress(model=job_file.model, jobs=jobs)
             status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
-            summary = build_summary(
-                progress, status, _job_outputs(job_file, ledger), _peak_memory()
-            )
+            outputs = _job_outputs(job_file, ledger)
+            write_job_vectors(job_file, outputs, reporter.note)
+            summary = build_summary(progress, status, outputs, _peak_memory())
             _write_json(directory / SUMMARY_NAME, summary)
         finally:
             ledger.close()
@@ -173,6 +175,7 @@ class _Loop:
         self.errors: dict[str, JsonlAppender] = {}
         self.in_flight: dict[str, Planned] = {}
         self.shapes: dict[str, ReplyShape] = {}  # by request id
+        self.pending = Pending()  # pooled rows' requests in flight
         self.exhausted = False
 
     def run(self) -> str:
@@ -215,6 +218,10 @@ class _Loop:
                 continue
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
+            if item.pooled is not None:
+                self._admit_pooled(item, item.pooled)
+                continue
+            assert item.generation is not None
             try:
                 bound = item.bind(self.engine.info.model.tool_format, self.engine.tokenizer)
                 request_id = self.engine.add_request(bound.prompt, bound.params)
@@ -224,8 +231,60 @@ class _Loop:
             self.in_flight[request_id] = item
             self.shapes[request_id] = bound.shape
 
+    def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
+        """Queue a pooled row's engine requests (all of them, or none)."""
+        request_ids: list[str] = []
+        try:
+            for prompt, params in row.bind(self.engine.info.model.embedding, self.engine.tokenizer):
+                request_ids.append(self.engine.add_request(prompt, params))
+        except Exception as exc:  # ValueError: too long, a bad prompt name ...
+            for request_id in request_ids:
+                self.engine.abort(request_id)
+            self._fail(item, str(exc), "invalid_request")
+            return
+        self.pending.add(item.key, item, request_ids)
+        self.in_flight.update(dict.fromkeys(request_ids, item))
+
+    def _finish_pooled(self, item: Planned, output: RequestOutput) -> None:
+        """Gather a pooled row's outputs; write its line when the last one arrives."""
+        reason = output.finish_reason
+        if reason is not FinishReason.STOP:
+            siblings = self.pending.fail(output.request_id)
+            for sibling in siblings or ():
+                self.engine.abort(sibling)
+            if siblings is not None and reason is not FinishReason.ABORT:
+                self._fail(item, output.error or f"finished with {reason}", "engine_error")
+            return
+        done = self.pending.finish(output)
+        if done is None:
+            return
+        assert item.pooled is not None
+        outputs = done[1]
+        body = item.pooled.response(outputs, self.job_file.model)
+        self._record(item, outputs[0], body)
+        self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
+        self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
+
+    def _record(
+        self,
+        item: Planned,
+        output: RequestOutput,
+        body: dict[str, Any],
+        correct: bool | None = None,
+        parsed: ParsedReply | None = None,
+    ) -> None:
+        """Write a finished row's line and record it done (``write_result`` keeps the order)."""
+        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
+        self.progress.jobs[item.job].ok += 1
+
     def _finish(self, output: RequestOutput) -> None:
-        item = self.in_flight.pop(output.request_id)
+        item = self.in_flight.pop(output.request_id, None)
+        if item is None:  # a pooled row's request aborted when a later one could not be queued
+            return
+        if output.request_id in self.pending:
+            self._finish_pooled(item, output)
+            return
+        assert item.generation is not None
         shape = self.shapes.pop(output.request_id)
         reason = output.finish_reason
         if reason is FinishReason.ABORT:
@@ -240,10 +299,8 @@ class _Loop:
         formatter = formatter_for(
             item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
         )
-        body = formatter.response([output])
-        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
+        self._record(item, output, formatter.response([output]), correct, parsed)
         metrics = self.progress
-        metrics.jobs[item.job].ok += 1
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         if parsed is not None:
             metrics.jobs[item.job].constrained += 1

@@ -9,14 +9,17 @@ from __future__ import annotations
 import difflib
 import json
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from macbatch.batch.pooled import TASKS
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_chat_template_kwargs
 from macbatch.metal.quant import check_kv_quantization
 from macbatch.openai import SAMPLING_FIELDS, Defaults, InvalidRequest, sampling_params
+from macbatch.openai.embeddings import parse_embeddings
 from macbatch.openai.messages import chat_messages
 from macbatch.openai.options import structured_output
 
@@ -30,10 +33,23 @@ SETTING_KEYS = (
     "chat",
     "score",
     "chat_template_kwargs",
+    "task",
+    "embedding",
+    "instruction",
     "images",
     *STRUCTURED_KEYS,
 )
-JOB_KEYS = ("name", "input", "prompts", *SETTING_KEYS)
+JOB_KEYS = ("name", "input", "prompts", "vectors", *SETTING_KEYS)
+# a task: embed job's `embedding:` takes the OpenAI embeddings body's fields (bar the input)
+VECTOR_FORMATS = (".npy", ".safetensors")
+EMBEDDING_KEYS = (
+    "dimensions",
+    "normalize",
+    "pooling",
+    "truncate",
+    "prompt_name",
+    "encoding_format",
+)
 INPUT_KEYS = ("path", "format", "id", "folder", "glob")
 OUTPUT_KEYS = ("dir",)
 SCORE_KEYS = ("field", "group", "parsed")
@@ -86,6 +102,10 @@ class JobSpec:
     score: ScoreSpec | None
     chat_template_kwargs: dict[str, Any] | None = None  # variables for the model's chat template
     options: dict[str, Any] | None = None  # the reply's constraint, as request fields
+    task: str = "generate"  # or embed, rerank (docs/embeddings.md)
+    embedding: dict[str, Any] | None = None  # a task: embed job's embeddings body fields
+    instruction: str | None = None  # a task: rerank job's task line for the reranker
+    vectors: Path | None = None  # a task: embed job's float32 matrix (.npy), input row order
     # Images shown before each row's text: path templates (`"{path}"`), relative to `image_dir`
     # (the job file's folder).
     images: tuple[str, ...] = ()
@@ -121,8 +141,14 @@ class JobSpec:
                 ),
             }
             | ({"options": self.options} if self.options else {})
+            | self._pooling_settings()
             | ({"images": list(self.images)} if self.images else {})
         )
+
+    def _pooling_settings(self) -> dict[str, Any]:
+        if self.task == "generate":
+            return {}
+        return {"task": self.task, "embedding": self.embedding, "instruction": self.instruction}
 
 
 @dataclass(frozen=True)
@@ -356,6 +382,12 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
     images: tuple[str, ...] = ()
     if (found := setting("images")) is not None:
         images = _images(check, *found, chat)
+    pooling = _pooling(check, job, key, setting, base)
+    if pooling["task"] != "generate" and (score is not None or options or n != 1):
+        raise check.fail(
+            key, f"job '{name}' has task: {pooling['task']}; 'score', 'n' and reply formats are "
+            "for generation"
+        )  # fmt: skip
     spec_input = prompts = None
     if has_input:
         spec_input = _input(check, job["input"], (*key, "input"), base)
@@ -392,6 +424,7 @@ def _job(check: _Checker, raw: Any, index: int, defaults: dict[str, Any], base: 
         options=options,
         images=images,
         image_dir=base if images else None,
+        **pooling,
     )
 
 
@@ -403,6 +436,40 @@ def _images(check: _Checker, raw: Any, key: PathKey, chat: bool) -> tuple[str, .
     if not listed:
         raise check.fail(key, f"{dotted(key)} must be a path or a non-empty list of paths")
     return tuple(check.template(value, (*key, i)) for i, value in enumerate(listed))
+
+
+def _pooling(
+    check: _Checker,
+    job: dict[str, Any],
+    key: PathKey,
+    setting: Callable[[str], tuple[Any, PathKey] | None],
+    base: Path,
+) -> dict[str, Any]:
+    """A job's task and its embedding settings, instruction and vectors file, checked."""
+    task, embedding, instruction = "generate", None, None
+    if (found := setting("task")) is not None:
+        task = check.text(*found)
+        if task not in TASKS:
+            raise check.fail(found[1], f"task must be one of {', '.join(TASKS)}; got {task!r}")
+    if (found := setting("embedding")) is not None:
+        embedding = check.mapping(found[0], found[1], EMBEDDING_KEYS)
+        try:
+            parse_embeddings({**embedding, "input": "x"})
+        except InvalidRequest as exc:
+            raise check.fail(found[1], str(exc)) from None
+    if (found := setting("instruction")) is not None:
+        instruction = check.text(*found)
+    vectors = None
+    if "vectors" in job:
+        where = (*key, "vectors")
+        if task != "embed":
+            raise check.fail(where, "'vectors' is the matrix of a task: embed job")
+        vectors = base / check.text(job["vectors"], where)
+        if vectors.suffix not in VECTOR_FORMATS:
+            raise check.fail(
+                where, f"'vectors' must name a .npy or .safetensors file, got {vectors.name}"
+            )
+    return {"task": task, "embedding": embedding, "instruction": instruction, "vectors": vectors}
 
 
 def _template_kwargs(check: _Checker, raw: Any, key: PathKey) -> dict[str, Any] | None:

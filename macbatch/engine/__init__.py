@@ -11,8 +11,10 @@ from macbatch.engine.chat_template import (
 )
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import StructuredOutput
+from macbatch.engine.embedding_profile import EmbeddingProfile
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.model_info import EngineInfo, ModelInfo
+from macbatch.engine.pooling import POOLING_METHODS, PoolingParams
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
 from macbatch.engine.runtime import EngineDeadError, EngineThread
@@ -20,6 +22,9 @@ from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
 from macbatch.engine.tokenizer import Tokenizer
 
 __all__ = [
+    "EmbeddingProfile",
+    "POOLING_METHODS",
+    "PoolingParams",
     "Engine",
     "EngineConfig",
     "EngineDeadError",

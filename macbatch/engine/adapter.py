@@ -46,6 +46,20 @@ _UNSUPPORTED = {
     "falcon_h1": "runs attention and an SSM side by side in every layer (one cache list each)",
     "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
 }
+# Encoder-only embedding models attend both ways; the engine's paged attention is causal.
+# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
+# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
+ENCODER_REASON = (
+    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
+    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
+)
+_UNSUPPORTED.update(
+    dict.fromkeys(
+        ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
+         "electra", "mpnet", "deberta-v2", "new"),
+        ENCODER_REASON,
+    )
+)  # fmt: skip
 _INNER_NAMES = ("model", "transformer", "backbone")
 _TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
 
@@ -344,14 +358,22 @@ class ModelAdapter:
     ) -> mx.array | None:
         """Logits ``[R, V]`` (float32) for the sampled rows of one packed step (None when no row
         is sampled: the step only writes K/V)."""
-        inputs = batch.token_ids[:, None]
-        hidden = self.hidden_states(batch, stores, states)
+        return self.sampled_logits(self.hidden_states(batch, stores, states), batch)
+
+    def sampled_logits(self, hidden: mx.array, batch: PackedBatch) -> mx.array | None:
+        """The LM head on a step's sampled rows of ``hidden`` (None when it samples none)."""
         if batch.sample_rows.size == 0:
             return None
         if batch.sample_rows.size < batch.num_tokens:  # else every row, in order: no gather
             hidden = hidden[batch.sample_rows]
+        return self.head(hidden)
+
+    def head(self, hidden: mx.array) -> mx.array:
+        """Logits ``[R, V]`` (float32) of normed hidden states ``[R, 1, H]``, through the model's
+        own ``__call__`` (tied embeddings, logit scaling and softcaps stay the architecture's)."""
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
-        logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]  # inputs: unread
+        inputs = mx.zeros(hidden.shape[:2], dtype=mx.int32)  # unread
+        logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
 

@@ -11,12 +11,13 @@ from macbatch.engine.chat_template import thinking_default
 from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.elastic_pool import ElasticPool
+from macbatch.engine.embedding_profile import profile_of
 from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.reasoning import ReasoningFormat
-from macbatch.engine.tool_calls import detect_tool_format
+from macbatch.engine.tool_formats.detect import detect_tool_format
 from macbatch.engine.window_blocks import WindowBlocks
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -
         reasoning_format=ReasoningFormat.of(tokenizer),
         thinking_default=thinking_default(tokenizer),
         kv_bytes_per_token=runner.kv_bytes_per_token,
+        embedding=profile_of(tokenizer, name, runner.hidden_size, runner.config.reranker),
     )
 
 

@@ -25,7 +25,8 @@ class EngineConfig:
     ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
     docs/engine.md; a distributed engine always steps synchronously); False runs each step
     synchronously, which benchmarks use to show what the pipeline takes off the host's
-    critical path.
+    critical path. ``compile_decode_after``: small decode steps run compiled once this many of
+    them ran uncompiled (compiled_step.py; None: never compiled).
     """
 
     block_size: int = 16
@@ -41,6 +42,8 @@ class EngineConfig:
     pipelined: bool = True
     kv_start_mib: float = 256.0
     kv_shrink_after_s: float | None = 30.0
+    reranker: bool | None = None  # a yes/no cross-encoder (None: its name says "rerank")
+    compile_decode_after: int | None = 64
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -67,4 +70,7 @@ class EngineConfig:
             raise ValueError(
                 f"kv_shrink_after_s must be at least 0 (or None), got {self.kv_shrink_after_s}"
             )
+        after = self.compile_decode_after
+        if after is not None and after < 0:
+            raise ValueError(f"compile_decode_after must be at least 0 (or None), got {after}")
         check_kv_quantization(self.kv_bits, self.kv_group_size)

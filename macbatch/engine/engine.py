@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
+from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestOutput
@@ -141,12 +143,13 @@ class Engine(PromptEncoder):
     def add_request(
         self,
         prompt: Prompt | PromptInput,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Queue a request; ``ValueError`` on bad input (nothing is queued then)."""
+        """Queue a request (``PoolingParams``: a pooling request, engine/pooling.py);
+        ``ValueError`` on bad input (nothing is queued then)."""
         request = self.prepare_request(
             prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
         )
@@ -156,7 +159,7 @@ class Engine(PromptEncoder):
     def prepare_request(
         self,
         prompt: Prompt | PromptInput,
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_id: str | None,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
@@ -170,6 +173,10 @@ class Engine(PromptEncoder):
         ``ValueError`` if its id is in use."""
         if request.request_id in self._requests:
             raise ValueError(f"request id '{request.request_id}' is already in use")
+        if request.pooling is not None and self.runner.group is not None:
+            # a step of pooling rows alone evaluates the last layers' collectives on rank 0
+            # only (followers evaluate them for sampled rows): not supported yet
+            raise ValueError("embeddings and scores are not supported under mlx.launch yet")
         if request.images is not None and not isinstance(self.processor.vision, str):
             self.processor.vision.admit(request.images)
         self._requests[request.request_id] = request
@@ -191,6 +198,7 @@ class Engine(PromptEncoder):
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         self.scheduler.finish(request)
+        self.runner.pools.drop(request.request_id)
         request.finish(reason, time.monotonic(), error)
         self._pending.append(request.make_output(self._steps))
         del self._requests[request.request_id]
@@ -249,7 +257,8 @@ class Engine(PromptEncoder):
         outputs of ``read_first`` (the step in flight, read after the forward starts and before
         the sampling graph is built on its tokens). Nothing else waits here."""
         self._note_first_schedule(plan)
-        logits = self.runner.forward(self._pack(plan, previous))
+        batch = self._pack(plan, previous)
+        logits, pooled = self.runner.forward(batch, plan.pool_spans())
         sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
         read: list[RequestOutput] = []
         if read_first is not None:
@@ -257,10 +266,11 @@ class Engine(PromptEncoder):
                 mx.async_eval(logits)
             read = self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, sampled)
-        self._device_wait_s += self.runner.launch(result)
+        self._device_wait_s += self.runner.launch(result, list(pooled.values()))
         self._steps += 1
         self._advance(plan, sampled)
-        return _InFlightStep(sampled, result, self._steps), read
+        done = [(self._requests[rid], vector) for rid, vector in pooled.items()]
+        return _InFlightStep(sampled, result, self._steps, done), read
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
@@ -295,6 +305,10 @@ class Engine(PromptEncoder):
             self.kv.cache_full_blocks(
                 request, min(request.num_computed_tokens, request.num_known_tokens)
             )
+            if request.pooling is not None and request.num_tokens_to_compute == 0:
+                # pooled: its blocks go back now (the prefix cache may keep them); the step in
+                # flight writes them before any later step reads them, on the same stream
+                self.scheduler.finish(request)
         for request in sampled:
             request.num_pending += 1
 
@@ -311,13 +325,13 @@ class Engine(PromptEncoder):
     def _postprocess(self, done: _InFlightStep) -> list[RequestOutput]:
         """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
         A request that stopped or was aborted since the step was dispatched drops its token."""
+        outputs = self._pooled_outputs(done)
         if done.sampled is None:
-            return []
+            return outputs
         waited = time.perf_counter()
         results = done.sampled.to_host()
         self._device_wait_s += time.perf_counter() - waited
         now = time.monotonic()
-        outputs = []
         for i, request in enumerate(done.requests):
             request.num_pending -= 1
             if request.finished:
@@ -330,15 +344,38 @@ class Engine(PromptEncoder):
             outputs.append(request.make_output(done.step))
         return outputs
 
+    def _pooled_outputs(self, done: _InFlightStep) -> list[RequestOutput]:
+        """The final outputs of the pooling requests the step finished (an aborted one has
+        had its final output already)."""
+        outputs = []
+        for request, vector in done.pooled:
+            if request.finished:
+                continue
+            waited = time.perf_counter()
+            values = np.array(vector, dtype=np.float32)
+            self._device_wait_s += time.perf_counter() - waited
+            request.finish(FinishReason.STOP, time.monotonic())
+            del self._requests[request.request_id]
+            output = request.make_output(done.step)
+            if request.pooling is not None and request.pooling.score_tokens is not None:
+                output.score = float(values[0])
+            else:
+                output.embedding = values
+            outputs.append(output)
+        return outputs
+
     def generate(
         self,
         prompts: Sequence[Prompt | PromptInput],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingParams
+        | PoolingParams
+        | Sequence[SamplingParams | PoolingParams]
+        | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run ``prompts`` to completion together; final outputs in the order given
         (``chat_template_kwargs`` apply to every chat prompt given without a ``PromptInput``)."""
-        if params is None or isinstance(params, SamplingParams):
+        if params is None or isinstance(params, SamplingParams | PoolingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
@@ -400,6 +437,7 @@ class _InFlightStep:
     requests: list[Request]  # in sample-row order
     sampled: SampledBatch | None
     step: int
+    pooled: list[tuple[Request, mx.array]] = field(default_factory=list)  # finished pooling
 
     def row_of(self) -> dict[str, int]:
         return {r.request_id: i for i, r in enumerate(self.requests)}

@@ -56,7 +56,16 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
     so a rank that keeps only its shard never holds the whole model)."""
     import mlx_lm
 
+    from macbatch.engine.adapter import UnsupportedModelError, unsupported_reason
+
     target = resolve_model_path(name)
+    if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
+        model_type = str(json.loads((target / "config.json").read_text()).get("model_type"))
+        reason = unsupported_reason(model_type)
+        if reason:
+            raise UnsupportedModelError(
+                f"model '{name}' (model type '{model_type}') is not supported: {reason}"
+            )
     try:
         loaded = mlx_lm.load(str(target), lazy=lazy)
     except Exception as exc:  # hub and file errors come in many types; all get the same framing

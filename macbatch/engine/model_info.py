@@ -8,8 +8,10 @@ read ``EngineInfo`` (the same facts plus the KV pool's) from the engine or its t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from macbatch.engine.embedding_profile import EmbeddingProfile
 
 if TYPE_CHECKING:
     from macbatch.engine.reasoning import ReasoningFormat
@@ -50,6 +52,8 @@ class ModelInfo:
     reasoning_format: ReasoningFormat | None  # how the template marks a reasoning block
     thinking_default: bool | None  # the template's thinking switch default (None: no switch)
     kv_bytes_per_token: int  # K and V of every layer, scales of quantized pages included
+    # how it pools and scores (pooling requests: engine/pooling.py)
+    embedding: EmbeddingProfile = field(default_factory=EmbeddingProfile)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 import macbatch.metal
 from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
+from macbatch.engine.compiled_step import compiled_decode
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
@@ -31,6 +32,7 @@ from macbatch.engine.elastic_pool import pool_size
 from macbatch.engine.kv_cache import KVStore, KVStores, PageFormat
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
+from macbatch.engine.pooling import Pools, PoolSpan
 from macbatch.engine.recurrent import StateStore
 from macbatch.engine.sampling import SampledBatch, sample
 
@@ -70,6 +72,7 @@ class ModelRunner:
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.vocab_size = model_vocab_size(model)
         args = getattr(model, "args", None)  # mlx-lm's ModelArgs: a dataclass
+        self.hidden_size = int(getattr(args, "hidden_size", 0) or 0)  # 0: not declared
         declared = declared_context_length(getattr(args, "__dict__", None) or {})
         self.context_length = context_length(declared, config.max_model_len)
         shapes = self.adapter.layer_shapes
@@ -107,8 +110,13 @@ class ModelRunner:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             self.states = StateStore(states, config.max_num_seqs, checkpoints)
+        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
+        self.compiled = compiled_decode(
+            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+        )
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
         self.window_head_counts = {s.num_kv_heads for s in window_shapes}
+        self.pools = Pools()  # pooling requests' running accumulators
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
         self._followers: StepChannel | None = (
@@ -117,12 +125,23 @@ class ModelRunner:
 
     # -- a step (rank 0) ---------------------------------------------------------------------
 
-    def forward(self, batch: PackedBatch) -> mx.array | None:
-        """The logits of the step's sampled rows (None when it samples none); the other ranks
-        of a group run the same forward on their shard."""
+    def forward(
+        self, batch: PackedBatch, spans: Sequence[PoolSpan] = ()
+    ) -> tuple[mx.array | None, dict[str, mx.array]]:
+        """The logits of the step's sampled rows (None when it samples none), and the results of
+        the pooling requests whose last chunk this step computes (``spans``: the pooling
+        requests' rows, folded into ``self.pools``); the other ranks of a group run the same
+        forward on their shard."""
         if self._followers is not None:
             self._followers.send_step(batch)
-        return self.adapter.forward(batch, self.kv_stores, self.states)
+        if not spans:
+            logits = None if self.compiled is None else self.compiled.forward(batch)
+            if logits is not None:
+                return logits, {}
+            return self.adapter.forward(batch, self.kv_stores, self.states), {}
+        hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
+        pooled = self.pools.take(hidden, spans, self.adapter.head)
+        return self.adapter.sampled_logits(hidden, batch), pooled
 
     def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the
@@ -133,7 +152,7 @@ class ModelRunner:
             logits = self.constraints.mask_logits(logits, states, [r.num_generated for r in rows])
         return sample(force_tokens(logits, [r.forced_token() for r in rows]), rows)
 
-    def launch(self, result: SampledBatch | None) -> float:
+    def launch(self, result: SampledBatch | None, pooled: Sequence[mx.array] = ()) -> float:
         """Start the step on the device: its samples and the KV pages it writes. Returns the
         seconds spent blocked here (MLX blocks in ``async_eval`` when many ops are outstanding;
         a group's rank 0 evaluates the step before the next broadcast, docs/distributed.md)."""
@@ -142,6 +161,8 @@ class ModelRunner:
             *(result.arrays() if result else []),
             *self.kv_stores.arrays(),
             *self._state_arrays(),
+            *pooled,
+            *self.pools.arrays(),
         ]
         if self._followers is None:
             mx.async_eval(*arrays)

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -20,6 +21,8 @@ import numpy as np
 from macbatch.engine.recurrent import StateChunk, StateRows
 from macbatch.engine.scheduler import StepPlan
 from macbatch.metal import AttentionMetadata
+
+SMALL_DECODE = 16  # decode-only steps of at most this many sequences are packed from lists
 
 
 @dataclass
@@ -30,7 +33,7 @@ class PackedBatch:
     positions: mx.array  # [N] int32, each token's position in its sequence
     cu_seqlens_q: mx.array  # [S+1] int32
     seq_lens: mx.array  # [S] int32, context length after this step
-    block_tables: mx.array  # [S, max_blocks] int32 (padding: block 0, never read)
+    block_tables: mx.array  # [S, width] int32 (padding: block 0, never read)
     kv_write_rows: dict[int, mx.array]  # num_kv_heads -> [N * Hkv] flat page rows to write
     sample_rows: mx.array  # [R] rows whose logits are sampled
     num_tokens: int
@@ -78,9 +81,12 @@ def pack(
     group's block tables and KV head counts (models with sliding-window layers only).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
-    step's host time grows with the running requests, so no per-chunk numpy calls)."""
+    step's host time grows with the running requests, so no per-chunk numpy calls). A small
+    decode-only step is packed from Python lists instead (``_pack_small_decode``)."""
     chunks = plan.chunks
     count = len(chunks)
+    if count <= SMALL_DECODE and states is None and plan.num_tokens == count:
+        return _pack_small_decode(plan, block_tables, block_size, kv_head_counts, window)
     lengths = np.fromiter((c.num_tokens for c in chunks), np.int32, count)
     starts = np.fromiter((c.start for c in chunks), np.int32, count)
     samples = np.fromiter((c.samples for c in chunks), np.bool_, count)
@@ -122,6 +128,60 @@ def pack(
     )
 
 
+def _pack_small_decode(
+    plan: StepPlan,
+    block_tables: list[list[int]],
+    block_size: int,
+    kv_head_counts: set[int],
+    window: tuple[list[list[int]], set[int]] | None,
+) -> PackedBatch:
+    """``pack`` of a decode-only step (one row per chunk) of a few sequences: the same arrays,
+    built from Python lists, because numpy's cost per call, not per element, is most of a small
+    step's packing (70 us of numpy at one request became about 20 us: the single-request path,
+    docs/engine.md)."""
+    chunks = plan.chunks
+    positions = [c.start for c in chunks]
+    token_ids, pending = _known_tokens(plan)
+    window_tables = window_rows = None
+    if window is not None:
+        window_tables = mx.array(_padded(window[0]), mx.int32)
+        window_rows = _listed_write_rows(window[0], positions, block_size, window[1])
+    return PackedBatch(
+        token_ids=mx.array(token_ids),
+        positions=mx.array(positions, mx.int32),
+        cu_seqlens_q=mx.array(list(range(len(chunks) + 1)), mx.int32),
+        seq_lens=mx.array([p + 1 for p in positions], mx.int32),
+        block_tables=mx.array(_padded(block_tables), mx.int32),
+        kv_write_rows=_listed_write_rows(block_tables, positions, block_size, kv_head_counts),
+        sample_rows=mx.array([i for i, c in enumerate(chunks) if c.samples], mx.int32),
+        num_tokens=len(chunks),
+        pending_rows=pending,
+        pending_chunks=list(pending),
+        window_block_tables=window_tables,
+        window_write_rows=window_rows,
+    )
+
+
+def _listed_write_rows(
+    tables: list[list[int]], positions: list[int], block_size: int, kv_head_counts: set[int]
+) -> dict[int, mx.array]:
+    """``_write_rows`` for one row per table, from lists."""
+    places = [(t[p // block_size], p % block_size) for t, p in zip(tables, positions)]
+    return {
+        hkv: mx.array(
+            [_page_row(b, h, hkv, o, block_size) for b, o in places for h in range(hkv)],
+            mx.int32,
+        )
+        for hkv in kv_head_counts
+    }
+
+
+def _page_row(block: Any, head: Any, num_kv_heads: int, offset: Any, block_size: int) -> Any:
+    """The flat page row of a token's K/V for one KV head (ints or numpy arrays): a block
+    keeps each of its heads' ``block_size`` rows together (kv_cache.py's page layout)."""
+    return (block * num_kv_heads + head) * block_size + offset
+
+
 def _write_rows(
     tables: np.ndarray,
     row_seq: np.ndarray,
@@ -134,7 +194,9 @@ def _write_rows(
     offsets = positions % block_size
     write_rows = {}
     for hkv in kv_head_counts:
-        rows = (blocks[:, None] * hkv + np.arange(hkv)[None, :]) * block_size + offsets[:, None]
+        rows = _page_row(
+            blocks[:, None], np.arange(hkv)[None, :], hkv, offsets[:, None], block_size
+        )
         write_rows[hkv] = mx.array(rows.reshape(-1).astype(np.int32))
     return write_rows
 
@@ -153,10 +215,23 @@ def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:
     return np.array(flat, dtype=np.int32), pending
 
 
+def _width(longest: int) -> int:
+    """The block tables' width: the longest table rounded up to a power of two."""
+    return 1 << max(0, longest - 1).bit_length()
+
+
+def _padded(block_tables: list[list[int]]) -> list[list[int]]:
+    """``_table_array`` as lists."""
+    width = _width(max(map(len, block_tables)))
+    return [table + [0] * (width - len(table)) for table in block_tables]
+
+
 def _table_array(block_tables: list[list[int]]) -> np.ndarray:
-    """``[S, max_blocks]`` int32, each table left-aligned, padded with block 0 (never read)."""
+    """``[S, width]`` int32, each table left-aligned, padded with block 0 (never read); the
+    width is the longest table's rounded up to a power of two, so a growing context changes
+    the step's shapes only when it doubles (a compiled step is traced per shape)."""
     lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
     flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum()))
-    tables = np.zeros((len(block_tables), int(lengths.max())), dtype=np.int32)
+    tables = np.zeros((len(block_tables), _width(int(lengths.max()))), dtype=np.int32)
     tables[np.arange(tables.shape[1]) < lengths[:, None]] = flat  # row-major: rows in order
     return tables

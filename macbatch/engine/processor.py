@@ -21,6 +21,7 @@ from macbatch.engine import chat_template
 from macbatch.engine.constraints import ConstraintCompiler, ConstraintState
 from macbatch.engine.images import images_of
 from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.reasoning import ReasoningTracker
@@ -106,7 +107,8 @@ class InputProcessor:
 
     def _render_chat(self, messages: list[dict[str, Any]], prompt: PromptInput) -> str:
         chat_template.check_content_parts(messages)
-        messages = template_messages(messages)  # tool calls and results in the history
+        # the history's calls in the shape the template takes
+        messages = template_messages(messages, self.info.model.tool_format)
         if not chat_template.has_chat_template(self.tokenizer):
             raise ValueError(
                 f"model '{self.info.model_name}' has no chat template; send a text prompt instead"
@@ -117,11 +119,19 @@ class InputProcessor:
         return chat_template.render_chat(self.tokenizer, messages, variables)
 
     def process(
-        self, prompt: PromptInput, params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | PoolingParams,
+        request_id: str | None = None,
     ) -> Request:
-        """Validate and tokenize; ``ValueError`` saying what is wrong (no MLX work happens)."""
+        """Validate and tokenize; ``ValueError`` saying what is wrong (no MLX work happens).
+        ``PoolingParams``: a pooling request (a vector or a score out, never sampled)."""
+        if isinstance(params, PoolingParams):
+            return self._pooling_request(prompt, params, request_id)
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+            raise ValueError(
+                f"params must be SamplingParams or PoolingParams, got {type(params).__name__}"
+            )
         ids, images = self.encode_with_images(prompt)
         limit, what = self.info.context_limit, self.info.context_limit_reason
         room = limit - len(ids)
@@ -157,6 +167,44 @@ class InputProcessor:
             constraint=constraint,
             images=images,
         )
+
+    def _pooling_request(
+        self, prompt: PromptInput, params: PoolingParams, request_id: str | None
+    ) -> Request:
+        if images_of(prompt.prompt):
+            raise ValueError("embeddings and scores of images are not supported yet; send text")
+        ids = self.encode(prompt)
+        limit, what = self.info.context_limit, self.info.context_limit_reason
+        if len(ids) > limit:
+            if not params.truncate:
+                raise PromptTooLongError(
+                    f"input ({len(ids)} tokens) is longer than {what} ({limit} tokens); "
+                    "ask for truncation to embed its first tokens"
+                )
+            ids = ids[:limit]
+        profile = self.info.model.embedding
+        hidden = profile.hidden_size
+        if params.dimensions is not None and hidden and params.dimensions > hidden:
+            raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
+        params = replace(
+            params,
+            method=params.method or profile.pooling,
+            normalize=profile.normalize if params.normalize is None else params.normalize,
+        )
+        return Request(
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_token_ids=ids,
+            params=_POOLING_SAMPLING,
+            seed=0,
+            eos_token_ids=self._eos_token_ids,
+            detokenizer=self.tokenizer.detokenizer,
+            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            pooling=params,
+        )
+
+
+# What a pooling request carries as its sampling parameters: it never samples.
+_POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 class PromptEncoder:

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from macbatch.engine.constraints import ConstraintState
+from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.reasoning import Phase, ReasoningTracker
 from macbatch.engine.sampling import SamplingParams
@@ -97,6 +98,7 @@ class RequestOutput:
     __slots__ = (
         "request_id", "_token_ids", "new_token_ids", "finished", "finish_reason", "metrics",
         "step", "error", "_logprobs", "_top_logprobs", "capped_max_tokens", "text_view",
+        "embedding", "score",
     )  # fmt: skip
 
     def __init__(
@@ -128,6 +130,10 @@ class RequestOutput:
         # smaller than the one asked for (None: not capped). See Engine.context_limit.
         self.capped_max_tokens = capped_max_tokens
         self.text_view = text_view  # the reply's text as of this output
+        # A pooling request's result (engine/pooling.py): its vector, float32 [D], or a
+        # cross-encoder's relevance score; None for generation requests.
+        self.embedding: Any = None
+        self.score: float | None = None
 
     def __repr__(self) -> str:
         return (
@@ -206,6 +212,7 @@ class Request:
     reasoning: ReasoningTracker | None = None
     constraint: ConstraintState | None = None
     images: PromptImages | None = None  # where its images' rows are (vision models only)
+    pooling: PoolingParams | None = None  # a pooling request: a vector out, never sampled
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 
@@ -222,6 +229,12 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def reads_cached_prefix(self) -> bool:
+        """Whether it may start from cached prefix blocks: mean and first-token pooling need
+        every row's hidden state, which cached blocks never had computed."""
+        return self.pooling is None or self.pooling.pooling_method.reads_cached_prefix
 
     @property
     def needs_host_token(self) -> bool:

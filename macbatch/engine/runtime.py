@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestMetrics, RequestOutput
@@ -150,7 +151,7 @@ class EngineThread(PromptEncoder):
     def submit(
         self,
         prompt: Prompt | PromptInput,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -167,7 +168,7 @@ class EngineThread(PromptEncoder):
     async def stream(
         self,
         prompt: Prompt | PromptInput,  # a PromptInput carries the template variables and tools
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,

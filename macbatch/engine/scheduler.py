@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.pooling import PoolSpan
 from macbatch.engine.request import Request, RequestStatus
 
 
@@ -28,12 +29,14 @@ class ScheduledChunk:
     request: Request
     start: int
     num_tokens: int
-    # Only a chunk that completes the request's tokens yields logits to sample. Decided when
-    # scheduled: reading the step in flight may end the request before this step samples.
+    # Only a chunk that completes the request's tokens yields logits to sample (a pooling
+    # request's never does: it pools). Decided when scheduled: reading the step in flight may
+    # end the request before this step samples.
     samples: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.samples = self.start + self.num_tokens == self.request.num_tokens
+        completes = self.start + self.num_tokens == self.request.num_tokens
+        self.samples = completes and self.request.pooling is None
 
 
 @dataclass
@@ -43,6 +46,25 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
+
+    def pool_spans(self) -> list[PoolSpan]:
+        """The pooling requests' chunks and their rows in the packed step (rows follow the
+        chunks in order)."""
+        spans = []
+        row = 0
+        for c in self.chunks:
+            request = c.request
+            if request.pooling is not None:
+                end = c.start + c.num_tokens
+                spans.append(
+                    PoolSpan(
+                        request.request_id, request.pooling, row, row + c.num_tokens,
+                        first=c.start == 0, last=end == request.num_tokens,
+                        num_tokens=request.num_tokens,
+                    )
+                )  # fmt: skip
+            row += c.num_tokens
+        return spans
 
 
 class Scheduler:
@@ -89,7 +111,7 @@ class Scheduler:
             if request.num_pending:
                 break  # preempted mid-flight: recomputing needs its last token on the host
             # A waiting request holds no blocks: start from whatever prefix is cached.
-            request.num_computed_tokens = self.kv.take_cached_prefix(request, request.num_tokens)
+            request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens
             fit = self.kv.tokens_that_fit(request.request_id, request.num_computed_tokens)
             n = min(need, budget, fit)
@@ -104,6 +126,13 @@ class Scheduler:
             scheduled[request.request_id] = ScheduledChunk(request, request.num_computed_tokens, n)
             budget -= n
         return StepPlan(list(scheduled.values()))
+
+    def _cached_prefix(self, request: Request) -> int:
+        """The tokens a waiting request finds computed in cached blocks (it shares them); none
+        for pooling that reads every row's hidden state (mean, first token)."""
+        if not request.reads_cached_prefix:
+            return 0
+        return self.kv.take_cached_prefix(request, request.num_tokens)
 
     def _preempt(self, victim: Request, scheduled: dict[str, ScheduledChunk]) -> int:
         """Send ``victim`` back to waiting; returns the budget its cancelled chunk gave back."""

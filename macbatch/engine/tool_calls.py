@@ -1,14 +1,11 @@
 """Tool calls: the request's tools checked, the chat history's calls and results made ready for
-the model's own template, and each model family's call format parsed out of a reply (or forced
-by a grammar for ``tool_choice`` "required" or a named function).
+the model's own template, and ``ToolFormat``: one model family's call syntax (a ``CallSyntax``
+from the registry in ``tool_formats/``) with what detection found out about its template.
 
-The family is detected from the chat template, one table row per format:
-
-- ``hermes`` (Qwen 2.5/3): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``
-- ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
-- ``llama3_json`` (Llama 3.1-3.3): the whole reply is ``{"name": ..., "parameters": {...}}``
-- ``harmony`` (gpt-oss): ``<|channel|>commentary to=functions.NAME ... <|message|>{...}<|call|>``
-  or ``to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>``
+A syntax parses a finished reply into calls, says how much of a streaming reply is surely words,
+and writes the Lark grammar that forces ``tool_choice`` "required" or a named function. The
+format is detected once at load by rendering a probe call through the model's own template
+(``tool_formats/detect.py``); docs/serve.md lists the families.
 """
 
 from __future__ import annotations
@@ -17,11 +14,10 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
 
-from macbatch.engine.constraints import JSON_LAYOUT
 from macbatch.engine.tokenizer import Tokenizer
 
 TOOL_CHOICES = ("none", "auto", "required")
@@ -55,21 +51,76 @@ def new_call_id() -> str:
     return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
+Schemas = Mapping[str, dict[str, Any]]  # each tool's parameters' schema, by tool name
+
+
+class CallSyntax(Protocol):
+    """How one model family writes tool calls; one file per family in ``tool_formats/``."""
+
+    @property
+    def family(self) -> str:
+        """The name ``doctor`` and the docs use."""
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Texts every call it writes has: detection looks for all of them."""
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        """Texts that may open the call part of a reply (none: the reply is the call)."""
+
+    @property
+    def own_channel(self) -> bool:
+        """The grammar writes the reply's channel header (harmony: the commentary channel and
+        the recipient), so the engine must not open the final channel first."""
+
+    def split(self, text: str, schemas: Schemas) -> tuple[str, RawCalls] | None:
+        """(content, calls) of a reply, or None when it holds no call in this syntax.
+        ``schemas`` type the values of syntaxes that write arguments as text."""
+        ...
+
+    def grammar(self, functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
+        """A Lark grammar whose every reply is one call (more if ``parallel`` and the family
+        can) to one of ``functions``, with arguments valid against its schema."""
+        ...
+
+
+@runtime_checkable
+class WritesCalls(Protocol):
+    """A syntax that can write calls as the model does, for templates that render a history's
+    calls only as part of the assistant's content (LFM2's)."""
+
+    def write(self, calls: RawCalls) -> str: ...
+
+
 @dataclass(frozen=True)
 class ToolFormat:
-    """How one model family writes tool calls (see the module docstring)."""
+    """A model's tool-call syntax, how its template takes the history's calls
+    (``text_arguments``: arguments as JSON text, not a mapping; ``calls_in_content``: written
+    into the content by the syntax, the template renders no ``tool_calls``), and the request's
+    tools (``schemas``) once bound to one."""
 
-    family: str
-    starts: tuple[str, ...]  # texts that may open the call part of a reply (none: the reply)
-    split: Callable[[str], tuple[str, RawCalls] | None]
-    grammar_of: Callable[[list[Function], bool, Any], str]  # (functions, parallel, tokenizer)
-    # The grammar writes the reply's channel header (harmony: the commentary channel and the
-    # recipient), so the engine must not open the final channel first.
-    own_channel: bool = False
+    syntax: CallSyntax
+    text_arguments: bool = False
+    calls_in_content: bool = False
+    schemas: Schemas = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def family(self) -> str:
+        return self.syntax.family
+
+    @property
+    def own_channel(self) -> bool:
+        return self.syntax.own_channel
+
+    def for_tools(self, tools: Sequence[dict[str, Any]]) -> ToolFormat:
+        """This format reading calls to ``tools`` (checked): values typed by their schemas."""
+        schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+        return replace(self, schemas=schemas)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a finished reply; a reply whose calls do not parse is content."""
-        found = self.split(text)
+        found = self.syntax.split(text, self.schemas)
         if found is None:
             return text, []
         content, raw = found
@@ -86,21 +137,19 @@ class ToolFormat:
         return content, calls
 
     def grammar(self, tools: Sequence[dict[str, Any]], parallel: bool, tokenizer: Tokenizer) -> str:
-        """A Lark grammar whose every reply is one call (or more if ``parallel`` and the family
-        can) to one of ``tools`` (already checked), with arguments valid against its
-        ``parameters``."""
+        """The syntax's grammar for ``tools`` (already checked)."""
         functions = [
             (t["function"]["name"], t["function"].get("parameters") or {"type": "object"})
             for t in tools
         ]
-        return self.grammar_of(functions, parallel, tokenizer)
+        return self.syntax.grammar(functions, parallel, tokenizer)
 
     def content_end(self, text: str) -> int:
         """How much of a reply still streaming is surely words, not the start of a call."""
-        if not self.starts:  # the reply itself is the call when it starts like one
+        if not self.syntax.starts:  # the reply itself is the call when it starts like one
             head = text.lstrip()
             return 0 if not head or head.startswith(("{", "<|python_tag|>")) else len(text)
-        return min(_words_before(text, start) for start in self.starts)
+        return min(_words_before(text, start) for start in self.syntax.starts)
 
 
 def _words_before(text: str, start: str) -> int:
@@ -112,179 +161,6 @@ def _words_before(text: str, start: str) -> int:
         if text.endswith(start[:k]):
             return len(text) - k
     return len(text)
-
-
-def _call_schema(functions: list[Function], args_key: str) -> dict[str, Any]:
-    """The schema of a JSON call object ``{"name": ..., args_key: {...}}`` to one function."""
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, args_key: parameters},
-            "required": ["name", args_key],
-            "additionalProperties": False,
-        }
-        for name, parameters in functions
-    ]
-    return {"anyOf": options} if len(options) > 1 else options[0]
-
-
-def _json_rule(schema: dict[str, Any]) -> str:
-    """A Lark rule body for JSON valid against ``schema``, laid out as the engine's JSON is."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
-
-
-def _literal(tokenizer: Tokenizer, text: str) -> str:
-    """A Lark terminal for ``text``: the token itself where the vocabulary has it as one added
-    token (grammars see added tokens as tokens, not as their text), else the quoted text."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) == 1 and ids[0] in getattr(tokenizer, "added_tokens_decoder", {}):
-        return f"<[{ids[0]}]>"
-    return json.dumps(text)
-
-
-def _json_prefix(text: str) -> tuple[Any, int] | None:
-    try:
-        return json.JSONDecoder().raw_decode(text)
-    except json.JSONDecodeError:
-        return None
-
-
-def _hermes_split(text: str) -> tuple[str, RawCalls] | None:
-    blocks = re.findall(r"<tool_call>\s*(.*?)\s*</tool_call>", text, re.DOTALL)
-    if not blocks:
-        return None
-    calls = []
-    for block in blocks:
-        try:
-            call = json.loads(block)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(call, dict):
-            return None
-        calls.append((call.get("name"), call.get("arguments", {})))
-    return text[: text.index("<tool_call>")].strip(), calls
-
-
-def _hermes_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
-    call = _call_schema(functions, "arguments")
-    more = ' ("\\n" call)*' if parallel else ""
-    start, end = _literal(tokenizer, "<tool_call>"), _literal(tokenizer, "</tool_call>")
-    return f'start: call{more}\ncall: {start} "\\n" obj "\\n" {end}\nobj: {_json_rule(call)}\n'
-
-
-def _mistral_split(text: str) -> tuple[str, RawCalls] | None:
-    at = text.find("[TOOL_CALLS]")
-    if at < 0:
-        return None
-    found = _json_prefix(text[at + len("[TOOL_CALLS]") :].lstrip())
-    if found is None or not isinstance(found[0], list):
-        return None
-    calls = [c for c in found[0] if isinstance(c, dict)]
-    if len(calls) != len(found[0]) or not calls:
-        return None
-    return text[:at].strip(), [(c.get("name"), c.get("arguments", {})) for c in calls]
-
-
-def _mistral_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
-    call = _call_schema(functions, "arguments")
-    array = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-    return f'start: {_literal(tokenizer, "[TOOL_CALLS]")} " " calls\ncalls: {_json_rule(array)}\n'
-
-
-def _llama3_split(text: str) -> tuple[str, RawCalls] | None:
-    body = text.removeprefix("<|python_tag|>").strip()
-    found = _json_prefix(body) if body.startswith("{") else None
-    if found is None or found[1] != len(body) or not isinstance(found[0], dict):
-        return None
-    call = found[0]
-    if "name" not in call:
-        return None
-    return "", [(call["name"], call.get("parameters", call.get("arguments", {})))]
-
-
-def _llama3_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
-    return f"start: obj\nobj: {_json_rule(_call_schema(functions, 'parameters'))}\n"
-
-
-_HARMONY_CALL = re.compile(
-    # the recipient before the channel (as gpt-oss's template renders calls) or after it (as
-    # the model may write them), then any content type, then the arguments
-    r"to=functions\.([\w.-]+)(?:[^<]|<\|channel\|>|<\|constrain\|>)*?<\|message\|>"
-    r"(.*?)(?:<\|call\|>|$)",
-    re.DOTALL,
-)
-
-
-def _harmony_split(text: str) -> tuple[str, RawCalls] | None:
-    matches = list(_HARMONY_CALL.finditer(text))
-    if not matches:
-        return None
-    calls = []
-    for m in matches:
-        try:
-            calls.append((m.group(1), json.loads(m.group(2))))
-        except json.JSONDecodeError:
-            return None
-    final = re.search(
-        r"<\|channel\|>final<\|message\|>(.*?)(?:<\|end\|>|<\|return\|>|$)", text, re.DOTALL
-    )
-    return (final.group(1).strip() if final else ""), calls
-
-
-def _harmony_grammar(functions: list[Function], parallel: bool, tokenizer: Tokenizer) -> str:
-    """One call as gpt-oss writes it: ``<|channel|>commentary to=functions.NAME <|constrain|>json
-    <|message|>{...}<|call|>``. ``<|call|>`` ends the model's turn (it waits for the result), so a
-    reply holds one call whatever ``parallel`` says. After an analysis message the engine writes
-    the new message's ``<|start|>assistant`` before this grammar starts."""
-    channel, constrain, message, call = (
-        _literal(tokenizer, marker)
-        for marker in ("<|channel|>", "<|constrain|>", "<|message|>", "<|call|>")
-    )
-    rules = ["start: " + " | ".join(f"call{i}" for i in range(len(functions)))]
-    for i, (name, parameters) in enumerate(functions):
-        header = json.dumps(f"commentary to=functions.{name} ")
-        rules.append(f'call{i}: {channel} {header} {constrain} "json" {message} args{i} {call}')
-        rules.append(f"args{i}: {_json_rule(parameters)}")
-    return "\n".join(rules) + "\n"
-
-
-# Detection order matters: the first row whose marker is in the chat template wins.
-_FAMILIES: list[tuple[tuple[str, ...], ToolFormat]] = [
-    (
-        ("to=functions",),
-        ToolFormat(
-            "harmony",
-            # after the analysis a new message starts; the recipient may precede the channel
-            ("<|start|>", "<|channel|>", " to=functions."),
-            _harmony_split,
-            _harmony_grammar,
-            own_channel=True,
-        ),
-    ),
-    (
-        ("[TOOL_CALLS]",),
-        ToolFormat("mistral", ("[TOOL_CALLS]",), _mistral_split, _mistral_grammar),
-    ),
-    (
-        ("<tool_call>",),
-        ToolFormat("hermes", ("<tool_call>",), _hermes_split, _hermes_grammar),
-    ),
-    (
-        ("<|python_tag|>", "Environment: ipython"),
-        ToolFormat("llama3_json", (), _llama3_split, _llama3_grammar),
-    ),
-]
-
-
-def detect_tool_format(tokenizer: Tokenizer) -> ToolFormat | None:
-    """The tool-call format of a tokenizer's chat template, or None if no parser knows it."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str):
-        return None
-    for markers, fmt in _FAMILIES:
-        if any(m in template for m in markers):
-            return fmt
-    return None
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -333,9 +209,13 @@ def chosen_tools(tools: list[dict[str, Any]], choice: Any) -> list[dict[str, Any
     return picked
 
 
-def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat messages ready for a template: assistant ``tool_calls`` with their arguments as
-    objects (templates serialize them), tool results kept; ``ValueError`` on malformed ones."""
+def template_messages(
+    messages: Sequence[dict[str, Any]], fmt: ToolFormat | None = None
+) -> list[dict[str, Any]]:
+    """Chat messages ready for a template: assistant ``tool_calls`` in the shape ``fmt`` says
+    the template takes (arguments as objects, which most templates serialize; as JSON text for
+    the templates that concatenate them, DeepSeek V3.1's; or written into the content for those
+    that render no calls, LFM2's); tool results kept; ``ValueError`` on malformed ones."""
     out = []
     for i, message in enumerate(messages):
         where = f"chat message {i}"
@@ -346,7 +226,11 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
         if calls:
             if role != "assistant" or not isinstance(calls, list):
                 raise ValueError(f"{where}: only an assistant message has a list of tool_calls")
-            message = dict(message, content=content or "", tool_calls=_history_calls(calls, where))
+            calls = _history_calls(calls, where, fmt is not None and fmt.text_arguments)
+            message = dict(message, content=content or "", tool_calls=calls)
+            if fmt is not None and fmt.calls_in_content and isinstance(fmt.syntax, WritesCalls):
+                raw = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+                message = {"role": role, "content": (content or "") + fmt.syntax.write(raw)}
         elif not isinstance(content, (str, list)):  # a list: parts check_content_parts read
             raise ValueError(f"{where} must have string 'role' and 'content' fields, got {message}")
         if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
@@ -355,7 +239,7 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
-def _history_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
+def _history_calls(calls: list[Any], where: str, text_arguments: bool) -> list[dict[str, Any]]:
     out = []
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
@@ -371,5 +255,7 @@ def _history_calls(calls: list[Any], where: str) -> list[dict[str, Any]]:
                 ) from None
         if not isinstance(arguments, dict):
             raise ValueError(f"{where}.tool_calls[{j}].function.arguments must be a JSON object")
+        if text_arguments:
+            arguments = json.dumps(arguments, ensure_ascii=False)
         out.append(dict(call, function={"name": function["name"], "arguments": arguments}))
     return out

@@ -48,6 +48,13 @@ def paged_attention(
     return registry.selection.backend(q, k_pages, v_pages, meta, layer)
 
 
+def traceable(head_dims: set[int], block_size: int) -> bool:
+    """Whether the selected backend serves every layer of these head dims from the metadata
+    arrays alone, so a step's graph can be compiled once and replayed (``AttentionBackend``)."""
+    backend = registry.selection.backend
+    return all(backend.traceable(d, block_size) for d in head_dims)
+
+
 __all__ = [
     "BACKENDS",
     "ENV",
@@ -66,4 +73,5 @@ __all__ = [
     "paged_attention_kernel",
     "paged_attention_reference",
     "selftest",
+    "traceable",
 ]

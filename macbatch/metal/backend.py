@@ -88,6 +88,11 @@ class AttentionBackend(Protocol):
         failure. Runs before the start-up self-test."""
         return None
 
+    def traceable(self, head_dim: int, block_size: int) -> bool:
+        """Whether a call with these shapes reads the metadata only as arrays, at evaluation
+        (never the host copies), so a graph traced once replays it correctly (``mx.compile``)."""
+        return False
+
     def __call__(
         self, q: mx.array, k: Pages, v: Pages, meta: AttentionMetadata, layer: LayerParams, /
     ) -> mx.array:

@@ -154,6 +154,11 @@ def load_extension() -> ModuleType:
     return module
 
 
+def serves(head_dim: int, block_size: int) -> bool:
+    """Whether the kernel takes these shapes (else the reference does)."""
+    return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES
+
+
 def paged_attention_cpu(
     q: mx.array, k_pages: Pages, v_pages: Pages, meta: AttentionMetadata, layer: LayerParams
 ) -> mx.array:
@@ -163,7 +168,7 @@ def paged_attention_cpu(
     other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
     (``QuantizedPages``) are dequantized page by page inside the kernel.
     """
-    if q.shape[-1] % 8 or k_pages.shape[2] not in SUPPORTED_BLOCK_SIZES:
+    if not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     scale, sliding_window, softcap, sinks = layer
     quantized = {}
@@ -194,5 +199,9 @@ class CpuKernelBackend(AttentionBackend):
             load_extension()
         except OSError as exc:  # a cache or compiler that cannot be reached: fall back
             raise CpuKernelUnavailable(str(exc)) from exc
+
+    def traceable(self, head_dim: int, block_size: int) -> bool:
+        """The kernel plans its work at evaluation, from the metadata arrays."""
+        return serves(head_dim, block_size)
 
     __call__ = staticmethod(paged_attention_cpu)

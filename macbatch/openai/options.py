@@ -300,6 +300,8 @@ def bind_tools(
 ) -> BoundTools:
     """What the model makes of the request: a forced choice needs a format macbatch can parse
     (and becomes a grammar); "auto" without one shows the tools and leaves the reply text."""
+    if tool_format is not None:
+        tool_format = tool_format.for_tools(request.tools)  # argument values typed by schema
     parse = request.choice != "none" and tool_format is not None
     if request.forced is None:
         return BoundTools(request.tools, tool_format if parse else None, None)

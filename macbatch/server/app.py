@@ -22,7 +22,7 @@ from macbatch.engine.tokenizer import Tokenizer
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer
-from macbatch.server import agents
+from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic
@@ -64,6 +64,7 @@ def create_app(
         Route("/v1/completions", completions, methods=["POST"]),
         *agents.ROUTES,
         *batch_routes.ROUTES,
+        *embeddings.ROUTES,
     ]
     app = Starlette(
         routes=routes,
@@ -146,7 +147,8 @@ async def metrics(request: Request) -> Response:
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_id, "object": "model", "created": 0, "owned_by": "macbatch"}
+    card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "macbatch"}
+    return card | {"macbatch": embeddings.model_capabilities(state)}
 
 
 async def list_models(request: Request) -> Response:

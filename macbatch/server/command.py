@@ -77,6 +77,12 @@ def serve_command(
         min=0,
         help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
     ),
+    reranker: bool = typer.Option(
+        False,
+        "--reranker",
+        help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
+        "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
+    ),
     print_launchd_plist: bool = typer.Option(
         False,
         "--print-launchd-plist",
@@ -111,6 +117,7 @@ def serve_command(
         batch_max_in_flight=batch_max_in_flight,
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
+        reranker=reranker,
     )
     if print_launchd_plist:
         local = dataclasses.replace(settings, model=_absolute_if_local(model))
@@ -137,6 +144,7 @@ class ServeSettings:
     batch_max_in_flight: int | None = None
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    reranker: bool = False
 
 
 def _absolute_if_local(model: str) -> str:
@@ -180,7 +188,10 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
     config = EngineConfig(
-        max_num_seqs=settings.max_num_seqs, num_blocks=settings.kv_blocks, kv_bits=settings.kv_bits
+        max_num_seqs=settings.max_num_seqs,
+        num_blocks=settings.kv_blocks,
+        kv_bits=settings.kv_bits,
+        reranker=settings.reranker or None,  # None: recognised by its name
     )
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()

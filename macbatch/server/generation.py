@@ -18,6 +18,7 @@ from macbatch.engine import (
     EngineDeadError,
     EngineThread,
     FinishReason,
+    PoolingParams,
     PromptInput,
     RequestOutput,
     SamplingParams,
@@ -25,6 +26,8 @@ from macbatch.engine import (
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.metrics import ServerMetrics
 
+# what one HTTP request asks the engine for: a prompt and its sampling or pooling, per request
+Jobs = tuple[tuple[PromptInput, SamplingParams | PoolingParams], ...]
 LIVENESS_CHECK_S = 0.5  # how often a waiting handler checks that the engine thread is alive
 
 
@@ -60,7 +63,7 @@ class Run:
     def __init__(
         self,
         thread: EngineThread,
-        jobs: tuple[tuple[PromptInput, SamplingParams], ...],
+        jobs: Jobs,
         metrics: ServerMetrics,
         prompt_param: str = "messages",
     ) -> None:
@@ -82,7 +85,8 @@ class Run:
             await asyncio.to_thread(self._submit_all)
         except ValueError as exc:
             self.close()
-            param = self._prompt_param if self._jobs[0][0].is_chat else "prompt"
+            chat = self._jobs[0][0].is_chat
+            param = self._prompt_param if chat or self._prompt_param == "input" else "prompt"
             raise invalid(str(exc), param) from None
         except EngineDeadError as exc:
             self.close()
@@ -123,7 +127,10 @@ class Run:
                 continue
             if index not in self._unfinished:
                 continue  # a late output of a request already cancelled
-            first = index not in self._first_token_seen and out.metrics.first_token_time
+            # a pooling request's one output is its first (prompt tokens counted; no TTFT)
+            first = index not in self._first_token_seen and (
+                out.metrics.first_token_time or out.embedding is not None or out.score is not None
+            )
             if first:
                 self._first_token_seen.add(index)
             self._metrics.record(out, bool(first))

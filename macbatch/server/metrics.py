@@ -51,9 +51,10 @@ class ServerMetrics:
         was sampled (an EOS included), when prompt tokens and time to first token are known."""
         self.generation_tokens += len(out.new_token_ids)
         ttft = out.metrics.time_to_first_token_s
-        if first_token and ttft is not None:
+        if first_token:
             self.prompt_tokens += out.metrics.prompt_tokens
-            self.time_to_first_token.observe(ttft)
+            if ttft is not None:
+                self.time_to_first_token.observe(ttft)
         if out.finished and out.finish_reason is not None:
             self.finished[out.finish_reason.value] += 1
 

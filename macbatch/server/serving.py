@@ -16,14 +16,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from macbatch.engine import EngineThread, FinishReason, RequestOutput
+from macbatch.engine import EngineThread, FinishReason, PoolingParams, PromptInput, RequestOutput
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
 from macbatch.openai import Bound, Generation
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer
 from macbatch.server.errors import APIError, engine_unavailable, invalid
-from macbatch.server.generation import Admission, Run
+from macbatch.server.generation import Admission, Jobs, Run
 from macbatch.server.metrics import ServerMetrics
 from macbatch.server.stored import ResponseStore
 
@@ -114,9 +114,34 @@ async def serve_generation(
     if any(params.structured is not None for _, params in bound.requests):
         await state.thread.prepare_constraints()
     count = len(bound.requests)
+    run, close = await _admit(state, bound.requests, prompt_param)
+    if stream:
+        return EventStream(_events(run, renderer, count, on_done), on_close=close)
+    finals = await _wait(request, state, run, count, close)
+    body = renderer.response(finals)
+    if on_done is not None:
+        on_done(finals)
+    return JSONResponse(body)
+
+
+async def serve_pooling(
+    request: Request, state: ServerState, jobs: tuple[tuple[PromptInput, PoolingParams], ...]
+) -> list[RequestOutput]:
+    """Admit, submit and wait for pooling requests (embeddings, scores): the finals in order. A
+    body with more inputs than the server admits at once takes the whole of it."""
+    run, close = await _admit(state, jobs, "input", min(len(jobs), state.admission.capacity))
+    return await _wait(request, state, run, len(jobs), close)
+
+
+async def _admit(
+    state: ServerState, jobs: Jobs, prompt_param: str, slots: int | None = None
+) -> tuple[Run, Callable[[], None]]:
+    """Take ``slots`` admission slots (one per job unless given) and start the run; returns it
+    and the function that cancels what is left and gives the slots back."""
+    count = len(jobs) if slots is None else slots
     state.admission.take(count)
     try:
-        run = Run(state.thread, bound.requests, state.metrics, prompt_param)
+        run = Run(state.thread, jobs, state.metrics, prompt_param)
         await run.start()
     except BaseException:  # whatever failed, the slots it took go back
         state.admission.give_back(count)
@@ -126,8 +151,12 @@ async def serve_generation(
         run.close()
         state.admission.give_back(count)
 
-    if stream:
-        return EventStream(_events(run, renderer, count, on_done), on_close=close)
+    return run, close
+
+
+async def _wait(
+    request: Request, state: ServerState, run: Run, count: int, close: Callable[[], None]
+) -> list[RequestOutput]:
     try:
         finals = await _unless_disconnected(request, _finals(run, count))
     finally:
@@ -138,10 +167,7 @@ async def serve_generation(
             "the server shut down before this request finished; retry when it is back",
             code="server_shutdown",
         )
-    body = renderer.response(finals)
-    if on_done is not None:
-        on_done(finals)
-    return JSONResponse(body)
+    return finals
 
 
 async def _finals(run: Run, count: int) -> list[RequestOutput]:

@@ -7,9 +7,6 @@ import os
 import shlex
 import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,13 +14,9 @@ import pytest
 
 from macbatch.batch.runner import LEDGER_NAME
 from tests.batch.conftest import read_jsonl, write_job
+from tests.support.batch_process import start_run, wait_for_lines
 
 ROWS = 200
-CLI = (
-    "import typer; from macbatch.batch.command import run_command; "
-    "app = typer.Typer(); app.command()(run_command); app()"
-)
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -42,26 +35,6 @@ def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
             sampling: {{temperature: 0, max_tokens: 16}}
         """,
     )
-
-
-def start_run(job_file: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """`macbatch run` in a child process, admitting two requests at a time so lines trickle."""
-    return subprocess.Popen(
-        [sys.executable, "-c", CLI, str(job_file), "--headless", "--max-in-flight", "2", *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-def wait_for_lines(path: Path, process: subprocess.Popen[bytes], count: int) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= count:
-            return
-        assert process.poll() is None, process.communicate()[1].decode()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never reached {count} lines")
 
 
 def assert_exactly_once(job_file: Path) -> list[dict]:

@@ -127,7 +127,7 @@ def test_openai_batch_rows(tmp_path: Path) -> None:
             },
         },
         {"custom_id": "c2", "url": "/v1/completions", "body": {"prompt": "raw", "top_p": 0.5}},
-        {"custom_id": "c3", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "c3", "url": "/v1/moderations", "body": {"input": "x"}},
         {"custom_id": "c4", "body": {"messages": [], "temperature": 0}},
         {"custom_id": "c5", "body": {"messages": [{"role": "user", "content": "x"}], "top_p": 2}},
     ]
@@ -137,7 +137,7 @@ def test_openai_batch_rows(tmp_path: Path) -> None:
     assert first.custom_id == "c1" and first.prompt == rows[0]["body"]["messages"]
     assert first.sampling == {"temperature": 0, "max_tokens": 5, "stop": ["x"]}
     assert second.prompt == "raw" and second.sampling["top_p"] == 0.5
-    assert isinstance(third, Rejected) and "unsupported url '/v1/embeddings'" in third.reason
+    assert isinstance(third, Rejected) and "unsupported url '/v1/moderations'" in third.reason
     assert isinstance(fourth, Rejected) and "'messages' must be a non-empty list" in fourth.reason
     assert isinstance(fifth, Rejected) and "top_p=2" in fifth.reason
 

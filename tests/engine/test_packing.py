@@ -4,6 +4,10 @@ token pending), a prompt chunk that completes its prompt and one that does not."
 
 from __future__ import annotations
 
+import mlx.core as mx
+import pytest
+
+from macbatch.engine import packing
 from macbatch.engine.packing import pack
 from macbatch.engine.scheduler import ScheduledChunk, StepPlan
 from tests.support.fake_requests import make_request
@@ -53,7 +57,9 @@ def _oracle(plan: StepPlan, tables: list[list[int]]) -> dict[str, list]:
         seq_lens.append(chunk.start + chunk.num_tokens)
         if chunk.start + chunk.num_tokens == request.num_tokens:
             samples.append(len(positions) - 1)
-    width = max(len(t) for t in tables)
+    width = 1
+    while width < max(len(t) for t in tables):  # the longest table, to a power of two
+        width *= 2
     return {
         "token_ids": tokens,
         "positions": positions,
@@ -79,12 +85,19 @@ def test_a_mixed_step_packs_as_the_token_by_token_definition() -> None:
     assert batch.num_tokens == 9
 
 
-def test_a_decode_only_step_packs_one_row_per_request() -> None:
+@pytest.mark.parametrize("small", [True, False])
+def test_a_decode_only_step_packs_one_row_per_request(small, monkeypatch) -> None:
+    """From lists (a few sequences) or with numpy (many), the same arrays."""
+    if not small:
+        monkeypatch.setattr(packing, "SMALL_DECODE", 0)
     plan, tables = _mixed_plan()
     decodes = StepPlan(plan.chunks[:2])
-    batch = pack(decodes, tables[:2], BLOCK, HEAD_COUNTS)
-    want = _oracle(decodes, tables[:2])
+    tables = [[7, 3, 1], [5, 9]]  # width 4
+    batch = pack(decodes, tables, BLOCK, HEAD_COUNTS)
+    want = _oracle(decodes, tables)
     for name in ("token_ids", "positions", "cu_seqlens_q", "seq_lens", "block_tables"):
         assert getattr(batch, name).tolist() == want[name], name
+        assert getattr(batch, name).dtype == mx.int32, name
     assert batch.sample_rows.tolist() == want["sample_rows"] == [0, 1]
+    assert batch.pending_rows == batch.pending_chunks == want["pending_rows"] == [1]
     assert {h: r.tolist() for h, r in batch.kv_write_rows.items()} == want["kv_write_rows"]

@@ -11,7 +11,9 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
 from macbatch.engine.reasoning import Phase, ReasoningTracker
-from macbatch.engine.tool_calls import chosen_tools, detect_tool_format, template_messages
+from macbatch.engine.tool_calls import ToolFormat, chosen_tools, template_messages
+from macbatch.engine.tool_formats import SYNTAXES
+from macbatch.engine.tool_formats.detect import detect_tool_format
 from tests.support.structured import (
     ADD_TOOL,
     MISTRAL_VOCAB,
@@ -44,7 +46,7 @@ def test_each_family_is_detected_and_round_trips_a_rendered_call(engine):
     tokenizer = engine.tokenizer
     family = {"qwen3": "hermes", "mistral": "mistral"}
     fmt = engine.tool_format
-    assert fmt is detect_tool_format(tokenizer)
+    assert fmt == detect_tool_format(tokenizer)
     assert fmt.family in family.values()
     before = tokenizer.apply_chat_template(QUESTION, tools=TOOLS, add_generation_prompt=True)
     history = template_messages(_history('{"city": "Paris", "unit": "c"}'))
@@ -116,27 +118,26 @@ def test_tool_results_reach_the_template(engine):
 
 
 @pytest.mark.parametrize(
-    ("template", "text", "want"),
+    ("family", "text", "want"),
     [
         (
-            "{{ '<|python_tag|>' }}",
-            '{"name": "add", "parameters": {"a": 1, "b": 2}}',
+            "llama3_json",
+            '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}',
             ("", [("add", {"a": 1, "b": 2})]),
         ),
         (
-            "{{ 'to=functions' }}",
+            "harmony",
             "<|channel|>analysis<|message|>need weather<|end|><|start|>assistant<|channel|>"
             'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
             "<|call|>",
             ("", [("get_weather", {"city": "Oslo"})]),
         ),
-        ("{{ '<|python_tag|>' }}", "Just words.", ("Just words.", [])),
+        ("llama3_json", "Just words.", ("Just words.", [])),
     ],
 )
-def test_llama3_and_harmony_parsers(template, text, want):
-    class Tokenizer:
-        chat_template = template
-
-    fmt = detect_tool_format(Tokenizer())
+def test_llama3_and_harmony_parsers(family, text, want):
+    """The forms the models write that their templates do not (``<|python_tag|>``, the
+    recipient after the channel)."""
+    fmt = ToolFormat(SYNTAXES[family])
     content, calls = fmt.parse(text)
     assert (content, [(c.name, json.loads(c.arguments)) for c in calls]) == want

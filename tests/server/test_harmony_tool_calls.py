@@ -4,7 +4,8 @@ reply one call in the commentary channel (`<|channel|>commentary to=functions.NA
 through the chat formatter, streamed and whole; the arguments validate against the tool
 (`jsonschema` is the oracle) and the call goes back through the template and parses again.
 
-The tokenizer is the harmony stand-in (tests/support/standin.py), the model a scripted gpt_oss
+The template is gpt-oss's real one (tests/support/templates), on the harmony stand-in tokenizer
+(tests/support/standin.py: gpt-oss's special tokens), the model a scripted gpt_oss
 (tests/support/scripted.py): it says the script where the mask allows, so which path the reply
 takes (analysis first, or straight to a channel) is known; sampled at temperature 1, every
 constrained step picks among the tokens the grammar allows."""
@@ -17,22 +18,28 @@ import jsonschema
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
-from macbatch.engine.tool_calls import detect_tool_format, template_messages
+from macbatch.engine.tool_calls import ToolFormat, template_messages
+from macbatch.engine.tool_formats.harmony import Harmony
 from macbatch.openai import parse_chat
 from macbatch.openai.responses import ChatFormatter, ChoiceProgress
+from tests.support.real_templates import read_template
 from tests.support.scripted import scripted_model
-from tests.support.standin import HARMONY_TOOLS, harmony_tokenizer
+from tests.support.standin import harmony_tokenizer
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 from tests.support.tiny import VOCAB_SIZE
 
-TOOLS = [WEATHER_TOOL, ADD_TOOL]
+# gpt-oss's template needs a description for every tool
+TOOLS = [
+    {"type": "function", "function": {**t["function"], "description": "a tool"}}
+    for t in (WEATHER_TOOL, ADD_TOOL)
+]
 ASK = [{"role": "user", "content": "Add 2 and 3."}]
 CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "add"}}}
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return harmony_tokenizer(HARMONY_TOOLS)
+    return harmony_tokenizer(read_template("gpt_oss"))
 
 
 def _ids(tokenizer, *pieces: str) -> list[int]:
@@ -116,5 +123,5 @@ def _rendered_back(tokenizer, call: dict) -> tuple[str, dict]:
         template_messages(history), tools=TOOLS, add_generation_prompt=False, tokenize=False
     )
     assert after.startswith(before)
-    [again] = detect_tool_format(tokenizer).parse(after[len(before) :])[1]
+    [again] = ToolFormat(Harmony()).parse(after[len(before) :])[1]
     return again.name, json.loads(again.arguments)

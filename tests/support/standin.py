@@ -66,20 +66,6 @@ HARMONY_TURNS = (
 )
 # gpt-oss's generation prompt; the model picks its channel.
 HARMONY = HARMONY_TURNS + "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
-# Tools in a developer message and calls in the history as gpt-oss's template renders them: the
-# recipient in the header, ``<|start|>assistant to=functions.NAME<|channel|>commentary json
-# <|message|>{...}<|call|>``.
-HARMONY_TOOLS = (
-    "{% if tools %}<|start|>developer<|message|>namespace functions {\n"
-    "{% for t in tools %} type {{ t.function.name }} = (_: any) => any;{% endfor %} }"
-    "<|end|>{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}"
-    "<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json<|message|>"
-    "{{ c.function.arguments | tojson }}<|call|>{% endfor %}"
-    "{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
-)
 
 
 def harmony_tokenizer(template: str) -> Any:

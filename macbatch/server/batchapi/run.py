@@ -135,6 +135,7 @@ class BatchRun:
             self._fail(item, out.error or f"finished with {out.finish_reason}", "engine_error")
             return
         model, decoder = self.engine.model, self.engine.decoder
+        assert item.generation is not None  # batches take chat and completion rows only
         formatter = formatter_for(item.generation, shape.tool_format, model, decoder, item.key)
         assert self._appender is not None
         body = formatter.response([out])

@@ -30,8 +30,10 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.request import FinishReason, Request, RequestOutput
-from macbatch.engine.sampling import SampledBatch, SamplingParams
+from macbatch.engine.sampling import HostSamples, SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
+from macbatch.engine.speculative import load_draft_model, speculator_for
+from macbatch.engine.speculative.verify import DraftRow, emitted_rows
 from macbatch.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -60,6 +62,24 @@ class EngineStats:
     # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
     # split host from device time.
     device_wait_s: float = 0.0
+    # Speculative decoding (docs/speculative.md): tokens drafted, of them accepted, and
+    # verifications (a speculating request's step); a draft model's own KV bytes.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verifications: int = 0
+    draft_kv_bytes: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts of all drafted (0 without speculation)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verification emits on average: its accepted drafts and the target's own."""
+        if not self.verifications:
+            return 0.0
+        return (self.accepted_tokens + self.verifications) / self.verifications
 
     @property
     def kv_usage(self) -> float:
@@ -82,11 +102,13 @@ class Engine(PromptEncoder):
         model_name: str = "model",
         owns_model: bool = False,
         group: mx.distributed.Group | None = None,
+        draft_model: nn.Module | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
-        rank 0 builds an Engine (docs/distributed.md)."""
+        rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
+        ``config.speculative == "draft"`` (docs/speculative.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config = config or EngineConfig()
@@ -106,6 +128,8 @@ class Engine(PromptEncoder):
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
         self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
+        hybrid = runner.model_type if runner.adapter.hybrid else None
+        self.speculator = speculator_for(config, draft_model, runner.vocab_size, hybrid)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
         self._in_flight: _InFlightStep | None = None
@@ -130,7 +154,8 @@ class Engine(PromptEncoder):
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
-        return cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
+        draft = load_draft_model(config.draft_model) if config.speculative == "draft" else None
+        return cls(model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -184,9 +209,15 @@ class Engine(PromptEncoder):
             self._finish(request, FinishReason.ABORT)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
-        self.scheduler.finish(request)
         request.finish(reason, time.monotonic(), error)
+        self._drop(request)
         self._pending.append(request.make_output(self._steps))
+
+    def _drop(self, request: Request) -> None:
+        """Forget a finished request: its blocks, its drafter state, its id."""
+        self.scheduler.finish(request)
+        if self.speculator is not None:
+            self.speculator.forget(request)
         del self._requests[request.request_id]
 
     def close(self) -> None:
@@ -214,6 +245,15 @@ class Engine(PromptEncoder):
         # A request whose sampling needs its previous token on the host (a grammar mask, or
         # penalties) gets it read after this step's forward is dispatched and before its
         # sampling graph is built: the forward still overlaps the read and the mask fill.
+        chosen = self.speculator.choose(self.scheduler.running) if self.speculator else []
+        if previous is not None and (chosen or previous.drafts is not None):
+            # Drafting needs every token on the host, and a verification's outcome decides
+            # where its request resumes: a speculative step reads the previous one first.
+            outputs += self._postprocess(previous)
+            previous = None
+        if chosen:
+            assert self.speculator is not None
+            self.speculator.propose(chosen)
         read_first = previous if previous is not None and self._needs_host_tokens() else None
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
@@ -223,6 +263,8 @@ class Engine(PromptEncoder):
             outputs += read
             if read_first is not None:
                 previous = None  # read inside the dispatch
+        for request, _ in chosen:
+            request.drafts = []  # verified in this step's chunk, or not scheduled: stale now
         if previous is not None:
             outputs += self._postprocess(previous)
         if current is not None and not self._pipelined:
@@ -244,17 +286,24 @@ class Engine(PromptEncoder):
         the sampling graph is built on its tokens). Nothing else waits here."""
         self._note_first_schedule(plan)
         logits = self.runner.forward(self._pack(plan, previous))
-        sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
+        chunks = [c for c in plan.chunks if c.samples]
+        sampled = [c.request for c in chunks]
+        drafts = None  # each sampled request's drafts, when any request verifies some
+        rows: Sequence[Request | DraftRow] = sampled  # the rows of ``logits``
+        if any(c.num_drafts for c in chunks):
+            assert self.speculator is not None
+            drafts = [c.request.drafts[: c.num_drafts] for c in chunks]
+            rows = [row for c in chunks for row in self.speculator.rows(c.request, c.num_drafts)]
         read: list[RequestOutput] = []
         if read_first is not None:
             if logits is not None:
                 mx.async_eval(logits)
             read = self._postprocess(read_first)
-        result = None if logits is None else self.runner.sample(logits, sampled)
+        result = None if logits is None else self.runner.sample(logits, rows)
         self._device_wait_s += self.runner.launch(result)
         self._steps += 1
         self._advance(plan, sampled)
-        return _InFlightStep(sampled, result, self._steps), read
+        return _InFlightStep(sampled, result, self._steps, drafts), read
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
@@ -282,7 +331,8 @@ class Engine(PromptEncoder):
         pending token per sampled request."""
         for chunk in plan.chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
+            # a chunk's drafts are computed only once verified (``_verify``)
+            request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts
             self.kv.cache_full_blocks(
                 request, min(request.num_computed_tokens, request.num_known_tokens)
             )
@@ -309,17 +359,41 @@ class Engine(PromptEncoder):
         self._device_wait_s += time.perf_counter() - waited
         now = time.monotonic()
         outputs = []
+        row = 0
         for i, request in enumerate(done.requests):
+            drafts = done.drafts[i] if done.drafts is not None else []
+            first, row = row, row + 1 + len(drafts)
             request.num_pending -= 1
             if request.finished:
                 continue
-            token, logprob, top = results.row(i, request.params.logprobs)
-            self._generated_tokens += request.append_token(token, now, logprob, top)
+            if drafts:
+                self._verify(request, drafts, results, first, now)
+            else:
+                token, logprob, top = results.row(first, request.params.logprobs)
+                self._generated_tokens += request.append_token(token, now, logprob, top)
             if request.finished:
-                self.scheduler.finish(request)
-                del self._requests[request.request_id]
+                self._drop(request)
             outputs.append(request.make_output(done.step))
         return outputs
+
+    def _verify(
+        self, request: Request, drafts: list[int], results: HostSamples, first: int, now: float
+    ) -> None:
+        """Emit a verification's run (verify.py: the drafts its samples agree with, then the
+        first sample that differs or the bonus one), up to a stop; then book the accepted drafts
+        as computed and give back the slots of the rejected ones."""
+        assert self.speculator is not None
+        count = emitted_rows(drafts, results.tokens[first : first + len(drafts) + 1])
+        for j in range(first, first + count):
+            token, logprob, top = results.row(j, request.params.logprobs)
+            self._generated_tokens += request.append_token(token, now, logprob, top)
+            if request.finished:
+                break
+        self.speculator.record(request, len(drafts), count - 1)
+        if not request.finished:
+            request.num_computed_tokens += count - 1
+            self.kv.cache_full_blocks(request, request.num_computed_tokens)
+            self.kv.truncate(request.request_id, request.num_computed_tokens)
 
     def generate(
         self,
@@ -369,7 +443,19 @@ class Engine(PromptEncoder):
             kv_cache_bytes=self.runner.kv_stores.nbytes,
             kv_bytes_used=self._kv_bytes_used(),
             device_wait_s=self._device_wait_s,
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict[str, int]:
+        if self.speculator is None:
+            return {}
+        counts = self.speculator.counts
+        return {
+            "drafted_tokens": counts.drafted,
+            "accepted_tokens": counts.accepted,
+            "verifications": counts.verifications,
+            "draft_kv_bytes": self.speculator.draft_kv_bytes,
+        }
 
     def _kv_bytes_used(self) -> int:
         used = self.pool.num_occupied * self.runner.store.bytes_per_block
@@ -391,6 +477,9 @@ class _InFlightStep:
     requests: list[Request]  # in sample-row order
     sampled: SampledBatch | None
     step: int
+    # Per request, the drafts its rows verify (None: no request speculated): request i has
+    # ``1 + len(drafts[i])`` rows.
+    drafts: list[list[int]] | None = None
 
     def row_of(self) -> dict[str, int]:
         return {r.request_id: i for i, r in enumerate(self.requests)}

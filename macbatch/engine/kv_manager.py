@@ -151,6 +151,17 @@ class KVManager:
         blocks.extend(self.pool.allocate() for _ in range(missing))
         return True
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Give back the full group's blocks past the first ``num_tokens`` tokens (rejected
+        drafts' slots: never named in the prefix cache, which names only known tokens). A window
+        group's table keeps its entries: they are the positions the next drafts write."""
+        blocks = self._blocks.get(request_id)
+        if not blocks:
+            return
+        keep = self.blocks_for(num_tokens)
+        while len(blocks) > keep:
+            self.pool.free(blocks.pop())
+
     def shrink(self) -> int:
         """Shrink the elastic pools (``ElasticPool.shrink``) when no request holds a block;
         returns the blocks given back."""

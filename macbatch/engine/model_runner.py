@@ -37,6 +37,7 @@ from macbatch.engine.sampling import SampledBatch, sample
 if TYPE_CHECKING:
     from macbatch.engine.constraints import ConstraintCompiler
     from macbatch.engine.request import Request
+    from macbatch.engine.speculative.verify import DraftRow
 
 
 class ModelRunner:
@@ -124,9 +125,9 @@ class ModelRunner:
             self._followers.send_step(batch)
         return self.adapter.forward(batch, self.kv_stores, self.states)
 
-    def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
+    def sample(self, logits: mx.array, rows: Sequence[Request | DraftRow]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the
-        requests of the logits' rows, in order)."""
+        requests of the logits' rows, in order; a verified draft's row is a ``DraftRow``)."""
         if self.constraints is not None:
             # A request that finished on the token just read samples a token nobody emits.
             states = [None if r.finished else r.constraint for r in rows]

@@ -50,6 +50,8 @@ class RequestMetrics:
     generated_tokens: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted for this request
+    accepted_draft_tokens: int = 0  # of them, accepted by verification
 
     @property
     def queue_time_s(self) -> float | None:
@@ -204,6 +206,8 @@ class Request:
     capped_max_tokens: int | None = None
     reasoning: ReasoningTracker | None = None
     constraint: ConstraintState | None = None
+    # Speculative decoding: the tokens drafted to verify in the next step (engine/speculative).
+    drafts: list[int] = field(default_factory=list)
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 

@@ -37,6 +37,8 @@ class SamplingParams:
     ``thinking_token_budget``: the most tokens a reasoning model's reasoning block may hold; at
     the budget the engine writes the template's end marker (Qwen3's ``</think>``) and the answer
     follows (None: no budget; 0 closes the block at once). A reply without reasoning ignores it.
+    ``speculative=False`` opts the request out of an engine's speculative decoding (its output
+    is the same either way: docs/speculative.md).
     """
 
     max_tokens: int | None = 256
@@ -54,6 +56,7 @@ class SamplingParams:
     logprobs: int | None = None
     structured: StructuredOutput | None = None
     thinking_token_budget: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +116,9 @@ class SamplingParams:
             "thinking_token_budget",
             self.thinking_token_budget,
             "None or an integer >= 0",
+        )
+        _check(
+            isinstance(self.speculative, bool), "speculative", self.speculative, "true or false"
         )
         _check(
             self.structured is None or isinstance(self.structured, StructuredOutput),

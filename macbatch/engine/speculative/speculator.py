@@ -1,0 +1,70 @@
+"""The engine's side of speculative decoding: pick who speculates, draft, hand the sampler its
+rows, and count what was accepted. The step itself (packing a chunk of last token plus drafts,
+sampling every row, emitting the verified run and releasing rejected slots) is the engine's,
+with the rules of verify.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from macbatch.engine.request import Request
+from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
+from macbatch.engine.speculative.protocol import Drafter
+from macbatch.engine.speculative.verify import DraftRow, draft_rows
+
+
+@dataclass
+class SpeculationCounts:
+    """Totals since the engine started: drafted tokens, accepted ones, and verifications."""
+
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+
+
+class Speculator:
+    def __init__(self, drafter: Drafter, max_tokens: int) -> None:
+        self.drafter = drafter
+        self.policy = SpeculationPolicy(max_tokens)
+        self.counts = SpeculationCounts()
+        self._rows: dict[str, list[DraftRow]] = {}
+
+    def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
+        """Who may speculate this step (decided before the step in flight is read)."""
+        return self.policy.choose(running)
+
+    def propose(self, chosen: list[tuple[Request, int]]) -> None:
+        """Draft for the chosen requests (their tokens now all on the host): sets each one's
+        ``drafts``; one that cannot draft now, or got nothing, records an empty proposal."""
+        budgets = [(r, draft_budget(r, k)) for r, k in chosen]
+        asking = [(r, k) for r, k in budgets if k > 0]
+        proposals = self.drafter.propose([r for r, _ in asking], [k for _, k in asking])
+        for (request, _), drafts in zip(asking, proposals):
+            request.drafts, self._rows[request.request_id] = draft_rows(request, drafts)
+            if not request.drafts:
+                self.policy.record(request.request_id, 0, 0)
+
+    def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:
+        """The sampler's rows of a request's chunk: the request, then one per draft verified."""
+        rows = self._rows.pop(request.request_id, [])
+        return [request, *rows[:num_drafts]]
+
+    def record(self, request: Request, drafted: int, accepted: int) -> None:
+        self.counts.drafted += drafted
+        self.counts.accepted += accepted
+        self.counts.verifications += 1
+        request.metrics.draft_tokens += drafted
+        request.metrics.accepted_draft_tokens += accepted
+        self.policy.record(request.request_id, drafted, accepted)
+
+    @property
+    def draft_kv_bytes(self) -> int:
+        """What a draft model's own caches hold (0 for drafters that keep none)."""
+        return int(getattr(self.drafter, "nbytes", 0))
+
+    def forget(self, request: Request) -> None:
+        request.drafts = []
+        self._rows.pop(request.request_id, None)
+        self.policy.forget(request.request_id)
+        self.drafter.forget(request.request_id)

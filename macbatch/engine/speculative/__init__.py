@@ -66,5 +66,10 @@ def speculator_for(
 
 
 __all__ = [
-    "DRAFTERS", "Drafter", "SpeculationCounts", "Speculator", "load_draft_model", "speculator_for"
+    "DRAFTERS",
+    "Drafter",
+    "SpeculationCounts",
+    "Speculator",
+    "load_draft_model",
+    "speculator_for",
 ]

@@ -11,7 +11,7 @@ reported apart from the target's pool (``EngineStats.draft_kv_bytes``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,7 +41,7 @@ class DraftModelDrafter:
         logits = self.model(mx.array(tokens[keep:])[None], cache=cache)
         drafts: list[int] = []
         for i in range(k):
-            drafts.append(int(mx.argmax(logits[0, -1]).item()))
+            drafts.append(cast(int, mx.argmax(logits[0, -1]).item()))
             if i + 1 < k:
                 logits = self.model(mx.array([[drafts[-1]]]), cache=cache)
         self._caches[request_id] = (cache, tokens + drafts[:-1])

@@ -14,6 +14,12 @@ import typer
 import typer.core
 
 from macbatch.batch.command import run_command
+from macbatch.cli_options import (
+    draft_model_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 from macbatch.config import DEFAULT_MODEL
 from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
@@ -212,6 +218,9 @@ def bench_command(
     max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens generated per request (EOS ignored)."),
     budget: int = typer.Option(1024, min=1, help="Tokens per engine step (chunked prefill)."),
+    speculative: str = speculative_option(),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
     and generated tokens/s and the median time to first token."""
@@ -222,7 +231,8 @@ def bench_command(
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
     typer.echo(f"loading {model} ...")
     try:
-        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget))
+        spec = speculative_config(speculative, draft_model, num_speculative_tokens)
+        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget, **spec))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -242,6 +252,12 @@ def bench_command(
         f"{result.generated_tokens_per_s():,.1f} generated tok/s, median time to first token "
         f"{result.median_ttft() * 1000:,.0f} ms, {len(result.step_tokens)} engine steps"
     )
+    counts = engine.stats().speculation
+    if counts.verifications:
+        typer.echo(
+            f"speculative: {counts.acceptance_rate:.0%} of {counts.drafted:,} drafted tokens "
+            f"accepted, {counts.mean_accepted_length:.2f} tokens per verification"
+        )
 
 
 def main() -> None:

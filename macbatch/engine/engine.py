@@ -14,9 +14,10 @@ pipelined step".
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -29,7 +30,7 @@ from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.request import FinishReason, Request, RequestOutput
+from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import HostSamples, SampledBatch, SamplingParams
 from macbatch.engine.scheduler import Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
@@ -62,24 +63,10 @@ class EngineStats:
     # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
     # split host from device time.
     device_wait_s: float = 0.0
-    # Speculative decoding (docs/speculative.md): tokens drafted, of them accepted, and
-    # verifications (a speculating request's step); a draft model's own KV bytes.
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    verifications: int = 0
+    # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
+    # start; a draft model's own KV bytes.
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     draft_kv_bytes: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafts of all drafted (0 without speculation)."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens a verification emits on average: its accepted drafts and the target's own."""
-        if not self.verifications:
-            return 0.0
-        return (self.accepted_tokens + self.verifications) / self.verifications
 
     @property
     def kv_usage(self) -> float:
@@ -446,14 +433,11 @@ class Engine(PromptEncoder):
             **self._speculation_stats(),
         )
 
-    def _speculation_stats(self) -> dict[str, int]:
+    def _speculation_stats(self) -> dict[str, Any]:
         if self.speculator is None:
             return {}
-        counts = self.speculator.counts
         return {
-            "drafted_tokens": counts.drafted,
-            "accepted_tokens": counts.accepted,
-            "verifications": counts.verifications,
+            "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
             "draft_kv_bytes": self.speculator.draft_kv_bytes,
         }
 

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import typer
 
-from macbatch.cli_options import kv_bits_option
+from macbatch.cli_options import (
+    draft_model_option,
+    kv_bits_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 from macbatch.config import DEFAULT_MODEL
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -63,6 +69,9 @@ def serve_command(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     ),
     kv_bits: int | None = kv_bits_option(),
+    speculative: str = speculative_option(),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
@@ -96,9 +105,21 @@ def serve_command(
     settings = ServeSettings(
         model, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
     )
-    settings = dataclasses.replace(settings, shutdown_timeout=shutdown_timeout, log_level=log_level)
+    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
+    settings = dataclasses.replace(
+        settings,
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+        speculative=spec["speculative"],
+        draft_model=spec["draft_model"],
+        num_speculative_tokens=num_speculative_tokens,
+    )
     if print_launchd_plist:
-        local = dataclasses.replace(settings, model=_absolute_if_local(model))
+        local = dataclasses.replace(
+            settings,
+            model=_absolute_if_local(model),
+            draft_model=settings.draft_model and _absolute_if_local(settings.draft_model),
+        )
         typer.echo(_plist(_command_line(local), api_key), nl=False)
         return
     _serve(settings, api_key)
@@ -120,6 +141,9 @@ class ServeSettings:
     max_body_mb: float
     shutdown_timeout: float = 10.0
     log_level: str = "info"
+    speculative: str = "off"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
 
 
 def _absolute_if_local(model: str) -> str:
@@ -162,7 +186,12 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
     config = EngineConfig(
-        max_num_seqs=settings.max_num_seqs, num_blocks=settings.kv_blocks, kv_bits=settings.kv_bits
+        max_num_seqs=settings.max_num_seqs,
+        num_blocks=settings.kv_blocks,
+        kv_bits=settings.kv_bits,
+        speculative=settings.speculative,
+        draft_model=settings.draft_model,
+        num_speculative_tokens=settings.num_speculative_tokens,
     )
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()

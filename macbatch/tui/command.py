@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from macbatch.cli_options import kv_bits_option
+from macbatch.cli_options import (
+    draft_model_option,
+    kv_bits_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -47,6 +53,9 @@ def chat_command(
         ),
     ] = None,
     kv_bits: int | None = kv_bits_option(),
+    speculative: str = speculative_option(),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
     history: Annotated[
         Path | None,
         typer.Option(
@@ -76,7 +85,8 @@ def chat_command(
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
-        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits)
+        spec = speculative_config(speculative, draft_model, num_speculative_tokens)
+        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()

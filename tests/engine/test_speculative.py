@@ -52,12 +52,12 @@ def test_greedy_outputs_are_mlx_lms_with_every_drafter(models, tiny_tokenizer, a
     engine = _engine(model, tiny_tokenizer, "draft" if draft is not None else "ngram", draft)
     assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     stats = engine.stats()
-    assert stats.verifications > 0 and stats.drafted_tokens > 0
+    assert stats.speculation.verifications > 0 and stats.speculation.drafted > 0
     if drafter == "draft-same":  # the target drafting for itself: every draft holds
-        assert stats.accepted_tokens == stats.drafted_tokens
+        assert stats.speculation.accepted == stats.speculation.drafted
         assert stats.steps < 3 * MAX_TOKENS  # several tokens per step
     if drafter == "draft-other":  # a random draft: most are rejected, and rolled back
-        assert stats.accepted_tokens < stats.drafted_tokens
+        assert stats.speculation.accepted < stats.speculation.drafted
 
 
 @pytest.mark.parametrize("kv_bits", [None, 8])
@@ -69,7 +69,7 @@ def test_preemption_and_prefix_cache_hits_with_float_and_quantized_kv(
     off = _greedy(_engine(model, tiny_tokenizer, "off", kv_bits=kv_bits, num_blocks=num_blocks))
     engine = _engine(model, tiny_tokenizer, "ngram", kv_bits=kv_bits, num_blocks=num_blocks)
     assert _greedy(engine) == off
-    assert engine.stats().accepted_tokens > 0
+    assert engine.stats().speculation.accepted > 0
     if num_blocks == 8:
         assert engine.stats().preemptions > 0
     else:
@@ -93,7 +93,7 @@ def test_rejected_drafts_release_their_blocks(models, tiny_tokenizer):
         engine.step()
         if not request.finished:
             held.append((len(engine.kv.block_table(rid)), request.num_computed_tokens))
-    assert engine.stats().accepted_tokens < engine.stats().drafted_tokens
+    assert engine.stats().speculation.accepted < engine.stats().speculation.drafted
     assert held and all(blocks == -(-computed // 8) for blocks, computed in held)
     reference = _engine(model, tiny_tokenizer, "off")
     _greedy(reference, [PROMPTS[2]])

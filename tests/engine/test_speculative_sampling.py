@@ -109,7 +109,7 @@ def test_engine_tokens_after_a_verified_draft_follow_the_target(model, tiny_toke
         SamplingParams(max_tokens=3, ignore_eos=True, seed=seed, **settings) for seed in range(600)
     ]
     outputs = [out.token_ids for out in engine.generate([prompt] * len(params), params)]
-    assert engine.stats().verifications >= len(params)
+    assert engine.stats().speculation.verifications >= len(params)
     first = max(set(o[0] for o in outputs), key=[o[0] for o in outputs].count)
     seconds = [o[1] for o in outputs if o[0] == first]
     logits = model(mx.array([prompt + [first]]))[0, -1]
@@ -143,5 +143,5 @@ def test_seeded_samples_are_the_same_with_and_without_speculation(model, tiny_to
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
         assert [list(t) for t in b.top_logprobs] == [list(t) for t in a.top_logprobs]
     stats = engine.stats()
-    assert stats.accepted_tokens > 0 and stats.verifications > 0
-    assert stats.accepted_tokens < stats.drafted_tokens  # rejections were resampled too
+    assert stats.speculation.accepted > 0 and stats.speculation.verifications > 0
+    assert stats.speculation.accepted < stats.speculation.drafted  # rejections were resampled too

@@ -56,7 +56,7 @@ def test_constrained_replies_are_valid_and_the_same_as_without_speculation(model
         assert b.finish_reason is FinishReason.STOP, b.text
         jsonschema.validate(json.loads(b.text), schema)
     assert on[-1].token_ids == off[-1].token_ids
-    assert stats.verifications > 0
-    accepted = sum(o.metrics.accepted_draft_tokens for o in on[:-1])
-    rejected = sum(o.metrics.draft_tokens for o in on[:-1]) - accepted
+    assert stats.speculation.verifications > 0
+    accepted = sum(o.metrics.speculation.accepted for o in on[:-1])
+    rejected = sum(o.metrics.speculation.drafted for o in on[:-1]) - accepted
     assert (rejected if drafter == "draft-other" else accepted) > 0

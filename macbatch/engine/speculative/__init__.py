@@ -16,7 +16,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter
-from macbatch.engine.speculative.speculator import SpeculationCounts, Speculator
+from macbatch.engine.speculative.speculator import Speculator
 
 
 def _draft(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
@@ -68,7 +68,6 @@ def speculator_for(
 __all__ = [
     "DRAFTERS",
     "Drafter",
-    "SpeculationCounts",
     "Speculator",
     "load_draft_model",
     "speculator_for",

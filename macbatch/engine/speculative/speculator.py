@@ -6,21 +6,11 @@ with the rules of verify.py."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from macbatch.engine.request import Request
+from macbatch.engine.request import Request, SpeculationCounts
 from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.verify import DraftRow, draft_rows
-
-
-@dataclass
-class SpeculationCounts:
-    """Totals since the engine started: drafted tokens, accepted ones, and verifications."""
-
-    drafted: int = 0
-    accepted: int = 0
-    verifications: int = 0
 
 
 class Speculator:
@@ -51,11 +41,8 @@ class Speculator:
         return [request, *rows[:num_drafts]]
 
     def record(self, request: Request, drafted: int, accepted: int) -> None:
-        self.counts.drafted += drafted
-        self.counts.accepted += accepted
-        self.counts.verifications += 1
-        request.metrics.draft_tokens += drafted
-        request.metrics.accepted_draft_tokens += accepted
+        self.counts.add(drafted, accepted)
+        request.metrics.speculation.add(drafted, accepted)
         self.policy.record(request.request_id, drafted, accepted)
 
     @property

@@ -292,6 +292,8 @@ def _speculative(check: _Checker, raw: Any, base: Path) -> dict[str, Any]:
     key: PathKey = ("speculative",)
     given = check.mapping(raw, key, SPECULATIVE_KEYS)
     method = given.get("method", "draft" if "draft_model" in given else "ngram")
+    if method is False:  # YAML reads a bare off as false
+        method = "off"
     num_tokens = given.get("num_tokens", 4)
     draft = given.get("draft_model")
     try:

@@ -118,3 +118,25 @@ def test_refusals_say_what_to_do(models, tiny_tokenizer):
         EngineConfig(speculative="eagle")
     with pytest.raises(ValueError, match="vocabulary"):
         _engine(models["qwen3"], tiny_tokenizer, "draft", build_model("llama", vocab_size=512))
+
+
+def test_stops_inside_an_accepted_run_cut_it(models, tiny_tokenizer):
+    """EOS-like stop tokens, stop strings and max_tokens that fall inside a run of accepted
+    drafts end the reply exactly where they end it without speculation."""
+    model = models["qwen3"]
+    prompt = PROMPTS[0]
+    reference = mlx_lm_greedy(model, prompt, MAX_TOKENS)
+    text = tiny_tokenizer.decode(reference[:9])
+    params = [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, stop_token_ids=[reference[6]]),
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, stop=text[-3:]),
+        SamplingParams(max_tokens=7, temperature=0, ignore_eos=True, logprobs=1),
+    ]
+    off = _engine(model, tiny_tokenizer, "off").generate([prompt] * 3, params)
+    engine = _engine(model, tiny_tokenizer, "draft", model)  # every draft holds: long runs
+    on = engine.generate([prompt] * 3, params)
+    for a, b in zip(off, on):
+        assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
+    assert len(on[2].token_ids) == len(on[2].logprobs) == 7
+    assert engine.stats().speculation.accepted > 0
+    assert_pool_idle(engine)

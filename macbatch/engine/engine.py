@@ -30,9 +30,10 @@ from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.recurrent import StateChunk, StateStore
 from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import HostSamples, SampledBatch, SamplingParams
-from macbatch.engine.scheduler import Scheduler, StepPlan
+from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow, emitted_rows
 from macbatch.engine.tokenizer import Tokenizer
@@ -115,8 +116,7 @@ class Engine(PromptEncoder):
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
         self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
-        hybrid = runner.model_type if runner.adapter.hybrid else None
-        self.speculator = speculator_for(config, draft_model, runner.vocab_size, hybrid)
+        self.speculator = speculator_for(config, draft_model, runner.vocab_size)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
         self._in_flight: _InFlightStep | None = None
@@ -296,10 +296,7 @@ class Engine(PromptEncoder):
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
         states = None
         if self.runner.states is not None:
-            states = [
-                self.kv.state_chunk(c.request.request_id, c.start, c.num_tokens)
-                for c in plan.chunks
-            ]
+            states = [self._state_chunk(c, self.runner.states) for c in plan.chunks]
         window = None
         if self.kv.window is not None:
             window_tables = [self.kv.window_table(c.request.request_id) for c in plan.chunks]
@@ -311,6 +308,12 @@ class Engine(PromptEncoder):
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)
         return batch
+
+    def _state_chunk(self, chunk: ScheduledChunk, store: StateStore) -> StateChunk:
+        rid = chunk.request.request_id
+        if chunk.num_drafts:
+            return self.kv.verify_state_chunk(rid, store.snapshot_of(self.kv.state_slot(rid)))
+        return self.kv.state_chunk(rid, chunk.start, chunk.num_tokens)
 
     def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
         """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
@@ -376,11 +379,19 @@ class Engine(PromptEncoder):
             self._generated_tokens += request.append_token(token, now, logprob, top)
             if request.finished:
                 break
-        self.speculator.record(request, len(drafts), count - 1)
-        if not request.finished:
-            request.num_computed_tokens += count - 1
-            self.kv.cache_full_blocks(request, request.num_computed_tokens)
-            self.kv.truncate(request.request_id, request.num_computed_tokens)
+        accepted = count - 1
+        self.speculator.record(request, len(drafts), accepted)
+        if request.finished:
+            return
+        states = self.runner.states
+        if states is not None and accepted < len(drafts):
+            # The recurrent state went on through the rejected drafts: go back to its snapshot
+            # after the last known token and recompute the accepted drafts in the next step.
+            states.restore(self.kv.state_slot(request.request_id))
+            accepted = 0
+        request.num_computed_tokens += accepted
+        self.kv.cache_full_blocks(request, request.num_computed_tokens)
+        self.kv.truncate(request.request_id, request.num_computed_tokens)
 
     def generate(
         self,

@@ -219,6 +219,17 @@ class KVManager:
             return StateChunk(read, slot)
         return StateChunk(read, slot, checkpoint, boundary - start)
 
+    def verify_state_chunk(self, request_id: str, snapshot: int) -> StateChunk:
+        """A verification chunk's state flow (its request decoding, so holding its slot): from
+        and into its slot, and the state after its first token (the last known one) into
+        ``snapshot``, to restore when drafts are rejected. No prefix checkpoint: the drafts'
+        states may be rejected."""
+        slot = self._slots[request_id]
+        return StateChunk(slot, slot, snapshot, 1)
+
+    def state_slot(self, request_id: str) -> int:
+        return self._slots[request_id]
+
     def free(self, request_id: str) -> None:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay
         cached longest) and its state slot."""

@@ -107,7 +107,8 @@ class ModelRunner:
         if states:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
-            self.states = StateStore(states, config.max_num_seqs, checkpoints)
+            speculative = config.speculative != "off"  # drafts need their snapshots
+            self.states = StateStore(states, config.max_num_seqs, checkpoints, speculative)
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
         self.window_head_counts = {s.num_kv_heads for s in window_shapes}
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.

@@ -50,18 +50,13 @@ def load_draft_model(path: str | None) -> nn.Module:
 
 
 def speculator_for(
-    config: EngineConfig, draft_model: nn.Module | None, vocab_size: int, hybrid: str | None
+    config: EngineConfig, draft_model: nn.Module | None, vocab_size: int
 ) -> Speculator | None:
     """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
-    saying why when it cannot run (``hybrid``: the model type, when it has recurrent layers)."""
+    saying why when it cannot run."""
     if config.speculative == "off":
         return None
     drafter = DRAFTERS[config.speculative](draft_model, vocab_size)
-    if hybrid is not None:
-        raise ValueError(
-            f"speculative decoding is not supported for hybrid model type '{hybrid}' yet: its "
-            "recurrent state would have to end at the last accepted draft; use --speculative off"
-        )
     return Speculator(drafter, config.num_speculative_tokens)
 
 

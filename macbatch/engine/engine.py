@@ -32,10 +32,10 @@ from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_inpu
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.recurrent import StateChunk, StateStore
 from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
-from macbatch.engine.sampling import HostSamples, SampledBatch, SamplingParams
+from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
-from macbatch.engine.speculative.verify import DraftRow, emitted_rows
+from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -357,7 +357,10 @@ class Engine(PromptEncoder):
             if request.finished:
                 continue
             if drafts:
-                self._verify(request, drafts, results, first, now)
+                assert self.speculator is not None
+                self._generated_tokens += self.speculator.verify(
+                    request, drafts, results, first, now, self.kv, self.runner.states
+                )
             else:
                 token, logprob, top = results.row(first, request.params.logprobs)
                 self._generated_tokens += request.append_token(token, now, logprob, top)
@@ -365,33 +368,6 @@ class Engine(PromptEncoder):
                 self._drop(request)
             outputs.append(request.make_output(done.step))
         return outputs
-
-    def _verify(
-        self, request: Request, drafts: list[int], results: HostSamples, first: int, now: float
-    ) -> None:
-        """Emit a verification's run (verify.py: the drafts its samples agree with, then the
-        first sample that differs or the bonus one), up to a stop; then book the accepted drafts
-        as computed and give back the slots of the rejected ones."""
-        assert self.speculator is not None
-        count = emitted_rows(drafts, results.tokens[first : first + len(drafts) + 1])
-        for j in range(first, first + count):
-            token, logprob, top = results.row(j, request.params.logprobs)
-            self._generated_tokens += request.append_token(token, now, logprob, top)
-            if request.finished:
-                break
-        accepted = count - 1
-        self.speculator.record(request, len(drafts), accepted)
-        if request.finished:
-            return
-        states = self.runner.states
-        if states is not None and accepted < len(drafts):
-            # The recurrent state went on through the rejected drafts: go back to its snapshot
-            # after the last known token and recompute the accepted drafts in the next step.
-            states.restore(self.kv.state_slot(request.request_id))
-            accepted = 0
-        request.num_computed_tokens += accepted
-        self.kv.cache_full_blocks(request, request.num_computed_tokens)
-        self.kv.truncate(request.request_id, request.num_computed_tokens)
 
     def generate(
         self,

@@ -29,26 +29,29 @@ def _engine(model, tokenizer, speculative="off", draft=None, **config) -> Engine
 
 
 @pytest.mark.parametrize("arch", sorted(HYBRID_CONFIGS))
-@pytest.mark.parametrize("drafter", ["ngram", "draft-other"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft-same", "draft-other"])
 def test_greedy_outputs_are_mlx_lms(arch, drafter, tiny_tokenizer):
+    """Prompt lookup (it drafts where the reply repeats), the target drafting for itself (every
+    draft holds: no restore) and a random draft model (most rejected: restored states)."""
     model = build_model(arch)
-    draft = build_model("llama", seed=3) if drafter == "draft-other" else None
+    draft = {"draft-same": model, "draft-other": build_model("llama", seed=3)}.get(drafter)
     engine = _engine(model, tiny_tokenizer, "draft" if draft else "ngram", draft)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     outs = [o.token_ids for o in engine.generate(PROMPTS, params)]
     assert outs == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert_pool_idle(engine)
     spec = engine.stats().speculation
-    assert spec.verifications > 0
+    if drafter == "draft-same":
+        assert spec.verifications > 0 and spec.accepted == spec.drafted
     if drafter == "draft-other":
-        assert spec.accepted < spec.drafted  # rejections: the state was restored
+        assert spec.verifications > 0 and spec.accepted < spec.drafted
 
 
 def test_seeded_samples_and_prefix_cache_with_restored_states(tiny_tokenizer):
     model = build_model("qwen3_5")
     base = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=0)
-    params = [replace(base, temperature=0.9, seed=s) for s in range(3)]
-    draft = build_model("qwen3_5", seed=3)
+    params = [replace(base, temperature=0.5, seed=s) for s in range(3)]
+    draft = model  # its greedy drafts: often but not always what the seeded samples are
     off = _engine(model, tiny_tokenizer).generate(PROMPTS, params)
     engine = _engine(model, tiny_tokenizer, "draft", draft)
     for _ in range(2):  # again: from the prefix cache's checkpoints

@@ -46,6 +46,8 @@ class SpeculationPolicy:
         for request in running:
             if not request.params.speculative or request.params.thinking_token_budget is not None:
                 continue
+            if request.num_computed_tokens < len(request.prompt_token_ids):
+                continue  # still prefilling: nothing to draft from this step
             track = self._tracks.setdefault(request.request_id, _Track())
             if track.rest:
                 track.rest -= 1

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.recurrent import StateStore
 from macbatch.engine.request import Request, SpeculationCounts
+from macbatch.engine.sampling import HostSamples
 from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
 from macbatch.engine.speculative.protocol import Drafter
-from macbatch.engine.speculative.verify import DraftRow, draft_rows
+from macbatch.engine.speculative.verify import DraftRow, draft_rows, emitted_rows
 
 
 class Speculator:
@@ -39,6 +42,41 @@ class Speculator:
         """The sampler's rows of a request's chunk: the request, then one per draft verified."""
         rows = self._rows.pop(request.request_id, [])
         return [request, *rows[:num_drafts]]
+
+    def verify(
+        self,
+        request: Request,
+        drafts: list[int],
+        results: HostSamples,
+        first: int,
+        now: float,
+        kv: KVManager,
+        states: StateStore | None,
+    ) -> int:
+        """Emit a verification's run (rows ``first..``; verify.py: the drafts its samples agree
+        with, then the first sample that differs or the bonus one) up to a stop; then book the
+        accepted drafts as computed and give back the rejected ones' slots. Returns the tokens
+        recorded."""
+        count = emitted_rows(drafts, results.tokens[first : first + len(drafts) + 1])
+        recorded = 0
+        for j in range(first, first + count):
+            token, logprob, top = results.row(j, request.params.logprobs)
+            recorded += request.append_token(token, now, logprob, top)
+            if request.finished:
+                break
+        accepted = count - 1
+        self.record(request, len(drafts), accepted)
+        if request.finished:
+            return recorded
+        if states is not None and accepted < len(drafts):
+            # The recurrent state went on through the rejected drafts: back to its snapshot
+            # after the last known token; the accepted drafts are recomputed next step.
+            states.restore(kv.state_slot(request.request_id))
+            accepted = 0
+        request.num_computed_tokens += accepted
+        kv.cache_full_blocks(request, request.num_computed_tokens)
+        kv.truncate(request.request_id, request.num_computed_tokens)
+        return recorded
 
     def record(self, request: Request, drafted: int, accepted: int) -> None:
         self.counts.add(drafted, accepted)

@@ -9,7 +9,8 @@ then reads step N's sampled tokens and turns them into outputs (detokenizing, ma
 strings), so that host work overlaps the device's. Requests whose next sampling needs their
 previous token on the host (penalties, constraints) have it read between step N+1's forward and
 its sampling; rank 0 of a distributed group steps synchronously. See docs/engine.md, "The
-pipelined step".
+pipelined step". With speculative decoding, a speculating decode's chunk carries its drafts and
+the step reads the one before it first (docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -229,9 +230,6 @@ class Engine(PromptEncoder):
         before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
         outputs, self._pending = self._pending, []
         previous, self._in_flight = self._in_flight, None
-        # A request whose sampling needs its previous token on the host (a grammar mask, or
-        # penalties) gets it read after this step's forward is dispatched and before its
-        # sampling graph is built: the forward still overlaps the read and the mask fill.
         chosen = self.speculator.choose(self.scheduler.running) if self.speculator else []
         if previous is not None and (chosen or previous.drafts is not None):
             # Drafting needs every token on the host, and a verification's outcome decides
@@ -241,6 +239,9 @@ class Engine(PromptEncoder):
         if chosen:
             assert self.speculator is not None
             self.speculator.propose(chosen)
+        # A request whose sampling needs its previous token on the host (a grammar mask, or
+        # penalties) gets it read after this step's forward is dispatched and before its
+        # sampling graph is built: the forward still overlaps the read and the mask fill.
         read_first = previous if previous is not None and self._needs_host_tokens() else None
         plan = self.scheduler.schedule()
         self._tokens_last_step = plan.num_tokens
@@ -321,7 +322,7 @@ class Engine(PromptEncoder):
         pending token per sampled request."""
         for chunk in plan.chunks:
             request = chunk.request
-            # a chunk's drafts are computed only once verified (``_verify``)
+            # a chunk's drafts count as computed only once verified (``Speculator.verify``)
             request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts
             self.kv.cache_full_blocks(
                 request, min(request.num_computed_tokens, request.num_known_tokens)

@@ -251,8 +251,9 @@ class Engine(PromptEncoder):
             outputs += read
             if read_first is not None:
                 previous = None  # read inside the dispatch
-        for request, _ in chosen:
-            request.drafts = []  # verified in this step's chunk, or not scheduled: stale now
+        if chosen:
+            assert self.speculator is not None
+            self.speculator.clear(chosen)
         if previous is not None:
             outputs += self._postprocess(previous)
         if current is not None and not self._pipelined:

@@ -1,7 +1,6 @@
 """The engine's side of speculative decoding: pick who speculates, draft, hand the sampler its
-rows, and count what was accepted. The step itself (packing a chunk of last token plus drafts,
-sampling every row, emitting the verified run and releasing rejected slots) is the engine's,
-with the rules of verify.py."""
+rows, emit each verified run and roll back the rest (verify.py's rules), and count what was
+accepted. Packing the chunks and running the step stay the engine's."""
 
 from __future__ import annotations
 
@@ -29,7 +28,8 @@ class Speculator:
 
     def propose(self, chosen: list[tuple[Request, int]]) -> None:
         """Draft for the chosen requests (their tokens now all on the host): sets each one's
-        ``drafts``; one that cannot draft now, or got nothing, records an empty proposal."""
+        ``drafts`` and sampler rows; a drafter with nothing to propose counts as a rejection
+        (the policy rests the request)."""
         budgets = [(r, draft_budget(r, k)) for r, k in chosen]
         asking = [(r, k) for r, k in budgets if k > 0]
         proposals = self.drafter.propose([r for r, _ in asking], [k for _, k in asking])
@@ -40,8 +40,13 @@ class Speculator:
 
     def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:
         """The sampler's rows of a request's chunk: the request, then one per draft verified."""
-        rows = self._rows.pop(request.request_id, [])
-        return [request, *rows[:num_drafts]]
+        return [request, *self._rows.get(request.request_id, [])[:num_drafts]]
+
+    def clear(self, chosen: list[tuple[Request, int]]) -> None:
+        """After the step's dispatch: its drafts were verified in it, or not scheduled."""
+        for request, _ in chosen:
+            request.drafts = []
+        self._rows.clear()
 
     def verify(
         self,

@@ -229,9 +229,9 @@ def bench_command(
 
     if min_prompt > max_prompt:
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
+    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
     typer.echo(f"loading {model} ...")
     try:
-        spec = speculative_config(speculative, draft_model, num_speculative_tokens)
         engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget, **spec))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -140,3 +140,17 @@ def test_stops_inside_an_accepted_run_cut_it(models, tiny_tokenizer):
     assert len(on[2].token_ids) == len(on[2].logprobs) == 7
     assert engine.stats().speculation.accepted > 0
     assert_pool_idle(engine)
+
+
+def test_engine_load_loads_the_draft_model(tiny_model_path):
+    """``EngineConfig.draft_model`` names a model directory that ``Engine.load`` loads beside the
+    target (here the target itself: every draft holds)."""
+    config = EngineConfig(
+        speculative="draft", draft_model=str(tiny_model_path), num_blocks=64, block_size=8
+    )
+    engine = Engine.load(str(tiny_model_path), config)
+    plain = Engine.load(str(tiny_model_path), EngineConfig(num_blocks=64, block_size=8))
+    assert _greedy(engine) == _greedy(plain)
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted == spec.drafted
+    assert engine.stats().draft_kv_bytes == 0  # every request finished: its draft cache dropped

@@ -14,6 +14,12 @@ import typer
 import typer.core
 
 from macbatch.batch.command import run_command
+from macbatch.cli_options import (
+    draft_model_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 from macbatch.config import DEFAULT_MODEL
 from macbatch.launch import follower_exit_status
 from macbatch.server.command import serve_command
@@ -218,6 +224,9 @@ def bench_command(
     embed: bool = typer.Option(
         False, "--embed", help="Embed the prompts (pooling requests) instead of generating."
     ),
+    speculative: str = speculative_option(),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
     and generated tokens/s and the median time to first token (``--embed``: embedding
@@ -227,9 +236,10 @@ def bench_command(
 
     if min_prompt > max_prompt:
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
+    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
     typer.echo(f"loading {model} ...")
     try:
-        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget))
+        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget, **spec))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -251,6 +261,12 @@ def bench_command(
         typer.echo("error: no request succeeded, so there is nothing to measure", err=True)
         raise typer.Exit(1)
     typer.echo(_rates(result, embed))
+    counts = engine.stats().speculation
+    if counts.verifications:
+        typer.echo(
+            f"speculative: {counts.acceptance_rate:.0%} of {counts.drafted:,} drafted tokens "
+            f"accepted, {counts.mean_accepted_length:.2f} tokens per verification"
+        )
 
 
 def _rates(result: WorkloadResult, embed: bool) -> str:

@@ -28,3 +28,78 @@ def kv_bits_option() -> Any:
         "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
         "for accuracy).",
     )
+
+
+def _check_speculative(value: str | None) -> str | None:
+    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
+
+    try:
+        if value is not None:
+            check_speculative(value, 1)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def speculative_option(default: str | None = "off") -> Any:
+    """``--speculative off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
+    ``default`` None: the command has its own default (``run``: the job file's)."""
+    return typer.Option(
+        default,
+        "--speculative",
+        callback=_check_speculative,
+        help="Speculative decoding: ngram (drafts copied from the prompt and reply: extraction, "
+        "summaries, code edits), draft (a small model, --draft-model), mtp (not available with "
+        "mlx-lm's loaders), off. Outputs are the same either way; see docs/speculative.md.",
+    )
+
+
+def draft_model_option() -> Any:
+    """``--draft-model PATH``: the drafter of ``--speculative draft`` (implies it)."""
+    return typer.Option(
+        None,
+        "--draft-model",
+        show_default=False,
+        help="A small model with the same tokenizer that drafts tokens (a local directory or a "
+        "Hugging Face id); implies --speculative draft.",
+    )
+
+
+def _check_num_speculative_tokens(value: int) -> int:
+    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
+
+    try:
+        check_speculative("off", value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def num_speculative_tokens_option() -> Any:
+    """``--num-speculative-tokens K``: the most tokens drafted per request per step."""
+    return typer.Option(
+        4,
+        "--num-speculative-tokens",
+        callback=_check_num_speculative_tokens,
+        help="The most tokens drafted per request per step (each request's length adapts to "
+        "how many of its drafts are accepted).",
+    )
+
+
+def speculative_config(mode: str, draft_model: str | None, num_tokens: int) -> dict[str, Any]:
+    """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
+    means ``--speculative draft``, and a draft mode without a model (or a model for another
+    mode) is refused."""
+    if draft_model and mode == "off":
+        mode = "draft"
+    if draft_model and mode != "draft":
+        raise typer.BadParameter(
+            f"a draft model drafts only for --speculative draft, not {mode}",
+            param_hint="--draft-model",
+        )
+    if mode == "draft" and not draft_model:
+        raise typer.BadParameter(
+            "--speculative draft needs a draft model: --draft-model PATH",
+            param_hint="--speculative",
+        )
+    return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}

@@ -94,6 +94,29 @@ def test_bench_runs_a_model_from_disk(tiny_model_path):
     assert "generated tok/s" in result.output
 
 
+def test_bench_speculates_with_a_draft_model_and_reports_acceptance(tiny_model_path):
+    model = str(tiny_model_path)
+    args = ["bench", "--model", model, "--requests", "2", "--max-tokens", "8"]
+    args += ["--min-prompt", "5", "--max-prompt", "9", "--draft-model", model]
+    result = runner.invoke(app, [*args, "--num-speculative-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"speculative: 100% of \d+ drafted tokens accepted", result.output)
+
+
+def test_speculative_options_are_checked_before_loading():
+    for extra, message in [
+        (["--speculative", "eagle"], "speculative must be one of"),
+        (["--speculative", "draft"], "needs a draft model"),
+        (["--speculative", "ngram", "--draft-model", "x"], "drafts only for --speculative draft"),
+        (["--num-speculative-tokens", "0"], "num_speculative_tokens must be an integer"),
+    ]:
+        result = runner.invoke(app, ["bench", "--model", "/no/such/model", *extra])
+        assert result.exit_code == 2, result.output
+        words = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())  # any wrapping width
+        assert message in words
+        assert "loading" not in words
+
+
 def test_bench_bad_model_is_a_clear_error():
     result = runner.invoke(app, ["bench", "--model", "/no/such/model"])
     assert result.exit_code == 1

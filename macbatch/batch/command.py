@@ -6,15 +6,23 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from macbatch.cli_options import kv_bits_option
+from macbatch.cli_options import (
+    draft_model_option,
+    kv_bits_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 
 if TYPE_CHECKING:
     from macbatch.batch.runner import RunOptions
 
+# --kv-bits and the speculative options' EngineConfig fields (None: the job file's)
+EngineOptions = tuple[int | None, dict[str, Any] | None]
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
 
@@ -104,6 +112,9 @@ def run_command(
         ),
     ] = None,
     kv_bits: int | None = kv_bits_option(),
+    speculative: str | None = speculative_option(default=None),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -125,6 +136,9 @@ def run_command(
         _fail(headless, "--force and --fresh contradict each other; choose one")
     if redo_changed and (force or fresh):
         _fail(headless, "--redo-changed goes alone: --force keeps changed lines, --fresh drops all")
+    spec = None  # the job file's, unless an option is given
+    if speculative is not None or draft_model:
+        spec = speculative_config(speculative or "off", draft_model, num_speculative_tokens)
     summary = _run(
         file,
         RunOptions(
@@ -134,12 +148,12 @@ def run_command(
         jobs or [],
         output_dir,
         max_seqs,
-        kv_bits,
+        (kv_bits, spec),
         reporter,
         headless,
     )
     if summary["status"] == "interrupted":
-        again = resume_command(file, model, jobs or [], output_dir, kv_bits, headless)
+        again = resume_command(file, model, jobs or [], output_dir, (kv_bits, spec), headless)
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"
@@ -154,11 +168,13 @@ def resume_command(
     model: str | None,
     jobs: list[str],
     output_dir: Path | None,
-    kv_bits: int | None,
+    engine_options: EngineOptions,
     headless: bool,
 ) -> str:
-    """The command that resumes this run: the same file, model, jobs, output directory and KV
-    format (without --force / --fresh / --redo-changed, which have done their work)."""
+    """The command that resumes this run: the same file, model, jobs, output directory, KV
+    format and speculative options (without --force / --fresh / --redo-changed, which have done
+    their work)."""
+    kv_bits, spec = engine_options
     words = ["macbatch", "run", str(file)]
     if model:
         words += ["-m", model]
@@ -168,6 +184,10 @@ def resume_command(
         words += ["-o", str(output_dir)]
     if kv_bits is not None:
         words += ["--kv-bits", str(kv_bits)]
+    if spec is not None:
+        words += ["--speculative", spec["speculative"]]
+        words += ["--num-speculative-tokens", str(spec["num_speculative_tokens"])]
+        words += ["--draft-model", spec["draft_model"]] if spec["draft_model"] else []
     if headless:
         words.append("--headless")
     return shlex.join(words)
@@ -180,7 +200,7 @@ def _run(
     jobs: list[str],
     output_dir: Path | None,
     max_seqs: int | None,
-    kv_bits: int | None,
+    engine_options: EngineOptions,
     reporter: object,
     headless: bool,
 ) -> dict:
@@ -192,10 +212,12 @@ def _run(
     from macbatch.batch.yamlfile import JobFileError
     from macbatch.engine import Engine, EngineConfig
 
+    kv_bits, spec = engine_options
+
     def load_engine(name: str) -> object:
         try:
             bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
-            config = EngineConfig(kv_bits=bits)
+            config = EngineConfig(kv_bits=bits, **(spec or job_file.speculative or {}))
             if max_seqs is not None:
                 config = dataclasses.replace(config, max_num_seqs=max_seqs)
             return Engine.load(name, config)
@@ -215,7 +237,7 @@ def _run(
     except KeyboardInterrupt:
         _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
     except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
-        again = resume_command(file, model, jobs, output_dir, kv_bits, headless)
+        again = resume_command(file, model, jobs, output_dir, engine_options, headless)
         _fail(
             headless,
             f"the run stopped: {type(exc).__name__}: {exc}\nEvery line finished before the stop "

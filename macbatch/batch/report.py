@@ -11,6 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TextIO
 
+from macbatch.engine import SpeculationCounts
+
 
 @dataclass
 class JobProgress:
@@ -39,6 +41,7 @@ class RunProgress:
     started: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     generated_tokens: int = 0
     in_flight: int = 0
     kv_usage: float = 0.0
@@ -231,6 +234,7 @@ def build_summary(
         "generated_tok_per_s": round(progress.generated_tokens / wall, 1) if wall > 0 else None,
         "prompt_tok_per_s": round(progress.prompt_tokens / wall, 1) if wall > 0 else None,
         "ttft_ms": {"p50": _percentile_ms(ttft, 0.5), "p95": _percentile_ms(ttft, 0.95)},
+        **_speculation(progress.speculation),
         **peak_memory,
         "jobs": {
             name: {
@@ -244,6 +248,19 @@ def build_summary(
             }
             for name, job in progress.jobs.items()
         },
+    }
+
+
+def _speculation(counts: SpeculationCounts) -> dict[str, Any]:
+    """Speculative decoding's numbers (only for runs that speculated)."""
+    if not counts.verifications:
+        return {}
+    return {
+        "speculative": {
+            "drafted_tokens": counts.drafted,
+            "acceptance_rate": round(counts.acceptance_rate, 3),
+            "mean_accepted_length": round(counts.mean_accepted_length, 2),
+        }
     }
 
 
@@ -266,6 +283,12 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
         f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
     ]
+    if spec := summary.get("speculative"):
+        lines.append(
+            f"speculative decoding: {spec['acceptance_rate']:.0%} of "
+            f"{spec['drafted_tokens']:,} drafted tokens accepted, "
+            f"{spec['mean_accepted_length']:.2f} tokens per verification"
+        )
     for name, job in summary["jobs"].items():
         line = f"  {name}: {job['ok'] + job['skipped']}/{job['total']} done -> {job['output']}"
         if job.get("errors"):

@@ -308,6 +308,8 @@ class _Loop:
         metrics.prompt_tokens += output.metrics.prompt_tokens
         metrics.cached_prompt_tokens += output.metrics.cached_tokens
         metrics.generated_tokens += output.metrics.generated_tokens
+        spec = output.metrics.speculation
+        metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
         if output.metrics.time_to_first_token_s is not None:
             metrics.ttft_s.append(output.metrics.time_to_first_token_s)
 

@@ -17,13 +17,15 @@ from typing import Any
 from macbatch.batch.pooled import TASKS
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_chat_template_kwargs
+from macbatch.engine.config import check_speculative
 from macbatch.metal.quant import check_kv_quantization
 from macbatch.openai import SAMPLING_FIELDS, Defaults, InvalidRequest, sampling_params
 from macbatch.openai.embeddings import parse_embeddings
 from macbatch.openai.messages import chat_messages
 from macbatch.openai.options import structured_output
 
-TOP_KEYS = ("version", "model", "kv_bits", "defaults", "output", "jobs")
+TOP_KEYS = ("version", "model", "kv_bits", "speculative", "defaults", "output", "jobs")
+SPECULATIVE_KEYS = ("method", "draft_model", "num_tokens")
 STRUCTURED_KEYS = ("response_format", "schema", "choices")
 SETTING_KEYS = (
     "system",
@@ -160,6 +162,8 @@ class JobFile:
     output_dir: Path
     jobs: tuple[JobSpec, ...]
     kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
+    # speculative decoding: EngineConfig's speculative fields (None: off; docs/speculative.md)
+    speculative: dict[str, Any] | None = None
 
 
 def dotted(key: PathKey) -> str:
@@ -289,6 +293,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         check_kv_quantization(kv_bits, None)
     except ValueError as exc:
         raise check.fail(("kv_bits",), str(exc)) from None
+    speculative = _speculative(check, top["speculative"], base) if "speculative" in top else None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
     defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
@@ -310,8 +315,33 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         seen[spec.name] = index
         specs.append(spec)
     return JobFile(
-        path=path, model=model, output_dir=output_dir, jobs=tuple(specs), kv_bits=kv_bits
+        path=path,
+        model=model,
+        output_dir=output_dir,
+        jobs=tuple(specs),
+        kv_bits=kv_bits,
+        speculative=speculative,
     )
+
+
+def _speculative(check: _Checker, raw: Any, base: Path) -> dict[str, Any]:
+    """``speculative: {method, draft_model, num_tokens}`` as EngineConfig fields."""
+    key: PathKey = ("speculative",)
+    given = check.mapping(raw, key, SPECULATIVE_KEYS)
+    method = given.get("method", "draft" if "draft_model" in given else "ngram")
+    if method is False:  # YAML reads a bare off as false
+        method = "off"
+    num_tokens = given.get("num_tokens", 4)
+    draft = given.get("draft_model")
+    try:
+        check_speculative(method, num_tokens)
+    except ValueError as exc:
+        raise check.fail(key, str(exc)) from None
+    if (method == "draft") != (draft is not None):
+        raise check.fail(key, "a draft_model goes with method draft, and method draft needs one")
+    if draft is not None:
+        draft = _resolve_model(check.text(draft, (*key, "draft_model")), base)
+    return {"speculative": method, "draft_model": draft, "num_speculative_tokens": num_tokens}
 
 
 def _resolve_model(model: str, base: Path) -> str:

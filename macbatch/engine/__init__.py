@@ -16,7 +16,13 @@ from macbatch.engine.engine import Engine, EngineStats
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.pooling import POOLING_METHODS, PoolingParams
 from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.request import FinishReason, PromptTooLongError, RequestMetrics, RequestOutput
+from macbatch.engine.request import (
+    FinishReason,
+    PromptTooLongError,
+    RequestMetrics,
+    RequestOutput,
+    SpeculationCounts,
+)
 from macbatch.engine.runtime import EngineDeadError, EngineThread
 from macbatch.engine.sampling import InvalidSamplingParam, SamplingParams
 from macbatch.engine.tokenizer import Tokenizer
@@ -40,6 +46,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "SpeculationCounts",
     "StructuredOutput",
     "Tokenizer",
     "UnsupportedModelError",

@@ -6,6 +6,20 @@ from dataclasses import dataclass
 
 from macbatch.metal.quant import check_kv_quantization
 
+SPECULATIVE_MODES = ("off", "ngram", "draft", "mtp")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+def check_speculative(mode: str, num_tokens: int) -> None:
+    """``ValueError`` saying what is wrong with a speculative mode or draft length."""
+    if mode not in SPECULATIVE_MODES:
+        raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {mode!r}")
+    if not (isinstance(num_tokens, int) and 1 <= num_tokens <= MAX_SPECULATIVE_TOKENS):
+        raise ValueError(
+            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+            f"got {num_tokens!r}"
+        )
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -25,8 +39,11 @@ class EngineConfig:
     ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
     docs/engine.md; a distributed engine always steps synchronously); False runs each step
     synchronously, which benchmarks use to show what the pipeline takes off the host's
-    critical path. ``compile_decode_after``: small decode steps run compiled once this many of
-    them ran uncompiled (compiled_step.py; None: never compiled).
+    critical path. ``speculative`` picks a drafter (``SPECULATIVE_MODES``; docs/speculative.md):
+    "ngram" (prompt lookup), "draft" (``draft_model``, a small model with the same tokenizer),
+    "mtp" (refused: no loader keeps the heads), "off"; ``num_speculative_tokens`` is the most
+    tokens drafted per request per step. ``compile_decode_after``: small decode steps run
+    compiled once this many of them ran uncompiled (compiled_step.py; None: never compiled).
     """
 
     block_size: int = 16
@@ -44,6 +61,9 @@ class EngineConfig:
     kv_shrink_after_s: float | None = 30.0
     reranker: bool | None = None  # a yes/no cross-encoder (None: its name says "rerank")
     compile_decode_after: int | None = 64
+    speculative: str = "off"
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -74,3 +94,4 @@ class EngineConfig:
         if after is not None and after < 0:
             raise ValueError(f"compile_decode_after must be at least 0 (or None), got {after}")
         check_kv_quantization(self.kv_bits, self.kv_group_size)
+        check_speculative(self.speculative, self.num_speculative_tokens)

@@ -9,11 +9,13 @@ then reads step N's sampled tokens and turns them into outputs (detokenizing, ma
 strings), so that host work overlaps the device's. Requests whose next sampling needs their
 previous token on the host (penalties, constraints) have it read between step N+1's forward and
 its sampling; rank 0 of a distributed group steps synchronously. See docs/engine.md, "The
-pipelined step".
+pipelined step". With speculative decoding, a speculating decode's chunk carries its drafts and
+the step reads the one before it first (docs/speculative.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,9 +33,12 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.request import FinishReason, Request, RequestOutput
+from macbatch.engine.recurrent import StateChunk, StateStore
+from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import SampledBatch, SamplingParams
-from macbatch.engine.scheduler import Scheduler, StepPlan
+from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
+from macbatch.engine.speculative import load_draft_model, speculator_for
+from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.vision import vision_for
 
@@ -63,6 +68,10 @@ class EngineStats:
     # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
     # split host from device time.
     device_wait_s: float = 0.0
+    # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
+    # start; a draft model's own KV bytes.
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    draft_kv_bytes: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -85,11 +94,13 @@ class Engine(PromptEncoder):
         model_name: str = "model",
         owns_model: bool = False,
         group: mx.distributed.Group | None = None,
+        draft_model: nn.Module | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
-        rank 0 builds an Engine (docs/distributed.md)."""
+        rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
+        ``config.speculative == "draft"`` (docs/speculative.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         self.config = config = config or EngineConfig()
@@ -109,6 +120,7 @@ class Engine(PromptEncoder):
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
         self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
+        self.speculator = speculator_for(config, draft_model, runner.vocab_size)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
         self._in_flight: _InFlightStep | None = None
@@ -133,7 +145,10 @@ class Engine(PromptEncoder):
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
-        engine = cls(model, tokenizer, config, model_name=name, owns_model=True, group=group)
+        draft = load_draft_model(config.draft_model) if config.speculative == "draft" else None
+        engine = cls(
+            model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
+        )
         if group is None:  # a launched group pages text only (docs/vision.md)
             engine.processor.vision = vision_for(name, engine.runner.model)
         return engine
@@ -197,10 +212,16 @@ class Engine(PromptEncoder):
             self._finish(request, FinishReason.ABORT)
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        request.finish(reason, time.monotonic(), error)
+        self._drop(request)
+        self._pending.append(request.make_output(self._steps))
+
+    def _drop(self, request: Request) -> None:
+        """Forget a finished request: its blocks, its drafter state, its id."""
         self.scheduler.finish(request)
         self.runner.pools.drop(request.request_id)
-        request.finish(reason, time.monotonic(), error)
-        self._pending.append(request.make_output(self._steps))
+        if self.speculator is not None:
+            self.speculator.forget(request)
         del self._requests[request.request_id]
 
     def close(self) -> None:
@@ -225,6 +246,15 @@ class Engine(PromptEncoder):
         before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
         outputs, self._pending = self._pending, []
         previous, self._in_flight = self._in_flight, None
+        chosen = self.speculator.choose(self.scheduler.running) if self.speculator else []
+        if previous is not None and (chosen or previous.drafts is not None):
+            # Drafting needs every token on the host, and a verification's outcome decides
+            # where its request resumes: a speculative step reads the previous one first.
+            outputs += self._postprocess(previous)
+            previous = None
+        if chosen:
+            assert self.speculator is not None
+            self.speculator.propose(chosen)
         # A request whose sampling needs its previous token on the host (a grammar mask, or
         # penalties) gets it read after this step's forward is dispatched and before its
         # sampling graph is built: the forward still overlaps the read and the mask fill.
@@ -237,6 +267,9 @@ class Engine(PromptEncoder):
             outputs += read
             if read_first is not None:
                 previous = None  # read inside the dispatch
+        if chosen:
+            assert self.speculator is not None
+            self.speculator.clear(chosen)
         if previous is not None:
             outputs += self._postprocess(previous)
         if current is not None and not self._pipelined:
@@ -259,27 +292,31 @@ class Engine(PromptEncoder):
         self._note_first_schedule(plan)
         batch = self._pack(plan, previous)
         logits, pooled = self.runner.forward(batch, plan.pool_spans())
-        sampled = [c.request for c in plan.chunks if c.samples]  # the rows of ``logits``
+        chunks = [c for c in plan.chunks if c.samples]
+        sampled = [c.request for c in chunks]
+        drafts = None  # each sampled request's drafts, when any request verifies some
+        rows: Sequence[Request | DraftRow] = sampled  # the rows of ``logits``
+        if any(c.num_drafts for c in chunks):
+            assert self.speculator is not None
+            drafts = [c.request.drafts[: c.num_drafts] for c in chunks]
+            rows = [row for c in chunks for row in self.speculator.rows(c.request, c.num_drafts)]
         read: list[RequestOutput] = []
         if read_first is not None:
             if logits is not None:
                 mx.async_eval(logits)
             read = self._postprocess(read_first)
-        result = None if logits is None else self.runner.sample(logits, sampled)
+        result = None if logits is None else self.runner.sample(logits, rows)
         self._device_wait_s += self.runner.launch(result, list(pooled.values()))
         self._steps += 1
         self._advance(plan, sampled)
         done = [(self._requests[rid], vector) for rid, vector in pooled.items()]
-        return _InFlightStep(sampled, result, self._steps, done), read
+        return _InFlightStep(sampled, result, self._steps, drafts, done), read
 
     def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
         states = None
         if self.runner.states is not None:
-            states = [
-                self.kv.state_chunk(c.request.request_id, c.start, c.num_tokens)
-                for c in plan.chunks
-            ]
+            states = [self._state_chunk(c, self.runner.states) for c in plan.chunks]
         window = None
         if self.kv.window is not None:
             window_tables = [self.kv.window_table(c.request.request_id) for c in plan.chunks]
@@ -295,13 +332,20 @@ class Engine(PromptEncoder):
             _feed_sampled_tokens(batch, plan, previous)
         return batch
 
+    def _state_chunk(self, chunk: ScheduledChunk, store: StateStore) -> StateChunk:
+        rid = chunk.request.request_id
+        if chunk.num_drafts:
+            return self.kv.verify_state_chunk(rid, store.snapshot_of(self.kv.state_slot(rid)))
+        return self.kv.state_chunk(rid, chunk.start, chunk.num_tokens)
+
     def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
         """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
         tokens are known (later readers run after this step on the same stream), and one
         pending token per sampled request."""
         for chunk in plan.chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
+            # a chunk's drafts count as computed only once verified (``Speculator.verify``)
+            request.num_computed_tokens += chunk.num_tokens - chunk.num_drafts
             self.kv.cache_full_blocks(
                 request, min(request.num_computed_tokens, request.num_known_tokens)
             )
@@ -332,15 +376,23 @@ class Engine(PromptEncoder):
         results = done.sampled.to_host()
         self._device_wait_s += time.perf_counter() - waited
         now = time.monotonic()
+        row = 0
         for i, request in enumerate(done.requests):
+            drafts = done.drafts[i] if done.drafts is not None else []
+            first, row = row, row + 1 + len(drafts)
             request.num_pending -= 1
             if request.finished:
                 continue
-            token, logprob, top = results.row(i, request.params.logprobs)
-            self._generated_tokens += request.append_token(token, now, logprob, top)
+            if drafts:
+                assert self.speculator is not None
+                self._generated_tokens += self.speculator.verify(
+                    request, drafts, results, first, now, self.kv, self.runner.states
+                )
+            else:
+                token, logprob, top = results.row(first, request.params.logprobs)
+                self._generated_tokens += request.append_token(token, now, logprob, top)
             if request.finished:
-                self.scheduler.finish(request)
-                del self._requests[request.request_id]
+                self._drop(request)
             outputs.append(request.make_output(done.step))
         return outputs
 
@@ -415,7 +467,16 @@ class Engine(PromptEncoder):
             kv_cache_bytes=self.runner.kv_stores.nbytes,
             kv_bytes_used=self._kv_bytes_used(),
             device_wait_s=self._device_wait_s,
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict[str, Any]:
+        if self.speculator is None:
+            return {}
+        return {
+            "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
+            "draft_kv_bytes": self.speculator.draft_kv_bytes,
+        }
 
     def _kv_bytes_used(self) -> int:
         used = self.pool.num_occupied * self.runner.store.bytes_per_block
@@ -437,6 +498,9 @@ class _InFlightStep:
     requests: list[Request]  # in sample-row order
     sampled: SampledBatch | None
     step: int
+    # Per request, the drafts its rows verify (None: no request speculated): request i has
+    # ``1 + len(drafts[i])`` rows.
+    drafts: list[list[int]] | None = None
     pooled: list[tuple[Request, mx.array]] = field(default_factory=list)  # finished pooling
 
     def row_of(self) -> dict[str, int]:

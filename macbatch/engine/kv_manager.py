@@ -151,6 +151,17 @@ class KVManager:
         blocks.extend(self.pool.allocate() for _ in range(missing))
         return True
 
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Give back the full group's blocks past the first ``num_tokens`` tokens (rejected
+        drafts' slots: never named in the prefix cache, which names only known tokens). A window
+        group's table keeps its entries: they are the positions the next drafts write."""
+        blocks = self._blocks.get(request_id)
+        if not blocks:
+            return
+        keep = self.blocks_for(num_tokens)
+        while len(blocks) > keep:
+            self.pool.free(blocks.pop())
+
     def shrink(self) -> int:
         """Shrink the elastic pools (``ElasticPool.shrink``) when no request holds a block;
         returns the blocks given back."""
@@ -207,6 +218,17 @@ class KVManager:
         if checkpoint < 0:
             return StateChunk(read, slot)
         return StateChunk(read, slot, checkpoint, boundary - start)
+
+    def verify_state_chunk(self, request_id: str, snapshot: int) -> StateChunk:
+        """A verification chunk's state flow (its request decoding, so holding its slot): from
+        and into its slot, and the state after its first token (the last known one) into
+        ``snapshot``, to restore when drafts are rejected. No prefix checkpoint: the drafts'
+        states may be rejected."""
+        slot = self._slots[request_id]
+        return StateChunk(slot, slot, snapshot, 1)
+
+    def state_slot(self, request_id: str) -> int:
+        return self._slots[request_id]
 
     def free(self, request_id: str) -> None:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay

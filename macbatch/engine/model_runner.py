@@ -39,6 +39,7 @@ from macbatch.engine.sampling import SampledBatch, sample
 if TYPE_CHECKING:
     from macbatch.engine.constraints import ConstraintCompiler
     from macbatch.engine.request import Request
+    from macbatch.engine.speculative.verify import DraftRow
 
 
 class ModelRunner:
@@ -109,7 +110,8 @@ class ModelRunner:
         if states:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
-            self.states = StateStore(states, config.max_num_seqs, checkpoints)
+            speculative = config.speculative != "off"  # drafts need their snapshots
+            self.states = StateStore(states, config.max_num_seqs, checkpoints, speculative)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None
@@ -143,9 +145,9 @@ class ModelRunner:
         pooled = self.pools.take(hidden, spans, self.adapter.head)
         return self.adapter.sampled_logits(hidden, batch), pooled
 
-    def sample(self, logits: mx.array, rows: Sequence[Request]) -> SampledBatch:
+    def sample(self, logits: mx.array, rows: Sequence[Request | DraftRow]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the
-        requests of the logits' rows, in order)."""
+        requests of the logits' rows, in order; a verified draft's row is a ``DraftRow``)."""
         if self.constraints is not None:
             # A request that finished on the token just read samples a token nobody emits.
             states = [None if r.finished else r.constraint for r in rows]

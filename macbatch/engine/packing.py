@@ -4,7 +4,7 @@ Rows are the plan's chunks concatenated in order (decodes first, then prefill ch
 token is its own batch row of the (N, 1) model input. A decode whose input token is still pending
 (sampled by the step in flight, not yet read by the host) gets a 0 in ``token_ids`` and its row in
 ``pending_rows``: the engine fills those rows from the previous step's sampled tokens on the
-device.
+device. A speculating decode's chunk is its last token and its drafts, every row sampled.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def pack(
     lengths = np.fromiter((c.num_tokens for c in chunks), np.int32, count)
     starts = np.fromiter((c.start for c in chunks), np.int32, count)
     samples = np.fromiter((c.samples for c in chunks), np.bool_, count)
+    drafts = np.fromiter((c.num_drafts for c in chunks), np.int32, count)
     cu = np.zeros(count + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     num_tokens = int(cu[-1])
@@ -118,7 +119,7 @@ def pack(
         seq_lens=mx.array(seq_lens),
         block_tables=mx.array(tables),
         kv_write_rows=write_rows,
-        sample_rows=mx.array(cu[1:][samples] - 1),
+        sample_rows=mx.array(_sample_rows(cu, samples, drafts)),
         num_tokens=num_tokens,
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
@@ -201,15 +202,32 @@ def _write_rows(
     return write_rows
 
 
+def _sample_rows(cu: np.ndarray, samples: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """The rows whose logits are sampled: each sampling chunk's last, and a speculating
+    chunk's last ``1 + num_drafts`` (its last known token and every draft: verify.py)."""
+    last = cu[1:][samples] - 1
+    counts = drafts[samples] + 1
+    if not drafts.any():
+        return last
+    ends = np.repeat(last, counts)
+    back = np.repeat(np.cumsum(counts) - counts, counts)
+    return (ends - (counts - 1).repeat(counts) + (np.arange(int(counts.sum())) - back)).astype(
+        np.int32
+    )
+
+
 def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:
     """Every row's input token in row order (0 where it is pending), and the chunks whose last
     token is pending (only a decode's single token can be)."""
     flat: list[int] = []
     pending: list[int] = []
     for i, c in enumerate(plan.chunks):
-        known = c.request.token_slice(c.start, c.start + c.num_tokens)
+        end = c.start + c.num_tokens - c.num_drafts
+        known = c.request.token_slice(c.start, end)
         flat += known
-        if len(known) < c.num_tokens:
+        if c.num_drafts:
+            flat += c.request.drafts[: c.num_drafts]
+        elif len(known) < c.num_tokens:
             flat.append(0)
             pending.append(i)
     return np.array(flat, dtype=np.int32), pending

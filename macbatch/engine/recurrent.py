@@ -41,13 +41,21 @@ class StateShape:
 
 class StateStore:
     """Every recurrent layer's state arrays: ``num_slots`` for the running requests, then
-    ``num_checkpoints`` for the prefix cache's checkpoints (slots ``num_slots`` and up)."""
+    ``num_checkpoints`` for the prefix cache's checkpoints (slots ``num_slots`` and up), then,
+    with ``snapshots``, one per request slot for speculative decoding (``snapshot_of``)."""
 
-    def __init__(self, layers: Sequence[StateShape], num_slots: int, num_checkpoints: int) -> None:
+    def __init__(
+        self,
+        layers: Sequence[StateShape],
+        num_slots: int,
+        num_checkpoints: int,
+        snapshots: bool = False,
+    ) -> None:
         self.layers = list(layers)
         self.num_slots = num_slots
         self.num_checkpoints = num_checkpoints
-        total = num_slots + num_checkpoints
+        self.num_snapshots = num_slots if snapshots else 0
+        total = num_slots + num_checkpoints + self.num_snapshots
         self.states: list[list[mx.array]] = [
             [mx.zeros((total, *shape), dtype) for shape, dtype in zip(s.shapes, s.dtypes)]
             for s in self.layers
@@ -59,7 +67,20 @@ class StateStore:
 
     @property
     def nbytes(self) -> int:
-        return self.bytes_per_slot * (self.num_slots + self.num_checkpoints)
+        return self.bytes_per_slot * (self.num_slots + self.num_checkpoints + self.num_snapshots)
+
+    def snapshot_of(self, slot: int) -> int:
+        """The slot that keeps request slot ``slot``'s state from before its verified drafts."""
+        assert self.num_snapshots, "no snapshot slots: the engine does not speculate"
+        return self.num_slots + self.num_checkpoints + slot
+
+    def restore(self, slot: int) -> None:
+        """Put back request slot ``slot``'s snapshot (drafts were rejected: the state must end
+        at the last accepted token). Lazy, so it lands before the next step reads the slot."""
+        source = self.snapshot_of(slot)
+        for layer in self.states:
+            for array in layer:
+                array[slot] = array[source]
 
     def arrays(self) -> list[mx.array]:
         """What a step writes (evaluated with it, like the K/V pages)."""

@@ -43,6 +43,33 @@ class RequestStatus(Enum):
 
 
 @dataclass
+class SpeculationCounts:
+    """Speculative decoding's totals (a request's, or the engine's): tokens drafted, of them
+    accepted, and verifications (steps in which drafts were verified)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    verifications: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts of all drafted (0 without speculation)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verification emits on average: its accepted drafts and the target's own."""
+        if not self.verifications:
+            return 0.0
+        return (self.accepted + self.verifications) / self.verifications
+
+    def add(self, drafted: int, accepted: int, verifications: int = 1) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verifications += verifications
+
+
+@dataclass
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -52,6 +79,7 @@ class RequestMetrics:
     generated_tokens: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
+    speculation: SpeculationCounts = field(default_factory=lambda: SpeculationCounts())
 
     @property
     def queue_time_s(self) -> float | None:
@@ -213,6 +241,8 @@ class Request:
     constraint: ConstraintState | None = None
     images: PromptImages | None = None  # where its images' rows are (vision models only)
     pooling: PoolingParams | None = None  # a pooling request: a vector out, never sampled
+    # Speculative decoding: the tokens drafted to verify in the next step (engine/speculative).
+    drafts: list[int] = field(default_factory=list)
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 

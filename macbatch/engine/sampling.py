@@ -37,6 +37,8 @@ class SamplingParams:
     ``thinking_token_budget``: the most tokens a reasoning model's reasoning block may hold; at
     the budget the engine writes the template's end marker (Qwen3's ``</think>``) and the answer
     follows (None: no budget; 0 closes the block at once). A reply without reasoning ignores it.
+    ``speculative=False`` opts the request out of an engine's speculative decoding (its output
+    is the same either way: docs/speculative.md).
     """
 
     max_tokens: int | None = 256
@@ -54,6 +56,7 @@ class SamplingParams:
     logprobs: int | None = None
     structured: StructuredOutput | None = None
     thinking_token_budget: int | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,6 +117,7 @@ class SamplingParams:
             self.thinking_token_budget,
             "None or an integer >= 0",
         )
+        _check(isinstance(self.speculative, bool), "speculative", self.speculative, "true or false")
         _check(
             self.structured is None or isinstance(self.structured, StructuredOutput),
             "structured",
@@ -287,10 +291,14 @@ def _sample_stochastic(logits: mx.array, rows: Sequence[SampleRow], greedy: mx.a
         top_p = np.array([r.params.top_p for r in rows], dtype=np.float32)
         min_p = np.array([r.params.min_p for r in rows], dtype=np.float32)
         keep = mx.arange(vocab)[None, :] < mx.array(top_k)[:, None]
-        keep = keep & ((mx.cumsum(probs, axis=-1) - probs) < mx.array(top_p)[:, None])
+        # top_p 1 keeps every token (the cumulative sum may round past 1 before the tail)
+        nucleus = (mx.cumsum(probs, axis=-1) - probs) < mx.array(top_p)[:, None]
+        keep = keep & (nucleus | mx.array(top_p >= 1)[:, None])
         keep = keep & (probs >= mx.array(min_p)[:, None] * probs[:, :1])
         ranked = mx.where(keep, ranked, -mx.inf)
-        choice = mx.argmax(ranked + noise, axis=-1)
+        # each token keeps its own noise, so a row without filters samples as it would in a
+        # batch without any (the seed promise above)
+        choice = mx.argmax(ranked + mx.take_along_axis(noise, order, axis=-1), axis=-1)
         sampled = mx.take_along_axis(order, choice[:, None], axis=-1)[:, 0]
     else:
         sampled = mx.argmax(scaled + noise, axis=-1)

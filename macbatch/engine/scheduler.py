@@ -29,13 +29,16 @@ class ScheduledChunk:
     request: Request
     start: int
     num_tokens: int
+    # Speculative decoding: the chunk's last ``num_drafts`` tokens are the request's drafts
+    # (``Request.drafts``), verified by sampling every row after the first.
+    num_drafts: int = 0
     # Only a chunk that completes the request's tokens yields logits to sample (a pooling
     # request's never does: it pools). Decided when scheduled: reading the step in flight may
     # end the request before this step samples.
     samples: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        completes = self.start + self.num_tokens == self.request.num_tokens
+        completes = self.start + self.num_tokens - self.num_drafts == self.request.num_tokens
         self.samples = completes and self.request.pooling is None
 
 
@@ -88,8 +91,10 @@ class Scheduler:
         prefills: list[tuple[Request, int]] = []
         for request in self.running:
             need = request.num_tokens_to_compute
-            if need:
-                (decodes if need == 1 else prefills).append((request, need))
+            if need == 1:  # a decode verifies its drafts in the same chunk, budget permitting
+                decodes.append((request, need + len(request.drafts)))
+            elif need:
+                prefills.append((request, need))
         for request, need in decodes + prefills:
             if budget == 0:
                 break
@@ -102,8 +107,9 @@ class Scheduler:
                 if victim is request:
                     break
             else:
+                drafts = n - request.num_tokens_to_compute if request.drafts else 0
                 scheduled[request.request_id] = ScheduledChunk(
-                    request, request.num_computed_tokens, n
+                    request, request.num_computed_tokens, n, max(0, drafts)
                 )
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -137,6 +143,7 @@ class Scheduler:
     def _preempt(self, victim: Request, scheduled: dict[str, ScheduledChunk]) -> int:
         """Send ``victim`` back to waiting; returns the budget its cancelled chunk gave back."""
         chunk = scheduled.pop(victim.request_id, None)
+        victim.drafts = []
         self.running.remove(victim)
         self._release(victim)
         victim.status = RequestStatus.WAITING

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import typer
 
-from macbatch.cli_options import kv_bits_option
+from macbatch.cli_options import (
+    draft_model_option,
+    kv_bits_option,
+    num_speculative_tokens_option,
+    speculative_config,
+    speculative_option,
+)
 from macbatch.config import DEFAULT_MODEL
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -72,6 +78,9 @@ def serve_command(
         help="Requests of a /v1/batches batch in the engine at once (default: half of "
         "--max-num-seqs); live requests always come first.",
     ),
+    speculative: str = speculative_option(),
+    draft_model: str | None = draft_model_option(),
+    num_speculative_tokens: int = num_speculative_tokens_option(),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
@@ -111,6 +120,7 @@ def serve_command(
     settings = ServeSettings(
         model, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
     )
+    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
     settings = dataclasses.replace(
         settings,
         max_file_mb=max_file_mb,
@@ -118,9 +128,16 @@ def serve_command(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         reranker=reranker,
+        speculative=spec["speculative"],
+        draft_model=spec["draft_model"],
+        num_speculative_tokens=num_speculative_tokens,
     )
     if print_launchd_plist:
-        local = dataclasses.replace(settings, model=_absolute_if_local(model))
+        local = dataclasses.replace(
+            settings,
+            model=_absolute_if_local(model),
+            draft_model=settings.draft_model and _absolute_if_local(settings.draft_model),
+        )
         typer.echo(_plist(_command_line(local), api_key), nl=False)
         return
     _serve(settings, api_key)
@@ -145,6 +162,9 @@ class ServeSettings:
     shutdown_timeout: float = 10.0
     log_level: str = "info"
     reranker: bool = False
+    speculative: str = "off"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
 
 
 def _absolute_if_local(model: str) -> str:
@@ -192,6 +212,9 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         num_blocks=settings.kv_blocks,
         kv_bits=settings.kv_bits,
         reranker=settings.reranker or None,  # None: recognised by its name
+        speculative=settings.speculative,
+        draft_model=settings.draft_model,
+        num_speculative_tokens=settings.num_speculative_tokens,
     )
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()

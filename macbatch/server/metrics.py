@@ -137,6 +137,15 @@ class ServerMetrics:
                         "prefix cache.",
                         stats.kv_bytes_used,
                     ),
+                    "macbatch_spec_acceptance_rate": (
+                        "Speculative decoding: accepted drafted tokens, of all drafted, 0 to 1.",
+                        stats.speculation.acceptance_rate,
+                    ),
+                    "macbatch_spec_mean_accepted_length": (
+                        "Speculative decoding: tokens per verification (accepted drafts and "
+                        "the target's own).",
+                        stats.speculation.mean_accepted_length,
+                    ),
                 }
             )
         for gauge, (help_text, value) in gauges.items():
@@ -148,4 +157,14 @@ class ServerMetrics:
                 "Requests preempted for lack of KV blocks.",
                 [f"macbatch_preemptions_total {stats.preemptions}"],
             )
+            for name, help_text, value in (
+                ("drafted", "Tokens drafted by speculative decoding.", stats.speculation.drafted),
+                (
+                    "accepted",
+                    "Drafted tokens accepted by verification.",
+                    stats.speculation.accepted,
+                ),
+            ):
+                counter = f"macbatch_spec_{name}_tokens_total"
+                metric(counter, "counter", help_text, [f"{counter} {value}"])
         return "\n".join(out) + "\n"

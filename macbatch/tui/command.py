@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from macbatch.cli_options import kv_bits_option
+from macbatch import cli_options
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -46,7 +46,10 @@ def chat_command(
             )
         ),
     ] = None,
-    kv_bits: int | None = kv_bits_option(),
+    kv_bits: int | None = cli_options.kv_bits_option(),
+    speculative: str = cli_options.speculative_option(),
+    draft_model: str | None = cli_options.draft_model_option(),
+    num_speculative_tokens: int = cli_options.num_speculative_tokens_option(),
     history: Annotated[
         Path | None,
         typer.Option(
@@ -76,7 +79,8 @@ def chat_command(
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
-        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits)
+        spec = cli_options.speculative_config(speculative, draft_model, num_speculative_tokens)
+        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()

@@ -53,10 +53,13 @@ class ReplyView(Protocol):
 
 def reply_metrics(output: RequestOutput) -> ReplyMetrics:
     metrics = output.metrics
+    spec = metrics.speculation
     return ReplyMetrics(
         tokens=len(output.token_ids),
         ttft_s=metrics.time_to_first_token_s,
         tokens_per_s=metrics.decode_tokens_per_s,
+        acceptance_rate=spec.acceptance_rate if spec.verifications else None,
+        accepted_length=spec.mean_accepted_length if spec.verifications else None,
     )
 
 

@@ -79,6 +79,10 @@ class ReplyMetrics:
     tokens: int
     ttft_s: float | None = None
     tokens_per_s: float | None = None
+    # speculative decoding, while the app runs (not stored): drafts accepted, and tokens per
+    # verification (None: the reply did not speculate)
+    acceptance_rate: float | None = None
+    accepted_length: float | None = None
 
 
 @dataclass

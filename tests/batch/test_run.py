@@ -455,13 +455,16 @@ def test_demo_job_without_max_tokens_caps_each_reply_to_the_room_left(tmp_path: 
 
 
 def test_the_resume_hint_keeps_what_changes_results(tmp_path: Path) -> None:
-    """The printed command resumes with the same model, jobs, output dir and KV format."""
+    """The printed command resumes with the same model, jobs, output dir, KV format and
+    speculative options."""
     import shlex
 
     from macbatch.batch.command import resume_command
 
-    hint = resume_command(tmp_path / "j.yaml", "demo", ["a", "b"], tmp_path / "o", 4, True)
+    spec = {"speculative": "ngram", "draft_model": None, "num_speculative_tokens": 3}
+    hint = resume_command(tmp_path / "j.yaml", "demo", ["a", "b"], tmp_path / "o", (4, spec), True)
     assert shlex.split(hint) == [
         "macbatch", "run", str(tmp_path / "j.yaml"), "-m", "demo", "-j", "a", "-j", "b",
-        "-o", str(tmp_path / "o"), "--kv-bits", "4", "--headless",
+        "-o", str(tmp_path / "o"), "--kv-bits", "4", "--speculative", "ngram",
+        "--num-speculative-tokens", "3", "--headless",
     ]  # fmt: skip

@@ -85,7 +85,7 @@ def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> Non
     message = error_for(tmp_path, "model: demo\nzzz: 1\njobs: [{name: a, prompts: [hi]}]\n")
     assert message.endswith(
         ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, kv_bits, "
-        "defaults, output, jobs)"
+        "speculative, defaults, output, jobs)"
     )
 
 
@@ -239,3 +239,25 @@ def test_parsed_scores_are_allowed_where_rows_may_ask_for_json(tmp_path: Path) -
     spec = load_job_file(write_job(tmp_path, job % "jsonl"))
     assert spec.jobs[0].score.parsed == "label"
     assert "nothing makes job 'a' reply in JSON" in error_for(tmp_path, job % "csv")
+
+
+JOBS = "jobs: [{name: a, prompts: [hi]}]\n"
+
+
+def test_speculative_settings_become_engine_fields(tmp_path: Path) -> None:
+    (tmp_path / "draft").mkdir()
+    path = tmp_path / "jobs.yaml"
+    path.write_text("model: demo\nspeculative: {draft_model: draft, num_tokens: 3}\n" + JOBS)
+    assert load_job_file(path).speculative == {
+        "speculative": "draft",
+        "draft_model": str(tmp_path / "draft"),
+        "num_speculative_tokens": 3,
+    }
+    path.write_text("model: demo\nspeculative: {}\n" + JOBS)
+    assert load_job_file(path).speculative == {
+        "speculative": "ngram", "draft_model": None, "num_speculative_tokens": 4
+    }  # fmt: skip
+    bad = error_for(tmp_path, "model: demo\nspeculative: {method: draft}\n" + JOBS)
+    assert "method draft needs one" in bad
+    bad = error_for(tmp_path, "model: demo\nspeculative: {num_tokens: 99}\n" + JOBS)
+    assert "num_speculative_tokens must be an integer in [1, 16]" in bad

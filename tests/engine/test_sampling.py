@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
@@ -44,6 +44,18 @@ def test_seeded_request_is_independent_of_its_batch(tiny_tokenizer):
         SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=99, ignore_eos=True),
     )[0]
     assert other_seed.token_ids != alone.token_ids
+
+
+def test_an_unfiltered_row_samples_the_same_beside_a_filtered_one():
+    """Each token keeps its own noise whether or not another row of the batch has top-k or
+    top-p (the filtered path once permuted every row's noise by rank)."""
+    rng = np.random.default_rng(1)
+    logits = mx.array(rng.normal(0, 2, size=(2, 50)).astype(np.float32))
+    plain = SamplingParams(temperature=1.0)
+    for seed in range(20):
+        alone = sample(logits[:1], [_row(plain, seed)]).tokens.tolist()
+        beside = sample(logits, [_row(plain, seed), _row(replace(plain, top_k=3), seed + 1)])
+        assert beside.tokens.tolist()[0] == alone[0]
 
 
 def test_top_k_and_top_p_only_pick_allowed_tokens():

@@ -24,6 +24,11 @@ def describe(message: Message) -> str:
             parts.append(f"first token {metrics.ttft_s:.2f} s")
         if metrics.tokens_per_s is not None:
             parts.append(f"{metrics.tokens_per_s:.1f} tok/s")
+        if metrics.acceptance_rate is not None and metrics.accepted_length is not None:
+            parts.append(
+                f"drafts {metrics.acceptance_rate:.0%} accepted, "
+                f"{metrics.accepted_length:.1f} tok/step"
+            )
     if message.status == STREAMING:
         parts.append("generating…")
     elif message.status != DONE:

@@ -1,0 +1,170 @@
+"""Speculative decoding: macbatch with and without it, beside mlx-lm's ``generate_step`` and
+``speculative_generate_step`` (issue 35), all in one process, ratios printed.
+
+1. One request, a Qwen3-0.6B-shaped float32 target (28 layers, hidden 1024, 151,936-token
+   vocabulary; ``--layers`` fewer to shorten the run) whose layers past the second add only
+   near-identity residuals (their output projections scaled by ``--residual-scale``), and a
+   draft made of the target's first two layers with the same embedding, final norm and head:
+   1/14 of the layers (8x fewer non-embedding parameters at 16 layers and more), so it agrees
+   with the target on most tokens. Decode tokens/s of each.
+2. A copy-heavy job with prompt lookup vs without: 16 long documents, up to 8 at once.
+3. 32 concurrent requests with prompt lookup vs without (the adaptive rule at work: above
+   ``policy.MAX_BATCH`` running requests no step speculates).
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python -m benchmarks.speculative [--layers 28] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.utils import _get_classes
+
+from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from macbatch.bench import Clock, synthetic_prompts
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+
+QWEN3_06B = dict(
+    model_type="qwen3",
+    hidden_size=1024,
+    num_hidden_layers=28,
+    intermediate_size=3072,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=8192,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+)
+DRAFT_LAYERS = 2
+
+
+def target_and_draft(layers: int, residual_scale: float) -> tuple[nn.Module, nn.Module]:
+    """The target (later layers near identity) and a draft sharing its first layers' arrays."""
+    model_class, args_class = _get_classes(QWEN3_06B)
+    mx.random.seed(0)
+    target = model_class(args_class.from_dict(dict(QWEN3_06B, num_hidden_layers=layers)))
+    target.set_dtype(mx.float32)
+    for layer in target.model.layers[DRAFT_LAYERS:]:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * residual_scale
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * residual_scale
+    mx.eval(target.parameters())
+    draft = model_class(args_class.from_dict(dict(QWEN3_06B, num_hidden_layers=DRAFT_LAYERS)))
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.layers = target.model.layers[:DRAFT_LAYERS]
+    draft.model.norm = target.model.norm
+    return target, draft
+
+
+def mlx_lm_decode_rate(steps) -> float:
+    """Tokens/s after the first token of one of mlx-lm's generators."""
+    started, count = None, 0
+    for _ in steps:
+        count += 1
+        if started is None:
+            started = time.perf_counter()
+    assert started is not None
+    return (count - 1) / (time.perf_counter() - started)
+
+
+def macbatch_decode_rate(engine: Engine, prompt: list[int], tokens: int) -> float:
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    rate = engine.generate([prompt], params)[0].metrics.decode_tokens_per_s
+    assert rate is not None
+    return rate
+
+
+def one_request(args: argparse.Namespace) -> None:
+    target, draft = target_and_draft(args.layers, args.residual_scale)
+    prompt = synthetic_prompts(1, 32, 32, 151936, seed=3)[0]
+    tokenizer = bench_tokenizer(151936)
+    k = args.draft_tokens
+    config = dict(num_blocks=64, max_num_seqs=8)
+    rates = {
+        "mlx-lm generate": mlx_lm_decode_rate(
+            generate_step(mx.array(prompt), target, max_tokens=args.tokens)
+        ),
+        "mlx-lm speculative": mlx_lm_decode_rate(
+            speculative_generate_step(
+                mx.array(prompt), target, draft, num_draft_tokens=k, max_tokens=args.tokens
+            )
+        ),
+        "macbatch": macbatch_decode_rate(
+            Engine(target, tokenizer, EngineConfig(**config)), prompt, args.tokens
+        ),
+    }
+    engine = Engine(
+        target,
+        tokenizer,
+        EngineConfig(speculative="draft", num_speculative_tokens=k, **config),
+        draft_model=draft,
+    )
+    rates["macbatch draft"] = macbatch_decode_rate(engine, prompt, args.tokens)
+    spec = engine.stats().speculation
+    print(
+        f"1. one request, {args.layers}-layer Qwen3-0.6B-shaped target, {DRAFT_LAYERS}-layer draft"
+    )
+    print(
+        f"   acceptance {spec.acceptance_rate:.0%}, "
+        f"{spec.mean_accepted_length:.2f} tok/verification"
+    )
+    for name, rate in rates.items():
+        print(f"   {name:<20} {rate:7.2f} tok/s  x{rate / rates['mlx-lm generate']:.2f}")
+    print(
+        f"   macbatch draft / mlx-lm speculative: "
+        f"x{rates['macbatch draft'] / rates['mlx-lm speculative']:.2f}"
+    )
+
+
+def job_seconds(model: nn.Module, prompts: list[list[int]], tokens: int, **config) -> tuple:
+    """(wall, CPU) seconds of the job, and the engine's speculation counts. CPU time is the one
+    to compare on a shared machine: other processes stretch wall time, not the work done."""
+    engine = Engine(model, bench_tokenizer(), EngineConfig(num_blocks=1024, **config))
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    clock = Clock()
+    engine.generate(prompts, params)
+    return clock.read(), engine.stats().speculation
+
+
+def compare(title: str, prompts: list[list[int]], tokens: int, **config) -> None:
+    model = build_bench_model()
+    off, _ = job_seconds(model, prompts, tokens, **config)
+    on, spec = job_seconds(model, prompts, tokens, speculative="ngram", **config)
+    print(title)
+    for clock, name in enumerate(("wall", "CPU")):
+        print(
+            f"   {name}: without {off[clock]:6.2f} s, with prompt lookup {on[clock]:6.2f} s: "
+            f"x{off[clock] / on[clock]:.2f} throughput"
+        )
+    print(f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--residual-scale", type=float, default=0.01)
+    parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
+    args = parser.parse_args()
+    warn_without_openblas()
+    skip = set(args.skip.split(","))
+    if "1" not in skip:
+        one_request(args)
+    if "2" not in skip:
+        documents = synthetic_prompts(16, 400, 600, 32000, seed=7)
+        compare("2. copy-heavy job: 16 documents, up to 8 at once", documents, 96, max_num_seqs=8)
+    if "3" not in skip:
+        prompts = synthetic_prompts(32, 32, 512, 32000, seed=0)
+        compare("3. 32 concurrent requests", prompts, args.tokens, max_num_seqs=64)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Speculative decoding inside the packed step (docs/speculative.md).
+
+A drafter (one file per kind, in ``DRAFTERS``) proposes a request's next tokens; the engine
+verifies them as one more varlen chunk of the step's forward and keeps the run the target's own
+sampling agrees with (verify.py), so outputs are the target's at any temperature. policy.py
+decides who speculates and how far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.nn as nn
+
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.speculative.draft_model import DraftModelDrafter
+from macbatch.engine.speculative.ngram import NgramDrafter
+from macbatch.engine.speculative.protocol import Drafter
+from macbatch.engine.speculative.speculator import Speculator
+
+
+def _draft(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
+    if draft_model is None:
+        raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
+    return DraftModelDrafter(draft_model, vocab_size)
+
+
+def _mtp(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
+    raise ValueError(
+        "speculative 'mtp' is not available: mlx-lm drops a checkpoint's multi-token-prediction "
+        "weights when it loads one (qwen3_5 and qwen3_next sanitize 'mtp.*' away); use 'ngram' "
+        "or 'draft'"
+    )
+
+
+DRAFTERS: dict[str, Callable[[nn.Module | None, int], Drafter]] = {
+    "ngram": lambda _draft_model, _vocab: NgramDrafter(),
+    "draft": _draft,
+    "mtp": _mtp,
+}
+
+
+def load_draft_model(path: str | None) -> nn.Module:
+    """The draft model at ``path`` (a local directory or a hub id), as mlx-lm loads it."""
+    if not path:
+        raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
+    from mlx_lm import load
+
+    return load(path)[0]
+
+
+def speculator_for(
+    config: EngineConfig, draft_model: nn.Module | None, vocab_size: int
+) -> Speculator | None:
+    """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
+    saying why when it cannot run."""
+    if config.speculative == "off":
+        return None
+    drafter = DRAFTERS[config.speculative](draft_model, vocab_size)
+    return Speculator(drafter, config.num_speculative_tokens)
+
+
+__all__ = [
+    "DRAFTERS",
+    "Drafter",
+    "Speculator",
+    "load_draft_model",
+    "speculator_for",
+]

@@ -1,0 +1,87 @@
+"""When to speculate, and how many tokens to draft for each request.
+
+Speculation pays when a step is memory-bound (a few requests: k more rows cost little more than
+one) and drafts are accepted; it costs when the batch is large (compute-bound: every drafted row
+is a row of real work) or drafts are rejected (wasted rows, and a step that cannot overlap the
+host's work with the device's, because drafting needs the previous step's tokens on the host).
+So: no step speculates with more than ``MAX_BATCH`` running requests, and each request's draft
+length follows its own acceptance (an exponential moving average): full length while most
+drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
+``MAX_REST`` steps) when few hold or the drafter had nothing to propose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from macbatch.engine.reasoning import Phase
+from macbatch.engine.request import Request
+
+MAX_BATCH = 8  # running requests above which a step is compute-bound (docs/speculative.md)
+MIN_ACCEPTANCE = 0.3  # below this moving acceptance a request rests from speculating
+MAX_REST = 64  # steps
+EMA_WEIGHT = 0.3  # of the newest verification
+
+
+@dataclass
+class _Track:
+    acceptance: float = 1.0  # optimistic: the first drafts get the full length
+    rest: int = 0  # steps left without speculating
+    backoff: int = 2  # the next rest's length
+
+
+class SpeculationPolicy:
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self._tracks: dict[str, _Track] = {}
+
+    def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
+        """The requests that speculate this step and the most tokens each drafts (counting one
+        step of rest for the others)."""
+        if len(running) > MAX_BATCH:
+            return []
+        chosen = []
+        for request in running:
+            if not request.params.speculative or request.params.thinking_token_budget is not None:
+                continue
+            if request.num_computed_tokens < len(request.prompt_token_ids):
+                continue  # still prefilling: nothing to draft from this step
+            track = self._tracks.setdefault(request.request_id, _Track())
+            if track.rest:
+                track.rest -= 1
+                continue
+            chosen.append((request, max(1, math.ceil(self.max_tokens * track.acceptance))))
+        return chosen
+
+    def record(self, request_id: str, drafted: int, accepted: int) -> None:
+        """A verification's result (``drafted`` 0: the drafter had nothing to propose)."""
+        track = self._tracks.setdefault(request_id, _Track())
+        rate = accepted / drafted if drafted else 0.0
+        track.acceptance += EMA_WEIGHT * (rate - track.acceptance)
+        if drafted and track.acceptance >= MIN_ACCEPTANCE:
+            track.backoff = 2
+            return
+        track.rest = track.backoff
+        track.backoff = min(2 * track.backoff, MAX_REST)
+        track.acceptance = max(track.acceptance, 2 * MIN_ACCEPTANCE)  # retry at a fair length
+
+    def forget(self, request_id: str) -> None:
+        self._tracks.pop(request_id, None)
+
+
+def draft_budget(request: Request, k: int) -> int:
+    """How many tokens ``request`` may draft now: none unless it is decoding with every token
+    on the host and nothing forces its next tokens (a grammar only once the reasoning is over:
+    its header and phase changes are not drafted through), and never past ``max_tokens``."""
+    if request.finished or request.num_pending or request.num_tokens_to_compute != 1:
+        return 0
+    state = request.constraint
+    if state is not None:
+        if request.reasoning is not None and request.reasoning.phase is not Phase.ANSWER:
+            return 0
+        first = request.num_generated
+        if any(state.forced_token(n) is not None for n in range(first, first + k + 1)):
+            return 0
+    return max(0, min(k, request.max_tokens - request.num_generated - 1))

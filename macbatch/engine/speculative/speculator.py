@@ -1,0 +1,100 @@
+"""The engine's side of speculative decoding: pick who speculates, draft, hand the sampler its
+rows, emit each verified run and roll back the rest (verify.py's rules), and count what was
+accepted. Packing the chunks and running the step stay the engine's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.recurrent import StateStore
+from macbatch.engine.request import Request, SpeculationCounts
+from macbatch.engine.sampling import HostSamples
+from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
+from macbatch.engine.speculative.protocol import Drafter
+from macbatch.engine.speculative.verify import DraftRow, draft_rows, emitted_rows
+
+
+class Speculator:
+    def __init__(self, drafter: Drafter, max_tokens: int) -> None:
+        self.drafter = drafter
+        self.policy = SpeculationPolicy(max_tokens)
+        self.counts = SpeculationCounts()
+        self._rows: dict[str, list[DraftRow]] = {}
+
+    def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
+        """Who may speculate this step (decided before the step in flight is read)."""
+        return self.policy.choose(running)
+
+    def propose(self, chosen: list[tuple[Request, int]]) -> None:
+        """Draft for the chosen requests (their tokens now all on the host): sets each one's
+        ``drafts`` and sampler rows; a drafter with nothing to propose counts as a rejection
+        (the policy rests the request)."""
+        budgets = [(r, draft_budget(r, k)) for r, k in chosen]
+        asking = [(r, k) for r, k in budgets if k > 0]
+        proposals = self.drafter.propose([r for r, _ in asking], [k for _, k in asking])
+        for (request, _), drafts in zip(asking, proposals):
+            request.drafts, self._rows[request.request_id] = draft_rows(request, drafts)
+            if not request.drafts:
+                self.policy.record(request.request_id, 0, 0)
+
+    def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:
+        """The sampler's rows of a request's chunk: the request, then one per draft verified."""
+        return [request, *self._rows.get(request.request_id, [])[:num_drafts]]
+
+    def clear(self, chosen: list[tuple[Request, int]]) -> None:
+        """After the step's dispatch: its drafts were verified in it, or not scheduled."""
+        for request, _ in chosen:
+            request.drafts = []
+        self._rows.clear()
+
+    def verify(
+        self,
+        request: Request,
+        drafts: list[int],
+        results: HostSamples,
+        first: int,
+        now: float,
+        kv: KVManager,
+        states: StateStore | None,
+    ) -> int:
+        """Emit a verification's run (rows ``first..``; verify.py: the drafts its samples agree
+        with, then the first sample that differs or the bonus one) up to a stop; then book the
+        accepted drafts as computed and give back the rejected ones' slots. Returns the tokens
+        recorded."""
+        count = emitted_rows(drafts, results.tokens[first : first + len(drafts) + 1])
+        recorded = 0
+        for j in range(first, first + count):
+            token, logprob, top = results.row(j, request.params.logprobs)
+            recorded += request.append_token(token, now, logprob, top)
+            if request.finished:
+                break
+        accepted = count - 1
+        self.record(request, len(drafts), accepted)
+        if request.finished:
+            return recorded
+        if states is not None and accepted < len(drafts):
+            # The recurrent state went on through the rejected drafts: back to its snapshot
+            # after the last known token; the accepted drafts are recomputed next step.
+            states.restore(kv.state_slot(request.request_id))
+            accepted = 0
+        request.num_computed_tokens += accepted
+        kv.cache_full_blocks(request, request.num_computed_tokens)
+        kv.truncate(request.request_id, request.num_computed_tokens)
+        return recorded
+
+    def record(self, request: Request, drafted: int, accepted: int) -> None:
+        self.counts.add(drafted, accepted)
+        request.metrics.speculation.add(drafted, accepted)
+        self.policy.record(request.request_id, drafted, accepted)
+
+    @property
+    def draft_kv_bytes(self) -> int:
+        """What a draft model's own caches hold (0 for drafters that keep none)."""
+        return int(getattr(self.drafter, "nbytes", 0))
+
+    def forget(self, request: Request) -> None:
+        request.drafts = []
+        self._rows.pop(request.request_id, None)
+        self.policy.forget(request.request_id)
+        self.drafter.forget(request.request_id)

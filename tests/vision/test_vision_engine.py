@@ -128,3 +128,17 @@ def test_without_mlx_vlm_an_image_says_what_to_install(
         engine.add_request(chat("what?", [image_files[0]]))
     [out] = engine.generate(["hello"], PARAMS)  # text still runs
     assert len(out.token_ids) == 8
+
+
+def test_ngram_speculation_keeps_image_requests_equal_to_mlx_vlm(
+    vlm_path: Path, image_files: list[Path]
+) -> None:
+    # prompt-lookup drafts come from the prompt's tokens (image placeholders included); the
+    # verification rows are decode rows, never image rows
+    config = EngineConfig(num_blocks=256, block_size=8, speculative="ngram")
+    engine = Engine.load(str(vlm_path), config)
+    todo = cases(image_files)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
+    for (question, images), out in zip(todo, outputs):
+        assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)

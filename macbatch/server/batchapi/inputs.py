@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 from macbatch.batch.plan import plan_job, prepare
+from macbatch.batch.pooled import EMBEDDINGS_URL
 from macbatch.batch.spec import InputSpec, JobSpec
 from macbatch.openai import Endpoint
 from macbatch.server.errors import invalid
 
-ENDPOINTS = tuple(e.value for e in Endpoint)
-LATER = ("/v1/responses", "/v1/embeddings")  # OpenAI's, not yet served in a batch here
+ENDPOINTS = (*(e.value for e in Endpoint), EMBEDDINGS_URL)
+LATER = ("/v1/responses",)  # OpenAI's, not yet served in a batch here
 SHOWN = 3  # problems named in one refusal
 
 

@@ -41,7 +41,6 @@ from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
-from macbatch.openai import formatter_for
 
 LEDGER_NAME = ".macbatch-ledger.sqlite"
 LOCK_NAME = ".macbatch.lock"
@@ -291,10 +290,9 @@ class _Loop:
         score = self.scores.get(item.job)
         answer = scored_answer(output.text, parsed, score.parsed if score else None)
         correct = is_correct(answer, item.expected)
-        formatter = formatter_for(
-            item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
-        )
-        self._record(item, output, formatter.response([output]), correct, parsed)
+        model, tokenizer = self.job_file.model, self.engine.tokenizer
+        body = item.reply_body(output, shape.tool_format, model, tokenizer)
+        self._record(item, output, body, correct, parsed)
         metrics = self.progress
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         if parsed is not None:

@@ -33,7 +33,6 @@ from macbatch.engine import (
     RequestOutput,
 )
 from macbatch.engine.tokenizer import Tokenizer
-from macbatch.openai import formatter_for
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"
@@ -168,11 +167,8 @@ class BatchRun:
         if out.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             self._fail(item, out.error or f"finished with {out.finish_reason}", "engine_error")
             return
-        model, decoder = self.engine.model, self.engine.decoder
-        assert item.generation is not None
-        formatter = formatter_for(item.generation, shape.tool_format, model, decoder, item.key)
         assert self._appender is not None
-        body = formatter.response([out])
+        body = item.reply_body(out, shape.tool_format, self.engine.model, self.engine.decoder)
         write_result(self._appender, self.ledger, item, out, body, parsed=shape.parse(out.text))
         self.completed += 1
 

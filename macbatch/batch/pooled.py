@@ -84,6 +84,11 @@ class Settled:
     outputs: list[RequestOutput]
     error: str | None = None
 
+    def body(self, model: str) -> dict[str, Any]:
+        """The row's line body: the response serve would send for it."""
+        row: PooledRow = self.item.pooled
+        return row.response(self.outputs, model)
+
 
 @dataclass
 class Pending:

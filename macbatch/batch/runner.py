@@ -246,18 +246,13 @@ class _Loop:
     def _finish_pooled(self, output: RequestOutput) -> None:
         """Gather a pooled row's outputs; write its line when the last one arrives."""
         settled = self.pending.settle(output, self.engine.abort)
-        if settled is None:
-            return
-        item = settled.item
-        if settled.error is not None:
-            self._fail(item, settled.error, "engine_error")
-            return
-        assert item.pooled is not None
-        outputs = settled.outputs
-        body = item.pooled.response(outputs, self.job_file.model)
-        self._record(item, outputs[0], body)
-        self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
-        self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
+        if settled is not None and settled.error is not None:
+            self._fail(settled.item, settled.error, "engine_error")
+        elif settled is not None:
+            outputs = settled.outputs
+            self._record(settled.item, outputs[0], settled.body(self.job_file.model))
+            self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
+            self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
 
     def _record(
         self,

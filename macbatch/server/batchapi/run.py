@@ -24,14 +24,7 @@ from macbatch.batch.outputs import (
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape
-from macbatch.engine import (
-    EngineDeadError,
-    EngineThread,
-    FinishReason,
-    PoolingParams,
-    PromptInput,
-    RequestOutput,
-)
+from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.server.batchapi.inputs import batch_job
 
@@ -136,18 +129,14 @@ class BatchRun:
         thread = self.engine.thread
         try:
             requests = row.bind(thread.info.model.embedding, self.engine.decoder)
-            request_ids = self._pending.submit(
-                item, item.key, requests, self._submit, thread.cancel
-            )
+            submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
+            request_ids = self._pending.submit(item, item.key, requests, submit, thread.cancel)
         except EngineDeadError:
             raise
         except Exception as exc:  # ValueError: too long, a model that cannot embed ...
             self._fail(item, str(exc), "invalid_request")
             return
         self._in_flight.update(dict.fromkeys(request_ids, (item, None)))
-
-    def _submit(self, prompt: PromptInput, params: PoolingParams) -> str:
-        return self.engine.thread.submit(prompt, params, self._deliver)
 
     def _deliver(self, out: RequestOutput) -> None:
         """On the engine thread: hand finished requests to the batch thread."""
@@ -175,16 +164,13 @@ class BatchRun:
     def _finish_pooled(self, out: RequestOutput) -> None:
         """Gather a pooled row's outputs; its line (the embeddings response) after the last."""
         settled = self._pending.settle(out, self.engine.thread.cancel)
-        if settled is None:
-            return
-        item = settled.item
-        if settled.error is not None:
-            self._fail(item, settled.error, "engine_error")
-            return
-        assert item.pooled is not None and self._appender is not None
-        body = item.pooled.response(settled.outputs, self.engine.model)
-        write_result(self._appender, self.ledger, item, settled.outputs[0], body)
-        self.completed += 1
+        if settled is not None and settled.error is not None:
+            self._fail(settled.item, settled.error, "engine_error")
+        elif settled is not None:
+            assert self._appender is not None
+            body = settled.body(self.engine.model)
+            write_result(self._appender, self.ledger, settled.item, settled.outputs[0], body)
+            self.completed += 1
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if self._errors is None:

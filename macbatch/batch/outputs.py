@@ -136,14 +136,18 @@ def result_line(
     would have sent (``macbatch.openai``), plus macbatch's own metrics and, for a constrained
     reply, its ``parsed`` value (null if it did not parse)."""
     metrics = output.metrics
-    generated = "choices" in body  # else a pooled row's body: every input's tokens in its usage
+    pooled = request.pooled is not None  # its body's usage counts every input's tokens
+    if pooled or "choices" not in body:  # a pooled row, or a Responses body
+        finish = "stop" if pooled else str(output.finish_reason and output.finish_reason.value)
+    else:
+        finish = body["choices"][0]["finish_reason"]
     meta = {
         "job": request.job,
         "line": request.line,
         "sample": request.sample,
         "key": request.key,
-        "finish_reason": body["choices"][0]["finish_reason"] if generated else "stop",
-        "prompt_tokens": metrics.prompt_tokens if generated else body["usage"]["prompt_tokens"],
+        "finish_reason": finish,
+        "prompt_tokens": body["usage"]["prompt_tokens"] if pooled else metrics.prompt_tokens,
         "generated_tokens": metrics.generated_tokens,
         "cached_tokens": metrics.cached_tokens,
         "queue_ms": _ms(metrics.queue_time_s),

@@ -18,15 +18,18 @@ from macbatch.batch.pooled import POOLED_URLS, PooledRow, body_row, embedding_ro
 from macbatch.batch.replies import ReplyShape
 from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import PromptInput, SamplingParams
+from macbatch.engine import PromptInput, RequestOutput, SamplingParams
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.tool_calls import ToolFormat
-from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, parse_body
+from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, formatter_for, parse_body
 from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS
+from macbatch.openai.responses_api import ResponsesRequest, parse_responses
+from macbatch.openai.responses_output import ResponsesRenderer
 from macbatch.openai.sampling import ALIASES
 
 Prompt = str | list[dict[str, Any]]
+RESPONSES_URL = "/v1/responses"  # a Responses body: read as the chat body it means
 OPENAI_URLS = tuple(e.value for e in Endpoint)
 
 
@@ -46,6 +49,7 @@ class Planned:
     group: str | None
     generation: Generation | None  # the request, as the request layer read it (one choice)
     pooled: PooledRow | None = None  # instead of ``generation``: an embedding or scoring row
+    responses: ResponsesRequest | None = None  # a /v1/responses row: its reply is a response
 
     def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> BoundItem:
         """The engine request for this model, and how its reply is read back."""
@@ -54,6 +58,16 @@ class Planned:
         bound = self.generation.bind(tool_format, tokenizer)
         [(prompt, params)] = bound.requests
         return BoundItem(prompt, params, ReplyShape(params.structured, bound.parse_with))
+
+    def reply_body(
+        self, out: RequestOutput, tool_format: ToolFormat | None, model: str, decoder: Tokenizer
+    ) -> dict[str, Any]:
+        """The response body serve would send for this request's output (its id from the key)."""
+        if self.responses is not None:
+            renderer = ResponsesRenderer(self.responses, tool_format, model, f"resp_{self.key}")
+            return renderer.response([out])
+        assert self.generation is not None
+        return formatter_for(self.generation, tool_format, model, decoder, self.key).response([out])
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,7 @@ def _plan_row(
                 expected=expected,
                 group=group,
                 generation=one,
+                responses=request.responses,
             )
         )
     return items
@@ -223,12 +238,15 @@ class _RowRequest:
     sampling: dict[str, Any]
     options: dict[str, Any] | None
     generation: Generation  # n choices: the row's samples
+    responses: ResponsesRequest | None = None  # a /v1/responses row, as read
 
 
 def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowRequest:
     """The row as an OpenAI body, read by the one request layer. An OpenAI-batch row is an API
     body (the API's defaults, with the job's written `sampling:` under it, and the job's
     constraint if it has none of its own); other rows become bodies with the job's settings."""
+    if source is not None and source.format == "openai" and fields.get("url") == RESPONSES_URL:
+        return _responses_request(job, fields.get("body"))
     if source is not None and source.format == "openai":
         endpoint, body = _openai_body(fields)
         sampling = {**job.given_sampling, **_sampling_fields(body)}
@@ -258,6 +276,31 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
         built["prompt"] = prompt
     generation = dataclasses.replace(parse_body(endpoint, built, JOB_DEFAULTS), n=job.n)
     return _RowRequest(prompt, dict(job.sampling), job.options, generation)
+
+
+def _responses_request(job: JobSpec, body: Any) -> _RowRequest:
+    """A /v1/responses row: the Responses body read as the chat body it means, over the job's
+    written sampling (its ``max_tokens`` as ``max_output_tokens``). A batch stores no response,
+    so a row cannot continue one (``previous_response_id``) and its response says ``store:
+    false``; the job's constraint and template variables are the body's own business."""
+    if not isinstance(body, dict):
+        raise ValueError("'body' must be a JSON object")
+    if body.get("previous_response_id") is not None:
+        raise ValueError(
+            "previous_response_id is not supported in a batch (it stores no responses); send "
+            "the whole conversation as 'input'"
+        )
+    if not job.chat:
+        raise ValueError("a /v1/responses row is a chat request but the job sets chat: false")
+    given = {
+        ("max_output_tokens" if k == "max_tokens" else k): v for k, v in job.given_sampling.items()
+    }
+    merged = {**given, **body, "store": False}
+    request = parse_responses(merged)
+    generation = dataclasses.replace(request.generation, n=job.n)
+    sampling = {k: v for k, v in merged.items() if k in (*SAMPLING_FIELDS, "max_output_tokens")}
+    options = {k: v for k, v in merged.items() if k not in (*sampling, "input", "model")}
+    return _RowRequest(request.conversation, sampling, options, generation, request)
 
 
 def _pooled_request(
@@ -303,7 +346,8 @@ def _openai_body(fields: dict) -> tuple[Endpoint, dict[str, Any]]:
     if not isinstance(body, dict):
         raise ValueError("'body' must be a JSON object")
     if url not in OPENAI_URLS:
-        raise ValueError(f"unsupported url {url!r}; use {', '.join(OPENAI_URLS + POOLED_URLS)}")
+        urls = ", ".join((*OPENAI_URLS, RESPONSES_URL, *POOLED_URLS))
+        raise ValueError(f"unsupported url {url!r}; use {urls}")
     return Endpoint(url), body
 
 

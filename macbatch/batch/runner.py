@@ -41,7 +41,6 @@ from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
-from macbatch.openai import formatter_for
 
 LEDGER_NAME = ".macbatch-ledger.sqlite"
 LOCK_NAME = ".macbatch.lock"
@@ -233,37 +232,27 @@ class _Loop:
 
     def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
         """Queue a pooled row's engine requests (all of them, or none)."""
-        request_ids: list[str] = []
+        engine = self.engine
         try:
-            for prompt, params in row.bind(self.engine.info.model.embedding, self.engine.tokenizer):
-                request_ids.append(self.engine.add_request(prompt, params))
+            requests = row.bind(engine.info.model.embedding, engine.tokenizer)
+            request_ids = self.pending.submit(
+                item, item.key, requests, engine.add_request, engine.abort
+            )
         except Exception as exc:  # ValueError: too long, a bad prompt name ...
-            for request_id in request_ids:
-                self.engine.abort(request_id)
             self._fail(item, str(exc), "invalid_request")
             return
-        self.pending.add(item.key, item, request_ids)
         self.in_flight.update(dict.fromkeys(request_ids, item))
 
-    def _finish_pooled(self, item: Planned, output: RequestOutput) -> None:
+    def _finish_pooled(self, output: RequestOutput) -> None:
         """Gather a pooled row's outputs; write its line when the last one arrives."""
-        reason = output.finish_reason
-        if reason is not FinishReason.STOP:
-            siblings = self.pending.fail(output.request_id)
-            for sibling in siblings or ():
-                self.engine.abort(sibling)
-            if siblings is not None and reason is not FinishReason.ABORT:
-                self._fail(item, output.error or f"finished with {reason}", "engine_error")
-            return
-        done = self.pending.finish(output)
-        if done is None:
-            return
-        assert item.pooled is not None
-        outputs = done[1]
-        body = item.pooled.response(outputs, self.job_file.model)
-        self._record(item, outputs[0], body)
-        self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
-        self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
+        settled = self.pending.settle(output, self.engine.abort)
+        if settled is not None and settled.error is not None:
+            self._fail(settled.item, settled.error, "engine_error")
+        elif settled is not None:
+            outputs = settled.outputs
+            self._record(settled.item, outputs[0], settled.body(self.job_file.model))
+            self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
+            self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
 
     def _record(
         self,
@@ -282,7 +271,7 @@ class _Loop:
         if item is None:  # a pooled row's request aborted when a later one could not be queued
             return
         if output.request_id in self.pending:
-            self._finish_pooled(item, output)
+            self._finish_pooled(output)
             return
         assert item.generation is not None
         shape = self.shapes.pop(output.request_id)
@@ -296,10 +285,9 @@ class _Loop:
         score = self.scores.get(item.job)
         answer = scored_answer(output.text, parsed, score.parsed if score else None)
         correct = is_correct(answer, item.expected)
-        formatter = formatter_for(
-            item.generation, shape.tool_format, self.job_file.model, self.engine.tokenizer, item.key
-        )
-        self._record(item, output, formatter.response([output]), correct, parsed)
+        model, tokenizer = self.job_file.model, self.engine.tokenizer
+        body = item.reply_body(output, shape.tool_format, model, tokenizer)
+        self._record(item, output, body, correct, parsed)
         metrics = self.progress
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         if parsed is not None:

@@ -20,11 +20,15 @@ class ResponsesRenderer(Renderer):
     """One response (Responses requests have one choice)."""
 
     def __init__(
-        self, request: ResponsesRequest, tool_format: ToolFormat | None, model: str
+        self,
+        request: ResponsesRequest,
+        tool_format: ToolFormat | None,
+        model: str,
+        response_id: str | None = None,  # a batch's stable one; else random
     ) -> None:
         self.request = request
         self.model = model
-        self.id = f"resp_{uuid.uuid4().hex}"
+        self.id = response_id or f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.reply = ReplyText(tool_format)
         self._reasoning_id = f"rs_{uuid.uuid4().hex}"

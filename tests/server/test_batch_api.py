@@ -164,7 +164,7 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(_create(http, endpoint=CHAT, **window), 400, "input_file_id")
     _refused(_create(http, input_file_id=5, endpoint=CHAT, **window), 400, "input_file_id")
     _refused(_create(http, input_file_id=good, endpoint=5, **window), 400, "endpoint")
-    _refused(_create(http, input_file_id=good, endpoint="/v1/embeddings", **window), 400)
+    _refused(_create(http, input_file_id=good, endpoint="/v1/score", **window), 400, "endpoint")
     _refused(_create(http, input_file_id=good, endpoint=CHAT), 400, "completion_window")
     _refused(_create(http, input_file_id="file-nope", endpoint=CHAT, **window), 404)
     bad_meta = {"metadata": {"a": 1}, **window}

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from macbatch.batch.plan import plan_job, prepare
+from macbatch.batch.plan import RESPONSES_URL, plan_job, prepare
+from macbatch.batch.pooled import EMBEDDINGS_URL
 from macbatch.batch.spec import InputSpec, JobSpec
 from macbatch.openai import Endpoint
 from macbatch.server.errors import invalid
 
-ENDPOINTS = tuple(e.value for e in Endpoint)
-LATER = ("/v1/responses", "/v1/embeddings")  # OpenAI's, not yet served in a batch here
+ENDPOINTS = (*(e.value for e in Endpoint), RESPONSES_URL, EMBEDDINGS_URL)
 SHOWN = 3  # problems named in one refusal
 
 
@@ -35,11 +35,6 @@ def batch_job(batch_id: str, path: Path) -> JobSpec:
 
 
 def check_endpoint(endpoint: object) -> str:
-    if endpoint in LATER:
-        raise invalid(
-            f"endpoint {endpoint} is not supported in a batch yet; use {' or '.join(ENDPOINTS)}",
-            "endpoint",
-        )
     if endpoint not in ENDPOINTS:
         raise invalid(f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
     assert isinstance(endpoint, str)

@@ -22,10 +22,10 @@ from macbatch.batch.outputs import (
     write_result,
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape
 from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput
 from macbatch.engine.tokenizer import Tokenizer
-from macbatch.openai import formatter_for
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"
@@ -57,7 +57,8 @@ class BatchRun:
         self.completed = self.ledger.count(batch_id)
         self.failed = 0
         self._outputs: queue.Queue[RequestOutput] = queue.Queue()
-        self._in_flight: dict[str, tuple[Planned, ReplyShape]] = {}
+        self._in_flight: dict[str, tuple[Planned, ReplyShape | None]] = {}  # None: pooled
+        self._pending = Pending()  # pooled rows' requests in flight
         self._appender: JsonlAppender | None = None
         self._errors: JsonlAppender | None = None
 
@@ -107,6 +108,9 @@ class BatchRun:
             return True
         if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
             return True
+        if item.pooled is not None:
+            self._admit_pooled(item, item.pooled)
+            return True
         thread = self.engine.thread
         try:
             bound = item.bind(thread.info.model.tool_format, self.engine.decoder)
@@ -119,6 +123,21 @@ class BatchRun:
         self._in_flight[request_id] = (item, bound.shape)
         return True
 
+    def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
+        """Submit all of a pooled row's requests (an embeddings body with several inputs is
+        several), or none and an error line."""
+        thread = self.engine.thread
+        try:
+            requests = row.bind(thread.info.model.embedding, self.engine.decoder)
+            submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
+            request_ids = self._pending.submit(item, item.key, requests, submit, thread.cancel)
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # ValueError: too long, a model that cannot embed ...
+            self._fail(item, str(exc), "invalid_request")
+            return
+        self._in_flight.update(dict.fromkeys(request_ids, (item, None)))
+
     def _deliver(self, out: RequestOutput) -> None:
         """On the engine thread: hand finished requests to the batch thread."""
         if out.finished:
@@ -129,18 +148,29 @@ class BatchRun:
         if entry is None:
             return
         item, shape = entry
+        if shape is None:
+            self._finish_pooled(out)
+            return
         if out.finish_reason is FinishReason.ABORT:
             return  # cancelled or shutting down: not done, so a resume runs it again
         if out.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             self._fail(item, out.error or f"finished with {out.finish_reason}", "engine_error")
             return
-        model, decoder = self.engine.model, self.engine.decoder
-        assert item.generation is not None  # batches take chat and completion rows only
-        formatter = formatter_for(item.generation, shape.tool_format, model, decoder, item.key)
         assert self._appender is not None
-        body = formatter.response([out])
+        body = item.reply_body(out, shape.tool_format, self.engine.model, self.engine.decoder)
         write_result(self._appender, self.ledger, item, out, body, parsed=shape.parse(out.text))
         self.completed += 1
+
+    def _finish_pooled(self, out: RequestOutput) -> None:
+        """Gather a pooled row's outputs; its line (the embeddings response) after the last."""
+        settled = self._pending.settle(out, self.engine.thread.cancel)
+        if settled is not None and settled.error is not None:
+            self._fail(settled.item, settled.error, "engine_error")
+        elif settled is not None:
+            assert self._appender is not None
+            body = settled.body(self.engine.model)
+            write_result(self._appender, self.ledger, settled.item, settled.outputs[0], body)
+            self.completed += 1
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if self._errors is None:

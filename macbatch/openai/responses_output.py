@@ -249,11 +249,12 @@ def _status(out: RequestOutput) -> str:
 
 
 def _usage(finals: list[RequestOutput]) -> dict[str, Any]:
-    """Responses' usage from the chat counts (reasoning tokens are not counted apart: 0)."""
+    """Responses' usage from the chat counts (reasoning tokens are not counted apart: 0; the
+    prefix cache's writes are not billed, so ``cache_write_tokens`` is 0)."""
     counts = usage(finals, 1)
     return {
         "input_tokens": counts["prompt_tokens"],
-        "input_tokens_details": counts["prompt_tokens_details"],
+        "input_tokens_details": {**counts["prompt_tokens_details"], "cache_write_tokens": 0},
         "output_tokens": counts["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": counts["total_tokens"],

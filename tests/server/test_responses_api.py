@@ -44,6 +44,9 @@ def test_response_matches_engine(client: openai.OpenAI, served: Served) -> None:
     assert response.usage.input_tokens == expected.metrics.prompt_tokens
     assert response.usage.output_tokens == len(expected.token_ids)
     assert response.instructions == SYSTEM and response.max_output_tokens == 12
+    # Every field the client's own model requires is there (its lenient parse fills gaps).
+    strict = openai.types.responses.Response.model_validate(response.model_dump(exclude_unset=True))
+    assert strict.usage is not None and strict.usage.input_tokens_details.cache_write_tokens == 0
 
 
 def test_stream_events_reassemble_into_the_response(client: openai.OpenAI, served: Served) -> None:

@@ -21,11 +21,9 @@ import jsonschema
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
-from tests.support.real_templates import read_template
+from tests.support.real_templates import gpt_oss_reasoner, read_template
 from tests.support.real_tokenizers import TOKENIZERS, generation_eos_ids, model_for
-from tests.support.scripted import opening_model
 from tests.support.standin import harmony_tokenizer
-from tests.support.tiny import VOCAB_SIZE
 
 CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
 BUDGETS = [0, 1, 5, 17]
@@ -68,10 +66,9 @@ def _qwen3_5(directory: Path) -> Family:
 
 def _gpt_oss() -> Family:
     tokenizer = harmony_tokenizer(read_template("gpt_oss"))
-    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
     opening = _ids(tokenizer, "<|channel|>analysis<|message|>")
-    model = opening_model("qwen3", VOCAB_SIZE, [prompt[-1], *opening])
-    engine = Engine(model, tokenizer, EngineConfig(num_blocks=64, block_size=16))
+    config = EngineConfig(num_blocks=64, block_size=16)
+    engine = Engine(gpt_oss_reasoner(tokenizer), tokenizer, config)
     header = _ids(tokenizer, "<|start|>assistant<|channel|>final<|message|>")
     return Family(engine, opening, _ids(tokenizer, "<|end|>"), header)
 

@@ -104,10 +104,26 @@ def save_with_template(path: Path, name: str) -> Path:
     return path
 
 
-def save_gpt_oss(path: Path) -> Path:
+def gpt_oss_reasoner(tokenizer: Any) -> Any:
+    """A tiny random (bigram) model that, after gpt-oss's generation prompt, opens the analysis
+    channel as a real gpt-oss model does, then says random tokens (``tokenizer``: the harmony
+    stand-in with gpt-oss's template)."""
+    from tests.support.scripted import opening_model
+    from tests.support.tiny import VOCAB_SIZE
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True,
+                                           add_generation_prompt=True)  # fmt: skip
+    opening = tokenizer.encode("<|channel|>analysis<|message|>", add_special_tokens=False)
+    return opening_model("qwen3", VOCAB_SIZE, [prompt[-1], *opening])
+
+
+def save_gpt_oss(path: Path, reasons: bool = False) -> Path:
     """A tiny random model with gpt-oss's real template on the harmony stand-in tokenizer
     (gpt-oss's special tokens: its real tokenizer is not vendored), ``<|return|>`` and
-    ``<|call|>`` as EOS, in the Hugging Face layout."""
+    ``<|call|>`` as EOS, in the Hugging Face layout; ``reasons``: ``gpt_oss_reasoner``'s."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
     from tests.support.standin import harmony_tokenizer
     from tests.support.tiny import save_model
 
@@ -118,5 +134,9 @@ def save_gpt_oss(path: Path) -> Path:
     wrapper._tokenizer.save_pretrained(path)
     config = json.loads((path / "config.json").read_text())
     config["eos_token_id"] = sorted(wrapper.eos_token_ids)
+    if reasons:
+        weights = dict(tree_flatten(gpt_oss_reasoner(wrapper).parameters()))
+        mx.save_safetensors(str(path / "model.safetensors"), weights)
+        config["tie_word_embeddings"] = False
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path

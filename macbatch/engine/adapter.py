@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
-from macbatch.engine import gated_delta
+from macbatch.engine import depthwise_conv, gated_delta
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
@@ -228,6 +228,7 @@ class ModelAdapter:
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
         if self.state_shapes:
             run_packed_layers(self.model.layers)
+            depthwise_conv.install(self.model.layers)
             gated_delta.install()
 
     @property

@@ -236,6 +236,12 @@ class ModelAdapter:
         return getattr(self.model, self.inner_name)
 
     @property
+    def head_is_split(self) -> bool:
+        """Whether mlx-lm's ``shard`` split the LM head by vocabulary (its logits are gathered
+        across the ranks: every rank must apply it)."""
+        return getattr(self.model, "sharding_group", None) is not None
+
+    @property
     def hybrid(self) -> bool:
         """Whether some layers keep recurrent state (Gated DeltaNet, Mamba, short convolutions)."""
         return bool(self.state_shapes)

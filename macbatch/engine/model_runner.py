@@ -60,11 +60,6 @@ class ModelRunner:
             shard_model(model, group)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
-        if group is not None and self.adapter.hybrid:
-            raise UnsupportedModelError(
-                f"model type '{self.adapter.model_type}' has recurrent layers; tensor parallelism "
-                "(mlx.launch) does not split their state yet: run it in one process"
-            )
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.model_type = self.adapter.model_type
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
@@ -162,12 +157,17 @@ class ModelRunner:
 
     def follow(self, batch: PackedBatch) -> None:
         """Rank 0's step on this rank's shard: the same layers, so the same collectives in the
-        same order, and this rank's K/V written. Not the LM head: it is not split and only rank
-        0 samples, so computing it here would only delay this rank's next step (and rank 0's)."""
-        hidden = self.adapter.hidden_states(batch, self.kv_stores)
+        same order, and this rank's K/V (and recurrent state) written. Not the LM head, unless
+        mlx-lm split it by vocabulary (its gather is a collective): only rank 0 samples, so
+        computing it here would only delay this rank's next step (and rank 0's)."""
+        if self.adapter.head_is_split:
+            out = self.adapter.forward(batch, self.kv_stores, self.states)
+        else:
+            out = self.adapter.hidden_states(batch, self.kv_stores, self.states)
         # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
         # so the last layer's collectives after it are not run there, and must not be run here.
-        mx.eval(*([hidden] if batch.sample_rows.size else []), *self.kv_stores.arrays())
+        computed = [out] if out is not None and batch.sample_rows.size else []
+        mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
 
 
 def force_tokens(logits: mx.array, forced: Sequence[int | None]) -> mx.array:

@@ -21,7 +21,7 @@ import mlx.nn as nn
 import numpy as np
 
 import macbatch.metal
-from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
+from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of

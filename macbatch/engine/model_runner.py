@@ -21,6 +21,7 @@ import mlx.nn as nn
 import numpy as np
 
 import macbatch.metal
+from macbatch.engine import host_memory
 from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
@@ -55,6 +56,7 @@ class ModelRunner:
         runner at the same point)."""
         self.config = config
         self.group = group
+        host_memory.keep_step_buffers()
         self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
         if group is not None:
             shard_model(model, group)

@@ -11,9 +11,11 @@ Networks"): within a chunk, with ``G_i`` the decay from the chunk's start to tok
     Y = diag(G) Q S0^T + (causal (G_t / G_i) Q K^T) U
     S = G_C S0 + U^T diag(G_C / G) K
 
-(only ratios of decays appear, so nothing overflows). The unit-triangular inverse is a product
-of log2(CHUNK) squarings, so everything is matrix products. It agrees with the token-by-token
-recurrence to float32 rounding (tests/engine/test_gated_delta.py).
+(only ratios of decays appear, so nothing overflows). Everything but the state's own flow is
+computed for all chunks at once (``_within_chunks``: the products, the unit-triangular inverse by
+LAPACK's ``tri_inv``); then each chunk takes three products from the state the chunk before left
+(``_across``). It agrees with the token-by-token recurrence to float32 rounding
+(tests/engine/test_gated_delta.py).
 
 Only the engine's own packed step uses it (``prefill``): mlx-lm's generation in the same process,
 the tests' oracle and the benchmarks' peer, keeps its own code.

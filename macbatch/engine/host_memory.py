@@ -5,10 +5,11 @@ serves one above its mmap threshold (dynamic, at most 32 MiB) with a fresh ``mma
 kernel zero-fills page by page, unmapped again on ``free``. A prefill step of a few thousand
 tokens allocates hundreds of such buffers: measured here, one element-wise op on 2,048 x 4,096
 float32 took 27 ms of CPU, 5 ms once the buffer came from the heap. So a runner on the CPU raises
-the threshold to 256 MiB (the pool's pages, bigger, are still mapped apart) and the heap's trim
-threshold with it (else its top is given back and faulted in again every step). What the heap
-then keeps is at most the largest step's working set; ``release`` hands it back when the engine
-idles (the pool's shrink). Elsewhere (macOS, musl, Metal) nothing changes.
+the threshold to 64 MiB (bigger buffers, the pool's pages among them, are still mapped apart) and
+the heap's trim threshold with it (else its top is given back and faulted in again every step).
+Like MLX's own buffer cache on Metal, the heap then keeps up to the largest step's working set
+of such buffers; ``release`` hands it back when the engine idles (``kv_shrink_after_s``).
+Elsewhere (macOS, musl, Metal) nothing changes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from functools import cache
 import mlx.core as mx
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEPT_BYTES = 256 << 20
+_KEPT_BYTES = 64 << 20
 
 
 @cache

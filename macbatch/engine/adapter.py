@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
-from macbatch.engine import gated_delta
+from macbatch.engine import depthwise_conv, gated_delta
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
@@ -242,11 +242,18 @@ class ModelAdapter:
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
         if self.state_shapes:
             run_packed_layers(self.model.layers)
+            depthwise_conv.install(self.model.layers)
             gated_delta.install()
 
     @property
     def inner(self) -> nn.Module:
         return getattr(self.model, self.inner_name)
+
+    @property
+    def head_is_split(self) -> bool:
+        """Whether mlx-lm's ``shard`` split the LM head by vocabulary (its logits are gathered
+        across the ranks: every rank must apply it)."""
+        return getattr(self.model, "sharding_group", None) is not None
 
     @property
     def hybrid(self) -> bool:

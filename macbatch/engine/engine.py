@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from macbatch.engine import host_memory
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
@@ -237,7 +238,9 @@ class Engine(PromptEncoder):
         has been idle for ``config.kv_shrink_after_s``); returns the blocks given back."""
         if self.has_unfinished():
             return 0
-        return self.kv.shrink()
+        given_back = self.kv.shrink()
+        host_memory.release()  # and the heap's free step buffers (engine/host_memory.py)
+        return given_back
 
     # -- the step ----------------------------------------------------------------------------
 

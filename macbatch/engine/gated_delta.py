@@ -11,9 +11,11 @@ Networks"): within a chunk, with ``G_i`` the decay from the chunk's start to tok
     Y = diag(G) Q S0^T + (causal (G_t / G_i) Q K^T) U
     S = G_C S0 + U^T diag(G_C / G) K
 
-(only ratios of decays appear, so nothing overflows). The unit-triangular inverse is a product
-of log2(CHUNK) squarings, so everything is matrix products. It agrees with the token-by-token
-recurrence to float32 rounding (tests/engine/test_gated_delta.py).
+(only ratios of decays appear, so nothing overflows). Everything but the state's own flow is
+computed for all chunks at once (``_within_chunks``: the products, the unit-triangular inverse by
+LAPACK's ``tri_inv``); then each chunk takes three products from the state the chunk before left
+(``_across``). It agrees with the token-by-token recurrence to float32 rounding
+(tests/engine/test_gated_delta.py).
 
 Only the engine's own packed step uses it (``prefill``): mlx-lm's generation in the same process,
 the tests' oracle and the benchmarks' peer, keeps its own code.
@@ -38,68 +40,92 @@ def chunked_gated_delta(
     """The recurrence over ``T`` tokens; shapes as mlx-lm's ``gated_delta_ops``: q, k
     ``[B, T, Hk, Dk]``, v ``[B, T, Hv, Dv]``, g and beta ``[B, T, Hv]``, state
     ``[B, Hv, Dv, Dk]``. Returns y ``[B, T, Hv, Dv]`` (q's dtype) and the new state (float32)."""
-    out_dtype = q.dtype
-    heads = v.shape[2]
-    if (repeat := heads // k.shape[2]) > 1:
+    out_dtype, length = q.dtype, q.shape[1]
+    if (repeat := v.shape[2] // k.shape[2]) > 1:
         q, k = mx.repeat(q, repeat, -2), mx.repeat(k, repeat, -2)
-    # [B, H, T, D], float32: the decays' products need it
-    q, k, v = (x.astype(mx.float32).transpose(0, 2, 1, 3) for x in (q, k, v))
-    log_g = mx.log(g.astype(mx.float32)).transpose(0, 2, 1)
-    beta = beta.astype(mx.float32).transpose(0, 2, 1)
+    # Padded to whole chunks with tokens that change nothing (beta 0, decay 1), then
+    # [B, H, N, C, D] in float32: the decays' products need it.
+    pad = -length % CHUNK
+    q, k, v = (_chunks(x.astype(mx.float32), pad) for x in (q, k, v))
+    log_g = _chunks(mx.log(g.astype(mx.float32))[..., None], pad)[..., 0]
+    beta = _chunks(beta.astype(mx.float32)[..., None], pad)[..., 0]
+    parts = _within_chunks(q, k, v, log_g, beta)
     state = state.astype(mx.float32)
     ys = []
-    for start in range(0, q.shape[2], CHUNK):
-        part = slice(start, start + CHUNK)
-        y, state = _chunk(q[:, :, part], k[:, :, part], v[:, :, part], log_g[:, :, part],
-                          beta[:, :, part], state)  # fmt: skip
+    for n in range(q.shape[2]):  # only this carries from chunk to chunk
+        y, state = _across(state, *(part[:, :, n] for part in parts))
         ys.append(y)
-    y = ys[0] if len(ys) == 1 else mx.concatenate(ys, axis=2)
+    y = mx.stack(ys, axis=2).reshape(q.shape[0], q.shape[1], -1, v.shape[-1])[:, :, :length]
     return y.transpose(0, 2, 1, 3).astype(out_dtype), state
 
 
-def _chunk(
-    q: mx.array, k: mx.array, v: mx.array, log_g: mx.array, beta: mx.array, state: mx.array
-) -> tuple[mx.array, mx.array]:
-    """One chunk: ``[B, H, C, D]`` inputs, ``[B, H, C]`` log decays and betas."""
-    length = q.shape[2]
+def _chunks(x: mx.array, pad: int) -> mx.array:
+    """``[B, T, H, D]`` -> ``[B, H, N, C, D]``, zero-padded to ``N`` whole chunks."""
+    if pad:
+        x = mx.pad(x, [(0, 0), (0, pad), (0, 0), (0, 0)])
+    b, t, h, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, h, t // CHUNK, CHUNK, d)
+
+
+def _within_chunks(
+    q: mx.array, k: mx.array, v: mx.array, log_g: mx.array, beta: mx.array
+) -> tuple[mx.array, ...]:
+    """Everything that does not depend on the state, for all chunks at once: with ``S`` the state
+    at a chunk's start, ``U = u0 - w S^T``, ``Y = qd S^T + qk U``, ``S' = g_end S + U^T k_end``."""
+    length = q.shape[-2]
     cum = mx.cumsum(log_g, axis=-1)  # log G_i
     rows, cols = mx.arange(length)[:, None], mx.arange(length)[None, :]
     ratio = cum[..., :, None] - cum[..., None, :]  # log(G_i / G_j)
     causal = mx.exp(mx.where(cols <= rows, ratio, -mx.inf))  # G_i / G_j, j <= i; else 0
-    strict = mx.where(cols < rows, causal, 0.0)
-    lower = beta[..., :, None] * strict * (k @ k.swapaxes(-1, -2))
+    dots = mx.concatenate([k, q], axis=-2) @ k.swapaxes(-1, -2)  # k.k and q.k, one product
+    lower = beta[..., :, None] * mx.where(cols < rows, causal, 0.0) * dots[..., :length, :]
+    inverse = _unit_lower_inverse(lower) * beta[..., None, :]  # (I + L)^-1 diag(beta)
     decay = mx.exp(cum)[..., None]  # G_i
-    state_t = state.swapaxes(-1, -2)  # [B, H, Dk, Dv]
-    rhs = beta[..., None] * (v - decay * (k @ state_t))
-    u = _unit_lower_inverse(lower) @ rhs
-    y = decay * (q @ state_t) + (causal * (q @ k.swapaxes(-1, -2))) @ u
-    to_end = mx.exp(cum[..., -1:] - cum)[..., None]  # G_C / G_i
-    new_state = mx.exp(cum[..., -1])[..., None, None] * state + (u * to_end).swapaxes(-1, -2) @ k
-    return y, new_state
+    solved = inverse @ mx.concatenate([v, decay * k], axis=-1)
+    u0, w = solved[..., : v.shape[-1]], solved[..., v.shape[-1] :]
+    qk = causal * dots[..., length:, :]
+    k_end = mx.exp(cum[..., -1:] - cum)[..., None] * k  # (G_C / G_i) k_i
+    g_end = mx.exp(cum[..., -1])[..., None, None]
+    return mx.concatenate([w, decay * q], axis=-2), u0, qk, k_end, g_end
+
+
+def _across(
+    state: mx.array, wq: mx.array, u0: mx.array, qk: mx.array, k_end: mx.array, g_end: mx.array
+) -> tuple[mx.array, mx.array]:
+    """One chunk from its start state: its outputs and the state after it."""
+    length = u0.shape[-2]
+    products = wq @ state.swapaxes(-1, -2)  # [w; qd] S^T in one product
+    u = u0 - products[..., :length, :]
+    y = products[..., length:, :] + qk @ u
+    return y, g_end * state + u.swapaxes(-1, -2) @ k_end
 
 
 def _unit_lower_inverse(lower: mx.array) -> mx.array:
-    """``(I + L)^-1`` for strictly lower-triangular ``L`` (nilpotent: ``L^n = 0``), as
-    ``(I - L)(I + L^2)(I + L^4)...``: log2(n) matrix products instead of n substitution steps."""
-    n = lower.shape[-1]
-    eye = mx.eye(n, dtype=lower.dtype)
-    inverse, power = eye - lower, lower @ lower
-    while n > 2:
-        inverse = inverse @ (eye + power)
-        power = power @ power
-        n = (n + 1) // 2
-    return inverse
+    """``(I + L)^-1`` for strictly lower-triangular ``L``: LAPACK's triangular inverse."""
+    eye = mx.eye(lower.shape[-1], dtype=lower.dtype)
+    return mx.linalg.tri_inv(eye + lower, upper=False, stream=mx.cpu)
 
 
 @contextlib.contextmanager
 def prefill() -> Iterator[None]:
     """While inside, Gated DeltaNet layers without mlx-lm's kernel run their long sequences
-    chunked (the engine enters it around its recurrent layers)."""
+    chunked, and depthwise convolutions as shifted sums (``depthwise_conv``); the engine enters
+    it around its recurrent layers' prefill chunks."""
     _state["active"] = True
     try:
         yield
     finally:
         _state["active"] = False
+
+
+def active() -> bool:
+    """Whether the engine's recurrent prefill is running (inside ``prefill``)."""
+    return _state["active"]
+
+
+def on_gpu() -> bool:
+    """Whether MLX computes on a Mac's GPU, where mlx-lm's own kernels run."""
+    return mx.metal.is_available() and mx.default_device() == mx.gpu
 
 
 def install() -> None:
@@ -130,9 +156,8 @@ def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
 def _chunked(q: mx.array, a: mx.array, mask: Any, options: dict[str, Any]) -> bool:
     """Whether a call is one this module computes: inside the engine's step, a sequence of at
     least a chunk, no kernel to run it, no mask, scalar gates, mlx-lm's default gate options."""
-    kernel = mx.metal.is_available() and mx.default_device() == mx.gpu
     plain = not options.get("allow_neg_eigval") and options.get("lower_bound") is None
     return (
-        _state["active"] and not kernel and mask is None and plain
+        _state["active"] and not on_gpu() and mask is None and plain
         and q.shape[1] >= CHUNK and a.ndim == 3
     )  # fmt: skip

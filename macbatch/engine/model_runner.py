@@ -21,7 +21,8 @@ import mlx.nn as nn
 import numpy as np
 
 import macbatch.metal
-from macbatch.engine.adapter import ModelAdapter, UnsupportedModelError
+from macbatch.engine import host_memory
+from macbatch.engine.adapter import ModelAdapter
 from macbatch.engine.compiled_step import compiled_decode
 from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
@@ -58,16 +59,12 @@ class ModelRunner:
         runner at the same point)."""
         self.config = config
         self.group = group
+        host_memory.keep_step_buffers()
         self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
         if group is not None:
             shard_model(model, group)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
-        if group is not None and self.adapter.hybrid:
-            raise UnsupportedModelError(
-                f"model type '{self.adapter.model_type}' has recurrent layers; tensor parallelism "
-                "(mlx.launch) does not split their state yet: run it in one process"
-            )
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.model_type = self.adapter.model_type
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
@@ -185,12 +182,17 @@ class ModelRunner:
 
     def follow(self, batch: PackedBatch) -> None:
         """Rank 0's step on this rank's shard: the same layers, so the same collectives in the
-        same order, and this rank's K/V written. Not the LM head: it is not split and only rank
-        0 samples, so computing it here would only delay this rank's next step (and rank 0's)."""
-        hidden = self.adapter.hidden_states(batch, self.kv_stores)
+        same order, and this rank's K/V (and recurrent state) written. Not the LM head, unless
+        mlx-lm split it by vocabulary (its gather is a collective): only rank 0 samples, so
+        computing it here would only delay this rank's next step (and rank 0's)."""
+        if self.adapter.head_is_split:
+            out = self.adapter.forward(batch, self.kv_stores, self.states)
+        else:
+            out = self.adapter.hidden_states(batch, self.kv_stores, self.states)
         # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
         # so the last layer's collectives after it are not run there, and must not be run here.
-        mx.eval(*([hidden] if batch.sample_rows.size else []), *self.kv_stores.arrays())
+        computed = [out] if out is not None and batch.sample_rows.size else []
+        mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
 
 
 def force_tokens(logits: mx.array, forced: Sequence[int | None]) -> mx.array:

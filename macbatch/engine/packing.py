@@ -39,9 +39,9 @@ class PackedBatch:
     num_tokens: int
     pending_rows: list[int]  # rows whose token is pending (filled on the device)
     pending_chunks: list[int]  # the plan's chunk index of each pending row
-    # A hybrid model's recurrent layers: which rows form which sequence, and their state slots.
-    # Rank 0's alone (a distributed step carries no recurrent state).
-    state_rows: StateRows | None = field(default=None, metadata={"rank_local": True})
+    # A hybrid model's recurrent layers: which rows form which sequence, and their state slots
+    # (every rank keeps its heads' share of every slot).
+    state_rows: StateRows | None = None
     # The window group's (sliding-window layers) block tables and write rows, when the model has
     # one: its own block ids, block 0 where a block left every window (never read). Rank 0's
     # alone (a distributed engine keeps every layer in the full group).

@@ -114,10 +114,21 @@ class StateRows:
     chunks: tuple[tuple[int, int, StateChunk], ...]  # (first row, length, plan) of the others
     write_slots: mx.array  # every slot written, in the order above
     restore: mx.array | None  # rows from piece order; None: pieces are already in row order
+    # What it was built from, one row per chunk: (length, read, write, checkpoint,
+    # checkpoint_at). A distributed step broadcasts this; every rank builds the rest from it.
+    wire: np.ndarray
 
     @classmethod
     def build(cls, lengths: np.ndarray, plans: Sequence[StateChunk]) -> StateRows:
         """``lengths`` and ``plans`` of the step's chunks, in row order."""
+        rows = [(n, p.read, p.write, p.checkpoint, p.checkpoint_at) for n, p in zip(lengths, plans)]
+        return cls.from_wire(np.array(rows, np.int32).reshape(-1, 5))
+
+    @classmethod
+    def from_wire(cls, wire: np.ndarray) -> StateRows:
+        """The rows of a step from its ``wire`` form."""
+        lengths = wire[:, 0]
+        plans = [StateChunk(*map(int, row[1:])) for row in wire]
         first_rows = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         single = lengths == 1
         single_rows = first_rows[single]
@@ -142,6 +153,7 @@ class StateRows:
             chunks=chunks,
             write_slots=mx.array(writes, dtype=mx.int32),
             restore=None if in_order else mx.array(np.argsort(order).astype(np.int32)),
+            wire=wire,
         )
 
 

@@ -332,7 +332,7 @@ class EngineThread(PromptEncoder):
 
 def _shrink_deadline(engine: Engine) -> float | None:
     after = engine.config.kv_shrink_after_s
-    if after is None or engine.kv.elastic is None:
+    if after is None:  # a fixed pool does not shrink, but the heap's free buffers go back
         return None
     return time.monotonic() + after
 

@@ -4,6 +4,7 @@ Every subprocess has a deadline, so nothing here can hang CI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from macbatch.engine.kv_cache import BlockPool
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import pack
+from macbatch.engine.recurrent import StateChunk, StateRows
 from macbatch.engine.request import Request, RequestMetrics
 from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.scheduler import Scheduler
@@ -40,12 +42,19 @@ from tests.support.tiny import build_model, save_model
 from tests.support.tp_worker import CONFIG, GREEDY, workload_prompts
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_two_ranks_generate_what_mlx_lm_generates(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [("llama", {}), ("qwen3", {}), ("qwen3_5", {}), ("qwen3_5", {"tie_word_embeddings": False})],
+)
+def test_two_ranks_generate_what_mlx_lm_generates(
+    arch: str, overrides: dict, tmp_path: Path
+) -> None:
     """Under `mlx.launch -n 2 --backend ring`, with prompts longer than a step's budget (chunked
     prefill), a pool too small for all of them (preemption) and a shared prefix (prefix cache):
-    every greedy token, and its log-probability, is mlx-lm's on the whole model."""
-    model_dir = save_model(tmp_path / arch, arch=arch, seed=1)
+    every greedy token, and its log-probability, is mlx-lm's on the whole model. A hybrid
+    (qwen3_5) splits its Gated DeltaNet heads and their state slots too, and with untied
+    embeddings mlx-lm splits its LM head by vocabulary (every rank applies it)."""
+    model_dir = save_model(tmp_path / arch, arch=arch, seed=1, **overrides)
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out)]
     launched = mlx_launch(command, ranks=2, timeout_s=180)
@@ -96,6 +105,19 @@ def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
     assert {k: v.tolist() for k, v in decoded.kv_write_rows.items()} == {
         k: v.tolist() for k, v in batch.kv_write_rows.items()
     }
+
+
+def test_a_hybrid_steps_state_rows_round_trip(tiny_tokenizer) -> None:
+    """A hybrid model's state rows (which rows form which sequence, from and to which slots and
+    checkpoints) reach the followers as rank 0 built them."""
+    plans = [StateChunk(-1, 0), StateChunk(2, 1, checkpoint=9, checkpoint_at=8), StateChunk(3, 3)]
+    rows = StateRows.build(np.array([3, 30, 1]), plans)
+    batch = dataclasses.replace(_packed_step(tiny_tokenizer), state_rows=rows)
+    decoded = decode_batch(encode_batch(batch)).state_rows
+    assert decoded is not None and decoded.chunks == rows.chunks
+    for name in ("single_reads", "single_keep", "write_slots"):
+        assert getattr(decoded, name).tolist() == getattr(rows, name).tolist(), name
+    assert decoded.write_slots.tolist() == [3, 0, 1, 9]
 
 
 def test_a_step_lost_in_sending_leaves_no_step_in_flight(tiny_tokenizer, monkeypatch) -> None:
@@ -158,6 +180,11 @@ def test_models_that_cannot_be_split_are_refused_with_the_reason() -> None:
         shard_model(build_model("gemma3_text"), _TwoRanks())
     with pytest.raises(UnsupportedModelError, match="3 key value heads.*divides 3"):
         shard_model(build_model("llama", num_key_value_heads=3, num_attention_heads=6), _TwoRanks())
+    with pytest.raises(UnsupportedModelError, match="3 linear key heads, which 2 ranks"):
+        hybrid = build_model("qwen3_5", linear_num_key_heads=3, linear_num_value_heads=6)
+        shard_model(hybrid, _TwoRanks())
+    with pytest.raises(UnsupportedModelError, match="nemotron_h.*no tensor-parallel sharding"):
+        shard_model(build_model("nemotron_h"), _TwoRanks())
 
 
 def _doctor_as_rank_zero(hostfile: Path, **env: str) -> subprocess.CompletedProcess:

@@ -125,8 +125,8 @@ def test_long_prompts_take_the_chunked_prefill(tiny_tokenizer, monkeypatch):
     """Prompts of several chunks (``gated_delta.CHUNK`` tokens) in one step run the chunked
     gated-delta prefill (each up to its last block boundary, where it leaves a checkpoint);
     their tokens and log-probabilities stay mlx-lm's, which steps through the prompt token by
-    token here."""
-    from macbatch.engine import gated_delta
+    token here. Their depthwise convolutions run as shifted sums (``depthwise_conv``)."""
+    from macbatch.engine import depthwise_conv, gated_delta
     from tests.support.oracle import mlx_lm_greedy_logprobs
 
     model = build_model("qwen3_5")
@@ -144,6 +144,8 @@ def test_long_prompts_take_the_chunked_prefill(tiny_tokenizer, monkeypatch):
     outs = engine.generate(prompts, params)
     layers = len(engine.adapter.state_shapes)
     assert sorted(lengths) == [144] * layers + [192] * layers  # cut at the last 16-token block
+    shifted = [m for _, m in model.named_modules() if type(m) is depthwise_conv.ShiftedConv1d]
+    assert len(shifted) == layers
     for prompt, out in zip(prompts, outs):
         want = mlx_lm_greedy_logprobs(model, prompt, params.max_tokens)
         assert out.token_ids == [token for token, _ in want]

@@ -3,8 +3,9 @@
 A message is a fixed two-int header ``[kind, payload length]`` and then an int32 payload, both
 broadcast with ``all_sum`` (the other ranks add zeros), so it runs on every backend MLX has and
 with any number of ranks. A step's payload is the ``PackedBatch`` itself, encoded field by field
-(token ids, positions, cu_seqlens, seq_lens, block tables, KV write rows, sample rows): the
-followers rebuild exactly the arrays rank 0 built and need no scheduler or request state.
+(token ids, positions, cu_seqlens, seq_lens, block tables, KV write rows, sample rows, a hybrid
+model's state rows): the followers rebuild exactly the arrays rank 0 built and need no scheduler
+or request state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.watchdog import process_watchdog
 from macbatch.engine.packing import PackedBatch
+from macbatch.engine.recurrent import StateRows
 
 
 class MessageKind(IntEnum):
@@ -44,7 +46,7 @@ class LoadOrder:
 
 
 # Field encodings: a tag, then the value.
-_INT, _ARRAY, _ARRAYS_BY_INT, _INTS = 0, 1, 2, 3
+_INT, _ARRAY, _ARRAYS_BY_INT, _INTS, _NONE, _STATE_ROWS = 0, 1, 2, 3, 4, 5
 
 
 def encode_batch(batch: PackedBatch) -> np.ndarray:
@@ -52,12 +54,17 @@ def encode_batch(batch: PackedBatch) -> np.ndarray:
     parts: list[np.ndarray] = []
     for field in _wire_fields():
         value = getattr(batch, field.name)
-        if isinstance(value, bool) or not isinstance(value, int | mx.array | dict | list):
+        encodable = int | mx.array | dict | list | StateRows | None
+        if isinstance(value, bool) or not isinstance(value, encodable):
             raise TypeError(
                 f"PackedBatch.{field.name} ({type(value).__name__}) has no wire encoding; "
                 "add one in macbatch/engine/distributed/channel.py"
             )
-        if isinstance(value, int):
+        if value is None:
+            parts.append(np.array([_NONE], np.int32))
+        elif isinstance(value, StateRows):  # rebuilt from what it was built from
+            parts += [np.array([_STATE_ROWS], np.int32), _encode_array(field.name, value.wire)]
+        elif isinstance(value, int):
             parts.append(np.array([_INT, value], np.int32))
         elif isinstance(value, list):
             parts.append(np.array([_INTS, len(value), *value], np.int32))
@@ -70,8 +77,8 @@ def encode_batch(batch: PackedBatch) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _encode_array(name: str, array: mx.array) -> np.ndarray:
-    if array.dtype != mx.int32:
+def _encode_array(name: str, array: mx.array | np.ndarray) -> np.ndarray:
+    if array.dtype not in (mx.int32, np.int32):
         raise TypeError(f"PackedBatch.{name} is {array.dtype}; only int32 arrays are broadcast")
     head = np.array([array.ndim, *array.shape], np.int32)
     return np.concatenate([head, np.asarray(array).reshape(-1)])
@@ -86,12 +93,17 @@ def decode_batch(data: np.ndarray) -> PackedBatch:
         if tag == _INT:
             values[field.name] = int(reader.take(1)[0])
         elif tag == _ARRAY:
-            values[field.name] = reader.array()
+            values[field.name] = mx.array(reader.array())
+        elif tag == _NONE:
+            values[field.name] = None
+        elif tag == _STATE_ROWS:
+            values[field.name] = StateRows.from_wire(reader.array())
         elif tag == _INTS:
             values[field.name] = [int(v) for v in reader.take(int(reader.take(1)[0]))]
         elif tag == _ARRAYS_BY_INT:
             count = int(reader.take(1)[0])
-            values[field.name] = {int(reader.take(1)[0]): reader.array() for _ in range(count)}
+            arrays = {int(reader.take(1)[0]): mx.array(reader.array()) for _ in range(count)}
+            values[field.name] = arrays
         else:
             raise ValueError(f"corrupt step message: field {field.name} has tag {tag}")
     if reader.offset != len(data):
@@ -109,10 +121,10 @@ class _Reader:
         self.offset += count
         return chunk
 
-    def array(self) -> mx.array:
+    def array(self) -> np.ndarray:
         ndim = int(self.take(1)[0])
         shape = [int(n) for n in self.take(ndim)]
-        return mx.array(self.take(int(np.prod(shape))).reshape(shape))
+        return self.take(int(np.prod(shape))).reshape(shape)
 
 
 class StepChannel:

@@ -33,7 +33,7 @@ from macbatch.batch.outputs import (
 )
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
-from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
+from macbatch.batch.replies import ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
@@ -250,21 +250,12 @@ class _Loop:
             self._fail(settled.item, settled.error, "engine_error")
         elif settled is not None:
             outputs = settled.outputs
-            self._record(settled.item, outputs[0], settled.body(self.job_file.model))
+            item = settled.item
+            body = settled.body(self.job_file.model)
+            write_result(self.outputs[item.job], self.ledger, item, outputs[0], body)
+            self.progress.jobs[item.job].ok += 1
             self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
             self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
-
-    def _record(
-        self,
-        item: Planned,
-        output: RequestOutput,
-        body: dict[str, Any],
-        correct: bool | None = None,
-        parsed: ParsedReply | None = None,
-    ) -> None:
-        """Write a finished row's line and record it done (``write_result`` keeps the order)."""
-        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
-        self.progress.jobs[item.job].ok += 1
 
     def _finish(self, output: RequestOutput) -> None:
         item = self.in_flight.pop(output.request_id, None)
@@ -287,7 +278,8 @@ class _Loop:
         correct = is_correct(answer, item.expected)
         model, tokenizer = self.job_file.model, self.engine.tokenizer
         body = item.reply_body(output, shape.tool_format, model, tokenizer)
-        self._record(item, output, body, correct, parsed)
+        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
+        self.progress.jobs[item.job].ok += 1
         metrics = self.progress
         metrics.jobs[item.job].capped += output.capped_max_tokens is not None
         if parsed is not None:

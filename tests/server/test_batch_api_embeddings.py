@@ -17,7 +17,7 @@ import pytest
 
 from macbatch.server.app import ServerOptions, stop_batches
 from tests.server.conftest import Served, serving, start_engine
-from tests.support.batch_api import DONE, jsonl, output_lines, wait_for
+from tests.support.batch_api import output_lines, run_batch
 from tests.support.pooling_oracle import cosine, direct_pooled
 from tests.support.real_tokenizers import load_real_tokenizer
 from tests.support.sentence_transformers import write_sentence_transformers
@@ -69,13 +69,7 @@ def _ids(value: Any) -> list[int]:
 def test_embedding_batch(embedder: tuple[Served, Any], tmp_path: Path) -> None:
     server, model = embedder
     client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60)
-    rows = [
-        {"custom_id": name, "method": "POST", "url": URL, "body": body}
-        for name, body in {**GOOD, **BAD}.items()
-    ]
-    upload = client.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint=URL, completion_window="24h")
-    batch = wait_for(client, batch.id, lambda b: b.status in DONE)
+    batch = run_batch(client, URL, {**GOOD, **BAD})
     assert batch.status == "completed", batch
     assert batch.request_counts.model_dump() == {"total": 7, "completed": 4, "failed": 3}
     lines = {line["custom_id"]: line for line in output_lines(client, batch.output_file_id)}

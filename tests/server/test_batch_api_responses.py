@@ -14,7 +14,7 @@ import pytest
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions, stop_batches
 from tests.server.conftest import Served, serving
-from tests.support.batch_api import DONE, jsonl, output_lines, wait_for
+from tests.support.batch_api import output_lines, run_batch
 
 URL = "/v1/responses"
 GOOD: dict[str, dict[str, Any]] = {
@@ -59,13 +59,7 @@ def _stable(value: Any) -> Any:
 
 def test_responses_batch_equals_the_route(server: Served, tmp_path: Path) -> None:
     client = openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0, timeout=60)
-    rows = [
-        {"custom_id": name, "method": "POST", "url": URL, "body": body}
-        for name, body in {**GOOD, **BAD}.items()
-    ]
-    upload = client.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
-    batch = client.batches.create(input_file_id=upload.id, endpoint=URL, completion_window="24h")
-    batch = wait_for(client, batch.id, lambda b: b.status in DONE)
+    batch = run_batch(client, URL, {**GOOD, **BAD})
     assert batch.status == "completed", batch
     assert batch.request_counts.model_dump() == {"total": 6, "completed": 3, "failed": 3}
     lines = {line["custom_id"]: line for line in output_lines(client, batch.output_file_id)}

@@ -55,3 +55,15 @@ def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, A
     data = client.files.content(file_id).content
     assert not data or data.endswith(b"\n")
     return [json.loads(line) for line in data.splitlines()]
+
+
+def run_batch(client: openai.OpenAI, url: str, bodies: dict[str, dict[str, Any]]) -> Any:
+    """Upload one row per ``bodies`` entry (its key the custom id), create a batch on ``url``,
+    and return it once it has ended."""
+    rows = [
+        {"custom_id": name, "method": "POST", "url": url, "body": body}
+        for name, body in bodies.items()
+    ]
+    upload = client.files.create(file=("in.jsonl", jsonl(rows)), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint=url, completion_window="24h")
+    return wait_for(client, batch.id, lambda b: b.status in DONE)

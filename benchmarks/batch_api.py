@@ -23,7 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_job import MODEL_SHAPE, make_prompts, report, run_macbatch  # noqa: E402
+from benchmarks.batch_job import (  # noqa: E402
+    MODEL_SHAPE,
+    job_arguments,
+    make_prompts,
+    report,
+    run_macbatch,
+)
 from tests.support.tiny import save_model  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -66,11 +72,7 @@ def run_batch_api(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=500)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=64, help="sequences decoded together")
-    args = parser.parse_args()
+    args = job_arguments(__doc__, 500)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = save_model(work / "model", "qwen3", **MODEL_SHAPE)

@@ -133,12 +133,17 @@ def report(name: str, r: dict) -> tuple[float, float]:
     return req_s, tok_s
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=1000)
+def job_arguments(description: str, prompts: int) -> argparse.Namespace:
+    """The options of a benchmark that runs a job of random prompts (this one and batch_api)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=prompts)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64, help="sequences decoded together")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = job_arguments(__doc__, 1000)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = save_model(work / "model", "qwen3", **MODEL_SHAPE)

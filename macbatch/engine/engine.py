@@ -41,6 +41,7 @@ from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.qwen_vl import step_rope
 from macbatch.engine.vision import vision_for
 
 if TYPE_CHECKING:
@@ -330,6 +331,8 @@ class Engine(PromptEncoder):
         vision = self.processor.vision
         if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
             batch.image_rows, batch.image_embeddings = images
+        if not isinstance(vision, str) and vision.qwen is not None:
+            batch.rope_positions = step_rope(plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)

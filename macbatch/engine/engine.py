@@ -34,6 +34,7 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.qwen_vl import step_rope
 from macbatch.engine.recurrent import StateChunk, StateStore
 from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import SampledBatch, SamplingParams
@@ -41,7 +42,6 @@ from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.tokenizer import Tokenizer
-from macbatch.engine.qwen_vl import step_rope
 from macbatch.engine.vision import vision_for
 
 if TYPE_CHECKING:

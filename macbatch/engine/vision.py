@@ -26,15 +26,21 @@ from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.qwen_vl import FAMILIES as QWEN_VL
 from macbatch.engine.qwen_vl import QwenVL
 
-# Families whose image rows are ordinary causal rows at 1-D RoPE positions: the paged step runs
-# them as it runs text. The others need what the paged step does not do yet.
+# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3),
+# or at M-RoPE positions (engine/qwen_vl.py). The others need what the paged step does not do yet.
 SUPPORTED = ("mistral3", *QWEN_VL)
 REFUSED = {
     "gemma3": "Gemma 3 attends bidirectionally within an image span; the paged step is causal",
     "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
     "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
-    "qwen3_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
-    "qwen3_5": "Qwen3.5 places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+    "qwen3_vl": (
+        "Qwen3-VL adds DeepStack features to image rows after its first text layers; the paged "
+        "step does not"
+    ),
+    "qwen3_5": (
+        "Qwen3.5's interleaved, partial-rotary M-RoPE on a hybrid model is not wired yet "
+        "(Qwen2.5-VL's sectioned M-RoPE is)"
+    ),
 }
 ENCODE_CACHE_BYTES = 256 * 2**20
 
@@ -174,7 +180,8 @@ class VisionEncoder:
             encoded = self.qwen.features(inputs)
         else:
             features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
-            encoded = features[mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))]
+            rows = np.flatnonzero(np.array(ids).reshape(-1) == self.image_token)
+            encoded = features[mx.array(rows)]
         mx.eval(encoded)
         self.cache.put(image.digest, encoded)
         return encoded

@@ -86,7 +86,8 @@ def test_second_pass_hits_the_encode_and_prefix_caches(
 ) -> None:
     vision = engine.processor.vision
     assert not isinstance(vision, str)
-    question, images = "describe the two pictures in detail please", [image_files[0], image_files[3]]
+    question = "describe the two pictures in detail please"
+    images = [image_files[0], image_files[3]]
     [first] = engine.generate([chat(question, images)], PARAMS)
     encoded = vision.cache.encoded
     request = engine.processor.process(chat(question, images), PARAMS)

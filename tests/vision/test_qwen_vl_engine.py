@@ -12,20 +12,14 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.images import load_image
-from macbatch.engine.prompt import PromptInput
 from tests.vision.conftest import mlx_vlm_greedy
+from tests.vision.test_vision_engine import chat
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 SPAN = "<|vision_start|><|image_pad|><|vision_end|>"
-
-
-def chat(question: str, images: list[Path]) -> PromptInput:
-    parts = [{"type": "image", "image": load_image(p.read_bytes(), str(p))} for p in images]
-    return PromptInput([{"role": "user", "content": [*parts, {"type": "text", "text": question}]}])
 
 
 def rendered(question: str, images: list[Path]) -> str:

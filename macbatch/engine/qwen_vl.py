@@ -56,7 +56,9 @@ class QwenVL:
         sections = scaling.get("mrope_section")
         head_dim = text.hidden_size // text.num_attention_heads
         if not sections or 2 * sum(sections) != head_dim:
-            raise ValueError(f"Qwen VL rope_scaling {scaling} does not split head_dim {head_dim}")
+            raise ValueError(
+                f"its rope_scaling {scaling} has no mrope_section that splits head_dim {head_dim}"
+            )
         self.merge = int(vlm.config.vision_config.spatial_merge_size)
         for layer in text_model.layers:
             attention = layer.self_attn

@@ -76,7 +76,12 @@ def vision_for(name: str, text_model: nn.Module) -> VisionEncoder | str:
 
         path = Path(snapshot_download(path, local_files_only=True))
     reason = unavailable_reason(path, name)
-    return reason if reason is not None else VisionEncoder(path, text_model)
+    if reason is not None:
+        return reason
+    try:
+        return VisionEncoder(path, text_model)
+    except ValueError as exc:  # a config the family's rule cannot run: text still serves
+        return f"images for model '{name}' are not supported: {exc}"
 
 
 class EncodeCache:

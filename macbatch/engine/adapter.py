@@ -93,7 +93,7 @@ class PagedLayerCache:
         self.batch = batch
         self.windowed = windowed
         self.writes = writes  # False for a layer that reuses an earlier layer's K/V
-        self.offset = batch.positions
+        self.offset = batch.positions if batch.rope_positions is None else batch.rope_positions
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:

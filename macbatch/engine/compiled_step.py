@@ -98,6 +98,7 @@ class CompiledDecode:
             or batch.sample_rows.shape[0] != n
             or batch.state_rows is not None
             or batch.image_rows is not None  # image embeddings replace some rows' tokens
+            or batch.rope_positions is not None  # M-RoPE rows (engine/qwen_vl.py)
             or not macbatch.metal.traceable(self._head_dims, self._block_size)
         ):
             return None

@@ -34,6 +34,7 @@ from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
+from macbatch.engine.qwen_vl import step_rope
 from macbatch.engine.recurrent import StateChunk, StateStore
 from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import SampledBatch, SamplingParams
@@ -330,6 +331,8 @@ class Engine(PromptEncoder):
         vision = self.processor.vision
         if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
             batch.image_rows, batch.image_embeddings = images
+        if not isinstance(vision, str) and vision.qwen is not None:
+            batch.rope_positions = step_rope(plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             _feed_sampled_tokens(batch, plan, previous)

@@ -54,6 +54,8 @@ class PackedBatch:
     # Rank 0's alone (the engine sets them after packing, from its vision encoder).
     image_rows: mx.array | None = field(default=None, metadata={"rank_local": True})
     image_embeddings: mx.array | None = field(default=None, metadata={"rank_local": True})
+    # [N, 3] M-RoPE positions (engine/qwen_vl.py) when a row's request has them, else None.
+    rope_positions: mx.array | None = field(default=None, metadata={"rank_local": True})
 
     @cached_property
     def attention(self) -> AttentionMetadata:

@@ -15,6 +15,10 @@ from macbatch.engine.images import Image
 class PromptImages:
     images: tuple[Image, ...]
     positions: np.ndarray  # prompt positions of every image row, ascending
+    # M-RoPE families (engine/qwen_vl.py): every prompt row's three-part position, and the shift
+    # of every position after the prompt. None: rows sit at their 1-D positions.
+    rope: np.ndarray | None = None
+    rope_delta: int = 0
     # A negative id (token ids are not) from every image's digest, in order: a placeholder row
     # hashes as this instead of its token, so a block's hash covers the images it shows.
     key: int = field(init=False)

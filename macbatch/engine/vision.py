@@ -23,17 +23,24 @@ import numpy as np
 
 from macbatch.engine.images import VISION_EXTRA, Image
 from macbatch.engine.prompt_images import PromptImages
+from macbatch.engine.qwen_vl import FAMILIES as QWEN_VL
+from macbatch.engine.qwen_vl import QwenVL
 
-# Families whose image rows are ordinary causal rows at 1-D RoPE positions: the paged step runs
-# them as it runs text. The others need what the paged step does not do yet.
-SUPPORTED = ("mistral3",)
+# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3),
+# or at M-RoPE positions (engine/qwen_vl.py). The others need what the paged step does not do yet.
+SUPPORTED = ("mistral3", *QWEN_VL)
 REFUSED = {
     "gemma3": "Gemma 3 attends bidirectionally within an image span; the paged step is causal",
     "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
-    "qwen2_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
-    "qwen2_5_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
-    "qwen3_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
-    "qwen3_5": "Qwen3.5 places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
+    "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
+    "qwen3_vl": (
+        "Qwen3-VL adds DeepStack features to image rows after its first text layers; the paged "
+        "step does not"
+    ),
+    "qwen3_5": (
+        "Qwen3.5's interleaved, partial-rotary M-RoPE on a hybrid model is not wired yet "
+        "(Qwen2.5-VL's sectioned M-RoPE is)"
+    ),
 }
 ENCODE_CACHE_BYTES = 256 * 2**20
 
@@ -69,7 +76,12 @@ def vision_for(name: str, text_model: nn.Module) -> VisionEncoder | str:
 
         path = Path(snapshot_download(path, local_files_only=True))
     reason = unavailable_reason(path, name)
-    return reason if reason is not None else VisionEncoder(path, text_model)
+    if reason is not None:
+        return reason
+    try:
+        return VisionEncoder(path, text_model)
+    except ValueError as exc:  # a config the family's rule cannot run: text still serves
+        return f"images for model '{name}' are not supported: {exc}"
 
 
 class EncodeCache:
@@ -109,21 +121,27 @@ class VisionEncoder:
         self.processor: Any = processor
         vlm.language_model = text_model
         self.model = vlm
-        self.image_token = int(vlm.config.image_token_index)
+        config = vlm.config
+        self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
+        self.qwen = QwenVL(vlm, text_model) if config.model_type in QWEN_VL else None
         self.cache = EncodeCache()
 
     def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
         """The prompt's ids with each image's placeholder expanded (the processor's own rule, as
         mlx-vlm's ``generate`` tokenizes it), and where its image rows are."""
-        ids = self._inputs(text, images)["input_ids"]
-        flat = [int(t) for t in np.array(ids).reshape(-1)]
+        inputs = self._inputs(text, images)
+        flat = [int(t) for t in np.array(inputs["input_ids"]).reshape(-1)]
         positions = np.flatnonzero(np.array(flat) == self.image_token)
         if not positions.size:
             raise ValueError(
                 "the prompt has images but no image placeholder: the chat template did not "
                 "render the image parts"
             )
-        return flat, PromptImages(tuple(images), positions)
+        placed = PromptImages(tuple(images), positions)
+        if self.qwen is not None:
+            grids = np.array(inputs["image_grid_thw"])
+            placed.rope, placed.rope_delta = self.qwen.prompt_rope(np.array(flat), positions, grids)
+        return flat, placed
 
     def _inputs(self, text: str, images: Sequence[Image]) -> dict[str, Any]:
         from mlx_vlm.utils import prepare_inputs
@@ -163,9 +181,12 @@ class VisionEncoder:
         inputs = self._inputs(self.processor.image_token, [image])
         ids = inputs.pop("input_ids")
         inputs.pop("attention_mask", None)
-        features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
-        rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
-        encoded = features[rows]
+        if self.qwen is not None:
+            encoded = self.qwen.features(inputs)
+        else:
+            features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
+            rows = np.flatnonzero(np.array(ids).reshape(-1) == self.image_token)
+            encoded = features[mx.array(rows)]
         mx.eval(encoded)
         self.cache.put(image.digest, encoded)
         return encoded

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
+from tests.support.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
@@ -19,6 +20,11 @@ IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]
 @pytest.fixture(scope="session")
 def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-mistral3")
+
+
+@pytest.fixture(scope="session")
+def qwen_vl_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_qwen_vl(tmp_path_factory.mktemp("models") / "tiny-qwen2_5_vl")
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +63,7 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
         model,
         processor,
         text,
-        image=[str(p) for p in images],
+        image=[str(p) for p in images] or None,
         max_tokens=max_tokens,
         temperature=0.0,
         verbose=False,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
+from macbatch.engine.vision import unavailable_reason
 from tests.support.tiny import save_model
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
@@ -25,3 +27,15 @@ def test_doctor_says_which_checkpoints_take_images(tmp_path: Path, vlm_path: Pat
     assert _images_row(vlm_path).startswith("yes")
     text_only = _images_row(save_model(tmp_path / "llama", "llama"))
     assert text_only.startswith("no: ") and "text-only model (llama)" in text_only
+
+
+def test_doctor_takes_qwen2_5_vl_and_says_why_not_qwen3_vl(
+    tmp_path: Path, qwen_vl_path: Path
+) -> None:
+    assert _images_row(qwen_vl_path).startswith("yes")
+    other = tmp_path / "qwen3-vl"
+    other.mkdir()
+    config = json.loads((qwen_vl_path / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_vl"}))
+    reason = unavailable_reason(other, "qwen3-vl")
+    assert reason is not None and "DeepStack" in reason

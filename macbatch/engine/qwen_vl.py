@@ -1,0 +1,112 @@
+"""Qwen VL images (``qwen2_5_vl``): M-RoPE positions in the packed step.
+
+Qwen VL's text model rotates each head's frequencies in three sections by three position parts
+(temporal, height, width). A text row's three parts are equal, so mlx-lm's 1-D RoPE gives it;
+an image row sits at its place in the image grid (the grid's origin one past the text before
+it), and every row after an image is shifted by how much shorter the grid's extent is than its
+row count (the request's rope delta). The positions come from the prompt's ids and image grids
+alone, so a prefix-cache hit or a preempted request recomputes the same ones; a step with a row
+of such a request gives the layers an ``[N, 3]`` offset, which ``MRoPE`` rotates by section.
+Steps without one pass the 1-D positions to mlx-lm's own RoPE, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+FAMILIES = ("qwen2_5_vl",)
+
+
+class MRoPE(nn.Module):
+    """A layer's RoPE: mlx-lm's for 1-D offsets, sectioned M-RoPE (non-traditional halves) for
+    ``[N, 3]`` offsets of ``[N, heads, 1, D]`` rows."""
+
+    def __init__(self, rope: nn.Module, head_dim: int, base: float, sections: Sequence[int]):
+        super().__init__()
+        self._rope = rope
+        exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+        self._inv_freq = mx.array(base**-exponents, dtype=mx.float32)
+        self._section = mx.array(np.repeat(np.arange(3), sections).astype(np.int32))
+
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        if not (isinstance(offset, mx.array) and offset.ndim == 2):
+            return self._rope(x, offset=offset)
+        angles = offset[:, self._section].astype(mx.float32) * self._inv_freq
+        cos = mx.cos(angles)[:, None, None, :]
+        sin = mx.sin(angles)[:, None, None, :]
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        rotated = mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+        return rotated.astype(x.dtype)
+
+
+class QwenVL:
+    """The Qwen VL part of a ``VisionEncoder``: its layers' M-RoPE, image features from the
+    vision tower, and each prompt's three-part positions."""
+
+    def __init__(self, vlm: Any, text_model: nn.Module) -> None:
+        self.vlm = vlm
+        text = vlm.config.text_config
+        scaling = text.rope_scaling or {}
+        sections = scaling.get("mrope_section")
+        head_dim = text.hidden_size // text.num_attention_heads
+        if not sections or 2 * sum(sections) != head_dim:
+            raise ValueError(
+                f"its rope_scaling {scaling} has no mrope_section that splits head_dim {head_dim}"
+            )
+        self.merge = int(vlm.config.vision_config.spatial_merge_size)
+        for layer in text_model.layers:
+            attention = layer.self_attn
+            attention.rope = MRoPE(attention.rope, head_dim, text.rope_theta, sections)
+
+    def features(self, inputs: dict[str, Any]) -> mx.array:
+        """``[rows, H]``: one image's merged-patch embeddings, from its processed pixels."""
+        tower = self.vlm.vision_tower
+        pixels = inputs["pixel_values"].astype(tower.patch_embed.proj.weight.dtype)
+        return tower(pixels, inputs["image_grid_thw"], output_hidden_states=False)
+
+    def prompt_rope(
+        self, ids: np.ndarray, rows: np.ndarray, grids: np.ndarray
+    ) -> tuple[np.ndarray, int]:
+        """``[L, 3]`` positions of a prompt whose image rows are ``rows`` (images in order, each
+        a ``(t, h, w)`` patch grid), and the delta of every position after the prompt."""
+        out = np.empty((len(ids), 3), dtype=np.int64)
+        cursor = next_position = taken = 0
+        for t, h, w in np.asarray(grids, dtype=np.int64).reshape(-1, 3):
+            h, w = h // self.merge, w // self.merge
+            start = int(rows[taken])
+            taken += t * h * w
+            out[cursor:start] = next_position + np.arange(start - cursor)[:, None]
+            origin = next_position + start - cursor
+            grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij"))
+            out[start : start + t * h * w] = origin + grid.reshape(3, -1).T
+            next_position = origin + max(t, h, w)
+            cursor = start + t * h * w
+        if taken != len(rows):
+            raise ValueError(f"the prompt has {len(rows)} image rows but its grids hold {taken}")
+        out[cursor:] = next_position + np.arange(len(ids) - cursor)[:, None]
+        return out, int(out.max()) + 1 - len(ids) if len(ids) else 0
+
+
+def step_rope(chunks: Sequence[Any]) -> mx.array | None:
+    """``[N, 3]`` positions of a step's rows (chunks in packing order) when a chunk's request has
+    M-RoPE positions (None: every row's 1-D position is its RoPE position)."""
+    if not any(c.request.images is not None and c.request.images.rope is not None for c in chunks):
+        return None
+    parts = []
+    for chunk in chunks:
+        positions = np.arange(chunk.start, chunk.start + chunk.num_tokens)
+        images = chunk.request.images
+        rope = None if images is None else images.rope
+        if rope is None:
+            parts.append(np.repeat(positions[:, None], 3, axis=1))
+            continue
+        inside = positions[positions < len(rope)]
+        after = positions[positions >= len(rope)] + images.rope_delta
+        parts.append(np.concatenate([rope[inside], np.repeat(after[:, None], 3, axis=1)]))
+    return mx.array(np.concatenate(parts).astype(np.int32))

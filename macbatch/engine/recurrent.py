@@ -16,6 +16,7 @@ No other slot is read or written.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -269,9 +270,11 @@ def run_packed_layers(layers: Sequence[Any]) -> None:
         layer.__class__ = _PACKED_CLASSES[cls]
 
 
-def _packed_call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
     cache = kwargs.get("cache")
     original = super(type(self), self).__call__
     if isinstance(cache, PagedStateCache):
-        return cache.run(original, x, args, kwargs)
-    return original(x, *args, **kwargs)
+        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
+            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
+        return cache.run(original, args[0], args[1:], kwargs)
+    return original(*args, **kwargs)

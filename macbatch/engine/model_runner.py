@@ -36,6 +36,7 @@ from macbatch.engine.packing import PackedBatch
 from macbatch.engine.pooling import Pools, PoolSpan
 from macbatch.engine.recurrent import StateStore
 from macbatch.engine.sampling import SampledBatch, sample
+from macbatch.engine.state_slots import start_slots
 
 if TYPE_CHECKING:
     from macbatch.engine.constraints import ConstraintCompiler
@@ -101,14 +102,15 @@ class ModelRunner:
             start = self.window_pool_size.start
             self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
         self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
-        # a hybrid model's recurrent state: one slot per request that may run at once
+        # a hybrid model's recurrent state: a slot per running request, taken on demand
         states = self.adapter.state_shapes
         self.states = None
         if states:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             speculative = config.speculative != "off"  # drafts need their snapshots
-            self.states = StateStore(states, config.max_num_seqs, checkpoints, speculative)
+            slots = start_slots(config.max_num_seqs, elastic=not fixed)
+            self.states = StateStore(states, slots, checkpoints, speculative)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None

@@ -83,8 +83,11 @@ class ModelRunner:
         window_cap = 0
         if self.adapter.window is not None:
             window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
+        # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
+        slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
+        reserved = window_cap * window_per_block + slots_most
         cap = config.num_blocks or blocks_for_memory(
-            model, per_block, self.context_length, config, window_cap * window_per_block
+            model, per_block, self.context_length, config, reserved
         )
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             cap = smallest(cap, group)
@@ -250,8 +253,8 @@ def blocks_for_memory(
 ) -> int:
     """The pool's cap: blocks of ``per_block`` bytes (their true size, scales included) that fit
     in ``memory_fraction`` of what is left after the weights (and ``reserved`` bytes: the window
-    group's cap), capped at what ``max_num_seqs`` sequences of ``context_length`` tokens can
-    use."""
+    group's cap and a hybrid's request state slots at their most), capped at what
+    ``max_num_seqs`` sequences of ``context_length`` tokens can use."""
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
     # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
     total = int(

@@ -96,10 +96,13 @@ def _probe(path: Path, report: ModelReport) -> None:
     attention, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
     shared = f", {attention - paged} reuse another layer's K/V" if paged < attention else ""
     recurrent = len(adapter.state_shapes)
+    both = sum(len(entry) > 1 for entry in adapter.recurrent)  # attention and state side by side
     kinds = f"{paged} with KV pages{shared}"
     if recurrent:
         kinds += f", {recurrent} recurrent"
-    report.rows.append(("layers", f"{attention + recurrent} ({kinds})"))
+    if both:
+        kinds += f"; {both} run both side by side"
+    report.rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))
     per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     report.rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
@@ -37,10 +38,18 @@ def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
     assert rows["servable"] == "yes"
 
 
-def test_doctor_model_shows_a_hybrid_models_recurrent_state(tmp_path):
-    """A Qwen3.5-shaped model: the recurrent layers, and the bytes of state each running
-    request holds (the store's own size per slot, once loaded)."""
-    path = save_model(tmp_path / "qwen3_5", "qwen3_5")
+@pytest.mark.parametrize(
+    ("arch", "layers"),
+    [
+        ("qwen3_5", "4 (2 with KV pages, 2 recurrent)"),
+        ("falcon_h1", "3 (3 with KV pages, 3 recurrent; 3 run both side by side)"),
+    ],
+)
+def test_doctor_model_shows_a_hybrid_models_recurrent_state(arch, layers, tmp_path):
+    """A Qwen3.5-shaped model (recurrent layers among attention layers) and a Falcon-H1-shaped
+    one (both in every layer): the layers, and the bytes of state each running request holds
+    (the store's own size per slot, once loaded)."""
+    path = save_model(tmp_path / arch, arch)
     result = CliRunner().invoke(app, ["doctor", str(path)])
     assert result.exit_code == 0, result.output
     rows = _rows(result.output)
@@ -50,7 +59,7 @@ def test_doctor_model_shows_a_hybrid_models_recurrent_state(tmp_path):
     per_request = sum(a.nbytes for a in states.arrays()) // (
         states.num_slots + states.num_checkpoints
     )
-    assert rows["layers"] == "4 (2 with KV pages, 2 recurrent)"
+    assert rows["layers"] == layers
     assert rows["state bytes/request"] == f"{per_request:,} (recurrent layers, fixed size)"
     assert rows["servable"] == "yes"
 

@@ -43,7 +43,6 @@ _UNSUPPORTED = {
     "kimi_k25": "multi-head latent attention (MLA) keeps a compressed cache",
     "muse_spark": "calls mx.fast attention directly",
     "plamo2": "calls mx.fast attention directly and keeps SSM state",
-    "falcon_h1": "runs attention and an SSM side by side in every layer (one cache list each)",
     "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
 }
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
@@ -61,6 +60,10 @@ _UNSUPPORTED.update(
     )
 )  # fmt: skip
 _INNER_NAMES = ("model", "transformer", "backbone")
+# Families whose decoder layers run attention and a recurrent mixer side by side (one mlx-lm
+# ``CacheList`` per layer): the attribute of each layer holding the mixer, which runs its
+# sequences apart while the layer's attention reads its pages with every row together.
+_SIDE_BY_SIDE_MIXERS = {"falcon_h1": "mamba"}
 _TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
 
 
@@ -241,7 +244,9 @@ class ModelAdapter:
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
         if self.state_shapes:
-            run_packed_layers(self.model.layers)
+            mixer = _SIDE_BY_SIDE_MIXERS.get(self.model_type)
+            layers = self.model.layers
+            run_packed_layers([getattr(layer, mixer) for layer in layers] if mixer else layers)
             depthwise_conv.install(self.model.layers)
             gated_delta.install()
 
@@ -260,28 +265,35 @@ class ModelAdapter:
         """Whether some layers keep recurrent state (Gated DeltaNet, Mamba, short convolutions)."""
         return bool(self.state_shapes)
 
-    def _recurrent_caches(self) -> list[int]:
-        """What the model's forward is handed as its cache list: 0 for an attention (K/V) entry,
-        the number of state arrays for a recurrent layer's (a hybrid model's list is mlx-lm's
-        ``make_cache()``); refuses any other kind of cache with the reason."""
-        from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+    def _recurrent_caches(self) -> list[tuple[int, ...]]:
+        """What the model's forward is handed as its cache list, one tuple per entry with one
+        number per part (a ``CacheList`` has several; Falcon-H1's: the SSM's, then attention's):
+        0 for attention (K/V), the number of state arrays for a recurrent layer's (a hybrid
+        model's list is mlx-lm's ``make_cache()``); refuses any other kind with the reason."""
+        from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
+        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.model.layers)
         if not hasattr(self.model, "make_cache"):
-            return [0] * len(self.model.layers)
-        sizes = []
+            return attention_only
+        entries = []
         for cache in self.model.make_cache():
-            if type(cache) in (KVCache, RotatingKVCache):
-                sizes.append(0)
-            elif type(cache) is ArraysCache:
-                sizes.append(len(cache.cache))
-            else:
-                raise UnsupportedModelError(
-                    f"model type '{self.model_type}' keeps {type(cache).__name__} state; macbatch "
-                    "pages attention K/V and keeps recurrent (ArraysCache) state per request"
-                )
-        if not any(sizes):  # attention only: one cache per layer (KV-shared layers included)
-            return [0] * len(self.model.layers)
-        return sizes
+            parts = cache.caches if type(cache) is CacheList else (cache,)
+            sizes = []
+            for part in parts:
+                if type(part) in (KVCache, RotatingKVCache):
+                    sizes.append(0)
+                elif type(part) is ArraysCache:
+                    sizes.append(len(part.cache))
+                else:
+                    raise UnsupportedModelError(
+                        f"model type '{self.model_type}' keeps {type(part).__name__} state; "
+                        "macbatch pages attention K/V and keeps recurrent (ArraysCache) state "
+                        "per request"
+                    )
+            entries.append(tuple(sizes))
+        if not any(any(e) for e in entries):  # attention only: one cache per layer
+            return attention_only
+        return entries
 
     def _probe(
         self,
@@ -294,9 +306,10 @@ class ModelAdapter:
         from mlx_lm.models.cache import ArraysCache
 
         caches: list[_ProbeCache | ArraysCache] = [
-            ArraysCache(size) if size else _ProbeCache() for size in self.recurrent
+            ArraysCache(size) if size else _ProbeCache() for e in self.recurrent for size in e
         ]
-        self.inner(mx.array([[0]]), cache=caches)  # shapes only: the graph is never evaluated
+        # shapes only: the graph is never evaluated
+        self.inner(mx.array([[0]]), cache=_nested(self.recurrent, caches))
         attention = [c for c in caches if isinstance(c, _ProbeCache)]
         if not attention:
             raise UnsupportedModelError(
@@ -346,19 +359,20 @@ class ModelAdapter:
         attention = iter(zip(self.kv_layers, self.kv_writes))
         state_layers = iter(range(len(self.state_shapes)))
         caches: list[PagedLayerCache | PagedStateCache] = []
-        for size in self.recurrent:
+        for size in (size for entry in self.recurrent for size in entry):
             if size:
                 assert states is not None and batch.state_rows is not None
                 caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
             else:
                 kv, writes = next(attention)
                 caches.append(PagedLayerCache(stores, kv, batch, writes))
+        nested = _nested(self.recurrent, caches)
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
-            return self.inner(inputs, cache=caches)
+            return self.inner(inputs, cache=nested)
         embeddings = self.inner.embed_tokens(inputs)
         embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
-        return self.inner(inputs, cache=caches, input_embeddings=embeddings)
+        return self.inner(inputs, cache=nested, input_embeddings=embeddings)
 
     def forward(
         self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None
@@ -401,6 +415,14 @@ def cache_groups(
         counts[windowed] += 1
     window = max((w for w, s in zip(windows, sliding) if s and w is not None), default=None)
     return window, slots
+
+
+def _nested(entries: list[tuple[int, ...]], caches: list[Any]) -> list[Any]:
+    """The flat per-part ``caches`` regrouped as the model's cache list: an entry of several
+    parts (mlx-lm's ``CacheList``) as a list the layer indexes."""
+    parts = iter(caches)
+    grouped = [[next(parts) for _ in entry] for entry in entries]
+    return [group[0] if len(group) == 1 else group for group in grouped]
 
 
 def _state_shape(cache: Any) -> StateShape:

@@ -17,6 +17,7 @@ from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.reasoning import ReasoningFormat
+from macbatch.engine.state_slots import StateSlots
 from macbatch.engine.tool_formats.detect import detect_tool_format
 from macbatch.engine.window_blocks import WindowBlocks
 
@@ -35,10 +36,10 @@ def kv_manager_for(
         elastic = ElasticPool(pool, runner.store, runner.pool_size)
     prefix_root = f"{model_name}:{runner.model_type}".encode()
     states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
-    slots = 0 if states is None else states.num_slots
+    slots = None if states is None else StateSlots(states, config.max_num_seqs)
     checkpoints = None
     if states is not None and states.num_checkpoints:
-        checkpoints = StateCheckpoints(states.num_slots, states.num_checkpoints)
+        checkpoints = StateCheckpoints(0, states.num_checkpoints)  # the store's first slots
     window_pool, window = _window_group(runner, config.block_size)
     kv = KVManager(
         pool,

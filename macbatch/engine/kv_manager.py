@@ -20,6 +20,7 @@ from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.kv_cache import BlockPool, chain_block_hashes
 from macbatch.engine.recurrent import StateChunk
+from macbatch.engine.state_slots import StateSlots
 from macbatch.engine.window_blocks import WindowBlocks
 
 
@@ -37,16 +38,16 @@ class KVManager:
         pool: BlockPool,
         block_size: int,
         prefix_root: bytes | None,
-        state_slots: int = 0,
+        state_slots: StateSlots | None = None,
         checkpoints: StateCheckpoints | None = None,
         elastic: ElasticPool | None = None,
         window: WindowBlocks | None = None,
     ) -> None:
-        """``state_slots``: a hybrid model's recurrent-state slots (one per running request; 0
-        for a model with attention only); ``checkpoints``: its prefix cache's states (None: a
-        cached prefix needs none, or prefix caching is off); ``elastic``: grows ``pool`` (and
-        its pages) when too few blocks are free (None: a fixed pool); ``window``: the
-        sliding-window layers' group (None: the model has none)."""
+        """``state_slots``: a hybrid model's recurrent-state slots (one per running request,
+        taken on demand; None for a model with attention only); ``checkpoints``: its prefix
+        cache's states (None: a cached prefix needs none, or prefix caching is off);
+        ``elastic``: grows ``pool`` (and its pages) when too few blocks are free (None: a fixed
+        pool); ``window``: the sliding-window layers' group (None: the model has none)."""
         self.pool = pool
         self.elastic = elastic
         self.window = window
@@ -54,8 +55,8 @@ class KVManager:
         self.prefix_root = prefix_root  # None: prefix caching off
         self._blocks: dict[str, list[int]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
-        self.hybrid = state_slots > 0
-        self._free_slots = list(range(state_slots - 1, -1, -1))  # popped from the end: 0 first
+        self.hybrid = state_slots is not None
+        self.state_slots = state_slots
         self._slots: dict[str, int] = {}
         self.checkpoints = checkpoints
         self._resume: dict[str, int] = {}  # request -> checkpoint slot its first chunk reads
@@ -168,6 +169,8 @@ class KVManager:
         if self._blocks:
             return 0
         window = 0 if self.window is None else self.window.shrink()
+        if self.state_slots is not None:
+            self.state_slots.shrink()
         return window + (0 if self.elastic is None else self.elastic.shrink())
 
     def cache_full_blocks(self, request: HasTokens, num_tokens: int) -> None:
@@ -205,7 +208,8 @@ class KVManager:
         when the chunk crosses a block boundary, into a checkpoint at the last one."""
         slot = self._slots.get(request_id)
         if slot is None:
-            slot = self._slots[request_id] = self._free_slots.pop()
+            assert self.state_slots is not None
+            slot = self._slots[request_id] = self.state_slots.take()
         read = self._resume.pop(request_id, slot if start else -1)
         boundary = (start + num_tokens) // self.block_size * self.block_size
         shared_end = self._shared_end.get(request_id, 0)
@@ -234,8 +238,8 @@ class KVManager:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay
         cached longest) and its state slot."""
         slot = self._slots.pop(request_id, None)
-        if slot is not None:
-            self._free_slots.append(slot)
+        if slot is not None and self.state_slots is not None:
+            self.state_slots.give_back(slot)
         self._resume.pop(request_id, None)
         self._shared_end.pop(request_id, None)
         if self.checkpoints is not None:

@@ -36,6 +36,7 @@ from macbatch.engine.packing import PackedBatch
 from macbatch.engine.pooling import Pools, PoolSpan
 from macbatch.engine.recurrent import StateStore
 from macbatch.engine.sampling import SampledBatch, sample
+from macbatch.engine.state_slots import start_slots
 
 if TYPE_CHECKING:
     from macbatch.engine.constraints import ConstraintCompiler
@@ -82,8 +83,11 @@ class ModelRunner:
         window_cap = 0
         if self.adapter.window is not None:
             window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
+        # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
+        slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
+        reserved = window_cap * window_per_block + slots_most
         cap = config.num_blocks or blocks_for_memory(
-            model, per_block, self.context_length, config, window_cap * window_per_block
+            model, per_block, self.context_length, config, reserved
         )
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             cap = smallest(cap, group)
@@ -101,14 +105,15 @@ class ModelRunner:
             start = self.window_pool_size.start
             self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
         self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
-        # a hybrid model's recurrent state: one slot per request that may run at once
+        # a hybrid model's recurrent state: a slot per running request, taken on demand
         states = self.adapter.state_shapes
         self.states = None
         if states:
             per_slot = sum(s.nbytes for s in states)
             checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
             speculative = config.speculative != "off"  # drafts need their snapshots
-            self.states = StateStore(states, config.max_num_seqs, checkpoints, speculative)
+            slots = start_slots(config.max_num_seqs, elastic=not fixed)
+            self.states = StateStore(states, slots, checkpoints, speculative)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None
@@ -248,8 +253,8 @@ def blocks_for_memory(
 ) -> int:
     """The pool's cap: blocks of ``per_block`` bytes (their true size, scales included) that fit
     in ``memory_fraction`` of what is left after the weights (and ``reserved`` bytes: the window
-    group's cap), capped at what ``max_num_seqs`` sequences of ``context_length`` tokens can
-    use."""
+    group's cap and a hybrid's request state slots at their most), capped at what
+    ``max_num_seqs`` sequences of ``context_length`` tokens can use."""
     info = mx.device_info() if mx.default_device() == mx.gpu else {}
     # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
     total = int(

@@ -16,6 +16,7 @@ No other slot is read or written.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +41,10 @@ class StateShape:
 
 
 class StateStore:
-    """Every recurrent layer's state arrays: ``num_slots`` for the running requests, then
-    ``num_checkpoints`` for the prefix cache's checkpoints (slots ``num_slots`` and up), then,
-    with ``snapshots``, one per request slot for speculative decoding (``snapshot_of``)."""
+    """Every recurrent layer's state arrays: first ``num_checkpoints`` slots for the prefix
+    cache's checkpoints, then ``num_slots`` request slots (``slot(k)``), each followed, with
+    ``snapshots``, by its snapshot for speculative decoding (``snapshot_of``). Request slots come
+    last so that ``resize`` grows or cuts them without moving any other slot."""
 
     def __init__(
         self,
@@ -54,12 +56,19 @@ class StateStore:
         self.layers = list(layers)
         self.num_slots = num_slots
         self.num_checkpoints = num_checkpoints
-        self.num_snapshots = num_slots if snapshots else 0
-        total = num_slots + num_checkpoints + self.num_snapshots
+        self.stride = 2 if snapshots else 1  # a request slot, then its snapshot
+        total = self._rows(num_slots)
         self.states: list[list[mx.array]] = [
             [mx.zeros((total, *shape), dtype) for shape, dtype in zip(s.shapes, s.dtypes)]
             for s in self.layers
         ]
+
+    def _rows(self, num_slots: int) -> int:
+        return self.num_checkpoints + num_slots * self.stride
+
+    @property
+    def num_snapshots(self) -> int:
+        return self.num_slots if self.stride == 2 else 0
 
     @property
     def bytes_per_slot(self) -> int:
@@ -67,12 +76,29 @@ class StateStore:
 
     @property
     def nbytes(self) -> int:
-        return self.bytes_per_slot * (self.num_slots + self.num_checkpoints + self.num_snapshots)
+        return self.bytes_per_slot * self._rows(self.num_slots)
+
+    def slot(self, k: int) -> int:
+        """The row of the ``k``-th request slot."""
+        return self.num_checkpoints + k * self.stride
 
     def snapshot_of(self, slot: int) -> int:
         """The slot that keeps request slot ``slot``'s state from before its verified drafts."""
-        assert self.num_snapshots, "no snapshot slots: the engine does not speculate"
-        return self.num_slots + self.num_checkpoints + slot
+        assert self.stride == 2, "no snapshot slots: the engine does not speculate"
+        return slot + 1
+
+    def resize(self, num_slots: int) -> None:
+        """Grow (zeros after the old rows) or cut the request slots; checkpoints stay. Lazy: a
+        step in flight holds the old arrays, and its writes are part of what the new ones copy."""
+        rows = self._rows(num_slots)
+        for layer in self.states:
+            for e, array in enumerate(layer):
+                if rows > array.shape[0]:
+                    pad = mx.zeros((rows - array.shape[0], *array.shape[1:]), array.dtype)
+                    layer[e] = mx.concatenate([array, pad])
+                else:
+                    layer[e] = array[:rows]
+        self.num_slots = num_slots
 
     def restore(self, slot: int) -> None:
         """Put back request slot ``slot``'s snapshot (drafts were rejected: the state must end
@@ -269,9 +295,11 @@ def run_packed_layers(layers: Sequence[Any]) -> None:
         layer.__class__ = _PACKED_CLASSES[cls]
 
 
-def _packed_call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
     cache = kwargs.get("cache")
     original = super(type(self), self).__call__
     if isinstance(cache, PagedStateCache):
-        return cache.run(original, x, args, kwargs)
-    return original(x, *args, **kwargs)
+        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
+            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
+        return cache.run(original, args[0], args[1:], kwargs)
+    return original(*args, **kwargs)

@@ -33,10 +33,11 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     assert_pool_idle(engine)
 
 
-def test_preemption_recomputes_from_a_fresh_state(tiny_tokenizer):
+@pytest.mark.parametrize("arch", ["qwen3_5", "falcon_h1"])
+def test_preemption_recomputes_from_a_fresh_state(arch, tiny_tokenizer):
     """A pool too small for everyone preempts; the recomputed requests start from zero state
     (their slot went to others meanwhile) and give mlx-lm's tokens."""
-    model = build_model("qwen3_5")
+    model = build_model(arch)
     config = EngineConfig(num_blocks=12, block_size=8, max_num_batched_tokens=64)
     engine = Engine(model, tiny_tokenizer, config)
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -48,13 +49,14 @@ def test_preemption_recomputes_from_a_fresh_state(tiny_tokenizer):
     assert_pool_idle(engine)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "falcon_h1"])
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "4-bit"])
-def test_loaded_from_the_hugging_face_layout(quantized, tmp_path: Path):
+def test_loaded_from_the_hugging_face_layout(quantized, arch, tmp_path: Path):
     """``Engine.load`` of a saved checkpoint (and of mlx-lm's own 4-bit conversion of it) gives
     the tokens of ``mlx_lm.load`` + ``generate_step`` on the same files."""
     from mlx_lm import convert
 
-    path = save_model(tmp_path / "float", arch="qwen3_5")
+    path = save_model(tmp_path / "float", arch=arch)
     if quantized:
         convert(str(path), str(tmp_path / "q4"), quantize=True, q_bits=4, q_group_size=64)
         path = tmp_path / "q4"
@@ -66,7 +68,7 @@ def test_loaded_from_the_hugging_face_layout(quantized, tmp_path: Path):
         assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h", "falcon_h1"])
 def test_a_conversation_resumes_from_state_checkpoints(arch, tiny_tokenizer):
     """Each turn's prompt is the previous turn's prompt and reply plus new tokens (a chat, an
     agent loop): from turn 2 on the request resumes after the longest cached prefix that has a

@@ -181,6 +181,22 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         mamba_conv_bias=True,
         shared_intermediate_size=128,
     ),
+    # Attention and a Mamba 2 mixer side by side in every layer (one CacheList each). The
+    # multipliers are mlx-lm's defaults (its sanitize folds them into the weights at load).
+    "falcon_h1": dict(
+        _COMMON,
+        model_type="falcon_h1",
+        num_hidden_layers=3,
+        head_dim=16,
+        mamba_d_ssm=64,
+        mamba_n_heads=4,
+        mamba_d_head=16,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_n_groups=1,
+        mamba_rms_norm=True,
+        tie_word_embeddings=False,
+    ),
 }
 
 _GEMMA4_TEXT = dict(

@@ -186,7 +186,8 @@ class PagedStateCache:
         finals: list[list[mx.array]] = []  # the state each piece leaves
         checkpoints: list[list[mx.array]] = []
         if rows.num_singles:
-            out, state = self._singles(call, x, args, kwargs)
+            with gated_delta.decode():  # one read of each state where mlx-lm has no kernel
+                out, state = self._singles(call, x, args, kwargs)
             outs.append(out)
             finals.append(state)
             if rows.single_checkpoints is not None:

@@ -212,10 +212,7 @@ class PagedStateCache:
         (zeroed where the chunk starts its request)."""
         rows, cache = self.rows, _new_cache(len(self.store.states[self.layer]))
         for e, state in enumerate(self.store.states[self.layer]):
-            picked = [
-                state[slot : slot + n] if slot >= 0 else mx.zeros((n, *state.shape[1:]), state.dtype)
-                for _, slot, n in rows.single_reads
-            ]
+            picked = [_read(state, slot, n) for _, slot, n in rows.single_reads]
             cache[e] = picked[0] if len(picked) == 1 else mx.concatenate(picked)
         if rows.singles is not None:
             part = x[rows.singles]
@@ -271,6 +268,11 @@ def stretches(slots: Sequence[int]) -> tuple[Stretch, ...]:
         else:
             out.append([i, slot, 1])
     return tuple((i, slot, n) for i, slot, n in out)
+
+
+def _read(state: mx.array, slot: int, n: int) -> mx.array:
+    """Slots ``slot`` to ``slot + n - 1`` of a state array (a view), or zeros for slot -1."""
+    return state[slot : slot + n] if slot >= 0 else mx.zeros((n, *state.shape[1:]), state.dtype)
 
 
 def _continues(first: int, length: int, slot: int) -> bool:

@@ -1,4 +1,5 @@
-"""The chunked gated-delta prefill against mlx-lm's token-by-token recurrence (float32)."""
+"""The chunked gated-delta prefill and the decode step against mlx-lm's token-by-token
+recurrence (float32)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, normalize_qk
 
-from macbatch.engine.gated_delta import CHUNK, chunked_gated_delta
+from macbatch.engine.gated_delta import CHUNK, chunked_gated_delta, decode_gated_delta
 
 
 def _inputs(tokens: int, seed: int, batch: int = 2, hk: int = 2, hv: int = 4, dk: int = 16):
@@ -41,5 +42,16 @@ def test_strong_decay_does_not_overflow() -> None:
     want_y, want_state = gated_delta_ops(q, k, v, g, beta, state)
     y, new_state = chunked_gated_delta(q, k, v, g, beta, state)
     assert np.isfinite(np.array(y)).all()
+    np.testing.assert_allclose(np.array(y), np.array(want_y), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array(new_state), np.array(want_state), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hk", [1, 2, 4])
+def test_decode_step_equals_the_recurrence(hk: int) -> None:
+    """One token for each of a batch of sequences, with grouped (hk < hv) and plain heads."""
+    q, k, v, g, beta, state = _inputs(1, seed=10 + hk, batch=5, hk=hk)
+    want_y, want_state = gated_delta_ops(q, k, v, g, beta, state)
+    y, new_state = decode_gated_delta(q, k, v, g, beta, state)
+    assert y.shape == want_y.shape and new_state.shape == want_state.shape
     np.testing.assert_allclose(np.array(y), np.array(want_y), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.array(new_state), np.array(want_state), rtol=1e-5, atol=1e-5)

@@ -5,8 +5,6 @@ schema (checked with jsonschema on the lines re-read from disk)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import jsonschema
 import pytest
 
 from tests.batch.conftest import read_jsonl, write_job
-from tests.support.batch_process import start_run, wait_for_lines
+from tests.support.batch_process import kill_9_after
 from tests.support.tiny_vlm import png_bytes
 
 pytest.importorskip("mlx_vlm")
@@ -50,11 +48,7 @@ def test_500_images_killed_and_resumed_each_once_and_valid_json(
         """,
     )
     output = tmp_path / "out" / "tags.jsonl"
-    process = start_run(job_file, in_flight=32)
-    wait_for_lines(output, process, 100)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    written = output.read_bytes().count(b"\n")
+    written = kill_9_after(job_file, output, 100, in_flight=32)
     assert 100 <= written < IMAGES
 
     result = macbatch_run(job_file)

@@ -151,8 +151,8 @@ class Engine(PromptEncoder):
         engine = cls(
             model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
         )
-        if group is None:  # a launched group pages text only (docs/vision.md)
-            engine.processor.vision = vision_for(name, engine.runner.model)
+        # a launched group pages text only (docs/vision.md)
+        engine.processor.vision = vision_for(name, engine.runner.model, group is not None)
         return engine
 
     # -- requests --------------------------------------------------------------------------

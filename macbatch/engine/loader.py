@@ -22,6 +22,10 @@ def resolve_model_path(name: str) -> Path | str:
                 "`python scripts/train_demo_model.py`"
             )
         return MODEL_DIR
+    if name == "demo-vision":  # built on this machine on first use (docs/vision.md)
+        from macbatch.demo.vision import demo_vision_dir
+
+        return demo_vision_dir()
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -32,7 +36,7 @@ def resolve_model_path(name: str) -> Path | str:
     if name.count("/") != 1:
         raise ValueError(
             f"model '{name}' is neither a local directory nor a Hugging Face hub id "
-            "(owner/name, e.g. mlx-community/Qwen3-0.6B-4bit), nor 'demo'"
+            "(owner/name, e.g. mlx-community/Qwen3-0.6B-4bit), nor 'demo' / 'demo-vision'"
         )
     return name
 

@@ -137,6 +137,11 @@ class EngineThread(PromptEncoder):
     def _processor(self) -> InputProcessor:
         return self._live_engine().processor  # plain Python: safe from any thread
 
+    def images_refused(self) -> str | None:
+        """Why the model cannot read images (None: it can; plain Python, safe from any thread)."""
+        vision = self._processor().vision
+        return vision if isinstance(vision, str) else None
+
     def context_limit(self) -> int:
         """The most tokens one sequence may hold (`Engine.context_limit`; plain Python, safe)."""
         return self.info.context_limit

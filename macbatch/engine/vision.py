@@ -66,8 +66,18 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     return None
 
 
-def vision_for(name: str, text_model: nn.Module) -> VisionEncoder | str:
-    """The vision encoder of model ``name`` (as the loader resolves it), or why it has none."""
+LAUNCHED = (
+    "images are not supported under mlx.launch: a tensor-parallel group pages text only (the "
+    "image embeddings are not sent with the step rows yet); serve this model without mlx.launch "
+    "for images"
+)
+
+
+def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionEncoder | str:
+    """The vision encoder of model ``name`` (as the loader resolves it), or why it has none
+    (``launched``: the engine is rank 0 of an ``mlx.launch`` group)."""
+    if launched:
+        return LAUNCHED
     from macbatch.engine.loader import resolve_model_path
 
     path = resolve_model_path(name)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
 from macbatch.engine import EngineThread, thinking_default
+from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.messages import chat_messages
+from macbatch.tui.attachments import Attachment, AttachmentError, export_images, read_attachment
 from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
 from macbatch.tui.reply import Reply, ReplyView
@@ -158,9 +161,18 @@ class ChatService:
         """Write the chat as Markdown; the file's path."""
         session = self.sessions[session_id]
         path = self.export_dir / f"chat-{session.id}.md"
+        folder = self.export_dir / f"chat-{session.id}-images"
         try:
             self.export_dir.mkdir(parents=True, exist_ok=True)
-            path.write_text(to_markdown(session, self.store.messages(session.id)))
+            history = self.store.messages(session.id)
+            images = {
+                m.id: [
+                    p.relative_to(self.export_dir) for p in export_images(folder, m.id, m.images)
+                ]
+                for m in history
+                if m.images
+            }
+            path.write_text(to_markdown(session, history, images))
         except OSError as error:
             raise ChatRefused(f"Could not export to {path}: {error}", "error") from error
         return path
@@ -181,17 +193,37 @@ class ChatService:
         if session_id in self.replies:
             raise ChatRefused("This chat is still replying: wait, or press Esc to stop it.")
 
-    def send(self, session_id: int, text: str, replacing: Message | None = None) -> Message:
-        """Store the user's message (in place of `replacing` and all after it, when editing);
-        the first message of a chat also titles it unless the user named it."""
+    def attach(self, path_text: str) -> Attachment:
+        """The image at a path, read and checked for the next message; refused (with why) for a
+        model that cannot read images, or a path that is not a readable image."""
+        if self.ready and self.engine.alive and (reason := self.engine.images_refused()):
+            raise ChatRefused(f"Cannot attach an image: {reason}.", "error")
+        try:
+            return read_attachment(path_text)
+        except AttachmentError as error:
+            raise ChatRefused(str(error), "error") from error
+
+    def send(
+        self,
+        session_id: int,
+        text: str,
+        replacing: Message | None = None,
+        images: tuple[Attachment, ...] = (),
+    ) -> Message:
+        """Store the user's message with its images (in place of `replacing` and all after it,
+        when editing: it keeps the edited message's images); the first message of a chat also
+        titles it unless the user named it."""
         self._check_can_reply(session_id)
+        if images and (reason := self.engine.images_refused()):
+            raise ChatRefused(f"Cannot send images: {reason}.", "error")
         if replacing is not None:
+            images = (*replacing.images, *images)
             self.store.delete_messages_from(session_id, replacing.id)
         if not self.store.messages(session_id):
-            title = title_from(text)
+            title = title_from(text or " ".join(image.name for image in images))
             if self.store.set_automatic_title(session_id, title):
                 self.sessions[session_id].title = title
-        return self.store.add_message(session_id, "user", text)
+        return self.store.add_message(session_id, "user", text, images=images)
 
     def last_user_message(self, session_id: int) -> Message:
         """The message ctrl+g edits."""
@@ -217,7 +249,10 @@ class ChatService:
         """Store an empty streaming reply, have `show` put it on screen, and stream into what it
         shows, as a worker of `host` (whose `StateChanged` messages go to `reply_ended`)."""
         session = self.sessions[session_id]
-        prompt = prompt_messages(session, self.store.messages(session_id))
+        try:  # OpenAI image_url parts read and checked by the request layer, as serve does
+            prompt = chat_messages(prompt_messages(session, self.store.messages(session_id)))
+        except InvalidRequest as error:
+            raise ChatRefused(f"Cannot send this chat: {error}", "error") from error
         message = self.store.add_message(session_id, "assistant", "", STREAMING)
         view = await show(message)
         settings = session.settings
@@ -228,7 +263,7 @@ class ChatService:
         self.replies[session_id] = (reply, worker)
 
     def _stream(
-        self, prompt: list[dict[str, str]], settings: SessionSettings, host: Widget
+        self, prompt: list[dict[str, Any]], settings: SessionSettings, host: Widget
     ) -> AsyncGenerator[RequestOutput, None]:
         """The engine's stream for a reply, the oldest turns left out if the chat outgrew the
         context (max_tokens is a cap the engine shrinks to the room the chat leaves)."""

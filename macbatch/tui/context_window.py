@@ -8,8 +8,9 @@ while leaving room for a reply; the transcript and the history keep everything.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 REPLY_SHARE = 4  # the room kept for a reply: max_tokens, but at most a quarter of the context
 
 

@@ -3,14 +3,19 @@ and the title its first message gives it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
 from macbatch.tui.settings import SAMPLING_FIELDS
 from macbatch.tui.store import ERROR, Message, Session
 
 TITLE_CHARS = 40  # the sidebar shows about 24 and ends the rest with "…"; the chat's border more
 
 
-def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, str]]:
-    """Chat messages for the engine: the system prompt, then every turn with text.
+def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, Any]]:
+    """Chat messages in the OpenAI shape: the system prompt, then every turn with text (a user
+    turn with images: its ``image_url`` parts, then its text, as serve would receive it).
 
     Failed replies carry no model text, so they are left out; stopped and interrupted replies
     keep the part the user saw.
@@ -21,12 +26,19 @@ def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, 
     for message in history:
         if message.status == ERROR and not message.content:
             continue
-        messages.append({"role": message.role, "content": message.content})
+        content: Any = message.content
+        if message.images:
+            text = [{"type": "text", "text": message.content}] if message.content else []
+            content = [image.part() for image in message.images] + text
+        messages.append({"role": message.role, "content": content})
     return messages
 
 
-def to_markdown(session: Session, history: list[Message]) -> str:
-    """The chat as a Markdown document: a title, the settings, then one section per message."""
+def to_markdown(
+    session: Session, history: list[Message], images: Mapping[int, Sequence[Path]] | None = None
+) -> str:
+    """The chat as a Markdown document: a title, the settings, then one section per message
+    (with links to its images, ``images[message id]``: paths relative to the document)."""
     settings = session.settings
     lines = [f"# {session.title}", ""]
     for field in SAMPLING_FIELDS:
@@ -39,7 +51,10 @@ def to_markdown(session: Session, history: list[Message]) -> str:
         heading = "User" if message.role == "user" else "Assistant"
         if message.status not in ("done", "streaming"):
             heading += f" ({message.status})"
-        lines += ["", f"## {heading}", "", message.content]
+        lines += ["", f"## {heading}", ""]
+        for path in (images or {}).get(message.id, ()):
+            lines += [f"![{path.name}]({path.as_posix()})", ""]
+        lines.append(message.content)
         if message.error:
             lines += ["", f"> error: {message.error}"]
     return "\n".join(lines) + "\n"

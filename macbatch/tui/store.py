@@ -1,9 +1,10 @@
 """Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
 
-One file (``chat.sqlite3`` in the data directory) with three tables: sessions (title, whether the
+One file (``chat.sqlite3`` in the data directory) with four tables: sessions (title, whether the
 user chose it, and its settings as one JSON column, so a new setting needs no migration),
 messages (role, text, status, reply metrics, a thinking model's reasoning with its tokens and
-seconds) and app_state (which chat was open last). The UI thread is the only user; every write
+seconds), attachments (a message's images, their bytes: see ``tui/attachments.py``) and
+app_state (which chat was open last). The UI thread is the only user; every write
 commits at once, so a crash loses at most the last streamed tokens.
 """
 
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from macbatch.tui.attachments import Attachment
 from macbatch.tui.settings import SessionSettings
 
 SESSIONS = """
@@ -41,6 +43,14 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_session ON messages(session_id, id);
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    data BLOB NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS app_state (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -104,6 +114,7 @@ class Message:
     error: str | None = None
     metrics: ReplyMetrics | None = field(default=None)
     reasoning: Reasoning | None = None
+    images: list[Attachment] = field(default_factory=list)
 
 
 class HistoryStore:
@@ -254,16 +265,37 @@ class HistoryStore:
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id",
             (session_id,),
         ).fetchall()
-        return [_message(row) for row in rows]
+        messages = [_message(row) for row in rows]
+        by_id = {m.id: m for m in messages}
+        for message_id, *image in self._db.execute(
+            "SELECT a.message_id, a.name, a.data, a.width, a.height FROM attachments a JOIN "
+            "messages m ON m.id = a.message_id WHERE m.session_id = ? ORDER BY a.id",
+            (session_id,),
+        ):
+            by_id[message_id].images.append(Attachment(*image))
+        return messages
 
-    def add_message(self, session_id: int, role: str, content: str, status: str = DONE) -> Message:
+    def add_message(
+        self,
+        session_id: int,
+        role: str,
+        content: str,
+        status: str = DONE,
+        images: tuple[Attachment, ...] = (),
+    ) -> Message:
         cursor = self._db.execute(
             "INSERT INTO messages (session_id, role, content, status, created) "
             "VALUES (?, ?, ?, ?, ?)",
             (session_id, role, content, status, time.time()),
         )
+        message_id = int(cursor.lastrowid or 0)
+        self._db.executemany(
+            "INSERT INTO attachments (message_id, name, data, width, height) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(message_id, i.name, i.data, i.width, i.height) for i in images],
+        )
         self._db.commit()
-        return Message(int(cursor.lastrowid or 0), session_id, role, content, status)
+        return Message(message_id, session_id, role, content, status, images=list(images))
 
     def save_message(self, message: Message) -> None:
         """Write a message's text, status, error, metrics and reasoning back (after edits or

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import sqlite3
@@ -14,7 +13,7 @@ import pytest
 
 from macbatch.batch.runner import LEDGER_NAME
 from tests.batch.conftest import read_jsonl, write_job
-from tests.support.batch_process import start_run, wait_for_lines
+from tests.support.batch_process import kill_9_after, start_run, wait_for_lines
 
 ROWS = 200
 
@@ -50,11 +49,7 @@ def assert_exactly_once(job_file: Path) -> list[dict]:
 
 def test_kill_9_then_rerun_gives_every_request_once(job_file: Path, macbatch_run) -> None:
     output = job_file.parent / "out" / "rows.jsonl"
-    process = start_run(job_file)
-    wait_for_lines(output, process, 20)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    written = output.read_bytes().count(b"\n")
+    written = kill_9_after(job_file, output, 20)
     assert 20 <= written < ROWS
 
     result = macbatch_run(job_file)

@@ -3,6 +3,8 @@ for its output file to reach a line count."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,3 +37,13 @@ def wait_for_lines(path: Path, process: subprocess.Popen[bytes], count: int) -> 
         assert process.poll() is None, process.communicate()[1].decode()
         time.sleep(0.05)
     raise AssertionError(f"{path} never reached {count} lines")
+
+
+def kill_9_after(job_file: Path, output: Path, count: int, in_flight: int = 2) -> int:
+    """Start `macbatch run`, kill it with SIGKILL once ``output`` has ``count`` lines; how many
+    lines it had written by then."""
+    process = start_run(job_file, in_flight=in_flight)
+    wait_for_lines(output, process, count)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    return output.read_bytes().count(b"\n")

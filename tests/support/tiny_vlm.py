@@ -6,19 +6,15 @@ with Mistral 3's [IMG_BREAK] / [IMG_END] tokens added ([IMG] it already has)."""
 from __future__ import annotations
 
 import io
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
+from macbatch.demo.vision import save_random_vlm
 from tests.support.real_tokenizers import TOKENIZERS
 
 VOCAB_SIZE = 32832  # the v0.3 vocabulary (32768) and the two added image tokens, rounded up
-PATCH = 8
 # A chat template in the shape of Mistral 3's own (an image part renders as [IMG]), written for
 # the tiny model: the vendored v0.3 template has no image parts.
 CHAT_TEMPLATE = (
@@ -30,50 +26,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def config(image_token: int) -> dict[str, Any]:
-    text = dict(
-        model_type="mistral",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        vocab_size=VOCAB_SIZE,
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    )
-    vision = dict(
-        model_type="pixtral",
-        hidden_size=32,
-        num_hidden_layers=2,
-        intermediate_size=64,
-        num_attention_heads=2,
-        head_dim=16,
-        image_size=64,
-        patch_size=PATCH,
-        num_channels=3,
-        rope_theta=10000.0,
-    )
-    return dict(
-        model_type="mistral3",
-        text_config=text,
-        vision_config=vision,
-        image_token_index=image_token,
-        spatial_merge_size=2,
-        vision_feature_layer=-1,
-        multimodal_projector_bias=False,
-        vocab_size=VOCAB_SIZE,
-    )
-
-
 def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     """The model directory (weights in float32, ``language_model.*`` / ``vision_tower.*`` /
-    ``multi_modal_projector.*`` as mlx-vlm saves them)."""
-    from mlx_vlm.models import mistral3
-    from mlx_vlm.utils import update_module_configs
+    ``multi_modal_projector.*`` as mlx-vlm saves them), built with the same mlx-vlm classes and
+    configs as the packaged ``demo-vision`` model but with the real Mistral v0.3 tokenizer."""
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
@@ -83,38 +39,9 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": ["[IMG_BREAK]", "[IMG_END]"]})
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)
-    cfg = config(tokenizer.convert_tokens_to_ids("[IMG]"))
-    (path / "config.json").write_text(json.dumps(cfg))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    (path / "preprocessor_config.json").write_text(json.dumps(_image_processor()))
-    (path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "PixtralProcessor", "patch_size": PATCH})
-    )
-    mx.random.seed(seed)
-    model_config = update_module_configs(
-        mistral3.ModelConfig.from_dict(cfg), mistral3, cfg, ["text", "vision"]
-    )
-    model = mistral3.Model(model_config)
-    model.set_dtype(mx.float32)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    image_token = tokenizer.convert_tokens_to_ids("[IMG]")
+    save_random_vlm(path, image_token, VOCAB_SIZE, eos_token_id=2, seed=seed)
     return path
-
-
-def _image_processor() -> dict[str, Any]:
-    return {
-        "image_processor_type": "PixtralImageProcessor",
-        "processor_class": "PixtralProcessor",
-        "patch_size": {"height": PATCH, "width": PATCH},
-        "size": {"longest_edge": 64},
-        "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "do_convert_rgb": True,
-        "resample": 3,
-    }
 
 
 def png_bytes(width: int, height: int, seed: int) -> bytes:

@@ -142,3 +142,19 @@ def test_ngram_speculation_keeps_image_requests_equal_to_mlx_vlm(
     outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
     for (question, images), out in zip(todo, outputs):
         assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)
+
+
+def test_under_mlx_launch_an_image_is_refused_with_the_reason(
+    vlm_path: Path, image_files: list[Path]
+) -> None:
+    """Rank 0 of a launched group gets ``vision_for(..., launched=True)`` (Engine.load passes
+    ``group is not None``); here on one process: the reason, not an encoder, and text runs."""
+    from macbatch.engine.vision import vision_for
+
+    engine = Engine.load(str(vlm_path), EngineConfig(num_blocks=16))
+    assert not isinstance(engine.processor.vision, str)  # alone, the same model takes images
+    engine.processor.vision = vision_for(str(vlm_path), engine.runner.model, launched=True)
+    with pytest.raises(ValueError, match="not supported under mlx.launch.* without mlx.launch"):
+        engine.add_request(chat("what?", [image_files[0]]))
+    [out] = engine.generate(["hello"], PARAMS)
+    assert len(out.token_ids) == 8

@@ -23,12 +23,14 @@ from textual.worker import Worker
 
 from macbatch.tui.chats import ChatRefused, ChatService
 from macbatch.tui.loading import LoadProgress
+from macbatch.tui.screens.attach import AttachScreen
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen, help_rows
 from macbatch.tui.screens.rename import RenameScreen
 from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
+from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.prompt_input import PromptInput
 from macbatch.tui.widgets.session_item import SessionItem
@@ -64,6 +66,7 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+g", "edit_last", "Edit"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("ctrl+o", "export", "Export"),
+        Binding("f3", "attach", "Attach"),
         Binding("f2", "rename", "Rename"),
         Binding("f8", "delete", "Delete"),
     ]
@@ -87,6 +90,7 @@ class ChatScreen(Screen[None]):
             with Vertical(id="chat"):
                 yield LoadingPanel(id="loading")
                 yield Transcripts(id="transcripts")
+                yield AttachmentChips()
                 yield PromptInput(on_submit=self.send)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
@@ -107,6 +111,10 @@ class ChatScreen(Screen[None]):
     @property
     def prompt_input(self) -> PromptInput:
         return self.query_one(PromptInput)
+
+    @property
+    def chips(self) -> AttachmentChips:
+        return self.query_one(AttachmentChips)
 
     @property
     def transcripts(self) -> Transcripts:
@@ -234,15 +242,40 @@ class ChatScreen(Screen[None]):
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(help_rows(self.app, self.BINDINGS)))
 
+    # Attachments
+
+    def action_attach(self) -> None:
+        self.app.push_screen(AttachScreen(), self.attach)
+
+    async def attach(self, path: str | None) -> None:
+        """F3's dialog or `/image PATH`: a chip for the image, sent with the next message."""
+        if path is not None:
+            with self.refusals_shown():
+                self.chips.add(self.chats.attach(path))
+        self.prompt_input.focus()
+
+    async def slash_command(self, text: str) -> bool:
+        """Run `text` if it is a command (`/image PATH`, `/detach`); False: it is a message."""
+        name, _, argument = text.strip().partition(" ")
+        if name in ("/image", "/attach"):
+            await self.attach(argument)
+        elif name == "/detach":
+            self.chips.clear()
+        else:
+            return False
+        self.prompt_input.clear()
+        return True
+
     # Messages and replies
 
     async def send(self, text: str) -> None:
         """Enter in the message box (the box awaits this before it reads the next key)."""
         session_id, editing = self.current, self.editing
-        if session_id is None:
+        if session_id is None or await self.slash_command(text):
             return
         with self.refusals_shown():
-            message = self.chats.send(session_id, text, editing)
+            message = self.chats.send(session_id, text, editing, tuple(self.chips.attached))
+            self.chips.clear()
             self.cancel_edit()
             self.prompt_input.clear()
             transcript = self.transcript(session_id)

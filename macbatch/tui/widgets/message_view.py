@@ -50,6 +50,8 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static("You" if self.message.role == "user" else "Assistant", classes="role")
+        for image in self.message.images:
+            yield Static(image.chip(), classes="attachment", markup=False)
         yield Markdown(displayable(self.message.content))
         yield Static(describe(self.message), classes="meta", markup=False)
 

@@ -10,6 +10,9 @@
 2. A copy-heavy job with prompt lookup vs without: 16 long documents, up to 8 at once.
 3. 32 concurrent requests with prompt lookup vs without (the adaptive rule at work: above
    ``policy.MAX_BATCH`` running requests no step speculates).
+4. ``--sweep 1,2,4,8,16,32``: the crossover behind ``MAX_BATCH``: for each batch size, that
+   many concurrent requests with prompt lookup (the batch limit lifted) vs without, wall and
+   CPU ratios and the acceptance each saw.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.speculative [--layers 28] [--tokens 64]
@@ -123,10 +126,15 @@ def one_request(args: argparse.Namespace) -> None:
     )
 
 
-def job_seconds(model: nn.Module, prompts: list[list[int]], tokens: int, **config) -> tuple:
+def job_seconds(
+    model: nn.Module, prompts: list[list[int]], tokens: int, max_batch: int = 0, **config
+) -> tuple:
     """(wall, CPU) seconds of the job, and the engine's speculation counts. CPU time is the one
-    to compare on a shared machine: other processes stretch wall time, not the work done."""
+    to compare on a shared machine: other processes stretch wall time, not the work done.
+    ``max_batch``: the policy's batch limit, when not its own."""
     engine = Engine(model, bench_tokenizer(), EngineConfig(num_blocks=1024, **config))
+    if max_batch and engine.speculator is not None:
+        engine.speculator.policy.max_batch = max_batch
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     clock = Clock()
     engine.generate(prompts, params)
@@ -146,6 +154,23 @@ def compare(title: str, prompts: list[list[int]], tokens: int, **config) -> None
     print(f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens")
 
 
+def sweep(sizes: list[int], tokens: int) -> None:
+    """Speculation's gain by batch size, the batch limit lifted: where it crosses x1."""
+    model = build_bench_model()
+    print("4. batch-size sweep, prompt lookup with no batch limit vs without")
+    for size in sizes:
+        prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
+        off, _ = job_seconds(model, prompts, tokens, max_num_seqs=64)
+        on, spec = job_seconds(
+            model, prompts, tokens, max_batch=1 << 20, speculative="ngram", max_num_seqs=64
+        )
+        print(
+            f"   {size:3d} requests: wall x{off[0] / on[0]:.2f} ({off[0]:.2f} / {on[0]:.2f} s), "
+            f"CPU x{off[1] / on[1]:.2f}, acceptance {spec.acceptance_rate:.0%}, "
+            f"{spec.mean_accepted_length:.2f} tok/verification"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28)
@@ -153,6 +178,7 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=4)
     parser.add_argument("--residual-scale", type=float, default=0.01)
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
+    parser.add_argument("--sweep", default="", help="batch sizes of part 4, e.g. 1,4,16,32")
     args = parser.parse_args()
     warn_without_openblas()
     skip = set(args.skip.split(","))
@@ -164,6 +190,8 @@ def main() -> None:
     if "3" not in skip:
         prompts = synthetic_prompts(32, 32, 512, 32000, seed=0)
         compare("3. 32 concurrent requests", prompts, args.tokens, max_num_seqs=64)
+    if args.sweep:
+        sweep([int(n) for n in args.sweep.split(",")], args.tokens)
 
 
 if __name__ == "__main__":

@@ -74,14 +74,6 @@ class StateStore:
         assert self.num_snapshots, "no snapshot slots: the engine does not speculate"
         return self.num_slots + self.num_checkpoints + slot
 
-    def restore(self, slot: int) -> None:
-        """Put back request slot ``slot``'s snapshot (drafts were rejected: the state must end
-        at the last accepted token). Lazy, so it lands before the next step reads the slot."""
-        source = self.snapshot_of(slot)
-        for layer in self.states:
-            for array in layer:
-                array[slot] = array[source]
-
     def arrays(self) -> list[mx.array]:
         """What a step writes (evaluated with it, like the K/V pages)."""
         return [a for layer in self.states for a in layer]

@@ -33,14 +33,15 @@ class _Track:
 
 
 class SpeculationPolicy:
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(self, max_tokens: int, max_batch: int = MAX_BATCH) -> None:
         self.max_tokens = max_tokens
+        self.max_batch = max_batch  # benchmarks/speculative.py's sweep lifts it
         self._tracks: dict[str, _Track] = {}
 
     def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
         """The requests that speculate this step and the most tokens each drafts (counting one
         step of rest for the others)."""
-        if len(running) > MAX_BATCH:
+        if len(running) > self.max_batch:
             return []
         chosen = []
         for request in running:

@@ -9,7 +9,12 @@
    with the target on most tokens. Decode tokens/s of each.
 2. A copy-heavy job with prompt lookup vs without: 16 long documents, up to 8 at once.
 3. 32 concurrent requests with prompt lookup vs without (the adaptive rule at work: above
-   ``policy.MAX_BATCH`` running requests no step speculates).
+   ``policy.BATCH_LIMITS``'s running requests no step speculates).
+4. ``--sweep 1,2,4,8,16,32``: the crossover behind ``BATCH_LIMITS``: for each batch size, that
+   many concurrent requests with prompt lookup (the batch limit lifted) vs without, wall and
+   CPU ratios and the acceptance each saw. ``--spoil 0,0.5`` repeats it with that share of
+   drafted tokens replaced by a wrong one (decided by a hash of the position, so drafting
+   stays deterministic and verification exact), to place the crossover at lower acceptance.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.speculative [--layers 28] [--tokens 64]
@@ -28,6 +33,7 @@ from mlx_lm.utils import _get_classes
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.speculative.ngram import NgramDrafter
 
 QWEN3_06B = dict(
     model_type="qwen3",
@@ -123,20 +129,51 @@ def one_request(args: argparse.Namespace) -> None:
     )
 
 
-def job_seconds(model: nn.Module, prompts: list[list[int]], tokens: int, **config) -> tuple:
+class SpoiledDrafter:
+    """Prompt lookup with a share of its drafted tokens made wrong (lower acceptance)."""
+
+    def __init__(self, share: float) -> None:
+        self.inner, self.share = NgramDrafter(), share
+
+    def propose(self, requests, ks) -> list[list[int]]:
+        proposals = self.inner.propose(requests, ks)
+        for request, drafts in zip(requests, proposals):
+            start = len(request.all_token_ids)
+            for j, token in enumerate(drafts):
+                if (((start + j) * 2654435761) % 1000) / 1000 < self.share:
+                    drafts[j] = (token + 1) % 32000
+        return proposals
+
+    def forget(self, request_id: str) -> None:
+        """Nothing is kept per request."""
+
+
+def job_seconds(
+    model: nn.Module,
+    prompts: list[list[int]],
+    tokens: int,
+    max_batch: int = 0,
+    spoil: float = 0.0,
+    **config,
+) -> tuple:
     """(wall, CPU) seconds of the job, and the engine's speculation counts. CPU time is the one
-    to compare on a shared machine: other processes stretch wall time, not the work done."""
+    to compare on a shared machine: other processes stretch wall time, not the work done.
+    ``max_batch``: the policy's batch limit, when not its own."""
     engine = Engine(model, bench_tokenizer(), EngineConfig(num_blocks=1024, **config))
+    if max_batch and engine.speculator is not None:
+        engine.speculator.policy.max_batch = max_batch
+        engine.speculator.drafter = SpoiledDrafter(spoil)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     clock = Clock()
     engine.generate(prompts, params)
     return clock.read(), engine.stats().speculation
 
 
-def compare(title: str, prompts: list[list[int]], tokens: int, **config) -> None:
+def compare(title: str, prompts: list[list[int]], tokens: int, k: int, **config) -> None:
     model = build_bench_model()
     off, _ = job_seconds(model, prompts, tokens, **config)
-    on, spec = job_seconds(model, prompts, tokens, speculative="ngram", **config)
+    spec_config = dict(speculative="ngram", num_speculative_tokens=k)
+    on, spec = job_seconds(model, prompts, tokens, **spec_config, **config)
     print(title)
     for clock, name in enumerate(("wall", "CPU")):
         print(
@@ -146,13 +183,33 @@ def compare(title: str, prompts: list[list[int]], tokens: int, **config) -> None
     print(f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens")
 
 
+def sweep(sizes: list[int], spoils: list[float], tokens: int) -> None:
+    """Speculation's gain by batch size and acceptance, the batch limit lifted: where it
+    crosses x1."""
+    model = build_bench_model()
+    print("4. batch-size sweep, prompt lookup with no batch limit vs without")
+    for spoil, size in ((s, n) for s in spoils for n in sizes):
+        prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
+        off, _ = job_seconds(model, prompts, tokens, max_num_seqs=64)
+        config = dict(speculative="ngram", max_num_seqs=64)
+        on, spec = job_seconds(model, prompts, tokens, max_batch=1 << 20, spoil=spoil, **config)
+        print(
+            f"   spoil {spoil:.2f}, {size:3d} requests: wall x{off[0] / on[0]:.2f} "
+            f"({off[0]:.2f} / {on[0]:.2f} s), "
+            f"CPU x{off[1] / on[1]:.2f}, acceptance {spec.acceptance_rate:.0%}, "
+            f"{spec.mean_accepted_length:.2f} tok/verification"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--draft-tokens", type=int, default=4, help="k of parts 1 to 3")
     parser.add_argument("--residual-scale", type=float, default=0.01)
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
+    parser.add_argument("--sweep", default="", help="batch sizes of part 4, e.g. 1,4,16,32")
+    parser.add_argument("--spoil", default="0", help="part 4's shares of drafts made wrong")
     args = parser.parse_args()
     warn_without_openblas()
     skip = set(args.skip.split(","))
@@ -160,10 +217,15 @@ def main() -> None:
         one_request(args)
     if "2" not in skip:
         documents = synthetic_prompts(16, 400, 600, 32000, seed=7)
-        compare("2. copy-heavy job: 16 documents, up to 8 at once", documents, 96, max_num_seqs=8)
+        title = "2. copy-heavy job: 16 documents, up to 8 at once"
+        compare(title, documents, 96, args.draft_tokens, max_num_seqs=8)
     if "3" not in skip:
         prompts = synthetic_prompts(32, 32, 512, 32000, seed=0)
-        compare("3. 32 concurrent requests", prompts, args.tokens, max_num_seqs=64)
+        title = "3. 32 concurrent requests"
+        compare(title, prompts, args.tokens, args.draft_tokens, max_num_seqs=64)
+    if args.sweep:
+        spoils = [float(x) for x in args.spoil.split(",")]
+        sweep([int(n) for n in args.sweep.split(",")], spoils, args.tokens)
 
 
 if __name__ == "__main__":

@@ -229,10 +229,16 @@ class KVManager:
         ``snapshot``, to restore when drafts are rejected. No prefix checkpoint: the drafts'
         states may be rejected."""
         slot = self._slots[request_id]
-        return StateChunk(slot, slot, snapshot, 1)
+        return StateChunk(self._resume.pop(request_id, slot), slot, snapshot, 1)
 
     def state_slot(self, request_id: str) -> int:
         return self._slots[request_id]
+
+    def resume_state_from(self, request_id: str, slot: int) -> None:
+        """The request's next chunk starts from state ``slot`` (a verification's snapshot, its
+        drafts rejected) instead of its own. It travels in that chunk's state rows, so every
+        rank of a group reads the same slot (no copy made on rank 0 alone)."""
+        self._resume[request_id] = slot
 
     def free(self, request_id: str) -> None:
         """Return all of a request's blocks (the last first, so a prefix's earlier blocks stay

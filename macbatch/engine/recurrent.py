@@ -100,14 +100,6 @@ class StateStore:
                     layer[e] = array[:rows]
         self.num_slots = num_slots
 
-    def restore(self, slot: int) -> None:
-        """Put back request slot ``slot``'s snapshot (drafts were rejected: the state must end
-        at the last accepted token). Lazy, so it lands before the next step reads the slot."""
-        source = self.snapshot_of(slot)
-        for layer in self.states:
-            for array in layer:
-                array[slot] = array[source]
-
     def arrays(self) -> list[mx.array]:
         """What a step writes (evaluated with it, like the K/V pages)."""
         return [a for layer in self.states for a in layer]

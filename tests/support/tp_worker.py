@@ -2,11 +2,15 @@
 MLX_HOSTFILE set by a test). Rank 0 runs a staggered greedy workload that chunks prompts, preempts
 and reuses cached prefixes, and writes what it generated; the other ranks follow it.
 
-    python -m tests.support.tp_worker MODEL_DIR OUT.json
+    python -m tests.support.tp_worker MODEL_DIR OUT.json [SPECULATIVE [DRAFT_MODEL_DIR]]
+
+With SPECULATIVE (``ngram`` or ``draft``) rank 0 speculates (docs/speculative.md): the
+verification chunks travel in the broadcast step like any other chunk.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,8 +42,9 @@ def workload_prompts() -> list[list[int]]:
     ]
 
 
-def run_rank_zero(model_dir: str, out: Path) -> None:
-    engine = Engine.load(model_dir, CONFIG)
+def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: str = "") -> None:
+    config = dataclasses.replace(CONFIG, speculative=speculative, draft_model=draft or None)
+    engine = Engine.load(model_dir, config)
     prompts = workload_prompts()
     results: dict[int, RequestOutput] = {}
     ids: dict[str, int] = {}
@@ -60,6 +65,8 @@ def run_rank_zero(model_dir: str, out: Path) -> None:
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
         "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
+        "drafted": stats.speculation.drafted,
+        "accepted": stats.speculation.accepted,
     }
     out.write_text(json.dumps(report))
 
@@ -68,7 +75,7 @@ def main() -> int:
     status = follower_exit_status()
     if status is not None:
         return status
-    run_rank_zero(sys.argv[1], Path(sys.argv[2]))
+    run_rank_zero(sys.argv[1], Path(sys.argv[2]), *sys.argv[3:5])
     return 0
 
 

@@ -4,7 +4,8 @@ Speculation pays when a step is memory-bound (a few requests: k more rows cost l
 one) and drafts are accepted; it costs when the batch is large (compute-bound: every drafted row
 is a row of real work) or drafts are rejected (wasted rows, and a step that cannot overlap the
 host's work with the device's, because drafting needs the previous step's tokens on the host).
-So: no step speculates with more than ``MAX_BATCH`` running requests, and each request's draft
+So: no step speculates with more running requests than ``BATCH_LIMITS`` allows at their mean
+acceptance (measured: part 4 of benchmarks/speculative.py), and each request's draft
 length follows its own acceptance (an exponential moving average): full length while most
 drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
 ``MAX_REST`` steps) when few hold or the drafter had nothing to propose.
@@ -19,7 +20,10 @@ from dataclasses import dataclass
 from macbatch.engine.reasoning import Phase
 from macbatch.engine.request import Request
 
-MAX_BATCH = 8  # running requests above which a step is compute-bound (docs/speculative.md)
+# (mean moving acceptance of the running requests at least, the most running requests that
+# speculate): where the batch-size sweep of benchmarks/speculative.py still gained
+# (docs/speculative.md, "When it speculates").
+BATCH_LIMITS = ((0.9, 12), (0.5, 8), (0.0, 4))
 MIN_ACCEPTANCE = 0.3  # below this moving acceptance a request rests from speculating
 MAX_REST = 64  # steps
 EMA_WEIGHT = 0.3  # of the newest verification
@@ -35,12 +39,13 @@ class _Track:
 class SpeculationPolicy:
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
+        self.max_batch: int | None = None  # a fixed limit (the benchmark's sweep lifts it)
         self._tracks: dict[str, _Track] = {}
 
     def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
         """The requests that speculate this step and the most tokens each drafts (counting one
         step of rest for the others)."""
-        if len(running) > MAX_BATCH:
+        if len(running) > self.batch_limit(running):
             return []
         chosen = []
         for request in running:
@@ -54,6 +59,15 @@ class SpeculationPolicy:
                 continue
             chosen.append((request, max(1, math.ceil(self.max_tokens * track.acceptance))))
         return chosen
+
+    def batch_limit(self, running: Sequence[Request]) -> int:
+        """The most running requests at which a step speculates, from their mean acceptance
+        (a request not yet verified counts as accepting all)."""
+        if self.max_batch is not None:
+            return self.max_batch
+        tracks = [self._tracks.get(r.request_id) for r in running]
+        mean = sum(1.0 if t is None else t.acceptance for t in tracks) / max(1, len(tracks))
+        return next(limit for floor, limit in BATCH_LIMITS if mean >= floor)
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         """A verification's result (``drafted`` 0: the drafter had nothing to propose)."""

@@ -74,9 +74,10 @@ class Speculator:
         if request.finished:
             return recorded
         if states is not None and accepted < len(drafts):
-            # The recurrent state went on through the rejected drafts: back to its snapshot
-            # after the last known token; the accepted drafts are recomputed next step.
-            states.restore(kv.state_slot(request.request_id))
+            # The recurrent state went on through the rejected drafts: the next chunk starts
+            # from the snapshot after the last known token and recomputes the accepted drafts.
+            slot = kv.state_slot(request.request_id)
+            kv.resume_state_from(request.request_id, states.snapshot_of(slot))
             accepted = 0
         request.num_computed_tokens += accepted
         kv.cache_full_blocks(request, request.num_computed_tokens)

@@ -1,0 +1,34 @@
+"""The batch limit of speculation follows the running requests' measured acceptance
+(policy.BATCH_LIMITS, from the sweep in benchmarks/speculative.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from macbatch.engine.speculative.policy import BATCH_LIMITS, SpeculationPolicy
+
+
+def _running(n: int) -> list:
+    return [SimpleNamespace(request_id=f"r{i}") for i in range(n)]
+
+
+def test_the_batch_limit_shrinks_as_drafts_are_rejected() -> None:
+    policy = SpeculationPolicy(4)
+    running = _running(6)
+    assert policy.batch_limit(running) == BATCH_LIMITS[0][1]  # nothing verified yet: optimistic
+    for request in running:  # every second draft rejected: the moving average falls to ~0.5
+        for _ in range(20):
+            policy.record(request.request_id, 4, 2)
+    assert policy.batch_limit(running) == 8
+    for request in running:  # one draft in four accepted
+        for _ in range(20):
+            policy.record(request.request_id, 4, 1)
+    assert policy.batch_limit(running) == 4
+    # seven running requests above a limit of four: no one speculates
+    assert policy.choose(running + _running(7)[6:]) == []
+
+
+def test_a_fixed_limit_overrides_the_measured_one() -> None:
+    policy = SpeculationPolicy(4)
+    policy.max_batch = 1 << 20
+    assert policy.batch_limit(_running(64)) == 1 << 20

@@ -25,10 +25,12 @@ from macbatch.engine.images import VISION_EXTRA, Image
 from macbatch.engine.prompt_images import PromptImages
 
 # Families whose image rows are ordinary causal rows at 1-D RoPE positions: the paged step runs
-# them as it runs text. The others need what the paged step does not do yet.
-SUPPORTED = ("mistral3",)
+# them as it runs text. The others need what the paged step does not do yet. gemma3: HF's Gemma 3
+# attends bidirectionally within an image span, but mlx-vlm's (the oracle here) runs its language
+# model with the causal and sliding-window masks (its ``attention_mask_4d`` never reaches the
+# attention), so its image rows are causal rows too (docs/vision.md).
+SUPPORTED = ("mistral3", "gemma3")
 REFUSED = {
-    "gemma3": "Gemma 3 attends bidirectionally within an image span; the paged step is causal",
     "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
     "qwen2_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
     "qwen2_5_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
@@ -160,10 +162,13 @@ class VisionEncoder:
         found = self.cache.get(image.digest)
         if found is not None:
             return found
-        inputs = self._inputs(self.processor.image_token, [image])
+        # the text the processor expands into one image's rows: Gemma 3's processor expands its
+        # <start_of_image>, Pixtral's its [IMG]
+        placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
+        inputs = self._inputs(placeholder, [image])
         ids = inputs.pop("input_ids")
-        inputs.pop("attention_mask", None)
-        features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
+        mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3 reads it)
+        features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
         rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
         encoded = features[rows]
         mx.eval(encoded)

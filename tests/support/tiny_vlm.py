@@ -30,6 +30,11 @@ CHAT_TEMPLATE = (
 )
 
 
+def rendered(question: str, images: int) -> str:
+    """What CHAT_TEMPLATE renders for one user message of ``images`` images, then ``question``."""
+    return "<s>[INST]" + "[IMG]" * images + question + "[/INST]"
+
+
 def config(image_token: int) -> dict[str, Any]:
     text = dict(
         model_type="mistral",

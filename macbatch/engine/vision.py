@@ -31,7 +31,10 @@ from macbatch.engine.prompt_images import PromptImages
 # attention), so its image rows are causal rows too (docs/vision.md).
 SUPPORTED = ("mistral3", "gemma3")
 REFUSED = {
-    "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
+    "gemma4": (
+        "Gemma 4 attends bidirectionally within an image span (mlx-vlm's gemma4 does too); the "
+        "paged step is causal"
+    ),
     "qwen2_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
     "qwen2_5_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
     "qwen3_vl": "Qwen VL places image rows at M-RoPE (3-part) positions; the paged step has 1-D",
@@ -167,7 +170,7 @@ class VisionEncoder:
         placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
         inputs = self._inputs(placeholder, [image])
         ids = inputs.pop("input_ids")
-        mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3 reads it)
+        mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
         features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
         rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
         encoded = features[rows]

@@ -42,7 +42,9 @@ def rendered(question: str, images: int) -> str:
     """What CHAT_TEMPLATE renders for one user message of ``images`` images, then ``question``,
     with the generation prompt."""
     return (
-        "<s><start_of_turn>user\n" + "<start_of_image>" * images + question
+        "<s><start_of_turn>user\n"
+        + "<start_of_image>" * images
+        + question
         + "<end_of_turn>\n<start_of_turn>model\n"
     )
 

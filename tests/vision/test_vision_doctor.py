@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
+from macbatch.engine.vision import unavailable_reason
 from tests.support.tiny import save_model
+from tests.vision.conftest import TinyVlm
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
@@ -25,3 +28,16 @@ def test_doctor_says_which_checkpoints_take_images(tmp_path: Path, vlm_path: Pat
     assert _images_row(vlm_path).startswith("yes")
     text_only = _images_row(save_model(tmp_path / "llama", "llama"))
     assert text_only.startswith("no: ") and "text-only model (llama)" in text_only
+
+
+def test_doctor_says_yes_for_each_served_family(family_vlm: TinyVlm) -> None:
+    assert _images_row(family_vlm.path).startswith("yes")
+
+
+def test_gemma4_images_are_refused_with_the_reason(tmp_path: Path) -> None:
+    # the reason doctor's row and a refused request show (engine/vision.py: unavailable_reason)
+    config = {"model_type": "gemma4", "text_config": {}, "vision_config": {}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reason = unavailable_reason(tmp_path, "g4") or ""
+    assert reason.startswith("images for 'gemma4' models are not supported yet")
+    assert "bidirectionally within an image span" in reason

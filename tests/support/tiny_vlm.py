@@ -78,31 +78,52 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     """The model directory (weights in float32, ``language_model.*`` / ``vision_tower.*`` /
     ``multi_modal_projector.*`` as mlx-vlm saves them)."""
     from mlx_vlm.models import mistral3
-    from mlx_vlm.utils import update_module_configs
+
+    tokenizer = saved_tokenizer(path, ["[IMG_BREAK]", "[IMG_END]"], CHAT_TEMPLATE)
+    cfg = config(tokenizer.convert_tokens_to_ids("[IMG]"))
+    processor = {"processor_class": "PixtralProcessor", "patch_size": PATCH}
+    write_configs(path, cfg, _image_processor(), processor)
+    model = built_model(mistral3, cfg, seed)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return path
+
+
+def saved_tokenizer(path: Path, added: list[str], template: str) -> Any:
+    """The vendored Mistral v0.3 tokenizer with ``added`` special tokens and ``template``, saved
+    in ``path`` (made if missing)."""
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
         shutil.copy(TOKENIZERS / "mistral" / name, path / name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["[IMG_BREAK]", "[IMG_END]"]})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.add_special_tokens({"additional_special_tokens": added})
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
-    cfg = config(tokenizer.convert_tokens_to_ids("[IMG]"))
+    return tokenizer
+
+
+def write_configs(
+    path: Path, cfg: dict[str, Any], image_processor: dict[str, Any], processor: dict[str, Any]
+) -> None:
+    """The model's, generation, image processor and processor configs, as HF checkpoints have."""
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    (path / "preprocessor_config.json").write_text(json.dumps(_image_processor()))
-    (path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "PixtralProcessor", "patch_size": PATCH})
-    )
+    (path / "preprocessor_config.json").write_text(json.dumps(image_processor))
+    (path / "processor_config.json").write_text(json.dumps(processor))
+
+
+def built_model(family: Any, cfg: dict[str, Any], seed: int) -> Any:
+    """mlx-vlm's ``family.Model`` for ``cfg``, random weights from ``seed``, in float32."""
+    from mlx_vlm.utils import update_module_configs
+
     mx.random.seed(seed)
     model_config = update_module_configs(
-        mistral3.ModelConfig.from_dict(cfg), mistral3, cfg, ["text", "vision"]
+        family.ModelConfig.from_dict(cfg), family, cfg, ["text", "vision"]
     )
-    model = mistral3.Model(model_config)
+    model = family.Model(model_config)
     model.set_dtype(mx.float32)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    return path
+    return model
 
 
 def _image_processor() -> dict[str, Any]:

@@ -10,14 +10,13 @@ sliding-window one (window 16, shorter than the prompts) and a global one."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tests.support.real_tokenizers import TOKENIZERS
+from tests.support.tiny_vlm import built_model, saved_tokenizer, write_configs
 
 VOCAB_SIZE = 32832
 HIDDEN = 64
@@ -96,33 +95,16 @@ def save_tiny_gemma3(path: Path, seed: int = 0) -> Path:
     """The model directory (float32 weights, ``language_model.*`` / ``vision_tower.*`` /
     ``multi_modal_projector.*`` as mlx-vlm saves them)."""
     from mlx_vlm.models import gemma3
-    from mlx_vlm.utils import update_module_configs
-    from transformers import AutoTokenizer
 
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
-        shutil.copy(TOKENIZERS / "mistral" / name, path / name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
     added = ["<start_of_turn>", "<end_of_turn>", *IMAGE_TOKENS.values()]
-    tokenizer.add_special_tokens({"additional_special_tokens": added})
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(path)
+    tokenizer = saved_tokenizer(path, added, CHAT_TEMPLATE)
     tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
     tokenizer_config["extra_special_tokens"] = IMAGE_TOKENS
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     cfg = config(tokenizer.convert_tokens_to_ids(IMAGE_TOKENS["image_token"]))
-    (path / "config.json").write_text(json.dumps(cfg))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    (path / "preprocessor_config.json").write_text(json.dumps(_image_processor()))
-    (path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "Gemma3Processor", "image_seq_length": SOFT_TOKENS})
-    )
-    mx.random.seed(seed)
-    model_config = update_module_configs(
-        gemma3.ModelConfig.from_dict(cfg), gemma3, cfg, ["text", "vision"]
-    )
-    model = gemma3.Model(model_config)
-    model.set_dtype(mx.float32)
+    processor = {"processor_class": "Gemma3Processor", "image_seq_length": SOFT_TOKENS}
+    write_configs(path, cfg, _image_processor(), processor)
+    model = built_model(gemma3, cfg, seed)
     # mlx-vlm starts the projection at ones: its outputs would be the sums of zero-mean
     # (layer-normed) vectors, rounding noise; a trained one is not
     projector = model.multi_modal_projector

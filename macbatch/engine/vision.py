@@ -26,12 +26,18 @@ from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.qwen_vl import FAMILIES as QWEN_VL
 from macbatch.engine.qwen_vl import QwenVL
 
-# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3),
-# or at M-RoPE positions (engine/qwen_vl.py). The others need what the paged step does not do yet.
-SUPPORTED = ("mistral3", *QWEN_VL)
+# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3,
+# gemma3), or at M-RoPE positions (engine/qwen_vl.py). The others need what the paged step does
+# not do yet. gemma3: HF's Gemma 3 attends bidirectionally within an image span, but mlx-vlm's
+# (the oracle here) runs its language model with the causal and sliding-window masks (its
+# ``attention_mask_4d`` never reaches the attention), so its image rows are causal rows too
+# (docs/vision.md).
+SUPPORTED = ("mistral3", "gemma3", *QWEN_VL)
 REFUSED = {
-    "gemma3": "Gemma 3 attends bidirectionally within an image span; the paged step is causal",
-    "gemma4": "Gemma 4 attends bidirectionally within an image span; the paged step is causal",
+    "gemma4": (
+        "Gemma 4 attends bidirectionally within an image span (mlx-vlm's gemma4 does too); the "
+        "paged step is causal"
+    ),
     "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
     "qwen3_vl": (
         "Qwen3-VL adds DeepStack features to image rows after its first text layers; the paged "
@@ -188,15 +194,18 @@ class VisionEncoder:
         found = self.cache.get(image.digest)
         if found is not None:
             return found
-        inputs = self._inputs(self.processor.image_token, [image])
+        # the text the processor expands into one image's rows: Gemma 3's processor expands its
+        # <start_of_image>, Pixtral's its [IMG]
+        placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
+        inputs = self._inputs(placeholder, [image])
         ids = inputs.pop("input_ids")
-        inputs.pop("attention_mask", None)
+        mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
         if self.qwen is not None:
             encoded = self.qwen.features(inputs)
         else:
-            features = self.model.get_input_embeddings(ids, **inputs).inputs_embeds[0]
-            rows = np.flatnonzero(np.array(ids).reshape(-1) == self.image_token)
-            encoded = features[mx.array(rows)]
+            features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
+            rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
+            encoded = features[rows]
         mx.eval(encoded)
         self.cache.put(image.digest, encoded)
         return encoded

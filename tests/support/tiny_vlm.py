@@ -1,14 +1,18 @@
 """A tiny random-weight Mistral 3 (Pixtral vision) VLM built from mlx-vlm's own classes and saved
 in the Hugging Face layout with its processor configs, so mlx-vlm's loader and image processor
 and mlx-lm's loader all read it offline. Its tokenizer is the vendored real Mistral v0.3 one
-with Mistral 3's [IMG_BREAK] / [IMG_END] tokens added ([IMG] it already has)."""
+with Mistral 3's [IMG_BREAK] / [IMG_END] tokens added ([IMG] it already has). Also the helpers
+the other tiny VLMs (tests/support/tiny_vlm_gemma3.py) are built with."""
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from macbatch.demo.vision import save_random_vlm
@@ -26,22 +30,57 @@ CHAT_TEMPLATE = (
 )
 
 
+def rendered(question: str, images: int) -> str:
+    """What CHAT_TEMPLATE renders for one user message of ``images`` images, then ``question``."""
+    return "<s>[INST]" + "[IMG]" * images + question + "[/INST]"
+
+
 def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     """The model directory (weights in float32, ``language_model.*`` / ``vision_tower.*`` /
     ``multi_modal_projector.*`` as mlx-vlm saves them), built with the same mlx-vlm classes and
     configs as the packaged ``demo-vision`` model but with the real Mistral v0.3 tokenizer."""
+    tokenizer = saved_tokenizer(path, ["[IMG_BREAK]", "[IMG_END]"], CHAT_TEMPLATE)
+    image_token = tokenizer.convert_tokens_to_ids("[IMG]")
+    save_random_vlm(path, image_token, VOCAB_SIZE, eos_token_id=2, seed=seed)
+    return path
+
+
+def saved_tokenizer(path: Path, added: list[str], template: str) -> Any:
+    """The vendored Mistral v0.3 tokenizer with ``added`` special tokens and ``template``, saved
+    in ``path`` (made if missing)."""
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
         shutil.copy(TOKENIZERS / "mistral" / name, path / name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["[IMG_BREAK]", "[IMG_END]"]})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.add_special_tokens({"additional_special_tokens": added})
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
-    image_token = tokenizer.convert_tokens_to_ids("[IMG]")
-    save_random_vlm(path, image_token, VOCAB_SIZE, eos_token_id=2, seed=seed)
-    return path
+    return tokenizer
+
+
+def write_configs(
+    path: Path, cfg: dict[str, Any], image_processor: dict[str, Any], processor: dict[str, Any]
+) -> None:
+    """The model's, generation, image processor and processor configs, as HF checkpoints have."""
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    (path / "preprocessor_config.json").write_text(json.dumps(image_processor))
+    (path / "processor_config.json").write_text(json.dumps(processor))
+
+
+def built_model(family: Any, cfg: dict[str, Any], seed: int) -> Any:
+    """mlx-vlm's ``family.Model`` for ``cfg``, random weights from ``seed``, in float32."""
+    from mlx_vlm.utils import update_module_configs
+
+    mx.random.seed(seed)
+    model_config = update_module_configs(
+        family.ModelConfig.from_dict(cfg), family, cfg, ["text", "vision"]
+    )
+    model = family.Model(model_config)
+    model.set_dtype(mx.float32)
+    return model
 
 
 def png_bytes(width: int, height: int, seed: int) -> bytes:

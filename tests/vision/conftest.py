@@ -1,8 +1,10 @@
-"""The tiny Mistral 3 VLM (tests/support/tiny_vlm.py) saved once per session, its images on disk,
-and mlx-vlm's own greedy generation as the oracle."""
+"""The tiny VLMs (tests/support/tiny_vlm*.py: Mistral 3, Gemma 3) saved once per session, their
+images on disk, and mlx-vlm's own greedy generation as the oracle."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -10,8 +12,26 @@ from typing import Any
 import pytest
 
 from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
+from tests.support import tiny_vlm, tiny_vlm_gemma3
 from tests.support.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
+
+
+@dataclass(frozen=True)
+class TinyVlm:
+    """One family's tiny model: where it is saved, and what its chat template renders for a
+    user message of ``n`` images then a question (the text mlx-vlm is given)."""
+
+    family: str
+    path: Path
+    rendered: Callable[[str, int], str]
+
+
+# family -> (the builder, its template's rendering): the families the engine tests run over
+TINY_VLMS = {
+    "mistral3": (save_tiny_vlm, tiny_vlm.rendered),
+    "gemma3": (tiny_vlm_gemma3.save_tiny_gemma3, tiny_vlm_gemma3.rendered),
+}
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
 IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]
@@ -20,6 +40,15 @@ IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]
 @pytest.fixture(scope="session")
 def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-mistral3")
+
+
+@pytest.fixture(scope="session", params=sorted(TINY_VLMS))
+def family_vlm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TinyVlm:
+    """Each family's tiny model in turn (the family-generic tests run once per family)."""
+    family = request.param
+    save, rendered = TINY_VLMS[family]
+    path = save(tmp_path_factory.mktemp("models") / f"tiny-{family}")
+    return TinyVlm(family, path, rendered)
 
 
 @pytest.fixture(scope="session")

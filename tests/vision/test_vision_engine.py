@@ -1,6 +1,7 @@
-"""Images in the packed step: greedy ids equal mlx-vlm's own generation with several prompts and
-images in flight, prefill chunks that split an image's rows, and a second pass that hits the
-encode cache and the prefix cache (different images never share blocks)."""
+"""Images in the packed step, for each family (Mistral 3; Gemma 3, whose window layers see image
+rows too): greedy ids equal mlx-vlm's own generation with several prompts and images in flight,
+prefill chunks that split an image's rows, and a second pass that hits the encode cache and the
+prefix cache (different images never share blocks)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from macbatch.engine.images import load_image
 from macbatch.engine.prompt import PromptInput
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
-from tests.vision.conftest import mlx_vlm_greedy
+from tests.vision.conftest import TinyVlm, mlx_vlm_greedy
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
@@ -28,16 +29,16 @@ def chat(question: str, images: list[Path]) -> PromptInput:
     return PromptInput([{"role": "user", "content": [*parts, {"type": "text", "text": question}]}])
 
 
-def rendered(question: str, images: list[Path]) -> str:
-    """What the tiny model's template renders (mlx-vlm is given the same text)."""
-    return "<s>[INST]" + "[IMG]" * len(images) + question + "[/INST]"
+def expected(vlm: TinyVlm, question: str, images: list[Path], max_tokens: int) -> list[int]:
+    """mlx-vlm's greedy ids for the text the tiny model's template renders."""
+    return mlx_vlm_greedy(vlm.path, vlm.rendered(question, len(images)), images, max_tokens)
 
 
 @pytest.fixture(scope="module")
-def engine(vlm_path: Path) -> Engine:
+def engine(family_vlm: TinyVlm) -> Engine:
     # 8-token blocks and 12-token prefill chunks: every image's rows span a chunk boundary
     config = EngineConfig(num_blocks=256, block_size=8, max_num_batched_tokens=12)
-    return Engine.load(str(vlm_path), config)
+    return Engine.load(str(family_vlm.path), config)
 
 
 def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
@@ -51,17 +52,17 @@ def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
 
 
 def test_greedy_ids_equal_mlx_vlm_with_several_in_flight(
-    engine: Engine, vlm_path: Path, image_files: list[Path]
+    engine: Engine, family_vlm: TinyVlm, image_files: list[Path]
 ) -> None:
     todo = cases(image_files)
     outputs = engine.generate([chat(q, imgs) for q, imgs in todo], PARAMS)
     for (question, images), out in zip(todo, outputs):
-        expected = mlx_vlm_greedy(vlm_path, rendered(question, images), images, 8)
-        assert out.token_ids == expected, (question, [p.name for p in images])
+        want = expected(family_vlm, question, images, 8)
+        assert out.token_ids == want, (question, [p.name for p in images])
 
 
 def test_second_pass_hits_the_encode_and_prefix_caches(
-    engine: Engine, vlm_path: Path, image_files: list[Path]
+    engine: Engine, image_files: list[Path]
 ) -> None:
     vision = engine.processor.vision
     assert not isinstance(vision, str)
@@ -78,7 +79,7 @@ def test_second_pass_hits_the_encode_and_prefix_caches(
 
 
 def test_a_different_image_never_shares_the_image_blocks(
-    engine: Engine, vlm_path: Path, image_files: list[Path]
+    engine: Engine, family_vlm: TinyVlm, image_files: list[Path]
 ) -> None:
     question = "same words, different picture"
     engine.generate([chat(question, [image_files[1]])], PARAMS)
@@ -90,8 +91,7 @@ def test_a_different_image_never_shares_the_image_blocks(
         engine.step()
     first_image_row = int(request.images.positions[0]) if request.images else 0
     assert request.metrics.cached_tokens <= first_image_row
-    expected = mlx_vlm_greedy(vlm_path, rendered(question, other), other, 8)
-    assert request.output_token_ids == expected
+    assert request.output_token_ids == expected(family_vlm, question, other, 8)
 
 
 def test_an_image_for_a_text_only_model_is_refused(tmp_path: Path, image_files: list[Path]) -> None:
@@ -103,18 +103,18 @@ def test_an_image_for_a_text_only_model_is_refused(tmp_path: Path, image_files: 
 
 
 def test_preempted_image_requests_still_equal_mlx_vlm(
-    vlm_path: Path, image_files: list[Path]
+    family_vlm: TinyVlm, image_files: list[Path]
 ) -> None:
-    # 9 blocks of 8 tokens for four requests of ~20-40 tokens each: some are preempted and
+    # 10 blocks of 8 tokens for four requests of ~20-60 tokens each: some are preempted and
     # recomputed (their image rows included) from their prompt
-    config = EngineConfig(num_blocks=9, block_size=8, max_num_batched_tokens=16)
-    engine = Engine.load(str(vlm_path), config)
+    config = EngineConfig(num_blocks=10, block_size=8, max_num_batched_tokens=16)
+    engine = Engine.load(str(family_vlm.path), config)
     todo = cases(image_files)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
     assert sum(out.metrics.preemptions for out in outputs) > 0
     for (question, images), out in zip(todo, outputs):
-        assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)
+        assert out.token_ids == expected(family_vlm, question, images, 16)
 
 
 def test_without_mlx_vlm_an_image_says_what_to_install(
@@ -131,17 +131,17 @@ def test_without_mlx_vlm_an_image_says_what_to_install(
 
 
 def test_ngram_speculation_keeps_image_requests_equal_to_mlx_vlm(
-    vlm_path: Path, image_files: list[Path]
+    family_vlm: TinyVlm, image_files: list[Path]
 ) -> None:
     # prompt-lookup drafts come from the prompt's tokens (image placeholders included); the
     # verification rows are decode rows, never image rows
     config = EngineConfig(num_blocks=256, block_size=8, speculative="ngram")
-    engine = Engine.load(str(vlm_path), config)
+    engine = Engine.load(str(family_vlm.path), config)
     todo = cases(image_files)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
     for (question, images), out in zip(todo, outputs):
-        assert out.token_ids == mlx_vlm_greedy(vlm_path, rendered(question, images), images, 16)
+        assert out.token_ids == expected(family_vlm, question, images, 16)
 
 
 def test_under_mlx_launch_an_image_is_refused_with_the_reason(

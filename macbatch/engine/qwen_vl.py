@@ -1,4 +1,5 @@
-"""Qwen VL images (``qwen2_5_vl``): M-RoPE positions in the packed step.
+"""Qwen VL images (``qwen2_5_vl``, and Qwen3.5's ``qwen3_5``): M-RoPE positions in the packed
+step.
 
 Qwen VL's text model rotates each head's frequencies in three sections by three position parts
 (temporal, height, width). A text row's three parts are equal, so mlx-lm's 1-D RoPE gives it;
@@ -8,6 +9,11 @@ row count (the request's rope delta). The positions come from the prompt's ids a
 alone, so a prefix-cache hit or a preempted request recomputes the same ones; a step with a row
 of such a request gives the layers an ``[N, 3]`` offset, which ``MRoPE`` rotates by section.
 Steps without one pass the 1-D positions to mlx-lm's own RoPE, unchanged.
+
+The families differ in which frequency takes which part: Qwen2.5-VL gives consecutive sections
+to temporal, height and width; Qwen3.5 interleaves them (height every third frequency from the
+second, width from the third, each for its section's count) and rotates only the first part of
+each head (partial rotary), on its attention layers only (the Gated DeltaNet layers have none).
 """
 
 from __future__ import annotations
@@ -19,19 +25,36 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-FAMILIES = ("qwen2_5_vl",)
+FAMILIES = ("qwen2_5_vl", "qwen3_5")
+
+
+def sectioned(sections: Sequence[int]) -> np.ndarray:
+    """Which position part (0 temporal, 1 height, 2 width) each frequency takes, in
+    consecutive sections (Qwen2.5-VL)."""
+    return np.repeat(np.arange(3), sections)
+
+
+def interleaved(sections: Sequence[int]) -> np.ndarray:
+    """The same, interleaved (Qwen3.5 / Qwen3-VL): height on every third frequency from the
+    second and width from the third, each for its section's count; temporal elsewhere."""
+    parts = np.zeros(sum(sections), dtype=np.int64)
+    for part in (1, 2):
+        parts[np.arange(part, min(3 * sections[part], parts.size), 3)] = part
+    return parts
 
 
 class MRoPE(nn.Module):
-    """A layer's RoPE: mlx-lm's for 1-D offsets, sectioned M-RoPE (non-traditional halves) for
-    ``[N, 3]`` offsets of ``[N, heads, 1, D]`` rows."""
+    """A layer's RoPE: mlx-lm's for 1-D offsets, M-RoPE (non-traditional halves of the first
+    ``2 * len(parts)`` dims of each head) for ``[N, 3]`` offsets of ``[N, heads, 1, D]`` rows;
+    ``parts``: the position part of each frequency."""
 
-    def __init__(self, rope: nn.Module, head_dim: int, base: float, sections: Sequence[int]):
+    def __init__(self, rope: nn.Module, base: float, parts: np.ndarray) -> None:
         super().__init__()
         self._rope = rope
-        exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+        self._dims = 2 * parts.size
+        exponents = np.arange(0, self._dims, 2, dtype=np.float64) / self._dims
         self._inv_freq = mx.array(base**-exponents, dtype=mx.float32)
-        self._section = mx.array(np.repeat(np.arange(3), sections).astype(np.int32))
+        self._section = mx.array(parts.astype(np.int32))
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         if not (isinstance(offset, mx.array) and offset.ndim == 2):
@@ -39,10 +62,12 @@ class MRoPE(nn.Module):
         angles = offset[:, self._section].astype(mx.float32) * self._inv_freq
         cos = mx.cos(angles)[:, None, None, :]
         sin = mx.sin(angles)[:, None, None, :]
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        rotated = mx.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-        return rotated.astype(x.dtype)
+        half = self._dims // 2
+        x1, x2, rest = x[..., :half], x[..., half : self._dims], x[..., self._dims :]
+        rotated = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        if rest.shape[-1]:
+            rotated.append(rest)
+        return mx.concatenate(rotated, axis=-1).astype(x.dtype)
 
 
 class QwenVL:
@@ -51,23 +76,35 @@ class QwenVL:
 
     def __init__(self, vlm: Any, text_model: nn.Module) -> None:
         self.vlm = vlm
+        self.family = vlm.config.model_type
         text = vlm.config.text_config
-        scaling = text.rope_scaling or {}
-        sections = scaling.get("mrope_section")
-        head_dim = text.hidden_size // text.num_attention_heads
-        if not sections or 2 * sum(sections) != head_dim:
+        if self.family == "qwen3_5":  # rope_parameters: interleaved, partial rotary
+            rope = text.rope_parameters
+            sections, base = rope.get("mrope_section"), float(rope["rope_theta"])
+            dims = int(text.head_dim * rope["partial_rotary_factor"])
+            split = interleaved
+        else:
+            rope = text.rope_scaling or {}
+            sections, base = rope.get("mrope_section"), text.rope_theta
+            dims = text.hidden_size // text.num_attention_heads
+            split = sectioned
+        if not sections or 2 * sum(sections) != dims:
             raise ValueError(
-                f"its rope_scaling {scaling} has no mrope_section that splits head_dim {head_dim}"
+                f"its rope settings {rope} have no mrope_section that splits the {dims} rotary "
+                "dims of a head"
             )
         self.merge = int(vlm.config.vision_config.spatial_merge_size)
         for layer in text_model.layers:
-            attention = layer.self_attn
-            attention.rope = MRoPE(attention.rope, head_dim, text.rope_theta, sections)
+            attention = getattr(layer, "self_attn", None)  # a hybrid's recurrent layers: none
+            if attention is not None:
+                attention.rope = MRoPE(attention.rope, base, split(sections))
 
     def features(self, inputs: dict[str, Any]) -> mx.array:
         """``[rows, H]``: one image's merged-patch embeddings, from its processed pixels."""
         tower = self.vlm.vision_tower
         pixels = inputs["pixel_values"].astype(tower.patch_embed.proj.weight.dtype)
+        if self.family == "qwen3_5":  # (merged rows, DeepStack features: none for Qwen3.5)
+            return tower(pixels, inputs["image_grid_thw"])[0]
         return tower(pixels, inputs["image_grid_thw"], output_hidden_states=False)
 
     def prompt_rope(

@@ -43,10 +43,6 @@ REFUSED = {
         "Qwen3-VL adds DeepStack features to image rows after its first text layers; the paged "
         "step does not"
     ),
-    "qwen3_5": (
-        "Qwen3.5's interleaved, partial-rotary M-RoPE on a hybrid model is not wired yet "
-        "(Qwen2.5-VL's sectioned M-RoPE is)"
-    ),
 }
 ENCODE_CACHE_BYTES = 256 * 2**20
 

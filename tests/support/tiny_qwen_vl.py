@@ -1,4 +1,5 @@
-"""A tiny random-weight Qwen2.5-VL built from mlx-vlm's own classes and saved in the Hugging Face
+"""A tiny random-weight Qwen2.5-VL or Qwen3.5 (a hybrid: Gated DeltaNet and attention layers)
+built from mlx-vlm's own classes and saved in the Hugging Face
 layout with its image processor config, so mlx-vlm's loader and processor and mlx-lm's loader all
 read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen VL's
 ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens), its vocabulary cut to the
@@ -31,7 +32,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def config(tokens: dict[str, int]) -> dict[str, Any]:
+def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]:
+    if family == "qwen3_5":
+        return _qwen3_5_config(tokens)
     text = dict(
         model_type="qwen2_5_vl",
         hidden_size=32,
@@ -62,8 +65,59 @@ def config(tokens: dict[str, int]) -> dict[str, Any]:
         fullatt_block_indexes=[1],
         in_channels=3,
     )
+    return _with_tokens("qwen2_5_vl", text, vision, tokens)
+
+
+def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
+    text = dict(
+        model_type="qwen3_5",
+        hidden_size=32,
+        num_hidden_layers=4,  # Gated DeltaNet, attention, Gated DeltaNet, attention
+        full_attention_interval=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_num_value_heads=2,
+        linear_num_key_heads=1,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        # rotary dims 8 of 16 (partial): 4 frequencies, interleaved T H W T
+        rope_parameters={
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+        },
+    )
+    vision = dict(
+        model_type="qwen3_5",
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        out_hidden_size=32,
+        num_heads=2,
+        patch_size=PATCH,
+        spatial_patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        num_position_embeddings=16,
+        in_channels=3,
+        deepstack_visual_indexes=[],
+    )
+    return _with_tokens("qwen3_5", text, vision, tokens)
+
+
+def _with_tokens(
+    family: str, text: dict[str, Any], vision: dict[str, Any], tokens: dict[str, int]
+) -> dict[str, Any]:
     return dict(
-        model_type="qwen2_5_vl",
+        model_type=family,
         text_config=text,
         vision_config=vision,
         image_token_id=tokens["<|image_pad|>"],
@@ -76,10 +130,13 @@ def config(tokens: dict[str, int]) -> dict[str, Any]:
     )
 
 
-def save_tiny_qwen_vl(path: Path, seed: int = 0) -> Path:
+def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
     """The model directory (float32 weights as mlx-vlm saves them)."""
-    from mlx_vlm.models import qwen2_5_vl
+    import importlib
+
     from mlx_vlm.utils import update_module_configs
+
+    module = importlib.import_module(f"mlx_vlm.models.{family}")
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
@@ -90,15 +147,15 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(path)
     names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
     tokens = {n: tokenizer.convert_tokens_to_ids(n) for n in [*names, "<|vision_pad|>"]}
-    cfg = config(tokens)
+    cfg = config(tokens, family)
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645}))
-    (path / "preprocessor_config.json").write_text(json.dumps(_image_processor()))
+    (path / "preprocessor_config.json").write_text(json.dumps(_image_processor(family)))
     mx.random.seed(seed)
     model_config = update_module_configs(
-        qwen2_5_vl.ModelConfig.from_dict(cfg), qwen2_5_vl, cfg, ["text", "vision"]
+        module.ModelConfig.from_dict(cfg), module, cfg, ["text", "vision"]
     )
-    model = qwen2_5_vl.Model(model_config)
+    model = module.Model(model_config)
     model.set_dtype(mx.float32)
     # random weights at their default scale collapse to one repeated token; larger ones make
     # greedy ids depend on every position (a wrong M-RoPE position changes them)
@@ -107,10 +164,11 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _image_processor() -> dict[str, Any]:
+def _image_processor(family: str) -> dict[str, Any]:
+    processor = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_5": "Qwen3VLProcessor"}[family]
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "Qwen2_5_VLProcessor",
+        "processor_class": processor,
         "patch_size": PATCH,
         "merge_size": MERGE,
         "temporal_patch_size": 2,

@@ -1,8 +1,10 @@
-"""Qwen2.5-VL images in the packed step: image rows at M-RoPE (three-part) positions and every
-later row shifted by the request's rope delta. Greedy ids equal mlx-vlm's own generation on a
-tiny random-weight Qwen2.5-VL (tests/support/tiny_qwen_vl.py) with several prompts, images and a
-text-only prompt in flight, 12-token prefill chunks through the image rows, preemption, and a
-second pass that hits the encode and prefix caches (its positions derived from the prompt)."""
+"""Qwen2.5-VL and Qwen3.5 images in the packed step: image rows at M-RoPE (three-part)
+positions and every later row shifted by the request's rope delta. Greedy ids equal mlx-vlm's
+own generation on a tiny random-weight Qwen2.5-VL and Qwen3.5 (tests/support/tiny_qwen_vl.py;
+Qwen3.5's text model is a hybrid whose Gated DeltaNet layers carry state slots) with several
+prompts, images and a text-only prompt in flight, 12-token prefill chunks through the image
+rows, preemption, and a second pass that hits the encode and prefix caches (its positions
+derived from the prompt)."""
 
 from __future__ import annotations
 

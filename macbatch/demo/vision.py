@@ -75,22 +75,41 @@ def save_random_vlm(
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.models import mistral3
-    from mlx_vlm.utils import update_module_configs
 
     cfg = vlm_config(image_token, vocab_size)
+    processor = {"processor_class": "PixtralProcessor", "patch_size": PATCH}
+    write_configs(path, cfg, image_processor_config(), processor, eos_token_id)
+    model = random_vlm(mistral3, cfg, seed)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+
+
+def write_configs(
+    path: Path,
+    cfg: dict[str, Any],
+    image_processor: dict[str, Any],
+    processor: dict[str, Any],
+    eos_token_id: int = 2,
+) -> None:
+    """The model's, generation, image processor and processor configs, as HF checkpoints have."""
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_token_id}))
-    (path / "preprocessor_config.json").write_text(json.dumps(image_processor_config()))
-    (path / "processor_config.json").write_text(
-        json.dumps({"processor_class": "PixtralProcessor", "patch_size": PATCH})
-    )
+    (path / "preprocessor_config.json").write_text(json.dumps(image_processor))
+    (path / "processor_config.json").write_text(json.dumps(processor))
+
+
+def random_vlm(family: Any, cfg: dict[str, Any], seed: int) -> Any:
+    """mlx-vlm's ``family.Model`` (a model module) for ``cfg``, random float32 weights from
+    ``seed``."""
+    import mlx.core as mx
+    from mlx_vlm.utils import update_module_configs
+
     mx.random.seed(seed)
     model_config = update_module_configs(
-        mistral3.ModelConfig.from_dict(cfg), mistral3, cfg, ["text", "vision"]
+        family.ModelConfig.from_dict(cfg), family, cfg, ["text", "vision"]
     )
-    model = mistral3.Model(model_config)
+    model = family.Model(model_config)
     model.set_dtype(mx.float32)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return model
 
 
 def vlm_config(image_token: int, vocab_size: int) -> dict[str, Any]:

@@ -7,12 +7,10 @@ the other tiny VLMs (tests/support/tiny_vlm_gemma3.py) are built with."""
 from __future__ import annotations
 
 import io
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 
 from macbatch.demo.vision import save_random_vlm
@@ -58,29 +56,6 @@ def saved_tokenizer(path: Path, added: list[str], template: str) -> Any:
     tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
     return tokenizer
-
-
-def write_configs(
-    path: Path, cfg: dict[str, Any], image_processor: dict[str, Any], processor: dict[str, Any]
-) -> None:
-    """The model's, generation, image processor and processor configs, as HF checkpoints have."""
-    (path / "config.json").write_text(json.dumps(cfg))
-    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    (path / "preprocessor_config.json").write_text(json.dumps(image_processor))
-    (path / "processor_config.json").write_text(json.dumps(processor))
-
-
-def built_model(family: Any, cfg: dict[str, Any], seed: int) -> Any:
-    """mlx-vlm's ``family.Model`` for ``cfg``, random weights from ``seed``, in float32."""
-    from mlx_vlm.utils import update_module_configs
-
-    mx.random.seed(seed)
-    model_config = update_module_configs(
-        family.ModelConfig.from_dict(cfg), family, cfg, ["text", "vision"]
-    )
-    model = family.Model(model_config)
-    model.set_dtype(mx.float32)
-    return model
 
 
 def png_bytes(width: int, height: int, seed: int) -> bytes:

@@ -16,7 +16,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tests.support.tiny_vlm import built_model, saved_tokenizer, write_configs
+from macbatch.demo.vision import random_vlm, write_configs
+from tests.support.tiny_vlm import saved_tokenizer
 
 VOCAB_SIZE = 32832
 HIDDEN = 64
@@ -104,7 +105,7 @@ def save_tiny_gemma3(path: Path, seed: int = 0) -> Path:
     cfg = config(tokenizer.convert_tokens_to_ids(IMAGE_TOKENS["image_token"]))
     processor = {"processor_class": "Gemma3Processor", "image_seq_length": SOFT_TOKENS}
     write_configs(path, cfg, _image_processor(), processor)
-    model = built_model(gemma3, cfg, seed)
+    model = random_vlm(gemma3, cfg, seed)
     # mlx-vlm starts the projection at ones: its outputs would be the sums of zero-mean
     # (layer-normed) vectors, rounding noise; a trained one is not
     projector = model.multi_modal_projector

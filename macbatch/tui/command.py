@@ -73,9 +73,9 @@ def chat_command(
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.tui.app import ChatApp
+    from macbatch.tui.history_file import HistoryError, HistoryLock
     from macbatch.tui.loading import LoadProgress, make_loader
     from macbatch.tui.settings import SessionSettings
-    from macbatch.tui.store import HistoryError, HistoryLock
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
@@ -111,7 +111,8 @@ def chat_command(
 def open_history(path: Path) -> HistoryStore:
     """The history at ``path``; if it is damaged, say so, keep it, and offer a fresh one
     (the damaged file moved aside under a timestamped name). Declined: ``HistoryError``."""
-    from macbatch.tui.store import CorruptHistory, HistoryStore, aside_name, set_aside
+    from macbatch.tui.history_file import CorruptHistory, aside_name, set_aside
+    from macbatch.tui.store import HistoryStore
 
     try:
         return HistoryStore(path)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from macbatch.tui.history_file import CorruptHistory, HistoryLock
 from macbatch.tui.settings import SessionSettings
-from macbatch.tui.store import CorruptHistory, HistoryLock, HistoryStore
+from macbatch.tui.store import HistoryStore
 from tests.tui.test_command import cli
 
 PAGE = 4096

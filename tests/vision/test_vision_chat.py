@@ -105,3 +105,21 @@ async def test_a_text_only_model_refuses_an_attachment(
         assert not screen.chips.attached
         shown = [n.message for n in app._notifications]
         assert any("text-only model" in text and "cannot read images" in text for text in shown)
+
+
+async def test_an_image_alone_is_sent_without_text(vlm_path: Path, image_files, tmp_path):
+    app = chat_app(vlm_path, tmp_path / "home")
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)
+        screen = app.screen
+        await pilot.press("enter")  # an empty box with nothing attached sends nothing
+        assert not app.chats.messages(screen.current)
+        await send(pilot, screen, f"/image {image_files[2]}")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not screen.chats.replies)
+        user = app.chats.messages(screen.current)[0]
+        assert user.content == "" and len(user.images) == 1
+        sent = app.chats.engine.prompts[-1]  # type: ignore[attr-defined]
+        assert [p["type"] for p in sent[0]["content"]] == ["image"]
+        expected = mlx_vlm_greedy(vlm_path, "<s>[INST][IMG][/INST]", [image_files[2]], 5)
+        assert reply_ids(app) == expected

@@ -271,6 +271,8 @@ class ChatScreen(Screen[None]):
     async def send(self, text: str) -> None:
         """Enter in the message box (the box awaits this before it reads the next key)."""
         session_id, editing = self.current, self.editing
+        if not (text.strip() or self.chips.attached):
+            return  # nothing to send
         if session_id is None or await self.slash_command(text):
             return
         with self.refusals_shown():

@@ -55,8 +55,7 @@ class PromptInput(TextArea):
         return await self.app._check_bindings(key)
 
     async def action_submit(self) -> None:
-        if self.text.strip():
-            await self.on_submit(self.text)
+        await self.on_submit(self.text)  # the screen decides: an empty box may carry images
 
     def action_newline(self) -> None:
         self.insert("\n")

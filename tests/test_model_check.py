@@ -56,9 +56,7 @@ def test_doctor_model_shows_a_hybrid_models_recurrent_state(arch, layers, tmp_pa
     engine = Engine.load(str(path), EngineConfig(num_blocks=8, max_num_seqs=4))
     states = engine.runner.states
     assert states is not None
-    per_request = sum(a.nbytes for a in states.arrays()) // (
-        states.num_slots + states.num_checkpoints
-    )
+    per_request = sum(a.nbytes for a in states.arrays()) // states.rows
     assert rows["layers"] == layers
     assert rows["state bytes/request"] == f"{per_request:,} (recurrent layers, fixed size)"
     assert rows["servable"] == "yes"

@@ -30,7 +30,8 @@ import macbatch.metal
 from macbatch.engine import depthwise_conv, gated_delta
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
-from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
+from macbatch.engine.recurrent import PagedStateCache, run_packed_layers
+from macbatch.engine.state_store import StateShape, StateStore
 
 # Architectures known not to route attention through the patched name, or to keep a compressed
 # latent cache (MLA) or recurrent state: refused at load with the reason.

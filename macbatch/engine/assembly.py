@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from macbatch.engine.chat_template import thinking_default
-from macbatch.engine.checkpoints import StateCheckpoints
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.elastic_pool import ElasticPool
 from macbatch.engine.embedding_profile import profile_of
@@ -35,18 +34,16 @@ def kv_manager_for(
     if runner.pool_size.elastic:
         elastic = ElasticPool(pool, runner.store, runner.pool_size)
     prefix_root = f"{model_name}:{runner.model_type}".encode()
-    states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
-    slots = None if states is None else StateSlots(states, config.max_num_seqs)
-    checkpoints = None
-    if states is not None and states.num_checkpoints:
-        checkpoints = StateCheckpoints(0, states.num_checkpoints)  # the store's first slots
+    slots = None  # a hybrid model's state slots and its prefix cache's checkpoints
+    if runner.states is not None and runner.state_sizes is not None:
+        slots = StateSlots(runner.states, runner.state_sizes)
     window_pool, window = _window_group(runner, config.block_size)
     kv = KVManager(
         pool,
         config.block_size,
         prefix_root if config.enable_prefix_caching else None,
         slots,
-        checkpoints,
+        None if slots is None else slots.checkpoints,
         elastic,
         window,
     )

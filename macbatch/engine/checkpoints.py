@@ -2,8 +2,9 @@
 
 An attention layer's cached prefix is its K/V blocks; a recurrent layer's is the state after the
 prefix's last token, which no block holds. So at block boundaries a request's state is copied
-into a checkpoint slot (``StateStore``: slots past the running requests'), named by the hash of the
-prefix's last full block: the same chain that names the cached K/V blocks. A request whose prompt
+into a checkpoint row of the ``StateStore`` (taken on demand: ``state_slots.py``), named by the
+hash of the prefix's last full block: the same chain that names the cached K/V blocks. A request
+whose prompt
 shares a cached prefix resumes from the longest one with a checkpoint. Checkpoints are few (each
 is a whole state, every recurrent layer's), so the least recently used one makes room.
 
@@ -14,13 +15,23 @@ prefix are all known on the host (a decode's input token may still be in flight)
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class StateCheckpoints:
-    def __init__(self, first_slot: int, count: int) -> None:
-        self._free = list(range(first_slot + count - 1, first_slot - 1, -1))
+    """The checkpoint rows of the state store: ``rows`` at first, more from ``grow`` (doubling,
+    up to ``cap`` in all) before the least recently used one is given up."""
+
+    def __init__(
+        self, rows: list[int], cap: int, grow: Callable[[int], list[int]] | None = None
+    ) -> None:
+        self._free = rows[::-1]  # popped from the end: the lowest first
         self._named: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
         self._pending: dict[str, dict[int, int]] = {}  # request -> {prefix blocks: slot}
+        self.count = len(rows)
+        self.cap = cap
+        self._grow = grow
+        self._least_growth = max(1, len(rows))  # what an emptied store grows back by
 
     def __len__(self) -> int:
         """How many checkpoints can be found now."""
@@ -32,6 +43,10 @@ class StateCheckpoints:
         pending = self._pending.setdefault(request_id, {})
         if num_blocks in pending:
             return pending[num_blocks]
+        if not self._free and self.count < self.cap and self._grow is not None:
+            more = self._grow(min(self.cap, max(self._least_growth, 2 * self.count)) - self.count)
+            self.count += len(more)
+            self._free = more[::-1]
         if self._free:
             slot = self._free.pop()
         elif self._named:
@@ -65,3 +80,16 @@ class StateCheckpoints:
     def release(self, request_id: str) -> None:
         """Give back the request's reservations that never got their name."""
         self._free.extend(self._pending.pop(request_id, {}).values())
+
+    def most_recent(self, count: int) -> list[int]:
+        """The rows of the ``count`` most recently used named checkpoints, oldest first."""
+        return list(self._named.values())[-count:] if count else []
+
+    def renumber(self, rows: dict[int, int]) -> None:
+        """After the store's ``compact``: the named checkpoints in ``rows`` (old row -> new) stay
+        under their new rows, the others are gone, and no row is free (more come from ``grow``).
+        Only while no reservation waits for its name."""
+        assert not self._pending, "a checkpoint reservation is still waiting for its name"
+        self._named = OrderedDict((d, rows[r]) for d, r in self._named.items() if r in rows)
+        self._free = []
+        self.count = len(self._named)

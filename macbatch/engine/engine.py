@@ -35,12 +35,13 @@ from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.qwen_vl import step_rope
-from macbatch.engine.recurrent import StateChunk, StateStore
+from macbatch.engine.recurrent import StateChunk
 from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
 from macbatch.engine.sampling import SampledBatch, SamplingParams
 from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
+from macbatch.engine.state_store import StateStore
 from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.vision import vision_for
 

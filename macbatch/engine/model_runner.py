@@ -34,9 +34,9 @@ from macbatch.engine.kv_cache import KVStore, KVStores, PageFormat
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.pooling import Pools, PoolSpan
-from macbatch.engine.recurrent import StateStore
 from macbatch.engine.sampling import SampledBatch, sample
-from macbatch.engine.state_slots import start_slots
+from macbatch.engine.state_slots import state_sizes
+from macbatch.engine.state_store import StateStore, slot_stride
 
 if TYPE_CHECKING:
     from macbatch.engine.constraints import ConstraintCompiler
@@ -107,13 +107,13 @@ class ModelRunner:
         self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
         # a hybrid model's recurrent state: a slot per running request, taken on demand
         states = self.adapter.state_shapes
-        self.states = None
+        self.states = self.state_sizes = None
         if states:
             per_slot = sum(s.nbytes for s in states)
-            checkpoints = _checkpoint_count(config, per_slot, cap * per_block)
+            sizes = self.state_sizes = state_sizes(config, per_slot, cap * per_block, fixed)
             speculative = config.speculative != "off"  # drafts need their snapshots
-            slots = start_slots(config.max_num_seqs, elastic=not fixed)
-            self.states = StateStore(states, slots, checkpoints, speculative)
+            rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
+            self.states = StateStore(states, rows, speculative)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None
@@ -272,12 +272,3 @@ def blocks_for_memory(
             f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
         )
     return int(blocks)
-
-
-def _checkpoint_count(config: EngineConfig, bytes_per_state: int, kv_bytes: int) -> int:
-    """How many recurrent-state checkpoints a hybrid model's prefix cache keeps: an eighth of
-    the K/V pool's bytes at its cap, at least 8 and at most 4 per running request (none without
-    prefix caching)."""
-    if not config.enable_prefix_caching:
-        return 0
-    return min(4 * config.max_num_seqs, max(8, kv_bytes // 8 // bytes_per_state))

@@ -8,14 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.recurrent import (
-    PagedStateCache,
-    StateChunk,
-    StateRows,
-    StateShape,
-    StateStore,
-    stretches,
-)
+from macbatch.engine.recurrent import PagedStateCache, StateChunk, StateRows, stretches
+from macbatch.engine.state_store import StateShape, StateStore
 
 WIDTH = 3
 
@@ -57,7 +51,7 @@ def test_scrambled_slots_read_and_write_only_their_own() -> None:
         StateChunk(3, 3),
         StateChunk(8, 9),  # resumes from a checkpoint slot, then its own slot
     ]
-    store = StateStore([StateShape(((WIDTH,),), (mx.float32,))], num_slots=10, num_checkpoints=2)
+    store = StateStore([StateShape(((WIDTH,),), (mx.float32,))], rows=12)
     rng = np.random.default_rng(0)
     before = rng.standard_normal((12, WIDTH)).astype(np.float32)
     store.states[0][0] = mx.array(before)

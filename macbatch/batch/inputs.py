@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macbatch.batch.spec import InputSpec
+from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.openai import InvalidRequest
 from macbatch.openai.bodies import MAX_NESTING, check_value

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.batch.inputs import InputFile, Row, open_input
+from macbatch.batch.job_sections import JOB_DEFAULTS
 from macbatch.batch.pooled import POOLED_URLS, PooledRow, body_row, embedding_row, rerank_row
 from macbatch.batch.replies import ReplyShape
-from macbatch.batch.spec import JOB_DEFAULTS, JobSpec, render, suggest, template_fields
+from macbatch.batch.spec import JobSpec
+from macbatch.batch.templates import render, template_fields
+from macbatch.batch.yaml_checks import suggest
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import PromptInput, RequestOutput, SamplingParams
 from macbatch.engine.tokenizer import Tokenizer

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.batch.spec import load_job_file, template_fields
+from macbatch.batch.spec import load_job_file
+from macbatch.batch.templates import template_fields
 from macbatch.batch.yamlfile import JobFileError
 from tests.batch.conftest import write_job
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.plan import RESPONSES_URL, plan_job, prepare
 from macbatch.batch.pooled import EMBEDDINGS_URL
-from macbatch.batch.spec import InputSpec, JobSpec
+from macbatch.batch.spec import JobSpec
 from macbatch.openai import Endpoint
 from macbatch.server.errors import invalid
 

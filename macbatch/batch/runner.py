@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,16 +32,19 @@ from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
+from macbatch.batch.run_guard import (
+    LEDGER_NAME,
+    SUMMARY_NAME,
+    caught_signals,
+    exclusive,
+    refuse_inputs_among_outputs,
+)
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import FinishReason, RequestOutput
-
-LEDGER_NAME = ".macbatch-ledger.sqlite"
-LOCK_NAME = ".macbatch.lock"
-SUMMARY_NAME = "summary.json"
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,14 @@ def run_jobs(
 
     Raises JobFileError, before the model loads, for any problem with the file or its inputs.
     """
-    _refuse_inputs_among_outputs(job_file)
+    refuse_inputs_among_outputs(job_file)
     sources = {job.name: prepare(job) for job in job_file.jobs}
     directory = job_file.output_dir
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise JobFileError(f"cannot create the output directory {directory}: {exc}") from None
-    with _exclusive(directory):
+    with exclusive(directory):
         ledger = Ledger(directory / LEDGER_NAME)
         try:
             jobs = _survey(job_file, sources, ledger, options, reporter)
@@ -181,7 +181,7 @@ class _Loop:
         """Run until everything is done or the user interrupts; returns the final status."""
         self.reporter.start(self.progress)
         try:
-            with _interrupts() as interrupts:
+            with caught_signals() as interrupts:
                 while True:
                     if interrupts.count and not self.progress.stopping:
                         self.progress.stopping = True
@@ -317,70 +317,6 @@ def _round_robin(
         if item is not None:
             queue.append(iterator)
             yield item
-
-
-class _Interrupts:
-    """Counts SIGINT/SIGTERM instead of raising, so the loop can stop between steps."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def handle(self, signum: int, frame: object) -> None:
-        self.count += 1
-
-
-@contextmanager
-def _interrupts() -> Iterator[_Interrupts]:
-    state = _Interrupts()
-    if threading.current_thread() is not threading.main_thread():
-        yield state
-        return
-    previous = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield state
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _refuse_inputs_among_outputs(job_file: JobFile) -> None:
-    """A job reading a file this run writes would append its results to its own input (and a
-    --fresh run would delete it): refused before anything is read or written."""
-    directory = job_file.output_dir
-    written = {directory / name for name in (LEDGER_NAME, LOCK_NAME, SUMMARY_NAME)}
-    for job in job_file.jobs:
-        written |= {output_path(directory, job.name), errors_path(directory, job.name)}
-    written = {path.resolve() for path in written}
-    for job in job_file.jobs:
-        if job.input is not None and job.input.path.resolve() in written:
-            raise JobFileError(
-                f"job '{job.name}' reads {job.input.path}, a file this run writes its results "
-                f"to; move the input out of the output directory {directory} or set a "
-                "different output dir"
-            )
-
-
-@contextmanager
-def _exclusive(directory: Path) -> Iterator[None]:
-    """One run per output directory: two writers would break exactly-once output."""
-    import fcntl
-
-    try:
-        lock_file = (directory / LOCK_NAME).open("w")
-    except OSError as exc:
-        raise JobFileError(
-            f"cannot write to the output directory {directory}: {exc.strerror or exc}; make it "
-            "writable or set a different output dir (output: {dir: ...} or --output-dir)"
-        ) from None
-    with lock_file as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise JobFileError(
-                f"another macbatch run is writing to {directory}; wait for it to finish "
-                "or set a different output dir"
-            ) from None
-        yield
 
 
 def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
-from macbatch.batch.runner import LOCK_NAME
+from macbatch.batch.run_guard import LOCK_NAME
 from macbatch.batch.spec import load_job_file
 from tests.batch.conftest import read_jsonl, write_job
 from tests.support.hostile import ref_chain_schema, rule_chain_grammar

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from macbatch.batch.report import HeadlessReporter
-from macbatch.batch.runner import LEDGER_NAME, LOCK_NAME, RunOptions, run_jobs
+from macbatch.batch.run_guard import LEDGER_NAME, LOCK_NAME
+from macbatch.batch.runner import RunOptions, run_jobs
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams
 from tests.batch.conftest import read_jsonl, write_job

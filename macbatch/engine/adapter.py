@@ -372,7 +372,9 @@ class ModelAdapter:
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=nested)
         embeddings = self.inner.embed_tokens(inputs)
-        embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
+        # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
+        image = batch.image_embeddings[:, None, : embeddings.shape[-1]]
+        embeddings[batch.image_rows] = image.astype(embeddings.dtype)
         return self.inner(inputs, cache=nested, input_embeddings=embeddings)
 
     def forward(

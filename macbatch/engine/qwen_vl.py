@@ -1,5 +1,5 @@
-"""Qwen VL images (``qwen2_5_vl``, and Qwen3.5's ``qwen3_5``): M-RoPE positions in the packed
-step.
+"""Qwen VL images (``qwen2_5_vl``, ``qwen3_vl`` and Qwen3.5's ``qwen3_5``): M-RoPE positions in
+the packed step.
 
 Qwen VL's text model rotates each head's frequencies in three sections by three position parts
 (temporal, height, width). A text row's three parts are equal, so mlx-lm's 1-D RoPE gives it;
@@ -11,9 +11,11 @@ of such a request gives the layers an ``[N, 3]`` offset, which ``MRoPE`` rotates
 Steps without one pass the 1-D positions to mlx-lm's own RoPE, unchanged.
 
 The families differ in which frequency takes which part: Qwen2.5-VL gives consecutive sections
-to temporal, height and width; Qwen3.5 interleaves them (height every third frequency from the
-second, width from the third, each for its section's count) and rotates only the first part of
-each head (partial rotary), on its attention layers only (the Gated DeltaNet layers have none).
+to temporal, height and width; Qwen3-VL and Qwen3.5 interleave them (height every third frequency
+from the second, width from the third, each for its section's count). Qwen3.5 rotates only the
+first part of each head (partial rotary), on its attention layers only (the Gated DeltaNet layers
+have none). Qwen3-VL also adds DeepStack features to image rows after its first text layers
+(``deepstack.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-FAMILIES = ("qwen2_5_vl", "qwen3_5")
+from macbatch.engine.deepstack import install_deepstack
+
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
 
 
 def sectioned(sections: Sequence[int]) -> np.ndarray:
@@ -86,8 +90,8 @@ class QwenVL:
         else:
             rope = text.rope_scaling or {}
             sections, base = rope.get("mrope_section"), text.rope_theta
-            dims = text.hidden_size // text.num_attention_heads
-            split = sectioned
+            dims = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+            split = interleaved if self.family == "qwen3_vl" else sectioned
         if not sections or 2 * sum(sections) != dims:
             raise ValueError(
                 f"its rope settings {rope} have no mrope_section that splits the {dims} rotary "
@@ -98,14 +102,19 @@ class QwenVL:
             attention = getattr(layer, "self_attn", None)  # a hybrid's recurrent layers: none
             if attention is not None:
                 attention.rope = MRoPE(attention.rope, base, split(sections))
+        deepstack = getattr(vlm.config.vision_config, "deepstack_visual_indexes", None) or ()
+        if self.family == "qwen3_vl" and deepstack:
+            install_deepstack(list(text_model.layers), len(deepstack))
 
     def features(self, inputs: dict[str, Any]) -> mx.array:
         """``[rows, H]``: one image's merged-patch embeddings, from its processed pixels."""
         tower = self.vlm.vision_tower
         pixels = inputs["pixel_values"].astype(tower.patch_embed.proj.weight.dtype)
-        if self.family == "qwen3_5":  # (merged rows, DeepStack features: none for Qwen3.5)
-            return tower(pixels, inputs["image_grid_thw"])[0]
-        return tower(pixels, inputs["image_grid_thw"], output_hidden_states=False)
+        if self.family == "qwen2_5_vl":
+            return tower(pixels, inputs["image_grid_thw"], output_hidden_states=False)
+        # merged rows and DeepStack features (none for Qwen3.5), side by side (deepstack.py)
+        merged, deepstack = tower(pixels, inputs["image_grid_thw"])
+        return mx.concatenate([merged, *deepstack], axis=-1) if deepstack else merged
 
     def prompt_rope(
         self, ids: np.ndarray, rows: np.ndarray, grids: np.ndarray

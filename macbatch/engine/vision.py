@@ -39,10 +39,6 @@ REFUSED = {
         "paged step is causal"
     ),
     "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
-    "qwen3_vl": (
-        "Qwen3-VL adds DeepStack features to image rows after its first text layers; the paged "
-        "step does not"
-    ),
 }
 ENCODE_CACHE_BYTES = 256 * 2**20
 

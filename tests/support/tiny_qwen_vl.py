@@ -1,7 +1,7 @@
-"""A tiny random-weight Qwen2.5-VL or Qwen3.5 (a hybrid: Gated DeltaNet and attention layers)
-built from mlx-vlm's own classes and saved in the Hugging Face
-layout with its image processor config, so mlx-vlm's loader and processor and mlx-lm's loader all
-read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen VL's
+"""A tiny random-weight Qwen2.5-VL, Qwen3-VL (with DeepStack features) or Qwen3.5 (a hybrid:
+Gated DeltaNet and attention layers) built from mlx-vlm's own classes and saved in the Hugging
+Face layout with its image processor config, so mlx-vlm's loader and processor and mlx-lm's loader
+all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen VL's
 ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens), its vocabulary cut to the
 tokenizer's size rounded up so the embedding stays small."""
 
@@ -35,6 +35,8 @@ CHAT_TEMPLATE = (
 def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]:
     if family == "qwen3_5":
         return _qwen3_5_config(tokens)
+    if family == "qwen3_vl":
+        return _qwen3_vl_config(tokens)
     text = dict(
         model_type="qwen2_5_vl",
         hidden_size=32,
@@ -113,6 +115,46 @@ def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
     return _with_tokens("qwen3_5", text, vision, tokens)
 
 
+def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
+    text = dict(
+        model_type="qwen3_vl",
+        hidden_size=32,
+        num_hidden_layers=3,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        # head_dim 16: 8 frequencies, interleaved T H W T H W T W
+        rope_scaling={
+            "rope_type": "default",
+            "mrope_section": [3, 2, 3],
+            "mrope_interleaved": True,
+        },
+        tie_word_embeddings=True,
+    )
+    vision = dict(
+        model_type="qwen3_vl",
+        depth=3,
+        hidden_size=32,
+        intermediate_size=64,
+        out_hidden_size=32,
+        num_heads=2,
+        patch_size=PATCH,
+        spatial_patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        num_position_embeddings=16,
+        in_channels=3,
+        # DeepStack: the tower's layers 0 and 1 feed the first two text layers
+        deepstack_visual_indexes=[0, 1],
+    )
+    return _with_tokens("qwen3_vl", text, vision, tokens)
+
+
 def _with_tokens(
     family: str, text: dict[str, Any], vision: dict[str, Any], tokens: dict[str, int]
 ) -> dict[str, Any]:
@@ -165,7 +207,11 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
 
 
 def _image_processor(family: str) -> dict[str, Any]:
-    processor = {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_5": "Qwen3VLProcessor"}[family]
+    processor = {
+        "qwen2_5_vl": "Qwen2_5_VLProcessor",
+        "qwen3_vl": "Qwen3VLProcessor",
+        "qwen3_5": "Qwen3VLProcessor",
+    }[family]
     return {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": processor,

@@ -98,7 +98,8 @@ class CompiledDecode:
             or batch.sample_rows.shape[0] != n
             or batch.state_rows is not None
             or batch.image_rows is not None  # image embeddings replace some rows' tokens
-            or batch.rope_positions is not None  # M-RoPE rows (engine/qwen_vl.py)
+            # M-RoPE rows in an image grid (engine/qwen_vl.py); 1-D shifted ones are inputs
+            or (batch.rope_positions is not None and batch.rope_positions.ndim != 1)
             or not macbatch.metal.traceable(self._head_dims, self._block_size)
         ):
             return None
@@ -108,6 +109,7 @@ class CompiledDecode:
             batch.block_tables.shape[1],
             None if window is None else window.shape[1],
             batch.token_ids.dtype,
+            batch.rope_positions is not None,
             self._stores.full.num_blocks,  # an elastic pool that grew: new page shapes
             None if self._stores.window is None else self._stores.window.num_blocks,
         )
@@ -138,6 +140,8 @@ def _arrays(batch: PackedBatch) -> list[mx.array]:
     if batch.window_block_tables is not None and batch.window_write_rows is not None:
         arrays.append(batch.window_block_tables)
         arrays += (batch.window_write_rows[h] for h in sorted(batch.window_write_rows))
+    if batch.rope_positions is not None:
+        arrays.append(batch.rope_positions)
     return arrays
 
 
@@ -145,6 +149,9 @@ def _rebuilt(template: PackedBatch, arrays: list[mx.array], windowed: bool) -> P
     """``template`` over ``arrays`` (``_arrays``' order), its attention metadata without host
     copies: only a traceable backend reads it, and it reads the arrays."""
     token_ids, positions, cu, seq_lens, tables, *rest = arrays
+    rope = None
+    if template.rope_positions is not None:
+        *rest, rope = rest
     heads = sorted(template.kv_write_rows)
     write_rows = dict(zip(heads, rest[: len(heads)]))
     window_tables = window_rows = None
@@ -162,6 +169,7 @@ def _rebuilt(template: PackedBatch, arrays: list[mx.array], windowed: bool) -> P
         kv_write_rows=write_rows,
         window_block_tables=window_tables,
         window_write_rows=window_rows,
+        rope_positions=rope,
     )
     vars(batch)["attention"] = AttentionMetadata(tables, seq_lens, cu, _NO_HOST, _NO_HOST)
     if window_tables is not None:

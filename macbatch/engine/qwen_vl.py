@@ -140,13 +140,17 @@ class QwenVL:
 
 
 def step_rope(chunks: Sequence[Any]) -> mx.array | None:
-    """``[N, 3]`` positions of a step's rows (chunks in packing order) when a chunk's request has
-    M-RoPE positions (None: every row's 1-D position is its RoPE position)."""
+    """The RoPE positions of a step's rows (chunks in packing order) when a chunk's request has
+    M-RoPE positions: ``[N, 3]`` when a row sits in an image grid; ``[N]`` when every row's
+    three parts are equal (text, such as every decode row after an image: one 1-D position,
+    shifted by the request's delta, which mlx-lm's own RoPE and the compiled decode step take);
+    None when every row's 1-D position is its RoPE position."""
     if not any(c.request.images is not None and c.request.images.rope is not None for c in chunks):
         return None
-    parts = []
+    parts, flat = [], []
     for chunk in chunks:
         positions = np.arange(chunk.start, chunk.start + chunk.num_tokens)
+        flat.append(positions)
         images = chunk.request.images
         rope = None if images is None else images.rope
         if rope is None:
@@ -155,4 +159,9 @@ def step_rope(chunks: Sequence[Any]) -> mx.array | None:
         inside = positions[positions < len(rope)]
         after = positions[positions >= len(rope)] + images.rope_delta
         parts.append(np.concatenate([rope[inside], np.repeat(after[:, None], 3, axis=1)]))
-    return mx.array(np.concatenate(parts).astype(np.int32))
+    rope_rows = np.concatenate(parts)
+    if (rope_rows != rope_rows[:, :1]).any():
+        return mx.array(rope_rows.astype(np.int32))
+    if (rope_rows[:, 0] == np.concatenate(flat)).all():
+        return None
+    return mx.array(rope_rows[:, 0].astype(np.int32))

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3.5 images in the packed step: image rows at M-RoPE (three-part)
+"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 images in the packed step: image rows at M-RoPE (three-part)
 positions and every later row shifted by the request's rope delta. Greedy ids equal mlx-vlm's
 own generation on a tiny random-weight Qwen2.5-VL and Qwen3.5 (tests/support/tiny_qwen_vl.py;
 Qwen3.5's text model is a hybrid whose Gated DeltaNet layers carry state slots) with several
@@ -108,3 +108,18 @@ def test_preempted_image_requests_still_equal_mlx_vlm(
     outputs = engine.generate([chat(q, imgs) for q, imgs in todo], params)
     assert sum(out.metrics.preemptions for out in outputs) > 0
     expect(qwen_vl_path, todo, outputs, 16)
+
+
+def test_decode_rows_after_an_image_run_compiled(
+    qwen_vl_path: Path, image_files: list[Path]
+) -> None:
+    """Every decode row after an image sits at one shifted 1-D position, so a decode step of
+    image requests takes the compiled path (an attention-only text model's), ids unchanged."""
+    config = EngineConfig(num_blocks=256, block_size=8, compile_decode_after=0)
+    engine = Engine.load(str(qwen_vl_path), config)
+    todo = cases(image_files)[:3]
+    outputs = engine.generate([chat(q, imgs) for q, imgs in todo], PARAMS)
+    expect(qwen_vl_path, todo, outputs, 8)
+    compiled = engine.runner.compiled
+    assert (compiled is None) == (engine.runner.states is not None)  # Qwen3.5: a hybrid
+    assert compiled is None or compiled.compiled_shapes > 0

@@ -20,9 +20,8 @@ from mlx.utils import tree_flatten
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
 
 
-def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.array]:
-    """Run the script for three steps of phase 1 and two short cycles of phase 2; return the
-    weights it wrote."""
+def start_training(out: Path, seed: int, processes: int, fast_ops: bool) -> subprocess.Popen:
+    """Start the script for three steps of phase 1 and two short cycles of phase 2."""
     command = [sys.executable, str(SCRIPT), "--seed", str(seed), "--steps", "3"]
     command += ["--processes", str(processes), "--fast-ops" if fast_ops else "--no-fast-ops"]
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
@@ -30,19 +29,21 @@ def train(out: Path, seed: int, processes: int, fast_ops: bool) -> dict[str, mx.
     command += ["--chat-weights", "add=1,subtract=1,reverse=1,sort=1,count=0"]  # no counting
     command += ["--eval-per-task", "1"]
     command += ["--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "phase 1 step 3 held-out accuracy" in done.stdout
-    assert "phase 2.1 step 3 held-out accuracy" in done.stdout
-    assert "phase 2.2 step 2 held-out accuracy" in done.stdout
-    mixes = [
-        line.split("mix from here: ")[1]
-        for line in done.stdout.splitlines()
-        if "mix from here: " in line
-    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def trained(run: subprocess.Popen, out: Path) -> dict[str, mx.array]:
+    """The weights a started run wrote, once its output says it ran every phase."""
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    assert "phase 1 step 3 held-out accuracy" in stdout
+    assert "phase 2.1 step 3 held-out accuracy" in stdout
+    assert "phase 2.2 step 2 held-out accuracy" in stdout
+    marker = "mix from here: "
+    mixes = [line.split(marker)[1] for line in stdout.splitlines() if marker in line]
     assert len(mixes) == 3 and "count 0%" not in mixes[0]  # phase 1: --weights
     assert all("count 0%" in mix for mix in mixes[1:])  # phase 2: --chat-weights
-    before, after = done.stdout.split("phase 2.1 step 3 held-out")
+    before, after = stdout.split("phase 2.1 step 3 held-out")
     assert "JSON, turn 5:" in after and "JSON" not in before  # only the second cycle asks JSON
     return mx.load(str(out / "model.safetensors"))
 
@@ -59,7 +60,9 @@ def runs(tmp_path_factory) -> dict[str, tuple[Path, dict[str, mx.array]]]:
         "alone": (0, 1, False),
         "fast": (0, 2, True),
     }
-    return {name: (root / name, train(root / name, *run)) for name, run in runs.items()}
+    # run side by side: each spends much of its time starting up and waiting on its peers
+    started = {name: start_training(root / name, *run) for name, run in runs.items()}
+    return {name: (root / name, trained(started[name], root / name)) for name in runs}
 
 
 def test_same_seed_gives_identical_weights(runs):

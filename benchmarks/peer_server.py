@@ -161,9 +161,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for name, command in commands.items():
             log = workdir / f"{name}-{repeat}.log"
-            runs[name].append(
-                serve_once(command, args.port, model, prompts, args.max_tokens, log)
-            )
+            runs[name].append(serve_once(command, args.port, model, prompts, args.max_tokens, log))
             last = runs[name][-1]
             print(
                 f"{name:9s} run {repeat + 1}: {last.tokens_per_s:7.1f} tok/s, "

@@ -33,6 +33,7 @@ from mlx_lm.utils import _get_classes
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS
 from macbatch.engine.speculative.ngram import NgramDrafter
 
 QWEN3_06B = dict(
@@ -91,7 +92,7 @@ def one_request(args: argparse.Namespace) -> None:
     target, draft = target_and_draft(args.layers, args.residual_scale)
     prompt = synthetic_prompts(1, 32, 32, 151936, seed=3)[0]
     tokenizer = bench_tokenizer(151936)
-    k = args.draft_tokens
+    k = args.draft_tokens or DEFAULT_SPECULATIVE_TOKENS["draft"]
     config = dict(num_blocks=64, max_num_seqs=8)
     rates = {
         "mlx-lm generate": mlx_lm_decode_rate(
@@ -169,7 +170,7 @@ def job_seconds(
     return clock.read(), engine.stats().speculation
 
 
-def compare(title: str, prompts: list[list[int]], tokens: int, k: int, **config) -> None:
+def compare(title: str, prompts: list[list[int]], tokens: int, k: int | None, **config) -> None:
     model = build_bench_model()
     off, _ = job_seconds(model, prompts, tokens, **config)
     spec_config = dict(speculative="ngram", num_speculative_tokens=k)
@@ -205,7 +206,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--draft-tokens", type=int, default=4, help="k of parts 1 to 3")
+    parser.add_argument(
+        "--draft-tokens", type=int, help="k of parts 1 to 3 (default: the engine's, per method)"
+    )
     parser.add_argument("--residual-scale", type=float, default=0.01)
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
     parser.add_argument("--sweep", default="", help="batch sizes of part 4, e.g. 1,4,16,32")

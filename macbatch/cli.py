@@ -226,7 +226,7 @@ def bench_command(
     ),
     speculative: str = speculative_option(),
     draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int = num_speculative_tokens_option(),
+    num_speculative_tokens: int | None = num_speculative_tokens_option(),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
     and generated tokens/s and the median time to first token (``--embed``: embedding

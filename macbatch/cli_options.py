@@ -65,7 +65,7 @@ def draft_model_option() -> Any:
     )
 
 
-def _check_num_speculative_tokens(value: int) -> int:
+def _check_num_speculative_tokens(value: int | None) -> int | None:
     from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
 
     try:
@@ -78,15 +78,18 @@ def _check_num_speculative_tokens(value: int) -> int:
 def num_speculative_tokens_option() -> Any:
     """``--num-speculative-tokens K``: the most tokens drafted per request per step."""
     return typer.Option(
-        4,
+        None,
         "--num-speculative-tokens",
         callback=_check_num_speculative_tokens,
+        show_default=False,
         help="The most tokens drafted per request per step (each request's length adapts to "
-        "how many of its drafts are accepted).",
+        "how many of its drafts are accepted). Default: 8 for ngram, 4 for draft.",
     )
 
 
-def speculative_config(mode: str, draft_model: str | None, num_tokens: int) -> dict[str, Any]:
+def speculative_config(
+    mode: str, draft_model: str | None, num_tokens: int | None
+) -> dict[str, Any]:
     """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
     means ``--speculative draft``, and a draft mode without a model (or a model for another
     mode) is refused."""

@@ -187,7 +187,7 @@ def test_bench_embeds(tiny_model_path):
     result = runner.invoke(app, [*args, "--min-prompt", "5", "--max-prompt", "9"])
     assert result.exit_code == 0, result.output
     assert re.search(r"3 inputs to embed, \d+ tokens", result.output)
-    assert re.search(r"tok/s embedded, [\d.]+ inputs/s, \d+ engine steps", result.output)
+    assert re.search(r"tok/s embedded, [\d.,]+ inputs/s, \d+ engine steps", result.output)
 
 
 def test_pooling_workload_accounting(tiny_model_path):

@@ -114,7 +114,7 @@ def run_command(
     kv_bits: int | None = kv_bits_option(),
     speculative: str | None = speculative_option(default=None),
     draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int = num_speculative_tokens_option(),
+    num_speculative_tokens: int | None = num_speculative_tokens_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -186,7 +186,8 @@ def resume_command(
         words += ["--kv-bits", str(kv_bits)]
     if spec is not None:
         words += ["--speculative", spec["speculative"]]
-        words += ["--num-speculative-tokens", str(spec["num_speculative_tokens"])]
+        if spec["num_speculative_tokens"] is not None:
+            words += ["--num-speculative-tokens", str(spec["num_speculative_tokens"])]
         words += ["--draft-model", spec["draft_model"]] if spec["draft_model"] else []
     if headless:
         words.append("--headless")

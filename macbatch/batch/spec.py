@@ -193,7 +193,7 @@ def _speculative(check: YamlChecker, raw: Any, base: Path) -> dict[str, Any]:
     method = given.get("method", "draft" if "draft_model" in given else "ngram")
     if method is False:  # YAML reads a bare off as false
         method = "off"
-    num_tokens = given.get("num_tokens", 4)
+    num_tokens = given.get("num_tokens")  # None: the method's default
     draft = given.get("draft_model")
     try:
         check_speculative(method, num_tokens)

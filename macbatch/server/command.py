@@ -80,7 +80,7 @@ def serve_command(
     ),
     speculative: str = speculative_option(),
     draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int = num_speculative_tokens_option(),
+    num_speculative_tokens: int | None = num_speculative_tokens_option(),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
@@ -164,7 +164,7 @@ class ServeSettings:
     reranker: bool = False
     speculative: str = "off"
     draft_model: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int | None = None
 
 
 def _absolute_if_local(model: str) -> str:

@@ -49,7 +49,7 @@ def chat_command(
     kv_bits: int | None = cli_options.kv_bits_option(),
     speculative: str = cli_options.speculative_option(),
     draft_model: str | None = cli_options.draft_model_option(),
-    num_speculative_tokens: int = cli_options.num_speculative_tokens_option(),
+    num_speculative_tokens: int | None = cli_options.num_speculative_tokens_option(),
     history: Annotated[
         Path | None,
         typer.Option(

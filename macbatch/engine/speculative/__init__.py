@@ -57,7 +57,7 @@ def speculator_for(
     if config.speculative == "off":
         return None
     drafter = DRAFTERS[config.speculative](draft_model, vocab_size)
-    return Speculator(drafter, config.num_speculative_tokens)
+    return Speculator(drafter, config.draft_length)
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
 from macbatch.engine import depthwise_conv, gated_delta
+from macbatch.engine.image_blocks import attend_blocks
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, StateShape, StateStore, run_packed_layers
@@ -115,6 +116,10 @@ class PagedLayerCache:
         layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
         meta = self.batch.window_attention if self.windowed else self.batch.attention
         out = macbatch.metal.paged_attention(queries[:, :, 0, :], k_pages, v_pages, meta, layer)
+        if self.batch.image_blocks is not None:  # Gemma 4: image rows attend both ways
+            pages = (k_pages, v_pages)
+            blocks = self.batch.image_blocks
+            out = attend_blocks(out, queries[:, :, 0, :], pages, meta.block_tables, blocks, layer)
         return out[:, :, None, :]
 
 
@@ -371,6 +376,9 @@ class ModelAdapter:
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=nested)
         embeddings = self.inner.embed_tokens(inputs)
+        # an image row's token is read by nothing but this lookup and Gemma 4's per-layer
+        # inputs, which mlx-vlm takes from id 0 for image rows
+        inputs[batch.image_rows] = 0
         embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
         return self.inner(inputs, cache=nested, input_embeddings=embeddings)
 

@@ -96,6 +96,28 @@ def paged_attention_reference(
     return out[mx.array(np.argsort(rows))]
 
 
+def masked_attention(
+    q: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
+    table: mx.array,
+    keys: tuple[int, int],
+    visible: np.ndarray,
+    layer: LayerParams,
+) -> mx.array:
+    """Attention of one sequence's query rows ``q [L, Hq, D]`` over its keys at positions
+    ``keys[0]:keys[1]`` (its block table ``table [1, n_blocks]`` covering them), each row
+    seeing the keys ``visible [L, keys[1] - keys[0]]`` marks: for masks other than the
+    causal one of the contract (Gemma 4's image blocks, engine/image_blocks.py)."""
+    scale, _, softcap, sinks = layer
+    start, stop = keys
+    k = _gather_context(k_pages, table)[:, :, start:stop]
+    v = _gather_context(v_pages, table)[:, :, start:stop]
+    mask = mx.array(visible)[None, None]
+    out = _attend(q.transpose(1, 0, 2)[None], k, v, mask, scale, softcap, sinks)
+    return out[0].transpose(1, 0, 2)
+
+
 class ReferenceBackend(AttentionBackend):
     """The oracle every kernel is self-tested against, and the fallback: runs anywhere."""
 

@@ -65,7 +65,11 @@ _INNER_NAMES = ("model", "transformer", "backbone")
 # ``CacheList`` per layer): the attribute of each layer holding the mixer, which runs its
 # sequences apart while the layer's attention reads its pages with every row together.
 _SIDE_BY_SIDE_MIXERS = {"falcon_h1": "mamba"}
-_TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
+_TEXT_MODEL_NAME = "language_model"
+# The token id an image row goes in as: read by nothing but the embedding lookup (which the image
+# embedding replaces) and Gemma 4's per-layer inputs, which mlx-vlm's gemma4 takes from id 0 (its
+# pad id) for image rows.
+IMAGE_ROW_TOKEN = 0  # where multimodal wrappers keep their text model
 
 
 def unsupported_reason(model_type: str) -> str | None:
@@ -376,9 +380,7 @@ class ModelAdapter:
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=nested)
         embeddings = self.inner.embed_tokens(inputs)
-        # an image row's token is read by nothing but this lookup and Gemma 4's per-layer
-        # inputs, which mlx-vlm takes from id 0 for image rows
-        inputs[batch.image_rows] = 0
+        inputs[batch.image_rows] = IMAGE_ROW_TOKEN
         embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
         return self.inner(inputs, cache=nested, input_embeddings=embeddings)
 

@@ -28,8 +28,8 @@ import numpy as np
 from macbatch.engine import host_memory
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.image_blocks import step_blocks
 from macbatch.engine.constraints import ConstraintCompiler
+from macbatch.engine.image_blocks import step_blocks
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams

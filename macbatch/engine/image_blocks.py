@@ -59,9 +59,9 @@ def step_blocks(chunks: Sequence[Any]) -> list[StepBlock] | None:
         images = chunk.request.images
         if images is not None and images.blocks is not None:
             end = chunk.start + chunk.num_tokens
-            for start, stop in images.blocks:
+            for start, stop in images.blocks.tolist():
                 if chunk.start <= start and stop <= end:
-                    found.append(StepBlock(seq, offset + int(start) - chunk.start, int(start), int(stop)))
+                    found.append(StepBlock(seq, offset + start - chunk.start, start, stop))
                 else:  # the scheduler never splits one
                     assert stop <= chunk.start or start >= end, "an image block split by a chunk"
         offset += chunk.num_tokens

@@ -13,7 +13,6 @@ tokens per image (1 to 9, by the image's shape)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +114,7 @@ def save_tiny_gemma4(path: Path, seed: int = 0, bidirectional: bool = True) -> P
     from mlx_vlm.models import gemma4
 
     added = ["<|turn>", "<turn|>", *IMAGE_TOKENS.values()]
-    tokenizer = saved_tokenizer(path, added, CHAT_TEMPLATE)
-    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
-    tokenizer_config["extra_special_tokens"] = IMAGE_TOKENS
-    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tokenizer = saved_tokenizer(path, added, CHAT_TEMPLATE, named=IMAGE_TOKENS)
     tokens = {k: tokenizer.convert_tokens_to_ids(v) for k, v in IMAGE_TOKENS.items()}
     cfg = config(tokens, bidirectional)
     image_processor = {

@@ -1,7 +1,8 @@
 """What Gemma 4's images add to the family-generic tests (test_vision_engine.py runs those on the
 tiny Gemma 4 too): each image's rows attend to each other both ways and take their per-layer
-inputs from id 0, as mlx-vlm's gemma4 does; switching either off makes some request's greedy ids
-differ from mlx-vlm's, so the parity tests see both. An image block is never split by a prefill
+inputs from id 0, as mlx-vlm's gemma4 does; switching either off, or letting a window layer's
+image rows see past their window outside their block, makes some request's greedy ids differ from
+mlx-vlm's, so the parity tests see all three. An image block is never split by a prefill
 chunk nor resumed midway from the prefix cache, and one longer than a step is refused."""
 
 from __future__ import annotations
@@ -97,3 +98,17 @@ def test_chunks_and_resume_points_stay_outside_image_blocks() -> None:
     assert placed.chunk_tokens(9, 4) == 3
     assert [p for p in range(16) if not placed.can_resume_at(p)] == [6, 7, 8, 13]
     assert placed.longest_block == 4
+
+
+def test_image_rows_on_window_layers_keep_their_window_outside_the_block(
+    gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from macbatch.engine import image_blocks
+
+    def windowless(out, queries, pages, tables, blocks, layer):  # type: ignore[no-untyped-def]
+        return image_blocks.attend_blocks(
+            out, queries, pages, tables, blocks, layer._replace(sliding_window=None)
+        )
+
+    monkeypatch.setattr("macbatch.engine.adapter.attend_blocks", windowless)
+    assert _mismatches(gemma4, image_files) > 0

@@ -69,7 +69,11 @@ _TEXT_MODEL_NAME = "language_model"
 # The token id an image row goes in as: read by nothing but the embedding lookup (which the image
 # embedding replaces) and Gemma 4's per-layer inputs, which mlx-vlm's gemma4 takes from id 0 (its
 # pad id) for image rows.
-IMAGE_ROW_TOKEN = 0  # where multimodal wrappers keep their text model
+IMAGE_ROW_TOKEN = 0
+# Families whose image embeddings enter the text model after its input scaling (Gemma 4's
+# ``sqrt(hidden)``: mlx-vlm's gemma4 scales the token rows, then scatters the image features in
+# as they come), where mlx-lm's text model scales every row it is given.
+SCALED_IMAGE_ROWS = ("gemma4",)  # where multimodal wrappers keep their text model
 
 
 def unsupported_reason(model_type: str) -> str | None:
@@ -379,10 +383,28 @@ class ModelAdapter:
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=nested)
-        embeddings = self.inner.embed_tokens(inputs)
-        inputs[batch.image_rows] = IMAGE_ROW_TOKEN
-        embeddings[batch.image_rows] = batch.image_embeddings[:, None].astype(embeddings.dtype)
-        return self.inner(inputs, cache=nested, input_embeddings=embeddings)
+        return self._with_images(inputs, nested, batch.image_rows, batch.image_embeddings)
+
+    def _with_images(
+        self, inputs: mx.array, cache: list[Any], rows: mx.array, images: mx.array
+    ) -> mx.array:
+        """The text model on ``inputs`` whose ``rows`` take the image embeddings ``images``."""
+        inner = self.inner
+        embeddings = inner.embed_tokens(inputs)
+        inputs[rows] = IMAGE_ROW_TOKEN
+        if self.model_type not in SCALED_IMAGE_ROWS:
+            embeddings[rows] = images[:, None].astype(embeddings.dtype)
+            return inner(inputs, cache=cache, input_embeddings=embeddings)
+        # the token rows scaled as the model scales them (the same op), the image rows as they
+        # come, and the model's own scaling made 1.0 for this call (restored: the graph is built)
+        scale = inner.embed_scale
+        embeddings = embeddings * scale
+        embeddings[rows] = images[:, None].astype(embeddings.dtype)
+        inner.embed_scale = 1.0
+        try:
+            return inner(inputs, cache=cache, input_embeddings=embeddings)
+        finally:
+            inner.embed_scale = scale
 
     def forward(
         self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None

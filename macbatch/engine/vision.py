@@ -223,12 +223,11 @@ class VisionEncoder:
         return encoded
 
     def _gemma4_features(self, inputs: dict[str, Any]) -> mx.array:
-        """``[rows, H]``: one image through mlx-vlm's gemma4 tower and projector. mlx-vlm puts
-        them in its language model's input as they come, after the token rows' ``sqrt(hidden)``
-        scale; mlx-lm's text model scales every input row, so they come divided by it (exact
-        when the scale is a power of two, as for hidden sizes 64, 256, 1024 ...)."""
-        features = self.model.encode_image(inputs["pixel_values"], inputs.get("image_position_ids"))
-        return features[0] / self.model.language_model.model.embed_scale
+        """``[rows, H]``: one image through mlx-vlm's gemma4 tower and projector, as mlx-vlm
+        puts them in its language model's input: after the token rows' ``sqrt(hidden)`` scale,
+        which the adapter skips for them (``SCALED_IMAGE_ROWS``)."""
+        pixels = inputs["pixel_values"]
+        return self.model.encode_image(pixels, inputs.get("image_position_ids"))[0]
 
     def step_inputs(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
         """The packed rows of a step's chunks (``StepPlan.chunks``, in packing order) that are

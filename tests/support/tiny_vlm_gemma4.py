@@ -5,8 +5,8 @@ image tokens added (``<|turn>``, ``<turn|>``, ``<|image>``, ``<|image|>``, ``<im
 ones named as Gemma 4's tokenizer config names them, so mlx-vlm's processor expands each image as
 Gemma 4's does: ``<|image>`` + one ``<|image|>`` per soft token + ``<image|>``.
 
-Four text layers (sliding, full, sliding, full; the last two reuse the first two's K/V), per-layer
-inputs, a sliding window of 6 (shorter than an image's 9 soft tokens, so a window layer's image
+Four text layers of hidden 48 (sliding, full, sliding, full; the last two reuse the first two's
+K/V), per-layer inputs, a sliding window of 6 (shorter than an image's up to 9 soft tokens, so a window layer's image
 row sees past its window only through the image's bidirectional block), and
 ``use_bidirectional_attention: "vision"``. Vision: 4-pixel patches pooled 3x3, at most 9 soft
 tokens per image (1 to 9, by the image's shape)."""
@@ -23,7 +23,7 @@ from macbatch.demo.vision import random_vlm, write_configs
 from tests.support.tiny_vlm import saved_tokenizer
 
 VOCAB_SIZE = 32832
-HIDDEN = 64
+HIDDEN = 48  # sqrt(48) is not a power of two: image rows must skip the scale exactly
 SOFT_TOKENS = 9  # at most, per image
 WINDOW = 6
 WEIGHT_SCALE = 2.0

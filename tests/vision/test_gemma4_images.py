@@ -1,8 +1,9 @@
 """What Gemma 4's images add to the family-generic tests (test_vision_engine.py runs those on the
 tiny Gemma 4 too): each image's rows attend to each other both ways and take their per-layer
-inputs from id 0, as mlx-vlm's gemma4 does; switching either off, or letting a window layer's
-image rows see past their window outside their block, makes some request's greedy ids differ from
-mlx-vlm's, so the parity tests see all three. An image block is never split by a prefill
+inputs from id 0 and enter after the text model's input scaling, as mlx-vlm's gemma4 does;
+switching any of these off, or letting a window layer's image rows see past their window outside
+their block, makes some request's greedy ids differ from mlx-vlm's, so the parity tests see all
+four. An image block is never split by a prefill
 chunk nor resumed midway from the prefix cache, and one longer than a step is refused."""
 
 from __future__ import annotations
@@ -111,4 +112,12 @@ def test_image_rows_on_window_layers_keep_their_window_outside_the_block(
         )
 
     monkeypatch.setattr("macbatch.engine.adapter.attend_blocks", windowless)
+    assert _mismatches(gemma4, image_files) > 0
+
+
+def test_image_rows_scaled_again_by_the_text_model_differ_from_mlx_vlm(
+    gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mlx-vlm puts the image features in after the token rows' sqrt(hidden) scale
+    monkeypatch.setattr("macbatch.engine.adapter.SCALED_IMAGE_ROWS", ())
     assert _mismatches(gemma4, image_files) > 0

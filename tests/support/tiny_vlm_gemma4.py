@@ -6,9 +6,9 @@ ones named as Gemma 4's tokenizer config names them, so mlx-vlm's processor expa
 Gemma 4's does: ``<|image>`` + one ``<|image|>`` per soft token + ``<image|>``.
 
 Four text layers of hidden 48 (sliding, full, sliding, full; the last two reuse the first two's
-K/V), per-layer inputs, a sliding window of 6 (shorter than an image's up to 9 soft tokens, so a window layer's image
-row sees past its window only through the image's bidirectional block), and
-``use_bidirectional_attention: "vision"``. Vision: 4-pixel patches pooled 3x3, at most 9 soft
+K/V), per-layer inputs, a sliding window of 6 (shorter than an image's up to 9 soft tokens, so a
+window layer's image row sees past its window only through the image's bidirectional block),
+and ``use_bidirectional_attention: "vision"``. Vision: 4-pixel patches pooled 3x3, at most 9 soft
 tokens per image (1 to 9, by the image's shape)."""
 
 from __future__ import annotations

@@ -392,14 +392,16 @@ class ModelAdapter:
         inner = self.inner
         embeddings = inner.embed_tokens(inputs)
         inputs[rows] = IMAGE_ROW_TOKEN
+        # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
+        image = images[:, None, : embeddings.shape[-1]]
         if self.model_type not in SCALED_IMAGE_ROWS:
-            embeddings[rows] = images[:, None].astype(embeddings.dtype)
+            embeddings[rows] = image.astype(embeddings.dtype)
             return inner(inputs, cache=cache, input_embeddings=embeddings)
         # the token rows scaled as the model scales them (the same op), the image rows as they
         # come, and the model's own scaling made 1.0 for this call (restored: the graph is built)
         scale = inner.embed_scale
         embeddings = embeddings * scale
-        embeddings[rows] = images[:, None].astype(embeddings.dtype)
+        embeddings[rows] = image.astype(embeddings.dtype)
         inner.embed_scale = 1.0
         try:
             return inner(inputs, cache=cache, input_embeddings=embeddings)

@@ -3,8 +3,9 @@ each image's rows see every row of their image, later ones included, as mlx-vlm'
 them on its causal and sliding-window masks (``_apply_blockwise_bidirectional_overlay``).
 
 The attention backends stay causal. Image rows are a one-time prefill, so after a layer's paged
-attention the rows of each image block in the step are computed again here, with a small dense
-attention over that request's keys up to the block's end, and overwrite the kernel's rows: a
+attention the rows of each image block in the step are computed again here, with one dense
+attention for all of the step's blocks (each padded to the longest, over its request's keys up to
+the block's end; its host arrays built once per step), and overwrite the kernel's rows: a
 row at position ``p`` of block ``[start, stop)`` sees the keys its causal mask shows (the last
 ``window`` of them on a sliding-window layer) and every key of its block, as mlx-vlm's mask
 ``causal | same_block`` does on both layer types (a KV-shared layer reads its source's pages,
@@ -50,7 +51,68 @@ class StepBlock:
     stop: int
 
 
-def step_blocks(chunks: Sequence[Any]) -> list[StepBlock] | None:
+class StepBlocks:
+    """A step's image blocks, and per (window, block size) the arrays one batched dense
+    attention over all of them needs, built on the host once per step (not per layer)."""
+
+    def __init__(self, blocks: list[StepBlock]) -> None:
+        self.blocks = blocks
+        self._plans: dict[tuple[int | None, int], _Plan] = {}
+
+    def plan(self, window: int | None, block_size: int) -> _Plan:
+        key = (window, block_size)
+        if key not in self._plans:
+            self._plans[key] = _Plan.build(self.blocks, window, block_size)
+        return self._plans[key]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Every block padded to the longest: its query rows (``queries [B, L]``, a padding row
+    repeats the block's first), the table columns of its keys (``columns [B, C]``, from the
+    window's start to the block's end; padding reads column 0, masked), which keys each row sees
+    (``seen [B, L, C * block_size]``), and where the real rows go (``take`` of the flattened
+    ``[B * L]`` results, in packed ``rows``)."""
+
+    seqs: mx.array
+    queries: mx.array
+    columns: mx.array
+    seen: mx.array
+    take: mx.array
+    rows: mx.array
+
+    @classmethod
+    def build(cls, blocks: list[StepBlock], window: int | None, block_size: int) -> _Plan:
+        length = max(b.stop - b.start for b in blocks)
+        firsts = [0 if window is None else max(0, b.start - window + 1) for b in blocks]
+        spans = [(-(-b.stop // block_size)) - f // block_size for b, f in zip(blocks, firsts)]
+        width = max(spans)
+        queries = np.zeros((len(blocks), length), dtype=np.int32)
+        columns = np.zeros((len(blocks), width), dtype=np.int32)
+        seen = np.zeros((len(blocks), length, width * block_size), dtype=np.bool_)
+        for i, (block, first, span) in enumerate(zip(blocks, firsts, spans)):
+            count = block.stop - block.start
+            queries[i] = block.row + np.minimum(np.arange(length), count - 1)
+            first_column = first // block_size
+            columns[i, :span] = np.arange(first_column, first_column + span)
+            mask = visible(block.start, block.stop, first_column * block_size, window)
+            seen[i, :count, : mask.shape[1]] = mask
+            seen[i, count:] = seen[i, 0]  # padding rows: any row's mask, their output is dropped
+        take = np.concatenate(
+            [i * length + np.arange(b.stop - b.start) for i, b in enumerate(blocks)]
+        )
+        rows = np.concatenate([np.arange(b.row, b.row + b.stop - b.start) for b in blocks])
+        return cls(
+            mx.array(np.array([b.seq for b in blocks], dtype=np.int32)),
+            mx.array(queries),
+            mx.array(columns),
+            mx.array(seen),
+            mx.array(take.astype(np.int32)),
+            mx.array(rows.astype(np.int32)),
+        )
+
+
+def step_blocks(chunks: Sequence[Any]) -> StepBlocks | None:
     """The image blocks of a step's chunks (``StepPlan.chunks``, in packing order), each whole
     in its chunk (None: none)."""
     found = []
@@ -65,7 +127,7 @@ def step_blocks(chunks: Sequence[Any]) -> list[StepBlock] | None:
                 else:  # the scheduler never splits one
                     assert stop <= chunk.start or start >= end, "an image block split by a chunk"
         offset += chunk.num_tokens
-    return found or None
+    return StepBlocks(found) if found else None
 
 
 def visible(start: int, stop: int, first_key: int, window: int | None) -> np.ndarray:
@@ -84,20 +146,19 @@ def attend_blocks(
     queries: mx.array,
     pages: tuple[Pages, Pages],
     tables: mx.array,
-    blocks: list[StepBlock],
+    blocks: StepBlocks,
     layer: LayerParams,
 ) -> mx.array:
     """``out [N, Hq, D]`` (a layer's paged attention of ``queries [N, Hq, D]``) with every image
-    block's rows attended both ways within their block; ``tables``: the layer's group's block
-    tables (a window layer's hold only its window, which covers every key read here)."""
+    block's rows attended both ways within their block, in one dense attention for the step;
+    ``tables``: the layer's group's block tables (a window layer's hold only its window, which
+    covers every key read here)."""
     k_pages, v_pages = pages
-    block_size = k_pages.shape[2]
-    window = layer.sliding_window
-    for block in blocks:
-        first_key = 0 if window is None else max(0, block.start - window + 1)
-        table = tables[block.seq : block.seq + 1, : -(-block.stop // block_size)]
-        rows = slice(block.row, block.row + block.stop - block.start)
-        seen = visible(block.start, block.stop, first_key, window)
-        keys = (first_key, block.stop)
-        out[rows] = masked_attention(queries[rows], k_pages, v_pages, table, keys, seen, layer)
+    plan = blocks.plan(layer.sliding_window, k_pages.shape[2])
+    q = queries[plan.queries].transpose(0, 2, 1, 3)  # [B, Hq, L, D]
+    ids = tables[plan.seqs[:, None], plan.columns]
+    fixed = masked_attention(q, k_pages, v_pages, ids, plan.seen, layer)
+    b, hq, length, d = fixed.shape
+    flat = fixed.transpose(0, 2, 1, 3).reshape(b * length, hq, d)
+    out[plan.rows] = flat[plan.take]
     return out

@@ -100,22 +100,18 @@ def masked_attention(
     q: mx.array,
     k_pages: Pages,
     v_pages: Pages,
-    table: mx.array,
-    keys: tuple[int, int],
-    visible: np.ndarray,
+    blocks: mx.array,
+    visible: mx.array,
     layer: LayerParams,
 ) -> mx.array:
-    """Attention of one sequence's query rows ``q [L, Hq, D]`` over its keys at positions
-    ``keys[0]:keys[1]`` (its block table ``table [1, n_blocks]`` covering them), each row
-    seeing the keys ``visible [L, keys[1] - keys[0]]`` marks: for masks other than the
-    causal one of the contract (Gemma 4's image blocks, engine/image_blocks.py)."""
+    """Attention of query rows ``q [B, Hq, L, D]`` over the keys of the blocks ``blocks
+    [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
+    n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
+    of the contract (Gemma 4's image blocks, engine/image_blocks.py)."""
     scale, _, softcap, sinks = layer
-    start, stop = keys
-    k = _gather_context(k_pages, table)[:, :, start:stop]
-    v = _gather_context(v_pages, table)[:, :, start:stop]
-    mask = mx.array(visible)[None, None]
-    out = _attend(q.transpose(1, 0, 2)[None], k, v, mask, scale, softcap, sinks)
-    return out[0].transpose(1, 0, 2)
+    k = _gather_context(k_pages, blocks)
+    v = _gather_context(v_pages, blocks)
+    return _attend(q, k, v, visible[:, None], scale, softcap, sinks)
 
 
 class ReferenceBackend(AttentionBackend):

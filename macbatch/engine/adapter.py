@@ -28,6 +28,7 @@ from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
 from macbatch.engine import depthwise_conv, gated_delta
+from macbatch.engine.image_blocks import attend_blocks
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.recurrent import PagedStateCache, run_packed_layers
@@ -65,7 +66,15 @@ _INNER_NAMES = ("model", "transformer", "backbone")
 # ``CacheList`` per layer): the attribute of each layer holding the mixer, which runs its
 # sequences apart while the layer's attention reads its pages with every row together.
 _SIDE_BY_SIDE_MIXERS = {"falcon_h1": "mamba"}
-_TEXT_MODEL_NAME = "language_model"  # where multimodal wrappers keep their text model
+_TEXT_MODEL_NAME = "language_model"
+# The token id an image row goes in as: read by nothing but the embedding lookup (which the image
+# embedding replaces) and Gemma 4's per-layer inputs, which mlx-vlm's gemma4 takes from id 0 (its
+# pad id) for image rows.
+IMAGE_ROW_TOKEN = 0
+# Families whose image embeddings enter the text model after its input scaling (Gemma 4's
+# ``sqrt(hidden)``: mlx-vlm's gemma4 scales the token rows, then scatters the image features in
+# as they come), where mlx-lm's text model scales every row it is given.
+SCALED_IMAGE_ROWS = ("gemma4",)  # where multimodal wrappers keep their text model
 
 
 def unsupported_reason(model_type: str) -> str | None:
@@ -116,6 +125,10 @@ class PagedLayerCache:
         layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
         meta = self.batch.window_attention if self.windowed else self.batch.attention
         out = macbatch.metal.paged_attention(queries[:, :, 0, :], k_pages, v_pages, meta, layer)
+        if self.batch.image_blocks is not None:  # Gemma 4: image rows attend both ways
+            pages = (k_pages, v_pages)
+            blocks = self.batch.image_blocks
+            out = attend_blocks(out, queries[:, :, 0, :], pages, meta.block_tables, blocks, layer)
         return out[:, :, None, :]
 
 
@@ -371,11 +384,30 @@ class ModelAdapter:
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.inner(inputs, cache=nested)
-        embeddings = self.inner.embed_tokens(inputs)
+        return self._with_images(inputs, nested, batch.image_rows, batch.image_embeddings)
+
+    def _with_images(
+        self, inputs: mx.array, cache: list[Any], rows: mx.array, images: mx.array
+    ) -> mx.array:
+        """The text model on ``inputs`` whose ``rows`` take the image embeddings ``images``."""
+        inner = self.inner
+        embeddings = inner.embed_tokens(inputs)
+        inputs[rows] = IMAGE_ROW_TOKEN
         # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
-        image = batch.image_embeddings[:, None, : embeddings.shape[-1]]
-        embeddings[batch.image_rows] = image.astype(embeddings.dtype)
-        return self.inner(inputs, cache=nested, input_embeddings=embeddings)
+        image = images[:, None, : embeddings.shape[-1]]
+        if self.model_type not in SCALED_IMAGE_ROWS:
+            embeddings[rows] = image.astype(embeddings.dtype)
+            return inner(inputs, cache=cache, input_embeddings=embeddings)
+        # the token rows scaled as the model scales them (the same op), the image rows as they
+        # come, and the model's own scaling made 1.0 for this call (restored: the graph is built)
+        scale = inner.embed_scale
+        embeddings = embeddings * scale
+        embeddings[rows] = image.astype(embeddings.dtype)
+        inner.embed_scale = 1.0
+        try:
+            return inner(inputs, cache=cache, input_embeddings=embeddings)
+        finally:
+            inner.embed_scale = scale
 
     def forward(
         self, batch: PackedBatch, stores: KVStores, states: StateStore | None = None

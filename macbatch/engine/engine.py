@@ -29,6 +29,7 @@ from macbatch.engine import host_memory
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
+from macbatch.engine.image_blocks import step_blocks
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams
@@ -196,7 +197,7 @@ class Engine(PromptEncoder):
             # only (followers evaluate them for sampled rows): not supported yet
             raise ValueError("embeddings and scores are not supported under mlx.launch yet")
         if request.images is not None and not isinstance(self.processor.vision, str):
-            self.processor.vision.admit(request.images)
+            self.processor.vision.admit(request.images, self.config.max_num_batched_tokens)
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -332,6 +333,7 @@ class Engine(PromptEncoder):
         vision = self.processor.vision
         if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
             batch.image_rows, batch.image_embeddings = images
+            batch.image_blocks = step_blocks(plan.chunks)
         if not isinstance(vision, str) and vision.qwen is not None:
             batch.rope_positions = step_rope(plan.chunks)
         if batch.pending_rows:

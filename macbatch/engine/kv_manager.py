@@ -31,6 +31,8 @@ class HasTokens(Protocol):
 
     def hash_slice(self, start: int, stop: int) -> list[int]: ...
 
+    def can_resume_at(self, position: int) -> bool: ...
+
 
 class KVManager:
     def __init__(
@@ -95,6 +97,9 @@ class KVManager:
                 break
             blocks.append(block)
             hashes.append(digest)
+        while blocks and not request.can_resume_at(len(blocks) * self.block_size):
+            blocks.pop()  # not inside an image block that attends both ways (Gemma 4)
+            hashes.pop()
         if self.hybrid:
             resumable = self._resumable(request.request_id, hashes)
             if len(blocks) > resumable:

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.image_blocks import StepBlocks
 from macbatch.engine.recurrent import StateChunk, StateRows
 from macbatch.engine.scheduler import StepPlan
 from macbatch.metal import AttentionMetadata
@@ -54,6 +55,8 @@ class PackedBatch:
     # Rank 0's alone (the engine sets them after packing, from its vision encoder).
     image_rows: mx.array | None = field(default=None, metadata={"rank_local": True})
     image_embeddings: mx.array | None = field(default=None, metadata={"rank_local": True})
+    # Gemma 4's image blocks in this step, whose rows attend both ways (engine/image_blocks.py).
+    image_blocks: StepBlocks | None = field(default=None, metadata={"rank_local": True})
     # [N, 3] M-RoPE positions (engine/qwen_vl.py) when a row's request has them, else None.
     rope_positions: mx.array | None = field(default=None, metadata={"rank_local": True})
 

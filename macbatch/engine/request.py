@@ -308,6 +308,17 @@ class Request:
         tokens = self.token_slice(start, stop)
         return tokens if self.images is None else self.images.hash_tokens(tokens, start)
 
+    def chunk_tokens(self, count: int) -> int:
+        """The most of ``count`` tokens from ``num_computed_tokens`` the next prefill chunk may
+        take (an image block that attends both ways is never split: ``PromptImages``)."""
+        if self.images is None:
+            return count
+        return self.images.chunk_tokens(self.num_computed_tokens, count)
+
+    def can_resume_at(self, position: int) -> bool:
+        """Whether a cached prefix may end at ``position``."""
+        return self.images is None or self.images.can_resume_at(position)
+
     @property
     def num_known_tokens(self) -> int:
         """Prompt and output tokens whose values the host has."""

@@ -100,7 +100,10 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(need, budget)
+            n = request.chunk_tokens(min(need, budget))
+            if n == 0:  # an image block that attends both ways waits for a step it fits in
+                budget = 0
+                break
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, n):
                 victim = self.running[-1]
                 budget += self._preempt(victim, scheduled)
@@ -120,7 +123,7 @@ class Scheduler:
             request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens
             fit = self.kv.tokens_that_fit(request.request_id, request.num_computed_tokens)
-            n = min(need, budget, fit)
+            n = request.chunk_tokens(min(need, budget, fit))
             if n <= 0 or not self.kv.allocate_slots(
                 request.request_id, request.num_computed_tokens, n
             ):

@@ -21,23 +21,20 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from macbatch.engine.image_blocks import runs
 from macbatch.engine.images import VISION_EXTRA, Image
 from macbatch.engine.prompt_images import PromptImages
 from macbatch.engine.qwen_vl import FAMILIES as QWEN_VL
 from macbatch.engine.qwen_vl import QwenVL
 
 # Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3,
-# gemma3), or at M-RoPE positions (engine/qwen_vl.py). The others need what the paged step does
-# not do yet. gemma3: HF's Gemma 3 attends bidirectionally within an image span, but mlx-vlm's
-# (the oracle here) runs its language model with the causal and sliding-window masks (its
-# ``attention_mask_4d`` never reaches the attention), so its image rows are causal rows too
-# (docs/vision.md).
-SUPPORTED = ("mistral3", "gemma3", *QWEN_VL)
+# gemma3), or at M-RoPE positions (engine/qwen_vl.py), or rows that attend both ways within their
+# image (gemma4, engine/image_blocks.py). gemma3: HF's Gemma 3 attends bidirectionally within an
+# image span, but mlx-vlm's (the oracle here) runs its language model with the causal and
+# sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
+# rows are causal rows too (docs/vision.md).
+SUPPORTED = ("mistral3", "gemma3", "gemma4", *QWEN_VL)
 REFUSED = {
-    "gemma4": (
-        "Gemma 4 attends bidirectionally within an image span (mlx-vlm's gemma4 does too); the "
-        "paged step is causal"
-    ),
     "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
 }
 ENCODE_CACHE_BYTES = 256 * 2**20
@@ -132,6 +129,11 @@ class VisionEncoder:
         config = vlm.config
         self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
         self.qwen = QwenVL(vlm, text_model) if config.model_type in QWEN_VL else None
+        self.gemma4 = config.model_type == "gemma4"
+        # mlx-vlm's gemma4 overlays each image's block on its masks when its text config asks
+        text_config = getattr(config, "text_config", None)
+        both_ways = getattr(text_config, "use_bidirectional_attention", None) == "vision"
+        self.bidirectional = self.gemma4 and both_ways
         self.cache = EncodeCache()
 
     def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
@@ -149,6 +151,8 @@ class VisionEncoder:
         if self.qwen is not None:
             grids = np.array(inputs["image_grid_thw"])
             placed.rope, placed.rope_delta = self.qwen.prompt_rope(np.array(flat), positions, grids)
+        if self.bidirectional:
+            placed.blocks = runs(positions)
         return flat, placed
 
     def _inputs(self, text: str, images: Sequence[Image]) -> dict[str, Any]:
@@ -163,9 +167,17 @@ class VisionEncoder:
             )
         )
 
-    def admit(self, images: PromptImages) -> None:
+    def admit(self, images: PromptImages, chunk_budget: int) -> None:
         """Encode a request's images as it is queued (engine thread), so an image the tower
-        cannot read fails its own request (``ValueError``), not a step of everyone's."""
+        cannot read fails its own request (``ValueError``), not a step of everyone's; an image
+        block longer than a step's token budget (``chunk_budget``) could never be prefilled
+        whole, and is refused."""
+        if images.longest_block > chunk_budget:
+            raise ValueError(
+                f"an image of {images.longest_block} rows attends to itself both ways and must "
+                f"be prefilled in one step, but max_num_batched_tokens is {chunk_budget}: raise "
+                "it, or send a smaller image"
+            )
         try:
             mx.eval(self.embeddings(images))
         except Exception as exc:
@@ -187,13 +199,17 @@ class VisionEncoder:
         if found is not None:
             return found
         # the text the processor expands into one image's rows: Gemma 3's processor expands its
-        # <start_of_image>, Pixtral's its [IMG]
+        # <start_of_image>, Pixtral's its [IMG], Gemma 4's its <|image|>
         placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
+        if self.gemma4:
+            placeholder = self.processor.image_token
         inputs = self._inputs(placeholder, [image])
         ids = inputs.pop("input_ids")
         mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
         if self.qwen is not None:
             encoded = self.qwen.features(inputs)
+        elif self.gemma4:
+            encoded = self._gemma4_features(inputs)
         else:
             features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
             rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
@@ -201,6 +217,13 @@ class VisionEncoder:
         mx.eval(encoded)
         self.cache.put(image.digest, encoded)
         return encoded
+
+    def _gemma4_features(self, inputs: dict[str, Any]) -> mx.array:
+        """``[rows, H]``: one image through mlx-vlm's gemma4 tower and projector, as mlx-vlm
+        puts them in its language model's input: after the token rows' ``sqrt(hidden)`` scale,
+        which the adapter skips for them (``SCALED_IMAGE_ROWS``)."""
+        pixels = inputs["pixel_values"]
+        return self.model.encode_image(pixels, inputs.get("image_position_ids"))[0]
 
     def step_inputs(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
         """The packed rows of a step's chunks (``StepPlan.chunks``, in packing order) that are

@@ -96,6 +96,24 @@ def paged_attention_reference(
     return out[mx.array(np.argsort(rows))]
 
 
+def masked_attention(
+    q: mx.array,
+    k_pages: Pages,
+    v_pages: Pages,
+    blocks: mx.array,
+    visible: mx.array,
+    layer: LayerParams,
+) -> mx.array:
+    """Attention of query rows ``q [B, Hq, L, D]`` over the keys of the blocks ``blocks
+    [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
+    n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
+    of the contract (Gemma 4's image blocks, engine/image_blocks.py)."""
+    scale, _, softcap, sinks = layer
+    k = _gather_context(k_pages, blocks)
+    v = _gather_context(v_pages, blocks)
+    return _attend(q, k, v, visible[:, None], scale, softcap, sinks)
+
+
 class ReferenceBackend(AttentionBackend):
     """The oracle every kernel is self-tested against, and the fallback: runs anywhere."""
 

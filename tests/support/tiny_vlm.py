@@ -7,6 +7,7 @@ the other tiny VLMs (tests/support/tiny_vlm_gemma3.py) are built with."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,12 @@ def save_tiny_vlm(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def saved_tokenizer(path: Path, added: list[str], template: str) -> Any:
+def saved_tokenizer(
+    path: Path, added: list[str], template: str, named: dict[str, str] | None = None
+) -> Any:
     """The vendored Mistral v0.3 tokenizer with ``added`` special tokens and ``template``, saved
-    in ``path`` (made if missing)."""
+    in ``path`` (made if missing); ``named``: special tokens by the attribute names a real
+    tokenizer config gives them (``image_token`` ...), which mlx-vlm's processors read."""
     from transformers import AutoTokenizer
 
     path.mkdir(parents=True, exist_ok=True)
@@ -55,6 +59,10 @@ def saved_tokenizer(path: Path, added: list[str], template: str) -> Any:
     tokenizer.add_special_tokens({"additional_special_tokens": added})
     tokenizer.chat_template = template
     tokenizer.save_pretrained(path)
+    if named:
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+        tokenizer_config["extra_special_tokens"] = named
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     return tokenizer
 
 

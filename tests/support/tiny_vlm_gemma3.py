@@ -9,7 +9,6 @@ sliding-window one (window 16, shorter than the prompts) and a global one."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +97,7 @@ def save_tiny_gemma3(path: Path, seed: int = 0) -> Path:
     from mlx_vlm.models import gemma3
 
     added = ["<start_of_turn>", "<end_of_turn>", *IMAGE_TOKENS.values()]
-    tokenizer = saved_tokenizer(path, added, CHAT_TEMPLATE)
-    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
-    tokenizer_config["extra_special_tokens"] = IMAGE_TOKENS
-    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tokenizer = saved_tokenizer(path, added, CHAT_TEMPLATE, named=IMAGE_TOKENS)
     cfg = config(tokenizer.convert_tokens_to_ids(IMAGE_TOKENS["image_token"]))
     processor = {"processor_class": "Gemma3Processor", "image_seq_length": SOFT_TOKENS}
     write_configs(path, cfg, _image_processor(), processor)

@@ -1,5 +1,5 @@
-"""The tiny VLMs (tests/support/tiny_vlm*.py: Mistral 3, Gemma 3) saved once per session, their
-images on disk, and mlx-vlm's own greedy generation as the oracle."""
+"""The tiny VLMs (tests/support/tiny_vlm*.py: Mistral 3, Gemma 3, Gemma 4) saved once per
+session, their images on disk, and mlx-vlm's own greedy generation as the oracle."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
-from tests.support import tiny_vlm, tiny_vlm_gemma3
+from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4
 from tests.support.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
 
@@ -31,6 +31,7 @@ class TinyVlm:
 TINY_VLMS = {
     "mistral3": (save_tiny_vlm, tiny_vlm.rendered),
     "gemma3": (tiny_vlm_gemma3.save_tiny_gemma3, tiny_vlm_gemma3.rendered),
+    "gemma4": (tiny_vlm_gemma4.save_tiny_gemma4, tiny_vlm_gemma4.rendered),
 }
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)

@@ -44,12 +44,3 @@ def test_doctor_takes_each_qwen_vl_family_and_says_why_not_qwen2_vl(
 
 def test_doctor_says_yes_for_each_served_family(family_vlm: TinyVlm) -> None:
     assert _images_row(family_vlm.path).startswith("yes")
-
-
-def test_gemma4_images_are_refused_with_the_reason(tmp_path: Path) -> None:
-    # the reason doctor's row and a refused request show (engine/vision.py: unavailable_reason)
-    config = {"model_type": "gemma4", "text_config": {}, "vision_config": {}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    reason = unavailable_reason(tmp_path, "g4") or ""
-    assert reason.startswith("images for 'gemma4' models are not supported yet")
-    assert "bidirectionally within an image span" in reason

@@ -97,22 +97,7 @@ def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
             "mrope_section": [2, 1, 1],
         },
     )
-    vision = dict(
-        model_type="qwen3_5",
-        depth=2,
-        hidden_size=32,
-        intermediate_size=64,
-        out_hidden_size=32,
-        num_heads=2,
-        patch_size=PATCH,
-        spatial_patch_size=PATCH,
-        spatial_merge_size=MERGE,
-        temporal_patch_size=2,
-        num_position_embeddings=16,
-        in_channels=3,
-        deepstack_visual_indexes=[],
-    )
-    return _with_tokens("qwen3_5", text, vision, tokens)
+    return _with_tokens("qwen3_5", text, _qwen3_vision("qwen3_5", []), tokens)
 
 
 def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
@@ -128,7 +113,7 @@ def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=4096,
         rope_theta=10000.0,
-        # head_dim 16: 8 frequencies, interleaved T H W T H W T W
+        # head_dim 16: 8 frequencies, interleaved T H W T H W T T (width's third past the end)
         rope_scaling={
             "rope_type": "default",
             "mrope_section": [3, 2, 3],
@@ -136,9 +121,15 @@ def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
         },
         tie_word_embeddings=True,
     )
-    vision = dict(
-        model_type="qwen3_vl",
-        depth=3,
+    # DeepStack: the tower's layers 0 and 1 feed the first two text layers
+    return _with_tokens("qwen3_vl", text, _qwen3_vision("qwen3_vl", [0, 1]), tokens)
+
+
+def _qwen3_vision(family: str, deepstack: list[int]) -> dict[str, Any]:
+    """Qwen3.5's and Qwen3-VL's vision tower (one more layer than the DeepStack taps)."""
+    return dict(
+        model_type=family,
+        depth=max(2, len(deepstack) + 1),
         hidden_size=32,
         intermediate_size=64,
         out_hidden_size=32,
@@ -149,10 +140,8 @@ def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
         temporal_patch_size=2,
         num_position_embeddings=16,
         in_channels=3,
-        # DeepStack: the tower's layers 0 and 1 feed the first two text layers
-        deepstack_visual_indexes=[0, 1],
+        deepstack_visual_indexes=deepstack,
     )
-    return _with_tokens("qwen3_vl", text, vision, tokens)
 
 
 def _with_tokens(

@@ -144,6 +144,9 @@ class SpoiledDrafter:
                     drafts[j] = (token + 1) % 32000
         return proposals
 
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """Nothing is kept per request."""
+
     def forget(self, request_id: str) -> None:
         """Nothing is kept per request."""
 

@@ -33,7 +33,7 @@ def kv_manager_for(
     pool = BlockPool(runner.pool_size.start)
     elastic = None
     if runner.pool_size.elastic:
-        elastic = ElasticPool(pool, runner.store, runner.pool_size)
+        elastic = ElasticPool(pool, runner.full_pages, runner.pool_size)
     prefix_root = f"{model_name}:{runner.model_type}".encode()
     states = runner.states  # a hybrid model's: its prefix cache needs state checkpoints
     slots = None if states is None else StateSlots(states, config.max_num_seqs)

@@ -71,7 +71,8 @@ class EngineStats:
     # split host from device time.
     device_wait_s: float = 0.0
     # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
-    # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's).
+    # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's)
+    # and a hybrid draft's states.
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     draft_kv_bytes: int = 0
 
@@ -480,20 +481,24 @@ class Engine(PromptEncoder):
     def _speculation_stats(self) -> dict[str, Any]:
         if self.speculator is None:
             return {}
-        draft = self.runner.draft
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
-            "draft_kv_bytes": 0
-            if draft is None
-            else self.pool.num_occupied * draft.bytes_per_block,
+            "draft_kv_bytes": self._draft_bytes_used(),
         }
+
+    def _draft_bytes_used(self) -> int:
+        """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
+        draft = self.runner.draft
+        if draft is None:
+            return 0
+        return self.pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
 
     def _draft_pages_nbytes(self) -> int:
         return 0 if self.runner.draft is None else self.runner.draft.store.nbytes
 
     def _kv_bytes_used(self) -> int:
-        draft = 0 if self.runner.draft is None else self.runner.draft.bytes_per_block
-        used = self.pool.num_occupied * (self.runner.store.bytes_per_block + draft)
+        used = self.pool.num_occupied * self.runner.store.bytes_per_block
+        used += self._draft_bytes_used()
         window = self.runner.window_store
         if self.window_pool is not None and window is not None:
             used += self.window_pool.num_occupied * window.bytes_per_block

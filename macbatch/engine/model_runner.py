@@ -94,7 +94,7 @@ class ModelRunner:
         slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
         reserved = window_cap * window_per_block + slots_most
         if self.draft is not None:
-            reserved += self.draft.weights_nbytes
+            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
         cap = config.num_blocks or blocks_for_memory(
             model, per_block + draft_per_block, self.context_length, config, reserved
         )

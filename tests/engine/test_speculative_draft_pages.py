@@ -157,3 +157,32 @@ def test_elastic_pool_grows_and_shrinks_both_models_pages(target, oracle, tiny_t
     assert engine.runner.draft.store.num_blocks == engine.runner.store.num_blocks == start
     assert [o.token_ids for o in engine.generate(PROMPTS, _params())] == oracle
     assert engine.stats().prefix_cache_hit_rate > 0
+
+
+def test_hybrid_draft_keeps_its_state_slots_within_max_num_seqs(tiny_tokenizer):
+    """A hybrid draft (here the hybrid target drafting for itself: every draft holds) keeps a
+    state slot per drafting request until it finishes, never more than max_num_seqs, through
+    preemptions (a preempted request's draft state starts over). Greedy ids stay mlx-lm's."""
+    model = build_model("qwen3_5")
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    engine = _engine(model, tiny_tokenizer, model, num_blocks=6, max_num_seqs=2)
+    slots = engine.runner.draft.slots
+    for prompt in PROMPTS:
+        engine.add_request(prompt, _params())
+    outputs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.token_ids
+        assert slots.in_use <= 2
+        stats = engine.stats()
+        held = slots.in_use * 2 * engine.runner.draft.states.bytes_per_slot
+        assert (
+            stats.draft_kv_bytes
+            == engine.pool.num_occupied * engine.runner.draft.bytes_per_block + held
+        )
+    assert sorted(outputs.values()) == sorted(expected)
+    stats = engine.stats()
+    assert stats.preemptions > 0
+    assert stats.speculation.accepted == stats.speculation.drafted > 0
+    assert slots.in_use == 0  # every request finished: its slot given back

@@ -9,6 +9,13 @@ whose draft K/V its blocks do not hold yet: its prompt the first time, then the 
 and the target's token) and samples each one's last row; the next k-1 are one row per request,
 each fed the previous draft on the device. The drafts are read back once, at the end. Drafting
 is greedy, so the draft distribution is a point mass (verify.py).
+
+A hybrid draft's recurrent state cannot be cut back to the accepted drafts, so the catch-up
+chunk leaves the state after the request's known tokens in its slot, and the drafts run on
+through the slot's snapshot (thrown away): the next catch-up starts where the known tokens
+ended. A request keeps its slot until it finishes: the slots held are never more than
+``max_num_seqs``, because a preempted request waits at the front of the queue, so no request is
+admitted while one holding a slot waits.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import mlx.core as mx
 
 from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.packing import pack
+from macbatch.engine.recurrent import StateChunk
 from macbatch.engine.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.speculative.draft_runner import DraftRunner
 
@@ -37,6 +45,7 @@ class _Written:
     tokens: list[int]
     valid: int
     preemptions: int  # the request's count when written: a preemption gave back every block
+    known: int  # the tokens a hybrid draft's state slot has run through
 
 
 @dataclass
@@ -46,6 +55,7 @@ class _Row:
     k: int
     tokens: list[int]  # every token of the request (all on the host)
     start: int  # the first position whose draft K/V is computed now
+    slot: int = -1  # a hybrid draft's state slot
 
 
 class DraftModelDrafter:
@@ -53,6 +63,7 @@ class DraftModelDrafter:
         self.runner = runner
         self.kv = kv
         self._written: dict[str, _Written] = {}
+        self._slots: dict[str, int] = {}  # a hybrid draft's state slot of each request
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
         proposals: list[list[int]] = [[] for _ in requests]
@@ -64,7 +75,8 @@ class DraftModelDrafter:
             # the last draft's K/V is not written: it is the next step's input
             held = row.tokens + drafts[:-1]
             preemptions = row.request.metrics.preemptions
-            self._written[row.request.request_id] = _Written(held, len(held), preemptions)
+            written = _Written(held, len(held), preemptions, len(row.tokens))
+            self._written[row.request.request_id] = written
         return proposals
 
     def _reserve(self, requests: Sequence[Request], ks: Sequence[int]) -> list[_Row]:
@@ -75,41 +87,74 @@ class DraftModelDrafter:
             tokens = request.all_token_ids
             # the draft writes K/V up to the next-to-last draft's position
             if self.kv.allocate_slots(request.request_id, len(tokens) - 1, k):
-                rows.append(_Row(index, request, k, tokens, self._start(request, tokens)))
+                slot = -1 if self.runner.slots is None else self._slot(request.request_id)
+                start = self._start(request, tokens)
+                rows.append(_Row(index, request, k, tokens, start, slot))
         rows.sort(key=lambda r: -r.k)
         return rows
 
     def _start(self, request: Request, tokens: list[int]) -> int:
         """Where the catch-up chunk starts: after the longest prefix of ``tokens`` whose draft
-        K/V the request's blocks still hold, feeding at least the last token."""
+        K/V the request's blocks still hold, feeding at least the last token (a hybrid draft:
+        where its state is, or from the start)."""
         written = self._written.get(request.request_id)
         if written is None or written.preemptions != request.metrics.preemptions:
             return 0
         most = min(written.valid, len(tokens) - 1)
-        return _shared_prefix(written.tokens, tokens, most)
+        start = _shared_prefix(written.tokens, tokens, most)
+        if self.runner.slots is None:
+            return start
+        return written.known if start >= written.known else 0
+
+    def _slot(self, request_id: str) -> int:
+        """The request's state slot, taken if it has none."""
+        assert self.runner.slots is not None
+        if request_id in self._slots:
+            return self._slots[request_id]
+        self._slots[request_id] = slot = self.runner.slots.take()
+        self._written.pop(request_id, None)  # its state starts from zeros
+        return slot
 
     def _run(self, rows: list[_Row]) -> list[list[int]]:
         """k forwards over every row (the first: catch-up chunks; then one draft each), read
         back once."""
         tables = [self.kv.block_table(r.request.request_id) for r in rows]
         chunks = [ScheduledChunk(r.request, r.start, len(r.tokens) - r.start) for r in rows]
-        steps = [self._forward(chunks, tables)]
+        steps = [self._forward(chunks, tables, self._states(rows, 0))]
         for j in range(1, rows[0].k):
-            live = sum(1 for r in rows if r.k > j)
-            chunks = [ScheduledChunk(r.request, len(r.tokens) + j - 1, 1) for r in rows[:live]]
-            steps.append(self._forward(chunks, tables[:live], steps[-1][:live]))
-        mx.eval(*steps, *self.runner.store.arrays())
+            live = [r for r in rows if r.k > j]
+            chunks = [ScheduledChunk(r.request, len(r.tokens) + j - 1, 1) for r in live]
+            steps.append(
+                self._forward(chunks, tables, self._states(live, j), steps[-1][: len(live)])
+            )
+        mx.eval(*steps, *self.runner.arrays())
         tokens = [cast(list[int], s.tolist()) for s in steps]
         return [[tokens[j][i] for j in range(r.k)] for i, r in enumerate(rows)]
 
+    def _states(self, rows: list[_Row], step: int) -> list[StateChunk] | None:
+        """A hybrid draft's state flow in forward ``step``: the catch-up from the slot (zeros
+        when it starts over) into the slot; then the drafts through the slot's snapshot."""
+        states = self.runner.states
+        if states is None:
+            return None
+        if step == 0:
+            return [StateChunk(r.slot if r.start else -1, r.slot) for r in rows]
+        scratch = [states.snapshot_of(r.slot) for r in rows]
+        return [StateChunk(r.slot if step == 1 else s, s) for r, s in zip(rows, scratch)]
+
     def _forward(
-        self, chunks: list[ScheduledChunk], tables: list[list[int]], fed: mx.array | None = None
+        self,
+        chunks: list[ScheduledChunk],
+        tables: list[list[int]],
+        states: list[StateChunk] | None,
+        fed: mx.array | None = None,
     ) -> mx.array:
         """One packed draft forward; ``fed``: each row's input token, on the device (a draft
         is not on the host yet: the packer leaves its row pending)."""
         for chunk in chunks:
             chunk.samples = True  # a draft's row completes no known sequence, yet is sampled
-        batch = pack(StepPlan(chunks), tables, self.runner.block_size, self.runner.head_counts)
+        block_size, heads = self.runner.block_size, self.runner.head_counts
+        batch = pack(StepPlan(chunks), tables[: len(chunks)], block_size, heads, states)
         if fed is not None:
             batch.token_ids = fed
         return self.runner.greedy(batch)
@@ -123,6 +168,9 @@ class DraftModelDrafter:
 
     def forget(self, request_id: str) -> None:
         self._written.pop(request_id, None)
+        slot = self._slots.pop(request_id, None)
+        if slot is not None and self.runner.slots is not None:
+            self.runner.slots.give_back(slot)
 
 
 def _shared_prefix(a: list[int], b: list[int], most: int) -> int:

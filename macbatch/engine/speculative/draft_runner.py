@@ -7,7 +7,8 @@ both models, and a request's one block table addresses both: the draft's K/V is 
 pool's bytes, capped by its budget, grown and shrunk with it (``JointPages``), and given back
 when the target's blocks are (truncated rejected drafts, preemption, finish). The price is the
 draft's bytes in every block, speculating or not: a draft of 2 layers beside 28 adds 1/14 to
-a block.
+a block. A hybrid draft (recurrent layers) also keeps a state slot and its snapshot per
+request that drafts (draft_model.py says how they are used).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv_cache import KVStore, KVStores, PageFormat
 from macbatch.engine.packing import PackedBatch
+from macbatch.engine.recurrent import StateStore
+from macbatch.engine.state_slots import StateSlots, start_slots
 
 
 class DraftRunner:
@@ -40,11 +43,6 @@ class DraftRunner:
         settle_compute_dtype(model, config.dtype, owns_model)
         # every layer in one group: the draft reads the target's full-group block tables
         self.adapter = ModelAdapter(model, windows=False)
-        if self.adapter.hybrid:
-            raise ValueError(
-                f"the draft model ({self.adapter.model_type}) keeps recurrent state; a draft "
-                "model must be attention-only (its K/V lives in the target's KV blocks)"
-            )
         self.format = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.block_size = config.block_size
         self.bytes_per_block = self.format.bytes_per_block(
@@ -53,12 +51,34 @@ class DraftRunner:
         self.head_counts = {s.num_kv_heads for s in self.adapter.layer_shapes}
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(self.adapter.model))
         self._stores: KVStores | None = None
+        # A hybrid draft's recurrent state: per request a slot (its state after its known
+        # tokens) and the slot's snapshot, which the drafts run through and may be thrown away.
+        self.states: StateStore | None = None
+        self.slots: StateSlots | None = None
+        if self.adapter.hybrid:
+            first = start_slots(config.max_num_seqs, elastic=True)
+            self.states = StateStore(self.adapter.state_shapes, first, 0, snapshots=True)
+            self.slots = StateSlots(self.states, config.max_num_seqs)
+        per_request = 0 if self.states is None else 2 * self.states.bytes_per_slot
+        self.state_bytes_most = config.max_num_seqs * per_request  # reserved beside the pool
 
     def allocate(self, num_blocks: int) -> KVStore:
         """Its pages for ``num_blocks`` blocks (the target's full group's size)."""
         store = KVStore(self.adapter.layer_shapes, num_blocks, self.block_size, self.format)
         self._stores = KVStores(store, None, self.adapter.kv_slots)
         return store
+
+    @property
+    def state_bytes_used(self) -> int:
+        """A hybrid draft's slots and snapshots held by requests (0 for attention only)."""
+        if self.states is None or self.slots is None:
+            return 0
+        return self.slots.in_use * 2 * self.states.bytes_per_slot
+
+    def arrays(self) -> list[mx.array]:
+        """What a draft forward writes: its pages and a hybrid draft's states."""
+        states = [] if self.states is None else self.states.arrays()
+        return self.store.arrays() + states
 
     @property
     def store(self) -> KVStore:
@@ -69,7 +89,7 @@ class DraftRunner:
         """The argmax token of each sampled row of one packed draft step (lazy), its K/V
         written into the draft's pages."""
         assert self._stores is not None
-        logits = self.adapter.forward(batch, self._stores)
+        logits = self.adapter.forward(batch, self._stores, self.states)
         assert logits is not None, "a draft step samples every request's last row"
         return mx.argmax(logits, axis=-1)
 

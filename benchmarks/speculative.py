@@ -6,8 +6,11 @@
    near-identity residuals (their output projections scaled by ``--residual-scale``), and a
    draft made of the target's first two layers with the same embedding, final norm and head:
    1/14 of the layers (8x fewer non-embedding parameters at 16 layers and more), so it agrees
-   with the target on most tokens. Decode tokens/s of each.
-2. A copy-heavy job with prompt lookup vs without: 16 long documents, up to 8 at once.
+   with the target on most tokens. Wall and CPU seconds of the whole request, each.
+2. A copy-heavy job with prompt lookup vs without: 16 documents of 400-600 tokens, up to 8 at
+   once, each asking for a field's text; the target is constructed to copy its prompt
+   (copying_model.py: an induction-style llama whose weights are set by hand), so its replies
+   are the documents' own text, as a trained model's extraction replies are.
 3. 32 concurrent requests with prompt lookup vs without (the adaptive rule at work: above
    ``policy.BATCH_LIMITS``'s running requests no step speculates).
 4. ``--sweep 1,2,4,8,16,32``: the crossover behind ``BATCH_LIMITS``: for each batch size, that
@@ -15,6 +18,8 @@
    CPU ratios and the acceptance each saw. ``--spoil 0,0.5`` repeats it with that share of
    drafted tokens replaced by a wrong one (decided by a hash of the position, so drafting
    stays deterministic and verification exact), to place the crossover at lower acceptance.
+5. ``--batches 4,8,32``: part 1's pair at that many concurrent requests (prompts of 32 to 128
+   tokens), draft-model speculation under the adaptive rule vs none; the replies must match.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.speculative [--layers 28] [--tokens 64]
@@ -23,7 +28,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,6 +35,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.utils import _get_classes
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.copying_model import copying_model, extraction_job
 from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS
@@ -70,63 +75,55 @@ def target_and_draft(layers: int, residual_scale: float) -> tuple[nn.Module, nn.
     return target, draft
 
 
-def mlx_lm_decode_rate(steps) -> float:
-    """Tokens/s after the first token of one of mlx-lm's generators."""
-    started, count = None, 0
-    for _ in steps:
-        count += 1
-        if started is None:
-            started = time.perf_counter()
-    assert started is not None
-    return (count - 1) / (time.perf_counter() - started)
-
-
-def macbatch_decode_rate(engine: Engine, prompt: list[int], tokens: int) -> float:
-    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    rate = engine.generate([prompt], params)[0].metrics.decode_tokens_per_s
-    assert rate is not None
-    return rate
+def request_seconds(run) -> tuple[float, float]:
+    """(wall, CPU) seconds of one whole request, prefill included. Not "tokens/s after the first
+    token": mlx-lm's speculative generator yields its first token after a whole round of drafts
+    and verification, and the rest of that round at once, which such a rate counts as free."""
+    clock = Clock()
+    run()
+    return clock.read()
 
 
 def one_request(args: argparse.Namespace) -> None:
     target, draft = target_and_draft(args.layers, args.residual_scale)
     prompt = synthetic_prompts(1, 32, 32, 151936, seed=3)[0]
     tokenizer = bench_tokenizer(151936)
-    k = args.draft_tokens or DEFAULT_SPECULATIVE_TOKENS["draft"]
+    k, n = args.draft_tokens or DEFAULT_SPECULATIVE_TOKENS["draft"], args.tokens
     config = dict(num_blocks=64, max_num_seqs=8)
-    rates = {
-        "mlx-lm generate": mlx_lm_decode_rate(
-            generate_step(mx.array(prompt), target, max_tokens=args.tokens)
-        ),
-        "mlx-lm speculative": mlx_lm_decode_rate(
+    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+    plain = Engine(target, tokenizer, EngineConfig(**config))
+    spec_config = EngineConfig(speculative="draft", num_speculative_tokens=k, **config)
+    engine = Engine(target, tokenizer, spec_config, draft_model=draft)
+    runs = {
+        "mlx-lm generate": lambda: list(generate_step(mx.array(prompt), target, max_tokens=n)),
+        "mlx-lm speculative": lambda: list(
             speculative_generate_step(
-                mx.array(prompt), target, draft, num_draft_tokens=k, max_tokens=args.tokens
+                mx.array(prompt), target, draft, num_draft_tokens=k, max_tokens=n
             )
         ),
-        "macbatch": macbatch_decode_rate(
-            Engine(target, tokenizer, EngineConfig(**config)), prompt, args.tokens
-        ),
+        "macbatch": lambda: plain.generate([prompt], params),
+        "macbatch draft": lambda: engine.generate([prompt], params),
     }
-    engine = Engine(
-        target,
-        tokenizer,
-        EngineConfig(speculative="draft", num_speculative_tokens=k, **config),
-        draft_model=draft,
-    )
-    rates["macbatch draft"] = macbatch_decode_rate(engine, prompt, args.tokens)
+    times = {name: request_seconds(run) for name, run in runs.items()}
     spec = engine.stats().speculation
     print(
-        f"1. one request, {args.layers}-layer Qwen3-0.6B-shaped target, {DRAFT_LAYERS}-layer draft"
+        f"1. one request, {args.layers}-layer Qwen3-0.6B-shaped target, {DRAFT_LAYERS}-layer "
+        f"draft, {n} new tokens after 32 (whole request, prefill included)"
     )
     print(
         f"   acceptance {spec.acceptance_rate:.0%}, "
         f"{spec.mean_accepted_length:.2f} tok/verification"
     )
-    for name, rate in rates.items():
-        print(f"   {name:<20} {rate:7.2f} tok/s  x{rate / rates['mlx-lm generate']:.2f}")
+    base = times["mlx-lm generate"]
+    for name, (wall, cpu) in times.items():
+        print(
+            f"   {name:<20} {n / wall:6.2f} tok/s  wall x{base[0] / wall:.2f}, "
+            f"CPU x{base[1] / cpu:.2f}"
+        )
+    ours, theirs = times["macbatch draft"], times["mlx-lm speculative"]
     print(
-        f"   macbatch draft / mlx-lm speculative: "
-        f"x{rates['macbatch draft'] / rates['mlx-lm speculative']:.2f}"
+        f"   macbatch draft / mlx-lm speculative: wall x{theirs[0] / ours[0]:.2f}, "
+        f"CPU x{theirs[1] / ours[1]:.2f}"
     )
 
 
@@ -145,6 +142,9 @@ class SpoiledDrafter:
                     drafts[j] = (token + 1) % 32000
         return proposals
 
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """Nothing is kept per request."""
+
     def forget(self, request_id: str) -> None:
         """Nothing is kept per request."""
 
@@ -155,33 +155,83 @@ def job_seconds(
     tokens: int,
     max_batch: int = 0,
     spoil: float = 0.0,
+    draft: nn.Module | None = None,
+    vocab: int = 32000,
     **config,
 ) -> tuple:
-    """(wall, CPU) seconds of the job, and the engine's speculation counts. CPU time is the one
-    to compare on a shared machine: other processes stretch wall time, not the work done.
-    ``max_batch``: the policy's batch limit, when not its own."""
-    engine = Engine(model, bench_tokenizer(), EngineConfig(num_blocks=1024, **config))
+    """(wall, CPU) seconds of the job, the engine's speculation counts and the replies. CPU
+    time is the one to compare on a shared machine: other processes stretch wall time, not the
+    work done. ``max_batch``: the policy's batch limit, when not its own."""
+    config = dict({"num_blocks": 1024}, **config)
+    engine = Engine(model, bench_tokenizer(vocab), EngineConfig(**config), draft_model=draft)
     if max_batch and engine.speculator is not None:
         engine.speculator.policy.max_batch = max_batch
         engine.speculator.drafter = SpoiledDrafter(spoil)
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     clock = Clock()
-    engine.generate(prompts, params)
-    return clock.read(), engine.stats().speculation
+    outputs = engine.generate(prompts, params)
+    return clock.read(), engine.stats().speculation, [o.token_ids for o in outputs]
+
+
+def print_ratios(off: tuple[float, float], on: tuple[float, float], name: str) -> None:
+    for clock, kind in enumerate(("wall", "CPU")):
+        print(
+            f"   {kind}: without {off[clock]:6.2f} s, with {name} {on[clock]:6.2f} s: "
+            f"x{off[clock] / on[clock]:.2f} throughput"
+        )
 
 
 def compare(title: str, prompts: list[list[int]], tokens: int, k: int | None, **config) -> None:
     model = build_bench_model()
-    off, _ = job_seconds(model, prompts, tokens, **config)
+    off, _, _ = job_seconds(model, prompts, tokens, **config)
     spec_config = dict(speculative="ngram", num_speculative_tokens=k)
-    on, spec = job_seconds(model, prompts, tokens, **spec_config, **config)
+    on, spec, _ = job_seconds(model, prompts, tokens, **spec_config, **config)
     print(title)
-    for clock, name in enumerate(("wall", "CPU")):
-        print(
-            f"   {name}: without {off[clock]:6.2f} s, with prompt lookup {on[clock]:6.2f} s: "
-            f"x{off[clock] / on[clock]:.2f} throughput"
-        )
+    print_ratios(off, on, "prompt lookup")
     print(f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens")
+
+
+def copy_job(k: int, tokens: int) -> None:
+    """2. The extraction job on the constructed copier (copying_model.py), with prompt lookup
+    and without: the replies must be the same, and are the documents' own text."""
+    model = copying_model()
+    prompts, answers = extraction_job(16, 400, 600, 32000, seed=7)
+    off, _, replies = job_seconds(model, prompts, tokens, max_num_seqs=8)
+    spec_config = dict(speculative="ngram", num_speculative_tokens=k, max_num_seqs=8)
+    on, spec, spec_replies = job_seconds(model, prompts, tokens, **spec_config)
+    assert spec_replies == replies, "speculation changed a greedy reply"
+    copied = sum(r == a for reply, answer in zip(replies, answers) for r, a in zip(reply, answer))
+    print(
+        f"2. extraction job on a copying target: 16 documents of 400-600 tokens, {tokens} new "
+        f"tokens each, up to 8 at once ({copied / (16 * tokens):.0%} of reply tokens copied)"
+    )
+    print_ratios(off, on, "prompt lookup")
+    print(
+        f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens, "
+        f"{spec.mean_accepted_length:.2f} tok/verification"
+    )
+
+
+def draft_batches(args: argparse.Namespace, sizes: list[int]) -> None:
+    """5. The part-1 pair at several concurrent requests: draft-model speculation (the
+    adaptive rule in charge) vs none."""
+    target, draft = target_and_draft(args.layers, args.residual_scale)
+    print(f"5. draft model at concurrent requests ({args.layers}-layer target, {args.tokens} new)")
+    for size in sizes:
+        prompts = synthetic_prompts(size, 32, 128, 151936, seed=size)
+        config = dict(vocab=151936, max_num_seqs=64, num_blocks=256)
+        off, _, replies = job_seconds(target, prompts, args.tokens, **config)
+        spec_config = dict(speculative="draft", num_speculative_tokens=args.draft_tokens)
+        on, spec, spec_replies = job_seconds(
+            target, prompts, args.tokens, draft=draft, **spec_config, **config
+        )
+        assert spec_replies == replies, "speculation changed a greedy reply"
+        print(
+            f"   {size:3d} requests: wall x{off[0] / on[0]:.2f} ({off[0]:.1f} / {on[0]:.1f} s), "
+            f"CPU x{off[1] / on[1]:.2f}, {spec.drafted} drafted, "
+            f"acceptance {spec.acceptance_rate:.0%}, "
+            f"{spec.mean_accepted_length:.2f} tok/verification"
+        )
 
 
 def sweep(sizes: list[int], spoils: list[float], tokens: int) -> None:
@@ -191,9 +241,9 @@ def sweep(sizes: list[int], spoils: list[float], tokens: int) -> None:
     print("4. batch-size sweep, prompt lookup with no batch limit vs without")
     for spoil, size in ((s, n) for s in spoils for n in sizes):
         prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
-        off, _ = job_seconds(model, prompts, tokens, max_num_seqs=64)
+        off, _, _ = job_seconds(model, prompts, tokens, max_num_seqs=64)
         config = dict(speculative="ngram", max_num_seqs=64)
-        on, spec = job_seconds(model, prompts, tokens, max_batch=1 << 20, spoil=spoil, **config)
+        on, spec, _ = job_seconds(model, prompts, tokens, max_batch=1 << 20, spoil=spoil, **config)
         print(
             f"   spoil {spoil:.2f}, {size:3d} requests: wall x{off[0] / on[0]:.2f} "
             f"({off[0]:.2f} / {on[0]:.2f} s), "
@@ -213,15 +263,14 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
     parser.add_argument("--sweep", default="", help="batch sizes of part 4, e.g. 1,4,16,32")
     parser.add_argument("--spoil", default="0", help="part 4's shares of drafts made wrong")
+    parser.add_argument("--batches", default="4,8,32", help="part 5's concurrent requests")
     args = parser.parse_args()
     warn_without_openblas()
     skip = set(args.skip.split(","))
     if "1" not in skip:
         one_request(args)
     if "2" not in skip:
-        documents = synthetic_prompts(16, 400, 600, 32000, seed=7)
-        title = "2. copy-heavy job: 16 documents, up to 8 at once"
-        compare(title, documents, 96, args.draft_tokens, max_num_seqs=8)
+        copy_job(args.draft_tokens, 96)
     if "3" not in skip:
         prompts = synthetic_prompts(32, 32, 512, 32000, seed=0)
         title = "3. 32 concurrent requests"
@@ -229,6 +278,8 @@ def main() -> None:
     if args.sweep:
         spoils = [float(x) for x in args.spoil.split(",")]
         sweep([int(n) for n in args.sweep.split(",")], spoils, args.tokens)
+    if "5" not in skip:
+        draft_batches(args, [int(n) for n in args.batches.split(",")])
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def kv_manager_for(
     pool = BlockPool(runner.pool_size.start)
     elastic = None
     if runner.pool_size.elastic:
-        elastic = ElasticPool(pool, runner.store, runner.pool_size)
+        elastic = ElasticPool(pool, runner.full_pages, runner.pool_size)
     prefix_root = f"{model_name}:{runner.model_type}".encode()
     slots = None  # a hybrid model's state slots and its prefix cache's checkpoints
     if runner.states is not None and runner.state_sizes is not None:

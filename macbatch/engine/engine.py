@@ -73,7 +73,8 @@ class EngineStats:
     # split host from device time.
     device_wait_s: float = 0.0
     # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
-    # start; a draft model's own KV bytes.
+    # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's)
+    # and a hybrid draft's states.
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     draft_kv_bytes: int = 0
 
@@ -109,7 +110,8 @@ class Engine(PromptEncoder):
 
         self.config = config = config or EngineConfig()
         self.model_name = model_name
-        self.runner = runner = ModelRunner(model, config, owns_model, group)
+        draft = draft_model if config.speculative == "draft" else None
+        self.runner = runner = ModelRunner(model, config, owns_model, group, draft)
         self.adapter, self.store = runner.adapter, runner.store
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
         self.tokenizer: TokenizerWrapper = (
@@ -124,7 +126,7 @@ class Engine(PromptEncoder):
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
         self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
-        self.speculator = speculator_for(config, draft_model, runner.vocab_size)
+        self.speculator = speculator_for(config, runner.draft, self.kv)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
         self._in_flight: _InFlightStep | None = None
@@ -473,7 +475,7 @@ class Engine(PromptEncoder):
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=self.runner.kv_stores.nbytes,
+            kv_cache_bytes=self.runner.kv_stores.nbytes + self._draft_pages_nbytes(),
             kv_bytes_used=self._kv_bytes_used(),
             device_wait_s=self._device_wait_s,
             **self._speculation_stats(),
@@ -484,11 +486,22 @@ class Engine(PromptEncoder):
             return {}
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
-            "draft_kv_bytes": self.speculator.draft_kv_bytes,
+            "draft_kv_bytes": self._draft_bytes_used(),
         }
+
+    def _draft_bytes_used(self) -> int:
+        """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
+        draft = self.runner.draft
+        if draft is None:
+            return 0
+        return self.pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
+
+    def _draft_pages_nbytes(self) -> int:
+        return 0 if self.runner.draft is None else self.runner.draft.store.nbytes
 
     def _kv_bytes_used(self) -> int:
         used = self.pool.num_occupied * self.runner.store.bytes_per_block
+        used += self._draft_bytes_used()
         window = self.runner.window_store
         if self.window_pool is not None and window is not None:
             used += self.window_pool.num_occupied * window.bytes_per_block

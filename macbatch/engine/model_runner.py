@@ -35,6 +35,7 @@ from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.packing import PackedBatch
 from macbatch.engine.pooling import Pools, PoolSpan
 from macbatch.engine.sampling import SampledBatch, sample
+from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.state_slots import state_sizes
 from macbatch.engine.state_store import StateStore, slot_stride
 
@@ -53,11 +54,13 @@ class ModelRunner:
         config: EngineConfig,
         owns_model: bool = False,
         group: mx.distributed.Group | None = None,
+        draft: nn.Module | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
         ``group``: the ranks that share the model; each keeps its shard and pages its own KV
         heads, and the ranks agree on the smallest pool (a collective: every rank builds its
-        runner at the same point)."""
+        runner at the same point). ``draft``: a draft model (rank 0's), whose pages share the
+        full group's block ids (speculative/draft_runner.py)."""
         self.config = config
         self.group = group
         host_memory.keep_step_buffers()
@@ -80,23 +83,33 @@ class ModelRunner:
         full_shapes, window_shapes = self.adapter.group_shapes
         per_block = fmt.bytes_per_block(full_shapes, config.block_size)
         window_per_block = fmt.bytes_per_block(window_shapes, config.block_size)
+        self.draft = (
+            None if draft is None else DraftRunner(draft, config, self.vocab_size, owns_model)
+        )
+        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
         window_cap = 0
         if self.adapter.window is not None:
             window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
         # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
         slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
         reserved = window_cap * window_per_block + slots_most
+        if self.draft is not None:
+            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
         cap = config.num_blocks or blocks_for_memory(
-            model, per_block, self.context_length, config, reserved
+            model, per_block + draft_per_block, self.context_length, config, reserved
         )
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             cap = smallest(cap, group)
         # A pinned size, or ranks that must agree on every block id: a fixed pool.
         fixed = config.num_blocks is not None or group is not None
         # both groups start with as many blocks as one pool of every layer would
-        start_per_block = per_block + window_per_block
+        start_per_block = per_block + window_per_block + draft_per_block
         self.pool_size = pool_size(cap, start_per_block, config, fixed)
         self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
+        # what the full group's block ids address: the target's pages, and a draft's
+        self.full_pages: KVStore | JointPages = self.store
+        if self.draft is not None:
+            self.full_pages = JointPages(self.store, self.draft.allocate(self.pool_size.start))
         # the window group never needs more blocks than the full group holds (``window_pool_cap``)
         self.window_pool_size = self.window_store = None
         if self.adapter.window is not None:

@@ -13,19 +13,21 @@ from collections.abc import Callable
 import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.kv_manager import KVManager
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
+from macbatch.engine.speculative.draft_runner import DraftRunner
 from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.speculator import Speculator
 
 
-def _draft(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
-    if draft_model is None:
+def _draft(draft: DraftRunner | None, kv: KVManager) -> Drafter:
+    if draft is None:
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
-    return DraftModelDrafter(draft_model, vocab_size)
+    return DraftModelDrafter(draft, kv)
 
 
-def _mtp(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
+def _mtp(draft: DraftRunner | None, kv: KVManager) -> Drafter:
     raise ValueError(
         "speculative 'mtp' is not available: mlx-lm drops a checkpoint's multi-token-prediction "
         "weights when it loads one (qwen3_5 and qwen3_next sanitize 'mtp.*' away); use 'ngram' "
@@ -33,8 +35,9 @@ def _mtp(draft_model: nn.Module | None, vocab_size: int) -> Drafter:
     )
 
 
-DRAFTERS: dict[str, Callable[[nn.Module | None, int], Drafter]] = {
-    "ngram": lambda _draft_model, _vocab: NgramDrafter(),
+# each drafter from the runner of the draft model (None without one) and the KV manager
+DRAFTERS: dict[str, Callable[[DraftRunner | None, KVManager], Drafter]] = {
+    "ngram": lambda _draft, _kv: NgramDrafter(),
     "draft": _draft,
     "mtp": _mtp,
 }
@@ -50,18 +53,19 @@ def load_draft_model(path: str | None) -> nn.Module:
 
 
 def speculator_for(
-    config: EngineConfig, draft_model: nn.Module | None, vocab_size: int
+    config: EngineConfig, draft: DraftRunner | None, kv: KVManager
 ) -> Speculator | None:
     """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
-    saying why when it cannot run."""
+    saying why when it cannot run. ``draft``: the model runner's draft (draft_runner.py)."""
     if config.speculative == "off":
         return None
-    drafter = DRAFTERS[config.speculative](draft_model, vocab_size)
+    drafter = DRAFTERS[config.speculative](draft, kv)
     return Speculator(drafter, config.draft_length)
 
 
 __all__ = [
     "DRAFTERS",
+    "DraftRunner",
     "Drafter",
     "Speculator",
     "load_draft_model",

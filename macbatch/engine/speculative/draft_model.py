@@ -1,63 +1,182 @@
-"""A draft model: a small model with the target's tokenizer proposes the next tokens greedily.
+"""A draft model: a small model with the target's tokenizer proposes the next tokens greedily,
+one packed forward per draft token over every request that speculates.
 
-Each speculating request keeps its own mlx-lm KV cache of the draft model (a draft model is
-small: Qwen3-0.6B's eighth holds about 14 KiB per token in float32), synced to the request's
-sequence before each proposal: the tokens it holds past the longest prefix it shares with the
-sequence (rejected drafts) are trimmed, the new ones (accepted drafts and the target's token)
-fed. Drafting is greedy, so the draft distribution is a point mass (verify.py). Its bytes are
-reported apart from the target's pool (``EngineStats.draft_kv_bytes``).
+The draft's K/V lives in the request's own KV blocks (draft_runner.py). A proposal for k tokens
+first takes the blocks the drafts' positions need (none taken: the request does not speculate
+this step; a guess never preempts anyone), then runs k forwards of the draft model, each over
+all speculating requests together: the first packs each request's catch-up chunk (the tokens
+whose draft K/V its blocks do not hold yet: its prompt the first time, then the accepted drafts
+and the target's token) and samples each one's last row; the next k-1 are one row per request,
+each fed the previous draft on the device. The drafts are read back once, at the end. Drafting
+is greedy, so the draft distribution is a point mass (verify.py).
+
+A hybrid draft's recurrent state cannot be cut back to the accepted drafts, so the catch-up
+chunk leaves the state after the request's known tokens in its slot, and the drafts run on
+through the slot's snapshot (thrown away): the next catch-up starts where the known tokens
+ended. A request keeps its slot until it finishes: the slots held are never more than
+``max_num_seqs``, because a preempted request waits at the front of the queue, so no request is
+admitted while one holding a slot waits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
-import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from macbatch.engine.speculative.protocol import DraftRequest
+from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.packing import pack
+from macbatch.engine.recurrent import StateChunk
+from macbatch.engine.scheduler import ScheduledChunk, StepPlan
+from macbatch.engine.speculative.draft_runner import DraftRunner
+
+if TYPE_CHECKING:
+    from macbatch.engine.request import Request
+
+
+@dataclass
+class _Written:
+    """What a request's blocks hold of the draft's K/V: rows for ``tokens`` from position 0, of
+    which the first ``valid`` positions are in blocks held since (truncation gives back blocks
+    past the accepted tokens; another request may have written those since)."""
+
+    tokens: list[int]
+    valid: int
+    preemptions: int  # the request's count when written: a preemption gave back every block
+    known: int  # the tokens a hybrid draft's state slot has run through
+
+
+@dataclass
+class _Row:
+    index: int  # in the proposal's requests
+    request: Request
+    k: int
+    tokens: list[int]  # every token of the request (all on the host)
+    start: int  # the first position whose draft K/V is computed now
+    slot: int = -1  # a hybrid draft's state slot
 
 
 class DraftModelDrafter:
-    def __init__(self, model: nn.Module, target_vocab_size: int) -> None:
-        vocab = getattr(getattr(model, "args", None), "vocab_size", None)
-        if vocab is not None and vocab != target_vocab_size:
-            raise ValueError(
-                f"the draft model's vocabulary ({vocab} tokens) is not the target's "
-                f"({target_vocab_size}): a draft model must share the target's tokenizer"
+    def __init__(self, runner: DraftRunner, kv: KVManager) -> None:
+        self.runner = runner
+        self.kv = kv
+        self._written: dict[str, _Written] = {}
+        self._slots: dict[str, int] = {}  # a hybrid draft's state slot of each request
+
+    def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
+        proposals: list[list[int]] = [[] for _ in requests]
+        rows = self._reserve(requests, ks)
+        if not rows:
+            return proposals
+        for row, drafts in zip(rows, self._run(rows)):
+            proposals[row.index] = drafts
+            # the last draft's K/V is not written: it is the next step's input
+            held = row.tokens + drafts[:-1]
+            preemptions = row.request.metrics.preemptions
+            written = _Written(held, len(held), preemptions, len(row.tokens))
+            self._written[row.request.request_id] = written
+        return proposals
+
+    def _reserve(self, requests: Sequence[Request], ks: Sequence[int]) -> list[_Row]:
+        """The requests whose drafts' positions got blocks, longest drafts first (so each later
+        forward's rows are a prefix of the one before)."""
+        rows = []
+        for index, (request, k) in enumerate(zip(requests, ks)):
+            tokens = request.all_token_ids
+            # the draft writes K/V up to the next-to-last draft's position
+            if self.kv.allocate_slots(request.request_id, len(tokens) - 1, k):
+                slot = -1 if self.runner.slots is None else self._slot(request.request_id)
+                start = self._start(request, tokens)
+                rows.append(_Row(index, request, k, tokens, start, slot))
+        rows.sort(key=lambda r: -r.k)
+        return rows
+
+    def _start(self, request: Request, tokens: list[int]) -> int:
+        """Where the catch-up chunk starts: after the longest prefix of ``tokens`` whose draft
+        K/V the request's blocks still hold, feeding at least the last token (a hybrid draft:
+        where its state is, or from the start)."""
+        written = self._written.get(request.request_id)
+        if written is None or written.preemptions != request.metrics.preemptions:
+            return 0
+        most = min(written.valid, len(tokens) - 1)
+        start = _shared_prefix(written.tokens, tokens, most)
+        if self.runner.slots is None:
+            return start
+        return written.known if start >= written.known else 0
+
+    def _slot(self, request_id: str) -> int:
+        """The request's state slot, taken if it has none."""
+        assert self.runner.slots is not None
+        if request_id in self._slots:
+            return self._slots[request_id]
+        self._slots[request_id] = slot = self.runner.slots.take()
+        self._written.pop(request_id, None)  # its state starts from zeros
+        return slot
+
+    def _run(self, rows: list[_Row]) -> list[list[int]]:
+        """k forwards over every row (the first: catch-up chunks; then one draft each), read
+        back once."""
+        tables = [self.kv.block_table(r.request.request_id) for r in rows]
+        chunks = [ScheduledChunk(r.request, r.start, len(r.tokens) - r.start) for r in rows]
+        steps = [self._forward(chunks, tables, self._states(rows, 0))]
+        for j in range(1, rows[0].k):
+            live = [r for r in rows if r.k > j]
+            chunks = [ScheduledChunk(r.request, len(r.tokens) + j - 1, 1) for r in live]
+            steps.append(
+                self._forward(chunks, tables, self._states(live, j), steps[-1][: len(live)])
             )
-        self.model = model
-        self._caches: dict[str, tuple[list[Any], list[int]]] = {}  # cache, tokens it holds
+        mx.eval(*steps, *self.runner.arrays())
+        tokens = [cast(list[int], s.tolist()) for s in steps]
+        return [[tokens[j][i] for j in range(r.k)] for i, r in enumerate(rows)]
 
-    def propose(self, requests: Sequence[DraftRequest], ks: Sequence[int]) -> list[list[int]]:
-        return [self._draft(r.request_id, r.all_token_ids, k) for r, k in zip(requests, ks)]
+    def _states(self, rows: list[_Row], step: int) -> list[StateChunk] | None:
+        """A hybrid draft's state flow in forward ``step``: the catch-up from the slot (zeros
+        when it starts over) into the slot; then the drafts through the slot's snapshot."""
+        states = self.runner.states
+        if states is None:
+            return None
+        if step == 0:
+            return [StateChunk(r.slot if r.start else -1, r.slot) for r in rows]
+        scratch = [states.snapshot_of(r.slot) for r in rows]
+        return [StateChunk(r.slot if step == 1 else s, s) for r, s in zip(rows, scratch)]
 
-    def _draft(self, request_id: str, tokens: list[int], k: int) -> list[int]:
-        cache, held = self._caches.get(request_id) or (make_prompt_cache(self.model), [])
-        keep = _shared_prefix(held, tokens, len(tokens) - 1)  # at least the last token is fed
-        trim_prompt_cache(cache, len(held) - keep)
-        logits = self.model(mx.array(tokens[keep:])[None], cache=cache)
-        # Each draft feeds the next on the device: one graph, read back once (no host round
-        # trip per draft token).
-        drafted = [mx.argmax(logits[0, -1])]
-        for _ in range(k - 1):
-            drafted.append(mx.argmax(self.model(drafted[-1].reshape(1, 1), cache=cache)[0, -1]))
-        drafts = cast(list[int], mx.stack(drafted).tolist())
-        self._caches[request_id] = (cache, tokens + drafts[:-1])
-        return drafts
+    def _forward(
+        self,
+        chunks: list[ScheduledChunk],
+        tables: list[list[int]],
+        states: list[StateChunk] | None,
+        fed: mx.array | None = None,
+    ) -> mx.array:
+        """One packed draft forward; ``fed``: each row's input token, on the device (a draft
+        is not on the host yet: the packer leaves its row pending)."""
+        for chunk in chunks:
+            chunk.samples = True  # a draft's row completes no known sequence, yet is sampled
+        block_size, heads = self.runner.block_size, self.runner.head_counts
+        batch = pack(StepPlan(chunks), tables[: len(chunks)], block_size, heads, states)
+        if fed is not None:
+            batch.token_ids = fed
+        return self.runner.greedy(batch)
+
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """The request's blocks past its first ``num_tokens`` tokens went back to the pool."""
+        written = self._written.get(request_id)
+        if written is not None:
+            kept = self.kv.blocks_for(num_tokens) * self.kv.block_size
+            written.valid = min(written.valid, kept)
 
     def forget(self, request_id: str) -> None:
-        self._caches.pop(request_id, None)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.nbytes for cache, _ in self._caches.values() for c in cache)
+        self._written.pop(request_id, None)
+        slot = self._slots.pop(request_id, None)
+        if slot is not None and self.runner.slots is not None:
+            self.runner.slots.give_back(slot)
 
 
 def _shared_prefix(a: list[int], b: list[int], most: int) -> int:
     n = min(len(a), len(b), most)
+    if a[:n] == b[:n]:  # the common case, compared in C
+        return n
     for i in range(n):
         if a[i] != b[i]:
             return i

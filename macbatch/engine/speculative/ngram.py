@@ -9,10 +9,12 @@ the step's forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from macbatch.engine.speculative.protocol import DraftRequest
+if TYPE_CHECKING:
+    from macbatch.engine.request import Request
 
 
 class NgramDrafter:
@@ -23,7 +25,7 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, requests: Sequence[DraftRequest], ks: Sequence[int]) -> list[list[int]]:
+    def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
         return [self.lookup(r.all_token_ids, k) for r, k in zip(requests, ks)]
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
@@ -43,6 +45,9 @@ class NgramDrafter:
                 begin = int(full[-1] if full.size else starts[0]) + n
                 return [int(t) for t in seq[begin : begin + k]]
         return []
+
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """Nothing is kept per request."""
 
     def forget(self, request_id: str) -> None:
         """Nothing is kept per request."""

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-
-class DraftRequest(Protocol):
-    """What a drafter reads of a request (a ``Request`` is one)."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def all_token_ids(self) -> list[int]: ...
+if TYPE_CHECKING:
+    from macbatch.engine.request import Request
 
 
 class Drafter(Protocol):
@@ -21,7 +14,11 @@ class Drafter(Protocol):
     host. Proposals must be deterministic given the sequence (a point-mass draft distribution),
     which makes verification by plain sampling exact (verify.py)."""
 
-    def propose(self, requests: Sequence[DraftRequest], ks: Sequence[int]) -> list[list[int]]: ...
+    def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]: ...
+
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """The request's KV blocks past its first ``num_tokens`` tokens went back to the pool
+        (rejected drafts)."""
 
     def forget(self, request_id: str) -> None:
         """Drop what is kept for a request that finished."""

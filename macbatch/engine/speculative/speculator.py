@@ -82,17 +82,13 @@ class Speculator:
         request.num_computed_tokens += accepted
         kv.cache_full_blocks(request, request.num_computed_tokens)
         kv.truncate(request.request_id, request.num_computed_tokens)
+        self.drafter.truncated(request.request_id, request.num_computed_tokens)
         return recorded
 
     def record(self, request: Request, drafted: int, accepted: int) -> None:
         self.counts.add(drafted, accepted)
         request.metrics.speculation.add(drafted, accepted)
         self.policy.record(request.request_id, drafted, accepted)
-
-    @property
-    def draft_kv_bytes(self) -> int:
-        """What a draft model's own caches hold (0 for drafters that keep none)."""
-        return int(getattr(self.drafter, "nbytes", 0))
 
     def forget(self, request: Request) -> None:
         request.drafts = []

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+from macbatch.engine import recurrent
 from macbatch.engine.recurrent import (
     PagedStateCache,
     StateChunk,
@@ -46,7 +48,14 @@ def _numpy_step(store: np.ndarray, x: np.ndarray, lengths, plans) -> np.ndarray:
     return np.stack(outs)
 
 
-def test_scrambled_slots_read_and_write_only_their_own() -> None:
+@pytest.mark.parametrize("group_rows", [None, 1, 2])
+def test_scrambled_slots_read_and_write_only_their_own(
+    group_rows: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with the one-token rows cut into groups of 1 or 2 (``GROUP_BYTES``): the groups'
+    stretches of reads, writes and checkpoints cross group boundaries."""
+    if group_rows is not None:
+        monkeypatch.setattr(recurrent, "GROUP_BYTES", group_rows * WIDTH * 4)
     lengths = [1, 1, 3, 1, 1, 2, 1]
     plans = [
         StateChunk(4, 4),

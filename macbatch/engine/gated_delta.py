@@ -174,6 +174,11 @@ def active() -> bool:
     return _state["mode"] == "prefill"
 
 
+def running() -> bool:
+    """Whether the engine's recurrent layers are running (inside ``prefill`` or ``decode``)."""
+    return bool(_state["mode"])
+
+
 def on_gpu() -> bool:
     """Whether MLX computes on a Mac's GPU, where mlx-lm's own kernels run."""
     return mx.metal.is_available() and mx.default_device() == mx.gpu

@@ -87,7 +87,7 @@ def install() -> None:
     through dispatchers (MLX's own functions outside the engine's recurrent layers)."""
     from mlx_lm.models import activations
 
-    ours = {"swiglu": _swiglu, "precise_swiglu": _precise_swiglu}
+    ours: dict[str, Callable[..., Any]] = {"swiglu": _swiglu, "precise_swiglu": _precise_swiglu}
     proxy = _NnWithOurSilu()
     for name, module in list(sys.modules.items()):
         if not name.startswith("mlx_lm.models.") or module is activations:

@@ -9,9 +9,10 @@ The packed step feeds the model one token per batch row; attention layers read t
 row, but a recurrent layer must see each request's tokens in order. So each recurrent layer runs
 its own mlx-lm code on the step's requests as mlx-lm would batch them: the rows of one-token chunks
 (every decode) together as a batch of sequences of length 1, and each longer prefill chunk as one
-sequence, each from its slot's state (zeros for a chunk that starts a request). Their new states
-go back to the slots in one scatter per state array, and their outputs back to the step's rows.
-No other slot is read or written.
+sequence, each from its slot's state (zeros for a chunk that starts a request); the one-token rows
+in groups of at most ``GROUP_BYTES`` of state. Their slots then point at the new states (the
+store keeps where each slot's latest state is: ``state_store.py``), and their outputs go back to
+the step's rows. No other slot is read or written.
 """
 
 from __future__ import annotations
@@ -26,83 +27,9 @@ import numpy as np
 
 from macbatch.engine import gated_delta
 
-
-@dataclass(frozen=True)
-class StateShape:
-    """One recurrent layer's state: the shape (without the batch axis) and dtype of each of the
-    arrays mlx-lm keeps in its ``ArraysCache``."""
-
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[mx.Dtype, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(int(np.prod(s)) * d.size for s, d in zip(self.shapes, self.dtypes))
-
-
-class StateStore:
-    """Every recurrent layer's state arrays: first ``num_checkpoints`` slots for the prefix
-    cache's checkpoints, then ``num_slots`` request slots (``slot(k)``), each followed, with
-    ``snapshots``, by its snapshot for speculative decoding (``snapshot_of``). Request slots come
-    last so that ``resize`` grows or cuts them without moving any other slot."""
-
-    def __init__(
-        self,
-        layers: Sequence[StateShape],
-        num_slots: int,
-        num_checkpoints: int,
-        snapshots: bool = False,
-    ) -> None:
-        self.layers = list(layers)
-        self.num_slots = num_slots
-        self.num_checkpoints = num_checkpoints
-        self.stride = 2 if snapshots else 1  # a request slot, then its snapshot
-        total = self._rows(num_slots)
-        self.states: list[list[mx.array]] = [
-            [mx.zeros((total, *shape), dtype) for shape, dtype in zip(s.shapes, s.dtypes)]
-            for s in self.layers
-        ]
-
-    def _rows(self, num_slots: int) -> int:
-        return self.num_checkpoints + num_slots * self.stride
-
-    @property
-    def num_snapshots(self) -> int:
-        return self.num_slots if self.stride == 2 else 0
-
-    @property
-    def bytes_per_slot(self) -> int:
-        return sum(s.nbytes for s in self.layers)
-
-    @property
-    def nbytes(self) -> int:
-        return self.bytes_per_slot * self._rows(self.num_slots)
-
-    def slot(self, k: int) -> int:
-        """The row of the ``k``-th request slot."""
-        return self.num_checkpoints + k * self.stride
-
-    def snapshot_of(self, slot: int) -> int:
-        """The slot that keeps request slot ``slot``'s state from before its verified drafts."""
-        assert self.stride == 2, "no snapshot slots: the engine does not speculate"
-        return slot + 1
-
-    def resize(self, num_slots: int) -> None:
-        """Grow (zeros after the old rows) or cut the request slots; checkpoints stay. Lazy: a
-        step in flight holds the old arrays, and its writes are part of what the new ones copy."""
-        rows = self._rows(num_slots)
-        for layer in self.states:
-            for e, array in enumerate(layer):
-                if rows > array.shape[0]:
-                    pad = mx.zeros((rows - array.shape[0], *array.shape[1:]), array.dtype)
-                    layer[e] = mx.concatenate([array, pad])
-                else:
-                    layer[e] = array[:rows]
-        self.num_slots = num_slots
-
-    def arrays(self) -> list[mx.array]:
-        """What a step writes (evaluated with it, like the K/V pages)."""
-        return [a for layer in self.states for a in layer]
+# Defined in state_store; imported from here too.
+from macbatch.engine.state_store import StateShape as StateShape
+from macbatch.engine.state_store import StateStore as StateStore
 
 
 @dataclass(frozen=True)
@@ -245,13 +172,14 @@ class PagedStateCache:
         """One-token chunks ``start`` to ``stop - 1`` as a batch of length-1 sequences, each
         from its read slot (zeroed where the chunk starts its request)."""
         rows, cache = self.rows, _new_cache(len(self.store.states[self.layer]))
-        for e, state in enumerate(self.store.states[self.layer]):
-            picked = [
-                _read(state, slot + lo - first, hi - lo)
-                for first, slot, n in rows.single_reads
-                if (lo := max(first, start)) < (hi := min(first + n, stop))
-            ]
-            cache[e] = picked[0] if len(picked) == 1 else mx.concatenate(picked)
+        picked = [
+            self.store.read(self.layer, slot + lo - first if slot >= 0 else -1, hi - lo)
+            for first, slot, n in rows.single_reads
+            if (lo := max(first, start)) < (hi := min(first + n, stop))
+        ]
+        for e in range(len(picked[0])):
+            parts = [p[e] for p in picked]
+            cache[e] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
         if rows.singles is not None:
             part = x[rows.singles[start:stop]]
         else:
@@ -266,8 +194,8 @@ class PagedStateCache:
         where it leaves a checkpoint; returns its output rows, final state and checkpoint."""
         cache = _new_cache(len(self.store.states[self.layer]))
         if plan.read >= 0:
-            for e, state in enumerate(self.store.states[self.layer]):
-                cache[e] = state[plan.read : plan.read + 1]
+            for e, state in enumerate(self.store.read(self.layer, plan.read, 1)):
+                cache[e] = state
         length = rows.shape[0]
         cut = plan.checkpoint_at if 0 < plan.checkpoint_at < length else length
         outs, checkpoint = [], None
@@ -283,14 +211,11 @@ class PagedStateCache:
         return out, list(cache.cache), checkpoint
 
     def _write_back(self, pieces: list[Piece]) -> None:
-        """Every new state into its slot: one slice update per stretch of consecutive slots
-        within a group (MLX's CPU scatter moves a 32 x 1 MiB Gated DeltaNet state ten times
-        slower than a slice update, which is a copy in place)."""
-        for e, array in enumerate(self.store.states[self.layer]):
-            for piece, first, slot, n in self.rows.write_stretches:
-                for offset, state, lo, hi in _segments(pieces[piece], first, n):
-                    value = state[e][lo:hi].astype(array.dtype)
-                    array[slot + offset : slot + offset + hi - lo] = value
+        """Every new state to its slot, per stretch of consecutive slots within a group: the
+        store points them at the rows of this step's outputs (``StateStore.write``)."""
+        for piece, first, slot, n in self.rows.write_stretches:
+            for offset, state, lo, hi in _segments(pieces[piece], first, n):
+                self.store.write(self.layer, slot + offset, state, lo, hi - lo)
 
 
 LayerCall = Callable[..., mx.array]
@@ -315,11 +240,6 @@ def stretches(slots: Sequence[int]) -> tuple[Stretch, ...]:
         else:
             out.append([i, slot, 1])
     return tuple((i, slot, n) for i, slot, n in out)
-
-
-def _read(state: mx.array, slot: int, n: int) -> mx.array:
-    """Slots ``slot`` to ``slot + n - 1`` of a state array (a view), or zeros for slot -1."""
-    return state[slot : slot + n] if slot >= 0 else mx.zeros((n, *state.shape[1:]), state.dtype)
 
 
 def _segments(piece: Piece, first: int, n: int) -> list[tuple[int, list[mx.array], int, int]]:

@@ -79,6 +79,7 @@ def test_scrambled_slots_read_and_write_only_their_own(
     want_store = before.copy()
     want = _numpy_step(want_store, x, lengths, plans)
     np.testing.assert_allclose(np.array(out)[:, 0], want, rtol=1e-6)
+    store.settle()  # the slots point at the step's outputs until copied into the store's rows
     np.testing.assert_allclose(np.array(store.states[0][0]), want_store, rtol=1e-6)
     assert len(rows.single_reads) == 4  # 4,5 | 2 | zeros | 8: stretches, not one per row
 

@@ -221,10 +221,11 @@ class PagedStateCache:
 LayerCall = Callable[..., mx.array]
 # A piece's states as groups of rows: (rows, one array per state) each, in row order.
 Piece = list[tuple[int, list[mx.array]]]
-# The one-token rows of a step run in groups whose state arrays stay under this many bytes:
-# glibc's malloc, MLX's CPU allocator, maps a fresh buffer of 32 MiB or more for every request
-# and the kernel zeroes it page by page (a 32-row step of Qwen3.5-sized Gated DeltaNet states,
-# 1 MiB a row, spent about half its time in page faults); smaller buffers are reused.
+# The one-token rows of a step run in groups whose state arrays stay under this many bytes.
+# MLX's stream thread allocates from a glibc thread arena, whose heaps hold 64 MiB at most:
+# 32-row buffers of Qwen3.5-sized Gated DeltaNet states (1 MiB a row) spilled into new heaps,
+# unmapped again once empty, so the kernel zero-filled them page by page every step (15,000
+# page faults a 4-layer step); in groups of 16 MiB (with the compiled decode update) none.
 GROUP_BYTES = 16 << 20
 Stretch = tuple[int, int, int]  # (first index, first slot, length)
 

@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
-from macbatch.engine import depthwise_conv, gated_delta
+from macbatch.engine import cpu_activations, depthwise_conv, gated_delta
 from macbatch.engine.image_blocks import attend_blocks
 from macbatch.engine.kv_cache import KVStore, KVStores, LayerShape
 from macbatch.engine.packing import PackedBatch
@@ -263,6 +263,7 @@ class ModelAdapter:
             run_packed_layers([getattr(layer, mixer) for layer in layers] if mixer else layers)
             depthwise_conv.install(self.model.layers)
             gated_delta.install()
+            cpu_activations.install()
 
     @property
     def inner(self) -> nn.Module:

@@ -9,9 +9,10 @@ The packed step feeds the model one token per batch row; attention layers read t
 row, but a recurrent layer must see each request's tokens in order. So each recurrent layer runs
 its own mlx-lm code on the step's requests as mlx-lm would batch them: the rows of one-token chunks
 (every decode) together as a batch of sequences of length 1, and each longer prefill chunk as one
-sequence, each from its slot's state (zeros for a chunk that starts a request). Their new states
-go back to the slots in one scatter per state array, and their outputs back to the step's rows.
-No other slot is read or written.
+sequence, each from its slot's state (zeros for a chunk that starts a request); the one-token rows
+in groups of at most ``GROUP_BYTES`` of state. Their slots then point at the new states (the
+store keeps where each slot's latest state is: ``state_store.py``), and their outputs go back to
+the step's rows. No other slot is read or written.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class StateRows:
     # The slots the singles start from, as stretches of consecutive slots (first single, first
     # slot, length); first slot -1: a stretch that starts its requests (zero state).
     single_reads: tuple[Stretch, ...]
-    single_checkpoints: mx.array | None  # which singles (indices) leave a checkpoint
+    single_marked: tuple[int, ...]  # which singles (indices) leave a checkpoint
     chunks: tuple[tuple[int, int, StateChunk], ...]  # (first row, length, plan) of the others
     write_slots: tuple[int, ...]  # every slot written, in the order above
     # The writes as stretches of consecutive slots within one piece's states: (piece, first row
@@ -97,7 +98,7 @@ class StateRows:
             singles=None if in_order else mx.array(single_rows.astype(np.int32)),
             num_singles=num_singles,
             single_reads=stretches([p.read for p in singles]),
-            single_checkpoints=mx.array(marked, dtype=mx.int32) if marked else None,
+            single_marked=tuple(marked),
             chunks=chunks,
             write_slots=tuple(writes),
             write_stretches=_piece_stretches(writes, sizes),
@@ -124,41 +125,62 @@ class PagedStateCache:
         rows, the result in the same rows."""
         rows = self.rows
         outs: list[mx.array] = []
-        finals: list[list[mx.array]] = []  # the state each piece leaves
-        checkpoints: list[list[mx.array]] = []
+        finals: list[Piece] = []  # the state each piece leaves
+        checkpoints: list[Piece] = []
         if rows.num_singles:
-            with gated_delta.decode():  # one read of each state where mlx-lm has no kernel
-                out, state = self._singles(call, x, args, kwargs)
-            outs.append(out)
-            finals.append(state)
-            if rows.single_checkpoints is not None:
-                checkpoints.append([a[rows.single_checkpoints] for a in state])
+            singles: Piece = []
+            marked: Piece = []
+            for start, stop in self._single_groups():
+                with gated_delta.decode():  # one read of each state where mlx-lm has no kernel
+                    out, state = self._singles(call, x, start, stop, args, kwargs)
+                outs.append(out)
+                singles.append((stop - start, state))
+                local = [i - start for i in rows.single_marked if start <= i < stop]
+                if local:
+                    picked = mx.array(local, dtype=mx.int32)
+                    marked.append((len(local), [a[picked] for a in state]))
+            finals.append(singles)
+            if marked:
+                checkpoints.append(marked)
         for first, length, plan in rows.chunks:
             with gated_delta.prefill():  # long sequences chunked where mlx-lm has no kernel
                 out, state, checkpoint = self._chunk(
                     call, x[first : first + length], plan, args, kwargs
                 )
             outs.append(out)
-            finals.append(state)
+            finals.append([(length, state)])
             if checkpoint is not None:
-                checkpoints.append(checkpoint)
+                checkpoints.append([(1, checkpoint)])
         self._write_back(finals + checkpoints)
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if rows.restore is None else out[rows.restore]
 
+    def _single_groups(self) -> list[tuple[int, int]]:
+        """The one-token rows cut into groups whose state arrays stay under ``GROUP_BYTES``."""
+        widest = max(
+            int(np.prod(a.shape[1:])) * a.dtype.size for a in self.store.states[self.layer]
+        )
+        per, n = max(1, GROUP_BYTES // widest), self.rows.num_singles
+        return [(start, min(start + per, n)) for start in range(0, n, per)]
+
     def _singles(
-        self, call: LayerCall, x: mx.array, args: tuple, kwargs: dict
+        self, call: LayerCall, x: mx.array, start: int, stop: int, args: tuple, kwargs: dict
     ) -> tuple[mx.array, list[mx.array]]:
-        """Every one-token chunk as a batch of length-1 sequences, each from its read slot
-        (zeroed where the chunk starts its request)."""
+        """One-token chunks ``start`` to ``stop - 1`` as a batch of length-1 sequences, each
+        from its read slot (zeroed where the chunk starts its request)."""
         rows, cache = self.rows, _new_cache(len(self.store.states[self.layer]))
-        for e, state in enumerate(self.store.states[self.layer]):
-            picked = [_read(state, slot, n) for _, slot, n in rows.single_reads]
-            cache[e] = picked[0] if len(picked) == 1 else mx.concatenate(picked)
+        picked = [
+            self.store.read(self.layer, slot + lo - first if slot >= 0 else -1, hi - lo)
+            for first, slot, n in rows.single_reads
+            if (lo := max(first, start)) < (hi := min(first + n, stop))
+        ]
+        for e in range(len(picked[0])):
+            parts = [p[e] for p in picked]
+            cache[e] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
         if rows.singles is not None:
-            part = x[rows.singles]
+            part = x[rows.singles[start:stop]]
         else:
-            part = x if rows.num_singles == x.shape[0] else x[: rows.num_singles]
+            part = x if stop - start == x.shape[0] else x[start:stop]
         out = call(part, *args, **dict(kwargs, cache=cache))
         return out, list(cache.cache)
 
@@ -169,8 +191,8 @@ class PagedStateCache:
         where it leaves a checkpoint; returns its output rows, final state and checkpoint."""
         cache = _new_cache(len(self.store.states[self.layer]))
         if plan.read >= 0:
-            for e, state in enumerate(self.store.states[self.layer]):
-                cache[e] = state[plan.read : plan.read + 1]
+            for e, state in enumerate(self.store.read(self.layer, plan.read, 1)):
+                cache[e] = state
         length = rows.shape[0]
         cut = plan.checkpoint_at if 0 < plan.checkpoint_at < length else length
         outs, checkpoint = [], None
@@ -185,16 +207,23 @@ class PagedStateCache:
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out, list(cache.cache), checkpoint
 
-    def _write_back(self, states: list[list[mx.array]]) -> None:
-        """Every new state into its slot: one slice update per stretch of consecutive slots
-        (MLX's CPU scatter moves a 32 x 1 MiB Gated DeltaNet state ten times slower than a
-        slice update, which is a copy in place)."""
-        for e, array in enumerate(self.store.states[self.layer]):
-            for piece, first, slot, n in self.rows.write_stretches:
-                array[slot : slot + n] = states[piece][e][first : first + n].astype(array.dtype)
+    def _write_back(self, pieces: list[Piece]) -> None:
+        """Every new state to its slot, per stretch of consecutive slots within a group: the
+        store points them at the rows of this step's outputs (``StateStore.write``)."""
+        for piece, first, slot, n in self.rows.write_stretches:
+            for offset, state, lo, hi in _segments(pieces[piece], first, n):
+                self.store.write(self.layer, slot + offset, state, lo, hi - lo)
 
 
 LayerCall = Callable[..., mx.array]
+# A piece's states as groups of rows: (rows, one array per state) each, in row order.
+Piece = list[tuple[int, list[mx.array]]]
+# The one-token rows of a step run in groups whose state arrays stay under this many bytes.
+# MLX's stream thread allocates from a glibc thread arena, whose heaps hold 64 MiB at most:
+# 32-row buffers of Qwen3.5-sized Gated DeltaNet states (1 MiB a row) spilled into new heaps,
+# unmapped again once empty, so the kernel zero-filled them page by page every step (15,000
+# page faults a 4-layer step); in groups of 16 MiB (with the compiled decode update) none.
+GROUP_BYTES = 16 << 20
 Stretch = tuple[int, int, int]  # (first index, first slot, length)
 
 
@@ -211,9 +240,16 @@ def stretches(slots: Sequence[int]) -> tuple[Stretch, ...]:
     return tuple((i, slot, n) for i, slot, n in out)
 
 
-def _read(state: mx.array, slot: int, n: int) -> mx.array:
-    """Slots ``slot`` to ``slot + n - 1`` of a state array (a view), or zeros for slot -1."""
-    return state[slot : slot + n] if slot >= 0 else mx.zeros((n, *state.shape[1:]), state.dtype)
+def _segments(piece: Piece, first: int, n: int) -> list[tuple[int, list[mx.array], int, int]]:
+    """Rows ``first`` to ``first + n - 1`` of ``piece`` as (offset from ``first``, group states,
+    first row in the group, end row in the group), one per group they touch."""
+    out, start = [], 0
+    for size, state in piece:
+        lo, hi = max(first, start), min(first + n, start + size)
+        if lo < hi:
+            out.append((lo - first, state, lo - start, hi - start))
+        start += size
+    return out
 
 
 def _continues(first: int, length: int, slot: int) -> bool:

@@ -152,3 +152,24 @@ def test_long_prompts_take_the_chunked_prefill(tiny_tokenizer, monkeypatch):
         want = mlx_lm_greedy_logprobs(model, prompt, params.max_tokens)
         assert out.token_ids == [token for token, _ in want]
         assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])
+def test_decode_rows_in_groups(arch, tiny_tokenizer, monkeypatch):
+    """The one-token rows run in groups of at most two (``recurrent.GROUP_BYTES``, which keeps
+    a step's state buffers off fresh mappings at Qwen3.5 sizes): reads, writes and checkpoints
+    cross group boundaries, and the tokens stay mlx-lm's."""
+    from macbatch.engine import recurrent
+
+    model = build_model(arch)
+    engine = Engine(
+        model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
+    )
+    assert engine.runner.states is not None
+    widest = max(a[0].nbytes for layer in engine.runner.states.states for a in layer)
+    monkeypatch.setattr(recurrent, "GROUP_BYTES", 2 * widest)
+    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2], seed=5)
+    results = run_staggered(engine, prompts, GREEDY)
+    for i, prompt in enumerate(prompts):
+        assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
+    assert_pool_idle(engine)

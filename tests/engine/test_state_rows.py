@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
+from macbatch.engine import recurrent
 from macbatch.engine.recurrent import PagedStateCache, StateChunk, StateRows, stretches
 from macbatch.engine.state_store import StateShape, StateStore
 
@@ -40,7 +42,14 @@ def _numpy_step(store: np.ndarray, x: np.ndarray, lengths, plans) -> np.ndarray:
     return np.stack(outs)
 
 
-def test_scrambled_slots_read_and_write_only_their_own() -> None:
+@pytest.mark.parametrize("group_rows", [None, 1, 2])
+def test_scrambled_slots_read_and_write_only_their_own(
+    group_rows: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with the one-token rows cut into groups of 1 or 2 (``GROUP_BYTES``): the groups'
+    stretches of reads, writes and checkpoints cross group boundaries."""
+    if group_rows is not None:
+        monkeypatch.setattr(recurrent, "GROUP_BYTES", group_rows * WIDTH * 4)
     lengths = [1, 1, 3, 1, 1, 2, 1]
     plans = [
         StateChunk(4, 4),
@@ -64,6 +73,7 @@ def test_scrambled_slots_read_and_write_only_their_own() -> None:
     want_store = before.copy()
     want = _numpy_step(want_store, x, lengths, plans)
     np.testing.assert_allclose(np.array(out)[:, 0], want, rtol=1e-6)
+    store.settle()  # the slots point at the step's outputs until copied into the store's rows
     np.testing.assert_allclose(np.array(store.states[0][0]), want_store, rtol=1e-6)
     assert len(rows.single_reads) == 4  # 4,5 | 2 | zeros | 8: stretches, not one per row
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from macbatch.engine.speculative.policy import BATCH_LIMITS, SpeculationPolicy
+from macbatch.engine.speculative.policy import BATCH_LIMITS, START_SHARE, SpeculationPolicy
 
 
 def _running(n: int) -> list:
@@ -32,3 +32,25 @@ def test_a_fixed_limit_overrides_the_measured_one() -> None:
     policy = SpeculationPolicy(4)
     policy.max_batch = 1 << 20
     assert policy.batch_limit(_running(64)) == 1 << 20
+
+
+def _lengths(policy: SpeculationPolicy, request, results: list[int]) -> list[int]:
+    """The draft length chosen before each verification, which accepts ``results[i]``."""
+    lengths = []
+    for accepted in results:
+        ((_, k),) = policy.choose([request])
+        lengths.append(k)
+        policy.record(request.request_id, k, min(k, accepted))
+    return lengths
+
+
+def test_a_request_drafts_half_the_length_until_all_its_drafts_hold() -> None:
+    params = SimpleNamespace(speculative=True, thinking_token_budget=None)
+    decoding = SimpleNamespace(
+        request_id="r", params=params, prompt_token_ids=[1, 2, 3], num_computed_tokens=3
+    )
+    half = int(8 * START_SHARE)
+    assert _lengths(SpeculationPolicy(8), decoding, [8, 8, 8]) == [half, 8, 8]
+    decoding.request_id = "s"  # a new request whose drafts mostly fail stays at half or less
+    lengths = _lengths(SpeculationPolicy(8), decoding, [1, 1, 1])
+    assert lengths[0] == half and max(lengths) <= half

@@ -8,11 +8,12 @@ So: no step speculates with more running requests than ``BATCH_LIMITS`` allows a
 acceptance (measured: part 4 of benchmarks/speculative.py), and each request's draft
 length follows its own acceptance (an exponential moving average): full length while most
 drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
-``MAX_REST`` steps) when few hold or the drafter had nothing to propose. A request starts at
-``START_SHARE`` of the length (and starts there again after a rest) until a verification accepts
-every draft: rejected drafts of a request that turns out to accept few cost rows that were
-never going to pay (at 10 to 24% acceptance, 8 drafts a step ran at x0.86 to x0.90 of no
-speculation, 4 at x0.93 to x1.00), while one that accepts them loses half a verification.
+``MAX_REST`` steps) when few hold or the drafter had nothing to propose. The length is also
+capped by the last verification, as a slow start: a request starts at ``START_SHARE`` of it
+(and again after a rest), doubles after a verification whose drafts all held, and otherwise
+drafts one more than the last one accepted. Rejected drafts of a request that turns out to
+accept few cost rows that never pay (at 10 to 24% acceptance, 8 drafts a step ran at x0.86 to
+x0.90 of no speculation), while the moving average alone takes several verifications to fall.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class _Track:
     acceptance: float = 1.0  # optimistic: the first drafts get the full length
     rest: int = 0  # steps left without speculating
     backoff: int = 2  # the next rest's length
-    share: float = START_SHARE  # the most of the draft length (1 once all drafts held)
+    share: float = START_SHARE  # the most of the draft length, from the last verification
 
 
 class SpeculationPolicy:
@@ -81,8 +82,9 @@ class SpeculationPolicy:
         track = self._tracks.setdefault(request_id, _Track())
         rate = accepted / drafted if drafted else 0.0
         track.acceptance += EMA_WEIGHT * (rate - track.acceptance)
-        if drafted and accepted == drafted:
-            track.share = 1.0
+        if drafted:  # slow start: double after a run that held, else what the last one held
+            full = accepted == drafted
+            track.share = min(1.0, 2 * track.share) if full else (accepted + 1) / self.max_tokens
         if drafted and track.acceptance >= MIN_ACCEPTANCE:
             track.backoff = 2
             return

@@ -31,7 +31,7 @@ from macbatch.engine.request import Request
 BATCH_LIMITS = ((0.9, 12), (0.5, 8), (0.0, 4))
 MIN_ACCEPTANCE = 0.3  # below this moving acceptance a request rests from speculating
 MAX_REST = 64  # steps
-EMA_WEIGHT = 0.3  # of the newest verification
+EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
 START_SHARE = 0.5  # of the draft length, until every draft of a verification holds
 
 

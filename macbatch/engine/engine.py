@@ -244,6 +244,8 @@ class Engine(PromptEncoder):
         if self.has_unfinished():
             return 0
         given_back = self.kv.shrink()
+        if self.runner.draft is not None:  # a hybrid draft's state rows are not the pool's
+            self.runner.draft.shrink()
         host_memory.release()  # and the heap's free step buffers (engine/host_memory.py)
         return given_back
 

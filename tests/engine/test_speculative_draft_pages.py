@@ -186,3 +186,20 @@ def test_hybrid_draft_keeps_its_state_slots_within_max_num_seqs(tiny_tokenizer):
     assert stats.preemptions > 0
     assert stats.speculation.accepted == stats.speculation.drafted > 0
     assert slots.in_use == 0  # every request finished: its slot given back
+
+
+def test_idle_shrink_gives_back_a_hybrid_drafts_grown_state_rows(tiny_tokenizer):
+    """Eight drafting requests grow a hybrid draft's state slots past their start; once the
+    engine is idle, its shrink takes them back to the start size, and a second run (slots
+    taken again from fresh rows) keeps mlx-lm's greedy ids."""
+    model = build_model("qwen3_5")
+    prompts = PROMPTS + [p[::-1] for p in PROMPTS]
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    engine = _engine(model, tiny_tokenizer, model, max_num_seqs=8)
+    states = engine.runner.draft.states
+    start = states.rows
+    assert [o.token_ids for o in engine.generate(prompts, _params())] == expected
+    assert states.rows > start  # eight slots and their snapshots
+    engine.shrink_pool()
+    assert states.rows == start
+    assert [o.token_ids for o in engine.generate(prompts, _params())] == expected

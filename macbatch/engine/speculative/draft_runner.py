@@ -78,6 +78,11 @@ class DraftRunner:
             return 0
         return self.slots.in_use * 2 * self.states.bytes_per_slot
 
+    def shrink(self) -> int:
+        """A hybrid draft's state rows back to their start size when no request holds a slot
+        (with the pool's idle shrink); the rows given back."""
+        return 0 if self.slots is None else self.slots.shrink()
+
     def arrays(self) -> list[mx.array]:
         """What a draft forward writes: its pages and a hybrid draft's states."""
         states = [] if self.states is None else self.states.arrays()

@@ -203,3 +203,20 @@ def test_idle_shrink_gives_back_a_hybrid_drafts_grown_state_rows(tiny_tokenizer)
     engine.shrink_pool()
     assert states.rows == start
     assert [o.token_ids for o in engine.generate(prompts, _params())] == expected
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_long_catch_ups_run_in_forwards_within_the_step_budget(arch, tiny_tokenizer):
+    """A draft's first catch-up is each request's whole prompt: with a step budget smaller than
+    the prompts together, it runs in several draft forwards of at most that many rows (a hybrid
+    draft carrying its state in the slot between them), and the greedy ids stay mlx-lm's."""
+    model = build_model(arch)
+    prompts = [p * 3 for p in PROMPTS]  # 21 to 51 tokens each
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    engine = _engine(model, tiny_tokenizer, model, max_num_batched_tokens=24)
+    draft = engine.runner.draft
+    sizes: list[int] = []
+    greedy = draft.greedy
+    draft.greedy = lambda batch: sizes.append(batch.token_ids.size) or greedy(batch)
+    assert [o.token_ids for o in engine.generate(prompts, _params())] == expected
+    assert max(sizes) <= 24 and sum(s == 24 for s in sizes) >= 2  # split, and full forwards

@@ -119,6 +119,7 @@ class DraftModelDrafter:
         """k forwards over every row (the first: catch-up chunks; then one draft each), read
         back once."""
         tables = [self.kv.block_table(r.request.request_id) for r in rows]
+        self._catch_up(rows, tables)
         chunks = [ScheduledChunk(r.request, r.start, len(r.tokens) - r.start) for r in rows]
         steps = [self._forward(chunks, tables, self._states(rows, 0))]
         for j in range(1, rows[0].k):
@@ -130,6 +131,29 @@ class DraftModelDrafter:
         mx.eval(*steps, *self.runner.arrays())
         tokens = [cast(list[int], s.tolist()) for s in steps]
         return [[tokens[j][i] for j in range(r.k)] for i, r in enumerate(rows)]
+
+    def _catch_up(self, rows: list[_Row], tables: list[list[int]]) -> None:
+        """Catch-up chunks longer than a step's budget (a new request's whole prompt) run first
+        in forwards of at most ``max_num_batched_tokens`` rows, each evaluated, as the target's
+        prefill is chunked: one forward of every request's prompt would hold all their
+        activations at once. Each row's last token is left for the first sampled forward."""
+        budget = self.runner.max_rows
+        while sum(len(r.tokens) - r.start for r in rows) > budget:
+            picked: list[tuple[_Row, list[int], int]] = []
+            room = budget
+            for row, table in zip(rows, tables):
+                n = min(room, len(row.tokens) - row.start - 1)
+                if n > 0:
+                    picked.append((row, table, n))
+                    room -= n
+            if not picked:  # more rows of one token each than the budget: nothing to split
+                return
+            chunks = [ScheduledChunk(r.request, r.start, n) for r, _, n in picked]
+            states = self._states([r for r, _, _ in picked], 0)
+            self._forward(chunks, [t for _, t, _ in picked], states)
+            mx.eval(*self.runner.arrays())
+            for row, _, n in picked:
+                row.start += n
 
     def _states(self, rows: list[_Row], step: int) -> list[StateChunk] | None:
         """A hybrid draft's state flow in forward ``step``: the catch-up from the slot (zeros

@@ -45,6 +45,7 @@ class DraftRunner:
         self.adapter = ModelAdapter(model, windows=False)
         self.format = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.block_size = config.block_size
+        self.max_rows = config.max_num_batched_tokens  # of one draft forward (catch-ups)
         self.bytes_per_block = self.format.bytes_per_block(
             self.adapter.layer_shapes, config.block_size
         )

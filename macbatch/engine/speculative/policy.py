@@ -8,12 +8,12 @@ So: no step speculates with more running requests than ``BATCH_LIMITS`` allows a
 acceptance (measured: part 4 of benchmarks/speculative.py), and each request's draft
 length follows its own acceptance (an exponential moving average): full length while most
 drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
-``MAX_REST`` steps) when few hold or the drafter had nothing to propose. The length is also
-capped by the last verification, as a slow start: a request starts at ``START_SHARE`` of it
-(and again after a rest), doubles after a verification whose drafts all held, and otherwise
-drafts one more than the last one accepted. Rejected drafts of a request that turns out to
-accept few cost rows that never pay (at 10 to 24% acceptance, 8 drafts a step ran at x0.86 to
-x0.90 of no speculation), while the moving average alone takes several verifications to fall.
+``MAX_REST`` steps) when few hold or the drafter had nothing to propose. A request starts at
+``START_SHARE`` of the length (and again after a rest) until a verification accepts every draft
+(a slow start): rejected drafts of a request that turns out to accept few cost rows that never
+pay, while the moving average takes a few verifications to fall. Cutting the length to what the
+last verification accepted instead cost the draft-model pair at 85% acceptance a quarter of its
+gain (docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class _Track:
     acceptance: float = 1.0  # optimistic: the first drafts get the full length
     rest: int = 0  # steps left without speculating
     backoff: int = 2  # the next rest's length
-    share: float = START_SHARE  # the most of the draft length, from the last verification
+    share: float = START_SHARE  # the most of the draft length (1 once all drafts held)
 
 
 class SpeculationPolicy:
@@ -82,9 +82,8 @@ class SpeculationPolicy:
         track = self._tracks.setdefault(request_id, _Track())
         rate = accepted / drafted if drafted else 0.0
         track.acceptance += EMA_WEIGHT * (rate - track.acceptance)
-        if drafted:  # slow start: double after a run that held, else what the last one held
-            full = accepted == drafted
-            track.share = min(1.0, 2 * track.share) if full else (accepted + 1) / self.max_tokens
+        if drafted and accepted == drafted:  # slow start over: the length follows the average
+            track.share = 1.0
         if drafted and track.acceptance >= MIN_ACCEPTANCE:
             track.backoff = 2
             return

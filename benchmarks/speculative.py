@@ -18,8 +18,14 @@
    CPU ratios and the acceptance each saw. ``--spoil 0,0.5`` repeats it with that share of
    drafted tokens replaced by a wrong one (decided by a hash of the position, so drafting
    stays deterministic and verification exact), to place the crossover at lower acceptance.
+   ``--adaptive`` keeps the policy's own batch limit: what a user with that acceptance gets;
+   ``--repeat N`` runs each cell (and parts 2 and 6) N times, the arms alternating, and compares
+   the sums.
 5. ``--batches 4,8,32``: part 1's pair at that many concurrent requests (prompts of 32 to 128
    tokens), draft-model speculation under the adaptive rule vs none; the replies must match.
+
+6. Prompt lookup that never finds anything to propose at 1, 2 and 4 requests vs without: the
+   cost of the synchronous steps in which requests retry.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.speculative [--layers 28] [--tokens 64]
@@ -40,6 +46,7 @@ from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS
 from macbatch.engine.speculative.ngram import NgramDrafter
+from macbatch.engine.speculative.protocol import Drafter
 
 QWEN3_06B = dict(
     model_type="qwen3",
@@ -154,7 +161,7 @@ def job_seconds(
     prompts: list[list[int]],
     tokens: int,
     max_batch: int = 0,
-    spoil: float = 0.0,
+    drafter: Drafter | None = None,
     draft: nn.Module | None = None,
     vocab: int = 32000,
     **config,
@@ -166,7 +173,8 @@ def job_seconds(
     engine = Engine(model, bench_tokenizer(vocab), EngineConfig(**config), draft_model=draft)
     if max_batch and engine.speculator is not None:
         engine.speculator.policy.max_batch = max_batch
-        engine.speculator.drafter = SpoiledDrafter(spoil)
+    if drafter is not None and engine.speculator is not None:
+        engine.speculator.drafter = drafter
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     clock = Clock()
     outputs = engine.generate(prompts, params)
@@ -191,24 +199,42 @@ def compare(title: str, prompts: list[list[int]], tokens: int, k: int | None, **
     print(f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens")
 
 
-def copy_job(k: int, tokens: int) -> None:
+def _sum(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
+
+
+def copy_job(k: int, tokens: int, repeat: int) -> None:
     """2. The extraction job on the constructed copier (copying_model.py), with prompt lookup
     and without: the replies must be the same, and are the documents' own text."""
     model = copying_model()
     prompts, answers = extraction_job(16, 400, 600, 32000, seed=7)
-    off, _, replies = job_seconds(model, prompts, tokens, max_num_seqs=8)
     spec_config = dict(speculative="ngram", num_speculative_tokens=k, max_num_seqs=8)
-    on, spec, spec_replies = job_seconds(model, prompts, tokens, **spec_config)
-    assert spec_replies == replies, "speculation changed a greedy reply"
+    for config in ({"max_num_seqs": 8}, spec_config):  # warm: the first arm pays no compiles
+        job_seconds(model, prompts[:8], 16, **config)
+    prefill, off, on = (0.0, 0.0), (0.0, 0.0), (0.0, 0.0)
+    for _ in range(repeat):  # alternating arms, each summed: a slow second hits all three
+        prefill = _sum(prefill, job_seconds(model, prompts, 1, max_num_seqs=8)[0])
+        seconds, _, replies = job_seconds(model, prompts, tokens, max_num_seqs=8)
+        off = _sum(off, seconds)
+        seconds, spec, spec_replies = job_seconds(model, prompts, tokens, **spec_config)
+        on = _sum(on, seconds)
+        assert spec_replies == replies, "speculation changed a greedy reply"
     copied = sum(r == a for reply, answer in zip(replies, answers) for r, a in zip(reply, answer))
     print(
         f"2. extraction job on a copying target: 16 documents of 400-600 tokens, {tokens} new "
         f"tokens each, up to 8 at once ({copied / (16 * tokens):.0%} of reply tokens copied)"
+        + (f", seconds summed over {repeat} runs" if repeat > 1 else "")
     )
     print_ratios(off, on, "prompt lookup")
     print(
         f"   acceptance {spec.acceptance_rate:.0%} of {spec.drafted} drafted tokens, "
         f"{spec.mean_accepted_length:.2f} tok/verification"
+    )
+    decode_off, decode_on = off[0] - prefill[0], on[0] - prefill[0]
+    print(
+        f"   the job with 1 new token (its prefill, the same in both arms): {prefill[0]:.2f} s "
+        f"wall, so the ratio cannot pass x{off[0] / prefill[0]:.2f}; after it, decoding took "
+        f"{decode_off:.2f} s without and {decode_on:.2f} s with: x{decode_off / decode_on:.2f}"
     )
 
 
@@ -234,19 +260,59 @@ def draft_batches(args: argparse.Namespace, sizes: list[int]) -> None:
         )
 
 
-def sweep(sizes: list[int], spoils: list[float], tokens: int) -> None:
-    """Speculation's gain by batch size and acceptance, the batch limit lifted: where it
-    crosses x1."""
+class NoProposals:
+    """A drafter that never finds anything: replies that never repeat their context."""
+
+    def propose(self, requests, ks) -> list[list[int]]:
+        return [[] for _ in requests]
+
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """Nothing is kept per request."""
+
+    def forget(self, request_id: str) -> None:
+        """Nothing is kept per request."""
+
+
+def no_proposals(sizes: list[int], tokens: int, repeat: int) -> None:
+    """6. Prompt lookup that never finds a match vs no speculation: what the requests' idle
+    rests (policy.MAX_IDLE_REST) cost, each step a request retries being synchronous."""
     model = build_bench_model()
-    print("4. batch-size sweep, prompt lookup with no batch limit vs without")
+    print(f"6. prompt lookup with nothing to propose vs without ({tokens} new tokens)")
+    for size in sizes:
+        prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
+        off, on = (0.0, 0.0), (0.0, 0.0)
+        for _ in range(repeat):
+            off = _sum(off, job_seconds(model, prompts, tokens, max_num_seqs=64)[0])
+            config = dict(speculative="ngram", max_num_seqs=64)
+            on = _sum(on, job_seconds(model, prompts, tokens, 0, NoProposals(), **config)[0])
+        print(
+            f"   {size:3d} requests: wall x{off[0] / on[0]:.2f} ({off[0]:.2f} / {on[0]:.2f} s), "
+            f"CPU x{off[1] / on[1]:.2f}"
+        )
+
+
+def sweep(sizes: list[int], spoils: list[float], tokens: int, adaptive: bool, repeat: int) -> None:
+    """Speculation's gain by batch size and acceptance, the batch limit lifted (where it
+    crosses x1) or, ``adaptive``, the policy's own (what a user gets)."""
+    model = build_bench_model()
+    limit = "the policy's batch limit" if adaptive else "no batch limit"
+    print(f"4. batch-size sweep, prompt lookup with {limit} vs without")
+    config = dict(speculative="ngram", max_num_seqs=64)
+    warm = synthetic_prompts(4, 32, 64, 32000, seed=99)
+    for arm in ({"max_num_seqs": 64}, config):  # warm: the first arm pays no compiles
+        job_seconds(model, warm, 8, **arm)
     for spoil, size in ((s, n) for s in spoils for n in sizes):
         prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
-        off, _, _ = job_seconds(model, prompts, tokens, max_num_seqs=64)
-        config = dict(speculative="ngram", max_num_seqs=64)
-        on, spec, _ = job_seconds(model, prompts, tokens, max_batch=1 << 20, spoil=spoil, **config)
+        off, on = (0.0, 0.0), (0.0, 0.0)
+        for _ in range(repeat):  # alternating arms, each summed: a slow second hits both
+            off = _sum(off, job_seconds(model, prompts, tokens, max_num_seqs=64)[0])
+            max_batch = 0 if adaptive else 1 << 20
+            drafter = SpoiledDrafter(spoil) if spoil else None
+            seconds, spec, _ = job_seconds(model, prompts, tokens, max_batch, drafter, **config)
+            on = _sum(on, seconds)
         print(
             f"   spoil {spoil:.2f}, {size:3d} requests: wall x{off[0] / on[0]:.2f} "
-            f"({off[0]:.2f} / {on[0]:.2f} s), "
+            f"({off[0]:.2f} / {on[0]:.2f} s{f' over {repeat} runs' if repeat > 1 else ''}), "
             f"CPU x{off[1] / on[1]:.2f}, acceptance {spec.acceptance_rate:.0%}, "
             f"{spec.mean_accepted_length:.2f} tok/verification"
         )
@@ -263,6 +329,10 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
     parser.add_argument("--sweep", default="", help="batch sizes of part 4, e.g. 1,4,16,32")
     parser.add_argument("--spoil", default="0", help="part 4's shares of drafts made wrong")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="part 4 under the policy's own batch limit"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs of part 2 and each part-4 cell")
     parser.add_argument("--batches", default="4,8,32", help="part 5's concurrent requests")
     args = parser.parse_args()
     warn_without_openblas()
@@ -270,16 +340,19 @@ def main() -> None:
     if "1" not in skip:
         one_request(args)
     if "2" not in skip:
-        copy_job(args.draft_tokens, 96)
+        copy_job(args.draft_tokens, 96, args.repeat)
     if "3" not in skip:
         prompts = synthetic_prompts(32, 32, 512, 32000, seed=0)
         title = "3. 32 concurrent requests"
         compare(title, prompts, args.tokens, args.draft_tokens, max_num_seqs=64)
     if args.sweep:
         spoils = [float(x) for x in args.spoil.split(",")]
-        sweep([int(n) for n in args.sweep.split(",")], spoils, args.tokens)
+        sizes = [int(n) for n in args.sweep.split(",")]
+        sweep(sizes, spoils, args.tokens, args.adaptive, args.repeat)
     if "5" not in skip:
         draft_batches(args, [int(n) for n in args.batches.split(",")])
+    if "6" not in skip:
+        no_proposals([1, 2, 4], args.tokens, args.repeat)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,14 @@ def tiny_tokenizer(tiny_model_path: Path):
     from mlx_lm import load
 
     return load(str(tiny_model_path))[1]
+
+
+@pytest.fixture
+def eager_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests rest at most one step after drafts that failed or were never proposed: tests
+    of exactness under verification must not leave to the policy's rests whether the random
+    models' replies ever meet a verification (the rests have their own tests)."""
+    from macbatch.engine.speculative import policy
+
+    monkeypatch.setattr(policy, "MAX_REST", 1)
+    monkeypatch.setattr(policy, "MAX_IDLE_REST", 1)

@@ -9,7 +9,7 @@ import pytest
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.templates import template_fields
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine.config import EngineConfig
+from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS, EngineConfig
 from tests.batch.conftest import write_job
 
 
@@ -258,7 +258,7 @@ def test_speculative_settings_become_engine_fields(tmp_path: Path) -> None:
     path.write_text("model: demo\nspeculative: {}\n" + JOBS)
     fields = load_job_file(path).speculative
     assert fields == {"speculative": "ngram", "draft_model": None, "num_speculative_tokens": None}
-    assert EngineConfig(**fields).draft_length == 8  # prompt lookup's default
+    assert EngineConfig(**fields).draft_length == DEFAULT_SPECULATIVE_TOKENS["ngram"]
     bad = error_for(tmp_path, "model: demo\nspeculative: {method: draft}\n" + JOBS)
     assert "method draft needs one" in bad
     bad = error_for(tmp_path, "model: demo\nspeculative: {num_tokens: 99}\n" + JOBS)

@@ -11,6 +11,8 @@ from macbatch.engine.speculative.ngram import NgramDrafter
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import ARCH_CONFIGS, build_model
 
+pytestmark = pytest.mark.usefixtures("eager_speculation")
+
 # Prompts that repeat themselves (prompt lookup finds drafts) and one that does not; long
 # enough to be prefilled in chunks at max_num_batched_tokens=16.
 PROMPTS = [

@@ -54,3 +54,43 @@ def test_a_request_drafts_half_the_length_until_all_its_drafts_hold() -> None:
     decoding.request_id = "s"  # a request whose drafts fail stays at half or less
     lengths = _lengths(SpeculationPolicy(8), decoding, [1, 1, 1])
     assert lengths[0] == half and max(lengths) <= half
+
+
+def _decoding(request_id: str) -> SimpleNamespace:
+    params = SimpleNamespace(speculative=True, thinking_token_budget=None)
+    return SimpleNamespace(
+        request_id=request_id, params=params, prompt_token_ids=[1, 2], num_computed_tokens=2
+    )
+
+
+def test_the_draft_length_doubles_with_each_verification_whose_drafts_all_hold() -> None:
+    assert _lengths(SpeculationPolicy(16), _decoding("r"), [16] * 4) == [4, 8, 16, 16]
+    assert _lengths(SpeculationPolicy(4), _decoding("r"), [4] * 3) == [2, 4, 4]
+
+
+def _speculating_steps(policy: SpeculationPolicy, requests: list, steps: int) -> dict:
+    """Step numbers at which each request drafted, every draft rejected."""
+    seen: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for step in range(steps):
+        for request, k in policy.choose(requests):
+            seen[request.request_id].append(step)
+            policy.record(request.request_id, k, 0)
+    return seen
+
+
+def test_rests_lengthen_while_every_draft_fails() -> None:
+    """A failing request's rests double up to MAX_REST: it speculates in a handful of 300
+    steps (resetting the rest after each retry had it speculate in every third step)."""
+    steps = _speculating_steps(SpeculationPolicy(8), [_decoding("r")], 300)["r"]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert len(steps) <= 12 and gaps[-1] >= 32, steps
+
+
+def test_resting_requests_retry_in_the_same_steps() -> None:
+    """Every step with a verification in it is synchronous, so the rests of requests that
+    started failing at different times end together."""
+    policy = SpeculationPolicy(8)
+    early, late = _decoding("early"), _decoding("late")
+    _speculating_steps(policy, [early], 7)
+    seen = _speculating_steps(policy, [early, late], 300)
+    assert seen["early"][-3:] == seen["late"][-3:]

@@ -14,6 +14,8 @@ from tests.support.oracle import assert_pool_idle
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
 from tests.support.tiny import build_model
 
+pytestmark = pytest.mark.usefixtures("eager_speculation")
+
 
 @pytest.fixture(scope="module")
 def model():

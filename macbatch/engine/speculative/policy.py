@@ -9,9 +9,10 @@ acceptance (measured: part 4 of benchmarks/speculative.py), and each request's d
 length follows its own acceptance (an exponential moving average): full length while most
 drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
 ``MAX_REST`` steps) when few hold or the drafter had nothing to propose. A request starts at
-``START_SHARE`` of the length (and again after a rest) until a verification accepts every draft
-(a slow start): rejected drafts of a request that turns out to accept few cost rows that never
-pay, while the moving average takes a few verifications to fall. Cutting the length to what the
+``start_length`` drafts (and again after a rest) and doubles the most it may draft each time a
+verification accepts every draft, up to the full length (a slow start): rejected drafts of a
+request that turns out to accept few cost rows that never pay, while the moving average takes
+a few verifications to fall. Cutting the length to what the
 last verification accepted instead cost the draft-model pair at 85% acceptance a quarter of its
 gain (docs/speculative.md).
 """
@@ -30,28 +31,41 @@ from macbatch.engine.request import Request
 # (docs/speculative.md, "When it speculates").
 BATCH_LIMITS = ((0.9, 12), (0.5, 8), (0.0, 4))
 MIN_ACCEPTANCE = 0.3  # below this moving acceptance a request rests from speculating
-MAX_REST = 64  # steps
+# from this moving acceptance on, the next rest is short again (not from MIN_ACCEPTANCE: a
+# request whose drafts keep failing would rarely rest longer than two steps; measured x0.81 at
+# 2 requests and 10% acceptance, docs/speculative.md)
+RECOVERED = 0.5
+MAX_REST = 64  # steps, after drafts that failed
+# steps, after the drafter had nothing to propose: no rows were wasted, only the step's overlap
+# (a grammar's forced stretch or a reply yet to repeat itself may end; drafting resumes). A
+# request that never has a proposal cost x0.96 at 8, 2 requests (docs/speculative.md)
+MAX_IDLE_REST = 16
 EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
-START_SHARE = 0.5  # of the draft length, until every draft of a verification holds
+START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS
+START_TOKENS = 4  # (16 drafts from the start cost x0.82 where 8 cost x0.94: docs/speculative.md)
 
 
 @dataclass
 class _Track:
     acceptance: float = 1.0  # optimistic: the first drafts get the full length
-    rest: int = 0  # steps left without speculating
-    backoff: int = 2  # the next rest's length
-    share: float = START_SHARE  # the most of the draft length (1 once all drafts held)
+    resume: int = 0  # the first step it may speculate at again
+    backoff: int = 2  # the next rest's length after failed drafts
+    idle_backoff: int = 2  # the next rest's length after no proposal
+    limit: int = 1  # the most tokens it may draft now (from the policy's start length)
 
 
 class SpeculationPolicy:
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens
+        self.start_length = max(1, min(int(max_tokens * START_SHARE), START_TOKENS))
+        self._step = 0  # calls of choose: the steps
         self.max_batch: int | None = None  # a fixed limit (the benchmark's sweep lifts it)
         self._tracks: dict[str, _Track] = {}
 
     def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
-        """The requests that speculate this step and the most tokens each drafts (counting one
-        step of rest for the others)."""
+        """The requests that speculate this step and the most tokens each drafts (called once
+        per step: it counts the steps that rests end at)."""
+        self._step += 1
         if len(running) > self.batch_limit(running):
             return []
         chosen = []
@@ -60,12 +74,11 @@ class SpeculationPolicy:
                 continue
             if request.num_computed_tokens < len(request.prompt_token_ids):
                 continue  # still prefilling: nothing to draft from this step
-            track = self._tracks.setdefault(request.request_id, _Track())
-            if track.rest:
-                track.rest -= 1
+            track = self._track(request.request_id)
+            if self._step < track.resume:
                 continue
-            share = min(track.acceptance, track.share)
-            chosen.append((request, max(1, math.ceil(self.max_tokens * share))))
+            by_acceptance = math.ceil(self.max_tokens * track.acceptance)
+            chosen.append((request, max(1, min(by_acceptance, track.limit))))
         return chosen
 
     def batch_limit(self, running: Sequence[Request]) -> int:
@@ -78,22 +91,35 @@ class SpeculationPolicy:
         return next(limit for floor, limit in BATCH_LIMITS if mean >= floor)
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
-        """A verification's result (``drafted`` 0: the drafter had nothing to propose)."""
-        track = self._tracks.setdefault(request_id, _Track())
-        rate = accepted / drafted if drafted else 0.0
-        track.acceptance += EMA_WEIGHT * (rate - track.acceptance)
-        if drafted and accepted == drafted:  # slow start over: the length follows the average
-            track.share = 1.0
-        if drafted and track.acceptance >= MIN_ACCEPTANCE:
-            track.backoff = 2
+        """A verification's result (``drafted`` 0: the drafter had nothing to propose, which
+        rests the request but says nothing of how its drafts fare)."""
+        track = self._track(request_id)
+        if not drafted:
+            self._rest(track, track.idle_backoff)
+            track.idle_backoff = min(2 * track.idle_backoff, MAX_IDLE_REST)
             return
-        track.rest = track.backoff
+        track.idle_backoff = 2
+        track.acceptance += EMA_WEIGHT * (accepted / drafted - track.acceptance)
+        if accepted == drafted:  # every draft held: it may draft twice as many
+            track.limit = min(self.max_tokens, 2 * track.limit)
+        if track.acceptance >= MIN_ACCEPTANCE:
+            if track.acceptance >= RECOVERED:
+                track.backoff = 2
+            return
+        self._rest(track, track.backoff)
         track.backoff = min(2 * track.backoff, MAX_REST)
-        track.share = START_SHARE
-        track.acceptance = max(track.acceptance, 2 * MIN_ACCEPTANCE)  # retry at a fair length
+        track.limit = self.start_length
+
+    def _rest(self, track: _Track, steps: int) -> None:
+        """Rests end on multiples of their (power-of-two) length, so requests resting at once
+        retry in the same steps: every step with a verification in it is synchronous."""
+        track.resume = (self._step // steps + 1) * steps
 
     def forget(self, request_id: str) -> None:
         self._tracks.pop(request_id, None)
+
+    def _track(self, request_id: str) -> _Track:
+        return self._tracks.setdefault(request_id, _Track(limit=self.start_length))
 
 
 def draft_budget(request: Request, k: int) -> int:

@@ -42,7 +42,7 @@ MAX_REST = 64  # steps, after drafts that failed
 MAX_IDLE_REST = 16
 EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
 START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS
-START_TOKENS = 4  # (16 drafts from the start cost x0.82 where 8 cost x0.94: docs/speculative.md)
+START_TOKENS = 4  # (K = 16 starting at 8: x0.82 where K = 8 from 4: x0.94; docs/speculative.md)
 
 
 @dataclass

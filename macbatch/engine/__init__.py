@@ -12,7 +12,8 @@ from macbatch.engine.chat_template import (
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import StructuredOutput
 from macbatch.engine.embedding_profile import EmbeddingProfile
-from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.engine import Engine
+from macbatch.engine.engine_stats import EngineStats
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.pooling import POOLING_METHODS, PoolingParams
 from macbatch.engine.prompt import Prompt, PromptInput

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -29,7 +28,14 @@ from macbatch.engine import host_memory
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.constraints import ConstraintCompiler
+from macbatch.engine.engine_stats import (
+    EngineStats,
+    draft_bytes_used,
+    kv_bytes_used,
+    kv_cache_bytes,
+)
 from macbatch.engine.image_blocks import step_blocks
+from macbatch.engine.in_flight import InFlightStep, feed_sampled_tokens
 from macbatch.engine.model_runner import ModelRunner
 from macbatch.engine.packing import PackedBatch, pack
 from macbatch.engine.pooling import PoolingParams
@@ -37,8 +43,8 @@ from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_inpu
 from macbatch.engine.prompt import Prompt, PromptInput
 from macbatch.engine.qwen_vl import step_rope
 from macbatch.engine.recurrent import StateChunk
-from macbatch.engine.request import FinishReason, Request, RequestOutput, SpeculationCounts
-from macbatch.engine.sampling import SampledBatch, SamplingParams
+from macbatch.engine.request import FinishReason, Request, RequestOutput
+from macbatch.engine.sampling import SamplingParams
 from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
@@ -48,40 +54,6 @@ from macbatch.engine.vision import vision_for
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int
-    preemptions: int
-    kv_blocks_used: int  # taken by requests
-    kv_blocks_total: int  # the pool's blocks now (an elastic pool grows to kv_blocks_cap)
-    kv_blocks_cap: int
-    tokens_last_step: int
-    steps: int
-    prompt_tokens: int
-    generated_tokens: int
-    prefix_cache_hit_rate: float
-    cached_blocks: int
-    kv_cache_bytes: int  # the whole pool now, scales included
-    # Pages held by requests and the prefix cache, and a hybrid model's recurrent states in use
-    # (running requests' slots and the prefix cache's checkpoints).
-    kv_bytes_used: int
-    # Seconds the engine thread spent in MLX's evaluation calls (dispatching a step, reading its
-    # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
-    # split host from device time.
-    device_wait_s: float = 0.0
-    # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
-    # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's)
-    # and a hybrid draft's states.
-    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
-    draft_kv_bytes: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        """Blocks taken by requests, of the most the pool may hold."""
-        return self.kv_blocks_used / self.kv_blocks_cap if self.kv_blocks_cap else 0.0
 
 
 class Engine(PromptEncoder):
@@ -129,7 +101,7 @@ class Engine(PromptEncoder):
         self.speculator = speculator_for(config, runner.draft, self.kv)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []
-        self._in_flight: _InFlightStep | None = None
+        self._in_flight: InFlightStep | None = None
         self._steps = 0
         self._tokens_last_step = 0
         self._prompt_tokens = 0
@@ -294,8 +266,8 @@ class Engine(PromptEncoder):
         return any(r.num_pending and r.needs_host_token for r in self.scheduler.running)
 
     def _dispatch(
-        self, plan: StepPlan, previous: _InFlightStep | None, read_first: _InFlightStep | None
-    ) -> tuple[_InFlightStep, list[RequestOutput]]:
+        self, plan: StepPlan, previous: InFlightStep | None, read_first: InFlightStep | None
+    ) -> tuple[InFlightStep, list[RequestOutput]]:
         """Pack, forward, sample, and start it all on the device; returns the step and the
         outputs of ``read_first`` (the step in flight, read after the forward starts and before
         the sampling graph is built on its tokens). Nothing else waits here."""
@@ -320,9 +292,9 @@ class Engine(PromptEncoder):
         self._steps += 1
         self._advance(plan, sampled)
         done = [(self._requests[rid], vector) for rid, vector in pooled.items()]
-        return _InFlightStep(sampled, result, self._steps, drafts, done), read
+        return InFlightStep(sampled, result, self._steps, drafts, done), read
 
-    def _pack(self, plan: StepPlan, previous: _InFlightStep | None) -> PackedBatch:
+    def _pack(self, plan: StepPlan, previous: InFlightStep | None) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
         states = None
         if self.runner.states is not None:
@@ -342,7 +314,7 @@ class Engine(PromptEncoder):
             batch.rope_positions = step_rope(plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
-            _feed_sampled_tokens(batch, plan, previous)
+            feed_sampled_tokens(batch, plan, previous)
         return batch
 
     def _state_chunk(self, chunk: ScheduledChunk, store: StateStore) -> StateChunk:
@@ -379,7 +351,7 @@ class Engine(PromptEncoder):
                 self._prompt_tokens += chunk.request.num_tokens
                 self._cached_prompt_tokens += chunk.start
 
-    def _postprocess(self, done: _InFlightStep) -> list[RequestOutput]:
+    def _postprocess(self, done: InFlightStep) -> list[RequestOutput]:
         """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
         A request that stopped or was aborted since the step was dispatched drops its token."""
         outputs = self._pooled_outputs(done)
@@ -409,7 +381,7 @@ class Engine(PromptEncoder):
             outputs.append(request.make_output(done.step))
         return outputs
 
-    def _pooled_outputs(self, done: _InFlightStep) -> list[RequestOutput]:
+    def _pooled_outputs(self, done: InFlightStep) -> list[RequestOutput]:
         """The final outputs of the pooling requests the step finished (an aborted one has
         had its final output already)."""
         outputs = []
@@ -477,8 +449,8 @@ class Engine(PromptEncoder):
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=self.runner.kv_stores.nbytes + self._draft_pages_nbytes(),
-            kv_bytes_used=self._kv_bytes_used(),
+            kv_cache_bytes=kv_cache_bytes(self.runner),
+            kv_bytes_used=kv_bytes_used(self.runner, self.pool, self.window_pool, self.kv),
             device_wait_s=self._device_wait_s,
             **self._speculation_stats(),
         )
@@ -488,59 +460,5 @@ class Engine(PromptEncoder):
             return {}
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
-            "draft_kv_bytes": self._draft_bytes_used(),
+            "draft_kv_bytes": draft_bytes_used(self.runner, self.pool),
         }
-
-    def _draft_bytes_used(self) -> int:
-        """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
-        draft = self.runner.draft
-        if draft is None:
-            return 0
-        return self.pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
-
-    def _draft_pages_nbytes(self) -> int:
-        return 0 if self.runner.draft is None else self.runner.draft.store.nbytes
-
-    def _kv_bytes_used(self) -> int:
-        used = self.pool.num_occupied * self.runner.store.bytes_per_block
-        used += self._draft_bytes_used()
-        window = self.runner.window_store
-        if self.window_pool is not None and window is not None:
-            used += self.window_pool.num_occupied * window.bytes_per_block
-        states = self.runner.states
-        if states is not None:
-            checkpoints = self.kv.checkpoints
-            in_use = self.kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
-            used += in_use * states.bytes_per_slot
-        return used
-
-
-@dataclass
-class _InFlightStep:
-    """A dispatched step whose sampled tokens the host has not read yet."""
-
-    requests: list[Request]  # in sample-row order
-    sampled: SampledBatch | None
-    step: int
-    # Per request, the drafts its rows verify (None: no request speculated): request i has
-    # ``1 + len(drafts[i])`` rows.
-    drafts: list[list[int]] | None = None
-    pooled: list[tuple[Request, mx.array]] = field(default_factory=list)  # finished pooling
-
-    def row_of(self) -> dict[str, int]:
-        return {r.request_id: i for i, r in enumerate(self.requests)}
-
-
-def _feed_sampled_tokens(batch: PackedBatch, plan: StepPlan, previous: _InFlightStep) -> None:
-    """Fill the pending rows' input tokens from the previous step's samples, on the device. A
-    decode-only step over exactly the requests the previous step sampled, in its order (steady
-    decoding), takes those samples as its input as they are: no gather, no scatter."""
-    assert previous.sampled is not None
-    every_row_pending = len(batch.pending_rows) == batch.num_tokens
-    if every_row_pending and [c.request for c in plan.chunks] == previous.requests:
-        batch.token_ids = previous.sampled.tokens
-        return
-    row_of = previous.row_of()
-    sources = [row_of[plan.chunks[i].request.request_id] for i in batch.pending_chunks]
-    tokens = previous.sampled.tokens[mx.array(sources)].astype(mx.int32)
-    batch.token_ids[mx.array(batch.pending_rows)] = tokens

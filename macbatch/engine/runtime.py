@@ -15,7 +15,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from macbatch.engine.engine import Engine, EngineStats
+from macbatch.engine.engine import Engine
+from macbatch.engine.engine_stats import EngineStats
 from macbatch.engine.model_info import EngineInfo
 from macbatch.engine.pooling import PoolingParams
 from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input

@@ -134,13 +134,13 @@ def test_steady_decoding_feeds_the_samples_straight_in_and_keeps_greedy_parity(
     import macbatch.engine.engine as engine_module
 
     fed_straight = []
-    feed = engine_module._feed_sampled_tokens
+    feed = engine_module.feed_sampled_tokens
 
     def spy(batch, plan, previous):
         feed(batch, plan, previous)
         fed_straight.append(batch.token_ids is previous.sampled.tokens)
 
-    monkeypatch.setattr(engine_module, "_feed_sampled_tokens", spy)
+    monkeypatch.setattr(engine_module, "feed_sampled_tokens", spy)
     prompts = [[60 + i, 61 + i, 62 + i, 63 + i] for i in range(0, 12, 4)]
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     outs = _engine(model, tiny_tokenizer, pipelined=True).generate(prompts, params)

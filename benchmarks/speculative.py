@@ -23,7 +23,6 @@
    the sums.
 5. ``--batches 4,8,32``: part 1's pair at that many concurrent requests (prompts of 32 to 128
    tokens), draft-model speculation under the adaptive rule vs none; the replies must match.
-
 6. Prompt lookup that never finds anything to propose at 1, 2 and 4 requests vs without: the
    cost of the synchronous steps in which requests retry.
 
@@ -301,12 +300,12 @@ def sweep(sizes: list[int], spoils: list[float], tokens: int, adaptive: bool, re
     warm = synthetic_prompts(4, 32, 64, 32000, seed=99)
     for arm in ({"max_num_seqs": 64}, config):  # warm: the first arm pays no compiles
         job_seconds(model, warm, 8, **arm)
+    max_batch = 0 if adaptive else 1 << 20
     for spoil, size in ((s, n) for s in spoils for n in sizes):
         prompts = synthetic_prompts(size, 32, 256, 32000, seed=size)
         off, on = (0.0, 0.0), (0.0, 0.0)
         for _ in range(repeat):  # alternating arms, each summed: a slow second hits both
             off = _sum(off, job_seconds(model, prompts, tokens, max_num_seqs=64)[0])
-            max_batch = 0 if adaptive else 1 << 20
             drafter = SpoiledDrafter(spoil) if spoil else None
             seconds, spec, _ = job_seconds(model, prompts, tokens, max_batch, drafter, **config)
             on = _sum(on, seconds)
@@ -332,7 +331,9 @@ def main() -> None:
     parser.add_argument(
         "--adaptive", action="store_true", help="part 4 under the policy's own batch limit"
     )
-    parser.add_argument("--repeat", type=int, default=1, help="runs of part 2 and each part-4 cell")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of parts 2 and 6 and each part-4 cell"
+    )
     parser.add_argument("--batches", default="4,8,32", help="part 5's concurrent requests")
     args = parser.parse_args()
     warn_without_openblas()

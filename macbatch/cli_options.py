@@ -6,6 +6,8 @@ from typing import Any
 
 import typer
 
+from macbatch.speculative_modes import DEFAULT_SPECULATIVE_TOKENS
+
 
 def _check_kv_bits(value: int | None) -> int | None:
     from macbatch.metal.quant import check_kv_quantization  # MLX: not on `macbatch --help`
@@ -83,7 +85,9 @@ def num_speculative_tokens_option() -> Any:
         callback=_check_num_speculative_tokens,
         show_default=False,
         help="The most tokens drafted per request per step (each request's length adapts to "
-        "how many of its drafts are accepted). Default: 8 for ngram, 4 for draft.",
+        "how many of its drafts are accepted). Default: "
+        f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft.",
     )
 
 

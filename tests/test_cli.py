@@ -182,6 +182,23 @@ def test_run_help_names_values_plainly():
     assert re.search(r"--max-in-flight\s+INTEGER", text)
 
 
+def test_help_states_the_engines_draft_lengths_without_loading_mlx():
+    """``--num-speculative-tokens``'s help quotes the engine's own defaults, and the command
+    line still starts without importing MLX (``--help`` stays instant)."""
+    from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS
+
+    text = " ".join(_macbatch("serve", "--help").stdout.replace("│", " ").split())
+    ngram, draft = DEFAULT_SPECULATIVE_TOKENS["ngram"], DEFAULT_SPECULATIVE_TOKENS["draft"]
+    assert f"Default: {ngram} for ngram, {draft} for draft." in text
+    probe = "import sys, macbatch.cli; print('mlx.core' in sys.modules)"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )
+
+
 def test_bench_embeds(tiny_model_path):
     args = ["bench", "--model", str(tiny_model_path), "--embed", "--requests", "3"]
     result = runner.invoke(app, [*args, "--min-prompt", "5", "--max-prompt", "9"])

@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from macbatch.metal.quant import check_kv_quantization
-
-SPECULATIVE_MODES = ("off", "ngram", "draft", "mtp")
-MAX_SPECULATIVE_TOKENS = 16
-# The most drafts per request per step when none is given. Prompt lookup's drafts cost nothing
-# to make, and where they hold they hold for long runs: on the copy-heavy job of
-# benchmarks/speculative.py (98% accepted) 8 gave x1.85 the job without speculation, 4 x1.56.
-# A draft model runs one forward per draft, so it drafts fewer.
-DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4, "off": 4}
+from macbatch.speculative_modes import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    MAX_SPECULATIVE_TOKENS,
+    SPECULATIVE_MODES,
+)
 
 
 def check_speculative(mode: str, num_tokens: int | None) -> None:

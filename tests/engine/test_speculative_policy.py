@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from macbatch.engine.speculative.policy import BATCH_LIMITS, START_SHARE, SpeculationPolicy
+from macbatch.engine.speculative.policy import (
+    BATCH_LIMITS,
+    MAX_IDLE_REST,
+    START_SHARE,
+    SpeculationPolicy,
+)
 
 
 def _running(n: int) -> list:
@@ -34,6 +39,14 @@ def test_a_fixed_limit_overrides_the_measured_one() -> None:
     assert policy.batch_limit(_running(64)) == 1 << 20
 
 
+def _decoding(request_id: str) -> SimpleNamespace:
+    """A request past its prefill that may speculate."""
+    params = SimpleNamespace(speculative=True, thinking_token_budget=None)
+    return SimpleNamespace(
+        request_id=request_id, params=params, prompt_token_ids=[1, 2], num_computed_tokens=2
+    )
+
+
 def _lengths(policy: SpeculationPolicy, request, results: list[int]) -> list[int]:
     """The draft length chosen before each verification, which accepts ``results[i]``."""
     lengths = []
@@ -45,22 +58,12 @@ def _lengths(policy: SpeculationPolicy, request, results: list[int]) -> list[int
 
 
 def test_a_request_drafts_half_the_length_until_all_its_drafts_hold() -> None:
-    params = SimpleNamespace(speculative=True, thinking_token_budget=None)
-    decoding = SimpleNamespace(
-        request_id="r", params=params, prompt_token_ids=[1, 2, 3], num_computed_tokens=3
-    )
+    decoding = _decoding("r")
     half = int(8 * START_SHARE)
     assert _lengths(SpeculationPolicy(8), decoding, [8, 8, 8]) == [half, 8, 8]
     decoding.request_id = "s"  # a request whose drafts fail stays at half or less
     lengths = _lengths(SpeculationPolicy(8), decoding, [1, 1, 1])
     assert lengths[0] == half and max(lengths) <= half
-
-
-def _decoding(request_id: str) -> SimpleNamespace:
-    params = SimpleNamespace(speculative=True, thinking_token_budget=None)
-    return SimpleNamespace(
-        request_id=request_id, params=params, prompt_token_ids=[1, 2], num_computed_tokens=2
-    )
 
 
 def test_the_draft_length_doubles_with_each_verification_whose_drafts_all_hold() -> None:
@@ -94,3 +97,18 @@ def test_resting_requests_retry_in_the_same_steps() -> None:
     _speculating_steps(policy, [early], 7)
     seen = _speculating_steps(policy, [early, late], 300)
     assert seen["early"][-3:] == seen["late"][-3:]
+
+
+def test_nothing_to_propose_rests_briefly_and_leaves_the_acceptance_alone() -> None:
+    """No draft wasted no row: the request retries within MAX_IDLE_REST steps however long it
+    finds nothing, and the batch limit still reads it as accepting all."""
+    policy = SpeculationPolicy(8)
+    request = _decoding("r")
+    tried = []
+    for step in range(200):
+        if policy.choose([request]):
+            tried.append(step)
+            policy.record("r", 0, 0)
+    assert max(b - a for a, b in zip(tried, tried[1:])) == MAX_IDLE_REST
+    assert len(tried) >= 200 // MAX_IDLE_REST
+    assert policy.batch_limit(_running(12)[:1] + [request]) == BATCH_LIMITS[0][1]

@@ -7,14 +7,14 @@ host's work with the device's, because drafting needs the previous step's tokens
 So: no step speculates with more running requests than ``BATCH_LIMITS`` allows at their mean
 acceptance (measured: part 4 of benchmarks/speculative.py), and each request's draft
 length follows its own acceptance (an exponential moving average): full length while most
-drafts hold, shorter as fewer do, and none for a while (doubling each time, up to
-``MAX_REST`` steps) when few hold or the drafter had nothing to propose. A request starts at
+drafts hold, shorter as fewer do, and none for a while when few hold (rests doubling up to
+``MAX_REST`` steps) or the drafter had nothing to propose (up to ``MAX_IDLE_REST``). Rests end
+on aligned steps, so requests resting at once retry together. A request starts at
 ``start_length`` drafts (and again after a rest) and doubles the most it may draft each time a
 verification accepts every draft, up to the full length (a slow start): rejected drafts of a
 request that turns out to accept few cost rows that never pay, while the moving average takes
-a few verifications to fall. Cutting the length to what the
-last verification accepted instead cost the draft-model pair at 85% acceptance a quarter of its
-gain (docs/speculative.md).
+a few verifications to fall. Cutting the length to what the last verification accepted
+instead cost the draft-model pair at 85% acceptance a quarter of its gain (docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ RECOVERED = 0.5
 MAX_REST = 64  # steps, after drafts that failed
 # steps, after the drafter had nothing to propose: no rows were wasted, only the step's overlap
 # (a grammar's forced stretch or a reply yet to repeat itself may end; drafting resumes). A
-# request that never has a proposal cost x0.96 at 8, 2 requests (docs/speculative.md)
+# drafter that never proposes measured within this machine's noise of x1 (part 6 of
+# benchmarks/speculative.py: x0.93 to x1.06 at 1 to 4 requests, docs/speculative.md)
 MAX_IDLE_REST = 16
 EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
 START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS

@@ -28,7 +28,7 @@ from benchmarks.common import (
     warn_without_openblas,
 )
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
-from macbatch.engine.model_runner import blocks_for_memory
+from macbatch.engine.worker.model_runner import blocks_for_memory
 
 GIB = 2**30
 

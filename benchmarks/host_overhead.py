@@ -9,7 +9,7 @@ interleaved (mlx-lm, synchronous macbatch, pipelined macbatch, mlx-lm, ...) so t
 drifting on a shared machine hits them alike; medians over the windows are reported, ratios
 window by window against the mlx-lm window beside it. Neither
 side detokenizes here: macbatch's outputs carry text that is detokenized when read
-(engine/text.py), and nothing reads it.
+(engine/parsers/text.py), and nothing reads it.
 
 On a shared machine wall time is stretched by other processes, so CPU time is reported too (the
 ratio to trust there, as in benchmarks/throughput.py). On the CPU backend MLX computes on its own
@@ -21,7 +21,7 @@ step's device time overlaps it: max(0, host - device), an estimate that assumes 
 complete (MLX's CPU backend caps it: docs/engine.md). The "graph" row is the decode step's
 uncompiled graph alone (forward, greedy sampling, ``mx.async_eval``, no engine around it). The
 "sync" and "pipelined" rows never compile; the "compiled" row (up to 8 requests) is pipelined
-with its decode forward compiled from the first step (engine/compiled_step.py).
+with its decode forward compiled from the first step (engine/worker/compiled_step.py).
 
 At one request the single-request path is also held against mlx-lm's ``generate_step`` (what
 ``mlx_lm.generate`` runs; its host is the thread calling it), host ms per step and ratio. Last,
@@ -52,8 +52,8 @@ from benchmarks.common import (
 )
 from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.compiled_step import MAX_BATCH
-from macbatch.engine.packing import pack
+from macbatch.engine.worker.compiled_step import MAX_BATCH
+from macbatch.engine.worker.packing import pack
 
 TINY = dict(
     hidden_size=64,

@@ -5,7 +5,8 @@ many-request workload of ``benchmarks/throughput.py`` (vs mlx-lm's ``BatchGenera
 Model: random Qwen3.5-shaped float32 (``qwen3_5``: hidden 1024, 24 layers, 3 of every 4 Gated
 DeltaNet, 16 value / 8 key heads of 128 for them, 8/4 attention heads of 128, vocab 32000). On
 the CPU mlx-lm steps a Gated DeltaNet layer through a prompt token by token; macbatch runs its
-chunked prefill (``engine/gated_delta.py``). Repeats interleave the two sides; medians reported.
+chunked prefill (``engine/model/hooks/gated_delta.py``). Repeats interleave the two sides; medians
+reported.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.hybrid [--prompt 2048] [--repeats 3] [--requests 32] [--skip-workload]

@@ -1,4 +1,5 @@
-"""What Gemma 4's image blocks cost (engine/image_blocks.py): one step prefilling many image
+"""What Gemma 4's image blocks cost (engine/multimodal/image_blocks.py): one step prefilling many
+image
 prompts, with the dense fix-up of every image block's rows after each layer's paged attention vs
 the kernel's causal rows alone (the fix-up switched off: wrong ids, the same work otherwise), in
 the same process, prefix cache off so every run prefills everything. ``--model``: a gemma4 VLM
@@ -13,12 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import macbatch.engine.adapter as adapter
+import macbatch.engine.model.adapter as adapter
 from benchmarks.common import warn_without_openblas
 from benchmarks.vision import random_pngs
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.images import load_image
-from macbatch.engine.prompt import PromptInput
+from macbatch.engine.inputs.prompt import PromptInput
+from macbatch.engine.multimodal.images import load_image
 
 
 def prompts(count: int) -> list[PromptInput]:

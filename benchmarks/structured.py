@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.common import build_bench_model, warn_without_openblas, workload_arguments
 from macbatch.bench import run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, StructuredOutput
-from macbatch.engine.constraints import ConstraintState, apply_bitmask
+from macbatch.engine.structured_output.constraints import ConstraintState, apply_bitmask
 
 QWEN3 = Path(__file__).resolve().parents[1] / "tests" / "support" / "tokenizers" / "qwen3"
 VOCAB = 151936

@@ -19,8 +19,8 @@ import numpy as np
 
 from benchmarks.common import warn_without_openblas
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.images import load_image
-from macbatch.engine.prompt import PromptInput
+from macbatch.engine.inputs.prompt import PromptInput
+from macbatch.engine.multimodal.images import load_image
 
 QUESTION = "Describe this picture."
 

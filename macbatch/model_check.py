@@ -13,11 +13,16 @@ from pathlib import Path
 
 from mlx.utils import tree_reduce
 
-from macbatch.engine.adapter import ModelAdapter, model_type_of, text_model, unsupported_reason
-from macbatch.engine.compute_dtype import available_memory_bytes, settle_compute_dtype
-from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import resolve_model_path
-from macbatch.engine.vision import unavailable_reason
+from macbatch.engine.model.adapter import (
+    ModelAdapter,
+    model_type_of,
+    text_model,
+    unsupported_reason,
+)
+from macbatch.engine.multimodal.vision import unavailable_reason
+from macbatch.engine.worker.compute_dtype import available_memory_bytes, settle_compute_dtype
+from macbatch.engine.worker.pages import PageFormat
 from macbatch.models import describe_quantization
 from macbatch.template_check import template_rows
 

@@ -130,7 +130,7 @@ def test_the_graph_is_read() -> None:
     """A sanity check on the reader itself, on edges known to exist."""
     graph = import_graph()
     assert "macbatch.engine.engine" in graph["macbatch.engine"]  # from macbatch.engine.engine ...
-    assert "macbatch.engine.kv_cache" in graph["macbatch.engine.adapter"]
+    assert "macbatch.engine.worker.pages" in graph["macbatch.engine.model.adapter"]
     assert "macbatch.engine.distributed.follower" in graph["macbatch.launch"]  # in a function
 
 

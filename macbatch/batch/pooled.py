@@ -21,7 +21,7 @@ from macbatch.engine import (
     PromptInput,
     RequestOutput,
 )
-from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.openai.embeddings import Embedding, embeddings_response, parse_embeddings
 from macbatch.openai.rerank import Scoring, parse_score, score_response
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macbatch.engine import StructuredOutput
-from macbatch.engine.tool_calls import ToolFormat
+from macbatch.engine.parsers.tool_calls import ToolFormat
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def build(path: Path) -> Path:
     try:
         from transformers import AutoTokenizer
     except ImportError as error:
-        from macbatch.engine.images import VISION_EXTRA
+        from macbatch.engine.multimodal.images import VISION_EXTRA
 
         raise ValueError(f"the '{NAME}' model needs the vision extra: {VISION_EXTRA}") from error
     path.parent.mkdir(parents=True, exist_ok=True)

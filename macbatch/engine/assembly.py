@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from macbatch.engine.chat_template import thinking_default
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.elastic_pool import ElasticPool
-from macbatch.engine.embedding_profile import profile_of
-from macbatch.engine.kv_cache import BlockPool
-from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.inputs.chat_template import thinking_default
+from macbatch.engine.kv.block_pool import BlockPool
+from macbatch.engine.kv.elastic import ElasticPool
+from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.kv.state_slots import StateSlots
+from macbatch.engine.kv.window import WindowBlocks
 from macbatch.engine.model_info import EngineInfo, ModelInfo
-from macbatch.engine.model_runner import ModelRunner
-from macbatch.engine.reasoning import ReasoningFormat
-from macbatch.engine.state_slots import StateSlots
-from macbatch.engine.tool_formats.detect import detect_tool_format
-from macbatch.engine.window_blocks import WindowBlocks
+from macbatch.engine.parsers.reasoning import ReasoningFormat
+from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
+from macbatch.engine.pooling.embedding_profile import profile_of
+from macbatch.engine.worker.model_runner import ModelRunner
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper

@@ -24,33 +24,34 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine import host_memory
 from macbatch.engine.assembly import engine_info_of, kv_manager_for, model_info_of
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.constraints import ConstraintCompiler
-from macbatch.engine.engine_stats import (
+from macbatch.engine.core.in_flight import InFlightStep, feed_sampled_tokens
+from macbatch.engine.core.outputs import FinishReason, RequestOutput
+from macbatch.engine.core.request import Request
+from macbatch.engine.core.scheduler import ScheduledChunk, Scheduler, StepPlan
+from macbatch.engine.core.stats import (
     EngineStats,
     draft_bytes_used,
     kv_bytes_used,
     kv_cache_bytes,
 )
-from macbatch.engine.image_blocks import step_blocks
-from macbatch.engine.in_flight import InFlightStep, feed_sampled_tokens
-from macbatch.engine.model_runner import ModelRunner
-from macbatch.engine.packing import PackedBatch, pack
-from macbatch.engine.pooling import PoolingParams
-from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
-from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.qwen_vl import step_rope
-from macbatch.engine.recurrent import StateChunk
-from macbatch.engine.request import FinishReason, Request, RequestOutput
-from macbatch.engine.sampling import SamplingParams
-from macbatch.engine.scheduler import ScheduledChunk, Scheduler, StepPlan
+from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
+from macbatch.engine.inputs.prompt import Prompt, PromptInput
+from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.model.recurrent import StateChunk
+from macbatch.engine.multimodal.image_blocks import step_blocks
+from macbatch.engine.multimodal.qwen_vl import step_rope
+from macbatch.engine.multimodal.vision import vision_for
+from macbatch.engine.pooling.methods import PoolingParams
+from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.speculative import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
-from macbatch.engine.state_store import StateStore
-from macbatch.engine.tokenizer import Tokenizer
-from macbatch.engine.vision import vision_for
+from macbatch.engine.structured_output.constraints import ConstraintCompiler
+from macbatch.engine.worker import host_memory
+from macbatch.engine.worker.model_runner import ModelRunner
+from macbatch.engine.worker.packing import PackedBatch, pack
+from macbatch.engine.worker.state_store import StateStore
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -141,7 +142,7 @@ class Engine(PromptEncoder):
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Queue a request (``PoolingParams``: a pooling request, engine/pooling.py);
+        """Queue a request (``PoolingParams``: a pooling request, engine/pooling/methods.py);
         ``ValueError`` on bad input (nothing is queued then)."""
         request = self.prepare_request(
             prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
@@ -218,7 +219,7 @@ class Engine(PromptEncoder):
         given_back = self.kv.shrink()
         if self.runner.draft is not None:  # a hybrid draft's state rows are not the pool's
             self.runner.draft.shrink()
-        host_memory.release()  # and the heap's free step buffers (engine/host_memory.py)
+        host_memory.release()  # and the heap's free step buffers (engine/worker/host_memory.py)
         return given_back
 
     # -- the step ----------------------------------------------------------------------------

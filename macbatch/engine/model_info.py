@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from macbatch.engine.embedding_profile import EmbeddingProfile
+from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
 
 if TYPE_CHECKING:
-    from macbatch.engine.reasoning import ReasoningFormat
-    from macbatch.engine.tool_calls import ToolFormat
+    from macbatch.engine.parsers.reasoning import ReasoningFormat
+    from macbatch.engine.parsers.tool_calls import ToolFormat
 
 
 # The context length assumed for a model whose config does not declare one (it caps the KV
@@ -52,7 +52,7 @@ class ModelInfo:
     reasoning_format: ReasoningFormat | None  # how the template marks a reasoning block
     thinking_default: bool | None  # the template's thinking switch default (None: no switch)
     kv_bytes_per_token: int  # K and V of every layer, scales of quantized pages included
-    # how it pools and scores (pooling requests: engine/pooling.py)
+    # how it pools and scores (pooling requests: engine/pooling/methods.py)
     embedding: EmbeddingProfile = field(default_factory=EmbeddingProfile)
 
 

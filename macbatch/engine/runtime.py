@@ -15,14 +15,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from macbatch.engine.core.outputs import FinishReason, RequestMetrics, RequestOutput
+from macbatch.engine.core.request import Request
+from macbatch.engine.core.stats import EngineStats
 from macbatch.engine.engine import Engine
-from macbatch.engine.engine_stats import EngineStats
+from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
+from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.model_info import EngineInfo
-from macbatch.engine.pooling import PoolingParams
-from macbatch.engine.processor import InputProcessor, PromptEncoder, prompt_input
-from macbatch.engine.prompt import Prompt, PromptInput
-from macbatch.engine.request import FinishReason, Request, RequestMetrics, RequestOutput
-from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.pooling.methods import PoolingParams
+from macbatch.engine.sample.params import SamplingParams
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper

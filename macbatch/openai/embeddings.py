@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from macbatch.engine import EmbeddingProfile, PoolingParams, PromptInput, RequestOutput
-from macbatch.engine.pooling import POOLING_METHODS
-from macbatch.engine.prompt import Prompt
+from macbatch.engine.inputs.prompt import Prompt
+from macbatch.engine.pooling.methods import POOLING_METHODS
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine.constraints import StructuredOutput
-from macbatch.engine.tokenizer import Tokenizer
-from macbatch.engine.tool_calls import ToolFormat, check_tools, chosen_tools
+from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.parsers.tool_calls import ToolFormat, check_tools, chosen_tools
+from macbatch.engine.structured_output.constraints import StructuredOutput
 from macbatch.openai.errors import InvalidRequest
 
 OPTION_FIELDS = (
@@ -34,7 +34,8 @@ OPTION_FIELDS = (
 # What reaches llguidance is bounded: it compiles recursively, and a $ref chain 1,000 definitions
 # deep or a chain of 3,000 grammar rules overflowed an 8 MB stack and killed the process (a
 # segfault no exception handler sees; 800 and 2,500 passed). The engine compiles on a thread with
-# a 256 MB stack (engine/constraints.py); these bounds keep ~100x below what that stack holds, and
+# a 256 MB stack (engine/structured_output/constraints.py); these bounds keep ~100x below what that
+# stack holds, and
 # far above real schemas (a 22,000-line OpenAPI-style one with 400 definitions nests 156 deep).
 MAX_SCHEMA_DEPTH = 512  # objects and arrays inside each other, each $ref entering what it names
 MAX_SCHEMA_DEFINITIONS = 5_000  # entries of $defs / definitions, all together

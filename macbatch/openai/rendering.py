@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from macbatch.engine import FinishReason, RequestOutput
-from macbatch.engine.tool_calls import ToolCall, ToolFormat
+from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat
 from macbatch.openai.responses import ChoiceProgress, Formatter
 
 Event = tuple[str | None, dict[str, Any] | str]  # (SSE event name or None, data)

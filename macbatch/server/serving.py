@@ -17,8 +17,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from macbatch.engine import EngineThread, FinishReason, PoolingParams, PromptInput, RequestOutput
-from macbatch.engine.tokenizer import Tokenizer
-from macbatch.engine.tool_calls import ToolFormat
+from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.parsers.tool_calls import ToolFormat
 from macbatch.openai import Bound, Generation
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer

@@ -16,7 +16,7 @@ import mlx_lm
 import numpy as np
 import pytest
 
-from macbatch.engine.embedding_profile import RerankFormat
+from macbatch.engine.pooling.embedding_profile import RerankFormat
 from tests.batch.conftest import JOBS, read_jsonl, write_job
 from tests.support.batch_process import start_run, wait_for_lines
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability

@@ -12,8 +12,7 @@ import pytest
 from macbatch.metal import AttentionMetadata, LayerParams, cpu_kernel
 from macbatch.metal.cpu_kernel import CpuKernelUnavailable, paged_attention_cpu
 from macbatch.metal.reference import paged_attention_reference
-from tests.engine.test_reference_attention import CASES
-from tests.support.attention_numpy import paged_attention_numpy, random_paged_case
+from tests.support.attention_numpy import CASES, paged_attention_numpy, random_paged_case
 
 
 def _run(case, dtype=mx.float32, **options):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from macbatch.engine.constraints import ConstraintCompiler, StructuredOutput
+from macbatch.engine.structured_output.constraints import ConstraintCompiler, StructuredOutput
 from macbatch.openai import InvalidRequest, parse_chat
 from macbatch.openai.options import (
     MAX_GRAMMAR_BYTES,

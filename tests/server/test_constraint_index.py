@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import macbatch.engine.constraints as constraints
+import macbatch.engine.structured_output.constraints as constraints
 from tests.server.conftest import serving, start_engine
 from tests.support.tiny import save_model
 

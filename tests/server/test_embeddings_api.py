@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from macbatch.engine.embedding_profile import RerankFormat
+from macbatch.engine.pooling.embedding_profile import RerankFormat
 from tests.server.conftest import Served, scrape, serving, start_engine
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer

@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
-from macbatch.engine.tool_calls import ToolFormat, template_messages
-from macbatch.engine.tool_formats.harmony import Harmony
+from macbatch.engine.parsers.tool_calls import ToolFormat, template_messages
+from macbatch.engine.parsers.tool_formats.harmony import Harmony
 from macbatch.openai import parse_chat
 from macbatch.openai.responses import ChatFormatter, ChoiceProgress
 from tests.support.real_templates import read_template

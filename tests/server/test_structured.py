@@ -162,7 +162,7 @@ def test_bad_input_is_400_and_the_server_keeps_serving(
 def test_reasoning_goes_out_under_both_names() -> None:
     """Messages and stream deltas carry reasoning as reasoning_content and as reasoning."""
     from macbatch.engine import FinishReason, RequestMetrics, RequestOutput
-    from macbatch.engine.text import FixedText
+    from macbatch.engine.parsers.text import FixedText
     from macbatch.openai.responses import ChatFormatter, ChoiceProgress
 
     class Decoder:

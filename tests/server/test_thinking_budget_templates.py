@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from macbatch.engine import RequestOutput, SamplingParams, StructuredOutput
-from tests.engine.test_thinking_budget_templates import SCHEMA
 from tests.server.conftest import Served, engine_generate, serving, start_engine
 from tests.support.real_templates import save_gpt_oss, save_with_template
+from tests.support.structured import SKY_SCHEMA as SCHEMA
 
 ASK = [{"role": "user", "content": "Why is the sky blue?"}]
 END = {"qwen3_5": "</think>", "gpt_oss": "<|end|>"}  # each template's end of the reasoning

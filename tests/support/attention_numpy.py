@@ -98,3 +98,13 @@ def dequantize_numpy(codes: np.ndarray, scales: np.ndarray, bits: int) -> np.nda
     values = codes.astype(np.float64).reshape(*codes.shape[:-1], groups, -1)
     scales = scales.astype(np.float64)
     return (values * scales[..., 0:1] + scales[..., 1:2]).reshape(codes.shape)
+
+
+# Query and sequence lengths per case: decode, prefill, chunks after a cached prefix, mixed.
+CASES = {
+    "decode": ([1, 1, 1], [1, 9, 17]),
+    "prefill": ([7, 12], [7, 12]),
+    "prefill_chunk_after_cache": ([5], [13]),
+    "mixed": ([1, 6, 1, 3], [10, 6, 4, 11]),
+    "many_sequences": ([1] * 6 + [2, 3, 1, 4], [3, 5, 8, 13, 1, 2, 9, 4, 7, 12]),
+}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import itertools
 
-from macbatch.engine.request import Request, RequestMetrics
-from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.core.outputs import RequestMetrics
+from macbatch.engine.core.request import Request
+from macbatch.engine.sample.params import SamplingParams
 
 _ids = itertools.count()
 

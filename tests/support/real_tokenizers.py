@@ -35,3 +35,20 @@ def load_real_tokenizer(name: str) -> Any:
 def model_for(name: str) -> nn.Module:
     arch, vocab_size = _MODELS[name]
     return build_model(arch, vocab_size=vocab_size)
+
+
+# Qwen3's generation prompt, as its thinking releases (Qwen3-*-Thinking-2507) write it: the
+# reply starts inside the reasoning block.
+QWEN3_OPENS = "{{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- else %}\n        {{- '<think>\\n' }}"
+
+
+def open_reasoning(directory: Path) -> Path:
+    """Patch the Qwen3 template in ``directory``'s tokenizer_config.json to open ``<think>``
+    unless ``enable_thinking`` is false (a copy: the vendored files stay as they are)."""
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    closed = "{{- '<think>\\n\\n</think>\\n\\n' }}"
+    assert config["chat_template"].count(closed) == 1
+    config["chat_template"] = config["chat_template"].replace(closed, QWEN3_OPENS)
+    config_path.write_text(json.dumps(config))
+    return directory

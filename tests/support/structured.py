@@ -127,3 +127,12 @@ def save_model_with_tokenizer(path: Path, name: str, vocab_size: int) -> Path:
     config["eos_token_id"] = generation["eos_token_id"]
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
+
+
+# A small answer schema the thinking-budget tests put after the reasoning.
+SKY_SCHEMA = {
+    "type": "object",
+    "properties": {"sky": {"enum": ["blue", "grey"]}, "why": {"type": "integer"}},
+    "required": ["sky", "why"],
+    "additionalProperties": False,
+}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.app import App, ComposeResult
 
 from macbatch.engine import Engine, EngineConfig, RequestMetrics, RequestOutput
-from macbatch.engine.text import FixedText
+from macbatch.engine.parsers.text import FixedText
 from macbatch.tui.reply import ReasoningProgress
 from macbatch.tui.store import DONE, STREAMING, HistoryStore, Message, Reasoning
 from macbatch.tui.widgets.message_view import MessageView

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.images import Image
-from macbatch.engine.prompt_images import PromptImages
+from macbatch.engine.multimodal.images import Image
+from macbatch.engine.multimodal.prompt_images import PromptImages
 from tests.support.tiny_vlm_gemma4 import rendered, save_tiny_gemma4
 from tests.vision.conftest import TinyVlm
 from tests.vision.test_vision_engine import cases, chat, expected
@@ -42,7 +42,7 @@ def test_causal_image_blocks_differ_from_mlx_vlm(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the kernel's causal rows left as they are
-    monkeypatch.setattr("macbatch.engine.adapter.attend_blocks", lambda out, *rest: out)
+    monkeypatch.setattr("macbatch.engine.model.adapter.attend_blocks", lambda out, *rest: out)
     assert _mismatches(gemma4, image_files) > 0
 
 
@@ -52,7 +52,7 @@ def test_per_layer_inputs_of_the_image_token_differ_from_mlx_vlm(
     engine = Engine.load(str(gemma4.path), CONFIG)
     vision = engine.processor.vision
     assert not isinstance(vision, str)
-    monkeypatch.setattr("macbatch.engine.adapter.IMAGE_ROW_TOKEN", vision.image_token)
+    monkeypatch.setattr("macbatch.engine.model.adapter.IMAGE_ROW_TOKEN", vision.image_token)
     assert _mismatches(gemma4, image_files) > 0
 
 
@@ -104,14 +104,14 @@ def test_chunks_and_resume_points_stay_outside_image_blocks() -> None:
 def test_image_rows_on_window_layers_keep_their_window_outside_the_block(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from macbatch.engine import image_blocks
+    from macbatch.engine.multimodal import image_blocks
 
     def windowless(out, queries, pages, tables, blocks, layer):  # type: ignore[no-untyped-def]
         return image_blocks.attend_blocks(
             out, queries, pages, tables, blocks, layer._replace(sliding_window=None)
         )
 
-    monkeypatch.setattr("macbatch.engine.adapter.attend_blocks", windowless)
+    monkeypatch.setattr("macbatch.engine.model.adapter.attend_blocks", windowless)
     assert _mismatches(gemma4, image_files) > 0
 
 
@@ -119,5 +119,5 @@ def test_image_rows_scaled_again_by_the_text_model_differ_from_mlx_vlm(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # mlx-vlm puts the image features in after the token rows' sqrt(hidden) scale
-    monkeypatch.setattr("macbatch.engine.adapter.SCALED_IMAGE_ROWS", ())
+    monkeypatch.setattr("macbatch.engine.model.adapter.SCALED_IMAGE_ROWS", ())
     assert _mismatches(gemma4, image_files) > 0

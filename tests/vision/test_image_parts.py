@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.engine.images import MAX_PIXELS, images_of
+from macbatch.engine.multimodal.images import MAX_PIXELS, images_of
 from macbatch.openai import InvalidRequest, parse_chat
 from tests.support.tiny_vlm import png_bytes
 

@@ -47,7 +47,7 @@ def test_the_bundled_image_job_runs_offline_and_resumes(
 
     # the model it built is mlx-vlm's own: greedy ids equal mlx-vlm's generate, unconstrained
     from macbatch.engine import Engine, EngineConfig, PromptInput, SamplingParams
-    from macbatch.engine.images import load_image
+    from macbatch.engine.multimodal.images import load_image
 
     image = tmp_path / "data" / "photos" / photos[0]
     content = [{"type": "image", "image": load_image(image.read_bytes(), "x")}]

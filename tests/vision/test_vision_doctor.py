@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
-from macbatch.engine.vision import unavailable_reason
+from macbatch.engine.multimodal.vision import unavailable_reason
 from tests.support.tiny import save_model
 from tests.vision.conftest import TinyVlm
 

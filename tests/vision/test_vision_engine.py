@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.images import load_image
-from macbatch.engine.prompt import PromptInput
+from macbatch.engine.inputs.prompt import PromptInput
+from macbatch.engine.multimodal.images import load_image
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
 from tests.vision.conftest import TinyVlm, mlx_vlm_greedy
@@ -149,7 +149,7 @@ def test_under_mlx_launch_an_image_is_refused_with_the_reason(
 ) -> None:
     """Rank 0 of a launched group gets ``vision_for(..., launched=True)`` (Engine.load passes
     ``group is not None``); here on one process: the reason, not an encoder, and text runs."""
-    from macbatch.engine.vision import vision_for
+    from macbatch.engine.multimodal.vision import vision_for
 
     engine = Engine.load(str(vlm_path), EngineConfig(num_blocks=16))
     assert not isinstance(engine.processor.vision, str)  # alone, the same model takes images

@@ -20,8 +20,8 @@ from macbatch.engine.distributed.channel import (
     decode_batch,
 )
 from macbatch.engine.distributed.loading import load
-from macbatch.engine.model_runner import ModelRunner
-from macbatch.engine.packing import PackedBatch
+from macbatch.engine.worker.model_runner import ModelRunner
+from macbatch.engine.worker.packing import PackedBatch
 
 
 def follow(group: mx.distributed.Group) -> int:

@@ -11,8 +11,8 @@ import mlx.core as mx
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import LoadOrder, channel_of
 from macbatch.engine.distributed.group import current, failed_ranks
-from macbatch.engine.kv_cache import PageFormat
 from macbatch.engine.loader import declared_head_dim, load_model
+from macbatch.engine.worker.pages import PageFormat
 
 if TYPE_CHECKING:
     import mlx.nn as nn

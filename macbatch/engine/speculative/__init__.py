@@ -13,7 +13,7 @@ from collections.abc import Callable
 import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv_manager import KVManager
+from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.draft_runner import DraftRunner
 from macbatch.engine.speculative.ngram import NgramDrafter

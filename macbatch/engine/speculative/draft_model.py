@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 
-from macbatch.engine.kv_manager import KVManager
-from macbatch.engine.packing import pack
-from macbatch.engine.recurrent import StateChunk
-from macbatch.engine.scheduler import ScheduledChunk, StepPlan
+from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
+from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.model.recurrent import StateChunk
 from macbatch.engine.speculative.draft_runner import DraftRunner
+from macbatch.engine.worker.packing import pack
 
 if TYPE_CHECKING:
-    from macbatch.engine.request import Request
+    from macbatch.engine.core.request import Request
 
 
 @dataclass

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from macbatch.engine.adapter import ModelAdapter
-from macbatch.engine.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv_cache import KVStore, KVStores, PageFormat
-from macbatch.engine.packing import PackedBatch
-from macbatch.engine.state_slots import START_SLOTS, StateSizes, StateSlots
-from macbatch.engine.state_store import StateStore, slot_stride
+from macbatch.engine.kv.state_slots import START_SLOTS, StateSizes, StateSlots
+from macbatch.engine.model.adapter import ModelAdapter
+from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.worker.packing import PackedBatch
+from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
+from macbatch.engine.worker.state_store import StateStore, slot_stride
 
 
 class DraftRunner:

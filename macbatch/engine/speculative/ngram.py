@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from macbatch.engine.request import Request
+    from macbatch.engine.core.request import Request
 
 
 class NgramDrafter:

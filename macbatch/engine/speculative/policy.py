@@ -23,8 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from macbatch.engine.reasoning import Phase
-from macbatch.engine.request import Request
+from macbatch.engine.core.request import Request
+from macbatch.engine.parsers.reasoning import Phase
 
 # (mean moving acceptance of the running requests at least, the most running requests that
 # speculate): where the batch-size sweep of benchmarks/speculative.py still gained

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from macbatch.engine.request import Request
+    from macbatch.engine.core.request import Request
 
 
 class Drafter(Protocol):

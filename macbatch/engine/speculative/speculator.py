@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from macbatch.engine.kv_manager import KVManager
-from macbatch.engine.request import Request, SpeculationCounts
-from macbatch.engine.sampling import HostSamples
+from macbatch.engine.core.outputs import SpeculationCounts
+from macbatch.engine.core.request import Request
+from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.sample.sampler import HostSamples
 from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.verify import DraftRow, draft_rows, emitted_rows
-from macbatch.engine.state_store import StateStore
+from macbatch.engine.worker.state_store import StateStore
 
 
 class Speculator:

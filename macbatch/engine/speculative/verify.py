@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from macbatch.engine.constraints import ConstraintState
-from macbatch.engine.request import Request
-from macbatch.engine.sampling import SamplingParams
+from macbatch.engine.core.request import Request
+from macbatch.engine.sample.params import SamplingParams
+from macbatch.engine.structured_output.constraints import ConstraintState
 
 
 @dataclass(eq=False)

@@ -25,7 +25,7 @@ from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape
 from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput
-from macbatch.engine.tokenizer import Tokenizer
+from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"

@@ -1,0 +1,77 @@
+"""What the engine reports of itself (``Engine.stats``): its counters, and the bytes its KV pages
+and recurrent states take, the draft model's included (docs/speculative.md, "The draft model in
+the pool")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from macbatch.engine.core.outputs import SpeculationCounts
+from macbatch.engine.kv.block_pool import BlockPool
+from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.worker.model_runner import ModelRunner
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    preemptions: int
+    kv_blocks_used: int  # taken by requests
+    kv_blocks_total: int  # the pool's blocks now (an elastic pool grows to kv_blocks_cap)
+    kv_blocks_cap: int
+    tokens_last_step: int
+    steps: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefix_cache_hit_rate: float
+    cached_blocks: int
+    kv_cache_bytes: int  # the whole pool now, scales included
+    # Pages held by requests and the prefix cache, and a hybrid model's recurrent states in use
+    # (running requests' slots and the prefix cache's checkpoints).
+    kv_bytes_used: int
+    # Seconds the engine thread spent in MLX's evaluation calls (dispatching a step, reading its
+    # results): blocked on the device, bar the dispatch's own bookkeeping. Benchmarks read it to
+    # split host from device time.
+    device_wait_s: float = 0.0
+    # Speculative decoding (docs/speculative.md): drafted, accepted, verifications since the
+    # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's)
+    # and a hybrid draft's states.
+    speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    draft_kv_bytes: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        """Blocks taken by requests, of the most the pool may hold."""
+        return self.kv_blocks_used / self.kv_blocks_cap if self.kv_blocks_cap else 0.0
+
+
+def kv_cache_bytes(runner: ModelRunner) -> int:
+    """The whole pool's pages now, scales and a draft model's pages included."""
+    draft = runner.draft
+    return runner.kv_stores.nbytes + (0 if draft is None else draft.store.nbytes)
+
+
+def draft_bytes_used(runner: ModelRunner, pool: BlockPool) -> int:
+    """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
+    draft = runner.draft
+    if draft is None:
+        return 0
+    return pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
+
+
+def kv_bytes_used(
+    runner: ModelRunner, pool: BlockPool, window_pool: BlockPool | None, kv: KVManager
+) -> int:
+    """Pages in occupied blocks (both groups, the draft's too) and recurrent states in use:
+    running requests' slots and the prefix cache's checkpoints."""
+    used = pool.num_occupied * runner.store.bytes_per_block + draft_bytes_used(runner, pool)
+    window = runner.window_store
+    if window_pool is not None and window is not None:
+        used += window_pool.num_occupied * window.bytes_per_block
+    states = runner.states
+    if states is not None:
+        checkpoints = kv.checkpoints
+        in_use = kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
+        used += in_use * states.bytes_per_slot
+    return used

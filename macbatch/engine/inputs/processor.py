@@ -1,0 +1,241 @@
+"""The input processor: a prompt and its sampling parameters in, a ``Request`` ready to queue out.
+
+It templates chat messages (with their template variables and tools), tokenizes, checks the
+prompt against the vocabulary and the context, fits ``max_tokens`` to the room left, and builds
+the request's reasoning tracker and grammar matcher: vLLM v1's ``Processor``. It reads only facts
+fixed at load (``EngineInfo``) and the tokenizer, never the engine's mutable state, so any thread
+may call it (``EngineThread.submit`` does, on the caller's thread); the engine core checks what
+depends on its state (a request id already in use) when the request is queued.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from macbatch.engine.core.outputs import PromptTooLongError, RequestMetrics
+from macbatch.engine.core.request import Request
+from macbatch.engine.inputs import chat_template
+from macbatch.engine.inputs.prompt import Prompt, PromptInput
+from macbatch.engine.model_info import EngineInfo
+from macbatch.engine.multimodal.images import images_of
+from macbatch.engine.multimodal.prompt_images import PromptImages
+from macbatch.engine.parsers.reasoning import ReasoningTracker
+from macbatch.engine.parsers.tool_calls import check_tools, template_messages
+from macbatch.engine.pooling.methods import PoolingParams
+from macbatch.engine.sample.params import SamplingParams
+from macbatch.engine.structured_output.constraints import ConstraintCompiler, ConstraintState
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    from macbatch.engine.multimodal.vision import VisionEncoder
+
+
+class InputProcessor:
+    """Turns prompts into requests for one model and KV pool (thread-safe)."""
+
+    def __init__(
+        self, tokenizer: TokenizerWrapper, info: EngineInfo, constraints: ConstraintCompiler
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.info = info
+        self.constraints = constraints
+        self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
+        self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
+        # The model's vision encoder, or why requests with images are refused.
+        self.vision: VisionEncoder | str = (
+            "this engine was built from a model object; load the model by name for images"
+        )
+
+    def encode(self, prompt: PromptInput) -> list[int]:
+        """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat
+        messages templated with the prompt's template variables and tools."""
+        return self.encode_with_images(prompt)[0]
+
+    def encode_with_images(self, prompt: PromptInput) -> tuple[list[int], PromptImages | None]:
+        """``encode``, and where the prompt's images are: with images, the template's text goes
+        through the model's processor, which expands each image's placeholder."""
+        images = images_of(prompt.prompt)
+        if not images:
+            ids, placed = self._encode(prompt), None
+        elif isinstance(self.vision, str):
+            raise ValueError(f"the prompt has {len(images)} image(s), but {self.vision}")
+        else:
+            assert isinstance(prompt.prompt, Sequence)
+            text = self._render_chat([m for m in prompt.prompt if isinstance(m, dict)], prompt)
+            ids, placed = self.vision.prompt_images(text, images)
+        if not ids:
+            raise ValueError("prompt is empty")
+        return ids, placed
+
+    def _encode(self, prompt: PromptInput) -> list[int]:
+        if prompt.tools is not None and not prompt.is_chat:
+            raise ValueError("tools need a chat prompt (a list of messages)")
+        text = prompt.prompt
+        if isinstance(text, str):
+            if not text:
+                raise ValueError("prompt is empty")
+            return chat_template.encode_text(self.tokenizer, text)
+        if isinstance(text, Sequence):
+            messages = [m for m in text if isinstance(m, dict)]
+            if messages and len(messages) == len(text):
+                return self._apply_chat_template(messages, prompt)
+            ids = [t for t in text if isinstance(t, int) and not isinstance(t, bool)]
+            if len(ids) == len(text):
+                return self._check_token_ids(ids)
+        raise ValueError(
+            "prompt must be a list of token ids, a string, or a list of chat messages "
+            "({'role': ..., 'content': ...})"
+        )
+
+    def _check_token_ids(self, ids: list[int]) -> list[int]:
+        vocab = self.info.model.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return ids
+
+    def _apply_chat_template(
+        self, messages: list[dict[str, Any]], prompt: PromptInput
+    ) -> list[int]:
+        text = self._render_chat(messages, prompt)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _render_chat(self, messages: list[dict[str, Any]], prompt: PromptInput) -> str:
+        chat_template.check_content_parts(messages)
+        # the history's calls in the shape the template takes
+        messages = template_messages(messages, self.info.model.tool_format)
+        if not chat_template.has_chat_template(self.tokenizer):
+            raise ValueError(
+                f"model '{self.info.model_name}' has no chat template; send a text prompt instead"
+            )
+        variables = chat_template.check_chat_template_kwargs(prompt.chat_template_kwargs)
+        if prompt.tools is not None:
+            variables["tools"] = check_tools(prompt.tools)
+        return chat_template.render_chat(self.tokenizer, messages, variables)
+
+    def process(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | PoolingParams,
+        request_id: str | None = None,
+    ) -> Request:
+        """Validate and tokenize; ``ValueError`` saying what is wrong (no MLX work happens).
+        ``PoolingParams``: a pooling request (a vector or a score out, never sampled)."""
+        if isinstance(params, PoolingParams):
+            return self._pooling_request(prompt, params, request_id)
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"params must be SamplingParams or PoolingParams, got {type(params).__name__}"
+            )
+        ids, images = self.encode_with_images(prompt)
+        limit, what = self.info.context_limit, self.info.context_limit_reason
+        room = limit - len(ids)
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt ({len(ids)} tokens) leaves no room for a reply in {what} ({limit} tokens)"
+            )
+        capped = params.max_tokens is not None and params.max_tokens > room
+        if params.max_tokens is None or capped:
+            params = replace(params, max_tokens=room)
+        fmt = self.info.model.reasoning_format
+        reasoning = (
+            ReasoningTracker(fmt, fmt.initial_phase(ids))
+            if fmt is not None and prompt.is_chat
+            else None
+        )
+        spec = params.structured
+        constraint = (
+            ConstraintState(self.constraints.compile(spec), reasoning, spec.own_channel)
+            if spec is not None
+            else None
+        )
+        return Request(
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_token_ids=ids,
+            params=params,
+            seed=params.seed if params.seed is not None else self._rng.getrandbits(62),
+            eos_token_ids=self._eos_token_ids,
+            detokenizer=self.tokenizer.detokenizer,
+            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            capped_max_tokens=room if capped else None,
+            reasoning=reasoning,
+            constraint=constraint,
+            images=images,
+        )
+
+    def _pooling_request(
+        self, prompt: PromptInput, params: PoolingParams, request_id: str | None
+    ) -> Request:
+        if images_of(prompt.prompt):
+            raise ValueError("embeddings and scores of images are not supported yet; send text")
+        ids = self.encode(prompt)
+        limit, what = self.info.context_limit, self.info.context_limit_reason
+        if len(ids) > limit:
+            if not params.truncate:
+                raise PromptTooLongError(
+                    f"input ({len(ids)} tokens) is longer than {what} ({limit} tokens); "
+                    "ask for truncation to embed its first tokens"
+                )
+            ids = ids[:limit]
+        profile = self.info.model.embedding
+        hidden = profile.hidden_size
+        if params.dimensions is not None and hidden and params.dimensions > hidden:
+            raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
+        params = replace(
+            params,
+            method=params.method or profile.pooling,
+            normalize=profile.normalize if params.normalize is None else params.normalize,
+        )
+        return Request(
+            request_id=request_id or uuid.uuid4().hex,
+            prompt_token_ids=ids,
+            params=_POOLING_SAMPLING,
+            seed=0,
+            eos_token_ids=self._eos_token_ids,
+            detokenizer=self.tokenizer.detokenizer,
+            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+            pooling=params,
+        )
+
+
+# What a pooling request carries as its sampling parameters: it never samples.
+_POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+class PromptEncoder:
+    """``encode_prompt``, for the engine and its thread alike (each gives its processor)."""
+
+    def _processor(self) -> InputProcessor:
+        raise NotImplementedError
+
+    def encode_prompt(
+        self,
+        prompt: Prompt | PromptInput,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The token ids a request for this prompt would get: ids as given, raw text encoded
+        (one BOS, as mlx-lm), chat messages templated with ``chat_template_kwargs`` as template
+        variables and ``tools`` (OpenAI-shaped function tools) rendered by the template.
+        Tokenizer work only: an ``EngineThread``'s is safe from any thread."""
+        return self._processor().encode(prompt_input(prompt, chat_template_kwargs, tools))
+
+
+def prompt_input(
+    prompt: Prompt | PromptInput,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> PromptInput:
+    """A ``PromptInput`` from the public methods' arguments: one given, or one built from the
+    prompt and the keywords (which a ``PromptInput`` must not be given alongside)."""
+    if not isinstance(prompt, PromptInput):
+        return PromptInput(prompt, chat_template_kwargs, tools)
+    if chat_template_kwargs is not None or tools is not None:
+        raise ValueError("give chat_template_kwargs and tools inside the PromptInput, not beside")
+    return prompt

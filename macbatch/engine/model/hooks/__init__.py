@@ -1,0 +1,1 @@
+"""Runtime patches of mlx-lm's code, each with why it exists."""

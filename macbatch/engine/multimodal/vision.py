@@ -1,0 +1,246 @@
+"""Vision through mlx-vlm: which checkpoints can take images, their prompt ids with each image's
+placeholder rows expanded, and the image embeddings (the vision tower and projector), encoded
+once per image content and kept in a byte-budgeted cache.
+
+The text model stays mlx-lm's (the engine pages it); mlx-vlm's model keeps only its vision
+tower and projector, and reads token embeddings from the engine's text model, so no weight is
+held twice. mlx-vlm is an optional extra (``macbatch[vision]``); without it, or for a text-only
+or not yet supported checkpoint, ``unavailable_reason`` says why and requests with images are
+refused with it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from macbatch.engine.multimodal.image_blocks import runs
+from macbatch.engine.multimodal.images import VISION_EXTRA, Image
+from macbatch.engine.multimodal.prompt_images import PromptImages
+from macbatch.engine.multimodal.qwen_vl import FAMILIES as QWEN_VL
+from macbatch.engine.multimodal.qwen_vl import QwenVL
+
+# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3,
+# gemma3), or at M-RoPE positions (engine/multimodal/qwen_vl.py), or rows that attend both ways
+# within their
+# image (gemma4, engine/multimodal/image_blocks.py). gemma3: HF's Gemma 3 attends bidirectionally
+# within an
+# image span, but mlx-vlm's (the oracle here) runs its language model with the causal and
+# sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
+# rows are causal rows too (docs/vision.md).
+SUPPORTED = ("mistral3", "gemma3", "gemma4", *QWEN_VL)
+REFUSED = {
+    "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
+}
+ENCODE_CACHE_BYTES = 256 * 2**20
+
+
+def unavailable_reason(path: Path | str, model_name: str) -> str | None:
+    """Why the checkpoint at ``path`` cannot take images here (None: it can)."""
+    config_file = Path(path) / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    model_type = config.get("model_type", "?")
+    if "vision_config" not in config:
+        return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
+    if model_type in REFUSED:
+        return f"images for '{model_type}' models are not supported yet: {REFUSED[model_type]}"
+    if model_type not in SUPPORTED:
+        return (
+            f"images for '{model_type}' models are not supported yet (supported: "
+            f"{', '.join(SUPPORTED)})"
+        )
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError:
+        return f"images need mlx-vlm, which is not installed: {VISION_EXTRA}"
+    return None
+
+
+LAUNCHED = (
+    "images are not supported under mlx.launch: a tensor-parallel group pages text only (the "
+    "image embeddings are not sent with the step rows yet); serve this model without mlx.launch "
+    "for images"
+)
+
+
+def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionEncoder | str:
+    """The vision encoder of model ``name`` (as the loader resolves it), or why it has none
+    (``launched``: the engine is rank 0 of an ``mlx.launch`` group)."""
+    if launched:
+        return LAUNCHED
+    from macbatch.engine.loader import resolve_model_path
+
+    path = resolve_model_path(name)
+    if isinstance(path, str):  # a hub id: mlx-lm has downloaded it by now
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(path, local_files_only=True))
+    reason = unavailable_reason(path, name)
+    if reason is not None:
+        return reason
+    try:
+        return VisionEncoder(path, text_model)
+    except ValueError as exc:  # a config the family's rule cannot run: text still serves
+        return f"images for model '{name}' are not supported: {exc}"
+
+
+class EncodeCache:
+    """Image embeddings by image digest, least recently used dropped past ``budget`` bytes."""
+
+    def __init__(self, budget: int = ENCODE_CACHE_BYTES) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self.encoded = 0  # how many images were run through the tower (hits do not count)
+        self._entries: OrderedDict[str, mx.array] = OrderedDict()
+
+    def get(self, digest: str) -> mx.array | None:
+        found = self._entries.get(digest)
+        if found is not None:
+            self._entries.move_to_end(digest)
+        return found
+
+    def put(self, digest: str, embeddings: mx.array) -> None:
+        self.encoded += 1
+        self._entries[digest] = embeddings
+        self.bytes += embeddings.nbytes
+        while self.bytes > self.budget and len(self._entries) > 1:
+            _, dropped = self._entries.popitem(last=False)
+            self.bytes -= dropped.nbytes
+
+
+class VisionEncoder:
+    """mlx-vlm's processor and vision half of one checkpoint (thread use: ``prompt_images`` on
+    any thread, ``embeddings`` on the engine thread only)."""
+
+    def __init__(self, path: Path | str, text_model: nn.Module) -> None:
+        from mlx_vlm.utils import load
+
+        # lazy: the text weights mlx-vlm would load are never read (its language_model is
+        # replaced by the engine's before anything is evaluated); the vision half loads on use
+        vlm, processor = load(str(path), lazy=True)
+        self.processor: Any = processor
+        vlm.language_model = text_model
+        self.model = vlm
+        config = vlm.config
+        self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
+        self.qwen = QwenVL(vlm, text_model) if config.model_type in QWEN_VL else None
+        self.gemma4 = config.model_type == "gemma4"
+        # mlx-vlm's gemma4 overlays each image's block on its masks when its text config asks
+        text_config = getattr(config, "text_config", None)
+        both_ways = getattr(text_config, "use_bidirectional_attention", None) == "vision"
+        self.bidirectional = self.gemma4 and both_ways
+        self.cache = EncodeCache()
+
+    def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
+        """The prompt's ids with each image's placeholder expanded (the processor's own rule, as
+        mlx-vlm's ``generate`` tokenizes it), and where its image rows are."""
+        inputs = self._inputs(text, images)
+        flat = [int(t) for t in np.array(inputs["input_ids"]).reshape(-1)]
+        positions = np.flatnonzero(np.array(flat) == self.image_token)
+        if not positions.size:
+            raise ValueError(
+                "the prompt has images but no image placeholder: the chat template did not "
+                "render the image parts"
+            )
+        placed = PromptImages(tuple(images), positions)
+        if self.qwen is not None:
+            grids = np.array(inputs["image_grid_thw"])
+            placed.rope, placed.rope_delta = self.qwen.prompt_rope(np.array(flat), positions, grids)
+        if self.bidirectional:
+            placed.blocks = runs(positions)
+        return flat, placed
+
+    def _inputs(self, text: str, images: Sequence[Image]) -> dict[str, Any]:
+        from mlx_vlm.utils import prepare_inputs
+
+        return dict(
+            prepare_inputs(
+                self.processor,
+                images=[image.pil() for image in images],
+                prompts=text,
+                image_token_index=self.image_token,
+            )
+        )
+
+    def admit(self, images: PromptImages, chunk_budget: int) -> None:
+        """Encode a request's images as it is queued (engine thread), so an image the tower
+        cannot read fails its own request (``ValueError``), not a step of everyone's; an image
+        block longer than a step's token budget (``chunk_budget``) could never be prefilled
+        whole, and is refused."""
+        if images.longest_block > chunk_budget:
+            raise ValueError(
+                f"an image of {images.longest_block} rows attends to itself both ways and must "
+                f"be prefilled in one step, but max_num_batched_tokens is {chunk_budget}: raise "
+                "it, or send a smaller image"
+            )
+        try:
+            mx.eval(self.embeddings(images))
+        except Exception as exc:
+            raise ValueError(f"the request's images could not be encoded: {exc}") from exc
+
+    def embeddings(self, images: PromptImages) -> mx.array:
+        """``[P, H]``: every image row's embedding in prompt order (each image encoded once)."""
+        parts = [self._encoded(image) for image in images.images]
+        joined = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+        if joined.shape[0] != images.positions.size:
+            raise ValueError(
+                f"the prompt has {images.positions.size} image rows but its images encode to "
+                f"{joined.shape[0]}"
+            )
+        return joined
+
+    def _encoded(self, image: Image) -> mx.array:
+        found = self.cache.get(image.digest)
+        if found is not None:
+            return found
+        # the text the processor expands into one image's rows: Gemma 3's processor expands its
+        # <start_of_image>, Pixtral's its [IMG], Gemma 4's its <|image|>
+        placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
+        if self.gemma4:
+            placeholder = self.processor.image_token
+        inputs = self._inputs(placeholder, [image])
+        ids = inputs.pop("input_ids")
+        mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
+        if self.qwen is not None:
+            encoded = self.qwen.features(inputs)
+        elif self.gemma4:
+            encoded = self._gemma4_features(inputs)
+        else:
+            features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
+            rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
+            encoded = features[rows]
+        mx.eval(encoded)
+        self.cache.put(image.digest, encoded)
+        return encoded
+
+    def _gemma4_features(self, inputs: dict[str, Any]) -> mx.array:
+        """``[rows, H]``: one image through mlx-vlm's gemma4 tower and projector, as mlx-vlm
+        puts them in its language model's input: after the token rows' ``sqrt(hidden)`` scale,
+        which the adapter skips for them (``SCALED_IMAGE_ROWS``)."""
+        pixels = inputs["pixel_values"]
+        return self.model.encode_image(pixels, inputs.get("image_position_ids"))[0]
+
+    def step_inputs(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
+        """The packed rows of a step's chunks (``StepPlan.chunks``, in packing order) that are
+        image rows, and their embeddings (None: the step has none). A chunk boundary may fall
+        anywhere in an image's rows: each chunk takes the rows at its positions."""
+        rows, parts = [], []
+        offset = 0
+        for chunk in chunks:
+            images = chunk.request.images
+            if images is not None:
+                lo, hi = images.rows_between(chunk.start, chunk.start + chunk.num_tokens)
+                if hi > lo:
+                    rows.append(images.positions[lo:hi] - chunk.start + offset)
+                    parts.append(self.embeddings(images)[lo:hi])
+            offset += chunk.num_tokens
+        if not rows:
+            return None
+        return mx.array(np.concatenate(rows).astype(np.int32)), mx.concatenate(parts)

@@ -1,0 +1,1 @@
+"""Pooling requests: the pooling methods and how a checkpoint pools (embeddings, reranking)."""

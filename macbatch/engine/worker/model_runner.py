@@ -1,0 +1,287 @@
+"""The model runner: everything a step needs on the device, and nothing about requests.
+
+It owns the model (cast and sharded as settled at load), its adapter, the KV pages (their cap
+sized here, from free memory; elastic_pool.py grows them), the forward, the constraint masks and
+sampling, and the dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the
+packed batch first and evaluates each step before the next). It is built from the model and an
+``EngineConfig`` alone: a distributed follower runs one with no tokenizer, scheduler or engine
+(docs/distributed.md), and the engine core composes one with its scheduler and KV manager
+(docs/engine.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+import macbatch.metal
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.distributed.channel import StepChannel, channel_of
+from macbatch.engine.distributed.group import smallest
+from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.kv.elastic import pool_size
+from macbatch.engine.kv.state_slots import state_sizes
+from macbatch.engine.model.adapter import ModelAdapter
+from macbatch.engine.model_info import context_length, declared_context_length
+from macbatch.engine.pooling.methods import Pools, PoolSpan
+from macbatch.engine.sample.sampler import SampledBatch, sample
+from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
+from macbatch.engine.worker import host_memory
+from macbatch.engine.worker.compiled_step import compiled_decode
+from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.worker.packing import PackedBatch
+from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
+from macbatch.engine.worker.state_store import StateStore, slot_stride
+
+if TYPE_CHECKING:
+    from macbatch.engine.core.request import Request
+    from macbatch.engine.speculative.verify import DraftRow
+    from macbatch.engine.structured_output.constraints import ConstraintCompiler
+
+
+class ModelRunner:
+    """One model's forward over a paged KV pool. Not thread-safe: the engine thread's only."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        owns_model: bool = False,
+        group: mx.distributed.Group | None = None,
+        draft: nn.Module | None = None,
+    ) -> None:
+        """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
+        ``group``: the ranks that share the model; each keeps its shard and pages its own KV
+        heads, and the ranks agree on the smallest pool (a collective: every rank builds its
+        runner at the same point). ``draft``: a draft model (rank 0's), whose pages share the
+        full group's block ids (speculative/draft_runner.py)."""
+        self.config = config
+        self.group = group
+        host_memory.keep_step_buffers()
+        self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
+        if group is not None:
+            shard_model(model, group)
+        # A distributed step carries no window group (followers page every layer in full).
+        self.adapter = ModelAdapter(model, windows=group is None)
+        self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
+        self.model_type = self.adapter.model_type
+        macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
+        self.vocab_size = model_vocab_size(model)
+        args = getattr(model, "args", None)  # mlx-lm's ModelArgs: a dataclass
+        self.hidden_size = int(getattr(args, "hidden_size", 0) or 0)  # 0: not declared
+        declared = declared_context_length(getattr(args, "__dict__", None) or {})
+        self.context_length = context_length(declared, config.max_model_len)
+        shapes = self.adapter.layer_shapes
+        fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
+        self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
+        full_shapes, window_shapes = self.adapter.group_shapes
+        per_block = fmt.bytes_per_block(full_shapes, config.block_size)
+        window_per_block = fmt.bytes_per_block(window_shapes, config.block_size)
+        self.draft = (
+            None if draft is None else DraftRunner(draft, config, self.vocab_size, owns_model)
+        )
+        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
+        window_cap = 0
+        if self.adapter.window is not None:
+            window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
+        # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
+        slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
+        reserved = window_cap * window_per_block + slots_most
+        if self.draft is not None:
+            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
+        cap = config.num_blocks or blocks_for_memory(
+            model, per_block + draft_per_block, self.context_length, config, reserved
+        )
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            cap = smallest(cap, group)
+        # A pinned size, or ranks that must agree on every block id: a fixed pool.
+        fixed = config.num_blocks is not None or group is not None
+        # both groups start with as many blocks as one pool of every layer would
+        start_per_block = per_block + window_per_block + draft_per_block
+        self.pool_size = pool_size(cap, start_per_block, config, fixed)
+        self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
+        # what the full group's block ids address: the target's pages, and a draft's
+        self.full_pages: KVStore | JointPages = self.store
+        if self.draft is not None:
+            self.full_pages = JointPages(self.store, self.draft.allocate(self.pool_size.start))
+        # the window group never needs more blocks than the full group holds (``window_pool_cap``)
+        self.window_pool_size = self.window_store = None
+        if self.adapter.window is not None:
+            window_cap = min(window_cap, cap)
+            self.window_pool_size = pool_size(window_cap, start_per_block, config, fixed)
+            start = self.window_pool_size.start
+            self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
+        self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
+        # a hybrid model's recurrent state: a slot per running request, taken on demand
+        states = self.adapter.state_shapes
+        self.states = self.state_sizes = None
+        if states:
+            per_slot = sum(s.nbytes for s in states)
+            sizes = self.state_sizes = state_sizes(config, per_slot, cap * per_block, fixed)
+            speculative = config.speculative != "off"  # drafts need their snapshots
+            rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
+            self.states = StateStore(states, rows, speculative)
+        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
+        self.compiled = compiled_decode(
+            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+        )
+        self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
+        self.window_head_counts = {s.num_kv_heads for s in window_shapes}
+        self.pools = Pools()  # pooling requests' running accumulators
+        # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
+        self.constraints: ConstraintCompiler | None = None
+        self._followers: StepChannel | None = (
+            channel_of(group) if group is not None and group.rank() == 0 else None
+        )
+
+    # -- a step (rank 0) ---------------------------------------------------------------------
+
+    def forward(
+        self, batch: PackedBatch, spans: Sequence[PoolSpan] = ()
+    ) -> tuple[mx.array | None, dict[str, mx.array]]:
+        """The logits of the step's sampled rows (None when it samples none), and the results of
+        the pooling requests whose last chunk this step computes (``spans``: the pooling
+        requests' rows, folded into ``self.pools``); the other ranks of a group run the same
+        forward on their shard."""
+        if self._followers is not None:
+            self._followers.send_step(batch)
+        if not spans:
+            logits = None if self.compiled is None else self.compiled.forward(batch)
+            if logits is not None:
+                return logits, {}
+            return self.adapter.forward(batch, self.kv_stores, self.states), {}
+        hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
+        pooled = self.pools.take(hidden, spans, self.adapter.head)
+        return self.adapter.sampled_logits(hidden, batch), pooled
+
+    def sample(self, logits: mx.array, rows: Sequence[Request | DraftRow]) -> SampledBatch:
+        """Mask the constrained rows' logits, then sample one token per row (``rows``: the
+        requests of the logits' rows, in order; a verified draft's row is a ``DraftRow``)."""
+        if self.constraints is not None:
+            # A request that finished on the token just read samples a token nobody emits.
+            states = [None if r.finished else r.constraint for r in rows]
+            logits = self.constraints.mask_logits(logits, states, [r.num_generated for r in rows])
+        return sample(force_tokens(logits, [r.forced_token() for r in rows]), rows)
+
+    def launch(self, result: SampledBatch | None, pooled: Sequence[mx.array] = ()) -> float:
+        """Start the step on the device: its samples and the KV pages it writes. Returns the
+        seconds spent blocked here (MLX blocks in ``async_eval`` when many ops are outstanding;
+        a group's rank 0 evaluates the step before the next broadcast, docs/distributed.md)."""
+        started = time.perf_counter()
+        arrays = [
+            *(result.arrays() if result else []),
+            *self.kv_stores.arrays(),
+            *self._state_arrays(),
+            *pooled,
+            *self.pools.arrays(),
+        ]
+        if self._followers is None:
+            mx.async_eval(*arrays)
+        else:
+            mx.eval(*arrays)
+            self._followers.step_finished()
+        return time.perf_counter() - started
+
+    def _state_arrays(self) -> list[mx.array]:
+        return [] if self.states is None else self.states.arrays()
+
+    def close(self) -> None:
+        """Let the other ranks of a group exit; this runner must not run a step again."""
+        if self._followers is not None:
+            self._followers.send_stop()
+
+    # -- a step (the other ranks) -----------------------------------------------------------
+
+    def follow(self, batch: PackedBatch) -> None:
+        """Rank 0's step on this rank's shard: the same layers, so the same collectives in the
+        same order, and this rank's K/V (and recurrent state) written. Not the LM head, unless
+        mlx-lm split it by vocabulary (its gather is a collective): only rank 0 samples, so
+        computing it here would only delay this rank's next step (and rank 0's)."""
+        if self.adapter.head_is_split:
+            out = self.adapter.forward(batch, self.kv_stores, self.states)
+        else:
+            out = self.adapter.hidden_states(batch, self.kv_stores, self.states)
+        # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
+        # so the last layer's collectives after it are not run there, and must not be run here.
+        computed = [out] if out is not None and batch.sample_rows.size else []
+        mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
+
+
+def force_tokens(logits: mx.array, forced: Sequence[int | None]) -> mx.array:
+    """``logits [R, V]`` where row i allows only ``forced[i]`` (None: the row as it is): a
+    thinking budget's end marker is sampled like any token, so every sampling mode picks it."""
+    rows = [(i, token) for i, token in enumerate(forced) if token is not None]
+    if not rows:
+        return logits
+    allowed = np.ones(logits.shape, dtype=np.bool_)
+    for i, token in rows:
+        allowed[i] = False
+        allowed[i, token] = True
+    return mx.where(mx.array(allowed), logits, -mx.inf)
+
+
+def model_vocab_size(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    if size:
+        return int(size)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None:
+        return int(embed.weight.shape[0])
+    raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+def window_pool_cap(
+    model: nn.Module,
+    per_block: int,
+    window_per_block: int,
+    runner: ModelRunner,
+    config: EngineConfig,
+) -> int:
+    """The window group's cap: what ``max_num_seqs`` requests can hold at once (each its window
+    before the last block boundary and a step's chunk, in blocks), no more than the memory
+    budget holds with a full-group block beside each. The window group never needs more blocks
+    than the full group holds (a request's window entries are a subset of its positions, and a
+    shared window block is shared in the full group too), so the engine also caps it at the
+    full group's cap; it is never what preempts a request."""
+    window = runner.adapter.window
+    assert window is not None
+    size = config.block_size
+    per_request = -(-(window + config.max_num_batched_tokens) // size) + 2
+    per_request = min(per_request, -(-runner.context_length // size))
+    fits = config.num_blocks or blocks_for_memory(
+        model, per_block + window_per_block, runner.context_length, config
+    )
+    return min(config.max_num_seqs * per_request, fits)
+
+
+def blocks_for_memory(
+    model: nn.Module, per_block: int, context_length: int, config: EngineConfig, reserved: int = 0
+) -> int:
+    """The pool's cap: blocks of ``per_block`` bytes (their true size, scales included) that fit
+    in ``memory_fraction`` of what is left after the weights (and ``reserved`` bytes: the window
+    group's cap and a hybrid's request state slots at their most), capped at what
+    ``max_num_seqs`` sequences of ``context_length`` tokens can use."""
+    info = mx.device_info() if mx.default_device() == mx.gpu else {}
+    # On a Mac the GPU may use the recommended working set of unified memory; on CPU, all RAM.
+    total = int(
+        info.get("max_recommended_working_set_size")
+        or info.get("memory_size")
+        or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    )
+    weights = sum(array.nbytes for array in parameter_arrays(model))
+    budget = max(0, int(total * config.memory_fraction) - weights - reserved)
+    most_useful = config.max_num_seqs * -(-context_length // config.block_size)
+    blocks = min(budget // per_block, most_useful)
+    if blocks < 1:
+        raise ValueError(
+            f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "
+            f"{total / 2**30:.1f} GiB; raise memory_fraction or set num_blocks"
+        )
+    return int(blocks)

@@ -1,0 +1,196 @@
+"""The paged KV cache: a pool of fixed-size blocks shared by all requests.
+
+Layout: per layer, one K and one V array stored flat as ``[num_blocks * Hkv * block_size, D]``
+and read as ``[num_blocks, Hkv, block_size, D]`` (a free reshape): one KV head's block is
+contiguous, which is what the Metal kernel and the reference in ``macbatch.metal`` expect. A token
+at position p of a request lives in block ``block_ids[p // block_size]`` at offset
+``p % block_size``; its flat row for head h is ``(block * Hkv + h) * block_size + offset``.
+
+Quantized pages (``EngineConfig.kv_bits`` 8 or 4): the same rows hold uint8 codes, and a float16
+scales array per layer and per K/V holds each row's (scale, bias) per head-dim group, indexed by
+the same flat row; see `KVStore` and ``macbatch/metal/quant.py`` for the format and why the
+scales are per token row.
+
+Writes are MLX scatters into the flat arrays. The engine replaces each array with the scatter's
+result and evaluates all of them in the step's single ``mx.eval``, so nothing else holds the old
+buffer and MLX donates it: the pool is updated in place, never copied.
+
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from macbatch.metal import quant
+from macbatch.metal.quant import QuantizedPages
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class PageFormat:
+    """How K/V pages are stored: in the model's float dtype, or quantized to ``bits``.
+
+    ``group_size`` None picks the default per head dim (``macbatch.metal.quant``).
+    """
+
+    dtype: mx.Dtype
+    bits: int | None = None
+    group_size: int | None = None
+
+    def group_size_for(self, head_dim: int) -> int:
+        assert self.bits is not None
+        return quant.group_size_for(head_dim, self.bits, self.group_size)
+
+    def row_bytes(self, head_dim: int) -> int:
+        """Bytes of one token's K (or V) for one head, scales included."""
+        if self.bits is None:
+            return head_dim * self.dtype.size
+        g = self.group_size_for(head_dim)
+        return quant.code_bytes(head_dim, self.bits) + quant.scale_bytes(head_dim, g)
+
+    def bytes_per_block(self, shapes: list[LayerShape], block_size: int) -> int:
+        """True bytes of one block over all layers, K and V, scales included."""
+        return sum(2 * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes)
+
+
+class KVStore:
+    """The per-layer page arrays.
+
+    Quantized pages (``fmt.bits`` set) keep, per layer and per K/V, a uint8 codes array and a
+    float16 scales array ``[rows, D / group_size, 2]`` (scale, bias) with the SAME flat row
+    numbering as the codes: a token's scales live beside its codes in the pool, are written by
+    the same scatter, freed and shared with the same block, and a kernel finds them through the
+    same block table. Nothing else is kept: no float copy of any page.
+    """
+
+    def __init__(
+        self, shapes: list[LayerShape], num_blocks: int, block_size: int, fmt: PageFormat
+    ) -> None:
+        self.shapes = shapes
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.format = fmt
+        self.keys = [self._zeros(s) for s in shapes]
+        self.values = [self._zeros(s) for s in shapes]
+        # One scales array per layer for quantized pages; none for float pages.
+        quantized = fmt.bits is not None
+        self.key_scales = [self._zero_scales(s) for s in shapes] if quantized else []
+        self.value_scales = [self._zero_scales(s) for s in shapes] if quantized else []
+        mx.eval(self.arrays())
+
+    def _rows(self, shape: LayerShape) -> int:
+        return self.num_blocks * shape.num_kv_heads * self.block_size
+
+    def _zeros(self, shape: LayerShape) -> mx.array:
+        if self.format.bits is None:
+            return mx.zeros((self._rows(shape), shape.head_dim), dtype=self.format.dtype)
+        width = quant.code_bytes(shape.head_dim, self.format.bits)
+        return mx.zeros((self._rows(shape), width), dtype=mx.uint8)
+
+    def _zero_scales(self, shape: LayerShape) -> mx.array:
+        groups = shape.head_dim // self.format.group_size_for(shape.head_dim)
+        return mx.zeros((self._rows(shape), groups, 2), dtype=mx.float16)
+
+    @property
+    def nbytes(self) -> int:
+        """The whole pool's bytes (every layer, K and V, scales included)."""
+        return sum(a.nbytes for a in self.arrays())
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.format.bytes_per_block(self.shapes, self.block_size)
+
+    def resize(self, num_blocks: int, keep: Sequence[int] | None = None) -> None:
+        """Hold ``num_blocks`` blocks: the first ones as they are and zeros after them, or, with
+        ``keep``, the blocks of those ids renumbered from 0 (the rest are dropped).
+
+        Each array is replaced and evaluated in turn, so at most one array's old copy is alive
+        beside the new pool. A step in flight still reads and writes the arrays it was built on;
+        the copy waits for it on the stream, so every block it wrote keeps its contents.
+        """
+        arrays = (self.keys, self.values, self.key_scales, self.value_scales)
+        for group in arrays:
+            for layer, array in enumerate(group):
+                per_block = self.shapes[layer].num_kv_heads * self.block_size
+                group[layer] = _resized(array, per_block, num_blocks, keep)
+                mx.eval(group[layer])
+        self.num_blocks = num_blocks
+        mx.clear_cache()  # a Metal buffer cache would keep the old pages' memory
+
+    def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
+        """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache)
+        into the flat rows computed by the batcher, quantizing them first when the pages are
+        quantized."""
+        d = self.shapes[layer].head_dim
+        keys, values = keys.reshape(-1, d), values.reshape(-1, d)
+        if self.format.bits is None:  # the scatter casts to the pages' dtype
+            self.keys[layer][rows] = keys
+            self.values[layer][rows] = values
+            return
+        bits, group = self.format.bits, self.format.group_size_for(d)
+        for codes, scales, x in (
+            (self.keys, self.key_scales, keys),
+            (self.values, self.value_scales, values),
+        ):
+            new_codes, new_scales = quant.quantize(x, bits, group)
+            codes[layer][rows] = new_codes
+            scales[layer][rows] = new_scales
+
+    def pages(self, layer: int) -> tuple[mx.array, mx.array] | tuple[QuantizedPages, ...]:
+        """``[num_blocks, Hkv, block_size, D]`` views of the layer's K and V (quantized pages
+        as ``QuantizedPages`` of that logical shape)."""
+        s = self.shapes[layer]
+        head = (self.num_blocks, s.num_kv_heads, self.block_size)
+        k, v = self.keys[layer], self.values[layer]
+        if self.format.bits is None:
+            return k.reshape(*head, s.head_dim), v.reshape(*head, s.head_dim)
+        bits, group = self.format.bits, self.format.group_size_for(s.head_dim)
+        ks, vs = self.key_scales[layer], self.value_scales[layer]
+        return (
+            QuantizedPages(k.reshape(*head, -1), ks.reshape(*head, *ks.shape[1:]), bits, group),
+            QuantizedPages(v.reshape(*head, -1), vs.reshape(*head, *vs.shape[1:]), bits, group),
+        )
+
+    def arrays(self) -> list[mx.array]:
+        return self.keys + self.values + self.key_scales + self.value_scales
+
+
+@dataclass
+class KVStores:
+    """The page arrays of every cache group: the full-attention layers' and, for a model with
+    sliding-window layers, the window group's (its own block ids); ``slots[i]`` says where store
+    layer i lives: (in the window group, its layer index there)."""
+
+    full: KVStore
+    window: KVStore | None
+    slots: list[tuple[bool, int]]
+
+    @property
+    def nbytes(self) -> int:
+        return self.full.nbytes + (self.window.nbytes if self.window is not None else 0)
+
+    def arrays(self) -> list[mx.array]:
+        return self.full.arrays() + (self.window.arrays() if self.window is not None else [])
+
+
+def _resized(
+    array: mx.array, rows_per_block: int, num_blocks: int, keep: Sequence[int] | None
+) -> mx.array:
+    """A flat page array (rows first) resized to ``num_blocks`` blocks: its blocks ``keep``
+    gathered (a new buffer; a slice would keep the old one alive) or its first blocks, then
+    zeros."""
+    blocks = array.reshape(-1, rows_per_block, *array.shape[1:])
+    if keep is not None:
+        blocks = blocks[mx.array(list(keep), dtype=mx.int32)] if keep else blocks[:0]
+    extra = num_blocks - blocks.shape[0]
+    assert extra >= 0, "resizing would drop blocks it was not told to"
+    zeros = mx.zeros((extra, *blocks.shape[1:]), dtype=array.dtype)
+    return mx.concatenate([blocks, zeros]).reshape(-1, *array.shape[1:])

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from macbatch.arithmetic import ceil_div
 from macbatch.demo import MODEL_DIR
 
 NAME = "demo-vision"
@@ -59,7 +60,7 @@ def build(path: Path) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(work)
-    vocab = -(-len(tokenizer) // 64) * 64
+    vocab = ceil_div(len(tokenizer), 64) * 64
     image_token = tokenizer.get_vocab()["[IMG]"]
     save_random_vlm(work, image_token, vocab, eos_token_id=2)
     shutil.rmtree(path, ignore_errors=True)

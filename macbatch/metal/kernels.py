@@ -20,6 +20,7 @@ from typing import cast
 import mlx.core as mx
 import numpy as np
 
+from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
 
@@ -81,7 +82,7 @@ def choose_tiling(head_dim: int, block_size: int, group: int, max_q_len: int) ->
     cap = 16 if head_dim <= 128 else 8
     tile = max(1, min(cap, group * max_q_len))
     nsg = min(4, tile)
-    qps = -(-tile // nsg)
+    qps = ceil_div(tile, nsg)
     chunk = min(block_size, 32, 1 << int(math.log2(THREADGROUP_FLOATS // head_dim)))
     return Tiling(nsg, qps, chunk)
 
@@ -100,7 +101,7 @@ def plan(
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).astype(np.int64)
     tiling = choose_tiling(head_dim, block_size, group, int(q_lens.max(initial=1)))
     tile = tiling.tile
-    tiles = -(-(q_lens * group) // tile)
+    tiles = ceil_div(q_lens * group, tile)
     seq_of = np.repeat(np.arange(len(q_lens)), tiles)
     tile_idx = np.arange(len(seq_of)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
     qv_start = tile_idx * tile
@@ -124,7 +125,7 @@ def plan(
     if splittable.any() and len(work) < split.target_threadgroups:
         num_splits = min(
             split.max_splits,
-            -(-split.target_threadgroups // len(work)),
+            ceil_div(split.target_threadgroups, len(work)),
             int(ctx[splittable].max()) // split.min_keys,
         )
     if num_splits < 2:

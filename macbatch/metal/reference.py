@@ -21,6 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages, dequantize
 
@@ -50,7 +51,7 @@ def paged_attention_reference(
         first_block = 0
         if sliding_window is not None:  # blocks wholly before every row's window are skipped
             first_block = int(max(0, query_pos.min() - sliding_window + 1)) // block_size
-        n_blocks = -(-int(lens[group].max()) // block_size)
+        n_blocks = ceil_div(int(lens[group].max()), block_size)
         tables = block_tables[mx.array(group)][:, first_block:n_blocks]
         keys = _gather_context(k_pages, tables)
         values = _gather_context(v_pages, tables)
@@ -62,7 +63,7 @@ def paged_attention_reference(
 
     for s in np.flatnonzero(q_lens > 1):
         q_len, ctx, start = int(q_lens[s]), int(lens[s]), int(cu[s])
-        table = block_tables[int(s) : int(s) + 1, : -(-ctx // block_size)]
+        table = block_tables[int(s) : int(s) + 1, : ceil_div(ctx, block_size)]
         keys = _gather_context(k_pages, table)
         values = _gather_context(v_pages, table)
         # Query tiles: each tile reads keys only up to its own last position (and from the

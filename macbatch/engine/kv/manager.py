@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from macbatch.arithmetic import ceil_div
 from macbatch.engine.kv.block_pool import BlockPool, chain_block_hashes
 from macbatch.engine.kv.checkpoints import StateCheckpoints
 from macbatch.engine.kv.elastic import ElasticPool
@@ -80,7 +81,7 @@ class KVManager:
         return self.window.block_table(request_id)
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     def take_cached_prefix(self, request: HasTokens, num_tokens: int) -> int:
         """Share every cached block matching the start of the request's first ``num_tokens``

@@ -25,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from macbatch.arithmetic import ceil_div
 from macbatch.metal import LayerParams, Pages
 from macbatch.metal.reference import masked_attention
 
@@ -85,7 +86,7 @@ class _Plan:
     def build(cls, blocks: list[StepBlock], window: int | None, block_size: int) -> _Plan:
         length = max(b.stop - b.start for b in blocks)
         firsts = [0 if window is None else max(0, b.start - window + 1) for b in blocks]
-        spans = [(-(-b.stop // block_size)) - f // block_size for b, f in zip(blocks, firsts)]
+        spans = [ceil_div(b.stop, block_size) - f // block_size for b, f in zip(blocks, firsts)]
         width = max(spans)
         queries = np.zeros((len(blocks), length), dtype=np.int32)
         columns = np.zeros((len(blocks), width), dtype=np.int32)

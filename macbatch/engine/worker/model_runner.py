@@ -21,6 +21,7 @@ import mlx.nn as nn
 import numpy as np
 
 import macbatch.metal
+from macbatch.arithmetic import ceil_div
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
@@ -253,8 +254,8 @@ def window_pool_cap(
     window = runner.adapter.window
     assert window is not None
     size = config.block_size
-    per_request = -(-(window + config.max_num_batched_tokens) // size) + 2
-    per_request = min(per_request, -(-runner.context_length // size))
+    per_request = ceil_div(window + config.max_num_batched_tokens, size) + 2
+    per_request = min(per_request, ceil_div(runner.context_length, size))
     fits = config.num_blocks or blocks_for_memory(
         model, per_block + window_per_block, runner.context_length, config
     )
@@ -277,7 +278,7 @@ def blocks_for_memory(
     )
     weights = sum(array.nbytes for array in parameter_arrays(model))
     budget = max(0, int(total * config.memory_fraction) - weights - reserved)
-    most_useful = config.max_num_seqs * -(-context_length // config.block_size)
+    most_useful = config.max_num_seqs * ceil_div(context_length, config.block_size)
     blocks = min(budget // per_block, most_useful)
     if blocks < 1:
         raise ValueError(

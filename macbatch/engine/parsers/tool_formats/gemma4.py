@@ -112,15 +112,6 @@ class _Rules:
             return self.add(name, f'"[" {items} "]"')
         raise ValueError(f"a forced Gemma 4 call cannot write values of this schema: {schema}")
 
-    def _array(self, name: str, schema: dict[str, Any]) -> str:
-        low, high = schema.get("minItems", 0), schema.get("maxItems")
-        if high == 0:
-            return self.add(name, '"[" "]"')
-        item = self.of(schema["items"])
-        bounds = f"{max(low - 1, 0)},{'' if high is None else high - 1}"
-        items = f'{item} ("," {item}){{{bounds}}}'
-        return self.add(name, f'"[" {items if low else f"({items})?"} "]"')
-
     def _object(self, name: str, schema: dict[str, Any]) -> str:
         properties = schema.get("properties") or {}
         required = [k for k in sorted(properties) if k in set(schema.get("required") or [])]

@@ -1,15 +1,23 @@
-"""Helpers for the chat app tests: greedy settings, an engine thread that records, waiting."""
+"""Helpers for the chat app tests: greedy settings, an engine thread that records, waiting, the
+engine's own greedy replies (the oracle for the text), and a two-command CLI around `chat`."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
+import typer
 from textual import events
 
-from macbatch.engine import Engine, EngineThread, RequestOutput
+from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
+from macbatch.tui.command import chat_command
 from macbatch.tui.settings import SessionSettings
 
+# Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
+# steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
+LONG = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=3000)
+STEP_SECONDS = 0.01
 # Greedy, short replies: deterministic, so the engine's own output is the oracle for the text.
 GREEDY = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=24)
 
@@ -64,3 +72,17 @@ def type_ahead(app, *keys: str) -> None:
     hides any race between them."""
     for key in keys:
         app.post_message(events.Key(key, key if len(key) == 1 else None))
+
+
+def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:
+    """The oracle: what a fresh engine generates for these chats, greedily."""
+    engine = Engine.load(str(model_path), EngineConfig(num_blocks=64))
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return [out.text for out in engine.generate(prompts, params)]
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("chat")(chat_command)
+    app.command("other")(lambda: None)  # two commands, so "chat" is a subcommand as in macbatch
+    return app

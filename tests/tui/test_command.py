@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import typer
 from typer.testing import CliRunner
 
-from macbatch.tui.command import chat_command
-
-
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("chat")(chat_command)
-    app.command("other")(lambda: None)  # two commands, so "chat" is a subcommand as in macbatch
-    return app
+from tests.tui.helpers import cli
 
 
 def test_help_lists_every_option():

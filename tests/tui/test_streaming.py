@@ -9,27 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.tui.screens.chat import ChatScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import DONE, STOPPED
 from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import GREEDY, first_reply, send, type_ahead, wait_for
+from tests.tui.helpers import (
+    GREEDY,
+    LONG,
+    STEP_SECONDS,
+    first_reply,
+    greedy_texts,
+    send,
+    type_ahead,
+    wait_for,
+)
 
-# Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
-# steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
-LONG = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=3000)
-STEP_SECONDS = 0.01
 CODE_PROMPT = "Explain this code:\n\n```python\ndef add(a, b):\n    return a + b\n```"
 DOCS_SCREENSHOT = Path(__file__).parents[2] / "docs" / "chat-screenshot.svg"
-
-
-def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:
-    """The oracle: what a fresh engine generates for these chats, greedily."""
-    engine = Engine.load(str(model_path), EngineConfig(num_blocks=64))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    return [out.text for out in engine.generate(prompts, params)]
 
 
 async def test_two_sessions_stream_in_the_same_engine_steps(make_app, tmp_path):

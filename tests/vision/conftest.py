@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -69,35 +67,3 @@ def image_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         path.write_bytes(png_bytes(width, height, seed))
         paths.append(path)
     return paths
-
-
-@cache
-def _mlx_vlm(path: str) -> tuple:
-    from mlx_vlm import load
-
-    return load(path)
-
-
-def mlx_vlm_greedy(path: Path, text: str, images: list[Path], max_tokens: int) -> list[int]:
-    """mlx-vlm's own ``generate`` at temperature 0: the ids it samples."""
-    return list(_generate(path, text, images, max_tokens).token_ids)
-
-
-def mlx_vlm_generate(path: Path, text: str, images: list[Path], max_tokens: int) -> str:
-    """mlx-vlm's own ``generate`` at temperature 0: its text."""
-    return str(_generate(path, text, images, max_tokens).text)
-
-
-def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any:
-    from mlx_vlm import generate
-
-    model, processor = _mlx_vlm(str(path))
-    return generate(
-        model,
-        processor,
-        text,
-        image=[str(p) for p in images] or None,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        verbose=False,
-    )

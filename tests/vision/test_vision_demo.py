@@ -15,7 +15,7 @@ import yaml
 
 from macbatch.demo.vision import NAME
 from tests.batch.conftest import JOBS, read_jsonl
-from tests.vision.conftest import mlx_vlm_greedy
+from tests.support.vlm_oracle import mlx_vlm_greedy
 
 pytest.importorskip("mlx_vlm")
 

@@ -15,7 +15,8 @@ from macbatch.engine.inputs.prompt import PromptInput
 from macbatch.engine.multimodal.images import load_image
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
-from tests.vision.conftest import TinyVlm, mlx_vlm_greedy
+from tests.support.vlm_oracle import mlx_vlm_greedy
+from tests.vision.conftest import TinyVlm
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.batch.conftest import read_jsonl, write_job
-from tests.vision.conftest import mlx_vlm_generate
+from tests.support.vlm_oracle import mlx_vlm_generate
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")

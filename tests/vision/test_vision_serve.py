@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.server.conftest import Served, serving, start_engine
-from tests.vision.conftest import mlx_vlm_greedy
+from tests.support.vlm_oracle import mlx_vlm_greedy
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")

@@ -16,7 +16,7 @@ Networks"): within a chunk, with ``G_i`` the decay from the chunk's start to tok
 computed for all chunks at once (``_within_chunks``: the products, the unit-triangular inverse by
 LAPACK's ``tri_inv``); then each chunk takes three products from the state the chunk before left
 (``_across``). It agrees with the token-by-token recurrence to float32 rounding
-(tests/engine/test_gated_delta.py).
+(tests/engine/model/test_gated_delta.py).
 
 A decode step (one token per sequence, ``decode_gated_delta``) is the same recurrence with the
 state read once for both of its products instead of mlx-lm's five passes over it.

@@ -176,13 +176,14 @@ class Engine(PromptEncoder):
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
-    def context_limit(self) -> tuple[int, str]:
-        """The most tokens one sequence may hold (prompt and reply), and what sets that limit.
+    def context_limit(self) -> int:
+        """The most tokens one sequence may hold (prompt and reply); what sets it, in words, is
+        ``info.context_limit_reason``.
 
         The one rule every front end uses: ``max_tokens`` is a cap that shrinks to the room the
         prompt leaves under this limit (``RequestOutput.capped_max_tokens`` says when it did).
         """
-        return self.info.context_limit, self.info.context_limit_reason
+        return self.info.context_limit
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""

@@ -33,7 +33,7 @@ def kv_bits_option() -> Any:
 
 
 def _check_speculative(value: str | None) -> str | None:
-    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
+    from macbatch.engine import check_speculative  # MLX: not on `macbatch --help`
 
     try:
         if value is not None:
@@ -68,7 +68,7 @@ def draft_model_option() -> Any:
 
 
 def _check_num_speculative_tokens(value: int | None) -> int | None:
-    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
+    from macbatch.engine import check_speculative  # MLX: not on `macbatch --help`
 
     try:
         check_speculative("off", value)

@@ -57,7 +57,8 @@ _EXPORTS: dict[str, str] = {
     "ImageError": "macbatch.engine.multimodal.images",
     "load_image": "macbatch.engine.multimodal.images",
     # speculative decoding's methods, checked before a model loads
-    "check_speculative": "macbatch.engine.config",
+    "DEFAULT_SPECULATIVE_TOKENS": "macbatch.engine.speculative.methods",
+    "check_speculative": "macbatch.engine.speculative.methods",
     # which models run, and what loading one would find (macbatch models, macbatch doctor)
     "UnsupportedModelError": "macbatch.engine.model.adapter",
     "unsupported_reason": "macbatch.engine.model.adapter",
@@ -82,7 +83,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from macbatch.engine.config import EngineConfig, check_speculative
+    from macbatch.engine.config import EngineConfig
     from macbatch.engine.core.outputs import (
         FinishReason,
         PromptTooLongError,
@@ -111,4 +112,5 @@ if TYPE_CHECKING:
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
     from macbatch.engine.runtime import EngineDeadError, EngineThread
     from macbatch.engine.sample.params import InvalidSamplingParam, SamplingParams
+    from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
     from macbatch.engine.structured_output.constraints import StructuredOutput

@@ -45,7 +45,7 @@ from macbatch.engine.multimodal.qwen_vl import step_rope
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
-from macbatch.engine.speculative import load_draft_model, speculator_for
+from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
 from macbatch.engine.worker import host_memory

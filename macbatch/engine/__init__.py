@@ -64,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "unsupported_reason": "macbatch.engine.model.adapter",
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
+    "probe_model": "macbatch.engine.model.probe",
 }
 
 __all__ = list(_EXPORTS)
@@ -103,6 +104,7 @@ if TYPE_CHECKING:
     from macbatch.engine.inputs.tokenizer import Tokenizer
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.model.adapter import UnsupportedModelError, unsupported_reason
+    from macbatch.engine.model.probe import probe_model
     from macbatch.engine.model_info import EngineInfo, ModelInfo, declared_context_length
     from macbatch.engine.multimodal.images import Image, ImageError, load_image
     from macbatch.engine.multimodal.vision import unavailable_reason

@@ -3,8 +3,8 @@
 Front ends use only the names exported here (docs/engine.md), never a module inside the engine
 (tests/test_import_graph.py fails on one). Each name is imported from its module when first
 asked for (PEP 562), so that ``import macbatch.engine``, and the names whose modules need no
-MLX (``Tokenizer``, ``SamplingParams``, ``check_speculative`` ...), load no MLX: ``macbatch
---help`` stays instant and the request layer parses without the engine.
+MLX (``Tokenizer``, ``PromptInput``, ``check_speculative`` ...), load no MLX: ``macbatch
+--help`` checks and quotes the engine's speculative methods and stays instant.
 """
 
 # ruff: noqa: F401  (the TYPE_CHECKING imports at the end are the exports' types, not used here)

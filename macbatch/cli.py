@@ -188,7 +188,7 @@ def _demo_kv_pool() -> str:
 def models_command() -> None:
     """List the models that run without a download: the packaged demo model and the Hugging Face
     hub cache. Any other hub id is downloaded on first use."""
-    from macbatch.engine.model.adapter import unsupported_reason
+    from macbatch.engine import unsupported_reason
     from macbatch.models import local_models
 
     models = local_models()

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from macbatch.speculative_modes import DEFAULT_SPECULATIVE_TOKENS
+from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, check_speculative  # MLX-free: --help
 
 
 def _check_kv_bits(value: int | None) -> int | None:
@@ -33,8 +33,6 @@ def kv_bits_option() -> Any:
 
 
 def _check_speculative(value: str | None) -> str | None:
-    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
-
     try:
         if value is not None:
             check_speculative(value, 1)
@@ -68,8 +66,6 @@ def draft_model_option() -> Any:
 
 
 def _check_num_speculative_tokens(value: int | None) -> int | None:
-    from macbatch.engine.config import check_speculative  # MLX: not on `macbatch --help`
-
     try:
         check_speculative("off", value)
     except ValueError as error:

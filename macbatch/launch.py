@@ -29,6 +29,9 @@ def follower_exit_status() -> int | None:
     the exit status. None on rank 0 and outside a launcher: go on with the command."""
     if not launched():
         return None
+    # The one front-end import of engine modules (tests/test_import_graph.py allows it): joining
+    # the group and following rank 0 are the engine's own distributed layer, run before any
+    # command, on ranks that never build an Engine (docs/distributed.md).
     from macbatch.engine.distributed.group import join
 
     group = join()

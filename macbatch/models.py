@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine.model_info import declared_context_length
+from macbatch.engine import declared_context_length
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from macbatch.engine.inputs.chat_template import has_chat_template, thinking_default
-from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
+from macbatch.engine import detect_tool_format, has_chat_template, thinking_default
 
 NO_FORMAT = (
     "none macbatch parses: tool_choice 'required' or a named tool is refused (400), "

@@ -185,7 +185,7 @@ def test_run_help_names_values_plainly():
 def test_help_states_the_engines_draft_lengths_without_loading_mlx():
     """``--num-speculative-tokens``'s help quotes the engine's own defaults, and the command
     line still starts without importing MLX (``--help`` stays instant)."""
-    from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS
+    from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS
 
     text = " ".join(_macbatch("serve", "--help").stdout.replace("│", " ").split())
     ngram, draft = DEFAULT_SPECULATIVE_TOKENS["ngram"], DEFAULT_SPECULATIVE_TOKENS["draft"]

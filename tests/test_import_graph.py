@@ -1,5 +1,7 @@
 """The import graph of macbatch, read from the source with ``ast``: no module imports itself
-through others (a cycle makes import order matter and hides a layer pointing up), and the
+through others (a cycle makes import order matter and hides a layer pointing up), imports point
+down the layers (front ends -> the request layer -> the engine -> the kernels), nothing outside
+the engine imports a module inside it (only the names ``macbatch.engine`` exports), and the
 distributed follower runs the forward without the engine core (docs/distributed.md).
 
 Every import counts, at any level (inside functions and ``TYPE_CHECKING`` blocks too): an import
@@ -151,6 +153,111 @@ def test_no_import_cycles() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycles(graph) == [["a", "b", "c", "a"]]
+
+
+# The layers, top down (docs/architecture.md, "Layers"), each as the modules it holds (a
+# prefix holds its package's modules): a module imports nothing in a layer above its own. Every
+# module is in one, so a new top-level module must be placed here.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "front ends",
+        (
+            "macbatch.tui",
+            "macbatch.batch",
+            "macbatch.server",
+            "macbatch.cli",
+            "macbatch.cli_options",
+            "macbatch.__main__",
+            "macbatch.launch",
+            "macbatch.bench",
+            "macbatch.models",
+            "macbatch.model_check",
+            "macbatch.template_check",
+        ),
+    ),
+    ("request layer", ("macbatch.openai",)),
+    ("engine", ("macbatch.engine",)),
+    ("kernels", ("macbatch.metal",)),
+    # below them all: the demo models (the engine's loader resolves "demo" and builds
+    # "demo-vision"), the data directory, ceiling division and the package's own facts
+    ("leaves", ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", PACKAGE)),
+]
+
+ENGINE = "macbatch.engine"
+# The imports of engine modules from outside the engine, each with why: the launcher joins the
+# group and runs the follower's loop before any command, on ranks that never build an Engine.
+PAST_THE_ENGINE_API: dict[str, set[str]] = {
+    "macbatch.launch": {
+        "macbatch.engine.distributed.group",
+        "macbatch.engine.distributed.channel",
+        "macbatch.engine.distributed.follower",
+    },
+}
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of the layer holding ``module`` (the package itself holds only
+    its ``__init__``, not every module under it)."""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or (prefix != PACKAGE and module.startswith(prefix + ".")):
+                return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module in a layer above the importer's."""
+    return [
+        f"{module} ({LAYERS[layer_of(module)][0]}) -> {imported} ({LAYERS[layer_of(imported)][0]})"
+        for module, imports in sorted(graph.items())
+        for imported in sorted(imports)
+        if layer_of(imported) < layer_of(module)
+    ]
+
+
+def imports_past_the_engine_api(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module inside the engine by a module outside it, but those allowed."""
+    inside = ENGINE + "."
+    return [
+        f"{module} -> {imported}"
+        for module, imports in sorted(graph.items())
+        if module != ENGINE and not module.startswith(inside)
+        for imported in sorted(imports)
+        if imported.startswith(inside) and imported not in PAST_THE_ENGINE_API.get(module, set())
+    ]
+
+
+def test_imports_point_down_the_layers() -> None:
+    found = upward_imports(import_graph())
+    assert not found, "imports up the layers:\n" + "\n".join(found)
+
+
+def test_only_the_engine_imports_its_modules() -> None:
+    found = imports_past_the_engine_api(import_graph())
+    assert not found, (
+        "import engine names from macbatch.engine (export them there), not its modules:\n"
+        + "\n".join(found)
+    )
+    graph = import_graph()
+    for module, allowed in PAST_THE_ENGINE_API.items():
+        assert allowed <= graph[module], f"{module} no longer imports all of {allowed}: shrink it"
+
+
+def test_the_layer_rules_catch_a_violation() -> None:
+    """The rules on graphs with one wrong edge each: they must be able to fail."""
+    assert upward_imports({"macbatch.metal.kernels": {"macbatch.engine.engine"}}) == [
+        "macbatch.metal.kernels (kernels) -> macbatch.engine.engine (engine)"
+    ]
+    assert upward_imports({"macbatch.engine.runtime": {"macbatch.openai.requests"}})
+    assert upward_imports({"macbatch.openai.requests": {"macbatch.server.app"}})
+    assert upward_imports({"macbatch.demo.vision": {"macbatch.engine"}})
+    assert not upward_imports({"macbatch.server.app": {"macbatch.engine", "macbatch.metal"}})
+    assert imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine.engine"}}) == [
+        "macbatch.tui.app -> macbatch.engine.engine"
+    ]
+    assert imports_past_the_engine_api({"macbatch.launch": {"macbatch.engine.runtime"}})
+    assert not imports_past_the_engine_api({"macbatch.engine.engine": {"macbatch.engine.config"}})
+    assert not imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine"}})
 
 
 def test_the_follower_does_not_import_the_engine_core() -> None:

@@ -76,10 +76,8 @@ def test_doctor_model_says_why_not(tmp_path):
 
 
 def test_doctor_model_says_when_the_weights_do_not_fit(tmp_path, monkeypatch):
-    import macbatch.model_check
-
     path = save_model(tmp_path / "qwen3", "qwen3")
-    monkeypatch.setattr(macbatch.model_check, "available_memory_bytes", lambda: 1024)
+    monkeypatch.setattr("macbatch.engine.model.probe.available_memory_bytes", lambda: 1024)
     result = CliRunner().invoke(app, ["doctor", str(path)])
     assert result.exit_code == 1
     servable = _rows(result.output)["servable"]

@@ -21,9 +21,7 @@ from macbatch.batch.spec import JobSpec
 from macbatch.batch.templates import render, template_fields
 from macbatch.batch.yaml_checks import suggest
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import PromptInput, RequestOutput, SamplingParams
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.parsers.tool_calls import ToolFormat
+from macbatch.engine import PromptInput, RequestOutput, SamplingParams, Tokenizer, ToolFormat
 from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, formatter_for, parse_body
 from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS

@@ -20,8 +20,8 @@ from macbatch.engine import (
     PoolingParams,
     PromptInput,
     RequestOutput,
+    Tokenizer,
 )
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.openai.embeddings import Embedding, embeddings_response, parse_embeddings
 from macbatch.openai.rerank import Scoring, parse_score, score_response
 

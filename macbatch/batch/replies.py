@@ -7,8 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine import StructuredOutput
-from macbatch.engine.parsers.tool_calls import ToolFormat
+from macbatch.engine import StructuredOutput, ToolFormat
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from macbatch.batch.job_sections import (
 )
 from macbatch.batch.yaml_checks import YamlChecker, dotted
 from macbatch.batch.yamlfile import JobFileError, PathKey, load_yaml
-from macbatch.engine.config import check_speculative
+from macbatch.engine import check_speculative
 from macbatch.metal.quant import check_kv_quantization
 
 TOP_KEYS = ("version", "model", "kv_bits", "speculative", "defaults", "output", "jobs")

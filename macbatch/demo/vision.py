@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from macbatch import VISION_EXTRA
 from macbatch.arithmetic import ceil_div
 from macbatch.demo import MODEL_DIR
 
@@ -49,8 +50,6 @@ def build(path: Path) -> Path:
     try:
         from transformers import AutoTokenizer
     except ImportError as error:
-        from macbatch.engine.multimodal.images import VISION_EXTRA
-
         raise ValueError(f"the '{NAME}' model needs the vision extra: {VISION_EXTRA}") from error
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=path.parent))

@@ -1,57 +1,118 @@
 """The engine: continuous batching over a paged KV cache. Knows nothing about user interfaces.
 
-Front ends use only the names exported here (see docs/engine.md).
+Front ends use only the names exported here (docs/engine.md), never a module inside the engine
+(tests/test_import_graph.py fails on one). Each name is imported from its module when first
+asked for (PEP 562), so that ``import macbatch.engine``, and the names whose modules need no
+MLX (``Tokenizer``, ``PromptInput``, ``check_speculative`` ...), load no MLX: ``macbatch
+--help`` checks and quotes the engine's speculative methods and stays instant.
 """
 
-from macbatch.engine.config import EngineConfig
-from macbatch.engine.core.outputs import (
-    FinishReason,
-    PromptTooLongError,
-    RequestMetrics,
-    RequestOutput,
-    SpeculationCounts,
-)
-from macbatch.engine.core.stats import EngineStats
-from macbatch.engine.engine import Engine
-from macbatch.engine.inputs.chat_template import (
-    THINKING_SWITCH,
-    check_chat_template_kwargs,
-    thinking_default,
-)
-from macbatch.engine.inputs.prompt import Prompt, PromptInput
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.model.adapter import UnsupportedModelError
-from macbatch.engine.model_info import EngineInfo, ModelInfo
-from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
-from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
-from macbatch.engine.runtime import EngineDeadError, EngineThread
-from macbatch.engine.sample.params import InvalidSamplingParam, SamplingParams
-from macbatch.engine.structured_output.constraints import StructuredOutput
+# ruff: noqa: F401  (the TYPE_CHECKING imports at the end are the exports' types, not used here)
 
-__all__ = [
-    "EmbeddingProfile",
-    "POOLING_METHODS",
-    "PoolingParams",
-    "Engine",
-    "EngineConfig",
-    "EngineDeadError",
-    "EngineInfo",
-    "EngineStats",
-    "EngineThread",
-    "FinishReason",
-    "InvalidSamplingParam",
-    "ModelInfo",
-    "Prompt",
-    "PromptInput",
-    "PromptTooLongError",
-    "RequestMetrics",
-    "RequestOutput",
-    "SamplingParams",
-    "SpeculationCounts",
-    "StructuredOutput",
-    "Tokenizer",
-    "UnsupportedModelError",
-    "THINKING_SWITCH",
-    "check_chat_template_kwargs",
-    "thinking_default",
-]
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Every exported name -> the module that defines it: the one list (``__all__`` and ``__dir__``
+# are read from it; the ``TYPE_CHECKING`` imports below repeat it for the type checker, and a
+# test holds the two equal).
+_EXPORTS: dict[str, str] = {
+    # the engine and its thread
+    "Engine": "macbatch.engine.engine",
+    "EngineThread": "macbatch.engine.runtime",
+    "EngineDeadError": "macbatch.engine.runtime",
+    "EngineConfig": "macbatch.engine.config",
+    "EngineStats": "macbatch.engine.core.stats",
+    "EngineInfo": "macbatch.engine.model_info",
+    "ModelInfo": "macbatch.engine.model_info",
+    "declared_context_length": "macbatch.engine.model_info",
+    # requests and what they report
+    "Prompt": "macbatch.engine.inputs.prompt",
+    "PromptInput": "macbatch.engine.inputs.prompt",
+    "Tokenizer": "macbatch.engine.inputs.tokenizer",
+    "THINKING_SWITCH": "macbatch.engine.inputs.chat_template",
+    "check_chat_template_kwargs": "macbatch.engine.inputs.chat_template",
+    "has_chat_template": "macbatch.engine.inputs.chat_template",
+    "thinking_default": "macbatch.engine.inputs.chat_template",
+    "SamplingParams": "macbatch.engine.sample.params",
+    "InvalidSamplingParam": "macbatch.engine.sample.params",
+    "StructuredOutput": "macbatch.engine.structured_output.constraints",
+    "PoolingParams": "macbatch.engine.pooling.methods",
+    "POOLING_METHODS": "macbatch.engine.pooling.methods",
+    "EmbeddingProfile": "macbatch.engine.pooling.embedding_profile",
+    "FinishReason": "macbatch.engine.core.outputs",
+    "PromptTooLongError": "macbatch.engine.core.outputs",
+    "RequestMetrics": "macbatch.engine.core.outputs",
+    "RequestOutput": "macbatch.engine.core.outputs",
+    "SpeculationCounts": "macbatch.engine.core.outputs",
+    # tool calls
+    "ToolCall": "macbatch.engine.parsers.tool_calls",
+    "ToolFormat": "macbatch.engine.parsers.tool_calls",
+    "check_tools": "macbatch.engine.parsers.tool_calls",
+    "chosen_tools": "macbatch.engine.parsers.tool_calls",
+    "detect_tool_format": "macbatch.engine.parsers.tool_formats.detect",
+    # images
+    "Image": "macbatch.engine.multimodal.images",
+    "ImageError": "macbatch.engine.multimodal.images",
+    "load_image": "macbatch.engine.multimodal.images",
+    # speculative decoding's methods, checked before a model loads
+    "DEFAULT_SPECULATIVE_TOKENS": "macbatch.engine.speculative.methods",
+    "check_speculative": "macbatch.engine.speculative.methods",
+    # which models run, and what loading one would find (macbatch models, macbatch doctor)
+    "UnsupportedModelError": "macbatch.engine.model.adapter",
+    "unsupported_reason": "macbatch.engine.model.adapter",
+    "unavailable_reason": "macbatch.engine.multimodal.vision",
+    "resolve_model_path": "macbatch.engine.loader",
+    "probe_model": "macbatch.engine.model.probe",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # asked for once: later reads find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from macbatch.engine.config import EngineConfig
+    from macbatch.engine.core.outputs import (
+        FinishReason,
+        PromptTooLongError,
+        RequestMetrics,
+        RequestOutput,
+        SpeculationCounts,
+    )
+    from macbatch.engine.core.stats import EngineStats
+    from macbatch.engine.engine import Engine
+    from macbatch.engine.inputs.chat_template import (
+        THINKING_SWITCH,
+        check_chat_template_kwargs,
+        has_chat_template,
+        thinking_default,
+    )
+    from macbatch.engine.inputs.prompt import Prompt, PromptInput
+    from macbatch.engine.inputs.tokenizer import Tokenizer
+    from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.model.adapter import UnsupportedModelError, unsupported_reason
+    from macbatch.engine.model.probe import probe_model
+    from macbatch.engine.model_info import EngineInfo, ModelInfo, declared_context_length
+    from macbatch.engine.multimodal.images import Image, ImageError, load_image
+    from macbatch.engine.multimodal.vision import unavailable_reason
+    from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat, check_tools, chosen_tools
+    from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
+    from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
+    from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
+    from macbatch.engine.runtime import EngineDeadError, EngineThread
+    from macbatch.engine.sample.params import InvalidSamplingParam, SamplingParams
+    from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
+    from macbatch.engine.structured_output.constraints import StructuredOutput

@@ -4,26 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
 from macbatch.metal.quant import check_kv_quantization
-from macbatch.speculative_modes import (
-    DEFAULT_SPECULATIVE_TOKENS,
-    MAX_SPECULATIVE_TOKENS,
-    SPECULATIVE_MODES,
-)
-
-
-def check_speculative(mode: str, num_tokens: int | None) -> None:
-    """``ValueError`` saying what is wrong with a speculative mode or draft length (None: the
-    mode's default)."""
-    if mode not in SPECULATIVE_MODES:
-        raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {mode!r}")
-    if num_tokens is None:
-        return
-    if not (isinstance(num_tokens, int) and 1 <= num_tokens <= MAX_SPECULATIVE_TOKENS):
-        raise ValueError(
-            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
-            f"got {num_tokens!r}"
-        )
 
 
 @dataclass(frozen=True)
@@ -44,10 +26,11 @@ class EngineConfig:
     ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
     docs/engine.md; a distributed engine always steps synchronously); False runs each step
     synchronously, which benchmarks use to show what the pipeline takes off the host's
-    critical path. ``speculative`` picks a drafter (``SPECULATIVE_MODES``; docs/speculative.md):
-    "ngram" (prompt lookup), "draft" (``draft_model``, a small model with the same tokenizer),
-    "mtp" (refused: no loader keeps the heads), "off"; ``num_speculative_tokens`` is the most
-    tokens drafted per request per step (None: ``DEFAULT_SPECULATIVE_TOKENS`` of the mode).
+    critical path. ``speculative`` picks a drafter (``SPECULATIVE_MODES`` in
+    speculative/methods.py; docs/speculative.md): "ngram" (prompt lookup), "draft"
+    (``draft_model``, a small model with the same tokenizer), "mtp" (refused: no loader keeps the
+    heads), "off"; ``num_speculative_tokens`` is the most tokens drafted per request per step
+    (None: ``DEFAULT_SPECULATIVE_TOKENS`` of the method).
     ``compile_decode_after``: small decode steps run compiled once this many of them ran
     uncompiled (compiled_step.py; None: never compiled).
     """
@@ -73,9 +56,10 @@ class EngineConfig:
 
     @property
     def draft_length(self) -> int:
-        """The most tokens a request drafts per step."""
+        """The most tokens a request drafts per step: the given length, else the method's
+        default (0 for "off", which drafts nothing)."""
         given = self.num_speculative_tokens
-        return DEFAULT_SPECULATIVE_TOKENS[self.speculative] if given is None else given
+        return DEFAULT_SPECULATIVE_TOKENS.get(self.speculative, 0) if given is None else given
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):

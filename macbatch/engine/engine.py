@@ -45,7 +45,7 @@ from macbatch.engine.multimodal.qwen_vl import step_rope
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
-from macbatch.engine.speculative import load_draft_model, speculator_for
+from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
 from macbatch.engine.worker import host_memory
@@ -176,13 +176,14 @@ class Engine(PromptEncoder):
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
-    def context_limit(self) -> tuple[int, str]:
-        """The most tokens one sequence may hold (prompt and reply), and what sets that limit.
+    def context_limit(self) -> int:
+        """The most tokens one sequence may hold (prompt and reply); what sets it, in words, is
+        ``info.context_limit_reason``.
 
         The one rule every front end uses: ``max_tokens`` is a cap that shrinks to the room the
         prompt leaves under this limit (``RequestOutput.capped_max_tokens`` says when it did).
         """
-        return self.info.context_limit, self.info.context_limit_reason
+        return self.info.context_limit
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""

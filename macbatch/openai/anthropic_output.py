@@ -9,8 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from macbatch.engine import FinishReason, RequestOutput
-from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat
+from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
 from macbatch.openai.anthropic_api import MessagesRequest
 from macbatch.openai.rendering import Event, Failure, Renderer, ReplyText
 from macbatch.openai.responses import TokenDecoder

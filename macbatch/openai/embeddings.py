@@ -17,9 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from macbatch.engine import EmbeddingProfile, PoolingParams, PromptInput, RequestOutput
-from macbatch.engine.inputs.prompt import Prompt
-from macbatch.engine.pooling.methods import POOLING_METHODS
+from macbatch.engine import (
+    POOLING_METHODS,
+    EmbeddingProfile,
+    PoolingParams,
+    Prompt,
+    PromptInput,
+    RequestOutput,
+)
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from macbatch.engine.multimodal.images import Image, ImageError, load_image
+from macbatch.engine import Image, ImageError, load_image
 from macbatch.openai.errors import InvalidRequest
 
 MAX_IMAGE_BYTES = 20 * 2**20  # as OpenAI's own limit per image

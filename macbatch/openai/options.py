@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.parsers.tool_calls import ToolFormat, check_tools, chosen_tools
-from macbatch.engine.structured_output.constraints import StructuredOutput
+from macbatch.engine import StructuredOutput, Tokenizer, ToolFormat, check_tools, chosen_tools
 from macbatch.openai.errors import InvalidRequest
 
 OPTION_FIELDS = (

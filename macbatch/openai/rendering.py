@@ -13,8 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from macbatch.engine import FinishReason, RequestOutput
-from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat
+from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
 from macbatch.openai.responses import ChoiceProgress, Formatter
 
 Event = tuple[str | None, dict[str, Any] | str]  # (SSE event name or None, data)

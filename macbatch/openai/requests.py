@@ -18,10 +18,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from macbatch.engine import SamplingParams, StructuredOutput, check_chat_template_kwargs
-from macbatch.engine.inputs.prompt import Prompt, PromptInput
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.parsers.tool_calls import ToolFormat
+from macbatch.engine import (
+    Prompt,
+    PromptInput,
+    SamplingParams,
+    StructuredOutput,
+    Tokenizer,
+    ToolFormat,
+    check_chat_template_kwargs,
+)
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages, completion_prompts

@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from macbatch.engine import EmbeddingProfile, PoolingParams, PromptInput, RequestOutput
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine import EmbeddingProfile, PoolingParams, PromptInput, RequestOutput, Tokenizer
 from macbatch.openai.bodies import check_value
 from macbatch.openai.embeddings import MAX_INPUTS
 from macbatch.openai.errors import InvalidRequest

@@ -10,8 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from macbatch.engine import FinishReason, RequestOutput
-from macbatch.engine.parsers.tool_calls import ToolFormat
+from macbatch.engine import FinishReason, RequestOutput, ToolFormat
 from macbatch.openai.requests import Endpoint, Generation
 
 LOWEST_LOGPROB = -9999.0  # OpenAI's logprob for a token with no chance (JSON has no -inf)

@@ -9,8 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from macbatch.engine import FinishReason, RequestOutput
-from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat
+from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
 from macbatch.openai.rendering import Event, Failure, Renderer, ReplyText
 from macbatch.openai.responses import usage
 from macbatch.openai.responses_api import ResponsesRequest

@@ -17,8 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from macbatch.engine import EngineThread
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine import EngineThread, Tokenizer
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer

@@ -16,9 +16,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from macbatch.engine import EngineThread, FinishReason, PoolingParams, PromptInput, RequestOutput
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.parsers.tool_calls import ToolFormat
+from macbatch.engine import (
+    EngineThread,
+    FinishReason,
+    PoolingParams,
+    PromptInput,
+    RequestOutput,
+    Tokenizer,
+    ToolFormat,
+)
 from macbatch.openai import Bound, Generation
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer

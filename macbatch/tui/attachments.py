@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine.multimodal.images import ImageError, load_image
+from macbatch.engine import ImageError, load_image
 from macbatch.openai.image_parts import MAX_IMAGE_BYTES
 
 

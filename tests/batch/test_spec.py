@@ -9,7 +9,7 @@ import pytest
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.templates import template_fields
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine.config import DEFAULT_SPECULATIVE_TOKENS, EngineConfig
+from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, EngineConfig
 from tests.batch.conftest import write_job
 
 

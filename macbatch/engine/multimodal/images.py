@@ -8,10 +8,11 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
+from macbatch import VISION_EXTRA
+
 # A 100-megapixel photo decodes to 300 MB of RGB before any resizing; the families served here
 # resize to at most a few megapixels, so larger images are refused rather than decoded.
 MAX_PIXELS = 50_000_000
-VISION_EXTRA = "pip install 'macbatch[vision]'"
 
 
 class ImageError(ValueError):

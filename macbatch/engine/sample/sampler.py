@@ -1,5 +1,5 @@
-"""Sampling parameters (validated) and the batched sampler that turns one step's logits into
-tokens for every sampled row at once.
+"""The batched sampler: one step's logits into a token for every sampled row at once, forced
+tokens (a thinking budget's end) included.
 
 Every request carries its own seed, and the random noise of a row depends only on that seed and
 the number of tokens the request has generated, so a seeded request gives the same output whatever
@@ -36,6 +36,8 @@ class SampleRow(Protocol):
 
     @property
     def output_token_ids(self) -> list[int]: ...  # presence and frequency penalties
+
+    def forced_token(self) -> int | None: ...  # the only token this row may take (None: any)
 
 
 @dataclass
@@ -84,6 +86,7 @@ class HostSamples:
 
 def sample(logits: mx.array, rows: Sequence[SampleRow]) -> SampledBatch:
     """One token per row of ``logits [R, V]`` (float32); builds the graph, evaluates nothing."""
+    logits = _force_tokens(logits, [r.forced_token() for r in rows])
     if any(r.params.penalized for r in rows):
         logits = _apply_penalties(logits, rows)
     tokens = mx.argmax(logits, axis=-1)
@@ -101,6 +104,19 @@ def sample(logits: mx.array, rows: Sequence[SampleRow]) -> SampledBatch:
             batch.top_ids = top
             batch.top_logprobs = mx.take_along_axis(logp, top, axis=-1)
     return batch
+
+
+def _force_tokens(logits: mx.array, forced: Sequence[int | None]) -> mx.array:
+    """``logits`` where row i allows only ``forced[i]`` (None: the row as it is): forcing is a
+    mask rather than a substitution, so every sampling mode picks the token, with logprob 0."""
+    rows = [(i, token) for i, token in enumerate(forced) if token is not None]
+    if not rows:
+        return logits
+    allowed = np.ones(logits.shape, dtype=np.bool_)
+    for i, token in rows:
+        allowed[i] = False
+        allowed[i, token] = True
+    return mx.where(mx.array(allowed), logits, -mx.inf)
 
 
 def _apply_penalties(logits: mx.array, rows: Sequence[SampleRow]) -> mx.array:

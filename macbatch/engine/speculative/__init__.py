@@ -1,73 +1,8 @@
 """Speculative decoding inside the packed step (docs/speculative.md).
 
-A drafter (one file per kind, in ``DRAFTERS``) proposes a request's next tokens; the engine
-verifies them as one more varlen chunk of the step's forward and keeps the run the target's own
-sampling agrees with (verify.py), so outputs are the target's at any temperature. policy.py
-decides who speculates and how far.
+A drafter (one file per kind, registered in ``drafters.DRAFTERS`` under its name in
+``methods.py``) proposes a request's next tokens; the engine verifies them as one more varlen
+chunk of the step's forward and keeps the run the target's own sampling agrees with (verify.py),
+so outputs are the target's at any temperature. policy.py decides who speculates and how far.
+This package's ``__init__`` imports nothing, so that the methods reach ``--help`` without MLX.
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
-
-import mlx.nn as nn
-
-from macbatch.engine.config import EngineConfig
-from macbatch.engine.kv.manager import KVManager
-from macbatch.engine.speculative.draft_model import DraftModelDrafter
-from macbatch.engine.speculative.draft_runner import DraftRunner
-from macbatch.engine.speculative.ngram import NgramDrafter
-from macbatch.engine.speculative.protocol import Drafter
-from macbatch.engine.speculative.speculator import Speculator
-
-
-def _draft(draft: DraftRunner | None, kv: KVManager) -> Drafter:
-    if draft is None:
-        raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
-    return DraftModelDrafter(draft, kv)
-
-
-def _mtp(draft: DraftRunner | None, kv: KVManager) -> Drafter:
-    raise ValueError(
-        "speculative 'mtp' is not available: mlx-lm drops a checkpoint's multi-token-prediction "
-        "weights when it loads one (qwen3_5 and qwen3_next sanitize 'mtp.*' away); use 'ngram' "
-        "or 'draft'"
-    )
-
-
-# each drafter from the runner of the draft model (None without one) and the KV manager
-DRAFTERS: dict[str, Callable[[DraftRunner | None, KVManager], Drafter]] = {
-    "ngram": lambda _draft, _kv: NgramDrafter(),
-    "draft": _draft,
-    "mtp": _mtp,
-}
-
-
-def load_draft_model(path: str | None) -> nn.Module:
-    """The draft model at ``path`` (a local directory or a hub id), as mlx-lm loads it."""
-    if not path:
-        raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
-    from mlx_lm import load
-
-    return load(path)[0]
-
-
-def speculator_for(
-    config: EngineConfig, draft: DraftRunner | None, kv: KVManager
-) -> Speculator | None:
-    """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
-    saying why when it cannot run. ``draft``: the model runner's draft (draft_runner.py)."""
-    if config.speculative == "off":
-        return None
-    drafter = DRAFTERS[config.speculative](draft, kv)
-    return Speculator(drafter, config.draft_length)
-
-
-__all__ = [
-    "DRAFTERS",
-    "DraftRunner",
-    "Drafter",
-    "Speculator",
-    "load_draft_model",
-    "speculator_for",
-]

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 import macbatch.metal
 from macbatch.arithmetic import ceil_div
@@ -168,7 +167,7 @@ class ModelRunner:
             # A request that finished on the token just read samples a token nobody emits.
             states = [None if r.finished else r.constraint for r in rows]
             logits = self.constraints.mask_logits(logits, states, [r.num_generated for r in rows])
-        return sample(force_tokens(logits, [r.forced_token() for r in rows]), rows)
+        return sample(logits, rows)
 
     def launch(self, result: SampledBatch | None, pooled: Sequence[mx.array] = ()) -> float:
         """Start the step on the device: its samples and the KV pages it writes. Returns the
@@ -212,19 +211,6 @@ class ModelRunner:
         # so the last layer's collectives after it are not run there, and must not be run here.
         computed = [out] if out is not None and batch.sample_rows.size else []
         mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
-
-
-def force_tokens(logits: mx.array, forced: Sequence[int | None]) -> mx.array:
-    """``logits [R, V]`` where row i allows only ``forced[i]`` (None: the row as it is): a
-    thinking budget's end marker is sampled like any token, so every sampling mode picks it."""
-    rows = [(i, token) for i, token in enumerate(forced) if token is not None]
-    if not rows:
-        return logits
-    allowed = np.ones(logits.shape, dtype=np.bool_)
-    for i, token in rows:
-        allowed[i] = False
-        allowed[i, token] = True
-    return mx.where(mx.array(allowed), logits, -mx.inf)
 
 
 def model_vocab_size(model: nn.Module) -> int:

@@ -24,8 +24,7 @@ from macbatch.batch.outputs import (
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape
-from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput, Tokenizer
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from macbatch.engine import EngineThread
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine import EngineThread, Tokenizer
 from macbatch.server.batchapi.files import FileStore
 from macbatch.server.batchapi.records import ACTIVE, BatchStore
 from macbatch.server.batchapi.run import BatchEngine

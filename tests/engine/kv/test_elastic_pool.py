@@ -101,7 +101,8 @@ def test_context_limit_uses_the_cap(tiny_tokenizer):
     engine = Engine(model, tiny_tokenizer, _elastic(max_num_seqs=1))
     assert engine.stats().kv_blocks_total == 1
     assert engine.info.kv_blocks_cap == 4096 // 8
-    assert engine.context_limit() == (4096, "the model's context length")
+    assert engine.context_limit() == 4096 == engine.info.context_limit
+    assert engine.info.context_limit_reason == "the model's context length"
     prompt = random_prompts([100], seed=5)[0]
     fitted = engine.prepare_request(prompt, SamplingParams(max_tokens=None), None)
     assert fitted.params.max_tokens == 4096 - 100

@@ -22,10 +22,14 @@ class _Row:
     num_generated: int
     all_token_ids: list[int]
     output_token_ids: list[int]
+    forced: int | None = None
+
+    def forced_token(self) -> int | None:
+        return self.forced
 
 
-def _row(params, seed=0, generated=(), seen=()) -> SampleRow:
-    return _Row(params, seed, len(generated), list(seen), list(generated))
+def _row(params, seed=0, generated=(), seen=(), forced=None) -> SampleRow:
+    return _Row(params, seed, len(generated), list(seen), list(generated), forced)
 
 
 def test_seeded_request_is_independent_of_its_batch(tiny_tokenizer):
@@ -106,6 +110,26 @@ def test_penalties_match_numpy():
     assert np.array(got.tokens).tolist() == want.argmax(-1).tolist()
     log_probs = want - np.log(np.exp(want).sum(-1, keepdims=True))
     np.testing.assert_allclose(np.array(got.logprobs), log_probs.max(-1), rtol=1e-5)
+
+
+def test_a_forced_row_takes_its_token_in_every_sampling_mode():
+    """A row's forced token (a thinking budget's end marker) is the only one it can sample,
+    with logprob 0, whatever its sampling; the other rows sample as they would alone."""
+    rng = np.random.default_rng(2)
+    logits = mx.array(rng.normal(0, 2, size=(2, 20)).astype(np.float32))
+    unlikely = int(np.argmin(np.array(logits[0])))
+    modes = [
+        SamplingParams(temperature=0, logprobs=0),
+        SamplingParams(temperature=1.0, top_k=3, top_p=0.8, logprobs=0),
+        SamplingParams(temperature=0.7, min_p=0.3, repetition_penalty=1.5, logprobs=0),
+    ]
+    for seed, params in enumerate(modes):
+        other = _row(replace(params, logprobs=None), seed + 10)
+        both = sample(logits, [_row(params, seed, seen=[unlikely], forced=unlikely), other])
+        assert both.tokens.tolist()[0] == unlikely
+        assert both.logprobs is not None and both.logprobs.tolist()[0] == 0.0
+        alone = sample(logits[1:], [other])
+        assert both.tokens.tolist()[1] == alone.tokens.tolist()[0]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

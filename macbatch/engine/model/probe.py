@@ -1,0 +1,71 @@
+"""What ``Engine.load`` would find in a local model, without reading its weights (``macbatch
+doctor MODEL``): the engine's own dtype rule and adapter run on the lazily loaded (memory-mapped,
+unread) model and probe its graph without evaluating it, so the answers are the ones loading it
+would reach, at the cost of a config read. Here rather than in the front end so that it needs
+none of the engine's internals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlx.utils import tree_reduce
+
+from macbatch.engine.model.adapter import ModelAdapter, model_type_of, text_model
+from macbatch.engine.worker.compute_dtype import available_memory_bytes, settle_compute_dtype
+from macbatch.engine.worker.pages import PageFormat
+
+
+def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
+    """Append what loading the model at ``path`` would find to ``rows`` as (what, found), each
+    as soon as it is found so that a failure still shows what came before it, and return why
+    the engine could not serve the model (None: it could). ``ValueError`` when mlx-lm cannot
+    load it or the adapter cannot run it: nothing further can be probed."""
+    from mlx_lm.utils import load_model
+
+    try:
+        model, _ = load_model(path, lazy=True)
+    except Exception as exc:  # an unknown model_type, missing weights ...: all mean "cannot load"
+        raise ValueError(f"mlx-lm cannot load it: {exc}") from exc
+    outer_type = model_type_of(model)
+    inner_type = model_type_of(text_model(model))
+    shown = outer_type if inner_type == outer_type else f"{outer_type} (text model: {inner_type})"
+    rows.append(("architecture", shown))
+    try:
+        dtype = settle_compute_dtype(model, None, owns_model=True)
+    except ValueError as exc:
+        return str(exc)
+    rows.append(("compute dtype", f"{dtype.dtype} ({dtype.reason})"))
+    try:
+        adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
+    except Exception as exc:  # an architecture whose forward fails on the probe: same answer
+        raise ValueError(f"the paged engine cannot run it: {exc}") from exc
+    attention, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
+    shared = f", {attention - paged} reuse another layer's K/V" if paged < attention else ""
+    recurrent = len(adapter.state_shapes)
+    both = sum(len(entry) > 1 for entry in adapter.recurrent)  # attention and state side by side
+    kinds = f"{paged} with KV pages{shared}"
+    if recurrent:
+        kinds += f", {recurrent} recurrent"
+    if both:
+        kinds += f"; {both} run both side by side"
+    rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))
+    per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
+    kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
+    rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
+    if recurrent:
+        state = sum(s.nbytes for s in adapter.state_shapes)
+        rows.append(("state bytes/request", f"{state:,} (recurrent layers, fixed size)"))
+    # what the weights take once loaded and cast (lazy arrays know their size unread)
+    needed = tree_reduce(lambda total, array: total + array.nbytes, model.parameters(), 0)
+    free = available_memory_bytes()
+    rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
+    if needed > free:
+        return (
+            f"its weights need {_size(needed)} and {_size(free)} is free; "
+            "free memory or pick a smaller (quantized) model"
+        )
+    return None
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.1f} MiB"

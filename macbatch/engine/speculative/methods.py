@@ -1,0 +1,28 @@
+"""Speculative decoding's methods and draft lengths, and the check of a choice of them: the one
+list of the drafters' names (``drafters.DRAFTERS`` registers one drafter under each, a test holds
+them equal). No MLX, so that the command line checks ``--speculative`` and quotes the defaults in
+its ``--help`` without loading it."""
+
+# Each method's most drafts per request per step when none is given. Prompt lookup's drafts cost
+# nothing to make, and where they hold they hold for long runs: on the copy-heavy job of
+# benchmarks/speculative.py (100% accepted) 4 gave x1.56 the job without speculation, and 16
+# decoded in 3.1 to 5.0 s where 8 took 5.7 s (docs/speculative.md); the policy's slow start
+# begins at 4 either way. A draft model runs one forward per draft, so it drafts fewer.
+DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4}
+SPECULATIVE_METHODS = tuple(DEFAULT_SPECULATIVE_TOKENS)
+SPECULATIVE_MODES = ("off", *SPECULATIVE_METHODS)  # what ``EngineConfig.speculative`` may be
+MAX_SPECULATIVE_TOKENS = 16
+
+
+def check_speculative(mode: str, num_tokens: int | None) -> None:
+    """``ValueError`` saying what is wrong with a speculative mode or draft length (None: the
+    mode's default)."""
+    if mode not in SPECULATIVE_MODES:
+        raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {mode!r}")
+    if num_tokens is None:
+        return
+    if not (isinstance(num_tokens, int) and 1 <= num_tokens <= MAX_SPECULATIVE_TOKENS):
+        raise ValueError(
+            f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+            f"got {num_tokens!r}"
+        )

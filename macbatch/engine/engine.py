@@ -40,8 +40,6 @@ from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prom
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.model.recurrent import StateChunk
-from macbatch.engine.multimodal.image_blocks import step_blocks
-from macbatch.engine.multimodal.qwen_vl import step_rope
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
@@ -308,11 +306,8 @@ class Engine(PromptEncoder):
             plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
         )
         vision = self.processor.vision
-        if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
-            batch.image_rows, batch.image_embeddings = images
-            batch.image_blocks = step_blocks(plan.chunks)
-        if not isinstance(vision, str) and vision.qwen is not None:
-            batch.rope_positions = step_rope(plan.chunks)
+        if not isinstance(vision, str):
+            vision.add_to_step(batch, plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             feed_sampled_tokens(batch, plan, previous)

@@ -8,7 +8,8 @@ queries, which it attends with ``macbatch.metal.paged_attention``, while every o
 gets mlx-lm's own function, so plain mlx-lm generation in the same process is unaffected.
 Sliding windows reach it through ``make_mask``. Only the sampled rows go through the LM head,
 applied by the model's own ``__call__`` so tied embeddings, logit scaling and softcaps stay the
-architecture's.
+architecture's. What a probe cannot see of a family (a refusal, a side-by-side mixer, image rows
+entering after the input scaling) is read from its record in ``families.py``.
 
 Multimodal checkpoints (gemma3, mistral3, gemma4) keep a complete text model at
 ``model.language_model``; the adapter serves that text model. Layers that reuse another layer's
@@ -26,6 +27,7 @@ from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
 from macbatch.engine.model import hooks
+from macbatch.engine.model.families import family, unsupported_reason
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.multimodal.image_blocks import attend_blocks
@@ -33,52 +35,12 @@ from macbatch.engine.worker.packing import PackedBatch
 from macbatch.engine.worker.pages import KVStore, KVStores, LayerShape
 from macbatch.engine.worker.state_store import StateShape, StateStore
 
-# Architectures known not to route attention through the patched name, or to keep a compressed
-# latent cache (MLA) or recurrent state: refused at load with the reason.
-_UNSUPPORTED = {
-    "deepseek_v2": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v3": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v32": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v41": "calls mx.fast attention directly",
-    "minicpm3": "multi-head latent attention (MLA) keeps a compressed cache",
-    "kimi_k25": "multi-head latent attention (MLA) keeps a compressed cache",
-    "muse_spark": "calls mx.fast attention directly",
-    "plamo2": "calls mx.fast attention directly and keeps SSM state",
-    "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
-}
-# Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
-# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
-ENCODER_REASON = (
-    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
-    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
-)
-_UNSUPPORTED.update(
-    dict.fromkeys(
-        ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
-         "electra", "mpnet", "deberta-v2", "new"),
-        ENCODER_REASON,
-    )
-)  # fmt: skip
 _INNER_NAMES = ("model", "transformer", "backbone")
-# Families whose decoder layers run attention and a recurrent mixer side by side (one mlx-lm
-# ``CacheList`` per layer): the attribute of each layer holding the mixer, which runs its
-# sequences apart while the layer's attention reads its pages with every row together.
-_SIDE_BY_SIDE_MIXERS = {"falcon_h1": "mamba"}
 _TEXT_MODEL_NAME = "language_model"
 # The token id an image row goes in as: read by nothing but the embedding lookup (which the image
 # embedding replaces) and Gemma 4's per-layer inputs, which mlx-vlm's gemma4 takes from id 0 (its
 # pad id) for image rows.
 IMAGE_ROW_TOKEN = 0
-# Families whose image embeddings enter the text model after its input scaling (Gemma 4's
-# ``sqrt(hidden)``: mlx-vlm's gemma4 scales the token rows, then scatters the image features in
-# as they come), where mlx-lm's text model scales every row it is given.
-SCALED_IMAGE_ROWS = ("gemma4",)  # where multimodal wrappers keep their text model
-
-
-def unsupported_reason(model_type: str) -> str | None:
-    """Why an architecture is refused before even loading it, or None if it may be served."""
-    return _UNSUPPORTED.get(model_type)
 
 
 class UnsupportedModelError(ValueError):
@@ -214,6 +176,7 @@ class ModelAdapter:
         """``windows``: sliding-window layers get their own cache group holding only the window
         (False: every attention layer in the full group, as a distributed group needs)."""
         self.model_type = model_type_of(model)
+        self.family = family(self.model_type)
         reason = unsupported_reason(self.model_type)
         if reason:
             raise UnsupportedModelError(
@@ -292,7 +255,7 @@ class ModelAdapter:
         only)."""
         if not any(any(entry) for entry in self.recurrent):
             return []
-        mixer = _SIDE_BY_SIDE_MIXERS.get(self.model_type)
+        mixer = self.family.side_by_side_mixer
         layers = self.model.layers
         return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
@@ -382,7 +345,8 @@ class ModelAdapter:
         inputs[rows] = IMAGE_ROW_TOKEN
         # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
         image = images[:, None, : embeddings.shape[-1]]
-        if self.model_type not in SCALED_IMAGE_ROWS:
+        vision = self.family.vision
+        if vision is None or not vision.scaled_rows:
             embeddings[rows] = image.astype(embeddings.dtype)
             return inner(inputs, cache=cache, input_embeddings=embeddings)
         # the token rows scaled as the model scales them (the same op), the image rows as they

@@ -169,8 +169,9 @@ class Engine(PromptEncoder):
             # a step of pooling rows alone evaluates the last layers' collectives on rank 0
             # only (followers evaluate them for sampled rows): not supported yet
             raise ValueError("embeddings and scores are not supported under mlx.launch yet")
-        if request.images is not None and not isinstance(self.processor.vision, str):
-            self.processor.vision.admit(request.images, self.config.max_num_batched_tokens)
+        encoder = self.processor.vision.encoder
+        if request.images is not None and encoder is not None:
+            encoder.admit(request.images, self.config.max_num_batched_tokens)
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -305,9 +306,9 @@ class Engine(PromptEncoder):
         batch = pack(
             plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
         )
-        vision = self.processor.vision
-        if not isinstance(vision, str):
-            vision.add_to_step(batch, plan.chunks)
+        encoder = self.processor.vision.encoder
+        if encoder is not None:
+            encoder.add_to_step(batch, plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             feed_sampled_tokens(batch, plan, previous)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,11 +66,23 @@ LAUNCHED = (
 )
 
 
-def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionEncoder | str:
+@dataclass(frozen=True)
+class VisionSupport:
+    """The model's vision encoder, or why requests with images are refused (exactly one)."""
+
+    encoder: VisionEncoder | None = None
+    refusal: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.encoder is None) == (self.refusal is None):
+            raise ValueError("a model has a vision encoder or a reason it has none, not both")
+
+
+def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionSupport:
     """The vision encoder of model ``name`` (as the loader resolves it), or why it has none
     (``launched``: the engine is rank 0 of an ``mlx.launch`` group)."""
     if launched:
-        return LAUNCHED
+        return VisionSupport(refusal=LAUNCHED)
     from macbatch.engine.loader import resolve_model_path
 
     path = resolve_model_path(name)
@@ -79,11 +92,11 @@ def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> Visi
         path = Path(snapshot_download(path, local_files_only=True))
     reason = unavailable_reason(path, name)
     if reason is not None:
-        return reason
+        return VisionSupport(refusal=reason)
     try:
-        return VisionEncoder(path, text_model)
+        return VisionSupport(VisionEncoder(path, text_model))
     except ValueError as exc:  # a config the family's rule cannot run: text still serves
-        return f"images for model '{name}' are not supported: {exc}"
+        return VisionSupport(refusal=f"images for model '{name}' are not supported: {exc}")
 
 
 class EncodeCache:

@@ -44,10 +44,10 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     model_type = config.get("model_type", "?")
     if "vision_config" not in config:
         return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
-    refusal = family(model_type).vision_refusal
-    if refusal is not None:
-        return f"images for '{model_type}' models are not supported yet: {refusal}"
-    if family(model_type).vision is None:
+    rules = family(model_type)
+    if rules.vision_refusal is not None:
+        return f"images for '{model_type}' models are not supported yet: {rules.vision_refusal}"
+    if rules.vision is None:
         return (
             f"images for '{model_type}' models are not supported yet (supported: "
             f"{', '.join(vision_families())})"
@@ -75,7 +75,7 @@ class VisionSupport:
 
     def __post_init__(self) -> None:
         if (self.encoder is None) == (self.refusal is None):
-            raise ValueError("a model has a vision encoder or a reason it has none, not both")
+            raise ValueError("give a vision encoder or the reason there is none, exactly one")
 
 
 def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionSupport:

@@ -40,8 +40,6 @@ from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prom
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.model.recurrent import StateChunk
-from macbatch.engine.multimodal.image_blocks import step_blocks
-from macbatch.engine.multimodal.qwen_vl import step_rope
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
@@ -171,8 +169,9 @@ class Engine(PromptEncoder):
             # a step of pooling rows alone evaluates the last layers' collectives on rank 0
             # only (followers evaluate them for sampled rows): not supported yet
             raise ValueError("embeddings and scores are not supported under mlx.launch yet")
-        if request.images is not None and not isinstance(self.processor.vision, str):
-            self.processor.vision.admit(request.images, self.config.max_num_batched_tokens)
+        encoder = self.processor.vision.encoder
+        if request.images is not None and encoder is not None:
+            encoder.admit(request.images, self.config.max_num_batched_tokens)
         self._requests[request.request_id] = request
         self.scheduler.add(request)
 
@@ -308,12 +307,9 @@ class Engine(PromptEncoder):
         batch = pack(
             plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
         )
-        vision = self.processor.vision
-        if not isinstance(vision, str) and (images := vision.step_inputs(plan.chunks)):
-            batch.image_rows, batch.image_embeddings = images
-            batch.image_blocks = step_blocks(plan.chunks)
-        if not isinstance(vision, str) and vision.qwen is not None:
-            batch.rope_positions = step_rope(plan.chunks)
+        encoder = self.processor.vision.encoder
+        if encoder is not None:
+            encoder.add_to_step(batch, plan.chunks)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             feed_sampled_tokens(batch, plan, previous)

@@ -60,7 +60,8 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
     so a rank that keeps only its shard never holds the whole model)."""
     import mlx_lm
 
-    from macbatch.engine.model.adapter import UnsupportedModelError, unsupported_reason
+    from macbatch.engine.model.adapter import UnsupportedModelError
+    from macbatch.engine.model.families import unsupported_reason
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading

@@ -141,8 +141,7 @@ class EngineThread(PromptEncoder):
 
     def images_refused(self) -> str | None:
         """Why the model cannot read images (None: it can; plain Python, safe from any thread)."""
-        vision = self._processor().vision
-        return vision if isinstance(vision, str) else None
+        return self._processor().vision.refusal
 
     def context_limit(self) -> int:
         """The most tokens one sequence may hold (`Engine.context_limit`; plain Python, safe)."""

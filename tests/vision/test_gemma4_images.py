@@ -8,12 +8,14 @@ chunk nor resumed midway from the prefix cache, and one longer than a step is re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.model.families import FAMILIES
 from macbatch.engine.multimodal.images import Image
 from macbatch.engine.multimodal.prompt_images import PromptImages
 from tests.support.tiny_vlm_gemma4 import rendered, save_tiny_gemma4
@@ -50,8 +52,8 @@ def test_per_layer_inputs_of_the_image_token_differ_from_mlx_vlm(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = Engine.load(str(gemma4.path), CONFIG)
-    vision = engine.processor.vision
-    assert not isinstance(vision, str)
+    vision = engine.processor.vision.encoder
+    assert vision is not None
     monkeypatch.setattr("macbatch.engine.model.adapter.IMAGE_ROW_TOKEN", vision.image_token)
     assert _mismatches(gemma4, image_files) > 0
 
@@ -119,5 +121,8 @@ def test_image_rows_scaled_again_by_the_text_model_differ_from_mlx_vlm(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # mlx-vlm puts the image features in after the token rows' sqrt(hidden) scale
-    monkeypatch.setattr("macbatch.engine.model.adapter.SCALED_IMAGE_ROWS", ())
+    family = FAMILIES["gemma4"]
+    assert family.vision is not None
+    unscaled = replace(family, vision=replace(family.vision, scaled_rows=False))
+    monkeypatch.setitem(FAMILIES, "gemma4", unscaled)
     assert _mismatches(gemma4, image_files) > 0

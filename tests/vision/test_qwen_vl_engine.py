@@ -80,8 +80,8 @@ def test_image_rows_sit_on_their_grid_and_later_rows_shift(
 def test_second_pass_hits_the_encode_and_prefix_caches(
     engine: Engine, qwen_vl_path: Path, image_files: list[Path]
 ) -> None:
-    vision = engine.processor.vision
-    assert not isinstance(vision, str)
+    vision = engine.processor.vision.encoder
+    assert vision is not None
     question = "describe the two pictures in detail please"
     images = [image_files[0], image_files[3]]
     [first] = engine.generate([chat(question, images)], PARAMS)

@@ -65,8 +65,8 @@ def test_greedy_ids_equal_mlx_vlm_with_several_in_flight(
 def test_second_pass_hits_the_encode_and_prefix_caches(
     engine: Engine, image_files: list[Path]
 ) -> None:
-    vision = engine.processor.vision
-    assert not isinstance(vision, str)
+    vision = engine.processor.vision.encoder
+    assert vision is not None
     question, images = QUESTIONS[1], [image_files[1]]
     [first] = engine.generate([chat(question, images)], PARAMS)
     encoded = vision.cache.encoded
@@ -153,7 +153,7 @@ def test_under_mlx_launch_an_image_is_refused_with_the_reason(
     from macbatch.engine.multimodal.vision import vision_for
 
     engine = Engine.load(str(vlm_path), EngineConfig(num_blocks=16))
-    assert not isinstance(engine.processor.vision, str)  # alone, the same model takes images
+    assert engine.processor.vision.encoder is not None  # alone, the same model takes images
     engine.processor.vision = vision_for(str(vlm_path), engine.runner.model, launched=True)
     with pytest.raises(ValueError, match="not supported under mlx.launch.* without mlx.launch"):
         engine.add_request(chat("what?", [image_files[0]]))

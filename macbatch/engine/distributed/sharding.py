@@ -17,7 +17,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from macbatch.engine.model.adapter import UnsupportedModelError, text_model, unsupported_reason
+from macbatch.engine.model.adapter import UnsupportedModelError, text_model
+from macbatch.engine.model.families import unsupported_reason
 
 _HEAD_COUNTS = (
     "num_attention_heads",

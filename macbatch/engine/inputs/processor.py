@@ -24,6 +24,7 @@ from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.model_info import EngineInfo
 from macbatch.engine.multimodal.images import images_of
 from macbatch.engine.multimodal.prompt_images import PromptImages
+from macbatch.engine.multimodal.vision import VisionSupport
 from macbatch.engine.parsers.reasoning import ReasoningTracker
 from macbatch.engine.parsers.tool_calls import check_tools, template_messages
 from macbatch.engine.pooling.methods import PoolingParams
@@ -32,8 +33,6 @@ from macbatch.engine.structured_output.constraints import ConstraintCompiler, Co
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
-
-    from macbatch.engine.multimodal.vision import VisionEncoder
 
 
 class InputProcessor:
@@ -48,8 +47,8 @@ class InputProcessor:
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
         self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
         # The model's vision encoder, or why requests with images are refused.
-        self.vision: VisionEncoder | str = (
-            "this engine was built from a model object; load the model by name for images"
+        self.vision = VisionSupport(
+            refusal="this engine was built from a model object; load the model by name for images"
         )
 
     def encode(self, prompt: PromptInput) -> list[int]:
@@ -61,14 +60,15 @@ class InputProcessor:
         """``encode``, and where the prompt's images are: with images, the template's text goes
         through the model's processor, which expands each image's placeholder."""
         images = images_of(prompt.prompt)
+        encoder = self.vision.encoder
         if not images:
             ids, placed = self._encode(prompt), None
-        elif isinstance(self.vision, str):
-            raise ValueError(f"the prompt has {len(images)} image(s), but {self.vision}")
+        elif encoder is None:
+            raise ValueError(f"the prompt has {len(images)} image(s), but {self.vision.refusal}")
         else:
             assert isinstance(prompt.prompt, Sequence)
             text = self._render_chat([m for m in prompt.prompt if isinstance(m, dict)], prompt)
-            ids, placed = self.vision.prompt_images(text, images)
+            ids, placed = encoder.prompt_images(text, images)
         if not ids:
             raise ValueError("prompt is empty")
         return ids, placed

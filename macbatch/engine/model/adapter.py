@@ -2,13 +2,14 @@
 
 How (see shared notes): the model gets inputs shaped (N, 1), one token per batch row, and a cache
 object per layer whose ``offset`` is the (N,) array of token positions, so ``mx.fast.rope`` gives
-each token its own position. The cache object writes K/V into the pages; the model's
-``scaled_dot_product_attention`` (a name each model module imports from ``mlx_lm.models.base``) is
-replaced, in every loaded model module, by a dispatcher that sends paged layers to
-``macbatch.metal.paged_attention`` and everything else to mlx-lm's own function, so plain mlx-lm
-generation in the same process is unaffected. Sliding windows reach the dispatcher through
-``make_mask``. Only the sampled rows go through the LM head, applied by the model's own
-``__call__`` so tied embeddings, logit scaling and softcaps stay the architecture's.
+each token its own position. The cache object writes K/V into the pages; the attention hook
+(``hooks/attention.py``, installed with the others by ``hooks.install``) hands it the layer's
+queries, which it attends with ``macbatch.metal.paged_attention``, while every other cache still
+gets mlx-lm's own function, so plain mlx-lm generation in the same process is unaffected.
+Sliding windows reach it through ``make_mask``. Only the sampled rows go through the LM head,
+applied by the model's own ``__call__`` so tied embeddings, logit scaling and softcaps stay the
+architecture's. What a probe cannot see of a family (a refusal, a side-by-side mixer, image rows
+entering after the input scaling) is read from its record in ``families.py``.
 
 Multimodal checkpoints (gemma3, mistral3, gemma4) keep a complete text model at
 ``model.language_model``; the adapter serves that text model. Layers that reuse another layer's
@@ -18,8 +19,6 @@ the pool holds one set of pages per layer mlx-lm keeps a cache for.
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -27,73 +26,28 @@ import mlx.nn as nn
 from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
-from macbatch.engine.model.hooks import cpu_activations, depthwise_conv, gated_delta
-from macbatch.engine.model.recurrent import PagedStateCache, run_packed_layers
+from macbatch.engine.model import hooks
+from macbatch.engine.model.families import family, unsupported_reason
+from macbatch.engine.model.hooks.attention import EngineAttention
+from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.multimodal.image_blocks import attend_blocks
 from macbatch.engine.worker.packing import PackedBatch
 from macbatch.engine.worker.pages import KVStore, KVStores, LayerShape
 from macbatch.engine.worker.state_store import StateShape, StateStore
 
-# Architectures known not to route attention through the patched name, or to keep a compressed
-# latent cache (MLA) or recurrent state: refused at load with the reason.
-_UNSUPPORTED = {
-    "deepseek_v2": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v3": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v32": "multi-head latent attention (MLA) keeps a compressed cache",
-    "deepseek_v41": "calls mx.fast attention directly",
-    "minicpm3": "multi-head latent attention (MLA) keeps a compressed cache",
-    "kimi_k25": "multi-head latent attention (MLA) keeps a compressed cache",
-    "muse_spark": "calls mx.fast attention directly",
-    "plamo2": "calls mx.fast attention directly and keeps SSM state",
-    "gemma2": "computes attention inline (logit softcap) instead of through mlx-lm's SDPA",
-}
-# Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
-# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
-ENCODER_REASON = (
-    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
-    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
-)
-_UNSUPPORTED.update(
-    dict.fromkeys(
-        ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
-         "electra", "mpnet", "deberta-v2", "new"),
-        ENCODER_REASON,
-    )
-)  # fmt: skip
 _INNER_NAMES = ("model", "transformer", "backbone")
-# Families whose decoder layers run attention and a recurrent mixer side by side (one mlx-lm
-# ``CacheList`` per layer): the attribute of each layer holding the mixer, which runs its
-# sequences apart while the layer's attention reads its pages with every row together.
-_SIDE_BY_SIDE_MIXERS = {"falcon_h1": "mamba"}
 _TEXT_MODEL_NAME = "language_model"
 # The token id an image row goes in as: read by nothing but the embedding lookup (which the image
 # embedding replaces) and Gemma 4's per-layer inputs, which mlx-vlm's gemma4 takes from id 0 (its
 # pad id) for image rows.
 IMAGE_ROW_TOKEN = 0
-# Families whose image embeddings enter the text model after its input scaling (Gemma 4's
-# ``sqrt(hidden)``: mlx-vlm's gemma4 scales the token rows, then scatters the image features in
-# as they come), where mlx-lm's text model scales every row it is given.
-SCALED_IMAGE_ROWS = ("gemma4",)  # where multimodal wrappers keep their text model
-
-
-def unsupported_reason(model_type: str) -> str | None:
-    """Why an architecture is refused before even loading it, or None if it may be served."""
-    return _UNSUPPORTED.get(model_type)
 
 
 class UnsupportedModelError(ValueError):
     """The model's architecture cannot be served through the paged engine."""
 
 
-@dataclass(frozen=True)
-class AttentionWindow:
-    """What ``make_mask`` hands to attention: the layer's sliding window, if any."""
-
-    size: int | None
-
-
-class PagedLayerCache:
+class PagedLayerCache(EngineAttention):
     """The per-layer cache object a model sees during a packed forward: its cache group's pages,
     write rows and block tables (a sliding-window layer's group holds only the window)."""
 
@@ -115,12 +69,16 @@ class PagedLayerCache:
             self.store.write(self.layer, rows, keys, values)
         return keys, values
 
-    def make_mask(
-        self, n: int, return_array: bool = False, window_size: int | None = None
-    ) -> AttentionWindow:
-        return AttentionWindow(window_size)
-
-    def attend(self, queries: mx.array, scale: float, window: int | None, sinks: Any) -> mx.array:
+    def attend(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        scale: float,
+        window: int | None,
+        sinks: Any,
+    ) -> mx.array:
+        """The layer's paged attention (its K/V are in the pages by now)."""
         k_pages, v_pages = self.store.pages(self.layer)
         layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
         meta = self.batch.window_attention if self.windowed else self.batch.attention
@@ -132,7 +90,7 @@ class PagedLayerCache:
         return out[:, :, None, :]
 
 
-class _ProbeCache:
+class _ProbeCache(EngineAttention):
     """Records what one layer does during a one-token forward, to learn the cache shapes and to
     prove attention goes through the patched name."""
 
@@ -150,34 +108,21 @@ class _ProbeCache:
         self.dtype = keys.dtype
         return keys, values
 
-    def make_mask(
-        self, n: int, return_array: bool = False, window_size: int | None = None
-    ) -> AttentionWindow:
-        return AttentionWindow(window_size)
-
-
-def _dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
-    if isinstance(cache, PagedLayerCache):
-        window = mask.size if isinstance(mask, AttentionWindow) else None
-        return cache.attend(queries, scale, window, sinks)
-    if isinstance(cache, _ProbeCache):
-        cache.attended += 1
-        cache.window = mask.size if isinstance(mask, AttentionWindow) else None
+    def attend(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        scale: float,
+        window: int | None,
+        sinks: Any,
+    ) -> mx.array:
+        """Counts the call (each layer must attend once, through the hook) and its window."""
+        self.attended += 1
+        self.window = window
         return mlx_base.scaled_dot_product_attention(
             queries, keys, values, None, scale, None, sinks
         )
-    return mlx_base.scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)
-
-
-def _patch_model_modules() -> None:
-    original = mlx_base.scaled_dot_product_attention
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "scaled_dot_product_attention", None) is original
-            and module is not mlx_base
-        ):
-            vars(module)["scaled_dot_product_attention"] = _dispatch_attention
 
 
 class _Delegate:
@@ -231,6 +176,7 @@ class ModelAdapter:
         """``windows``: sliding-window layers get their own cache group holding only the window
         (False: every attention layer in the full group, as a distributed group needs)."""
         self.model_type = model_type_of(model)
+        self.family = family(self.model_type)
         reason = unsupported_reason(self.model_type)
         if reason:
             raise UnsupportedModelError(
@@ -248,7 +194,7 @@ class ModelAdapter:
             )
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
-        _patch_model_modules()
+        hooks.install(model.layers, self._recurrent_modules())
         self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
             self._probe()
         )
@@ -257,13 +203,6 @@ class ModelAdapter:
         self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
-        if self.state_shapes:
-            mixer = _SIDE_BY_SIDE_MIXERS.get(self.model_type)
-            layers = self.model.layers
-            run_packed_layers([getattr(layer, mixer) for layer in layers] if mixer else layers)
-            depthwise_conv.install(self.model.layers)
-            gated_delta.install()
-            cpu_activations.install()
 
     @property
     def inner(self) -> nn.Module:
@@ -309,6 +248,16 @@ class ModelAdapter:
         if not any(any(e) for e in entries):  # attention only: one cache per layer
             return attention_only
         return entries
+
+    def _recurrent_modules(self) -> list[nn.Module]:
+        """The modules handed a recurrent state cache: every decoder layer of a hybrid model, or
+        the mixer beside each layer's attention where the family has one (none: attention
+        only)."""
+        if not any(any(entry) for entry in self.recurrent):
+            return []
+        mixer = self.family.side_by_side_mixer
+        layers = self.model.layers
+        return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
     def _probe(
         self,
@@ -396,7 +345,8 @@ class ModelAdapter:
         inputs[rows] = IMAGE_ROW_TOKEN
         # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
         image = images[:, None, : embeddings.shape[-1]]
-        if self.model_type not in SCALED_IMAGE_ROWS:
+        vision = self.family.vision
+        if vision is None or not vision.scaled_rows:
             embeddings[rows] = image.astype(embeddings.dtype)
             return inner(inputs, cache=cache, input_embeddings=embeddings)
         # the token rows scaled as the model scales them (the same op), the image rows as they

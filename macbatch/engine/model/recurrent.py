@@ -6,8 +6,9 @@ owns one *slot* of every recurrent layer's state (``StateStore``), held from its
 chunk until it finishes or is preempted (a preempted request recomputes from its first token).
 
 The packed step feeds the model one token per batch row; attention layers read their pages per
-row, but a recurrent layer must see each request's tokens in order. So each recurrent layer runs
-its own mlx-lm code on the step's requests as mlx-lm would batch them: the rows of one-token chunks
+row, but a recurrent layer must see each request's tokens in order. So each recurrent layer (its
+class swapped by ``hooks/recurrent_layers.py``) hands its own mlx-lm code to ``PagedStateCache``,
+which runs it on the step's requests as mlx-lm would batch them: the rows of one-token chunks
 (every decode) together as a batch of sequences of length 1, and each longer prefill chunk as one
 sequence, each from its slot's state (zeros for a chunk that starts a request); the one-token rows
 in groups of at most ``GROUP_BYTES`` of state. Their slots then point at the new states (the
@@ -17,7 +18,6 @@ the step's rows. No other slot is read or written.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.engine.model.hooks import gated_delta
+from macbatch.engine.model.hooks.recurrent_layers import SequenceRunner
 from macbatch.engine.worker.state_store import StateStore
 
 
@@ -107,7 +108,7 @@ class StateRows:
         )
 
 
-class PagedStateCache:
+class PagedStateCache(SequenceRunner):
     """What a recurrent layer is handed during a packed forward in place of an ``ArraysCache``:
     the store layer whose slots hold its state, and the step's rows."""
 
@@ -272,29 +273,3 @@ def _new_cache(size: int) -> Any:
     from mlx_lm.models.cache import ArraysCache
 
     return ArraysCache(size)
-
-
-_PACKED_CLASSES: dict[type, type] = {}
-
-
-def run_packed_layers(layers: Sequence[Any]) -> None:
-    """Make each of ``layers`` (a model's decoder layers) run its sequences apart whenever it is
-    handed a ``PagedStateCache``, and exactly as before otherwise (its class is swapped for a
-    subclass with that one ``__call__``; parameters and their names are untouched)."""
-    for layer in layers:
-        cls = type(layer)
-        if cls in _PACKED_CLASSES.values():
-            continue
-        if cls not in _PACKED_CLASSES:
-            _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _packed_call})
-        layer.__class__ = _PACKED_CLASSES[cls]
-
-
-def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
-    cache = kwargs.get("cache")
-    original = super(type(self), self).__call__
-    if isinstance(cache, PagedStateCache):
-        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
-            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
-        return cache.run(original, args[0], args[1:], kwargs)
-    return original(*args, **kwargs)

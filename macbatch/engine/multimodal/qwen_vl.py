@@ -10,12 +10,12 @@ alone, so a prefix-cache hit or a preempted request recomputes the same ones; a 
 of such a request gives the layers an ``[N, 3]`` offset, which ``MRoPE`` rotates by section.
 Steps without one pass the 1-D positions to mlx-lm's own RoPE, unchanged.
 
-The families differ in which frequency takes which part: Qwen2.5-VL gives consecutive sections
-to temporal, height and width; Qwen3-VL and Qwen3.5 interleave them (height every third frequency
-from the second, width from the third, each for its section's count). Qwen3.5 rotates only the
-first part of each head (partial rotary), on its attention layers only (the Gated DeltaNet layers
-have none). Qwen3-VL also adds DeepStack features to image rows after its first text layers
-(``deepstack.py``).
+The families differ in which frequency takes which part (their ``MRoPELayout`` in
+model/families.py): Qwen2.5-VL gives consecutive sections to temporal, height and width; Qwen3-VL
+and Qwen3.5 interleave them (height every third frequency from the second, width from the third,
+each for its section's count). Qwen3.5 rotates only the first part of each head (partial rotary),
+on its attention layers only (the Gated DeltaNet layers have none). Qwen3-VL also adds DeepStack
+features to image rows after its first text layers (``deepstack.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine.multimodal.deepstack import install_deepstack
-
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_5")
+from macbatch.engine.model.families import MRoPELayout
 
 
 def sectioned(sections: Sequence[int]) -> np.ndarray:
@@ -74,24 +72,21 @@ class MRoPE(nn.Module):
         return mx.concatenate(rotated, axis=-1).astype(x.dtype)
 
 
-class QwenVL:
-    """The Qwen VL part of a ``VisionEncoder``: its layers' M-RoPE, image features from the
-    vision tower, and each prompt's three-part positions."""
+class MRoPEPositions:
+    """The M-RoPE part of a ``VisionEncoder``: its text layers' RoPE replaced by ``MRoPE``, and
+    each prompt's three-part positions."""
 
-    def __init__(self, vlm: Any, text_model: nn.Module) -> None:
-        self.vlm = vlm
-        self.family = vlm.config.model_type
+    def __init__(self, vlm: Any, text_model: nn.Module, layout: MRoPELayout) -> None:
         text = vlm.config.text_config
-        if self.family == "qwen3_5":  # rope_parameters: interleaved, partial rotary
+        if layout.rope_parameters:  # with a partial rotary factor
             rope = text.rope_parameters
             sections, base = rope.get("mrope_section"), float(rope["rope_theta"])
             dims = int(text.head_dim * rope["partial_rotary_factor"])
-            split = interleaved
         else:
             rope = text.rope_scaling or {}
             sections, base = rope.get("mrope_section"), text.rope_theta
             dims = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-            split = interleaved if self.family == "qwen3_vl" else sectioned
+        split = interleaved if layout.interleaved else sectioned
         if not sections or 2 * sum(sections) != dims:
             raise ValueError(
                 f"its rope settings {rope} have no mrope_section that splits the {dims} rotary "
@@ -102,19 +97,6 @@ class QwenVL:
             attention = getattr(layer, "self_attn", None)  # a hybrid's recurrent layers: none
             if attention is not None:
                 attention.rope = MRoPE(attention.rope, base, split(sections))
-        deepstack = getattr(vlm.config.vision_config, "deepstack_visual_indexes", None) or ()
-        if self.family == "qwen3_vl" and deepstack:
-            install_deepstack(list(text_model.layers), len(deepstack))
-
-    def features(self, inputs: dict[str, Any]) -> mx.array:
-        """``[rows, H]``: one image's merged-patch embeddings, from its processed pixels."""
-        tower = self.vlm.vision_tower
-        pixels = inputs["pixel_values"].astype(tower.patch_embed.proj.weight.dtype)
-        if self.family == "qwen2_5_vl":
-            return tower(pixels, inputs["image_grid_thw"], output_hidden_states=False)
-        # merged rows and DeepStack features (none for Qwen3.5), side by side (deepstack.py)
-        merged, deepstack = tower(pixels, inputs["image_grid_thw"])
-        return mx.concatenate([merged, *deepstack], axis=-1) if deepstack else merged
 
     def prompt_rope(
         self, ids: np.ndarray, rows: np.ndarray, grids: np.ndarray
@@ -137,6 +119,18 @@ class QwenVL:
             raise ValueError(f"the prompt has {len(rows)} image rows but its grids hold {taken}")
         out[cursor:] = next_position + np.arange(len(ids) - cursor)[:, None]
         return out, int(out.max()) + 1 - len(ids) if len(ids) else 0
+
+
+def tower_features(tower: Any, inputs: dict[str, Any]) -> mx.array:
+    """``[rows, H]``: one image's merged-patch embeddings from mlx-vlm's Qwen VL tower, from its
+    processed pixels and patch grid, with the DeepStack features side by side after the rows
+    when the tower returns some (Qwen3-VL's; Qwen3.5's returns none, deepstack.py)."""
+    pixels = inputs["pixel_values"].astype(tower.patch_embed.proj.weight.dtype)
+    out = tower(pixels, inputs["image_grid_thw"])
+    if not isinstance(out, tuple):  # Qwen2.5-VL's: the merged rows alone
+        return out
+    merged, deepstack = out
+    return mx.concatenate([merged, *deepstack], axis=-1) if deepstack else merged
 
 
 def step_rope(chunks: Sequence[Any]) -> mx.array | None:

@@ -6,7 +6,9 @@ The text model stays mlx-lm's (the engine pages it); mlx-vlm's model keeps only 
 tower and projector, and reads token embeddings from the engine's text model, so no weight is
 held twice. mlx-vlm is an optional extra (``macbatch[vision]``); without it, or for a text-only
 or not yet supported checkpoint, ``unavailable_reason`` says why and requests with images are
-refused with it.
+refused with it. What a family does differently (M-RoPE positions, DeepStack features, image
+blocks that attend both ways, how its tower is called) is its ``Vision`` record in
+model/families.py; this module branches on those capabilities.
 """
 
 from __future__ import annotations
@@ -14,31 +16,24 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine.multimodal.image_blocks import runs
+from macbatch.engine.model.families import ImageFeatures, family, vision_families
+from macbatch.engine.multimodal.deepstack import install_deepstack
+from macbatch.engine.multimodal.image_blocks import runs, step_blocks
 from macbatch.engine.multimodal.images import VISION_EXTRA, Image
 from macbatch.engine.multimodal.prompt_images import PromptImages
-from macbatch.engine.multimodal.qwen_vl import FAMILIES as QWEN_VL
-from macbatch.engine.multimodal.qwen_vl import QwenVL
+from macbatch.engine.multimodal.qwen_vl import MRoPEPositions, step_rope, tower_features
 
-# Families whose image rows the paged step runs: causal rows at 1-D RoPE positions (mistral3,
-# gemma3), or at M-RoPE positions (engine/multimodal/qwen_vl.py), or rows that attend both ways
-# within their
-# image (gemma4, engine/multimodal/image_blocks.py). gemma3: HF's Gemma 3 attends bidirectionally
-# within an
-# image span, but mlx-vlm's (the oracle here) runs its language model with the causal and
-# sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
-# rows are causal rows too (docs/vision.md).
-SUPPORTED = ("mistral3", "gemma3", "gemma4", *QWEN_VL)
-REFUSED = {
-    "qwen2_vl": "Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled",
-}
+if TYPE_CHECKING:
+    from macbatch.engine.worker.packing import PackedBatch
+
 ENCODE_CACHE_BYTES = 256 * 2**20
 
 
@@ -49,12 +44,13 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     model_type = config.get("model_type", "?")
     if "vision_config" not in config:
         return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
-    if model_type in REFUSED:
-        return f"images for '{model_type}' models are not supported yet: {REFUSED[model_type]}"
-    if model_type not in SUPPORTED:
+    rules = family(model_type)
+    if rules.vision_refusal is not None:
+        return f"images for '{model_type}' models are not supported yet: {rules.vision_refusal}"
+    if rules.vision is None:
         return (
             f"images for '{model_type}' models are not supported yet (supported: "
-            f"{', '.join(SUPPORTED)})"
+            f"{', '.join(vision_families())})"
         )
     try:
         import mlx_vlm  # noqa: F401
@@ -70,11 +66,23 @@ LAUNCHED = (
 )
 
 
-def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionEncoder | str:
+@dataclass(frozen=True)
+class VisionSupport:
+    """The model's vision encoder, or why requests with images are refused (exactly one)."""
+
+    encoder: VisionEncoder | None = None
+    refusal: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.encoder is None) == (self.refusal is None):
+            raise ValueError("give a vision encoder or the reason there is none, exactly one")
+
+
+def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> VisionSupport:
     """The vision encoder of model ``name`` (as the loader resolves it), or why it has none
     (``launched``: the engine is rank 0 of an ``mlx.launch`` group)."""
     if launched:
-        return LAUNCHED
+        return VisionSupport(refusal=LAUNCHED)
     from macbatch.engine.loader import resolve_model_path
 
     path = resolve_model_path(name)
@@ -84,11 +92,11 @@ def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> Visi
         path = Path(snapshot_download(path, local_files_only=True))
     reason = unavailable_reason(path, name)
     if reason is not None:
-        return reason
+        return VisionSupport(refusal=reason)
     try:
-        return VisionEncoder(path, text_model)
+        return VisionSupport(VisionEncoder(path, text_model))
     except ValueError as exc:  # a config the family's rule cannot run: text still serves
-        return f"images for model '{name}' are not supported: {exc}"
+        return VisionSupport(refusal=f"images for model '{name}' are not supported: {exc}")
 
 
 class EncodeCache:
@@ -130,12 +138,18 @@ class VisionEncoder:
         self.model = vlm
         config = vlm.config
         self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
-        self.qwen = QwenVL(vlm, text_model) if config.model_type in QWEN_VL else None
-        self.gemma4 = config.model_type == "gemma4"
-        # mlx-vlm's gemma4 overlays each image's block on its masks when its text config asks
+        rules = family(config.model_type).vision
+        assert rules is not None, "unavailable_reason refuses the families without images"
+        self.rules = rules
+        self.mrope = None if rules.mrope is None else MRoPEPositions(vlm, text_model, rules.mrope)
+        if rules.deepstack:
+            count = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
+            if count:
+                install_deepstack(list(text_model.layers), count)
+        # mlx-vlm overlays each image's block on its masks when the text config asks
         text_config = getattr(config, "text_config", None)
         both_ways = getattr(text_config, "use_bidirectional_attention", None) == "vision"
-        self.bidirectional = self.gemma4 and both_ways
+        self.bidirectional = rules.bidirectional_blocks and both_ways
         self.cache = EncodeCache()
 
     def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
@@ -150,9 +164,11 @@ class VisionEncoder:
                 "render the image parts"
             )
         placed = PromptImages(tuple(images), positions)
-        if self.qwen is not None:
+        if self.mrope is not None:
             grids = np.array(inputs["image_grid_thw"])
-            placed.rope, placed.rope_delta = self.qwen.prompt_rope(np.array(flat), positions, grids)
+            placed.rope, placed.rope_delta = self.mrope.prompt_rope(
+                np.array(flat), positions, grids
+            )
         if self.bidirectional:
             placed.blocks = runs(positions)
         return flat, placed
@@ -200,34 +216,41 @@ class VisionEncoder:
         found = self.cache.get(image.digest)
         if found is not None:
             return found
-        # the text the processor expands into one image's rows: Gemma 3's processor expands its
-        # <start_of_image>, Pixtral's its [IMG], Gemma 4's its <|image|>
-        placeholder = getattr(self.processor, "boi_token", None) or self.processor.image_token
-        if self.gemma4:
-            placeholder = self.processor.image_token
-        inputs = self._inputs(placeholder, [image])
+        # the text the processor expands into one image's rows (``Vision.boi_placeholder``)
+        boi = getattr(self.processor, "boi_token", None) if self.rules.boi_placeholder else None
+        inputs = self._inputs(boi or self.processor.image_token, [image])
         ids = inputs.pop("input_ids")
         mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
-        if self.qwen is not None:
-            encoded = self.qwen.features(inputs)
-        elif self.gemma4:
-            encoded = self._gemma4_features(inputs)
+        features = self.rules.features
+        if features is ImageFeatures.TOWER:
+            encoded = tower_features(self.model.vision_tower, inputs)
+        elif features is ImageFeatures.ENCODE_IMAGE:
+            # the tower's and projector's rows as mlx-vlm puts them in its language model's
+            # input: after the token rows' scaling, which the adapter skips for them
+            # (``Vision.scaled_rows``)
+            pixels = inputs["pixel_values"]
+            encoded = self.model.encode_image(pixels, inputs.get("image_position_ids"))[0]
         else:
-            features = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
+            embedded = self.model.get_input_embeddings(ids, mask=mask, **inputs).inputs_embeds[0]
             rows = mx.array(np.flatnonzero(np.array(ids).reshape(-1) == self.image_token))
-            encoded = features[rows]
+            encoded = embedded[rows]
         mx.eval(encoded)
         self.cache.put(image.digest, encoded)
         return encoded
 
-    def _gemma4_features(self, inputs: dict[str, Any]) -> mx.array:
-        """``[rows, H]``: one image through mlx-vlm's gemma4 tower and projector, as mlx-vlm
-        puts them in its language model's input: after the token rows' ``sqrt(hidden)`` scale,
-        which the adapter skips for them (``SCALED_IMAGE_ROWS``)."""
-        pixels = inputs["pixel_values"]
-        return self.model.encode_image(pixels, inputs.get("image_position_ids"))[0]
+    def add_to_step(self, batch: PackedBatch, chunks: Sequence[Any]) -> None:
+        """Give a packed step (``chunks``: ``StepPlan.chunks``, in packing order) what its rows
+        need of the images: the image rows and their embeddings, the image blocks that attend
+        both ways, and the rows' M-RoPE positions (rank 0's alone: ``PackedBatch``)."""
+        images = self._step_rows(chunks)
+        if images is not None:
+            batch.image_rows, batch.image_embeddings = images
+            if self.bidirectional:
+                batch.image_blocks = step_blocks(chunks)
+        if self.mrope is not None:  # decode rows after an image shift too
+            batch.rope_positions = step_rope(chunks)
 
-    def step_inputs(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
+    def _step_rows(self, chunks: Sequence[Any]) -> tuple[mx.array, mx.array] | None:
         """The packed rows of a step's chunks (``StepPlan.chunks``, in packing order) that are
         image rows, and their embeddings (None: the step has none). A chunk boundary may fall
         anywhere in an image's rows: each chunk takes the rows at its positions."""

@@ -1,1 +1,87 @@
-"""Runtime patches of mlx-lm's code, each with why it exists."""
+"""Runtime patches of mlx-lm's code, listed and installed in one place, each with why it exists.
+
+Each hook reroutes a name mlx-lm's model modules import, or swaps the class of a loaded model's
+layers, so that the engine's packed step runs its own code where it must. Outside the engine's
+step (mlx-lm's own generation in the same process: the tests' oracle, the benchmarks' peer) every
+patched call runs mlx-lm's own. ``install`` is idempotent: a module or layer patched already is
+left as it is, and model modules loaded since (another model's) are patched too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from macbatch.engine.model.hooks import (
+    attention,
+    cpu_activations,
+    depthwise_conv,
+    gated_delta,
+    recurrent_layers,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the hooks patch in one loaded model."""
+
+    layers: Sequence[Any]  # its decoder layers
+    # the modules handed a recurrent state cache: a hybrid's decoder layers, or the mixer beside
+    # each layer's attention (Falcon-H1's); empty for an attention-only model
+    recurrent: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class Hook:
+    name: str  # its module here
+    why: str
+    install: Callable[[Target], None]
+    recurrent: bool = False  # only a model with recurrent layers needs it
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "attention",
+        "every layer's attention reaches the engine's paged K/V through the name each model "
+        "module imports, scaled_dot_product_attention",
+        lambda _: attention.install(),
+    ),
+    Hook(
+        "recurrent_layers",
+        "a recurrent layer must see each request's tokens in order, so it runs the step's "
+        "sequences apart, each from its state slot",
+        lambda target: recurrent_layers.install(target.recurrent),
+        recurrent=True,
+    ),
+    Hook(
+        "depthwise_conv",
+        "MLX's CPU convolution takes a depthwise conv one channel at a time; shifted sums take "
+        "about a quarter of its time in the recurrent prefill",
+        lambda target: depthwise_conv.install(target.layers),
+        recurrent=True,
+    ),
+    Hook(
+        "gated_delta",
+        "off a Mac's GPU mlx-lm steps a Gated DeltaNet through a prompt token by token; a "
+        "chunked prefill, and a decode step that reads the state once",
+        lambda _: gated_delta.install(),
+        recurrent=True,
+    ),
+    Hook(
+        "cpu_activations",
+        "MLX's CPU exp is scalar on x86; the recurrent layers' SiLUs from a vectorized "
+        "logistic function",
+        lambda _: cpu_activations.install(),
+        recurrent=True,
+    ),
+)
+
+
+def install(layers: Sequence[Any], recurrent: Sequence[Any] = ()) -> None:
+    """Install every hook a loaded model needs: ``layers``, its decoder layers; ``recurrent``,
+    the modules handed a recurrent state cache (``Target``; empty: attention only)."""
+    target = Target(layers, recurrent)
+    for hook in HOOKS:
+        if target.recurrent or not hook.recurrent:
+            hook.install(target)

@@ -1,0 +1,147 @@
+"""Every model family the engine treats differently, in one table keyed by ``model_type`` (the
+checkpoint's config.json field, as mlx-lm's ``models/<type>.py`` and vLLM's model registry key
+them).
+
+A family with no entry is served as mlx-lm runs it: the adapter finds its attention layers and
+their caches by probing the graph, so only what a probe cannot see is written here. Each fact is
+a capability (a side-by-side mixer, M-RoPE, image blocks that attend both ways ...) and the code
+branches on the capability, never on the name: no other module of the engine names a family
+(``tests/engine/model/test_families.py`` checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+_MLA = "multi-head latent attention (MLA) keeps a compressed cache"
+_FAST_ATTENTION = "calls mx.fast attention directly"
+# Encoder-only embedding models attend both ways; the engine's paged attention is causal.
+# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
+# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
+_ENCODER_REASON = (
+    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
+    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
+)
+_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
+                 "electra", "mpnet", "deberta-v2", "new")  # fmt: skip
+
+
+class ImageFeatures(Enum):
+    """Which of mlx-vlm's calls encodes one image into its rows (``VisionEncoder``)."""
+
+    # ``get_input_embeddings`` on a one-image prompt, its image rows (Pixtral, Gemma 3)
+    EMBEDDINGS = "embeddings"
+    # ``encode_image``: the rows as they enter the text model, after its input scaling (Gemma 4)
+    ENCODE_IMAGE = "encode_image"
+    # ``vision_tower`` on the pixels and patch grid: merged rows, DeepStack features beside them
+    # when it returns some (Qwen VL, multimodal/qwen_vl.py)
+    TOWER = "tower"
+
+
+@dataclass(frozen=True)
+class MRoPELayout:
+    """Three-part RoPE positions (multimodal/qwen_vl.py): how the text config gives them."""
+
+    # the parts' frequencies interleaved (Qwen3-VL, Qwen3.5), or consecutive sections (Qwen2.5-VL)
+    interleaved: bool
+    # settings under ``rope_parameters`` with a partial rotary factor (Qwen3.5), not under
+    # ``rope_scaling`` and ``rope_theta`` rotating the whole head
+    rope_parameters: bool = False
+
+
+@dataclass(frozen=True)
+class Vision:
+    """How a family's image rows run in the paged step (docs/vision.md)."""
+
+    features: ImageFeatures = ImageFeatures.EMBEDDINGS
+    # the text of one image is the processor's begin-of-image token when it has one (Gemma 3's
+    # ``<start_of_image>`` expands into the image's rows), else its image token (Pixtral's
+    # ``[IMG]``; Gemma 4's ``<|image|>``, whose processor does not expand its begin token)
+    boi_placeholder: bool = True
+    mrope: MRoPELayout | None = None  # None: image rows sit at 1-D positions
+    # features from the tower's intermediate layers added to the image rows after the first text
+    # layers (Qwen3-VL, multimodal/deepstack.py)
+    deepstack: bool = False
+    # an image's rows attend to each other both ways when the text config says
+    # ``use_bidirectional_attention: "vision"`` (mlx-vlm's gemma4, multimodal/image_blocks.py)
+    bidirectional_blocks: bool = False
+    # the image embeddings enter after the text model's input scaling (Gemma 4's sqrt(hidden):
+    # mlx-vlm scales the token rows, then scatters the image features in as they come), where
+    # mlx-lm's text model scales every row it is given (``ModelAdapter``)
+    scaled_rows: bool = False
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the engine does differently for one ``model_type`` (the defaults: nothing)."""
+
+    refusal: str | None = None  # why the paged engine refuses it, before loading it
+    # the attribute of each decoder layer holding a recurrent mixer that runs beside the layer's
+    # attention (one mlx-lm ``CacheList`` per layer): the mixer runs its sequences apart while
+    # the attention reads its pages with every row together
+    side_by_side_mixer: str | None = None
+    vision: Vision | None = None  # how its images run (None: requests with images are refused)
+    vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
+
+
+FAMILIES: dict[str, Family] = {
+    # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
+    # (the name the attention hook replaces), or to keep a compressed latent cache (MLA) or
+    # recurrent state the engine does not page.
+    "deepseek_v2": Family(refusal=_MLA),
+    "deepseek_v3": Family(refusal=_MLA),
+    "deepseek_v32": Family(refusal=_MLA),
+    "deepseek_v41": Family(refusal=_FAST_ATTENTION),
+    "minicpm3": Family(refusal=_MLA),
+    "kimi_k25": Family(refusal=_MLA),
+    "muse_spark": Family(refusal=_FAST_ATTENTION),
+    "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
+    "gemma2": Family(
+        refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
+    ),
+    **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
+    "falcon_h1": Family(side_by_side_mixer="mamba"),
+    # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
+    # span, but mlx-vlm's (the oracle here) runs its language model with the causal and
+    # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
+    # rows are causal rows too (docs/vision.md).
+    "mistral3": Family(vision=Vision()),
+    "gemma3": Family(vision=Vision()),
+    "gemma4": Family(
+        vision=Vision(
+            features=ImageFeatures.ENCODE_IMAGE,
+            boi_placeholder=False,
+            bidirectional_blocks=True,
+            scaled_rows=True,
+        )
+    ),
+    "qwen2_vl": Family(
+        vision_refusal="Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled"
+    ),
+    "qwen2_5_vl": Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
+    "qwen3_vl": Family(
+        vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True), deepstack=True)
+    ),
+    "qwen3_5": Family(
+        vision=Vision(
+            ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True, rope_parameters=True)
+        )
+    ),
+}
+_PLAIN = Family()
+
+
+def family(model_type: str) -> Family:
+    """The family record of ``model_type`` (one without an entry: served as mlx-lm runs it)."""
+    return FAMILIES.get(model_type, _PLAIN)
+
+
+def unsupported_reason(model_type: str) -> str | None:
+    """Why an architecture is refused before even loading it, or None if it may be served."""
+    return family(model_type).refusal
+
+
+def vision_families() -> tuple[str, ...]:
+    """The model types whose images the engine runs, in the table's order."""
+    return tuple(name for name, f in FAMILIES.items() if f.vision is not None)

@@ -1,0 +1,53 @@
+"""Recurrent layers that run the step's sequences apart: a class swap of a hybrid model's layers.
+
+mlx-lm's recurrent layers (Gated DeltaNet, Mamba 2, short convolutions) read their cache as one
+batch of equal-length sequences; the packed step hands them one token per row of many requests.
+``install`` swaps each such layer's class for a subclass whose ``__call__`` hands the layer's own
+``__call__`` to the cache when that cache is the engine's (a ``SequenceRunner``: the step's
+``PagedStateCache``, model/recurrent.py), which runs it per sequence; with any other cache (mlx-lm's
+own generation in the same process) the layer runs exactly as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import mlx.core as mx
+
+
+class SequenceRunner:
+    """A cache that runs its layer over the step's sequences apart (a base class the swapped
+    layers know)."""
+
+    def run(
+        self, call: Callable[..., mx.array], x: mx.array, args: tuple, kwargs: dict
+    ) -> mx.array:
+        raise NotImplementedError
+
+
+_PACKED_CLASSES: dict[type, type] = {}
+
+
+def install(layers: Sequence[Any]) -> None:
+    """Make each of ``layers`` run its sequences apart whenever it is handed a
+    ``SequenceRunner``, and exactly as before otherwise (its class is swapped for a subclass with
+    that one ``__call__``; parameters and their names are untouched)."""
+    for layer in layers:
+        cls = type(layer)
+        if cls in _PACKED_CLASSES.values():
+            continue
+        if cls not in _PACKED_CLASSES:
+            _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _packed_call})
+        layer.__class__ = _PACKED_CLASSES[cls]
+
+
+def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
+    cache = kwargs.get("cache")
+    original = super(type(self), self).__call__
+    if isinstance(cache, SequenceRunner):
+        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
+            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
+        return cache.run(original, args[0], args[1:], kwargs)
+    return original(*args, **kwargs)

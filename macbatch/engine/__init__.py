@@ -61,7 +61,7 @@ _EXPORTS: dict[str, str] = {
     "check_speculative": "macbatch.engine.speculative.methods",
     # which models run, and what loading one would find (macbatch models, macbatch doctor)
     "UnsupportedModelError": "macbatch.engine.model.adapter",
-    "unsupported_reason": "macbatch.engine.model.adapter",
+    "unsupported_reason": "macbatch.engine.model.families",
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
     "probe_model": "macbatch.engine.model.probe",
@@ -103,7 +103,8 @@ if TYPE_CHECKING:
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
     from macbatch.engine.inputs.tokenizer import Tokenizer
     from macbatch.engine.loader import resolve_model_path
-    from macbatch.engine.model.adapter import UnsupportedModelError, unsupported_reason
+    from macbatch.engine.model.adapter import UnsupportedModelError
+    from macbatch.engine.model.families import unsupported_reason
     from macbatch.engine.model.probe import probe_model
     from macbatch.engine.model_info import EngineInfo, ModelInfo, declared_context_length
     from macbatch.engine.multimodal.images import Image, ImageError, load_image

@@ -26,8 +26,12 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.sharding import shard_model
-from macbatch.engine.kv.elastic import pool_size
-from macbatch.engine.kv.state_slots import state_sizes
+from macbatch.engine.kv.elastic import PagedMemory, pool_size
+from macbatch.engine.kv.full import FullAttentionSpec
+from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
+from macbatch.engine.kv.state_slots import StateMemory, state_sizes
+from macbatch.engine.kv.window import SlidingWindowSpec
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.pooling.methods import Pools, PoolSpan
@@ -36,12 +40,13 @@ from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode
 from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
-from macbatch.engine.worker.packing import PackedBatch
+from macbatch.engine.worker.packing import PackedBatch, pack
 from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
 from macbatch.engine.worker.state_store import StateStore, slot_stride
 
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request
+    from macbatch.engine.core.scheduler import StepPlan
     from macbatch.engine.speculative.verify import DraftRow
     from macbatch.engine.structured_output.constraints import ConstraintCompiler
 
@@ -81,18 +86,45 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        full_shapes, window_shapes = self.adapter.group_shapes
-        per_block = fmt.bytes_per_block(full_shapes, config.block_size)
-        window_per_block = fmt.bytes_per_block(window_shapes, config.block_size)
         self.draft = (
             None if draft is None else DraftRunner(draft, config, self.vocab_size, owns_model)
         )
+        self._allocate_caches(model, config, fmt, group)
+        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
+        self.compiled = compiled_decode(
+            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+        )
+        full_shapes, window_shapes = self.adapter.group_shapes
+        self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
+        self.window_head_counts = {s.num_kv_heads for s in window_shapes}
+        self.pools = Pools()  # pooling requests' running accumulators
+        # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
+        self.constraints: ConstraintCompiler | None = None
+        self._followers: StepChannel | None = (
+            channel_of(group) if group is not None and group.rank() == 0 else None
+        )
+
+    def _allocate_caches(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        fmt: PageFormat,
+        group: mx.distributed.Group | None,
+    ) -> None:
+        """Size and allocate the memory of each cache group the model needs, and declare them
+        (``cache_groups``: each group's spec and memory, which the KV manager's groups keep). The
+        full group's cap is what the memory budget holds beside the window group's cap, the
+        state slots' most and a draft; the pools start small and grow (``kv/elastic.py``)."""
+        full_shapes, window_shapes = self.adapter.group_shapes
+        full, window, states = cache_specs(self.adapter, fmt, config.block_size)
+        per_block = full.bytes_per_block
+        window_per_block = 0 if window is None else window.bytes_per_block
         draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
         window_cap = 0
-        if self.adapter.window is not None:
+        if window is not None:
             window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
         # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
-        slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
+        slots_most = 0 if states is None else config.max_num_seqs * states.bytes_per_state
         reserved = window_cap * window_per_block + slots_most
         if self.draft is not None:
             reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
@@ -111,37 +143,34 @@ class ModelRunner:
         self.full_pages: KVStore | JointPages = self.store
         if self.draft is not None:
             self.full_pages = JointPages(self.store, self.draft.allocate(self.pool_size.start))
+        self.cache_groups: list[tuple[CacheSpec, object]] = [
+            (full, PagedMemory(self.full_pages, self.pool_size))
+        ]
         # the window group never needs more blocks than the full group holds (``window_pool_cap``)
-        self.window_pool_size = self.window_store = None
-        if self.adapter.window is not None:
-            window_cap = min(window_cap, cap)
-            self.window_pool_size = pool_size(window_cap, start_per_block, config, fixed)
-            start = self.window_pool_size.start
-            self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
+        self.window_store: KVStore | None = None
+        if window is not None:
+            size = pool_size(min(window_cap, cap), start_per_block, config, fixed)
+            self.window_store = KVStore(window_shapes, size.start, config.block_size, fmt)
+            self.cache_groups.append((window, PagedMemory(self.window_store, size)))
         self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
         # a hybrid model's recurrent state: a slot per running request, taken on demand
-        states = self.adapter.state_shapes
-        self.states = self.state_sizes = None
-        if states:
-            per_slot = sum(s.nbytes for s in states)
-            sizes = self.state_sizes = state_sizes(config, per_slot, cap * per_block, fixed)
+        self.states: StateStore | None = None
+        if states is not None:
+            sizes = state_sizes(config, states.bytes_per_state, cap * per_block, fixed)
             speculative = config.speculative != "off"  # drafts need their snapshots
             rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
-            self.states = StateStore(states, rows, speculative)
-        # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
-        self.compiled = compiled_decode(
-            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
-        )
-        self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
-        self.window_head_counts = {s.num_kv_heads for s in window_shapes}
-        self.pools = Pools()  # pooling requests' running accumulators
-        # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
-        self.constraints: ConstraintCompiler | None = None
-        self._followers: StepChannel | None = (
-            channel_of(group) if group is not None and group.rank() == 0 else None
-        )
+            self.states = StateStore(self.adapter.state_shapes, rows, speculative)
+            self.cache_groups.append((states, StateMemory(self.states, sizes)))
 
     # -- a step (rank 0) ---------------------------------------------------------------------
+
+    def pack(self, plan: StepPlan, tables: StepTables) -> PackedBatch:
+        """The step's batch over each cache group's tables (the KV manager's), written to the
+        pages of each group's KV heads."""
+        window = None if tables.window is None else (tables.window, self.window_head_counts)
+        return pack(
+            plan, tables.blocks, self.config.block_size, self.kv_head_counts, tables.states, window
+        )
 
     def forward(
         self, batch: PackedBatch, spans: Sequence[PoolSpan] = ()
@@ -236,6 +265,23 @@ def model_vocab_size(model: nn.Module) -> int:
     if embed is not None:
         return int(embed.weight.shape[0])
     raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+def cache_specs(
+    adapter: ModelAdapter, fmt: PageFormat, block_size: int
+) -> tuple[FullAttentionSpec, SlidingWindowSpec | None, RecurrentStateSpec | None]:
+    """What the model's layers need of each cache group: the full-attention layers' pages, the
+    sliding-window layers' (None: no window group), the recurrent layers' states (None: not a
+    hybrid model)."""
+    full_shapes, window_shapes = adapter.group_shapes
+    full = FullAttentionSpec(fmt.bytes_per_block(full_shapes, block_size))
+    window = None
+    if adapter.window is not None:
+        window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)
+    states = None
+    if adapter.state_shapes:
+        states = RecurrentStateSpec(sum(s.nbytes for s in adapter.state_shapes))
+    return full, window, states
 
 
 def window_pool_cap(

@@ -34,9 +34,9 @@ class FullAttentionGroup:
     def block_table(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
 
-    def has_room(self, request_id: str, num_blocks: int) -> bool:
-        """Whether the request already holds ``num_blocks`` blocks."""
-        return len(self._blocks.get(request_id, ())) >= num_blocks
+    def has_room(self, request_id: str, num_tokens: int) -> bool:
+        """Whether the request's blocks already hold ``num_tokens`` tokens."""
+        return len(self._blocks.get(request_id, ())) * self.block_size >= num_tokens
 
     def tokens_that_fit(self, request_id: str, num_computed: int) -> int:
         """How many more tokens the request could compute with its blocks, all free ones and

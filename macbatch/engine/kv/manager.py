@@ -107,9 +107,9 @@ class KVManager:
         """Give the request room for ``num_new`` tokens after its ``num_computed`` in every
         group, growing elastic pools first when too few blocks are free; False (and nothing
         more taken in any group) when a group has no room even so."""
-        num_blocks = self.blocks_for(num_computed + num_new)
-        if not self._asked_each_step and self.full.has_room(request_id, num_blocks):
+        if not self._asked_each_step and self.full.has_room(request_id, num_computed + num_new):
             return True  # most decode steps: the last block has room
+        num_blocks = self.blocks_for(num_computed + num_new)
         groups = self.groups
         if not all(g.make_room(request_id, num_computed, num_blocks) for g in groups):
             return False

@@ -1,10 +1,12 @@
 """The model runner: everything a step needs on the device, and nothing about requests.
 
-It owns the model (cast and sharded as settled at load), its adapter, the KV pages (their cap
-sized here, from free memory; elastic_pool.py grows them), the forward, the constraint masks and
-sampling, and the dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the
-packed batch first and evaluates each step before the next). It is built from the model and an
-``EngineConfig`` alone: a distributed follower runs one with no tokenizer, scheduler or engine
+It owns the model (cast and sharded as settled at load), its adapter, the memory of each cache
+group (KV pages and recurrent states, sized here from free memory and declared with each
+group's spec in ``cache_groups``; the KV manager's groups grow them: kv/elastic.py), the packing
+of a step over the groups' tables, the forward, the constraint masks and sampling, and the
+dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the packed batch first
+and evaluates each step before the next). It is built from the model and an ``EngineConfig``
+alone: a distributed follower runs one with no tokenizer, scheduler or engine
 (docs/distributed.md), and the engine core composes one with its scheduler and KV manager
 (docs/engine.md).
 """

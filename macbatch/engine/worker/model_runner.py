@@ -114,31 +114,18 @@ class ModelRunner:
         group: mx.distributed.Group | None,
     ) -> None:
         """Size and allocate the memory of each cache group the model needs, and declare them
-        (``cache_groups``: each group's spec and memory, which the KV manager's groups keep). The
-        full group's cap is what the memory budget holds beside the window group's cap, the
-        state slots' most and a draft; the pools start small and grow (``kv/elastic.py``)."""
+        (``cache_groups``: each group's spec and memory, which the KV manager's groups keep); the
+        pools start small and grow (``kv/elastic.py``)."""
         full_shapes, window_shapes = self.adapter.group_shapes
         full, window, states = cache_specs(self.adapter, fmt, config.block_size)
-        per_block = full.bytes_per_block
-        window_per_block = 0 if window is None else window.bytes_per_block
-        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
-        window_cap = 0
-        if window is not None:
-            window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
-        # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
-        slots_most = 0 if states is None else config.max_num_seqs * states.bytes_per_state
-        reserved = window_cap * window_per_block + slots_most
-        if self.draft is not None:
-            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
-        cap = config.num_blocks or blocks_for_memory(
-            model, per_block + draft_per_block, self.context_length, config, reserved
-        )
+        cap, window_cap = self._caps(model, config, full, window, states)
         if group is not None:  # block ids mean the same on every rank: the smallest pool wins
             cap = smallest(cap, group)
         # A pinned size, or ranks that must agree on every block id: a fixed pool.
         fixed = config.num_blocks is not None or group is not None
         # both groups start with as many blocks as one pool of every layer would
-        start_per_block = per_block + window_per_block + draft_per_block
+        start_per_block = full.bytes_per_block + (0 if window is None else window.bytes_per_block)
+        start_per_block += 0 if self.draft is None else self.draft.bytes_per_block
         self.pool_size = pool_size(cap, start_per_block, config, fixed)
         self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
         # what the full group's block ids address: the target's pages, and a draft's
@@ -158,11 +145,39 @@ class ModelRunner:
         # a hybrid model's recurrent state: a slot per running request, taken on demand
         self.states: StateStore | None = None
         if states is not None:
-            sizes = state_sizes(config, states.bytes_per_state, cap * per_block, fixed)
+            kv_bytes = cap * full.bytes_per_block
+            sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
             speculative = config.speculative != "off"  # drafts need their snapshots
             rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
             self.states = StateStore(self.adapter.state_shapes, rows, speculative)
             self.cache_groups.append((states, StateMemory(self.states, sizes)))
+
+    def _caps(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        full: FullAttentionSpec,
+        window: SlidingWindowSpec | None,
+        states: RecurrentStateSpec | None,
+    ) -> tuple[int, int]:
+        """The full group's cap (``num_blocks``, or what the memory budget holds beside the
+        window group's cap, the state slots' most and a draft) and the window group's (0: none)."""
+        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
+        window_cap = 0
+        reserved = 0
+        if window is not None:
+            window_cap = window_pool_cap(
+                model, full.bytes_per_block, window.bytes_per_block, self, config
+            )
+            reserved += window_cap * window.bytes_per_block
+        if states is not None:  # the state slots' most (they grow on demand: state_slots.py)
+            reserved += config.max_num_seqs * states.bytes_per_state
+        if self.draft is not None:
+            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
+        cap = config.num_blocks or blocks_for_memory(
+            model, full.bytes_per_block + draft_per_block, self.context_length, config, reserved
+        )
+        return cap, window_cap
 
     # -- a step (rank 0) ---------------------------------------------------------------------
 

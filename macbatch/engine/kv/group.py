@@ -49,7 +49,7 @@ class Chunk(Protocol):
     def num_drafts(self) -> int: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTables:
     """What the packer reads of the cache groups for one step, each in the step's chunk order;
     each group fills its own part (``CacheGroup.add_tables``), the model runner packs them."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.window import SlidingWindowGroup
 
 GEMMA3_1B_ATTENTION = dict(
     model_type="gemma3_text",
@@ -69,9 +70,9 @@ def main() -> None:
 def _held_bytes(engine: Engine) -> int:
     """Bytes of the pages requests hold in both groups (not idle prefix-cache blocks)."""
     held = (engine.pool.num_blocks - engine.pool.num_free) * engine.runner.store.bytes_per_block
-    window, store = engine.window_pool, engine.runner.window_store
-    if window is not None and store is not None:
-        held += (window.num_blocks - window.num_free) * store.bytes_per_block
+    window = engine.kv.group(SlidingWindowGroup)
+    if window is not None:
+        held += (window.pool.num_blocks - window.pool.num_free) * window.spec.bytes_per_block
     return held
 
 

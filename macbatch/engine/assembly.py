@@ -1,7 +1,6 @@
 """What the engine decides once at load, from its model runner: the model's facts (``ModelInfo``,
-``EngineInfo``) and the KV manager over the runner's pools (the full group's blocks, a
-sliding-window group's, a hybrid model's state slots and checkpoints, and whether the pools grow).
-Kept apart from the engine core, whose job is the step."""
+``EngineInfo``) and the KV manager over the cache groups the runner declares (each built by its
+kind's entry in ``kv/registry.py``). Kept apart from the engine core, whose job is the step."""
 
 from __future__ import annotations
 
@@ -9,11 +8,8 @@ from typing import TYPE_CHECKING
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.inputs.chat_template import thinking_default
-from macbatch.engine.kv.block_pool import BlockPool
-from macbatch.engine.kv.elastic import ElasticPool
 from macbatch.engine.kv.manager import KVManager
-from macbatch.engine.kv.state_slots import StateSlots
-from macbatch.engine.kv.window import WindowBlocks
+from macbatch.engine.kv.registry import kv_manager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
 from macbatch.engine.parsers.reasoning import ReasoningFormat
 from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
@@ -24,43 +20,11 @@ if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 
-def kv_manager_for(
-    runner: ModelRunner, config: EngineConfig, model_name: str
-) -> tuple[BlockPool, BlockPool | None, KVManager]:
-    """The full group's block pool, the window group's (None without one), and the KV manager
-    that owns them and a hybrid model's state slots."""
-    pool = BlockPool(runner.pool_size.start)
-    elastic = None
-    if runner.pool_size.elastic:
-        elastic = ElasticPool(pool, runner.full_pages, runner.pool_size)
+def kv_manager_for(runner: ModelRunner, config: EngineConfig, model_name: str) -> KVManager:
+    """The KV manager over a cache group for each one the runner declares."""
     prefix_root = f"{model_name}:{runner.model_type}".encode()
-    slots = None  # a hybrid model's state slots and its prefix cache's checkpoints
-    if runner.states is not None and runner.state_sizes is not None:
-        slots = StateSlots(runner.states, runner.state_sizes)
-    window_pool, window = _window_group(runner, config.block_size)
-    kv = KVManager(
-        pool,
-        config.block_size,
-        prefix_root if config.enable_prefix_caching else None,
-        slots,
-        None if slots is None else slots.checkpoints,
-        elastic,
-        window,
-    )
-    return pool, window_pool, kv
-
-
-def _window_group(
-    runner: ModelRunner, block_size: int
-) -> tuple[BlockPool | None, WindowBlocks | None]:
-    """The sliding-window layers' block pool and block tables (None, None: the model has no
-    window group)."""
-    size, store, window = runner.window_pool_size, runner.window_store, runner.adapter.window
-    if size is None or store is None or window is None:
-        return None, None
-    pool = BlockPool(size.start)
-    elastic = ElasticPool(pool, store, size) if size.elastic else None
-    return pool, WindowBlocks(pool, block_size, window, elastic)
+    root = prefix_root if config.enable_prefix_caching else None
+    return kv_manager(runner.cache_groups, config.block_size, root)
 
 
 def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:

@@ -29,7 +29,7 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.core.in_flight import InFlightStep, feed_sampled_tokens
 from macbatch.engine.core.outputs import FinishReason, RequestOutput
 from macbatch.engine.core.request import Request
-from macbatch.engine.core.scheduler import ScheduledChunk, Scheduler, StepPlan
+from macbatch.engine.core.scheduler import Scheduler, StepPlan
 from macbatch.engine.core.stats import (
     EngineStats,
     draft_bytes_used,
@@ -39,7 +39,6 @@ from macbatch.engine.core.stats import (
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.model.recurrent import StateChunk
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
@@ -48,8 +47,7 @@ from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import PackedBatch, pack
-from macbatch.engine.worker.state_store import StateStore
+from macbatch.engine.worker.packing import PackedBatch
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -95,7 +93,8 @@ class Engine(PromptEncoder):
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
-        self.pool, self.window_pool, self.kv = kv_manager_for(runner, config, model_name)
+        self.kv = kv_manager_for(runner, config, model_name)
+        self.pool = self.kv.pool  # the full group's blocks
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self.speculator = speculator_for(config, runner.draft, self.kv)
         self._requests: dict[str, Request] = {}
@@ -296,17 +295,7 @@ class Engine(PromptEncoder):
         return InFlightStep(sampled, result, self._steps, drafts, done), read
 
     def _pack(self, plan: StepPlan, previous: InFlightStep | None) -> PackedBatch:
-        tables = [self.kv.block_table(c.request.request_id) for c in plan.chunks]
-        states = None
-        if self.runner.states is not None:
-            states = [self._state_chunk(c, self.runner.states) for c in plan.chunks]
-        window = None
-        if self.kv.window is not None:
-            window_tables = [self.kv.window_table(c.request.request_id) for c in plan.chunks]
-            window = (window_tables, self.runner.window_head_counts)
-        batch = pack(
-            plan, tables, self.config.block_size, self.runner.kv_head_counts, states, window
-        )
+        batch = self.runner.pack(plan, self.kv.step_tables(plan.chunks))
         encoder = self.processor.vision.encoder
         if encoder is not None:
             encoder.add_to_step(batch, plan.chunks)
@@ -314,12 +303,6 @@ class Engine(PromptEncoder):
             assert previous is not None, "a pending token without a step in flight"
             feed_sampled_tokens(batch, plan, previous)
         return batch
-
-    def _state_chunk(self, chunk: ScheduledChunk, store: StateStore) -> StateChunk:
-        rid = chunk.request.request_id
-        if chunk.num_drafts:
-            return self.kv.verify_state_chunk(rid, store.snapshot_of(self.kv.state_slot(rid)))
-        return self.kv.state_chunk(rid, chunk.start, chunk.num_tokens)
 
     def _advance(self, plan: StepPlan, sampled: list[Request]) -> None:
         """Book the dispatched step: computed tokens, prefix-cache names of full blocks whose
@@ -369,7 +352,7 @@ class Engine(PromptEncoder):
             if drafts:
                 assert self.speculator is not None
                 self._generated_tokens += self.speculator.verify(
-                    request, drafts, results, first, now, self.kv, self.runner.states
+                    request, drafts, results, first, now, self.kv
                 )
             else:
                 token, logprob, top = results.row(first, request.params.logprobs)
@@ -448,7 +431,7 @@ class Engine(PromptEncoder):
             ),
             cached_blocks=self.pool.num_cached,
             kv_cache_bytes=kv_cache_bytes(self.runner),
-            kv_bytes_used=kv_bytes_used(self.runner, self.pool, self.window_pool, self.kv),
+            kv_bytes_used=kv_bytes_used(self.runner, self.kv),
             device_wait_s=self._device_wait_s,
             **self._speculation_stats(),
         )

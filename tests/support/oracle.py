@@ -8,6 +8,8 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from macbatch.engine.kv.recurrent_state import RecurrentStateGroup
+from macbatch.engine.kv.window import SlidingWindowGroup
 from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
 
 
@@ -58,11 +60,13 @@ def _round_writes(layer_cache, bits: int, group_size: int) -> None:
 
 def assert_pool_idle(engine) -> None:
     """Every KV block is back: free, or idle in the prefix cache; nothing leaked."""
-    for pool in (engine.pool, engine.window_pool):  # the window group's too, if any
+    window = engine.kv.group(SlidingWindowGroup)
+    for pool in (engine.pool, None if window is None else window.pool):  # the window group's too
         if pool is None:
             continue
         held = pool.refcounts.nonzero()
         assert (pool.refcounts == 0).all(), f"blocks still referenced: {held}"
         assert pool.num_free == pool.num_blocks
-    assert engine.kv.state_slots_in_use == 0, "recurrent-state slots still held"
+    state = engine.kv.group(RecurrentStateGroup)
+    assert state is None or state.slots_in_use == 0, "recurrent-state slots still held"
     assert not engine.scheduler.running and not engine.scheduler.waiting

@@ -60,18 +60,7 @@ def draft_bytes_used(runner: ModelRunner, pool: BlockPool) -> int:
     return pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
 
 
-def kv_bytes_used(
-    runner: ModelRunner, pool: BlockPool, window_pool: BlockPool | None, kv: KVManager
-) -> int:
-    """Pages in occupied blocks (both groups, the draft's too) and recurrent states in use:
-    running requests' slots and the prefix cache's checkpoints."""
-    used = pool.num_occupied * runner.store.bytes_per_block + draft_bytes_used(runner, pool)
-    window = runner.window_store
-    if window_pool is not None and window is not None:
-        used += window_pool.num_occupied * window.bytes_per_block
-    states = runner.states
-    if states is not None:
-        checkpoints = kv.checkpoints
-        in_use = kv.state_slots_in_use + (len(checkpoints) if checkpoints else 0)
-        used += in_use * states.bytes_per_slot
-    return used
+def kv_bytes_used(runner: ModelRunner, kv: KVManager) -> int:
+    """What every cache group's memory holds (pages in occupied blocks, recurrent states in
+    use: running requests' slots and the prefix cache's checkpoints), and the draft's."""
+    return kv.bytes_used + draft_bytes_used(runner, kv.pool)

@@ -15,7 +15,7 @@ prefix are all known on the host (a decode's input token may still be in flight)
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class StateCheckpoints:
@@ -56,7 +56,7 @@ class StateCheckpoints:
         pending[num_blocks] = slot
         return slot
 
-    def name(self, request_id: str, hashes: list[bytes]) -> None:
+    def name(self, request_id: str, hashes: Sequence[bytes]) -> None:
         """Name the request's reserved checkpoints whose prefix is hashed now (``hashes``: its
         blocks' chain so far)."""
         pending = self._pending.get(request_id)

@@ -57,6 +57,15 @@ class Pages(Protocol):
     def resize(self, num_blocks: int, keep: Sequence[int] | None = None) -> None: ...
 
 
+@dataclass(frozen=True)
+class PagedMemory:
+    """What the model runner gives a block group: the pages behind its block ids and how many
+    blocks they start with and may grow to."""
+
+    pages: Pages
+    size: PoolSize
+
+
 class ElasticPool:
     """Grows and shrinks the block ids (``BlockPool``) and their pages together."""
 

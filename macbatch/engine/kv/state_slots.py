@@ -39,6 +39,14 @@ class StateSizes:
     checkpoints_cap: int
 
 
+@dataclass(frozen=True)
+class StateMemory:
+    """What the model runner gives the recurrent-state group: its state rows and their sizes."""
+
+    store: StateStore
+    sizes: StateSizes
+
+
 def state_sizes(
     config: EngineConfig, bytes_per_state: int, kv_bytes: int, fixed: bool
 ) -> StateSizes:

@@ -14,30 +14,42 @@ Prefix cache: blocks are named under the full group's hash chain, and a block gi
 it left the window keeps its name: it is idle in the cache, the first to be reused when blocks
 run short (least recently used first), never held. So the window group resumes a cached prefix
 wherever the window before the resume point is still cached: a job's shared system prompt, the
-next turn of a conversation; ``take_prefix`` says how far that is, and the KV manager shares no
-further in either group.
+next turn of a conversation; ``find_prefix`` says how far that is, and the KV manager shares no
+further in any group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from macbatch.engine.kv.block_pool import BlockPool
-from macbatch.engine.kv.elastic import ElasticPool
+from macbatch.engine.kv.elastic import ElasticPool, PagedMemory
+from macbatch.engine.kv.group import CacheSpec, Chunk, StepTables
 
 DUMMY_BLOCK = 0  # a freed entry's id: before every window (masked if read), never written
 
 
-class WindowBlocks:
-    def __init__(
-        self, pool: BlockPool, block_size: int, window: int, elastic: ElasticPool | None
-    ) -> None:
-        self.pool = pool
+@dataclass(frozen=True)
+class SlidingWindowSpec(CacheSpec):
+    bytes_per_block: int  # the sliding-window layers' pages of one block, scales included
+    window: int  # the tokens they attend over (the largest of their windows)
+
+
+class SlidingWindowGroup:
+    per_request = False
+
+    def __init__(self, spec: SlidingWindowSpec, memory: PagedMemory, block_size: int) -> None:
+        self.spec = spec
         self.block_size = block_size
-        self.window = window
-        self.elastic = elastic
+        self.window = spec.window
+        self.pool = BlockPool(memory.size.start)
+        self.elastic = ElasticPool(self.pool, memory.pages, memory.size)
         self._tables: dict[str, list[int]] = {}
         self._start: dict[str, int] = {}  # how many leading entries are given back
 
     def block_table(self, request_id: str) -> list[int]:
+        """The request's table (block 0 where a block left the window)."""
         return self._tables.get(request_id, [])
 
     def first_needed(self, num_computed: int) -> int:
@@ -47,23 +59,17 @@ class WindowBlocks:
         boundary = num_computed // self.block_size * self.block_size
         return max(0, boundary - self.window) // self.block_size
 
-    def allocate(self, request_id: str, num_computed: int, num_blocks: int) -> bool:
-        """Give back the blocks that left the window, then extend the table to ``num_blocks``
-        entries (growing an elastic pool first); False (nothing taken) when there is no room."""
-        table = self._tables.setdefault(request_id, [])
-        self._release_behind(request_id, table, self.first_needed(num_computed))
+    def make_room(self, request_id: str, num_computed: int, num_blocks: int) -> bool:
+        """Give back the blocks that left the window first."""
+        table = self._tables.get(request_id, [])
+        if table:
+            self._release_behind(request_id, table, self.first_needed(num_computed))
         missing = num_blocks - len(table)
-        if missing <= 0:
-            return True
-        if missing > self.pool.num_free and not (
-            self.elastic is not None and self.elastic.make_room(missing)
-        ):
-            if not table:
-                del self._tables[request_id]
-                self._start.pop(request_id, None)
-            return False
-        table.extend(self.pool.allocate() for _ in range(missing))
-        return True
+        return missing <= self.pool.num_free or self.elastic.make_room(missing)
+
+    def allocate(self, request_id: str, num_blocks: int) -> None:
+        table = self._tables.setdefault(request_id, [])
+        table.extend(self.pool.allocate() for _ in range(num_blocks - len(table)))
 
     def _release_behind(self, request_id: str, table: list[int], first: int) -> None:
         start = self._start.get(request_id, 0)
@@ -74,30 +80,38 @@ class WindowBlocks:
             table[i] = DUMMY_BLOCK
         self._start[request_id] = first
 
-    def take_prefix(self, request_id: str, hashes: list[bytes]) -> int:
-        """Of the cached prefix ``hashes`` (the full group's), the most leading blocks this group
-        can resume after (its window before that point is cached); shares those blocks and
-        returns the count."""
+    def find_prefix(self, hashes: Sequence[bytes]) -> int:
+        """Of the cached prefix ``hashes``, the most leading blocks whose window before that
+        point is cached."""
         for count in range(len(hashes), 0, -1):
             first = self.first_needed(count * self.block_size)
-            found = [self.pool.lookup(digest) for digest in hashes[first:count]]
-            blocks = [block for block in found if block is not None]
-            if len(blocks) == len(found):
-                for block in blocks:
-                    self.pool.share(block)
-                self._tables[request_id] = [DUMMY_BLOCK] * first + blocks
-                self._start[request_id] = first
+            if all(self.pool.lookup(digest) is not None for digest in hashes[first:count]):
                 return count
         return 0
 
-    def register(self, request_id: str, first: int, digests: list[bytes]) -> None:
-        """Name the request's blocks ``first``.. (those it still holds) as the full group names
-        its own."""
+    def take_prefix(self, request_id: str, hashes: Sequence[bytes], num_blocks: int) -> None:
+        """Share the window before block ``num_blocks``; the entries before it are block 0."""
+        if not num_blocks:
+            return
+        first = self.first_needed(num_blocks * self.block_size)
+        blocks = []
+        for digest in hashes[first:num_blocks]:
+            block = self.pool.lookup(digest)
+            assert block is not None, "found cached, and nothing was taken since"
+            self.pool.share(block)
+            blocks.append(block)
+        self._tables[request_id] = [DUMMY_BLOCK] * first + blocks
+        self._start[request_id] = first
+
+    def register(self, request_id: str, hashes: Sequence[bytes], first: int) -> None:
+        """Name the new blocks the request still holds as the full group names its own."""
         table = self._tables.get(request_id, [])
         start = self._start.get(request_id, 0)
-        for i, digest in enumerate(digests, first):
-            if start <= i < len(table):
-                self.pool.register(table[i], digest)
+        for i in range(max(first, start), min(len(hashes), len(table))):
+            self.pool.register(table[i], hashes[i])
+
+    def add_tables(self, chunks: Sequence[Chunk], tables: StepTables) -> None:
+        tables.window = [self._tables.get(c.request.request_id, []) for c in chunks]
 
     def free(self, request_id: str) -> None:
         """Return every block the request holds (the last first), keeping their names."""
@@ -106,7 +120,9 @@ class WindowBlocks:
         for block in reversed(table[start:]):
             self.pool.free(block)
 
+    @property
+    def bytes_used(self) -> int:
+        return self.pool.num_occupied * self.spec.bytes_per_block
+
     def shrink(self) -> int:
-        if self.elastic is None or self._tables:
-            return 0
-        return self.elastic.shrink()
+        return 0 if self._tables else self.elastic.shrink()

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from macbatch.engine.core.outputs import SpeculationCounts
 from macbatch.engine.core.request import Request
 from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.kv.recurrent_state import RecurrentStateGroup
 from macbatch.engine.sample.sampler import HostSamples
 from macbatch.engine.speculative.policy import SpeculationPolicy, draft_budget
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.verify import DraftRow, draft_rows, emitted_rows
-from macbatch.engine.worker.state_store import StateStore
 
 
 class Speculator:
@@ -57,7 +57,6 @@ class Speculator:
         first: int,
         now: float,
         kv: KVManager,
-        states: StateStore | None,
     ) -> int:
         """Emit a verification's run (rows ``first..``; verify.py: the drafts its samples agree
         with, then the first sample that differs or the bonus one) up to a stop; then book the
@@ -74,11 +73,11 @@ class Speculator:
         self.record(request, len(drafts), accepted)
         if request.finished:
             return recorded
-        if states is not None and accepted < len(drafts):
+        state = kv.group(RecurrentStateGroup) if accepted < len(drafts) else None
+        if state is not None:
             # The recurrent state went on through the rejected drafts: the next chunk starts
             # from the snapshot after the last known token and recomputes the accepted drafts.
-            slot = kv.state_slot(request.request_id)
-            kv.resume_state_from(request.request_id, states.snapshot_of(slot))
+            state.resume_from_snapshot(request.request_id)
             accepted = 0
         request.num_computed_tokens += accepted
         kv.cache_full_blocks(request, request.num_computed_tokens)

@@ -1,10 +1,12 @@
 """The model runner: everything a step needs on the device, and nothing about requests.
 
-It owns the model (cast and sharded as settled at load), its adapter, the KV pages (their cap
-sized here, from free memory; elastic_pool.py grows them), the forward, the constraint masks and
-sampling, and the dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the
-packed batch first and evaluates each step before the next). It is built from the model and an
-``EngineConfig`` alone: a distributed follower runs one with no tokenizer, scheduler or engine
+It owns the model (cast and sharded as settled at load), its adapter, the memory of each cache
+group (KV pages and recurrent states, sized here from free memory and declared with each
+group's spec in ``cache_groups``; the KV manager's groups grow them: kv/elastic.py), the packing
+of a step over the groups' tables, the forward, the constraint masks and sampling, and the
+dispatch of a step (``mx.async_eval``; a distributed rank 0 broadcasts the packed batch first
+and evaluates each step before the next). It is built from the model and an ``EngineConfig``
+alone: a distributed follower runs one with no tokenizer, scheduler or engine
 (docs/distributed.md), and the engine core composes one with its scheduler and KV manager
 (docs/engine.md).
 """
@@ -25,8 +27,12 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import StepChannel, channel_of
 from macbatch.engine.distributed.group import smallest
 from macbatch.engine.distributed.sharding import shard_model
-from macbatch.engine.kv.elastic import pool_size
-from macbatch.engine.kv.state_slots import state_sizes
+from macbatch.engine.kv.elastic import PagedMemory, pool_size
+from macbatch.engine.kv.full import FullAttentionSpec
+from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
+from macbatch.engine.kv.state_slots import StateMemory, state_sizes
+from macbatch.engine.kv.window import SlidingWindowSpec
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.pooling.methods import Pools, PoolSpan
@@ -35,12 +41,13 @@ from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode
 from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
-from macbatch.engine.worker.packing import PackedBatch
+from macbatch.engine.worker.packing import PackedBatch, pack
 from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
 from macbatch.engine.worker.state_store import StateStore, slot_stride
 
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request
+    from macbatch.engine.core.scheduler import StepPlan
     from macbatch.engine.speculative.verify import DraftRow
     from macbatch.engine.structured_output.constraints import ConstraintCompiler
 
@@ -80,57 +87,15 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        full_shapes, window_shapes = self.adapter.group_shapes
-        per_block = fmt.bytes_per_block(full_shapes, config.block_size)
-        window_per_block = fmt.bytes_per_block(window_shapes, config.block_size)
         self.draft = (
             None if draft is None else DraftRunner(draft, config, self.vocab_size, owns_model)
         )
-        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
-        window_cap = 0
-        if self.adapter.window is not None:
-            window_cap = window_pool_cap(model, per_block, window_per_block, self, config)
-        # the budget keeps room for the state slots' most (they grow on demand: state_slots.py)
-        slots_most = config.max_num_seqs * sum(s.nbytes for s in self.adapter.state_shapes)
-        reserved = window_cap * window_per_block + slots_most
-        if self.draft is not None:
-            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
-        cap = config.num_blocks or blocks_for_memory(
-            model, per_block + draft_per_block, self.context_length, config, reserved
-        )
-        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
-            cap = smallest(cap, group)
-        # A pinned size, or ranks that must agree on every block id: a fixed pool.
-        fixed = config.num_blocks is not None or group is not None
-        # both groups start with as many blocks as one pool of every layer would
-        start_per_block = per_block + window_per_block + draft_per_block
-        self.pool_size = pool_size(cap, start_per_block, config, fixed)
-        self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
-        # what the full group's block ids address: the target's pages, and a draft's
-        self.full_pages: KVStore | JointPages = self.store
-        if self.draft is not None:
-            self.full_pages = JointPages(self.store, self.draft.allocate(self.pool_size.start))
-        # the window group never needs more blocks than the full group holds (``window_pool_cap``)
-        self.window_pool_size = self.window_store = None
-        if self.adapter.window is not None:
-            window_cap = min(window_cap, cap)
-            self.window_pool_size = pool_size(window_cap, start_per_block, config, fixed)
-            start = self.window_pool_size.start
-            self.window_store = KVStore(window_shapes, start, config.block_size, fmt)
-        self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
-        # a hybrid model's recurrent state: a slot per running request, taken on demand
-        states = self.adapter.state_shapes
-        self.states = self.state_sizes = None
-        if states:
-            per_slot = sum(s.nbytes for s in states)
-            sizes = self.state_sizes = state_sizes(config, per_slot, cap * per_block, fixed)
-            speculative = config.speculative != "off"  # drafts need their snapshots
-            rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
-            self.states = StateStore(states, rows, speculative)
+        self._allocate_caches(model, config, fmt, group)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter, self.kv_stores, config.compile_decode_after, group is not None
         )
+        full_shapes, window_shapes = self.adapter.group_shapes
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
         self.window_head_counts = {s.num_kv_heads for s in window_shapes}
         self.pools = Pools()  # pooling requests' running accumulators
@@ -140,7 +105,88 @@ class ModelRunner:
             channel_of(group) if group is not None and group.rank() == 0 else None
         )
 
+    def _allocate_caches(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        fmt: PageFormat,
+        group: mx.distributed.Group | None,
+    ) -> None:
+        """Size and allocate the memory of each cache group the model needs, and declare them
+        (``cache_groups``: each group's spec and memory, which the KV manager's groups keep); the
+        pools start small and grow (``kv/elastic.py``)."""
+        full_shapes, window_shapes = self.adapter.group_shapes
+        full, window, states = cache_specs(self.adapter, fmt, config.block_size)
+        cap, window_cap = self._caps(model, config, full, window, states)
+        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
+            cap = smallest(cap, group)
+        # A pinned size, or ranks that must agree on every block id: a fixed pool.
+        fixed = config.num_blocks is not None or group is not None
+        # both groups start with as many blocks as one pool of every layer would
+        start_per_block = full.bytes_per_block + (0 if window is None else window.bytes_per_block)
+        start_per_block += 0 if self.draft is None else self.draft.bytes_per_block
+        self.pool_size = pool_size(cap, start_per_block, config, fixed)
+        self.store = KVStore(full_shapes, self.pool_size.start, config.block_size, fmt)
+        # what the full group's block ids address: the target's pages, and a draft's
+        self.full_pages: KVStore | JointPages = self.store
+        if self.draft is not None:
+            self.full_pages = JointPages(self.store, self.draft.allocate(self.pool_size.start))
+        self.cache_groups: list[tuple[CacheSpec, object]] = [
+            (full, PagedMemory(self.full_pages, self.pool_size))
+        ]
+        # the window group never needs more blocks than the full group holds (``window_pool_cap``)
+        self.window_store: KVStore | None = None
+        if window is not None:
+            size = pool_size(min(window_cap, cap), start_per_block, config, fixed)
+            self.window_store = KVStore(window_shapes, size.start, config.block_size, fmt)
+            self.cache_groups.append((window, PagedMemory(self.window_store, size)))
+        self.kv_stores = KVStores(self.store, self.window_store, self.adapter.kv_slots)
+        # a hybrid model's recurrent state: a slot per running request, taken on demand
+        self.states: StateStore | None = None
+        if states is not None:
+            kv_bytes = cap * full.bytes_per_block
+            sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
+            speculative = config.speculative != "off"  # drafts need their snapshots
+            rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
+            self.states = StateStore(self.adapter.state_shapes, rows, speculative)
+            self.cache_groups.append((states, StateMemory(self.states, sizes)))
+
+    def _caps(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        full: FullAttentionSpec,
+        window: SlidingWindowSpec | None,
+        states: RecurrentStateSpec | None,
+    ) -> tuple[int, int]:
+        """The full group's cap (``num_blocks``, or what the memory budget holds beside the
+        window group's cap, the state slots' most and a draft) and the window group's (0: none)."""
+        draft_per_block = 0 if self.draft is None else self.draft.bytes_per_block
+        window_cap = 0
+        reserved = 0
+        if window is not None:
+            window_cap = window_pool_cap(
+                model, full.bytes_per_block, window.bytes_per_block, self, config
+            )
+            reserved += window_cap * window.bytes_per_block
+        if states is not None:  # the state slots' most (they grow on demand: state_slots.py)
+            reserved += config.max_num_seqs * states.bytes_per_state
+        if self.draft is not None:
+            reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
+        cap = config.num_blocks or blocks_for_memory(
+            model, full.bytes_per_block + draft_per_block, self.context_length, config, reserved
+        )
+        return cap, window_cap
+
     # -- a step (rank 0) ---------------------------------------------------------------------
+
+    def pack(self, plan: StepPlan, tables: StepTables) -> PackedBatch:
+        """The step's batch over each cache group's tables (the KV manager's), written to the
+        pages of each group's KV heads."""
+        window = None if tables.window is None else (tables.window, self.window_head_counts)
+        return pack(
+            plan, tables.blocks, self.config.block_size, self.kv_head_counts, tables.states, window
+        )
 
     def forward(
         self, batch: PackedBatch, spans: Sequence[PoolSpan] = ()
@@ -222,6 +268,23 @@ def model_vocab_size(model: nn.Module) -> int:
     if embed is not None:
         return int(embed.weight.shape[0])
     raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+def cache_specs(
+    adapter: ModelAdapter, fmt: PageFormat, block_size: int
+) -> tuple[FullAttentionSpec, SlidingWindowSpec | None, RecurrentStateSpec | None]:
+    """What the model's layers need of each cache group: the full-attention layers' pages, the
+    sliding-window layers' (None: no window group), the recurrent layers' states (None: not a
+    hybrid model)."""
+    full_shapes, window_shapes = adapter.group_shapes
+    full = FullAttentionSpec(fmt.bytes_per_block(full_shapes, block_size))
+    window = None
+    if adapter.window is not None:
+        window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)
+    states = None
+    if adapter.state_shapes:
+        states = RecurrentStateSpec(sum(s.nbytes for s in adapter.state_shapes))
+    return full, window, states
 
 
 def window_pool_cap(

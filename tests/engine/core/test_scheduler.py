@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.scheduler import Scheduler, StepPlan
-from macbatch.engine.kv.block_pool import BlockPool
-from macbatch.engine.kv.manager import KVManager
 from tests.support.fake_requests import make_request
+from tests.support.kv import fixed_kv_manager
 
 BLOCK = 4
 
 
 def _scheduler(num_blocks: int = 64, budget: int = 16, max_seqs: int = 8) -> Scheduler:
-    return Scheduler(KVManager(BlockPool(num_blocks), BLOCK, b"root"), budget, max_seqs)
+    return Scheduler(fixed_kv_manager(num_blocks, BLOCK, b"root"), budget, max_seqs)
 
 
 def _run(plan: StepPlan, sampled_token: int = 7) -> None:

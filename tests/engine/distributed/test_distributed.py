@@ -31,12 +31,11 @@ from macbatch.engine.distributed.channel import (
 )
 from macbatch.engine.distributed.follower import follow_step
 from macbatch.engine.distributed.sharding import shard_model
-from macbatch.engine.kv.block_pool import BlockPool
-from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.model.recurrent import StateChunk, StateRows
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.worker.model_runner import ModelRunner
 from macbatch.engine.worker.packing import pack
+from tests.support.kv import fixed_kv_manager
 from tests.support.oracle import mlx_lm_greedy_logprobs
 from tests.support.ranks import mlx_launch, ring_hostfile
 from tests.support.tiny import build_model, save_model
@@ -75,7 +74,7 @@ def test_two_ranks_generate_what_mlx_lm_generates(
 
 def _packed_step(tiny_tokenizer):
     """A prefill step of three requests, 40 tokens."""
-    kv = KVManager(BlockPool(32), 8, prefix_root=None)
+    kv = fixed_kv_manager(32, 8, prefix_root=None)
     scheduler = Scheduler(kv, 40, 8)
     for i, length in enumerate([3, 30, 17]):
         scheduler.add(

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from macbatch.engine.kv.block_pool import BlockPool
 from macbatch.engine.kv.manager import KVManager
 from tests.support.fake_requests import make_request
+from tests.support.kv import fixed_kv_manager
 
 BLOCK = 4
 
 
 def _manager(num_blocks: int, caching: bool = True) -> KVManager:
-    return KVManager(BlockPool(num_blocks), BLOCK, b"root" if caching else None)
+    return fixed_kv_manager(num_blocks, BLOCK, b"root" if caching else None)
 
 
 def test_allocate_slots_takes_whole_blocks_or_nothing():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.distributed import loading
 from macbatch.engine.worker.pages import KVStore, LayerShape, PageFormat
 from tests.support.attention_numpy import quantize_numpy
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
@@ -116,6 +117,8 @@ def test_group_size_that_does_not_divide_the_head_dim_fails_before_loading(tmp_p
     def never(name):
         raise AssertionError("the weights were loaded")
 
-    monkeypatch.setattr("macbatch.engine.loader.load_model", never)
+    # where Engine.load looks it up (patching engine.loader instead leaked ``never`` into later
+    # tests whenever this test was the first to import engine.distributed.loading)
+    monkeypatch.setattr(loading, "load_model", never)
     with pytest.raises(ValueError, match="does not divide the model's head dim 96; valid .*: 32"):
         Engine.load(str(path), EngineConfig(kv_bits=8, kv_group_size=64))

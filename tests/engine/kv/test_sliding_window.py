@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.kv.window import DUMMY_BLOCK
+from macbatch.engine.kv.window import DUMMY_BLOCK, SlidingWindowGroup
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.staggered import GREEDY, run_staggered
 from tests.support.staggered import random_prompts as _prompts
@@ -16,8 +16,14 @@ from tests.support.tiny import build_model
 WINDOWED = ["gemma3_text", "gpt_oss"]  # tiny configs: sliding_window 8
 
 
+def _window(engine: Engine) -> SlidingWindowGroup:
+    window = engine.kv.group(SlidingWindowGroup)
+    assert window is not None
+    return window
+
+
 def _held(engine: Engine, request_id: str) -> int:
-    return sum(b != DUMMY_BLOCK for b in engine.kv.window_table(request_id))
+    return sum(b != DUMMY_BLOCK for b in _window(engine).block_table(request_id))
 
 
 @pytest.mark.parametrize("arch", WINDOWED)
@@ -34,10 +40,10 @@ def test_window_group_holds_only_the_window(arch, tiny_tokenizer):
     rid = engine.add_request(prompt, params)
     most, final = 0, None
     while engine.has_unfinished():
-        if rid in engine.kv._blocks:
+        if engine.kv.block_table(rid):
             # the window before the last block boundary, and the chunk being computed
             most = max(most, _held(engine, rid))
-            assert len(engine.kv.window_table(rid)) == len(engine.kv.block_table(rid))
+            assert len(_window(engine).block_table(rid)) == len(engine.kv.block_table(rid))
         for out in engine.step():
             if out.finished:
                 final = out
@@ -138,7 +144,7 @@ def test_long_gemma3_request_holds_the_full_layers_and_the_windows(tiny_tokenize
 def _held_bytes(engine: Engine) -> int:
     """Bytes of the pages requests hold in both groups (not idle prefix-cache blocks)."""
     held = (engine.pool.num_blocks - engine.pool.num_free) * engine.runner.store.bytes_per_block
-    window, store = engine.window_pool, engine.runner.window_store
-    if window is not None and store is not None:
-        held += (window.num_blocks - window.num_free) * store.bytes_per_block
+    window = engine.kv.group(SlidingWindowGroup)
+    if window is not None:
+        held += (window.pool.num_blocks - window.pool.num_free) * window.spec.bytes_per_block
     return held

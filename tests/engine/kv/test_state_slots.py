@@ -7,6 +7,7 @@ every row from the start."""
 from __future__ import annotations
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.recurrent_state import RecurrentStateGroup
 from macbatch.engine.kv.state_slots import START_CHECKPOINTS, START_SLOTS
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.staggered import random_prompts
@@ -22,18 +23,23 @@ def _rows(engine: Engine) -> int:
     return states.arrays()[0].shape[0]
 
 
+def _state(engine: Engine) -> RecurrentStateGroup:
+    state = engine.kv.group(RecurrentStateGroup)
+    assert state is not None
+    return state
+
+
 def _run(engine: Engine, prompts: list[list[int]]) -> tuple[list[list[int]], set[int], int]:
     """Greedy ids of ``prompts`` run together; the request slot counts seen, the most in use."""
-    slots = engine.kv.state_slots
-    assert slots is not None
+    state = _state(engine)
     ids = [engine.add_request(p, GREEDY) for p in prompts]
     outs, sizes, most_used = {}, set(), 0
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 outs[out.request_id] = out
-        sizes.add(slots.num_slots)
-        most_used = max(most_used, engine.kv.state_slots_in_use)
+        sizes.add(state.slots.num_slots)
+        most_used = max(most_used, state.slots_in_use)
     return [outs[i].token_ids for i in ids], sizes, most_used
 
 
@@ -67,7 +73,7 @@ def test_checkpoints_grow_with_cached_prefixes_and_the_newest_outlive_a_shrink(t
     model = build_model("qwen3_5")
     config = EngineConfig(block_size=8, max_num_seqs=8, max_num_batched_tokens=64)
     engine = Engine(model, tiny_tokenizer, config)
-    checkpoints = engine.kv.checkpoints
+    checkpoints = _state(engine).checkpoints
     assert checkpoints is not None and checkpoints.count == START_CHECKPOINTS
     assert checkpoints.cap > 2 * START_CHECKPOINTS  # a budget well past the start
 
@@ -75,7 +81,7 @@ def test_checkpoints_grow_with_cached_prefixes_and_the_newest_outlive_a_shrink(t
     outs = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [mlx_lm_greedy(model, p, 10) for p in prompts]
     assert len(checkpoints) > START_CHECKPOINTS and checkpoints.count > START_CHECKPOINTS
-    assert _rows(engine) == engine.kv.state_slots.num_slots + checkpoints.count
+    assert _rows(engine) == _state(engine).slots.num_slots + checkpoints.count
 
     engine.shrink_pool()
     assert len(checkpoints) == START_CHECKPOINTS
@@ -93,7 +99,7 @@ def test_checkpoints_grow_with_cached_prefixes_and_the_newest_outlive_a_shrink(t
 def test_a_fixed_pool_keeps_every_row_from_the_start(tiny_tokenizer):
     model = build_model("qwen3_5")
     engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, max_num_seqs=6))
-    checkpoints = engine.kv.checkpoints
+    checkpoints = _state(engine).checkpoints
     assert checkpoints is not None and checkpoints.count == checkpoints.cap
     assert _rows(engine) == 6 + checkpoints.cap
     prompts = random_prompts([9, 4, 13], seed=6)

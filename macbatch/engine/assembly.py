@@ -4,10 +4,12 @@ kind's entry in ``kv/registry.py``). Kept apart from the engine core, whose job 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.inputs.chat_template import thinking_default
+from macbatch.engine.kv.disk import DiskTier, namespace_of, open_disk_tier
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.kv.registry import kv_manager
 from macbatch.engine.model_info import EngineInfo, ModelInfo
@@ -19,12 +21,41 @@ from macbatch.engine.worker.model_runner import ModelRunner
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+log = logging.getLogger("macbatch.disk_cache")
+
 
 def kv_manager_for(runner: ModelRunner, config: EngineConfig, model_name: str) -> KVManager:
-    """The KV manager over a cache group for each one the runner declares."""
+    """The KV manager over a cache group for each one the runner declares, and the disk tier
+    below its prefix cache when ``config.disk_cache_dir`` asks for one."""
     prefix_root = f"{model_name}:{runner.model_type}".encode()
     root = prefix_root if config.enable_prefix_caching else None
-    return kv_manager(runner.cache_groups, config.block_size, root)
+    manager = kv_manager(runner.cache_groups, config.block_size, root)
+    if config.disk_cache_dir is not None and root is not None:
+        manager.disk = disk_tier_for(runner, config, model_name, manager, root)
+    return manager
+
+
+def disk_tier_for(
+    runner: ModelRunner, config: EngineConfig, model_name: str, manager: KVManager, root: bytes
+) -> DiskTier | None:
+    """The disk tier over the full group's pages, or None (with why, logged) for what it does
+    not keep yet: a model with other cache groups, a draft model's pages in the same blocks, a
+    distributed group."""
+    assert config.disk_cache_dir is not None
+    why = None
+    if len(manager.groups) > 1:
+        why = "the model keeps sliding-window or recurrent caches"
+    elif runner.draft is not None:
+        why = "a draft model's pages share the blocks"
+    elif runner.group is not None:
+        why = "a distributed group pages its shards"
+    if why is not None:
+        log.warning("disk KV cache off: %s (not kept on disk yet)", why)
+        return None
+    namespace = namespace_of(runner.model, model_name, runner.model_type, runner.store, root)
+    return open_disk_tier(
+        config.disk_cache_dir, config.disk_cache_bytes, namespace, runner.store, manager.pool
+    )
 
 
 def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -> ModelInfo:

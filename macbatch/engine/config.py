@@ -53,6 +53,11 @@ class EngineConfig:
     speculative: str = "off"
     num_speculative_tokens: int | None = None
     draft_model: str | None = None
+    # the disk tier below the prefix cache (docs/engine.md, "The disk tier"): its directory
+    # (None: off, as for every engine a test builds; the front ends turn it on) and its byte cap
+    # (None: 20 GiB or a tenth of the free space, whichever is smaller)
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int | None = None
 
     @property
     def draft_length(self) -> int:
@@ -89,5 +94,7 @@ class EngineConfig:
         after = self.compile_decode_after
         if after is not None and after < 0:
             raise ValueError(f"compile_decode_after must be at least 0 (or None), got {after}")
+        if self.disk_cache_bytes is not None and self.disk_cache_bytes < 0:
+            raise ValueError(f"disk_cache_bytes must be at least 0, got {self.disk_cache_bytes}")
         check_kv_quantization(self.kv_bits, self.kv_group_size)
         check_speculative(self.speculative, self.num_speculative_tokens)

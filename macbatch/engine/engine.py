@@ -173,6 +173,8 @@ class Engine(PromptEncoder):
             encoder.admit(request.images, self.config.max_num_batched_tokens)
         self._requests[request.request_id] = request
         self.scheduler.add(request)
+        if request.reads_cached_prefix:  # its blocks on disk are read while it waits
+            self.kv.prefetch(request, request.num_tokens)
 
     def context_limit(self) -> int:
         """The most tokens one sequence may hold (prompt and reply); what sets it, in words, is
@@ -203,7 +205,10 @@ class Engine(PromptEncoder):
         del self._requests[request.request_id]
 
     def close(self) -> None:
-        """Let the other ranks of a distributed engine exit; this engine must not step again."""
+        """Let the other ranks of a distributed engine exit, and the disk tier write what it
+        holds; this engine must not step again."""
+        if self.kv.disk is not None:
+            self.kv.disk.close()
         self.runner.close()
 
     def has_unfinished(self) -> bool:
@@ -258,7 +263,19 @@ class Engine(PromptEncoder):
             outputs += self._postprocess(current)
         else:
             self._in_flight = current
+        if self.kv.disk is not None:
+            self._disk_idle(plan)
         return outputs
+
+    def _disk_idle(self, plan: StepPlan) -> None:
+        """With no step in flight, blocks named since the last step are copied out now (no
+        step to ride along with); with nothing to run, wait a moment for a waiting request's
+        blocks being read from disk (instead of spinning)."""
+        assert self.kv.disk is not None
+        if self._in_flight is None:
+            self.kv.disk.capture_now()
+            if not plan.chunks and self.scheduler.waiting:
+                self.kv.disk.wait(0.005)
 
     def _needs_host_tokens(self) -> bool:
         """Whether a running request must see its pending token on the host before its next
@@ -288,7 +305,10 @@ class Engine(PromptEncoder):
                 mx.async_eval(logits)
             read = self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, rows)
-        self._device_wait_s += self.runner.launch(result, list(pooled.values()))
+        extra = list(pooled.values())
+        if self.kv.disk is not None:  # blocks worth keeping, copied out with this step
+            extra += self.kv.disk.capture(self._steps + 1)
+        self._device_wait_s += self.runner.launch(result, extra)
         self._steps += 1
         self._advance(plan, sampled)
         done = [(self._requests[rid], vector) for rid, vector in pooled.items()]
@@ -329,6 +349,7 @@ class Engine(PromptEncoder):
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
                 metrics.cached_tokens = chunk.start
+                metrics.disk_cached_tokens = self.kv.disk_tokens(chunk.request.request_id)
                 self._prompt_tokens += chunk.request.num_tokens
                 self._cached_prompt_tokens += chunk.start
 
@@ -336,6 +357,8 @@ class Engine(PromptEncoder):
         """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
         A request that stopped or was aborted since the step was dispatched drops its token."""
         outputs = self._pooled_outputs(done)
+        if self.kv.disk is not None:  # the step is done: its copies go to the writer
+            self.kv.disk.flush(done.step)
         if done.sampled is None:
             return outputs
         waited = time.perf_counter()
@@ -433,6 +456,7 @@ class Engine(PromptEncoder):
             kv_cache_bytes=kv_cache_bytes(self.runner),
             kv_bytes_used=kv_bytes_used(self.runner, self.kv),
             device_wait_s=self._device_wait_s,
+            disk=None if self.kv.disk is None else self.kv.disk.counts(),
             **self._speculation_stats(),
         )
 

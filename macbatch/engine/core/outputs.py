@@ -64,6 +64,7 @@ class RequestMetrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     cached_tokens: int = 0
+    disk_cached_tokens: int = 0  # of cached_tokens, those read back from the disk tier
     preemptions: int = 0
     speculation: SpeculationCounts = field(default_factory=lambda: SpeculationCounts())
 

@@ -134,6 +134,10 @@ class Request:
         return self.images is None or self.images.can_resume_at(position)
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
     def num_known_tokens(self) -> int:
         """Prompt and output tokens whose values the host has."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -115,10 +115,14 @@ class Scheduler:
                     request, request.num_computed_tokens, n, max(0, drafts)
                 )
                 budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+        passed = 0  # waiting requests passed over: their blocks are still being read from disk
+        while len(self.waiting) > passed and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[passed]
             if request.num_pending:
                 break  # preempted mid-flight: recomputing needs its last token on the host
+            if not self.kv.prefix_ready(request.request_id):
+                passed += 1
+                continue
             # A waiting request holds no blocks: start from whatever prefix is cached.
             request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens
@@ -129,7 +133,7 @@ class Scheduler:
             ):
                 self._release(request)
                 break
-            self.waiting.popleft()
+            del self.waiting[passed]
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             scheduled[request.request_id] = ScheduledChunk(request, request.num_computed_tokens, n)

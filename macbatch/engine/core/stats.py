@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from macbatch.engine.core.outputs import SpeculationCounts
 from macbatch.engine.kv.block_pool import BlockPool
+from macbatch.engine.kv.disk.tier import DiskCounts
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.worker.model_runner import ModelRunner
 
@@ -38,6 +39,8 @@ class EngineStats:
     # start; of ``kv_bytes_used``, a draft model's pages (in the same blocks as the target's)
     # and a hybrid draft's states.
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    # The disk tier's counts since the start (bytes written: what the SSD wears), None: off.
+    disk: DiskCounts | None = None
     draft_kv_bytes: int = 0
 
     @property

@@ -12,12 +12,15 @@ computed is the scheduler's to track.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from macbatch.arithmetic import ceil_div
 from macbatch.engine.kv.block_pool import chain_block_hashes
 from macbatch.engine.kv.full import FullAttentionGroup
 from macbatch.engine.kv.group import CacheGroup, Chunk, StepTables
+
+if TYPE_CHECKING:
+    from macbatch.engine.kv.disk.tier import DiskTier
 
 G = TypeVar("G")
 
@@ -27,6 +30,9 @@ class HasTokens(Protocol):
 
     request_id: str
 
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
     def hash_slice(self, start: int, stop: int) -> list[int]: ...
 
     def can_resume_at(self, position: int) -> bool: ...
@@ -34,11 +40,16 @@ class HasTokens(Protocol):
 
 class KVManager:
     def __init__(
-        self, groups: Sequence[CacheGroup], block_size: int, prefix_root: bytes | None
+        self,
+        groups: Sequence[CacheGroup],
+        block_size: int,
+        prefix_root: bytes | None,
+        disk: DiskTier | None = None,
     ) -> None:
         """``groups``: the full-attention group first (its blocks are the ones every group counts
         in), then the model's other groups; ``prefix_root``: the root of the prefix cache's
-        chain (None: prefix caching off)."""
+        chain (None: prefix caching off); ``disk``: the disk tier below the prefix cache
+        (``kv/disk/``), for a model whose only group is full attention."""
         full = groups[0]
         assert isinstance(full, FullAttentionGroup), "the full-attention group comes first"
         self.groups = tuple(groups)
@@ -50,6 +61,8 @@ class KVManager:
         # asked on every allocation, even when the full group's blocks already have room
         self._asked_each_step = tuple(g for g in self._others if not g.per_request)
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
+        self.disk = disk if prefix_root is not None and not self._others else None
+        self._from_disk: dict[str, int] = {}  # tokens of a request's prefix read from disk
 
     @property
     def num_free_blocks(self) -> int:
@@ -75,15 +88,57 @@ class KVManager:
         usable = (num_tokens - 1) // self.block_size
         tokens = request.hash_slice(0, usable * self.block_size)
         chain = chain_block_hashes(self.prefix_root, tokens, self.block_size)
-        found = chain[: self.full.find_prefix(chain)]
+        in_ram = self.full.find_prefix(chain)
+        on_disk = 0 if self.disk is None else self.disk.loaded(chain[in_ram:])
+        found = chain[: in_ram + on_disk]
         while found and not request.can_resume_at(len(found) * self.block_size):
             found.pop()  # not inside an image block that attends both ways (Gemma 4)
-        count = self._resumable(found)
+        in_ram = min(in_ram, len(found))
+        count = self._resumable(found[:in_ram])
         for group in self.groups:
             group.take_prefix(request_id, found, count)
+        if self.disk is not None:
+            if count == in_ram:  # the blocks read from disk follow the RAM prefix
+                count += self._load_from_disk(request_id, found[count:])
+            self.disk.keep(self.full.block_table(request_id), found[:count])
+            self.disk.forget(request_id)
         if count:
             self._hashes[request_id] = found[:count]
         return count * self.block_size
+
+    def _load_from_disk(self, request_id: str, digests: list[bytes]) -> int:
+        """Put the blocks ``digests`` read from disk into fresh blocks after the request's
+        (named in the prefix cache); how many (none when the pool has no room for them)."""
+        assert self.disk is not None
+        held = len(self.full.block_table(request_id))
+        wanted = held + len(digests)
+        if not digests or not self.full.make_room(request_id, held * self.block_size, wanted):
+            return 0
+        self.full.allocate(request_id, wanted)
+        blocks = self.full.block_table(request_id)
+        self.disk.load(blocks[held:], digests)
+        self.full.register(request_id, [b""] * held + digests, held)
+        self._from_disk[request_id] = len(digests) * self.block_size
+        return len(digests)
+
+    def disk_tokens(self, request_id: str) -> int:
+        """Of the request's cached prefix, the tokens read back from disk."""
+        return self._from_disk.get(request_id, 0)
+
+    def prefetch(self, request: HasTokens, num_tokens: int) -> None:
+        """Start reading a queued request's blocks that are on disk past its RAM prefix, so
+        they are in when it is scheduled."""
+        if self.disk is None:
+            return
+        usable = (num_tokens - 1) // self.block_size
+        tokens = request.hash_slice(0, usable * self.block_size)
+        chain = chain_block_hashes(self.prefix_root or b"", tokens, self.block_size)
+        self.disk.prefetch(request.request_id, chain[self.full.find_prefix(chain) :])
+
+    def prefix_ready(self, request_id: str) -> bool:
+        """Whether a waiting request's blocks read from disk are in (it waits until they are,
+        while others run)."""
+        return self.disk is None or self.disk.ready(request_id)
 
     def _resumable(self, found: list[bytes]) -> int:
         """The most leading blocks of ``found`` every other group can resume after: each
@@ -147,6 +202,10 @@ class KVManager:
         hashes.extend(chain_block_hashes(previous, tokens, self.block_size))
         for group in self.groups:
             group.register(request.request_id, hashes, done)
+        if self.disk is not None:  # a prompt's blocks are worth keeping; a reply's are not
+            prompt = min(full, request.num_prompt_tokens // self.block_size)
+            blocks = self.full.block_table(request.request_id)
+            self.disk.keep(blocks[done:prompt], hashes[done:prompt])
 
     def step_tables(self, chunks: Sequence[Chunk]) -> StepTables:
         """Every group's part of a step's tables for ``chunks`` (what the packer reads)."""
@@ -165,3 +224,6 @@ class KVManager:
         for group in self.groups:
             group.free(request_id)
         self._hashes.pop(request_id, None)
+        self._from_disk.pop(request_id, None)
+        if self.disk is not None:
+            self.disk.forget(request_id)

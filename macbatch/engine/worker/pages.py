@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from macbatch.metal import quant
 from macbatch.metal.quant import QuantizedPages
@@ -161,6 +162,47 @@ class KVStore:
 
     def arrays(self) -> list[mx.array]:
         return self.keys + self.values + self.key_scales + self.value_scales
+
+    def _groups(self) -> list[tuple[list[mx.array], int]]:
+        """Each page array's list and layer, in ``arrays()`` order."""
+        lists = (self.keys, self.values, self.key_scales, self.value_scales)
+        return [(group, layer) for group in lists for layer in range(len(group))]
+
+    def _block_rows(self, layer: int, blocks: Sequence[int]) -> mx.array:
+        """The flat rows of ``blocks`` in a layer's arrays: a block is one run of
+        ``Hkv * block_size`` rows, every head's."""
+        per = self.shapes[layer].num_kv_heads * self.block_size
+        rows = np.asarray(blocks, dtype=np.int64)[:, None] * per + np.arange(per)
+        return mx.array(rows.reshape(-1).astype(np.int32))
+
+    def block_slab_bytes(self) -> list[int]:
+        """Bytes of one block in each page array, in ``arrays()`` order (a block's bytes on disk
+        are these slabs, one after another: ``gather_blocks``)."""
+        slabs = []
+        for group, layer in self._groups():
+            array = group[layer]
+            row = array.nbytes // array.shape[0]
+            slabs.append(self.shapes[layer].num_kv_heads * self.block_size * row)
+        return slabs
+
+    def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]:
+        """Each page array's rows of ``blocks`` as bytes, ``[len(blocks), slab]`` uint8 (lazy:
+        the step that evaluates them copies them out beside its own work)."""
+        count = len(blocks)
+        out = []
+        for group, layer in self._groups():
+            rows = group[layer][self._block_rows(layer, blocks)]
+            out.append(rows.view(mx.uint8).reshape(count, -1))
+        return out
+
+    def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None:
+        """Write ``blocks``' pages from bytes (``slabs[i]``: ``[len(blocks), slab]`` uint8 for
+        page array i, as ``gather_blocks`` made them): one scatter per array, evaluated with the
+        next step."""
+        for (group, layer), data in zip(self._groups(), slabs, strict=True):
+            array = group[layer]
+            rows = mx.array(data).view(array.dtype).reshape(-1, *array.shape[1:])
+            group[layer][self._block_rows(layer, blocks)] = rows
 
 
 @dataclass

@@ -1,0 +1,218 @@
+"""The disk tier below the prefix cache: a fresh engine over the same cache directory (a restart)
+reads a prompt's blocks back instead of computing them, and its greedy tokens equal mlx-lm's own
+(float, 8-bit and 4-bit pages); a torn or corrupt file is skipped with one log line; another
+block size, page format or model never reads the files; the byte cap evicts the least recently
+used; an unwritable directory leaves the engine serving from RAM; a request waits for its blocks
+while others generate."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX, BlockFiles
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.tiny import VOCAB_SIZE, build_model
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("qwen3")
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, VOCAB_SIZE, size=n).tolist()
+
+
+def _engine(model, tokenizer, cache: Path, **config) -> Engine:
+    settings = dict(
+        num_blocks=64, block_size=8, max_num_batched_tokens=32, disk_cache_dir=str(cache)
+    )
+    return Engine(model, tokenizer, EngineConfig(**{**settings, **config}))
+
+
+def _block_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob(f"*/*/*{SUFFIX}"))
+
+
+def _warm(model, tokenizer, cache: Path, prompt: list[int], **config) -> None:
+    """An engine that computes ``prompt`` and exits (its blocks written)."""
+    engine = _engine(model, tokenizer, cache, **config)
+    engine.generate([prompt], GREEDY)
+    engine.close()
+
+
+@pytest.mark.parametrize("bits", [None, 8, 4])
+def test_a_restart_reads_the_prompt_from_disk_and_matches_mlx_lm(
+    model, tiny_tokenizer, tmp_path, bits
+):
+    prompt = _tokens(70, 1)  # 8 full blocks of 8 usable (one token always computed)
+    _warm(model, tiny_tokenizer, tmp_path, prompt, kv_bits=bits)
+    written = _block_files(tmp_path)
+    assert len(written) == 8  # the prompt's full blocks, none of the reply's
+    engine = _engine(model, tiny_tokenizer, tmp_path, kv_bits=bits)
+    out = engine.generate([prompt + _tokens(5, 2)], GREEDY)[0]
+    assert out.metrics.disk_cached_tokens == 64 and out.metrics.cached_tokens == 64
+    assert out.token_ids == mlx_lm_greedy(model, prompt + _tokens(5, 2), 12, kv_bits=bits)
+    stats = engine.stats()
+    assert stats.disk is not None and stats.disk.blocks_read == 8
+    assert_pool_idle(engine)
+    engine.close()
+
+
+def test_a_later_prompt_reusing_ram_blocks_writes_them_too(model, tiny_tokenizer, tmp_path):
+    """A conversation's reply becomes the next prompt: its blocks, found in RAM, are written
+    then, so a restart finds the whole conversation."""
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    first = _tokens(20, 3)
+    reply = engine.generate([first], GREEDY)[0].token_ids
+    second = first + reply + _tokens(9, 4)  # 41 tokens: 5 full blocks
+    engine.generate([second], GREEDY)
+    engine.close()
+    assert len(_block_files(tmp_path)) == 5
+    fresh = _engine(model, tiny_tokenizer, tmp_path)
+    out = fresh.generate([second + _tokens(3, 5)], GREEDY)[0]
+    assert out.metrics.disk_cached_tokens == 40
+    assert out.token_ids == mlx_lm_greedy(model, second + _tokens(3, 5), 12)
+
+
+def test_torn_and_corrupt_files_are_skipped_with_one_line_each(
+    model, tiny_tokenizer, tmp_path, caplog
+):
+    prompt = _tokens(50, 6)  # 6 blocks on disk
+    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    files = {bytes.fromhex(p.name[: -len(SUFFIX)]): p for p in _block_files(tmp_path)}
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    chain = _chain(engine, prompt)
+    torn, flipped = files[chain[4]], files[chain[2]]
+    torn.write_bytes(torn.read_bytes()[:-100])  # truncated: the tail never written
+    data = bytearray(flipped.read_bytes())
+    data[HEADER_BYTES + 7] ^= 0x40
+    flipped.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="macbatch.disk_cache"):
+        out = engine.generate([prompt], GREEDY)[0]
+    assert out.token_ids == mlx_lm_greedy(model, prompt, 12)
+    assert out.metrics.disk_cached_tokens == 16  # blocks 0 and 1: the chain stops at block 2
+    lines = [r for r in caplog.records if "corrupt" in r.getMessage()]
+    assert len(lines) == 2
+    assert engine.stats().disk.corrupt == 2
+    engine.close()  # the blocks computed again are written again, whole
+    again = _engine(model, tiny_tokenizer, tmp_path)
+    out = again.generate([prompt], GREEDY)[0]
+    assert out.metrics.disk_cached_tokens == 48 and again.stats().disk.corrupt == 0
+    again.close()
+
+
+def _chain(engine: Engine, prompt: list[int]) -> list[bytes]:
+    from macbatch.engine.kv.block_pool import chain_block_hashes
+
+    usable = (len(prompt) - 1) // 8 * 8
+    return chain_block_hashes(engine.kv.prefix_root, prompt[:usable], 8)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [dict(block_size=16), dict(kv_bits=8), dict(kv_bits=4), dict(model_seed=1)],
+    ids=["block_size", "kv_bits8", "kv_bits4", "another_model"],
+)
+def test_another_format_or_model_never_reads_the_files(model, tiny_tokenizer, tmp_path, other):
+    prompt = _tokens(70, 7)
+    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    seed = other.pop("model_seed", None)
+    theirs = model if seed is None else build_model("qwen3", seed=seed)
+    engine = _engine(theirs, tiny_tokenizer, tmp_path, **other)
+    out = engine.generate([prompt], GREEDY)[0]
+    assert out.metrics.disk_cached_tokens == 0
+    assert out.token_ids == mlx_lm_greedy(theirs, prompt, 12, kv_bits=other.get("kv_bits"))
+    engine.close()
+    assert len(list(tmp_path.iterdir())) == 2  # a namespace of its own
+
+
+def test_the_byte_cap_evicts_the_least_recently_used(tmp_path):
+    payload = bytes(1000)
+    size = HEADER_BYTES + len(payload)
+    files = BlockFiles(tmp_path, "ns", cap_bytes=3 * size)
+    files.open()
+    digests = [bytes([i]) * 16 for i in range(5)]
+    for d in digests[:3]:
+        assert files.write(d, payload)
+    assert files.read(digests[0]) == payload  # used: now the most recent
+    files.write(digests[3], payload)
+    assert digests[1] not in files and digests[0] in files
+    assert files.total_bytes == 3 * size and len(_block_files(tmp_path)) == 3
+    # a restart orders the LRU by the files' modification times (a read touches its file)
+    again = BlockFiles(tmp_path, "ns", cap_bytes=3 * size)
+    again.open()
+    assert again.num_blocks == 3 and again.total_bytes == 3 * size
+    again.write(digests[4], payload)
+    assert again.num_blocks == 3
+
+
+def test_an_unwritable_directory_warns_and_serves_from_ram(model, tiny_tokenizer, tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="macbatch.disk_cache"):
+        engine = _engine(model, tiny_tokenizer, blocker / "cache")
+    assert engine.kv.disk is None
+    assert any("RAM only" in r.getMessage() for r in caplog.records)
+    prompt = _tokens(30, 8)
+    assert engine.generate([prompt], GREEDY)[0].token_ids == mlx_lm_greedy(model, prompt, 12)
+
+
+def test_a_full_disk_stops_writing_with_one_warning(model, tiny_tokenizer, tmp_path, caplog):
+    import errno
+
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    assert engine.kv.disk is not None
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    engine.kv.disk.files.write = full  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="macbatch.disk_cache"):
+        for seed in (9, 10):
+            prompt = _tokens(40, seed)
+            assert engine.generate([prompt], GREEDY)[0].token_ids == mlx_lm_greedy(
+                model, prompt, 12
+            )
+        engine.close()
+    assert not engine.kv.disk.writing
+    assert len([r for r in caplog.records if "full" in r.getMessage()]) == 1
+
+
+def test_a_request_waits_for_its_blocks_while_others_generate(model, tiny_tokenizer, tmp_path):
+    prompt = _tokens(70, 11)
+    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    disk = engine.kv.disk
+    assert disk is not None
+    gate = threading.Event()
+    read = disk.files.read
+    disk.files.read = lambda digest: (gate.wait(10), read(digest))[1]  # type: ignore[method-assign]
+    other = _tokens(9, 12)
+    engine.add_request(other, GREEDY, request_id="other")
+    engine.step()
+    engine.add_request(prompt, GREEDY, request_id="slow")
+    outputs: dict[str, list[int]] = {}
+    for _ in range(6):
+        for out in engine.step():
+            outputs[out.request_id] = out.token_ids
+    assert len(outputs["other"]) >= 4 and "slow" not in outputs  # it waits, the other runs
+    assert engine.scheduler.waiting and engine.scheduler.waiting[0].request_id == "slow"
+    gate.set()
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals["slow"].metrics.disk_cached_tokens == 64
+    assert finals["slow"].token_ids == mlx_lm_greedy(model, prompt, 12)
+    assert finals["other"].token_ids == mlx_lm_greedy(model, other, 12)
+    engine.close()

@@ -14,6 +14,7 @@ import typer
 import typer.core
 
 from macbatch.batch.command import run_command
+from macbatch.cache_command import cache_app
 from macbatch.cli_options import (
     draft_model_option,
     num_speculative_tokens_option,
@@ -46,6 +47,7 @@ app = typer.Typer(
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
+app.add_typer(cache_app, name="cache")
 
 
 def _show_version(value: bool) -> None:

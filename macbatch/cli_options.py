@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -106,3 +107,49 @@ def speculative_config(
             param_hint="--speculative",
         )
     return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}
+
+
+def cache_dir_option() -> Any:
+    """``--cache-dir PATH``: where the disk tier keeps KV blocks."""
+    return typer.Option(
+        None,
+        "--cache-dir",
+        show_default=False,
+        help="Where prompt KV blocks are kept on disk across restarts (default: kv-cache/ in the "
+        "data directory; see docs/engine.md, 'The disk tier').",
+    )
+
+
+def cache_disk_gb_option() -> Any:
+    """``--cache-disk-gb N``: the disk tier's byte cap."""
+    return typer.Option(
+        None,
+        "--cache-disk-gb",
+        min=0.0,
+        show_default=False,
+        help="GiB of disk the KV block cache may use, least recently used evicted first "
+        "(default: 20, or a tenth of the free space if smaller).",
+    )
+
+
+def no_disk_cache_option() -> Any:
+    """``--no-disk-cache``: RAM prefix cache only."""
+    return typer.Option(
+        False,
+        "--no-disk-cache",
+        help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
+    )
+
+
+def disk_cache_config(
+    cache_dir: Path | str | None, cache_disk_gb: float | None, no_disk_cache: bool
+) -> dict[str, Any]:
+    """The ``EngineConfig`` fields of the disk-cache options: on by default, under the data
+    directory."""
+    if no_disk_cache:
+        return {"disk_cache_dir": None, "disk_cache_bytes": None}
+    from macbatch.config import data_dir
+
+    directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
+    size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
+    return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}

@@ -11,8 +11,12 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from macbatch.cli_options import (
+    cache_dir_option,
+    cache_disk_gb_option,
+    disk_cache_config,
     draft_model_option,
     kv_bits_option,
+    no_disk_cache_option,
     num_speculative_tokens_option,
     speculative_config,
     speculative_option,
@@ -115,6 +119,9 @@ def run_command(
     speculative: str | None = speculative_option(default=None),
     draft_model: str | None = draft_model_option(),
     num_speculative_tokens: int | None = num_speculative_tokens_option(),
+    cache_dir: str | None = cache_dir_option(),
+    cache_disk_gb: float | None = cache_disk_gb_option(),
+    no_disk_cache: bool = no_disk_cache_option(),
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -151,6 +158,7 @@ def run_command(
         (kv_bits, spec),
         reporter,
         headless,
+        (cache_dir, cache_disk_gb, no_disk_cache),
     )
     if summary["status"] == "interrupted":
         again = resume_command(file, model, jobs or [], output_dir, (kv_bits, spec), headless)
@@ -204,6 +212,7 @@ def _run(
     engine_options: EngineOptions,
     reporter: object,
     headless: bool,
+    disk_options: tuple[str | None, float | None, bool] = (None, None, True),
 ) -> dict:
     """Load, validate and run; every failure a user can cause ends as one clear message."""
     import dataclasses
@@ -214,11 +223,13 @@ def _run(
     from macbatch.engine import Engine, EngineConfig
 
     kv_bits, spec = engine_options
+    disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
 
     def load_engine(name: str) -> object:
         try:
             bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
-            config = EngineConfig(kv_bits=bits, **(spec or job_file.speculative or {}))
+            speculative = spec or job_file.speculative or {}
+            config = EngineConfig(kv_bits=bits, **speculative, **disk)
             if max_seqs is not None:
                 config = dataclasses.replace(config, max_num_seqs=max_seqs)
             return Engine.load(name, config)

@@ -65,6 +65,10 @@ _EXPORTS: dict[str, str] = {
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
     "probe_model": "macbatch.engine.model.probe",
+    # the disk KV cache's contents (macbatch cache)
+    "StoredModel": "macbatch.engine.kv.disk.listing",
+    "stored_models": "macbatch.engine.kv.disk.listing",
+    "clear_stored": "macbatch.engine.kv.disk.listing",
 }
 
 __all__ = list(_EXPORTS)
@@ -102,6 +106,7 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
     from macbatch.engine.inputs.tokenizer import Tokenizer
+    from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.families import unsupported_reason

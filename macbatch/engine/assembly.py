@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.inputs.chat_template import thinking_default
-from macbatch.engine.kv.disk import DiskTier, namespace_of, open_disk_tier
+from macbatch.engine.kv.disk.setup import namespace_of, open_disk_tier
+from macbatch.engine.kv.disk.tier import DiskTier
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.kv.registry import kv_manager
 from macbatch.engine.model_info import EngineInfo, ModelInfo

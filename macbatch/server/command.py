@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from macbatch import cli_options
 from macbatch.cli_options import (
     draft_model_option,
     kv_bits_option,
@@ -81,6 +82,9 @@ def serve_command(
     speculative: str = speculative_option(),
     draft_model: str | None = draft_model_option(),
     num_speculative_tokens: int | None = num_speculative_tokens_option(),
+    cache_dir: str | None = cli_options.cache_dir_option(),
+    cache_disk_gb: float | None = cli_options.cache_disk_gb_option(),
+    no_disk_cache: bool = cli_options.no_disk_cache_option(),
     shutdown_timeout: float = typer.Option(
         10.0,
         min=0,
@@ -131,6 +135,9 @@ def serve_command(
         speculative=spec["speculative"],
         draft_model=spec["draft_model"],
         num_speculative_tokens=num_speculative_tokens,
+        cache_dir=cache_dir,
+        cache_disk_gb=cache_disk_gb,
+        no_disk_cache=no_disk_cache,
     )
     if print_launchd_plist:
         local = dataclasses.replace(
@@ -165,6 +172,9 @@ class ServeSettings:
     speculative: str = "off"
     draft_model: str | None = None
     num_speculative_tokens: int | None = None
+    cache_dir: str | None = None
+    cache_disk_gb: float | None = None
+    no_disk_cache: bool = False
 
 
 def _absolute_if_local(model: str) -> str:
@@ -215,6 +225,9 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         speculative=settings.speculative,
         draft_model=settings.draft_model,
         num_speculative_tokens=settings.num_speculative_tokens,
+        **cli_options.disk_cache_config(
+            settings.cache_dir, settings.cache_disk_gb, settings.no_disk_cache
+        ),
     )
     typer.echo(f"macbatch serve: loading {model} ...", err=True)
     thread = EngineThread(lambda: Engine.load(model, config)).start()

@@ -50,6 +50,9 @@ def chat_command(
     speculative: str = cli_options.speculative_option(),
     draft_model: str | None = cli_options.draft_model_option(),
     num_speculative_tokens: int | None = cli_options.num_speculative_tokens_option(),
+    cache_dir: str | None = cli_options.cache_dir_option(),
+    cache_disk_gb: float | None = cli_options.cache_disk_gb_option(),
+    no_disk_cache: bool = cli_options.no_disk_cache_option(),
     history: Annotated[
         Path | None,
         typer.Option(
@@ -80,7 +83,8 @@ def chat_command(
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
         spec = cli_options.speculative_config(speculative, draft_model, num_speculative_tokens)
-        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec)
+        disk = cli_options.disk_cache_config(cache_dir, cache_disk_gb, no_disk_cache)
+        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec, **disk)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()

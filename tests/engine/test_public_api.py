@@ -27,6 +27,8 @@ LIGHT = (
     "resolve_model_path",
     "check_speculative",
     "DEFAULT_SPECULATIVE_TOKENS",
+    "stored_models",
+    "clear_stored",
 )
 
 

@@ -216,3 +216,23 @@ def test_a_request_waits_for_its_blocks_while_others_generate(model, tiny_tokeni
     assert finals["slow"].token_ids == mlx_lm_greedy(model, prompt, 12)
     assert finals["other"].token_ids == mlx_lm_greedy(model, other, 12)
     engine.close()
+
+
+def test_macbatch_cache_lists_per_model_and_clears(model, tiny_tokenizer, tmp_path):
+    from typer.testing import CliRunner
+
+    from macbatch.cli import app
+
+    _warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13))
+    _warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13), kv_bits=8)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["cache", "--cache-dir", str(tmp_path)])
+    assert listed.exit_code == 0, listed.output
+    rows = [line.split() for line in listed.output.splitlines()[1:3]]
+    assert sorted(row[1] for row in rows) == ["8-bit", "float32"]
+    assert all(row[0] == "model" and row[2] == "8" and row[3] == "8" for row in rows)
+    cleared = runner.invoke(app, ["cache", "clear", "model", "--cache-dir", str(tmp_path)])
+    assert cleared.exit_code == 0 and "cleared 2 cache(s)" in cleared.output
+    assert not _block_files(tmp_path)
+    empty = runner.invoke(app, ["cache", "--cache-dir", str(tmp_path)])
+    assert "nothing cached" in empty.output

@@ -31,6 +31,8 @@ from macbatch.engine.kv.disk.files import BlockFiles, DiskFull
 
 log = logging.getLogger("macbatch.disk_cache")
 
+READERS = 4
+
 
 class BlockPages(Protocol):
     """What the tier reads and writes of the pages (``KVStore``)."""
@@ -80,7 +82,8 @@ class DiskTier:
         self.block_bytes = sum(pages.block_slab_bytes())
         self.writing = True
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="macbatch-disk-write")
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="macbatch-disk-read")
+        # reads overlap (the checksum releases the GIL): an SSD serves several at once
+        self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
         self._lock = threading.Lock()
         self._named: list[tuple[int, bytes]] = []  # (block, digest) to capture
         self._queued: set[bytes] = set()  # digests captured, not written yet
@@ -228,7 +231,7 @@ class DiskTier:
         per_block = data.reshape(len(blocks), -1)
         parts, start = [], 0
         for slab in slabs:
-            parts.append(per_block[:, start : start + slab])
+            parts.append(np.ascontiguousarray(per_block[:, start : start + slab]))
             start += slab
         self.pages.scatter_blocks(blocks, parts)
 

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.tiny import save_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The app's data directory (history, ledgers, serve's records, the KV disk tier) in a
+    temporary folder for the whole session, never the user's: the disk tier is on by default in
+    the front ends, and blocks one run left behind would turn the next run's prefills into
+    disk reads. Tests that need their own folder set ``MACBATCH_HOME`` themselves."""
+    before = os.environ.get("MACBATCH_HOME")
+    os.environ["MACBATCH_HOME"] = str(tmp_path_factory.mktemp("macbatch-home"))
+    yield
+    if before is None:
+        os.environ.pop("MACBATCH_HOME", None)
+    else:
+        os.environ["MACBATCH_HOME"] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -80,7 +80,7 @@ def test_claude_code_session_reads_its_prompt_from_the_cache(served: Served) -> 
     assert all(prompt > 10_000 for _, prompt in turns), turns
     fractions = _fractions(turns)
     assert all(f >= CACHED for f in fractions[1:]), fractions
-    print("messages, cached fraction per turn:", fractions)
+    print("messages, (cached, prompt) tokens per turn:", turns, "fractions:", fractions)
 
 
 def test_kept_volatile_line_misses_the_cache(engine: EngineThread) -> None:

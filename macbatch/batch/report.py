@@ -223,6 +223,7 @@ def build_summary(
         "parsed": sum(j.parsed for j in progress.jobs.values()),
         "remaining": progress.total - progress.finished,
         "prompt_tokens": progress.prompt_tokens,
+        "cached_prompt_tokens": progress.cached_prompt_tokens,
         "generated_tokens": progress.generated_tokens,
         "prefix_cache_hit_rate": (
             round(progress.cached_prompt_tokens / progress.prompt_tokens, 3)
@@ -279,7 +280,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"in {summary['wall_s']:.1f} s: {summary['requests_per_s'] or 0:.2f} requests/s, "
         f"{summary['prompt_tok_per_s'] or 0:,.1f} prompt tok/s, "
         f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s; "
-        f"{summary['prefix_cache_hit_rate']:.0%} of prompt tokens from the prefix cache",
+        f"{summary['cached_prompt_tokens']:,} prompt tokens "
+        f"({summary['prefix_cache_hit_rate']:.0%}) read from the prefix cache",
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
         f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
     ]

@@ -19,6 +19,7 @@ from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
+from macbatch.openai.volatile import Shape
 
 REFUSED = ("mcp_servers", "container")  # server-side features macbatch does not run
 _SAMPLING = tuple(name for name in SAMPLING_FIELDS if name not in ("stop", "max_tokens"))
@@ -32,8 +33,11 @@ class MessagesRequest:
     stop_sequences: tuple[str, ...]
 
 
-def parse_messages(body: dict[str, Any], count_only: bool = False) -> MessagesRequest:
-    """Validate a /v1/messages body (``count_only``: a count_tokens body, no ``max_tokens``)."""
+def parse_messages(
+    body: dict[str, Any], count_only: bool = False, keep_volatile: bool = False
+) -> MessagesRequest:
+    """Validate a /v1/messages body (``count_only``: a count_tokens body, no ``max_tokens``;
+    ``keep_volatile``: leave Claude Code's volatile lines in the prompt, ``volatile.py``)."""
     check_value(body)
     for name in REFUSED:
         if body.get(name):
@@ -58,7 +62,7 @@ def parse_messages(body: dict[str, Any], count_only: bool = False) -> MessagesRe
         chat["stop"] = stops
     chat.update(_tools(body), **_thinking(body.get("thinking")))
     try:
-        generation = parse_chat(chat)
+        generation = parse_chat(chat, volatile=None if keep_volatile else Shape.MESSAGES)
     except InvalidRequest as exc:
         if exc.param == "stop":
             message = str(exc).replace("'stop'", "'stop_sequences'")

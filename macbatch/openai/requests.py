@@ -32,6 +32,7 @@ from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages, completion_prompts
 from macbatch.openai.options import ToolRequest, bind_tools, structured_output, tool_request
 from macbatch.openai.sampling import OPENAI_CHAT, OPENAI_COMPLETION, Defaults, sampling_params
+from macbatch.openai.volatile import Shape, stable_messages
 
 MAX_CHOICES = 64  # engine requests one body may start (prompts x n)
 MAX_LOGPROBS = 20
@@ -90,11 +91,16 @@ class Generation:
         return Bound(requests, None if tools is None else tools.parse_with)
 
 
-def parse_chat(body: dict[str, Any], defaults: Defaults = OPENAI_CHAT) -> Generation:
-    """Validate a /v1/chat/completions body."""
+def parse_chat(
+    body: dict[str, Any], defaults: Defaults = OPENAI_CHAT, volatile: Shape | None = Shape.CHAT
+) -> Generation:
+    """Validate a /v1/chat/completions body; the volatile lines of agent clients sending the
+    API shape ``volatile`` are taken out of its prompt (``volatile.py``; None: kept)."""
     check_value(body)
     _refuse_unsupported(body, ("functions", "logit_bias", "audio"))
     messages = chat_messages(body.get("messages"))
+    if volatile is not None:
+        messages = stable_messages(messages, volatile)
     tools = tool_request(body)
     structured = structured_output(body)
     if structured is not None and tools is not None and tools.forced is not None:
@@ -133,11 +139,15 @@ def parse_completion(body: dict[str, Any], defaults: Defaults = OPENAI_COMPLETIO
 
 
 def parse_body(
-    endpoint: Endpoint, body: dict[str, Any], defaults: Defaults | None = None
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    defaults: Defaults | None = None,
+    keep_volatile: bool = False,
 ) -> Generation:
-    """Either endpoint's body (``defaults``: the endpoint's OpenAI defaults when None)."""
+    """Either endpoint's body (``defaults``: the endpoint's OpenAI defaults when None;
+    ``keep_volatile``: leave agent clients' volatile prompt lines in, ``volatile.py``)."""
     if endpoint is Endpoint.CHAT:
-        return parse_chat(body, defaults or OPENAI_CHAT)
+        return parse_chat(body, defaults or OPENAI_CHAT, None if keep_volatile else Shape.CHAT)
     return parse_completion(body, defaults or OPENAI_COMPLETION)
 
 

@@ -18,6 +18,7 @@ from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
+from macbatch.openai.volatile import Shape
 
 # Responses fields macbatch cannot honour: refused with a 400 rather than dropped
 REFUSED = ("background", "conversation", "prompt")
@@ -53,10 +54,11 @@ def previous_response_id(body: dict[str, Any]) -> str | None:
 
 
 def parse_responses(
-    body: dict[str, Any], history: list[dict[str, Any]] | None = None
+    body: dict[str, Any], history: list[dict[str, Any]] | None = None, keep_volatile: bool = False
 ) -> ResponsesRequest:
     """Validate a /v1/responses body; ``history``: the stored conversation of
-    ``previous_response_id`` (the caller looks it up: a missing one is a 404)."""
+    ``previous_response_id`` (the caller looks it up: a missing one is a 404);
+    ``keep_volatile``: leave agent clients' volatile prompt lines in, ``volatile.py``."""
     for name in REFUSED:
         if body.get(name):
             raise InvalidRequest(f"'{name}' is not supported by macbatch; leave it out", name)
@@ -71,7 +73,7 @@ def parse_responses(
     chat = {**_effort(body.get("reasoning")), **chat}  # a body's own thinking_token_budget wins
     chat["max_tokens"] = body.get("max_output_tokens")
     try:
-        generation = parse_chat(chat)
+        generation = parse_chat(chat, volatile=None if keep_volatile else Shape.RESPONSES)
     except InvalidRequest as exc:
         raise _renamed(exc) from None
     store = body.get("store", True)

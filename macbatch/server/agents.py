@@ -32,7 +32,8 @@ async def create_response(request: Request) -> Response:
     body = await read_json(request, state.options.max_body_bytes)
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
-    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history))
+    lines = state.options.keep_volatile_prompt_lines
+    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history, lines))
     bound = bind(state, parsed.generation)
     renderer = ResponsesRenderer(parsed, bound.parse_with, state.model_id)
 
@@ -76,7 +77,8 @@ def _not_found(response_id: str) -> APIError:
 async def create_message(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    parsed = await parse_body_off_loop(body, lambda: parse_messages(body))
+    lines = state.options.keep_volatile_prompt_lines
+    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines))
     bound = bind(state, parsed.generation)
     renderer = MessagesRenderer(parsed, bound.parse_with, state.model_id, state.decoder)
     return await serve_generation(request, state, bound, renderer, parsed.generation.stream)
@@ -85,7 +87,8 @@ async def create_message(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
     state = state_of(request)
-    parsed = parse_messages(await read_json(request, state.options.max_body_bytes), True)
+    body = await read_json(request, state.options.max_body_bytes)
+    parsed = parse_messages(body, True, state.options.keep_volatile_prompt_lines)
     [(prompt, _)] = bind(state, parsed.generation).requests
     try:
         ids = await asyncio.to_thread(state.thread.encode_prompt, prompt)

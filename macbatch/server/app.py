@@ -172,7 +172,10 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    generation = await parse_body_off_loop(body, lambda: parse_body(endpoint, body))
+    keep = state.options.keep_volatile_prompt_lines
+    generation = await parse_body_off_loop(
+        body, lambda: parse_body(endpoint, body, keep_volatile=keep)
+    )
     bound = bind(state, generation)
     formatter = openai_formatter(generation, bound.parse_with, state.model_id, state.decoder)
     renderer = ChatRenderer(formatter, len(bound.requests), generation.include_usage)

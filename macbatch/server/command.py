@@ -90,6 +90,13 @@ def serve_command(
         min=0,
         help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
     ),
+    keep_volatile_prompt_lines: bool = typer.Option(
+        False,
+        "--keep-volatile-prompt-lines",
+        help="Leave in the prompt the lines agent clients change on every request (Claude "
+        "Code's billing line), which are otherwise taken out so the prefix cache can serve "
+        "the rest (docs/serve.md).",
+    ),
     reranker: bool = typer.Option(
         False,
         "--reranker",
@@ -132,6 +139,7 @@ def serve_command(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         reranker=reranker,
+        keep_volatile_prompt_lines=keep_volatile_prompt_lines,
         speculative=spec["speculative"],
         draft_model=spec["draft_model"],
         num_speculative_tokens=num_speculative_tokens,
@@ -175,6 +183,7 @@ class ServeSettings:
     cache_dir: str | None = None
     cache_disk_gb: float | None = None
     no_disk_cache: bool = False
+    keep_volatile_prompt_lines: bool = False
 
 
 def _absolute_if_local(model: str) -> str:
@@ -247,6 +256,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             data_dir=data_dir() / "serve",
             max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
             batch_max_in_flight=settings.batch_max_in_flight,
+            keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]

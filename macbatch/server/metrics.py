@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from macbatch.engine import EngineStats, RequestOutput
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RAM = "ram"  # the prefix cache's one tier so far: KV pages in memory
 
 
 @dataclass
@@ -45,6 +46,9 @@ class ServerMetrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    # the prefix cache, by tier: prompt tokens read from it, and engine requests that read any
+    cached_tokens: Counter = field(default_factory=Counter)
+    cache_hits: Counter = field(default_factory=Counter)
 
     def record(self, out: RequestOutput, first_token: bool) -> None:
         """Count one engine output; ``first_token`` on the first output after the first token
@@ -53,6 +57,10 @@ class ServerMetrics:
         ttft = out.metrics.time_to_first_token_s
         if first_token:
             self.prompt_tokens += out.metrics.prompt_tokens
+            if out.metrics.cached_tokens:
+                # every cached block is in RAM: a disk tier will split the engine's count
+                self.cached_tokens[RAM] += out.metrics.cached_tokens
+                self.cache_hits[RAM] += 1
             if ttft is not None:
                 self.time_to_first_token.observe(ttft)
         if out.finished and out.finish_reason is not None:
@@ -92,6 +100,19 @@ class ServerMetrics:
             "counter",
             "Prompt tokens of engine requests that produced output.",
             [f"macbatch_prompt_tokens_total {self.prompt_tokens}"],
+        )
+        metric(
+            "macbatch_prefix_cache_tokens_total",
+            "counter",
+            "Prompt tokens read from the prefix cache, by tier (part of "
+            "macbatch_prompt_tokens_total).",
+            _by_tier("macbatch_prefix_cache_tokens_total", self.cached_tokens),
+        )
+        metric(
+            "macbatch_prefix_cache_hits_total",
+            "counter",
+            "Engine requests whose prompt read at least one block from the prefix cache, by tier.",
+            _by_tier("macbatch_prefix_cache_hits_total", self.cache_hits),
         )
         metric(
             "macbatch_generation_tokens_total",
@@ -168,3 +189,9 @@ class ServerMetrics:
                 counter = f"macbatch_spec_{name}_tokens_total"
                 metric(counter, "counter", help_text, [f"{counter} {value}"])
         return "\n".join(out) + "\n"
+
+
+def _by_tier(name: str, counts: Counter) -> list[str]:
+    """One sample per tier, the RAM tier's from the start (0 before any hit)."""
+    tiers = {RAM: 0, **counts}
+    return [f'{name}{{tier="{tier}"}} {count}' for tier, count in sorted(tiers.items())]

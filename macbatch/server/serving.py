@@ -50,6 +50,8 @@ class ServerOptions:
     data_dir: Path | None = None
     max_file_bytes: int = 200 * 1024 * 1024  # one /v1/files upload (OpenAI's batch file limit)
     batch_max_in_flight: int | None = None  # a batch's requests in the engine; None: half the seqs
+    # leave agent clients' volatile prompt lines in (macbatch.openai.volatile; docs/serve.md)
+    keep_volatile_prompt_lines: bool = False
 
 
 @dataclass

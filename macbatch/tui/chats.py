@@ -24,7 +24,7 @@ from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
 from macbatch.tui.reply import Reply, ReplyView
 from macbatch.tui.settings import SessionSettings
-from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, Session
+from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, ReplyMetrics, Session
 
 if TYPE_CHECKING:
     from textual.widget import Widget
@@ -51,11 +51,13 @@ class ReplyEnd(NamedTuple):
 
 
 class EngineStatus(NamedTuple):
-    """What the status bar shows of the engine; `problem` replaces the numbers when set."""
+    """What the status bar shows of the engine; `problem` replaces the numbers when set.
+    `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens)."""
 
     stats: EngineStats | None
     problem: str | None
     block_size: int = 0
+    last_reply: ReplyMetrics | None = None
 
 
 class ChatService:
@@ -77,6 +79,7 @@ class ChatService:
         self.replies: dict[int, tuple[Reply, Worker[None]]] = {}
         self.ready = False
         self.load_error: str | None = None
+        self.last_reply: ReplyMetrics | None = None  # the numbers of the reply that ended last
 
     # The engine
 
@@ -101,7 +104,7 @@ class ChatService:
             return EngineStatus(None, "loading")
         engine = self.engine
         problem = None if engine.alive else f"engine stopped: {engine.error}"
-        return EngineStatus(engine.stats(), problem, engine.info.block_size)
+        return EngineStatus(engine.stats(), problem, engine.info.block_size, self.last_reply)
 
     def thinking_default(self) -> bool | None:
         """Whether the model's template thinks when not told (None: no switch, or no model)."""
@@ -298,6 +301,8 @@ class ChatService:
         for session_id, (reply, running) in list(self.replies.items()):
             if running is worker:
                 del self.replies[session_id]
+                if reply.message.metrics is not None:
+                    self.last_reply = reply.message.metrics
                 failure = reply.message.error if reply.message.status == ERROR else None
                 if worker.state == WorkerState.ERROR:
                     failure = str(worker.error)

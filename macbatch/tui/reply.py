@@ -60,6 +60,8 @@ def reply_metrics(output: RequestOutput) -> ReplyMetrics:
         tokens_per_s=metrics.decode_tokens_per_s,
         acceptance_rate=spec.acceptance_rate if spec.verifications else None,
         accepted_length=spec.mean_accepted_length if spec.verifications else None,
+        prompt_tokens=metrics.prompt_tokens,
+        cached_tokens=metrics.cached_tokens,
     )
 
 

@@ -94,6 +94,9 @@ class ReplyMetrics:
     # verification (None: the reply did not speculate)
     acceptance_rate: float | None = None
     accepted_length: float | None = None
+    # the prompt, and how much of it the prefix cache held, while the app runs (not stored)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass

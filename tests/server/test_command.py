@@ -41,7 +41,7 @@ def test_non_loopback_host_with_key_or_insecure(extra: list[str], tmp_path: Path
 def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
     args = ["--model", "some/model", "--host", "::1", "--port", "9123", "--max-queue", "7",
-            "--kv-bits", "4"]  # fmt: skip
+            "--kv-bits", "4", "--keep-volatile-prompt-lines"]  # fmt: skip
     result = _invoke([*args, "--api-key", "s3cret", "--print-launchd-plist"], env=env)
     assert result.exit_code == 0, result.output
     job = plistlib.loads(result.stdout.encode())
@@ -53,6 +53,7 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     program, command, *options = job["ProgramArguments"]
     assert command == "serve" and Path(program).is_absolute()
     assert options[options.index("--kv-bits") + 1] == "4"
+    assert "--keep-volatile-prompt-lines" in options
     # Fixpoint: the plist's own arguments (and environment) describe the same job.
     again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
     assert again.exit_code == 0, again.output

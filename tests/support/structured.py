@@ -109,15 +109,16 @@ def schema_family(count: int = 32) -> list[dict[str, Any]]:
     return schemas
 
 
-def save_model_with_tokenizer(path: Path, name: str, vocab_size: int) -> Path:
-    """A tiny random qwen3-architecture model in Hugging Face layout, with a vendored real
-    tokenizer (its files copied as they are) and that tokenizer's EOS ids in config.json."""
+def save_model_with_tokenizer(path: Path, name: str, vocab_size: int, **overrides: Any) -> Path:
+    """A tiny random qwen3-architecture model in Hugging Face layout (``overrides``: config
+    fields, as ``save_model`` takes them), with a vendored real tokenizer (its files copied as
+    they are) and that tokenizer's EOS ids in config.json."""
     import json
     import shutil
 
     from tests.support.tiny import save_model
 
-    save_model(path, vocab_size=vocab_size)
+    save_model(path, vocab_size=vocab_size, **overrides)
     source = TOKENIZERS / name
     for file in source.iterdir():
         if file.name != "SOURCE.txt":

@@ -1,6 +1,6 @@
 """The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
 many tokens it holds, its memory now and how much of it requests and the prefix cache use), work
-in the last step."""
+in the last step, and how much of the last reply's prompt the prefix cache held."""
 
 from __future__ import annotations
 
@@ -11,28 +11,40 @@ from textual.widgets import Static
 if TYPE_CHECKING:
     from macbatch.engine import EngineStats
     from macbatch.tui.chats import EngineStatus
+    from macbatch.tui.store import ReplyMetrics
 
 
 def status_text(
-    model: str, stats: EngineStats | None, problem: str | None, block_size: int = 0
+    model: str,
+    stats: EngineStats | None,
+    problem: str | None,
+    block_size: int = 0,
+    last_reply: ReplyMetrics | None = None,
 ) -> str:
     """Plain text for the bar; `problem` (loading, failed, stopped) replaces the engine numbers.
-    `block_size` (tokens per KV block) turns the pool's blocks into the tokens it holds."""
+    `block_size` (tokens per KV block) turns the pool's blocks into the tokens it holds;
+    `last_reply` adds its prompt tokens the prefix cache held (the rest were computed)."""
     if problem is not None or stats is None:
         return f"{model} · {problem or 'starting'}"
     pool_tokens = stats.kv_blocks_total * block_size
     # short enough for an 80-column terminal to show the step numbers too
-    return (
+    text = (
         f"{model} · {stats.running} running · {stats.waiting} waiting · "
         f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} ({pool_tokens:,} tok) "
         f"{stats.kv_bytes_used / 2**20:,.1f}/{stats.kv_cache_bytes / 2**20:,.1f} MiB · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
     )
+    if last_reply is not None and last_reply.prompt_tokens:
+        cached, prompt = last_reply.cached_tokens or 0, last_reply.prompt_tokens
+        text += f" · last prompt {cached:,}/{prompt:,} tok cached"
+    return text
 
 
 class StatusBar(Static):
     """Shows `status_text`; the app refreshes it on a timer."""
 
     def show(self, model: str, status: EngineStatus) -> None:
-        self.update(status_text(model, status.stats, status.problem, status.block_size))
+        self.update(
+            status_text(model, status.stats, status.problem, status.block_size, status.last_reply)
+        )
         self.set_class(status.problem is not None, "-problem")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.ledger import DoneRecord, Ledger
+from macbatch.batch.paths import temporary
 from macbatch.batch.plan import Planned, Rejected
 from macbatch.batch.replies import ParsedReply
 from macbatch.engine import RequestOutput
@@ -52,14 +53,6 @@ class JsonlAppender:
         self._file.close()
 
 
-def output_path(directory: Path, job: str) -> Path:
-    return directory / f"{job}.jsonl"
-
-
-def errors_path(directory: Path, job: str) -> Path:
-    return directory / f"{job}.errors.jsonl"
-
-
 def recover(path: Path, ledger: Ledger, job: str) -> Recovery:
     """Bring the ledger in line with the output file after a crash or a hand edit.
 
@@ -96,16 +89,16 @@ def drop_results(path: Path, requests: set[tuple[str, int]]) -> int:
     """Rewrite ``path`` without the lines of ``requests`` ((custom_id, sample) pairs); returns
     how many lines went. Written beside it and renamed, so a crash leaves the old file or the
     new one, never a mix; the caller rebuilds the ledger from the file afterwards."""
-    temporary = path.with_suffix(".rewrite")
+    rewritten = temporary(path)
     dropped = 0
-    with path.open("rb") as source, temporary.open("wb") as target:
+    with path.open("rb") as source, rewritten.open("wb") as target:
         for raw in source:
             record = _done_record(raw, "")
             if record is not None and (record.custom_id, record.sample) in requests:
                 dropped += 1
             else:
                 target.write(raw)
-    os.replace(temporary, path)
+    os.replace(rewritten, path)
     return dropped
 
 

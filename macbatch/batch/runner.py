@@ -19,26 +19,13 @@ from typing import Any
 
 from macbatch.batch.inputs import InputFile
 from macbatch.batch.ledger import Ledger
-from macbatch.batch.outputs import (
-    JsonlAppender,
-    drop_results,
-    error_line,
-    errors_path,
-    output_path,
-    recover,
-    write_result,
-)
+from macbatch.batch.outputs import JsonlAppender, drop_results, error_line, recover, write_result
+from macbatch.batch.paths import LEDGER_NAME, SUMMARY_NAME, errors_path, output_path, temporary
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
-from macbatch.batch.run_guard import (
-    LEDGER_NAME,
-    SUMMARY_NAME,
-    caught_signals,
-    exclusive,
-    refuse_inputs_among_outputs,
-)
+from macbatch.batch.run_guard import caught_signals, exclusive, refuse_inputs_among_outputs
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
@@ -347,9 +334,8 @@ def _peak_memory() -> dict[str, int]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a summary."""
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temporary, path)
+    temporary(path).write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary(path), path)
 
 
 def jobs_by_name(job_file: JobFile, names: list[str]) -> tuple[JobSpec, ...]:

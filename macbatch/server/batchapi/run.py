@@ -13,14 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from macbatch.batch.ledger import Ledger
-from macbatch.batch.outputs import (
-    JsonlAppender,
-    error_line,
-    errors_path,
-    output_path,
-    recover,
-    write_result,
-)
+from macbatch.batch.outputs import JsonlAppender, error_line, recover, write_result
+from macbatch.batch.paths import errors_path, output_path
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 
-from macbatch.batch.outputs import errors_path, output_path
+from macbatch.batch.paths import errors_path, output_path
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import EngineDeadError
 from macbatch.server.batchapi.files import FileStore, new_file_id

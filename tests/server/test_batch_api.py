@@ -168,7 +168,7 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(_create(http, input_file_id=good, endpoint=CHAT), 400, "completion_window")
     _refused(_create(http, input_file_id="file-nope", endpoint=CHAT, **window), 404)
     bad_meta = {"metadata": {"a": 1}, **window}
-    _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata")
+    _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata.a")
     _refused(_create(http, input_file_id=good, endpoint=CHAT, model="x", **window), 400, "model")
     _refused(http.post("/batches", content=b"{"), 400)
     _refused(http.get("/batches", params={"limit": 0}), 400, "limit")

@@ -120,18 +120,21 @@ def _done_record(raw: bytes, job: str) -> DoneRecord | None:
 
 def result_line(
     request: Planned,
-    output: RequestOutput,
+    outputs: list[RequestOutput],
     body: dict[str, Any],
     correct: bool | None,
     parsed: ParsedReply | None = None,
 ) -> dict[str, Any]:
-    """The OpenAI batch output shape for one finished request: ``body`` is the response serve
-    would have sent (``macbatch.openai``), plus macbatch's own metrics and, for a constrained
-    reply, its ``parsed`` value (null if it did not parse)."""
-    metrics = output.metrics
-    pooled = request.pooled is not None  # its body's usage counts every input's tokens
-    if pooled or "choices" not in body:  # a pooled row, or a Responses body
-        finish = "stop" if pooled else str(output.finish_reason and output.finish_reason.value)
+    """The OpenAI batch output shape for one finished line: ``body`` is the response serve
+    would have sent (``macbatch.openai``) for ``outputs`` (its engine requests': one per choice
+    or input), plus macbatch's own metrics (token counts summed over them, timings the first's)
+    and, for a constrained reply, its first choice's ``parsed`` value (null if it did not
+    parse)."""
+    first, metrics = outputs[0], outputs[0].metrics
+    if request.pooled is not None:
+        finish = "stop"
+    elif "choices" not in body:  # a Responses body
+        finish = str(first.finish_reason and first.finish_reason.value)
     else:
         finish = body["choices"][0]["finish_reason"]
     meta = {
@@ -140,15 +143,16 @@ def result_line(
         "sample": request.sample,
         "key": request.key,
         "finish_reason": finish,
-        "prompt_tokens": body["usage"]["prompt_tokens"] if pooled else metrics.prompt_tokens,
-        "generated_tokens": metrics.generated_tokens,
-        "cached_tokens": metrics.cached_tokens,
+        "prompt_tokens": sum(o.metrics.prompt_tokens for o in outputs),
+        "generated_tokens": sum(o.metrics.generated_tokens for o in outputs),
+        "cached_tokens": sum(o.metrics.cached_tokens for o in outputs),
         "queue_ms": _ms(metrics.queue_time_s),
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),
     }
-    if output.capped_max_tokens is not None:  # the prompt left less room than max_tokens asked
-        meta["capped_max_tokens"] = output.capped_max_tokens
+    caps = [o.capped_max_tokens for o in outputs if o.capped_max_tokens is not None]
+    if caps:  # a prompt left less room than max_tokens asked
+        meta["capped_max_tokens"] = min(caps)
     if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
     line = {
@@ -167,13 +171,13 @@ def write_result(
     appender: JsonlAppender,
     ledger: Ledger,
     item: Planned,
-    output: RequestOutput,
+    outputs: list[RequestOutput],
     body: dict[str, Any],
     correct: bool | None = None,
     parsed: ParsedReply | None = None,
 ) -> None:
-    """Write a finished request's line, then record it done (the order exactly-once needs)."""
-    size = appender.append(result_line(item, output, body, correct, parsed))
+    """Write a finished line, then record it done (the order exactly-once needs)."""
+    size = appender.append(result_line(item, outputs, body, correct, parsed))
     done = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
     ledger.record(done, size)
 

@@ -112,6 +112,29 @@ def test_lines_the_batch_cannot_read_are_refused_at_creation(
         _completes(client)
 
 
+def test_an_upload_name_that_is_not_utf8_is_kept_and_listed(
+    engine_thread: EngineThread, tmp_path: Path
+) -> None:
+    """A multipart file name is header bytes, read as Latin-1: the bytes of a lone surrogate
+    (or any that are not UTF-8) become ordinary characters, stored and listed like any name,
+    and the file survives a restart."""
+    name = b"rows-\xed\xa0\x80-\xff.jsonl"
+    body = (
+        b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--XX\r\nContent-Disposition: form-data; name="file"; filename="' + name + b'"\r\n'
+        b"\r\n" + jsonl(batch_lines(1, 2)) + b"\r\n--XX--\r\n"
+    )
+    headers = {"content-type": "multipart/form-data; boundary=XX"}
+    with _server(engine_thread, tmp_path) as (served, client):
+        response = httpx.post(served.api + "/files", content=body, headers=headers)
+        assert response.status_code == 200, response.text
+        file_id = response.json()["id"]
+        assert response.json()["filename"] == name.decode("latin-1")
+    with _server(engine_thread, tmp_path) as (served, client):
+        assert [f.filename for f in client.files.list()] == [name.decode("latin-1")]
+        assert client.files.content(file_id).content == jsonl(batch_lines(1, 2))
+
+
 def test_the_batch_thread_survives_a_batch_that_fails(
     engine_thread: EngineThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

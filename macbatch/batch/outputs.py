@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from macbatch.batch.ledger import DoneRecord, Ledger
+from macbatch.batch.paths import temporary
 from macbatch.batch.plan import Planned, Rejected
 from macbatch.batch.replies import ParsedReply
 from macbatch.engine import RequestOutput
@@ -52,14 +53,6 @@ class JsonlAppender:
         self._file.close()
 
 
-def output_path(directory: Path, job: str) -> Path:
-    return directory / f"{job}.jsonl"
-
-
-def errors_path(directory: Path, job: str) -> Path:
-    return directory / f"{job}.errors.jsonl"
-
-
 def recover(path: Path, ledger: Ledger, job: str) -> Recovery:
     """Bring the ledger in line with the output file after a crash or a hand edit.
 
@@ -96,16 +89,16 @@ def drop_results(path: Path, requests: set[tuple[str, int]]) -> int:
     """Rewrite ``path`` without the lines of ``requests`` ((custom_id, sample) pairs); returns
     how many lines went. Written beside it and renamed, so a crash leaves the old file or the
     new one, never a mix; the caller rebuilds the ledger from the file afterwards."""
-    temporary = path.with_suffix(".rewrite")
+    rewritten = temporary(path)
     dropped = 0
-    with path.open("rb") as source, temporary.open("wb") as target:
+    with path.open("rb") as source, rewritten.open("wb") as target:
         for raw in source:
             record = _done_record(raw, "")
             if record is not None and (record.custom_id, record.sample) in requests:
                 dropped += 1
             else:
                 target.write(raw)
-    os.replace(temporary, path)
+    os.replace(rewritten, path)
     return dropped
 
 
@@ -127,18 +120,21 @@ def _done_record(raw: bytes, job: str) -> DoneRecord | None:
 
 def result_line(
     request: Planned,
-    output: RequestOutput,
+    outputs: list[RequestOutput],
     body: dict[str, Any],
     correct: bool | None,
     parsed: ParsedReply | None = None,
 ) -> dict[str, Any]:
-    """The OpenAI batch output shape for one finished request: ``body`` is the response serve
-    would have sent (``macbatch.openai``), plus macbatch's own metrics and, for a constrained
-    reply, its ``parsed`` value (null if it did not parse)."""
-    metrics = output.metrics
-    pooled = request.pooled is not None  # its body's usage counts every input's tokens
-    if pooled or "choices" not in body:  # a pooled row, or a Responses body
-        finish = "stop" if pooled else str(output.finish_reason and output.finish_reason.value)
+    """The OpenAI batch output shape for one finished line: ``body`` is the response serve
+    would have sent (``macbatch.openai``) for ``outputs`` (its engine requests': one per choice
+    or input), plus macbatch's own metrics (token counts summed over them, timings the first's)
+    and, for a constrained reply, its first choice's ``parsed`` value (null if it did not
+    parse)."""
+    first, metrics = outputs[0], outputs[0].metrics
+    if request.pooled is not None:
+        finish = "stop"
+    elif "choices" not in body:  # a Responses body
+        finish = str(first.finish_reason and first.finish_reason.value)
     else:
         finish = body["choices"][0]["finish_reason"]
     meta = {
@@ -147,15 +143,16 @@ def result_line(
         "sample": request.sample,
         "key": request.key,
         "finish_reason": finish,
-        "prompt_tokens": body["usage"]["prompt_tokens"] if pooled else metrics.prompt_tokens,
-        "generated_tokens": metrics.generated_tokens,
-        "cached_tokens": metrics.cached_tokens,
+        "prompt_tokens": sum(o.metrics.prompt_tokens for o in outputs),
+        "generated_tokens": sum(o.metrics.generated_tokens for o in outputs),
+        "cached_tokens": sum(o.metrics.cached_tokens for o in outputs),
         "queue_ms": _ms(metrics.queue_time_s),
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),
     }
-    if output.capped_max_tokens is not None:  # the prompt left less room than max_tokens asked
-        meta["capped_max_tokens"] = output.capped_max_tokens
+    caps = [o.capped_max_tokens for o in outputs if o.capped_max_tokens is not None]
+    if caps:  # a prompt left less room than max_tokens asked
+        meta["capped_max_tokens"] = min(caps)
     if request.scored:
         meta.update(expected=request.expected, correct=correct, group=request.group)
     line = {
@@ -174,13 +171,13 @@ def write_result(
     appender: JsonlAppender,
     ledger: Ledger,
     item: Planned,
-    output: RequestOutput,
+    outputs: list[RequestOutput],
     body: dict[str, Any],
     correct: bool | None = None,
     parsed: ParsedReply | None = None,
 ) -> None:
-    """Write a finished request's line, then record it done (the order exactly-once needs)."""
-    size = appender.append(result_line(item, output, body, correct, parsed))
+    """Write a finished line, then record it done (the order exactly-once needs)."""
+    size = appender.append(result_line(item, outputs, body, correct, parsed))
     done = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
     ledger.record(done, size)
 

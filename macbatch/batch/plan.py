@@ -15,13 +15,14 @@ from typing import Any
 
 from macbatch.batch.inputs import InputFile, Row, open_input
 from macbatch.batch.job_sections import JOB_DEFAULTS
+from macbatch.batch.pending import Request
 from macbatch.batch.pooled import POOLED_URLS, PooledRow, body_row, embedding_row, rerank_row
 from macbatch.batch.replies import ReplyShape
 from macbatch.batch.spec import JobSpec
 from macbatch.batch.templates import render, template_fields
 from macbatch.batch.yaml_checks import suggest
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import PromptInput, RequestOutput, SamplingParams, Tokenizer, ToolFormat
+from macbatch.engine import ModelInfo, RequestOutput, Tokenizer
 from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, formatter_for, parse_body
 from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS
@@ -36,7 +37,9 @@ OPENAI_URLS = tuple(e.value for e in Endpoint)
 
 @dataclass(frozen=True)
 class Planned:
-    """One request to run: sample `sample` of row `custom_id`."""
+    """One line to write: sample `sample` of row `custom_id`. Its engine requests are one per
+    choice of its generation (an API body's own ``n``, a completions body's prompts) or per
+    input of its pooled work; the line holds them all, as serve's answer would."""
 
     job: str
     custom_id: str
@@ -48,34 +51,40 @@ class Planned:
     scored: bool
     expected: str | None
     group: str | None
-    generation: Generation | None  # the request, as the request layer read it (one choice)
+    generation: Generation | None  # the request, as the request layer read it
     pooled: PooledRow | None = None  # instead of ``generation``: an embedding or scoring row
     responses: ResponsesRequest | None = None  # a /v1/responses row: its reply is a response
 
-    def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> BoundItem:
-        """The engine request for this model, and how its reply is read back."""
-        if self.generation is None:
-            raise ValueError("a pooled row has no generation request; bind its PooledRow")
-        bound = self.generation.bind(tool_format, tokenizer)
-        [(prompt, params)] = bound.requests
-        return BoundItem(prompt, params, ReplyShape(params.structured, bound.parse_with))
+    def bind(self, model: ModelInfo, tokenizer: Tokenizer) -> BoundItem:
+        """The engine requests for this model, and how a generated reply is read back."""
+        if self.pooled is not None:
+            return BoundItem(self.pooled.bind(model.embedding, tokenizer), None)
+        assert self.generation is not None
+        bound = self.generation.bind(model.tool_format, tokenizer)
+        structured = bound.requests[0][1].structured  # the body's: one for every choice
+        return BoundItem(bound.requests, ReplyShape(structured, bound.parse_with))
 
     def reply_body(
-        self, out: RequestOutput, tool_format: ToolFormat | None, model: str, decoder: Tokenizer
+        self, outs: list[RequestOutput], shape: ReplyShape | None, model: str, decoder: Tokenizer
     ) -> dict[str, Any]:
-        """The response body serve would send for this request's output (its id from the key)."""
+        """The response body serve would send for these outputs (its id from the key)."""
+        if self.pooled is not None:
+            return self.pooled.response(outs, model)
+        assert shape is not None
         if self.responses is not None:
-            renderer = ResponsesRenderer(self.responses, tool_format, model, f"resp_{self.key}")
-            return renderer.response([out])
+            renderer = ResponsesRenderer(
+                self.responses, shape.tool_format, model, f"resp_{self.key}"
+            )
+            return renderer.response(outs)
         assert self.generation is not None
-        return formatter_for(self.generation, tool_format, model, decoder, self.key).response([out])
+        formatter = formatter_for(self.generation, shape.tool_format, model, decoder, self.key)
+        return formatter.response(outs)
 
 
 @dataclass(frozen=True)
 class BoundItem:
-    prompt: PromptInput
-    params: SamplingParams
-    shape: ReplyShape
+    requests: tuple[Request, ...]
+    shape: ReplyShape | None  # None: a pooled row (its reply is no text)
 
 
 @dataclass(frozen=True)
@@ -153,13 +162,8 @@ def _plan_row(
     if job.score is not None:
         expected = _text(row.fields.get(job.score.field))
         group = _text(row.fields.get(job.score.group))
-    generation = request.generation
     items: list[Planned | Rejected] = []
-    for sample, params in enumerate(generation.choice_params()):
-        sampling = dict(request.sampling)
-        if sampling.get("seed") is not None:
-            sampling["seed"] += sample
-        one = dataclasses.replace(generation, n=1, params=params)
+    for sample, generation, sampling in _samples(request):
         key = request_key(model, job, custom_id, sample, request.prompt, sampling, request.options)
         items.append(
             Planned(
@@ -173,11 +177,27 @@ def _plan_row(
                 scored=job.score is not None,
                 expected=expected,
                 group=group,
-                generation=one,
+                generation=generation,
                 responses=request.responses,
             )
         )
     return items
+
+
+def _samples(request: _RowRequest) -> list[tuple[int, Generation, dict[str, Any]]]:
+    """The row's lines: (sample, its generation, its sampling as keyed). A body's own ``n`` is
+    one line holding its n choices, as serve answers the body (n joins the key when it is not
+    1); the job's ``n`` is that many samples, each its own line (seeds seed, seed + 1 ...)."""
+    generation, sampling = request.generation, request.sampling
+    if request.own_n:
+        return [(0, generation, sampling | ({"n": generation.n} if generation.n != 1 else {}))]
+    samples = []
+    for sample, params in enumerate(generation.choice_params()):
+        seeded = dict(sampling)
+        if seeded.get("seed") is not None:
+            seeded["seed"] += sample
+        samples.append((sample, dataclasses.replace(generation, n=1, params=params), seeded))
+    return samples
 
 
 def request_key(
@@ -238,8 +258,9 @@ class _RowRequest:
     prompt: Prompt
     sampling: dict[str, Any]
     options: dict[str, Any] | None
-    generation: Generation  # n choices: the row's samples
+    generation: Generation  # n choices: the body's own (``own_n``), else the row's samples
     responses: ResponsesRequest | None = None  # a /v1/responses row, as read
+    own_n: bool = False  # an API body that says its ``n``
 
 
 def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowRequest:
@@ -260,7 +281,8 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
             generation = dataclasses.replace(generation, n=job.n)
         if generation.prompts and isinstance(generation.prompts[0], list) and not job.chat:
             raise ValueError("the row has chat messages but the job sets chat: false")
-        return _RowRequest(_body_prompt(endpoint, body), sampling, options, generation)
+        prompt = _body_prompt(endpoint, body)
+        return _RowRequest(prompt, sampling, options, generation, own_n="n" in body)
     if job.template is not None:
         prompt = _chat(job, render(job.template, fields), fields)
     elif "messages" in fields:

@@ -4,19 +4,19 @@ mid-write."""
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
 
-from macbatch.batch.outputs import errors_path, output_path
+from macbatch.batch.job_sections import InputSpec
+from macbatch.batch.paths import LOCK_NAME, Written, written_files
 from macbatch.batch.spec import JobFile
-from macbatch.batch.yamlfile import JobFileError
-
-LEDGER_NAME = ".macbatch-ledger.sqlite"
-LOCK_NAME = ".macbatch.lock"
-SUMMARY_NAME = "summary.json"
+from macbatch.batch.yaml_checks import YamlChecker
+from macbatch.batch.yamlfile import JobFileError, PathKey
 
 
 class Interrupts:
@@ -44,20 +44,65 @@ def caught_signals() -> Iterator[Interrupts]:
 
 
 def refuse_inputs_among_outputs(job_file: JobFile) -> None:
-    """A job reading a file this run writes would append its results to its own input (and a
-    --fresh run would delete it): refused before anything is read or written."""
-    directory = job_file.output_dir
-    written = {directory / name for name in (LEDGER_NAME, LOCK_NAME, SUMMARY_NAME)}
-    for job in job_file.jobs:
-        written |= {output_path(directory, job.name), errors_path(directory, job.name)}
-    written = {path.resolve() for path in written}
-    for job in job_file.jobs:
-        if job.input is not None and job.input.path.resolve() in written:
-            raise JobFileError(
-                f"job '{job.name}' reads {job.input.path}, a file this run writes its results "
-                f"to; move the input out of the output directory {directory} or set a "
-                "different output dir"
+    """Every file the run writes against every input, before anything is read or written: a
+    job reading one would see it overwritten or appended to (and --fresh would delete it), and
+    two outputs on one path would overwrite each other. The refusal points at the input (or the
+    second output) in the job file."""
+    check = YamlChecker(job_file.yaml)
+    written = written_files(job_file.output_dir, job_file.jobs)
+    first: dict[Path, Written] = {}
+    for output in written:
+        other = first.setdefault(output.path.resolve(), output)
+        if other.what != output.what:
+            raise check.fail(
+                output.key,
+                f"{output.path} is both {other.what} and {output.what}; give one of them "
+                "another name",
             )
+    for job in job_file.jobs:
+        if job.input is None:
+            continue
+        folder = job.input.format == "folder"
+        key: PathKey = ("jobs", job.index, "input", "folder" if folder else "path")
+        for output in written:
+            if not _reads(job.input, output.path):
+                continue
+            reads = (
+                f"the files '{job.input.glob}' of {job.input.path}, among them {output.path}, "
+                if folder
+                else f"{job.input.path}, which is "
+            )
+            raise check.fail(
+                key,
+                f"job '{job.name}' reads {reads}{output.what}: a run never writes its input; "
+                "read a copy, or write the output elsewhere (output: {dir: ...}, vectors:, "
+                "--output-dir)",
+            )
+
+
+def _reads(source: InputSpec, path: Path) -> bool:
+    """Whether a job reading ``source`` reads ``path``: the input file (the same file however
+    the two are spelled: resolved, or one file on disk, as a case-insensitive volume makes
+    ``A`` and ``a``), or a file its folder's glob lists (or will, once it is written)."""
+    resolved = source.path.resolve()
+    if source.format != "folder":
+        return path.resolve() == resolved or (path.exists() and os.path.samefile(path, resolved))
+    try:
+        parts = path.resolve().relative_to(resolved).parts
+    except ValueError:
+        return False
+    return _globbed(PurePath(source.glob).parts, parts)
+
+
+def _globbed(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """``Path.glob``'s rule for one path: each part matches its pattern part; ``**`` matches
+    any number of parts."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_globbed(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    head = bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0])
+    return head and _globbed(pattern[1:], parts[1:])
 
 
 @contextmanager

@@ -19,32 +19,19 @@ from typing import Any
 
 from macbatch.batch.inputs import InputFile
 from macbatch.batch.ledger import Ledger
-from macbatch.batch.outputs import (
-    JsonlAppender,
-    drop_results,
-    error_line,
-    errors_path,
-    output_path,
-    recover,
-    write_result,
-)
+from macbatch.batch.outputs import JsonlAppender, drop_results, error_line, recover, write_result
+from macbatch.batch.paths import LEDGER_NAME, SUMMARY_NAME, errors_path, output_path, temporary
+from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
-from macbatch.batch.pooled import Pending, PooledRow
-from macbatch.batch.replies import ReplyShape, scored_answer
+from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
-from macbatch.batch.run_guard import (
-    LEDGER_NAME,
-    SUMMARY_NAME,
-    caught_signals,
-    exclusive,
-    refuse_inputs_among_outputs,
-)
+from macbatch.batch.run_guard import caught_signals, exclusive, refuse_inputs_among_outputs
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import FinishReason, RequestOutput
+from macbatch.engine import RequestOutput
 
 
 @dataclass(frozen=True)
@@ -172,10 +159,7 @@ class _Loop:
         }
         self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
         self.errors: dict[str, JsonlAppender] = {}
-        self.in_flight: dict[str, Planned] = {}
-        self.shapes: dict[str, ReplyShape] = {}  # by request id
-        self.pending = Pending()  # pooled rows' requests in flight
-        self.exhausted = False
+        self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
 
     def run(self) -> str:
         """Run until everything is done or the user interrupts; returns the final status."""
@@ -186,16 +170,16 @@ class _Loop:
                     if interrupts.count and not self.progress.stopping:
                         self.progress.stopping = True
                         self.reporter.note(
-                            f"Stopping: no new requests; finishing {len(self.in_flight)} in "
+                            f"Stopping: no new requests; finishing {len(self.pending)} in "
                             "flight. Press Ctrl-C again to stop now."
                         )
                     if interrupts.count >= 2:
-                        for request_id in list(self.in_flight):
+                        for request_id in self.pending.request_ids():
                             self.engine.abort(request_id)
                         break
                     if not self.progress.stopping:
                         self._admit()
-                    if not self.in_flight:
+                    if not self.pending:
                         break
                     for output in self.engine.step():
                         if output.finished:
@@ -208,7 +192,10 @@ class _Loop:
         return "interrupted" if self.progress.finished < self.progress.total else "complete"
 
     def _admit(self) -> None:
-        while len(self.in_flight) < self.options.max_in_flight:
+        """Queue lines' engine requests (all of a line's, or none and its error line) while
+        fewer than ``max_in_flight`` are queued or running."""
+        engine = self.engine
+        while len(self.pending) < self.options.max_in_flight:
             item = next(self.feed, None)
             if item is None:
                 return
@@ -217,81 +204,55 @@ class _Loop:
                 continue
             if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
                 continue
-            if item.pooled is not None:
-                self._admit_pooled(item, item.pooled)
-                continue
-            assert item.generation is not None
             try:
-                bound = item.bind(self.engine.info.model.tool_format, self.engine.tokenizer)
-                request_id = self.engine.add_request(bound.prompt, bound.params)
-            except Exception as exc:  # ValueError, or a chat template that rejects the messages
+                bound = item.bind(engine.info.model, engine.tokenizer)
+                row, requests = (item, bound.shape), bound.requests
+                self.pending.submit(row, item.key, requests, engine.add_request, engine.abort)
+            except Exception as exc:  # ValueError (too long ...), a template that refuses
                 self._fail(item, str(exc), "invalid_request")
-                continue
-            self.in_flight[request_id] = item
-            self.shapes[request_id] = bound.shape
-
-    def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
-        """Queue a pooled row's engine requests (all of them, or none)."""
-        engine = self.engine
-        try:
-            requests = row.bind(engine.info.model.embedding, engine.tokenizer)
-            request_ids = self.pending.submit(
-                item, item.key, requests, engine.add_request, engine.abort
-            )
-        except Exception as exc:  # ValueError: too long, a bad prompt name ...
-            self._fail(item, str(exc), "invalid_request")
-            return
-        self.in_flight.update(dict.fromkeys(request_ids, item))
-
-    def _finish_pooled(self, output: RequestOutput) -> None:
-        """Gather a pooled row's outputs; write its line when the last one arrives."""
-        settled = self.pending.settle(output, self.engine.abort)
-        if settled is not None and settled.error is not None:
-            self._fail(settled.item, settled.error, "engine_error")
-        elif settled is not None:
-            outputs = settled.outputs
-            item = settled.item
-            body = settled.body(self.job_file.model)
-            write_result(self.outputs[item.job], self.ledger, item, outputs[0], body)
-            self.progress.jobs[item.job].ok += 1
-            self.progress.prompt_tokens += sum(o.metrics.prompt_tokens for o in outputs)
-            self.progress.cached_prompt_tokens += sum(o.metrics.cached_tokens for o in outputs)
 
     def _finish(self, output: RequestOutput) -> None:
-        item = self.in_flight.pop(output.request_id, None)
-        if item is None:  # a pooled row's request aborted when a later one could not be queued
+        if output.request_id not in self.pending:  # aborted when its line could not be queued
             return
-        if output.request_id in self.pending:
-            self._finish_pooled(output)
+        settled = self.pending.settle(output, self.engine.abort)
+        if settled is None:
             return
-        assert item.generation is not None
-        shape = self.shapes.pop(output.request_id)
-        reason = output.finish_reason
-        if reason is FinishReason.ABORT:
+        item, shape = settled.row
+        if settled.error is not None:
+            self._fail(item, settled.error, "engine_error")
             return
-        if reason not in (FinishReason.STOP, FinishReason.LENGTH):
-            self._fail(item, output.error or f"finished with {reason}", "engine_error")
-            return
-        parsed = shape.parse(output.text)
-        score = self.scores.get(item.job)
-        answer = scored_answer(output.text, parsed, score.parsed if score else None)
-        correct = is_correct(answer, item.expected)
-        model, tokenizer = self.job_file.model, self.engine.tokenizer
-        body = item.reply_body(output, shape.tool_format, model, tokenizer)
-        write_result(self.outputs[item.job], self.ledger, item, output, body, correct, parsed)
-        self.progress.jobs[item.job].ok += 1
+        outputs = settled.outputs
+        body = item.reply_body(outputs, shape, self.job_file.model, self.engine.tokenizer)
+        parsed: ParsedReply | None = None
+        correct: bool | None = None
+        if shape is not None:  # a generated line: scored and parsed on its first choice
+            parsed = shape.parse(outputs[0].text)
+            score = self.scores.get(item.job)
+            answer = scored_answer(outputs[0].text, parsed, score.parsed if score else None)
+            correct = is_correct(answer, item.expected)
+        write_result(self.outputs[item.job], self.ledger, item, outputs, body, correct, parsed)
+        self._count(item, outputs, parsed)
+
+    def _count(self, item: Planned, outs: list[RequestOutput], parsed: ParsedReply | None) -> None:
+        """A written line's share of the summary: the tokens of each of its requests, and each
+        generated reply's time to first token and speculation."""
         metrics = self.progress
-        metrics.jobs[item.job].capped += output.capped_max_tokens is not None
+        job = metrics.jobs[item.job]
+        job.ok += 1
+        job.capped += any(o.capped_max_tokens is not None for o in outs)
         if parsed is not None:
-            metrics.jobs[item.job].constrained += 1
-            metrics.jobs[item.job].parsed += parsed.ok
-        metrics.prompt_tokens += output.metrics.prompt_tokens
-        metrics.cached_prompt_tokens += output.metrics.cached_tokens
-        metrics.generated_tokens += output.metrics.generated_tokens
-        spec = output.metrics.speculation
-        metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
-        if output.metrics.time_to_first_token_s is not None:
-            metrics.ttft_s.append(output.metrics.time_to_first_token_s)
+            job.constrained += 1
+            job.parsed += parsed.ok
+        for output in outs:
+            metrics.prompt_tokens += output.metrics.prompt_tokens
+            metrics.cached_prompt_tokens += output.metrics.cached_tokens
+            if item.pooled is not None:
+                continue
+            metrics.generated_tokens += output.metrics.generated_tokens
+            spec = output.metrics.speculation
+            metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
+            if output.metrics.time_to_first_token_s is not None:
+                metrics.ttft_s.append(output.metrics.time_to_first_token_s)
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if item.job not in self.errors:
@@ -301,7 +262,7 @@ class _Loop:
         self.progress.jobs[item.job].failed += 1
 
     def _update(self, force: bool = False) -> None:
-        self.progress.in_flight = len(self.in_flight)
+        self.progress.in_flight = len(self.pending)
         self.progress.kv_usage = self.engine.stats().kv_usage
         self.reporter.update(self.progress, force)
 
@@ -347,9 +308,8 @@ def _peak_memory() -> dict[str, int]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Write via a temporary file and rename, so a crash never leaves half a summary."""
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(temporary, path)
+    temporary(path).write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary(path), path)
 
 
 def jobs_by_name(job_file: JobFile, names: list[str]) -> tuple[JobSpec, ...]:

@@ -26,7 +26,7 @@ from macbatch.batch.job_sections import (
     replies_are_json,
 )
 from macbatch.batch.yaml_checks import YamlChecker, dotted
-from macbatch.batch.yamlfile import JobFileError, PathKey, load_yaml
+from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_speculative
 from macbatch.metal.quant import check_kv_quantization
 
@@ -128,6 +128,7 @@ class JobFile:
     model: str
     output_dir: Path
     jobs: tuple[JobSpec, ...]
+    yaml: LoadedYaml  # where each value sits, for refusals found after loading
     kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
     # speculative decoding: EngineConfig's speculative fields (None: off; docs/speculative.md)
     speculative: dict[str, Any] | None = None
@@ -181,6 +182,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         model=model,
         output_dir=output_dir,
         jobs=tuple(specs),
+        yaml=loaded,
         kv_bits=kv_bits,
         speculative=speculative,
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from macbatch.batch.outputs import output_path
+from macbatch.batch.paths import ids_path, output_path, temporary
 from macbatch.batch.spec import JobFile
 
 
@@ -78,10 +78,6 @@ def _save(file: Any, suffix: str, matrix: np.ndarray) -> None:
         np.save(file, matrix)
 
 
-def ids_path(target: Path) -> Path:
-    return target.with_name(target.stem + ".ids.json")
-
-
 def _decoded(value: Any) -> np.ndarray:
     if isinstance(value, str):
         return np.frombuffer(base64.b64decode(value), dtype="<f4").astype(np.float32)
@@ -90,7 +86,6 @@ def _decoded(value: Any) -> np.ndarray:
 
 def _replace(path: Path, write: Any) -> None:
     """Write beside ``path`` and rename: a crash leaves the old file or the new one."""
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as f:
+    with temporary(path).open("wb") as f:
         write(f)
-    os.replace(temporary, path)
+    os.replace(temporary(path), path)

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from macbatch.openai.anthropic_api import parse_messages
 from macbatch.openai.anthropic_output import MessagesRenderer
+from macbatch.openai.bodies import check_value
 from macbatch.openai.responses_api import parse_responses, previous_response_id
 from macbatch.openai.responses_output import ResponsesRenderer
 from macbatch.server.errors import APIError, invalid
@@ -30,6 +31,7 @@ from macbatch.server.stored import MAX_STORED, Stored
 async def create_response(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    check_value(body)  # echoed and stored whole (metadata too): every field, not just the chat's
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
     lines = state.options.keep_volatile_prompt_lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -24,7 +25,7 @@ from macbatch.openai.rendering import ChatRenderer
 from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
-from macbatch.server.errors import APIError, invalid, speaks_anthropic
+from macbatch.server.errors import APIError, invalid, speaks_anthropic, within
 from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import (
     ServerOptions,
@@ -229,7 +230,8 @@ class _Guard:
             # own 500 is sent outside every middleware, where no count would see it.
             _log.exception("internal error on %s %s", scope.get("method"), path)
             if not started:
-                await _internal_error(exc).response(anthropic)(scope, receive, counting_send)
+                error = _internal_error(exc, self.state.options.data_dir)
+                await error.response(anthropic)(scope, receive, counting_send)
 
     def _allowed(self, scope: Scope) -> bool:
         """``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's);
@@ -259,5 +261,5 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return APIError(exc.status_code, message).response(speaks_anthropic(request.url.path))
 
 
-def _internal_error(exc: Exception) -> APIError:
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}")
+def _internal_error(exc: Exception, data_dir: Path | None) -> APIError:
+    return APIError(500, within(f"internal error: {type(exc).__name__}: {exc}", data_dir))

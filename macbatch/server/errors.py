@@ -5,6 +5,9 @@ Messages routes, the one Anthropic clients parse (``{"type": "error", "error": {
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from starlette.responses import JSONResponse
 
 _TYPES = {
@@ -79,6 +82,16 @@ class APIError(Exception):
 def invalid(message: str, param: str | None = None) -> APIError:
     """A 400 for a bad request field."""
     return APIError(400, message, param=param)
+
+
+def within(message: str, data_dir: Path | None) -> str:
+    """``message`` with paths in the data directory shown relative to it: what clients read
+    says which file, never where this machine keeps them."""
+    if data_dir is None:
+        return message
+    for root in sorted({str(data_dir), str(data_dir.resolve())}, key=len, reverse=True):
+        message = message.replace(root + os.sep, "").replace(root, ".")
+    return message
 
 
 def engine_unavailable(reason: str | None) -> APIError:

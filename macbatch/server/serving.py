@@ -73,8 +73,7 @@ class ServerState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
         self.tool_format = self.thread.info.model.tool_format  # decided once, at load
-        directory = self.options.data_dir
-        self.responses = ResponseStore(None if directory is None else directory / "responses")
+        self.responses = ResponseStore(self.options.data_dir)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_id and name not in self.options.model_aliases:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.batch.run_guard import LEDGER_NAME
+from macbatch.batch.paths import LEDGER_NAME
 from tests.batch.conftest import read_jsonl, write_job
 from tests.support.batch_process import kill_9_after, start_run, wait_for_lines
 

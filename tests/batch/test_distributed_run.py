@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.batch.run_guard import LEDGER_NAME
+from macbatch.batch.paths import LEDGER_NAME
 from macbatch.engine.distributed.watchdog import EXIT_PEER_TIMEOUT
 from tests.batch.conftest import read_jsonl
 from tests.support.ranks import spawn_ranks, stop_all

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from macbatch.batch.paths import LOCK_NAME
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
-from macbatch.batch.run_guard import LOCK_NAME
 from macbatch.batch.spec import load_job_file
 from tests.batch.conftest import read_jsonl, write_job
 from tests.support.hostile import ref_chain_schema, rule_chain_grammar
@@ -116,10 +116,8 @@ def test_a_job_whose_input_is_its_own_output_is_refused(
     before = (tmp_path / "out" / "same.jsonl").read_bytes()
     result = macbatch_run(tmp_path / "jobs.yaml")
     assert result.exit_code == 1 and "Loading model" not in result.output
-    assert (
-        f"job 'same' reads {tmp_path / 'out' / 'same.jsonl'}, a file this run writes its results to"
-        in result.stderr
-    )
+    said = f"jobs.yaml:2:21: job 'same' reads {tmp_path / 'out' / 'same.jsonl'}, which is job "
+    assert said + "'same''s results" in result.stderr
     assert (tmp_path / "out" / "same.jsonl").read_bytes() == before
     result = macbatch_run(tmp_path / "jobs.yaml", "--fresh")  # --fresh must not delete it
     assert result.exit_code == 1

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from macbatch.batch.paths import LEDGER_NAME, LOCK_NAME
 from macbatch.batch.report import HeadlessReporter
-from macbatch.batch.run_guard import LEDGER_NAME, LOCK_NAME
 from macbatch.batch.runner import RunOptions, run_jobs
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 
 from macbatch.engine import EngineThread, SamplingParams
 from macbatch.server.app import ServerOptions, stop_batches
@@ -77,6 +78,27 @@ def test_output_equals_the_engine(client: openai.OpenAI, server: Served, endpoin
         client.files.content(batch.output_file_id).content
     )
     assert batch.id in [b.id for b in client.batches.list()]
+
+
+def test_a_row_with_n_is_one_line_with_its_choices(client: openai.OpenAI, server: Served) -> None:
+    """One output line per custom_id, holding the body's n choices (seed + i each), as the
+    official client parses it and as serve answers the same body; it was n lines of one."""
+    rows = batch_lines(2, max_tokens=5)
+    for row in rows:
+        row["body"].update(n=3, seed=11, temperature=1.0)
+    batch = _run(client, jsonl(rows))
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 2, "completed": 2, "failed": 0}
+    lines = output_lines(client, batch.output_file_id)
+    assert Counter(line["custom_id"] for line in lines) == {"r0": 1, "r1": 1}
+    for row in rows:
+        [line] = [x for x in lines if x["custom_id"] == row["custom_id"]]
+        reply = ChatCompletion.model_validate(line["response"]["body"])
+        assert [c.index for c in reply.choices] == [0, 1, 2]
+        prompt = row["body"]["messages"]
+        params = [SamplingParams(max_tokens=5, seed=s, temperature=1.0) for s in (11, 12, 13)]
+        expected = [engine_generate(server.thread, [prompt], p)[0] for p in params]
+        assert [c.message.content for c in reply.choices] == [e.text for e in expected]
 
 
 def test_bad_rows_go_to_the_error_file(client: openai.OpenAI) -> None:
@@ -168,7 +190,7 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(_create(http, input_file_id=good, endpoint=CHAT), 400, "completion_window")
     _refused(_create(http, input_file_id="file-nope", endpoint=CHAT, **window), 404)
     bad_meta = {"metadata": {"a": 1}, **window}
-    _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata")
+    _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata.a")
     _refused(_create(http, input_file_id=good, endpoint=CHAT, model="x", **window), 400, "model")
     _refused(http.post("/batches", content=b"{"), 400)
     _refused(http.get("/batches", params={"limit": 0}), 400, "limit")

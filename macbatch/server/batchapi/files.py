@@ -4,7 +4,6 @@ batch ends, so ``GET /v1/files/{id}/content`` serves inputs and outputs alike.""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -13,11 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from macbatch.server.atomic import write_json
+from macbatch.server.disk import read_record, write_record
 from macbatch.server.errors import APIError
 
 _ID = re.compile(r"file-[0-9a-f]{32}")
 CHUNK = 1 << 20
+SHAPE = {"id": str, "bytes": int, "created_at": int, "filename": str, "purpose": str}
 
 
 def new_file_id() -> str:
@@ -31,13 +31,20 @@ def not_found(file_id: str) -> APIError:
 
 
 class FileStore:
-    """``<id>.json`` (the file object) and ``<id>.data`` (the bytes) per file. The description
-    is written last, so a file exists only once its bytes are whole."""
+    """``files/<id>.json`` (the file object) and ``files/<id>.data`` (the bytes) per file, under
+    the data directory ``root``. The description is written last, so a file exists only once its
+    bytes are whole. Descriptions are read once, at start, and kept in memory: one server per
+    data directory runs the Batch API (service.py's lock)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: Path) -> None:
+        self.directory = root / "files"
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._files: dict[str, dict[str, Any]] = {}
+        for path in self.directory.glob("file-*.json"):
+            meta = read_record(path, root, SHAPE, self._problem)
+            if meta is not None:
+                self._files[meta["id"]] = meta
 
     def content_path(self, file_id: str) -> Path:
         return self.directory / f"{file_id}.data"
@@ -70,26 +77,38 @@ class FileStore:
             "status": "processed",
             "status_details": None,
         }
-        write_json(self.directory / f"{file_id}.json", meta)
-        return meta
+        with self._lock:
+            write_record(self.directory / f"{file_id}.json", meta)
+            self._files[file_id] = meta
+        return dict(meta)
 
     def get(self, file_id: str) -> dict[str, Any]:
         """The file object, or 404."""
-        path = self.directory / f"{file_id}.json"
-        if not _ID.fullmatch(file_id) or not path.exists():
+        with self._lock:
+            meta = self._files.get(file_id)
+        if meta is None:
             raise not_found(file_id)
-        return json.loads(path.read_text())
+        return dict(meta)
 
     def delete(self, file_id: str) -> None:
         self.get(file_id)
         with self._lock:
+            self._files.pop(file_id, None)
             (self.directory / f"{file_id}.json").unlink(missing_ok=True)
             self.content_path(file_id).unlink(missing_ok=True)
 
     def all(self) -> list[dict[str, Any]]:
         """Every file, newest first."""
-        found = [json.loads(p.read_text()) for p in self.directory.glob("file-*.json")]
+        with self._lock:
+            found = [dict(meta) for meta in self._files.values()]
         return sorted(found, key=lambda f: (f["created_at"], f["id"]), reverse=True)
+
+    def _problem(self, path: Path, meta: dict[str, Any]) -> str | None:
+        if meta["id"] != path.stem or not _ID.fullmatch(meta["id"]):
+            return f"its id {meta['id']!r} is not the file's name"
+        if not self.content_path(meta["id"]).is_file():
+            return f"its content {meta['id']}.data is missing"
+        return None
 
 
 def too_large(limit: int) -> APIError:

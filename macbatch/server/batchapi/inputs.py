@@ -5,9 +5,10 @@ row means what it means there and in ``serve``."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
+from macbatch.batch.inputs import jsonl_rows
 from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.plan import RESPONSES_URL, plan_job, prepare
 from macbatch.batch.pooled import EMBEDDINGS_URL
@@ -43,16 +44,14 @@ def check_endpoint(endpoint: object) -> str:
 
 
 def count_requests(path: Path, endpoint: str, model: str) -> int:
-    """Check every line (a 400 naming the first few bad ones); returns the engine requests the
-    batch will run (one per row, ``n`` per row that asks for ``n``)."""
+    """Check every line as the job will read it (a 400 naming the first few bad ones), so each
+    row the batch runs has its ``custom_id``; returns the requests the batch will run."""
     problems: list[str] = []
     seen: dict[str, int] = {}
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            if raw.strip():
-                problem = _line_problem(raw, endpoint, seen, number)
-                if problem is not None:
-                    problems.append(f"line {number}: {problem}")
+    for row in jsonl_rows(path):
+        problem = row.problem or _row_problem(row.fields or {}, endpoint, seen, row.line)
+        if problem is not None:
+            problems.append(f"line {row.line}: {problem}")
     if problems:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
         raise invalid(
@@ -65,13 +64,9 @@ def count_requests(path: Path, endpoint: str, model: str) -> int:
     return sum(1 for _ in plan_job(job, model, prepare(job)))
 
 
-def _line_problem(raw: bytes, endpoint: str, seen: dict[str, int], number: int) -> str | None:
-    try:
-        row = json.loads(raw)
-    except (ValueError, RecursionError):
-        return "not a JSON object"
-    if not isinstance(row, dict):
-        return "not a JSON object"
+def _row_problem(
+    row: dict[str, Any], endpoint: str, seen: dict[str, int], number: int
+) -> str | None:
     custom_id = row.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return "custom_id must be a non-empty string"

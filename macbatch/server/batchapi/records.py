@@ -13,12 +13,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from macbatch.server.atomic import write_json
+from macbatch.server.disk import read_record, write_record
 from macbatch.server.errors import APIError
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")  # the worker still owes work
 _ID = re.compile(r"batch_[0-9a-f]{32}")
 WINDOW_S = 24 * 3600  # completion_window "24h", the one value OpenAI accepts
+SHAPE = {
+    "id": str,
+    "status": str,
+    "created_at": int,
+    "input_file_id": str,
+    "endpoint": str,
+    "request_counts": dict,
+}
 
 
 def not_found(batch_id: str) -> APIError:
@@ -36,14 +44,19 @@ def public(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 class BatchStore:
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+    """``batches/<id>/batch.json`` per batch under the data directory ``root``, read once at
+    start (a broken one skipped and logged) and kept in memory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.directory = root / "batches"
+        self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._batches: dict[str, dict[str, Any]] = {}
-        for path in directory.glob("batch_*/batch.json"):
-            batch = json.loads(path.read_text())
-            self._batches[batch["id"]] = batch
+        for path in self.directory.glob("batch_*/batch.json"):
+            batch = read_record(path, root, SHAPE, _problem)
+            if batch is not None:
+                self._batches[batch["id"]] = batch
 
     def folder(self, batch_id: str) -> Path:
         return self.directory / batch_id
@@ -71,8 +84,8 @@ class BatchStore:
         }
         self.folder(batch["id"]).mkdir()
         with self._lock:
+            self._save(batch)  # first: a batch that cannot be saved never runs
             self._batches[batch["id"]] = batch
-            self._save(batch)
         return dict(batch)
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -100,7 +113,8 @@ class BatchStore:
         fields: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Move to ``status`` (stamping its ``<status>_at``) with ``fields`` and save; with
-        ``when``, only from one of those statuses (the batch thread and a cancel may race)."""
+        ``when``, only from one of those statuses (the batch thread and a cancel may race). The
+        change holds in memory even when the save fails (which raises)."""
         with self._lock:
             batch = self._batches[batch_id]
             if when and batch["status"] not in when:
@@ -117,4 +131,10 @@ class BatchStore:
             self._batches[batch_id]["request_counts"].update(completed=completed, failed=failed)
 
     def _save(self, batch: dict[str, Any]) -> None:
-        write_json(self.folder(batch["id"]) / "batch.json", batch)
+        write_record(self.folder(batch["id"]) / "batch.json", batch)
+
+
+def _problem(path: Path, batch: dict[str, Any]) -> str | None:
+    if batch["id"] != path.parent.name:
+        return f"its id {batch['id']!r} is not its folder's name"
+    return None

@@ -10,6 +10,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
+from macbatch.openai.bodies import check_value
 from macbatch.server.batchapi.files import too_large
 from macbatch.server.batchapi.inputs import check_endpoint, count_requests
 from macbatch.server.batchapi.records import ACTIVE, public
@@ -19,7 +20,8 @@ from macbatch.server.serving import read_json, route_table, state_of
 
 BATCH_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
 MULTIPART_SLACK = 64 * 1024  # form fields and boundaries around the file itself
-MAX_METADATA = 16
+# OpenAI's bounds on a batch's metadata: pairs, a key's and a value's characters
+MAX_METADATA, MAX_KEY, MAX_VALUE = 16, 64, 512
 
 
 def _api(request: Request) -> BatchAPI:
@@ -86,6 +88,7 @@ async def create_batch(request: Request) -> Response:
     state = state_of(request)
     api = _api(request)
     body = await read_json(request, state.options.max_body_bytes)
+    check_value(body)  # kept and served back: only Unicode text, nested no deeper than bodies
     unknown = sorted(set(body) - set(BATCH_FIELDS))
     if unknown:
         raise invalid(
@@ -135,13 +138,19 @@ async def cancel_batch(request: Request) -> Response:
 
 
 def _metadata(value: Any) -> dict[str, str] | None:
+    """OpenAI's rules: up to 16 pairs, keys up to 64 characters, string values up to 512."""
     if value is None:
         return None
-    ok = isinstance(value, dict) and len(value) <= MAX_METADATA
-    if not ok or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise invalid(
-            f"metadata must be an object of up to {MAX_METADATA} string values", "metadata"
-        )
+    if not isinstance(value, dict) or len(value) > MAX_METADATA:
+        raise invalid(f"metadata must be an object of up to {MAX_METADATA} pairs", "metadata")
+    for key, text in value.items():
+        if len(key) > MAX_KEY:
+            raise invalid(f"a metadata key is at most {MAX_KEY} characters", "metadata")
+        if not isinstance(text, str) or len(text) > MAX_VALUE:
+            raise invalid(
+                f"metadata[{key!r}] must be a string of at most {MAX_VALUE} characters",
+                f"metadata.{key}",
+            )
     return value
 
 

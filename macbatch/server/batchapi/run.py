@@ -13,18 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from macbatch.batch.ledger import Ledger
-from macbatch.batch.outputs import (
-    JsonlAppender,
-    error_line,
-    errors_path,
-    output_path,
-    recover,
-    write_result,
-)
+from macbatch.batch.outputs import JsonlAppender, error_line, recover, write_result
+from macbatch.batch.paths import errors_path, output_path
+from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
-from macbatch.batch.pooled import Pending, PooledRow
 from macbatch.batch.replies import ReplyShape
-from macbatch.engine import EngineDeadError, EngineThread, FinishReason, RequestOutput, Tokenizer
+from macbatch.engine import EngineDeadError, EngineThread, RequestOutput, Tokenizer
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"
@@ -56,8 +50,7 @@ class BatchRun:
         self.completed = self.ledger.count(batch_id)
         self.failed = 0
         self._outputs: queue.Queue[RequestOutput] = queue.Queue()
-        self._in_flight: dict[str, tuple[Planned, ReplyShape | None]] = {}  # None: pooled
-        self._pending = Pending()  # pooled rows' requests in flight
+        self._pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
         self._appender: JsonlAppender | None = None
         self._errors: JsonlAppender | None = None
 
@@ -70,12 +63,12 @@ class BatchRun:
             while True:
                 stop = stopped()
                 if stop and not aborted:
-                    for request_id in list(self._in_flight):
+                    for request_id in self._pending.request_ids():
                         self.engine.thread.cancel(request_id)
                     aborted = True
-                while not stop and not exhausted and len(self._in_flight) < self.engine.room():
+                while not stop and not exhausted and len(self._pending) < self.engine.room():
                     exhausted = not self._admit(next(feed, None))
-                if not self._in_flight and (exhausted or stop):
+                if not self._pending and (exhausted or stop):
                     return exhausted and not stop
                 self._wait()
                 on_progress()
@@ -99,7 +92,9 @@ class BatchRun:
         self._finish(out)
 
     def _admit(self, item: Planned | Rejected | None) -> bool:
-        """Submit one request (or write one error line); False when the plan is exhausted."""
+        """Submit one line's requests (or write its error line); False when the plan is
+        exhausted. A line is admitted whole, so it may pass ``room()`` by its requests less
+        one (an embeddings row's inputs, a body's n choices)."""
         if item is None:
             return False
         if isinstance(item, Rejected):
@@ -107,35 +102,18 @@ class BatchRun:
             return True
         if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
             return True
-        if item.pooled is not None:
-            self._admit_pooled(item, item.pooled)
-            return True
         thread = self.engine.thread
+        submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
         try:
-            bound = item.bind(thread.info.model.tool_format, self.engine.decoder)
-            request_id = thread.submit(bound.prompt, bound.params, self._deliver)
+            bound = item.bind(thread.info.model, self.engine.decoder)
+            self._pending.submit(
+                (item, bound.shape), item.key, bound.requests, submit, thread.cancel
+            )
         except EngineDeadError:
             raise
         except Exception as exc:  # ValueError, or a chat template that rejects the messages
             self._fail(item, str(exc), "invalid_request")
-            return True
-        self._in_flight[request_id] = (item, bound.shape)
         return True
-
-    def _admit_pooled(self, item: Planned, row: PooledRow) -> None:
-        """Submit all of a pooled row's requests (an embeddings body with several inputs is
-        several), or none and an error line."""
-        thread = self.engine.thread
-        try:
-            requests = row.bind(thread.info.model.embedding, self.engine.decoder)
-            submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
-            request_ids = self._pending.submit(item, item.key, requests, submit, thread.cancel)
-        except EngineDeadError:
-            raise
-        except Exception as exc:  # ValueError: too long, a model that cannot embed ...
-            self._fail(item, str(exc), "invalid_request")
-            return
-        self._in_flight.update(dict.fromkeys(request_ids, (item, None)))
 
     def _deliver(self, out: RequestOutput) -> None:
         """On the engine thread: hand finished requests to the batch thread."""
@@ -143,33 +121,20 @@ class BatchRun:
             self._outputs.put(out)
 
     def _finish(self, out: RequestOutput) -> None:
-        entry = self._in_flight.pop(out.request_id, None)
-        if entry is None:
+        if out.request_id not in self._pending:  # aborted when its line could not be queued
             return
-        item, shape = entry
-        if shape is None:
-            self._finish_pooled(out)
+        settled = self._pending.settle(out, self.engine.thread.cancel)
+        if settled is None:
             return
-        if out.finish_reason is FinishReason.ABORT:
-            return  # cancelled or shutting down: not done, so a resume runs it again
-        if out.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
-            self._fail(item, out.error or f"finished with {out.finish_reason}", "engine_error")
+        (item, shape), outputs = settled.row, settled.outputs
+        if settled.error is not None:
+            self._fail(item, settled.error, "engine_error")
             return
         assert self._appender is not None
-        body = item.reply_body(out, shape.tool_format, self.engine.model, self.engine.decoder)
-        write_result(self._appender, self.ledger, item, out, body, parsed=shape.parse(out.text))
+        body = item.reply_body(outputs, shape, self.engine.model, self.engine.decoder)
+        parsed = None if shape is None else shape.parse(outputs[0].text)
+        write_result(self._appender, self.ledger, item, outputs, body, parsed=parsed)
         self.completed += 1
-
-    def _finish_pooled(self, out: RequestOutput) -> None:
-        """Gather a pooled row's outputs; its line (the embeddings response) after the last."""
-        settled = self._pending.settle(out, self.engine.thread.cancel)
-        if settled is not None and settled.error is not None:
-            self._fail(settled.item, settled.error, "engine_error")
-        elif settled is not None:
-            assert self._appender is not None
-            body = settled.body(self.engine.model)
-            write_result(self._appender, self.ledger, settled.item, settled.outputs[0], body)
-            self.completed += 1
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if self._errors is None:

@@ -71,8 +71,8 @@ def open_batch_api(
     same rows twice, so a second one gets ``BatchAPIUnavailable``."""
     directory.mkdir(parents=True, exist_ok=True)
     lock = _lock(directory / "batches.lock")
-    files = FileStore(directory / "files")
-    batches = BatchStore(directory / "batches")
+    files = FileStore(directory)
+    batches = BatchStore(directory)
     worker = BatchWorker(BatchEngine(thread, model, decoder, room), batches, files).start()
     return BatchAPI(files, batches, worker, max_file_bytes, lock)
 

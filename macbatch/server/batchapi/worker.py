@@ -9,12 +9,13 @@ import logging
 import os
 import threading
 
-from macbatch.batch.outputs import errors_path, output_path
+from macbatch.batch.paths import errors_path, output_path
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import EngineDeadError
 from macbatch.server.batchapi.files import FileStore, new_file_id
 from macbatch.server.batchapi.records import BatchStore
 from macbatch.server.batchapi.run import BatchEngine, BatchRun
+from macbatch.server.errors import within
 
 log = logging.getLogger("macbatch.server")
 
@@ -65,10 +66,18 @@ class BatchWorker:
                 log.warning("the engine stopped; unfinished batches resume when serve restarts")
                 return
             except Exception as exc:  # the batch's own fault or a bug: that batch fails
-                log.exception("batch %s failed", active[0])
-                error = {"code": "batch_failed", "message": f"{type(exc).__name__}: {exc}"}
-                errors = {"object": "list", "data": [error]}
-                self.batches.set_status(active[0], "failed", fields={"errors": errors})
+                self._fail(active[0], exc)
+
+    def _fail(self, batch_id: str, exc: Exception) -> None:
+        """The batch fails, saying why; the thread goes on to the next one, even when the
+        failure cannot be saved (its folder gone, the disk full): it holds in memory."""
+        log.exception("batch %s failed", batch_id)
+        message = within(f"{type(exc).__name__}: {exc}", self.batches.root)
+        errors = {"object": "list", "data": [{"code": "batch_failed", "message": message}]}
+        try:
+            self.batches.set_status(batch_id, "failed", fields={"errors": errors})
+        except Exception:
+            log.exception("batch %s: its failure could not be saved", batch_id)
 
     def _process(self, batch_id: str) -> None:
         batch = self.batches.get(batch_id)

@@ -132,7 +132,7 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], sampling: {max_tokens: 0}}]",
-            "invalid sampling parameter max_tokens=0: must be an integer >= 1",
+            "invalid sampling parameter max_tokens=0: must be an integer in [1, 2147483647]",
         ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], n: 0}]",

@@ -115,8 +115,9 @@ def test_cancel_keeps_what_is_done(client: openai.OpenAI, server: Served) -> Non
     ids = Counter(line["custom_id"] for line in lines)
     assert set(ids.values()) == {1} and 3 <= len(ids) < 300
     assert ended.request_counts.completed == len(ids)
-    with pytest.raises(openai.ConflictError):
+    with pytest.raises(openai.ConflictError) as conflict:
         client.batches.cancel(batch.id)
+    assert conflict.value.response.json()["error"]["type"] == "invalid_request_error"
     assert scrape(server)['macbatch_batches{status="cancelled"}'] >= 1
 
 

@@ -5,6 +5,7 @@ request still answer."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,4 +129,26 @@ def test_a_batch_with_one_row_out_of_range_runs_every_other_row(
     assert error["custom_id"] == "r2" and "top_k" in error["error"]["message"]
     done = {line["custom_id"] for line in output_lines(client, batch.output_file_id)}
     assert done == {"r0", "r1", "r3", "r4"}
+    _still_serves(server, client)
+
+
+@pytest.mark.parametrize(
+    ("route", "raw", "said"),
+    [
+        ("/v1/chat/completions", b'"seed": ' + b"9" * 5_000, "more than 4300 digits"),
+        ("/v1/chat/completions", b'"temperature": 1e400', "past the range of a float"),
+        ("/v1/responses", b'"metadata": {"a": NaN}', "NaN, which is not a JSON number"),
+        ("/v1/messages", b'"top_p": -Infinity', "-Infinity, which is not a JSON number"),
+    ],
+    ids=["5000-digits", "1e400", "NaN", "-Infinity"],
+)
+def test_numbers_json_cannot_hold_are_a_400(
+    server: Served, client: openai.OpenAI, route: str, raw: bytes, said: str
+) -> None:
+    """Python reads them (NaN once reached a Responses echo and failed as a 500); JSON has no
+    way to write them back, so they are refused where the body is read."""
+    body = json.dumps(VALID[route])[:-1].encode() + b", " + raw + b"}"
+    response = httpx.post(server.url + route, content=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert said in response.json()["error"]["message"]
     _still_serves(server, client)

@@ -172,7 +172,8 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata")
     _refused(_create(http, input_file_id=good, endpoint=CHAT, model="x", **window), 400, "model")
     _refused(http.post("/batches", content=b"{"), 400)
-    _refused(http.get("/batches", params={"limit": 0}), 400, "limit")
+    for limit in ("0", "²", "9" * 5_000):
+        _refused(http.get("/batches", params={"limit": limit}), 400, "limit")
     twice = batch_lines(2, max_tokens=1)
     twice[1]["custom_id"] = "r0"
     other_url = batch_lines(1, max_tokens=1, url="/v1/completions")

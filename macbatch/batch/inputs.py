@@ -18,7 +18,7 @@ from typing import Any
 from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.openai import InvalidRequest
-from macbatch.openai.bodies import MAX_NESTING, check_value
+from macbatch.openai.bodies import MAX_NESTING, check_value, parse_json
 
 csv.field_size_limit(1 << 30)
 # A folder input's row: the file's name (its id, unless input.id says otherwise) and its path.
@@ -132,7 +132,7 @@ def jsonl_rows(path: Path) -> Iterator[Row]:
             if not raw.strip():
                 continue
             try:
-                value = json.loads(raw.decode("utf-8"))
+                value = parse_json(raw.decode("utf-8"), "the row")
                 check_value(value, "the row")
             except UnicodeDecodeError as exc:
                 yield Row(number, None, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
@@ -143,7 +143,7 @@ def jsonl_rows(path: Path) -> Iterator[Row]:
             except RecursionError:
                 yield Row(number, None, f"the row nests more than {MAX_NESTING} levels deep")
                 continue
-            except InvalidRequest as exc:  # too deep, or a lone surrogate
+            except InvalidRequest as exc:  # too deep, a lone surrogate, NaN, a huge number
                 yield Row(number, None, str(exc))
                 continue
             if not isinstance(value, dict):

@@ -40,30 +40,33 @@ class LoadedYaml:
 
 
 def load_yaml(path: Path) -> LoadedYaml:
-    """Parse `path`; syntax errors become a `JobFileError` naming file:line:column."""
+    """Parse `path`; syntax errors and unknown tags become a `JobFileError` naming
+    file:line:column."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise JobFileError(f"job file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise JobFileError(f"cannot read job file {path}: {exc}") from None
+    loaded = LoadedYaml(path=path, data=None)
+    # Composing finds syntax errors; building, values no safe loader constructs (a tag such as
+    # !!python/name:os.system or !shout): both are the file's error, at its line and column.
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            loaded.data = _build(node, (), loaded, yaml.constructor.SafeConstructor())
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = exc.problem or exc.context or "invalid YAML"
+        if isinstance(exc, yaml.constructor.ConstructorError):
+            problem += "; a job file holds strings, numbers, booleans, lists and mappings"
+            raise JobFileError(f"{where}: YAML value error: {problem}") from None
         raise JobFileError(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as exc:
         raise JobFileError(f"{path}: YAML error: {exc}") from None
     except RecursionError:
         raise JobFileError(f"{path}: the YAML nests too deep to read") from None
-    loaded = LoadedYaml(path=path, data=None)
-    if node is not None:
-        try:
-            loaded.data = _build(node, (), loaded, yaml.constructor.SafeConstructor())
-        except RecursionError:
-            raise JobFileError(f"{path}: the YAML nests too deep to read") from None
     return loaded
 
 

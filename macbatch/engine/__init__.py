@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "thinking_default": "macbatch.engine.inputs.chat_template",
     "SamplingParams": "macbatch.engine.sample.params",
     "InvalidSamplingParam": "macbatch.engine.sample.params",
+    "MAX_LOGPROBS": "macbatch.engine.sample.params",
     "StructuredOutput": "macbatch.engine.structured_output.constraints",
     "PoolingParams": "macbatch.engine.pooling.methods",
     "POOLING_METHODS": "macbatch.engine.pooling.methods",
@@ -119,6 +120,6 @@ if TYPE_CHECKING:
     from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
     from macbatch.engine.runtime import EngineDeadError, EngineThread
-    from macbatch.engine.sample.params import InvalidSamplingParam, SamplingParams
+    from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams
     from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
     from macbatch.engine.structured_output.constraints import StructuredOutput

@@ -60,13 +60,18 @@ def parse_messages(
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
             raise InvalidRequest("'stop_sequences' must be a list of strings", "stop_sequences")
         chat["stop"] = stops
-    chat.update(_tools(body), **_thinking(body.get("thinking")))
+    thinking = _thinking(body.get("thinking"))
+    chat.update(_tools(body), **thinking)
+    # chat field -> the Messages field the client sent it as (for error params)
+    names = {"stop": "stop_sequences"}
+    if "thinking_token_budget" in thinking:
+        names["thinking_token_budget"] = "thinking.budget_tokens"
     try:
         generation = parse_chat(chat, volatile=None if keep_volatile else Shape.MESSAGES)
     except InvalidRequest as exc:
-        if exc.param == "stop":
-            message = str(exc).replace("'stop'", "'stop_sequences'")
-            raise InvalidRequest(message, "stop_sequences") from None
+        if exc.param in names:
+            name = names[exc.param]
+            raise InvalidRequest(str(exc).replace(exc.param, name, 1), name) from None
         raise
     return MessagesRequest(generation, tuple(stops or ()))
 
@@ -229,8 +234,8 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
 
 def _thinking(value: Any) -> dict[str, Any]:
     """``thinking`` -> the chat template's ``enable_thinking`` (absent: the template's default),
-    and an enabled block's ``budget_tokens`` -> ``thinking_token_budget`` (any integer >= 0:
-    Anthropic's floor of 1024 is its models', not a local one's)."""
+    and an enabled block's ``budget_tokens`` -> ``thinking_token_budget`` (an integer >= 0, its
+    ceiling SamplingParams'; Anthropic's floor of 1024 is its models', not a local one's)."""
     if value is None:
         return {}
     kind = value.get("type") if isinstance(value, dict) else None

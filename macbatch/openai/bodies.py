@@ -11,6 +11,8 @@ bodies run builds from them.
 from __future__ import annotations
 
 import json
+import math
+import sys
 from typing import Any
 
 from macbatch.openai.errors import InvalidRequest
@@ -22,7 +24,7 @@ def load_json(text: bytes | str, what: str = "the request body") -> Any:
     """Parse JSON text; ``InvalidRequest`` for bad JSON, bad UTF-8 or nesting too deep for the
     parser (``check_value`` then applies the bounds: the request parsers call it)."""
     try:
-        value = json.loads(text)
+        value = parse_json(text, what)
     except RecursionError:
         raise _too_deep(what) from None
     except UnicodeDecodeError as exc:
@@ -32,6 +34,30 @@ def load_json(text: bytes | str, what: str = "the request body") -> Any:
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}") from None
     return value
+
+
+def parse_json(text: bytes | str, what: str) -> Any:
+    """``json.loads`` without what JSON itself has not: NaN, Infinity, a number past a float
+    (no response could echo them: JSON has no way to write them), or an integer past the digits
+    Python converts (its guard against slow conversions). Those are ``InvalidRequest``s; bad
+    JSON raises as from ``json.loads``."""
+
+    def no_constant(name: str) -> Any:
+        raise InvalidRequest(f"{what} holds {name}, which is not a JSON number")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        if not math.isfinite(value):
+            raise InvalidRequest(f"{what} holds {number}, past the range of a float")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=no_constant, parse_float=finite)
+    except (json.JSONDecodeError, UnicodeDecodeError, InvalidRequest):
+        raise
+    except ValueError:  # the only other one: an integer longer than Python converts
+        digits = sys.get_int_max_str_digits()
+        raise InvalidRequest(f"{what} holds an integer of more than {digits} digits") from None
 
 
 def check_value(value: Any, what: str = "the request body") -> None:

@@ -43,7 +43,13 @@ class Embedding:
     model: str | None
 
     def bind(self, profile: EmbeddingProfile) -> tuple[tuple[PromptInput, PoolingParams], ...]:
-        """One pooling request per input; ``prompt_name`` names one of the model's prompts."""
+        """One pooling request per input; ``prompt_name`` names one of the model's prompts and
+        ``dimensions`` keeps at most the model's hidden size."""
+        hidden, dimensions = profile.hidden_size, self.params.dimensions
+        if dimensions is not None and hidden and dimensions > hidden:
+            raise InvalidRequest(
+                f"'dimensions' ({dimensions}) is more than the model's {hidden}", "dimensions"
+            )
         prefix = ""
         name = self.prompt_name or profile.default_prompt
         if name is not None:

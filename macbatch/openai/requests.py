@@ -19,6 +19,8 @@ from enum import Enum
 from typing import Any
 
 from macbatch.engine import (
+    MAX_LOGPROBS,
+    InvalidSamplingParam,
     Prompt,
     PromptInput,
     SamplingParams,
@@ -35,7 +37,6 @@ from macbatch.openai.sampling import OPENAI_CHAT, OPENAI_COMPLETION, Defaults, s
 from macbatch.openai.volatile import Shape, stable_messages
 
 MAX_CHOICES = 64  # engine requests one body may start (prompts x n)
-MAX_LOGPROBS = 20
 _EFFORTS = ("minimal", "low", "medium", "high")
 
 
@@ -69,11 +70,16 @@ class Generation:
     tools: ToolRequest | None = None
 
     def choice_params(self) -> list[SamplingParams]:
-        """The sampling of each choice of one prompt, in choice order."""
+        """The sampling of each choice of one prompt, in choice order; ``InvalidRequest`` if a
+        choice's seed (seed + i) passes the seeds' range."""
         seed = self.params.seed
         if seed is None:
             return [self.params] * self.n
-        return [dataclasses.replace(self.params, seed=seed + i) for i in range(self.n)]
+        try:
+            return [dataclasses.replace(self.params, seed=seed + i) for i in range(self.n)]
+        except InvalidSamplingParam as exc:
+            room = f"'seed' must leave room for {self.n} choices (choice i samples with seed + i)"
+            raise InvalidRequest(f"{room}: {exc}", "seed") from None
 
     def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> Bound:
         """The engine requests; ``InvalidRequest`` if the model cannot honour the tools."""
@@ -110,7 +116,7 @@ def parse_chat(
         )
     top_logprobs = None
     if _get(body, "logprobs", (bool,), False, "true or false"):
-        top_logprobs = _get(body, "top_logprobs", (int,), 0, "an integer in [0, 20]")
+        top_logprobs = _logprobs(body, "top_logprobs", 0)
     elif body.get("top_logprobs") is not None:
         raise InvalidRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     generation = _generation(body, Endpoint.CHAT, [messages], defaults, top_logprobs, structured)
@@ -132,7 +138,7 @@ def parse_completion(body: dict[str, Any], defaults: Defaults = OPENAI_COMPLETIO
     best_of = _get(body, "best_of", (int,), 1, "an integer")
     if best_of != 1 and best_of != body.get("n", 1):
         raise InvalidRequest("'best_of' other than n is not supported by macbatch", "best_of")
-    top_logprobs = _get(body, "logprobs", (int,), None, "an integer in [0, 20]")
+    top_logprobs = _logprobs(body, "logprobs", None)
     prompts = completion_prompts(body.get("prompt"))
     structured = structured_output(body)
     return _generation(body, Endpoint.COMPLETION, prompts, defaults, top_logprobs, structured)
@@ -180,11 +186,6 @@ def _generation(
     n = _get(body, "n", (int,), 1, "an integer >= 1")
     if n < 1 or n * len(prompts) > MAX_CHOICES:
         raise InvalidRequest(f"'n' times the number of prompts must be in [1, {MAX_CHOICES}]", "n")
-    if top_logprobs is not None and not 0 <= top_logprobs <= MAX_LOGPROBS:
-        raise InvalidRequest(
-            f"logprobs must ask for 0 to {MAX_LOGPROBS} alternatives, got {top_logprobs}",
-            "logprobs",
-        )
     params = sampling_params(body, defaults, top_logprobs)
     stream = _get(body, "stream", (bool,), False, "true or false")
     options = body.get("stream_options") or {}
@@ -193,9 +194,20 @@ def _generation(
     include_usage = stream and _get(options, "include_usage", (bool,), False, "true or false")
     model = _get(body, "model", (str,), None, "a string")
     params = dataclasses.replace(params, structured=structured)
-    return Generation(
+    generation = Generation(
         endpoint, tuple(prompts), params, n, stream, include_usage, top_logprobs, model
     )
+    generation.choice_params()  # every choice's seed in range: refused here, not at bind
+    return generation
+
+
+def _logprobs(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    """The alternatives per token field ``name`` asks for (``default`` when absent)."""
+    expected = f"an integer in [0, {MAX_LOGPROBS}]"
+    value = _get(body, name, (int,), default, expected)
+    if value is not None and not 0 <= value <= MAX_LOGPROBS:
+        raise InvalidRequest(f"'{name}' must be {expected}, got {value}", name)
+    return value
 
 
 def _get(

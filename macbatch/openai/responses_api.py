@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
@@ -59,6 +60,7 @@ def parse_responses(
     """Validate a /v1/responses body; ``history``: the stored conversation of
     ``previous_response_id`` (the caller looks it up: a missing one is a 404);
     ``keep_volatile``: leave agent clients' volatile prompt lines in, ``volatile.py``."""
+    check_value(body)  # the response echoes some of it (metadata, tools): valid text only
     for name in REFUSED:
         if body.get(name):
             raise InvalidRequest(f"'{name}' is not supported by macbatch; leave it out", name)
@@ -76,6 +78,11 @@ def parse_responses(
         generation = parse_chat(chat, volatile=None if keep_volatile else Shape.RESPONSES)
     except InvalidRequest as exc:
         raise _renamed(exc) from None
+    metadata = body.get("metadata")
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise InvalidRequest("'metadata' must be an object of strings", "metadata")
     store = body.get("store", True)
     if not isinstance(store, bool):
         raise InvalidRequest("'store' must be true or false", "store")
@@ -89,7 +96,7 @@ def parse_responses(
         "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",
         "tools": body.get("tools") or [],
-        "metadata": body.get("metadata") or {},
+        "metadata": metadata or {},
     }
     previous = previous_response_id(body)
     return ResponsesRequest(generation, conversation, echo, store, previous)
@@ -230,7 +237,9 @@ def _format(text: Any) -> dict[str, Any]:
     """``text.format`` as chat's ``response_format``."""
     if text is None:
         return {}
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise InvalidRequest("'text' must be an object", "text")
+    fmt = text.get("format")
     if fmt is None:
         return {}
     if not isinstance(fmt, dict):

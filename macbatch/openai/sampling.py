@@ -56,18 +56,20 @@ def sampling_params(
 ) -> SamplingParams:
     """The body's sampling fields over ``defaults``; ``InvalidRequest`` names a bad field."""
     given: dict[str, Any] = {"temperature": defaults.temperature, "max_tokens": defaults.max_tokens}
+    sent_as: dict[str, str] = {}  # field -> the alias the body gave it under (errors name it)
     for name in SAMPLING_FIELDS:
         if body.get(name) is not None:
             given[name] = _typed(body, name, name)
     for alias, name in ALIASES.items():
         if body.get(alias) is not None:
-            given[name] = _typed(body, alias, name)
+            given[name], sent_as[name] = _typed(body, alias, name), alias
     if given.get("top_k") == -1:  # vLLM's "off"
         given["top_k"] = 0
     try:
         return SamplingParams(**given, logprobs=logprobs)
     except InvalidSamplingParam as exc:
-        raise InvalidRequest(str(exc), exc.field) from None
+        key = sent_as.get(exc.field, exc.field)
+        raise InvalidRequest(str(exc).replace(f" {exc.field}=", f" {key}=", 1), key) from None
 
 
 def _typed(body: dict[str, Any], key: str, name: str) -> Any:

@@ -64,19 +64,24 @@ class APIError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": _TYPES.get(self.status, "server_error"),
+                "type": _TYPES.get(self.status, _fallback(self.status, "server_error")),
                 "param": self.param,
                 "code": self.code,
             }
         }
 
     def anthropic_body(self) -> dict[str, object]:
-        kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+        kind = _ANTHROPIC_TYPES.get(self.status, _fallback(self.status, "api_error"))
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, anthropic: bool = False) -> JSONResponse:
         body = self.anthropic_body() if anthropic else self.body()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _fallback(status: int, server: str) -> str:
+    """The type of a status neither table lists (409 ...): the client's fault below 500."""
+    return "invalid_request_error" if status < 500 else server
 
 
 def invalid(message: str, param: str | None = None) -> APIError:

@@ -39,6 +39,14 @@ class Admission:
         self.pending = 0
 
     def take(self, count: int) -> None:
+        """Admit ``count`` engine requests: 429 while others fill the server, 400 if ``count``
+        alone passes the limit (retrying could never help)."""
+        if count > self.capacity:
+            raise invalid(
+                f"this request needs {count} engine requests (prompts x n), more than the server "
+                f"admits at once ({self.capacity}); ask for fewer choices",
+                "n",
+            )
         if self.pending + count > self.capacity:
             raise APIError(
                 429,

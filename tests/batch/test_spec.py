@@ -96,6 +96,21 @@ def test_yaml_syntax_error_has_line_and_column(tmp_path: Path) -> None:
     assert message.startswith(f"{tmp_path / 'jobs.yaml'}:3:1: YAML syntax error: ")
 
 
+@pytest.mark.parametrize(
+    ("value", "tag"), [("!shout hi", "!shout"), ("!!python/name:os.system hi", "python/name")]
+)
+def test_an_unknown_yaml_tag_has_line_and_column(
+    tmp_path: Path, macbatch_run, value: str, tag: str
+) -> None:
+    """A tag no safe loader constructs is the file's error at its place, never a stopped run."""
+    path = write_job(tmp_path, f"model: demo\njobs:\n  - name: a\n    prompts: [{value}]\n")
+    message = error_for(tmp_path, path.read_text())
+    assert message.startswith(f"{path}:4:15: YAML value error: ") and tag in message
+    result = macbatch_run(path)
+    assert result.exit_code == 1 and f"{path}:4:15: YAML value error" in result.output
+    assert "the run stopped" not in result.output
+
+
 def test_job_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(JobFileError, match="job file not found: .*nope.yaml"):
         load_job_file(tmp_path / "nope.yaml")
@@ -132,7 +147,7 @@ def test_job_file_not_found(tmp_path: Path) -> None:
         ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], sampling: {max_tokens: 0}}]",
-            "invalid sampling parameter max_tokens=0: must be an integer >= 1",
+            "invalid sampling parameter max_tokens=0: must be an integer in [1, 2147483647]",
         ),
         (
             "model: demo\njobs: [{name: a, prompts: [hi], n: 0}]",

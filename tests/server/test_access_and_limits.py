@@ -93,6 +93,19 @@ def test_full_queue_is_429_with_retry_after(engine_thread: EngineThread) -> None
         assert again.status_code == 200  # the slots came back when the stream closed
 
 
+def test_a_body_the_server_can_never_admit_is_a_400_not_a_429(engine_thread: EngineThread) -> None:
+    """Admission limit 12, idle server: n 16 could never run, so retrying is no use."""
+    with serving(engine_thread, ServerOptions(max_pending=12)) as server:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        response = httpx.post(server.api + "/chat/completions", json={**body, "n": 16})
+        assert response.status_code == 400, response.text
+        assert "Retry-After" not in response.headers
+        error = response.json()["error"]
+        assert error["param"] == "n" and "(12)" in error["message"]
+        fits = httpx.post(server.api + "/chat/completions", json={**body, "n": 12}, timeout=60)
+        assert fits.status_code == 200 and len(fits.json()["choices"]) == 12
+
+
 @pytest.mark.parametrize(
     ("method", "path", "content", "status"),
     [

@@ -137,8 +137,9 @@ def test_cancel_keeps_what_is_done(client: openai.OpenAI, server: Served) -> Non
     ids = Counter(line["custom_id"] for line in lines)
     assert set(ids.values()) == {1} and 3 <= len(ids) < 300
     assert ended.request_counts.completed == len(ids)
-    with pytest.raises(openai.ConflictError):
+    with pytest.raises(openai.ConflictError) as conflict:
         client.batches.cancel(batch.id)
+    assert conflict.value.response.json()["error"]["type"] == "invalid_request_error"
     assert scrape(server)['macbatch_batches{status="cancelled"}'] >= 1
 
 
@@ -193,7 +194,8 @@ def test_bad_input_is_a_4xx(server: Served, client: openai.OpenAI) -> None:
     _refused(_create(http, input_file_id=good, endpoint=CHAT, **bad_meta), 400, "metadata.a")
     _refused(_create(http, input_file_id=good, endpoint=CHAT, model="x", **window), 400, "model")
     _refused(http.post("/batches", content=b"{"), 400)
-    _refused(http.get("/batches", params={"limit": 0}), 400, "limit")
+    for limit in ("0", "²", "9" * 5_000):
+        _refused(http.get("/batches", params={"limit": limit}), 400, "limit")
     twice = batch_lines(2, max_tokens=1)
     twice[1]["custom_id"] = "r0"
     other_url = batch_lines(1, max_tokens=1, url="/v1/completions")

@@ -120,7 +120,7 @@ def test_models_list_says_it_embeds(embedder, reranker) -> None:
         ({"input": [[1, 2], "x", [True]]}, "input[2]"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "x", "dimensions": 0}, "dimensions"),
-        ({"input": "x", "dimensions": 65}, "input"),
+        ({"input": "x", "dimensions": 65}, "dimensions"),
         ({"input": "x", "pooling": "max"}, "pooling"),
         ({"input": "x", "prompt_name": "passage"}, "prompt_name"),
         ({"input": [[5] * 5000]}, "input"),

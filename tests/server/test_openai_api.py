@@ -221,7 +221,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
         ({"n": 0}, "n"),
         ({"stop": [""]}, "stop"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"logprobs": True, "top_logprobs": 21}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f f"}}]}, "tools"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0]"),

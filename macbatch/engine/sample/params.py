@@ -8,6 +8,14 @@ from dataclasses import dataclass, field
 from macbatch.engine.structured_output.constraints import StructuredOutput
 
 MAX_TEMPERATURE = 2.0  # OpenAI's limit too; clients and users know it
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
+# Integer fields' ceiling (token counts, top_k, token ids): what the sampler's int32 arrays and
+# MLX's token ids hold, and far past any context. A value past it once reached MLX and raised
+# inside the engine's step, which took the engine down for everyone.
+MAX_INT = 2**31 - 1
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a signed 64-bit integer, as OpenAI's and vLLM's seeds
+# Dividing logits by a penalty outside this range overflows float32 to inf (and inf * 0 is NaN).
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class SamplingParams:
     follows (None: no budget; 0 closes the block at once). A reply without reasoning ignores it.
     ``speculative=False`` opts the request out of an engine's speculative decoding (its output
     is the same either way: docs/speculative.md).
+    Every field is bounded (integers at ``MAX_INT``, a seed at 64 bits), so whatever a request
+    carries fits the arrays the sampler hands MLX: a bad value is this request's error, here.
     """
 
     max_tokens: int | None = 256
@@ -53,10 +63,10 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         _check(
-            self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            self.max_tokens is None or _int_in(self.max_tokens, 1, MAX_INT),
             "max_tokens",
             self.max_tokens,
-            "an integer >= 1, or None for as many as the context allows",
+            f"an integer in [1, {MAX_INT}], or None for as many as the context allows",
         )
         _check(
             _finite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE,
@@ -66,45 +76,48 @@ class SamplingParams:
         )
         _check(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
         _check(
-            isinstance(self.top_k, int) and self.top_k >= 0,
+            _int_in(self.top_k, 0, MAX_INT),
             "top_k",
             self.top_k,
-            "an integer >= 0 (0 means off)",
+            f"an integer in [0, {MAX_INT}] (0 means off)",
         )
         _check(_finite(self.min_p) and 0 <= self.min_p < 1, "min_p", self.min_p, "in [0, 1)")
+        low, high = REPETITION_PENALTY_RANGE
         _check(
-            _finite(self.repetition_penalty) and self.repetition_penalty > 0,
+            _finite(self.repetition_penalty) and low <= self.repetition_penalty <= high,
             "repetition_penalty",
             self.repetition_penalty,
-            "a finite number > 0",
+            f"in [{low:g}, {high:g}] (1 means off)",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_finite(value) and -2 <= value <= 2, name, value, "in [-2, 2]")
         _check(
-            self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None"
+            self.seed is None or _int_in(self.seed, *SEED_RANGE),
+            "seed",
+            self.seed,
+            f"None or an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (64-bit)",
         )
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
         )
         _check(
-            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            all(_int_in(t, 0, MAX_INT) for t in self.stop_token_ids),
             "stop_token_ids",
             self.stop_token_ids,
-            "non-negative integers",
+            f"integers in [0, {MAX_INT}]",
         )
         _check(
-            self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
+            self.logprobs is None or _int_in(self.logprobs, 0, MAX_LOGPROBS),
             "logprobs",
             self.logprobs,
-            "None or an integer in [0, 20]",
+            f"None or an integer in [0, {MAX_LOGPROBS}]",
         )
         _check(
-            self.thinking_token_budget is None
-            or (isinstance(self.thinking_token_budget, int) and self.thinking_token_budget >= 0),
+            self.thinking_token_budget is None or _int_in(self.thinking_token_budget, 0, MAX_INT),
             "thinking_token_budget",
             self.thinking_token_budget,
-            "None or an integer >= 0",
+            f"None or an integer in [0, {MAX_INT}]",
         )
         _check(isinstance(self.speculative, bool), "speculative", self.speculative, "true or false")
         _check(
@@ -129,6 +142,10 @@ class SamplingParams:
             or self.presence_penalty != 0
             or self.frequency_penalty != 0
         )
+
+
+def _int_in(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _finite(value: object) -> bool:

@@ -160,7 +160,8 @@ def _sample_stochastic(logits: mx.array, rows: Sequence[SampleRow], greedy: mx.a
         order = mx.argsort(-scaled, axis=-1)
         ranked = mx.take_along_axis(scaled, order, axis=-1)
         probs = mx.softmax(ranked, axis=-1)
-        top_k = np.array([r.params.top_k or vocab for r in rows])
+        # past the vocabulary top_k keeps every token: clamped, it always fits int32
+        top_k = np.array([min(r.params.top_k or vocab, vocab) for r in rows], dtype=np.int32)
         top_p = np.array([r.params.top_p for r in rows], dtype=np.float32)
         min_p = np.array([r.params.min_p for r in rows], dtype=np.float32)
         keep = mx.arange(vocab)[None, :] < mx.array(top_k)[:, None]

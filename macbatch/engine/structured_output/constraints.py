@@ -75,7 +75,7 @@ class StructuredOutput:
         elif self.json_schema is not None:
             raise ValueError(f"json_schema must be a dict or JSON text, got {self.json_schema!r}")
         if self.choice is not None:
-            if isinstance(self.choice, str) or not all(
+            if not isinstance(self.choice, (list, tuple)) or not all(
                 isinstance(c, str) and c for c in self.choice
             ):
                 raise ValueError(f"choice must be a list of non-empty strings, got {self.choice!r}")

@@ -13,6 +13,7 @@ from macbatch.engine import (
     InvalidSamplingParam,
     SamplingParams,
 )
+from macbatch.engine.sample.params import MAX_INT, SEED_RANGE
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import VOCAB_SIZE, build_model
 
@@ -88,13 +89,39 @@ def test_bad_prompt_is_rejected_and_engine_keeps_serving(engine, model, prompt, 
         ({"top_k": -1}, "top_k"),
         ({"min_p": 1.0}, "min_p"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": 1e308}, "repetition_penalty"),  # inf in float32
         ({"stop": [""]}, "stop"),
+        # integers past what the sampler hands MLX (2**64 once raised inside the step)
+        ({"top_k": 2**64}, "top_k"),
+        ({"top_k": MAX_INT + 1}, "top_k"),
+        ({"max_tokens": MAX_INT + 1}, "max_tokens"),
+        ({"seed": SEED_RANGE[1] + 1}, "seed"),
+        ({"seed": SEED_RANGE[0] - 1}, "seed"),
+        ({"stop_token_ids": [MAX_INT + 1]}, "stop_token_ids"),
+        ({"thinking_token_budget": MAX_INT + 1}, "thinking_token_budget"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"top_k": True}, "top_k"),
     ],
 )
 def test_bad_sampling_params(kwargs, field):
     with pytest.raises(InvalidSamplingParam, match=f"invalid sampling parameter {field}=") as err:
         SamplingParams(**kwargs)
     assert err.value.field == field
+
+
+def test_values_at_every_bound_run(engine):
+    """The bounds are what the engine takes: a request at each of them samples and finishes."""
+    edges = [
+        SamplingParams(max_tokens=MAX_INT, top_k=MAX_INT, seed=SEED_RANGE[1], temperature=1.0),
+        SamplingParams(max_tokens=4, top_k=1, seed=SEED_RANGE[0], temperature=1.0, min_p=0.5),
+        SamplingParams(max_tokens=4, stop_token_ids=(MAX_INT,), thinking_token_budget=MAX_INT),
+        SamplingParams(max_tokens=4, repetition_penalty=0.01, temperature=2.0, logprobs=20),
+        SamplingParams(max_tokens=4, repetition_penalty=100.0, top_p=1e-9, temperature=2.0),
+    ]
+    ids = [engine.add_request([5 + i, 6, 7], params) for i, params in enumerate(edges)]
+    finals = _drain(engine)
+    assert set(finals) == set(ids)
+    assert all(out.finish_reason is not FinishReason.ERROR for out in finals.values())
 
 
 def test_prompt_that_fills_the_context_is_refused_and_nothing_is_queued(engine):

@@ -76,6 +76,24 @@ def test_top_k_and_top_p_only_pick_allowed_tokens():
     assert seen_p == {0, 1}  # 0.5 alone < 0.7, 0.5 + 0.3 reaches it
 
 
+def test_a_top_k_past_the_vocabulary_keeps_every_token():
+    """The sampler clamps top_k to the vocabulary, so whatever integer a row carries fits the
+    int32 array MLX gets (a top_k of 2**64 once raised std::bad_cast inside the engine's step).
+    SamplingParams refuses such a value; the row here is forced past it, as a second line."""
+    logits = mx.array(np.log(np.array([[0.4, 0.3, 0.2, 0.1]] * 2, dtype=np.float32)))
+    params = SamplingParams(temperature=1.0, top_k=4)
+    huge = replace(params)
+    object.__setattr__(huge, "top_k", 2**64)
+    seen = set()
+    for trial in range(200):
+        before = [0] * trial
+        rows = [_row(params, seed=7, generated=before), _row(huge, seed=7, generated=before)]
+        same, far = sample(logits, rows).tokens.tolist()
+        assert far == same  # past the vocabulary is the same as all of it
+        seen.add(far)
+    assert seen == {0, 1, 2, 3}
+
+
 def test_min_p_and_temperature_distribution():
     logits = np.log(np.array([[0.6, 0.3, 0.1]], dtype=np.float32))
     row = _row(SamplingParams(temperature=1.0, min_p=0.2))

@@ -160,7 +160,8 @@ def _page(request: Request, items: list[dict[str, Any]], most: int, default: int
     query = request.query_params
     raw = query.get("limit", str(default))
     # ASCII digits, few: int() refuses "²" and 5,000 digits with a ValueError (once a 500)
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= most:
+    digits = len(str(most))
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= digits) or not 1 <= int(raw) <= most:
         raise invalid(f"limit must be a whole number from 1 to {most}", "limit")
     after = query.get("after")
     if after is not None:

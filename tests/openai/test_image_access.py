@@ -6,11 +6,7 @@ Every server here is a 127.0.0.1 one the test starts and stops."""
 
 from __future__ import annotations
 
-import http.server
 import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,49 +15,12 @@ from macbatch.openai import ImageAccess, InvalidRequest, image_fetch, parse_chat
 
 pytest.importorskip("PIL.Image")  # load_image decodes with Pillow (the vision extra)
 
+from tests.support.image_site import site  # noqa: E402
 from tests.support.tiny_vlm import png_bytes  # noqa: E402
 
 PNG = png_bytes(8, 8, 1)
+ROUTES = {"/a.png": (200, {}, PNG), "/text": (200, {}, b"hello")}
 LOOPBACK_OK = ImageAccess(remote=True, private=True, timeout_s=3.0)
-
-
-class _Site:
-    """A 127.0.0.1 HTTP server: ``routes`` path -> (status, headers, body); counts requests."""
-
-    def __init__(self, routes: dict[str, tuple[int, dict[str, str], bytes]]) -> None:
-        self.routes, self.hits, self.hosts = routes, 0, []
-        site = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                site.hits += 1
-                site.hosts.append(self.headers.get("Host"))
-                status, headers, body = site.routes.get(self.path, (404, {}, b"no"))
-                self.send_response(status)
-                for name, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-
-
-@contextmanager
-def site(routes: dict[str, tuple[int, dict[str, str], bytes]] | None = None) -> Iterator[_Site]:
-    served = _Site(routes or {"/a.png": (200, {}, PNG), "/text": (200, {}, b"hello")})
-    runner = threading.Thread(target=served.server.serve_forever, daemon=True)
-    runner.start()
-    try:
-        yield served
-    finally:
-        served.server.shutdown()
-        served.server.server_close()
-        runner.join(timeout=10)
 
 
 def _parse(url: str, access: ImageAccess) -> list:
@@ -105,7 +64,7 @@ def test_file_urls_are_read_only_under_allowed_directories(tmp_path: Path) -> No
 
 
 def test_no_fetch_unless_remote_images_are_allowed() -> None:
-    with site() as served:
+    with site(ROUTES) as served:
         message = _refusal(served.base + "/a.png", ImageAccess())
         assert served.hits == 0
     assert "does not fetch image URLs" in message
@@ -113,7 +72,7 @@ def test_no_fetch_unless_remote_images_are_allowed() -> None:
 
 def test_loopback_and_private_addresses_are_never_fetched_unless_allowed() -> None:
     public_only = ImageAccess(remote=True, timeout_s=3.0)
-    with site() as served:
+    with site(ROUTES) as served:
         for host in ("127.0.0.1", "localhost", "[::ffff:127.0.0.1]"):
             url = f"http://{host}:{served.port}/a.png"
             assert _refusal(url, public_only).endswith(f"could not fetch the image at {url}")
@@ -152,7 +111,7 @@ def test_every_failed_fetch_reads_the_same() -> None:
 
 
 def test_bad_bytes_of_an_allowed_fetch_say_so() -> None:
-    with site() as served:
+    with site(ROUTES) as served:
         assert "not a readable image" in _refusal(served.base + "/text", LOOPBACK_OK)
 
 
@@ -167,7 +126,7 @@ def test_a_redirect_to_a_refused_address_is_not_followed(monkeypatch: pytest.Mon
         return real(host, port, private or len(checked) == 1)
 
     monkeypatch.setattr(image_fetch, "_checked_address", first_hop_only)
-    with site() as inner:
+    with site(ROUTES) as inner:
         target = {"/go": (302, {"Location": inner.base + "/a.png"}, b"")}
         with site(target) as outer:
             access = ImageAccess(remote=True, timeout_s=3.0)
@@ -193,7 +152,7 @@ def test_the_host_is_resolved_once_and_the_checked_address_connected(
         return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
-    with site() as served:
+    with site(ROUTES) as served:
         assert _parse(f"http://images.test:{served.port}/a.png", LOOPBACK_OK)
         assert served.hosts == [f"images.test:{served.port}"]
     assert lookups == ["images.test"]
@@ -204,7 +163,7 @@ def test_a_model_that_takes_no_images_refuses_before_reading(tmp_path: Path) -> 
     access = ImageAccess(
         refused="it has no vision tower", remote=True, private=True, local_dirs=None
     )
-    with site() as served:
+    with site(ROUTES) as served:
         for url in (served.base + "/a.png", (tmp_path / "a.png").as_uri(), "file:///etc/passwd"):
             assert "takes no images" in _refusal(url, access)
         assert served.hits == 0

@@ -217,3 +217,25 @@ def test_logprobs_are_normalised_and_match_choice(engine):
         assert max(top, key=top.get) == token  # greedy picks the most likely token
         assert top[token] == pytest.approx(lp)
         assert all(v <= 0 for v in top.values())
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(
+    engine, chat, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 46: a 10 MB body against a 512-token context took 2.5 GB and seconds to template
+    and tokenize before its refusal. Its characters alone prove it cannot fit: refused as a
+    too-long prompt with neither templating nor tokenizing."""
+    from macbatch.engine import PromptTooLongError
+    from macbatch.engine.inputs import chat_template
+
+    def never(*args, **kwargs):
+        raise AssertionError("the prompt was templated or tokenized")
+
+    monkeypatch.setattr(chat_template, "encode_text", never)
+    monkeypatch.setattr(chat_template, "render_chat", never)
+    text = "word " * 2_000_000
+    prompt = [{"role": "user", "content": [{"type": "text", "text": text}]}] if chat else text
+    with pytest.raises(PromptTooLongError, match=r"leaves no room for a reply in .*512 tokens"):
+        engine.add_request(prompt, GREEDY)
+    assert not engine.has_unfinished()

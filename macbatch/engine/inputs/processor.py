@@ -46,7 +46,7 @@ class InputProcessor:
         self.constraints = constraints
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
         self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
-        self._token_chars = longest_token(tokenizer)
+        self._token_chars: int | None = None  # longest_token, read on first need
         # The model's vision encoder, or why requests with images are refused.
         self.vision = VisionSupport(
             refusal="this engine was built from a model object; load the model by name for images"
@@ -177,6 +177,10 @@ class InputProcessor:
         entry, so ``characters / longest`` tokens at least. A 10 MB body against a 512-token
         context once took 2.5 GB and seconds to tokenize before its refusal."""
         chars = prompt_characters(prompt.prompt)
+        if chars <= (limit + 1) * MIN_TOKEN_CHARS:
+            return  # the common case: no vocabulary read (it takes ~0.2 s for 150k entries)
+        if self._token_chars is None:
+            self._token_chars = longest_token(self.tokenizer)  # the same from any thread
         if chars > (limit + 1) * self._token_chars:
             at_least = chars // self._token_chars
             raise PromptTooLongError(
@@ -258,12 +262,17 @@ def prompt_input(
     return prompt
 
 
+# a floor under the longest entry: a bound this loose refuses nothing that fits in any vocabulary
+# seen (Mistral's longest is under 64 characters; Qwen3's is 128, and 5,000 spaces are 40 tokens)
+MIN_TOKEN_CHARS = 64
+
+
 def longest_token(tokenizer: Any) -> int:
     """The most characters one token's vocabulary entry has (its bytes, for byte-level BPE: at
     least the characters it decodes to), special tokens included; decided once at load."""
     try:
         vocab = tokenizer.get_vocab()
-        return max(64, *(len(entry) for entry in vocab))  # 64: a floor for an odd vocabulary
+        return max(MIN_TOKEN_CHARS, *(len(entry) for entry in vocab))
     except Exception:  # a tokenizer without a readable vocabulary: a generous bound
         return 1024
 

@@ -23,7 +23,14 @@ from macbatch.batch.templates import render, template_fields
 from macbatch.batch.yaml_checks import suggest
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import ModelInfo, RequestOutput, Tokenizer
-from macbatch.openai import SAMPLING_FIELDS, Endpoint, Generation, formatter_for, parse_body
+from macbatch.openai import (
+    SAMPLING_FIELDS,
+    Endpoint,
+    Generation,
+    ImageAccess,
+    formatter_for,
+    parse_body,
+)
 from macbatch.openai.bodies import check_value
 from macbatch.openai.options import OPTION_FIELDS
 from macbatch.openai.responses_api import ResponsesRequest, parse_responses
@@ -33,6 +40,10 @@ from macbatch.openai.sampling import ALIASES
 Prompt = str | list[dict[str, Any]]
 RESPONSES_URL = "/v1/responses"  # a Responses body: read as the chat body it means
 OPENAI_URLS = tuple(e.value for e in Endpoint)
+# a job file's rows are its author's: images from any local path, and fetched from public
+# http(s) addresses (never this machine's or its network's: a row copied from a dataset could
+# name one); the Batch API's rows come from clients and get the server's rules instead
+RUN_IMAGES = ImageAccess(remote=True, local_dirs=None)
 
 
 @dataclass(frozen=True)
@@ -129,18 +140,22 @@ def prepare(job: JobSpec) -> InputFile | None:
     return source
 
 
-def plan_job(job: JobSpec, model: str, source: InputFile | None) -> Iterator[Planned | Rejected]:
-    """Every request of `job` in input order (n per row), and every row that cannot run."""
+def plan_job(
+    job: JobSpec, model: str, source: InputFile | None, images: ImageAccess = RUN_IMAGES
+) -> Iterator[Planned | Rejected]:
+    """Every request of `job` in input order (n per row), and every row that cannot run.
+    ``images``: where rows' image parts may come from (a job file's own: any local path and
+    public http(s) URLs; the Batch API passes its server's rules instead)."""
     for line, row in _rows(job, source):
         try:
-            items = _plan_row(job, model, source, line, row)
+            items = _plan_row(job, model, source, line, row, images)
         except Exception as exc:  # whatever one row causes is that row's error, not the run's
             items = [Rejected(job.name, line, None, f"{type(exc).__name__}: {exc}")]
         yield from items
 
 
 def _plan_row(
-    job: JobSpec, model: str, source: InputFile | None, line: int, row: Row
+    job: JobSpec, model: str, source: InputFile | None, line: int, row: Row, images: ImageAccess
 ) -> list[Planned | Rejected]:
     if row.problem is not None or row.fields is None:
         return [Rejected(job.name, line, None, row.problem or "unreadable row")]
@@ -155,7 +170,7 @@ def _plan_row(
             key = request_key(model, job, custom_id, 0, prompt, settings)
             return [Planned(job.name, custom_id, 0, line, prompt, settings, key, False, None,
                             None, None, work)]  # fmt: skip
-        request = _request(job, source, row.fields)
+        request = _request(job, source, row.fields, images)
     except (KeyError, ValueError, TypeError) as exc:
         return [Rejected(job.name, line, custom_id, _reason(exc, "template"))]
     expected = group = None
@@ -263,12 +278,14 @@ class _RowRequest:
     own_n: bool = False  # an API body that says its ``n``
 
 
-def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowRequest:
+def _request(
+    job: JobSpec, source: InputFile | None, fields: dict, images: ImageAccess
+) -> _RowRequest:
     """The row as an OpenAI body, read by the one request layer. An OpenAI-batch row is an API
     body (the API's defaults, with the job's written `sampling:` under it, and the job's
     constraint if it has none of its own); other rows become bodies with the job's settings."""
     if source is not None and source.format == "openai" and fields.get("url") == RESPONSES_URL:
-        return _responses_request(job, fields.get("body"))
+        return _responses_request(job, fields.get("body"), images)
     if source is not None and source.format == "openai":
         endpoint, body = _openai_body(fields)
         sampling = {**job.given_sampling, **_sampling_fields(body)}
@@ -276,7 +293,7 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
         options = own or job.options or None
         merged = {**body, **sampling, **(options or {})}
         merged.setdefault("chat_template_kwargs", job.chat_template_kwargs)
-        generation = parse_body(endpoint, merged)
+        generation = parse_body(endpoint, merged, images=images)
         if "n" not in body:  # the job's n: samples, not bounded by a body's choice limit
             generation = dataclasses.replace(generation, n=job.n)
         if generation.prompts and isinstance(generation.prompts[0], list) and not job.chat:
@@ -297,11 +314,12 @@ def _request(job: JobSpec, source: InputFile | None, fields: dict) -> _RowReques
         built.update(messages=prompt, chat_template_kwargs=job.chat_template_kwargs)
     else:
         built["prompt"] = prompt
-    generation = dataclasses.replace(parse_body(endpoint, built, JOB_DEFAULTS), n=job.n)
+    generation = parse_body(endpoint, built, JOB_DEFAULTS, images=images)
+    generation = dataclasses.replace(generation, n=job.n)
     return _RowRequest(prompt, dict(job.sampling), job.options, generation)
 
 
-def _responses_request(job: JobSpec, body: Any) -> _RowRequest:
+def _responses_request(job: JobSpec, body: Any, images: ImageAccess) -> _RowRequest:
     """A /v1/responses row: the Responses body read as the chat body it means, over the job's
     written sampling (its ``max_tokens`` as ``max_output_tokens``). A batch stores no response,
     so a row cannot continue one (``previous_response_id``) and its response says ``store:
@@ -319,7 +337,7 @@ def _responses_request(job: JobSpec, body: Any) -> _RowRequest:
         ("max_output_tokens" if k == "max_tokens" else k): v for k, v in job.given_sampling.items()
     }
     merged = {**given, **body, "store": False}
-    request = parse_responses(merged)
+    request = parse_responses(merged, images=images)
     generation = dataclasses.replace(request.generation, n=job.n)
     sampling = {k: v for k, v in merged.items() if k in (*SAMPLING_FIELDS, "max_output_tokens")}
     options = {k: v for k, v in merged.items() if k not in (*sampling, "input", "model")}

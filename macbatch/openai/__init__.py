@@ -5,6 +5,7 @@ defaults tables differ. See docs/architecture.md.
 """
 
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.image_parts import DATA_ONLY, ImageAccess
 from macbatch.openai.requests import (
     MAX_CHOICES,
     Bound,
@@ -28,12 +29,14 @@ __all__ = [
     "OPENAI_CHAT",
     "OPENAI_COMPLETION",
     "SAMPLING_FIELDS",
+    "DATA_ONLY",
     "Bound",
     "ChoiceProgress",
     "Defaults",
     "Endpoint",
     "Formatter",
     "Generation",
+    "ImageAccess",
     "InvalidRequest",
     "formatter_for",
     "parse_body",

@@ -16,6 +16,7 @@ from typing import Any
 
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.image_parts import DATA_ONLY, ImageAccess
 from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
@@ -34,7 +35,10 @@ class MessagesRequest:
 
 
 def parse_messages(
-    body: dict[str, Any], count_only: bool = False, keep_volatile: bool = False
+    body: dict[str, Any],
+    count_only: bool = False,
+    keep_volatile: bool = False,
+    images: ImageAccess = DATA_ONLY,
 ) -> MessagesRequest:
     """Validate a /v1/messages body (``count_only``: a count_tokens body, no ``max_tokens``;
     ``keep_volatile``: leave Claude Code's volatile lines in the prompt, ``volatile.py``)."""
@@ -67,7 +71,9 @@ def parse_messages(
     if "thinking_token_budget" in thinking:
         names["thinking_token_budget"] = "thinking.budget_tokens"
     try:
-        generation = parse_chat(chat, volatile=None if keep_volatile else Shape.MESSAGES)
+        generation = parse_chat(
+            chat, volatile=None if keep_volatile else Shape.MESSAGES, images=images
+        )
     except InvalidRequest as exc:
         if exc.param in names:
             name = names[exc.param]

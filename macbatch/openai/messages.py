@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from macbatch.openai.errors import InvalidRequest
-from macbatch.openai.image_parts import image_part
+from macbatch.openai.image_parts import DATA_ONLY, ImageAccess, image_part
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _MEDIA_PARTS = ("input_image", "image", "input_audio", "audio", "video_url", "file")
@@ -16,9 +16,10 @@ _TOOL_FIELDS = ("tool_calls", "tool_call_id", "name", "reasoning_content")
 CompletionPrompt = str | list[int]
 
 
-def chat_messages(value: Any) -> list[dict[str, Any]]:
+def chat_messages(value: Any, images: ImageAccess = DATA_ONLY) -> list[dict[str, Any]]:
     """Messages with a known role (``developer`` read as ``system``, as OpenAI does for models
-    without it) and text content (a list of text parts joined), or text and image parts."""
+    without it) and text content (a list of text parts joined), or text and image parts (read
+    where ``images`` allows)."""
     if not isinstance(value, list) or not value:
         raise InvalidRequest(
             "'messages' must be a non-empty list of {role, content} objects", "messages"
@@ -36,14 +37,14 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
         if message.get("content") is None and role != "assistant":
             # only an assistant turn may go without (one that just called tools)
             raise InvalidRequest(f"{where}.content must be a string or a list of text parts", where)
-        content = _content(message.get("content"), where)
+        content = _content(message.get("content"), where, images)
         kept = {k: message[k] for k in _TOOL_FIELDS if message.get(k) is not None}
         role = "system" if role == "developer" else role
         messages.append({"role": role, "content": content, **kept})
     return messages
 
 
-def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
+def _content(value: Any, where: str, images: ImageAccess) -> str | list[dict[str, Any]]:
     """Message content: a string, or a list of parts: text parts are joined into a string when
     there is no image; with images, a list of text and ``{"type": "image", "image": Image}``
     parts in order (the form multimodal chat templates read). Other parts are refused."""
@@ -53,16 +54,16 @@ def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
         return value
     if not isinstance(value, list):
         raise InvalidRequest(f"{where}.content must be a string or a list of parts", where)
-    parts = [_part(part, f"{where}.content[{i}]") for i, part in enumerate(value)]
+    parts = [_part(part, f"{where}.content[{i}]", images) for i, part in enumerate(value)]
     if any(p["type"] == "image" for p in parts):
         return parts
     return "".join(p["text"] for p in parts)
 
 
-def _part(part: Any, where: str) -> dict[str, Any]:
+def _part(part: Any, where: str, images: ImageAccess) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "image_url":
-        return {"type": "image", "image": image_part(part, where)}
+        return {"type": "image", "image": image_part(part, where, images)}
     if kind in _MEDIA_PARTS:
         raise InvalidRequest(
             f"{where}: '{kind}' parts are not supported; images go in 'image_url' parts", where

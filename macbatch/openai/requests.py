@@ -31,6 +31,7 @@ from macbatch.engine import (
 )
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.image_parts import DATA_ONLY, ImageAccess
 from macbatch.openai.messages import chat_messages, completion_prompts
 from macbatch.openai.options import ToolRequest, bind_tools, structured_output, tool_request
 from macbatch.openai.sampling import OPENAI_CHAT, OPENAI_COMPLETION, Defaults, sampling_params
@@ -98,13 +99,17 @@ class Generation:
 
 
 def parse_chat(
-    body: dict[str, Any], defaults: Defaults = OPENAI_CHAT, volatile: Shape | None = Shape.CHAT
+    body: dict[str, Any],
+    defaults: Defaults = OPENAI_CHAT,
+    volatile: Shape | None = Shape.CHAT,
+    images: ImageAccess = DATA_ONLY,
 ) -> Generation:
     """Validate a /v1/chat/completions body; the volatile lines of agent clients sending the
-    API shape ``volatile`` are taken out of its prompt (``volatile.py``; None: kept)."""
+    API shape ``volatile`` are taken out of its prompt (``volatile.py``; None: kept); image
+    parts are read where ``images`` allows (``image_parts.py``)."""
     check_value(body)
     _refuse_unsupported(body, ("functions", "logit_bias", "audio"))
-    messages = chat_messages(body.get("messages"))
+    messages = chat_messages(body.get("messages"), images)
     if volatile is not None:
         messages = stable_messages(messages, volatile)
     tools = tool_request(body)
@@ -149,11 +154,14 @@ def parse_body(
     body: dict[str, Any],
     defaults: Defaults | None = None,
     keep_volatile: bool = False,
+    images: ImageAccess = DATA_ONLY,
 ) -> Generation:
     """Either endpoint's body (``defaults``: the endpoint's OpenAI defaults when None;
-    ``keep_volatile``: leave agent clients' volatile prompt lines in, ``volatile.py``)."""
+    ``keep_volatile``: leave agent clients' volatile prompt lines in, ``volatile.py``;
+    ``images``: where image parts may come from)."""
     if endpoint is Endpoint.CHAT:
-        return parse_chat(body, defaults or OPENAI_CHAT, None if keep_volatile else Shape.CHAT)
+        volatile = None if keep_volatile else Shape.CHAT
+        return parse_chat(body, defaults or OPENAI_CHAT, volatile, images)
     return parse_completion(body, defaults or OPENAI_COMPLETION)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from macbatch.openai.bodies import check_value
 from macbatch.openai.errors import InvalidRequest
+from macbatch.openai.image_parts import DATA_ONLY, ImageAccess
 from macbatch.openai.options import converted_tools
 from macbatch.openai.requests import Generation, parse_chat
 from macbatch.openai.sampling import SAMPLING_FIELDS
@@ -55,7 +56,10 @@ def previous_response_id(body: dict[str, Any]) -> str | None:
 
 
 def parse_responses(
-    body: dict[str, Any], history: list[dict[str, Any]] | None = None, keep_volatile: bool = False
+    body: dict[str, Any],
+    history: list[dict[str, Any]] | None = None,
+    keep_volatile: bool = False,
+    images: ImageAccess = DATA_ONLY,
 ) -> ResponsesRequest:
     """Validate a /v1/responses body; ``history``: the stored conversation of
     ``previous_response_id`` (the caller looks it up: a missing one is a 404);
@@ -75,7 +79,9 @@ def parse_responses(
     chat = {**_effort(body.get("reasoning")), **chat}  # a body's own thinking_token_budget wins
     chat["max_tokens"] = body.get("max_output_tokens")
     try:
-        generation = parse_chat(chat, volatile=None if keep_volatile else Shape.RESPONSES)
+        generation = parse_chat(
+            chat, volatile=None if keep_volatile else Shape.RESPONSES, images=images
+        )
     except InvalidRequest as exc:
         raise _renamed(exc) from None
     metadata = body.get("metadata")

@@ -35,7 +35,8 @@ async def create_response(request: Request) -> Response:
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
     lines = state.options.keep_volatile_prompt_lines
-    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history, lines))
+    images = state.images
+    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history, lines, images))
     bound = bind(state, parsed.generation)
     renderer = ResponsesRenderer(parsed, bound.parse_with, state.model_id)
 
@@ -80,7 +81,8 @@ async def create_message(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
     lines = state.options.keep_volatile_prompt_lines
-    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines))
+    images = state.images
+    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines, images))
     bound = bind(state, parsed.generation)
     renderer = MessagesRenderer(parsed, bound.parse_with, state.model_id, state.decoder)
     return await serve_generation(request, state, bound, renderer, parsed.generation.stream)
@@ -90,7 +92,8 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    parsed = parse_messages(body, True, state.options.keep_volatile_prompt_lines)
+    lines, images = state.options.keep_volatile_prompt_lines, state.images
+    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, True, lines, images))
     [(prompt, _)] = bind(state, parsed.generation).requests
     try:
         ids = await asyncio.to_thread(state.thread.encode_prompt, prompt)

@@ -104,6 +104,7 @@ def _batch_api(state: ServerState) -> BatchAPI:
         state.decoder,
         room,
         options.max_file_bytes,
+        state.images,
     )
 
 
@@ -173,9 +174,9 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    keep = state.options.keep_volatile_prompt_lines
+    keep, images = state.options.keep_volatile_prompt_lines, state.images
     generation = await parse_body_off_loop(
-        body, lambda: parse_body(endpoint, body, keep_volatile=keep)
+        body, lambda: parse_body(endpoint, body, keep_volatile=keep, images=images)
     )
     bound = bind(state, generation)
     formatter = openai_formatter(generation, bound.parse_with, state.model_id, state.decoder)

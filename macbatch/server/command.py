@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +21,17 @@ from macbatch.cli_options import (
     speculative_option,
 )
 from macbatch.config import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from macbatch.openai.image_parts import ImageAccess
+
+_LOCAL_IMAGES = typer.Option(
+    None,
+    "--allow-local-images",
+    metavar="DIR",
+    help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise.",
+)  # a list: a module-level default (ruff B008)
+
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -103,6 +115,20 @@ def serve_command(
         help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
         "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
     ),
+    allow_remote_images: bool | None = typer.Option(
+        None,
+        "--allow-remote-images/--no-remote-images",
+        help="Fetch http(s) image URLs in requests (default: yes with a loopback --host, no "
+        "otherwise). Never from loopback, private or link-local addresses unless "
+        "--allow-private-image-urls.",
+    ),
+    allow_private_image_urls: bool = typer.Option(
+        False,
+        "--allow-private-image-urls",
+        help="Let fetched image URLs reach loopback, private and link-local addresses too "
+        "(this machine and its network: only for clients you trust).",
+    ),
+    allow_local_images: list[Path] | None = _LOCAL_IMAGES,
     print_launchd_plist: bool = typer.Option(
         False,
         "--print-launchd-plist",
@@ -140,6 +166,11 @@ def serve_command(
         log_level=log_level,
         reranker=reranker,
         keep_volatile_prompt_lines=keep_volatile_prompt_lines,
+        allow_remote_images=is_loopback(host)
+        if allow_remote_images is None
+        else allow_remote_images,
+        allow_private_image_urls=allow_private_image_urls,
+        allow_local_images=tuple(str(d.expanduser().resolve()) for d in allow_local_images or ()),
         speculative=spec["speculative"],
         draft_model=spec["draft_model"],
         num_speculative_tokens=num_speculative_tokens,
@@ -184,6 +215,20 @@ class ServeSettings:
     cache_disk_gb: float | None = None
     no_disk_cache: bool = False
     keep_volatile_prompt_lines: bool = False
+    allow_remote_images: bool = True  # decided from --host when not given
+    allow_private_image_urls: bool = False
+    allow_local_images: tuple[str, ...] = ()  # absolute directories
+
+
+def image_access(settings: ServeSettings) -> ImageAccess:
+    """Where this server's requests may take images from (docs/serve.md, "Images")."""
+    from macbatch.openai.image_parts import ImageAccess
+
+    return ImageAccess(
+        remote=settings.allow_remote_images,
+        private=settings.allow_private_image_urls,
+        local_dirs=tuple(Path(d) for d in settings.allow_local_images),
+    )
 
 
 def _absolute_if_local(model: str) -> str:
@@ -198,8 +243,12 @@ def _command_line(settings: ServeSettings) -> list[str]:
     argv = [program, "serve"]
     for field in dataclasses.fields(settings):
         flag, value = "--" + field.name.replace("_", "-"), getattr(settings, field.name)
-        if isinstance(value, bool):
+        if field.name == "allow_remote_images":
+            argv += [flag if value else "--no-remote-images"]
+        elif isinstance(value, bool):
             argv += [flag] if value else []
+        elif isinstance(value, tuple):
+            argv += [part for item in value for part in (flag, str(item))]
         elif value is not None:
             argv += [flag, str(value)]
     return argv
@@ -257,6 +306,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
             batch_max_in_flight=settings.batch_max_in_flight,
             keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
+            images=image_access(settings),
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from macbatch.engine import (
     Tokenizer,
     ToolFormat,
 )
-from macbatch.openai import Bound, Generation
+from macbatch.openai import DATA_ONLY, Bound, Generation, ImageAccess
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer
 from macbatch.server.errors import APIError, engine_unavailable, invalid
@@ -52,6 +52,8 @@ class ServerOptions:
     batch_max_in_flight: int | None = None  # a batch's requests in the engine; None: half the seqs
     # leave agent clients' volatile prompt lines in (macbatch.openai.volatile; docs/serve.md)
     keep_volatile_prompt_lines: bool = False
+    # where image parts may come from (macbatch serve: --allow-remote-images, ...; serve.md)
+    images: ImageAccess = DATA_ONLY
 
 
 @dataclass
@@ -65,6 +67,7 @@ class ServerState:
     admission: Admission = field(init=False)
     shutting_down: bool = False
     tool_format: ToolFormat | None = field(init=False)
+    images: ImageAccess = field(init=False)  # the options' access; refused if the model cannot
     batch_api: BatchAPI | None = field(init=False, default=None)
     batch_api_off: str = (  # why batch_api is None, answered on its routes
         "the Batch API needs a data directory (macbatch serve has one; see docs/serve.md)"
@@ -73,6 +76,9 @@ class ServerState:
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
         self.tool_format = self.thread.info.model.tool_format  # decided once, at load
+        # a model that takes no images refuses image parts before any is read or fetched
+        refused = self.thread.images_refused() if self.thread.alive else "the engine is down"
+        self.images = replace(self.options.images, refused=refused)
         self.responses = ResponseStore(self.options.data_dir)
 
     def check_model(self, name: str | None) -> None:

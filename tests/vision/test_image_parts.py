@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from macbatch.engine.multimodal.images import MAX_PIXELS, images_of
-from macbatch.openai import InvalidRequest, parse_chat
+from macbatch.openai import ImageAccess, InvalidRequest, parse_chat
 from tests.support.tiny_vlm import png_bytes
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
 PILImage = pytest.importorskip("PIL.Image")
+# files anywhere and loopback fetches: what a test's own files and servers need (the rules
+# themselves: tests/openai/test_image_access.py)
+OPEN = ImageAccess(remote=True, private=True, local_dirs=None)
 
 
 def data_url(data: bytes) -> str:
@@ -35,7 +38,7 @@ def test_data_and_file_images_are_read_in_order(tmp_path: Path) -> None:
     path = tmp_path / "second.png"
     path.write_bytes(second)
     parts = image_part(data_url(first)), image_part(path.as_uri())
-    [prompt] = parse_chat({"messages": messages_of(*parts)}).prompts
+    [prompt] = parse_chat({"messages": messages_of(*parts)}, images=OPEN).prompts
     images = images_of(prompt)
     assert [i.data for i in images] == [first, second]
     assert [(i.width, i.height) for i in images] == [(20, 10), (30, 40)]
@@ -45,7 +48,7 @@ def test_data_and_file_images_are_read_in_order(tmp_path: Path) -> None:
 
 def _bad(url: str) -> InvalidRequest:
     with pytest.raises(InvalidRequest) as info:
-        parse_chat({"messages": messages_of(image_part(url))})
+        parse_chat({"messages": messages_of(image_part(url))}, images=OPEN)
     assert info.value.param == "messages[0].content[1]"
     assert str(info.value).startswith("messages[0].content[1]")
     return info.value
@@ -89,7 +92,7 @@ def test_an_image_served_over_http_is_read(tmp_path: Path) -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/photo.png"
-        [prompt] = parse_chat({"messages": messages_of(image_part(url))}).prompts
+        [prompt] = parse_chat({"messages": messages_of(image_part(url))}, images=OPEN).prompts
     finally:
         server.shutdown()
         server.server_close()

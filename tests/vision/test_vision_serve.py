@@ -11,6 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from macbatch.openai import ImageAccess
+from macbatch.server.serving import ServerOptions
 from tests.server.conftest import Served, serving, start_engine
 from tests.support.vlm_oracle import mlx_vlm_greedy
 
@@ -18,10 +20,17 @@ from tests.support.vlm_oracle import mlx_vlm_greedy
 pytest.importorskip("mlx_vlm")
 
 
+HANG_S = 3.0  # the fetch time limit of these tests' server
+
+
 @pytest.fixture(scope="module")
-def served(vlm_path: Path) -> Iterator[Served]:
+def served(vlm_path: Path, image_files: list[Path]) -> Iterator[Served]:
     thread = start_engine(vlm_path)
-    with serving(thread) as server:
+    # the test's own image folder, and fetches from loopback (the test's own servers) allowed
+    images = ImageAccess(
+        remote=True, private=True, local_dirs=(image_files[0].parent,), timeout_s=HANG_S
+    )
+    with serving(thread, ServerOptions(images=images)) as server:
         yield server
     thread.shutdown()
 
@@ -117,40 +126,50 @@ def test_responses_and_anthropic_image_shapes_equal_chat(
     assert message.content[0].text == tokenizer.decode(expected)
 
 
-def test_a_hanging_image_url_is_a_400_and_does_not_hold_up_others(
-    served: Served, vlm_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_hanging_image_urls_do_not_hold_up_a_text_request(served: Served, vlm_path: Path) -> None:
+    """Eight requests whose image URL never answers: a plain text request is answered at once
+    (fetches run on their own pool, not the one that templates and tokenizes everyone's), and
+    each image request ends with the fetch error at its time limit."""
     import socket
     import threading
+    import time
 
-    from macbatch.openai import image_parts
-
-    monkeypatch.setattr(image_parts, "FETCH_TIMEOUT_S", 2.0)
     silent = socket.socket()  # accepts connections and never answers
     silent.bind(("127.0.0.1", 0))
-    silent.listen()
+    silent.listen(16)
     url = f"http://127.0.0.1:{silent.getsockname()[1]}/photo.png"
-    client = openai.OpenAI(base_url=served.api, api_key="none", max_retries=0)
-    failures: list[Exception] = []
+    client = openai.OpenAI(base_url=served.api, api_key="none", max_retries=0, timeout=60)
+    failures: list[tuple[Exception, float]] = []
 
     def ask_with_the_hanging_image() -> None:
         part = {"type": "image_url", "image_url": {"url": url}}
+        started = time.monotonic()
         try:
             client.chat.completions.create(
                 model=str(vlm_path), messages=[{"role": "user", "content": [part]}], max_tokens=2
             )
         except Exception as exc:  # the 400, read below
-            failures.append(exc)
+            failures.append((exc, time.monotonic() - started))
 
-    waiting = threading.Thread(target=ask_with_the_hanging_image)
-    waiting.start()
-    reply = client.chat.completions.create(
-        model=str(vlm_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2
-    )
-    assert reply.choices[0].finish_reason == "length"
-    assert waiting.is_alive()  # answered while the image fetch still hangs
-    waiting.join(timeout=30)
-    silent.close()
-    [failure] = failures
-    assert isinstance(failure, openai.BadRequestError)
-    assert "could not fetch" in failure.body["message"]
+    try:
+        waiting = [threading.Thread(target=ask_with_the_hanging_image) for _ in range(8)]
+        for thread in waiting:
+            thread.start()
+        time.sleep(0.5)  # the eight are fetching
+        started = time.monotonic()
+        reply = client.chat.completions.create(
+            model=str(vlm_path), messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        took = time.monotonic() - started
+        assert reply.choices[0].finish_reason == "length"
+        assert all(thread.is_alive() for thread in waiting)  # still hanging
+        assert took < HANG_S / 2, f"a text request took {took:.2f} s behind hanging fetches"
+        for thread in waiting:
+            thread.join(timeout=30)
+    finally:
+        silent.close()
+    assert len(failures) == 8
+    for failure, waited in failures:
+        assert isinstance(failure, openai.BadRequestError)
+        assert failure.body["message"].endswith(f"could not fetch the image at {url}")
+        assert HANG_S - 0.5 < waited < HANG_S + 5

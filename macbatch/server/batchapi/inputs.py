@@ -13,7 +13,7 @@ from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.plan import RESPONSES_URL, plan_job, prepare
 from macbatch.batch.pooled import EMBEDDINGS_URL
 from macbatch.batch.spec import JobSpec
-from macbatch.openai import Endpoint
+from macbatch.openai import Endpoint, ImageAccess
 from macbatch.server.errors import invalid
 
 ENDPOINTS = (*(e.value for e in Endpoint), RESPONSES_URL, EMBEDDINGS_URL)
@@ -43,7 +43,7 @@ def check_endpoint(endpoint: object) -> str:
     return endpoint
 
 
-def count_requests(path: Path, endpoint: str, model: str) -> int:
+def count_requests(path: Path, endpoint: str, model: str, images: ImageAccess) -> int:
     """Check every line as the job will read it (a 400 naming the first few bad ones), so each
     row the batch runs has its ``custom_id``; returns the requests the batch will run."""
     problems: list[str] = []
@@ -61,7 +61,7 @@ def count_requests(path: Path, endpoint: str, model: str) -> int:
     if not seen:
         raise invalid("the input file has no requests", "input_file_id")
     job = batch_job("check", path)
-    return sum(1 for _ in plan_job(job, model, prepare(job)))
+    return sum(1 for _ in plan_job(job, model, prepare(job), images))
 
 
 def _row_problem(

@@ -19,6 +19,7 @@ from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.replies import ReplyShape
 from macbatch.engine import EngineDeadError, EngineThread, RequestOutput, Tokenizer
+from macbatch.openai import ImageAccess
 from macbatch.server.batchapi.inputs import batch_job
 
 LEDGER_NAME = "ledger.sqlite"
@@ -34,6 +35,7 @@ class BatchEngine:
     model: str
     decoder: Tokenizer
     room: Callable[[], int]  # batch requests allowed in the engine right now
+    images: ImageAccess  # where rows' images may come from: the server's rules
 
 
 class BatchRun:
@@ -58,7 +60,7 @@ class BatchRun:
         """Admit and finish requests; True when every request is done (False: stopped)."""
         exhausted = aborted = False
         try:
-            feed = plan_job(self.job, self.engine.model, prepare(self.job))
+            feed = plan_job(self.job, self.engine.model, prepare(self.job), self.engine.images)
             self._appender = JsonlAppender(self.output)
             while True:
                 stop = stopped()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TextIO
 
 from macbatch.engine import EngineThread, Tokenizer
+from macbatch.openai import ImageAccess
 from macbatch.server.batchapi.files import FileStore
 from macbatch.server.batchapi.records import ACTIVE, BatchStore
 from macbatch.server.batchapi.run import BatchEngine
@@ -65,6 +66,7 @@ def open_batch_api(
     decoder: Tokenizer,
     room: Callable[[], int],
     max_file_bytes: int,
+    images: ImageAccess,
 ) -> BatchAPI:
     """The stores under ``directory`` and a started batch thread (which resumes at once what a
     previous server left unfinished). One server per directory runs batches: two would run the
@@ -73,7 +75,7 @@ def open_batch_api(
     lock = _lock(directory / "batches.lock")
     files = FileStore(directory)
     batches = BatchStore(directory)
-    worker = BatchWorker(BatchEngine(thread, model, decoder, room), batches, files).start()
+    worker = BatchWorker(BatchEngine(thread, model, decoder, room, images), batches, files).start()
     return BatchAPI(files, batches, worker, max_file_bytes, lock)
 
 

@@ -217,3 +217,45 @@ def test_logprobs_are_normalised_and_match_choice(engine):
         assert max(top, key=top.get) == token  # greedy picks the most likely token
         assert top[token] == pytest.approx(lp)
         assert all(v <= 0 for v in top.values())
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(
+    engine, chat, monkeypatch: pytest.MonkeyPatch
+):
+    """Issue 46: a 10 MB body against a 512-token context took 2.5 GB and seconds to template
+    and tokenize before its refusal. Its characters alone prove it cannot fit: refused as a
+    too-long prompt with neither templating nor tokenizing."""
+    from macbatch.engine import PromptTooLongError
+    from macbatch.engine.inputs import chat_template
+
+    def never(*args, **kwargs):
+        raise AssertionError("the prompt was templated or tokenized")
+
+    monkeypatch.setattr(chat_template, "encode_text", never)
+    monkeypatch.setattr(chat_template, "render_chat", never)
+    text = "word " * 2_000_000
+    prompt = [{"role": "user", "content": [{"type": "text", "text": text}]}] if chat else text
+    with pytest.raises(PromptTooLongError, match=r"leaves no room for a reply in .*512 tokens"):
+        engine.add_request(prompt, GREEDY)
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mistral"])
+def test_the_character_bound_holds_on_real_tokenizers(name):
+    """No text of n characters is fewer than n / longest_token tokens, even text made of the
+    longest tokens: Qwen3 has 128-space tokens (5,000 spaces: 40 tokens), so a fixed bound of
+    64 characters per token would refuse prompts that fit; the vocabulary's own bound does not."""
+    from macbatch.engine.inputs.processor import longest_token
+    from tests.support.real_tokenizers import load_real_tokenizer
+
+    tokenizer = load_real_tokenizer(name)
+    longest = longest_token(tokenizer)
+    vocab = tokenizer.get_vocab()
+    texts = [" " * 40_000, "\n" * 40_000, "=" * 40_000, "word " * 8_000, "長" * 20_000]
+    texts += [tokenizer.decode([vocab[max(vocab, key=len)]]) * 200]  # the longest entry, repeated
+    for text in texts:
+        tokens = len(tokenizer.encode(text, add_special_tokens=False))
+        assert tokens * longest >= len(text), (name, text[:10], tokens, longest)
+    if name == "qwen3":
+        assert len(tokenizer.encode(" " * 40_000, add_special_tokens=False)) * 64 < 40_000

@@ -90,6 +90,18 @@ def serve_command(
         min=0,
         help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
     ),
+    header_timeout: float = typer.Option(
+        10.0,
+        min=0.1,
+        help="Seconds a connection may take to send a request's headers (from its opening, or "
+        "its previous response's end); slower ones are closed.",
+    ),
+    max_connections: int | None = typer.Option(
+        None,
+        min=1,
+        help="Connections open at once; more are closed as they arrive (default: half the "
+        "process's file descriptors, at most 1024).",
+    ),
     keep_volatile_prompt_lines: bool = typer.Option(
         False,
         "--keep-volatile-prompt-lines",
@@ -146,6 +158,8 @@ def serve_command(
         cache_dir=cache_dir,
         cache_disk_gb=cache_disk_gb,
         no_disk_cache=no_disk_cache,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
     )
     if print_launchd_plist:
         local = dataclasses.replace(
@@ -184,6 +198,8 @@ class ServeSettings:
     cache_disk_gb: float | None = None
     no_disk_cache: bool = False
     keep_volatile_prompt_lines: bool = False
+    header_timeout: float = 10.0
+    max_connections: int | None = None
 
 
 def _absolute_if_local(model: str) -> str:
@@ -218,7 +234,13 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.config import data_dir
     from macbatch.engine import Engine, EngineConfig, EngineThread
     from macbatch.server.app import ServerOptions, create_app, stop_batches, stop_generating
-    from macbatch.server.listen import ListenError, bind, run
+    from macbatch.server.listen import (
+        ConnectionLimits,
+        ListenError,
+        bind,
+        default_max_connections,
+        run,
+    )
 
     model, host = settings.model, settings.host
     try:
@@ -260,14 +282,18 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]
+        limits = ConnectionLimits(
+            settings.header_timeout, settings.max_connections or default_max_connections()
+        )
         typer.echo(
             f"macbatch serve: {model} at http://{host}:{bound_port}/v1 "
-            f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
+            f"({'API key required' if api_key else 'no API key'}; at most "
+            f"{limits.max_connections} connections); Ctrl-C to stop",
             err=True,
         )
         stop = lambda: stop_generating(app)  # noqa: E731
         try:
-            run(app, sock, settings.shutdown_timeout, settings.log_level, on_deadline=stop)
+            run(app, sock, settings.shutdown_timeout, settings.log_level, stop, limits)
         finally:
             stop_batches(app)
     finally:

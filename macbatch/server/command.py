@@ -102,6 +102,18 @@ def serve_command(
         help="Connections open at once; more are closed as they arrive (default: half the "
         "process's file descriptors, at most 1024).",
     ),
+    allowed_hosts: str | None = typer.Option(
+        None,
+        "--allowed-hosts",
+        help="More names clients may reach the server by (the Host header), comma-separated; "
+        "'*': any. Loopback names, addresses and the bound host always work.",
+    ),
+    allowed_origins: str | None = typer.Option(
+        None,
+        "--allowed-origins",
+        help="Web pages allowed to call the server (Origin, e.g. http://localhost:3000), "
+        "comma-separated; '*': any. Others get 403.",
+    ),
     keep_volatile_prompt_lines: bool = typer.Option(
         False,
         "--keep-volatile-prompt-lines",
@@ -160,6 +172,8 @@ def serve_command(
         no_disk_cache=no_disk_cache,
         header_timeout=header_timeout,
         max_connections=max_connections,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
     )
     if print_launchd_plist:
         local = dataclasses.replace(
@@ -200,6 +214,8 @@ class ServeSettings:
     keep_volatile_prompt_lines: bool = False
     header_timeout: float = 10.0
     max_connections: int | None = None
+    allowed_hosts: str | None = None  # comma-separated, as given
+    allowed_origins: str | None = None
 
 
 def _absolute_if_local(model: str) -> str:
@@ -279,6 +295,9 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
             batch_max_in_flight=settings.batch_max_in_flight,
             keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
+            bound_host=host,
+            allowed_hosts=tuple((settings.allowed_hosts or "").split(",")),
+            allowed_origins=tuple((settings.allowed_origins or "").split(",")),
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]

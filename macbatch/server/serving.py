@@ -52,6 +52,10 @@ class ServerOptions:
     batch_max_in_flight: int | None = None  # a batch's requests in the engine; None: half the seqs
     # leave agent clients' volatile prompt lines in (macbatch.openai.volatile; docs/serve.md)
     keep_volatile_prompt_lines: bool = False
+    # the names a request's Host may give and the web pages that may call it (server/origins.py)
+    bound_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
 
 @dataclass

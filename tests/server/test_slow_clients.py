@@ -5,6 +5,7 @@ goes to the 127.0.0.1 server the test starts, a bounded number of them for a bou
 
 from __future__ import annotations
 
+import resource
 import select
 import socket
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions
-from macbatch.server.listen import ConnectionLimits
+from macbatch.server.listen import ConnectionLimits, default_max_connections
 from tests.server.conftest import Served, serving
 
 PARTIAL = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
@@ -104,6 +105,13 @@ def test_connections_past_the_cap_are_closed_at_once(engine_thread: EngineThread
             except httpx.TransportError:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+
+
+def test_the_default_cap_leaves_half_the_descriptors_to_the_rest() -> None:
+    cap = default_max_connections()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert 16 <= cap <= 1024
+    assert soft == resource.RLIM_INFINITY or cap <= max(16, soft // 2)
 
 
 CHUNK = 256 * 1024

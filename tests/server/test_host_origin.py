@@ -66,6 +66,7 @@ def test_a_cross_site_text_plain_chat_and_upload_are_refused(keyless: Served) ->
     chat = _post_text_plain(keyless, {"origin": EVIL})
     assert chat.status_code == 403, chat.text
     assert chat.json()["error"]["code"] == "origin_not_allowed"
+    assert chat.json()["error"]["type"] == "permission_error"
     upload = _upload(keyless, {"origin": EVIL})
     assert upload.status_code == 403, upload.text
     assert httpx.get(keyless.url + "/health", headers={"origin": EVIL}).status_code == 403

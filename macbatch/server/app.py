@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -26,6 +27,7 @@ from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic, within
+from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import (
     ServerOptions,
@@ -81,8 +83,23 @@ def create_app(
             _log.warning("%s", exc)
             state.batch_api_off = str(exc)
     app.state.macbatch = state
-    app.add_middleware(_Guard, state=state, known_paths={r.path for r in routes})
+    _add_guards(app, state, {r.path for r in routes})
     return app
+
+
+def _add_guards(app: Starlette, state: ServerState, known_paths: set[str]) -> None:
+    """Outermost first: CORS headers for the allowed origins (their browsers' preflights are
+    answered there), the API key and the count of responses, then Host and Origin."""
+    options = state.options
+    hosts = allowed_host_names(options.bound_host, options.allowed_hosts)
+    origins = normalized_origins(options.allowed_origins)
+    app.add_middleware(HostOriginGuard, hosts=hosts, origins=origins)
+    app.add_middleware(_Guard, state=state, known_paths=known_paths)
+    if origins is None or origins:
+        allowed = ["*"] if origins is None else sorted(origins)
+        app.add_middleware(
+            CORSMiddleware, allow_origins=allowed, allow_methods=["*"], allow_headers=["*"]
+        )
 
 
 def _batch_api(state: ServerState) -> BatchAPI:

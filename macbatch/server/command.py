@@ -102,6 +102,30 @@ def serve_command(
         min=0,
         help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
     ),
+    header_timeout: float = typer.Option(
+        10.0,
+        min=0.1,
+        help="Seconds a connection may take to send a request's headers (from its opening, or "
+        "its previous response's end); slower ones are closed.",
+    ),
+    max_connections: int | None = typer.Option(
+        None,
+        min=1,
+        help="Connections open at once; more are closed as they arrive (default: half the "
+        "process's file descriptors, at most 1024).",
+    ),
+    allowed_hosts: str | None = typer.Option(
+        None,
+        "--allowed-hosts",
+        help="More names clients may reach the server by (the Host header), comma-separated; "
+        "'*': any. Loopback names, addresses and the bound host always work.",
+    ),
+    allowed_origins: str | None = typer.Option(
+        None,
+        "--allowed-origins",
+        help="Web pages allowed to call the server (Origin, e.g. http://localhost:3000), "
+        "comma-separated; '*': any. Others get 403.",
+    ),
     keep_volatile_prompt_lines: bool = typer.Option(
         False,
         "--keep-volatile-prompt-lines",
@@ -177,6 +201,10 @@ def serve_command(
         cache_dir=cache_dir,
         cache_disk_gb=cache_disk_gb,
         no_disk_cache=no_disk_cache,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
     )
     if print_launchd_plist:
         local = dataclasses.replace(
@@ -218,6 +246,10 @@ class ServeSettings:
     allow_remote_images: bool = True  # decided from --host when not given
     allow_private_image_urls: bool = False
     allow_local_images: tuple[str, ...] = ()  # absolute directories
+    header_timeout: float = 10.0
+    max_connections: int | None = None
+    allowed_hosts: str | None = None  # comma-separated, as given
+    allowed_origins: str | None = None
 
 
 def image_access(settings: ServeSettings) -> ImageAccess:
@@ -267,7 +299,13 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.config import data_dir
     from macbatch.engine import Engine, EngineConfig, EngineThread
     from macbatch.server.app import ServerOptions, create_app, stop_batches, stop_generating
-    from macbatch.server.listen import ListenError, bind, run
+    from macbatch.server.listen import (
+        ConnectionLimits,
+        ListenError,
+        bind,
+        default_max_connections,
+        run,
+    )
 
     model, host = settings.model, settings.host
     try:
@@ -307,17 +345,24 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             batch_max_in_flight=settings.batch_max_in_flight,
             keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
             images=image_access(settings),
+            bound_host=host,
+            allowed_hosts=tuple((settings.allowed_hosts or "").split(",")),
+            allowed_origins=tuple((settings.allowed_origins or "").split(",")),
         )
         app = create_app(thread, tokenizer, options, model_id=model)
         bound_port = sock.getsockname()[1]
+        limits = ConnectionLimits(
+            settings.header_timeout, settings.max_connections or default_max_connections()
+        )
         typer.echo(
             f"macbatch serve: {model} at http://{host}:{bound_port}/v1 "
-            f"({'API key required' if api_key else 'no API key'}); Ctrl-C to stop",
+            f"({'API key required' if api_key else 'no API key'}; at most "
+            f"{limits.max_connections} connections); Ctrl-C to stop",
             err=True,
         )
         stop = lambda: stop_generating(app)  # noqa: E731
         try:
-            run(app, sock, settings.shutdown_timeout, settings.log_level, on_deadline=stop)
+            run(app, sock, settings.shutdown_timeout, settings.log_level, stop, limits)
         finally:
             stop_batches(app)
     finally:

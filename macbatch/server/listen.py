@@ -6,12 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
+import resource
 import signal
 import socket
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+
+_log = logging.getLogger("macbatch.server")
 
 
 class ListenError(Exception):
@@ -86,20 +93,118 @@ class _Server(uvicorn.Server):
             deadline.cancel()
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold: ``header_timeout_s`` from its opening (or its previous
+    response's end) to the end of a request's headers, and ``max_connections`` open at once."""
+
+    header_timeout_s: float = 10.0
+    max_connections: int = 512
+
+
+def default_max_connections() -> int:
+    """Half the process's file descriptors (after raising the soft limit as far as the hard one
+    allows, up to 4096: macOS starts processes at 256), at most 1024: the rest is for the model,
+    the disk cache and the data directory."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    return max(16, min(1024, (4096 if soft == resource.RLIM_INFINITY else soft) // 2))
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11, or httptools where installed) with a deadline for each
+    request's headers and a cap on open connections.
+
+    uvicorn (0.30 to 0.54) has no header timeout: a connection that never finishes its headers
+    is kept forever (its keep-alive timer only runs between requests, and any byte received
+    cancels it), so a few thousand of them use up the process's descriptors and the server stops
+    answering. ``limit_concurrency`` does not help: it answers 503 once headers are complete,
+    and such connections never complete them. Both protocols keep the request in progress in
+    ``self.cycle`` and call ``on_response_complete`` after each response, so the guard arms a
+    timer when a connection opens and after each response, and closes the connection if the
+    timer fires while no new request has finished its headers. A connection past the cap is
+    closed as it is accepted, before it can hold a descriptor for long.
+    """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    base: Any = AutoHTTPProtocol
+    refused_log = [0.0]
+
+    class Guarded(base):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                now = time.monotonic()
+                if now - refused_log[0] > 10:
+                    refused_log[0] = now
+                    _log.warning(
+                        "%d connections open, the most allowed (serve --max-connections): "
+                        "closing new ones",
+                        limits.max_connections,
+                    )
+                transport.abort()
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            waiting = self.cycle
+            self._header_timer = self.loop.call_later(
+                limits.header_timeout_s, self._headers_late, waiting
+            )
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self, waiting: Any) -> None:
+            self._header_timer = None
+            idle = self.cycle is waiting and (waiting is None or waiting.response_complete)
+            if idle and not self.transport.is_closing():
+                self.transport.abort()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # before pipelined requests start: they are seen as a new cycle
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return Guarded
+
+
+def server_config(
+    app: ASGIApp, limits: ConnectionLimits, log_level: str, **more: Any
+) -> uvicorn.Config:
+    """uvicorn's settings for macbatch: the guarded protocol, no lifespan."""
+    return uvicorn.Config(
+        app, lifespan="off", log_level=log_level, http=guarded_protocol(limits), **more
+    )
+
+
 def run(
     app: ASGIApp,
     sock: socket.socket,
     shutdown_timeout: float,
     log_level: str,
     on_deadline: Callable[[], None],
+    limits: ConnectionLimits,
 ) -> None:
     """Serve until SIGINT/SIGTERM: stop accepting, let in-flight requests finish for up to
     ``shutdown_timeout`` seconds, then call ``on_deadline`` to abort the rest; streams still
     open a few seconds later are cut."""
-    config = uvicorn.Config(
+    config = server_config(
         app,
-        lifespan="off",
-        log_level=log_level,
+        limits,
+        log_level,
         timeout_graceful_shutdown=max(1, round(shutdown_timeout)) + FLUSH_S,
     )
     _Server(config, shutdown_timeout, on_deadline).run(sockets=[sock])

@@ -54,6 +54,10 @@ class ServerOptions:
     keep_volatile_prompt_lines: bool = False
     # where image parts may come from (macbatch serve: --allow-remote-images, ...; serve.md)
     images: ImageAccess = DATA_ONLY
+    # the names a request's Host may give and the web pages that may call it (server/origins.py)
+    bound_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
 
 
 @dataclass

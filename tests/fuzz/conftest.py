@@ -26,5 +26,6 @@ def fuzz_app(tiny_model_path: Path) -> Iterator[Starlette]:
 
 @pytest.fixture(scope="package")
 def fuzz_client(fuzz_app: Starlette) -> Iterator[TestClient]:
-    with TestClient(fuzz_app, raise_server_exceptions=False) as client:
+    # 127.0.0.1: the server refuses a Host it does not answer to, as TestClient's "testserver"
+    with TestClient(fuzz_app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
         yield client

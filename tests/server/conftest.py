@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
 from macbatch.server.app import ServerOptions, create_app
-from macbatch.server.listen import bind
+from macbatch.server.listen import ConnectionLimits, bind, server_config
 
 ENGINE_CONFIG = EngineConfig(num_blocks=512, max_num_seqs=64)
 
@@ -42,12 +42,17 @@ class Served:
 
 
 @contextmanager
-def serving(thread: EngineThread, options: ServerOptions | None = None) -> Iterator[Served]:
-    """Run ``create_app(thread)`` under uvicorn on a free loopback port until the block ends."""
+def serving(
+    thread: EngineThread,
+    options: ServerOptions | None = None,
+    limits: ConnectionLimits | None = None,
+) -> Iterator[Served]:
+    """Run ``create_app(thread)`` under uvicorn (as serve runs it) on a free loopback port until
+    the block ends."""
     tokenizer = thread.call(lambda engine: engine.tokenizer).result(timeout=30)
     app = create_app(thread, tokenizer, options)
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    server = uvicorn.Server(server_config(app, limits or ConnectionLimits(), "warning"))
     runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     runner.start()
     deadline = time.monotonic() + 30

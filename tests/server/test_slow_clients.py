@@ -1,0 +1,171 @@
+"""Clients that hold connections without finishing requests (issue 46, item 8): headers that
+never end are cut at the header timeout, connections past the cap are closed at once, and a
+chunked upload is refused at the file limit instead of being read to its end. Every socket here
+goes to the 127.0.0.1 server the test starts, a bounded number of them for a bounded time."""
+
+from __future__ import annotations
+
+import resource
+import select
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from macbatch.engine import EngineThread
+from macbatch.server.app import ServerOptions
+from macbatch.server.listen import ConnectionLimits, default_max_connections
+from tests.server.conftest import Served, serving
+
+PARTIAL = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
+
+
+def _open(served: Served, first: bytes = PARTIAL) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", int(served.url.rsplit(":", 1)[1])), timeout=5)
+    if first:
+        sock.sendall(first)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """True once the server closes the socket (EOF or reset) within ``within_s``."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+def test_headers_never_finished_are_closed_and_health_answers_meanwhile(
+    engine_thread: EngineThread,
+) -> None:
+    with serving(engine_thread, limits=ConnectionLimits(header_timeout_s=1.5)) as served:
+        slow = [_open(served) for _ in range(50)]
+        silent = _open(served, first=b"")  # connects and sends nothing
+        again = _open(served, first=b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert again.recv(65536).startswith(b"HTTP/1.1 200")
+        again.sendall(PARTIAL)  # kept alive, then a second request that never ends
+        try:
+            started = time.monotonic()
+            assert httpx.get(served.url + "/health", timeout=5).status_code == 200
+            assert all(_closed_by_server(s, within_s=6) for s in [*slow, silent, again])
+            assert time.monotonic() - started < 8
+            assert httpx.get(served.url + "/health", timeout=5).status_code == 200
+        finally:
+            for sock in [*slow, silent, again]:
+                sock.close()
+
+
+def test_a_request_whose_headers_ended_is_not_cut_by_the_header_timeout(
+    engine_thread: EngineThread,
+) -> None:
+    model = engine_thread.info.model_name.encode()
+    body = b'{"model": "%s", "prompt": "hi", "max_tokens": 2}' % model
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with serving(engine_thread, limits=ConnectionLimits(header_timeout_s=0.5)) as served:
+        sock = _open(served, head)
+        try:
+            time.sleep(1.2)  # the body comes late: only the headers are timed
+            sock.sendall(body)
+            sock.settimeout(30)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            sock.close()
+
+
+def test_connections_past_the_cap_are_closed_at_once(engine_thread: EngineThread) -> None:
+    limits = ConnectionLimits(header_timeout_s=30, max_connections=8)
+    with serving(engine_thread, limits=limits) as served:
+        held = [_open(served) for _ in range(8)]
+        try:
+            time.sleep(0.5)  # the server accepts them
+            extra = _open(served, first=b"")
+            assert _closed_by_server(extra, within_s=3)
+            extra.close()
+            with pytest.raises(httpx.TransportError):
+                httpx.get(served.url + "/health", timeout=3)
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while True:  # the held ones gone, the server answers again
+            try:
+                assert httpx.get(served.url + "/health", timeout=3).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+
+
+def test_the_default_cap_leaves_half_the_descriptors_to_the_rest() -> None:
+    cap = default_max_connections()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert 16 <= cap <= 1024
+    assert soft == resource.RLIM_INFINITY or cap <= max(16, soft // 2)
+
+
+CHUNK = 256 * 1024
+
+
+def _chunks(total: int, yielded: list[int]) -> Iterator[bytes]:
+    """A multipart upload of ``total`` bytes of JSONL in HTTP chunks, counting what it yields."""
+    boundary = b"xyz"
+    head = (
+        b'--xyz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        b"Content-Type: application/jsonl\r\n\r\n"
+    )
+    line = b'{"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+    payload = line * (CHUNK // len(line))
+    pieces = [head] + [payload] * (total // len(payload)) + [b"\r\n--" + boundary + b"--\r\n"]
+    for piece in pieces:
+        yielded[0] += len(piece)
+        yield b"%x\r\n%s\r\n" % (len(piece), piece)
+    yield b"0\r\n\r\n"
+
+
+def test_a_chunked_upload_is_refused_at_the_limit_not_read_to_its_end(
+    engine_thread: EngineThread, tmp_path: Path
+) -> None:
+    limit = 1024 * 1024
+    options = ServerOptions(data_dir=tmp_path / "serve", max_file_bytes=limit)
+    with serving(engine_thread, options) as served:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        sock.connect(("127.0.0.1", int(served.url.rsplit(":", 1)[1])))
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Content-Type: multipart/form-data; boundary=xyz\r\n\r\n"
+        )
+        yielded = [0]
+        pending, started = b"", time.monotonic()
+        sock.setblocking(False)
+        try:
+            for piece in _chunks(80 * 1024 * 1024, yielded):  # 80 MiB against 1 MiB
+                pending += piece
+                while pending:
+                    readable, writable, _ = select.select([sock], [sock], [], 10)
+                    if readable or not writable:
+                        break
+                    pending = pending[sock.send(pending) :]
+                if pending:
+                    break  # the server answered, or stopped reading
+            sock.setblocking(True)
+            sock.settimeout(10)
+            answer = sock.recv(65536)
+        finally:
+            sock.close()
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        # the limit, one chunk, and what the two sockets' buffers hold on loopback
+        assert yielded[0] < limit + CHUNK + 16 * 1024 * 1024, yielded[0]
+        assert time.monotonic() - started < 20

@@ -79,10 +79,10 @@ def test_every_error_a_row_causes_is_that_rows(tmp_path: Path, monkeypatch) -> N
 
     real = plan._request
 
-    def fragile(job, source, fields):
+    def fragile(job, source, fields, *rest):
         if fields.get("prompt") == "two":
             raise RecursionError("maximum recursion depth exceeded")
-        return real(job, source, fields)
+        return real(job, source, fields, *rest)
 
     monkeypatch.setattr(plan, "_request", fragile)
     items = list(plan_job(spec.jobs[0], spec.model, prepare(spec.jobs[0])))

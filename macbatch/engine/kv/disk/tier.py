@@ -226,6 +226,8 @@ class DiskTier:
         """Write the read blocks ``digests`` into the pages of ``blocks`` (the KV manager
         allocated them and names them)."""
         payloads = [self._reads.pop(d).result() for d in digests]
+        # ``loaded`` counted only checked reads: a missing one would shift every block after it
+        assert all(p is not None for p in payloads), "a block not read is never loaded"
         slabs = self.pages.block_slab_bytes()
         data = np.frombuffer(b"".join(p for p in payloads if p is not None), dtype=np.uint8)
         per_block = data.reshape(len(blocks), -1)

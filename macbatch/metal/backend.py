@@ -62,6 +62,9 @@ class LayerParams(NamedTuple):
     sliding_window: int | None = None  # attend to the last this many keys only
     softcap: float | None = None  # scores become tanh(score / softcap) * softcap
     sinks: mx.array | None = None  # [Hq] one extra logit per head, in the softmax only
+    # Latent (MLA) pages: the values are the first ``value_dim`` columns of the key rows (the
+    # caller passes the key pages as ``v_pages`` too), and each output row has that many.
+    value_dim: int | None = None
 
 
 class BackendUnavailable(RuntimeError):

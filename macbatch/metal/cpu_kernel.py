@@ -164,13 +164,14 @@ def paged_attention_cpu(
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
-    Head sizes that are not a multiple of 8 go to the reference instead (so would page sizes
-    other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
+    Latent pages (``layer.value_dim``) and head sizes that are not a multiple of 8 go to the
+    reference instead (so would page sizes other than 8, 16 or 32, which `EngineConfig` does
+    not allow). Quantized pages
     (``QuantizedPages``) are dequantized page by page inside the kernel.
     """
-    if not serves(q.shape[-1], k_pages.shape[2]):
+    if layer.value_dim is not None or not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
-    scale, sliding_window, softcap, sinks = layer
+    scale, sliding_window, softcap, sinks, _ = layer
     quantized = {}
     if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
         quantized = dict(

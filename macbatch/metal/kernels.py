@@ -23,6 +23,7 @@ import numpy as np
 from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.reference import paged_attention_reference
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
@@ -228,11 +229,14 @@ def paged_attention_kernel(
     metal_kernel: MetalKernelFactory | None = None,
     split: SplitPolicy = SplitPolicy(),
 ) -> mx.array:
-    """The attention contract of ``reference.py``, computed by the Metal kernel."""
+    """The attention contract of ``reference.py``, computed by the Metal kernel (latent pages,
+    ``layer.value_dim``, by the reference until the kernel reads them)."""
+    if layer.value_dim is not None:
+        return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     check_shapes(q, k_pages, v_pages)
     n, hq, d = q.shape
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
-    scale, sliding_window, softcap, sinks = layer
+    scale, sliding_window, softcap, sinks, _ = layer
     p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, d, bs, split)
     t = p.tiling
     kernel = make_kernel(metal_kernel or _default_factory())

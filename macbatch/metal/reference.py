@@ -4,6 +4,10 @@ their self-tests compare with, and the fallback when no kernel is proven.
 Page layout (shared with the kernel and `engine/worker/pages.py`): one array per layer and per K/V,
 shaped ``[num_blocks, num_kv_heads, block_size, head_dim]``, so one KV head's block is contiguous.
 
+Latent pages (MLA, ``LayerParams.value_dim``): one KV head whose rows hold the compressed latent
+followed by the shared RoPE key; the values are the leading ``value_dim`` columns of the same
+rows, so a token's cache is one row, read once for both.
+
 Query row ``i`` of sequence ``s`` (``q_len = cu[s+1] - cu[s]``) sits at position
 ``p = seq_lens[s] - q_len + (i - cu[s])`` and attends to keys ``0..p`` (only the last
 ``sliding_window`` of them when set). No row ever sees another sequence's keys.
@@ -37,7 +41,7 @@ def paged_attention_reference(
     together so little padding is read; each prefill chunk is cut into query tiles with a causal
     mask offset by the context already cached.
     """
-    scale, sliding_window, softcap, sinks = layer
+    scale, sliding_window, softcap, sinks, value_dim = layer
     block_tables = meta.block_tables
     lens = meta.host_seq_lens.astype(np.int64)
     cu = meta.host_cu_seqlens_q.astype(np.int64)
@@ -54,7 +58,7 @@ def paged_attention_reference(
         n_blocks = ceil_div(int(lens[group].max()), block_size)
         tables = block_tables[mx.array(group)][:, first_block:n_blocks]
         keys = _gather_context(k_pages, tables)
-        values = _gather_context(v_pages, tables)
+        values = _values(keys, v_pages, tables, value_dim)
         key_pos = np.arange(first_block * block_size, n_blocks * block_size)[None, :]
         mask = _visible(query_pos[:, None], key_pos, sliding_window)[:, None, None, :]
         rows = cu[group]
@@ -65,7 +69,7 @@ def paged_attention_reference(
         q_len, ctx, start = int(q_lens[s]), int(lens[s]), int(cu[s])
         table = block_tables[int(s) : int(s) + 1, : ceil_div(ctx, block_size)]
         keys = _gather_context(k_pages, table)
-        values = _gather_context(v_pages, table)
+        values = _values(keys, v_pages, table, value_dim)
         # Query tiles: each tile reads keys only up to its own last position (and from the
         # window's start), so the causal upper triangle is skipped, not computed and masked.
         for tile_start in range(0, q_len, _PREFILL_TILE):
@@ -89,7 +93,7 @@ def paged_attention_reference(
             parts.append((rows, out[0].transpose(1, 0, 2)))
 
     if not parts:
-        return mx.zeros(q.shape, dtype=q.dtype)
+        return mx.zeros((*q.shape[:2], value_dim or q.shape[2]), dtype=q.dtype)
     rows = np.concatenate([r for r, _ in parts])
     out = mx.concatenate([o for _, o in parts], axis=0)
     if np.array_equal(rows, np.arange(len(rows))):
@@ -109,9 +113,9 @@ def masked_attention(
     [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
     n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
     of the contract (Gemma 4's image blocks, engine/multimodal/image_blocks.py)."""
-    scale, _, softcap, sinks = layer
+    scale, _, softcap, sinks, value_dim = layer
     k = _gather_context(k_pages, blocks)
-    v = _gather_context(v_pages, blocks)
+    v = _values(k, v_pages, blocks, value_dim)
     return _attend(q, k, v, visible[:, None], scale, softcap, sinks)
 
 
@@ -152,6 +156,12 @@ def _gather_context(pages: Pages, tables: mx.array) -> mx.array:
     return gathered.reshape(s, hkv, nb * bs, d)
 
 
+def _values(keys: mx.array, v_pages: Pages, tables: mx.array, value_dim: int | None) -> mx.array:
+    """The gathered values: their own pages', or (latent pages) the leading ``value_dim``
+    columns of the keys already gathered, so a latent row is read once."""
+    return _gather_context(v_pages, tables) if value_dim is None else keys[..., :value_dim]
+
+
 def _visible(query_pos: np.ndarray, key_pos: np.ndarray, window: int | None) -> mx.array:
     visible = key_pos <= query_pos
     if window is not None:
@@ -168,7 +178,8 @@ def _attend(
     softcap: float | None,
     sinks: mx.array | None,
 ) -> mx.array:
-    """Masked attention of ``q [B, Hq, Lq, D]`` over ``k, v [B, Hkv, L, D]`` in float32.
+    """Masked attention of ``q [B, Hq, Lq, D]`` over ``k [B, Hkv, L, D]`` and ``v [B, Hkv,
+    L, Dv]`` in float32 (``Dv`` differs from ``D`` for latent pages).
 
     Query heads of a KV group are stacked into one matmul against their shared K/V. Explicit
     matmuls rather than ``mx.fast.scaled_dot_product_attention``: on MLX's CPU backend they go
@@ -191,4 +202,4 @@ def _attend(
     if sinks is not None:
         probs = probs[..., 1:]
     out = probs.reshape(b, hkv, group * lq, -1) @ v.astype(mx.float32)
-    return out.reshape(b, hq, lq, d).astype(q.dtype)
+    return out.reshape(b, hq, lq, v.shape[-1]).astype(q.dtype)

@@ -21,9 +21,9 @@ def paged_attention_numpy(
     q = q.astype(np.float64)
     k_pages = k_pages.astype(np.float64)
     v_pages = v_pages.astype(np.float64)
-    n, hq, d = q.shape
+    n, hq, _ = q.shape
     hkv, block_size = k_pages.shape[1], k_pages.shape[2]
-    out = np.zeros((n, hq, d))
+    out = np.zeros((n, hq, v_pages.shape[-1]))  # values may be narrower than keys (MLA)
     for s in range(len(seq_lens)):
         start, end = int(cu_seqlens_q[s]), int(cu_seqlens_q[s + 1])
         for i in range(start, end):

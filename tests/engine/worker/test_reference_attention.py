@@ -6,9 +6,15 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from macbatch.metal import AttentionMetadata, LayerParams
+from macbatch.metal import AttentionMetadata, LayerParams, QuantizedPages
 from macbatch.metal.reference import paged_attention_reference
-from tests.support.attention_numpy import CASES, paged_attention_numpy, random_paged_case
+from tests.support.attention_numpy import (
+    CASES,
+    dequantize_numpy,
+    paged_attention_numpy,
+    quantize_numpy,
+    random_paged_case,
+)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -50,3 +56,22 @@ def _reference(q, k, v, tables, lens, cu, layer: LayerParams) -> mx.array:
     """The reference on a numpy case (``random_paged_case``'s arrays)."""
     meta = AttentionMetadata.build(tables, lens, cu)
     return paged_attention_reference(mx.array(q), mx.array(k), mx.array(v), meta, layer)
+
+
+@pytest.mark.parametrize("case", ["decode", "mixed", "prefill_chunk_after_cache"])
+@pytest.mark.parametrize("kv_bits", [None, 8, 4])
+def test_latent_pages(case, kv_bits):
+    """MLA's latent pages: one KV head of 40-wide rows whose first 32 columns are the values;
+    the oracle is handed those columns as separate value pages."""
+    q, k, _, tables, lens, cu = random_paged_case(*CASES[case], hq=8, hkv=1, d=40, seed=3)
+    pages: mx.array | QuantizedPages = mx.array(k)
+    if kv_bits is not None:
+        codes, scales = quantize_numpy(k, kv_bits, 8)
+        k = dequantize_numpy(codes, scales, kv_bits).astype(np.float32)
+        pages = QuantizedPages(mx.array(codes), mx.array(scales), kv_bits, 8)
+    meta = AttentionMetadata.build(tables, lens, cu)
+    layer = LayerParams(0.2, value_dim=32)
+    got = paged_attention_reference(mx.array(q), pages, pages, meta, layer)
+    want = paged_attention_numpy(q, k, k[..., :32], tables, lens, cu, scale=0.2)
+    assert got.shape == (q.shape[0], 8, 32)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-4)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.state_slots import START_SLOTS, StateSizes, StateSlots
@@ -113,3 +114,18 @@ class JointPages:
     def resize(self, num_blocks: int, keep: Sequence[int] | None = None) -> None:
         for store in self.stores:
             store.resize(num_blocks, keep)
+
+    # the disk tier keeps a block's pages of both models in one file (kv/disk/parts.py)
+
+    def block_slab_bytes(self) -> list[int]:
+        return [b for store in self.stores for b in store.block_slab_bytes()]
+
+    def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]:
+        return [a for store in self.stores for a in store.gather_blocks(blocks)]
+
+    def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None:
+        start = 0
+        for store in self.stores:
+            count = len(store.block_slab_bytes())
+            store.scatter_blocks(blocks, slabs[start : start + count])
+            start += count

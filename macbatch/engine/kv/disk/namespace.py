@@ -1,5 +1,6 @@
 """A model's namespace in the disk tier: the directory whose blocks only the same weights, page
-format, block size and layer shapes may read. Its name is a hash of all of that and the files'
+format, block size and layer shapes may read (every cache group's: a sliding window's size and
+layers, a hybrid's state layout, a draft model's weights and pages). Its name is a hash of all of that and the files'
 format version, so a different model, a different ``kv_bits`` or group size, another dtype or
 block size (or a newer format) never finds another's blocks; ``namespace.json`` beside the blocks
 says in words whose they are (``macbatch cache`` lists it).
@@ -42,6 +43,12 @@ class Namespace:
     block_size: int
     layers: tuple[tuple[int, int], ...]  # (KV heads, head dim) per full-attention layer
     prefix_root: str
+    # the other cache groups' layouts (their parts' files are read back into them)
+    window: int | None = None  # the sliding window's tokens (None: no window group)
+    window_layers: tuple[tuple[int, int], ...] = ()  # (KV heads, head dim) per window layer
+    layer_slots: tuple[tuple[bool, int], ...] = ()  # model layer -> (in the window group, index)
+    states: tuple[str, ...] = ()  # a hybrid's state arrays: "shape dtype", layer by layer
+    draft: str | None = None  # a draft model's fingerprint, page format and layers
     format_version: int = FORMAT_VERSION
 
     @property

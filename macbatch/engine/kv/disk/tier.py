@@ -1,18 +1,26 @@
-"""The disk tier below the RAM prefix cache: prompt blocks are copied out of the pages and written
-to disk off the engine thread, and a waiting request's blocks found on disk are read back before
-it is scheduled (docs/engine.md, "The disk tier").
+"""The disk tier below the RAM prefix cache: prompt blocks are copied out of the cache groups'
+memory and written to disk off the engine thread, and a waiting request's prefix found on disk
+is read back before it is scheduled (docs/engine.md, "The disk tier").
+
+It keeps, for each block of the prefix cache's chain, every cache group's part of it
+(``group.DiskPart``: full attention's pages with a draft model's beside them, a sliding window's,
+a recurrent state's checkpoint), one file per part, and loops over the parts: it knows no kind.
+A prefix is usable from disk only as far as every part it needs is there (in RAM or read), the
+all-agree rule the KV manager applies to RAM.
 
 Writing: a full block the prefix cache names is worth keeping when it is part of a prompt (the
 prompt's own computed blocks, and RAM-cached blocks a later prompt reuses: a conversation's
-earlier replies become its next prompt); a reply's blocks no prompt reuses are never written. Its
-rows are gathered into the step's own evaluation (``capture``: lazy gathers the runner launches
-with the step, read on the host once the step's tokens are, ``flush``), and one writer thread
-turns them into files. Nothing here blocks the step: when the writes queued exceed
+earlier replies become its next prompt); a reply's blocks no prompt reuses are never written.
+Each part's bytes are gathered into the step's own evaluation (``capture``: lazy gathers the
+runner launches with the step, read on the host once the step's tokens are, ``flush``), and one
+writer thread turns them into files. Nothing here blocks the step: when the writes queued exceed
 ``max_queued_bytes`` the newest are dropped (counted), and a full disk stops writing.
 
-Reading: ``prefetch`` (when a request is queued) hands the digests past its RAM prefix that are
-on disk to a reader thread; the scheduler passes over a request until they are in (``ready``),
-and the KV manager then scatters them into fresh blocks (one op per page array) and names them.
+Reading: ``prefetch`` (when a request is queued) hands the parts of its longest prefix on disk
+to reader threads, while the bytes read for waiting requests stay under ``max_read_bytes`` (the
+oldest waiting request's reads always start, so none waits forever); the scheduler passes over
+a request until they are in (``ready``), and ``restore`` then puts them into each group's memory,
+named in the prefix cache, from where the KV manager takes the prefix as from RAM.
 """
 
 from __future__ import annotations
@@ -22,32 +30,19 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.kv.disk.files import BlockFiles, DiskFull
+from macbatch.engine.kv.disk.files import BlockFiles, DiskFull, file_key
+from macbatch.engine.kv.group import DiskPart
 
 log = logging.getLogger("macbatch.disk_cache")
 
 READERS = 4
 
-
-class BlockPages(Protocol):
-    """What the tier reads and writes of the pages (``KVStore``)."""
-
-    def block_slab_bytes(self) -> list[int]: ...
-
-    def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]: ...
-
-    def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None: ...
-
-
-class Names(Protocol):
-    """The prefix cache's names (``BlockPool``)."""
-
-    def lookup(self, digest: bytes) -> int | None: ...
+# a part of one block: its group's tag and the block's chain digest
+Key = tuple[str, bytes]
 
 
 @dataclass
@@ -67,73 +62,100 @@ class DiskCounts:
 @dataclass
 class _Capture:
     step: int
+    tag: str
     digests: list[bytes]
     arrays: list[mx.array]
 
 
 class DiskTier:
     def __init__(
-        self, files: BlockFiles, pages: BlockPages, names: Names, max_queued_bytes: int
+        self,
+        files: BlockFiles,
+        parts: Sequence[DiskPart],
+        max_queued_bytes: int,
+        max_read_bytes: int,
     ) -> None:
+        """``parts``: every cache group's (the full group's first); ``max_read_bytes``: the
+        most bytes read ahead for requests not scheduled yet."""
         self.files = files
-        self.pages = pages
-        self.names = names
+        self.parts = {part.tag: part for part in parts}
         self.max_queued_bytes = max_queued_bytes
-        self.block_bytes = sum(pages.block_slab_bytes())
+        self.max_read_bytes = max_read_bytes
+        self._slabs = {part.tag: part.slab_bytes() for part in parts}
+        self._bytes = {tag: sum(slabs) for tag, slabs in self._slabs.items()}
         self.writing = True
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="macbatch-disk-write")
         # reads overlap (the checksum releases the GIL): an SSD serves several at once
         self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
         self._lock = threading.Lock()
-        self._named: list[tuple[int, bytes]] = []  # (block, digest) to capture
-        self._queued: set[bytes] = set()  # digests captured, not written yet
+        self._named: list[Key] = []  # parts to capture
+        self._queued: set[Key] = set()  # captured or to capture, not written yet
         self._queued_bytes = 0
         self._captures: list[_Capture] = []
-        self._reads: dict[bytes, Future[bytes | None]] = {}
-        self._wants: dict[str, list[bytes]] = {}  # request id -> its digests being read
+        self._reads: dict[Key, Future[memoryview | None]] = {}
+        self._wants: dict[str, list[Key]] = {}  # request id -> the parts it waits for
+        self._read_bytes = 0  # of the reads started and not dropped yet
         self._bytes_read = 0
         self._blocks_read = 0
         self._dropped = 0
         self._warned: set[str] = set()
 
+    def _on_disk(self, tag: str, digest: bytes) -> bool:
+        return file_key(tag, digest) in self.files
+
     # -- writing -----------------------------------------------------------------------------
 
-    def keep(self, blocks: Sequence[int], digests: Sequence[bytes]) -> None:
-        """Blocks worth keeping, named in the prefix cache under ``digests``: written unless on
-        disk already (their pages are copied with the next step)."""
+    def keep(self, digests: Sequence[bytes]) -> None:
+        """Blocks worth keeping, named in the prefix cache under ``digests``: every part of
+        them a group holds is written unless on disk already (copied with the next step)."""
         if not self.writing:
             return
-        for block, digest in zip(blocks, digests):
-            with self._lock:
-                if digest in self._queued:
-                    continue
-            if digest not in self.files:
-                self._named.append((block, digest))
+        for tag in self.parts:
+            for digest in digests:
+                key = (tag, digest)
                 with self._lock:
-                    self._queued.add(digest)
+                    if key in self._queued:
+                        continue
+                if not self._on_disk(tag, digest):
+                    self._named.append(key)
+                    with self._lock:
+                        self._queued.add(key)
 
     def capture(self, step: int) -> list[mx.array]:
-        """Gathers of the blocks named since the last capture, to evaluate with step ``step``
-        (still named: a block evicted since may hold another request's rows now)."""
+        """Gathers of the parts named since the last capture that their groups still hold
+        (a block evicted since may hold another request's rows), to evaluate with step
+        ``step``."""
         named, self._named = self._named, []
-        live = [(b, d) for b, d in named if self.names.lookup(d) == b]
+        arrays: list[mx.array] = []
+        for tag, part in self.parts.items():
+            mine = [d for t, d in named if t == tag]
+            places = [part.lookup(d) for d in mine]
+            live = [(p, d) for p, d in zip(places, mine) if p is not None]
+            live = self._within_queue(tag, mine, live)
+            if live:
+                gathered = part.gather([p for p, _ in live])
+                self._captures.append(_Capture(step, tag, [d for _, d in live], gathered))
+                arrays += gathered
+        return arrays
+
+    def _within_queue(
+        self, tag: str, named: list[bytes], live: list[tuple[int, bytes]]
+    ) -> list[tuple[int, bytes]]:
+        """Of ``live``, those the writer's queue has room for (the rest dropped, counted)."""
+        size = self._bytes[tag]
         with self._lock:
             kept = {d for _, d in live}
-            for _, digest in named:
+            for digest in named:
                 if digest not in kept:
-                    self._queued.discard(digest)
-            room = max(0, self.max_queued_bytes - self._queued_bytes) // self.block_bytes
+                    self._queued.discard((tag, digest))
+            room = max(0, self.max_queued_bytes - self._queued_bytes) // max(1, size)
             if len(live) > room:
                 self._dropped += len(live) - room
                 for _, digest in live[room:]:
-                    self._queued.discard(digest)
+                    self._queued.discard((tag, digest))
                 live = live[:room]
-            self._queued_bytes += len(live) * self.block_bytes
-        if not live:
-            return []
-        arrays = self.pages.gather_blocks([b for b, _ in live])
-        self._captures.append(_Capture(step, [d for _, d in live], arrays))
-        return arrays
+            self._queued_bytes += len(live) * size
+        return live
 
     def flush(self, step: int) -> None:
         """Hand the captures evaluated with steps up to ``step`` to the writer (their bytes
@@ -144,7 +166,7 @@ class DiskTier:
         self._captures = [c for c in self._captures if c.step > step]
         for capture in ready:
             slabs = [np.array(a) for a in capture.arrays]
-            self._writer.submit(self._write, capture.digests, slabs)
+            self._writer.submit(self._write, capture.tag, capture.digests, slabs)
 
     def capture_now(self) -> None:
         """Capture and flush at once (the engine is idle: nothing to ride along with)."""
@@ -153,12 +175,12 @@ class DiskTier:
             mx.eval(arrays)
         self.flush(-1)
 
-    def _write(self, digests: list[bytes], slabs: list[np.ndarray]) -> None:
+    def _write(self, tag: str, digests: list[bytes], slabs: list[np.ndarray]) -> None:
         for i, digest in enumerate(digests):
             try:
                 if self.writing:
                     payload = b"".join(np.ascontiguousarray(s[i]).tobytes() for s in slabs)
-                    self.files.write(digest, payload)
+                    self.files.write(file_key(tag, digest), payload)
             except OSError as error:
                 if isinstance(error, DiskFull) or error.errno in DiskFull.ERRNOS:
                     if self.writing:
@@ -168,8 +190,8 @@ class DiskTier:
                     self._warn_once("write", f"disk KV cache: a block write failed ({error})")
             finally:
                 with self._lock:
-                    self._queued.discard(digest)
-                    self._queued_bytes -= self.block_bytes
+                    self._queued.discard((tag, digest))
+                    self._queued_bytes -= self._bytes[tag]
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
@@ -178,22 +200,63 @@ class DiskTier:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def prefetch(self, request_id: str, digests: Sequence[bytes]) -> None:
-        """Start reading the leading ``digests`` that are on disk (a waiting request's blocks
-        past its RAM prefix)."""
-        wanted = []
-        for digest in digests:
-            if digest not in self._reads:
-                if digest not in self.files:
-                    break
-                self._reads[digest] = self._reader.submit(self._read, digest)
-            wanted.append(digest)
-        if wanted:
-            self._wants[request_id] = wanted
+    def _reach(self, chain: Sequence[bytes], found: dict[str, list[bool]]) -> int:
+        """The most leading blocks of ``chain`` every part can resume after, where
+        ``found[tag][i]``: the part of block i is there (in memory, or on disk, or read)."""
+        missing = {}  # per part, how many blocks before i lack it (a range's check is O(1))
+        for tag, flags in found.items():
+            counts = np.concatenate([[0], np.cumsum(~np.asarray(flags, dtype=bool))])
+            missing[tag] = counts
+        for count in range(len(chain), 0, -1):
+            if all(
+                missing[tag][r.stop] == missing[tag][r.start]
+                for tag, part in self.parts.items()
+                for r in (part.needs(count),)
+            ):
+                return count
+        return 0
 
-    def _read(self, digest: bytes) -> bytes | None:
-        payload = self.files.read(digest)
-        if payload is not None and len(payload) != self.block_bytes:
+    def _held(self, chain: Sequence[bytes]) -> dict[str, list[bool]]:
+        return {
+            tag: [part.lookup(d) is not None for d in chain] for tag, part in self.parts.items()
+        }
+
+    def prefetch(self, request_id: str, chain: Sequence[bytes]) -> None:
+        """Start reading the parts of the longest prefix of ``chain`` (a waiting request's
+        blocks) that are on disk and not in memory."""
+        held = self._held(chain)
+        found = {
+            tag: [h or self._on_disk(tag, d) for h, d in zip(held[tag], chain)]
+            for tag in self.parts
+        }
+        count = self._reach(chain, found)
+        wants = [
+            (tag, chain[i])
+            for tag, part in self.parts.items()
+            for i in part.needs(count)
+            if not held[tag][i]
+        ]
+        if wants:
+            self._wants[request_id] = wants
+            self._start_reads()
+
+    def _start_reads(self) -> None:
+        """Start the waiting requests' reads, oldest first, while the bytes read ahead stay
+        under ``max_read_bytes`` (the oldest request's always start)."""
+        for i, wants in enumerate(self._wants.values()):
+            for key in wants:
+                if key in self._reads:
+                    continue
+                size = self._bytes[key[0]]
+                if i and self._read_bytes + size > self.max_read_bytes:
+                    return
+                self._read_bytes += size
+                self._reads[key] = self._reader.submit(self._read, key)
+
+    def _read(self, key: Key) -> memoryview | None:
+        tag, digest = key
+        payload = self.files.read(file_key(tag, digest))
+        if payload is not None and len(payload) != self._bytes[tag]:
             payload = None  # cannot happen within a namespace; never scatter a wrong size
         if payload is not None:
             with self._lock:
@@ -202,9 +265,9 @@ class DiskTier:
         return payload
 
     def ready(self, request_id: str) -> bool:
-        """Whether the request's blocks being read are all in (or failed)."""
+        """Whether the request's reads are all in (or failed)."""
         wants = self._wants.get(request_id)
-        return wants is None or all(self._reads[d].done() for d in wants if d in self._reads)
+        return wants is None or all(k in self._reads and self._reads[k].done() for k in wants)
 
     def wait(self, timeout: float) -> None:
         """Block until a read finishes (the engine has nothing else to do)."""
@@ -212,43 +275,57 @@ class DiskTier:
         if pending:
             wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
 
-    def loaded(self, digests: Sequence[bytes]) -> int:
-        """How many of the leading ``digests`` were read and checked."""
-        count = 0
-        for digest in digests:
-            future = self._reads.get(digest)
-            if future is None or not future.done() or future.result() is None:
-                break
-            count += 1
-        return count
+    def _payload(self, key: Key) -> memoryview | None:
+        future = self._reads.get(key)
+        if future is None or not future.done() or future.cancelled():
+            return None
+        return future.result()
 
-    def load(self, blocks: Sequence[int], digests: Sequence[bytes]) -> None:
-        """Write the read blocks ``digests`` into the pages of ``blocks`` (the KV manager
-        allocated them and names them)."""
-        payloads = [self._reads.pop(d).result() for d in digests]
-        # ``loaded`` counted only checked reads: a missing one would shift every block after it
-        assert all(p is not None for p in payloads), "a block not read is never loaded"
-        slabs = self.pages.block_slab_bytes()
-        data = np.frombuffer(b"".join(p for p in payloads if p is not None), dtype=np.uint8)
-        per_block = data.reshape(len(blocks), -1)
-        parts, start = [], 0
-        for slab in slabs:
-            parts.append(np.ascontiguousarray(per_block[:, start : start + slab]))
-            start += slab
-        self.pages.scatter_blocks(blocks, parts)
+    def restore(self, request_id: str, chain: Sequence[bytes]) -> None:
+        """Put the request's parts read from disk into their groups' memory, named in the
+        prefix cache (idle there: the KV manager takes the prefix next), as far as every part
+        agrees: the longest prefix of ``chain`` each part has in memory or read."""
+        if request_id not in self._wants:
+            return
+        held = self._held(chain)
+        found = {
+            tag: [h or self._payload((tag, d)) is not None for h, d in zip(held[tag], chain)]
+            for tag in self.parts
+        }
+        count = self._reach(chain, found)
+        keep = chain[:count]
+        for tag, part in self.parts.items():
+            digests = [chain[i] for i in part.needs(count) if not held[tag][i]]
+            if digests:
+                part.restore(digests, self._slabs_of(tag, digests), keep)
+
+    def _slabs_of(self, tag: str, digests: Sequence[bytes]) -> list[np.ndarray]:
+        """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array."""
+        rows = np.empty((len(digests), self._bytes[tag]), dtype=np.uint8)
+        for i, digest in enumerate(digests):
+            payload = self._payload((tag, digest))
+            assert payload is not None, "a part not read is never restored"
+            rows[i] = np.frombuffer(payload, dtype=np.uint8)
+        slabs, start = [], 0
+        for size in self._slabs[tag]:
+            slabs.append(rows[:, start : start + size])
+            start += size
+        return slabs
 
     def forget(self, request_id: str) -> None:
         """The request no longer waits for its reads (admitted, or gone); reads nobody else
-        wants are dropped."""
+        wants are dropped, and the reads their bytes made wait start."""
         wants = self._wants.pop(request_id, None)
         if not wants:
             return
-        still = {d for w in self._wants.values() for d in w}
-        for digest in wants:
-            if digest not in still:
-                future = self._reads.pop(digest, None)
+        still = {k for w in self._wants.values() for k in w}
+        for key in wants:
+            if key not in still:
+                future = self._reads.pop(key, None)
                 if future is not None:
                     future.cancel()
+                    self._read_bytes -= self._bytes[key[0]]
+        self._start_reads()
 
     # -- the rest ----------------------------------------------------------------------------
 

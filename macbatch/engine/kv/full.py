@@ -103,6 +103,6 @@ class FullAttentionGroup:
         return 0 if self._blocks else self.elastic.shrink()
 
     def disk_part(self) -> BlockPart:
-        """Every block of a prefix: its pages (a draft model's too, in the same blocks)."""
+        """Every block of a prefix: the target's pages (``JointPages``: not a draft's)."""
         pages = cast("BlockPages", self.elastic.pages)
         return BlockPart("", self.elastic, pages, lambda n: range(n))

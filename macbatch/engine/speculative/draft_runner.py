@@ -115,17 +115,16 @@ class JointPages:
         for store in self.stores:
             store.resize(num_blocks, keep)
 
-    # the disk tier keeps a block's pages of both models in one file (kv/disk/parts.py)
+    # The disk tier keeps a block's target pages alone (kv/disk/parts.py): the draft's pages of
+    # a block are written by its catch-up after the block is named, and every request that
+    # resumes a cached prefix has its draft catch up from position 0 (``DraftModelDrafter``),
+    # so they are never read before being written again.
 
     def block_slab_bytes(self) -> list[int]:
-        return [b for store in self.stores for b in store.block_slab_bytes()]
+        return self.stores[0].block_slab_bytes()
 
     def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]:
-        return [a for store in self.stores for a in store.gather_blocks(blocks)]
+        return self.stores[0].gather_blocks(blocks)
 
     def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None:
-        start = 0
-        for store in self.stores:
-            count = len(store.block_slab_bytes())
-            store.scatter_blocks(blocks, slabs[start : start + count])
-            start += count
+        self.stores[0].scatter_blocks(blocks, slabs)

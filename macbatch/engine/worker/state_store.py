@@ -136,7 +136,11 @@ class StateStore:
     def slab_bytes(self) -> list[int]:
         """Bytes of one row in each state array, layer by layer (a checkpoint on disk is these
         slabs, one after another: ``gather_rows``)."""
-        return [int(np.prod(s)) * d.size for layer in self.layers for s, d in zip(layer.shapes, layer.dtypes)]
+        return [
+            int(np.prod(shape)) * dtype.size
+            for layer in self.layers
+            for shape, dtype in zip(layer.shapes, layer.dtypes)
+        ]
 
     def gather_rows(self, rows: Sequence[int]) -> list[mx.array]:
         """Each state array's ``rows`` as bytes, ``[len(rows), slab]`` uint8 (lazy: evaluated
@@ -152,10 +156,10 @@ class StateStore:
     def scatter_row(self, row: int, slabs: Sequence[np.ndarray]) -> None:
         """Row ``row`` of every state array from bytes (``slabs[i]``: array i's row, as
         ``gather_rows`` made it)."""
-        slabs = iter(slabs)
+        data = iter(slabs)
         for layer, shape in enumerate(self.layers):
             arrays = [
-                mx.array(next(slabs)).view(dtype).reshape(1, *dims)
+                mx.array(next(data)).view(dtype).reshape(1, *dims)
                 for dims, dtype in zip(shape.shapes, shape.dtypes)
             ]
             self.write(layer, row, arrays, 0, 1)

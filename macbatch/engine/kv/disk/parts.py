@@ -1,9 +1,9 @@
-"""The cache groups' parts of a cached prefix on disk (``group.DiskPart``): a block group's pages
-in one block (full attention's, with a draft model's beside them; a sliding window's), and a
-recurrent state's checkpoint. Each says which blocks of a prefix it needs to resume after it,
-gathers what it holds as bytes to write, and puts bytes read back into its memory, named in the
-prefix cache and idle there, so the KV manager then takes the prefix from RAM as it always does.
-"""
+"""The cache groups' parts of a cached prefix on disk (``group.DiskPart``): a block group's pages in
+one block (full attention's, a sliding window's; a draft model's pages in the full group's blocks
+are not kept: ``JointPages`` says why), and a recurrent state's checkpoint. Each says which blocks
+of a prefix it needs to resume after it, gathers what it holds as bytes to write, and puts bytes
+read back into its memory, named in the prefix cache and idle there, so the KV manager then takes
+the prefix from RAM as it always does."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from macbatch.engine.kv.disk.files import BlockFiles
@@ -15,7 +14,6 @@ from macbatch.engine.kv.disk.tier import DiskTier
 from macbatch.engine.kv.group import DiskPart
 
 if TYPE_CHECKING:
-    from macbatch.engine.speculative.draft_runner import DraftRunner
     from macbatch.engine.worker.model_runner import ModelRunner
     from macbatch.engine.worker.pages import KVStore
     from macbatch.engine.worker.state_store import StateStore
@@ -45,7 +43,6 @@ def namespace_of(runner: ModelRunner, model_name: str, prefix_root: bytes) -> Na
     store = runner.store
     window = runner.window_store
     states = runner.states
-    draft = runner.draft
     return Namespace(
         model=model_name,
         model_type=runner.model_type,
@@ -60,7 +57,6 @@ def namespace_of(runner: ModelRunner, model_name: str, prefix_root: bytes) -> Na
         window_layers=() if window is None else _shapes(window),
         layer_slots=tuple(runner.adapter.kv_slots),
         states=() if states is None else _state_layout(states),
-        draft=None if draft is None else _draft(draft),
     )
 
 
@@ -78,14 +74,6 @@ def _state_layout(states: StateStore) -> tuple[str, ...]:
         f"{shape} {dtype}"
         for layer in states.layers
         for shape, dtype in zip(layer.shapes, layer.dtypes)
-    )
-
-
-def _draft(draft: DraftRunner) -> str:
-    store = draft.store
-    return (
-        f"{weights_fingerprint(draft.adapter.model, '')} {store.format.dtype} "
-        f"{store.format.bits} {_group_sizes(store)} {_shapes(store)}"
     )
 
 

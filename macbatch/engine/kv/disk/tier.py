@@ -3,8 +3,8 @@ memory and written to disk off the engine thread, and a waiting request's prefix
 is read back before it is scheduled (docs/engine.md, "The disk tier").
 
 It keeps, for each block of the prefix cache's chain, every cache group's part of it
-(``group.DiskPart``: full attention's pages with a draft model's beside them, a sliding window's,
-a recurrent state's checkpoint), one file per part, and loops over the parts: it knows no kind.
+(``group.DiskPart``: full attention's pages, a sliding window's, a recurrent state's
+checkpoint), one file per part, and loops over the parts: it knows no kind.
 A prefix is usable from disk only as far as every part it needs is there (in RAM or read), the
 all-agree rule the KV manager applies to RAM.
 
@@ -94,6 +94,7 @@ class DiskTier:
         self._captures: list[_Capture] = []
         self._reads: dict[Key, Future[memoryview | None]] = {}
         self._wants: dict[str, list[Key]] = {}  # request id -> the parts it waits for
+        self._chains: dict[str, Sequence[bytes]] = {}  # request id -> its prefix's digests
         self._read_bytes = 0  # of the reads started and not dropped yet
         self._bytes_read = 0
         self._blocks_read = 0
@@ -224,6 +225,7 @@ class DiskTier:
     def prefetch(self, request_id: str, chain: Sequence[bytes]) -> None:
         """Start reading the parts of the longest prefix of ``chain`` (a waiting request's
         blocks) that are on disk and not in memory."""
+        self._chains[request_id] = chain
         held = self._held(chain)
         found = {
             tag: [h or self._on_disk(tag, d) for h, d in zip(held[tag], chain)]
@@ -265,9 +267,25 @@ class DiskTier:
         return payload
 
     def ready(self, request_id: str) -> bool:
-        """Whether the request's reads are all in (or failed)."""
+        """Whether the request's reads are all in. When one failed (a corrupt file, or one
+        another process evicted: gone from the index now), the reads of the longest prefix
+        still on disk start instead (a checkpoint further back), and it waits for those."""
         wants = self._wants.get(request_id)
-        return wants is None or all(k in self._reads and self._reads[k].done() for k in wants)
+        if wants is None:
+            return True
+        if not all(k in self._reads and self._reads[k].done() for k in wants):
+            return False
+        failed = [k for k in wants if self._payload(k) is None]
+        if not failed:
+            return True
+        for key in failed:
+            del self._reads[key]
+            self._read_bytes -= self._bytes[key[0]]
+        del self._wants[request_id]
+        stale = [k for k in wants if k not in failed]
+        self.prefetch(request_id, self._chains[request_id])
+        self._drop(stale)
+        return self.ready(request_id)
 
     def wait(self, timeout: float) -> None:
         """Block until a read finishes (the engine has nothing else to do)."""
@@ -315,11 +333,16 @@ class DiskTier:
     def forget(self, request_id: str) -> None:
         """The request no longer waits for its reads (admitted, or gone); reads nobody else
         wants are dropped, and the reads their bytes made wait start."""
+        self._chains.pop(request_id, None)
         wants = self._wants.pop(request_id, None)
-        if not wants:
-            return
+        if wants:
+            self._drop(wants)
+
+    def _drop(self, keys: Sequence[Key]) -> None:
+        """Drop the reads of ``keys`` no waiting request wants, and start those they made
+        wait."""
         still = {k for w in self._wants.values() for k in w}
-        for key in wants:
+        for key in keys:
             if key not in still:
                 future = self._reads.pop(key, None)
                 if future is not None:

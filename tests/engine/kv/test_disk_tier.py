@@ -236,3 +236,35 @@ def test_macbatch_cache_lists_per_model_and_clears(model, tiny_tokenizer, tmp_pa
     assert not _block_files(tmp_path)
     empty = runner.invoke(app, ["cache", "--cache-dir", str(tmp_path)])
     assert "nothing cached" in empty.output
+
+
+def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
+    """Blocks read for requests not scheduled yet stay under ``max_read_bytes``: the oldest
+    waiting request's reads start, a later one's wait until it is admitted."""
+    first, second = _tokens(70, 20), _tokens(70, 21)
+    _warm(model, tiny_tokenizer, tmp_path, first)
+    _warm(model, tiny_tokenizer, tmp_path, second)
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    disk = engine.kv.disk
+    assert disk is not None
+    block = sum(engine.store.block_slab_bytes())
+    disk.max_read_bytes = 2 * block
+    gate = threading.Event()
+    read = disk.files.read
+    disk.files.read = lambda digest: (gate.wait(10), read(digest))[1]  # type: ignore[method-assign]
+    engine.add_request(first, GREEDY, request_id="first")
+    engine.add_request(second, GREEDY, request_id="second")
+    assert disk.counts().bytes_read_ahead == 8 * block  # the oldest's: all of them
+    assert not engine.kv.prefix_ready("second")
+    gate.set()
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+            assert disk.counts().bytes_read_ahead <= 8 * block
+    for rid, prompt in (("first", first), ("second", second)):
+        assert finals[rid].metrics.disk_cached_tokens == 64
+        assert finals[rid].token_ids == mlx_lm_greedy(model, prompt, 12)
+    assert disk.counts().bytes_read_ahead == 0
+    engine.close()

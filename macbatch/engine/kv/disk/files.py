@@ -36,6 +36,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger("macbatch.disk_cache")
 
 FORMAT_VERSION = 2
@@ -205,7 +207,7 @@ class BlockFiles:
             return None
         try:
             with open(path, "rb", buffering=0) as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)
+                data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)  # not zeroed
                 view = memoryview(data)[: f.readinto(data)]
         except OSError:
             with self._lock:

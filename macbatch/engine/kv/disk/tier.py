@@ -49,6 +49,7 @@ Key = tuple[str, bytes]
 class DiskCounts:
     """What the tier did since the engine started (``EngineStats``)."""
 
+    # blocks: files, each one cache group's part of one block (a plain model's: its blocks)
     bytes_written: int = 0
     blocks_written: int = 0
     bytes_read: int = 0
@@ -57,6 +58,7 @@ class DiskCounts:
     corrupt: int = 0
     blocks_on_disk: int = 0
     bytes_on_disk: int = 0
+    bytes_read_ahead: int = 0  # now: read (or being read) for requests not scheduled yet
 
 
 @dataclass
@@ -364,6 +366,7 @@ class DiskTier:
                 corrupt=files.corrupt,
                 blocks_on_disk=files.num_blocks,
                 bytes_on_disk=files.total_bytes,
+                bytes_read_ahead=self._read_bytes,
             )
 
     def close(self) -> None:

@@ -208,7 +208,7 @@ class BlockFiles:
         try:
             with open(path, "rb", buffering=0) as f:
                 data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)  # not zeroed
-                view = memoryview(data)[: f.readinto(data)]
+                view = memoryview(data.data)[: f.readinto(data.data)]
         except OSError:
             with self._lock:
                 self._forget(path)

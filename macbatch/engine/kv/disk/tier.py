@@ -320,16 +320,18 @@ class DiskTier:
                 part.restore(digests, self._slabs_of(tag, digests), keep)
 
     def _slabs_of(self, tag: str, digests: Sequence[bytes]) -> list[np.ndarray]:
-        """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array."""
-        rows = np.empty((len(digests), self._bytes[tag]), dtype=np.uint8)
+        """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array, each
+        contiguous (MLX copies a strided array element by element: 40 times slower)."""
+        sizes = self._slabs[tag]
+        slabs = [np.empty((len(digests), size), dtype=np.uint8) for size in sizes]
         for i, digest in enumerate(digests):
             payload = self._payload((tag, digest))
             assert payload is not None, "a part not read is never restored"
-            rows[i] = np.frombuffer(payload, dtype=np.uint8)
-        slabs, start = [], 0
-        for size in self._slabs[tag]:
-            slabs.append(rows[:, start : start + size])
-            start += size
+            data = np.frombuffer(payload, dtype=np.uint8)
+            start = 0
+            for slab, size in zip(slabs, sizes):
+                slab[i] = data[start : start + size]
+                start += size
         return slabs
 
     def forget(self, request_id: str) -> None:

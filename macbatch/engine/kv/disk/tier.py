@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -97,6 +98,11 @@ class DiskTier:
         self._reads: dict[Key, Future[memoryview | None]] = {}
         self._wants: dict[str, list[Key]] = {}  # request id -> the parts it waits for
         self._chains: dict[str, Sequence[bytes]] = {}  # request id -> its prefix's digests
+        self._wanted: Counter[Key] = Counter()  # how many waiting requests want each part
+        self._started: dict[str, int] = {}  # request id -> how many of its reads started
+        self._done: dict[str, int] = {}  # request id -> how many of its reads are in
+        self._checked: set[str] = set()  # requests whose reads are all in and whole
+        self._failed: set[Key] = set()  # parts whose read failed (their files are gone)
         self._read_bytes = 0  # of the reads started and not dropped yet
         self._bytes_read = 0
         self._blocks_read = 0
@@ -104,7 +110,7 @@ class DiskTier:
         self._warned: set[str] = set()
 
     def _on_disk(self, tag: str, digest: bytes) -> bool:
-        return file_key(tag, digest) in self.files
+        return (tag, digest) not in self._failed and file_key(tag, digest) in self.files
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -184,6 +190,7 @@ class DiskTier:
                 if self.writing:
                     payload = b"".join(np.ascontiguousarray(s[i]).tobytes() for s in slabs)
                     self.files.write(file_key(tag, digest), payload)
+                    self._failed.discard((tag, digest))  # whole again
             except OSError as error:
                 if isinstance(error, DiskFull) or error.errno in DiskFull.ERRNOS:
                     if self.writing:
@@ -242,20 +249,26 @@ class DiskTier:
         ]
         if wants:
             self._wants[request_id] = wants
+            self._wanted.update(wants)
             self._start_reads()
 
     def _start_reads(self) -> None:
         """Start the waiting requests' reads, oldest first, while the bytes read ahead stay
-        under ``max_read_bytes`` (the oldest request's always start)."""
-        for i, wants in enumerate(self._wants.values()):
-            for key in wants:
-                if key in self._reads:
-                    continue
-                size = self._bytes[key[0]]
-                if i and self._read_bytes + size > self.max_read_bytes:
-                    return
-                self._read_bytes += size
-                self._reads[key] = self._reader.submit(self._read, key)
+        under ``max_read_bytes`` (the oldest request's always start). Each request's reads
+        start in order, so a cursor says how many have (a job's hundred rows waiting on one
+        prompt cost one look each)."""
+        for i, (request_id, wants) in enumerate(self._wants.items()):
+            started = self._started.get(request_id, 0)
+            for key in wants[started:]:
+                if key not in self._reads:
+                    size = self._bytes[key[0]]
+                    if i and self._read_bytes + size > self.max_read_bytes:
+                        self._started[request_id] = started
+                        return
+                    self._read_bytes += size
+                    self._reads[key] = self._reader.submit(self._read, key)
+                started += 1
+            self._started[request_id] = started
 
     def _read(self, key: Key) -> memoryview | None:
         tag, digest = key
@@ -270,24 +283,30 @@ class DiskTier:
 
     def ready(self, request_id: str) -> bool:
         """Whether the request's reads are all in. When one failed (a corrupt file, or one
-        another process evicted: gone from the index now), the reads of the longest prefix
-        still on disk start instead (a checkpoint further back), and it waits for those."""
+        another process evicted), the reads of the longest prefix still on disk start instead
+        (a checkpoint further back), and it waits for those."""
         wants = self._wants.get(request_id)
-        if wants is None:
+        if wants is None or request_id in self._checked:
             return True
-        if not all(k in self._reads and self._reads[k].done() for k in wants):
+        done = self._done.get(request_id, 0)  # its reads in, from the first (a cursor)
+        while done < len(wants) and self._finished(wants[done]):
+            done += 1
+        self._done[request_id] = done
+        if done < len(wants):
             return False
         failed = [k for k in wants if self._payload(k) is None]
         if not failed:
+            self._checked.add(request_id)
             return True
-        for key in failed:
-            del self._reads[key]
-            self._read_bytes -= self._bytes[key[0]]
-        del self._wants[request_id]
-        stale = [k for k in wants if k not in failed]
+        self._failed.update(failed)  # never planned again in this process, unless rewritten
+        self._unwant(request_id)
         self.prefetch(request_id, self._chains[request_id])
-        self._drop(stale)
+        self._drop(wants)
         return self.ready(request_id)
+
+    def _finished(self, key: Key) -> bool:
+        future = self._reads.get(key)
+        return future is not None and future.done()
 
     def wait(self, timeout: float) -> None:
         """Block until a read finishes (the engine has nothing else to do)."""
@@ -338,16 +357,25 @@ class DiskTier:
         """The request no longer waits for its reads (admitted, or gone); reads nobody else
         wants are dropped, and the reads their bytes made wait start."""
         self._chains.pop(request_id, None)
-        wants = self._wants.pop(request_id, None)
+        wants = self._unwant(request_id)
         if wants:
             self._drop(wants)
+
+    def _unwant(self, request_id: str) -> list[Key]:
+        """Forget what the request waits for (its reads stay, for ``_drop``); what it was."""
+        wants = self._wants.pop(request_id, [])
+        self._wanted.subtract(wants)
+        self._started.pop(request_id, None)
+        self._done.pop(request_id, None)
+        self._checked.discard(request_id)
+        return wants
 
     def _drop(self, keys: Sequence[Key]) -> None:
         """Drop the reads of ``keys`` no waiting request wants, and start those they made
         wait."""
-        still = {k for w in self._wants.values() for k in w}
         for key in keys:
-            if key not in still:
+            if self._wanted[key] <= 0:
+                del self._wanted[key]
                 future = self._reads.pop(key, None)
                 if future is not None:
                     future.cancel()

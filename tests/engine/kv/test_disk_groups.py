@@ -2,7 +2,8 @@
 model's state checkpoints, the target's pages under a draft model. After a restart (a fresh
 engine over the same cache directory) a prompt's prefix is read back instead of computed, and
 greedy tokens equal mlx-lm's own (float, 8-bit and 4-bit pages); a torn checkpoint file is
-skipped (a checkpoint further back is read instead); another window never reads the files."""
+skipped (a checkpoint further back is read instead); a prefix is read back only as far as every
+group has its part; another window never reads the files."""
 
 from __future__ import annotations
 
@@ -86,6 +87,23 @@ def test_a_torn_checkpoint_is_skipped_and_an_earlier_one_read(tiny_tokenizer, tm
     assert engine.stats().disk.corrupt == 1
     engine.close()  # the checkpoint computed again is written again, whole
     assert torn.read_bytes() == whole
+
+
+def test_every_group_must_have_its_part_on_disk(tiny_tokenizer, tmp_path):
+    """A window block missing on disk: the prefix read back stops where every group has what
+    it needs (the window before block 7 is block 6, still there), as in RAM."""
+    model = build_model("gemma3_text")
+    prompt = _tokens(70, 7)
+    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    probe = _engine(model, tiny_tokenizer, tmp_path)
+    chain = chain_block_hashes(probe.kv.prefix_root, prompt[:64], BLOCK)
+    probe.close()
+    _files(tmp_path)[file_key("window", chain[7])].unlink()
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    out = engine.generate([prompt], GREEDY)[0]
+    assert out.metrics.disk_cached_tokens == 56
+    assert out.token_ids == mlx_lm_greedy(model, prompt, 12)
+    engine.close()
 
 
 def test_another_window_never_reads_the_files(tiny_tokenizer, tmp_path):

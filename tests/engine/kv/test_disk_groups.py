@@ -68,7 +68,12 @@ def test_a_restart_reads_every_group_from_disk_and_matches_mlx_lm(
     engine.close()
 
 
-def test_a_torn_checkpoint_is_skipped_and_an_earlier_one_read(tiny_tokenizer, tmp_path, caplog):
+@pytest.mark.parametrize("copies", [1, 2])
+def test_a_torn_checkpoint_is_skipped_and_an_earlier_one_read(
+    copies, tiny_tokenizer, tmp_path, caplog
+):
+    """``copies`` requests waiting on the same prompt share its reads, and each plans again
+    when the checkpoint's read fails."""
     model = build_model("qwen3_5")
     prompt = _tokens(70, 3)
     _warm(model, tiny_tokenizer, tmp_path, prompt)
@@ -80,9 +85,13 @@ def test_a_torn_checkpoint_is_skipped_and_an_earlier_one_read(tiny_tokenizer, tm
     whole = torn.read_bytes()
     torn.write_bytes(whole[:-100])
     with caplog.at_level(logging.WARNING, logger="macbatch.disk_cache"):
-        out = engine.generate([prompt], GREEDY)[0]
-    assert out.token_ids == mlx_lm_greedy(model, prompt, 12)
-    assert out.metrics.disk_cached_tokens == 32  # resumed after the checkpoint of block 4
+        outs = engine.generate([prompt] * copies, GREEDY)
+    expected = mlx_lm_greedy(model, prompt, 12)
+    assert all(out.token_ids == expected for out in outs)
+    # the first resumed after the checkpoint of block 4, read from disk; a copy admitted later
+    # finds that in RAM, or the whole prompt once the first computed it
+    assert min(out.metrics.cached_tokens for out in outs) == 32
+    assert sum(out.metrics.disk_cached_tokens for out in outs) == 32
     assert len([r for r in caplog.records if "corrupt" in r.getMessage()]) == 1
     assert engine.stats().disk.corrupt == 1
     engine.close()  # the checkpoint computed again is written again, whole

@@ -264,7 +264,7 @@ def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
     disk = engine.kv.disk
     assert disk is not None
     block = sum(engine.store.block_slab_bytes())
-    disk.max_read_bytes = 2 * block
+    disk.reads.max_read_bytes = 2 * block
     gate = _gate_reads(disk)
     engine.add_request(first, GREEDY, request_id="first")
     engine.add_request(second, GREEDY, request_id="second")

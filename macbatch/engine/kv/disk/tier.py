@@ -16,34 +16,26 @@ runner launches with the step, read on the host once the step's tokens are, ``fl
 writer thread turns them into files. Nothing here blocks the step: when the writes queued exceed
 ``max_queued_bytes`` the newest are dropped (counted), and a full disk stops writing.
 
-Reading: ``prefetch`` (when a request is queued) hands the parts of its longest prefix on disk
-to reader threads, while the bytes read for waiting requests stay under ``max_read_bytes`` (the
-oldest waiting request's reads always start, so none waits forever); the scheduler passes over
-a request until they are in (``ready``), and ``restore`` then puts them into each group's memory,
-named in the prefix cache, from where the KV manager takes the prefix as from RAM.
+Reading: a waiting request's prefix on disk is read before it is scheduled and put into the
+groups' memory when it is (``reads.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from macbatch.engine.kv.disk.files import BlockFiles, DiskFull, file_key
+from macbatch.engine.kv.disk.reads import Key, Reads
 from macbatch.engine.kv.group import DiskPart
 
 log = logging.getLogger("macbatch.disk_cache")
-
-READERS = 4
-
-# a part of one block: its group's tag and the block's chain digest
-Key = tuple[str, bytes]
 
 
 @dataclass
@@ -83,34 +75,17 @@ class DiskTier:
         self.files = files
         self.parts = {part.tag: part for part in parts}
         self.max_queued_bytes = max_queued_bytes
-        self.max_read_bytes = max_read_bytes
-        self._slabs = {part.tag: part.slab_bytes() for part in parts}
-        self._bytes = {tag: sum(slabs) for tag, slabs in self._slabs.items()}
+        self._bytes = {part.tag: sum(part.slab_bytes()) for part in parts}
+        self.reads = Reads(files, self.parts, max_read_bytes)
         self.writing = True
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="macbatch-disk-write")
-        # reads overlap (the checksum releases the GIL): an SSD serves several at once
-        self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
         self._lock = threading.Lock()
         self._named: list[Key] = []  # parts to capture
         self._queued: set[Key] = set()  # captured or to capture, not written yet
         self._queued_bytes = 0
         self._captures: list[_Capture] = []
-        self._reads: dict[Key, Future[memoryview | None]] = {}
-        self._wants: dict[str, list[Key]] = {}  # request id -> the parts it waits for
-        self._chains: dict[str, Sequence[bytes]] = {}  # request id -> its prefix's digests
-        self._wanted: Counter[Key] = Counter()  # how many waiting requests want each part
-        self._started: dict[str, int] = {}  # request id -> how many of its reads started
-        self._done: dict[str, int] = {}  # request id -> how many of its reads are in
-        self._checked: set[str] = set()  # requests whose reads are all in and whole
-        self._failed: set[Key] = set()  # parts whose read failed (their files are gone)
-        self._read_bytes = 0  # of the reads started and not dropped yet
-        self._bytes_read = 0
-        self._blocks_read = 0
         self._dropped = 0
         self._warned: set[str] = set()
-
-    def _on_disk(self, tag: str, digest: bytes) -> bool:
-        return (tag, digest) not in self._failed and file_key(tag, digest) in self.files
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -125,7 +100,7 @@ class DiskTier:
                 with self._lock:
                     if key in self._queued:
                         continue
-                if not self._on_disk(tag, digest):
+                if file_key(tag, digest) not in self.files:
                     self._named.append(key)
                     with self._lock:
                         self._queued.add(key)
@@ -190,7 +165,7 @@ class DiskTier:
                 if self.writing:
                     payload = b"".join(np.ascontiguousarray(s[i]).tobytes() for s in slabs)
                     self.files.write(file_key(tag, digest), payload)
-                    self._failed.discard((tag, digest))  # whole again
+                    self.reads.rewritten((tag, digest))
             except OSError as error:
                 if isinstance(error, DiskFull) or error.errno in DiskFull.ERRNOS:
                     if self.writing:
@@ -208,179 +183,22 @@ class DiskTier:
             self._warned.add(kind)
             log.warning(message)
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def _reach(self, chain: Sequence[bytes], found: dict[str, list[bool]]) -> int:
-        """The most leading blocks of ``chain`` every part can resume after, where
-        ``found[tag][i]``: the part of block i is there (in memory, or on disk, or read)."""
-        missing = {}  # per part, how many blocks before i lack it (a range's check is O(1))
-        for tag, flags in found.items():
-            counts = np.concatenate([[0], np.cumsum(~np.asarray(flags, dtype=bool))])
-            missing[tag] = counts
-        for count in range(len(chain), 0, -1):
-            if all(
-                missing[tag][r.stop] == missing[tag][r.start]
-                for tag, part in self.parts.items()
-                for r in (part.needs(count),)
-            ):
-                return count
-        return 0
-
-    def _held(self, chain: Sequence[bytes]) -> dict[str, list[bool]]:
-        return {
-            tag: [part.lookup(d) is not None for d in chain] for tag, part in self.parts.items()
-        }
+    # -- reading (``reads.py``) ------------------------------------------------------------
 
     def prefetch(self, request_id: str, chain: Sequence[bytes]) -> None:
-        """Start reading the parts of the longest prefix of ``chain`` (a waiting request's
-        blocks) that are on disk and not in memory."""
-        self._chains[request_id] = chain
-        held = self._held(chain)
-        found = {
-            tag: [h or self._on_disk(tag, d) for h, d in zip(held[tag], chain)]
-            for tag in self.parts
-        }
-        count = self._reach(chain, found)
-        wants = [
-            (tag, chain[i])
-            for tag, part in self.parts.items()
-            for i in part.needs(count)
-            if not held[tag][i]
-        ]
-        if wants:
-            self._wants[request_id] = wants
-            self._wanted.update(wants)
-            self._start_reads()
-
-    def _start_reads(self) -> None:
-        """Start the waiting requests' reads, oldest first, while the bytes read ahead stay
-        under ``max_read_bytes`` (the oldest request's always start). Each request's reads
-        start in order, so a cursor says how many have (a job's hundred rows waiting on one
-        prompt cost one look each)."""
-        for i, (request_id, wants) in enumerate(self._wants.items()):
-            started = self._started.get(request_id, 0)
-            for key in wants[started:]:
-                if key not in self._reads:
-                    size = self._bytes[key[0]]
-                    if i and self._read_bytes + size > self.max_read_bytes:
-                        self._started[request_id] = started
-                        return
-                    self._read_bytes += size
-                    self._reads[key] = self._reader.submit(self._read, key)
-                started += 1
-            self._started[request_id] = started
-
-    def _read(self, key: Key) -> memoryview | None:
-        tag, digest = key
-        payload = self.files.read(file_key(tag, digest))
-        if payload is not None and len(payload) != self._bytes[tag]:
-            payload = None  # cannot happen within a namespace; never scatter a wrong size
-        if payload is not None:
-            with self._lock:
-                self._bytes_read += len(payload)
-                self._blocks_read += 1
-        return payload
+        self.reads.prefetch(request_id, chain)
 
     def ready(self, request_id: str) -> bool:
-        """Whether the request's reads are all in. When one failed (a corrupt file, or one
-        another process evicted), the reads of the longest prefix still on disk start instead
-        (a checkpoint further back), and it waits for those."""
-        wants = self._wants.get(request_id)
-        if wants is None or request_id in self._checked:
-            return True
-        done = self._done.get(request_id, 0)  # its reads in, from the first (a cursor)
-        while done < len(wants) and self._finished(wants[done]):
-            done += 1
-        self._done[request_id] = done
-        if done < len(wants):
-            return False
-        failed = [k for k in wants if self._payload(k) is None]
-        if not failed:
-            self._checked.add(request_id)
-            return True
-        self._failed.update(failed)  # never planned again in this process, unless rewritten
-        self._unwant(request_id)
-        self.prefetch(request_id, self._chains[request_id])
-        self._drop(wants)
-        return self.ready(request_id)
-
-    def _finished(self, key: Key) -> bool:
-        future = self._reads.get(key)
-        return future is not None and future.done()
+        return self.reads.ready(request_id)
 
     def wait(self, timeout: float) -> None:
-        """Block until a read finishes (the engine has nothing else to do)."""
-        pending = [f for f in self._reads.values() if not f.done()]
-        if pending:
-            wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
-
-    def _payload(self, key: Key) -> memoryview | None:
-        future = self._reads.get(key)
-        if future is None or not future.done() or future.cancelled():
-            return None
-        return future.result()
+        self.reads.wait(timeout)
 
     def restore(self, request_id: str, chain: Sequence[bytes]) -> None:
-        """Put the request's parts read from disk into their groups' memory, named in the
-        prefix cache (idle there: the KV manager takes the prefix next), as far as every part
-        agrees: the longest prefix of ``chain`` each part has in memory or read."""
-        if request_id not in self._wants:
-            return
-        held = self._held(chain)
-        found = {
-            tag: [h or self._payload((tag, d)) is not None for h, d in zip(held[tag], chain)]
-            for tag in self.parts
-        }
-        count = self._reach(chain, found)
-        keep = chain[:count]
-        for tag, part in self.parts.items():
-            digests = [chain[i] for i in part.needs(count) if not held[tag][i]]
-            if digests:
-                part.restore(digests, self._slabs_of(tag, digests), keep)
-
-    def _slabs_of(self, tag: str, digests: Sequence[bytes]) -> list[np.ndarray]:
-        """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array, each
-        contiguous (MLX copies a strided array element by element: 40 times slower)."""
-        sizes = self._slabs[tag]
-        slabs = [np.empty((len(digests), size), dtype=np.uint8) for size in sizes]
-        for i, digest in enumerate(digests):
-            payload = self._payload((tag, digest))
-            assert payload is not None, "a part not read is never restored"
-            data = np.frombuffer(payload, dtype=np.uint8)
-            start = 0
-            for slab, size in zip(slabs, sizes):
-                slab[i] = data[start : start + size]
-                start += size
-        return slabs
+        self.reads.restore(request_id, chain)
 
     def forget(self, request_id: str) -> None:
-        """The request no longer waits for its reads (admitted, or gone); reads nobody else
-        wants are dropped, and the reads their bytes made wait start."""
-        self._chains.pop(request_id, None)
-        wants = self._unwant(request_id)
-        if wants:
-            self._drop(wants)
-
-    def _unwant(self, request_id: str) -> list[Key]:
-        """Forget what the request waits for (its reads stay, for ``_drop``); what it was."""
-        wants = self._wants.pop(request_id, [])
-        self._wanted.subtract(wants)
-        self._started.pop(request_id, None)
-        self._done.pop(request_id, None)
-        self._checked.discard(request_id)
-        return wants
-
-    def _drop(self, keys: Sequence[Key]) -> None:
-        """Drop the reads of ``keys`` no waiting request wants, and start those they made
-        wait."""
-        for key in keys:
-            if self._wanted[key] <= 0:
-                del self._wanted[key]
-                future = self._reads.pop(key, None)
-                if future is not None:
-                    future.cancel()
-                    self._read_bytes -= self._bytes[key[0]]
-        self._start_reads()
+        self.reads.forget(request_id)
 
     # -- the rest ----------------------------------------------------------------------------
 
@@ -390,17 +208,17 @@ class DiskTier:
             return DiskCounts(
                 bytes_written=files.bytes_written,
                 blocks_written=files.blocks_written,
-                bytes_read=self._bytes_read,
-                blocks_read=self._blocks_read,
+                bytes_read=self.reads.bytes_read,
+                blocks_read=self.reads.blocks_read,
                 writes_dropped=self._dropped,
                 corrupt=files.corrupt,
                 blocks_on_disk=files.num_blocks,
                 bytes_on_disk=files.total_bytes,
-                bytes_read_ahead=self._read_bytes,
+                bytes_read_ahead=self.reads.bytes_held,
             )
 
     def close(self) -> None:
         """Write what was captured (the engine stops stepping), and wait for the writer."""
         self.capture_now()
         self._writer.shutdown(wait=True)
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        self.reads.close()

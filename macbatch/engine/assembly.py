@@ -39,23 +39,26 @@ def kv_manager_for(runner: ModelRunner, config: EngineConfig, model_name: str) -
 def disk_tier_for(
     runner: ModelRunner, config: EngineConfig, model_name: str, manager: KVManager, root: bytes
 ) -> DiskTier | None:
-    """The disk tier over the full group's pages, or None (with why, logged) for what it does
-    not keep yet: a model with other cache groups, a draft model's pages in the same blocks, a
-    distributed group."""
+    """The disk tier over every cache group's part of a prefix, or None (with why, logged)
+    for what it does not keep: a distributed group, or a group that keeps nothing on disk."""
     assert config.disk_cache_dir is not None
+    parts = [group.disk_part() for group in manager.groups]
     why = None
-    if len(manager.groups) > 1:
-        why = "the model keeps sliding-window or recurrent caches"
-    elif runner.draft is not None:
-        why = "a draft model's pages share the blocks"
-    elif runner.group is not None:
-        why = "a distributed group pages its shards"
+    if runner.group is not None:
+        why = "a distributed group pages its shards (each rank would need its own files)"
+    elif any(part is None for part in parts):
+        why = "a cache group of the model keeps nothing on disk"
     if why is not None:
         log.warning("disk KV cache off: %s (not kept on disk yet)", why)
         return None
-    namespace = namespace_of(runner.model, model_name, runner.model_type, runner.store, root)
+    namespace = namespace_of(runner, model_name, root)
+    pool_cap_bytes = runner.pool_size.cap * manager.full.spec.bytes_per_block
     return open_disk_tier(
-        config.disk_cache_dir, config.disk_cache_bytes, namespace, runner.store, manager.pool
+        config.disk_cache_dir,
+        config.disk_cache_bytes,
+        namespace,
+        [part for part in parts if part is not None],
+        pool_cap_bytes,
     )
 
 

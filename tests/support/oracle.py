@@ -35,8 +35,9 @@ def mlx_lm_greedy_logprobs(
     """
     cache = make_prompt_cache(model)
     if kv_bits is not None:
-        for layer_cache in cache:
-            _round_writes(layer_cache, kv_bits, kv_group_size)
+        for layer_cache in cache:  # a recurrent layer's state is never paged: not rounded
+            if hasattr(layer_cache, "update_and_fetch"):
+                _round_writes(layer_cache, kv_bits, kv_group_size)
     steps = []
     for token, logprobs in generate_step(
         mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache

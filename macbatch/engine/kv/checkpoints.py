@@ -15,7 +15,7 @@ prefix are all known on the host (a decode's input token may still be in flight)
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 
 class StateCheckpoints:
@@ -43,18 +43,37 @@ class StateCheckpoints:
         pending = self._pending.setdefault(request_id, {})
         if num_blocks in pending:
             return pending[num_blocks]
+        slot = self._take(())
+        if slot >= 0:
+            pending[num_blocks] = slot
+        return slot
+
+    def _take(self, keep: Collection[bytes]) -> int:
+        """A row for a new checkpoint: a free one, a new one, or the least recently used named
+        one not in ``keep`` (-1: none)."""
         if not self._free and self.count < self.cap and self._grow is not None:
             more = self._grow(min(self.cap, max(self._least_growth, 2 * self.count)) - self.count)
             self.count += len(more)
             self._free = more[::-1]
         if self._free:
-            slot = self._free.pop()
-        elif self._named:
-            slot = self._named.popitem(last=False)[1]
-        else:
-            return -1
-        pending[num_blocks] = slot
+            return self._free.pop()
+        victim = next((d for d in self._named if d not in keep), None)
+        return -1 if victim is None else self._named.pop(victim)
+
+    def restore(self, digest: bytes, keep: Collection[bytes]) -> int:
+        """A row named ``digest`` now (its state is the caller's to write: read from disk), or
+        -1 when every row is held or in ``keep``."""
+        slot = self._named.get(digest)
+        if slot is not None:
+            return slot
+        slot = self._take(keep)
+        if slot >= 0:
+            self._named[digest] = slot
         return slot
+
+    def peek(self, digest: bytes) -> int | None:
+        """The row named ``digest`` (None: none), its recency unchanged."""
+        return self._named.get(digest)
 
     def name(self, request_id: str, hashes: Sequence[bytes]) -> None:
         """Name the request's reserved checkpoints whose prefix is hashed now (``hashes``: its

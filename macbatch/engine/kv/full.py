@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from macbatch.engine.kv.block_pool import BlockPool
+from macbatch.engine.kv.disk.parts import BlockPages, BlockPart
 from macbatch.engine.kv.elastic import ElasticPool, PagedMemory
 from macbatch.engine.kv.group import CacheSpec, Chunk, StepTables
 
@@ -99,3 +101,8 @@ class FullAttentionGroup:
 
     def shrink(self) -> int:
         return 0 if self._blocks else self.elastic.shrink()
+
+    def disk_part(self) -> BlockPart:
+        """Every block of a prefix: the target's pages (``JointPages``: not a draft's)."""
+        pages = cast("BlockPages", self.elastic.pages)
+        return BlockPart("", self.elastic, pages, lambda n: range(n))

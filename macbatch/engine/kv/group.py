@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from macbatch.engine.model.recurrent import StateChunk
+
+if TYPE_CHECKING:
+    import mlx.core as mx
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -110,4 +114,46 @@ class CacheGroup(Protocol):
     def shrink(self) -> int:
         """Back to its start size when no request holds anything (``ElasticPool.shrink``);
         returns the blocks given back (a group without blocks: 0)."""
+        ...
+
+    def disk_part(self) -> DiskPart | None:
+        """What it keeps of a cached prefix in the disk tier (None: nothing, so the tier can
+        never resume a prefix the group needs: the engine runs without it)."""
+        ...
+
+
+class DiskPart(Protocol):
+    """A cache group's part of a cached prefix on disk (``kv/disk/``): for each block of the
+    prefix cache's chain, what the group holds under that digest (a block of its pages, or a
+    recurrent state's checkpoint), as bytes. The disk tier loops over the groups' parts, so a
+    new kind that keeps something is its part here, not a branch in the tier."""
+
+    # names its files (a different tag never reads them); "" for the full group's blocks
+    tag: str
+
+    def slab_bytes(self) -> list[int]:
+        """Bytes of one digest's part in each of its arrays (its file holds them in order)."""
+        ...
+
+    def needs(self, num_blocks: int) -> range:
+        """The indices of the chain's blocks whose part resuming after ``num_blocks`` blocks
+        needs (full attention: every one; a window: the window before; a recurrent state: the
+        checkpoint after the last)."""
+        ...
+
+    def lookup(self, digest: bytes) -> int | None:
+        """Where its part of ``digest`` is in memory now (a block id or a state row; None: not
+        held). Changes no recency."""
+        ...
+
+    def gather(self, places: Sequence[int]) -> list[mx.array]:
+        """The parts at ``places`` as bytes, ``[len(places), slab]`` uint8 per array (lazy)."""
+        ...
+
+    def restore(
+        self, digests: Sequence[bytes], slabs: Sequence[np.ndarray], keep: Sequence[bytes]
+    ) -> int:
+        """Put parts read from disk (``slabs[i]``: ``[len(digests), slab]`` uint8, as
+        ``gather`` made them) into fresh places named under ``digests`` and idle in the prefix
+        cache, evicting none of ``keep``'s; how many (from the first) found room."""
         ...

@@ -49,7 +49,7 @@ class KVManager:
         """``groups``: the full-attention group first (its blocks are the ones every group counts
         in), then the model's other groups; ``prefix_root``: the root of the prefix cache's
         chain (None: prefix caching off); ``disk``: the disk tier below the prefix cache
-        (``kv/disk/``), for a model whose only group is full attention."""
+        (``kv/disk/``), keeping every group's part of a prefix."""
         full = groups[0]
         assert isinstance(full, FullAttentionGroup), "the full-attention group comes first"
         self.groups = tuple(groups)
@@ -61,7 +61,7 @@ class KVManager:
         # asked on every allocation, even when the full group's blocks already have room
         self._asked_each_step = tuple(g for g in self._others if not g.per_request)
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
-        self.disk = disk if prefix_root is not None and not self._others else None
+        self.disk = disk if prefix_root is not None else None
         self._from_disk: dict[str, int] = {}  # tokens of a request's prefix read from disk
 
     @property
@@ -81,59 +81,52 @@ class KVManager:
     def take_cached_prefix(self, request: HasTokens, num_tokens: int) -> int:
         """Share every cached block matching the start of the request's first ``num_tokens``
         tokens that every group can resume after, keeping at least one to compute (so the
-        request has logits to sample from); returns how many tokens are already computed."""
+        request has logits to sample from); returns how many tokens are already computed.
+        What the disk tier read for the request is put into the groups' memory first, so the
+        prefix is taken from RAM either way."""
         request_id = request.request_id
         if self.prefix_root is None or self.full.block_table(request_id):
             return 0
-        usable = (num_tokens - 1) // self.block_size
-        tokens = request.hash_slice(0, usable * self.block_size)
-        chain = chain_block_hashes(self.prefix_root, tokens, self.block_size)
-        in_ram = self.full.find_prefix(chain)
-        on_disk = 0 if self.disk is None else self.disk.loaded(chain[in_ram:])
-        found = chain[: in_ram + on_disk]
-        while found and not request.can_resume_at(len(found) * self.block_size):
-            found.pop()  # not inside an image block that attends both ways (Gemma 4)
-        in_ram = min(in_ram, len(found))
-        count = self._resumable(found[:in_ram])
+        chain = self._chain(request, num_tokens)
+        from_ram = 0
+        if self.disk is not None:
+            from_ram = self._resumable(self._in_ram(request, chain))
+            self.disk.restore(request_id, chain)
+        found = self._in_ram(request, chain)
+        count = self._resumable(found)
         for group in self.groups:
             group.take_prefix(request_id, found, count)
-        if self.disk is not None:
-            if count == in_ram:  # the blocks read from disk follow the RAM prefix
-                count += self._load_from_disk(request_id, found[count:])
-            self.disk.keep(self.full.block_table(request_id), found[:count])
-            self.disk.forget(request_id)
         if count:
             self._hashes[request_id] = found[:count]
+        if self.disk is not None:  # RAM blocks a later prompt reuses are worth keeping
+            self.disk.keep(found[:count])
+            self.disk.forget(request_id)
+            self._from_disk[request_id] = max(0, count - from_ram) * self.block_size
         return count * self.block_size
 
-    def _load_from_disk(self, request_id: str, digests: list[bytes]) -> int:
-        """Put the blocks ``digests`` read from disk into fresh blocks after the request's
-        (named in the prefix cache); how many (none when the pool has no room for them)."""
-        assert self.disk is not None
-        held = len(self.full.block_table(request_id))
-        wanted = held + len(digests)
-        if not digests or not self.full.make_room(request_id, held * self.block_size, wanted):
-            return 0
-        self.full.allocate(request_id, wanted)
-        blocks = self.full.block_table(request_id)
-        self.disk.load(blocks[held:], digests)
-        self.full.register(request_id, [b""] * held + digests, held)
-        self._from_disk[request_id] = len(digests) * self.block_size
-        return len(digests)
+    def _chain(self, request: HasTokens, num_tokens: int) -> list[bytes]:
+        """The chain digests of the request's full blocks before its last token."""
+        usable = (num_tokens - 1) // self.block_size
+        tokens = request.hash_slice(0, usable * self.block_size)
+        return chain_block_hashes(self.prefix_root or b"", tokens, self.block_size)
+
+    def _in_ram(self, request: HasTokens, chain: list[bytes]) -> list[bytes]:
+        """The leading digests of ``chain`` the full group has cached, up to a point the
+        request can resume at (not inside an image block that attends both ways: Gemma 4)."""
+        found = chain[: self.full.find_prefix(chain)]
+        while found and not request.can_resume_at(len(found) * self.block_size):
+            found.pop()
+        return found
 
     def disk_tokens(self, request_id: str) -> int:
-        """Of the request's cached prefix, the tokens read back from disk."""
+        """Of the request's cached prefix, the tokens only the disk tier made resumable."""
         return self._from_disk.get(request_id, 0)
 
     def prefetch(self, request: HasTokens, num_tokens: int) -> None:
-        """Start reading a queued request's blocks that are on disk past its RAM prefix, so
+        """Start reading a queued request's prefix parts that are on disk and not in RAM, so
         they are in when it is scheduled."""
-        if self.disk is None:
-            return
-        usable = (num_tokens - 1) // self.block_size
-        tokens = request.hash_slice(0, usable * self.block_size)
-        chain = chain_block_hashes(self.prefix_root or b"", tokens, self.block_size)
-        self.disk.prefetch(request.request_id, chain[self.full.find_prefix(chain) :])
+        if self.disk is not None:
+            self.disk.prefetch(request.request_id, self._chain(request, num_tokens))
 
     def prefix_ready(self, request_id: str) -> bool:
         """Whether a waiting request's blocks read from disk are in (it waits until they are,
@@ -204,8 +197,7 @@ class KVManager:
             group.register(request.request_id, hashes, done)
         if self.disk is not None:  # a prompt's blocks are worth keeping; a reply's are not
             prompt = min(full, request.num_prompt_tokens // self.block_size)
-            blocks = self.full.block_table(request.request_id)
-            self.disk.keep(blocks[done:prompt], hashes[done:prompt])
+            self.disk.keep(hashes[done:prompt])
 
     def step_tables(self, chunks: Sequence[Chunk]) -> StepTables:
         """Every group's part of a step's tables for ``chunks`` (what the packer reads)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from macbatch.engine.kv.disk.parts import CheckpointPart
 from macbatch.engine.kv.group import CacheSpec, Chunk, StepTables
 from macbatch.engine.kv.state_slots import StateMemory, StateSlots
 from macbatch.engine.model.recurrent import StateChunk
@@ -136,3 +137,9 @@ class RecurrentStateGroup:
         """Its rows back to their start (``StateSlots.shrink``); 0: rows are not blocks."""
         self.slots.shrink()
         return 0
+
+    def disk_part(self) -> CheckpointPart | None:
+        """The checkpoint after a prefix's last block (None: prefix caching is off)."""
+        if self.checkpoints is None:
+            return None
+        return CheckpointPart(self.checkpoints, self.slots.store)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from macbatch.engine.kv.block_pool import BlockPool
+from macbatch.engine.kv.disk.parts import BlockPages, BlockPart
 from macbatch.engine.kv.elastic import ElasticPool, PagedMemory
 from macbatch.engine.kv.group import CacheSpec, Chunk, StepTables
 
@@ -126,3 +128,11 @@ class SlidingWindowGroup:
 
     def shrink(self) -> int:
         return 0 if self._tables else self.elastic.shrink()
+
+    def disk_part(self) -> BlockPart:
+        """The window's blocks before a resume point: its layers' pages."""
+        pages = cast("BlockPages", self.elastic.pages)
+        return BlockPart("window", self.elastic, pages, self._window_before)
+
+    def _window_before(self, num_blocks: int) -> range:
+        return range(self.first_needed(num_blocks * self.block_size), num_blocks)

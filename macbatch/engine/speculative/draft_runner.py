@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.state_slots import START_SLOTS, StateSizes, StateSlots
@@ -113,3 +114,17 @@ class JointPages:
     def resize(self, num_blocks: int, keep: Sequence[int] | None = None) -> None:
         for store in self.stores:
             store.resize(num_blocks, keep)
+
+    # The disk tier keeps a block's target pages alone (kv/disk/parts.py): the draft's pages of
+    # a block are written by its catch-up after the block is named, and every request that
+    # resumes a cached prefix has its draft catch up from position 0 (``DraftModelDrafter``),
+    # so they are never read before being written again.
+
+    def block_slab_bytes(self) -> list[int]:
+        return self.stores[0].block_slab_bytes()
+
+    def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]:
+        return self.stores[0].gather_blocks(blocks)
+
+    def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None:
+        self.stores[0].scatter_blocks(blocks, slabs)

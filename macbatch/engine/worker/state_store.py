@@ -133,6 +133,37 @@ class StateStore:
                 zeros = mx.zeros((fresh, *array.shape[1:]), array.dtype)
                 layer[e] = zeros if index is None else mx.concatenate([zeros, array[index]])
 
+    def slab_bytes(self) -> list[int]:
+        """Bytes of one row in each state array, layer by layer (a checkpoint on disk is these
+        slabs, one after another: ``gather_rows``)."""
+        return [
+            int(np.prod(shape)) * dtype.size
+            for layer in self.layers
+            for shape, dtype in zip(layer.shapes, layer.dtypes)
+        ]
+
+    def gather_rows(self, rows: Sequence[int]) -> list[mx.array]:
+        """Each state array's ``rows`` as bytes, ``[len(rows), slab]`` uint8 (lazy: evaluated
+        with the next step, like the pages' ``gather_blocks``)."""
+        out = []
+        for layer in range(len(self.layers)):
+            per_row = [self.read(layer, row, 1) for row in rows]
+            for e in range(len(self.states[layer])):
+                parts = [arrays[e].view(mx.uint8).reshape(1, -1) for arrays in per_row]
+                out.append(parts[0] if len(parts) == 1 else mx.concatenate(parts))
+        return out
+
+    def scatter_row(self, row: int, slabs: Sequence[np.ndarray]) -> None:
+        """Row ``row`` of every state array from bytes (``slabs[i]``: array i's row, as
+        ``gather_rows`` made it)."""
+        data = iter(slabs)
+        for layer, shape in enumerate(self.layers):
+            arrays = [
+                mx.array(next(data)).view(dtype).reshape(1, *dims)
+                for dims, dtype in zip(shape.shapes, shape.dtypes)
+            ]
+            self.write(layer, row, arrays, 0, 1)
+
     def arrays(self) -> list[mx.array]:
         """What a step writes (evaluated with it, like the K/V pages): the allocated arrays,
         then the outputs rows point at."""

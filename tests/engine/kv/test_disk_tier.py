@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX, BlockFiles
+from macbatch.engine.kv.disk.tier import DiskTier
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import VOCAB_SIZE, build_model
 
@@ -187,15 +189,33 @@ def test_a_full_disk_stops_writing_with_one_warning(model, tiny_tokenizer, tmp_p
     assert len([r for r in caplog.records if "full" in r.getMessage()]) == 1
 
 
+def _gate_reads(disk: DiskTier) -> threading.Event:
+    """The tier's file reads wait until the event returned is set."""
+    gate = threading.Event()
+    read = disk.files.read
+    disk.files.read = lambda digest: (gate.wait(10), read(digest))[1]  # type: ignore[method-assign]
+    return gate
+
+
+def _finals(engine: Engine, holds: Callable[[], bool] = lambda: True) -> dict[str, RequestOutput]:
+    """Step until every request finished (``holds`` true after each step); their last
+    outputs."""
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        assert holds()
+    return finals
+
+
 def test_a_request_waits_for_its_blocks_while_others_generate(model, tiny_tokenizer, tmp_path):
     prompt = _tokens(70, 11)
     _warm(model, tiny_tokenizer, tmp_path, prompt)
     engine = _engine(model, tiny_tokenizer, tmp_path)
     disk = engine.kv.disk
     assert disk is not None
-    gate = threading.Event()
-    read = disk.files.read
-    disk.files.read = lambda digest: (gate.wait(10), read(digest))[1]  # type: ignore[method-assign]
+    gate = _gate_reads(disk)
     other = _tokens(9, 12)
     engine.add_request(other, GREEDY, request_id="other")
     engine.step()
@@ -207,11 +227,7 @@ def test_a_request_waits_for_its_blocks_while_others_generate(model, tiny_tokeni
     assert len(outputs["other"]) >= 4 and "slow" not in outputs  # it waits, the other runs
     assert engine.scheduler.waiting and engine.scheduler.waiting[0].request_id == "slow"
     gate.set()
-    finals = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
+    finals = _finals(engine)
     assert finals["slow"].metrics.disk_cached_tokens == 64
     assert finals["slow"].token_ids == mlx_lm_greedy(model, prompt, 12)
     assert finals["other"].token_ids == mlx_lm_greedy(model, other, 12)
@@ -236,3 +252,28 @@ def test_macbatch_cache_lists_per_model_and_clears(model, tiny_tokenizer, tmp_pa
     assert not _block_files(tmp_path)
     empty = runner.invoke(app, ["cache", "--cache-dir", str(tmp_path)])
     assert "nothing cached" in empty.output
+
+
+def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
+    """Blocks read for requests not scheduled yet stay under ``max_read_bytes``: the oldest
+    waiting request's reads start, a later one's wait until it is admitted."""
+    first, second = _tokens(70, 20), _tokens(70, 21)
+    _warm(model, tiny_tokenizer, tmp_path, first)
+    _warm(model, tiny_tokenizer, tmp_path, second)
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    disk = engine.kv.disk
+    assert disk is not None
+    block = sum(engine.store.block_slab_bytes())
+    disk.reads.max_read_bytes = 2 * block
+    gate = _gate_reads(disk)
+    engine.add_request(first, GREEDY, request_id="first")
+    engine.add_request(second, GREEDY, request_id="second")
+    assert disk.counts().bytes_read_ahead == 8 * block  # the oldest's: all of them
+    assert not engine.kv.prefix_ready("second")
+    gate.set()
+    finals = _finals(engine, lambda: disk.counts().bytes_read_ahead <= 8 * block)
+    for rid, prompt in (("first", first), ("second", second)):
+        assert finals[rid].metrics.disk_cached_tokens == 64
+        assert finals[rid].token_ids == mlx_lm_greedy(model, prompt, 12)
+    assert disk.counts().bytes_read_ahead == 0
+    engine.close()

@@ -1,8 +1,10 @@
 """A model's namespace in the disk tier: the directory whose blocks only the same weights, page
-format, block size and layer shapes may read. Its name is a hash of all of that and the files'
-format version, so a different model, a different ``kv_bits`` or group size, another dtype or
-block size (or a newer format) never finds another's blocks; ``namespace.json`` beside the blocks
-says in words whose they are (``macbatch cache`` lists it).
+format, block size and layer shapes may read (every cache group's: a sliding window's size and
+layers, a hybrid's state layout; a draft model's pages are not kept, so a draft changes none). Its
+name is a hash of all of that and the files' format version, so a different model, a different
+``kv_bits`` or group size, another dtype or block size (or a newer format) never finds another's
+blocks; ``namespace.json`` beside the blocks says in words whose they are (``macbatch cache`` lists
+it).
 
 The weights' identity is a fingerprint of the parameters themselves: every array's name, shape and
 dtype, and the first bytes of each (what differs between two checkpoints of one architecture, or
@@ -42,6 +44,11 @@ class Namespace:
     block_size: int
     layers: tuple[tuple[int, int], ...]  # (KV heads, head dim) per full-attention layer
     prefix_root: str
+    # the other cache groups' layouts (their parts' files are read back into them)
+    window: int | None = None  # the sliding window's tokens (None: no window group)
+    window_layers: tuple[tuple[int, int], ...] = ()  # (KV heads, head dim) per window layer
+    layer_slots: tuple[tuple[bool, int], ...] = ()  # model layer -> (in the window group, index)
+    states: tuple[str, ...] = ()  # a hybrid's state arrays: "shape dtype", layer by layer
     format_version: int = FORMAT_VERSION
 
     @property

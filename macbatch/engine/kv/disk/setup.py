@@ -6,18 +6,24 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-
-import mlx.nn as nn
+from typing import TYPE_CHECKING
 
 from macbatch.engine.kv.disk.files import BlockFiles
 from macbatch.engine.kv.disk.namespace import Namespace, weights_fingerprint
-from macbatch.engine.kv.disk.tier import BlockPages, DiskTier, Names
-from macbatch.engine.worker.pages import KVStore
+from macbatch.engine.kv.disk.tier import DiskTier
+from macbatch.engine.kv.group import DiskPart
+
+if TYPE_CHECKING:
+    from macbatch.engine.worker.model_runner import ModelRunner
+    from macbatch.engine.worker.pages import KVStore
+    from macbatch.engine.worker.state_store import StateStore
 
 log = logging.getLogger("macbatch.disk_cache")
 
 DEFAULT_CAP_BYTES = 20 * 2**30
 MAX_QUEUED_BYTES = 1 * 2**30  # captured blocks waiting for the writer, at most
+# blocks read ahead for requests not scheduled yet, at most: this fraction of the pool's cap
+READ_AHEAD_FRACTION = 0.25
 
 
 def default_cap_bytes(directory: Path) -> int:
@@ -32,22 +38,42 @@ def default_cap_bytes(directory: Path) -> int:
     return min(DEFAULT_CAP_BYTES, free // 10)
 
 
-def namespace_of(
-    model: nn.Module, model_name: str, model_type: str, store: KVStore, prefix_root: bytes
-) -> Namespace:
-    fmt = store.format
-    bits = fmt.bits
-    groups = tuple(fmt.group_size_for(s.head_dim) for s in store.shapes) if bits else ()
+def namespace_of(runner: ModelRunner, model_name: str, prefix_root: bytes) -> Namespace:
+    """Everything a runner's cache groups' bytes on disk depend on."""
+    store = runner.store
+    window = runner.window_store
+    states = runner.states
     return Namespace(
         model=model_name,
-        model_type=model_type,
-        weights=weights_fingerprint(model, model_name),
-        dtype=str(fmt.dtype),
-        kv_bits=bits,
-        kv_group_sizes=groups,
+        model_type=runner.model_type,
+        weights=weights_fingerprint(runner.model, model_name),
+        dtype=str(store.format.dtype),
+        kv_bits=store.format.bits,
+        kv_group_sizes=_group_sizes(store),
         block_size=store.block_size,
-        layers=tuple((s.num_kv_heads, s.head_dim) for s in store.shapes),
+        layers=_shapes(store),
         prefix_root=prefix_root.decode(errors="replace"),
+        window=None if window is None else runner.adapter.window,
+        window_layers=() if window is None else _shapes(window),
+        layer_slots=tuple(runner.adapter.kv_slots),
+        states=() if states is None else _state_layout(states),
+    )
+
+
+def _shapes(store: KVStore) -> tuple[tuple[int, int], ...]:
+    return tuple((s.num_kv_heads, s.head_dim) for s in store.shapes)
+
+
+def _group_sizes(store: KVStore) -> tuple[int, ...]:
+    fmt = store.format
+    return tuple(fmt.group_size_for(s.head_dim) for s in store.shapes) if fmt.bits else ()
+
+
+def _state_layout(states: StateStore) -> tuple[str, ...]:
+    return tuple(
+        f"{shape} {dtype}"
+        for layer in states.layers
+        for shape, dtype in zip(layer.shapes, layer.dtypes)
     )
 
 
@@ -55,11 +81,12 @@ def open_disk_tier(
     directory: str,
     cap_bytes: int | None,
     namespace: Namespace,
-    pages: BlockPages,
-    names: Names,
+    parts: list[DiskPart],
+    pool_cap_bytes: int,
 ) -> DiskTier | None:
-    """The tier over ``directory`` (None, with one warning, when it cannot be written: the
-    engine serves from RAM alone)."""
+    """The tier over ``directory`` keeping ``parts`` (every cache group's; None, with one
+    warning, when it cannot be written: the engine serves from RAM alone). ``pool_cap_bytes``:
+    the full group's pool at its cap, which bounds the blocks read ahead."""
     root = Path(directory).expanduser()
     cap = default_cap_bytes(root) if cap_bytes is None else cap_bytes
     files = BlockFiles(root, namespace.key, cap)
@@ -71,4 +98,5 @@ def open_disk_tier(
             "disk KV cache off: %s is not writable (%s); serving from RAM only", root, error
         )
         return None
-    return DiskTier(files, pages, names, MAX_QUEUED_BYTES)
+    read_ahead = int(pool_cap_bytes * READ_AHEAD_FRACTION)
+    return DiskTier(files, parts, MAX_QUEUED_BYTES, read_ahead)

@@ -1,0 +1,234 @@
+"""The disk tier's reads (``tier.py``): a waiting request's prefix found on disk, read on reader
+threads before it is scheduled, and put into the cache groups' memory when it is.
+
+``prefetch`` (when a request is queued) finds the longest prefix of its chain that every group's
+part can resume from memory or disk (``reach``: a prefix of n blocks needs each part's
+``needs(n)``) and reads the parts of it not in memory, while the bytes read for waiting requests
+stay under ``max_read_bytes`` (the oldest waiting request's reads always start, so none waits
+forever); ``ready`` says when they are in, and plans again past a read that failed; ``restore``
+puts them into each group's memory, named in the prefix cache, from where the KV manager takes
+the prefix as from RAM. Runs on the engine thread; only ``_read`` runs on the readers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+
+from macbatch.engine.kv.disk.files import BlockFiles, file_key
+from macbatch.engine.kv.group import DiskPart
+
+READERS = 4
+
+# a part of one block: its group's tag and the block's chain digest
+Key = tuple[str, bytes]
+
+
+@dataclass
+class _Waiting:
+    """A waiting request's reads: its chain, the parts it waits for, and how many of them
+    (from the first) started and are in: cursors, so a job's hundred rows waiting on one
+    prompt cost one look each per step."""
+
+    chain: Sequence[bytes]
+    wants: list[Key]
+    started: int = 0
+    done: int = 0
+    checked: bool = False  # all in and whole
+
+
+def reach(parts: dict[str, DiskPart], found: dict[str, list[bool]]) -> int:
+    """The most leading blocks every part can resume after, where ``found[tag][i]``: the
+    part of block i is there (in memory, on disk, or read)."""
+    missing = {  # per part, how many blocks before i lack it (a range's check is O(1))
+        tag: np.concatenate([[0], np.cumsum(~np.asarray(flags, dtype=bool))])
+        for tag, flags in found.items()
+    }
+    for count in range(len(next(iter(found.values()))), 0, -1):
+        if all(
+            missing[tag][r.stop] == missing[tag][r.start]
+            for tag, part in parts.items()
+            for r in (part.needs(count),)
+        ):
+            return count
+    return 0
+
+
+class Reads:
+    def __init__(self, files: BlockFiles, parts: dict[str, DiskPart], max_read_bytes: int) -> None:
+        self.files = files
+        self.parts = parts
+        self.max_read_bytes = max_read_bytes
+        self._slabs = {tag: part.slab_bytes() for tag, part in parts.items()}
+        self._bytes = {tag: sum(slabs) for tag, slabs in self._slabs.items()}
+        # reads overlap (the checksum releases the GIL): an SSD serves several at once
+        self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
+        self._lock = threading.Lock()  # the counts, changed by the readers
+        self._reads: dict[Key, Future[memoryview | None]] = {}
+        self._waiting: dict[str, _Waiting] = {}  # oldest first
+        self._wanted: Counter[Key] = Counter()  # how many waiting requests want each part
+        self._failed: set[Key] = set()  # parts whose read failed (their files are gone)
+        self.bytes_held = 0  # of the reads started and not dropped yet
+        self.bytes_read = 0
+        self.blocks_read = 0
+
+    def _held(self, chain: Sequence[bytes]) -> dict[str, list[bool]]:
+        return {
+            tag: [part.lookup(d) is not None for d in chain] for tag, part in self.parts.items()
+        }
+
+    def prefetch(self, request_id: str, chain: Sequence[bytes]) -> None:
+        """Start reading the parts of the longest prefix of ``chain`` (a waiting request's
+        blocks) that are on disk and not in memory."""
+        held = self._held(chain)
+        found = {
+            tag: [h or self._on_disk((tag, d)) for h, d in zip(held[tag], chain)]
+            for tag in self.parts
+        }
+        count = reach(self.parts, found)
+        wants = [
+            (tag, chain[i])
+            for tag, part in self.parts.items()
+            for i in part.needs(count)
+            if not held[tag][i]
+        ]
+        if wants:
+            self._waiting[request_id] = _Waiting(chain, wants)
+            self._wanted.update(wants)
+            self._start()
+
+    def _on_disk(self, key: Key) -> bool:
+        return key not in self._failed and file_key(*key) in self.files
+
+    def rewritten(self, key: Key) -> None:
+        """The part was written again (whole): it may be read again."""
+        self._failed.discard(key)
+
+    def _start(self) -> None:
+        """Start the waiting requests' reads, oldest first, while the bytes read ahead stay
+        under ``max_read_bytes`` (the oldest request's always start)."""
+        for i, waiting in enumerate(self._waiting.values()):
+            for key in waiting.wants[waiting.started :]:
+                if key not in self._reads:
+                    size = self._bytes[key[0]]
+                    if i and self.bytes_held + size > self.max_read_bytes:
+                        return
+                    self.bytes_held += size
+                    self._reads[key] = self._reader.submit(self._read, key)
+                waiting.started += 1
+
+    def _read(self, key: Key) -> memoryview | None:
+        payload = self.files.read(file_key(*key))
+        if payload is not None and len(payload) != self._bytes[key[0]]:
+            payload = None  # cannot happen within a namespace; never scatter a wrong size
+        if payload is not None:
+            with self._lock:
+                self.bytes_read += len(payload)
+                self.blocks_read += 1
+        return payload
+
+    def ready(self, request_id: str) -> bool:
+        """Whether the request's reads are all in. When one failed (a corrupt file, or one
+        another process evicted), the reads of the longest prefix still on disk start instead
+        (a checkpoint further back), and it waits for those."""
+        waiting = self._waiting.get(request_id)
+        if waiting is None or waiting.checked:
+            return True
+        wants = waiting.wants
+        while waiting.done < len(wants) and self._finished(wants[waiting.done]):
+            waiting.done += 1
+        if waiting.done < len(wants):
+            return False
+        failed = [k for k in wants if self._payload(k) is None]
+        if not failed:
+            waiting.checked = True
+            return True
+        self._failed.update(failed)  # never planned again in this process, unless rewritten
+        self._unwant(request_id)
+        self.prefetch(request_id, waiting.chain)
+        self._drop(wants)
+        return self.ready(request_id)
+
+    def _finished(self, key: Key) -> bool:
+        future = self._reads.get(key)
+        return future is not None and future.done()
+
+    def wait(self, timeout: float) -> None:
+        """Block until a read finishes (the engine has nothing else to do)."""
+        pending = [f for f in self._reads.values() if not f.done()]
+        if pending:
+            wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
+
+    def _payload(self, key: Key) -> memoryview | None:
+        future = self._reads.get(key)
+        if future is None or not future.done() or future.cancelled():
+            return None
+        return future.result()
+
+    def restore(self, request_id: str, chain: Sequence[bytes]) -> None:
+        """Put the request's parts read from disk into their groups' memory, named in the
+        prefix cache (idle there: the KV manager takes the prefix next), as far as every part
+        agrees: the longest prefix of ``chain`` each part has in memory or read."""
+        if request_id not in self._waiting:
+            return
+        held = self._held(chain)
+        found = {
+            tag: [h or self._payload((tag, d)) is not None for h, d in zip(held[tag], chain)]
+            for tag in self.parts
+        }
+        count = reach(self.parts, found)
+        keep = chain[:count]
+        for tag, part in self.parts.items():
+            digests = [chain[i] for i in part.needs(count) if not held[tag][i]]
+            if digests:
+                part.restore(digests, self._slabs_of(tag, digests), keep)
+
+    def _slabs_of(self, tag: str, digests: Sequence[bytes]) -> list[np.ndarray]:
+        """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array, each
+        contiguous (MLX copies a strided array element by element: 40 times slower)."""
+        sizes = self._slabs[tag]
+        slabs = [np.empty((len(digests), size), dtype=np.uint8) for size in sizes]
+        for i, digest in enumerate(digests):
+            payload = self._payload((tag, digest))
+            assert payload is not None, "a part not read is never restored"
+            data = np.frombuffer(payload, dtype=np.uint8)
+            start = 0
+            for slab, size in zip(slabs, sizes):
+                slab[i] = data[start : start + size]
+                start += size
+        return slabs
+
+    def forget(self, request_id: str) -> None:
+        """The request no longer waits for its reads (admitted, or gone); reads nobody else
+        wants are dropped, and the reads their bytes made wait start."""
+        wants = self._unwant(request_id)
+        if wants:
+            self._drop(wants)
+
+    def _unwant(self, request_id: str) -> list[Key]:
+        """Forget what the request waits for (its reads stay, for ``_drop``); what it was."""
+        waiting = self._waiting.pop(request_id, None)
+        if waiting is None:
+            return []
+        self._wanted.subtract(waiting.wants)
+        return waiting.wants
+
+    def _drop(self, keys: Sequence[Key]) -> None:
+        """Drop the reads of ``keys`` no waiting request wants, and start those they made
+        wait."""
+        for key in keys:
+            if self._wanted[key] <= 0:
+                del self._wanted[key]
+                future = self._reads.pop(key, None)
+                if future is not None:
+                    future.cancel()
+                    self.bytes_held -= self._bytes[key[0]]
+        self._start()
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=False, cancel_futures=True)

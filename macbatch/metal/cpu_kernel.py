@@ -154,9 +154,11 @@ def load_extension() -> ModuleType:
     return module
 
 
-def serves(head_dim: int, block_size: int) -> bool:
-    """Whether the kernel takes these shapes (else the reference does)."""
-    return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES
+def serves(head_dim: int, block_size: int, value_dim: int | None = None) -> bool:
+    """Whether the kernel takes these shapes (else the reference does); ``value_dim``: the
+    width of latent pages' values (``LayerParams.value_dim``)."""
+    values_ok = value_dim is None or (value_dim % 8 == 0 and value_dim <= head_dim)
+    return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES and values_ok
 
 
 def paged_attention_cpu(
@@ -164,14 +166,17 @@ def paged_attention_cpu(
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
-    Latent pages (``layer.value_dim``) and head sizes that are not a multiple of 8 go to the
-    reference instead (so would page sizes other than 8, 16 or 32, which `EngineConfig` does
-    not allow). Quantized pages
-    (``QuantizedPages``) are dequantized page by page inside the kernel.
+    Head sizes that are not a multiple of 8 go to the reference instead (so would page sizes
+    other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
+    (``QuantizedPages``) are dequantized page by page inside the kernel. Latent pages
+    (``layer.value_dim``) are read once per row: the values are the leading columns of the
+    key rows the kernel has just read (``v_pages`` is not read).
     """
-    if layer.value_dim is not None or not serves(q.shape[-1], k_pages.shape[2]):
+    scale, sliding_window, softcap, sinks, value_dim = layer
+    if not serves(q.shape[-1], k_pages.shape[2], value_dim):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
-    scale, sliding_window, softcap, sinks, _ = layer
+    if value_dim is not None:
+        v_pages = k_pages
     quantized = {}
     if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
         quantized = dict(
@@ -181,7 +186,7 @@ def paged_attention_cpu(
         k_pages, v_pages = k_pages.codes, v_pages.codes
     return load_extension().paged_attention(
         q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-        scale, sliding_window or 0, softcap or 0.0, sinks, **quantized,
+        scale, sliding_window or 0, softcap or 0.0, sinks, **quantized, value_dim=value_dim or 0,
     )  # fmt: skip
 
 

@@ -76,20 +76,10 @@ for (int i = tid; i < MAXQV * D; i += NT) {
   qs[i] = x;
 }
 
-// Keys any row of the tile can see: [k_begin, k_end).
-const int row_lo = qv0 / group;
-const int row_hi = (qv0 + nqv - 1) / group;
-int k_end = first_pos + row_hi + 1;
-int k_begin = window > 0 ? max(0, first_pos + row_lo - window + 1) : 0;
-if (part >= 0) {
-  // This split's share, whole chunks each; a share may be empty.
-  const int base = (k_begin / TK) * TK;
-  const int chunks = (k_end - base + TK - 1) / TK;
-  const int per_split = (chunks + num_splits - 1) / num_splits;
-  const int lo = base + (part % num_splits) * per_split * TK;
-  k_begin = max(k_begin, lo);
-  k_end = min(k_end, lo + per_split * TK);
-}
+// Keys any row of the tile can see (this split's share of them): [k_begin, k_end).
+const int2 keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const int k_begin = keys.x;
+const int k_end = keys.y;
 
 float m[QPS];
 float l[QPS];

@@ -67,6 +67,54 @@ def test_kernel_matches_reference_and_numpy(name):
     check_triangle(DEFAULT_CASES[name])
 
 
+# MLA's latent pages (one KV head; rows Dk wide, values their leading Dv columns): the real width
+# with few rows, narrow rows for the rest of the coverage, 16 and 128 query heads on the one head.
+LATENT_CASES = {
+    "latent_576_decode_f16": Case(
+        [20, 9, 1], [1, 1, 1], num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512,
+        dtype=F16,
+    ),
+    "latent_576_chunk_on_cached_block32": Case(
+        [20, 9], [6, 9], num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512,
+        block_size=32,
+    ),
+    "latent_80_prefill_fresh_bf16": Case(
+        [19, 12], [19, 12], num_q_heads=16, num_kv_heads=1, head_dim=80, value_dim=64, dtype=BF16,
+    ),
+    "latent_40_mixed_128_heads_block8": Case(
+        [40, 3, 12, 1, 25], [1, 3, 5, 1, 1], num_q_heads=128, num_kv_heads=1, head_dim=40,
+        value_dim=32, block_size=8,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LATENT_CASES))
+def test_latent_pages_match_reference_and_numpy(name):
+    check_triangle(LATENT_CASES[name])
+
+
+def test_latent_split_kv_two_pass_matches():
+    """A long latent decode over too few work items is split and merged at the value width."""
+    case = Case(
+        [300, 97, 3], [1, 1, 1], num_q_heads=16, num_kv_heads=1, head_dim=80, value_dim=64,
+        dtype=BF16,
+    )  # fmt: skip
+    emulator = Emulator()
+    check_triangle(case, SplitPolicy(target_threadgroups=64, min_keys=32, max_splits=8), emulator)
+    assert emulator.dispatches[-1].threadgroups > 3  # 3 seqs x 1 tile of 16 heads, some split
+
+
+def test_latent_chunk_fits_threadgroup_memory():
+    """Rows 576 wide, 4-bit in groups of 32 (the most scales per row): within Apple's 32 KiB."""
+    case = Case(
+        [40, 9], [1, 9], num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512,
+        block_size=32, dtype=F16, kv_bits=4, group_size=32,
+    )  # fmt: skip
+    emulator = Emulator()
+    check_triangle(case, emulator=emulator)
+    assert emulator.dispatches[-1].threadgroup_memory <= 32 * 1024
+
+
 def test_split_kv_two_pass_matches():
     """Long decodes over too few work items are split across threadgroups and merged."""
     case = Case([300, 97, 3], [1, 1, 1], num_q_heads=4, num_kv_heads=2, dtype=F16, sinks=True)

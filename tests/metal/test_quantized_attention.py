@@ -57,6 +57,19 @@ CASES = {
     "d80_block32_sinks_4bit": Case(
         [31, 64], [4, 1], head_dim=80, block_size=32, sinks=True, kv_bits=4
     ),
+    # MLA's latent pages: one row per token, the values its leading columns, read once.
+    "latent_576_decode_8bit": Case(
+        [40, 9, 1], [1, 1, 1], num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512,
+        dtype=F16, kv_bits=8, group_size=64,
+    ),
+    "latent_80_mixed_4bit_g16": Case(
+        [21, 9, 30], [1, 9, 4], num_q_heads=16, num_kv_heads=1, head_dim=80, value_dim=64,
+        kv_bits=4, group_size=16,
+    ),
+    "latent_40_chunk_on_cached_128_heads_8bit_g8": Case(
+        [33, 9], [1, 2], num_q_heads=128, num_kv_heads=1, head_dim=40, value_dim=32,
+        block_size=8, kv_bits=8, group_size=8,
+    ),
 }  # fmt: skip
 
 

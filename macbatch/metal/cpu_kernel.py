@@ -154,11 +154,10 @@ def load_extension() -> ModuleType:
     return module
 
 
-def serves(head_dim: int, block_size: int, value_dim: int | None = None) -> bool:
-    """Whether the kernel takes these shapes (else the reference does); ``value_dim``: the
-    width of latent pages' values (``LayerParams.value_dim``)."""
-    values_ok = value_dim is None or (value_dim % 8 == 0 and value_dim <= head_dim)
-    return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES and values_ok
+def serves(head_dim: int, block_size: int) -> bool:
+    """Whether the kernel takes these shapes (else the reference does): for latent pages,
+    ``head_dim`` is the row's width (any value width up to it is served)."""
+    return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES
 
 
 def paged_attention_cpu(
@@ -173,7 +172,7 @@ def paged_attention_cpu(
     key rows the kernel has just read (``v_pages`` is not read).
     """
     scale, sliding_window, softcap, sinks, value_dim = layer
-    if not serves(q.shape[-1], k_pages.shape[2], value_dim):
+    if not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     if value_dim is not None:
         v_pages = k_pages

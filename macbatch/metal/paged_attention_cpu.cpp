@@ -180,6 +180,11 @@ struct Geometry {
   float scale, softcap;
   int value_dim;  // output width: head_dim, or the latent's leading columns
   bool latent;    // values are the leading value_dim columns of the key rows
+  // Columns accumulated: value_dim rounded up to a multiple of 8 (the vector width), which the
+  // head_dim-wide rows always hold (head_dim is a multiple of 8); the extra ones are not output.
+  int value_cols() const {
+    return (value_dim + 7) / 8 * 8;
+  }
 };
 
 // One work item: query rows [row_begin, row_end) of one sequence and query heads
@@ -253,11 +258,11 @@ struct Inputs {
 struct Scratch {
   std::vector<float> queries, acc, row_max, row_sum, keys_t, values;
   std::vector<int> position;
-  void resize(int vectors, int head_dim, int value_dim, int block_size) {
+  void resize(int vectors, int head_dim, int value_cols, int block_size) {
     keys_t.resize(head_dim * block_size);
     values.resize(head_dim * block_size);  // a latent page's key rows, values in their lead
     queries.resize(vectors * head_dim);
-    acc.resize(vectors * value_dim);
+    acc.resize(vectors * value_cols);
     row_max.resize(vectors);
     row_sum.resize(vectors);
     position.resize(vectors);
@@ -313,12 +318,14 @@ void page_update(
     row_max = new_max;
     s.row_sum[first + v] = s.row_sum[first + v] * correction[v] + horizontal_sum<W>(lane_sum);
   }
-  page_values<BS, NV, WV>(&s.acc[first * g.value_dim], correction, p, values, g.value_dim, stride);
+  const int cols = g.value_cols();
+  page_values<BS, NV, WV>(&s.acc[first * cols], correction, p, values, cols, stride);
 }
 
 template <typename T, typename Pages, int BS, int WV>
 void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
-  const int D = g.head_dim, DV = g.value_dim, hq = g.num_kv_heads * g.group;
+  const int D = g.head_dim, DV = g.value_dim, cols = g.value_cols();
+  const int hq = g.num_kv_heads * g.group;
   const int heads = item.head_end - item.head_begin, first_head = item.kv_head * g.group;
   const int rows = item.row_end - item.row_begin, vectors = rows * heads;
   const int q_start = in.cu_seqlens[item.seq];
@@ -340,7 +347,7 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
       s.row_sum[v] = in.sinks ? 1.0f : 0.0f;
     }
   }
-  std::fill(s.acc.begin(), s.acc.begin() + vectors * DV, 0.0f);
+  std::fill(s.acc.begin(), s.acc.begin() + vectors * cols, 0.0f);
 
   const int key_begin = g.sliding_window > 0 ? std::max(0, first_pos - g.sliding_window + 1) : 0;
   const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
@@ -393,7 +400,7 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
       const float inv = 1.0f / s.row_sum[v];
       T* dst = in.out + (static_cast<int64_t>(item.row_begin + r) * hq + head) * DV;
       for (int d = 0; d < DV; ++d) {
-        dst[d] = static_cast<T>(s.acc[v * DV + d] * inv);
+        dst[d] = static_cast<T>(s.acc[v * cols + d] * inv);
       }
     }
   }
@@ -468,7 +475,7 @@ void run_items(const Inputs<T, Pages>& in, const Geometry& g, const Plan& plan) 
   std::atomic<size_t> next{0};
   auto worker = [&]() {
     Scratch scratch;
-    scratch.resize(plan.max_vectors, g.head_dim, g.value_dim, BS);
+    scratch.resize(plan.max_vectors, g.head_dim, g.value_cols(), BS);
     for (size_t i = next++; i < items.size(); i = next++) {
       attend<T, Pages, BS, WV>(in, g, items[i], scratch);
     }
@@ -571,7 +578,7 @@ class PagedAttentionCPU : public mx::Primitive {
         out.data<T>(),
     };
     const auto work = plan(args.cu_seqlens, args.seq_lens, static_cast<int>(in[4].size()), g);
-    if (g.value_dim % 16 == 0) {
+    if (g.value_cols() % 16 == 0) {
       return run_for_block_size<T, Pages, 16>(args, g, work);
     }
     return run_for_block_size<T, Pages, 8>(args, g, work);
@@ -650,10 +657,8 @@ mx::array paged_attention_cpu(
     throw std::invalid_argument(
         "paged_attention_cpu: head_dim must be a multiple of 8 and block_size 8, 16 or 32");
   }
-  if (latent && (value_dim % 8 != 0 || value_dim > q.shape(2))) {
-    throw std::invalid_argument(
-        "paged_attention_cpu: latent pages need a value_dim that is a multiple of 8 and at most "
-        "the head dim");
+  if (latent && value_dim > q.shape(2)) {
+    throw std::invalid_argument("paged_attention_cpu: latent value_dim exceeds the head dim");
   }
   const int hq = q.shape(1), hkv = k_pages.shape(1);
   Geometry g{hkv,     hq / hkv, q.shape(2), block_size,

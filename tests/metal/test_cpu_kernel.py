@@ -137,8 +137,9 @@ def test_metadata_in_any_form_gives_the_same_result():
 
 # MLA's latent pages: one KV head whose rows are Dk wide, the values their leading Dv columns
 # (the caller passes the key pages as values too). (Dk, Dv, query heads): the real width with
-# few heads, and narrow rows under many heads (a group wider than one work item).
-LATENT_SHAPES = [(576, 512, 16), (80, 64, 16), (40, 32, 128)]
+# few heads, narrow rows under many heads (a group wider than one work item), and a value width
+# that is no multiple of the 8-float vector.
+LATENT_SHAPES = [(576, 512, 16), (80, 64, 16), (40, 32, 128), (48, 36, 16)]
 
 
 @pytest.fixture

@@ -385,8 +385,12 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
       }
     }
     int v = 0;
-    for (; v + 4 <= vectors; v += 4) {
+    for (; v + 6 <= vectors; v += 6) {
+      page_update<BS, 6, WV>(g, s, v, block, values, D);
+    }
+    if (vectors - v >= 4) {
       page_update<BS, 4, WV>(g, s, v, block, values, D);
+      v += 4;
     }
     switch (vectors - v) {
       case 3:

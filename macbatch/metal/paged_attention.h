@@ -44,3 +44,33 @@ inline int2 visible_keys(
   }
   return int2{k_begin, k_end};
 }
+
+// One work item of either kernel body: work[w] = {seq, kv_head, qv_start, qv_count, part}, the
+// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits} and
+// where the item's sequence sits. Templated on the pointer types: small metadata arrays arrive
+// in the `constant` address space.
+struct AttentionWork {
+  int seq, kvh, qv0, nqv, part;
+  int hq, hkv, max_blocks, window, num_splits, group;
+  int q_begin;    // the sequence's first query row in q
+  int first_pos;  // the position of that row
+};
+
+template <typename W, typename P, typename S, typename C>
+inline AttentionWork read_work_item(W work, P params_i, S seq_lens, C cu_seqlens_q, int w) {
+  AttentionWork it;
+  it.seq = work[w * 5 + 0];
+  it.kvh = work[w * 5 + 1];
+  it.qv0 = work[w * 5 + 2];
+  it.nqv = work[w * 5 + 3];
+  it.part = work[w * 5 + 4];
+  it.hq = params_i[0];
+  it.hkv = params_i[1];
+  it.max_blocks = params_i[2];
+  it.window = params_i[3];
+  it.num_splits = params_i[4];
+  it.group = it.hq / it.hkv;
+  it.q_begin = cu_seqlens_q[it.seq];
+  it.first_pos = seq_lens[it.seq] - (cu_seqlens_q[it.seq + 1] - it.q_begin);
+  return it;
+}

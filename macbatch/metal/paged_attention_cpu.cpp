@@ -440,7 +440,7 @@ inline int rows_per_item(int heads) {
 }
 
 // Query heads per work item: the whole group when it fits in one item, else slices of it. While
-// there are fewer items than CPUs the slices get thinner (down to 4 heads, the register block),
+// there are fewer items than CPUs the slices get thinner (down to 4 heads),
 // so one long decode of a wide group (MLA: every query head shares one latent KV head) still
 // uses every core; each slice reads the pages again, a small cost beside scoring them.
 int heads_per_item(const int32_t* cu, int num_seqs, const Geometry& g) {

@@ -153,3 +153,17 @@ def test_full_matrix(head_dim, block_size, dtype):
         softcap=[None, 15.0][(seed // 2) % 2], sinks=bool(seed % 3), seed=seed,
     )  # fmt: skip
     check_triangle(case)
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_latent_decode_reads_each_row_once(bits):
+    """16 query heads on one latent head are one tile: each visible row's bytes (float16, or
+    4-bit codes and their (scale, bias) pairs) are read once, for the scores and the values."""
+    case = Case(
+        [64, 40], [1, 1], num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512, dtype=F16,
+        kv_bits=bits, group_size=64 if bits else None,
+    )  # fmt: skip
+    emulator = Emulator()
+    emulated_attention(emulator)(*case.args(poisoned=True))
+    row_bytes = 576 * 2 if bits is None else 576 // 2 + 576 // 64 * 2 * 2
+    assert emulator.dispatches[-1].bytes_read == (64 + 40) * row_bytes

@@ -181,3 +181,20 @@ def test_long_latent_decode_split_across_heads_matches_reference(hq, monkeypatch
     monkeypatch.setattr(cpu_kernel, "paged_attention_reference", None)  # never the fallback
     got = paged_attention_cpu(*args, layer).astype(mx.float32)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=2e-2, atol=2e-2)
+
+
+def test_latent_pages_with_window_softcap_sinks(kernel_only):
+    """No MLA model has them, but the kernel reads them on latent layers as on any other."""
+    q, k, _, tables, lens, cu = random_paged_case(
+        [1, 6, 1, 3, 20], [10, 6, 4, 11, 40], hq=16, hkv=1, d=80, block_size=8, seed=5
+    )
+    sinks = np.linspace(-1.0, 2.0, 16).astype(np.float32)
+    layer = LayerParams(0.3, 4, 2.0, mx.array(sinks), value_dim=64)
+    pages = mx.array(k)
+    got = paged_attention_cpu(
+        mx.array(q), pages, pages, AttentionMetadata.build(tables, lens, cu), layer
+    )
+    want = paged_attention_numpy(
+        q, k, k[..., :64], tables, lens, cu, scale=0.3, sliding_window=4, softcap=2.0, sinks=sinks
+    )
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)

@@ -81,6 +81,10 @@ LATENT_CASES = {
     "latent_80_52_prefill_fresh_bf16": Case(  # values no multiple of a lane's 32 columns
         [19, 12], [19, 12], num_q_heads=16, num_kv_heads=1, head_dim=80, value_dim=52, dtype=BF16,
     ),
+    "latent_80_window_softcap_sinks_f16": Case(  # no MLA model has them; the body reads them
+        [50, 21, 7], [1, 21, 3], num_q_heads=16, num_kv_heads=1, head_dim=80, value_dim=64,
+        dtype=F16, sliding_window=9, softcap=10.0, sinks=True,
+    ),
     "latent_40_mixed_128_heads_block8": Case(
         [40, 3, 12, 1, 25], [1, 3, 5, 1, 1], num_q_heads=128, num_kv_heads=1, head_dim=40,
         value_dim=32, block_size=8,

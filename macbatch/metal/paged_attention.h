@@ -1,6 +1,7 @@
-// Helpers for paged_attention.metal (passed to mx.fast.metal_kernel as `header`).
-// Plain MSL: no threadgroup arrays here, no pointers to metadata arrays (those may arrive in the
-// `constant` address space when small).
+// Helpers for paged_attention.metal and paged_attention_latent.metal (passed to
+// mx.fast.metal_kernel as `header`). Plain MSL: no threadgroup arrays here, and no pointer
+// parameter of a fixed address space (small metadata arrays may arrive in `constant`): a helper
+// that reads an array is templated on its pointer type.
 
 // Every K/V page read goes through here (a float page element, a byte of quantized codes or a
 // float16 scale or bias), so the emulator (which defines MSLEMU_COUNT_BYTES; a Metal build never
@@ -25,10 +26,14 @@ inline float rescale_factor(float m_old, float m_new) {
   return m_new == -INFINITY ? 1.0f : metal::exp2(m_old - m_new);
 }
 
-// Keys [x, y) that query vectors [qv0, qv0 + nqv) of a sequence (`group` query heads per row,
+// Keys [begin, end) that query vectors [qv0, qv0 + nqv) of a sequence (`group` query heads per row,
 // first row at position first_pos) can see; for a split part (part >= 0) only its share of
 // them, whole chunks of tk keys each (a share may be empty).
-inline int2 visible_keys(
+struct KeyRange {
+  int begin, end;
+};
+
+inline KeyRange visible_keys(
     int first_pos, int qv0, int nqv, int group, int window, int part, int num_splits, int tk) {
   const int row_lo = qv0 / group;
   const int row_hi = (qv0 + nqv - 1) / group;
@@ -42,7 +47,7 @@ inline int2 visible_keys(
     k_begin = max(k_begin, lo);
     k_end = min(k_end, lo + per_split * tk);
   }
-  return int2{k_begin, k_end};
+  return KeyRange{k_begin, k_end};
 }
 
 // One work item of either kernel body: work[w] = {seq, kv_head, qv_start, qv_count, part}, the

@@ -74,9 +74,9 @@ for (int i = tid; i < MAXQV * D; i += NT) {
 }
 
 // Keys any row of the tile can see (this split's share of them): [k_begin, k_end).
-const int2 keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
-const int k_begin = keys.x;
-const int k_end = keys.y;
+const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const int k_begin = keys.begin;
+const int k_end = keys.end;
 
 float m[QPS];
 float l[QPS];

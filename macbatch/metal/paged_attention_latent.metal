@@ -68,9 +68,9 @@ for (int j = 0; j < QPS; ++j) {
   }
 }
 
-const int2 keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
-const int k_begin = keys.x;
-const int k_end = keys.y;
+const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const int k_begin = keys.begin;
+const int k_end = keys.end;
 
 for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk is done

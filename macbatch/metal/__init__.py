@@ -7,11 +7,12 @@ One contract (``reference.py``), several backends, each one file, all in one reg
 - ``cpu``: the C++ CPU kernel (``cpu_kernel.py``), without Metal (Linux, CI), built on first use;
 - ``reference``: the pure-MLX reference, the oracle for both and the fallback.
 
-A step's sequences reach a backend as one `AttentionMetadata`, a layer's scale, window, softcap
-and sinks as one `LayerParams` (``backend.py``, with the `AttentionBackend` protocol). A kernel is
-used only once it has passed its start-up self-test against the reference (`ensure_selftest()`,
-which the engine calls once); `attention_backend()` says which backend runs and why
-(``macbatch doctor`` prints it). This package never imports the engine.
+A step's sequences reach a backend as one `AttentionMetadata`, a layer's scale, window, softcap,
+sinks and latent value width (MLA) as one `LayerParams` (``backend.py``, with the
+`AttentionBackend` protocol). A kernel is used only once it has passed its start-up self-test
+against the reference (`ensure_selftest()`, which the engine calls once); `attention_backend()`
+says which backend runs and why (``macbatch doctor`` prints it). This package never imports the
+engine.
 """
 
 from __future__ import annotations

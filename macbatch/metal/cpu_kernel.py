@@ -155,7 +155,8 @@ def load_extension() -> ModuleType:
 
 
 def serves(head_dim: int, block_size: int) -> bool:
-    """Whether the kernel takes these shapes (else the reference does)."""
+    """Whether the kernel takes these shapes (else the reference does): for latent pages,
+    ``head_dim`` is the row's width (any value width up to it is served)."""
     return head_dim % 8 == 0 and block_size in SUPPORTED_BLOCK_SIZES
 
 
@@ -164,14 +165,17 @@ def paged_attention_cpu(
 ) -> mx.array:
     """Varlen paged attention (contract in ``reference.py``) through the C++ CPU primitive.
 
-    Latent pages (``layer.value_dim``) and head sizes that are not a multiple of 8 go to the
-    reference instead (so would page sizes other than 8, 16 or 32, which `EngineConfig` does
-    not allow). Quantized pages
-    (``QuantizedPages``) are dequantized page by page inside the kernel.
+    Head sizes that are not a multiple of 8 go to the reference instead (so would page sizes
+    other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
+    (``QuantizedPages``) are dequantized page by page inside the kernel. Latent pages
+    (``layer.value_dim``) are read once per row: the values are the leading columns of the
+    key rows the kernel has just read (``v_pages`` is not read).
     """
-    if layer.value_dim is not None or not serves(q.shape[-1], k_pages.shape[2]):
+    scale, sliding_window, softcap, sinks, value_dim = layer
+    if not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
-    scale, sliding_window, softcap, sinks, _ = layer
+    if value_dim is not None:
+        v_pages = k_pages
     quantized = {}
     if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
         quantized = dict(
@@ -181,7 +185,7 @@ def paged_attention_cpu(
         k_pages, v_pages = k_pages.codes, v_pages.codes
     return load_extension().paged_attention(
         q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-        scale, sliding_window or 0, softcap or 0.0, sinks, **quantized,
+        scale, sliding_window or 0, softcap or 0.0, sinks, **quantized, value_dim=value_dim or 0,
     )  # fmt: skip
 
 

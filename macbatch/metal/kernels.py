@@ -4,8 +4,10 @@
 dispatch per call (plus a small MLX merge when long decode contexts were split);
 `MetalKernelBackend` is its entry in the backend registry. The kernel body lives in
 ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
-``paged_attention.h``. ``metal_kernel`` is the constructor of the kernel object: MLX's
-``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same signature).
+``paged_attention.h``; latent pages (MLA, ``LayerParams.value_dim``) have their own body,
+``paged_attention_latent.metal``, on the same work list, splits and merge. ``metal_kernel`` is
+the constructor of the kernel object: MLX's ``mx.fast.metal_kernel`` on a Mac, the test suite's
+MSL emulator on Linux (same signature).
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ import numpy as np
 from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
-from macbatch.metal.reference import paged_attention_reference
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
     "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
     "params_f", "sinks", "k_scales", "v_scales",
 ]  # fmt: skip
+# Latent pages: the key pages are the values too, so no V pages or V scales.
+LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")]
 OUTPUT_NAMES = ["out", "part_ml", "part_acc"]
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_HEAD_DIM = 256
+MAX_LATENT_DIM = 1024  # 32 columns per lane in registers, per query vector
 THREADGROUP_FLOATS = 2048  # K (and V) chunk budget in threadgroup memory: 8 KiB each
+LATENT_CHUNK_FLOATS = 6144  # one chunk of latent rows (K and V at once): 24 KiB, 8 rows of 576
 
 MetalKernelFactory = Callable[..., Callable[..., list[mx.array]]]
 
@@ -88,19 +93,27 @@ def choose_tiling(head_dim: int, block_size: int, group: int, max_q_len: int) ->
     return Tiling(nsg, qps, chunk)
 
 
+def choose_latent_tiling(head_dim: int, block_size: int, group: int, max_q_len: int) -> Tiling:
+    """The latent kernel's tile: up to 8 SIMD-groups of 2 query vectors each (their queries and
+    accumulators live in registers, so threadgroup memory holds only the chunk of rows), 16
+    query heads sharing every row read; a chunk of up to 8 rows."""
+    tile = max(1, min(16, group * max_q_len))
+    nsg = min(8, tile)
+    chunk = min(block_size, 8, 1 << int(math.log2(LATENT_CHUNK_FLOATS // head_dim)))
+    return Tiling(nsg, ceil_div(tile, nsg), chunk)
+
+
 def plan(
     seq_lens: np.ndarray,
     cu_seqlens_q: np.ndarray,
     num_q_heads: int,
     num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
+    tiling: Tiling,
     split: SplitPolicy,
 ) -> Plan:
     """One work item per (sequence, KV head, query tile), decode items split when worthwhile."""
     group = num_q_heads // num_kv_heads
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).astype(np.int64)
-    tiling = choose_tiling(head_dim, block_size, group, int(q_lens.max(initial=1)))
     tile = tiling.tile
     tiles = ceil_div(q_lens * group, tile)
     seq_of = np.repeat(np.arange(len(q_lens)), tiles)
@@ -155,13 +168,15 @@ def _source(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def make_kernel(metal_kernel: MetalKernelFactory) -> Callable[..., list[mx.array]]:
-    """The single factory of the paged-attention kernel object."""
+def make_kernel(
+    metal_kernel: MetalKernelFactory, latent: bool = False
+) -> Callable[..., list[mx.array]]:
+    """The single factory of the paged-attention kernel objects (latent pages: their own)."""
     return metal_kernel(
-        name="macbatch_paged_attention",
-        input_names=INPUT_NAMES,
+        name="macbatch_paged_attention_latent" if latent else "macbatch_paged_attention",
+        input_names=LATENT_INPUT_NAMES if latent else INPUT_NAMES,
         output_names=OUTPUT_NAMES,
-        source=_source("paged_attention.metal"),
+        source=_source("paged_attention_latent.metal" if latent else "paged_attention.metal"),
         header=_source("paged_attention.h"),
     )
 
@@ -171,7 +186,7 @@ def _default_factory() -> MetalKernelFactory:
     return cast(MetalKernelFactory, mx.fast.metal_kernel)
 
 
-def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages) -> None:
+def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages, value_dim: int | None) -> None:
     """Clear errors for inputs the kernel does not handle (the reference handles them)."""
     if q.ndim != 3 or k_pages.ndim != 4 or v_pages.shape != k_pages.shape:
         raise ValueError(
@@ -180,10 +195,16 @@ def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages) -> None:
         )
     hq, d = q.shape[1], q.shape[2]
     hkv = k_pages.shape[1]
-    if d != k_pages.shape[3] or d > MAX_HEAD_DIM or hq % hkv:
+    most = MAX_HEAD_DIM if value_dim is None else MAX_LATENT_DIM
+    if d != k_pages.shape[3] or d > most or hq % hkv:
         raise ValueError(
-            f"paged_attention: head dim {d} (K/V {k_pages.shape[3]}, at most {MAX_HEAD_DIM}) "
+            f"paged_attention: head dim {d} (K/V {k_pages.shape[3]}, at most {most}) "
             f"and {hq} query heads over {hkv} KV heads (must divide) are not supported"
+        )
+    if value_dim is not None and not 0 < value_dim <= d:
+        raise ValueError(
+            f"paged_attention: latent values are the leading columns of the {d}-wide rows, "
+            f"got value_dim {value_dim}"
         )
     if isinstance(k_pages, QuantizedPages) != isinstance(v_pages, QuantizedPages):
         raise ValueError("paged_attention: K and V pages must both be quantized, or neither")
@@ -229,40 +250,45 @@ def paged_attention_kernel(
     metal_kernel: MetalKernelFactory | None = None,
     split: SplitPolicy = SplitPolicy(),
 ) -> mx.array:
-    """The attention contract of ``reference.py``, computed by the Metal kernel (latent pages,
-    ``layer.value_dim``, by the reference until the kernel reads them)."""
-    if layer.value_dim is not None:
-        return paged_attention_reference(q, k_pages, v_pages, meta, layer)
-    check_shapes(q, k_pages, v_pages)
+    """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
+    (``layer.value_dim``) by its latent body, which reads only ``k_pages``."""
+    scale, sliding_window, softcap, sinks, value_dim = layer
+    latent = value_dim is not None
+    check_shapes(q, k_pages, v_pages, value_dim)
     n, hq, d = q.shape
+    dv = value_dim or d
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
-    scale, sliding_window, softcap, sinks, _ = layer
-    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, d, bs, split)
-    t = p.tiling
-    kernel = make_kernel(metal_kernel or _default_factory())
+    q_lens = meta.host_cu_seqlens_q[1:] - meta.host_cu_seqlens_q[:-1]
+    tiling = (choose_latent_tiling if latent else choose_tiling)(
+        d, bs, hq // hkv, int(q_lens.max(initial=1))
+    )
+    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split)
     window = int(sliding_window) if sliding_window else 0
     params_i = mx.array([hq, hkv, meta.block_tables.shape[1], window, p.num_splits], dtype=mx.int32)
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
     sink_arr = sinks.astype(mx.float32) if sinks is not None else mx.zeros((1,), mx.float32)
-    slots = max(1, p.split_groups * p.num_splits)
     bits, group = 0, d  # float pages; the scales inputs are 1-element placeholders
     k_scales = v_scales = mx.zeros((1,), mx.float16)
     if isinstance(k_pages, QuantizedPages) and isinstance(v_pages, QuantizedPages):
         bits, group = k_pages.bits, k_pages.group_size
         k_scales, v_scales = k_pages.scales, v_pages.scales
         k_pages, v_pages = k_pages.codes, v_pages.codes
-    out, part_ml, part_acc = kernel(
+    pages = [k_pages] if latent else [k_pages, v_pages]
+    scales = [k_scales] if latent else [k_scales, v_scales]
+    widths = [("D", d), ("DV", dv)] if latent else [("D", d)]
+    slots = max(1, p.split_groups * p.num_splits)
+    out, part_ml, part_acc = make_kernel(metal_kernel or _default_factory(), latent)(
         inputs=[
-            q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-            mx.array(p.work), params_i, params_f, sink_arr, k_scales, v_scales,
+            q, *pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, mx.array(p.work),
+            params_i, params_f, sink_arr, *scales,
         ],
-        output_shapes=[(n, hq, d), (slots, t.tile, 2), (slots, t.tile, d)],
+        output_shapes=[(n, hq, dv), (slots, tiling.tile, 2), (slots, tiling.tile, dv)],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
-        grid=(len(p.work) * t.num_simdgroups * 32, 1, 1),
-        threadgroup=(t.num_simdgroups * 32, 1, 1),
+        grid=(len(p.work) * tiling.num_simdgroups * 32, 1, 1),
+        threadgroup=(tiling.num_simdgroups * 32, 1, 1),
         template=[
-            ("T", q.dtype), ("D", d), ("BS", bs), ("TK", t.chunk_keys),
-            ("NSG", t.num_simdgroups), ("QPS", t.qvs_per_simdgroup),
+            ("T", q.dtype), *widths, ("BS", bs), ("TK", tiling.chunk_keys),
+            ("NSG", tiling.num_simdgroups), ("QPS", tiling.qvs_per_simdgroup),
             ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
             ("GS", group),
         ],

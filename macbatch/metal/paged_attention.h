@@ -1,6 +1,7 @@
-// Helpers for paged_attention.metal (passed to mx.fast.metal_kernel as `header`).
-// Plain MSL: no threadgroup arrays here, no pointers to metadata arrays (those may arrive in the
-// `constant` address space when small).
+// Helpers for paged_attention.metal and paged_attention_latent.metal (passed to
+// mx.fast.metal_kernel as `header`). Plain MSL: no threadgroup arrays here, and no pointer
+// parameter of a fixed address space (small metadata arrays may arrive in `constant`): a helper
+// that reads an array is templated on its pointer type.
 
 // Every K/V page read goes through here (a float page element, a byte of quantized codes or a
 // float16 scale or bias), so the emulator (which defines MSLEMU_COUNT_BYTES; a Metal build never
@@ -23,4 +24,58 @@ inline float soft_cap(float score, float cap) {
 // Nothing seen yet (both -inf) leaves the state unchanged.
 inline float rescale_factor(float m_old, float m_new) {
   return m_new == -INFINITY ? 1.0f : metal::exp2(m_old - m_new);
+}
+
+// Keys [begin, end) that query vectors [qv0, qv0 + nqv) of a sequence (`group` query heads per row,
+// first row at position first_pos) can see; for a split part (part >= 0) only its share of
+// them, whole chunks of tk keys each (a share may be empty).
+struct KeyRange {
+  int begin, end;
+};
+
+inline KeyRange visible_keys(
+    int first_pos, int qv0, int nqv, int group, int window, int part, int num_splits, int tk) {
+  const int row_lo = qv0 / group;
+  const int row_hi = (qv0 + nqv - 1) / group;
+  int k_end = first_pos + row_hi + 1;
+  int k_begin = window > 0 ? max(0, first_pos + row_lo - window + 1) : 0;
+  if (part >= 0) {
+    const int base = (k_begin / tk) * tk;
+    const int chunks = (k_end - base + tk - 1) / tk;
+    const int per_split = (chunks + num_splits - 1) / num_splits;
+    const int lo = base + (part % num_splits) * per_split * tk;
+    k_begin = max(k_begin, lo);
+    k_end = min(k_end, lo + per_split * tk);
+  }
+  return KeyRange{k_begin, k_end};
+}
+
+// One work item of either kernel body: work[w] = {seq, kv_head, qv_start, qv_count, part}, the
+// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits} and
+// where the item's sequence sits. Templated on the pointer types: small metadata arrays arrive
+// in the `constant` address space.
+struct AttentionWork {
+  int seq, kvh, qv0, nqv, part;
+  int hq, hkv, max_blocks, window, num_splits, group;
+  int q_begin;    // the sequence's first query row in q
+  int first_pos;  // the position of that row
+};
+
+template <typename W, typename P, typename S, typename C>
+inline AttentionWork read_work_item(W work, P params_i, S seq_lens, C cu_seqlens_q, int w) {
+  AttentionWork it;
+  it.seq = work[w * 5 + 0];
+  it.kvh = work[w * 5 + 1];
+  it.qv0 = work[w * 5 + 2];
+  it.nqv = work[w * 5 + 3];
+  it.part = work[w * 5 + 4];
+  it.hq = params_i[0];
+  it.hkv = params_i[1];
+  it.max_blocks = params_i[2];
+  it.window = params_i[3];
+  it.num_splits = params_i[4];
+  it.group = it.hq / it.hkv;
+  it.q_begin = cu_seqlens_q[it.seq];
+  it.first_pos = seq_lens[it.seq] - (cu_seqlens_q[it.seq + 1] - it.q_begin);
+  return it;
 }

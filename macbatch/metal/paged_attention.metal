@@ -38,23 +38,20 @@ const int sg = int(simdgroup_index_in_threadgroup);
 const int lane = int(thread_index_in_simdgroup);
 const int w = int(threadgroup_position_in_grid.x);
 
-const int seq = work[w * 5 + 0];
-const int kvh = work[w * 5 + 1];
-const int qv0 = work[w * 5 + 2];
-const int nqv = work[w * 5 + 3];
-const int part = work[w * 5 + 4];
-
-const int hq = params_i[0];
-const int hkv = params_i[1];
-const int max_blocks = params_i[2];
-const int window = params_i[3];
-const int num_splits = params_i[4];
-const int group = hq / hkv;
-
-const int ctx = seq_lens[seq];
-const int q_begin = cu_seqlens_q[seq];
-const int q_len = cu_seqlens_q[seq + 1] - q_begin;
-const int first_pos = ctx - q_len;  // position of the sequence's first query row
+const AttentionWork item = read_work_item(work, params_i, seq_lens, cu_seqlens_q, w);
+const int seq = item.seq;
+const int kvh = item.kvh;
+const int qv0 = item.qv0;
+const int nqv = item.nqv;
+const int part = item.part;
+const int hq = item.hq;
+const int hkv = item.hkv;
+const int max_blocks = item.max_blocks;
+const int window = item.window;
+const int num_splits = item.num_splits;
+const int group = item.group;
+const int q_begin = item.q_begin;
+const int first_pos = item.first_pos;  // position of the sequence's first query row
 
 threadgroup float qs[MAXQV * D];
 threadgroup float ks[TK * D];
@@ -76,20 +73,10 @@ for (int i = tid; i < MAXQV * D; i += NT) {
   qs[i] = x;
 }
 
-// Keys any row of the tile can see: [k_begin, k_end).
-const int row_lo = qv0 / group;
-const int row_hi = (qv0 + nqv - 1) / group;
-int k_end = first_pos + row_hi + 1;
-int k_begin = window > 0 ? max(0, first_pos + row_lo - window + 1) : 0;
-if (part >= 0) {
-  // This split's share, whole chunks each; a share may be empty.
-  const int base = (k_begin / TK) * TK;
-  const int chunks = (k_end - base + TK - 1) / TK;
-  const int per_split = (chunks + num_splits - 1) / num_splits;
-  const int lo = base + (part % num_splits) * per_split * TK;
-  k_begin = max(k_begin, lo);
-  k_end = min(k_end, lo + per_split * TK);
-}
+// Keys any row of the tile can see (this split's share of them): [k_begin, k_end).
+const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const int k_begin = keys.begin;
+const int k_end = keys.end;
 
 float m[QPS];
 float l[QPS];

@@ -10,6 +10,11 @@
 // Pages are float (the model's dtype) or quantized to 8 or 4 bits (format in `quant.py`: uint8
 // codes, one float16 scale and bias per token row and head-dim group). Either way a page is
 // turned into float only in the per-thread scratch of the page being scored, never in the pool.
+//
+// Latent pages (MLA: `value_dim` > 0): one KV head whose rows are `head_dim` wide and whose
+// leading `value_dim` columns are the values. A page's key rows are turned into float once and
+// the values are read from those same floats (in place for float32 pages), so a token's row is
+// read once; all query heads form one group, split across work items by heads when it is large.
 
 #include <algorithm>
 #include <atomic>
@@ -43,8 +48,15 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxQueryVectors = 32;  // query vectors (rows x heads of a KV group) per work item
 constexpr int64_t kMinWorkPerThread = 1 << 16;  // query vectors x keys, about 0.4 ms on one core
 
-// W floats as one vector (GCC/Clang vector extensions): 16 lanes are one AVX-512 register, two
-// AVX2 registers or four NEON registers, so the register blocking below needs no intrinsics.
+// W floats as one vector (GCC/Clang vector extensions), so the register blocking below needs no
+// intrinsics. kLanes is the machine's register width where it is 16 floats (AVX-512), else 8:
+// on AVX2 (an EPYC), 16-lane vectors made every shape 2 to 3 times slower than 8-lane ones (the
+// compiler keeps arrays of vectors wider than a register in memory); NEON takes 8 as two.
+#ifdef __AVX512F__
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
 template <int W>
 struct Lanes;
 template <>
@@ -117,9 +129,9 @@ inline float exp_nonpositive(float x) {
   return exp_nonpositive<8>(vec<8>{} + x)[0];
 }
 
-// Lanes per vector of a page's scores: 16 keys, or the whole page when it holds 8.
+// Lanes per vector of a page's scores: kLanes keys, or the whole page when it holds fewer.
 template <int BS>
-constexpr int kScoreLanes = BS < 16 ? BS : 16;
+constexpr int kScoreLanes = BS < kLanes ? BS : kLanes;
 
 // scores[v][j] = q_v . k_j for NV query vectors and one page, from the page transposed to
 // [D][BS]: each key column is loaded once and used by all NV vectors.
@@ -146,18 +158,20 @@ inline void page_scores(const float* q, const float* keys_t, int D, float (&scor
   }
 }
 
-// acc_v = acc_v * correction_v + sum_j p[v][j] * V_j, WV columns at a time in registers.
+// acc_v = acc_v * correction_v + sum_j p[v][j] * V_j, WV columns at a time in registers. V_j
+// is D wide and starts `stride` floats after V_{j-1} (wider than D: the leading columns of a
+// latent row).
 template <int BS, int NV, int WV>
 inline void page_values(
     float* acc, const float (&correction)[NV], const float (&p)[NV][BS], const float* values,
-    int D) {
+    int D, int stride) {
   for (int d = 0; d < D; d += WV) {
     vec<WV> lanes[NV];
     for (int v = 0; v < NV; ++v) {
       lanes[v] = load<WV>(acc + v * D + d) * correction[v];
     }
     for (int j = 0; j < BS; ++j) {
-      const vec<WV> row = load<WV>(values + j * D + d);
+      const vec<WV> row = load<WV>(values + j * stride + d);
       for (int v = 0; v < NV; ++v) {
         lanes[v] += p[v][j] * row;
       }
@@ -171,11 +185,19 @@ inline void page_values(
 struct Geometry {
   int num_kv_heads, group, head_dim, block_size, max_blocks, sliding_window;
   float scale, softcap;
+  int value_dim;  // output width: head_dim, or the latent's leading columns
+  bool latent;    // values are the leading value_dim columns of the key rows
+  // Columns accumulated: value_dim rounded up to a multiple of 8 (the vector width), which the
+  // head_dim-wide rows always hold (head_dim is a multiple of 8); the extra ones are not output.
+  int value_cols() const {
+    return (value_dim + 7) / 8 * 8;
+  }
 };
 
-// One work item: query rows [row_begin, row_end) of one sequence, all query heads of one KV head.
+// One work item: query rows [row_begin, row_end) of one sequence and query heads
+// [head_begin, head_end) of one KV head's group (the whole group unless it is large).
 struct WorkItem {
-  int seq, kv_head, row_begin, row_end;
+  int seq, kv_head, row_begin, row_end, head_begin, head_end;
 };
 
 // Float pages of the model's dtype: a token row of one KV head is D elements.
@@ -235,7 +257,7 @@ struct Inputs {
   const int32_t* seq_lens;
   const int32_t* cu_seqlens;
   const float* sinks;  // nullptr when the model has none
-  T* out;              // [N, Hq, D], row contiguous
+  T* out;              // [N, Hq, value_dim], row contiguous
 };
 
 // Per-thread scratch: scaled queries, their positions, running max and sum, accumulators, and
@@ -243,11 +265,11 @@ struct Inputs {
 struct Scratch {
   std::vector<float> queries, acc, row_max, row_sum, keys_t, values;
   std::vector<int> position;
-  void resize(int vectors, int head_dim, int block_size) {
+  void resize(int vectors, int head_dim, int value_cols, int block_size) {
     keys_t.resize(head_dim * block_size);
-    values.resize(head_dim * block_size);
+    values.resize(head_dim * block_size);  // a latent page's key rows, values in their lead
     queries.resize(vectors * head_dim);
-    acc.resize(vectors * head_dim);
+    acc.resize(vectors * value_cols);
     row_max.resize(vectors);
     row_sum.resize(vectors);
     position.resize(vectors);
@@ -256,7 +278,8 @@ struct Scratch {
 
 // One page's contribution to query vectors [first, first + NV): scores, mask, online softmax.
 template <int BS, int NV, int WV>
-void page_update(const Geometry& g, Scratch& s, int first, int block, const float* values) {
+void page_update(
+    const Geometry& g, Scratch& s, int first, int block, const float* values, int stride) {
   constexpr int W = kScoreLanes<BS>;
   const int D = g.head_dim;
   float p[NV][BS];
@@ -302,23 +325,26 @@ void page_update(const Geometry& g, Scratch& s, int first, int block, const floa
     row_max = new_max;
     s.row_sum[first + v] = s.row_sum[first + v] * correction[v] + horizontal_sum<W>(lane_sum);
   }
-  page_values<BS, NV, WV>(&s.acc[first * D], correction, p, values, D);
+  const int cols = g.value_cols();
+  page_values<BS, NV, WV>(&s.acc[first * cols], correction, p, values, cols, stride);
 }
 
 template <typename T, typename Pages, int BS, int WV>
 void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
-  const int D = g.head_dim, G = g.group, hq = g.num_kv_heads * G;
-  const int rows = item.row_end - item.row_begin, vectors = rows * G;
+  const int D = g.head_dim, DV = g.value_dim, cols = g.value_cols();
+  const int hq = g.num_kv_heads * g.group;
+  const int heads = item.head_end - item.head_begin, first_head = item.kv_head * g.group;
+  const int rows = item.row_end - item.row_begin, vectors = rows * heads;
   const int q_start = in.cu_seqlens[item.seq];
   const int q_len = in.cu_seqlens[item.seq + 1] - q_start;
   const int ctx = in.seq_lens[item.seq];
   const int first_pos = ctx - q_len + (item.row_begin - q_start);
   const int last_pos = first_pos + rows - 1;
 
-  // Query vector v = row * G + head-in-group, scaled once.
+  // Query vector v = row * heads + head-in-item, scaled once.
   for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < G; ++j) {
-      const int v = r * G + j, head = item.kv_head * G + j;
+    for (int j = 0; j < heads; ++j) {
+      const int v = r * heads + j, head = first_head + item.head_begin + j;
       const T* src = in.q + (item.row_begin + r) * in.q_strides[0] + head * in.q_strides[1];
       for (int d = 0; d < D; ++d) {
         s.queries[v * D + d] = static_cast<float>(src[d * in.q_strides[2]]) * g.scale;
@@ -328,74 +354,67 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
       s.row_sum[v] = in.sinks ? 1.0f : 0.0f;
     }
   }
-  std::fill(s.acc.begin(), s.acc.begin() + vectors * D, 0.0f);
+  std::fill(s.acc.begin(), s.acc.begin() + vectors * cols, 0.0f);
 
   const int key_begin = g.sliding_window > 0 ? std::max(0, first_pos - g.sliding_window + 1) : 0;
   const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
   for (int block = key_begin / BS; block * BS <= last_pos; ++block) {
     const int64_t page = (static_cast<int64_t>(table[block]) * g.num_kv_heads + item.kv_head) * BS;
+    // The page's key rows as float: in place when they are float32 already, else converted into
+    // scratch. Latent pages' values are the leading columns of these same rows.
+    const float* keys = in.k_pages.direct(page, D);
+    if (keys == nullptr) {
+      for (int j = 0; j < BS; ++j) {
+        in.k_pages.load_row(page + j, D, s.values.data() + j * D);
+      }
+      keys = s.values.data();
+    }
     for (int j = 0; j < BS; ++j) {
-      float* row = s.values.data();  // scratch until the values are loaded below
-      in.k_pages.load_row(page + j, D, row);
       for (int d = 0; d < D; ++d) {
-        s.keys_t[d * BS + j] = row[d];
+        s.keys_t[d * BS + j] = keys[j * D + d];
       }
     }
-    const float* values = in.v_pages.direct(page, D);
-    if (values == nullptr) {
-      for (int j = 0; j < BS; ++j) {
-        in.v_pages.load_row(page + j, D, s.values.data() + j * D);
+    const float* values = keys;
+    if (!g.latent) {
+      values = in.v_pages.direct(page, D);
+      if (values == nullptr) {
+        for (int j = 0; j < BS; ++j) {
+          in.v_pages.load_row(page + j, D, s.values.data() + j * D);
+        }
+        values = s.values.data();
       }
-      values = s.values.data();
     }
     int v = 0;
-    for (; v + 4 <= vectors; v += 4) {
-      page_update<BS, 4, WV>(g, s, v, block, values);
+    for (; v + 6 <= vectors; v += 6) {
+      page_update<BS, 6, WV>(g, s, v, block, values, D);
+    }
+    if (vectors - v >= 4) {
+      page_update<BS, 4, WV>(g, s, v, block, values, D);
+      v += 4;
     }
     switch (vectors - v) {
       case 3:
-        page_update<BS, 3, WV>(g, s, v, block, values);
+        page_update<BS, 3, WV>(g, s, v, block, values, D);
         break;
       case 2:
-        page_update<BS, 2, WV>(g, s, v, block, values);
+        page_update<BS, 2, WV>(g, s, v, block, values, D);
         break;
       case 1:
-        page_update<BS, 1, WV>(g, s, v, block, values);
+        page_update<BS, 1, WV>(g, s, v, block, values, D);
         break;
     }
   }
 
   for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < G; ++j) {
-      const int v = r * G + j, head = item.kv_head * G + j;
+    for (int j = 0; j < heads; ++j) {
+      const int v = r * heads + j, head = first_head + item.head_begin + j;
       const float inv = 1.0f / s.row_sum[v];
-      T* dst = in.out + (static_cast<int64_t>(item.row_begin + r) * hq + head) * D;
-      for (int d = 0; d < D; ++d) {
-        dst[d] = static_cast<T>(s.acc[v * D + d] * inv);
+      T* dst = in.out + (static_cast<int64_t>(item.row_begin + r) * hq + head) * DV;
+      for (int d = 0; d < DV; ++d) {
+        dst[d] = static_cast<T>(s.acc[v * cols + d] * inv);
       }
     }
   }
-}
-
-struct Plan {
-  std::vector<WorkItem> items;
-  int64_t work = 0;  // query vectors x keys visited: what the threads share
-};
-
-Plan plan(const int32_t* cu, const int32_t* seq_lens, int num_seqs, const Geometry& g) {
-  const int rows_per_item = std::max(1, kMaxQueryVectors / g.group);
-  Plan p;
-  for (int seq = 0; seq < num_seqs; ++seq) {
-    const int span = g.sliding_window > 0 ? std::min(seq_lens[seq], g.sliding_window)
-                                          : seq_lens[seq];
-    p.work += static_cast<int64_t>(cu[seq + 1] - cu[seq]) * g.num_kv_heads * g.group * span;
-    for (int row = cu[seq]; row < cu[seq + 1]; row += rows_per_item) {
-      for (int h = 0; h < g.num_kv_heads; ++h) {
-        p.items.push_back({seq, h, row, std::min(row + rows_per_item, cu[seq + 1])});
-      }
-    }
-  }
-  return p;
 }
 
 // CPUs this process may run on (its affinity mask on Linux, not the machine's core count).
@@ -409,14 +428,65 @@ size_t usable_cpus() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+struct Plan {
+  std::vector<WorkItem> items;
+  int64_t work = 0;     // query vectors x keys visited: what the threads share
+  int max_vectors = 1;  // query vectors of the largest item (the scratch's size)
+};
+
+// Rows of one sequence per item when an item holds `heads` query heads of a group.
+inline int rows_per_item(int heads) {
+  return std::max(1, kMaxQueryVectors / heads);
+}
+
+// Query heads per work item: the whole group when it fits in one item, else slices of it. While
+// there are fewer items than CPUs the slices get thinner (down to 4 heads),
+// so one long decode of a wide group (MLA: every query head shares one latent KV head) still
+// uses every core; each slice reads the pages again, a small cost beside scoring them.
+int heads_per_item(const int32_t* cu, int num_seqs, const Geometry& g) {
+  const size_t cpus = usable_cpus();
+  int heads = std::min(g.group, kMaxQueryVectors);
+  auto items = [&](int h) {
+    size_t n = 0;
+    for (int seq = 0; seq < num_seqs; ++seq) {
+      const int q_len = cu[seq + 1] - cu[seq];
+      n += static_cast<size_t>((q_len + rows_per_item(h) - 1) / rows_per_item(h));
+    }
+    return n * g.num_kv_heads * ((g.group + h - 1) / h);
+  };
+  while (heads > 4 && items(heads) < cpus) {
+    heads = (heads + 1) / 2;
+  }
+  return heads;
+}
+
+Plan plan(const int32_t* cu, const int32_t* seq_lens, int num_seqs, const Geometry& g) {
+  const int heads = heads_per_item(cu, num_seqs, g), rows = rows_per_item(heads);
+  Plan p;
+  p.max_vectors = rows * heads;
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    const int span = g.sliding_window > 0 ? std::min(seq_lens[seq], g.sliding_window)
+                                          : seq_lens[seq];
+    p.work += static_cast<int64_t>(cu[seq + 1] - cu[seq]) * g.num_kv_heads * g.group * span;
+    for (int row = cu[seq]; row < cu[seq + 1]; row += rows) {
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        for (int first = 0; first < g.group; first += heads) {
+          p.items.push_back({seq, h, row, std::min(row + rows, cu[seq + 1]), first,
+                             std::min(first + heads, g.group)});
+        }
+      }
+    }
+  }
+  return p;
+}
+
 template <typename T, typename Pages, int BS, int WV>
 void run_items(const Inputs<T, Pages>& in, const Geometry& g, const Plan& plan) {
-  const int vectors = std::max(1, kMaxQueryVectors / g.group) * g.group;
   const auto& items = plan.items;
   std::atomic<size_t> next{0};
   auto worker = [&]() {
     Scratch scratch;
-    scratch.resize(vectors, g.head_dim, BS);
+    scratch.resize(plan.max_vectors, g.head_dim, g.value_cols(), BS);
     for (size_t i = next++; i < items.size(); i = next++) {
       attend<T, Pages, BS, WV>(in, g, items[i], scratch);
     }
@@ -519,7 +589,7 @@ class PagedAttentionCPU : public mx::Primitive {
         out.data<T>(),
     };
     const auto work = plan(args.cu_seqlens, args.seq_lens, static_cast<int>(in[4].size()), g);
-    if (g.head_dim % 16 == 0) {
+    if (kLanes == 16 && g.value_cols() % 16 == 0) {
       return run_for_block_size<T, Pages, 16>(args, g, work);
     }
     return run_for_block_size<T, Pages, 8>(args, g, work);
@@ -568,8 +638,10 @@ mx::array paged_attention_cpu(
     const std::optional<mx::array>& k_scales,
     const std::optional<mx::array>& v_scales,
     int bits,
-    int group_size) {
+    int group_size,
+    int value_dim) {
   const bool quantized = bits != 0;
+  const bool latent = value_dim > 0;
   const auto page_dtype = quantized ? mx::uint8 : q.dtype();
   const int row_width = quantized ? q.shape(2) * bits / 8 : q.shape(2);
   if (q.ndim() != 3 || k_pages.ndim() != 4 || !k_pages.flags().row_contiguous ||
@@ -596,9 +668,13 @@ mx::array paged_attention_cpu(
     throw std::invalid_argument(
         "paged_attention_cpu: head_dim must be a multiple of 8 and block_size 8, 16 or 32");
   }
+  if (latent && value_dim > q.shape(2)) {
+    throw std::invalid_argument("paged_attention_cpu: latent value_dim exceeds the head dim");
+  }
   const int hq = q.shape(1), hkv = k_pages.shape(1);
-  Geometry g{hkv,           hq / hkv, q.shape(2), block_size, block_tables.shape(1),
-             sliding_window, scale,   softcap};
+  Geometry g{hkv,     hq / hkv, q.shape(2), block_size,
+             block_tables.shape(1), sliding_window, scale, softcap,
+             latent ? value_dim : q.shape(2), latent};
   auto stream = mx::default_stream(mx::Device::cpu);
   std::vector<mx::array> inputs{
       q,
@@ -616,7 +692,7 @@ mx::array paged_attention_cpu(
     inputs.push_back(kernel_input(*sinks, mx::float32, stream));
   }
   return mx::array(
-      q.shape(),
+      {q.shape(0), q.shape(1), g.value_dim},
       q.dtype(),
       std::make_shared<PagedAttentionCPU>(stream, g, sinks.has_value(), bits, group_size),
       std::move(inputs));
@@ -642,5 +718,6 @@ NB_MODULE(_paged_attention_cpu, m) {
       nb::arg("k_scales").none() = nb::none(),
       nb::arg("v_scales").none() = nb::none(),
       nb::arg("bits") = 0,
-      nb::arg("group_size") = 0);
+      nb::arg("group_size") = 0,
+      nb::arg("value_dim") = 0);
 }

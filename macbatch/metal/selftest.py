@@ -3,7 +3,8 @@
 A kernel that compiles on one machine can miscompile, or fail to build, on another (another
 Metal compiler, another C++ toolchain), so the registry runs this once per backend before
 trusting it. It covers what a step can mix: decode rows and prefill chunks, each page dtype,
-8-bit and 4-bit pages, with and without sliding window, softcap and sinks.
+8-bit and 4-bit pages, with and without sliding window, softcap and sinks, and latent (MLA)
+pages, so a backend that reads them wrong is never selected.
 """
 
 from __future__ import annotations
@@ -23,42 +24,64 @@ _FORMATS = [
     (mx.float32, 1e-4, 8),
     (mx.float32, 1e-4, 4),
 ]
+# (query heads, KV heads, head dim, value dim): grouped heads, and latent pages (one KV head
+# whose rows' leading columns are the values, MLA's, narrower than a real 576/512 to stay quick)
+_SHAPES = [(4, 2, 64, None), (16, 1, 96, 64)]
+_BLOCKS, _BLOCK_SIZE = 24, 16
 
 
 def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
-    """Compare ``backend`` with the reference on a small random mixed batch in each format.
+    """Compare ``backend`` with the reference on a small random mixed batch in each format, for
+    grouped heads and for latent (MLA) pages.
 
     Returns (passed, reason). Any exception (a compile error) counts as a failure.
     """
     rng = np.random.default_rng(seed)
-    hq, hkv, d, bs, blocks = 4, 2, 64, 16, 24
     q_lens = np.array([1, 9, 1, 3])
     lens = np.array([40, 20, 1, 35], dtype=np.int32)
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    tables = rng.permutation(blocks)[:12].reshape(4, 3).astype(np.int32)
+    tables = rng.permutation(_BLOCKS)[:12].reshape(4, 3).astype(np.int32)
     meta = AttentionMetadata.build(tables, lens, cu)
-    q_shape, page_shape = (int(cu[-1]), hq, d), (blocks, hkv, bs, d)
     for dtype, tol, bits in _FORMATS:
-        q = mx.array(rng.standard_normal(q_shape), dtype=dtype)
-        kv = [mx.array(rng.standard_normal(page_shape), dtype=dtype) for _ in range(2)]
-        k, v = _pages(kv, bits)
-        sinks = mx.array(rng.standard_normal(hq), dtype=mx.float32)
-        layers = {
-            "plain": LayerParams(d**-0.5),
-            "sliding_window+softcap+sinks": LayerParams(d**-0.5, 8, 20.0, sinks),
-        }
-        for options, layer in layers.items():
-            want = paged_attention_reference(q, k, v, meta, layer).astype(mx.float32)
-            try:
-                got = backend(q, k, v, meta, layer).astype(mx.float32)
-                mx.eval(got)
-            except Exception as exc:  # a compile or launch error: fall back, never crash
-                return False, f"{type(exc).__name__}: {exc}".splitlines()[0]
-            err = float(np.array(mx.max(mx.abs(got - want))))
-            if not err <= tol:  # NaN fails too
-                pages = f"{bits}-bit pages" if bits else f"{dtype} pages"
-                return False, f"{pages} {options}: max error {err:.3g} > {tol}"
+        for shape in _SHAPES:
+            hq, hkv, d, value_dim = shape
+            q = mx.array(rng.standard_normal((int(cu[-1]), hq, d)), dtype=dtype)
+            page_shape = (_BLOCKS, hkv, _BLOCK_SIZE, d)
+            kv = [mx.array(rng.standard_normal(page_shape), dtype=dtype) for _ in range(2)]
+            k, v = _pages(kv, bits)
+            for options, layer in _layers(shape, rng).items():
+                failure = _compare(backend, (q, k, k if value_dim else v, meta, layer), tol)
+                if failure:
+                    pages = f"{bits}-bit pages" if bits else f"{dtype} pages"
+                    return False, f"{pages} {options}: {failure}"
     return True, ""
+
+
+def _layers(shape: tuple[int, int, int, int | None], rng: np.random.Generator) -> dict:
+    """The layer options each shape is tested with, by name: latent layers (MLA) need no
+    window, softcap or sinks."""
+    hq, _, d, value_dim = shape
+    if value_dim is not None:
+        return {f"latent {d}/{value_dim}": LayerParams(d**-0.5, value_dim=value_dim)}
+    sinks = mx.array(rng.standard_normal(hq), dtype=mx.float32)
+    return {
+        "plain": LayerParams(d**-0.5),
+        "sliding_window+softcap+sinks": LayerParams(d**-0.5, 8, 20.0, sinks),
+    }
+
+
+def _compare(backend: AttentionBackend, args: tuple, tol: float) -> str | None:
+    """Why ``backend`` disagrees with the reference on ``args``, or None when it agrees."""
+    want = paged_attention_reference(*args).astype(mx.float32)
+    try:
+        got = backend(*args).astype(mx.float32)
+        mx.eval(got)
+    except Exception as exc:  # a compile or launch error: fall back, never crash
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if got.shape != want.shape:
+        return f"output shape {tuple(got.shape)}, not {tuple(want.shape)}"
+    err = float(np.array(mx.max(mx.abs(got - want))))
+    return None if err <= tol else f"max error {err:.3g} > {tol}"  # NaN fails too
 
 
 def _pages(kv: list[mx.array], bits: int | None) -> list[Pages]:

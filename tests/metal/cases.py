@@ -8,6 +8,9 @@ whole blocks and masks them (and 0 * NaN is NaN).
 With ``kv_bits`` set, the pages are quantized by the numpy quantizer (written from the format's
 definition) and the poison goes into the scales of the hidden slots; ``k`` and ``v`` then hold the
 dequantized values, so the float64 oracle applies exactly the quantization the kernels read.
+
+With ``value_dim`` set the case is MLA's latent pages: the K pages are passed as the V pages too,
+and the oracle is handed their leading ``value_dim`` columns as separate value pages.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from macbatch.metal import AttentionMetadata, LayerParams
 from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from macbatch.metal.quant import QuantizedPages, default_group_size
 from tests.msl.emulator import Emulator
-from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
+from tests.support.attention_numpy import dequantize_numpy, paged_attention_numpy, quantize_numpy
 
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}
 
@@ -43,6 +46,7 @@ class Case:
     seed: int = 0
     kv_bits: int | None = None
     group_size: int | None = None
+    value_dim: int | None = None  # latent pages: values are the keys' leading columns
     arrays: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,8 @@ class Case:
         else:
             k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
             k, v = mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
+        if self.value_dim is not None:
+            v = k  # one latent row per token: the caller passes the key pages as values
         return (
             mx.array(self.q).astype(self.dtype),
             k,
@@ -111,6 +117,18 @@ class Case:
             self.sliding_window,
             self.softcap,
             mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
+            self.value_dim,
+        )
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        return (*self.q.shape[:2], self.value_dim or self.head_dim)
+
+    def oracle(self) -> np.ndarray:
+        """The float64 numpy answer (latent values: the keys' leading columns, as pages)."""
+        v = self.v if self.value_dim is None else self.k[..., : self.value_dim]
+        return paged_attention_numpy(
+            self.q, self.k, v, self.tables, self.lens, self.cu, self.scale, **self.numpy_options()
         )
 
     def numpy_options(self) -> dict:

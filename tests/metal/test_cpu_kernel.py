@@ -133,3 +133,68 @@ def test_metadata_in_any_form_gives_the_same_result():
         meta = AttentionMetadata.build(*metadata)
         got = paged_attention_cpu(mx.array(q), mx.array(k), mx.array(v), meta, LayerParams(0.5))
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+
+
+# MLA's latent pages: one KV head whose rows are Dk wide, the values their leading Dv columns
+# (the caller passes the key pages as values too). (Dk, Dv, query heads): the real width with
+# few heads, narrow rows under many heads (a group wider than one work item), and a value width
+# that is no multiple of the 8-float vector.
+LATENT_SHAPES = [(576, 512, 16), (80, 64, 16), (40, 32, 128), (48, 36, 16)]
+
+
+@pytest.fixture
+def kernel_only(monkeypatch):
+    """The kernel must compute latent layers itself: handing one to the reference fails."""
+
+    def refuse(*args):
+        raise AssertionError("the CPU kernel handed a latent layer to the reference")
+
+    monkeypatch.setattr(cpu_kernel, "paged_attention_reference", refuse)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dk,dv,hq", LATENT_SHAPES)
+def test_latent_pages_match_numpy(case, dk, dv, hq, kernel_only):
+    q, k, _, tables, lens, cu = random_paged_case(
+        *CASES[case], hq=hq, hkv=1, d=dk, block_size=16, seed=dk
+    )
+    pages = mx.array(k)
+    layer = LayerParams(0.1, value_dim=dv)
+    got = paged_attention_cpu(
+        mx.array(q), pages, pages, AttentionMetadata.build(tables, lens, cu), layer
+    )
+    want = paged_attention_numpy(q, k, k[..., :dv], tables, lens, cu, scale=0.1)
+    assert got.shape == (q.shape[0], hq, dv)
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hq", [16, 128])
+def test_long_latent_decode_split_across_heads_matches_reference(hq, monkeypatch):
+    """One sequence's decode over a long context with the query heads sliced across work items
+    (all of them share the one latent head), beside a prefill chunk, in bfloat16."""
+    data = random_paged_case([1, 20], [700, 60], hq=hq, hkv=1, d=576, block_size=32, seed=hq)
+    q, k, _, tables, lens, cu = data
+    pages = mx.array(k, dtype=mx.bfloat16)
+    args = (mx.array(q, dtype=mx.bfloat16), pages, pages, AttentionMetadata.build(tables, lens, cu))
+    layer = LayerParams(576**-0.5, value_dim=512)
+    want = paged_attention_reference(*args, layer).astype(mx.float32)
+    monkeypatch.setattr(cpu_kernel, "paged_attention_reference", None)  # never the fallback
+    got = paged_attention_cpu(*args, layer).astype(mx.float32)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=2e-2, atol=2e-2)
+
+
+def test_latent_pages_with_window_softcap_sinks(kernel_only):
+    """No MLA model has them, but the kernel reads them on latent layers as on any other."""
+    q, k, _, tables, lens, cu = random_paged_case(
+        [1, 6, 1, 3, 20], [10, 6, 4, 11, 40], hq=16, hkv=1, d=80, block_size=8, seed=5
+    )
+    sinks = np.linspace(-1.0, 2.0, 16).astype(np.float32)
+    layer = LayerParams(0.3, 4, 2.0, mx.array(sinks), value_dim=64)
+    pages = mx.array(k)
+    got = paged_attention_cpu(
+        mx.array(q), pages, pages, AttentionMetadata.build(tables, lens, cu), layer
+    )
+    want = paged_attention_numpy(
+        q, k, k[..., :64], tables, lens, cu, scale=0.3, sliding_window=4, softcap=2.0, sinks=sinks
+    )
+    np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)

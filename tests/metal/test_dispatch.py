@@ -93,13 +93,27 @@ def test_selftest_catches_a_wrong_kernel():
     assert not ok and "max error" in why and "softcap" in why
 
 
+def test_selftest_catches_a_kernel_that_reads_latent_values_wrong():
+    """The latent kernel with the values taken from the rows' trailing columns, not leading."""
+    factory = Emulator().metal_kernel
+
+    def mutated(**kw):
+        kw["source"] = kw["source"].replace(
+            "a += p[t] * rows[t * D + d];", "a += p[t] * rows[t * D + D - DV + d];"
+        )
+        return factory(**kw)
+
+    ok, why = metal.selftest(MetalKernelBackend(mutated))
+    assert not ok and "latent 96/64: max error" in why
+
+
 def test_selftest_catches_a_compile_error():
     def no_compiler(**kw):
         kw["source"] += "\nnot_msl(;\n"
         return Emulator().metal_kernel(**kw)
 
     ok, why = metal.selftest(MetalKernelBackend(no_compiler))
-    assert not ok and why.startswith("MSLError: building the kernel failed")
+    assert not ok and "pages plain: MSLError: building the kernel failed" in why
 
 
 def test_failed_selftest_on_metal_falls_back_to_reference(fresh, caplog):

@@ -1,0 +1,188 @@
+// Varlen paged attention over latent pages (MLA): the work list, split-KV parts and output of
+// paged_attention.metal, for rows of D columns whose leading DV columns are the values.
+//   work[w] = {seq, kv_head, qv_start, qv_count, part}
+// A token's cache is one row of one KV head: each chunk of TK rows is read from the pages once
+// (dequantized once when quantized) into threadgroup memory and serves as both keys and values.
+// Every query head of a wide group (16 to 128 heads share the one latent head) reads the same
+// chunk, MAXQV = NSG * QPS query vectors per threadgroup.
+// The row is too wide for a lane to hold a whole key (576 = 512 + 64 columns), so the work is
+// split over columns instead of keys: lane l holds columns l, l + 32, ... of its SIMD-group's
+// QPS query vectors in registers and of their DV-wide accumulators; a key's score is a
+// simd_sum of the lanes' partial dot products (reads of the chunk are consecutive across lanes,
+// free of bank conflicts), and the online softmax (base 2, float32) advances a chunk at a time.
+// Template: T, D (row width), DV (value width), BS, TK, NSG, QPS, SOFTCAP, SINKS, BITS, GS.
+// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits}
+// params_f = {scale, softcap}
+
+constexpr int MAXQV = NSG * QPS;
+constexpr int DE = (D + 31) / 32;    // row columns per lane
+constexpr int DVE = (DV + 31) / 32;  // value columns per lane
+constexpr int NT = NSG * 32;
+constexpr int NGS = BITS > 0 ? D / GS : 1;    // scale groups per row
+constexpr int EPB = BITS > 0 ? 8 / BITS : 1;  // codes per byte
+constexpr int RB = D / EPB;                   // bytes of codes per row
+
+const int tid = int(thread_index_in_threadgroup);
+const int sg = int(simdgroup_index_in_threadgroup);
+const int lane = int(thread_index_in_simdgroup);
+const int w = int(threadgroup_position_in_grid.x);
+
+const AttentionWork item = read_work_item(work, params_i, seq_lens, cu_seqlens_q, w);
+const int seq = item.seq;
+const int kvh = item.kvh;
+const int qv0 = item.qv0;
+const int nqv = item.nqv;
+const int part = item.part;
+const int hq = item.hq;
+const int hkv = item.hkv;
+const int max_blocks = item.max_blocks;
+const int window = item.window;
+const int num_splits = item.num_splits;
+const int group = item.group;
+const int q_begin = item.q_begin;
+const int first_pos = item.first_pos;  // position of the sequence's first query row
+
+threadgroup float rows[TK * D];
+threadgroup float rsb[TK * NGS * 2];  // (scale, bias) of the chunk's rows (quantized pages)
+
+// This SIMD-group's query vectors j * NSG + sg, pre-scaled (base 2 unless softcapped).
+const float q_scale = SOFTCAP ? params_f[0] : params_f[0] * M_LOG2E_F;
+float qr[QPS][DE];
+float m[QPS];
+float l[QPS];
+float acc[QPS][DVE];
+for (int j = 0; j < QPS; ++j) {
+  const int v = j * NSG + sg;
+  const int flat = qv0 + v;
+  const int head = kvh * group + flat % group;
+  for (int e = 0; e < DE; ++e) {
+    const int d = e * 32 + lane;
+    qr[j][e] = v < nqv && d < D
+                   ? float(q[((q_begin + flat / group) * hq + head) * D + d]) * q_scale
+                   : 0.0f;
+  }
+  m[j] = -INFINITY;
+  l[j] = 0.0f;
+  for (int e = 0; e < DVE; ++e) {
+    acc[j][e] = 0.0f;
+  }
+}
+
+const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const int k_begin = keys.begin;
+const int k_end = keys.end;
+
+for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
+  threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk is done
+  const uint block = uint(block_tables[seq * max_blocks + c / BS]);
+  const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
+  if (BITS == 0) {
+    for (int i = tid; i < TK * D; i += NT) {
+      const int key = c + i / D;
+      rows[i] = key >= k_begin && key < k_end ? kv_load(k_pages, row0 * uint(D) + uint(i)) : 0.0f;
+    }
+  } else {
+    for (int i = tid; i < TK * NGS * 2; i += NT) {
+      const int key = c + i / (NGS * 2);
+      const bool live = key >= k_begin && key < k_end;
+      rsb[i] = live ? kv_load(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (int i = tid; i < TK * RB; i += NT) {
+      const int r = i / RB;
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const uint byte = live ? uint(kv_load(k_pages, row0 * uint(RB) + uint(i))) : 0u;
+      for (int e = 0; e < EPB; ++e) {
+        const int d = (i % RB) * EPB + e;
+        const int sb = (r * NGS + d / GS) * 2;
+        const float code = float((byte >> uint(BITS * e)) & uint((1 << BITS) - 1));
+        rows[r * D + d] = code * rsb[sb] + rsb[sb + 1];
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  for (int j = 0; j < QPS; ++j) {
+    const int v = j * NSG + sg;
+    if (v >= nqv) {
+      break;  // uniform across the SIMD-group
+    }
+    const int pos = first_pos + (qv0 + v) / group;
+    // The chunk's scores, the same in every lane; -inf where the key is hidden.
+    float p[TK];
+    float chunk_max = -INFINITY;
+    for (int t = 0; t < TK; ++t) {
+      float dot = 0.0f;
+      for (int e = 0; e < DE; ++e) {
+        const int d = e * 32 + lane;
+        if (d < D) {
+          dot += qr[j][e] * rows[t * D + d];
+        }
+      }
+      const float s = simd_sum(dot);
+      const int key = c + t;
+      const bool visible =
+          key >= k_begin && key < k_end && key <= pos && (window <= 0 || key > pos - window);
+      p[t] = visible ? (SOFTCAP ? soft_cap(s, params_f[1]) * M_LOG2E_F : s) : -INFINITY;
+      chunk_max = max(chunk_max, p[t]);
+    }
+    const float m_new = max(m[j], chunk_max);
+    const float alpha = rescale_factor(m[j], m_new);
+    float chunk_sum = 0.0f;
+    for (int t = 0; t < TK; ++t) {
+      p[t] = p[t] == -INFINITY ? 0.0f : metal::exp2(p[t] - m_new);
+      chunk_sum += p[t];
+    }
+    l[j] = l[j] * alpha + chunk_sum;
+    m[j] = m_new;
+    for (int e = 0; e < DVE; ++e) {
+      const int d = e * 32 + lane;
+      float a = acc[j][e] * alpha;
+      if (d < DV) {
+        for (int t = 0; t < TK; ++t) {
+          a += p[t] * rows[t * D + d];
+        }
+      }
+      acc[j][e] = a;
+    }
+  }
+}
+
+for (int j = 0; j < QPS; ++j) {
+  const int v = j * NSG + sg;
+  if (v >= nqv) {
+    break;
+  }
+  const int flat = qv0 + v;
+  const int head = kvh * group + flat % group;
+  if (part >= 0) {
+    const int slot = part * MAXQV + v;
+    if (lane == 0) {
+      part_ml[slot * 2 + 0] = m[j];
+      part_ml[slot * 2 + 1] = l[j];
+    }
+    for (int e = 0; e < DVE; ++e) {
+      const int d = e * 32 + lane;
+      if (d < DV) {
+        part_acc[slot * DV + d] = acc[j][e];
+      }
+    }
+  } else {
+    float total = l[j];
+    float keep = 1.0f;
+    if (SINKS) {
+      const float sink = sinks[head] * M_LOG2E_F;
+      const float m_all = max(m[j], sink);
+      keep = metal::exp2(m[j] - m_all);
+      total = total * keep + metal::exp2(sink - m_all);
+    }
+    const float norm = keep / total;
+    const int row = q_begin + flat / group;
+    for (int e = 0; e < DVE; ++e) {
+      const int d = e * 32 + lane;
+      if (d < DV) {
+        out[(row * hq + head) * DV + d] = T(acc[j][e] * norm);
+      }
+    }
+  }
+}

@@ -12,28 +12,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
-from tests.batch.conftest import read_jsonl, write_job
+from tests.batch.conftest import (
+    chat_prompt_tokens,
+    read_jsonl,
+    shared_prefix,
+    write_system_prompt_job,
+)
 
 SYSTEM = "You answer every question about the disk tier in one short word. " * 6
 PROMPTS = ["Apples or pears?", "Boats or cars?", "Cats or dogs?"]
 BLOCK = 16  # tokens per KV block (EngineConfig's default)
-
-
-def _prompts(model: Path) -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    return [
-        tokenizer.encode(
-            tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
-                tokenize=False,
-                add_generation_prompt=True,
-            ),
-            add_special_tokens=False,
-        )
-        for text in PROMPTS
-    ]
 
 
 def _cacheable(tokens: int) -> int:
@@ -41,32 +29,12 @@ def _cacheable(tokens: int) -> int:
     return (tokens - 1) // BLOCK * BLOCK
 
 
-def _shared(prompts: list[list[int]]) -> int:
-    shared = 0
-    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
-        shared += 1
-    return shared // BLOCK * BLOCK
-
-
 def _lines(out: Path) -> dict[str, dict]:
     return {line["custom_id"]: line for line in read_jsonl(out / "ask.jsonl")}
 
 
 def test_a_rerun_reads_its_prompts_from_disk(tmp_path: Path, tiny_model_path: Path, macbatch_run):
-    write_job(
-        tmp_path,
-        f"""
-        version: 1
-        model: {tiny_model_path}
-        defaults:
-          system: "{SYSTEM}"
-          sampling: {{temperature: 0, max_tokens: 6}}
-        output: {{dir: out}}
-        jobs:
-          - name: ask
-            prompts: {json.dumps(PROMPTS)}
-        """,
-    )
+    write_system_prompt_job(tmp_path, tiny_model_path, SYSTEM, PROMPTS, max_tokens=6)
     cache = tmp_path / "kv"
     args = (tmp_path / "jobs.yaml", "--max-in-flight", 1, "--cache-dir", cache)
     first = macbatch_run(*args)
@@ -80,8 +48,8 @@ def test_a_rerun_reads_its_prompts_from_disk(tmp_path: Path, tiny_model_path: Pa
     again = macbatch_run(*args, "--fresh")
     assert again.exit_code == 0, again.output
     after = _lines(tmp_path / "out")
-    prompts = _prompts(tiny_model_path)
-    shared = _shared(prompts)
+    prompts = chat_prompt_tokens(tiny_model_path, SYSTEM, PROMPTS)
+    shared = shared_prefix(prompts) // BLOCK * BLOCK
     assert shared >= 4 * BLOCK
     expected_disk = []
     for i, prompt in enumerate(prompts):
@@ -91,9 +59,10 @@ def test_a_rerun_reads_its_prompts_from_disk(tmp_path: Path, tiny_model_path: Pa
         expected_disk.append(_cacheable(len(prompt)) - (shared if i else 0))
         assert meta["disk_cached_tokens"] == expected_disk[-1]
         body = after[str(i + 1)]["response"]["body"]
-        assert body["choices"][0]["message"] == before[str(i + 1)]["response"]["body"][
-            "choices"
-        ][0]["message"]
+        assert (
+            body["choices"][0]["message"]
+            == before[str(i + 1)]["response"]["body"]["choices"][0]["message"]
+        )
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["disk_cached_prompt_tokens"] == sum(expected_disk)
     assert summary["cached_prompt_tokens"] == sum(_cacheable(len(p)) for p in prompts)

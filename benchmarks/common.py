@@ -71,8 +71,9 @@ QWEN3_5_SHAPE = dict(
     linear_value_head_dim=128,
 )
 
-# The realistic shapes a benchmark takes by name (``--shape``): overrides of BENCH_MODEL.
-SHAPES = {"qwen3": QWEN3_0_6B, "qwen3_5": QWEN3_5_SHAPE}
+# The shapes a benchmark takes by name (``--shape``): overrides of BENCH_MODEL ("bench": the
+# 8-layer bench model itself; the others real models' shapes).
+SHAPES = {"bench": {}, "qwen3": QWEN3_0_6B, "qwen3_5": QWEN3_5_SHAPE}
 
 
 def shaped_model(shape: str, layers: int | None, context: int):

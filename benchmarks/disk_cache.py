@@ -4,8 +4,8 @@ page cache first (``posix_fadvise DONTNEED``) where the system allows, so they c
 disk; and the read-back rate (every block file read and checked on the tier's reader threads,
 as it reads them) against a sequential read of one file of the same size, both cold, in the
 same run. Random-weight model of a real shape (``--shape``: ``qwen3`` is Qwen3-0.6B's, 28
-layers; ``qwen3_5`` Qwen3.5's hybrid, 24 layers), ``--layers`` fewer of them to fit a small
-machine, float32 on the CPU.
+layers; ``qwen3_5`` Qwen3.5's hybrid, 24 layers; ``bench`` the 8-layer bench model),
+``--layers`` fewer of them to fit a small machine, float32 on the CPU.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.disk_cache [--tokens 16384 32768] [--shape qwen3] [--layers 28]

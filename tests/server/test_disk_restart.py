@@ -1,7 +1,8 @@
 """``serve``'s prefix cache survives a restart through the disk tier: a server started again on
 the same cache directory reads a prompt it answered before from disk, reports those tokens in
-every API's usage (read through the official openai and anthropic clients) and under
-``tier="disk"`` in /metrics, with the bytes and blocks read, and answers the same greedy reply.
+every API's usage (chat completions, Messages and Responses, read through the official openai
+and anthropic clients) and under ``tier="disk"`` in /metrics, with the bytes and blocks read,
+and answers the same greedy reply.
 The oracle for the counts is the files themselves (their number and sizes) and the prompt's
 full 16-token blocks but the one holding its last token (the engine computes at least one).
 The same holds for ``macbatch serve`` as a child process stopped with SIGTERM, and after
@@ -88,44 +89,51 @@ def _message(url: str, model: str, text: str) -> tuple[str, int, int]:
     return content.text, cached, reply.usage.input_tokens + cached
 
 
+def _response(url: str, model: str, text: str) -> tuple[str, int, int]:
+    """(reply, cached, prompt tokens) of a greedy Responses API answer."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    reply = client.responses.create(
+        model=model, input=text, max_output_tokens=8, temperature=0, store=False
+    )
+    usage = reply.usage
+    assert usage is not None
+    return reply.output_text, usage.input_tokens_details.cached_tokens, usage.input_tokens
+
+
+SENDERS = (_chat, _message, _response)
+
+
 def test_a_restarted_server_reads_prompts_from_disk(tiny_model_path: Path, tmp_path: Path):
+    """Each API's prompt, answered before the restart, is read from disk after it."""
     cache, model = tmp_path / "kv", str(tiny_model_path)
-    chat_text, message_text = _text(), _text()
+    texts = [_text() for _ in SENDERS]
     with _served(tiny_model_path, cache) as served:
-        chat_reply, cached, chat_prompt = _chat(served.url, model, chat_text)
-        message_reply, cached_too, message_prompt = _message(served.url, model, message_text)
-        assert cached == cached_too == 0
+        answers = [send(served.url, model, text) for send, text in zip(SENDERS, texts)]
+        assert [cached for _, cached, _ in answers] == [0] * len(SENDERS)
         assert scrape(served)[TIER.format("disk")] == 0
     files = _block_files(cache)
-    assert len(files) == chat_prompt // BLOCK + message_prompt // BLOCK
+    assert len(files) == sum(prompt // BLOCK for _, _, prompt in answers)
     payload = files[0].stat().st_size - HEADER_BYTES
 
     with _served(tiny_model_path, cache) as served:
         before = scrape(served)
-        assert _chat(served.url, model, chat_text) == (
-            chat_reply,
-            _cacheable(chat_prompt),
-            chat_prompt,
-        )
-        assert _message(served.url, model, message_text) == (
-            message_reply,
-            _cacheable(message_prompt),
-            message_prompt,
-        )
+        for send, text, (reply, _, prompt) in zip(SENDERS, texts, answers):
+            assert send(served.url, model, text) == (reply, _cacheable(prompt), prompt)
         from_disk = scrape(served)
-        again = _chat(served.url, model, chat_text)  # now in RAM
+        again = _chat(served.url, model, texts[0])  # now in RAM
         after = scrape(served)
-    read = _cacheable(chat_prompt) + _cacheable(message_prompt)
+    read = sum(_cacheable(prompt) for _, _, prompt in answers)
     assert from_disk[TIER.format("disk")] - before[TIER.format("disk")] == read
-    assert from_disk[HITS.format("disk")] - before[HITS.format("disk")] == 2
+    assert from_disk[HITS.format("disk")] - before[HITS.format("disk")] == len(SENDERS)
     assert from_disk[TIER.format("ram")] == before[TIER.format("ram")] == 0
     assert from_disk["macbatch_disk_cache_read_blocks_total"] == read // BLOCK
     assert from_disk["macbatch_disk_cache_read_bytes_total"] == read // BLOCK * payload
     assert from_disk["macbatch_disk_cache_written_blocks_total"] == 0  # all on disk already
     assert from_disk["macbatch_disk_cache_blocks"] == len(files)
     assert from_disk["macbatch_disk_cache_bytes"] == sum(f.stat().st_size for f in files)
-    assert again == (chat_reply, _cacheable(chat_prompt), chat_prompt)
-    assert after[TIER.format("ram")] == _cacheable(chat_prompt)
+    reply, _, prompt = answers[0]
+    assert again == (reply, _cacheable(prompt), prompt)
+    assert after[TIER.format("ram")] == _cacheable(prompt)
     assert after[TIER.format("disk")] == from_disk[TIER.format("disk")]
 
 

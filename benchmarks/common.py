@@ -55,6 +55,37 @@ HYBRID_BENCH_MODEL = dict(
     },
 )
 
+# Qwen3.5's small hybrid shape (random weights): hidden 1024, 24 layers, 3 of every 4 Gated
+# DeltaNet (16 value / 8 key heads of 128), 8/4 attention heads of 128.
+QWEN3_5_SHAPE = dict(
+    HYBRID_BENCH_MODEL,
+    hidden_size=1024,
+    num_hidden_layers=24,
+    intermediate_size=3072,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    linear_num_value_heads=16,
+    linear_num_key_heads=8,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+)
+
+# The shapes a benchmark takes by name (``--shape``): overrides of BENCH_MODEL ("bench": the
+# 8-layer bench model itself; the others real models' shapes).
+SHAPES = {"bench": {}, "qwen3": QWEN3_0_6B, "qwen3_5": QWEN3_5_SHAPE}
+
+
+def shaped_model(shape: str, layers: int | None, context: int):
+    """A random model of ``SHAPES[shape]`` (its own layer count unless ``layers``) with room for
+    ``context`` tokens, a tokenizer covering its vocabulary, and the vocabulary's size."""
+    overrides = dict(SHAPES[shape])
+    if layers is not None:
+        overrides["num_hidden_layers"] = layers
+    overrides["max_position_embeddings"] = max(context, 8192)
+    vocab = overrides.get("vocab_size", BENCH_MODEL["vocab_size"])
+    return build_bench_model(**overrides), bench_tokenizer(vocab), vocab
+
 
 def workload_arguments(description: str) -> argparse.ArgumentParser:
     """The throughput workload's options (issue 2's defaults), shared by its benchmarks."""

@@ -30,14 +30,20 @@ default config against ``generate_step`` (``--speed-tokens 0`` skips it).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.host_overhead [--sizes 1 32 128 256] [--steps 32] [--repeats 9] \\
-        [--speed-tokens 128]
+        [--speed-tokens 128] [--disk-cache]
 
 (one BLAS thread: at this size BLAS threads only spin, which CPU time would count.)
+
+``--disk-cache`` adds a "disk" row: pipelined macbatch with the prefix cache on and the disk
+tier below it (each size in an empty directory), against the "pipelined" row beside it (prefix
+cache off): what the tier costs a decode step, where it writes the prompts' blocks once and then
+only checks, each step, that nothing waits to be copied.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -110,6 +116,7 @@ class MacbatchArm:
         max_tokens: int,
         pipelined: bool,
         compiled: bool = False,
+        disk_cache: str | None = None,
     ) -> None:
         self.n = n = len(prompts)
         blocks_per_request = -(-(PROMPT_LEN + max_tokens + 1) // 16)
@@ -117,9 +124,10 @@ class MacbatchArm:
             num_blocks=n * blocks_per_request + 1,
             max_num_batched_tokens=max(n * PROMPT_LEN, 1024),
             max_num_seqs=n,
-            enable_prefix_caching=False,
+            enable_prefix_caching=disk_cache is not None,  # the tier sits below it
             pipelined=pipelined,
             compile_decode_after=0 if compiled else None,
+            disk_cache_dir=disk_cache,
         )
         self.engine = Engine(model, tokenizer, config)
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -143,7 +151,7 @@ class MacbatchArm:
         ), "the compiled arm ran uncompiled"
 
     def close(self) -> None:
-        pass
+        self.engine.close()  # the disk tier's threads, when it has one
 
 
 class GraphArm:
@@ -244,11 +252,15 @@ def median(values: list[float]) -> float:
     return float(np.median(values))
 
 
-def measure(model, tokenizer, n: int, steps: int, repeats: int) -> dict[str, list[Timing]]:
+def measure(
+    model, tokenizer, n: int, steps: int, repeats: int, disk_cache: str | None = None
+) -> dict[str, list[Timing]]:
     """Per-step timings of ``repeats`` windows each of mlx-lm's ``BatchGenerator``,
     synchronous, pipelined and compiled macbatch, the graph alone and (at one request) mlx-lm's
     ``generate_step``, interleaved so that load drifting on a shared machine hits all of them
-    alike: window i of every arm ran at about the same time."""
+    alike: window i of every arm ran at about the same time. ``disk_cache``: also pipelined
+    macbatch with the prefix cache and the disk tier below it, in a directory of its own under
+    this one (the "disk" row)."""
     prompts = synthetic_prompts(n, PROMPT_LEN, PROMPT_LEN, TINY["vocab_size"], seed=n)
     max_tokens = WARMUP_STEPS + steps * repeats + 16
     arms: dict[str, Arm] = {
@@ -257,6 +269,10 @@ def measure(model, tokenizer, n: int, steps: int, repeats: int) -> dict[str, lis
         "pipelined": MacbatchArm(model, tokenizer, prompts, max_tokens, pipelined=True),
         "graph": GraphArm(model, tokenizer, prompts, max_tokens),
     }
+    if disk_cache is not None:
+        arms["disk"] = MacbatchArm(
+            model, tokenizer, prompts, max_tokens, True, disk_cache=f"{disk_cache}/{n}"
+        )
     if n <= MAX_BATCH:
         arms["compiled"] = MacbatchArm(model, tokenizer, prompts, max_tokens, True, True)
     if n == 1:
@@ -279,8 +295,19 @@ def main() -> None:
         "--speed-tokens", type=int, default=128,
         help="tokens per timed reply on the Qwen3-0.6B-shaped model (0: skip that part)",
     )  # fmt: skip
+    parser.add_argument(
+        "--disk-cache", action="store_true",
+        help="also time pipelined macbatch with the prefix cache and the disk tier below it "
+        "(the 'disk' row)",
+    )  # fmt: skip
     args = parser.parse_args()
     warn_without_openblas()
+    with tempfile.TemporaryDirectory() as cache:
+        run(args, cache if args.disk_cache else None)
+
+
+def run(args: argparse.Namespace, disk_cache: str | None) -> None:
+    """Every size's rows, then the decode speed."""
 
     model = build_bench_model(**TINY)
     tokenizer = bench_tokenizer(TINY["vocab_size"])
@@ -294,7 +321,7 @@ def main() -> None:
         "host (engine thread) | device | host critical path"
     )
     for n in args.sizes:
-        timings = measure(model, tokenizer, n, args.steps, args.repeats)
+        timings = measure(model, tokenizer, n, args.steps, args.repeats, disk_cache)
         generate = timings.pop("generate", None)
         print_rows(n, timings)
         if generate is not None:

@@ -28,7 +28,7 @@ from functools import partial
 import mlx.core as mx
 
 from benchmarks.common import (
-    HYBRID_BENCH_MODEL,
+    QWEN3_5_SHAPE,
     bench_tokenizer,
     build_bench_model,
     warn_without_openblas,
@@ -37,19 +37,7 @@ from benchmarks.throughput import run_macbatch, run_mlx_lm
 from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
-MODEL = dict(
-    HYBRID_BENCH_MODEL,
-    hidden_size=1024,
-    num_hidden_layers=24,
-    intermediate_size=3072,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=128,
-    linear_num_value_heads=16,
-    linear_num_key_heads=8,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-)
+MODEL = QWEN3_5_SHAPE
 
 
 def macbatch_prefill(engine: Engine, prompt: list[int]) -> None:

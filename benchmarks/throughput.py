@@ -11,11 +11,17 @@ vocab 32000). All requests arrive at once. Wall and CPU time are both reported: 
 machine the CPU-time ratio is the one to trust.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m benchmarks.throughput [--requests 32] [--budget 1024]
+        python -m benchmarks.throughput [--requests 32] [--budget 1024] [--disk-cache]
+
+``--disk-cache`` also runs pipelined macbatch with the disk tier below its prefix cache, as the
+front ends run it, in an empty temporary directory: no prompt is found on disk and every
+prompt's blocks are written (the tier's whole cost, none of its gain), against the pipelined
+run without it.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 
 import mlx.core as mx
@@ -61,10 +67,10 @@ def run_mlx_lm(
 
 
 def run_macbatch(
-    model, tokenizer, prompts, max_tokens, budget, pipelined: bool
+    model, tokenizer, prompts, max_tokens, budget, pipelined: bool, disk_cache: str | None = None
 ) -> tuple[WorkloadResult, float, float | None]:
     """The workload's result, the seconds the engine thread waited for the device, and the
-    seconds a step was in flight."""
+    seconds a step was in flight; ``disk_cache``: the disk tier's directory (None: off)."""
     from macbatch.engine import Engine, EngineConfig
 
     total_tokens = sum(len(p) for p in prompts) + max_tokens * len(prompts)
@@ -73,10 +79,12 @@ def run_macbatch(
         max_num_batched_tokens=budget,
         max_num_seqs=len(prompts),
         pipelined=pipelined,
+        disk_cache_dir=disk_cache,
     )
     engine = Engine(model, tokenizer, config)
     device = DeviceClock()
     result = run_workload(engine, prompts, max_tokens)
+    engine.close()  # the disk tier's writer drained
     return result, engine.stats().device_wait_s, device.busy_seconds()
 
 
@@ -114,7 +122,12 @@ def idle_percent(result: WorkloadResult, busy: float | None) -> str:
 
 
 def main() -> None:
-    args = workload_arguments(__doc__.splitlines()[0]).parse_args()
+    parser = workload_arguments(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--disk-cache", action="store_true",
+        help="also run pipelined macbatch with the disk tier below its prefix cache",
+    )  # fmt: skip
+    args = parser.parse_args()
     warn_without_openblas()
 
     model = build_bench_model()
@@ -157,6 +170,25 @@ def main() -> None:
         f"{idle_percent(ours, ours_busy)}, mlx-lm {idle_percent(peer, peer_busy)}"
     )
     print_bounds(ours, peer, bare)
+    if args.disk_cache:
+        with tempfile.TemporaryDirectory() as cache:
+            disk, _, _ = run_macbatch(
+                model, tokenizer, prompts, args.max_tokens, args.budget, True, cache
+            )
+        print_disk_tier(ours, disk)
+
+
+def print_disk_tier(off: WorkloadResult, on: WorkloadResult) -> None:
+    """Pipelined macbatch with the disk tier (every prompt's blocks written, none found) against
+    it without, wall and CPU time."""
+    for clock, kind in ((0, "wall"), (1, "cpu")):
+        print(
+            f"disk tier {kind:4s} {on.elapsed[clock]:6.1f} s  total "
+            f"{on.total_tokens_per_s(clock):7.1f} tok/s  median TTFT {on.median_ttft(clock):6.2f} "
+            f"s: x{on.total_tokens_per_s(clock) / off.total_tokens_per_s(clock):.2f} total "
+            f"tok/s, x{on.median_ttft(clock) / off.median_ttft(clock):.2f} median TTFT of the "
+            f"run without it"
+        )
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ def result_line(
         "prompt_tokens": sum(o.metrics.prompt_tokens for o in outputs),
         "generated_tokens": sum(o.metrics.generated_tokens for o in outputs),
         "cached_tokens": sum(o.metrics.cached_tokens for o in outputs),
+        "disk_cached_tokens": sum(o.metrics.disk_cached_tokens for o in outputs),
         "queue_ms": _ms(metrics.queue_time_s),
         "ttft_ms": _ms(metrics.time_to_first_token_s),
         "tok_per_s": _round(metrics.decode_tokens_per_s),

@@ -41,6 +41,7 @@ class RunProgress:
     started: float = field(default_factory=time.monotonic)
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    disk_cached_prompt_tokens: int = 0  # of those, read back from the disk tier
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
     generated_tokens: int = 0
     in_flight: int = 0
@@ -224,6 +225,7 @@ def build_summary(
         "remaining": progress.total - progress.finished,
         "prompt_tokens": progress.prompt_tokens,
         "cached_prompt_tokens": progress.cached_prompt_tokens,
+        "disk_cached_prompt_tokens": progress.disk_cached_prompt_tokens,
         "generated_tokens": progress.generated_tokens,
         "prefix_cache_hit_rate": (
             round(progress.cached_prompt_tokens / progress.prompt_tokens, 3)
@@ -281,7 +283,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"{summary['prompt_tok_per_s'] or 0:,.1f} prompt tok/s, "
         f"{summary['generated_tok_per_s'] or 0:,.1f} generated tok/s; "
         f"{summary['cached_prompt_tokens']:,} prompt tokens "
-        f"({summary['prefix_cache_hit_rate']:.0%}) read from the prefix cache",
+        f"({summary['prefix_cache_hit_rate']:.0%}) read from the prefix cache, "
+        f"{summary['disk_cached_prompt_tokens']:,} of them from disk",
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
         f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
     ]

@@ -246,6 +246,7 @@ class _Loop:
         for output in outs:
             metrics.prompt_tokens += output.metrics.prompt_tokens
             metrics.cached_prompt_tokens += output.metrics.cached_tokens
+            metrics.disk_cached_prompt_tokens += output.metrics.disk_cached_tokens
             if item.pooled is not None:
                 continue
             metrics.generated_tokens += output.metrics.generated_tokens

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from macbatch.engine import EngineStats, RequestOutput
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-RAM = "ram"  # the prefix cache's one tier so far: KV pages in memory
+# the prefix cache's tiers: KV pages in memory, and blocks read back from the disk tier
+RAM, DISK = "ram", "disk"
 
 
 @dataclass
@@ -57,10 +58,11 @@ class ServerMetrics:
         ttft = out.metrics.time_to_first_token_s
         if first_token:
             self.prompt_tokens += out.metrics.prompt_tokens
-            if out.metrics.cached_tokens:
-                # every cached block is in RAM: a disk tier will split the engine's count
-                self.cached_tokens[RAM] += out.metrics.cached_tokens
-                self.cache_hits[RAM] += 1
+            disk = out.metrics.disk_cached_tokens
+            for tier, tokens in ((RAM, out.metrics.cached_tokens - disk), (DISK, disk)):
+                if tokens:
+                    self.cached_tokens[tier] += tokens
+                    self.cache_hits[tier] += 1
             if ttft is not None:
                 self.time_to_first_token.observe(ttft)
         if out.finished and out.finish_reason is not None:
@@ -188,10 +190,41 @@ class ServerMetrics:
             ):
                 counter = f"macbatch_spec_{name}_tokens_total"
                 metric(counter, "counter", help_text, [f"{counter} {value}"])
+        if stats is not None:
+            for name, kind, help_text, value in _disk_samples(stats):
+                metric(name, kind, help_text, [f"{name} {value}"])
         return "\n".join(out) + "\n"
 
 
+def _disk_samples(stats: EngineStats) -> list[tuple[str, str, str, int]]:
+    """The disk tier's own numbers (name, type, help, value), as of the engine's last step;
+    none when the tier is off."""
+    disk = stats.disk
+    if disk is None:
+        return []
+    return [
+        ("macbatch_disk_cache_read_bytes_total", "counter",
+         "Bytes of KV blocks read back from the disk tier (checked).", disk.bytes_read),
+        ("macbatch_disk_cache_read_blocks_total", "counter",
+         "KV blocks read back from the disk tier (checked).", disk.blocks_read),
+        ("macbatch_disk_cache_written_bytes_total", "counter",
+         "Bytes of KV block files written to the disk tier (what the SSD wears).",
+         disk.bytes_written),
+        ("macbatch_disk_cache_written_blocks_total", "counter",
+         "KV blocks written to the disk tier.", disk.blocks_written),
+        ("macbatch_disk_cache_dropped_writes_total", "counter",
+         "KV blocks not written because the writer was too far behind.", disk.writes_dropped),
+        ("macbatch_disk_cache_corrupt_blocks_total", "counter",
+         "Torn or corrupt KV block files found, skipped and deleted.", disk.corrupt),
+        ("macbatch_disk_cache_bytes", "gauge",
+         "Bytes of KV block files under the cache directory, every model's (what the cap "
+         "covers).", disk.bytes_on_disk),
+        ("macbatch_disk_cache_blocks", "gauge",
+         "This model's KV blocks on disk.", disk.blocks_on_disk),
+    ]  # fmt: skip
+
+
 def _by_tier(name: str, counts: Counter) -> list[str]:
-    """One sample per tier, the RAM tier's from the start (0 before any hit)."""
-    tiers = {RAM: 0, **counts}
+    """One sample per tier, each from the start (0 before any hit)."""
+    tiers = {RAM: 0, DISK: 0, **counts}
     return [f'{name}{{tier="{tier}"}} {count}' for tier, count in sorted(tiers.items())]

@@ -62,6 +62,7 @@ def reply_metrics(output: RequestOutput) -> ReplyMetrics:
         accepted_length=spec.mean_accepted_length if spec.verifications else None,
         prompt_tokens=metrics.prompt_tokens,
         cached_tokens=metrics.cached_tokens,
+        disk_cached_tokens=metrics.disk_cached_tokens,
     )
 
 

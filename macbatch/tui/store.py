@@ -97,6 +97,7 @@ class ReplyMetrics:
     # the prompt, and how much of it the prefix cache held, while the app runs (not stored)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    disk_cached_tokens: int | None = None  # of cached_tokens, read back from the disk tier
 
 
 @dataclass

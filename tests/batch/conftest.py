@@ -63,3 +63,51 @@ def shipped_job_on_a_sample(name: str, directory: Path, every: int = 25) -> tupl
     path = directory / name
     path.write_text(yaml.safe_dump(spec))
     return path, rows
+
+
+def write_system_prompt_job(
+    directory: Path, model: Path, system: str, prompts: list[str], max_tokens: int
+) -> Path:
+    """A job file whose one job, ``ask``, sends ``prompts`` greedily after ``system`` (written
+    to ``out/``)."""
+    return write_job(
+        directory,
+        f"""
+        version: 1
+        model: {model}
+        defaults:
+          system: {json.dumps(system)}
+          sampling: {{temperature: 0, max_tokens: {max_tokens}}}
+        output: {{dir: out}}
+        jobs:
+          - name: ask
+            prompts: {json.dumps(prompts)}
+        """,
+    )
+
+
+def chat_prompt_tokens(model: Path, system: str, prompts: list[str]) -> list[list[int]]:
+    """The oracle for each row's prompt: Hugging Face's tokenizer and chat template for the
+    model, the system message and one user message."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": text}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+            add_special_tokens=False,
+        )
+        for text in prompts
+    ]
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares."""
+    shared = 0
+    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    return shared

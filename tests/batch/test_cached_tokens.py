@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
-from tests.batch.conftest import read_jsonl, write_job
+from tests.batch.conftest import (
+    chat_prompt_tokens,
+    read_jsonl,
+    shared_prefix,
+    write_system_prompt_job,
+)
 
 SYSTEM = "You answer in one word. " * 12
 # each opens with a different word, so what rows share ends where the user text starts
@@ -21,40 +24,13 @@ BLOCK = 16  # tokens per KV block (EngineConfig's default)
 
 
 def _shared_blocks(model: Path) -> int:
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [
-        tokenizer.encode(
-            tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}],
-                tokenize=False,
-                add_generation_prompt=True,
-            ),
-            add_special_tokens=False,
-        )
-        for text in PROMPTS
-    ]
-    shared = 0
-    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
-        shared += 1
+    shared = shared_prefix(chat_prompt_tokens(model, SYSTEM, PROMPTS))
     assert shared > 3 * BLOCK
     return shared // BLOCK * BLOCK
 
 
 def test_cached_tokens_on_lines_and_summary(tmp_path: Path, tiny_model_path: Path, macbatch_run):
-    write_job(
-        tmp_path,
-        f"""
-        version: 1
-        model: {tiny_model_path}
-        defaults:
-          system: "{SYSTEM}"
-          sampling: {{temperature: 0, max_tokens: 2}}
-        output: {{dir: out}}
-        jobs:
-          - name: ask
-            prompts: {json.dumps(PROMPTS)}
-        """,
-    )
+    write_system_prompt_job(tmp_path, tiny_model_path, SYSTEM, PROMPTS, max_tokens=2)
     result = macbatch_run(tmp_path / "jobs.yaml", "--max-in-flight", 1)
     assert result.exit_code == 0, result.output
     lines = read_jsonl(tmp_path / "out" / "ask.jsonl")

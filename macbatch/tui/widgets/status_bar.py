@@ -37,6 +37,8 @@ def status_text(
     if last_reply is not None and last_reply.prompt_tokens:
         cached, prompt = last_reply.cached_tokens or 0, last_reply.prompt_tokens
         text += f" · last prompt {cached:,}/{prompt:,} tok cached"
+        if last_reply.disk_cached_tokens:
+            text += f" ({last_reply.disk_cached_tokens:,} from disk)"
     return text
 
 

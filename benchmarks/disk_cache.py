@@ -25,7 +25,7 @@ from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.block_pool import chain_block_hashes
 from macbatch.engine.kv.disk.files import SUFFIX, BlockFiles
-from macbatch.engine.kv.disk.tier import READERS
+from macbatch.engine.kv.disk.reads import READERS
 
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 

@@ -36,6 +36,9 @@ class HasId(Protocol):
     @property
     def request_id(self) -> str: ...
 
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
 
 class Chunk(Protocol):
     """What a group reads of one chunk of a step (``ScheduledChunk``)."""

@@ -100,7 +100,12 @@ class RecurrentStateGroup:
             return self._verify_flow(request_id)
         slot = self._slots[request_id]
         read = self._resume.pop(request_id, slot if start else -1)
-        boundary = (start + chunk.num_tokens) // self.block_size * self.block_size
+        end = start + chunk.num_tokens
+        boundary = end // self.block_size * self.block_size
+        if end == boundary == chunk.request.num_prompt_tokens:
+            # A prompt that ends on a boundary: the same prompt again resumes at most one token
+            # before its end, so its checkpoint goes one block earlier, where a repeat can resume.
+            boundary -= self.block_size
         shared_end = self._shared_end.get(request_id, 0)
         if shared_end <= boundary:
             self._shared_end.pop(request_id, None)

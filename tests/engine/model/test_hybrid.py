@@ -105,6 +105,21 @@ def test_requests_sharing_a_prefix_in_one_batch(tiny_tokenizer):
     assert_pool_idle(engine)
 
 
+@pytest.mark.parametrize("length", [40, 43], ids=["on a block boundary", "past one"])
+def test_the_same_prompt_again_resumes(length, tiny_tokenizer):
+    """The same prompt twice (a job rerun, a retried request): the second resumes as far as a
+    prompt can, one token short of its end rounded down to a block, also when the prompt ends
+    exactly on a block boundary (its checkpoint is then taken one block earlier)."""
+    model = build_model("qwen3_5")
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=256, block_size=8))
+    prompt = random_prompts([length], seed=31)[0]
+    first, again = (engine.generate([prompt], GREEDY)[0] for _ in range(2))
+    expected = mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+    assert first.token_ids == again.token_ids == expected
+    assert (first.metrics.cached_tokens, again.metrics.cached_tokens) == (0, (length - 1) // 8 * 8)
+    assert_pool_idle(engine)
+
+
 def test_a_shared_prompt_gets_its_own_checkpoint(tiny_tokenizer):
     """A job's rows share a system prompt, then differ. The first row checkpoints only at its
     own last block boundary (past the shared part); the second finds the shared K/V cached

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +55,12 @@ def parse_vm_stat(vm_stat: str, memsize: str) -> Memory:
 def read_memory(meminfo: Path = Path("/proc/meminfo")) -> Memory:
     """This machine's memory now (macOS through ``vm_stat`` and ``sysctl``, else /proc)."""
     if sys.platform == "darwin":
-        run: Callable[[list[str]], str] = lambda argv: subprocess.run(  # noqa: E731
-            argv, capture_output=True, text=True, check=True, timeout=10
-        ).stdout
-        return parse_vm_stat(run(["vm_stat"]), run(["sysctl", "-n", "hw.memsize"]))
+        return parse_vm_stat(_output(["vm_stat"]), _output(["sysctl", "-n", "hw.memsize"]))
     return parse_meminfo(meminfo.read_text())
+
+
+def _output(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=10).stdout
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,8 @@ class ModelPool:
         self._start_reaper()
         name = self.name_of(requested)
         loaded = self.loaded.get(name)
-        if loaded is None or not loaded.thread.alive:
+        # a crashed engine loads again when the pool can load (else the route answers 503)
+        if loaded is None or (not loaded.thread.alive and self._starter is not None):
             loaded = await self._wait_for_load(name)
         loaded.leases += 1
         loaded.last_used = time.monotonic()
@@ -249,7 +250,7 @@ class ModelPool:
             freed += victims[-1].need.total
         reason = too_large(name, need, memory.available + freed, memory)
         if reason is not None:
-            busy = sum(m.need.total for m in self.loaded.values() if not m.idle)
+            busy = sum(m.need.total for m in self.loaded.values() if m.leases and not m.pinned)
             if busy and not too_large(name, need, memory.available + freed + busy, memory):
                 raise APIError(
                     503,

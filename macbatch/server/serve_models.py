@@ -112,4 +112,4 @@ def _load_now(pool: ModelPool, entry: Servable) -> None:
         typer.echo(f"macbatch serve: {exc.message}", err=True)
         raise typer.Exit(1) from None
     dtype = loaded.thread.call(lambda engine: engine.compute_dtype).result()
-    typer.echo(f"macbatch serve: {entry.name}: weights in {dtype.dtype}: {dtype.reason}", err=True)
+    typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)

@@ -31,7 +31,7 @@ class PullError(RuntimeError):
     """Why a pull or removal did not happen, and what to do."""
 
 
-class ProgressBar(tqdm):  # type: ignore[type-arg]
+class ProgressBar(tqdm):
     """huggingface-hub's byte bars with their speed and time left (its own format shows bytes
     only), shown on a terminal or not: a pull in a log says how far it got."""
 

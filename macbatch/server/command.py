@@ -23,6 +23,7 @@ from macbatch.cli_options import (
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from macbatch.engine import EngineConfig
     from macbatch.openai.image_parts import ImageAccess
 
 _MODELS = typer.Option(
@@ -335,7 +336,8 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         default_max_connections,
         run,
     )
-    from macbatch.server.serve_models import engine_config, model_pool
+    from macbatch.server.pool import PoolLimits
+    from macbatch.server.serve_models import model_pool
 
     host = settings.host
     try:
@@ -343,7 +345,15 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    pool = model_pool(settings, engine_config(settings), image_access(settings))
+    config = _engine_config(settings)
+    loading = PoolLimits(
+        keep_alive_s=None if settings.keep_alive < 0 else settings.keep_alive,
+        max_loaded=settings.max_loaded_models,
+        max_waiting=max(1, settings.max_queue),
+        kv_start_mib=config.kv_start_mib,
+    )
+    dirs = tuple(Path(d) for d in settings.models_dir)
+    pool = model_pool(settings.model, dirs, loading, config, image_access(settings))
     try:
         options = ServerOptions(
             api_key=api_key,
@@ -380,6 +390,24 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             loaded.thread.shutdown(timeout=settings.shutdown_timeout)
         sock.close()
     _exit_now()
+
+
+def _engine_config(settings: ServeSettings) -> EngineConfig:
+    """Every model's engine settings (each model sizes its own pool from them)."""
+    from macbatch.engine import EngineConfig
+
+    return EngineConfig(
+        max_num_seqs=settings.max_num_seqs,
+        num_blocks=settings.kv_blocks,
+        kv_bits=settings.kv_bits,
+        reranker=settings.reranker or None,  # None: recognised by its name
+        speculative=settings.speculative,
+        draft_model=settings.draft_model,
+        num_speculative_tokens=settings.num_speculative_tokens,
+        **cli_options.disk_cache_config(
+            settings.cache_dir, settings.cache_disk_gb, settings.no_disk_cache
+        ),
+    )
 
 
 def _exit_now() -> None:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from macbatch import cli_options
 from macbatch.memory import read_memory
 from macbatch.server.device import Turns, load_on_device
 from macbatch.server.errors import APIError
@@ -19,25 +18,6 @@ from macbatch.server.pool import ModelPool, PoolLimits, Servable
 if TYPE_CHECKING:
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.openai import ImageAccess
-    from macbatch.server.command import ServeSettings
-
-
-def engine_config(settings: ServeSettings) -> EngineConfig:
-    """Every model's engine settings (each model sizes its own pool from them)."""
-    from macbatch.engine import EngineConfig
-
-    return EngineConfig(
-        max_num_seqs=settings.max_num_seqs,
-        num_blocks=settings.kv_blocks,
-        kv_bits=settings.kv_bits,
-        reranker=settings.reranker or None,  # None: recognised by its name
-        speculative=settings.speculative,
-        draft_model=settings.draft_model,
-        num_speculative_tokens=settings.num_speculative_tokens,
-        **cli_options.disk_cache_config(
-            settings.cache_dir, settings.cache_disk_gb, settings.no_disk_cache
-        ),
-    )
 
 
 def catalog(given: tuple[str, ...], models_dirs: tuple[Path, ...]) -> list[Servable]:
@@ -87,19 +67,18 @@ def starter(
     return start
 
 
-def model_pool(settings: ServeSettings, config: EngineConfig, images: ImageAccess) -> ModelPool:
-    """The pool with the ``--model``s loaded (as many as ``--max-loaded-models`` allows); a
+def model_pool(
+    given: tuple[str, ...],
+    models_dirs: tuple[Path, ...],
+    limits: PoolLimits,
+    config: EngineConfig,
+    images: ImageAccess,
+) -> ModelPool:
+    """The pool with the ``given`` models loaded (as many as ``limits.max_loaded`` allows); a
     model that does not fit or fails to load ends the command with the reason."""
-    entries = catalog(settings.model, tuple(Path(d) for d in settings.models_dir))
-    limits = PoolLimits(
-        keep_alive_s=None if settings.keep_alive < 0 else settings.keep_alive,
-        max_loaded=settings.max_loaded_models,
-        max_waiting=max(1, settings.max_queue),
-        kv_start_mib=config.kv_start_mib,
-    )
+    entries = catalog(given, models_dirs)
     pool = ModelPool(entries, starter(config, Turns()), images, limits, read_memory)
-    most = settings.max_loaded_models or len(settings.model)
-    for entry in entries[: min(most, len(settings.model))]:
+    for entry in entries[: min(limits.max_loaded or len(given), len(given))]:
         _load_now(pool, entry)
     return pool
 

@@ -13,7 +13,7 @@ from macbatch.server.embeddings import model_capabilities
 from macbatch.server.metrics import ServerMetrics
 from macbatch.server.pool import ModelPool
 
-_SERVER_WIDE = "macbatch_http_responses_total"  # counted by route, not by model
+_SERVER_WIDE = frozenset({"macbatch_http_responses_total"})  # counted by route, not by model
 
 
 def model_card(models: ModelPool, name: str) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def render_metrics(server: ServerMetrics, models: ModelPool) -> str:
         up = loaded is not None and loaded.thread.alive
         return server.render(stats, up, 0 if loaded is None else loaded.pending)
     families: dict[str, list[str]] = {}
-    _add(families, server.render(None, True, 0), None, keep={_SERVER_WIDE})
+    _add(families, server.render(None, True, 0), None, keep=_SERVER_WIDE)
     for name, counted in models.metrics.items():
         loaded = models.loaded.get(name)
         if loaded is None and not counted.finished:
@@ -50,7 +50,7 @@ def render_metrics(server: ServerMetrics, models: ModelPool) -> str:
         stats = None if loaded is None else loaded.thread.stats()
         up = loaded is not None and loaded.thread.alive
         text = counted.render(stats, up, 0 if loaded is None else loaded.pending)
-        _add(families, text, name, skip={_SERVER_WIDE})
+        _add(families, text, name, skip=_SERVER_WIDE)
     return "".join(line + "\n" for lines in families.values() for line in lines)
 
 
@@ -58,8 +58,8 @@ def _add(
     families: dict[str, list[str]],
     text: str,
     model: str | None,
-    keep: set[str] | None = None,
-    skip: set[str] = frozenset(),  # type: ignore[assignment]
+    keep: frozenset[str] | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> None:
     """Fold one exposition into ``families`` (name -> HELP, TYPE, samples), labelling samples."""
     family = ""

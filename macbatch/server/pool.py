@@ -101,7 +101,7 @@ class ModelPool:
         self._starter = starter
         self._images = images
         self.limits = limits
-        self._memory = memory
+        self.memory = memory  # reads the machine's memory (None: no guard)
         self._loading: dict[str, asyncio.Future[Loaded]] = {}
         self._waiting = 0
         self._reaper: asyncio.Task[None] | None = None
@@ -168,8 +168,8 @@ class ModelPool:
         that says why) if it does not fit in the memory free now."""
         entry = self.catalog[name]
         need = self._need(entry)
-        if self._memory is not None and need.total:
-            memory = self._memory()
+        if self.memory is not None and need.total:
+            memory = self.memory()
             reason = too_large(name, need, memory.available, memory)
             if reason is not None:
                 raise APIError(400, reason, param="model", code="model_too_large")
@@ -208,7 +208,10 @@ class ModelPool:
             async with self._one_load:
                 await self._make_room(name, need)
                 loaded = await asyncio.to_thread(self._start, entry, need)
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: a load nobody waits for any more logs nothing
         else:
@@ -239,9 +242,9 @@ class ModelPool:
         most = self.limits.max_loaded
         while most is not None and sum(not m.pinned for m in self.loaded.values()) >= most:
             await self._unload(self._least_recent_idle(name, f"--max-loaded-models {most}"))
-        if self._memory is None or need.total == 0:
+        if self.memory is None or need.total == 0:
             return
-        memory = await asyncio.to_thread(self._memory)
+        memory = await asyncio.to_thread(self.memory)
         freed = 0
         idle = sorted((m for m in self.loaded.values() if m.idle), key=lambda m: m.last_used)
         victims: list[Loaded] = []
@@ -261,7 +264,7 @@ class ModelPool:
                 )
             raise APIError(400, reason, param="model", code="model_too_large")
         for victim in victims:
-            await self._unload(victim)
+            await self._unload_if_idle(victim)
 
     def _least_recent_idle(self, name: str, limit: str) -> Loaded:
         idle = [m for m in self.loaded.values() if m.idle]
@@ -274,6 +277,11 @@ class ModelPool:
                 headers={"Retry-After": "5"},
             )
         return min(idle, key=lambda m: m.last_used)
+
+    async def _unload_if_idle(self, loaded: Loaded) -> None:
+        """Unload it unless a request took it (or it went) while the caller awaited."""
+        if loaded.idle and self.loaded.get(loaded.model_id) is loaded:
+            await self._unload(loaded)
 
     async def _unload(self, loaded: Loaded) -> None:
         """Stop its engine thread (on a worker thread), then free its engine."""
@@ -305,23 +313,24 @@ class ModelPool:
         keep = self.limits.keep_alive_s
         now = time.monotonic()
         for loaded in list(self.loaded.values()):
-            if keep is not None and loaded.idle and now - loaded.last_used >= keep:
-                await self._unload(loaded)
-        if self._memory is None:
+            if keep is not None and now - loaded.last_used >= keep:
+                await self._unload_if_idle(loaded)
+        if self.memory is None:
             return
         idle = sorted((m for m in self.loaded.values() if m.idle), key=lambda m: m.last_used)
         for loaded in idle:
             if not await self._pressed():
                 return
-            await asyncio.to_thread(_shrink, loaded)
+            if loaded.idle:
+                await asyncio.to_thread(_shrink, loaded)
         for loaded in idle:
             if not await self._pressed():
                 return
-            await self._unload(loaded)
+            await self._unload_if_idle(loaded)
 
     async def _pressed(self) -> bool:
-        assert self._memory is not None
-        memory = await asyncio.to_thread(self._memory)
+        assert self.memory is not None
+        memory = await asyncio.to_thread(self.memory)
         return memory.available < memory.total * PRESSURE_FRACTION
 
 

@@ -204,7 +204,7 @@ def test_unknown_and_too_large_models_are_refused_before_loading(
 ) -> None:
     small = parse_meminfo(MEMINFO.read_text())
     with served_pool(two_models, PoolLimits(keep_alive_s=None)) as (served, pool, counting):
-        pool._memory = lambda: small  # from here on the machine has 100 MiB free
+        pool.memory = lambda: small  # from here on the machine has 100 MiB free
         pool.loaded["alpha"].pinned = True  # as the Batch API's model: it never unloads
         client = openai.OpenAI(base_url=served.api, api_key="x", max_retries=0)
         with pytest.raises(openai.NotFoundError) as missing:
@@ -277,5 +277,5 @@ def test_under_memory_pressure_idle_models_unload_and_the_pinned_one_stays(
         pool.loaded["alpha"].pinned = True
         chat(served, "beta", "hi", 3)
         assert loaded_flags(served) == {"alpha": True, "beta": True}
-        pool._memory = lambda: pressed
+        pool.memory = lambda: pressed
         assert wait_until(lambda: loaded_flags(served) == {"alpha": True, "beta": False}, 10)

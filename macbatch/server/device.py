@@ -52,9 +52,14 @@ class Turns:
                 self._cond.notify_all()
 
 
+# Engine methods that run no MLX (bookkeeping on the host), called by its thread around every
+# step: taking a turn for each would hand the device over three times a step for nothing.
+HOST_ONLY = frozenset({"has_unfinished", "stats", "enqueue", "abort", "context_limit"})
+
+
 class _OnSharedDevice:
-    """An engine whose every method call runs in a turn of the device (attributes, such as its
-    tokenizer and input processor, pass through untouched: they run no MLX)."""
+    """An engine whose method calls run in a turn of the device, but those in ``HOST_ONLY``
+    (attributes, such as its tokenizer and input processor, pass through: they run no MLX)."""
 
     def __init__(self, engine: Engine, turns: Turns, owner: str) -> None:
         self._engine: Engine | None = engine
@@ -65,7 +70,7 @@ class _OnSharedDevice:
         if self._engine is None:
             raise RuntimeError(f"the engine of {self._owner!r} was unloaded")
         value = getattr(self._engine, name)
-        if not inspect.ismethod(value):
+        if not inspect.ismethod(value) or name in HOST_ONLY:
             return value
 
         def in_turn(*args: Any, **kwargs: Any) -> Any:

@@ -279,3 +279,26 @@ def test_under_memory_pressure_idle_models_unload_and_the_pinned_one_stays(
         assert loaded_flags(served) == {"alpha": True, "beta": True}
         pool.memory = lambda: pressed
         assert wait_until(lambda: loaded_flags(served) == {"alpha": True, "beta": False}, 10)
+
+
+def test_a_model_that_fails_to_load_is_a_400_with_why_and_the_others_keep_serving(
+    two_models: dict[str, Path], alone: dict[str, Served], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    with served_pool({**two_models, "broken": broken}, PoolLimits(keep_alive_s=None)) as (
+        served,
+        pool,
+        _,
+    ):
+        client = openai.OpenAI(base_url=served.api, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model="broken", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert refused.value.body["code"] == "model_unavailable"
+        assert "cannot load model 'broken'" in refused.value.body["message"]
+        assert "broken" not in pool.loaded
+        assert chat(served, "alpha", PROMPTS[0]) == chat(alone["alpha"], "alpha", PROMPTS[0])
+        assert httpx.get(served.url + "/health").status_code == 200

@@ -129,10 +129,12 @@ class ModelPool:
         load in progress)."""
         self._start_reaper()
         name = self.name_of(requested)
-        loaded = self.loaded.get(name)
-        # a crashed engine loads again when the pool can load (else the route answers 503)
-        if loaded is None or (not loaded.thread.alive and self._starter is not None):
-            loaded = await self._wait_for_load(name)
+        while True:  # until it is loaded when this task runs (no await before the lease)
+            loaded = self.loaded.get(name)
+            # a crashed engine loads again when the pool can load (else the route answers 503)
+            if loaded is not None and (loaded.thread.alive or self._starter is None):
+                break
+            await self._wait_for_load(name)
         loaded.leases += 1
         loaded.last_used = time.monotonic()
         return loaded

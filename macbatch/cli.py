@@ -23,6 +23,7 @@ from macbatch.cli_options import (
 )
 from macbatch.config import DEFAULT_MODEL
 from macbatch.launch import follower_exit_status
+from macbatch.model_commands import models_command, pull_command, rm_command
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -47,6 +48,9 @@ app = typer.Typer(
 app.command("chat")(chat_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
+app.command("models")(models_command)
+app.command("pull")(pull_command)
+app.command("rm")(rm_command)
 app.add_typer(cache_app, name="cache")
 
 
@@ -184,35 +188,6 @@ def _demo_kv_pool() -> str:
         f"({grows}: {config.max_num_seqs} sequences x {engine.info.max_model_len:,}-token "
         f"context, at most {config.memory_fraction:.0%} of memory)"
     )
-
-
-@app.command("models")
-def models_command() -> None:
-    """List the models that run without a download: the packaged demo model and the Hugging Face
-    hub cache. Any other hub id is downloaded on first use."""
-    from macbatch.engine import unsupported_reason
-    from macbatch.models import local_models
-
-    models = local_models()
-    if not models:
-        typer.echo("no local models; `macbatch run`, `chat` and `serve` download hub ids on use")
-        return
-    rows = [("NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT", "")]
-    for m in models:
-        why = unsupported_reason(m.model_type)
-        rows.append(
-            (
-                m.name,
-                m.model_type,
-                m.quantization,
-                f"{m.size_bytes / 2**20:,.1f} MiB",
-                f"{m.context:,}" if m.context else "?",
-                f"not supported: {why}" if why else "",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 @app.command("bench")

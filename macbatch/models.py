@@ -1,5 +1,6 @@
-"""Which models macbatch can run without downloading: the packaged demo model and the models
-already in the Hugging Face hub cache."""
+"""Which models macbatch can run without downloading: the packaged demo model, the models
+already in the Hugging Face hub cache, and model directories under the ``--models-dir``
+directories a user names (docs/models.md, "How models are found")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine import declared_context_length
+from macbatch.engine import declared_context_length, unavailable_reason
 
 
 @dataclass(frozen=True)
@@ -21,13 +22,31 @@ class LocalModel:
     context: int | None  # max_position_embeddings, when the config says
 
 
-def local_models() -> list[LocalModel]:
-    """The demo model first, then cached hub models with a config.json (largest revision)."""
+def local_models(models_dirs: tuple[Path, ...] = ()) -> list[LocalModel]:
+    """The demo model first, then the model directories (those holding a config.json) right
+    under each of ``models_dirs``, named by their folder, then cached hub models with a
+    config.json (largest revision). A name found twice keeps its first place."""
     from macbatch.demo import MODEL_DIR
 
     found = []
     if (MODEL_DIR / "config.json").exists():
         found.append(_describe("demo", MODEL_DIR))
+    for directory in models_dirs:
+        for path in sorted(directory.expanduser().iterdir()) if directory.is_dir() else ():
+            if (path / "config.json").is_file():
+                found.append(_describe(path.name, path))
+    return _unique(found + _cached())
+
+
+def _unique(models: list[LocalModel]) -> list[LocalModel]:
+    by_name: dict[str, LocalModel] = {}
+    for model in models:
+        by_name.setdefault(model.name, model)
+    return list(by_name.values())
+
+
+def _cached() -> list[LocalModel]:
+    found: list[LocalModel] = []
     try:
         from huggingface_hub import scan_cache_dir
 
@@ -74,3 +93,16 @@ def describe_quantization(config: dict[str, Any]) -> str:
         words = f"{mode}, {words}" if "bits" in quant else str(mode)
     mixed = sum(1 for v in quant.values() if isinstance(v, dict))
     return f"{words}, {mixed} layers with their own settings" if mixed else words
+
+
+def tasks_of(path: Path) -> list[str]:
+    """What a model would do once loaded, read from its files (the loaded engine decides the
+    same from its checkpoint): every model generates, embeds and scores; a model whose name says
+    "rerank" is a reranker (as ``EngineConfig.reranker`` None decides); one that reads images
+    here adds "vision"."""
+    tasks = ["generate", "embed", "score"]
+    if "rerank" in path.name.lower() or "rerank" in str(path.parent.parent.name).lower():
+        tasks.append("rerank")
+    if unavailable_reason(path, path.name) is None:
+        tasks.append("vision")
+    return tasks

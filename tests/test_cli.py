@@ -69,9 +69,12 @@ def test_models_prints_a_table(tmp_path, monkeypatch):
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
     rows = [re.split(r"\s{2,}", line.strip()) for line in result.output.splitlines()]
-    assert rows[0] == ["NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT"]
-    assert rows[1] == ["demo", "llama", "none", rows[1][3], "512"]
-    assert rows[2] == ["mlx-community/Tiny-4bit", "qwen3", "4-bit (group 64)", "3.0 MiB", "40,960"]
+    header = ["NAME", "ARCHITECTURE", "QUANTIZATION", "SIZE", "CONTEXT", "TASKS", "FITS"]
+    assert rows[0] == header
+    tasks = "generate,embed,score"
+    assert rows[1] == ["demo", "llama", "none", rows[1][3], "512", tasks, "yes"]
+    tiny = ["mlx-community/Tiny-4bit", "qwen3", "4-bit (group 64)", "3.0 MiB", "40,960"]
+    assert rows[2] == [*tiny, tasks, "yes"]
 
 
 def test_bench_runs_a_model_from_disk(tiny_model_path):

@@ -172,6 +172,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "macbatch.launch",
             "macbatch.bench",
             "macbatch.models",
+            "macbatch.model_commands",
+            "macbatch.pull",
             "macbatch.model_check",
             "macbatch.template_check",
         ),
@@ -180,8 +182,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("macbatch.engine",)),
     ("kernels", ("macbatch.metal",)),
     # below them all: the demo models (the engine's loader resolves "demo" and builds
-    # "demo-vision"), the data directory, ceiling division and the package's own facts
-    ("leaves", ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", PACKAGE)),
+    # "demo-vision"), the data directory, ceiling division, the machine's memory (the guard
+    # every front end asks before loading) and the package's own facts
+    (
+        "leaves",
+        ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", "macbatch.memory", PACKAGE),
+    ),
 ]
 
 ENGINE = "macbatch.engine"

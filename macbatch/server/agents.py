@@ -20,6 +20,7 @@ from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import (
     ServerState,
     bind,
+    model_for,
     read_json,
     route_table,
     serve_generation,
@@ -34,18 +35,19 @@ async def create_response(request: Request) -> Response:
     check_value(body)  # echoed and stored whole (metadata too): every field, not just the chat's
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
+    model = await model_for(request, body.get("model"))
     lines = state.options.keep_volatile_prompt_lines
-    images = state.images
+    images = model.images
     parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history, lines, images))
-    bound = bind(state, parsed.generation)
-    renderer = ResponsesRenderer(parsed, bound.parse_with, state.model_id)
+    bound = bind(model, parsed.generation)
+    renderer = ResponsesRenderer(parsed, bound.parse_with, model.model_id)
 
     def keep(finals: list) -> None:
         if parsed.store:
             state.responses.put(renderer.response(finals), renderer.conversation(finals))
 
     stream = parsed.generation.stream
-    return await serve_generation(request, state, bound, renderer, stream, "input", keep)
+    return await serve_generation(request, state, model, bound, renderer, stream, "input", keep)
 
 
 async def get_response(request: Request) -> Response:
@@ -80,23 +82,26 @@ def _not_found(response_id: str) -> APIError:
 async def create_message(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    model = await model_for(request, body.get("model"))
     lines = state.options.keep_volatile_prompt_lines
-    images = state.images
+    images = model.images
     parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines, images))
-    bound = bind(state, parsed.generation)
-    renderer = MessagesRenderer(parsed, bound.parse_with, state.model_id, state.decoder)
-    return await serve_generation(request, state, bound, renderer, parsed.generation.stream)
+    bound = bind(model, parsed.generation)
+    renderer = MessagesRenderer(parsed, bound.parse_with, model.model_id, model.decoder)
+    stream = parsed.generation.stream
+    return await serve_generation(request, state, model, bound, renderer, stream)
 
 
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    lines, images = state.options.keep_volatile_prompt_lines, state.images
+    model = await model_for(request, body.get("model"))
+    lines, images = state.options.keep_volatile_prompt_lines, model.images
     parsed = await parse_body_off_loop(body, lambda: parse_messages(body, True, lines, images))
-    [(prompt, _)] = bind(state, parsed.generation).requests
+    [(prompt, _)] = bind(model, parsed.generation).requests
     try:
-        ids = await asyncio.to_thread(state.thread.encode_prompt, prompt)
+        ids = await asyncio.to_thread(model.thread.encode_prompt, prompt)
     except ValueError as exc:
         raise invalid(str(exc), "messages") from None
     return JSONResponse({"input_tokens": len(ids)})

@@ -1,7 +1,8 @@
-"""The Starlette app: OpenAI-compatible routes over an injected EngineThread.
+"""The Starlette app: OpenAI-compatible routes over a pool of models.
 
-``create_app`` takes a started EngineThread (tests build one on a tiny model; ``macbatch serve``
-builds one on the user's model), so the app itself never loads anything.
+``create_app`` takes one started EngineThread (tests build one on a tiny model);
+``create_pool_app`` takes a ``ModelPool`` (``macbatch serve``: its models, loaded up front or on
+demand; docs/models.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, Tokenizer
+from macbatch.memory import Need
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer
@@ -27,18 +29,22 @@ from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, speaks_anthropic, within
+from macbatch.server.model_cards import model_card, render_metrics
 from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
+from macbatch.server.pool import ModelPool, PoolLimits, Servable
 from macbatch.server.serving import (
     ServerOptions,
     ServerState,
     bind,
+    give_back_models,
+    model_for,
     read_json,
     serve_generation,
     state_of,
 )
 
-__all__ = ["ServerOptions", "create_app", "stop_batches", "stop_generating"]
+__all__ = ["ServerOptions", "create_app", "create_pool_app", "stop_batches", "stop_generating"]
 
 PUBLIC_PATHS = ("/health",)
 _log = logging.getLogger("macbatch.server")
@@ -50,13 +56,22 @@ def create_app(
     options: ServerOptions | None = None,
     model_id: str | None = None,
 ) -> Starlette:
-    """The ASGI app; ``decoder`` (the model's tokenizer) renders logprob tokens as text."""
-    state = ServerState(
-        thread=thread,
-        decoder=decoder,
-        options=options or ServerOptions(),
-        model_id=model_id or thread.info.model_name,
-    )
+    """The ASGI app over one started engine thread, which never unloads; ``decoder`` (the
+    model's tokenizer) renders logprob tokens as text."""
+    options = options or ServerOptions()
+    name = model_id or thread.info.model_name
+    entry = Servable(name, name, None, options.model_aliases)
+    pool = ModelPool([entry], None, options.images, PoolLimits(keep_alive_s=None))
+    pool.add_loaded(pool.loaded_model(thread, name, Need(0, 0), lambda: None, decoder))
+    return create_pool_app(pool, options)
+
+
+def create_pool_app(models: ModelPool, options: ServerOptions) -> Starlette:
+    """The ASGI app over a pool of models (``macbatch serve``); the first model's is loaded."""
+    state = ServerState(models, options)
+    if len(models.catalog) == 1:  # one model: its counters are the server's, unlabelled
+        models.metrics[models.default] = state.metrics
+        state.first.metrics = state.metrics
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -79,6 +94,7 @@ def create_app(
     if state.options.data_dir is not None:
         try:
             state.batch_api = _batch_api(state)
+            state.first.pinned = True  # the batch thread holds its engine
         except BatchAPIUnavailable as exc:
             _log.warning("%s", exc)
             state.batch_api_off = str(exc)
@@ -103,25 +119,25 @@ def _add_guards(app: Starlette, state: ServerState, known_paths: set[str]) -> No
 
 
 def _batch_api(state: ServerState) -> BatchAPI:
-    """The Batch API over the data directory. Live requests first: a batch keeps at most
-    ``batch_max_in_flight`` requests in the engine (half its sequences by default), and none
-    that would leave a live request without a sequence to run in."""
-    options = state.options
+    """The Batch API over the data directory, on the first model. Live requests first: a batch
+    keeps at most ``batch_max_in_flight`` requests in the engine (half its sequences by
+    default), and none that would leave a live request without a sequence to run in."""
+    options, first = state.options, state.first
     assert options.data_dir is not None
-    seqs = state.thread.call(lambda engine: engine.config.max_num_seqs).result(timeout=60)
+    seqs = first.thread.call(lambda engine: engine.config.max_num_seqs).result(timeout=60)
     most = options.batch_max_in_flight or max(1, seqs // 2)
 
     def room() -> int:
-        return max(0, min(most, seqs - state.admission.pending))
+        return max(0, min(most, seqs - first.pending))
 
     return open_batch_api(
         options.data_dir,
-        state.thread,
-        state.model_id,
-        state.decoder,
+        first.thread,
+        first.model_id,
+        first.decoder,
         room,
         options.max_file_bytes,
-        state.images,
+        first.images,
     )
 
 
@@ -131,7 +147,8 @@ def stop_generating(app: Starlette) -> None:
     state: ServerState = app.state.macbatch
     state.shutting_down = True
     stop_batches(app, wait_s=0)  # on the event loop: say stop, do not wait
-    state.thread.abort_all()
+    for loaded in state.models.loaded.values():
+        loaded.thread.abort_all()
 
 
 def stop_batches(app: Starlette, wait_s: float = 30) -> None:
@@ -144,39 +161,41 @@ def stop_batches(app: Starlette, wait_s: float = 30) -> None:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engine thread runs, else 503 with its error: for load balancers, launchd."""
+    """200 while every loaded model's engine thread runs, else 503 with the errors: for load
+    balancers, launchd. The first model's engine counts are at the top, as with one model."""
     state = state_of(request)
-    stats = state.thread.stats()
-    body: dict[str, Any] = {"status": "ok" if state.thread.alive else "unhealthy"}
-    body["model"] = state.model_id
-    if not state.thread.alive:
-        body["error"] = str(state.thread.error) if state.thread.error else "engine stopped"
+    loaded = state.models.loaded
+    down = {name: m.thread.error for name, m in loaded.items() if not m.thread.alive}
+    body: dict[str, Any] = {"status": "unhealthy" if down else "ok"}
+    body["model"] = state.models.default
+    if down:
+        body["error"] = "; ".join(
+            f"{name}: {error if error else 'engine stopped'}" for name, error in down.items()
+        )
+    first = loaded.get(state.models.default)
+    stats = None if first is None else first.thread.stats()
     if stats is not None:
         body.update(running=stats.running, waiting=stats.waiting, kv_usage=stats.kv_usage)
-    return JSONResponse(body, status_code=200 if state.thread.alive else 503)
+    body["loaded_models"] = sorted(loaded)
+    return JSONResponse(body, status_code=503 if down else 200)
 
 
 async def metrics(request: Request) -> Response:
     state = state_of(request)
-    text = state.metrics.render(state.thread.stats(), state.thread.alive, state.admission.pending)
+    text = render_metrics(state.metrics, state.models)
     if state.batch_api is not None:
         text += "\n".join(state.batch_api.metrics()) + "\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "macbatch"}
-    return card | {"macbatch": embeddings.model_capabilities(state)}
-
-
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(state_of(request))]})
+    models = state_of(request).models
+    return JSONResponse({"object": "list", "data": [model_card(models, n) for n in models.catalog]})
 
 
 async def get_model(request: Request) -> Response:
-    state = state_of(request)
-    state.check_model(request.path_params["model"])
-    return JSONResponse(_model_card(state))
+    models = state_of(request).models
+    return JSONResponse(model_card(models, models.name_of(request.path_params["model"])))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -191,14 +210,15 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    keep, images = state.options.keep_volatile_prompt_lines, state.images
+    model = await model_for(request, body.get("model"))
+    keep, images = state.options.keep_volatile_prompt_lines, model.images
     generation = await parse_body_off_loop(
         body, lambda: parse_body(endpoint, body, keep_volatile=keep, images=images)
     )
-    bound = bind(state, generation)
-    formatter = openai_formatter(generation, bound.parse_with, state.model_id, state.decoder)
+    bound = bind(model, generation)
+    formatter = openai_formatter(generation, bound.parse_with, model.model_id, model.decoder)
     renderer = ChatRenderer(formatter, len(bound.requests), generation.include_usage)
-    return await serve_generation(request, state, bound, renderer, generation.stream)
+    return await serve_generation(request, state, model, bound, renderer, generation.stream)
 
 
 class _Guard:
@@ -250,6 +270,8 @@ class _Guard:
             if not started:
                 error = _internal_error(exc, self.state.options.data_dir)
                 await error.response(anthropic)(scope, receive, counting_send)
+        finally:
+            give_back_models(scope, self.state.models)
 
     def _allowed(self, scope: Scope) -> bool:
         """``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's);

@@ -23,8 +23,24 @@ from macbatch.cli_options import (
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from macbatch.engine import EngineConfig
     from macbatch.openai.image_parts import ImageAccess
 
+_MODELS = typer.Option(
+    None,
+    "--model",
+    "-m",
+    help=f"Model to load at start (repeatable; default {DEFAULT_MODEL}): 'demo', a local MLX "
+    "model directory, or a Hugging Face id (e.g. mlx-community/Qwen3-0.6B-4bit). Clients name "
+    "it in the 'model' field; requests may also name any local model (macbatch models), "
+    "which then loads on demand. The first one runs the Batch API.",
+)
+_MODELS_DIRS = typer.Option(
+    None,
+    "--models-dir",
+    metavar="DIR",
+    help="Also serve the model directories under DIR, by folder name (repeatable).",
+)
 _LOCAL_IMAGES = typer.Option(
     None,
     "--allow-local-images",
@@ -37,12 +53,20 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def serve_command(
-    model: str = typer.Option(
-        DEFAULT_MODEL,
-        "--model",
-        "-m",
-        help="Model to serve: 'demo', a local MLX model directory, or a Hugging Face id "
-        "(e.g. mlx-community/Qwen3-0.6B-4bit). Clients name it in the 'model' field.",
+    model: list[str] | None = _MODELS,
+    models_dir: list[Path] | None = _MODELS_DIRS,
+    keep_alive: float = typer.Option(
+        300.0,
+        "--keep-alive",
+        min=-1,
+        help="Seconds a model stays loaded with no request before it unloads; -1: never.",
+    ),
+    max_loaded_models: int | None = typer.Option(
+        None,
+        "--max-loaded-models",
+        min=1,
+        help="Models loaded at once (default: as many as memory allows); past it the least "
+        "recently used idle model unloads.",
     ),
     host: str = typer.Option(
         "127.0.0.1",
@@ -178,8 +202,9 @@ def serve_command(
             "or pass --insecure to serve without one",
             param_hint="--host",
         )
+    models = tuple(model or [DEFAULT_MODEL])
     settings = ServeSettings(
-        model, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
+        models, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
     )
     spec = speculative_config(speculative, draft_model, num_speculative_tokens)
     settings = dataclasses.replace(
@@ -205,11 +230,14 @@ def serve_command(
         max_connections=max_connections,
         allowed_hosts=allowed_hosts,
         allowed_origins=allowed_origins,
+        models_dir=tuple(str(d.expanduser().resolve()) for d in models_dir or ()),
+        keep_alive=keep_alive,
+        max_loaded_models=max_loaded_models,
     )
     if print_launchd_plist:
         local = dataclasses.replace(
             settings,
-            model=_absolute_if_local(model),
+            model=tuple(_absolute_if_local(m) for m in models),
             draft_model=settings.draft_model and _absolute_if_local(settings.draft_model),
         )
         typer.echo(_plist(_command_line(local), api_key), nl=False)
@@ -222,7 +250,7 @@ class ServeSettings:
     """The command's options but the API key (which never goes on a command line): what the
     server runs with, and what a launchd plist repeats."""
 
-    model: str
+    model: tuple[str, ...]  # the first runs the Batch API
     host: str
     port: int
     insecure: bool
@@ -250,6 +278,9 @@ class ServeSettings:
     max_connections: int | None = None
     allowed_hosts: str | None = None  # comma-separated, as given
     allowed_origins: str | None = None
+    models_dir: tuple[str, ...] = ()  # absolute directories
+    keep_alive: float = 300.0  # -1: never unload for idleness
+    max_loaded_models: int | None = None
 
 
 def image_access(settings: ServeSettings) -> ImageAccess:
@@ -297,8 +328,7 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
 def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.config import data_dir
-    from macbatch.engine import Engine, EngineConfig, EngineThread
-    from macbatch.server.app import ServerOptions, create_app, stop_batches, stop_generating
+    from macbatch.server.app import ServerOptions, create_pool_app, stop_batches, stop_generating
     from macbatch.server.listen import (
         ConnectionLimits,
         ListenError,
@@ -306,14 +336,67 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         default_max_connections,
         run,
     )
+    from macbatch.server.pool import PoolLimits
+    from macbatch.server.serve_models import model_pool
 
-    model, host = settings.model, settings.host
+    host = settings.host
     try:
         sock = bind(host, settings.port)
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = EngineConfig(
+    config = _engine_config(settings)
+    loading = PoolLimits(
+        keep_alive_s=None if settings.keep_alive < 0 else settings.keep_alive,
+        max_loaded=settings.max_loaded_models,
+        max_waiting=max(1, settings.max_queue),
+        kv_start_mib=config.kv_start_mib,
+    )
+    dirs = tuple(Path(d) for d in settings.models_dir)
+    pool = model_pool(settings.model, dirs, loading, config, image_access(settings))
+    try:
+        options = ServerOptions(
+            api_key=api_key,
+            max_body_bytes=int(settings.max_body_mb * 1024 * 1024),
+            max_pending=settings.max_num_seqs + settings.max_queue,
+            data_dir=data_dir() / "serve",
+            max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
+            batch_max_in_flight=settings.batch_max_in_flight,
+            keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
+            images=image_access(settings),
+            bound_host=host,
+            allowed_hosts=tuple((settings.allowed_hosts or "").split(",")),
+            allowed_origins=tuple((settings.allowed_origins or "").split(",")),
+        )
+        app = create_pool_app(pool, options)
+        bound_port = sock.getsockname()[1]
+        limits = ConnectionLimits(
+            settings.header_timeout, settings.max_connections or default_max_connections()
+        )
+        typer.echo(
+            f"macbatch serve: {', '.join(pool.loaded)} (and {len(pool.catalog) - len(pool.loaded)}"
+            f" more on demand, GET /v1/models) at http://{host}:{bound_port}/v1 "
+            f"({'API key required' if api_key else 'no API key'}; at most "
+            f"{limits.max_connections} connections); Ctrl-C to stop",
+            err=True,
+        )
+        stop = lambda: stop_generating(app)  # noqa: E731
+        try:
+            run(app, sock, settings.shutdown_timeout, settings.log_level, stop, limits)
+        finally:
+            stop_batches(app)
+    finally:
+        for loaded in list(pool.loaded.values()):
+            loaded.thread.shutdown(timeout=settings.shutdown_timeout)
+        sock.close()
+    _exit_now()
+
+
+def _engine_config(settings: ServeSettings) -> EngineConfig:
+    """Every model's engine settings (each model sizes its own pool from them)."""
+    from macbatch.engine import EngineConfig
+
+    return EngineConfig(
         max_num_seqs=settings.max_num_seqs,
         num_blocks=settings.kv_blocks,
         kv_bits=settings.kv_bits,
@@ -325,50 +408,6 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
             settings.cache_dir, settings.cache_disk_gb, settings.no_disk_cache
         ),
     )
-    typer.echo(f"macbatch serve: loading {model} ...", err=True)
-    thread = EngineThread(lambda: Engine.load(model, config)).start()
-    try:
-        try:
-            thread.wait_ready()
-        except Exception as exc:
-            typer.echo(f"macbatch serve: cannot load {model!r}: {exc}", err=True)
-            raise typer.Exit(1) from None
-        tokenizer, dtype = thread.call(lambda e: (e.tokenizer, e.compute_dtype)).result()
-        typer.echo(f"macbatch serve: weights in {dtype.dtype}: {dtype.reason}", err=True)
-        options = ServerOptions(
-            api_key=api_key,
-            max_body_bytes=int(settings.max_body_mb * 1024 * 1024),
-            max_pending=settings.max_num_seqs + settings.max_queue,
-            model_aliases=(Path(model).name,),
-            data_dir=data_dir() / "serve",
-            max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
-            batch_max_in_flight=settings.batch_max_in_flight,
-            keep_volatile_prompt_lines=settings.keep_volatile_prompt_lines,
-            images=image_access(settings),
-            bound_host=host,
-            allowed_hosts=tuple((settings.allowed_hosts or "").split(",")),
-            allowed_origins=tuple((settings.allowed_origins or "").split(",")),
-        )
-        app = create_app(thread, tokenizer, options, model_id=model)
-        bound_port = sock.getsockname()[1]
-        limits = ConnectionLimits(
-            settings.header_timeout, settings.max_connections or default_max_connections()
-        )
-        typer.echo(
-            f"macbatch serve: {model} at http://{host}:{bound_port}/v1 "
-            f"({'API key required' if api_key else 'no API key'}; at most "
-            f"{limits.max_connections} connections); Ctrl-C to stop",
-            err=True,
-        )
-        stop = lambda: stop_generating(app)  # noqa: E731
-        try:
-            run(app, sock, settings.shutdown_timeout, settings.log_level, stop, limits)
-        finally:
-            stop_batches(app)
-    finally:
-        thread.shutdown(timeout=settings.shutdown_timeout)
-        sock.close()
-    _exit_now()
 
 
 def _exit_now() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,6 @@ from macbatch.engine import (
     PoolingParams,
     PromptInput,
     RequestOutput,
-    Tokenizer,
-    ToolFormat,
 )
 from macbatch.openai import DATA_ONLY, Bound, Generation, ImageAccess
 from macbatch.openai.bodies import load_json
@@ -31,10 +29,13 @@ from macbatch.openai.rendering import Event, Renderer
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.generation import Admission, Jobs, Run
 from macbatch.server.metrics import ServerMetrics
+from macbatch.server.pool import Loaded, ModelPool
 from macbatch.server.stored import ResponseStore
 
 if TYPE_CHECKING:
     from macbatch.server.batchapi.service import BatchAPI
+
+LEASES = "macbatch.models"  # the request scope's key: the models a request holds
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,12 @@ class ServerOptions:
 
 @dataclass
 class ServerState:
-    thread: EngineThread
-    decoder: Tokenizer
+    models: ModelPool
     options: ServerOptions
-    model_id: str
-    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)  # HTTP responses by route
     responses: ResponseStore = field(init=False)  # /v1/responses, stored
     admission: Admission = field(init=False)
     shutting_down: bool = False
-    tool_format: ToolFormat | None = field(init=False)
-    images: ImageAccess = field(init=False)  # the options' access; refused if the model cannot
     batch_api: BatchAPI | None = field(init=False, default=None)
     batch_api_off: str = (  # why batch_api is None, answered on its routes
         "the Batch API needs a data directory (macbatch serve has one; see docs/serve.md)"
@@ -79,26 +76,39 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.options.max_pending)
-        self.tool_format = self.thread.info.model.tool_format  # decided once, at load
-        # a model that takes no images refuses image parts before any is read or fetched
-        refused = self.thread.images_refused() if self.thread.alive else "the engine is down"
-        self.images = replace(self.options.images, refused=refused)
         self.responses = ResponseStore(self.options.data_dir)
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_id and name not in self.options.model_aliases:
-            raise APIError(
-                404,
-                f"model {name!r} is not served here; this server runs {self.model_id!r} "
-                "(see GET /v1/models)",
-                param="model",
-                code="model_not_found",
-            )
+    @property
+    def first(self) -> Loaded:
+        """The first model given (the Batch API's, pinned while the Batch API runs)."""
+        return self.models.loaded[self.models.default]
 
-    def check_engine(self) -> None:
-        if not self.thread.alive:
-            error = self.thread.error
-            raise engine_unavailable(None if error is None else f"{type(error).__name__}: {error}")
+    @property
+    def thread(self) -> EngineThread:
+        return self.first.thread
+
+
+def check_engine(loaded: Loaded) -> None:
+    if not loaded.thread.alive:
+        error = loaded.thread.error
+        raise engine_unavailable(None if error is None else f"{type(error).__name__}: {error}")
+
+
+async def model_for(request: Request, requested: Any) -> Loaded:
+    """The model a request names (its body's ``model``; a non-string is the parser's to
+    refuse), loaded if it was not, and held until the response ends (the app's guard gives it
+    back then, streams included)."""
+    state = state_of(request)
+    loaded = await state.models.lease(requested if isinstance(requested, str) else None)
+    request.scope.setdefault(LEASES, []).append(loaded)
+    check_engine(loaded)
+    return loaded
+
+
+def give_back_models(scope: Scope, models: ModelPool) -> None:
+    """The end of a response: its models may unload again."""
+    for loaded in scope.pop(LEASES, []):
+        models.give_back(loaded)
 
 
 def route_table(*rows: tuple[str, str, Callable[[Request], Awaitable[Response]]]) -> list[Route]:
@@ -110,16 +120,16 @@ def state_of(request: Request) -> ServerState:
     return request.app.state.macbatch
 
 
-def bind(state: ServerState, generation: Generation) -> Bound:
-    """The engine requests of a parsed body, for this server's model (400 / 404 / 503)."""
-    state.check_model(generation.model)
-    state.check_engine()
-    return generation.bind(state.tool_format, state.decoder)
+def bind(loaded: Loaded, generation: Generation) -> Bound:
+    """The engine requests of a parsed body, for its model (400 / 503)."""
+    check_engine(loaded)
+    return generation.bind(loaded.tool_format, loaded.decoder)
 
 
 async def serve_generation(
     request: Request,
     state: ServerState,
+    loaded: Loaded,
     bound: Bound,
     renderer: Renderer,
     stream: bool,
@@ -129,9 +139,9 @@ async def serve_generation(
     """Admit, submit; then stream the renderer's events or wait for every choice. Every API
     shape comes through here; ``on_done`` sees the finals of a generation that completed."""
     if any(params.structured is not None for _, params in bound.requests):
-        await state.thread.prepare_constraints()
+        await loaded.thread.prepare_constraints()
     count = len(bound.requests)
-    run, close = await _admit(state, bound.requests, prompt_param)
+    run, close = await _admit(state, loaded, bound.requests, prompt_param)
     if stream:
         return EventStream(_events(run, renderer, count, on_done), on_close=close)
     finals = await _wait(request, state, run, count, close)
@@ -142,31 +152,38 @@ async def serve_generation(
 
 
 async def serve_pooling(
-    request: Request, state: ServerState, jobs: tuple[tuple[PromptInput, PoolingParams], ...]
+    request: Request,
+    state: ServerState,
+    loaded: Loaded,
+    jobs: tuple[tuple[PromptInput, PoolingParams], ...],
 ) -> list[RequestOutput]:
     """Admit, submit and wait for pooling requests (embeddings, scores): the finals in order. A
     body with more inputs than the server admits at once takes the whole of it."""
-    run, close = await _admit(state, jobs, "input", min(len(jobs), state.admission.capacity))
+    slots = min(len(jobs), state.admission.capacity)
+    run, close = await _admit(state, loaded, jobs, "input", slots)
     return await _wait(request, state, run, len(jobs), close)
 
 
 async def _admit(
-    state: ServerState, jobs: Jobs, prompt_param: str, slots: int | None = None
+    state: ServerState, loaded: Loaded, jobs: Jobs, prompt_param: str, slots: int | None = None
 ) -> tuple[Run, Callable[[], None]]:
     """Take ``slots`` admission slots (one per job unless given) and start the run; returns it
     and the function that cancels what is left and gives the slots back."""
     count = len(jobs) if slots is None else slots
     state.admission.take(count)
+    loaded.pending += count
     try:
-        run = Run(state.thread, jobs, state.metrics, prompt_param)
+        run = Run(loaded.thread, jobs, loaded.metrics, prompt_param)
         await run.start()
     except BaseException:  # whatever failed, the slots it took go back
         state.admission.give_back(count)
+        loaded.pending -= count
         raise
 
     def close() -> None:
         run.close()
         state.admission.give_back(count)
+        loaded.pending -= count
 
     return run, close
 

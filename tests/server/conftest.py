@@ -50,7 +50,15 @@ def serving(
     """Run ``create_app(thread)`` under uvicorn (as serve runs it) on a free loopback port until
     the block ends."""
     tokenizer = thread.call(lambda engine: engine.tokenizer).result(timeout=30)
-    app = create_app(thread, tokenizer, options)
+    with serving_app(create_app(thread, tokenizer, options), thread, limits) as server:
+        yield server
+
+
+@contextmanager
+def serving_app(
+    app: Starlette, thread: EngineThread, limits: ConnectionLimits | None = None
+) -> Iterator[Served]:
+    """Run ``app`` under uvicorn on a free loopback port until the block ends."""
     sock = bind("127.0.0.1", 0)
     server = uvicorn.Server(server_config(app, limits or ConnectionLimits(), "warning"))
     runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

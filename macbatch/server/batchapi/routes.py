@@ -127,7 +127,8 @@ async def create_batch(request: Request) -> Response:
     if api.files.get(file_id)["purpose"] != "batch":
         raise invalid(f"file {file_id} is not a batch input (purpose 'batch')", "input_file_id")
     path = api.files.content_path(file_id)
-    total = await asyncio.to_thread(count_requests, path, endpoint, state.model_id, state.images)
+    first = state.first  # the Batch API's model
+    total = await asyncio.to_thread(count_requests, path, endpoint, first.model_id, first.images)
     fields = {"endpoint": endpoint, "input_file_id": file_id, "completion_window": "24h"}
     batch = api.batches.create({**fields, "metadata": metadata}, total)
     api.worker.wake()

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol, cast
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, ListView
+from textual.widgets import Footer, Input, ListView, TextArea
 from textual.worker import Worker
 
 from macbatch.tui.chats import ChatRefused, ChatService
@@ -32,7 +32,7 @@ from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.loading_panel import LoadingPanel
-from macbatch.tui.widgets.prompt_input import PromptInput
+from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
 from macbatch.tui.widgets.session_item import SessionItem
 from macbatch.tui.widgets.session_list import SessionList
 from macbatch.tui.widgets.status_bar import StatusBar
@@ -56,19 +56,30 @@ STATUS_EVERY_S = 0.5
 class ChatScreen(Screen[None]):
     """Sessions, their transcripts and replies; every action acts on the open session."""
 
+    # The footer shows the short description; help shows the tooltip, which says what it does.
+    # No printable key: typed anywhere, a letter (or ?) goes into the message box.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f1,question_mark", "help", "Help"),  # first, so narrow footers still show it
-        Binding("ctrl+n", "new_session", "New"),
-        Binding("ctrl+pageup,alt+up", "switch(-1)", "Prev", key_display="^pgup"),
-        Binding("ctrl+pagedown,alt+down", "switch(1)", "Next", key_display="^pgdn"),
-        Binding("escape", "stop", "Stop"),
-        Binding("ctrl+r", "regenerate", "Regen"),
-        Binding("ctrl+g", "edit_last", "Edit"),
-        Binding("ctrl+s", "settings", "Settings"),
-        Binding("ctrl+o", "export", "Export"),
-        Binding("f3", "attach", "Attach"),
-        Binding("f2", "rename", "Rename"),
-        Binding("f8", "delete", "Delete"),
+        Binding("f1", "help", "Help", tooltip="All keys"),  # first: narrow footers still show it
+        Binding("ctrl+n", "new_session", "New", tooltip="New chat"),
+        Binding(
+            "ctrl+pageup,alt+up", "switch(-1)", "Prev", key_display="^pgup", tooltip="Previous chat"
+        ),
+        Binding(
+            "ctrl+pagedown,alt+down", "switch(1)", "Next", key_display="^pgdn", tooltip="Next chat"
+        ),
+        Binding(
+            "escape",
+            "stop",
+            "Stop",
+            tooltip="Stop the reply, or leave edit mode; back to the message box",
+        ),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
+        Binding("ctrl+g", "edit_last", "Edit", tooltip="Edit and resend your last message"),
+        Binding("ctrl+s", "settings", "Settings", tooltip="This chat's system prompt and sampling"),
+        Binding("ctrl+o", "export", "Export", tooltip="Export the chat to Markdown"),
+        Binding("f3", "attach", "Attach", tooltip="Attach an image to the next message"),
+        Binding("f2", "rename", "Rename", tooltip="Rename the chat"),
+        Binding("f8", "delete", "Delete", tooltip="Delete the chat (asks first)"),
     ]
 
     def __init__(self) -> None:
@@ -91,7 +102,7 @@ class ChatScreen(Screen[None]):
                 yield LoadingPanel(id="loading")
                 yield Transcripts(id="transcripts")
                 yield AttachmentChips()
-                yield PromptInput(on_submit=self.send)
+                yield PromptInput(on_submit=self.send, on_scroll=self.scroll_transcript)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -122,6 +133,18 @@ class ChatScreen(Screen[None]):
 
     def transcript(self, session_id: int) -> Transcript:
         return self.transcripts.transcript(session_id)
+
+    def scroll_transcript(self, where: Scroll) -> None:
+        if self.current is not None:
+            self.transcript(self.current).scroll_by_key(where)
+
+    def steer(self, key: events.Key) -> None:
+        """Before a key reaches the focused widget: a printable one typed while a message, the
+        transcript or the chat list has the focus belongs in the message box. The app calls this
+        for each key in the order typed, and the focus moves at once, so no key is lost and
+        none overtakes another."""
+        if key.is_printable and not isinstance(self.focused, (TextArea, Input)):
+            self.set_focus(self.prompt_input)
 
     @contextmanager
     def refusals_shown(self) -> Iterator[None]:
@@ -181,6 +204,7 @@ class ChatScreen(Screen[None]):
         if self.current is not None and len(ids) > 1:
             index = (ids.index(self.current) + step) % len(ids)
             await self.open_session(ids[index])
+        self.prompt_input.focus()
 
     def ask(self, dialog: ModalScreen[Any], then: Callable[[int, Any], Awaitable[None]]) -> None:
         """Show `dialog` about the open chat; `then(chat, answer)` runs on a yes, a title or
@@ -300,7 +324,9 @@ class ChatScreen(Screen[None]):
             self.notify(f"Reply failed: {ended.failure}", severity="error")
 
     def action_stop(self) -> None:
-        """Esc: stop the open chat's reply (its KV blocks are freed now), or leave edit mode."""
+        """Esc: stop the open chat's reply (its KV blocks are freed now), or leave edit mode;
+        either way the focus goes back to the message box."""
+        self.prompt_input.focus()
         if self.editing is not None:
             self.cancel_edit()
         elif self.current is not None:

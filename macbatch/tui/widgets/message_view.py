@@ -39,9 +39,10 @@ def describe(message: Message) -> str:
 
 
 class MessageView(Vertical, can_focus=True):
-    """A message in the transcript; focus it (click or Tab) and press c to copy its text."""
+    """A message in the transcript; focus it (click or Tab) and press ctrl+c to copy its text
+    (a printable key, typed anywhere, goes into the message box)."""
 
-    BINDINGS = [Binding("c,ctrl+c", "copy", "Copy message")]
+    BINDINGS = [Binding("ctrl+c", "copy", "Copy message")]
 
     def __init__(self, message: Message) -> None:
         super().__init__(classes=f"message -{message.role}")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 EngineOptions = tuple[int | None, dict[str, Any] | None]
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
+MAX_IN_FLIGHT = 256
 
 
 def run_command(
@@ -105,7 +106,7 @@ def run_command(
             help="Requests queued or running in the engine at once; inputs are read only as fast "
             "as this allows, so memory stays flat for any input size.",
         ),
-    ] = 256,
+    ] = MAX_IN_FLIGHT,
     max_seqs: Annotated[
         int | None,
         typer.Option(
@@ -161,7 +162,9 @@ def run_command(
         (cache_dir, cache_disk_gb, no_disk_cache),
     )
     if summary["status"] == "interrupted":
-        again = resume_command(file, model, jobs or [], output_dir, (kv_bits, spec), headless)
+        again = resume_command(
+            file, model, jobs or [], output_dir, (kv_bits, spec), headless, max_in_flight
+        )
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"
@@ -178,10 +181,11 @@ def resume_command(
     output_dir: Path | None,
     engine_options: EngineOptions,
     headless: bool,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> str:
     """The command that resumes this run: the same file, model, jobs, output directory, KV
-    format and speculative options (without --force / --fresh / --redo-changed, which have done
-    their work)."""
+    format, speculative options and --max-in-flight (without --force / --fresh /
+    --redo-changed, which have done their work)."""
     kv_bits, spec = engine_options
     words = ["macbatch", "run", str(file)]
     if model:
@@ -197,6 +201,8 @@ def resume_command(
         if spec["num_speculative_tokens"] is not None:
             words += ["--num-speculative-tokens", str(spec["num_speculative_tokens"])]
         words += ["--draft-model", spec["draft_model"]] if spec["draft_model"] else []
+    if max_in_flight != MAX_IN_FLIGHT:
+        words += ["--max-in-flight", str(max_in_flight)]
     if headless:
         words.append("--headless")
     return shlex.join(words)
@@ -249,7 +255,9 @@ def _run(
     except KeyboardInterrupt:
         _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
     except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
-        again = resume_command(file, model, jobs, output_dir, engine_options, headless)
+        again = resume_command(
+            file, model, jobs, output_dir, engine_options, headless, options.max_in_flight
+        )
         _fail(
             headless,
             f"the run stopped: {type(exc).__name__}: {exc}\nEvery line finished before the stop "

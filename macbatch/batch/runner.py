@@ -25,7 +25,12 @@ from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
-from macbatch.batch.run_guard import caught_signals, exclusive, refuse_inputs_among_outputs
+from macbatch.batch.run_guard import (
+    Interrupts,
+    caught_signals,
+    exclusive,
+    refuse_inputs_among_outputs,
+)
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
@@ -70,16 +75,18 @@ def run_jobs(
                 total = sum(job.total for job in jobs.values())
                 reporter.note(f"resuming: {done:,} of {total:,} requests done before")
             reporter.note(f"Loading model {job_file.model} ...")
-            engine = load_engine(job_file.model)
-            progress = RunProgress(model=job_file.model, jobs=jobs)
-            status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
-            outputs = _job_outputs(job_file, ledger)
-            write_job_vectors(job_file, outputs, reporter.note)
-            summary = build_summary(progress, status, outputs, _peak_memory())
-            _write_json(directory / SUMMARY_NAME, summary)
+            engine = load_engine(job_file.model)  # Ctrl-C until here: nothing ran
+            with caught_signals() as interrupts:  # from here, it only stops the loop
+                progress = RunProgress(model=job_file.model, jobs=jobs)
+                loop = _Loop(job_file, sources, ledger, engine, options, reporter, progress)
+                status = loop.run(interrupts)
+                outputs = _job_outputs(job_file, ledger)
+                write_job_vectors(job_file, outputs, reporter.note)
+                summary = build_summary(progress, status, outputs, _peak_memory())
+                _write_json(directory / SUMMARY_NAME, summary)
+                reporter.finish(summary)
         finally:
             ledger.close()
-    reporter.finish(summary)
     return summary
 
 
@@ -161,30 +168,29 @@ class _Loop:
         self.errors: dict[str, JsonlAppender] = {}
         self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
 
-    def run(self) -> str:
+    def run(self, interrupts: Interrupts) -> str:
         """Run until everything is done or the user interrupts; returns the final status."""
         self.reporter.start(self.progress)
         try:
-            with caught_signals() as interrupts:
-                while True:
-                    if interrupts.count and not self.progress.stopping:
-                        self.progress.stopping = True
-                        self.reporter.note(
-                            f"Stopping: no new requests; finishing {len(self.pending)} in "
-                            "flight. Press Ctrl-C again to stop now."
-                        )
-                    if interrupts.count >= 2:
-                        for request_id in self.pending.request_ids():
-                            self.engine.abort(request_id)
-                        break
-                    if not self.progress.stopping:
-                        self._admit()
-                    if not self.pending:
-                        break
-                    for output in self.engine.step():
-                        if output.finished:
-                            self._finish(output)
-                    self._update()
+            while True:
+                if interrupts.count and not self.progress.stopping:
+                    self.progress.stopping = True
+                    self.reporter.note(
+                        f"Stopping: no new requests; finishing {len(self.pending)} in "
+                        "flight. Press Ctrl-C again to stop now."
+                    )
+                if interrupts.count >= 2:
+                    for request_id in self.pending.request_ids():
+                        self.engine.abort(request_id)
+                    break
+                if not self.progress.stopping:
+                    self._admit()
+                if not self.pending:
+                    break
+                for output in self.engine.step():
+                    if output.finished:
+                        self._finish(output)
+                self._update()
         finally:
             for appender in (*self.outputs.values(), *self.errors.values()):
                 appender.close()

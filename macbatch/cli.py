@@ -3,6 +3,7 @@ front end; heavy imports happen inside the commands so `macbatch --help` is inst
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -75,6 +76,14 @@ def _options(
     status = follower_exit_status()
     if status is not None:
         raise typer.Exit(status)
+    _quiet_library_logs()
+
+
+def _quiet_library_logs() -> None:
+    """transformers warns when it tokenizes more than the model's context; every front end
+    measures a prompt against the context itself and refuses it with a clearer error, so the
+    warning would only repeat that in serve's log and over run's progress."""
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
 
 
 def command() -> Callable[..., Any]:

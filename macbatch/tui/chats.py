@@ -219,6 +219,7 @@ class ChatService:
         self._check_can_reply(session_id)
         if images and (reason := self.engine.images_refused()):
             raise ChatRefused(f"Cannot send images: {reason}.", "error")
+        self._check_fits(session_id, text)
         if replacing is not None:
             images = (*replacing.images, *images)
             self.store.delete_messages_from(session_id, replacing.id)
@@ -227,6 +228,28 @@ class ChatService:
             if self.store.set_automatic_title(session_id, title):
                 self.sessions[session_id].title = title
         return self.store.add_message(session_id, "user", text, images=images)
+
+    def _check_fits(self, session_id: int, text: str) -> None:
+        """Refuse, before it is stored, a message that cannot fit the model's context even as
+        the chat's only turn (with its system prompt and room for a reply): leaving older turns
+        out would not help, and the text stays in the box to be shortened."""
+        session = self.sessions[session_id]
+        settings = session.settings
+        alone = [*prompt_messages(session, []), {"role": "user", "content": text}]
+        context = self.engine.context_limit()
+        room = self._reply_room(settings, context)
+        tokens = len(self.engine.encode_prompt(alone, settings.template_kwargs()))
+        if tokens + room > context:
+            raise ChatRefused(
+                f"This message is too long for the model: {tokens:,} tokens, and its context "
+                f"holds {context:,} with {room:,} kept for the reply. Shorten it (it is still "
+                "in the box), or shorten the system prompt (ctrl+s).",
+                "error",
+            )
+
+    @staticmethod
+    def _reply_room(settings: SessionSettings, context: int) -> int:
+        return reply_room(settings.sampling_params().max_tokens or context, context)
 
     def last_user_message(self, session_id: int) -> Message:
         """The message ctrl+g edits."""
@@ -273,7 +296,7 @@ class ChatService:
         params = settings.sampling_params()
         kwargs = settings.template_kwargs()
         context = self.engine.context_limit()
-        room = reply_room(params.max_tokens or context, context)
+        room = self._reply_room(settings, context)
         prompt, left_out = fit_to_context(
             prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
         )

@@ -9,8 +9,8 @@ from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from macbatch.tui.store import DONE, STREAMING, Message
-from macbatch.tui.widgets.display import displayable
+from macbatch.tui.store import DONE, ERROR, STREAMING, Message
+from macbatch.tui.widgets.display import counted, displayable
 from macbatch.tui.widgets.reasoning_view import ReasoningView
 
 
@@ -19,7 +19,7 @@ def describe(message: Message) -> str:
     parts = []
     if message.metrics is not None:
         metrics = message.metrics
-        parts.append(f"{metrics.tokens} tokens")
+        parts.append(counted(metrics.tokens, "token"))
         if metrics.ttft_s is not None:
             parts.append(f"first token {metrics.ttft_s:.2f} s")
         if metrics.tokens_per_s is not None:
@@ -31,8 +31,8 @@ def describe(message: Message) -> str:
             )
     if message.status == STREAMING:
         parts.append("generating…")
-    elif message.status != DONE:
-        parts.append(message.status)
+    elif message.status != DONE and not (message.status == ERROR and message.error):
+        parts.append(message.status)  # an error's text says "error: ..." itself
     if message.error:
         parts.append(f"error: {message.error}")
     return " · ".join(parts)

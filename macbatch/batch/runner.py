@@ -34,9 +34,13 @@ from macbatch.batch.run_guard import (
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
+from macbatch.batch.table import write_job_tables
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import RequestOutput
+
+
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ def run_jobs(
                 status = loop.run(interrupts)
                 outputs = _job_outputs(job_file, ledger)
                 write_job_vectors(job_file, outputs, reporter.note)
+                write_job_tables(job_file, sources, outputs, reporter.note)
                 summary = build_summary(progress, status, outputs, _peak_memory())
                 _write_json(directory / SUMMARY_NAME, summary)
                 reporter.finish(summary)
@@ -165,6 +170,11 @@ class _Loop:
             for job in job_file.jobs
         }
         self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
+        self.jobs = {job.name: job for job in job_file.jobs}
+        self.body_rows = {  # rows that are API bodies: their sampling is their own
+            name: source is not None and source.format == "openai"
+            for name, source in sources.items()
+        }
         self.errors: dict[str, JsonlAppender] = {}
         self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
 
@@ -245,7 +255,8 @@ class _Loop:
         metrics = self.progress
         job = metrics.jobs[item.job]
         job.ok += 1
-        job.capped += any(o.capped_max_tokens is not None for o in outs)
+        if self._asked_max_tokens(item):  # a default cut to the room left is no surprise
+            job.capped += any(o.capped_max_tokens is not None for o in outs)
         if parsed is not None:
             job.constrained += 1
             job.parsed += parsed.ok
@@ -259,6 +270,12 @@ class _Loop:
             metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
             if output.metrics.time_to_first_token_s is not None:
                 metrics.ttft_s.append(output.metrics.time_to_first_token_s)
+
+    def _asked_max_tokens(self, item: Planned) -> bool:
+        """Whether the job file (or, for an OpenAI-batch row, its body) set max_tokens."""
+        job = self.jobs[item.job]
+        written = item.sampling if self.body_rows[item.job] else job.given_sampling
+        return any(name in written for name in MAX_TOKENS_FIELDS)
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if item.job not in self.errors:

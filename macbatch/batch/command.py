@@ -16,6 +16,7 @@ from macbatch.cli_options import (
     disk_cache_config,
     draft_model_option,
     kv_bits_option,
+    model_problem,
     no_disk_cache_option,
     num_speculative_tokens_option,
     speculative_config,
@@ -132,7 +133,9 @@ def run_command(
 ) -> None:
     """Run the jobs of a YAML job file through one engine; rerun the same command to resume.
 
-    Writes OUTPUT_DIR/<job>.jsonl (a line per finished request) and <job>.errors.jsonl (failures).
+    Writes, per job, in the output directory: `<job>.jsonl` (a line per finished request, in
+    OpenAI's batch output shape), `<job>.csv` (a flat table in input order: the input's columns,
+    the reply, finish reason, error) and `<job>.errors.jsonl` (failures).
 
     Exit status: 0 all done, 1 could not run, 3 some requests failed, 130 interrupted.
     """
@@ -249,6 +252,8 @@ def _run(
             jobs=jobs_by_name(job_file, jobs),
             output_dir=output_dir or job_file.output_dir,
         )
+        if (problem := model_problem(job_file.model)) is not None:  # before any file is made
+            raise JobFileError(f"{problem} (the model of {file}, or --model)")
         return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))

@@ -59,7 +59,10 @@ def write_table(path: Path, results: Path, errors: Path, source: InputFile | Non
     for line in _lines(errors):
         meta = line["macbatch"]
         error = line["error"]["message"]
-        done[(meta["line"], meta.get("sample", 0))] = {"custom_id": line["custom_id"], "error": error}
+        done[(meta["line"], meta.get("sample", 0))] = {
+            "custom_id": line["custom_id"],
+            "error": error,
+        }
     inputs = _input_fields(source)
     parsed = sorted({k for cells in done.values() for k in cells.get("parsed", {})})
     columns = ["custom_id", *_input_columns(source), "sample", *REPLY_COLUMNS]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
 from textual import events
 from textual.app import App
@@ -56,9 +57,9 @@ class ChatApp(App[None]):
     async def on_event(self, event: events.Event) -> None:
         # A key from the terminal, before it is delivered to the focused widget (bubbled keys
         # come back here forwarded: those were steered already).
-        if isinstance(event, events.Key) and not event.is_forwarded:
-            if isinstance(self.screen, ChatScreen):
-                self.screen.steer(event)
+        key = isinstance(event, events.Key) and not event.is_forwarded
+        if key and isinstance(self.screen, ChatScreen):
+            self.screen.steer(cast(events.Key, event))
         await super().on_event(event)
 
     def on_mount(self) -> None:

@@ -70,8 +70,8 @@ def chat_command(
     """Chat with a local model in several sessions at once; every session streams in parallel.
 
     Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate, ctrl+g edit
-    the last message, ctrl+s settings, ctrl+o export, F1 or ? for all keys. History is kept in the
-    data directory (MACBATCH_HOME overrides it); see docs/chat.md.
+    the last message, ctrl+s settings, ctrl+o export, PageUp/PageDown scroll, F1 for all keys.
+    History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
@@ -87,6 +87,8 @@ def chat_command(
         config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec, **disk)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    if (problem := cli_options.model_problem(model)) is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
     home = data_dir()
     path = history or home / "chat.sqlite3"
     try:

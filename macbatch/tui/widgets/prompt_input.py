@@ -22,7 +22,6 @@ from textual import events
 from textual.binding import Binding
 from textual.widgets import TextArea
 
-
 # Where a scroll key takes the transcript.
 Scroll = Literal["page_up", "page_down", "home", "end"]
 

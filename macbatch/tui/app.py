@@ -79,12 +79,7 @@ class ChatApp(App[None]):
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
         elif event.state == WorkerState.ERROR:
-            self.chats.failed(event.worker.error)
-            self.notify(
-                f"Could not load {self.model_label}: {self.chats.load_error}",
-                severity="error",
-                timeout=30,
-            )
+            self.chats.failed(event.worker.error)  # the loading panel says why, once
 
     def on_unmount(self) -> None:
         self.chats.close()

@@ -9,6 +9,7 @@ as its worker's `StateChanged` message, which `reply_ended` turns into what to s
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from macbatch.engine import EngineStats, RequestOutput
 
 ShowReply = Callable[[Message], Awaitable[ReplyView]]
+MAX_REASON = 300  # characters of a load error shown
+# A fenced Markdown code block (``` or ~~~, an optional language), its body captured.
+CODE_BLOCK = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n(.*?)^ {0,3}\1[ \t]*$", re.M | re.S)
 ENDED = (WorkerState.SUCCESS, WorkerState.CANCELLED, WorkerState.ERROR)
 
 
@@ -95,7 +99,10 @@ class ChatService:
         return None if name is None else str(name)
 
     def failed(self, error: BaseException | None) -> None:
-        self.load_error = str(error) or type(error).__name__
+        """Keep the load error's first line: a hub error goes on with its raw HTTP text."""
+        text = str(error).strip().splitlines()
+        reason = text[0] if text else type(error).__name__
+        self.load_error = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
 
     def status(self) -> EngineStatus:
         if self.load_error is not None:
@@ -160,8 +167,8 @@ class ChatService:
         self.store.update_settings(session_id, settings)
         self.sessions[session_id].settings = settings
 
-    def export(self, session_id: int) -> Path:
-        """Write the chat as Markdown; the file's path."""
+    def export(self, session_id: int, model: str) -> Path:
+        """Write the chat (with `model`, the model it is with) as Markdown; the file's path."""
         session = self.sessions[session_id]
         path = self.export_dir / f"chat-{session.id}.md"
         folder = self.export_dir / f"chat-{session.id}-images"
@@ -175,7 +182,7 @@ class ChatService:
                 for m in history
                 if m.images
             }
-            path.write_text(to_markdown(session, history, images))
+            path.write_text(to_markdown(session, history, images, model))
         except OSError as error:
             raise ChatRefused(f"Could not export to {path}: {error}", "error") from error
         return path
@@ -196,11 +203,15 @@ class ChatService:
         if session_id in self.replies:
             raise ChatRefused("This chat is still replying: wait, or press Esc to stop it.")
 
+    def check_images(self) -> None:
+        """`ChatRefused` (with why) when the model is known to read no images."""
+        if self.ready and self.engine.alive and (reason := self.engine.images_refused()):
+            raise ChatRefused(f"Cannot attach an image: {reason}.", "error")
+
     def attach(self, path_text: str) -> Attachment:
         """The image at a path, read and checked for the next message; refused (with why) for a
         model that cannot read images, or a path that is not a readable image."""
-        if self.ready and self.engine.alive and (reason := self.engine.images_refused()):
-            raise ChatRefused(f"Cannot attach an image: {reason}.", "error")
+        self.check_images()
         try:
             return read_attachment(path_text)
         except AttachmentError as error:
@@ -242,14 +253,29 @@ class ChatService:
         if tokens + room > context:
             raise ChatRefused(
                 f"This message is too long for the model: {tokens:,} tokens, and its context "
-                f"holds {context:,} with {room:,} kept for the reply. Shorten it (it is still "
-                "in the box), or shorten the system prompt (ctrl+s).",
+                f"holds {context:,} ({self.engine.info.context_limit_reason}) with {room:,} "
+                "kept for the reply. Shorten it (it is still in the box), or shorten the system "
+                "prompt (ctrl+s).",
                 "error",
             )
 
     @staticmethod
     def _reply_room(settings: SessionSettings, context: int) -> int:
         return reply_room(settings.sampling_params().max_tokens or context, context)
+
+    def last_reply_text(self, session_id: int) -> str:
+        """What ctrl+l copies: the chat's last reply."""
+        replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]
+        if not replies or not replies[-1].content:
+            raise ChatRefused("No reply to copy yet.")
+        return replies[-1].content
+
+    def last_code_block(self, session_id: int) -> str:
+        """What ctrl+t copies: the last fenced code block of the last reply, without its fences."""
+        blocks = [m.group(2) for m in CODE_BLOCK.finditer(self.last_reply_text(session_id))]
+        if not blocks:
+            raise ChatRefused("The last reply has no code block.")
+        return blocks[-1].removesuffix("\n")
 
     def last_user_message(self, session_id: int) -> Message:
         """The message ctrl+g edits."""

@@ -73,6 +73,10 @@ def chat_command(
     the last message, ctrl+s settings, ctrl+o export, PageUp/PageDown scroll, F1 for all keys.
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
+    if (problem := cli_options.model_problem(model)) is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
+    # the terminal is blank until the app draws (imports, the engine thread): say what comes
+    typer.echo(f"Starting macbatch chat with {model}…", err=True)
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.tui.app import ChatApp
@@ -87,8 +91,6 @@ def chat_command(
         config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec, **disk)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    if (problem := cli_options.model_problem(model)) is not None:
-        raise typer.BadParameter(problem, param_hint="--model")
     home = data_dir()
     path = history or home / "chat.sqlite3"
     try:

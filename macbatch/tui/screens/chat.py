@@ -80,7 +80,12 @@ class ChatScreen(Screen[None]):
         Binding("f3", "attach", "Attach", tooltip="Attach an image to the next message"),
         Binding("f2", "rename", "Rename", tooltip="Rename the chat"),
         Binding("f8", "delete", "Delete", tooltip="Delete the chat (asks first)"),
+        Binding("ctrl+l", "copy_reply", "Copy", tooltip="Copy the last reply"),
+        Binding("ctrl+t", "copy_code", "Code", tooltip="Copy the last reply's last code block"),
+        Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
     ]
+    # Below 90 columns the chat list takes less of the width (app.tcss).
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (90, "-wide")]
 
     def __init__(self) -> None:
         super().__init__()
@@ -177,6 +182,12 @@ class ChatScreen(Screen[None]):
             chats.opened(session_id)
         self.current = session_id
         self.session_list.highlight(session_id)
+        self.show_system_prompt(session_id)
+
+    def show_system_prompt(self, session_id: int) -> None:
+        """The open chat's system prompt, on its border (what the model is told first)."""
+        prompt = " ".join(self.chats.sessions[session_id].settings.system_prompt.split())
+        self.transcripts.border_subtitle = f"system: {prompt}" if prompt else None
 
     def show_title(self, session_id: int) -> None:
         title = self.chats.sessions[session_id].title
@@ -255,13 +266,35 @@ class ChatScreen(Screen[None]):
 
     async def save_settings(self, session_id: int, settings: SessionSettings) -> None:
         self.chats.save_settings(session_id, settings)
+        if session_id == self.current:
+            self.show_system_prompt(session_id)
         self.notify("Settings saved; they apply to the next reply.", timeout=3)
 
     def action_export(self) -> None:
         if self.current is not None:
             with self.refusals_shown():
-                path = self.chats.export(self.current)
+                path = self.chats.export(self.current, self.chat_app.model_label)
                 self.notify(f"Exported to {path}", timeout=5)
+
+    def action_copy_reply(self) -> None:
+        if self.current is not None:
+            with self.refusals_shown():
+                self.copy(self.chats.last_reply_text(self.current), "the last reply")
+
+    def action_copy_code(self) -> None:
+        if self.current is not None:
+            with self.refusals_shown():
+                self.copy(self.chats.last_code_block(self.current), "its last code block")
+
+    def copy(self, text: str, what: str) -> None:
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied {what} ({len(text)} characters)", timeout=2)
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.session_list
+        sidebar.display = not sidebar.display
+        if not sidebar.display and sidebar.has_focus:
+            self.prompt_input.focus()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(help_rows(self.app, self.BINDINGS)))
@@ -269,7 +302,10 @@ class ChatScreen(Screen[None]):
     # Attachments
 
     def action_attach(self) -> None:
-        self.app.push_screen(AttachScreen(), self.attach)
+        """F3: the dialog, unless the model is known to read no images (then why, at once)."""
+        with self.refusals_shown():
+            self.chats.check_images()
+            self.app.push_screen(AttachScreen(), self.attach)
 
     async def attach(self, path: str | None) -> None:
         """F3's dialog or `/image PATH`: a chip for the image, sent with the next message."""

@@ -1,0 +1,102 @@
+"""What a daily chat needs beyond sending (issue 50), on the real app: copy the last reply or
+its code block with one key, a chat list that hides (and narrows on a small terminal), the system
+prompt shown, F3 refused at once for a text-only model, dialogs that apply fast keys in order,
+and an export with the model, dates and no raw control characters."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from macbatch.tui.screens.chat import ChatScreen
+from macbatch.tui.screens.settings import SettingsScreen
+from macbatch.tui.store import HistoryStore
+from tests.tui.helpers import GREEDY, type_ahead, wait_for
+
+REPLY = "Here:\n\n```python\nprint('hi')\nx = 1\n```\n\nand a bell \x07 and an escape \x1b[2J."
+
+
+def seed(home) -> int:
+    store = HistoryStore(home / "chat.sqlite3")
+    session = store.create_session("Code", replace(GREEDY, system_prompt="Be brief.\nVery."))
+    store.add_message(session.id, "user", "show me code")
+    store.add_message(session.id, "assistant", REPLY)
+    store.close()
+    return session.id
+
+
+async def test_copy_keys_sidebar_and_system_prompt(make_app, home):
+    session_id = seed(home)
+    app = make_app()
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, ChatScreen) and screen.current == session_id
+        assert screen.transcripts.border_subtitle == "system: Be brief. Very."
+
+        await pilot.press("ctrl+l")
+        assert app.clipboard == REPLY
+        await pilot.press("ctrl+t")
+        assert app.clipboard == "print('hi')\nx = 1"
+
+        wide = screen.session_list.outer_size.width
+        await pilot.press("f9")
+        assert not screen.session_list.display
+        await pilot.press("f9")
+        assert screen.session_list.display
+
+        await pilot.press("ctrl+n", "ctrl+l")  # a new chat has nothing to copy: says so
+        assert app.clipboard == "print('hi')\nx = 1"
+        assert any("No reply to copy yet" in str(n.message) for n in app._notifications)
+        assert screen.transcripts.border_subtitle is None  # no system prompt in a new chat
+
+    small = make_app()
+    async with small.run_test(size=(60, 20)) as pilot:
+        await pilot.pause()
+        narrow = small.screen.session_list.outer_size.width
+        assert narrow < wide and narrow <= 60 // 3
+
+
+async def test_f3_is_refused_at_once_for_a_text_only_model(make_app, home):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)
+        screen = app.screen
+        await pilot.press("f3")
+        assert app.screen is screen  # no dialog to fill in first
+        (notice,) = [str(n.message) for n in app._notifications if "ready" not in str(n.message)]
+        assert notice.startswith("Cannot attach an image: ") and "text-only" in notice
+
+
+async def test_settings_apply_fast_keys_in_order(make_app, home):
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)
+        await pilot.press("ctrl+s")
+        dialog = app.screen
+        assert isinstance(dialog, SettingsScreen)
+        field = dialog.query_one("#temperature")
+        field.value = "2.5"
+        field.cursor_position = len(field.value)
+        dialog.set_focus(field)
+        await pilot.pause()
+        type_ahead(app, "backspace", "backspace", "backspace", "3")
+        await wait_for(pilot, lambda: field.value == "3", timeout=5)
+
+
+async def test_export_has_the_model_and_dates_and_no_control_characters(
+    make_app, home, tiny_model_path
+):
+    session_id = seed(home)
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)  # the label becomes the loaded model's
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+    text = (home / "exports" / f"chat-{session_id}.md").read_text()
+    assert f"- model: {tiny_model_path.name}\n" in text
+    date = r"\d{4}-\d\d-\d\d \d\d:\d\d [+-]\d{4}"
+    assert re.search(rf"^- started: {date}$", text, re.M)
+    assert re.search(rf"^- exported: {date}$", text, re.M)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text)
+    assert "a bell \u2407 and an escape \u241b[2J." in text
+    assert "print('hi')\nx = 1" in text

@@ -85,7 +85,7 @@ class ChatScreen(Screen[None]):
         Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
     ]
     # Below 90 columns the chat list takes less of the width (app.tcss).
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (90, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (90, "-wide")]
 
     def __init__(self) -> None:
         super().__init__()

@@ -28,7 +28,7 @@ def seed(home) -> int:
 async def test_copy_keys_sidebar_and_system_prompt(make_app, home):
     session_id = seed(home)
     app = make_app()
-    async with app.run_test(size=(140, 40)) as pilot:
+    async with app.run_test(size=(140, 40), notifications=True) as pilot:
         screen = app.screen
         assert isinstance(screen, ChatScreen) and screen.current == session_id
         assert screen.transcripts.border_subtitle == "system: Be brief. Very."
@@ -47,6 +47,12 @@ async def test_copy_keys_sidebar_and_system_prompt(make_app, home):
         await pilot.press("ctrl+n", "ctrl+l")  # a new chat has nothing to copy: says so
         assert app.clipboard == "print('hi')\nx = 1"
         assert any("No reply to copy yet" in str(n.message) for n in app._notifications)
+        await pilot.pause(0.3)
+        status = screen.query_one("#status").region
+        toasts = list(app.screen.query("Toast"))
+        assert toasts
+        for toast in toasts:  # notifications leave the status bar (and footer) visible
+            assert toast.region.bottom <= status.y, (toast.region, status)
         assert screen.transcripts.border_subtitle is None  # no system prompt in a new chat
 
     small = make_app()

@@ -84,6 +84,7 @@ class ChatService:
         self.ready = False
         self.load_error: str | None = None
         self.last_reply: ReplyMetrics | None = None  # the numbers of the reply that ended last
+        self.context_used: dict[int, int] = {}  # a chat's last prompt and reply, in tokens
 
     # The engine
 
@@ -263,6 +264,15 @@ class ChatService:
     def _reply_room(settings: SessionSettings, context: int) -> int:
         return reply_room(settings.sampling_params().max_tokens or context, context)
 
+    def context_meter(self, session_id: int) -> str | None:
+        """How much of the model's context the chat's last turn filled (None: no reply yet in
+        this run of the app, or no model)."""
+        used = self.context_used.get(session_id)
+        if used is None or not (self.ready and self.engine.alive):
+            return None
+        limit = self.engine.context_limit()
+        return f"context {used:,}/{limit:,} tok ({used / limit:.0%})"
+
     def last_reply_text(self, session_id: int) -> str:
         """What ctrl+l copies: the chat's last reply."""
         replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]
@@ -350,8 +360,11 @@ class ChatService:
         for session_id, (reply, running) in list(self.replies.items()):
             if running is worker:
                 del self.replies[session_id]
-                if reply.message.metrics is not None:
-                    self.last_reply = reply.message.metrics
+                metrics = reply.message.metrics
+                if metrics is not None:
+                    self.last_reply = metrics
+                    used = (metrics.prompt_tokens or 0) + metrics.tokens
+                    self.context_used[session_id] = used
                 failure = reply.message.error if reply.message.status == ERROR else None
                 if worker.state == WorkerState.ERROR:
                     failure = str(worker.error)

@@ -106,3 +106,27 @@ async def test_export_has_the_model_and_dates_and_no_control_characters(
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text)
     assert "a bell \u2407 and an escape \u241b[2J." in text
     assert "print('hi')\nx = 1" in text
+
+
+async def test_the_status_bar_and_context_meter_follow_a_reply_at_once(make_app, monkeypatch):
+    """No timer tick between a reply's end and the bar saying so (issue 50: it lagged ~1 s)."""
+    from macbatch.tui.screens import chat
+
+    monkeypatch.setattr(chat, "STATUS_EVERY_S", 3600.0)  # only events refresh it now
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)
+        screen = app.screen
+        await pilot.pause()
+        screen.prompt_input.text = "hello world"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.chats.replies)
+        await pilot.pause()
+        reply = app.chats.engine.outputs[-1][-1]
+        used = reply.metrics.prompt_tokens + len(reply.token_ids)
+        limit = app.chats.engine.context_limit()
+        bar = str(screen.query_one("#status").render())
+        assert "0 running" in bar
+        assert f"last prompt {reply.metrics.cached_tokens:,}/{reply.metrics.prompt_tokens:,}" in bar
+        meter = f"context {used:,}/{limit:,} tok"
+        assert screen.transcripts.border_subtitle.startswith(meter)

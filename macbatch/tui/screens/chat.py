@@ -182,12 +182,15 @@ class ChatScreen(Screen[None]):
             chats.opened(session_id)
         self.current = session_id
         self.session_list.highlight(session_id)
-        self.show_system_prompt(session_id)
+        self.show_chat_facts(session_id)
 
-    def show_system_prompt(self, session_id: int) -> None:
-        """The open chat's system prompt, on its border (what the model is told first)."""
+    def show_chat_facts(self, session_id: int) -> None:
+        """On the open chat's border: how full its context is, and its system prompt (what the
+        model is told first)."""
+        facts = [self.chats.context_meter(session_id)]
         prompt = " ".join(self.chats.sessions[session_id].settings.system_prompt.split())
-        self.transcripts.border_subtitle = f"system: {prompt}" if prompt else None
+        facts.append(f"system: {prompt}" if prompt else None)
+        self.transcripts.border_subtitle = " · ".join(f for f in facts if f) or None
 
     def show_title(self, session_id: int) -> None:
         title = self.chats.sessions[session_id].title
@@ -267,7 +270,7 @@ class ChatScreen(Screen[None]):
     async def save_settings(self, session_id: int, settings: SessionSettings) -> None:
         self.chats.save_settings(session_id, settings)
         if session_id == self.current:
-            self.show_system_prompt(session_id)
+            self.show_chat_facts(session_id)
         self.notify("Settings saved; they apply to the next reply.", timeout=3)
 
     def action_export(self) -> None:
@@ -350,12 +353,16 @@ class ChatScreen(Screen[None]):
     async def start_reply(self, session_id: int) -> None:
         await self.chats.start_reply(session_id, self.transcript(session_id).add, self)
         self.session_list.item_for(session_id).generating = True
+        self.refresh_status()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         ended = self.chats.reply_ended(event.worker)
         if ended is None:
             return
         self.session_list.item_for(ended.session_id).generating = False
+        self.refresh_status()  # now, not at the next tick: the bar follows the reply's end
+        if ended.session_id == self.current:
+            self.show_chat_facts(ended.session_id)
         if ended.failure is not None:
             self.notify(f"Reply failed: {ended.failure}", severity="error")
 

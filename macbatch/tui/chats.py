@@ -273,6 +273,10 @@ class ChatService:
         limit = self.engine.context_limit()
         return f"context {used:,}/{limit:,} tok ({used / limit:.0%})"
 
+    def search(self, text: str) -> list[tuple[int, int, str]]:
+        """ctrl+f: messages of every chat containing `text`, newest first."""
+        return self.store.search(text)
+
     def last_reply_text(self, session_id: int) -> str:
         """What ctrl+l copies: the chat's last reply."""
         replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]

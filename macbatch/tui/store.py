@@ -330,6 +330,17 @@ class HistoryStore:
         )
         self._db.commit()
 
+    def search(self, text: str, limit: int = 50) -> list[tuple[int, int, str]]:
+        """Messages of every chat containing `text` (any case), newest first: (chat id, message
+        id, content), at most `limit`."""
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._db.execute(
+            "SELECT session_id, id, content FROM messages WHERE content LIKE ? ESCAPE '\\' "
+            "ORDER BY id DESC LIMIT ?",
+            (pattern, limit),
+        ).fetchall()
+        return [(int(s), int(m), str(c)) for s, m, c in rows]
+
     def delete_messages_from(self, session_id: int, message_id: int) -> None:
         """Delete a message and everything after it in its session (regenerate, edit)."""
         self._db.execute(

@@ -130,3 +130,29 @@ async def test_the_status_bar_and_context_meter_follow_a_reply_at_once(make_app,
         assert f"last prompt {reply.metrics.cached_tokens:,}/{reply.metrics.prompt_tokens:,}" in bar
         meter = f"context {used:,}/{limit:,} tok"
         assert screen.transcripts.border_subtitle.startswith(meter)
+
+
+async def test_search_finds_a_message_in_any_chat_and_opens_it(make_app, home):
+    store = HistoryStore(home / "chat.sqlite3")
+    chats = []
+    for n, words in enumerate(["apples and pears", "the 50% discount_code", "nothing here"]):
+        session = store.create_session(f"Chat {n}", GREEDY)
+        store.add_message(session.id, "user", f"tell me about {words}")
+        store.add_message(session.id, "assistant", "filler " * 200 + "end")
+        chats.append(session.id)
+    store.set_last_opened(chats[2])
+    store.close()
+    app = make_app()
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await pilot.press("ctrl+f")
+        type_ahead(app, *"50%", " ", *"DISCOUNT_")  # %, _ and case: found as typed
+        await wait_for(pilot, lambda: len(app.screen.hits) == 1, timeout=10)
+        (hit,) = app.screen.hits
+        assert hit[0] == chats[1] and "50% discount_code" in hit[2]
+        await pilot.press("enter")
+        assert app.screen is screen and screen.current == chats[1]
+        assert screen.prompt_input.has_focus
+
+        await pilot.press("ctrl+f", *"pears", "down", "enter")
+        assert screen.current == chats[0]

@@ -27,6 +27,7 @@ from macbatch.tui.screens.attach import AttachScreen
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen, help_rows
 from macbatch.tui.screens.rename import RenameScreen
+from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
@@ -83,6 +84,7 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+l", "copy_reply", "Copy", tooltip="Copy the last reply"),
         Binding("ctrl+t", "copy_code", "Code", tooltip="Copy the last reply's last code block"),
         Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
+        Binding("ctrl+f", "search", "Search", tooltip="Search every chat's messages"),
     ]
     # Below 90 columns the chat list takes less of the width (app.tcss).
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (90, "-wide")]
@@ -292,6 +294,19 @@ class ChatScreen(Screen[None]):
     def copy(self, text: str, what: str) -> None:
         self.app.copy_to_clipboard(text)
         self.notify(f"Copied {what} ({len(text)} characters)", timeout=2)
+
+    def action_search(self) -> None:
+        titles = {i: s.title for i, s in self.chats.sessions.items()}
+        self.app.push_screen(SearchScreen(self.chats.search, titles), self.found)
+
+    async def found(self, hit: tuple[int, int] | None) -> None:
+        """Open the chat of the message chosen in the search, and show that message."""
+        if hit is not None and hit[0] in self.chats.sessions:
+            session_id, message_id = hit
+            await self.open_session(session_id)
+            view = self.transcript(session_id).view_for(message_id)
+            self.call_after_refresh(view.scroll_visible, animate=False, top=True)
+        self.prompt_input.focus()
 
     def action_toggle_sidebar(self) -> None:
         sidebar = self.session_list

@@ -19,22 +19,27 @@ from tests.support.batch_process import kill_9_after, start_run, wait_for_lines
 ROWS = 200
 
 
-@pytest.fixture
-def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
-    with (tmp_path / "rows.jsonl").open("w") as f:
-        for i in range(ROWS):
+def rows_job(directory: Path, model: Path, rows: int, max_tokens: int) -> Path:
+    """A job summarizing `rows` rows greedily with `model`, up to `max_tokens` tokens each."""
+    with (directory / "rows.jsonl").open("w") as f:
+        for i in range(rows):
             f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
     return write_job(
-        tmp_path,
+        directory,
         f"""
-        model: {tiny_model_path}
+        model: {model}
         jobs:
           - name: rows
             input: rows.jsonl
             template: "Summarize: {{text}}"
-            sampling: {{temperature: 0, max_tokens: 16}}
+            sampling: {{temperature: 0, max_tokens: {max_tokens}}}
         """,
     )
+
+
+@pytest.fixture
+def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
+    return rows_job(tmp_path, tiny_model_path, ROWS, 16)
 
 
 def assert_exactly_once(job_file: Path) -> list[dict]:
@@ -101,20 +106,7 @@ def test_a_late_ctrl_c_reports_what_happened(tmp_path: Path, tiny_model_path: Pa
     """Ctrl-C with every remaining row in flight, and again once the summary is written (issue
     50): the run finishes them, says so, and its exit status agrees with summary.json."""
     rows = 50
-    with (tmp_path / "rows.jsonl").open("w") as f:
-        for i in range(rows):
-            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}"}) + "\n")
-    job_file = write_job(
-        tmp_path,
-        f"""
-        model: {tiny_model_path}
-        jobs:
-          - name: rows
-            input: rows.jsonl
-            template: "Summarize: {{text}}"
-            sampling: {{temperature: 0, max_tokens: 64}}
-        """,
-    )
+    job_file = rows_job(tmp_path, tiny_model_path, rows, 64)
     out = tmp_path / "out"
     process = start_run(job_file, in_flight=rows)
     wait_for_lines(out / "rows.jsonl", process, 5)

@@ -291,13 +291,20 @@ class ChatService:
             raise ChatRefused("The last reply has no code block.")
         return blocks[-1].removesuffix("\n")
 
-    def last_user_message(self, session_id: int) -> Message:
-        """The message ctrl+g edits."""
+    def message_to_edit(self, session_id: int, message_id: int | None = None) -> Message:
+        """The message ctrl+g edits: the one selected (a message of yours), else the last one
+        you sent. Resent, it replaces that message and drops everything after it."""
         self._check_idle(session_id)
         users = [m for m in self.store.messages(session_id) if m.role == "user"]
-        if not users:
+        chosen = [m for m in users if m.id == message_id] or users[-1:]
+        if not chosen:
             raise ChatRefused("No message to edit yet.")
-        return users[-1]
+        return chosen[0]
+
+    def delete_message(self, session_id: int, message_id: int) -> None:
+        """Forget one message of the chat (the model no longer sees it); not while it replies."""
+        self._check_idle(session_id)
+        self.store.delete_message(message_id)
 
     def drop_last_reply(self, session_id: int) -> int | None:
         """Before regenerating: forget the last reply; its id (None: the chat ends with the

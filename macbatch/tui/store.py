@@ -341,6 +341,11 @@ class HistoryStore:
         ).fetchall()
         return [(int(s), int(m), str(c)) for s, m, c in rows]
 
+    def delete_message(self, message_id: int) -> None:
+        """Delete one message (and its images); the rest of its chat stays."""
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        self._db.commit()
+
     def delete_messages_from(self, session_id: int, message_id: int) -> None:
         """Delete a message and everything after it in its session (regenerate, edit)."""
         self._db.execute(

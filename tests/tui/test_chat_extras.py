@@ -156,3 +156,38 @@ async def test_search_finds_a_message_in_any_chat_and_opens_it(make_app, home):
 
         await pilot.press("ctrl+f", *"pears", "down", "enter")
         assert screen.current == chats[0]
+
+
+async def test_edit_or_delete_any_message(make_app, home):
+    store = HistoryStore(home / "chat.sqlite3")
+    session = store.create_session("Three turns", GREEDY)
+    for i in range(3):
+        store.add_message(session.id, "user", f"question {i}")
+        store.add_message(session.id, "assistant", f"answer {i}")
+    store.close()
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready)
+        screen = app.screen
+        views = screen.transcript(session.id).views
+        screen.set_focus(views[3])  # "answer 1"
+        await pilot.pause()
+        assert app.focused is views[3]
+        await pilot.press("delete")
+        assert type(app.screen).__name__ == "ConfirmScreen", app.screen
+        await pilot.press("y")
+        await pilot.pause()
+        kept = [m.content for m in app.chats.messages(session.id)]
+        assert kept == ["question 0", "answer 0", "question 1", "question 2", "answer 2"]
+        assert [v.message.content for v in screen.transcript(session.id).views] == kept
+
+        screen.set_focus(screen.transcript(session.id).views[0])  # "question 0"
+        await pilot.press("ctrl+g")
+        assert screen.prompt_input.text == "question 0"
+        screen.prompt_input.text = "question zero"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.chats.replies)
+        contents = [m.content for m in app.chats.messages(session.id)]
+        assert contents[0] == "question zero" and len(contents) == 2  # the rest was dropped
+        (prompt,) = app.chats.engine.prompts[-1:]
+        assert [m["content"] for m in prompt] == ["question zero"]

@@ -33,6 +33,7 @@ from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.loading_panel import LoadingPanel
+from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
 from macbatch.tui.widgets.session_item import SessionItem
 from macbatch.tui.widgets.session_list import SessionList
@@ -75,7 +76,12 @@ class ChatScreen(Screen[None]):
             tooltip="Stop the reply, or leave edit mode; back to the message box",
         ),
         Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
-        Binding("ctrl+g", "edit_last", "Edit", tooltip="Edit and resend your last message"),
+        Binding(
+            "ctrl+g",
+            "edit_last",
+            "Edit",
+            tooltip="Edit and resend your selected (else last) message",
+        ),
         Binding("ctrl+s", "settings", "Settings", tooltip="This chat's system prompt and sampling"),
         Binding("ctrl+o", "export", "Export", tooltip="Export the chat to Markdown"),
         Binding("f3", "attach", "Attach", tooltip="Attach an image to the next message"),
@@ -401,10 +407,28 @@ class ChatScreen(Screen[None]):
             await self.start_reply(session_id)
 
     def action_edit_last(self) -> None:
+        """ctrl+g: edit the selected message of yours, else your last one."""
         if self.current is not None:
             with self.refusals_shown():
-                self.editing = self.chats.last_user_message(self.current)
+                focused = self.focused
+                selected = focused.message.id if isinstance(focused, MessageView) else None
+                self.editing = self.chats.message_to_edit(self.current, selected)
                 self.prompt_input.start_editing(self.editing.content)
+
+    def on_message_view_delete_asked(self, event: MessageView.DeleteAsked) -> None:
+        """Delete on a selected message: ask, then forget it and take it off the screen."""
+        view = event.view
+        session_id, message = self.current, view.message
+        if session_id is None or message.session_id != session_id:
+            return
+
+        async def forget(chat: int, _: object) -> None:
+            with self.refusals_shown():
+                self.chats.delete_message(chat, message.id)
+                await view.remove()
+
+        what = "your message" if message.role == "user" else "this reply"
+        self.ask(ConfirmScreen(f"Delete {what}? The model will no longer see it."), forget)
 
     def cancel_edit(self) -> None:
         if self.editing is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message as TextualMessage
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -42,7 +43,10 @@ class MessageView(Vertical, can_focus=True):
     """A message in the transcript; focus it (click or Tab) and press ctrl+c to copy its text
     (a printable key, typed anywhere, goes into the message box)."""
 
-    BINDINGS = [Binding("ctrl+c", "copy", "Copy message")]
+    BINDINGS = [
+        Binding("ctrl+c", "copy", "Copy message"),
+        Binding("delete", "delete", "Delete message (asks first)"),
+    ]
 
     def __init__(self, message: Message) -> None:
         super().__init__(classes=f"message -{message.role}")
@@ -96,6 +100,16 @@ class MessageView(Vertical, can_focus=True):
         if markdown.source != shown:
             await markdown.update(shown)
         self.refresh_meta()
+
+    class DeleteAsked(TextualMessage):
+        """Delete was pressed on this message; the screen asks, then deletes it."""
+
+        def __init__(self, view: MessageView) -> None:
+            super().__init__()
+            self.view = view
+
+    def action_delete(self) -> None:
+        self.post_message(self.DeleteAsked(self))
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.message.content)

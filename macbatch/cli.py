@@ -3,6 +3,7 @@ front end; heavy imports happen inside the commands so `macbatch --help` is inst
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 import typer.core
 
+from macbatch.ask import ask_command
 from macbatch.batch.command import run_command
 from macbatch.cache_command import cache_app
 from macbatch.cli_options import (
@@ -38,14 +40,17 @@ app = typer.Typer(
     name="macbatch",
     help="Local LLMs on your Mac: several chats at once (chat), batch jobs of thousands of "
     "prompts (run) and an OpenAI-compatible API (serve), all on one MLX engine with continuous "
-    "batching and a paged KV cache. Try: macbatch run jobs/demo.yaml",
+    "batching and a paged KV cache. Try it on the bundled demo model, offline: macbatch chat, "
+    'or macbatch ask "What is 48 + 37?"',
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode="markdown",  # docstrings' line breaks are reflowed, `code` is shown as such
     context_settings={"help_option_names": HELP_OPTIONS},
 )
 
 
 app.command("chat")(chat_command)
+app.command("ask")(ask_command)
 app.command("run")(run_command)
 app.command("serve")(serve_command)
 app.command("models")(models_command)
@@ -79,6 +84,14 @@ def _options(
     status = follower_exit_status()
     if status is not None:
         raise typer.Exit(status)
+    _quiet_library_logs()
+
+
+def _quiet_library_logs() -> None:
+    """transformers warns when it tokenizes more than the model's context; every front end
+    measures a prompt against the context itself and refuses it with a clearer error, so the
+    warning would only repeat that in serve's log and over run's progress."""
+    logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
 
 
 def command() -> Callable[..., Any]:
@@ -93,6 +106,7 @@ def command() -> Callable[..., Any]:
                 continue
             if isinstance(param, typer.core.TyperArgument):
                 name = (param.name or "value").upper()
+                name = name if param.required else f"[{name}]"
                 param.metavar = name
                 # typer writes a required argument as {name} in the usage line; click's FILE
                 # is what users and man pages know.
@@ -206,7 +220,7 @@ def bench_command(
     num_speculative_tokens: int | None = num_speculative_tokens_option(),
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
-    and generated tokens/s and the median time to first token (``--embed``: embedding
+    and generated tokens/s and the median time to first token (`--embed`: embedding
     throughput, prompt tokens/s and inputs/s)."""
     from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
     from macbatch.engine import Engine, EngineConfig

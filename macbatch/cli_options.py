@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, check_speculative  # MLX-free: --help
+
+# The values --kv-bits takes, as `metal.quant.KV_BITS` (which imports MLX) checks them.
+KV_BITS_CHOICES = "8|4"
+# The modes --speculative offers: mtp is a mode the engine names but refuses with mlx-lm's
+# loaders (they drop the heads), so it is not offered.
+OFFERED_SPECULATIVE = ("off", *(method for method in DEFAULT_SPECULATIVE_TOKENS if method != "mtp"))
 
 
 def _check_kv_bits(value: int | None) -> int | None:
@@ -27,6 +34,7 @@ def kv_bits_option() -> Any:
         "--kv-bits",
         callback=_check_kv_bits,
         show_default=False,
+        metavar=f"[{KV_BITS_CHOICES}]",
         help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
         "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
         "for accuracy).",
@@ -43,15 +51,16 @@ def _check_speculative(value: str | None) -> str | None:
 
 
 def speculative_option(default: str | None = "off") -> Any:
-    """``--speculative off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
+    """``--speculative off|ngram|draft``: speculative decoding (docs/speculative.md);
     ``default`` None: the command has its own default (``run``: the job file's)."""
     return typer.Option(
         default,
         "--speculative",
         callback=_check_speculative,
+        metavar=f"[{'|'.join(OFFERED_SPECULATIVE)}]",
         help="Speculative decoding: ngram (drafts copied from the prompt and reply: extraction, "
-        "summaries, code edits), draft (a small model, --draft-model), mtp (not available with "
-        "mlx-lm's loaders), off. Outputs are the same either way; see docs/speculative.md.",
+        "summaries, code edits), draft (a small model, --draft-model), off. Outputs are the "
+        "same either way; see docs/speculative.md.",
     )
 
 
@@ -153,3 +162,20 @@ def disk_cache_config(
     directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
     size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
     return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}
+
+
+BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself
+
+
+def model_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model (None: it can), with a did-you-mean for a misspelled
+    bundled model, checked before a command creates anything: a typo such as ``dmeo`` must not
+    leave an output directory, a ledger or a history behind, nor wait for a hub lookup."""
+    from macbatch.engine import resolve_model_path
+
+    try:
+        resolve_model_path(name)
+    except ValueError as error:
+        close = difflib.get_close_matches(name, BUNDLED_MODELS, n=1, cutoff=0.6)
+        return str(error) + (f"; did you mean '{close[0]}'?" if close else "")
+    return None

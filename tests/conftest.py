@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,16 @@ def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
         os.environ.pop("MACBATCH_HOME", None)
     else:
         os.environ["MACBATCH_HOME"] = before
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_restored() -> Iterator[None]:
+    """`macbatch run` ignores Ctrl-C and SIGTERM once its files are final, until its process
+    exits (run_guard.caught_signals); run in-process, the suite goes on, and gets them back."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -167,6 +167,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "macbatch.server",
             "macbatch.cli",
             "macbatch.cli_options",
+            "macbatch.ask",
             "macbatch.cache_command",
             "macbatch.__main__",
             "macbatch.launch",

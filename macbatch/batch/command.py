@@ -16,6 +16,7 @@ from macbatch.cli_options import (
     disk_cache_config,
     draft_model_option,
     kv_bits_option,
+    model_problem,
     no_disk_cache_option,
     num_speculative_tokens_option,
     speculative_config,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 EngineOptions = tuple[int | None, dict[str, Any] | None]
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
+MAX_IN_FLIGHT = 256
 
 
 def run_command(
@@ -105,7 +107,7 @@ def run_command(
             help="Requests queued or running in the engine at once; inputs are read only as fast "
             "as this allows, so memory stays flat for any input size.",
         ),
-    ] = 256,
+    ] = MAX_IN_FLIGHT,
     max_seqs: Annotated[
         int | None,
         typer.Option(
@@ -131,7 +133,9 @@ def run_command(
 ) -> None:
     """Run the jobs of a YAML job file through one engine; rerun the same command to resume.
 
-    Writes OUTPUT_DIR/<job>.jsonl (a line per finished request) and <job>.errors.jsonl (failures).
+    Writes, per job, in the output directory: `<job>.jsonl` (a line per finished request, in
+    OpenAI's batch output shape), `<job>.csv` (a flat table in input order: the input's columns,
+    the reply, finish reason, error) and `<job>.errors.jsonl` (failures).
 
     Exit status: 0 all done, 1 could not run, 3 some requests failed, 130 interrupted.
     """
@@ -161,7 +165,9 @@ def run_command(
         (cache_dir, cache_disk_gb, no_disk_cache),
     )
     if summary["status"] == "interrupted":
-        again = resume_command(file, model, jobs or [], output_dir, (kv_bits, spec), headless)
+        again = resume_command(
+            file, model, jobs or [], output_dir, (kv_bits, spec), headless, max_in_flight
+        )
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"
@@ -178,10 +184,11 @@ def resume_command(
     output_dir: Path | None,
     engine_options: EngineOptions,
     headless: bool,
+    max_in_flight: int = MAX_IN_FLIGHT,
 ) -> str:
     """The command that resumes this run: the same file, model, jobs, output directory, KV
-    format and speculative options (without --force / --fresh / --redo-changed, which have done
-    their work)."""
+    format, speculative options and --max-in-flight (without --force / --fresh /
+    --redo-changed, which have done their work)."""
     kv_bits, spec = engine_options
     words = ["macbatch", "run", str(file)]
     if model:
@@ -197,6 +204,8 @@ def resume_command(
         if spec["num_speculative_tokens"] is not None:
             words += ["--num-speculative-tokens", str(spec["num_speculative_tokens"])]
         words += ["--draft-model", spec["draft_model"]] if spec["draft_model"] else []
+    if max_in_flight != MAX_IN_FLIGHT:
+        words += ["--max-in-flight", str(max_in_flight)]
     if headless:
         words.append("--headless")
     return shlex.join(words)
@@ -243,13 +252,17 @@ def _run(
             jobs=jobs_by_name(job_file, jobs),
             output_dir=output_dir or job_file.output_dir,
         )
+        if (problem := model_problem(job_file.model)) is not None:  # before any file is made
+            raise JobFileError(f"{problem} (the model of {file}, or --model)")
         return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))
     except KeyboardInterrupt:
         _fail(headless, "interrupted before any request ran; nothing was lost", EXIT_INTERRUPTED)
     except Exception as exc:  # an engine or disk failure mid-run: say so without a traceback
-        again = resume_command(file, model, jobs, output_dir, engine_options, headless)
+        again = resume_command(
+            file, model, jobs, output_dir, engine_options, headless, options.max_in_flight
+        )
         _fail(
             headless,
             f"the run stopped: {type(exc).__name__}: {exc}\nEvery line finished before the stop "

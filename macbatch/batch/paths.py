@@ -1,5 +1,5 @@
-"""Every file a run writes, named in one place: each job's results and errors, an embed job's
-vectors and their ids, the output directory's ledger (with SQLite's files beside it), lock and
+"""Every file a run writes, named in one place: each job's results, errors and table, an embed
+job's vectors and their ids, the output directory's ledger (with SQLite's files beside it), lock and
 summary, and the temporary files the whole-file rewrites go through. The input guard
 (``run_guard``) checks every input against ``written_files``, so a file named here is guarded
 the moment it is written."""
@@ -32,6 +32,11 @@ def output_path(directory: Path, job: str) -> Path:
     return directory / f"{job}.jsonl"
 
 
+def table_path(directory: Path, job: str) -> Path:
+    """A generating job's flat table (``table.py``)."""
+    return directory / f"{job}.csv"
+
+
 def errors_path(directory: Path, job: str) -> Path:
     return directory / f"{job}.errors.jsonl"
 
@@ -58,6 +63,10 @@ def written_files(directory: Path, jobs: Iterable[JobSpec]) -> list[Written]:
         name: PathKey = ("jobs", job.index, "name")
         whole.append(Written(output_path(directory, job.name), f"job '{job.name}''s results", name))
         files.append(Written(errors_path(directory, job.name), f"job '{job.name}''s errors", name))
+        if job.task == "generate":
+            whole.append(
+                Written(table_path(directory, job.name), f"job '{job.name}''s table", name)
+            )
         if job.vectors is not None:
             key: PathKey = ("jobs", job.index, "vectors")
             whole.append(Written(job.vectors, f"job '{job.name}''s vectors", key))

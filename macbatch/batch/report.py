@@ -296,6 +296,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         )
     for name, job in summary["jobs"].items():
         line = f"  {name}: {job['ok'] + job['skipped']}/{job['total']} done -> {job['output']}"
+        if job.get("table"):
+            line += f" (table: {job['table']})"
         if job.get("errors"):
             line += f" ({job['failed']} failed, see {job['errors']})"
         if job.get("constrained"):

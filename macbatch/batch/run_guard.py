@@ -29,18 +29,27 @@ class Interrupts:
         self.count += 1
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextmanager
 def caught_signals() -> Iterator[Interrupts]:
+    """Count Ctrl-C and SIGTERM from here (the model loaded) on, so one that comes late (every
+    line written, the summary being printed) cannot raise halfway and report an interruption
+    that did not happen. Once the block ends the run's files are final, so they are ignored
+    from then until the process exits: a command-line run ends right after. (An in-process
+    caller that runs more afterwards sets its own handlers back.)"""
     state = Interrupts()
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
-    previous = {sig: signal.signal(sig, state.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, state.handle)
     try:
         yield state
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def refuse_inputs_among_outputs(job_file: JobFile) -> None:

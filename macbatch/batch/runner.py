@@ -25,13 +25,21 @@ from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
-from macbatch.batch.run_guard import caught_signals, exclusive, refuse_inputs_among_outputs
+from macbatch.batch.run_guard import (
+    Interrupts,
+    caught_signals,
+    exclusive,
+    refuse_inputs_among_outputs,
+)
 from macbatch.batch.scoring import accuracy, is_correct
 from macbatch.batch.spec import JobFile, JobSpec
 from macbatch.batch.survey import change_report, survey_job
+from macbatch.batch.table import write_job_tables
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import RequestOutput
+
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @dataclass(frozen=True)
@@ -70,16 +78,19 @@ def run_jobs(
                 total = sum(job.total for job in jobs.values())
                 reporter.note(f"resuming: {done:,} of {total:,} requests done before")
             reporter.note(f"Loading model {job_file.model} ...")
-            engine = load_engine(job_file.model)
-            progress = RunProgress(model=job_file.model, jobs=jobs)
-            status = _Loop(job_file, sources, ledger, engine, options, reporter, progress).run()
-            outputs = _job_outputs(job_file, ledger)
-            write_job_vectors(job_file, outputs, reporter.note)
-            summary = build_summary(progress, status, outputs, _peak_memory())
-            _write_json(directory / SUMMARY_NAME, summary)
+            engine = load_engine(job_file.model)  # Ctrl-C until here: nothing ran
+            with caught_signals() as interrupts:  # from here, it only stops the loop
+                progress = RunProgress(model=job_file.model, jobs=jobs)
+                loop = _Loop(job_file, sources, ledger, engine, options, reporter, progress)
+                status = loop.run(interrupts)
+                outputs = _job_outputs(job_file, ledger)
+                write_job_vectors(job_file, outputs, reporter.note)
+                write_job_tables(job_file, sources, outputs, reporter.note)
+                summary = build_summary(progress, status, outputs, _peak_memory())
+                _write_json(directory / SUMMARY_NAME, summary)
+                reporter.finish(summary)
         finally:
             ledger.close()
-    reporter.finish(summary)
     return summary
 
 
@@ -158,33 +169,37 @@ class _Loop:
             for job in job_file.jobs
         }
         self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
+        self.jobs = {job.name: job for job in job_file.jobs}
+        self.body_rows = {  # rows that are API bodies: their sampling is their own
+            name: source is not None and source.format == "openai"
+            for name, source in sources.items()
+        }
         self.errors: dict[str, JsonlAppender] = {}
         self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
 
-    def run(self) -> str:
+    def run(self, interrupts: Interrupts) -> str:
         """Run until everything is done or the user interrupts; returns the final status."""
         self.reporter.start(self.progress)
         try:
-            with caught_signals() as interrupts:
-                while True:
-                    if interrupts.count and not self.progress.stopping:
-                        self.progress.stopping = True
-                        self.reporter.note(
-                            f"Stopping: no new requests; finishing {len(self.pending)} in "
-                            "flight. Press Ctrl-C again to stop now."
-                        )
-                    if interrupts.count >= 2:
-                        for request_id in self.pending.request_ids():
-                            self.engine.abort(request_id)
-                        break
-                    if not self.progress.stopping:
-                        self._admit()
-                    if not self.pending:
-                        break
-                    for output in self.engine.step():
-                        if output.finished:
-                            self._finish(output)
-                    self._update()
+            while True:
+                if interrupts.count and not self.progress.stopping:
+                    self.progress.stopping = True
+                    self.reporter.note(
+                        f"Stopping: no new requests; finishing {len(self.pending)} in "
+                        "flight. Press Ctrl-C again to stop now."
+                    )
+                if interrupts.count >= 2:
+                    for request_id in self.pending.request_ids():
+                        self.engine.abort(request_id)
+                    break
+                if not self.progress.stopping:
+                    self._admit()
+                if not self.pending:
+                    break
+                for output in self.engine.step():
+                    if output.finished:
+                        self._finish(output)
+                self._update()
         finally:
             for appender in (*self.outputs.values(), *self.errors.values()):
                 appender.close()
@@ -239,7 +254,8 @@ class _Loop:
         metrics = self.progress
         job = metrics.jobs[item.job]
         job.ok += 1
-        job.capped += any(o.capped_max_tokens is not None for o in outs)
+        if self._asked_max_tokens(item):  # a default cut to the room left is no surprise
+            job.capped += any(o.capped_max_tokens is not None for o in outs)
         if parsed is not None:
             job.constrained += 1
             job.parsed += parsed.ok
@@ -254,6 +270,12 @@ class _Loop:
             metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
             if output.metrics.time_to_first_token_s is not None:
                 metrics.ttft_s.append(output.metrics.time_to_first_token_s)
+
+    def _asked_max_tokens(self, item: Planned) -> bool:
+        """Whether the job file (or, for an OpenAI-batch row, its body) set max_tokens."""
+        job = self.jobs[item.job]
+        written = item.sampling if self.body_rows[item.job] else job.given_sampling
+        return any(name in written for name in MAX_TOKENS_FIELDS)
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if item.job not in self.errors:

@@ -93,7 +93,9 @@ def serve_command(
         min=0,
         help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
     ),
-    log_level: str = typer.Option("info", help=f"Server log level: {', '.join(LOG_LEVELS)}."),
+    log_level: str = typer.Option(
+        "info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level."
+    ),
     kv_blocks: int | None = typer.Option(
         None,
         min=1,

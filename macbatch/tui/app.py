@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import cast
 
+from textual import events
 from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker, WorkerState
@@ -23,6 +25,7 @@ from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 
 LOAD_WORKER = "load model"
+THEME_KEY = "theme"
 
 
 class ChatApp(App[None]):
@@ -51,7 +54,20 @@ class ChatApp(App[None]):
         self.load_progress = load_progress or LoadProgress()
         self.load_started = time.monotonic()
 
+    async def on_event(self, event: events.Event) -> None:
+        # A key from the terminal, before it is delivered to the focused widget (bubbled keys
+        # come back here forwarded: those were steered already).
+        key = isinstance(event, events.Key) and not event.is_forwarded
+        if key and isinstance(self.screen, ChatScreen):
+            self.screen.steer(cast(events.Key, event))
+        await super().on_event(event)
+
     def on_mount(self) -> None:
+        store = self.chats.store
+        theme = store.state(THEME_KEY)
+        if theme in self.available_themes:  # chosen with ctrl+p, kept across restarts
+            self.theme = theme
+        self.theme_changed_signal.subscribe(self, lambda t: store.set_state(THEME_KEY, t.name))
         self.push_screen(ChatScreen())
         self.run_worker(self.chats.load, name=LOAD_WORKER, thread=True, exit_on_error=False)
 
@@ -63,12 +79,7 @@ class ChatApp(App[None]):
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
         elif event.state == WorkerState.ERROR:
-            self.chats.failed(event.worker.error)
-            self.notify(
-                f"Could not load {self.model_label}: {self.chats.load_error}",
-                severity="error",
-                timeout=30,
-            )
+            self.chats.failed(event.worker.error)  # the loading panel says why, once
 
     def on_unmount(self) -> None:
         self.chats.close()

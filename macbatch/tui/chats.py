@@ -9,6 +9,7 @@ as its worker's `StateChanged` message, which `reply_ended` turns into what to s
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from macbatch.engine import EngineStats, RequestOutput
 
 ShowReply = Callable[[Message], Awaitable[ReplyView]]
+MAX_REASON = 300  # characters of a load error shown
+# A fenced Markdown code block (``` or ~~~, an optional language), its body captured.
+CODE_BLOCK = re.compile(r"^ {0,3}(`{3,}|~{3,})[^\n]*\n(.*?)^ {0,3}\1[ \t]*$", re.M | re.S)
 ENDED = (WorkerState.SUCCESS, WorkerState.CANCELLED, WorkerState.ERROR)
 
 
@@ -80,6 +84,7 @@ class ChatService:
         self.ready = False
         self.load_error: str | None = None
         self.last_reply: ReplyMetrics | None = None  # the numbers of the reply that ended last
+        self.context_used: dict[int, int] = {}  # a chat's last prompt and reply, in tokens
 
     # The engine
 
@@ -95,7 +100,10 @@ class ChatService:
         return None if name is None else str(name)
 
     def failed(self, error: BaseException | None) -> None:
-        self.load_error = str(error) or type(error).__name__
+        """Keep the load error's first line: a hub error goes on with its raw HTTP text."""
+        text = str(error).strip().splitlines()
+        reason = text[0] if text else type(error).__name__
+        self.load_error = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
 
     def status(self) -> EngineStatus:
         if self.load_error is not None:
@@ -160,8 +168,8 @@ class ChatService:
         self.store.update_settings(session_id, settings)
         self.sessions[session_id].settings = settings
 
-    def export(self, session_id: int) -> Path:
-        """Write the chat as Markdown; the file's path."""
+    def export(self, session_id: int, model: str) -> Path:
+        """Write the chat (with `model`, the model it is with) as Markdown; the file's path."""
         session = self.sessions[session_id]
         path = self.export_dir / f"chat-{session.id}.md"
         folder = self.export_dir / f"chat-{session.id}-images"
@@ -175,7 +183,7 @@ class ChatService:
                 for m in history
                 if m.images
             }
-            path.write_text(to_markdown(session, history, images))
+            path.write_text(to_markdown(session, history, images, model))
         except OSError as error:
             raise ChatRefused(f"Could not export to {path}: {error}", "error") from error
         return path
@@ -196,11 +204,15 @@ class ChatService:
         if session_id in self.replies:
             raise ChatRefused("This chat is still replying: wait, or press Esc to stop it.")
 
+    def check_images(self) -> None:
+        """`ChatRefused` (with why) when the model is known to read no images."""
+        if self.ready and self.engine.alive and (reason := self.engine.images_refused()):
+            raise ChatRefused(f"Cannot attach an image: {reason}.", "error")
+
     def attach(self, path_text: str) -> Attachment:
         """The image at a path, read and checked for the next message; refused (with why) for a
         model that cannot read images, or a path that is not a readable image."""
-        if self.ready and self.engine.alive and (reason := self.engine.images_refused()):
-            raise ChatRefused(f"Cannot attach an image: {reason}.", "error")
+        self.check_images()
         try:
             return read_attachment(path_text)
         except AttachmentError as error:
@@ -219,6 +231,7 @@ class ChatService:
         self._check_can_reply(session_id)
         if images and (reason := self.engine.images_refused()):
             raise ChatRefused(f"Cannot send images: {reason}.", "error")
+        self._check_fits(session_id, text)
         if replacing is not None:
             images = (*replacing.images, *images)
             self.store.delete_messages_from(session_id, replacing.id)
@@ -228,13 +241,70 @@ class ChatService:
                 self.sessions[session_id].title = title
         return self.store.add_message(session_id, "user", text, images=images)
 
-    def last_user_message(self, session_id: int) -> Message:
-        """The message ctrl+g edits."""
+    def _check_fits(self, session_id: int, text: str) -> None:
+        """Refuse, before it is stored, a message that cannot fit the model's context even as
+        the chat's only turn (with its system prompt and room for a reply): leaving older turns
+        out would not help, and the text stays in the box to be shortened."""
+        session = self.sessions[session_id]
+        settings = session.settings
+        alone = [*prompt_messages(session, []), {"role": "user", "content": text}]
+        context = self.engine.context_limit()
+        room = self._reply_room(settings, context)
+        tokens = len(self.engine.encode_prompt(alone, settings.template_kwargs()))
+        if tokens + room > context:
+            raise ChatRefused(
+                f"This message is too long for the model: {tokens:,} tokens, and its context "
+                f"holds {context:,} ({self.engine.info.context_limit_reason}) with {room:,} "
+                "kept for the reply. Shorten it (it is still in the box), or shorten the system "
+                "prompt (ctrl+s).",
+                "error",
+            )
+
+    @staticmethod
+    def _reply_room(settings: SessionSettings, context: int) -> int:
+        return reply_room(settings.sampling_params().max_tokens or context, context)
+
+    def context_meter(self, session_id: int) -> str | None:
+        """How much of the model's context the chat's last turn filled (None: no reply yet in
+        this run of the app, or no model)."""
+        used = self.context_used.get(session_id)
+        if used is None or not (self.ready and self.engine.alive):
+            return None
+        limit = self.engine.context_limit()
+        return f"context {used:,}/{limit:,} tok ({used / limit:.0%})"
+
+    def search(self, text: str) -> list[tuple[int, int, str]]:
+        """ctrl+f: messages of every chat containing `text`, newest first."""
+        return self.store.search(text)
+
+    def last_reply_text(self, session_id: int) -> str:
+        """What ctrl+l copies: the chat's last reply."""
+        replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]
+        if not replies or not replies[-1].content:
+            raise ChatRefused("No reply to copy yet.")
+        return replies[-1].content
+
+    def last_code_block(self, session_id: int) -> str:
+        """What ctrl+t copies: the last fenced code block of the last reply, without its fences."""
+        blocks = [m.group(2) for m in CODE_BLOCK.finditer(self.last_reply_text(session_id))]
+        if not blocks:
+            raise ChatRefused("The last reply has no code block.")
+        return blocks[-1].removesuffix("\n")
+
+    def message_to_edit(self, session_id: int, message_id: int | None = None) -> Message:
+        """The message ctrl+g edits: the one selected (a message of yours), else the last one
+        you sent. Resent, it replaces that message and drops everything after it."""
         self._check_idle(session_id)
         users = [m for m in self.store.messages(session_id) if m.role == "user"]
-        if not users:
+        chosen = [m for m in users if m.id == message_id] or users[-1:]
+        if not chosen:
             raise ChatRefused("No message to edit yet.")
-        return users[-1]
+        return chosen[0]
+
+    def delete_message(self, session_id: int, message_id: int) -> None:
+        """Forget one message of the chat (the model no longer sees it); not while it replies."""
+        self._check_idle(session_id)
+        self.store.delete_message(message_id)
 
     def drop_last_reply(self, session_id: int) -> int | None:
         """Before regenerating: forget the last reply; its id (None: the chat ends with the
@@ -273,7 +343,7 @@ class ChatService:
         params = settings.sampling_params()
         kwargs = settings.template_kwargs()
         context = self.engine.context_limit()
-        room = reply_room(params.max_tokens or context, context)
+        room = self._reply_room(settings, context)
         prompt, left_out = fit_to_context(
             prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
         )
@@ -301,8 +371,11 @@ class ChatService:
         for session_id, (reply, running) in list(self.replies.items()):
             if running is worker:
                 del self.replies[session_id]
-                if reply.message.metrics is not None:
-                    self.last_reply = reply.message.metrics
+                metrics = reply.message.metrics
+                if metrics is not None:
+                    self.last_reply = metrics
+                    used = (metrics.prompt_tokens or 0) + metrics.tokens
+                    self.context_used[session_id] = used
                 failure = reply.message.error if reply.message.status == ERROR else None
                 if worker.state == WorkerState.ERROR:
                     failure = str(worker.error)

@@ -70,9 +70,13 @@ def chat_command(
     """Chat with a local model in several sessions at once; every session streams in parallel.
 
     Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate, ctrl+g edit
-    the last message, ctrl+s settings, ctrl+o export, F1 or ? for all keys. History is kept in the
-    data directory (MACBATCH_HOME overrides it); see docs/chat.md.
+    the last message, ctrl+s settings, ctrl+o export, PageUp/PageDown scroll, F1 for all keys.
+    History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
+    if (problem := cli_options.model_problem(model)) is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
+    # the terminal is blank until the app draws (imports, the engine thread): say what comes
+    typer.echo(f"Starting macbatch chat with {model}…", err=True)
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.tui.app import ChatApp

@@ -3,12 +3,15 @@ and the title its first message gives it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from macbatch.tui.settings import SAMPLING_FIELDS
 from macbatch.tui.store import ERROR, Message, Session
+from macbatch.tui.widgets.display import displayable
 
 TITLE_CHARS = 40  # the sidebar shows about 24 and ends the rest with "…"; the chat's border more
 
@@ -35,18 +38,29 @@ def prompt_messages(session: Session, history: list[Message]) -> list[dict[str, 
 
 
 def to_markdown(
-    session: Session, history: list[Message], images: Mapping[int, Sequence[Path]] | None = None
+    session: Session,
+    history: list[Message],
+    images: Mapping[int, Sequence[Path]] | None = None,
+    model: str = "",
+    exported: float | None = None,
 ) -> str:
-    """The chat as a Markdown document: a title, the settings, then one section per message
-    (with links to its images, ``images[message id]``: paths relative to the document)."""
+    """The chat as a Markdown document: a title, the model, when it started and was exported,
+    the settings, then one section per message (with links to its images, ``images[message
+    id]``: paths relative to the document). Control characters a model or a paste put in the
+    text are written as their visible pictures, as the app shows them: a raw escape would drive
+    the terminal that `cat`s the file."""
     settings = session.settings
-    lines = [f"# {session.title}", ""]
+    lines = [f"# {displayable(session.title)}", ""]
+    if model:
+        lines.append(f"- model: {model}")
+    lines.append(f"- started: {_when(session.created)}")
+    lines.append(f"- exported: {_when(time.time() if exported is None else exported)}")
     for field in SAMPLING_FIELDS:
         lines.append(f"- {field.label.lower()}: {field.text(getattr(settings, field.name))}")
     if settings.thinking is not None:
         lines.append(f"- thinking: {'on' if settings.thinking else 'off'}")
     if settings.system_prompt:
-        lines += ["", "## System", "", settings.system_prompt]
+        lines += ["", "## System", "", displayable(settings.system_prompt)]
     for message in history:
         heading = "User" if message.role == "user" else "Assistant"
         if message.status not in ("done", "streaming"):
@@ -54,10 +68,15 @@ def to_markdown(
         lines += ["", f"## {heading}", ""]
         for path in (images or {}).get(message.id, ()):
             lines += [f"![{path.name}]({path.as_posix()})", ""]
-        lines.append(message.content)
+        lines.append(displayable(message.content))
         if message.error:
-            lines += ["", f"> error: {message.error}"]
+            lines += ["", f"> error: {displayable(message.error)}"]
     return "\n".join(lines) + "\n"
+
+
+def _when(timestamp: float) -> str:
+    """A time as the reader's local date and time, with its offset from UTC."""
+    return datetime.fromtimestamp(timestamp).astimezone().strftime("%Y-%m-%d %H:%M %z")
 
 
 def title_from(text: str) -> str:

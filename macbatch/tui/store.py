@@ -251,17 +251,24 @@ class HistoryStore:
         self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
         self._db.commit()
 
-    def last_opened(self) -> int | None:
-        """The chat open when the app was last used (it may have been deleted since)."""
-        row = self._db.execute("SELECT value FROM app_state WHERE key = 'last_opened'").fetchone()
-        return None if row is None else int(row[0])
+    def state(self, key: str) -> str | None:
+        """What the app kept under `key` across restarts (the chat open last, the theme)."""
+        row = self._db.execute("SELECT value FROM app_state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
 
-    def set_last_opened(self, session_id: int) -> None:
+    def set_state(self, key: str, value: str) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO app_state (key, value) VALUES ('last_opened', ?)",
-            (str(session_id),),
+            "INSERT OR REPLACE INTO app_state (key, value) VALUES (?, ?)", (key, value)
         )
         self._db.commit()
+
+    def last_opened(self) -> int | None:
+        """The chat open when the app was last used (it may have been deleted since)."""
+        value = self.state("last_opened")
+        return None if value is None else int(value)
+
+    def set_last_opened(self, session_id: int) -> None:
+        self.set_state("last_opened", str(session_id))
 
     # Messages
 
@@ -322,6 +329,22 @@ class HistoryStore:
                 message.id,
             ),
         )
+        self._db.commit()
+
+    def search(self, text: str, limit: int = 50) -> list[tuple[int, int, str]]:
+        """Messages of every chat containing `text` (any case), newest first: (chat id, message
+        id, content), at most `limit`."""
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._db.execute(
+            "SELECT session_id, id, content FROM messages WHERE content LIKE ? ESCAPE '\\' "
+            "ORDER BY id DESC LIMIT ?",
+            (pattern, limit),
+        ).fetchall()
+        return [(int(s), int(m), str(c)) for s, m, c in rows]
+
+    def delete_message(self, message_id: int) -> None:
+        """Delete one message (and its images); the rest of its chat stays."""
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
         self._db.commit()
 
     def delete_messages_from(self, session_id: int, message_id: int) -> None:

@@ -6,6 +6,7 @@ import json
 import shlex
 import signal
 import sqlite3
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -18,22 +19,27 @@ from tests.support.batch_process import kill_9_after, start_run, wait_for_lines
 ROWS = 200
 
 
-@pytest.fixture
-def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
-    with (tmp_path / "rows.jsonl").open("w") as f:
-        for i in range(ROWS):
+def rows_job(directory: Path, model: Path, rows: int, max_tokens: int) -> Path:
+    """A job summarizing `rows` rows greedily with `model`, up to `max_tokens` tokens each."""
+    with (directory / "rows.jsonl").open("w") as f:
+        for i in range(rows):
             f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
     return write_job(
-        tmp_path,
+        directory,
         f"""
-        model: {tiny_model_path}
+        model: {model}
         jobs:
           - name: rows
             input: rows.jsonl
             template: "Summarize: {{text}}"
-            sampling: {{temperature: 0, max_tokens: 16}}
+            sampling: {{temperature: 0, max_tokens: {max_tokens}}}
         """,
     )
+
+
+@pytest.fixture
+def job_file(tmp_path: Path, tiny_model_path: Path) -> Path:
+    return rows_job(tmp_path, tiny_model_path, ROWS, 16)
 
 
 def assert_exactly_once(job_file: Path) -> list[dict]:
@@ -86,7 +92,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
     assert (program, command, args) == (
         "macbatch",
         "run",
-        [str(job_file), "-o", str(elsewhere), "--headless"],
+        [str(job_file), "-o", str(elsewhere), "--max-in-flight", "2", "--headless"],
     )
     result = macbatch_run(*args)
     assert result.exit_code == 0, result.output
@@ -94,3 +100,33 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(
     assert read_jsonl(output)[: len(lines)] == lines
     lines = read_jsonl(output)
     assert Counter(x["custom_id"] for x in lines) == {f"r{i}": 1 for i in range(ROWS)}
+
+
+def test_a_late_ctrl_c_reports_what_happened(tmp_path: Path, tiny_model_path: Path) -> None:
+    """Ctrl-C with every remaining row in flight, and again once the summary is written (issue
+    50): the run finishes them, says so, and its exit status agrees with summary.json."""
+    rows = 50
+    job_file = rows_job(tmp_path, tiny_model_path, rows, 64)
+    out = tmp_path / "out"
+    process = start_run(job_file, in_flight=rows)
+    wait_for_lines(out / "rows.jsonl", process, 5)
+    process.send_signal(signal.SIGINT)  # the rest are all in flight: they finish
+    deadline = time.monotonic() + 120
+    while not (out / "summary.json").exists() and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)  # a late one: everything is written
+    _, stderr = process.communicate(timeout=60)
+    events = [json.loads(line) for line in stderr.decode().splitlines()]
+    assert not [e for e in events if e["event"] == "error"], events
+    (summary,) = [e for e in events if e["event"] == "summary"]
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == on_disk["status"] == "complete"
+    assert summary["ok"] == on_disk["ok"] == len(read_jsonl(out / "rows.jsonl")) == rows
+    assert process.returncode == 0
+    assert any(
+        e["message"].startswith("Stopping: no new requests; finishing ")
+        for e in events
+        if e["event"] == "note"
+    )

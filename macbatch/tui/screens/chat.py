@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar, Protocol, cast
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, ListView
+from textual.widgets import Footer, Input, ListView, TextArea
 from textual.worker import Worker
 
 from macbatch.tui.chats import ChatRefused, ChatService
@@ -27,12 +27,14 @@ from macbatch.tui.screens.attach import AttachScreen
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen, help_rows
 from macbatch.tui.screens.rename import RenameScreen
+from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.loading_panel import LoadingPanel
-from macbatch.tui.widgets.prompt_input import PromptInput
+from macbatch.tui.widgets.message_view import MessageView
+from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
 from macbatch.tui.widgets.session_item import SessionItem
 from macbatch.tui.widgets.session_list import SessionList
 from macbatch.tui.widgets.status_bar import StatusBar
@@ -56,20 +58,42 @@ STATUS_EVERY_S = 0.5
 class ChatScreen(Screen[None]):
     """Sessions, their transcripts and replies; every action acts on the open session."""
 
+    # The footer shows the short description; help shows the tooltip, which says what it does.
+    # No printable key: typed anywhere, a letter (or ?) goes into the message box.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f1,question_mark", "help", "Help"),  # first, so narrow footers still show it
-        Binding("ctrl+n", "new_session", "New"),
-        Binding("ctrl+pageup,alt+up", "switch(-1)", "Prev", key_display="^pgup"),
-        Binding("ctrl+pagedown,alt+down", "switch(1)", "Next", key_display="^pgdn"),
-        Binding("escape", "stop", "Stop"),
-        Binding("ctrl+r", "regenerate", "Regen"),
-        Binding("ctrl+g", "edit_last", "Edit"),
-        Binding("ctrl+s", "settings", "Settings"),
-        Binding("ctrl+o", "export", "Export"),
-        Binding("f3", "attach", "Attach"),
-        Binding("f2", "rename", "Rename"),
-        Binding("f8", "delete", "Delete"),
+        Binding("f1", "help", "Help", tooltip="All keys"),  # first: narrow footers still show it
+        Binding("ctrl+n", "new_session", "New", tooltip="New chat"),
+        Binding(
+            "ctrl+pageup,alt+up", "switch(-1)", "Prev", key_display="^pgup", tooltip="Previous chat"
+        ),
+        Binding(
+            "ctrl+pagedown,alt+down", "switch(1)", "Next", key_display="^pgdn", tooltip="Next chat"
+        ),
+        Binding(
+            "escape",
+            "stop",
+            "Stop",
+            tooltip="Stop the reply, or leave edit mode; back to the message box",
+        ),
+        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
+        Binding(
+            "ctrl+g",
+            "edit_last",
+            "Edit",
+            tooltip="Edit and resend your selected (else last) message",
+        ),
+        Binding("ctrl+s", "settings", "Settings", tooltip="This chat's system prompt and sampling"),
+        Binding("ctrl+o", "export", "Export", tooltip="Export the chat to Markdown"),
+        Binding("f3", "attach", "Attach", tooltip="Attach an image to the next message"),
+        Binding("f2", "rename", "Rename", tooltip="Rename the chat"),
+        Binding("f8", "delete", "Delete", tooltip="Delete the chat (asks first)"),
+        Binding("ctrl+l", "copy_reply", "Copy", tooltip="Copy the last reply"),
+        Binding("ctrl+t", "copy_code", "Code", tooltip="Copy the last reply's last code block"),
+        Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
+        Binding("ctrl+f", "search", "Search", tooltip="Search every chat's messages"),
     ]
+    # Below 90 columns the chat list takes less of the width (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (90, "-wide")]
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,7 +115,7 @@ class ChatScreen(Screen[None]):
                 yield LoadingPanel(id="loading")
                 yield Transcripts(id="transcripts")
                 yield AttachmentChips()
-                yield PromptInput(on_submit=self.send)
+                yield PromptInput(on_submit=self.send, on_scroll=self.scroll_transcript)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -122,6 +146,18 @@ class ChatScreen(Screen[None]):
 
     def transcript(self, session_id: int) -> Transcript:
         return self.transcripts.transcript(session_id)
+
+    def scroll_transcript(self, where: Scroll) -> None:
+        if self.current is not None:
+            self.transcript(self.current).scroll_by_key(where)
+
+    def steer(self, key: events.Key) -> None:
+        """Before a key reaches the focused widget: a printable one typed while a message, the
+        transcript or the chat list has the focus belongs in the message box. The app calls this
+        for each key in the order typed, and the focus moves at once, so no key is lost and
+        none overtakes another."""
+        if key.is_printable and not isinstance(self.focused, (TextArea, Input)):
+            self.set_focus(self.prompt_input)
 
     @contextmanager
     def refusals_shown(self) -> Iterator[None]:
@@ -154,6 +190,15 @@ class ChatScreen(Screen[None]):
             chats.opened(session_id)
         self.current = session_id
         self.session_list.highlight(session_id)
+        self.show_chat_facts(session_id)
+
+    def show_chat_facts(self, session_id: int) -> None:
+        """On the open chat's border: how full its context is, and its system prompt (what the
+        model is told first)."""
+        facts = [self.chats.context_meter(session_id)]
+        prompt = " ".join(self.chats.sessions[session_id].settings.system_prompt.split())
+        facts.append(f"system: {prompt}" if prompt else None)
+        self.transcripts.border_subtitle = " · ".join(f for f in facts if f) or None
 
     def show_title(self, session_id: int) -> None:
         title = self.chats.sessions[session_id].title
@@ -181,6 +226,7 @@ class ChatScreen(Screen[None]):
         if self.current is not None and len(ids) > 1:
             index = (ids.index(self.current) + step) % len(ids)
             await self.open_session(ids[index])
+        self.prompt_input.focus()
 
     def ask(self, dialog: ModalScreen[Any], then: Callable[[int, Any], Awaitable[None]]) -> None:
         """Show `dialog` about the open chat; `then(chat, answer)` runs on a yes, a title or
@@ -231,13 +277,48 @@ class ChatScreen(Screen[None]):
 
     async def save_settings(self, session_id: int, settings: SessionSettings) -> None:
         self.chats.save_settings(session_id, settings)
+        if session_id == self.current:
+            self.show_chat_facts(session_id)
         self.notify("Settings saved; they apply to the next reply.", timeout=3)
 
     def action_export(self) -> None:
         if self.current is not None:
             with self.refusals_shown():
-                path = self.chats.export(self.current)
+                path = self.chats.export(self.current, self.chat_app.model_label)
                 self.notify(f"Exported to {path}", timeout=5)
+
+    def action_copy_reply(self) -> None:
+        if self.current is not None:
+            with self.refusals_shown():
+                self.copy(self.chats.last_reply_text(self.current), "the last reply")
+
+    def action_copy_code(self) -> None:
+        if self.current is not None:
+            with self.refusals_shown():
+                self.copy(self.chats.last_code_block(self.current), "its last code block")
+
+    def copy(self, text: str, what: str) -> None:
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied {what} ({len(text)} characters)", timeout=2)
+
+    def action_search(self) -> None:
+        titles = {i: s.title for i, s in self.chats.sessions.items()}
+        self.app.push_screen(SearchScreen(self.chats.search, titles), self.found)
+
+    async def found(self, hit: tuple[int, int] | None) -> None:
+        """Open the chat of the message chosen in the search, and show that message."""
+        if hit is not None and hit[0] in self.chats.sessions:
+            session_id, message_id = hit
+            await self.open_session(session_id)
+            view = self.transcript(session_id).view_for(message_id)
+            self.call_after_refresh(view.scroll_visible, animate=False, top=True)
+        self.prompt_input.focus()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.session_list
+        sidebar.display = not sidebar.display
+        if not sidebar.display and sidebar.has_focus:
+            self.prompt_input.focus()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(help_rows(self.app, self.BINDINGS)))
@@ -245,7 +326,10 @@ class ChatScreen(Screen[None]):
     # Attachments
 
     def action_attach(self) -> None:
-        self.app.push_screen(AttachScreen(), self.attach)
+        """F3: the dialog, unless the model is known to read no images (then why, at once)."""
+        with self.refusals_shown():
+            self.chats.check_images()
+            self.app.push_screen(AttachScreen(), self.attach)
 
     async def attach(self, path: str | None) -> None:
         """F3's dialog or `/image PATH`: a chip for the image, sent with the next message."""
@@ -290,17 +374,23 @@ class ChatScreen(Screen[None]):
     async def start_reply(self, session_id: int) -> None:
         await self.chats.start_reply(session_id, self.transcript(session_id).add, self)
         self.session_list.item_for(session_id).generating = True
+        self.refresh_status()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         ended = self.chats.reply_ended(event.worker)
         if ended is None:
             return
         self.session_list.item_for(ended.session_id).generating = False
+        self.refresh_status()  # now, not at the next tick: the bar follows the reply's end
+        if ended.session_id == self.current:
+            self.show_chat_facts(ended.session_id)
         if ended.failure is not None:
             self.notify(f"Reply failed: {ended.failure}", severity="error")
 
     def action_stop(self) -> None:
-        """Esc: stop the open chat's reply (its KV blocks are freed now), or leave edit mode."""
+        """Esc: stop the open chat's reply (its KV blocks are freed now), or leave edit mode;
+        either way the focus goes back to the message box."""
+        self.prompt_input.focus()
         if self.editing is not None:
             self.cancel_edit()
         elif self.current is not None:
@@ -317,10 +407,28 @@ class ChatScreen(Screen[None]):
             await self.start_reply(session_id)
 
     def action_edit_last(self) -> None:
+        """ctrl+g: edit the selected message of yours, else your last one."""
         if self.current is not None:
             with self.refusals_shown():
-                self.editing = self.chats.last_user_message(self.current)
+                focused = self.focused
+                selected = focused.message.id if isinstance(focused, MessageView) else None
+                self.editing = self.chats.message_to_edit(self.current, selected)
                 self.prompt_input.start_editing(self.editing.content)
+
+    def on_message_view_delete_asked(self, event: MessageView.DeleteAsked) -> None:
+        """Delete on a selected message: ask, then forget it and take it off the screen."""
+        view = event.view
+        session_id, message = self.current, view.message
+        if session_id is None or message.session_id != session_id:
+            return
+
+        async def forget(chat: int, _: object) -> None:
+            with self.refusals_shown():
+                self.chats.delete_message(chat, message.id)
+                await view.remove()
+
+        what = "your message" if message.role == "user" else "this reply"
+        self.ask(ConfirmScreen(f"Delete {what}? The model will no longer see it."), forget)
 
     def cancel_edit(self) -> None:
         if self.editing is not None:

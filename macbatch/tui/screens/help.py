@@ -1,4 +1,5 @@
-"""The help screen (F1 or ?): every key the app answers to, by where it works."""
+"""The help screen (F1): every key the app answers to, by where it works, and the commands,
+mouse actions and the command palette that no binding lists."""
 
 from __future__ import annotations
 
@@ -12,10 +13,23 @@ from textual.widgets import DataTable, Label, ListView
 
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import PromptInput
+from macbatch.tui.widgets.transcript import Transcript
+
+# What no binding says: typed commands, the mouse, Textual's own keys.
+EXTRA_ROWS = [
+    ("Anywhere", "tab, shift+tab", "Move the focus (message box, chat list, transcript, messages)"),
+    ("Anywhere", "any letter", "Goes into the message box, wherever the focus is"),
+    ("Anywhere", "ctrl+p", "Command palette: change the theme (kept across restarts), quit"),
+    ("Message box", "/image PATH", "Attach an image to the next message (like F3)"),
+    ("Message box", "/detach", "Drop the attached images"),
+    ("Mouse", "click", "Open a chat, select a message, focus the transcript"),
+    ("Mouse", "wheel", "Scroll the transcript or the chat list"),
+    ("Mouse", "drag, then ctrl+c", "Select text and copy it"),
+]
 
 
 class HelpScreen(ModalScreen[None]):
-    """A table of (where, keys, action) rows; any of Esc, q, ? or F1 closes it."""
+    """A table of (where, keys, action) rows; Esc, q, ? or F1 closes it."""
 
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
 
@@ -41,6 +55,7 @@ def help_rows(app: App[None], screen: list[BindingType]) -> list[tuple[str, str,
     places = [
         ("Anywhere", screen + list(app.BINDINGS)),
         ("Message box", PromptInput.BINDINGS),
+        ("Transcript (focused)", Transcript.BINDINGS),
         ("Selected message", MessageView.BINDINGS),
         ("Chat list", ListView.BINDINGS),
     ]
@@ -50,8 +65,8 @@ def help_rows(app: App[None], screen: list[BindingType]) -> list[tuple[str, str,
         for binding in Binding.make_bindings(bindings):
             if binding.system and not binding.description:
                 continue
-            _, keys = actions.setdefault(binding.action, (binding.description, []))
+            label = binding.tooltip or binding.description  # the tooltip says what it does
+            _, keys = actions.setdefault(binding.action, (label, []))
             keys.append(app.get_key_display(replace(binding, key_display=None)))
         rows += [(place, ", ".join(keys), text) for text, keys in actions.values()]
-    rows.append(("Anywhere", "tab, shift+tab", "Move focus"))
-    return rows
+    return rows + EXTRA_ROWS

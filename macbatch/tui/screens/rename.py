@@ -8,6 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from macbatch.tui.widgets.ordered_input import OrderedInput
+
 
 class RenameScreen(ModalScreen[str | None]):
     """Returns the new title, or None when cancelled."""
@@ -21,7 +23,7 @@ class RenameScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label("Rename chat (Enter to save, Esc to cancel)")
-            yield Input(self.current_title, placeholder="Title", id="title")
+            yield OrderedInput(self.current_title, placeholder="Title", id="title")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         title = event.value.strip()

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
 from macbatch.tui.settings import SAMPLING_FIELDS, SessionSettings, parse_settings
+from macbatch.tui.widgets.ordered_input import OrderedInput
 
 
 class SettingsScreen(ModalScreen[SessionSettings | None]):
@@ -40,7 +41,8 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
             with Horizontal(classes="numbers"):
                 for field in SAMPLING_FIELDS:
                     yield Label(field.label)
-                    yield Input(field.text(getattr(settings, field.name)), id=field.input_id)
+                    value = field.text(getattr(settings, field.name))
+                    yield OrderedInput(value, id=field.input_id)
             if self.thinking_default is not None:
                 with Horizontal(classes="numbers"):
                     yield Label("Thinking")

@@ -9,3 +9,8 @@ _VISIBLE_CONTROLS = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} |
 
 def displayable(text: str) -> str:
     return text.translate(_VISIBLE_CONTROLS)
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 token`, `2 tokens`: a count with its noun in the right number."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"

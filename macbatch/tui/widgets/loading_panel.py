@@ -14,12 +14,13 @@ class LoadingPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("Starting the engine…", classes="phase", markup=False)
-        yield ProgressBar(total=None, show_eta=False)
+        yield ProgressBar(total=None, show_eta=False, show_percentage=False)
 
     def show(self, state: LoadState, elapsed_s: float) -> None:
         self.query_one(".phase", Static).update(f"{state.phase.capitalize()}… {elapsed_s:.0f} s")
         bar = self.query_one(ProgressBar)
         bar.update(total=state.total, progress=state.done)
+        bar.show_percentage = state.total is not None  # no "--%" while nothing is counted
 
     def fail(self, message: str) -> None:
         self.add_class("-failed")

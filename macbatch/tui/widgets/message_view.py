@@ -6,11 +6,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message as TextualMessage
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from macbatch.tui.store import DONE, STREAMING, Message
-from macbatch.tui.widgets.display import displayable
+from macbatch.tui.store import DONE, ERROR, STREAMING, Message
+from macbatch.tui.widgets.display import counted, displayable
 from macbatch.tui.widgets.reasoning_view import ReasoningView
 
 
@@ -19,7 +20,7 @@ def describe(message: Message) -> str:
     parts = []
     if message.metrics is not None:
         metrics = message.metrics
-        parts.append(f"{metrics.tokens} tokens")
+        parts.append(counted(metrics.tokens, "token"))
         if metrics.ttft_s is not None:
             parts.append(f"first token {metrics.ttft_s:.2f} s")
         if metrics.tokens_per_s is not None:
@@ -31,17 +32,21 @@ def describe(message: Message) -> str:
             )
     if message.status == STREAMING:
         parts.append("generating…")
-    elif message.status != DONE:
-        parts.append(message.status)
+    elif message.status != DONE and not (message.status == ERROR and message.error):
+        parts.append(message.status)  # an error's text says "error: ..." itself
     if message.error:
         parts.append(f"error: {message.error}")
     return " · ".join(parts)
 
 
 class MessageView(Vertical, can_focus=True):
-    """A message in the transcript; focus it (click or Tab) and press c to copy its text."""
+    """A message in the transcript; focus it (click or Tab) and press ctrl+c to copy its text
+    (a printable key, typed anywhere, goes into the message box)."""
 
-    BINDINGS = [Binding("c,ctrl+c", "copy", "Copy message")]
+    BINDINGS = [
+        Binding("ctrl+c", "copy", "Copy message"),
+        Binding("delete", "delete", "Delete message (asks first)"),
+    ]
 
     def __init__(self, message: Message) -> None:
         super().__init__(classes=f"message -{message.role}")
@@ -95,6 +100,16 @@ class MessageView(Vertical, can_focus=True):
         if markdown.source != shown:
             await markdown.update(shown)
         self.refresh_meta()
+
+    class DeleteAsked(TextualMessage):
+        """Delete was pressed on this message; the screen asks, then deletes it."""
+
+        def __init__(self, view: MessageView) -> None:
+            super().__init__()
+            self.view = view
+
+    def action_delete(self) -> None:
+        self.post_message(self.DeleteAsked(self))
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.message.content)

@@ -1,5 +1,6 @@
 """Where the user writes: Enter sends, Ctrl+J (or Shift+Enter where the terminal reports it)
-starts a new line.
+starts a new line. PageUp / PageDown (and Home / End while the box is empty, ctrl+home / ctrl+end
+always) scroll the open chat's transcript, so reading back never takes the focus from the box.
 
 Every key is handled here, in the order typed, to the end. Textual inserts a printable key as
 soon as the focused widget reads it, but runs a key *binding* (Backspace, End, the arrows,
@@ -15,24 +16,40 @@ it reads the next key.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from textual import events
 from textual.binding import Binding
 from textual.widgets import TextArea
 
+# Where a scroll key takes the transcript.
+Scroll = Literal["page_up", "page_down", "home", "end"]
+
 
 class PromptInput(TextArea):
-    """A multi-line input that hands its text to `on_submit` on Enter."""
+    """A multi-line input that hands its text to `on_submit` on Enter and its scroll keys to
+    `on_scroll`."""
 
     BINDINGS = [
         Binding("enter", "submit", "Send"),
-        Binding("ctrl+j", "newline", "Newline"),
+        Binding("ctrl+j", "newline", "New line"),
+        Binding("pageup", "scroll('page_up')", "Scroll the chat up", show=False),
+        Binding("pagedown", "scroll('page_down')", "Scroll the chat down", show=False),
+        Binding("ctrl+home", "scroll('home')", "Scroll to the chat's start", show=False),
+        Binding("ctrl+end", "scroll('end')", "Scroll to the chat's end", show=False),
+        Binding("home", "home", "Chat start (empty box), else line start", show=False),
+        Binding("end", "end", "Chat end (empty box), else line end", show=False),
     ]
 
-    def __init__(self, on_submit: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        on_submit: Callable[[str], Awaitable[None]],
+        on_scroll: Callable[[Scroll], None],
+    ) -> None:
         super().__init__(id="prompt", soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
         self.placeholder = "Message (Enter to send, Ctrl+J for a new line)"
         self.on_submit = on_submit
+        self.on_scroll = on_scroll
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":  # TextArea would insert a newline before bindings are looked at
@@ -59,6 +76,22 @@ class PromptInput(TextArea):
 
     def action_newline(self) -> None:
         self.insert("\n")
+
+    def action_scroll(self, where: Scroll) -> None:
+        self.on_scroll(where)
+
+    def action_home(self) -> None:
+        """An empty box has no line to move in: Home goes to the chat's start instead."""
+        if self.text:
+            self.action_cursor_line_start()
+        else:
+            self.on_scroll("home")
+
+    def action_end(self) -> None:
+        if self.text:
+            self.action_cursor_line_end()
+        else:
+            self.on_scroll("end")
 
     def start_editing(self, text: str) -> None:
         """Show `text` (a message already sent) marked as being edited, to resend with Enter."""

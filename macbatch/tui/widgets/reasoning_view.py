@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from textual.widgets import Collapsible, Static
 
-from macbatch.tui.widgets.display import displayable
+from macbatch.tui.widgets.display import counted, displayable
 
 
 def reasoning_title(tokens: int, seconds: float | None, done: bool) -> str:
     timing = "" if seconds is None else f", {seconds:.1f} s"
-    return f"{'Reasoned' if done else 'Reasoning…'} ({tokens} tokens{timing})"
+    return f"{'Reasoned' if done else 'Reasoning…'} ({counted(tokens, 'token')}{timing})"
 
 
 class ReasoningView(Collapsible):

@@ -1,22 +1,36 @@
 """The scrolling list of one session's messages; it follows a streaming reply until the user
 scrolls up (Textual's anchor), and follows again once they scroll back to the bottom. The chats
-opened so far keep theirs mounted, one shown at a time."""
+opened so far keep theirs mounted, one shown at a time. It takes the focus (Tab or a click) to
+scroll with the arrow keys; the message box scrolls it with PageUp / PageDown too."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import ContentSwitcher
 
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.empty_chat import EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
+from macbatch.tui.widgets.prompt_input import Scroll
 
 
-class Transcript(VerticalScroll, can_focus=False):
-    """All messages of one session, kept mounted while the session streams in the background."""
+class Transcript(VerticalScroll, can_focus=True, inherit_bindings=False):
+    """All messages of one session, kept mounted while the session streams in the background.
+    Its keys are a scroller's up and down ones only: ctrl+pageup / ctrl+pagedown stay the
+    screen's (previous / next chat)."""
+
+    BINDINGS = [
+        Binding("up", "scroll_up", "Scroll up", show=False),
+        Binding("down", "scroll_down", "Scroll down", show=False),
+        Binding("pageup", "page_up", "Scroll a page up", show=False),
+        Binding("pagedown", "page_down", "Scroll a page down", show=False),
+        Binding("home", "scroll_home", "Scroll to the start", show=False),
+        Binding("end", "scroll_end", "Scroll to the end", show=False),
+    ]
 
     def __init__(self, session_id: int, messages: list[Message], model: str) -> None:
         super().__init__(id=transcript_id(session_id))
@@ -32,6 +46,18 @@ class Transcript(VerticalScroll, can_focus=False):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    def scroll_by_key(self, where: Scroll) -> None:
+        """The message box's scroll keys; the end follows a streaming reply again."""
+        if where == "page_up":
+            self.scroll_page_up(animate=False)
+        elif where == "page_down":
+            self.scroll_page_down(animate=False)
+        elif where == "home":
+            self.scroll_home(animate=False)
+        else:
+            self.scroll_end(animate=False)
+            self.anchor()
 
     @property
     def views(self) -> list[MessageView]:

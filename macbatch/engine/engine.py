@@ -79,7 +79,7 @@ class Engine(PromptEncoder):
 
         self.config = config = config or EngineConfig()
         self.model_name = model_name
-        draft = draft_model if config.speculative == "draft" else None
+        draft = draft_model if config.speculative in ("draft", "mtp") else None
         self.runner = runner = ModelRunner(model, config, owns_model, group, draft)
         self.adapter, self.store = runner.adapter, runner.store
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
@@ -306,6 +306,8 @@ class Engine(PromptEncoder):
             read = self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, rows)
         extra = list(pooled.values())
+        if self.runner.hidden is not None and self.speculator is not None:
+            extra += self.speculator.observe(plan.chunks, self.runner.hidden)  # MTP drafts
         if self.kv.disk is not None:  # blocks worth keeping, copied out with this step
             extra += self.kv.disk.capture(self._steps + 1)
         self._device_wait_s += self.runner.launch(result, extra)

@@ -101,7 +101,7 @@ class DraftModelDrafter:
         if written is None or written.preemptions != request.metrics.preemptions:
             return 0
         most = min(written.valid, len(tokens) - 1)
-        start = _shared_prefix(written.tokens, tokens, most)
+        start = shared_prefix(written.tokens, tokens, most)
         if self.runner.slots is None:
             return start
         return written.known if start >= written.known else 0
@@ -183,6 +183,9 @@ class DraftModelDrafter:
             batch.token_ids = fed
         return self.runner.greedy(batch)
 
+    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+        return []  # the draft model computes its own hidden states
+
     def truncated(self, request_id: str, num_tokens: int) -> None:
         """The request's blocks past its first ``num_tokens`` tokens went back to the pool."""
         written = self._written.get(request_id)
@@ -197,7 +200,8 @@ class DraftModelDrafter:
             self.runner.slots.give_back(slot)
 
 
-def _shared_prefix(a: list[int], b: list[int], most: int) -> int:
+def shared_prefix(a: list[int], b: list[int], most: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``most``."""
     n = min(len(a), len(b), most)
     if a[:n] == b[:n]:  # the common case, compared in C
         return n

@@ -42,16 +42,18 @@ def _check_speculative(value: str | None) -> str | None:
     return value
 
 
-def speculative_option(default: str | None = "off") -> Any:
-    """``--speculative off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
+def speculative_option(default: str | None = "auto") -> Any:
+    """``--speculative auto|off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
     ``default`` None: the command has its own default (``run``: the job file's)."""
     return typer.Option(
         default,
         "--speculative",
         callback=_check_speculative,
-        help="Speculative decoding: ngram (drafts copied from the prompt and reply: extraction, "
-        "summaries, code edits), draft (a small model, --draft-model), mtp (not available with "
-        "mlx-lm's loaders), off. Outputs are the same either way; see docs/speculative.md.",
+        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
+        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
+        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
+        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
+        "docs/speculative.md.",
     )
 
 
@@ -84,7 +86,8 @@ def num_speculative_tokens_option() -> Any:
         help="The most tokens drafted per request per step (each request's length adapts to "
         "how many of its drafts are accepted). Default: "
         f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft.",
+        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
     )
 
 
@@ -94,7 +97,7 @@ def speculative_config(
     """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
     means ``--speculative draft``, and a draft mode without a model (or a model for another
     mode) is refused."""
-    if draft_model and mode == "off":
+    if draft_model and mode in ("off", "auto"):
         mode = "draft"
     if draft_model and mode != "draft":
         raise typer.BadParameter(

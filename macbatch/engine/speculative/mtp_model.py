@@ -13,21 +13,16 @@ MTP layer's own output is what its next draft reads (docs/speculative.md, "MTP")
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from macbatch.engine.speculative.mtp_weights import mtp_name, read_mtp_weights
+from macbatch.engine.speculative.mtp_weights import mtp_name, mtp_refusal, read_mtp_weights
 
-# the families whose MTP layer this module builds; the others with MTP weights, and why not yet
-MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-_NOT_YET = {
-    family: "its MTP layer is a multi-head latent attention (MLA) layer, which macbatch does not "
-    "page yet"
-    for family in ("deepseek_v3", "glm4_moe", "glm4_moe_lite")
-}
+log = logging.getLogger(__name__)
 
 
 class MtpHead(nn.Module):
@@ -48,15 +43,6 @@ class MtpHead(nn.Module):
         both = [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)]
         x = self.fc(mx.concatenate(both, axis=-1))
         return self.norm(self.layers[0](x, mask=None, cache=cache))
-
-
-def mtp_refusal(model_type: str) -> str | None:
-    """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
-    if model_type in MTP_FAMILIES:
-        return None
-    return _NOT_YET.get(
-        model_type, f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
-    )
 
 
 def new_mtp_head(text: nn.Module) -> MtpHead:
@@ -113,6 +99,31 @@ def build_mtp_head(
         raise ValueError(f"the checkpoint's MTP weights do not fit its MTP layer: {exc}") from exc
     mx.eval(head.parameters())
     return head
+
+
+def mtp_head_for(
+    name: str, model: nn.Module, required: bool, distributed: bool = False
+) -> MtpHead | None:
+    """The MTP layer of the checkpoint ``name`` (as the loader resolves it) beside its loaded
+    ``model``; when it has none (or the model runs under ``mlx.launch``: ``distributed``, not
+    done yet), ``ValueError`` saying why if ``required`` (``--speculative mtp``), else None
+    (``auto``: no speculation), with why logged."""
+    from mlx_lm.utils import hf_repo_to_path
+
+    from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.model.adapter import model_type_of
+
+    where = resolve_model_path(name)
+    try:
+        if distributed:
+            raise ValueError("speculative 'mtp' does not run under mlx.launch yet")
+        path = hf_repo_to_path(where) if isinstance(where, str) else where
+        return load_mtp_head(path, model, model_type_of(model))
+    except ValueError as exc:
+        if required:
+            raise
+        log.info("no MTP drafting: %s", exc)
+        return None
 
 
 def load_mtp_head(path: Path, model: nn.Module, model_type: str) -> MtpHead:

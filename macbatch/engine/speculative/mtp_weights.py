@@ -34,6 +34,40 @@ _CENTRED_NORMS = (
     "pre_fc_norm_hidden.weight",
 )
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# the families whose MTP layer mtp_model.py builds; the others that ship one, and why not yet
+MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+_NOT_YET = {
+    family: "its MTP layer attends with multi-head latent attention (MLA), which macbatch does "
+    "not page yet"
+    for family in ("deepseek_v3", "glm4_moe", "glm4_moe_lite")
+}
+
+
+def mtp_refusal(model_type: str) -> str | None:
+    """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
+    if model_type in MTP_FAMILIES:
+        return None
+    return _NOT_YET.get(
+        model_type, f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
+    )
+
+
+def describe_mtp_heads(path: Path) -> str:
+    """What ``macbatch doctor`` says of a checkpoint's MTP heads: whether it has them and
+    whether ``--speculative auto`` drafts with them."""
+    model_type = str(json.loads((path / "config.json").read_text()).get("model_type"))
+    declared, stored = mtp_layer_count(path)
+    if not stored:
+        if declared:
+            return (
+                f"none: the config declares {declared} MTP layer(s) but the weights were "
+                "dropped (mlx-lm's convert drops them); --speculative auto does not speculate"
+            )
+        return "none"
+    reason = mtp_refusal(model_type)
+    if reason:
+        return f"{stored} MTP layer(s), not used: {reason}"
+    return f"{stored} MTP layer(s): --speculative auto drafts with them (docs/speculative.md)"
 
 
 def mtp_name(key: str) -> str | None:

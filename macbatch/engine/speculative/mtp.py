@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.kv.manager import KVManager
-from macbatch.engine.speculative.draft_model import shared_prefix
+from macbatch.engine.speculative.draft_model import Written, shared_prefix, truncate_written
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.worker.packing import PackedBatch, pack
 
@@ -51,16 +51,6 @@ class _Segment:
 
 
 @dataclass
-class _Written:
-    """The MTP K/V a request's blocks hold: positions ``0..valid-1``, computed from ``tokens``
-    (position i reads tokens up to i + 1)."""
-
-    tokens: list[int]
-    valid: int
-    preemptions: int  # the request's count when written: a preemption gave back every block
-
-
-@dataclass
 class _Row:
     index: int  # in the proposal's requests
     request: Request
@@ -75,7 +65,8 @@ class MtpDrafter:
         self.runner = runner
         self.kv = kv
         self._hidden: dict[str, list[_Segment]] = {}
-        self._written: dict[str, _Written] = {}
+        # the MTP K/V each request's blocks hold (position i read the tokens up to i + 1)
+        self._written: dict[str, Written] = {}
 
     def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
         """Keep the target's hidden states ``[N, 1, H]`` of a step's chunks (their rows in
@@ -110,7 +101,8 @@ class MtpDrafter:
             request = row.request
             last = len(row.tokens) - 1  # the MTP K/V is the target's up to here (excluded)
             preemptions = request.metrics.preemptions
-            self._written[request.request_id] = _Written(row.tokens, last, preemptions)
+            written = Written(row.tokens, last, preemptions, known=len(row.tokens))
+            self._written[request.request_id] = written
             _cut_before(self._hidden[request.request_id], last)
         return proposals
 
@@ -214,11 +206,7 @@ class MtpDrafter:
         return pack(StepPlan(chunks), tables[: len(chunks)], runner.block_size, runner.head_counts)
 
     def truncated(self, request_id: str, num_tokens: int) -> None:
-        """The request's blocks past its first ``num_tokens`` tokens went back to the pool."""
-        written = self._written.get(request_id)
-        if written is not None:
-            kept = self.kv.blocks_for(num_tokens) * self.kv.block_size
-            written.valid = min(written.valid, kept)
+        truncate_written(self._written.get(request_id), self.kv, num_tokens)
 
     def forget(self, request_id: str) -> None:
         self._written.pop(request_id, None)

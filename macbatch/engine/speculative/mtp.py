@@ -11,8 +11,9 @@ previous draft and the MTP layer's own output in place of the target's hidden st
 has not run there yet). Those draft rows' K/V are written again from the target's hidden
 states at the next catch-up.
 
-The target's hidden states come from the step that computed them (``observe``): the rows of
-every request that may speculate are kept, per request, until a catch-up reads them (at most
+The target's hidden states come from the step that computed them (``observe``): a prompt
+chunk's MTP K/V is written in that same step (its rows' next tokens are the prompt's), and a
+decode's rows are kept, per request, until a proposal's catch-up reads them (at most
 ``MAX_KEPT`` rows: a request that does not draft for a long time drops its oldest, whose MTP
 K/V is then never written, which only weakens its drafts). A position whose hidden state the
 request never computed (a prefix-cache hit) keeps whatever K/V its block holds: the rows a
@@ -37,7 +38,9 @@ from macbatch.engine.worker.packing import PackedBatch, pack
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request
 
-MAX_KEPT = 8192  # the most hidden-state rows kept per request until a catch-up reads them
+# the most hidden-state rows kept per request until a catch-up reads them (prompt rows are
+# written at once: these are a decode's, one per step, of a request that does not draft)
+MAX_KEPT = 4096
 
 
 @dataclass
@@ -89,7 +92,36 @@ class MtpDrafter:
             segments.append(_Segment(chunk.start, kept[at : at + chunk.num_tokens]))
             while sum(s.rows.shape[0] for s in segments) > MAX_KEPT and len(segments) > 1:
                 segments.pop(0)
-        return [kept]
+        return [kept, *self._write_prompt_rows([c for c, _ in wanted])]
+
+    def _write_prompt_rows(self, chunks: list[ScheduledChunk]) -> list[mx.array]:
+        """Prompt chunks' MTP K/V, written in the step that computes their hidden states (the
+        next token of each row is the prompt's, but a completing chunk's last row's): a long
+        prompt's hidden rows are not held until the first proposal, and the proposal's catch-up
+        is one or two rows. Returns the MTP pages to evaluate with the step (none: nothing)."""
+        spans: list[tuple[_Row, int, int]] = []
+        tables = []
+        for chunk in chunks:
+            if chunk.num_tokens < 2 or chunk.num_drafts:  # a decode, a verification
+                continue
+            request = chunk.request
+            tokens = request.all_token_ids
+            last = min(chunk.start + chunk.num_tokens, len(tokens) - 1) - 1
+            hidden = self._covering(request.request_id, self._start(request, tokens), last)
+            if not hidden:
+                continue
+            row = _Row(0, request, 0, tokens, hidden[0].start, hidden)
+            spans.append((row, row.start, last + 1 - row.start))
+            tables.append(self.kv.block_table(request.request_id))
+            preemptions = request.metrics.preemptions
+            held = tokens[: last + 2]
+            self._written[request.request_id] = Written(held, last + 1, preemptions, len(held))
+        if not spans:
+            return []
+        self._forward(spans, tables)
+        for row, _, n in spans:
+            _cut_before(self._hidden[row.request.request_id], row.start + n)
+        return self.runner.arrays()
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
         proposals: list[list[int]] = [[] for _ in requests]

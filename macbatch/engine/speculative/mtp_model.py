@@ -119,10 +119,12 @@ def mtp_head_for(
             raise ValueError("speculative 'mtp' does not run under mlx.launch yet")
         path = hf_repo_to_path(where) if isinstance(where, str) else where
         return load_mtp_head(path, model, model_type_of(model))
-    except ValueError as exc:
+    except Exception as exc:  # unreadable files come in many types; "auto" loads without heads
         if required:
-            raise
-        log.info("no MTP drafting: %s", exc)
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"speculative 'mtp': cannot read the MTP weights: {exc}") from exc
+        log.log(logging.INFO if isinstance(exc, ValueError) else logging.WARNING, "no MTP: %s", exc)
         return None
 
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import typer
 
-from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, check_speculative  # MLX-free: --help
+from macbatch.engine import (  # MLX-free: --help
+    DEFAULT_SPECULATIVE_TOKENS,
+    SPECULATIVE_MODES,
+    check_speculative,
+)
 
 # The values --kv-bits takes, as `metal.quant.KV_BITS` (which imports MLX) checks them.
 KV_BITS_CHOICES = "8|4"
-# The modes --speculative offers: mtp is a mode the engine names but refuses with mlx-lm's
-# loaders (they drop the heads), so it is not offered.
-OFFERED_SPECULATIVE = ("off", *(method for method in DEFAULT_SPECULATIVE_TOKENS if method != "mtp"))
 
 
 def _check_kv_bits(value: int | None) -> int | None:
@@ -50,17 +51,19 @@ def _check_speculative(value: str | None) -> str | None:
     return value
 
 
-def speculative_option(default: str | None = "off") -> Any:
-    """``--speculative off|ngram|draft``: speculative decoding (docs/speculative.md);
+def speculative_option(default: str | None = "auto") -> Any:
+    """``--speculative auto|off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
     ``default`` None: the command has its own default (``run``: the job file's)."""
     return typer.Option(
         default,
         "--speculative",
         callback=_check_speculative,
-        metavar=f"[{'|'.join(OFFERED_SPECULATIVE)}]",
-        help="Speculative decoding: ngram (drafts copied from the prompt and reply: extraction, "
-        "summaries, code edits), draft (a small model, --draft-model), off. Outputs are the "
-        "same either way; see docs/speculative.md.",
+        metavar=f"[{'|'.join(SPECULATIVE_MODES)}]",
+        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
+        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
+        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
+        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
+        "docs/speculative.md.",
     )
 
 
@@ -93,7 +96,8 @@ def num_speculative_tokens_option() -> Any:
         help="The most tokens drafted per request per step (each request's length adapts to "
         "how many of its drafts are accepted). Default: "
         f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft.",
+        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
     )
 
 
@@ -103,7 +107,7 @@ def speculative_config(
     """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
     means ``--speculative draft``, and a draft mode without a model (or a model for another
     mode) is refused."""
-    if draft_model and mode == "off":
+    if draft_model and mode in ("off", "auto"):
         mode = "draft"
     if draft_model and mode != "draft":
         raise typer.BadParameter(

@@ -11,7 +11,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from macbatch.engine import probe_model, resolve_model_path, unavailable_reason, unsupported_reason
+from macbatch.engine import (
+    describe_mtp_heads,
+    probe_model,
+    resolve_model_path,
+    unavailable_reason,
+    unsupported_reason,
+)
 from macbatch.models import describe_quantization
 from macbatch.template_check import template_rows
 
@@ -46,6 +52,7 @@ def check_model(name: str) -> ModelReport:
         report.rows.append(
             ("images", "yes (docs/vision.md)" if no_images is None else f"no: {no_images}")
         )
+        report.rows.append(("MTP heads", describe_mtp_heads(path)))
     except (ValueError, OSError) as exc:
         report.problem = str(exc)
     return report

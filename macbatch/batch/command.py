@@ -149,7 +149,7 @@ def run_command(
         _fail(headless, "--redo-changed goes alone: --force keeps changed lines, --fresh drops all")
     spec = None  # the job file's, unless an option is given
     if speculative is not None or draft_model:
-        spec = speculative_config(speculative or "off", draft_model, num_speculative_tokens)
+        spec = speculative_config(speculative or "auto", draft_model, num_speculative_tokens)
     summary = _run(
         file,
         RunOptions(
@@ -237,7 +237,8 @@ def _run(
     def load_engine(name: str) -> object:
         try:
             bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
-            speculative = spec or job_file.speculative or {}
+            # neither an option nor the job file's section: MTP where the checkpoint has heads
+            speculative = spec or job_file.speculative or {"speculative": "auto"}
             config = EngineConfig(kv_bits=bits, **speculative, **disk)
             if max_seqs is not None:
                 config = dataclasses.replace(config, max_num_seqs=max_seqs)

@@ -59,7 +59,9 @@ _EXPORTS: dict[str, str] = {
     "load_image": "macbatch.engine.multimodal.images",
     # speculative decoding's methods, checked before a model loads
     "DEFAULT_SPECULATIVE_TOKENS": "macbatch.engine.speculative.methods",
+    "SPECULATIVE_MODES": "macbatch.engine.speculative.methods",
     "check_speculative": "macbatch.engine.speculative.methods",
+    "describe_mtp_heads": "macbatch.engine.speculative.mtp_weights",
     # which models run, and what loading one would find (macbatch models, macbatch doctor)
     "UnsupportedModelError": "macbatch.engine.model.adapter",
     "unsupported_reason": "macbatch.engine.model.families",
@@ -121,5 +123,10 @@ if TYPE_CHECKING:
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
     from macbatch.engine.runtime import EngineDeadError, EngineThread
     from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams
-    from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
+    from macbatch.engine.speculative.methods import (
+        DEFAULT_SPECULATIVE_TOKENS,
+        SPECULATIVE_MODES,
+        check_speculative,
+    )
+    from macbatch.engine.speculative.mtp_weights import describe_mtp_heads
     from macbatch.engine.structured_output.constraints import StructuredOutput

@@ -28,8 +28,9 @@ class EngineConfig:
     synchronously, which benchmarks use to show what the pipeline takes off the host's
     critical path. ``speculative`` picks a drafter (``SPECULATIVE_MODES`` in
     speculative/methods.py; docs/speculative.md): "ngram" (prompt lookup), "draft"
-    (``draft_model``, a small model with the same tokenizer), "mtp" (refused: no loader keeps the
-    heads), "off"; ``num_speculative_tokens`` is the most tokens drafted per request per step
+    (``draft_model``, a small model with the same tokenizer), "mtp" (the checkpoint's own MTP
+    layer), "auto" ("mtp" where the checkpoint has one, else "off": the front ends' default),
+    "off"; ``num_speculative_tokens`` is the most tokens drafted per request per step
     (None: ``DEFAULT_SPECULATIVE_TOKENS`` of the method).
     ``compile_decode_after``: small decode steps run compiled once this many of them ran
     uncompiled (compiled_step.py; None: never compiled).

@@ -43,6 +43,8 @@ from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
+from macbatch.engine.speculative.methods import resolved_mode
+from macbatch.engine.speculative.mtp_model import MtpHead, mtp_head_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
 from macbatch.engine.worker import host_memory
@@ -74,12 +76,17 @@ class Engine(PromptEncoder):
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
         rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
-        ``config.speculative == "draft"`` (docs/speculative.md)."""
+        ``config.speculative == "draft"``, or the checkpoint's MTP layer (an ``MtpHead``) for
+        "mtp" and "auto" (docs/speculative.md)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-        self.config = config = config or EngineConfig()
+        config = config or EngineConfig()
+        has_mtp = isinstance(draft_model, MtpHead)
+        self.config = config = dataclasses.replace(
+            config, speculative=resolved_mode(config.speculative, has_mtp)
+        )
         self.model_name = model_name
-        draft = draft_model if config.speculative == "draft" else None
+        draft = draft_model if config.speculative in ("draft", "mtp") else None
         self.runner = runner = ModelRunner(model, config, owns_model, group, draft)
         self.adapter, self.store = runner.adapter, runner.store
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
@@ -121,7 +128,12 @@ class Engine(PromptEncoder):
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
-        draft = load_draft_model(config.draft_model) if config.speculative == "draft" else None
+        draft: nn.Module | None = None
+        if config.speculative == "draft":
+            draft = load_draft_model(config.draft_model)
+        elif config.speculative in ("mtp", "auto"):
+            required = config.speculative == "mtp"
+            draft = mtp_head_for(name, model, required, distributed=group is not None)
         engine = cls(
             model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
         )
@@ -306,6 +318,8 @@ class Engine(PromptEncoder):
             read = self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, rows)
         extra = list(pooled.values())
+        if self.runner.hidden is not None and self.speculator is not None:
+            extra += self.speculator.observe(plan.chunks, self.runner.hidden)  # MTP drafts
         if self.kv.disk is not None:  # blocks worth keeping, copied out with this step
             extra += self.kv.disk.capture(self._steps + 1)
         self._device_wait_s += self.runner.launch(result, extra)

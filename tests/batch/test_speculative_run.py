@@ -11,6 +11,7 @@ import pytest
 
 from macbatch.engine import Engine, SamplingParams
 from tests.batch.conftest import read_jsonl, write_job
+from tests.support.mtp import save_hf_checkpoint
 
 PROMPTS = ["one two three one two three one two three one", "the quick brown fox the quick"]
 
@@ -46,3 +47,38 @@ def test_job_file_speculation_keeps_replies_and_reports_acceptance(
     assert spec["drafted_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1
     assert spec["mean_accepted_length"] >= 1
     assert "speculative decoding:" in result.output
+
+
+@pytest.mark.parametrize("option", [None, "off"])
+def test_a_checkpoint_with_mtp_heads_drafts_with_them_by_default(
+    tmp_path: Path, macbatch_run, option
+) -> None:
+    """No ``speculative:`` section and no option: ``auto``, so the checkpoint's MTP heads draft
+    (the summary reports them); ``--speculative off`` turns them off. Replies are the engine's
+    without speculation either way."""
+    model = tmp_path / "qwen3_5"
+    save_hf_checkpoint(model, "qwen3_5")
+    job = write_job(
+        tmp_path,
+        f"""
+        model: {model}
+        jobs:
+          - name: copy
+            prompts: {json.dumps(PROMPTS)}
+            chat: false
+            sampling: {{temperature: 0, max_tokens: 16}}
+        """,
+    )
+    result = macbatch_run(job, *(["--speculative", option] if option else []))
+    assert result.exit_code == 0, result.output
+    lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out" / "copy.jsonl")}
+    engine = Engine.load(str(model))  # EngineConfig's own default: off
+    params = SamplingParams(temperature=0, max_tokens=16)
+    for i, prompt in enumerate(PROMPTS):
+        expected = engine.generate([prompt], params)[0].text
+        assert lines[str(i + 1)]["response"]["body"]["choices"][0]["text"] == expected
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    if option is None:
+        assert summary["speculative"]["drafted_tokens"] > 0
+    else:
+        assert not summary.get("speculative")

@@ -37,10 +37,11 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Written:
-    """What a request's blocks hold of the draft's K/V: rows for ``tokens`` from position 0, of
-    which the first ``valid`` positions are in blocks held since (truncation gives back blocks
-    past the accepted tokens; another request may have written those since)."""
+class Written:
+    """What a request's blocks hold of a drafter's K/V (a draft model's, an MTP layer's): rows
+    for ``tokens`` from position 0, of which the first ``valid`` positions are in blocks held
+    since (truncation gives back blocks past the accepted tokens; another request may have
+    written those since)."""
 
     tokens: list[int]
     valid: int
@@ -62,7 +63,7 @@ class DraftModelDrafter:
     def __init__(self, runner: DraftRunner, kv: KVManager) -> None:
         self.runner = runner
         self.kv = kv
-        self._written: dict[str, _Written] = {}
+        self._written: dict[str, Written] = {}
         self._slots: dict[str, int] = {}  # a hybrid draft's state slot of each request
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
@@ -75,7 +76,7 @@ class DraftModelDrafter:
             # the last draft's K/V is not written: it is the next step's input
             held = row.tokens + drafts[:-1]
             preemptions = row.request.metrics.preemptions
-            written = _Written(held, len(held), preemptions, len(row.tokens))
+            written = Written(held, len(held), preemptions, len(row.tokens))
             self._written[row.request.request_id] = written
         return proposals
 
@@ -101,7 +102,7 @@ class DraftModelDrafter:
         if written is None or written.preemptions != request.metrics.preemptions:
             return 0
         most = min(written.valid, len(tokens) - 1)
-        start = _shared_prefix(written.tokens, tokens, most)
+        start = shared_prefix(written.tokens, tokens, most)
         if self.runner.slots is None:
             return start
         return written.known if start >= written.known else 0
@@ -183,12 +184,11 @@ class DraftModelDrafter:
             batch.token_ids = fed
         return self.runner.greedy(batch)
 
+    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+        return []  # the draft model computes its own hidden states
+
     def truncated(self, request_id: str, num_tokens: int) -> None:
-        """The request's blocks past its first ``num_tokens`` tokens went back to the pool."""
-        written = self._written.get(request_id)
-        if written is not None:
-            kept = self.kv.blocks_for(num_tokens) * self.kv.block_size
-            written.valid = min(written.valid, kept)
+        truncate_written(self._written.get(request_id), self.kv, num_tokens)
 
     def forget(self, request_id: str) -> None:
         self._written.pop(request_id, None)
@@ -197,7 +197,15 @@ class DraftModelDrafter:
             self.runner.slots.give_back(slot)
 
 
-def _shared_prefix(a: list[int], b: list[int], most: int) -> int:
+def truncate_written(written: Written | None, kv: KVManager, num_tokens: int) -> None:
+    """The request's blocks past its first ``num_tokens`` tokens went back to the pool: its
+    rows there are no longer held (truncation keeps the block the last token is in)."""
+    if written is not None:
+        written.valid = min(written.valid, kv.blocks_for(num_tokens) * kv.block_size)
+
+
+def shared_prefix(a: list[int], b: list[int], most: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``most``."""
     n = min(len(a), len(b), most)
     if a[:n] == b[:n]:  # the common case, compared in C
         return n

@@ -11,28 +11,31 @@ from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.draft_runner import DraftRunner
+from macbatch.engine.speculative.mtp import MtpDrafter
+from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.speculator import Speculator
 
 
-def _draft(draft: DraftRunner | None, kv: KVManager) -> Drafter:
-    if draft is None:
+def _draft(draft: DraftRunner | MtpRunner | None, kv: KVManager) -> Drafter:
+    if not isinstance(draft, DraftRunner):
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
     return DraftModelDrafter(draft, kv)
 
 
-def _mtp(draft: DraftRunner | None, kv: KVManager) -> Drafter:
-    raise ValueError(
-        "speculative 'mtp' is not available: mlx-lm drops a checkpoint's multi-token-prediction "
-        "weights when it loads one (qwen3_5 and qwen3_next sanitize 'mtp.*' away); use 'ngram' "
-        "or 'draft'"
-    )
+def _mtp(draft: DraftRunner | MtpRunner | None, kv: KVManager) -> Drafter:
+    if not isinstance(draft, MtpRunner):
+        raise ValueError(
+            "speculative 'mtp' needs the checkpoint's MTP layer (Engine.load reads it; "
+            "Engine(..., draft_model=load_mtp_head(...)) for a model built in code)"
+        )
+    return MtpDrafter(draft, kv)
 
 
 # each method's drafter (keys: methods.SPECULATIVE_METHODS), from the runner of the draft model
-# (None without one) and the KV manager
-DRAFTERS: dict[str, Callable[[DraftRunner | None, KVManager], Drafter]] = {
+# or the MTP layer (None without one) and the KV manager
+DRAFTERS: dict[str, Callable[[DraftRunner | MtpRunner | None, KVManager], Drafter]] = {
     "ngram": lambda _draft, _kv: NgramDrafter(),
     "draft": _draft,
     "mtp": _mtp,
@@ -49,7 +52,7 @@ def load_draft_model(path: str | None) -> nn.Module:
 
 
 def speculator_for(
-    config: EngineConfig, draft: DraftRunner | None, kv: KVManager
+    config: EngineConfig, draft: DraftRunner | MtpRunner | None, kv: KVManager
 ) -> Speculator | None:
     """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
     saying why when it cannot run. ``draft``: the model runner's draft (draft_runner.py)."""

@@ -10,8 +10,17 @@ its ``--help`` without loading it."""
 # begins at 4 either way. A draft model runs one forward per draft, so it drafts fewer.
 DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4}
 SPECULATIVE_METHODS = tuple(DEFAULT_SPECULATIVE_TOKENS)
-SPECULATIVE_MODES = ("off", *SPECULATIVE_METHODS)  # what ``EngineConfig.speculative`` may be
+# what ``EngineConfig.speculative`` may be; "auto" is resolved when the engine loads
+SPECULATIVE_MODES = ("off", "auto", *SPECULATIVE_METHODS)
 MAX_SPECULATIVE_TOKENS = 16
+
+
+def resolved_mode(mode: str, has_mtp: bool) -> str:
+    """What a mode means for a checkpoint: "auto" drafts with its MTP layer where it has one
+    (``has_mtp``: it was loaded), and does not speculate otherwise; other modes are themselves."""
+    if mode != "auto":
+        return mode
+    return "mtp" if has_mtp else "off"
 
 
 def check_speculative(mode: str, num_tokens: int | None) -> None:

@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from macbatch.engine.core.request import Request
+    from macbatch.engine.core.scheduler import ScheduledChunk
 
 
 class NgramDrafter:
@@ -45,6 +48,9 @@ class NgramDrafter:
                 begin = int(full[-1] if full.size else starts[0]) + n
                 return [int(t) for t in seq[begin : begin + k]]
         return []
+
+    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+        return []  # drafts from the tokens alone
 
     def truncated(self, request_id: str, num_tokens: int) -> None:
         """Nothing is kept per request."""

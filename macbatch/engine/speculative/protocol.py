@@ -6,7 +6,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import mlx.core as mx
+
     from macbatch.engine.core.request import Request
+    from macbatch.engine.core.scheduler import ScheduledChunk
 
 
 class Drafter(Protocol):
@@ -15,6 +18,12 @@ class Drafter(Protocol):
     which makes verification by plain sampling exact (verify.py)."""
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]: ...
+
+    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+        """The target's hidden states ``[N, 1, H]`` of a step just dispatched (its chunks' rows
+        in order), offered only when the model runner keeps them (an MTP drafter's); returns
+        what to evaluate with the step."""
+        ...
 
     def truncated(self, request_id: str, num_tokens: int) -> None:
         """The request's KV blocks past its first ``num_tokens`` tokens went back to the pool

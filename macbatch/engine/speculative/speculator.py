@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import mlx.core as mx
+
 from macbatch.engine.core.outputs import SpeculationCounts
 from macbatch.engine.core.request import Request
+from macbatch.engine.core.scheduler import ScheduledChunk
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup
 from macbatch.engine.sample.sampler import HostSamples
@@ -38,6 +41,11 @@ class Speculator:
             request.drafts, self._rows[request.request_id] = draft_rows(request, drafts)
             if not request.drafts:
                 self.policy.record(request.request_id, 0, 0)
+
+    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+        """Hand the drafter a step's hidden states (an MTP drafter reads them); returns what
+        to evaluate with the step."""
+        return self.drafter.observe(chunks, hidden)
 
     def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:
         """The sampler's rows of a request's chunk: the request, then one per draft verified."""

@@ -38,6 +38,8 @@ from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
+from macbatch.engine.speculative.mtp_model import MtpHead
+from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode
 from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
@@ -61,13 +63,14 @@ class ModelRunner:
         config: EngineConfig,
         owns_model: bool = False,
         group: mx.distributed.Group | None = None,
-        draft: nn.Module | None = None,
+        draft: nn.Module | MtpHead | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
         ``group``: the ranks that share the model; each keeps its shard and pages its own KV
         heads, and the ranks agree on the smallest pool (a collective: every rank builds its
         runner at the same point). ``draft``: a draft model (rank 0's), whose pages share the
-        full group's block ids (speculative/draft_runner.py)."""
+        full group's block ids (speculative/draft_runner.py), or a checkpoint's MTP layer, whose
+        pages share them too and which reads the step's hidden states (speculative/mtp.py)."""
         self.config = config
         self.group = group
         host_memory.keep_step_buffers()
@@ -87,9 +90,13 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        self.draft = (
-            None if draft is None else DraftRunner(draft, config, self.vocab_size, owns_model)
-        )
+        self.draft: DraftRunner | MtpRunner | None = None
+        if isinstance(draft, MtpHead):
+            self.draft = MtpRunner(draft, self.adapter, config)
+        elif draft is not None:
+            self.draft = DraftRunner(draft, config, self.vocab_size, owns_model)
+        # the last forward's hidden states, kept for an MTP layer (None: not kept)
+        self.hidden: mx.array | None = None
         self._allocate_caches(model, config, fmt, group)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
@@ -197,13 +204,15 @@ class ModelRunner:
         forward on their shard."""
         if self._followers is not None:
             self._followers.send_step(batch)
-        if not spans:
+        keep = isinstance(self.draft, MtpRunner)  # an MTP layer reads the hidden states
+        if not spans and not keep:
             logits = None if self.compiled is None else self.compiled.forward(batch)
             if logits is not None:
                 return logits, {}
             return self.adapter.forward(batch, self.kv_stores, self.states), {}
         hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
-        pooled = self.pools.take(hidden, spans, self.adapter.head)
+        self.hidden = hidden if keep else None
+        pooled = self.pools.take(hidden, spans, self.adapter.head) if spans else {}
         return self.adapter.sampled_logits(hidden, batch), pooled
 
     def sample(self, logits: mx.array, rows: Sequence[Request | DraftRow]) -> SampledBatch:

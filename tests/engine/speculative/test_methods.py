@@ -1,5 +1,6 @@
 """Speculative decoding's methods are named once (``speculative/methods.py``): the drafters'
-registry holds one drafter under each name, and the config accepts exactly them and "off"."""
+registry holds one drafter under each name, and the config accepts exactly them, "off" and
+"auto"."""
 
 from __future__ import annotations
 
@@ -7,17 +8,27 @@ import pytest
 
 from macbatch.engine import EngineConfig, check_speculative
 from macbatch.engine.speculative.drafters import DRAFTERS
-from macbatch.engine.speculative.methods import SPECULATIVE_METHODS, SPECULATIVE_MODES
+from macbatch.engine.speculative.methods import (
+    SPECULATIVE_METHODS,
+    SPECULATIVE_MODES,
+    resolved_mode,
+)
 
 
 def test_the_registry_holds_a_drafter_under_each_method_name():
     assert sorted(DRAFTERS) == sorted(SPECULATIVE_METHODS)
 
 
-def test_the_config_accepts_off_and_the_methods_only():
-    assert set(SPECULATIVE_MODES) == {"off", *SPECULATIVE_METHODS}
+def test_auto_is_mtp_where_the_checkpoint_has_heads_and_off_elsewhere():
+    assert resolved_mode("auto", has_mtp=True) == "mtp"
+    assert resolved_mode("auto", has_mtp=False) == "off"
+    assert [resolved_mode(m, True) for m in SPECULATIVE_METHODS] == list(SPECULATIVE_METHODS)
+
+
+def test_the_config_accepts_off_auto_and_the_methods_only():
+    assert set(SPECULATIVE_MODES) == {"off", "auto", *SPECULATIVE_METHODS}
     for mode in SPECULATIVE_MODES:
         check_speculative(mode, None)
-    with pytest.raises(ValueError, match="speculative must be one of off, ngram"):
+    with pytest.raises(ValueError, match="speculative must be one of off, auto, ngram"):
         EngineConfig(speculative="medusa")
     assert EngineConfig(speculative="off").draft_length == 0

@@ -1,0 +1,181 @@
+"""MTP drafting (issue 48): macbatch with a checkpoint's MTP layer against mlx-lm's
+``generate_step`` of the same target and without speculation, in one process, ratios printed.
+
+The target is a Qwen3.5-shaped float32 hybrid (``qwen3_5``: hidden 1024, ``--layers`` layers,
+every fourth full attention and the rest Gated DeltaNet, 151,936-token tied vocabulary) whose
+layers add near-identity residuals (their output projections scaled by ``--residual-scale``), so
+its next token is nearly a function of the current one: the embedding's, through the final norm
+and the tied head. Its MTP layer is set to compute that function of the token it is fed: ``fc``
+passes the normed embedding of the next token and drops the hidden state (the identity beside
+zeros), its decoder layer's projections are zero (it adds nothing), and its final norm is the
+target's, so its drafts hold wherever the target's layers do not move the choice. A random MTP
+layer (the same shapes, random weights) is the low-acceptance case. A draft token costs one
+decoder layer and the head: at this vocabulary the head is most of it.
+
+1. One request: macbatch with MTP vs mlx-lm's ``generate_step`` vs macbatch without.
+2. ``--batches 2,4,8``: that many concurrent requests, MTP (the policy in charge) vs none.
+3. The random MTP layer at 1 and ``--batches`` requests vs none (never much slower).
+
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
+        python -m benchmarks.mtp [--layers 24] [--tokens 32] [--batches 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import _get_classes
+
+from benchmarks.common import bench_tokenizer, warn_without_openblas
+from benchmarks.speculative import request_seconds
+from macbatch.bench import synthetic_prompts
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
+
+VOCAB = 151936
+QWEN3_5_08B = dict(
+    model_type="qwen3_5",
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_value_heads=16,
+    linear_num_key_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
+    vocab_size=VOCAB,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+)
+
+
+def near_identity_target(layers: int, scale: float) -> nn.Module:
+    """The target, its layers' writes into the residual stream scaled by ``scale``."""
+    model_class, args_class = _get_classes(QWEN3_5_08B)
+    mx.random.seed(0)
+    model = model_class(args_class.from_dict(dict(QWEN3_5_08B, num_hidden_layers=layers)))
+    model.set_dtype(mx.float32)
+    writes = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+    flat = tree_flatten(model.parameters())
+    model.load_weights([(k, v * scale) for k, v in flat if k.endswith(writes)], strict=False)
+    mx.eval(model.parameters())
+    return model
+
+
+def mtp_layer(model: nn.Module, predicts: bool) -> MtpHead:
+    """The target's MTP layer: one that predicts the target's next token, or random weights."""
+    text = model.language_model
+    mx.random.seed(1)
+    head = new_mtp_head(text)
+    head.set_dtype(mx.float32)
+    if predicts:
+        size = text.args.hidden_size
+        silent = [(k, v * 0) for k, v in tree_flatten(head.layers[0].parameters())]
+        head.layers[0].load_weights([kv for kv in silent if "norm" not in kv[0]], strict=False)
+        head.fc.weight = mx.concatenate([mx.eye(size), mx.zeros((size, size))], axis=1)
+        head.norm.weight = text.model.norm.weight
+    mx.eval(head.parameters())
+    return head
+
+
+def engines(target: nn.Module, head: MtpHead, seqs: int) -> tuple[Engine, Engine]:
+    """macbatch without speculation, and with the MTP layer."""
+    tokenizer = bench_tokenizer(VOCAB)
+    config = dict(num_blocks=256, max_num_seqs=max(seqs, 8))
+    plain = Engine(target, tokenizer, EngineConfig(**config))
+    spec = Engine(target, tokenizer, EngineConfig(speculative="mtp", **config), draft_model=head)
+    return plain, spec
+
+
+def timed(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[list, tuple]:
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    outputs: list = []
+    seconds = request_seconds(lambda: outputs.extend(engine.generate(prompts, params)))
+    return [o.token_ids for o in outputs], seconds
+
+
+def report(name: str, off: tuple, on: tuple, engine: Engine, before: tuple[int, int, int]) -> None:
+    spec = engine.stats().speculation
+    drafted, accepted, verifications = (
+        spec.drafted - before[0],
+        spec.accepted - before[1],
+        spec.verifications - before[2],
+    )
+    rate = accepted / drafted if drafted else 0.0
+    length = (accepted + verifications) / verifications if verifications else 0.0
+    print(
+        f"   {name}: wall x{off[0] / on[0]:.2f}, CPU x{off[1] / on[1]:.2f} "
+        f"({off[0]:.2f} s -> {on[0]:.2f} s; {rate:.0%} of {drafted} drafts accepted, "
+        f"{length:.2f} tok/verification)"
+    )
+
+
+def counts(engine: Engine) -> tuple[int, int, int]:
+    spec = engine.stats().speculation
+    return spec.drafted, spec.accepted, spec.verifications
+
+
+def compare(target: nn.Module, head: MtpHead, sizes: list[int], tokens: int, title: str) -> None:
+    print(title)
+    plain, spec = engines(target, head, max(sizes))
+    warm = synthetic_prompts(2, 16, 16, VOCAB, seed=9)
+    timed(plain, warm, 4), timed(spec, warm, 4)  # MLX's first compiles, in both arms
+    for size in sizes:
+        prompts = synthetic_prompts(size, 32, 96, VOCAB, seed=size)
+        expected, off = timed(plain, prompts, tokens)
+        before = counts(spec)
+        got, on = timed(spec, prompts, tokens)
+        assert got == expected, "MTP changed a greedy reply"
+        report(f"{size} request(s)", off, on, spec, before)
+
+
+def one_request(target: nn.Module, head: MtpHead, tokens: int) -> None:
+    prompt = synthetic_prompts(1, 32, 32, VOCAB, seed=3)[0]
+    plain, spec = engines(target, head, 1)
+    timed(plain, [prompt], 4), timed(spec, [prompt], 4)
+    generate = request_seconds(
+        lambda: list(generate_step(mx.array(prompt), target, max_tokens=tokens))
+    )
+    _, off = timed(plain, [prompt], tokens)
+    _, on = timed(spec, [prompt], tokens)
+    print(f"1. one request, {tokens} new tokens after 32 (whole request, prefill included)")
+    print(
+        f"   mlx-lm generate {tokens / generate[0]:.2f} tok/s, macbatch without "
+        f"{tokens / off[0]:.2f} tok/s, macbatch MTP {tokens / on[0]:.2f} tok/s"
+    )
+    report("MTP / mlx-lm generate", generate, on, spec, (0, 0, 0))
+    report("MTP / macbatch without", off, on, spec, (0, 0, 0))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--residual-scale", type=float, default=0.01)
+    parser.add_argument("--batches", default="8", help="concurrent requests, comma-separated")
+    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
+    args = parser.parse_args()
+    warn_without_openblas()
+    skip = {int(p) for p in args.skip.split(",") if p}
+    sizes = [int(s) for s in args.batches.split(",")]
+    target = near_identity_target(args.layers, args.residual_scale)
+    good = mtp_layer(target, predicts=True)
+    if 1 not in skip:
+        one_request(target, good, args.tokens)
+    if 2 not in skip:
+        compare(target, good, sizes, args.tokens, "2. concurrent requests, MTP vs none")
+    if 3 not in skip:
+        bad = mtp_layer(target, predicts=False)
+        compare(target, bad, [1, *sizes], args.tokens, "3. a random MTP layer vs none")
+
+
+if __name__ == "__main__":
+    main()

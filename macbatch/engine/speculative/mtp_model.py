@@ -1,0 +1,148 @@
+"""The multi-token-prediction (MTP) layer Qwen3.5 and Qwen3-Next checkpoints ship, as a module of
+our own (mlx-lm has none: its ``sanitize`` drops the weights).
+
+It predicts the token after next from the target's last hidden state: the embedding of the next
+token and that hidden state, each RMS-normed, are concatenated (embedding first) and projected
+back to the hidden size (``fc``), run through one decoder layer of the target's own class (full
+attention; a sparse-MoE layer in the MoE variants), and normed; the target's LM head (and its
+embedding) are shared unless the checkpoint has its own. The hidden state it reads is the
+target's output, after the target's final norm, as vLLM's ``qwen3_next_mtp`` feeds it; the
+MTP layer's own output is what its next draft reads (docs/speculative.md, "MTP").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macbatch.engine.speculative.mtp_weights import mtp_name, mtp_refusal, read_mtp_weights
+
+log = logging.getLogger(__name__)
+
+
+class MtpHead(nn.Module):
+    """The MTP layer: ``fc`` over [norm(embedding), norm(hidden)], the decoder layer, the norm.
+    ``embed_tokens`` / ``lm_head``: the checkpoint's own, when it has them (else the target's)."""
+
+    def __init__(self, layer: nn.Module, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.layers = [layer]
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+
+    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: Any) -> mx.array:
+        """The layer's normed output ``[N, 1, H]`` for rows ``[N, 1, H]`` of next-token embeddings
+        and the hidden states before them; ``cache``: the layer's (paged) attention cache."""
+        both = [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)]
+        x = self.fc(mx.concatenate(both, axis=-1))
+        return self.norm(self.layers[0](x, mask=None, cache=cache))
+
+
+def new_mtp_head(text: nn.Module) -> MtpHead:
+    """An MTP layer of the text model ``text`` with freshly initialised weights: one decoder
+    layer of its class, built as a full-attention layer."""
+    args = text.args
+    attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
+    # a layer index the class makes full attention (every full_attention_interval-th)
+    index = int(getattr(args, "full_attention_interval", 1)) - 1
+    return MtpHead(type(attention)(args, index), args.hidden_size, args.rms_norm_eps)
+
+
+def build_mtp_head(
+    text: nn.Module, weights: dict[str, mx.array], quantization: dict[str, Any] | None
+) -> MtpHead:
+    """The MTP layer of the text model ``text`` (mlx-lm's, its ``args`` the text config) with
+    ``weights`` (``read_mtp_weights``'s names) and the checkpoint's ``quantization`` (its
+    config's; None: float). Only the first MTP layer is kept (Qwen3.5 and Qwen3-Next ship one)."""
+    from mlx_lm.utils import infer_quant_config
+
+    args = text.args
+    head = new_mtp_head(text)
+    weights = {
+        k: v for k, v in weights.items() if not k.startswith("layers.") or k.startswith("layers.0.")
+    }
+    if "embed_tokens.weight" in weights:
+        head.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+    if "lm_head.weight" in weights:
+        head.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+    if quantization is not None:
+        overrides = {
+            name: v
+            for k, v in quantization.items()
+            if isinstance(v, dict) and (name := mtp_name(k + ".")) is not None
+        }
+
+        def quantized(path: str, module: nn.Module) -> bool | dict[str, Any]:
+            if path in overrides:
+                return dict(overrides[path])
+            if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+                return False
+            return dict(infer_quant_config(path, module, weights))
+
+        nn.quantize(
+            head,
+            group_size=quantization["group_size"],
+            bits=quantization["bits"],
+            mode=quantization.get("mode", "affine"),
+            class_predicate=quantized,
+        )
+    try:
+        head.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise ValueError(f"the checkpoint's MTP weights do not fit its MTP layer: {exc}") from exc
+    mx.eval(head.parameters())
+    return head
+
+
+def mtp_head_for(
+    name: str, model: nn.Module, required: bool, distributed: bool = False
+) -> MtpHead | None:
+    """The MTP layer of the checkpoint ``name`` (as the loader resolves it) beside its loaded
+    ``model``; when it has none (or the model runs under ``mlx.launch``: ``distributed``, not
+    done yet), ``ValueError`` saying why if ``required`` (``--speculative mtp``), else None
+    (``auto``: no speculation), with why logged."""
+    from mlx_lm.utils import hf_repo_to_path
+
+    from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.model.adapter import model_type_of
+
+    where = resolve_model_path(name)
+    try:
+        if distributed:
+            raise ValueError("speculative 'mtp' does not run under mlx.launch yet")
+        path = hf_repo_to_path(where) if isinstance(where, str) else where
+        return load_mtp_head(path, model, model_type_of(model))
+    except Exception as exc:  # unreadable files come in many types; "auto" loads without heads
+        if required:
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"speculative 'mtp': cannot read the MTP weights: {exc}") from exc
+        log.log(logging.INFO if isinstance(exc, ValueError) else logging.WARNING, "no MTP: %s", exc)
+        return None
+
+
+def load_mtp_head(path: Path, model: nn.Module, model_type: str) -> MtpHead:
+    """The MTP layer of the checkpoint at ``path`` (a local directory) beside its loaded
+    ``model``; ``ValueError`` saying why there is none."""
+    from macbatch.engine.model.adapter import text_model
+
+    reason = mtp_refusal(model_type)
+    if reason:
+        raise ValueError(f"speculative 'mtp': {reason}")
+    weights = read_mtp_weights(path)
+    if not any(k.startswith("layers.") for k in weights):
+        raise ValueError(
+            f"speculative 'mtp': the checkpoint at {path} has no MTP weights ('mtp.*'); it was "
+            "converted without them (mlx-lm's convert drops them): use a checkpoint that keeps "
+            "them, or --speculative ngram"
+        )
+    config = json.loads((path / "config.json").read_text())
+    quantization = config.get("quantization")  # MLX's (a converted checkpoint's)
+    return build_mtp_head(text_model(model), weights, quantization)

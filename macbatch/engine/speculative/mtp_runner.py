@@ -1,0 +1,73 @@
+"""The MTP layer's paged forward: its K/V pages live in the target's blocks, as a draft model's do
+(draft_runner.py): one more ``KVStore`` of one layer, indexed by the full group's block ids, so
+the pool counts, caps, grows and gives back the MTP layer's rows with the target's. Its inputs
+are the next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden
+states: the target's, then its own output for the drafts after the first."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
+from macbatch.engine.speculative.mtp_model import MtpHead
+from macbatch.engine.worker.compute_dtype import parameter_arrays
+from macbatch.engine.worker.packing import PackedBatch
+from macbatch.engine.worker.pages import KVStore, KVStores, LayerShape, PageFormat
+
+
+class MtpRunner:
+    """The MTP layer beside the target's ``adapter``; ``allocate`` gives it its pages once the
+    pool's size is known. Offers what the model runner asks of a draft (draft_runner.py)."""
+
+    slots = None  # no recurrent state: the MTP layer is full attention
+    state_bytes_most = 0
+    state_bytes_used = 0
+
+    def __init__(self, head: MtpHead, adapter: ModelAdapter, config: EngineConfig) -> None:
+        dtype = adapter.kv_dtype  # the target's compute dtype (cast already: compute_dtype.py)
+        head.set_dtype(dtype)
+        self.head = head
+        self.target = adapter
+        args = adapter.model.args
+        head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
+        self.shapes = [LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)]
+        self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
+        self.block_size = config.block_size
+        self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
+        self.bytes_per_block = self.format.bytes_per_block(self.shapes, config.block_size)
+        self.head_counts = {s.num_kv_heads for s in self.shapes}
+        self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
+        self._stores: KVStores | None = None
+
+    def allocate(self, num_blocks: int) -> KVStore:
+        """Its pages for ``num_blocks`` blocks (the target's full group's size)."""
+        store = KVStore(self.shapes, num_blocks, self.block_size, self.format)
+        self._stores = KVStores(store, None, [(False, 0)])
+        return store
+
+    def shrink(self) -> int:
+        return 0  # nothing beside its pages, which shrink with the pool
+
+    @property
+    def store(self) -> KVStore:
+        assert self._stores is not None, "the MTP layer's pages are allocated with the pool"
+        return self._stores.full
+
+    def arrays(self) -> list[mx.array]:
+        return self.store.arrays()
+
+    def step(self, batch: PackedBatch, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        """One packed forward of the MTP layer over rows of next tokens (``batch.token_ids``)
+        and hidden states ``[N, 1, H]``, its K/V written into its pages: the output rows of the
+        sampled rows (the next draft's hidden states) and their argmax tokens (lazy)."""
+        assert self._stores is not None
+        tokens = batch.token_ids[:, None]
+        embed = getattr(self.head, "embed_tokens", None) or self.target.inner.embed_tokens
+        cache = PagedLayerCache(self._stores, 0, batch, True)
+        out = self.head(embed(tokens), hidden.astype(self.format.dtype), cache)
+        if batch.sample_rows.size < batch.num_tokens:
+            out = out[batch.sample_rows]
+        own = getattr(self.head, "lm_head", None)
+        logits = own(out)[:, -1, :] if own is not None else self.target.head(out)
+        return out, mx.argmax(logits, axis=-1)

@@ -1,0 +1,191 @@
+"""MTP drafting: a checkpoint's own multi-token-prediction layer drafts from the target's hidden
+states, its K/V in the target's blocks. Oracles: mlx-lm's greedy generation of the target (the
+output never changes), the same seeded requests without speculation, scipy's chi-square against
+the target's distribution (mlx-lm's forward), and the MTP layer run unpaged over mlx-lm's own
+hidden states (the drafts themselves)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.models.cache import KVCache
+from scipy.stats import chisquare
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.model.adapter import text_model
+from macbatch.engine.speculative.mtp_model import MtpHead
+from tests.support.mtp import MTP_ARCHS, mtp_target, predicting_mtp_head, random_mtp_head
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+
+PROMPTS = [
+    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
+    [90 + (i % 3) for i in range(21)],
+    [200, 17, 33, 250, 8, 300, 120, 64, 5],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
+    [300, 301, 5, 6, 300, 301],
+]
+MAX_TOKENS = 16
+
+
+def _engine(model, tokenizer, head, speculative="mtp", **config) -> Engine:
+    settings = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    settings.update(config)
+    config = EngineConfig(speculative=speculative, num_speculative_tokens=3, **settings)
+    return Engine(model, tokenizer, config, draft_model=head)
+
+
+def _greedy(engine: Engine, prompts=PROMPTS) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in engine.generate(prompts, params)]
+
+
+def _quantized(model: nn.Module, head: MtpHead) -> None:
+    nn.quantize(model, 32, 4)
+    nn.quantize(head, 32, 4)
+
+
+@pytest.mark.parametrize("arch", sorted(MTP_ARCHS))
+@pytest.mark.parametrize("bits", [None, 4])
+def test_greedy_outputs_are_mlx_lms(arch, bits, tiny_tokenizer):
+    """Five requests in flight, prompts chunked by a 16-token budget, drafts mostly accepted and
+    sometimes rejected (a hybrid's recurrent state resumed from its snapshot)."""
+    model = mtp_target(arch)
+    head = predicting_mtp_head(model)
+    if bits:
+        _quantized(model, head)
+    engine = _engine(model, tiny_tokenizer, head)
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert_pool_idle(engine)
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted > spec.drafted / 2
+
+
+@pytest.mark.parametrize("arch", sorted(MTP_ARCHS))
+def test_rejected_drafts_leave_outputs_unchanged(arch, tiny_tokenizer):
+    model = mtp_target(arch)
+    engine = _engine(model, tiny_tokenizer, random_mtp_head(model))
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted < spec.drafted / 2
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
+    """Every proposal equals the MTP layer run unpaged (mlx-lm's KV cache, a causal mask) over
+    mlx-lm's hidden states of the request's tokens, then fed its own output and drafts: the
+    paged catch-up, positions and pages are the layer's."""
+    model = mtp_target(arch)
+    head = random_mtp_head(model)
+    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    assert engine.speculator is not None
+    drafter = engine.speculator.drafter
+    proposals: list[tuple[list[int], list[int]]] = []
+    propose = drafter.propose
+
+    def recording(requests, ks):
+        out = propose(requests, ks)
+        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
+        return out
+
+    drafter.propose = recording  # type: ignore[method-assign]
+    _greedy(engine)
+    assert len(proposals) > 10
+    for tokens, drafts in proposals:
+        assert drafts == _unpaged_drafts(model, head, tokens, len(drafts))
+
+
+def _unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
+    text = text_model(model)
+    inner = text.model
+    hidden = inner(mx.array([tokens]))  # the target's normed hidden states, mlx-lm's forward
+
+    def logits(out: mx.array) -> mx.array:
+        if text.args.tie_word_embeddings:
+            return inner.embed_tokens.as_linear(out)
+        return text.lm_head(out)
+
+    def mtp(next_tokens: list[int], states: mx.array, cache: KVCache) -> mx.array:
+        embedded = head.pre_fc_norm_embedding(inner.embed_tokens(mx.array([next_tokens])))
+        x = head.fc(mx.concatenate([embedded, head.pre_fc_norm_hidden(states)], axis=-1))
+        mask = "causal" if len(next_tokens) > 1 else None
+        return head.norm(head.layers[0](x, mask=mask, cache=cache))
+
+    cache = KVCache()
+    out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
+    drafts = [int(mx.argmax(logits(out)[0, -1]))]
+    while len(drafts) < k:
+        out = mtp([drafts[-1]], out, cache)
+        drafts.append(int(mx.argmax(logits(out)[0, -1])))
+    return drafts
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("num_blocks", [10, 64])  # 10 blocks of 8: requests are preempted
+def test_preemption_and_prefix_cache_hits(arch, num_blocks, tiny_tokenizer):
+    model = mtp_target(arch)
+    head = predicting_mtp_head(model)
+    engine = _engine(model, tiny_tokenizer, head, num_blocks=num_blocks)
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert _greedy(engine) == expected
+    if num_blocks == 10:
+        assert engine.stats().preemptions > 0
+    else:
+        assert _greedy(engine) == expected  # again: the prompts' blocks from the prefix cache
+        assert engine.stats().prefix_cache_hit_rate > 0
+    assert engine.stats().speculation.accepted > 0
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_seeded_samples_are_the_same_with_and_without_mtp(arch, tiny_tokenizer):
+    """A seeded request's tokens and logprobs are the ones it gets without speculation."""
+    model = mtp_target(arch)
+    head = predicting_mtp_head(model)
+    base = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2)
+    params = [replace(base, temperature=0.9, seed=seed) for seed in range(4)] + [
+        replace(base, temperature=0.7, top_p=0.8, seed=11),
+        replace(base, temperature=1.2, top_k=5, seed=12),
+        replace(base, temperature=0.8, repetition_penalty=1.2, seed=13),
+    ]
+    prompts = [PROMPTS[0]] * 4 + PROMPTS[1:4]
+    off = _engine(model, tiny_tokenizer, None, "off").generate(prompts, params)
+    engine = _engine(model, tiny_tokenizer, head)
+    on = engine.generate(prompts, params)
+    for a, b in zip(off, on):
+        assert b.token_ids == a.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted < spec.drafted
+    if text_model(model).args.tie_word_embeddings:  # a peaked target: samples hold drafts too
+        assert spec.accepted > 0
+
+
+def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer):
+    """400 seeded requests at temperature 1 whose second token is verified against an MTP
+    draft: given the first token, the second follows the target's distribution (mlx-lm's
+    forward; chi-square at significance 0.001)."""
+    model = mtp_target("qwen3_5")
+    head = predicting_mtp_head(model, scale=0.3)  # a spread-out target, drafts often held
+    prompt = [40, 41, 42, 43, 44]
+    engine = _engine(model, tiny_tokenizer, head, num_blocks=256, max_num_seqs=8)
+    params = [
+        SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, seed=seed)
+        for seed in range(400)
+    ]
+    outputs = [o.token_ids for o in engine.generate([prompt] * len(params), params)]
+    assert engine.stats().speculation.verifications >= len(params)  # every second token
+    firsts = [o[0] for o in outputs]
+    first = max(set(firsts), key=firsts.count)
+    seconds = [o[1] for o in outputs if o[0] == first]
+    logits = model(mx.array([prompt + [first]]))[0, -1].astype(mx.float32)
+    probs = np.array(mx.softmax(logits)).astype(np.float64)
+    probs /= probs.sum()
+    counts = np.bincount(seconds, minlength=len(probs)).astype(float)
+    keep = probs * len(seconds) >= 5  # chi-square's cells; the rest pooled into one
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(probs[keep], probs[~keep].sum()) * len(seconds)
+    assert chisquare(observed, expected).pvalue > 0.001

@@ -1,0 +1,84 @@
+"""Loading a checkpoint's MTP layer beside its target: Hugging Face layout (names under ``mtp.``,
+zero-centred norms, unstacked or fused experts) and mlx-community's converted, quantized layout;
+``--speculative auto`` drafts with it where it exists; the doctor says whether it is there.
+Oracles: the MTP weights the test wrote (as MLX holds them), mlx-lm's generation of the target
+it loads itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx.utils import tree_flatten
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.model_check import check_model
+from tests.support.mtp import MTP_ARCHS, save_hf_checkpoint, save_mlx_checkpoint
+from tests.support.oracle import mlx_lm_greedy
+from tests.support.tiny import save_model
+
+PROMPTS = [[40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41], [200, 17, 33, 250, 8, 300, 120]]
+CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+
+
+def _load(path: Path, speculative: str) -> Engine:
+    return Engine.load(str(path), EngineConfig(speculative=speculative, **CONFIG))
+
+
+def _assert_loaded(engine: Engine, expected: dict[str, mx.array], path: Path) -> None:
+    """The engine drafts with exactly the weights written, and its replies are mlx-lm's."""
+    assert engine.config.speculative == "mtp"
+    head = engine.runner.draft.head  # type: ignore[union-attr]
+    loaded = dict(tree_flatten(head.parameters()))
+    assert sorted(loaded) == sorted(expected)
+    for name, value in expected.items():
+        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    model = mlx_lm.load(str(path))[0]
+    assert outs == [mlx_lm_greedy(model, p, 12) for p in PROMPTS]
+    assert engine.stats().speculation.verifications > 0
+
+
+@pytest.mark.parametrize("arch", sorted(MTP_ARCHS))
+def test_hugging_face_layout(arch, tmp_path):
+    expected = save_hf_checkpoint(tmp_path / arch, arch)
+    _assert_loaded(_load(tmp_path / arch, "mtp"), expected, tmp_path / arch)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_mlx_community_quantized_layout(arch, tmp_path):
+    """4-bit, the MTP layer under ``language_model.mtp.`` (mlx-lm's qwen3_next cannot load a
+    converted checkpoint that keeps ``mtp.*``: its sanitize keeps them and the load refuses)."""
+    expected = save_mlx_checkpoint(tmp_path / arch, arch)
+    _assert_loaded(_load(tmp_path / arch, "auto"), expected, tmp_path / arch)
+
+
+def test_auto_without_heads_does_not_speculate_and_mtp_says_why(tmp_path):
+    save_hf_checkpoint(tmp_path / "plain", "qwen3_5", head_seed=None)
+    engine = _load(tmp_path / "plain", "auto")
+    assert engine.config.speculative == "off" and engine.speculator is None
+    with pytest.raises(ValueError, match="has no MTP weights"):
+        _load(tmp_path / "plain", "mtp")
+    save_model(tmp_path / "llama", "llama")
+    with pytest.raises(ValueError, match="has no MTP layer"):
+        _load(tmp_path / "llama", "mtp")
+    assert _load(tmp_path / "llama", "auto").speculator is None
+
+
+def test_doctor_reports_mtp_heads(tmp_path):
+    save_hf_checkpoint(tmp_path / "heads", "qwen3_next")
+    save_hf_checkpoint(tmp_path / "dropped", "qwen3_next", head_seed=None)
+    config = json.loads((tmp_path / "dropped" / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1  # declared, as a conversion that dropped them leaves it
+    (tmp_path / "dropped" / "config.json").write_text(json.dumps(config))
+    save_model(tmp_path / "llama", "llama")
+    rows = {
+        name: dict(check_model(str(tmp_path / name)).rows) for name in ("heads", "dropped", "llama")
+    }
+    assert rows["heads"]["MTP heads"].startswith("1 MTP layer(s): --speculative auto drafts")
+    assert "weights were dropped" in rows["dropped"]["MTP heads"]
+    assert rows["llama"]["MTP heads"] == "none"

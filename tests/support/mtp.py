@@ -1,0 +1,171 @@
+"""MTP layers for the tiny hybrid models: random ones, ones that predict the target's next token,
+and checkpoints that keep them (Hugging Face layout, and mlx-community's converted and quantized
+layout), written here by hand as the real ones store them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import quantize_model
+
+from macbatch.engine.model.adapter import text_model
+from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
+from tests.support.tiny import build_model, save_model
+
+# the three families with MTP layers, as tiny configs (qwen3_5_moe: qwen3_5's with experts)
+MTP_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3_5": ("qwen3_5", {}),
+    "qwen3_5_moe": (
+        "qwen3_5",
+        dict(
+            model_type="qwen3_5_moe",
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+        ),
+    ),
+    "qwen3_next": ("qwen3_next", {}),
+}
+_NORMS = (
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "q_norm.weight",
+    "k_norm.weight",
+    "model.norm.weight",
+    "pre_fc_norm_embedding.weight",
+    "pre_fc_norm_hidden.weight",
+    "mtp.norm.weight",
+)
+# the projections that write a layer's output into the residual stream
+_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+
+
+def mtp_target(arch: str, seed: int = 0) -> nn.Module:
+    """The tiny model of one of ``MTP_ARCHS``."""
+    base, overrides = MTP_ARCHS[arch]
+    return build_model(base, seed, **overrides)
+
+
+def random_mtp_head(model: nn.Module, seed: int = 1) -> MtpHead:
+    """An MTP layer for ``model`` with random weights (its drafts are mostly rejected)."""
+    mx.random.seed(seed)
+    head = new_mtp_head(text_model(model))
+    head.set_dtype(mx.float32)
+    mx.eval(head.parameters())
+    return head
+
+
+def predicting_mtp_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
+    """Scales every layer's output projections of ``model`` by ``scale`` (in place), so that its
+    next token is nearly a function of the current token alone (the residual stream is mostly
+    that token's embedding), and returns an MTP layer computing that function of the token it is
+    fed: fc passes the normed embedding and drops the hidden state, its decoder layer adds
+    nothing (all its projections zero), and its last norm is the target's final norm. Most of
+    its drafts hold; some do not (the scaled layers still move the target's choice)."""
+    text = text_model(model)
+    scaled = [
+        (k, v * scale)
+        for k, v in tree_flatten(text.parameters())
+        if k.startswith("model.layers.") and k.endswith(_OUTPUTS)
+    ]
+    text.load_weights(scaled, strict=False)
+    head = random_mtp_head(model)
+    hidden = text.args.hidden_size
+    zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(head.layers[0].parameters())]
+    head.layers[0].load_weights([(k, v) for k, v in zeros if "norm" not in k], strict=False)
+    eye = mx.concatenate([mx.eye(hidden), mx.zeros((hidden, hidden))], axis=1)
+    head.fc.weight = eye
+    head.norm.weight = text.model.norm.weight
+    mx.eval(model.parameters(), head.parameters())
+    return head
+
+
+def save_hf_checkpoint(path: Path, arch: str, head_seed: int | None = 1) -> dict[str, mx.array]:
+    """A tiny checkpoint in Hugging Face's layout (names, zero-centred norms, convolution axes,
+    unstacked experts) with the MTP layer at ``mtp.*`` (none when ``head_seed`` is None);
+    returns the MTP layer's weights as MLX holds them (the loader's expected result)."""
+    base, overrides = MTP_ARCHS[arch]
+    save_model(path, base, **overrides)
+    model = mtp_target(arch)
+    weights = dict(tree_flatten(model.parameters()))
+    expected: dict[str, mx.array] = {}
+    if head_seed is not None:
+        expected = dict(tree_flatten(random_mtp_head(model, head_seed).parameters()))
+        weights.update({f"mtp.{k}": v for k, v in expected.items()})
+        _declare_mtp(path)
+    weights = _hf_experts(weights, fused=arch == "qwen3_5_moe")
+    hf = {_hf_name(k): _hf_array(k, v) for k, v in weights.items()}
+    mx.save_safetensors(str(path / "model.safetensors"), hf)
+    return expected
+
+
+def save_mlx_checkpoint(path: Path, arch: str, bits: int = 4) -> dict[str, mx.array]:
+    """A tiny checkpoint as mlx-community's converted ones that keep the MTP layer: mlx-lm's
+    names and layout, quantized to ``bits`` (group size 32) by mlx-lm's own quantizer, the MTP
+    layer quantized the same and stored under ``language_model.mtp.`` (qwen3_5's wrapper) or
+    ``mtp.``; returns the MTP layer's weights as stored."""
+    base, overrides = MTP_ARCHS[arch]
+    save_model(path, base, **overrides)
+    model = mtp_target(arch)
+    head = random_mtp_head(model)
+    config = json.loads((path / "config.json").read_text())
+    model, config = quantize_model(model, config, 32, bits, quant_predicate=_predicate(model))
+    nn.quantize(head, 32, bits)
+    expected = dict(tree_flatten(head.parameters()))
+    prefix = "language_model.mtp." if arch.startswith("qwen3_5") else "mtp."
+    weights = dict(tree_flatten(model.parameters()))
+    weights.update({prefix + k: v for k, v in expected.items()})
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    _declare_mtp(path)
+    return expected
+
+
+def _predicate(model: nn.Module) -> Any:
+    predicate = getattr(model, "quant_predicate", None)
+    return predicate if callable(predicate) else None
+
+
+def _declare_mtp(path: Path) -> None:
+    config = json.loads((path / "config.json").read_text())
+    config["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _hf_name(key: str) -> str:
+    if key.startswith("language_model.model."):
+        return "model.language_model." + key.removeprefix("language_model.model.")
+    return key.removeprefix("language_model.")  # qwen3_5's lm_head, or a top-level name
+
+
+def _hf_array(key: str, value: mx.array) -> mx.array:
+    if "conv1d.weight" in key:
+        return value.swapaxes(1, 2)  # MLX's [C, K, 1] -> Hugging Face's [C, 1, K]
+    if value.ndim == 1 and key.endswith(_NORMS):
+        return value - 1.0  # Qwen3-Next's norms scale by (1 + weight)
+    return value
+
+
+def _hf_experts(weights: dict[str, mx.array], fused: bool) -> dict[str, mx.array]:
+    """mlx-lm's stacked experts as Hugging Face stores them: Qwen3.5-MoE's gate and up fused
+    (``experts.gate_up_proj``, ``experts.down_proj``), Qwen3-Next's one projection per expert."""
+    out = {k: v for k, v in weights.items() if ".switch_mlp." not in k}
+    for key, value in weights.items():
+        if ".switch_mlp." not in key:
+            continue
+        mlp, rest = key.split(".switch_mlp.")
+        proj = rest.split(".")[0]
+        if not fused:
+            out.update({f"{mlp}.experts.{e}.{proj}.weight": value[e] for e in range(len(value))})
+        elif proj == "down_proj":
+            out[f"{mlp}.experts.down_proj"] = value
+        elif proj == "gate_proj":
+            up = weights[f"{mlp}.switch_mlp.up_proj.weight"]
+            out[f"{mlp}.experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+    return out

@@ -70,15 +70,17 @@ def test_help_reads_well() -> None:
     assert "``" not in top.stdout and "jobs/demo.yaml" not in top.stdout
     assert "macbatch chat" in top.stdout and "│ ask " in top.stdout
     # a docstring's line break is not a line break on screen
-    assert "the packaged demo model and the Hugging Face hub cache" in top.stdout
+    assert "the packaged demo model, --models-dir folders and the Hugging Face hub cache" in (
+        top.stdout
+    )
     assert "(--embed: embedding throughput" in top.stdout
 
     doctor = macbatch("doctor", "--help")
     assert "Usage: macbatch doctor [OPTIONS] [MODEL]" in doctor.stdout
     for command in ("chat", "run", "serve"):
         text = macbatch(command, "--help").stdout
-        assert "[8|4]" in text and "[off|ngram|draft]" in text, command
-        assert "mtp" not in text and "``" not in text, command
+        assert "[8|4]" in text and "[off|auto|ngram|draft|mtp]" in text, command
+        assert "not available" not in text and "``" not in text, command
     serve = macbatch("serve", "--help").stdout
     assert "[critical|error|warning|info|debug|trace]" in serve
     run = macbatch("run", "--help").stdout

@@ -47,9 +47,7 @@ def _fail_sampling_when(monkeypatch, broken) -> None:
 
 def _bad_after(tokens: int):
     """A step fails once the bad request has sampled ``tokens`` tokens."""
-    return lambda rows: any(
-        r.params.seed == BAD_SEED and r.num_generated >= tokens for r in rows
-    )
+    return lambda rows: any(r.params.seed == BAD_SEED and r.num_generated >= tokens for r in rows)
 
 
 @pytest.mark.parametrize("pipelined", [True, False])

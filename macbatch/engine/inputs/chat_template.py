@@ -88,10 +88,10 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def one_bos(tokenizer: Any, text: str, ids: list[int]) -> list[int]:
-    """``ids`` of ``text`` (by ``tokenizer``, a processor's Hugging Face tokenizer) with as many leading BOS tokens as the text writes: mlx-vlm has most
-    processors tokenize a rendered template (which writes its BOS) with the tokenizer's special
-    tokens again, a second BOS that transformers' ``apply_chat_template`` and the text path
-    never add."""
+    """``ids`` of ``text`` (by ``tokenizer``, a processor's Hugging Face tokenizer) with as many
+    leading BOS tokens as the text writes: mlx-vlm has most processors tokenize a rendered
+    template (which writes its BOS) with the tokenizer's special tokens again, a second BOS
+    that transformers' ``apply_chat_template`` and the text path never add."""
     bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
     if not bos or bos_id is None:
         return ids

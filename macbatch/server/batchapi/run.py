@@ -105,7 +105,7 @@ class BatchRun:
         if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
             return True
         thread = self.engine.thread
-        submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
+        submit = lambda r: thread.submit(r[0], r[1], self._deliver)  # noqa: E731
         try:
             bound = item.bind(thread.info.model, self.engine.decoder)
             self._pending.submit(

@@ -1,0 +1,71 @@
+"""Rows' requests templated and tokenized on a small pool of worker threads, so one huge row never
+holds up the others: the loop that steps the engine (``macbatch run``) or waits for its outputs
+(the Batch API) queues a row here and goes on; a row whose requests are ready is handed back, in
+the order rows become ready, to be queued in the engine. The input processor is thread-safe.
+
+Bounded: ``WORKERS`` rows are prepared at once (a huge row holds one of them) and at most
+``AHEAD`` rows wait here, so a file of huge rows never has them all in memory at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from macbatch.batch.pending import Request
+
+Row = TypeVar("Row")
+Prepared = TypeVar("Prepared")  # what a request becomes: the engine's ``Request``
+WORKERS = 2
+AHEAD = 8
+
+
+@dataclass(frozen=True)
+class Ready(Generic[Row, Prepared]):
+    """A row done preparing: its requests ready for the engine, or why they cannot run."""
+
+    row: Row
+    key: str
+    requests: list[Prepared]
+    error: Exception | None = None
+
+
+class Preparing(Generic[Row, Prepared]):
+    def __init__(self, prepare: Callable[[Request], Prepared]) -> None:
+        self._prepare = prepare
+        self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="macbatch-prepare")
+        self._rows: dict[futures.Future[list[Prepared]], tuple[Row, str, int]] = {}
+
+    def __len__(self) -> int:
+        """The requests of the rows being prepared (they count as in flight)."""
+        return sum(count for _, _, count in self._rows.values())
+
+    @property
+    def has_room(self) -> bool:
+        return len(self._rows) < AHEAD
+
+    def start(self, row: Row, key: str, requests: Sequence[Request]) -> None:
+        """Prepare a row's requests (all of them, or the row fails) on a worker thread."""
+        future = self._pool.submit(lambda: [self._prepare(r) for r in requests])
+        self._rows[future] = (row, key, len(requests))
+
+    def ready(self, wait: bool = False) -> list[Ready[Row, Prepared]]:
+        """The rows done preparing (``wait``: at least one, if any is being prepared)."""
+        if wait and self._rows:
+            futures.wait(self._rows, return_when=futures.FIRST_COMPLETED)
+        done = []
+        for future in [f for f in self._rows if f.done()]:
+            row, key, _ = self._rows.pop(future)
+            error = future.exception()
+            if error is not None and not isinstance(error, Exception):
+                raise error
+            requests = [] if error is not None else future.result()
+            done.append(Ready(row, key, requests, error))
+        return done
+
+    def close(self) -> None:
+        """Drop the rows not started; a worker still preparing one finishes it and stops."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._rows.clear()

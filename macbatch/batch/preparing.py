@@ -20,6 +20,7 @@ Row = TypeVar("Row")
 Prepared = TypeVar("Prepared")  # what a request becomes: the engine's ``Request``
 WORKERS = 2
 AHEAD = 8
+WAIT_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,10 @@ class Preparing(Generic[Row, Prepared]):
         self._rows[future] = (row, key, len(requests))
 
     def ready(self, wait: bool = False) -> list[Ready[Row, Prepared]]:
-        """The rows done preparing (``wait``: at least one, if any is being prepared)."""
+        """The rows done preparing (``wait``: for one, if any is being prepared, up to
+        ``WAIT_S``, so that the caller still sees a Ctrl-C or a stop meanwhile)."""
         if wait and self._rows:
-            futures.wait(self._rows, return_when=futures.FIRST_COMPLETED)
+            futures.wait(self._rows, WAIT_S, return_when=futures.FIRST_COMPLETED)
         done = []
         for future in [f for f in self._rows if f.done()]:
             row, key, _ = self._rows.pop(future)

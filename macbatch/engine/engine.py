@@ -16,6 +16,7 @@ the step reads the one before it first (docs/speculative.md).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ from macbatch.engine.worker.packing import PackedBatch
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+log = logging.getLogger(__name__)
 # A request among the requests of this many failed steps, none of which failed on one request
 # alone, is failed itself: a retry that never finds the culprit must end.
 MAX_FAILED_STEPS = 3
@@ -293,6 +295,8 @@ class Engine(PromptEncoder):
         the step, or under a distributed group (its followers stepped with it)."""
         if self.runner.group is not None:
             raise exc
+        log.warning("a step failed; running its requests alone to find the one it fails on",
+                    exc_info=exc)  # fmt: skip
         suspects = self._discard_step()
         if not suspects:
             raise exc
@@ -351,6 +355,7 @@ class Engine(PromptEncoder):
 
     def _fail(self, request: Request, error: Exception) -> None:
         """Finish ``request`` with the error of the step that failed on it."""
+        log.warning("request %s failed: the step fails on it (%r)", request.request_id, error)
         request.step_failed = True
         message = f"the engine failed running this request: {type(error).__name__}: {error}"
         request.finish(FinishReason.ERROR, time.monotonic(), message)  # unless it had finished

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from macbatch.batch.pending import Request
+from macbatch.batch.pending import Abort, Pending, Request
+from macbatch.engine import EngineDeadError
 
 Row = TypeVar("Row")
 Prepared = TypeVar("Prepared")  # what a request becomes: the engine's ``Request``
@@ -51,6 +52,27 @@ class Preparing(Generic[Row, Prepared]):
         """Prepare a row's requests (all of them, or the row fails) on a worker thread."""
         future = self._pool.submit(lambda: [self._prepare(r) for r in requests])
         self._rows[future] = (row, key, len(requests))
+
+    def queue_ready(
+        self,
+        pending: Pending[Row],
+        enqueue: Callable[[Prepared], str],
+        abort: Abort,
+        fail: Callable[[Row, str], None],
+        wait: bool,
+    ) -> None:
+        """Queue the rows done preparing in the engine through ``pending`` (all of a row's
+        requests, or none and ``fail(row, why)``); ``wait``: for one, when nothing else would
+        let the caller go on."""
+        for ready in self.ready(wait):
+            try:
+                if ready.error is not None:
+                    raise ready.error
+                pending.submit(ready.row, ready.key, ready.requests, enqueue, abort)
+            except EngineDeadError:
+                raise
+            except Exception as exc:  # ValueError (too long ...), a template that refuses
+                fail(ready.row, str(exc))
 
     def ready(self, wait: bool = False) -> list[Ready[Row, Prepared]]:
         """The rows done preparing (``wait``: for one, if any is being prepared, up to

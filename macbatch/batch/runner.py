@@ -227,14 +227,10 @@ class _Loop:
             engine.enqueue(request)
             return request.request_id
 
-        for ready in self.preparing.ready(wait):
-            item = ready.row[0]
-            try:
-                if ready.error is not None:
-                    raise ready.error
-                self.pending.submit(ready.row, ready.key, ready.requests, enqueue, engine.abort)
-            except Exception as exc:  # ValueError (too long ...), a template that refuses
-                self._fail(item, str(exc), "invalid_request")
+        def fail(row: tuple[Planned, ReplyShape | None], why: str) -> None:
+            self._fail(row[0], why, "invalid_request")
+
+        self.preparing.queue_ready(self.pending, enqueue, engine.abort, fail, wait)
 
     def _in_flight(self) -> int:
         return len(self.pending) + len(self.preparing)

@@ -131,15 +131,8 @@ class BatchRun:
         line); ``wait``: for one, when no output can come meanwhile."""
         thread = self.engine.thread
         enqueue = lambda request: thread.enqueue(request, self._deliver)  # noqa: E731
-        for ready in self._preparing.ready(wait):
-            try:
-                if ready.error is not None:
-                    raise ready.error
-                self._pending.submit(ready.row, ready.key, ready.requests, enqueue, thread.cancel)
-            except EngineDeadError:
-                raise
-            except Exception as exc:  # ValueError, or a chat template that rejects the messages
-                self._fail(ready.row[0], str(exc), "invalid_request")
+        fail = lambda row, why: self._fail(row[0], why, "invalid_request")  # noqa: E731
+        self._preparing.queue_ready(self._pending, enqueue, thread.cancel, fail, wait)
 
     def _deliver(self, out: RequestOutput) -> None:
         """On the engine thread: hand finished requests to the batch thread."""

@@ -13,7 +13,13 @@ from macbatch.batch.pooled import TASKS
 from macbatch.batch.yaml_checks import YamlChecker, dotted, suggest
 from macbatch.batch.yamlfile import PathKey
 from macbatch.engine import check_chat_template_kwargs
-from macbatch.openai import SAMPLING_FIELDS, Defaults, InvalidRequest, sampling_params
+from macbatch.openai import (
+    SAMPLING_FIELDS,
+    Defaults,
+    InvalidRequest,
+    choice_params,
+    sampling_params,
+)
 from macbatch.openai.embeddings import parse_embeddings
 from macbatch.openai.messages import chat_messages
 from macbatch.openai.options import structured_output
@@ -185,6 +191,15 @@ def job_sampling(check: YamlChecker, raw: Any, key: PathKey) -> dict[str, Any]:
         bad = exc.param if exc.param in values else None
         raise check.fail((*key, bad) if bad else key, f"{dotted(key)}: {exc}") from None
     return values
+
+
+def job_seeds(check: YamlChecker, sampling: dict[str, Any], at: PathKey, n: int) -> None:
+    """Refuse a seed whose ``n`` samples' seeds (seed + i) pass the seeds' range when the file
+    loads, not on the first row after the model loaded (``at``: where the seed is written)."""
+    try:
+        choice_params(sampling_params(sampling, JOB_DEFAULTS), n)
+    except InvalidRequest as exc:
+        raise check.fail(at, f"{dotted(at)} with n: {n}: {exc}") from None
 
 
 def job_score(check: YamlChecker, raw: Any, key: PathKey) -> ScoreSpec:

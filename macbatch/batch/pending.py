@@ -17,9 +17,9 @@ from typing import Generic, TypeVar
 from macbatch.engine import FinishReason, PoolingParams, PromptInput, RequestOutput, SamplingParams
 
 Request = tuple[PromptInput, SamplingParams | PoolingParams]
-Submit = Callable[[PromptInput, SamplingParams | PoolingParams], str]  # queue one, return its id
 Abort = Callable[[str], None]
 Row = TypeVar("Row")  # what the caller keeps of each row until it settles
+Queued = TypeVar("Queued")  # a request as its caller queues it (a ``Request``, or prepared)
 DONE = (FinishReason.STOP, FinishReason.LENGTH)
 
 
@@ -38,14 +38,20 @@ class Pending(Generic[Row]):
     _request_rows: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def submit(
-        self, row: Row, key: str, requests: Sequence[Request], submit: Submit, abort: Abort
+        self,
+        row: Row,
+        key: str,
+        requests: Sequence[Queued],
+        submit: Callable[[Queued], str],
+        abort: Abort,
     ) -> None:
-        """Queue all of a row's requests or none: one that cannot be queued (``ValueError``:
-        too long, ...) aborts those queued before it and raises."""
+        """Queue all of a row's requests or none (``submit`` queues one and returns its id):
+        one that cannot be queued (``ValueError``: too long, ...) aborts those queued before it
+        and raises."""
         request_ids: list[str] = []
         try:
-            for prompt, params in requests:
-                request_ids.append(submit(prompt, params))
+            for request in requests:
+                request_ids.append(submit(request))
         except Exception:
             for request_id in request_ids:
                 abort(request_id)

@@ -23,6 +23,7 @@ from macbatch.batch.outputs import JsonlAppender, drop_results, error_line, reco
 from macbatch.batch.paths import LEDGER_NAME, SUMMARY_NAME, errors_path, output_path, temporary
 from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.preparing import Preparing
 from macbatch.batch.replies import ParsedReply, ReplyShape, scored_answer
 from macbatch.batch.report import JobProgress, Reporter, RunProgress, build_summary
 from macbatch.batch.run_guard import (
@@ -37,7 +38,7 @@ from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.table import write_job_tables
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import RequestOutput
+from macbatch.engine import Request, RequestOutput
 
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -176,6 +177,10 @@ class _Loop:
         }
         self.errors: dict[str, JsonlAppender] = {}
         self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
+        # lines being templated and tokenized off this thread: a huge one holds up no other
+        self.preparing: Preparing[tuple[Planned, ReplyShape | None], Request] = Preparing(
+            lambda request: engine.prepare_request(*request, None)
+        )
 
     def run(self, interrupts: Interrupts) -> str:
         """Run until everything is done or the user interrupts; returns the final status."""
@@ -194,23 +199,25 @@ class _Loop:
                     break
                 if not self.progress.stopping:
                     self._admit()
-                if not self.pending:
+                self._queue_prepared(wait=not self.pending)
+                if not self.pending and not self.preparing:
                     break
                 for output in self.engine.step():
                     if output.finished:
                         self._finish(output)
                 self._update()
         finally:
+            self.preparing.close()
             for appender in (*self.outputs.values(), *self.errors.values()):
                 appender.close()
         self._update(force=True)
         return "interrupted" if self.progress.finished < self.progress.total else "complete"
 
     def _admit(self) -> None:
-        """Queue lines' engine requests (all of a line's, or none and its error line) while
-        fewer than ``max_in_flight`` are queued or running."""
+        """Start preparing lines' engine requests while fewer than ``max_in_flight`` are
+        being prepared, queued or running (and the preparing pool has room)."""
         engine = self.engine
-        while len(self.pending) < self.options.max_in_flight:
+        while self._in_flight() < self.options.max_in_flight and self.preparing.has_room:
             item = next(self.feed, None)
             if item is None:
                 return
@@ -221,10 +228,27 @@ class _Loop:
                 continue
             try:
                 bound = item.bind(engine.info.model, engine.tokenizer)
-                row, requests = (item, bound.shape), bound.requests
-                self.pending.submit(row, item.key, requests, engine.add_request, engine.abort)
-            except Exception as exc:  # ValueError (too long ...), a template that refuses
+            except Exception as exc:  # a tool the model cannot honour ...
                 self._fail(item, str(exc), "invalid_request")
+                continue
+            self.preparing.start((item, bound.shape), item.key, bound.requests)
+
+    def _queue_prepared(self, wait: bool) -> None:
+        """Queue the lines done preparing in the engine (all of a line's requests, or none and
+        its error line); ``wait``: for one, when nothing else would let the loop go on."""
+        engine = self.engine
+
+        def enqueue(request: Request) -> str:
+            engine.enqueue(request)
+            return request.request_id
+
+        def fail(row: tuple[Planned, ReplyShape | None], why: str) -> None:
+            self._fail(row[0], why, "invalid_request")
+
+        self.preparing.queue_ready(self.pending, enqueue, engine.abort, fail, wait)
+
+    def _in_flight(self) -> int:
+        return len(self.pending) + len(self.preparing)
 
     def _finish(self, output: RequestOutput) -> None:
         if output.request_id not in self.pending:  # aborted when its line could not be queued
@@ -285,7 +309,7 @@ class _Loop:
         self.progress.jobs[item.job].failed += 1
 
     def _update(self, force: bool = False) -> None:
-        self.progress.in_flight = len(self.pending)
+        self.progress.in_flight = self._in_flight()
         self.progress.kv_usage = self.engine.stats().kv_usage
         self.reporter.update(self.progress, force)
 

@@ -21,6 +21,7 @@ from macbatch.batch.job_sections import (
     job_prompts,
     job_sampling,
     job_score,
+    job_seeds,
     job_structured,
     job_template_kwargs,
     replies_are_json,
@@ -242,12 +243,15 @@ def _job(check: YamlChecker, raw: Any, index: int, defaults: dict[str, Any], bas
         return None
 
     given_sampling: dict[str, Any] = {}
+    seed_at: PathKey = ()  # where the seed the job samples with is written
     for source, where in (
         (defaults.get("sampling"), ("defaults", "sampling")),
         (job.get("sampling"), (*key, "sampling")),
     ):
         if source is not None:
             given_sampling.update(job_sampling(check, source, where))
+            if isinstance(source, dict) and "seed" in source:
+                seed_at = (*where, "seed")
     template = system = score = None
     n, chat = 1, True
     if (found := setting("template")) is not None:
@@ -261,6 +265,8 @@ def _job(check: YamlChecker, raw: Any, index: int, defaults: dict[str, Any], bas
             maximum=MAX_SAMPLES,
             why=" (samples of each row; for more, repeat the rows or split the job)",
         )
+    if n > 1 and seed_at:
+        job_seeds(check, given_sampling, seed_at, n)
     if (found := setting("chat")) is not None:
         chat = check.boolean(*found)
     if (found_score := setting("score")) is not None:

@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "PromptTooLongError": "macbatch.engine.core.outputs",
     "RequestMetrics": "macbatch.engine.core.outputs",
     "RequestOutput": "macbatch.engine.core.outputs",
+    "Request": "macbatch.engine.core.request",  # a prepared request (``Engine.prepare_request``)
     "SpeculationCounts": "macbatch.engine.core.outputs",
     # tool calls
     "ToolCall": "macbatch.engine.parsers.tool_calls",
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
         RequestOutput,
         SpeculationCounts,
     )
+    from macbatch.engine.core.request import Request
     from macbatch.engine.core.stats import EngineStats
     from macbatch.engine.engine import Engine
     from macbatch.engine.inputs.chat_template import (

@@ -16,6 +16,7 @@ the step reads the one before it first (docs/speculative.md).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,11 @@ from macbatch.engine.worker.packing import PackedBatch
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+log = logging.getLogger(__name__)
+# A request among the requests of this many failed steps, none of which failed on one request
+# alone, is failed itself: a retry that never finds the culprit must end.
+MAX_FAILED_STEPS = 3
 
 
 class Engine(PromptEncoder):
@@ -105,7 +111,8 @@ class Engine(PromptEncoder):
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self.speculator = speculator_for(config, runner.draft, self.kv)
         self._requests: dict[str, Request] = {}
-        self._pending: list[RequestOutput] = []
+        self._pending: list[RequestOutput] = []  # outputs for the next ``step()`` to return
+        self._touched: list[Request] = []  # the requests of the step running (``_contain``)
         self._in_flight: InFlightStep | None = None
         self._steps = 0
         self._tokens_last_step = 0
@@ -242,14 +249,26 @@ class Engine(PromptEncoder):
 
     def step(self) -> list[RequestOutput]:
         """Dispatch one packed forward over everything scheduled; return the outputs of the step
-        before it, read while this one runs (or of this one, when not ``config.pipelined``)."""
+        before it, read while this one runs (or of this one, when not ``config.pipelined``). A
+        step that raises fails the request behind it, not the engine (``_contain``)."""
+        self._touched = []
+        try:
+            self._step()
+        except Exception as exc:
+            self._contain(exc)
         outputs, self._pending = self._pending, []
+        return outputs
+
+    def _step(self) -> None:
+        """The step; its outputs go to ``_pending`` as they are made (a failure keeps them)."""
         previous, self._in_flight = self._in_flight, None
+        if previous is not None:
+            self._touched += previous.requests + [r for r, _ in previous.pooled]
         chosen = self.speculator.choose(self.scheduler.running) if self.speculator else []
         if previous is not None and (chosen or previous.drafts is not None):
             # Drafting needs every token on the host, and a verification's outcome decides
             # where its request resumes: a speculative step reads the previous one first.
-            outputs += self._postprocess(previous)
+            self._postprocess(previous)
             previous = None
         if chosen:
             assert self.speculator is not None
@@ -259,25 +278,102 @@ class Engine(PromptEncoder):
         # sampling graph is built: the forward still overlaps the read and the mask fill.
         read_first = previous if previous is not None and self._needs_host_tokens() else None
         plan = self.scheduler.schedule()
+        self._touched += [c.request for c in plan.chunks]
         self._tokens_last_step = plan.num_tokens
         current = None
         if plan.chunks:
-            current, read = self._dispatch(plan, previous, read_first)
-            outputs += read
+            current = self._dispatch(plan, previous, read_first)
             if read_first is not None:
                 previous = None  # read inside the dispatch
         if chosen:
             assert self.speculator is not None
             self.speculator.clear(chosen)
         if previous is not None:
-            outputs += self._postprocess(previous)
+            self._postprocess(previous)
         if current is not None and not self._pipelined:
-            outputs += self._postprocess(current)
+            self._postprocess(current)
         else:
             self._in_flight = current
         if self.kv.disk is not None:
             self._disk_idle(plan)
-        return outputs
+
+    # -- a failed step -----------------------------------------------------------------------
+
+    def _contain(self, exc: Exception) -> None:
+        """A step raised: run each of its requests alone to find the one(s) it fails on, finish
+        those with the error (``step_failed``: a 500 for them only) and keep serving the others.
+        Re-raises (the engine is broken: ``EngineThread`` fails everything, as on any crash)
+        when a one-token request fails too after a culprit was found, when no request was in
+        the step, or under a distributed group (its followers stepped with it)."""
+        if self.runner.group is not None:
+            raise exc
+        log.warning("a step failed; running its requests alone to find the one it fails on",
+                    exc_info=exc)  # fmt: skip
+        suspects = self._discard_step()
+        if not suspects:
+            raise exc
+        culprits = [(r, error) for r in suspects if (error := self._trial(r)) is not None]
+        if culprits and not self._engine_works():
+            raise exc
+        for request, error in culprits:
+            self._fail(request, error)
+        if culprits:
+            return
+        for request in suspects:  # failed in the step, never alone: a retry limit still holds
+            request.failed_steps += 1
+            if request.failed_steps >= MAX_FAILED_STEPS and not request.finished:
+                self._fail(request, exc)
+
+    def _discard_step(self) -> list[Request]:
+        """After a step raised: forget the steps in flight (their unread tokens are sampled
+        again) and send their requests back to recompute what they had computed. Returns
+        those requests (their known tokens are kept, and the outputs already made)."""
+        touched, self._touched, self._in_flight = self._touched, [], None
+        suspects = list(dict.fromkeys(r for r in touched if r.request_id in self._requests))
+        for request in suspects:
+            request.num_pending = 0
+            self.runner.pools.drop(request.request_id)
+            self.scheduler.requeue(request)
+        return suspects
+
+    def _trial(self, request: Request) -> Exception | None:
+        """Run ``request`` alone, one step at a time, until it samples a token (a pooling
+        request: until it pools) or cannot be scheduled; the exception if a step fails."""
+        tokens, pipelined, self._pipelined = len(request.output_token_ids), self._pipelined, False
+        try:
+            with self.scheduler.alone(request):
+                while not request.finished and len(request.output_token_ids) == tokens:
+                    self._touched = []
+                    self._step()
+                    if self._tokens_last_step == 0:
+                        break  # no room now: it waits its turn like any other
+        except Exception as exc:
+            self._discard_step()
+            return exc
+        finally:
+            self._pipelined = pipelined
+        return None
+
+    def _engine_works(self) -> bool:
+        """Whether a one-token request still runs: tells a step that fails on one request
+        from a broken engine (the canary's outputs are nobody's, and dropped here)."""
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+        canary = self.processor.process(PromptInput([0]), params)
+        self.enqueue(canary)
+        works = self._trial(canary) is None
+        self.abort(canary.request_id)  # it may have found no room to run now
+        self._pending = [o for o in self._pending if o.request_id != canary.request_id]
+        return works
+
+    def _fail(self, request: Request, error: Exception) -> None:
+        """Finish ``request`` with the error of the step that failed on it."""
+        log.warning("request %s failed: the step fails on it (%r)", request.request_id, error)
+        request.step_failed = True
+        message = f"the engine failed running this request: {type(error).__name__}: {error}"
+        request.finish(FinishReason.ERROR, time.monotonic(), message)  # unless it had finished
+        if request.request_id in self._requests:
+            self._drop(request)
+        self._pending.append(request.make_output(self._steps))
 
     def _disk_idle(self, plan: StepPlan) -> None:
         """With no step in flight, blocks named since the last step are copied out now (no
@@ -296,10 +392,10 @@ class Engine(PromptEncoder):
 
     def _dispatch(
         self, plan: StepPlan, previous: InFlightStep | None, read_first: InFlightStep | None
-    ) -> tuple[InFlightStep, list[RequestOutput]]:
-        """Pack, forward, sample, and start it all on the device; returns the step and the
-        outputs of ``read_first`` (the step in flight, read after the forward starts and before
-        the sampling graph is built on its tokens). Nothing else waits here."""
+    ) -> InFlightStep:
+        """Pack, forward, sample, and start it all on the device; returns the step, having read
+        ``read_first`` (the step in flight, read after the forward starts and before the
+        sampling graph is built on its tokens). Nothing else waits here."""
         self._note_first_schedule(plan)
         batch = self._pack(plan, previous)
         logits, pooled = self.runner.forward(batch, plan.pool_spans())
@@ -311,11 +407,10 @@ class Engine(PromptEncoder):
             assert self.speculator is not None
             drafts = [c.request.drafts[: c.num_drafts] for c in chunks]
             rows = [row for c in chunks for row in self.speculator.rows(c.request, c.num_drafts)]
-        read: list[RequestOutput] = []
         if read_first is not None:
             if logits is not None:
                 mx.async_eval(logits)
-            read = self._postprocess(read_first)
+            self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, rows)
         extra = list(pooled.values())
         if self.runner.hidden is not None and self.speculator is not None:
@@ -326,7 +421,7 @@ class Engine(PromptEncoder):
         self._steps += 1
         self._advance(plan, sampled)
         done = [(self._requests[rid], vector) for rid, vector in pooled.items()]
-        return InFlightStep(sampled, result, self._steps, drafts, done), read
+        return InFlightStep(sampled, result, self._steps, drafts, done)
 
     def _pack(self, plan: StepPlan, previous: InFlightStep | None) -> PackedBatch:
         batch = self.runner.pack(plan, self.kv.step_tables(plan.chunks))
@@ -367,14 +462,15 @@ class Engine(PromptEncoder):
                 self._prompt_tokens += chunk.request.num_tokens
                 self._cached_prompt_tokens += chunk.start
 
-    def _postprocess(self, done: InFlightStep) -> list[RequestOutput]:
-        """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs.
-        A request that stopped or was aborted since the step was dispatched drops its token."""
-        outputs = self._pooled_outputs(done)
+    def _postprocess(self, done: InFlightStep) -> None:
+        """Read a dispatched step's tokens; append them, check stops, detokenize, make outputs
+        (to ``_pending``). A request that stopped or was aborted since the step was dispatched
+        drops its token."""
+        self._pending += self._pooled_outputs(done)
         if self.kv.disk is not None:  # the step is done: its copies go to the writer
             self.kv.disk.flush(done.step)
         if done.sampled is None:
-            return outputs
+            return
         waited = time.perf_counter()
         results = done.sampled.to_host()
         self._device_wait_s += time.perf_counter() - waited
@@ -396,8 +492,7 @@ class Engine(PromptEncoder):
                 self._generated_tokens += request.append_token(token, now, logprob, top)
             if request.finished:
                 self._drop(request)
-            outputs.append(request.make_output(done.step))
-        return outputs
+            self._pending.append(request.make_output(done.step))
 
     def _pooled_outputs(self, done: InFlightStep) -> list[RequestOutput]:
         """The final outputs of the pooling requests the step finished (an aborted one has

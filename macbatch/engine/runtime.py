@@ -165,9 +165,23 @@ class EngineThread(PromptEncoder):
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output. Bad input
         raises ``ValueError`` here; a request id already in use gets a final ERROR output."""
-        processor = self._live_engine().processor
         prompt = prompt_input(prompt, chat_template_kwargs, tools)
-        request = processor.process(prompt, params or SamplingParams(), request_id)
+        request = self.prepare(prompt, params or SamplingParams(), request_id)
+        return self.enqueue(request, on_output)
+
+    def prepare(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | PoolingParams,
+        request_id: str | None = None,
+    ) -> Request:
+        """Template, tokenize and check a request (``ValueError`` on bad input) on the calling
+        thread, any thread, to ``enqueue`` later: ``submit`` in two halves."""
+        return self._live_engine().processor.process(prompt, params, request_id)
+
+    def enqueue(self, request: Request, on_output: OutputCallback | None = None) -> str:
+        """Queue a prepared request (``prepare``); returns its id."""
+        self._live_engine()
         self._commands.put(_Add(request, on_output))
         return request.request_id
 

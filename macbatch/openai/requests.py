@@ -55,6 +55,19 @@ class Bound:
     parse_with: ToolFormat | None
 
 
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The sampling of ``n`` choices (or a job's samples), in order: choice i with seed + i;
+    ``InvalidRequest`` if a choice's seed passes the seeds' range."""
+    seed = params.seed
+    if seed is None:
+        return [params] * n
+    try:
+        return [dataclasses.replace(params, seed=seed + i) for i in range(n)]
+    except InvalidSamplingParam as exc:
+        room = f"'seed' must leave room for {n} choices (choice i samples with seed + i)"
+        raise InvalidRequest(f"{room}: {exc}", "seed") from None
+
+
 @dataclass(frozen=True)
 class Generation:
     """One body's work, read from the body alone."""
@@ -71,16 +84,8 @@ class Generation:
     tools: ToolRequest | None = None
 
     def choice_params(self) -> list[SamplingParams]:
-        """The sampling of each choice of one prompt, in choice order; ``InvalidRequest`` if a
-        choice's seed (seed + i) passes the seeds' range."""
-        seed = self.params.seed
-        if seed is None:
-            return [self.params] * self.n
-        try:
-            return [dataclasses.replace(self.params, seed=seed + i) for i in range(self.n)]
-        except InvalidSamplingParam as exc:
-            room = f"'seed' must leave room for {self.n} choices (choice i samples with seed + i)"
-            raise InvalidRequest(f"{room}: {exc}", "seed") from None
+        """The sampling of each choice of one prompt, in choice order (``choice_params``)."""
+        return choice_params(self.params, self.n)
 
     def bind(self, tool_format: ToolFormat | None, tokenizer: Tokenizer) -> Bound:
         """The engine requests; ``InvalidRequest`` if the model cannot honour the tools."""

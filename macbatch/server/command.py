@@ -134,6 +134,18 @@ def serve_command(
         help="Seconds a connection may take to send a request's headers (from its opening, or "
         "its previous response's end); slower ones are closed.",
     ),
+    body_timeout: float = typer.Option(
+        60.0,
+        min=0.1,
+        help="Seconds a request's body may take to arrive after its headers; slower ones (a "
+        "client that trickles it) are closed.",
+    ),
+    write_timeout: float = typer.Option(
+        60.0,
+        min=0.1,
+        help="Seconds a response may wait on a client that stopped reading (its send buffer "
+        "full); then the connection is closed and its request cancelled.",
+    ),
     max_connections: int | None = typer.Option(
         None,
         min=1,
@@ -229,6 +241,8 @@ def serve_command(
         cache_disk_gb=cache_disk_gb,
         no_disk_cache=no_disk_cache,
         header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        write_timeout=write_timeout,
         max_connections=max_connections,
         allowed_hosts=allowed_hosts,
         allowed_origins=allowed_origins,
@@ -277,6 +291,8 @@ class ServeSettings:
     allow_private_image_urls: bool = False
     allow_local_images: tuple[str, ...] = ()  # absolute directories
     header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    write_timeout: float = 60.0
     max_connections: int | None = None
     allowed_hosts: str | None = None  # comma-separated, as given
     allowed_origins: str | None = None
@@ -373,7 +389,10 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         app = create_pool_app(pool, options)
         bound_port = sock.getsockname()[1]
         limits = ConnectionLimits(
-            settings.header_timeout, settings.max_connections or default_max_connections()
+            settings.header_timeout,
+            settings.max_connections or default_max_connections(),
+            settings.body_timeout,
+            settings.write_timeout,
         )
         typer.echo(
             f"macbatch serve: {', '.join(pool.loaded)} (and {len(pool.catalog) - len(pool.loaded)}"

@@ -149,9 +149,14 @@ class Run:
             yield index, out
 
     def _raise_for_error(self, out: RequestOutput) -> None:
-        """An ERROR finish: 503 if the engine died, else this request was unservable (400)."""
+        """An ERROR finish: 503 if the engine died, 500 if its step failed on this request
+        (the engine serves the others on), else this request was unservable (400)."""
         if not self._thread.alive:
             raise engine_unavailable(_describe(self._thread.error))
+        if out.step_failed:
+            raise APIError(
+                500, out.error or "the engine failed on this request", code="engine_error"
+            )
         raise invalid(out.error or "the engine could not run this request")
 
     def close(self) -> None:

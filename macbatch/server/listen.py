@@ -96,10 +96,14 @@ class _Server(uvicorn.Server):
 @dataclass(frozen=True)
 class ConnectionLimits:
     """What one connection may hold: ``header_timeout_s`` from its opening (or its previous
-    response's end) to the end of a request's headers, and ``max_connections`` open at once."""
+    response's end) to the end of a request's headers, ``max_connections`` open at once,
+    ``body_timeout_s`` from a request's headers to the end of its body, and
+    ``write_timeout_s`` with a full send buffer (a reader that stopped reading)."""
 
     header_timeout_s: float = 10.0
     max_connections: int = 512
+    body_timeout_s: float = 60.0
+    write_timeout_s: float = 60.0
 
 
 def default_max_connections() -> int:
@@ -128,6 +132,12 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     timer when a connection opens and after each response, and closes the connection if the
     timer fires while no new request has finished its headers. A connection past the cap is
     closed as it is accepted, before it can hold a descriptor for long.
+
+    A request whose body has not ended ``body_timeout_s`` after its headers (a client that
+    trickles it) is cut, as is a connection whose send buffer stays full for
+    ``write_timeout_s`` (a stream whose reader stopped reading: uvicorn would wait for it
+    forever, holding the request's place in the queue): the handler sees the disconnect and
+    cancels its engine requests, which frees their KV.
     """
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -136,6 +146,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
     class Guarded(base):
         _header_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None  # the request in progress's body
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -174,8 +186,48 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._arm()  # before pipelined requests start: they are seen as a new cycle
             super().on_response_complete()
 
+        def data_received(self, data: bytes) -> None:
+            before = self.cycle
+            super().data_received(data)
+            cycle = self.cycle
+            if cycle is not before and cycle is not None and cycle.more_body:
+                if self._body_timer is not None:
+                    self._body_timer.cancel()
+                self._body_timer = self.loop.call_later(
+                    limits.body_timeout_s, self._body_late, cycle
+                )
+
+        def _body_late(self, cycle: Any) -> None:
+            if cycle is self.cycle and cycle.more_body and not self.transport.is_closing():
+                self._cut("its request body did not end", limits.body_timeout_s, "body")
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._write_timer = self.loop.call_later(limits.write_timeout_s, self._write_late)
+
+        def resume_writing(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+            super().resume_writing()
+
+        def _write_late(self) -> None:
+            self._write_timer = None
+            if not self.transport.is_closing():
+                self._cut("its reader stopped reading", limits.write_timeout_s, "write")
+
+        def _cut(self, why: str, after_s: float, option: str) -> None:
+            _log.warning(
+                "closed a connection from %s: %s within %g s (serve --%s-timeout)",
+                self.client[0] if self.client else "?", why, after_s, option,
+            )  # fmt: skip
+            self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            for timer in (self._body_timer, self._write_timer):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
     return Guarded

@@ -76,3 +76,27 @@ def test_run_refuses_the_file_before_the_model_loads(tmp_path: Path, macbatch_ru
     assert result.exit_code == 1
     assert "jobs[0].sampling: " in result.output and "top_k" in result.output
     assert "cannot load model" not in result.output
+
+
+@pytest.mark.parametrize("where", ["job", "defaults"])
+def test_a_seed_with_no_room_for_its_samples_is_refused_when_the_file_loads(
+    tmp_path: Path, where: str
+) -> None:
+    """Sample i of a row samples with seed + i: a seed near 2**63 with n: 3 overflows the seeds'
+    range on its third sample, so the file is refused at the seed, not after the model loads."""
+    seed = 2**63 - 2  # seed + 1 fits, seed + 2 does not
+    sampling = f"sampling: {{seed: {seed}}}"
+    if where == "job":
+        text = f"model: demo\njobs:\n  - name: a\n    prompts: [hi]\n    n: 3\n    {sampling}\n"
+        at, line, column = "jobs[0].sampling.seed", 6, 16
+    else:
+        defaults = f"defaults: {{n: 3, {sampling}}}"
+        text = f"model: demo\n{defaults}\njobs:\n  - {{name: a, prompts: [hi]}}\n"
+        at, line, column = "defaults.sampling.seed", 2, 29
+    path = write_job(tmp_path, text)
+    with pytest.raises(JobFileError) as refused:
+        load_job_file(path)
+    assert str(refused.value).startswith(f"{path}:{line}:{column}: {at} with n: 3: ")
+    assert "leave room for 3" in str(refused.value)
+    path.write_text(text.replace("n: 3", "n: 2"))  # seed + 1 fits
+    assert load_job_file(path).jobs[0].n == 2

@@ -303,11 +303,10 @@ class CountingEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.live, self.peak, self.prompts = engine, 0, 0, {}
 
-    def add_request(self, prompt: Any, params: SamplingParams, **options: Any) -> str:
-        request_id = self.engine.add_request(prompt, params, **options)
+    def enqueue(self, request: Any) -> None:  # rows are prepared off the loop, then queued
+        self.engine.enqueue(request)
         self.live += 1
         self.peak = max(self.peak, self.live)
-        return request_id
 
     def step(self) -> list[Any]:
         outputs = self.engine.step()

@@ -3,6 +3,7 @@ running the tiny test model, plus the engine's own greedy output as the oracle."
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -46,9 +47,11 @@ def serving(
     thread: EngineThread,
     options: ServerOptions | None = None,
     limits: ConnectionLimits | None = None,
+    send_buffer: int | None = None,
 ) -> Iterator[Served]:
     """Run ``create_app(thread)`` under uvicorn (as serve runs it) on a free loopback port until
-    the block ends."""
+    the block ends; ``send_buffer``: each connection's kernel send buffer in bytes (small, so a
+    test fills it within a few chunks)."""
     tokenizer = thread.call(lambda engine: engine.tokenizer).result(timeout=30)
     with serving_app(create_app(thread, tokenizer, options), thread, limits) as server:
         yield server
@@ -60,6 +63,8 @@ def serving_app(
 ) -> Iterator[Served]:
     """Run ``app`` under uvicorn on a free loopback port until the block ends."""
     sock = bind("127.0.0.1", 0)
+    if send_buffer is not None:  # accepted sockets inherit it from the listening one
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     server = uvicorn.Server(server_config(app, limits or ConnectionLimits(), "warning"))
     runner = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     runner.start()

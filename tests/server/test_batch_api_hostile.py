@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -267,3 +268,40 @@ def test_a_broken_stored_response_is_a_404(
         r.getMessage() for r in caplog.records if f"responses/{lost.id}.json" in r.getMessage()
     ]
     assert len(lines) == 1 and "not valid JSON" in lines[0], lines
+
+
+def test_a_huge_line_holds_up_no_other(engine_thread: EngineThread, tmp_path, monkeypatch) -> None:
+    """Lines are templated and tokenized off the batch thread: the batch's other lines are run
+    and counted completed while a huge one is still being prepared, and it ends as its own
+    error (too long for the context), not the batch's."""
+    from macbatch.engine.inputs.processor import InputProcessor
+
+    rows = batch_lines(12, 2)
+    huge = "huge " * 20_000
+    rows[3]["body"]["messages"][0]["content"] = huge
+    created: list[str] = []
+    seen: list[int] = []  # the batch's completed lines when the huge line's preparing went on
+    process = InputProcessor.process
+
+    with _server(engine_thread, tmp_path) as (served, client):
+
+        def slow_for_the_huge_line(self, prompt, params, request_id=None):
+            if huge in str(prompt.prompt):
+                for _ in range(1200):  # until the others are done (or two minutes)
+                    done = created and client.batches.retrieve(created[0]).request_counts
+                    if done and done.completed >= len(rows) - 1:
+                        break
+                    threading.Event().wait(0.1)
+                seen.append(client.batches.retrieve(created[0]).request_counts.completed)
+            return process(self, prompt, params, request_id)
+
+        monkeypatch.setattr(InputProcessor, "process", slow_for_the_huge_line)
+        batch = client.batches.create(input_file_id=_upload(client, jsonl(rows)), **WINDOW)
+        created.append(batch.id)
+        batch = wait_for(client, batch.id, lambda b: b.status in DONE, 300)
+        assert seen == [len(rows) - 1], "the other lines waited for the huge one"
+        assert batch.status == "completed"
+        written = {line["custom_id"] for line in output_lines(client, batch.output_file_id)}
+        assert written == {f"r{i}" for i in range(len(rows)) if i != 3}
+        errors = output_lines(client, batch.error_file_id)
+        assert [e["custom_id"] for e in errors] == ["r3"]

@@ -5,6 +5,7 @@ goes to the 127.0.0.1 server the test starts, a bounded number of them for a bou
 
 from __future__ import annotations
 
+import json
 import resource
 import select
 import socket
@@ -18,7 +19,7 @@ import pytest
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions
 from macbatch.server.listen import ConnectionLimits, default_max_connections
-from tests.server.conftest import Served, serving
+from tests.server.conftest import Served, scrape, serving, wait_until
 
 PARTIAL = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
 
@@ -169,3 +170,65 @@ def test_a_chunked_upload_is_refused_at_the_limit_not_read_to_its_end(
         # the limit, one chunk, and what the two sockets' buffers hold on loopback
         assert yielded[0] < limit + CHUNK + 16 * 1024 * 1024, yielded[0]
         assert time.monotonic() - started < 20
+
+
+def _port(served: Served) -> int:
+    return int(served.url.rsplit(":", 1)[1])
+
+
+def test_a_trickled_body_is_cut_at_the_body_timeout(engine_thread: EngineThread) -> None:
+    """Headers, then a body that never ends (a byte at a time): the connection is closed once
+    the body timeout passes, long before the body could end, and the server answers meanwhile."""
+    limits = ConnectionLimits(header_timeout_s=30, body_timeout_s=1.5)
+    with serving(engine_thread, limits=limits) as served:
+        sock = socket.create_connection(("127.0.0.1", _port(served)), timeout=5)
+        head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        sock.sendall(
+            f"{head}Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n".encode()
+        )
+        sent, closed = 0, False
+        try:
+            while sent < 100 and not closed:  # 4000 bytes would take minutes at this rate
+                sock.sendall(b" ")
+                sent += 1
+                readable, _, _ = select.select([sock], [], [], 0.1)
+                closed = bool(readable) and not sock.recv(65536)
+        except ConnectionError:
+            closed = True
+        finally:
+            sock.close()
+        assert closed, f"the server still read the body after {sent} trickled bytes"
+        assert httpx.get(served.url + "/health", timeout=5).status_code == 200
+
+
+def test_a_stream_whose_reader_stopped_is_cut_and_its_request_cancelled(
+    engine_thread: EngineThread,
+) -> None:
+    """A client asks for a long stream and never reads it: once the send buffers are full for
+    the write timeout the connection is closed, and the request is cancelled (an abort, not a
+    finish) with its KV freed and its place in the queue given back."""
+    limits = ConnectionLimits(write_timeout_s=1)
+    with serving(engine_thread, limits=limits, send_buffer=4096) as served:
+        aborted = 'macbatch_requests_total{finish_reason="abort"}'
+        before = scrape(served).get(aborted, 0)
+        body = {
+            "prompt": "talk", "max_tokens": 4000, "temperature": 0, "ignore_eos": True,
+            "stream": True, "logprobs": 5,  # big chunks: the buffers fill in a few hundred
+        }  # fmt: skip
+        data = json.dumps(body).encode()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", _port(served)))
+        head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        sock.sendall(head.encode() + data)  # and never read
+        try:
+            assert wait_until(lambda: scrape(served).get(aborted, 0) > before, timeout=60)
+            stats = engine_thread.stats()
+            assert wait_until(
+                lambda: (s := engine_thread.stats()) is not None and s.kv_blocks_used == 0
+                and s.running == 0 and s.waiting == 0, timeout=10,
+            ), stats  # fmt: skip
+            assert scrape(served)["macbatch_requests_pending"] == 0
+        finally:
+            sock.close()

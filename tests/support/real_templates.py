@@ -28,6 +28,8 @@ FAMILIES = {
     "glm4_6": "glm45",
     "glm4_7": "glm47",
     "kimi_k2": "kimi_k2",
+    "kimi_k2_thinking": "kimi_k2",  # writes each call's id where Instruct writes its name
+    "glm4_5": "glm45",  # llama.cpp's GLM 4.5, spaced unlike GLM's: not tuned to (issue 46)
     "minimax_m2": "minimax_m2",
     "nemotron_nano_v2": "nemotron_v2",
     "granite4": "hermes",

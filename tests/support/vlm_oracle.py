@@ -32,9 +32,19 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
     return generate(
         model,
         processor,
-        text,
+        _one_bos(processor, text) if images else text,
         image=[str(p) for p in images] or None,
         max_tokens=max_tokens,
         temperature=0.0,
         verbose=False,
     )
+
+
+def _one_bos(processor: Any, text: str) -> str:
+    """``text`` without the BOS its template wrote. mlx-vlm deviates from the reference here:
+    it has most processors tokenize the rendered template (which begins with BOS) with the
+    tokenizer's special tokens again, two BOS tokens where transformers' processor
+    (``apply_chat_template``, tests/vision/test_one_bos.py) and the text path have one. Given
+    the text after it, the processor's own BOS is the one."""
+    bos = getattr(processor.tokenizer, "bos_token", None)
+    return text[len(bos) :] if bos and text.startswith(bos) else text

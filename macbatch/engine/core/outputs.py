@@ -113,7 +113,7 @@ class RequestOutput:
     __slots__ = (
         "request_id", "_token_ids", "new_token_ids", "finished", "finish_reason", "metrics",
         "step", "error", "_logprobs", "_top_logprobs", "capped_max_tokens", "text_view",
-        "embedding", "score",
+        "embedding", "score", "step_failed",
     )  # fmt: skip
 
     def __init__(
@@ -149,6 +149,9 @@ class RequestOutput:
         # cross-encoder's relevance score; None for generation requests.
         self.embedding: Any = None
         self.score: float | None = None
+        # An ERROR finish because a step failed on this request (the engine's fault: a 500);
+        # without it, ``error`` is why its input cannot run (a 400).
+        self.step_failed = False
 
     def __repr__(self) -> str:
         return (

@@ -57,6 +57,10 @@ class Request:
     pooling: PoolingParams | None = None  # a pooling request: a vector out, never sampled
     # Speculative decoding: the tokens drafted to verify in the next step (engine/speculative).
     drafts: list[int] = field(default_factory=list)
+    # Steps that failed with it among their requests and no culprit found (engine.py,
+    # ``_contain``); ``step_failed``: it was finished because steps failed on it.
+    failed_steps: int = 0
+    step_failed: bool = False
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 
@@ -246,7 +250,7 @@ class Request:
         self.emitted_tokens = count
         split = self.reasoning.snapshot().split if self.reasoning else None
         logprobs, top = self.logprobs, self.top_logprobs
-        return RequestOutput(
+        output = RequestOutput(
             request_id=self.request_id,
             token_ids=Prefix(tokens, count),
             new_token_ids=new_tokens,
@@ -260,6 +264,8 @@ class Request:
             capped_max_tokens=self.capped_max_tokens,
             text_view=TextView(self.reply, self.reply.mark(count, finished, end, split)),
         )
+        output.step_failed = self.step_failed
+        return output
 
 
 def _required(value: Any, what: str) -> Any:

@@ -16,7 +16,9 @@ recompute needs every token on the host).
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from macbatch.engine.core.request import Request, RequestStatus
@@ -163,6 +165,31 @@ class Scheduler:
         """Return all of a request's blocks; it will recompute from scratch (or from the cache)."""
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0
+
+    def requeue(self, request: Request) -> None:
+        """Send ``request`` to the front of the queue holding no blocks, to recompute what it
+        had computed (its known tokens stay): a failed step's requests (engine.py)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
+        request.drafts = []
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+
+    @contextlib.contextmanager
+    def alone(self, request: Request) -> Iterator[None]:
+        """Schedule ``request`` only, meanwhile (the trial of a failed step's request); the
+        others keep their blocks and their places, and come back after it."""
+        running, waiting = self.running, self.waiting
+        self.running = [r for r in running if r is request]
+        self.waiting = deque(r for r in waiting if r is request)
+        try:
+            yield
+        finally:
+            self.running = [r for r in running if r is not request] + self.running
+            self.waiting.extend(r for r in waiting if r is not request)
 
     def finish(self, request: Request) -> None:
         """Drop a finished or aborted request and return its blocks."""

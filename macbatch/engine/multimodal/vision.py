@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from macbatch.engine.inputs.chat_template import one_bos
 from macbatch.engine.model.families import ImageFeatures, family, vision_families
 from macbatch.engine.multimodal.deepstack import install_deepstack
 from macbatch.engine.multimodal.image_blocks import runs, step_blocks
@@ -154,9 +155,11 @@ class VisionEncoder:
 
     def prompt_images(self, text: str, images: Sequence[Image]) -> tuple[list[int], PromptImages]:
         """The prompt's ids with each image's placeholder expanded (the processor's own rule, as
-        mlx-vlm's ``generate`` tokenizes it), and where its image rows are."""
+        mlx-vlm's ``generate`` tokenizes it, but with one BOS: ``one_bos``), and where its
+        image rows are."""
         inputs = self._inputs(text, images)
         flat = [int(t) for t in np.array(inputs["input_ids"]).reshape(-1)]
+        flat = one_bos(getattr(self.processor, "tokenizer", self.processor), text, flat)
         positions = np.flatnonzero(np.array(flat) == self.image_token)
         if not positions.size:
             raise ValueError(

@@ -93,16 +93,29 @@ class WritesCalls(Protocol):
     def write(self, calls: RawCalls) -> str: ...
 
 
+@runtime_checkable
+class NamesCalls(Protocol):
+    """A syntax that writes a call's name in a form of its own (Kimi's ``functions.NAME:0``),
+    which a template may take from the call's id instead of its name (Kimi K2 Thinking's)."""
+
+    def written_name(self, name: str, index: int) -> str:
+        """How call ``index`` of a reply, to ``name``, is named in this syntax."""
+        ...
+
+
 @dataclass(frozen=True)
 class ToolFormat:
     """A model's tool-call syntax, how its template takes the history's calls
     (``text_arguments``: arguments as JSON text, not a mapping; ``calls_in_content``: written
-    into the content by the syntax, the template renders no ``tool_calls``), and the request's
-    tools (``schemas``) once bound to one."""
+    into the content by the syntax, the template renders no ``tool_calls``; ``ids_as_names``:
+    the template writes each call's id where the syntax has its name, so the history's ids
+    become the names as the syntax writes them), and the request's tools (``schemas``) once
+    bound to one."""
 
     syntax: CallSyntax
     text_arguments: bool = False
     calls_in_content: bool = False
+    ids_as_names: bool = False
     schemas: Schemas = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -217,6 +230,7 @@ def template_messages(
     the templates that concatenate them, DeepSeek V3.1's; or written into the content for those
     that render no calls, LFM2's); tool results kept; ``ValueError`` on malformed ones."""
     out = []
+    renamed: dict[str, str] = {}  # ids_as_names: a call's id as the client sent it -> written
     for i, message in enumerate(messages):
         where = f"chat message {i}"
         role, content = message.get("role"), message.get("content")
@@ -227,6 +241,8 @@ def template_messages(
             if role != "assistant" or not isinstance(calls, list):
                 raise ValueError(f"{where}: only an assistant message has a list of tool_calls")
             calls = _history_calls(calls, where, fmt is not None and fmt.text_arguments)
+            if fmt is not None and fmt.ids_as_names and isinstance(fmt.syntax, NamesCalls):
+                calls = _named_ids(calls, fmt.syntax, renamed)
             message = dict(message, content=content or "", tool_calls=calls)
             if fmt is not None and fmt.calls_in_content and isinstance(fmt.syntax, WritesCalls):
                 raw = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
@@ -235,7 +251,23 @@ def template_messages(
             raise ValueError(f"{where} must have string 'role' and 'content' fields, got {message}")
         if role == "tool" and not isinstance(message.get("tool_call_id", ""), str):
             raise ValueError(f"{where}: a tool result's tool_call_id must be a string")
+        if role == "tool" and message.get("tool_call_id") in renamed:
+            message = dict(message, tool_call_id=renamed[message["tool_call_id"]])
         out.append(message)
+    return out
+
+
+def _named_ids(
+    calls: list[dict[str, Any]], syntax: NamesCalls, renamed: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The calls with ids that name them as ``syntax`` writes names (``renamed`` learns each
+    id's new one, for the results that answer it)."""
+    out = []
+    for j, call in enumerate(calls):
+        written = syntax.written_name(call["function"]["name"], j)
+        if isinstance(call.get("id"), str):
+            renamed[call["id"]] = written
+        out.append(dict(call, id=written))
     return out
 
 

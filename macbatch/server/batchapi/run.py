@@ -17,8 +17,9 @@ from macbatch.batch.outputs import JsonlAppender, error_line, recover, write_res
 from macbatch.batch.paths import errors_path, output_path
 from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
+from macbatch.batch.preparing import Preparing
 from macbatch.batch.replies import ReplyShape
-from macbatch.engine import EngineDeadError, EngineThread, RequestOutput, Tokenizer
+from macbatch.engine import EngineDeadError, EngineThread, Request, RequestOutput, Tokenizer
 from macbatch.openai import ImageAccess
 from macbatch.server.batchapi.inputs import batch_job
 
@@ -53,6 +54,10 @@ class BatchRun:
         self.failed = 0
         self._outputs: queue.Queue[RequestOutput] = queue.Queue()
         self._pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
+        # lines being templated and tokenized off the batch thread: a huge one holds up no other
+        self._preparing: Preparing[tuple[Planned, ReplyShape | None], Request] = Preparing(
+            lambda request: engine.thread.prepare(*request)
+        )
         self._appender: JsonlAppender | None = None
         self._errors: JsonlAppender | None = None
 
@@ -68,16 +73,21 @@ class BatchRun:
                     for request_id in self._pending.request_ids():
                         self.engine.thread.cancel(request_id)
                     aborted = True
-                while not stop and not exhausted and len(self._pending) < self.engine.room():
+                while not stop and not exhausted and self._has_room():
                     exhausted = not self._admit(next(feed, None))
-                if not self._pending and (exhausted or stop):
+                if stop:
+                    self._preparing.close()
+                self._queue_prepared(wait=not self._pending)
+                if not self._pending and not self._preparing and (exhausted or stop):
                     return exhausted and not stop
-                self._wait()
+                if self._pending:
+                    self._wait()
                 on_progress()
         finally:
             self.close()
 
     def close(self) -> None:
+        self._preparing.close()
         for appender in (self._appender, self._errors):
             if appender is not None:
                 appender.close()
@@ -104,18 +114,25 @@ class BatchRun:
             return True
         if self.ledger.lookup(item.job, item.custom_id, item.sample) is not None:
             return True
-        thread = self.engine.thread
-        submit = lambda prompt, params: thread.submit(prompt, params, self._deliver)  # noqa: E731
         try:
-            bound = item.bind(thread.info.model, self.engine.decoder)
-            self._pending.submit(
-                (item, bound.shape), item.key, bound.requests, submit, thread.cancel
-            )
-        except EngineDeadError:
-            raise
-        except Exception as exc:  # ValueError, or a chat template that rejects the messages
+            bound = item.bind(self.engine.thread.info.model, self.engine.decoder)
+        except Exception as exc:  # a tool the model cannot honour ...
             self._fail(item, str(exc), "invalid_request")
+            return True
+        self._preparing.start((item, bound.shape), item.key, bound.requests)
         return True
+
+    def _has_room(self) -> bool:
+        in_flight = len(self._pending) + len(self._preparing)
+        return in_flight < self.engine.room() and self._preparing.has_room
+
+    def _queue_prepared(self, wait: bool) -> None:
+        """Queue the lines done preparing (all of a line's requests, or none and its error
+        line); ``wait``: for one, when no output can come meanwhile."""
+        thread = self.engine.thread
+        enqueue = lambda request: thread.enqueue(request, self._deliver)  # noqa: E731
+        fail = lambda row, why: self._fail(row[0], why, "invalid_request")  # noqa: E731
+        self._preparing.queue_ready(self._pending, enqueue, thread.cancel, fail, wait)
 
     def _deliver(self, out: RequestOutput) -> None:
         """On the engine thread: hand finished requests to the batch thread."""

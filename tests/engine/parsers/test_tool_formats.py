@@ -113,6 +113,8 @@ def test_detection_finds_the_family(engine, request):
     # dict)" with a mapping); LFM2's renders no calls, so they go into the content
     assert fmt.text_arguments == (name == "deepseek_v3_1")
     assert fmt.calls_in_content == name.startswith("lfm2")
+    # Kimi K2 Thinking's template writes a call's id where Instruct's writes functions.NAME:0
+    assert fmt.ids_as_names == (name == "kimi_k2_thinking")
     assert detect_tool_format(engine.tokenizer) == engine.tool_format
 
 

@@ -10,12 +10,14 @@ marker in pieces (gpt-oss's ``to=`` and ``functions.``) and confused families th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
 from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import (
     CallSyntax,
+    NamesCalls,
     ToolFormat,
     WritesCalls,
     template_messages,
@@ -40,16 +42,46 @@ _WORDS = "It is sunny."
 
 
 def detect_tool_format(tokenizer: Tokenizer) -> ToolFormat | None:
-    """The tool-call format of a tokenizer's chat template, or None if no syntax reads it."""
+    """The tool-call format of a tokenizer's chat template, or None if no syntax reads it.
+    Markers are matched as written first, then up to whitespace (a template's own spacing:
+    llama.cpp's GLM 4.5 writes a newline inside a call where GLM's has none); what decides is
+    that the syntax reads the probe call back."""
     for fmt in _shapes():
         reply = rendered_call(tokenizer, fmt)
         if reply is None:
             continue
-        candidates = [fmt.syntax] if fmt.calls_in_content else SYNTAXES.values()
-        for syntax in candidates:
-            if all(m in reply for m in syntax.markers) and _reads_probe(syntax, reply):
-                return replace(fmt, syntax=syntax)
+        candidates = [fmt.syntax] if fmt.calls_in_content else list(SYNTAXES.values())
+        for exact in (True, False):
+            for syntax in candidates:
+                if _has_markers(syntax, reply, exact):
+                    found = _reading(tokenizer, replace(fmt, syntax=syntax), reply)
+                    if found is not None:
+                        return found
     return None
+
+
+def _has_markers(syntax: CallSyntax, reply: str, exact: bool) -> bool:
+    if exact:
+        return all(m in reply for m in syntax.markers)
+    bare = _unspaced(reply)
+    return all(_unspaced(m) in bare for m in syntax.markers)
+
+
+def _unspaced(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _reading(tokenizer: Tokenizer, fmt: ToolFormat, reply: str) -> ToolFormat | None:
+    """``fmt`` if its syntax reads the probe call back from ``reply``; else, for a syntax that
+    names calls its own way, the format whose history ids are those names, if the template
+    writes the id where the name goes (Kimi K2 Thinking's: Instruct's writes the name)."""
+    if _reads_probe(fmt.syntax, reply):
+        return fmt
+    if not isinstance(fmt.syntax, NamesCalls):
+        return None
+    named = replace(fmt, ids_as_names=True)
+    again = rendered_call(tokenizer, named)
+    return named if again is not None and _reads_probe(fmt.syntax, again) else None
 
 
 def _shapes() -> list[ToolFormat]:

@@ -47,6 +47,10 @@ class SectionCalls(BlockSyntax):
             calls.append((self._name(match.group(1)), found[0]))
         return (text[:at].strip(), calls) if calls else None
 
+    def written_name(self, name: str, index: int) -> str:
+        """Call ``index`` of a reply, to ``name``, as named in the reply (``NamesCalls``)."""
+        return self.name_prefix + name + (f":{index}" if self.indexed else "")
+
     def _name(self, written: str) -> str:
         name = written.removeprefix(self.name_prefix)
         return re.sub(r":\d+$", "", name) if self.indexed else name
@@ -60,7 +64,7 @@ class SectionCalls(BlockSyntax):
         for k in count:
             options = []
             for i, (name, _) in enumerate(functions):
-                written = self.name_prefix + name + (f":{k}" if self.indexed else "")
+                written = self.written_name(name, k)
                 options.append(f"{begin} {json.dumps(written)} {sep} args{i} {end}")
             rules.append(f"call{k}: {one_of(options)}")
         rules += [f"args{i}: {json_rule(p)}" for i, (_, p) in enumerate(functions)]

@@ -393,7 +393,7 @@ def test_unknown_job_model_and_lock(tmp_path: Path, tiny_model_path: Path, macba
 
     result = macbatch_run(tmp_path / "jobs.yaml", "--model", str(tmp_path / "nowhere"))
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"error: cannot load model '{tmp_path / 'nowhere'}'" in result.stderr
+    assert f"error: no model directory at {tmp_path / 'nowhere'}" in result.stderr
 
     result = macbatch_run(tmp_path / "jobs.yaml", "--force", "--fresh")
     assert result.exit_code == 1 and "--force and --fresh contradict" in result.stderr

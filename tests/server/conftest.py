@@ -53,13 +53,17 @@ def serving(
     the block ends; ``send_buffer``: each connection's kernel send buffer in bytes (small, so a
     test fills it within a few chunks)."""
     tokenizer = thread.call(lambda engine: engine.tokenizer).result(timeout=30)
-    with serving_app(create_app(thread, tokenizer, options), thread, limits) as server:
+    app = create_app(thread, tokenizer, options)
+    with serving_app(app, thread, limits, send_buffer) as server:
         yield server
 
 
 @contextmanager
 def serving_app(
-    app: Starlette, thread: EngineThread, limits: ConnectionLimits | None = None
+    app: Starlette,
+    thread: EngineThread,
+    limits: ConnectionLimits | None = None,
+    send_buffer: int | None = None,
 ) -> Iterator[Served]:
     """Run ``app`` under uvicorn on a free loopback port until the block ends."""
     sock = bind("127.0.0.1", 0)

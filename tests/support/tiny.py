@@ -90,6 +90,80 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# Multi-head latent attention (MLA): one latent row (kv_lora_rank + qk_rope_head_dim = 48) per
+# token per layer; the MoE ones with 4 experts, the first layer dense. The yarn settings make
+# DeepSeek's softmax scale carry mscale (factor > 1).
+_MLA = dict(
+    _COMMON,
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    tie_word_embeddings=False,
+)
+_MLA_MOE = dict(
+    _MLA,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    routed_scaling_factor=1.5,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+)
+_YARN = {
+    "type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 1024,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": dict(_MLA_MOE, model_type="deepseek_v3", rope_scaling=_YARN),
+    "glm4_moe_lite": dict(_MLA_MOE, model_type="glm4_moe_lite", rope_theta=1_000_000.0),
+    "deepseek_v2": dict(
+        _MLA_MOE,
+        model_type="deepseek_v2",
+        q_lora_rank=None,
+        topk_method="greedy",
+        rope_scaling=_YARN,
+    ),
+    "minicpm3": dict(
+        _MLA,
+        model_type="minicpm3",
+        v_head_dim=None,  # minicpm3's is hidden_size / heads
+        dim_model_base=32,
+        scale_depth=1.4,
+        scale_emb=12,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8,
+                      "original_max_position_embeddings": 4096},  # fmt: skip
+    ),
+    "mistral4": dict(
+        _MLA_MOE,
+        model_type="mistral4",
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+            "llama_4_scaling_beta": 0.1,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+}
+ARCH_CONFIGS.update(MLA_CONFIGS)
+
+
 # Hybrid models: a few attention layers among recurrent ones (docs/models.md, "Hybrid models").
 HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_5": dict(

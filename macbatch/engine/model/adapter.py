@@ -89,6 +89,20 @@ class PagedLayerCache(EngineAttention):
             out = attend_blocks(out, queries[:, :, 0, :], pages, meta.block_tables, blocks, layer)
         return out[:, :, None, :]
 
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """An MLA layer's attention over its latent pages, this step's rows written first."""
+        if self.writes:
+            assert self.rows is not None
+            self.store.write(self.layer, self.rows[1], row, None)
+        k_pages, v_pages = self.store.pages(self.layer)
+        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim)
+        out = macbatch.metal.paged_attention(
+            queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
+        )
+        return out[:, :, None, :]
+
 
 class _ProbeCache(EngineAttention):
     """Records what one layer does during a one-token forward, to learn the cache shapes and to
@@ -123,6 +137,17 @@ class _ProbeCache(EngineAttention):
         return mlx_base.scaled_dot_product_attention(
             queries, keys, values, None, scale, None, sinks
         )
+
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """Records a latent layer's one-row pages; a lone token attends to itself alone, so
+        every head's output is its row's values."""
+        self.update_and_fetch(row, row)
+        self.shape = LayerShape(1, row.shape[-1], value_dim=value_dim)
+        self.attended += 1
+        n, heads = queries.shape[:2]
+        return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
 
 
 class _Delegate:

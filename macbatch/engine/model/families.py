@@ -89,11 +89,8 @@ FAMILIES: dict[str, Family] = {
     # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
     # (the name the attention hook replaces), or to keep a compressed latent cache (MLA) or
     # recurrent state the engine does not page.
-    "deepseek_v2": Family(refusal=_MLA),
-    "deepseek_v3": Family(refusal=_MLA),
     "deepseek_v32": Family(refusal=_MLA),
     "deepseek_v41": Family(refusal=_FAST_ATTENTION),
-    "minicpm3": Family(refusal=_MLA),
     "kimi_k25": Family(refusal=_MLA),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),

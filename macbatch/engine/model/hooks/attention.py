@@ -45,6 +45,16 @@ class EngineAttention:
     ) -> mx.array:
         raise NotImplementedError
 
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """An MLA layer's attention over its latent rows (``latent_attention.py``): ``queries``
+        ``[N, H, 1, Dk]`` (each head's absorbed query, then its roped part), ``row``
+        ``[N, 1, 1, Dk]`` (each token's latent then its roped shared key); returns each head's
+        latent output ``[N, H, 1, value_dim]`` (the softmax over the rows' leading
+        ``value_dim`` columns)."""
+        raise NotImplementedError
+
 
 def _dispatch(queries, keys, values, cache, scale, mask, sinks=None):
     if isinstance(cache, EngineAttention):

@@ -90,16 +90,18 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-# Multi-head latent attention (MLA): one latent row (kv_lora_rank + qk_rope_head_dim = 48) per
-# token per layer; the MoE ones with 4 experts, the first layer dense. The yarn settings make
+# Multi-head latent attention (MLA): one latent row (kv_lora_rank + qk_rope_head_dim = 96) per
+# token per layer, whose quantization groups of 32 end where the latent does (as 512 + 64 rows'
+# groups of 64 do), so rounding the latent and the RoPE key apart, as an oracle over mlx-lm's
+# cache does, is the pages' rounding; the MoE ones with 4 experts, the first layer dense. The yarn settings make
 # DeepSeek's softmax scale carry mscale (factor > 1).
 _MLA = dict(
     _COMMON,
     num_hidden_layers=3,
     num_key_value_heads=4,
-    kv_lora_rank=32,
+    kv_lora_rank=64,
     q_lora_rank=32,
-    qk_rope_head_dim=16,
+    qk_rope_head_dim=32,
     qk_nope_head_dim=16,
     v_head_dim=16,
     tie_word_embeddings=False,
@@ -142,9 +144,10 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
         dim_model_base=32,
         scale_depth=1.4,
         scale_emb=12,
-        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 8,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [1.0] * 16,
                       "original_max_position_embeddings": 4096},  # fmt: skip
     ),
+    "youtu_llm": dict(_MLA, model_type="youtu_llm", rope_traditional=True),
     "mistral4": dict(
         _MLA_MOE,
         model_type="mistral4",
@@ -161,7 +164,6 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
         },
     ),
 }
-ARCH_CONFIGS.update(MLA_CONFIGS)
 
 
 # Hybrid models: a few attention layers among recurrent ones (docs/models.md, "Hybrid models").
@@ -367,4 +369,7 @@ def save_model(
 
 
 def _config(arch: str) -> dict[str, Any]:
-    return ARCH_CONFIGS[arch] if arch in ARCH_CONFIGS else HYBRID_CONFIGS[arch]
+    for configs in (ARCH_CONFIGS, MLA_CONFIGS):
+        if arch in configs:
+            return configs[arch]
+    return HYBRID_CONFIGS[arch]

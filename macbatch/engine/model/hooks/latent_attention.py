@@ -81,8 +81,9 @@ def absorbed_attention(
     latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [rank], axis=-1)
     latent = mx.expand_dims(attn.kv_a_layernorm(latent), axis=1)
     k_pe = k_pe.reshape(n, length, 1, rope_dim).transpose(0, 2, 1, 3)
-    q_pe = attn.rope(q_pe, cache.offset)
-    k_pe = attn.rope(k_pe, cache.offset)
+    rope = getattr(attn, "rope", None)  # None: positions unrotated (Kimi Linear's NoPE layers)
+    if rope is not None:
+        q_pe, k_pe = rope(q_pe, cache.offset), rope(k_pe, cache.offset)
     if query_scale is not None:
         q_nope, q_pe = q_nope * query_scale, q_pe * query_scale
     up = _up_projections(attn)
@@ -148,5 +149,4 @@ def _split_kv_b(attn: Any) -> _FromKvB:
         )
     weight = weight.reshape(attn.num_heads, -1, attn.kv_lora_rank)
     keys, values = mx.split(weight, [attn.qk_nope_head_dim], axis=1)
-    mx.eval(keys, values)
-    return _FromKvB(keys, values)
+    return _FromKvB(keys, values)  # evaluated once, by the first step that reads them

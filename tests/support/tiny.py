@@ -144,8 +144,12 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
         dim_model_base=32,
         scale_depth=1.4,
         scale_emb=12,
-        rope_scaling={"type": "longrope", "short_factor": [1.0] * 16, "long_factor": [1.0] * 16,
-                      "original_max_position_embeddings": 4096},  # fmt: skip
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0] * 16,
+            "long_factor": [1.0] * 16,
+            "original_max_position_embeddings": 4096,
+        },  # fmt: skip
     ),
     "youtu_llm": dict(_MLA, model_type="youtu_llm", rope_traditional=True),
     "mistral4": dict(
@@ -162,6 +166,77 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
             "mscale": 1.0,
             "mscale_all_dim": 1.0,
         },
+    ),
+    # Kimi K2.5 and Kimi-VL: a DeepSeek V3 text model in a multimodal wrapper
+    "kimi_k25": dict(model_type="kimi_k25", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
+    "kimi_vl": dict(model_type="kimi_vl", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
+    # Kimi Linear: Kimi Delta Attention layers among MLA layers that rotate nothing (NoPE)
+    "kimi_linear": dict(
+        _MLA,
+        model_type="kimi_linear",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_attn_config={
+            "kda_layers": [1, 3],
+            "num_heads": 4,
+            "head_dim": 16,
+            "short_conv_kernel_size": 4,
+        },  # fmt: skip
+        model_max_length=4096,
+        num_experts=4,
+        num_experts_per_token=2,
+        num_shared_experts=1,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        mla_use_nope=True,
+    ),
+    # Ling 2.5 (bailing_moe_v3): Kimi Delta Attention layers, then an MLA layer with a gate per
+    # head, in groups of 4
+    "bailing_moe_v3": dict(
+        _MLA_MOE,
+        model_type="bailing_moe_v3",
+        num_hidden_layers=4,
+        head_dim=16,
+        num_experts=4,
+        num_shared_experts=1,
+        moe_shared_expert_intermediate_size=32,
+        layer_group_size=2,
+        short_conv_kernel_size=4,
+    ),
+}
+# MLA families mlx-lm has that the engine refuses at load (families.py says why)
+REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "bailing_hybrid": dict(
+        _MLA_MOE,
+        model_type="bailing_hybrid",
+        num_hidden_layers=4,
+        head_dim=16,
+        num_experts=4,
+        num_shared_experts=1,
+        moe_shared_expert_intermediate_size=32,
+        layer_group_size=2,
+        group_norm_size=1,
+    ),
+    "kimi_k3": dict(
+        model_type="kimi_k3",
+        text_config=dict(
+            _MLA,
+            model_type="kimi_linear",
+            num_hidden_layers=4,
+            linear_attn_config={
+                "kda_layers": [1, 3],
+                "num_heads": 4,
+                "head_dim": 16,
+                "short_conv_kernel_size": 4,
+            },  # fmt: skip
+            mla_use_nope=True,
+            mla_use_output_gate=True,
+            num_experts=4,
+            num_experts_per_token=2,
+            num_shared_experts=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
     ),
 }
 
@@ -369,7 +444,7 @@ def save_model(
 
 
 def _config(arch: str) -> dict[str, Any]:
-    for configs in (ARCH_CONFIGS, MLA_CONFIGS):
+    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS):
         if arch in configs:
             return configs[arch]
     return HYBRID_CONFIGS[arch]

@@ -219,7 +219,7 @@ class ModelAdapter:
             )
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
-        hooks.install(model.layers, self._recurrent_modules())
+        hooks.install(self.layers, self._recurrent_modules())
         self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
             self._probe()
         )
@@ -232,6 +232,13 @@ class ModelAdapter:
     @property
     def inner(self) -> nn.Module:
         return getattr(self.model, self.inner_name)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        """The decoder layers: the model's ``layers``, or its inner transformer's where the
+        model does not expose them (Kimi K2.5's and Kimi-VL's text model)."""
+        layers = getattr(self.model, "layers", None)
+        return list(layers if layers is not None else self.inner.layers)
 
     @property
     def head_is_split(self) -> bool:
@@ -251,7 +258,7 @@ class ModelAdapter:
         model's list is mlx-lm's ``make_cache()``); refuses any other kind with the reason."""
         from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
-        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.model.layers)
+        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.layers)
         if not hasattr(self.model, "make_cache"):
             return attention_only
         entries = []
@@ -281,7 +288,7 @@ class ModelAdapter:
         if not any(any(entry) for entry in self.recurrent):
             return []
         mixer = self.family.side_by_side_mixer
-        layers = self.model.layers
+        layers = self.layers
         return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
     def _probe(

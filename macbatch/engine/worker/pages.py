@@ -73,7 +73,9 @@ class PageFormat:
     def bytes_per_block(self, shapes: list[LayerShape], block_size: int) -> int:
         """True bytes of one block over all layers, K and V (a latent layer: its one row),
         scales included."""
-        return sum(s.arrays * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes)
+        return sum(
+            s.arrays * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes
+        )
 
 
 class KVStore:
@@ -144,9 +146,7 @@ class KVStore:
         self.num_blocks = num_blocks
         mx.clear_cache()  # a Metal buffer cache would keep the old pages' memory
 
-    def write(
-        self, layer: int, rows: mx.array, keys: mx.array, values: mx.array | None
-    ) -> None:
+    def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array | None) -> None:
         """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache;
         a latent layer: its rows as ``keys``, ``values`` None) into the flat rows computed by the
         batcher, quantizing them first when the pages are quantized."""

@@ -7,6 +7,7 @@ speculative decoding and structured output; the pool holds one latent row per to
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -17,10 +18,12 @@ from mlx_lm import load as mlx_lm_load
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams, StructuredOutput
 from macbatch.engine.kv.latent import LatentGroup
+from macbatch.engine.model.adapter import UnsupportedModelError
+from macbatch.engine.model.families import unsupported_reason
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.staggered import GREEDY, random_prompts, run_staggered
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
-from tests.support.tiny import MLA_CONFIGS, build_model, save_model
+from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, build_model, save_model
 
 # the families whose mlx-lm code caches the latent itself (the others expand keys per head, so
 # no cache of theirs holds what latent pages hold)
@@ -188,3 +191,29 @@ def test_loaded_from_the_hugging_face_layout(arch, quantized, tmp_path: Path):
     outs = engine.generate(prompts, GREEDY)
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+
+
+def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():
+    """Each mlx-lm model module with a compressed latent (``kv_lora_rank``) is served (a tiny
+    model of it runs every test above) or refused at load with a reason: a new one in a later
+    mlx-lm fails here until it is decided."""
+    import mlx_lm.models
+
+    folder = Path(mlx_lm.models.__file__).parent
+    mla = {path.stem for path in folder.glob("*.py") if "kv_lora_rank" in path.read_text()}
+    refused = {name for name in mla if unsupported_reason(name)}
+    assert not refused & set(MLA_CONFIGS)
+    assert mla - refused - set(MLA_CONFIGS) == set()
+    assert set(REFUSED_MLA_CONFIGS) <= refused
+
+
+@pytest.mark.parametrize("arch", list(REFUSED_MLA_CONFIGS))
+def test_a_refused_mla_family_is_refused_at_load_with_its_reason(arch, tiny_tokenizer):
+    """Refused before its forward runs (it would fail inside mlx-lm's code, unexplained)."""
+    reason = unsupported_reason(arch)
+    assert reason
+    with pytest.raises(
+        UnsupportedModelError,
+        match=re.escape(f"'{arch}' is not supported by macbatch's paged engine: {reason}"),
+    ):
+        Engine(build_model(arch), tiny_tokenizer, EngineConfig(num_blocks=16))

@@ -27,15 +27,21 @@ import mlx.nn as nn
 
 from macbatch.engine.model.hooks.attention import EngineAttention
 
-# what marks a module as MLA attention: its latent projection and its size
-_MARKS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_lora_rank", "qk_rope_head_dim", "o_proj")
+# what marks a module as MLA attention: its latent projection and its size, and an output
+# projection under one of these names
+_MARKS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_lora_rank", "qk_rope_head_dim")
+_OUTPUT_NAMES = ("o_proj", "dense")
 
 _LATENT_CLASSES: dict[type, type] = {}
 
 
 def is_latent_attention(module: Any) -> bool:
     """Whether ``module`` is an MLA attention module this hook runs (its class swapped or not)."""
-    return isinstance(module, nn.Module) and all(hasattr(module, name) for name in _MARKS)
+    return (
+        isinstance(module, nn.Module)
+        and all(hasattr(module, name) for name in _MARKS)
+        and any(hasattr(module, name) for name in _OUTPUT_NAMES)
+    )
 
 
 def install(layers: Sequence[Any]) -> None:
@@ -90,8 +96,20 @@ def absorbed_attention(
     queries = mx.concatenate([up.absorb_query(q_nope), q_pe], axis=-1)
     row = mx.concatenate([latent, k_pe], axis=-1)
     out = cache.attend_latent(queries, row, _softmax_scale(attn), rank)
-    out = up.values(out).transpose(0, 2, 1, 3).reshape(n, length, -1)
-    return attn.o_proj(out)
+    return _output(attn, up.values(out).transpose(0, 2, 1, 3), x)
+
+
+def _output(attn: Any, out: mx.array, x: mx.array) -> mx.array:
+    """Each head's value ``[N, 1, H, v]`` through the layer's output gate, when it has one (a
+    sigmoid of ``g_proj(x)``: one per head, Ling 2.5's, or one per value, Kimi K3's), and its
+    output projection."""
+    n, length, heads, _ = out.shape
+    gate = getattr(attn, "g_proj", None)
+    if gate is not None:
+        g = mx.sigmoid(gate(x).astype(mx.float32)).astype(out.dtype)
+        out = out * (g[..., None] if g.shape[-1] == heads else g.reshape(out.shape))
+    project = next(getattr(attn, name) for name in _OUTPUT_NAMES if hasattr(attn, name))
+    return project(out.reshape(n, length, -1))
 
 
 def _softmax_scale(attn: Any) -> float:

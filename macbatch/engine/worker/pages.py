@@ -105,8 +105,7 @@ class KVStore:
         # One scales array per layer for quantized pages; none for float pages.
         quantized = fmt.bits is not None
         self.key_scales = [self._zero_scales(s) for s in shapes] if quantized else []
-        value_scales = [self._zero_scales(shapes[layer]) for layer in valued]
-        self.value_scales = value_scales if quantized else []
+        self.value_scales = [self._zero_scales(shapes[i]) for i in valued] if quantized else []
         mx.eval(self.arrays())
 
     def _rows(self, shape: LayerShape) -> int:

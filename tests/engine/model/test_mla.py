@@ -14,16 +14,22 @@ import jsonschema
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx_lm import load as mlx_lm_load
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams, StructuredOutput
 from macbatch.engine.kv.latent import LatentGroup
 from macbatch.engine.model.adapter import UnsupportedModelError
 from macbatch.engine.model.families import unsupported_reason
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
-from tests.support.staggered import GREEDY, random_prompts, run_staggered
+from tests.support.staggered import (
+    GREEDY,
+    STAGGERED,
+    assert_loading_matches_mlx_lm,
+    assert_preemption_recomputes_identically,
+    assert_staggered_batch_matches_mlx_lm,
+    random_prompts,
+)
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
-from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, build_model, save_model
+from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, build_model
 
 # the families whose mlx-lm code caches the latent itself (the others expand keys per head, so
 # no cache of theirs holds what latent pages hold)
@@ -50,31 +56,15 @@ def test_staggered_batch_with_chunked_prefill(arch, quantized, tiny_tokenizer):
     """Nine requests join at different steps; a 24-token budget chunks the longer prompts, and
     every layer's cache is one latent row per token in the latent group's pages."""
     model = _quantized(arch) if quantized else build_model(arch)
-    config = EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
-    engine = Engine(model, tiny_tokenizer, config)
+    engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
     assert isinstance(engine.kv.full, LatentGroup)
     assert engine.store.values == []  # no value pages: the latent is stored once
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
-    assert_pool_idle(engine)
+    assert_staggered_batch_matches_mlx_lm(engine, model)
 
 
 @pytest.mark.parametrize("arch", ["glm4_moe_lite", "deepseek_v2"])
 def test_preemption_recomputes_identically(arch, tiny_tokenizer):
-    model = build_model(arch)
-    config = EngineConfig(
-        num_blocks=12, block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False
-    )
-    engine = Engine(model, tiny_tokenizer, config)
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
-    outs = engine.generate(prompts, params)
-    assert engine.stats().preemptions > 0
-    for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens)
-    assert_pool_idle(engine)
+    assert_preemption_recomputes_identically(build_model(arch), tiny_tokenizer)
 
 
 def test_a_conversation_resumes_from_the_prefix_cache(tiny_tokenizer):
@@ -176,21 +166,9 @@ def test_structured_output_on_an_mla_model():
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "4-bit"])
 @pytest.mark.parametrize("arch", ["glm4_moe_lite", "deepseek_v3", "minicpm3"])
 def test_loaded_from_the_hugging_face_layout(arch, quantized, tmp_path: Path):
-    """``Engine.load`` of a saved checkpoint (and of mlx-lm's own 4-bit conversion of it) gives
-    the tokens of ``mlx_lm.load`` + ``generate_step`` on the same files (GLM-4.7-Flash's type once
-    failed here on the attention mask)."""
-    from mlx_lm import convert
-
-    path = save_model(tmp_path / "float", arch=arch)
-    if quantized:
-        convert(str(path), str(tmp_path / "q4"), quantize=True, q_bits=4, q_group_size=32)
-        path = tmp_path / "q4"
-    model, _ = mlx_lm_load(str(path))
-    engine = Engine.load(str(path), EngineConfig(num_blocks=64, max_num_batched_tokens=32))
-    prompts = random_prompts([7, 45, 3], seed=2)
-    outs = engine.generate(prompts, GREEDY)
-    for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+    """``Engine.load`` of a saved checkpoint and of its 4-bit conversion (GLM-4.7-Flash's type
+    once failed here, on the attention mask)."""
+    assert_loading_matches_mlx_lm(tmp_path, arch, quantized, group_size=32)
 
 
 def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():

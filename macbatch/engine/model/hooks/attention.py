@@ -28,6 +28,8 @@ class AttentionWindow:
 class EngineAttention:
     """A layer cache whose attention the engine computes (a base class the dispatcher knows)."""
 
+    offset: mx.array  # each row's position, as mlx-lm's RoPE reads a cache's offset
+
     def make_mask(
         self, n: int, return_array: bool = False, window_size: int | None = None
     ) -> AttentionWindow:

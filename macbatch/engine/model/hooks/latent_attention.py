@@ -17,6 +17,7 @@ the module runs exactly as before.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,13 +61,20 @@ def install(layers: Sequence[Any]) -> None:
 
 
 def _latent_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
-    original = super(type(self), self).__call__
-    bound = inspect.signature(original).bind(*args, **kwargs).arguments
+    cls = type(self)
+    original = super(cls, self).__call__
+    bound = _signature(cls.__bases__[0]).bind(self, *args, **kwargs).arguments
     cache = bound.get("cache")
     if not isinstance(cache, EngineAttention):
         return original(*args, **kwargs)
-    x = next(iter(bound.values()))
+    x = list(bound.values())[1]  # after self
     return absorbed_attention(self, x, cache, bound.get("attn_scale"))
+
+
+@functools.cache
+def _signature(cls: type) -> inspect.Signature:
+    """mlx-lm's ``__call__`` signature of an MLA class (read once: the step calls it per layer)."""
+    return inspect.signature(cls.__call__)
 
 
 def absorbed_attention(

@@ -170,7 +170,9 @@ def main() -> None:
         if count == args.requests[0]:
             kv_bytes(engine)
         ours = macbatch_decode(engine, prompts, args.decode)
+        engine.close()
         del engine
+        mx.synchronize()  # nothing of the engine's in flight while mlx-lm's stream runs
         peer = mlx_lm_decode(model, prompts, args.decode)
         for clock, kind in ((0, "wall"), (1, "cpu")):
             mine, theirs = ours[2] / ours[clock], peer[2] / peer[clock]

@@ -62,6 +62,26 @@ def test_doctor_model_shows_a_hybrid_models_recurrent_state(arch, layers, tmp_pa
     assert rows["servable"] == "yes"
 
 
+@pytest.mark.parametrize("arch", ["glm4_moe_lite", "kimi_linear"])
+def test_doctor_model_reports_an_mla_models_latent_bytes(arch, tmp_path):
+    """GLM-4.7-Flash-shaped and Kimi Linear-shaped (MLA among recurrent layers): each MLA
+    layer keeps one latent row per token, kv_lora_rank + qk_rope_head_dim values, as the config
+    says (4-byte floats here)."""
+    import json
+
+    path = save_model(tmp_path / arch, arch)
+    config = json.loads((path / "config.json").read_text())
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    kda = config.get("linear_attn_config", {}).get("kda_layers", [])
+    mla_layers = config["num_hidden_layers"] - len(kda)
+    row = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    assert rows["KV bytes/token"] == f"{mla_layers * row * 4:,} (float32)"
+    assert rows["layers"].startswith(f"{config['num_hidden_layers']} ({mla_layers} with latent")
+    assert rows["servable"] == "yes"
+
+
 def test_doctor_model_says_why_not(tmp_path):
     path = save_model(tmp_path / "qwen3", "qwen3", model_type="gemma2")  # refused by type
     result = CliRunner().invoke(app, ["doctor", str(path)])

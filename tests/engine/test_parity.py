@@ -7,21 +7,20 @@ import pytest
 import macbatch.metal as metal
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
-from tests.support.staggered import GREEDY, run_staggered
+from tests.support.staggered import (
+    GREEDY,
+    STAGGERED,
+    assert_preemption_recomputes_identically,
+    assert_staggered_batch_matches_mlx_lm,
+)
 from tests.support.staggered import random_prompts as _prompts
 from tests.support.tiny import ARCH_CONFIGS, build_model
 
 
 def _staggered_matches_mlx_lm(arch: str, tokenizer) -> None:
     model = build_model(arch)
-    engine = Engine(
-        model, tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
-    )
-    prompts = _prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
-    assert_pool_idle(engine)
+    engine = Engine(model, tokenizer, EngineConfig(**STAGGERED))
+    assert_staggered_batch_matches_mlx_lm(engine, model)
 
 
 @pytest.mark.parametrize("arch", list(ARCH_CONFIGS))
@@ -43,21 +42,7 @@ def test_staggered_batch_through_the_reference(arch, tiny_tokenizer, monkeypatch
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
 def test_preemption_recomputes_identically(arch, tiny_tokenizer):
     """A pool too small for everyone forces preemption; outputs are unchanged."""
-    model = build_model(arch)
-    engine = Engine(
-        model,
-        tiny_tokenizer,
-        EngineConfig(
-            num_blocks=12, block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False
-        ),
-    )
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    prompts = _prompts([20, 18, 22, 15, 19], seed=3)
-    outs = engine.generate(prompts, params)
-    assert engine.stats().preemptions > 0
-    for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens)
-    assert_pool_idle(engine)
+    assert_preemption_recomputes_identically(build_model(arch), tiny_tokenizer)
 
 
 def test_edge_lengths(tiny_tokenizer):

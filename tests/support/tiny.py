@@ -90,6 +90,127 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# Multi-head latent attention (MLA): one latent row (kv_lora_rank + qk_rope_head_dim = 96) per
+# token per layer, whose quantization groups of 32 end where the latent does (as 512 + 64 rows'
+# groups of 64 do), so rounding the latent and the RoPE key apart, as an oracle over mlx-lm's
+# cache does, is the pages' rounding; the MoE ones with 4 experts, the first layer dense. The
+# yarn settings make DeepSeek's softmax scale carry mscale (factor > 1).
+_MLA = dict(
+    _COMMON,
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    kv_lora_rank=64,
+    q_lora_rank=32,
+    qk_rope_head_dim=32,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    tie_word_embeddings=False,
+)
+_MLA_MOE = dict(
+    _MLA,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    routed_scaling_factor=1.5,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+)
+_YARN = {
+    "type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 1024,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+# Kimi Linear: Kimi Delta Attention layers among MLA layers that rotate nothing (NoPE)
+_KIMI_LINEAR = dict(
+    _MLA,
+    model_type="kimi_linear",
+    num_hidden_layers=4,
+    head_dim=16,
+    linear_attn_config={
+        "kda_layers": [1, 3],
+        "num_heads": 4,
+        "head_dim": 16,
+        "short_conv_kernel_size": 4,
+    },  # fmt: skip
+    model_max_length=4096,
+    num_experts=4,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    mla_use_nope=True,
+)
+_BAILING = dict(
+    _MLA_MOE,
+    num_hidden_layers=4,
+    head_dim=16,
+    num_experts=4,
+    num_shared_experts=1,
+    moe_shared_expert_intermediate_size=32,
+    layer_group_size=2,
+)
+MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": dict(_MLA_MOE, model_type="deepseek_v3", rope_scaling=_YARN),
+    "glm4_moe_lite": dict(_MLA_MOE, model_type="glm4_moe_lite", rope_theta=1_000_000.0),
+    "deepseek_v2": dict(
+        _MLA_MOE,
+        model_type="deepseek_v2",
+        q_lora_rank=None,
+        topk_method="greedy",
+        rope_scaling=_YARN,
+    ),
+    "minicpm3": dict(
+        _MLA,
+        model_type="minicpm3",
+        v_head_dim=None,  # minicpm3's is hidden_size / heads
+        dim_model_base=32,
+        scale_depth=1.4,
+        scale_emb=12,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0] * 16,
+            "long_factor": [1.0] * 16,
+            "original_max_position_embeddings": 4096,
+        },  # fmt: skip
+    ),
+    "youtu_llm": dict(_MLA, model_type="youtu_llm", rope_traditional=True),
+    "mistral4": dict(
+        _MLA_MOE,
+        model_type="mistral4",
+        rope_parameters={
+            "rope_theta": 10000.0,
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 1024,
+            "llama_4_scaling_beta": 0.1,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+    # Kimi K2.5 and Kimi-VL: a DeepSeek V3 text model in a multimodal wrapper
+    "kimi_k25": dict(model_type="kimi_k25", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
+    "kimi_vl": dict(model_type="kimi_vl", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
+    "kimi_linear": _KIMI_LINEAR,
+    # Ling 2.5 (bailing_moe_v3): Kimi Delta Attention layers, then an MLA layer with a gate per
+    # head, in groups of 2 here
+    "bailing_moe_v3": dict(_BAILING, model_type="bailing_moe_v3", short_conv_kernel_size=4),
+}
+# MLA families mlx-lm has that the engine refuses at load (families.py says why)
+REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "bailing_hybrid": dict(_BAILING, model_type="bailing_hybrid", group_norm_size=1),
+    "kimi_k3": dict(model_type="kimi_k3", text_config=dict(_KIMI_LINEAR, mla_use_output_gate=True)),
+}
+
+
 # Hybrid models: a few attention layers among recurrent ones (docs/models.md, "Hybrid models").
 HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_5": dict(
@@ -293,4 +414,7 @@ def save_model(
 
 
 def _config(arch: str) -> dict[str, Any]:
-    return ARCH_CONFIGS[arch] if arch in ARCH_CONFIGS else HYBRID_CONFIGS[arch]
+    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS):
+        if arch in configs:
+            return configs[arch]
+    return HYBRID_CONFIGS[arch]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from macbatch.engine.kv.full import FullAttentionGroup, FullAttentionSpec
 from macbatch.engine.kv.group import CacheGroup, CacheSpec
+from macbatch.engine.kv.latent import LatentGroup, LatentSpec
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup, RecurrentStateSpec
 from macbatch.engine.kv.window import SlidingWindowGroup, SlidingWindowSpec
@@ -14,6 +15,7 @@ from macbatch.engine.kv.window import SlidingWindowGroup, SlidingWindowSpec
 # each group class is built from its spec, the memory the runner gave it, and the block size
 CACHE_GROUPS: dict[type[CacheSpec], Callable[..., CacheGroup]] = {
     FullAttentionSpec: FullAttentionGroup,
+    LatentSpec: LatentGroup,
     SlidingWindowSpec: SlidingWindowGroup,
     RecurrentStateSpec: RecurrentStateGroup,
 }

@@ -89,6 +89,20 @@ class PagedLayerCache(EngineAttention):
             out = attend_blocks(out, queries[:, :, 0, :], pages, meta.block_tables, blocks, layer)
         return out[:, :, None, :]
 
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """An MLA layer's attention over its latent pages, this step's rows written first."""
+        if self.writes:
+            assert self.rows is not None
+            self.store.write(self.layer, self.rows[1], row, None)
+        k_pages, v_pages = self.store.pages(self.layer)
+        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim)
+        out = macbatch.metal.paged_attention(
+            queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
+        )
+        return out[:, :, None, :]
+
 
 class _ProbeCache(EngineAttention):
     """Records what one layer does during a one-token forward, to learn the cache shapes and to
@@ -123,6 +137,17 @@ class _ProbeCache(EngineAttention):
         return mlx_base.scaled_dot_product_attention(
             queries, keys, values, None, scale, None, sinks
         )
+
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """Records a latent layer's one-row pages; a lone token attends to itself alone, so
+        every head's output is its row's values."""
+        self.update_and_fetch(row, row)
+        self.shape = LayerShape(1, row.shape[-1], value_dim=value_dim)
+        self.attended += 1
+        n, heads = queries.shape[:2]
+        return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
 
 
 class _Delegate:
@@ -194,7 +219,7 @@ class ModelAdapter:
             )
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
-        hooks.install(model.layers, self._recurrent_modules())
+        hooks.install(self.layers, self._recurrent_modules())
         self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
             self._probe()
         )
@@ -207,6 +232,13 @@ class ModelAdapter:
     @property
     def inner(self) -> nn.Module:
         return getattr(self.model, self.inner_name)
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        """The decoder layers: the model's ``layers``, or its inner transformer's where the
+        model does not expose them (Kimi K2.5's and Kimi-VL's text model)."""
+        layers = getattr(self.model, "layers", None)
+        return list(layers if layers is not None else self.inner.layers)
 
     @property
     def head_is_split(self) -> bool:
@@ -226,7 +258,7 @@ class ModelAdapter:
         model's list is mlx-lm's ``make_cache()``); refuses any other kind with the reason."""
         from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
-        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.model.layers)
+        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.layers)
         if not hasattr(self.model, "make_cache"):
             return attention_only
         entries = []
@@ -256,7 +288,7 @@ class ModelAdapter:
         if not any(any(entry) for entry in self.recurrent):
             return []
         mixer = self.family.side_by_side_mixer
-        layers = self.model.layers
+        layers = self.layers
         return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
     def _probe(

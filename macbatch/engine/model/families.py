@@ -14,7 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-_MLA = "multi-head latent attention (MLA) keeps a compressed cache"
+# MLA families the latent pages serve that mlx-lm also has in a form the engine does not run
+_SPARSE_MLA = (
+    "DeepSeek sparse attention: a lightning indexer keeps keys of its own and picks each "
+    "query's top-k latent rows, which the paged step does not (yet) page or select; "
+    "DeepSeek V3 and V3.1 checkpoints (deepseek_v3) are served"
+)
+_TWO_MLA = (
+    "two MLA attentions per decoder layer (one mlx-lm CacheList of two caches), which the "
+    "adapter does not pair with two latent pages yet"
+)
 _FAST_ATTENTION = "calls mx.fast attention directly"
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
 # mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
@@ -87,14 +96,23 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
-    # (the name the attention hook replaces), or to keep a compressed latent cache (MLA) or
-    # recurrent state the engine does not page.
-    "deepseek_v2": Family(refusal=_MLA),
-    "deepseek_v3": Family(refusal=_MLA),
-    "deepseek_v32": Family(refusal=_MLA),
+    # (the name the attention hook replaces), or to keep a cache or recurrent state the engine
+    # does not page. MLA models (deepseek_v2/v3, glm4_moe_lite, minicpm3, mistral4, youtu_llm,
+    # kimi_k25, kimi_vl, kimi_linear, bailing_moe_v3) need no entry: their attention modules are
+    # found by shape (hooks/latent_attention.py) and cached in latent pages (kv/latent.py).
+    "deepseek_v32": Family(refusal=_SPARSE_MLA),
+    "glm_moe_dsa": Family(refusal=_SPARSE_MLA),
+    "longcat_flash": Family(refusal=_TWO_MLA),
+    "longcat_flash_ngram": Family(refusal=_TWO_MLA),
+    "bailing_hybrid": Family(
+        refusal="its linear-attention (GLA) layers read their state as cache[0], which the "
+        "engine's paged recurrent state does not offer yet"
+    ),
+    "kimi_k3": Family(
+        refusal="its decoder layers pass attention-residual blocks from layer to layer (a "
+        "tuple beside the hidden states), which the engine's recurrent step does not carry"
+    ),
     "deepseek_v41": Family(refusal=_FAST_ATTENTION),
-    "minicpm3": Family(refusal=_MLA),
-    "kimi_k25": Family(refusal=_MLA),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
     "gemma2": Family(

@@ -43,7 +43,9 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
     shared = f", {attention - paged} reuse another layer's K/V" if paged < attention else ""
     recurrent = len(adapter.state_shapes)
     both = sum(len(entry) > 1 for entry in adapter.recurrent)  # attention and state side by side
-    kinds = f"{paged} with KV pages{shared}"
+    latent = sum(shape.value_dim is not None for shape in adapter.layer_shapes)
+    pages = "latent pages (MLA: one row per token)" if latent == paged else "KV pages"
+    kinds = f"{paged} with {pages}{shared}"
     if recurrent:
         kinds += f", {recurrent} recurrent"
     if both:

@@ -30,6 +30,7 @@ from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.latent import LatentSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
@@ -282,11 +283,14 @@ def model_vocab_size(model: nn.Module) -> int:
 def cache_specs(
     adapter: ModelAdapter, fmt: PageFormat, block_size: int
 ) -> tuple[FullAttentionSpec, SlidingWindowSpec | None, RecurrentStateSpec | None]:
-    """What the model's layers need of each cache group: the full-attention layers' pages, the
-    sliding-window layers' (None: no window group), the recurrent layers' states (None: not a
-    hybrid model)."""
+    """What the model's layers need of each cache group: the full-attention layers' pages (an
+    MLA model's latent rows: ``LatentSpec``), the sliding-window layers' (None: no window
+    group), the recurrent layers' states (None: not a hybrid model)."""
     full_shapes, window_shapes = adapter.group_shapes
-    full = FullAttentionSpec(fmt.bytes_per_block(full_shapes, block_size))
+    latent = all(s.value_dim is not None for s in full_shapes)
+    full = (LatentSpec if latent else FullAttentionSpec)(
+        fmt.bytes_per_block(full_shapes, block_size)
+    )
     window = None
     if adapter.window is not None:
         window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)

@@ -6,6 +6,10 @@ contiguous, which is what the Metal kernel and the reference in ``macbatch.metal
 at position p of a request lives in block ``block_ids[p // block_size]`` at offset
 ``p % block_size``; its flat row for head h is ``(block * Hkv + h) * block_size + offset``.
 
+Latent pages (MLA layers, ``LayerShape.value_dim`` set): one "KV head" whose row is the token's
+compressed latent then its shared RoPE key, and no value array: the values are the row's leading
+``value_dim`` columns (``macbatch.metal.LayerParams.value_dim``), so the latent is stored once.
+
 Quantized pages (``EngineConfig.kv_bits`` 8 or 4): the same rows hold uint8 codes, and a float16
 scales array per layer and per K/V holds each row's (scale, bias) per head-dim group, indexed by
 the same flat row; see `KVStore` and ``macbatch/metal/quant.py`` for the format and why the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -33,6 +38,14 @@ from macbatch.metal.quant import QuantizedPages
 class LayerShape:
     num_kv_heads: int
     head_dim: int
+    # latent pages (MLA): the values are the leading ``value_dim`` columns of the key rows, and
+    # the layer keeps no value pages; None: K and V pages of ``head_dim`` each
+    value_dim: int | None = None
+
+    @property
+    def arrays(self) -> int:
+        """Page arrays per token row: K and V, or the latent row alone."""
+        return 1 if self.value_dim is not None else 2
 
 
 @dataclass(frozen=True)
@@ -58,8 +71,11 @@ class PageFormat:
         return quant.code_bytes(head_dim, self.bits) + quant.scale_bytes(head_dim, g)
 
     def bytes_per_block(self, shapes: list[LayerShape], block_size: int) -> int:
-        """True bytes of one block over all layers, K and V, scales included."""
-        return sum(2 * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes)
+        """True bytes of one block over all layers, K and V (a latent layer: its one row),
+        scales included."""
+        return sum(
+            s.arrays * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes
+        )
 
 
 class KVStore:
@@ -70,6 +86,9 @@ class KVStore:
     numbering as the codes: a token's scales live beside its codes in the pool, are written by
     the same scatter, freed and shared with the same block, and a kernel finds them through the
     same block table. Nothing else is kept: no float copy of any page.
+
+    ``values`` (and ``value_scales``) hold only the layers with value pages (a latent layer has
+    none); ``_value_index[layer]`` is a layer's place there.
     """
 
     def __init__(
@@ -79,12 +98,14 @@ class KVStore:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.format = fmt
+        valued = [layer for layer, s in enumerate(shapes) if s.value_dim is None]
+        self._value_index = {layer: i for i, layer in enumerate(valued)}
         self.keys = [self._zeros(s) for s in shapes]
-        self.values = [self._zeros(s) for s in shapes]
+        self.values = [self._zeros(shapes[layer]) for layer in valued]
         # One scales array per layer for quantized pages; none for float pages.
         quantized = fmt.bits is not None
         self.key_scales = [self._zero_scales(s) for s in shapes] if quantized else []
-        self.value_scales = [self._zero_scales(s) for s in shapes] if quantized else []
+        self.value_scales = [self._zero_scales(shapes[i]) for i in valued] if quantized else []
         mx.eval(self.arrays())
 
     def _rows(self, shape: LayerShape) -> int:
@@ -102,7 +123,7 @@ class KVStore:
 
     @property
     def nbytes(self) -> int:
-        """The whole pool's bytes (every layer, K and V, scales included)."""
+        """The whole pool's bytes (every layer, K and V or a latent row, scales included)."""
         return sum(a.nbytes for a in self.arrays())
 
     @property
@@ -117,61 +138,72 @@ class KVStore:
         beside the new pool. A step in flight still reads and writes the arrays it was built on;
         the copy waits for it on the stream, so every block it wrote keeps its contents.
         """
-        arrays = (self.keys, self.values, self.key_scales, self.value_scales)
-        for group in arrays:
-            for layer, array in enumerate(group):
-                per_block = self.shapes[layer].num_kv_heads * self.block_size
-                group[layer] = _resized(array, per_block, num_blocks, keep)
-                mx.eval(group[layer])
+        for group, index, shape in self._groups():
+            per_block = shape.num_kv_heads * self.block_size
+            group[index] = _resized(group[index], per_block, num_blocks, keep)
+            mx.eval(group[index])
         self.num_blocks = num_blocks
         mx.clear_cache()  # a Metal buffer cache would keep the old pages' memory
 
-    def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache)
-        into the flat rows computed by the batcher, quantizing them first when the pages are
-        quantized."""
+    def write(self, layer: int, rows: mx.array, keys: mx.array, values: mx.array | None) -> None:
+        """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache;
+        a latent layer: its rows as ``keys``, ``values`` None) into the flat rows computed by the
+        batcher, quantizing them first when the pages are quantized."""
         d = self.shapes[layer].head_dim
-        keys, values = keys.reshape(-1, d), values.reshape(-1, d)
-        if self.format.bits is None:  # the scatter casts to the pages' dtype
-            self.keys[layer][rows] = keys
-            self.values[layer][rows] = values
-            return
-        bits, group = self.format.bits, self.format.group_size_for(d)
-        for codes, scales, x in (
-            (self.keys, self.key_scales, keys),
-            (self.values, self.value_scales, values),
-        ):
-            new_codes, new_scales = quant.quantize(x, bits, group)
-            codes[layer][rows] = new_codes
-            scales[layer][rows] = new_scales
+        parts = [(self.keys, self.key_scales, layer, keys)]
+        if values is not None:
+            index = self._value_index[layer]
+            parts.append((self.values, self.value_scales, index, values))
+        bits = self.format.bits
+        for codes, scales, index, x in parts:
+            x = x.reshape(-1, d)
+            if bits is None:  # the scatter casts to the pages' dtype
+                codes[index][rows] = x
+                continue
+            new_codes, new_scales = quant.quantize(x, bits, self.format.group_size_for(d))
+            codes[index][rows] = new_codes
+            scales[index][rows] = new_scales
 
     def pages(self, layer: int) -> tuple[mx.array, mx.array] | tuple[QuantizedPages, ...]:
         """``[num_blocks, Hkv, block_size, D]`` views of the layer's K and V (quantized pages
-        as ``QuantizedPages`` of that logical shape)."""
+        as ``QuantizedPages`` of that logical shape); a latent layer's key pages twice, as the
+        attention contract takes them."""
         s = self.shapes[layer]
-        head = (self.num_blocks, s.num_kv_heads, self.block_size)
-        k, v = self.keys[layer], self.values[layer]
-        if self.format.bits is None:
-            return k.reshape(*head, s.head_dim), v.reshape(*head, s.head_dim)
-        bits, group = self.format.bits, self.format.group_size_for(s.head_dim)
-        ks, vs = self.key_scales[layer], self.value_scales[layer]
-        return (
-            QuantizedPages(k.reshape(*head, -1), ks.reshape(*head, *ks.shape[1:]), bits, group),
-            QuantizedPages(v.reshape(*head, -1), vs.reshape(*head, *vs.shape[1:]), bits, group),
-        )
+        scales = self.key_scales[layer] if self.key_scales else None
+        k = self._view(s, self.keys[layer], scales)
+        if s.value_dim is not None:
+            return k, k
+        index = self._value_index[layer]
+        scales = self.value_scales[index] if self.value_scales else None
+        return k, self._view(s, self.values[index], scales)
+
+    def _view(self, shape: LayerShape, codes: mx.array, scales: mx.array | None) -> Any:
+        head = (self.num_blocks, shape.num_kv_heads, self.block_size)
+        if scales is None or self.format.bits is None:
+            return codes.reshape(*head, shape.head_dim)
+        group = self.format.group_size_for(shape.head_dim)
+        scales = scales.reshape(*head, *scales.shape[1:])
+        return QuantizedPages(codes.reshape(*head, -1), scales, self.format.bits, group)
 
     def arrays(self) -> list[mx.array]:
         return self.keys + self.values + self.key_scales + self.value_scales
 
-    def _groups(self) -> list[tuple[list[mx.array], int]]:
-        """Each page array's list and layer, in ``arrays()`` order."""
-        lists = (self.keys, self.values, self.key_scales, self.value_scales)
-        return [(group, layer) for group in lists for layer in range(len(group))]
+    def _groups(self) -> list[tuple[list[mx.array], int, LayerShape]]:
+        """Each page array's list, its index there and its layer's shape, in ``arrays()``
+        order."""
+        valued = [self.shapes[layer] for layer in self._value_index]
+        lists = (
+            (self.keys, self.shapes),
+            (self.values, valued),
+            (self.key_scales, self.shapes),
+            (self.value_scales, valued),
+        )
+        return [(group, i, shapes[i]) for group, shapes in lists for i in range(len(group))]
 
-    def _block_rows(self, layer: int, blocks: Sequence[int]) -> mx.array:
+    def _block_rows(self, shape: LayerShape, blocks: Sequence[int]) -> mx.array:
         """The flat rows of ``blocks`` in a layer's arrays: a block is one run of
         ``Hkv * block_size`` rows, every head's."""
-        per = self.shapes[layer].num_kv_heads * self.block_size
+        per = shape.num_kv_heads * self.block_size
         rows = np.asarray(blocks, dtype=np.int64)[:, None] * per + np.arange(per)
         return mx.array(rows.reshape(-1).astype(np.int32))
 
@@ -179,10 +211,10 @@ class KVStore:
         """Bytes of one block in each page array, in ``arrays()`` order (a block's bytes on disk
         are these slabs, one after another: ``gather_blocks``)."""
         slabs = []
-        for group, layer in self._groups():
-            array = group[layer]
+        for group, index, shape in self._groups():
+            array = group[index]
             row = array.nbytes // array.shape[0]
-            slabs.append(self.shapes[layer].num_kv_heads * self.block_size * row)
+            slabs.append(shape.num_kv_heads * self.block_size * row)
         return slabs
 
     def gather_blocks(self, blocks: Sequence[int]) -> list[mx.array]:
@@ -190,8 +222,8 @@ class KVStore:
         the step that evaluates them copies them out beside its own work)."""
         count = len(blocks)
         out = []
-        for group, layer in self._groups():
-            rows = group[layer][self._block_rows(layer, blocks)]
+        for group, index, shape in self._groups():
+            rows = group[index][self._block_rows(shape, blocks)]
             out.append(rows.view(mx.uint8).reshape(count, -1))
         return out
 
@@ -199,10 +231,10 @@ class KVStore:
         """Write ``blocks``' pages from bytes (``slabs[i]``: ``[len(blocks), slab]`` uint8 for
         page array i, as ``gather_blocks`` made them): one scatter per array, evaluated with the
         next step."""
-        for (group, layer), data in zip(self._groups(), slabs, strict=True):
-            array = group[layer]
+        for (group, index, shape), data in zip(self._groups(), slabs, strict=True):
+            array = group[index]
             rows = mx.array(data).view(array.dtype).reshape(-1, *array.shape[1:])
-            group[layer][self._block_rows(layer, blocks)] = rows
+            group[index][self._block_rows(shape, blocks)] = rows
 
 
 @dataclass

@@ -8,12 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlx_lm import load as mlx_lm_load
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
-from tests.support.staggered import GREEDY, random_prompts, run_staggered
-from tests.support.tiny import HYBRID_CONFIGS, build_model, save_model
+from tests.support.staggered import (
+    GREEDY,
+    STAGGERED,
+    assert_loading_matches_mlx_lm,
+    assert_preemption_recomputes_identically,
+    assert_staggered_batch_matches_mlx_lm,
+    random_prompts,
+    run_staggered,
+)
+from tests.support.tiny import HYBRID_CONFIGS, build_model
 
 
 @pytest.mark.parametrize("arch", list(HYBRID_CONFIGS))
@@ -22,15 +29,9 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     several steps, so a recurrent layer resumes a prompt from its slot's state while decodes
     of other requests share the same forward."""
     model = build_model(arch)
-    engine = Engine(
-        model, tiny_tokenizer, EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=24)
-    )
+    engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
     assert engine.adapter.hybrid
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
-    assert_pool_idle(engine)
+    assert_staggered_batch_matches_mlx_lm(engine, model)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "falcon_h1"])
@@ -38,15 +39,7 @@ def test_preemption_recomputes_from_a_fresh_state(arch, tiny_tokenizer):
     """A pool too small for everyone preempts; the recomputed requests start from zero state
     (their slot went to others meanwhile) and give mlx-lm's tokens."""
     model = build_model(arch)
-    config = EngineConfig(num_blocks=12, block_size=8, max_num_batched_tokens=64)
-    engine = Engine(model, tiny_tokenizer, config)
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
-    outs = engine.generate(prompts, params)
-    assert engine.stats().preemptions > 0
-    for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, params.max_tokens)
-    assert_pool_idle(engine)
+    assert_preemption_recomputes_identically(model, tiny_tokenizer, enable_prefix_caching=True)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "falcon_h1"])
@@ -54,18 +47,7 @@ def test_preemption_recomputes_from_a_fresh_state(arch, tiny_tokenizer):
 def test_loaded_from_the_hugging_face_layout(quantized, arch, tmp_path: Path):
     """``Engine.load`` of a saved checkpoint (and of mlx-lm's own 4-bit conversion of it) gives
     the tokens of ``mlx_lm.load`` + ``generate_step`` on the same files."""
-    from mlx_lm import convert
-
-    path = save_model(tmp_path / "float", arch=arch)
-    if quantized:
-        convert(str(path), str(tmp_path / "q4"), quantize=True, q_bits=4, q_group_size=64)
-        path = tmp_path / "q4"
-    model, _ = mlx_lm_load(str(path))
-    engine = Engine.load(str(path), EngineConfig(num_blocks=64, max_num_batched_tokens=32))
-    prompts = random_prompts([7, 45, 3], seed=2)
-    outs = engine.generate(prompts, GREEDY)
-    for prompt, out in zip(prompts, outs):
-        assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+    assert_loading_matches_mlx_lm(tmp_path, arch, quantized, group_size=64)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h", "falcon_h1"])

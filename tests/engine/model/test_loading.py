@@ -72,8 +72,10 @@ def test_recurrent_architecture_is_refused(tiny_tokenizer):
         Engine(model_class(args_class.from_dict(config)), tiny_tokenizer)
 
 
-def test_mla_architecture_is_refused(tiny_tokenizer):
+def test_sparse_mla_architecture_is_refused(tiny_tokenizer):
+    """DeepSeek sparse attention is refused by its type before any probe (MLA models are served:
+    test_mla.py)."""
     model = build_model("qwen3")
-    model.args.model_type = "deepseek_v3"
-    with pytest.raises(UnsupportedModelError, match="MLA"):
+    model.args.model_type = "deepseek_v32"
+    with pytest.raises(UnsupportedModelError, match="sparse attention"):
         Engine(model, tiny_tokenizer)

@@ -18,6 +18,7 @@ from macbatch.engine.model.hooks import (
     cpu_activations,
     depthwise_conv,
     gated_delta,
+    latent_attention,
     recurrent_layers,
 )
 
@@ -46,6 +47,13 @@ HOOKS: tuple[Hook, ...] = (
         "every layer's attention reaches the engine's paged K/V through the name each model "
         "module imports, scaled_dot_product_attention",
         lambda _: attention.install(),
+    ),
+    Hook(
+        "latent_attention",
+        "MLA layers (DeepSeek, Kimi K2, GLM-4.7-Flash, MiniCPM3, Mistral Small 4) hand mlx-lm's "
+        "cache their latent and attend through a score mask or per-head keys; the packed step "
+        "writes one latent row per token and attends over the latent pages, absorbed",
+        lambda target: latent_attention.install(target.layers),
     ),
     Hook(
         "recurrent_layers",

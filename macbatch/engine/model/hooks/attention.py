@@ -28,6 +28,8 @@ class AttentionWindow:
 class EngineAttention:
     """A layer cache whose attention the engine computes (a base class the dispatcher knows)."""
 
+    offset: mx.array  # each row's position, as mlx-lm's RoPE reads a cache's offset
+
     def make_mask(
         self, n: int, return_array: bool = False, window_size: int | None = None
     ) -> AttentionWindow:
@@ -43,6 +45,16 @@ class EngineAttention:
         window: int | None,
         sinks: Any,
     ) -> mx.array:
+        raise NotImplementedError
+
+    def attend_latent(
+        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+    ) -> mx.array:
+        """An MLA layer's attention over its latent rows (``latent_attention.py``): ``queries``
+        ``[N, H, 1, Dk]`` (each head's absorbed query, then its roped part), ``row``
+        ``[N, 1, 1, Dk]`` (each token's latent then its roped shared key); returns each head's
+        latent output ``[N, H, 1, value_dim]`` (the softmax over the rows' leading
+        ``value_dim`` columns)."""
         raise NotImplementedError
 
 

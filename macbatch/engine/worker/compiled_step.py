@@ -60,8 +60,6 @@ class CompiledDecode:
         )
         self._compiled = mx.compile(self._forward, inputs=pages, outputs=pages)
         self._head_dims = {s.head_dim for s in adapter.layer_shapes}
-        # latent pages (MLA) go to the reference, which plans from the host copies
-        self._latent = any(s.value_dim is not None for s in adapter.layer_shapes)
         self._block_size = stores.full.block_size
 
     @property
@@ -103,7 +101,6 @@ class CompiledDecode:
             # M-RoPE rows in an image grid (engine/multimodal/qwen_vl.py); 1-D shifted ones are
             # inputs
             or (batch.rope_positions is not None and batch.rope_positions.ndim != 1)
-            or self._latent
             or not macbatch.metal.traceable(self._head_dims, self._block_size)
         ):
             return None

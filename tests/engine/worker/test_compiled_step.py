@@ -24,12 +24,13 @@ def _engine(model, tokenizer, after: int | None = 0, **config) -> Engine:
     return Engine(model, tokenizer, EngineConfig(compile_decode_after=after, **config))
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "gpt_oss", "gemma4"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "gpt_oss", "gemma4", "glm4_moe_lite"])
 def test_compiled_decode_matches_mlx_lm(arch, tiny_tokenizer):
     """Staggered requests (one alone at first, then a few together, chunked prefills between)
     decode compiled from the first step and match mlx-lm's single-request greedy ids; gemma3
     has a sliding-window cache group, gpt_oss sinks and experts, gemma4 (a multimodal wrapper)
-    layers that read another layer's K/V."""
+    layers that read another layer's K/V, glm4_moe_lite latent pages (MLA: one page array a
+    layer, no values)."""
     model = build_model(arch)
     engine = _engine(model, tiny_tokenizer)
     prompts = random_prompts([5, 19, 3, 30], seed=7)

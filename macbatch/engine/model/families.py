@@ -92,7 +92,16 @@ class Family:
     side_by_side_mixer: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
+    # multi-token prediction: whether speculative/mtp_model.py builds the checkpoint's MTP layer,
+    # and for a family that ships one it does not build, why not
+    mtp_layer: bool = False
+    mtp_refusal: str | None = None
 
+
+_MLA_MTP = (
+    "its MTP layer attends with multi-head latent attention (MLA), which the MTP drafter does "
+    "not page yet"
+)
 
 FAMILIES: dict[str, Family] = {
     # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
@@ -144,8 +153,14 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(
         vision=Vision(
             ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True, rope_parameters=True)
-        )
+        ),
+        mtp_layer=True,
     ),
+    "qwen3_5_moe": Family(mtp_layer=True),
+    "qwen3_next": Family(mtp_layer=True),
+    "deepseek_v3": Family(mtp_refusal=_MLA_MTP),
+    "glm4_moe": Family(mtp_refusal=_MLA_MTP),
+    "glm4_moe_lite": Family(mtp_refusal=_MLA_MTP),
 }
 _PLAIN = Family()
 

@@ -18,6 +18,8 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from macbatch.engine.model.families import FAMILIES, family
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
@@ -34,21 +36,17 @@ _CENTRED_NORMS = (
     "pre_fc_norm_hidden.weight",
 )
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-# the families whose MTP layer mtp_model.py builds; the others that ship one, and why not yet
-MTP_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-_NOT_YET = {
-    family: "its MTP layer attends with multi-head latent attention (MLA), which macbatch does "
-    "not page yet"
-    for family in ("deepseek_v3", "glm4_moe", "glm4_moe_lite")
-}
+# the families whose MTP layer mtp_model.py builds (the families table says)
+MTP_FAMILIES = tuple(name for name, record in FAMILIES.items() if record.mtp_layer)
 
 
 def mtp_refusal(model_type: str) -> str | None:
     """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
-    if model_type in MTP_FAMILIES:
+    record = family(model_type)
+    if record.mtp_layer:
         return None
-    return _NOT_YET.get(
-        model_type, f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
+    return record.mtp_refusal or (
+        f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
     )
 
 

@@ -105,7 +105,7 @@ def _ran(model_path: Path, body: dict[str, Any], tmp_path: Path, monkeypatch) ->
 
     from macbatch.batch.command import run_command
 
-    queued = _record_params(Engine, "add_request", monkeypatch)
+    queued = _record_params(Engine, "prepare_request", monkeypatch)  # rows prepared off-loop
     row = {"custom_id": "r", "method": "POST", "url": _url(body), "body": body}
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
     job = write_job(

@@ -35,8 +35,13 @@ class Ready(Generic[Row, Prepared]):
 
 
 class Preparing(Generic[Row, Prepared]):
-    def __init__(self, prepare: Callable[[Request], Prepared]) -> None:
+    def __init__(
+        self, prepare: Callable[[Request], Prepared], on_ready: Callable[[], None] | None = None
+    ) -> None:
+        """``on_ready``: called (on a worker thread) when a row is done preparing, for a caller
+        that blocks on something else meanwhile (the Batch API waits for outputs)."""
         self._prepare = prepare
+        self._on_ready = on_ready
         self._pool = futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="macbatch-prepare")
         self._rows: dict[futures.Future[list[Prepared]], tuple[Row, str, int]] = {}
 
@@ -52,6 +57,9 @@ class Preparing(Generic[Row, Prepared]):
         """Prepare a row's requests (all of them, or the row fails) on a worker thread."""
         future = self._pool.submit(lambda: [self._prepare(r) for r in requests])
         self._rows[future] = (row, key, len(requests))
+        if self._on_ready is not None:
+            on_ready = self._on_ready
+            future.add_done_callback(lambda _: on_ready())
 
     def queue_ready(
         self,

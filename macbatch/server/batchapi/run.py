@@ -52,11 +52,12 @@ class BatchRun:
         self.errors_file.unlink(missing_ok=True)  # failures are retried, as a rerun of a job
         self.completed = self.ledger.count(batch_id)
         self.failed = 0
-        self._outputs: queue.Queue[RequestOutput] = queue.Queue()
+        # finished requests, and None when a line is done preparing (it wakes ``_wait``)
+        self._outputs: queue.Queue[RequestOutput | None] = queue.Queue()
         self._pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
         # lines being templated and tokenized off the batch thread: a huge one holds up no other
         self._preparing: Preparing[tuple[Planned, ReplyShape | None], Request] = Preparing(
-            lambda request: engine.thread.prepare(*request)
+            lambda request: engine.thread.prepare(*request), lambda: self._outputs.put(None)
         )
         self._appender: JsonlAppender | None = None
         self._errors: JsonlAppender | None = None
@@ -101,7 +102,8 @@ class BatchRun:
             if not self.engine.thread.alive:
                 raise EngineDeadError("the engine stopped during a batch") from None
             return
-        self._finish(out)
+        if out is not None:  # None: a line is ready to queue, which the loop does next
+            self._finish(out)
 
     def _admit(self, item: Planned | Rejected | None) -> bool:
         """Submit one line's requests (or write its error line); False when the plan is

@@ -117,6 +117,17 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="Under mlx.launch: run N whole-model replicas, one per rank, each on its share "
+            "of the rows (rank 0 hands rows out and writes every file). Without it, the ranks "
+            "split one model (tensor parallelism). docs/distributed.md",
+            show_default=False,
+        ),
+    ] = None,
     kv_bits: int | None = kv_bits_option(),
     speculative: str | None = speculative_option(default=None),
     draft_model: str | None = draft_model_option(),
@@ -163,6 +174,7 @@ def run_command(
         reporter,
         headless,
         (cache_dir, cache_disk_gb, no_disk_cache),
+        replicas,
     )
     if summary["status"] == "interrupted":
         again = resume_command(
@@ -222,6 +234,7 @@ def _run(
     reporter: object,
     headless: bool,
     disk_options: tuple[str | None, float | None, bool] = (None, None, True),
+    replicas: int | None = None,
 ) -> dict:
     """Load, validate and run; every failure a user can cause ends as one clear message."""
     import dataclasses
@@ -229,7 +242,7 @@ def _run(
     from macbatch.batch.runner import jobs_by_name, run_jobs
     from macbatch.batch.spec import load_job_file
     from macbatch.batch.yamlfile import JobFileError
-    from macbatch.engine import Engine, EngineConfig
+    from macbatch.engine import Engine, EngineConfig, load_replicas
 
     kv_bits, spec = engine_options
     disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
@@ -242,6 +255,8 @@ def _run(
             config = EngineConfig(kv_bits=bits, **speculative, **disk)
             if max_seqs is not None:
                 config = dataclasses.replace(config, max_num_seqs=max_seqs)
+            if replicas is not None:  # whole-model replicas, one per rank of mlx.launch
+                return load_replicas(name, config, replicas)
             return Engine.load(name, config)
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc

@@ -27,6 +27,10 @@ _EXPORTS: dict[str, str] = {
     "EngineInfo": "macbatch.engine.model_info",
     "ModelInfo": "macbatch.engine.model_info",
     "declared_context_length": "macbatch.engine.model_info",
+    # whole-model replicas under mlx.launch (docs/distributed.md)
+    "ReplicatedEngine": "macbatch.engine.distributed.replicas",
+    "load_replicas": "macbatch.engine.distributed.replicas",
+    "serve_replica": "macbatch.engine.distributed.replicas",
     # requests and what they report
     "Prompt": "macbatch.engine.inputs.prompt",
     "PromptInput": "macbatch.engine.inputs.prompt",
@@ -102,6 +106,11 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.core.request import Request
     from macbatch.engine.core.stats import EngineStats
+    from macbatch.engine.distributed.replicas import (
+        ReplicatedEngine,
+        load_replicas,
+        serve_replica,
+    )
     from macbatch.engine.engine import Engine
     from macbatch.engine.inputs.chat_template import (
         THINKING_SWITCH,

@@ -1,0 +1,119 @@
+"""`macbatch run --replicas 2` on two ranks (ring backend, 127.0.0.1): each rank runs the whole
+model on its share of the rows, rank 0 writes every line once, and a replica killed mid-run costs
+only its unfinished rows. The oracle is the same job run by one process, re-read from its files.
+Every subprocess has a deadline, so nothing here can hang CI."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from macbatch.batch.paths import LEDGER_NAME
+from tests.batch.conftest import read_jsonl
+from tests.support.ranks import mlx_launch, spawn_ranks, stop_all
+
+ROWS = 24
+REPLICAS = 2
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path:
+    """A job of ROWS greedy rows, long enough (32 tokens each, two sequences per step) that a
+    replica can be killed while it still holds some."""
+    directory = tmp_path_factory.mktemp("replicas")
+    with (directory / "rows.jsonl").open("w") as f:
+        for i in range(ROWS):
+            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
+    path = directory / "jobs.yaml"
+    path.write_text(
+        f"model: {tiny_model_path}\n"
+        "jobs:\n"
+        "  - name: rows\n"
+        "    input: rows.jsonl\n"
+        '    template: "Summarize: {text}"\n'
+        "    sampling: {temperature: 0, max_tokens: 32, ignore_eos: true}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(job: Path, run_app) -> dict[str, str]:
+    """Each row's reply when one process runs the job."""
+    from typer.testing import CliRunner
+
+    out = job.parent / "one"
+    result = CliRunner().invoke(run_app, [str(job), "--headless", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return _replies(out)
+
+
+def _replicas_command(job: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "macbatch", "run", str(job), "--headless", "-o", str(out)] + [
+        "--replicas",
+        str(REPLICAS),
+        "--max-seqs",
+        "2",
+    ]
+
+
+def _replies(out: Path) -> dict[str, str]:
+    """custom_id -> reply, after checking that every row has exactly one line and the ledger
+    holds each once."""
+    lines = read_jsonl(out / "rows.jsonl")
+    assert Counter(line["custom_id"] for line in lines) == {f"r{i}": 1 for i in range(ROWS)}
+    with sqlite3.connect(out / LEDGER_NAME) as db:
+        assert db.execute("SELECT COUNT(*) FROM done WHERE job='rows'").fetchone() == (ROWS,)
+    return {
+        line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"]
+        for line in lines
+    }
+
+
+def test_two_replicas_write_what_one_process_writes(job: Path, one_process: dict) -> None:
+    """Under `mlx.launch -n 2`, both replicas answer rows, every row is written once, and every
+    greedy reply is the one a single process gives."""
+    out = job.parent / "two"
+    launched = mlx_launch(_replicas_command(job, out), ranks=REPLICAS, timeout_s=300)
+    assert (out / "summary.json").exists(), launched.stdout + launched.stderr
+    assert _replies(out) == one_process
+    summary = json.loads((out / "summary.json").read_text())
+    replicas = summary["replicas"]
+    assert [r["rank"] for r in replicas] == [0, 1], summary
+    assert all(r["requests"] > 0 and r["generated_tokens"] > 0 for r in replicas), summary
+    assert sum(r["requests"] for r in replicas) == ROWS
+    assert sum(r["generated_tokens"] for r in replicas) == summary["generated_tokens"]
+
+
+def test_a_killed_replica_costs_only_its_rows(job: Path, one_process: dict) -> None:
+    """Rank 1 is SIGKILLed mid-run: rank 0 stops at once with the reason, every line finished
+    before is kept, and the same command again writes the rest: every row once, identical to one
+    process."""
+    out = job.parent / "killed"
+    output = out / "rows.jsonl"
+    ranks = spawn_ranks(_replicas_command(job, out), REPLICAS, job.parent)
+    try:
+        deadline = time.monotonic() + 180
+        while not (output.exists() and output.read_bytes().count(b"\n") >= 4):
+            assert time.monotonic() < deadline and ranks[0].poll() is None, ranks[0].stderr.read()
+            time.sleep(0.02)
+        ranks[1].kill()
+        _, stderr = ranks[0].communicate(timeout=60)
+    finally:
+        stop_all(ranks)
+    assert ranks[0].returncode == 130, stderr.decode()  # interrupted: resumable
+    assert "the replicas' exchange lost a rank" in stderr.decode(), stderr.decode()
+    written = output.read_bytes().count(b"\n")
+    assert 4 <= written < ROWS
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["ok"] == written
+
+    launched = mlx_launch(_replicas_command(job, out), ranks=REPLICAS, timeout_s=300)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped"] == written and summary["ok"] == ROWS - written, launched.stderr
+    assert _replies(out) == one_process

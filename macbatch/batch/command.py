@@ -242,7 +242,7 @@ def _run(
     from macbatch.batch.runner import jobs_by_name, run_jobs
     from macbatch.batch.spec import load_job_file
     from macbatch.batch.yamlfile import JobFileError
-    from macbatch.engine import Engine, EngineConfig, load_replicas
+    from macbatch.engine import Engine, EngineConfig, load_replicas, replicas_problem
 
     kv_bits, spec = engine_options
     disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
@@ -270,6 +270,8 @@ def _run(
         )
         if (problem := model_problem(job_file.model)) is not None:  # before any file is made
             raise JobFileError(f"{problem} (the model of {file}, or --model)")
+        if replicas is not None and (problem := replicas_problem(replicas)) is not None:
+            raise JobFileError(problem)
         return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))

@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     # whole-model replicas under mlx.launch (docs/distributed.md)
     "ReplicatedEngine": "macbatch.engine.distributed.replicas",
     "load_replicas": "macbatch.engine.distributed.replicas",
+    "replicas_problem": "macbatch.engine.distributed.replicas",
     "serve_replica": "macbatch.engine.distributed.replicas",
     # requests and what they report
     "Prompt": "macbatch.engine.inputs.prompt",
@@ -109,6 +110,7 @@ if TYPE_CHECKING:
     from macbatch.engine.distributed.replicas import (
         ReplicatedEngine,
         load_replicas,
+        replicas_problem,
         serve_replica,
     )
     from macbatch.engine.engine import Engine

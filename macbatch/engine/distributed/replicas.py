@@ -92,22 +92,31 @@ class ReplicaTally:
         }
 
 
+def replicas_problem(replicas: int) -> str | None:
+    """Why this process cannot run ``replicas`` whole-model replicas (the ranks do not match),
+    or None."""
+    group = current()
+    ranks = 1 if group is None else group.size()
+    if ranks == replicas:
+        return None
+    launch = f"mlx.launch -n {replicas} -- macbatch run ... --replicas {replicas}"
+    return (
+        f"--replicas {replicas} needs {replicas} ranks, one per replica, and this run has "
+        f"{ranks}: start it with `{launch}` (or a hostfile of {replicas} hosts). Replicas "
+        "that are tensor-parallel groups (more ranks than replicas) are not supported yet; "
+        "without --replicas the ranks split one model (tensor parallelism)"
+    )
+
+
 def load_replicas(name: str, config: EngineConfig, replicas: int) -> Engine | ReplicatedEngine:
     """``replicas`` whole-model replicas of ``name``, one per rank of the launched group (rank 0
     only; the others run ``serve_replica``); a plain ``Engine`` for one replica alone.
     ``ValueError`` when the ranks do not match, or when a rank could not load the model."""
+    if (problem := replicas_problem(replicas)) is not None:
+        raise ValueError(problem)
     group = current()
-    ranks = 1 if group is None else group.size()
-    if replicas == 1 and group is None:
+    if group is None:
         return Engine.load(name, config)
-    if group is None or ranks != replicas:
-        launch = f"mlx.launch -n {replicas} -- macbatch run ... --replicas {replicas}"
-        raise ValueError(
-            f"--replicas {replicas} needs {replicas} ranks, one per replica, and this run has "
-            f"{ranks}: start it with `{launch}` (or a hostfile of {replicas} hosts). Replicas "
-            "that are tensor-parallel groups (more ranks than replicas) are not supported yet; "
-            "without --replicas the ranks split one model (tensor parallelism)"
-        )
     channel_of(group).send_replicate(LoadOrder(name, config))
     leave()
     engine, error = _load_alone(name, config)

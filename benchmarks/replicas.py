@@ -60,8 +60,10 @@ def run_command(job: Path, out: Path, *extra: str) -> list[str]:
 
 
 def replies(out: Path) -> dict[str, str]:
-    lines = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    return {x["custom_id"]: x["response"]["body"]["choices"][0]["message"]["content"] for x in lines}
+    lines = [json.loads(raw) for raw in (out / "rows.jsonl").read_text().splitlines()]
+    return {
+        x["custom_id"]: x["response"]["body"]["choices"][0]["message"]["content"] for x in lines
+    }
 
 
 def main() -> None:
@@ -83,7 +85,8 @@ def main() -> None:
         load_after = os.getloadavg()
         single = json.loads((work / "one" / "summary.json").read_text())
         double = json.loads((work / "two" / "summary.json").read_text())
-        same = replies(work / "one") == replies(work / "two")
+        alone, split = replies(work / "one"), replies(work / "two")
+        differ = sum(alone[key] != split.get(key) for key in alone)
     rows_per_s = (single["requests_per_s"], double["requests_per_s"])
     handout = double["handout_s"]
     print(f"{args.rows} rows x {args.max_tokens} tokens, greedy; model {MODEL_SHAPE}")
@@ -98,7 +101,9 @@ def main() -> None:
         f"wall time, {1000 * handout / args.rows:.2f} ms per row "
         f"(a row takes {1000 * double['wall_s'] / args.rows:.1f} ms of wall time)"
     )
-    print(f"replies identical to one process: {same}")
+    # A random-weight model has near-ties that a different batch composition can flip (one
+    # process with --max-seqs 16 instead of 64 also differs in a row or so of 400).
+    print(f"replies that differ from one process's: {differ} of {args.rows}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import signal
 import socket
 import sys
 import time
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.core.outputs import FinishReason, RequestMetrics, RequestOutput
@@ -128,6 +128,9 @@ def load_replicas(name: str, config: EngineConfig, replicas: int) -> Engine | Re
 def serve_replica(order: LoadOrder, group: mx.distributed.Group) -> int:
     """A rank other than 0: load the whole model, then run what rank 0 hands out until its last
     round; the exit status for the process."""
+    # Ctrl-C is rank 0's to handle (finish what is in flight, then end the rounds): a replica
+    # that stopped at once would lose the rows it holds.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     leave()
     engine, error = _load_alone(order.model, order.config)
     try:
@@ -211,7 +214,7 @@ def portable(output: RequestOutput) -> RequestOutput:
         output.capped_max_tokens,
         FixedText(output.text, "", output.reasoning, ""),
     )
-    copy.embedding = None if output.embedding is None else np.array(output.embedding)
+    copy.embedding = output.embedding  # a float32 numpy vector, or None
     copy.score = output.score
     copy.step_failed = output.step_failed
     return copy
@@ -284,9 +287,9 @@ class ReplicatedEngine:
         held = self._held.get(request_id)
         if held is None:
             return
-        if held.replica is None:
+        if held.replica is None:  # queued here (its final output comes now) or never queued
+            del self._held[request_id]
             if self.handout.remove(request_id):
-                self._held.pop(request_id)
                 self._ready.append(ended(request_id, FinishReason.ABORT))
         elif held.replica == 0:
             self.local.abort(request_id)

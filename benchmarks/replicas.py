@@ -25,33 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.batch_job import MODEL_SHAPE
 from tests.support.ranks import REPO, mlx_launch
+from tests.support.rows_job import write_rows_job
 from tests.support.tiny import save_model
-
-MODEL_SHAPE = dict(
-    hidden_size=256,
-    num_hidden_layers=4,
-    intermediate_size=768,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    head_dim=32,
-)
-
-
-def write_job(work: Path, model: Path, rows: int, max_tokens: int) -> Path:
-    with (work / "rows.jsonl").open("w") as f:
-        for i in range(rows):
-            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
-    job = work / "jobs.yaml"
-    job.write_text(
-        f"model: {model}\n"
-        "jobs:\n"
-        "  - name: rows\n"
-        "    input: rows.jsonl\n"
-        '    template: "Summarize: {text}"\n'
-        f"    sampling: {{temperature: 0, max_tokens: {max_tokens}, ignore_eos: true}}\n"
-    )
-    return job
 
 
 def run_command(job: Path, out: Path, *extra: str) -> list[str]:
@@ -74,7 +51,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = save_model(work / "model", arch="qwen3", **MODEL_SHAPE)
-        job = write_job(work, model, args.rows, args.max_tokens)
+        job = write_rows_job(work, model, args.rows, args.max_tokens)
         load_before = os.getloadavg()
         one = subprocess.run(
             run_command(job, work / "one"), cwd=REPO, capture_output=True, text=True, timeout=1800

@@ -17,6 +17,7 @@ import pytest
 from macbatch.batch.paths import LEDGER_NAME
 from tests.batch.conftest import read_jsonl
 from tests.support.ranks import mlx_launch, spawn_ranks, stop_all
+from tests.support.rows_job import write_rows_job
 
 ROWS = 24
 REPLICAS = 2
@@ -26,20 +27,7 @@ REPLICAS = 2
 def job(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> Path:
     """A job of ROWS greedy rows, long enough (32 tokens each, two sequences per step) that a
     replica can be killed while it still holds some."""
-    directory = tmp_path_factory.mktemp("replicas")
-    with (directory / "rows.jsonl").open("w") as f:
-        for i in range(ROWS):
-            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
-    path = directory / "jobs.yaml"
-    path.write_text(
-        f"model: {tiny_model_path}\n"
-        "jobs:\n"
-        "  - name: rows\n"
-        "    input: rows.jsonl\n"
-        '    template: "Summarize: {text}"\n'
-        "    sampling: {temperature: 0, max_tokens: 32, ignore_eos: true}\n"
-    )
-    return path
+    return write_rows_job(tmp_path_factory.mktemp("replicas"), tiny_model_path, ROWS, 32)
 
 
 @pytest.fixture(scope="module")

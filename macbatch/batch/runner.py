@@ -220,7 +220,9 @@ class _Loop:
         lost = self.engine.lost if isinstance(self.engine, ReplicatedEngine) else None
         if lost is not None and not self.progress.stopping:
             self.progress.stopping = True
-            self.reporter.note(f"Stopping: {lost}; finishing {len(self.pending)} in flight.")
+            self.reporter.note(
+                f"Stopping: {lost.rstrip('.')}; finishing {len(self.pending)} in flight."
+            )
 
     def _admit(self) -> None:
         """Start preparing lines' engine requests while fewer than ``max_in_flight`` are

@@ -103,8 +103,9 @@ def replicas_problem(replicas: int) -> str | None:
     return (
         f"--replicas {replicas} needs {replicas} ranks, one per replica, and this run has "
         f"{ranks}: start it with `{launch}` (or a hostfile of {replicas} hosts). Replicas "
-        "that are tensor-parallel groups (more ranks than replicas) are not supported yet; "
-        "without --replicas the ranks split one model (tensor parallelism)"
+        "that are tensor-parallel groups (more ranks than replicas) are not supported: each "
+        "would need a group of its own, which MLX's ring backend cannot split off. Without "
+        "--replicas the ranks split one model (tensor parallelism)"
     )
 
 

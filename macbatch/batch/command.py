@@ -180,6 +180,8 @@ def run_command(
         again = resume_command(
             file, model, jobs or [], output_dir, (kv_bits, spec), headless, max_in_flight
         )
+        if replicas is not None:  # the launcher's own arguments are not known here
+            again += f" --replicas {replicas} (under mlx.launch, as before; or alone, without it)"
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"

@@ -319,9 +319,6 @@ class ReplicatedEngine:
         """Rank 0's own engine's (its KV usage is what the display shows)."""
         return self.local.stats()
 
-    def has_unfinished(self) -> bool:
-        return bool(self._held) or self.local.has_unfinished()
-
     def replica_stats(self) -> dict[str, Any]:
         """Each replica's share of the run, and rank 0's hand-out time (for the summary)."""
         return {

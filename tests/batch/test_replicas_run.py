@@ -105,3 +105,16 @@ def test_a_killed_replica_costs_only_its_rows(job: Path, one_process: dict) -> N
     summary = json.loads((out / "summary.json").read_text())
     assert summary["skipped"] == written and summary["ok"] == ROWS - written, launched.stderr
     assert _replies(out) == one_process
+
+
+def test_replicas_without_as_many_ranks_are_refused_before_any_file(job: Path, run_app) -> None:
+    """One process asked for two replicas: refused with the launch command that fits, and no
+    output directory is made."""
+    from typer.testing import CliRunner
+
+    out = job.parent / "refused"
+    result = CliRunner().invoke(run_app, [str(job), "-o", str(out), "--replicas", "2"])
+    assert result.exit_code == 1
+    assert "--replicas 2 needs 2 ranks" in result.output, result.output
+    assert "mlx.launch -n 2 -- macbatch run ... --replicas 2" in result.output
+    assert not out.exists()

@@ -107,6 +107,42 @@ def test_a_killed_replica_costs_only_its_rows(job: Path, one_process: dict) -> N
     assert _replies(out) == one_process
 
 
+# Imported first by every Python process of the rank given it (PYTHONPATH): that rank cannot
+# read any weights file, as on a Mac whose copy of the model is damaged.
+UNREADABLE_WEIGHTS = """
+import mlx.core as mx
+_load = mx.load
+def _refuse(path, *args, **kwargs):
+    if str(path).endswith(".safetensors"):
+        raise OSError(f"cannot read {path} on this rank")
+    return _load(path, *args, **kwargs)
+mx.load = _refuse
+"""
+
+
+def test_a_rank_that_cannot_load_stops_the_run_before_any_row(job: Path) -> None:
+    """Rank 1 cannot read the weights: both ranks stop with rank 1's reason, and no row is
+    handed out (no line written, no row in a ledger)."""
+    broken = job.parent / "broken-rank"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(UNREADABLE_WEIGHTS)
+    out = job.parent / "unloadable"
+    ranks = spawn_ranks(
+        _replicas_command(job, out), REPLICAS, job.parent, {1: {"PYTHONPATH": str(broken)}}
+    )
+    try:
+        stderr = [rank.communicate(timeout=240)[1].decode() for rank in ranks]
+    finally:
+        stop_all(ranks)
+    assert ranks[0].returncode != 0 and ranks[1].returncode != 0, stderr
+    assert "on every replica, so nothing was run: rank 1" in stderr[0], stderr[0]
+    assert "cannot read" in stderr[0] and "on this rank" in stderr[0], stderr[0]
+    assert not (out / "rows.jsonl").exists() or not (out / "rows.jsonl").read_text()
+    if (out / LEDGER_NAME).exists():
+        with sqlite3.connect(out / LEDGER_NAME) as db:
+            assert db.execute("SELECT COUNT(*) FROM done").fetchone() == (0,)
+
+
 def test_replicas_without_as_many_ranks_are_refused_before_any_file(job: Path, run_app) -> None:
     """One process asked for two replicas: refused with the launch command that fits, and no
     output directory is made."""

@@ -306,29 +306,60 @@ class ChatService:
         self._check_idle(session_id)
         self.store.delete_message(message_id)
 
-    def drop_last_reply(self, session_id: int) -> int | None:
-        """Before regenerating: forget the last reply; its id (None: the chat ends with the
-        user's message, which gets its first reply)."""
+    async def regenerate(self, session_id: int, show: ShowReply, host: Widget) -> None:
+        """ctrl+r: a new version of the last reply, the earlier ones kept to flip back to (a chat
+        that ends with the user's message gets its first reply)."""
         self._check_can_reply(session_id)
-        messages = self.store.messages(session_id)
-        if not messages:
+        history = self.store.messages(session_id)
+        if not history:
             raise ChatRefused("Nothing to regenerate yet.")
-        if messages[-1].role != "assistant":
-            return None
-        self.store.delete_messages_from(session_id, messages[-1].id)
-        return messages[-1].id
+        last = history.pop() if history[-1].role == "assistant" else None
+        prompt = self._prompt(session_id, history)
+        message = (
+            self.store.add_message(session_id, "assistant", "", STREAMING)
+            if last is None
+            else self.store.new_version(last)
+        )
+        await self._reply(session_id, prompt, message, show, host)
+
+    def flip(self, session_id: int, step: int, message_id: int | None = None) -> Message:
+        """alt+left / alt+right: show the previous (-1) or next (+1) version of the selected
+        reply, else of the chat's last reply; the next turn sends the one shown."""
+        self._check_idle(session_id)
+        replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]
+        chosen = [m for m in replies if m.id == message_id] or replies[-1:]
+        if not chosen or chosen[0].versions == 1:
+            raise ChatRefused("This reply has one version: ctrl+r regenerates it as another.")
+        reply, number = chosen[0], chosen[0].version + step
+        if not 1 <= number <= reply.versions:
+            end = "first" if step < 0 else "last"
+            raise ChatRefused(f"This is the {end} version ({reply.version}/{reply.versions}).")
+        return self.store.show_version(reply.id, number)
 
     async def start_reply(self, session_id: int, show: ShowReply, host: Widget) -> None:
-        """Store an empty streaming reply, have `show` put it on screen, and stream into what it
-        shows, as a worker of `host` (whose `StateChanged` messages go to `reply_ended`)."""
-        session = self.sessions[session_id]
+        """Store an empty streaming reply to the chat as it stands, have `show` put it on
+        screen, and stream into what it shows, as a worker of `host` (whose `StateChanged`
+        messages go to `reply_ended`)."""
+        prompt = self._prompt(session_id, self.store.messages(session_id))
+        message = self.store.add_message(session_id, "assistant", "", STREAMING)
+        await self._reply(session_id, prompt, message, show, host)
+
+    def _prompt(self, session_id: int, history: list[Message]) -> list[dict[str, Any]]:
         try:  # OpenAI image_url parts read and checked by the request layer, as serve does
-            prompt = chat_messages(prompt_messages(session, self.store.messages(session_id)))
+            return chat_messages(prompt_messages(self.sessions[session_id], history))
         except InvalidRequest as error:
             raise ChatRefused(f"Cannot send this chat: {error}", "error") from error
-        message = self.store.add_message(session_id, "assistant", "", STREAMING)
+
+    async def _reply(
+        self,
+        session_id: int,
+        prompt: list[dict[str, Any]],
+        message: Message,
+        show: ShowReply,
+        host: Widget,
+    ) -> None:
         view = await show(message)
-        settings = session.settings
+        settings = self.sessions[session_id].settings
         reply = Reply(lambda: self._stream(prompt, settings, host), self.store, message, view)
         worker = host.run_worker(
             reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False

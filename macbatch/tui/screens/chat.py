@@ -75,7 +75,26 @@ class ChatScreen(Screen[None]):
             "Stop",
             tooltip="Stop the reply, or leave edit mode; back to the message box",
         ),
-        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
+        Binding(
+            "ctrl+r",
+            "regenerate",
+            "Regen",
+            tooltip="Regenerate the last reply (the earlier versions are kept)",
+        ),
+        Binding(
+            "alt+left",
+            "flip(-1)",
+            "Older",
+            tooltip="Previous version of the selected (else last) reply; the next turn sends the "
+            "one shown",
+        ),
+        Binding(
+            "alt+right",
+            "flip(1)",
+            "Newer",
+            tooltip="Next version of the selected (else last) reply; the next turn sends the one "
+            "shown",
+        ),
         Binding(
             "ctrl+g",
             "edit_last",
@@ -373,6 +392,10 @@ class ChatScreen(Screen[None]):
 
     async def start_reply(self, session_id: int) -> None:
         await self.chats.start_reply(session_id, self.transcript(session_id).add, self)
+        self.replying(session_id)
+
+    def replying(self, session_id: int) -> None:
+        """A reply of the chat has started: mark it in the list, and show it in the bar now."""
         self.session_list.item_for(session_id).generating = True
         self.refresh_status()
 
@@ -400,11 +423,25 @@ class ChatScreen(Screen[None]):
         session_id = self.current
         if session_id is None:
             return
+        transcript = self.transcript(session_id)
+
+        async def show(message: Message) -> MessageView:  # in place of the version it follows
+            await transcript.remove_from(message.id)
+            return await transcript.add(message)
+
         with self.refusals_shown():
-            dropped = self.chats.drop_last_reply(session_id)
-            if dropped is not None:
-                await self.transcript(session_id).remove_from(dropped)
-            await self.start_reply(session_id)
+            await self.chats.regenerate(session_id, show, self)
+            self.replying(session_id)
+
+    async def action_flip(self, step: int) -> None:
+        """alt+left / alt+right: the selected reply's (else the last reply's) other versions."""
+        session_id = self.current
+        if session_id is not None:
+            with self.refusals_shown():
+                focused = self.focused
+                selected = focused.message.id if isinstance(focused, MessageView) else None
+                shown = self.chats.flip(session_id, step, selected)
+                await self.transcript(session_id).replace(shown)
 
     def action_edit_last(self) -> None:
         """ctrl+g: edit the selected message of yours, else your last one."""

@@ -77,6 +77,12 @@ class Transcript(VerticalScroll, can_focus=True, inherit_bindings=False):
         self.anchor()
         return view
 
+    async def replace(self, message: Message) -> None:
+        """Show `message` in place of its view (another version of a reply)."""
+        old = self.view_for(message.id)
+        await self.mount(MessageView(message), after=old)
+        await old.remove()
+
     async def remove_from(self, message_id: int) -> None:
         """Drop the message `message_id` and every later one."""
         await self.remove_children([v for v in self.views if v.message.id >= message_id])

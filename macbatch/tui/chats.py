@@ -56,12 +56,15 @@ class ReplyEnd(NamedTuple):
 
 class EngineStatus(NamedTuple):
     """What the status bar shows of the engine; `problem` replaces the numbers when set.
-    `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens)."""
+    `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens).
+    `tokens_per_s`: how fast the replies streaming now generate, together (the last reply's
+    speed once none streams; None: no reply yet)."""
 
     stats: EngineStats | None
     problem: str | None
     block_size: int = 0
     last_reply: ReplyMetrics | None = None
+    tokens_per_s: float | None = None
 
 
 class ChatService:
@@ -112,7 +115,18 @@ class ChatService:
             return EngineStatus(None, "loading")
         engine = self.engine
         problem = None if engine.alive else f"engine stopped: {engine.error}"
-        return EngineStatus(engine.stats(), problem, engine.info.block_size, self.last_reply)
+        return EngineStatus(
+            engine.stats(), problem, engine.info.block_size, self.last_reply, self.tokens_per_s()
+        )
+
+    def tokens_per_s(self) -> float | None:
+        """The replies streaming now: the sum of their decode speeds so far; else the speed of
+        the reply that ended last."""
+        streaming = [reply.message.metrics for reply, _ in self.replies.values()]
+        speeds = [m.tokens_per_s for m in streaming if m is not None and m.tokens_per_s]
+        if speeds:
+            return sum(speeds)
+        return None if self.last_reply is None else self.last_reply.tokens_per_s
 
     def thinking_default(self) -> bool | None:
         """Whether the model's template thinks when not told (None: no switch, or no model)."""

@@ -32,6 +32,7 @@ from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
@@ -217,13 +218,13 @@ class ChatScreen(Screen[None]):
         facts = [self.chats.context_meter(session_id)]
         prompt = " ".join(self.chats.sessions[session_id].settings.system_prompt.split())
         facts.append(f"system: {prompt}" if prompt else None)
-        self.transcripts.border_subtitle = " · ".join(f for f in facts if f) or None
+        self.transcripts.border_subtitle = displayable(" · ".join(f for f in facts if f)) or None
 
     def show_title(self, session_id: int) -> None:
         title = self.chats.sessions[session_id].title
         self.session_list.item_for(session_id).set_title(title)
         if session_id == self.current:
-            self.transcripts.border_title = title
+            self.transcripts.border_title = displayable(title)
 
     @on(ListView.Highlighted, "#sessions")
     async def session_highlighted(self, event: ListView.Highlighted) -> None:

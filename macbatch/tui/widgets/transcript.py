@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import ContentSwitcher
 
 from macbatch.tui.store import Message
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.empty_chat import EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import Scroll
@@ -102,7 +103,7 @@ class Transcripts(ContentSwitcher):
         if not self.query(f"#{transcript_id(session_id)}"):
             await self.mount(Transcript(session_id, messages(), model))
         self.current = transcript_id(session_id)
-        self.border_title = title
+        self.border_title = displayable(title)
 
 
 def transcript_id(session_id: int) -> str:

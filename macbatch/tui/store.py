@@ -83,9 +83,18 @@ ADDED_COLUMNS = (
     ("version", "INTEGER NOT NULL DEFAULT 1"),  # of a regenerated reply, the one shown
 )
 # What a version holds of a reply: the columns a regenerate starts again and a flip swaps.
-VERSION_COLUMNS = (
-    "content, status, error, tokens, ttft_s, tokens_per_s, reasoning, reasoning_tokens, reasoning_s"
+VERSION_FIELDS = (
+    "content",
+    "status",
+    "error",
+    "tokens",
+    "ttft_s",
+    "tokens_per_s",
+    "reasoning",
+    "reasoning_tokens",
+    "reasoning_s",
 )
+VERSION_COLUMNS = ", ".join(VERSION_FIELDS)
 
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
 DONE = "done"
@@ -378,7 +387,7 @@ class HistoryStore:
             if stored is None:
                 raise KeyError((message_id, number))
             self._keep_shown(message_id)
-            names = VERSION_COLUMNS.replace(",", " = ?,") + " = ?"
+            names = ", ".join(f"{name} = ?" for name in VERSION_FIELDS)
             self._db.execute(
                 f"UPDATE messages SET {names}, version = ? WHERE id = ?",
                 (*stored, number, message_id),

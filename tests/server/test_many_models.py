@@ -17,13 +17,12 @@ import numpy as np
 import openai
 import pytest
 
+from macbatch.engine import Turns
 from macbatch.memory import parse_meminfo
+from macbatch.modelpool.catalog import starter
+from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
-from macbatch.server.device import Turns
-from macbatch.server.errors import APIError
-from macbatch.server.pool import ModelPool, PoolLimits, Servable
-from macbatch.server.serve_models import starter
 from tests.server.conftest import (
     ENGINE_CONFIG,
     Served,
@@ -220,7 +219,7 @@ def test_unknown_and_too_large_models_are_refused_before_loading(
         message = refused.value.body["message"]
         assert "'beta' needs about" in message and "smaller quantization" in message
         assert counting.loads == ["alpha"] and set(pool.loaded) == {"alpha"}
-        with pytest.raises(APIError, match="'beta' needs about") as at_start:  # serve's --model
+        with pytest.raises(ModelRefused, match="'beta' needs about") as at_start:  # serve's --model
             pool.load_now("beta")
         assert at_start.value.status == 400 and counting.loads == ["alpha"]
 

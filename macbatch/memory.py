@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,15 @@ def too_large(name: str, need: Need, room: int, memory: Memory) -> str | None:
         "or 3-bit variant), close other programs or unload another model (they unload after "
         "serve --keep-alive seconds idle), or lower --max-loaded-models"
     )
+
+
+def refusal_now(name: str, need: Need, read: Callable[[], Memory] = read_memory) -> str | None:
+    """Why ``name`` cannot load into the memory free now (None: it fits, or its need is not
+    known: a hub id not downloaded yet)."""
+    if not need.total:
+        return None
+    memory = read()
+    return too_large(name, need, memory.available, memory)
 
 
 def gib(size: int) -> str:

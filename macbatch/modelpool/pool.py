@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from macbatch.engine import EngineThread, Tokenizer, ToolFormat
-from macbatch.memory import Memory, Need, need_of, too_large
+from macbatch.memory import Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
 
 log = logging.getLogger("macbatch.models")
@@ -181,11 +181,9 @@ class ModelPool:
         ``ModelRefused`` that says why) if it does not fit in the memory free now."""
         entry = self.catalog[name]
         need = self._need(entry)
-        if self.memory is not None and need.total:
-            memory = self.memory()
-            reason = too_large(name, need, memory.available, memory)
-            if reason is not None:
-                raise ModelRefused(400, reason, "model_too_large")
+        reason = None if self.memory is None else refusal_now(name, need, self.memory)
+        if reason is not None:
+            raise ModelRefused(400, reason, "model_too_large")
         loaded = self.loaded[name] = self._start(entry, need)
         return loaded
 

@@ -99,12 +99,12 @@ def too_large(name: str, need: Need, room: int, memory: Memory) -> str | None:
     )
 
 
-def refusal_now(name: str, need: Need, read: Callable[[], Memory] = read_memory) -> str | None:
+def refusal_now(name: str, need: Need, read: Callable[[], Memory] | None = None) -> str | None:
     """Why ``name`` cannot load into the memory free now (None: it fits, or its need is not
-    known: a hub id not downloaded yet)."""
+    known: a hub id not downloaded yet); ``read``: how memory is read (``read_memory``)."""
     if not need.total:
         return None
-    memory = read()
+    memory = (read or read_memory)()
     return too_large(name, need, memory.available, memory)
 
 

@@ -109,6 +109,14 @@ class EngineThread(PromptEncoder):
         self._thread.start()
         return self
 
+    def share_device(self, device: Turns) -> EngineThread:
+        """Take turns of ``device`` with the engines already on it; before ``start`` only (a
+        front end handed a thread built elsewhere, such as chat's first model)."""
+        if self._thread.is_alive() or self._ready.is_set():
+            raise RuntimeError("an engine thread shares a device from its start only")
+        self._device = device
+        return self
+
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the model is loaded; re-raises the loader's exception if it failed."""
         if not self._ready.wait(timeout):

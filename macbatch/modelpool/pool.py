@@ -320,6 +320,11 @@ class ModelPool:
             except Exception:
                 log.exception("the model pool's idle check failed")
 
+    def stop_reaper(self) -> None:
+        """The front end's event loop is ending: no more idle checks."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+
     async def reap(self) -> None:
         """Unload idle models past their keep-alive; under memory pressure, shrink the idle
         ones' KV pools, then unload them least recently used first until the pressure ends."""

@@ -65,6 +65,9 @@ REASONING_COLUMNS = (
     ("reasoning_tokens", "INTEGER"),
     ("reasoning_s", "REAL"),
 )
+# Session columns added since: a chat's model (NULL in older histories: the model chat starts
+# with, as those chats had).
+SESSION_ADDED_COLUMNS = (("model", "TEXT"),)
 
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
 DONE = "done"
@@ -81,6 +84,7 @@ class Session:
     settings: SessionSettings
     created: float
     named: bool = False  # the user chose the title; otherwise the first message gives one
+    model: str | None = None  # the model it runs on (None: the one chat was started with)
 
 
 @dataclass
@@ -194,11 +198,12 @@ class HistoryStore:
             self._db.execute("ALTER TABLE sessions_new RENAME TO sessions")
 
     def _add_missing_columns(self) -> None:
-        """Bring messages written by an older macbatch up to this schema."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
-        for name, kind in REASONING_COLUMNS:
-            if name not in columns:  # NULL: the reply had no reasoning
-                self._db.execute(f"ALTER TABLE messages ADD COLUMN {name} {kind}")
+        """Bring messages and sessions written by an older macbatch up to this schema."""
+        for table, added in (("messages", REASONING_COLUMNS), ("sessions", SESSION_ADDED_COLUMNS)):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in added:
+                if name not in columns:  # NULL: no reasoning; the first model
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -245,6 +250,11 @@ class HistoryStore:
         self._db.execute(
             "UPDATE sessions SET settings = ? WHERE id = ?", (settings.to_json(), session_id)
         )
+        self._db.commit()
+
+    def set_session_model(self, session_id: int, model: str) -> None:
+        """The model the chat runs on from its next reply."""
+        self._db.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
         self._db.commit()
 
     def delete_session(self, session_id: int) -> None:
@@ -355,7 +365,7 @@ class HistoryStore:
         self._db.commit()
 
 
-SESSION_COLUMNS = "id, title, created, named, settings"
+SESSION_COLUMNS = "id, title, created, named, settings, model"
 
 MESSAGE_COLUMNS = (
     "id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s, reasoning, "
@@ -364,9 +374,14 @@ MESSAGE_COLUMNS = (
 
 
 def _session(row: tuple) -> Session:
-    session_id, title, created, named, settings = row
+    session_id, title, created, named, settings, model = row
     return Session(
-        int(session_id), title, SessionSettings.from_json(settings), float(created), bool(named)
+        int(session_id),
+        title,
+        SessionSettings.from_json(settings),
+        float(created),
+        bool(named),
+        model,
     )
 
 

@@ -180,8 +180,7 @@ class ChatScreen(Screen[None]):
             panel.fail(f"Could not load {label}: {load.error}")
         elif not chats.ready:
             panel.show(load.progress.read(), time.monotonic() - load.started)
-        bar = f"{label} · {chats.models.memory_text()}"
-        self.query_one(StatusBar).show(bar, chats.status())
+        self.query_one(StatusBar).show(label, chats.status(), chats.models.memory_text())
 
     def model_label(self, session_id: int | None, requested: bool = False) -> str:
         """How a chat's model is shown (``requested``: as the user named it)."""
@@ -203,6 +202,7 @@ class ChatScreen(Screen[None]):
         self.current = session_id
         self.session_list.highlight(session_id)
         self.show_chat_facts(session_id)
+        self.refresh_status()  # its model's, now
 
     def show_chat_facts(self, session_id: int) -> None:
         """On the open chat's border: how full its context is, and its system prompt (what the

@@ -1,6 +1,7 @@
-"""The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
-many tokens it holds, its memory now and how much of it requests and the prefix cache use), work
-in the last step, and how much of the last reply's prompt the prefix cache held."""
+"""The bottom line: the open chat's model, sessions running / waiting, the KV pool (blocks in use
+of how many, how many tokens it holds, its memory now and how much of it requests and the prefix
+cache use), work in the last step, how much of the last reply's prompt the prefix cache held, and
+every loaded model with its memory."""
 
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ def status_text(
 class StatusBar(Static):
     """Shows `status_text`; the app refreshes it on a timer."""
 
-    def show(self, model: str, status: EngineStatus) -> None:
-        self.update(
-            status_text(model, status.stats, status.problem, status.block_size, status.last_reply)
+    def show(self, model: str, status: EngineStatus, loaded: str | None = None) -> None:
+        """``loaded``: the models loaded and their memory, last (the first to be cut off)."""
+        text = status_text(
+            model, status.stats, status.problem, status.block_size, status.last_reply
         )
+        self.update(text if loaded is None else f"{text} · {loaded}")
         self.set_class(status.problem is not None, "-problem")

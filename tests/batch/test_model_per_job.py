@@ -21,7 +21,7 @@ from macbatch.batch.paths import LEDGER_NAME
 from macbatch.memory import parse_meminfo
 from tests.batch.conftest import read_jsonl, write_job
 from tests.support.oracle import mlx_lm_greedy
-from tests.support.tiny import save_model
+from tests.support.tiny import save_two_models
 
 PROMPTS = ["the quick brown fox", "hello world", "MLX runs on Apple silicon"]
 MAX_TOKENS = 6
@@ -30,11 +30,7 @@ MEMINFO = Path(__file__).parents[1] / "support" / "memory" / "meminfo_small.txt"
 
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("job-models")
-    return {
-        "alpha": save_model(root / "alpha", arch="qwen3", seed=0),
-        "beta": save_model(root / "beta", arch="llama", seed=1),
-    }
+    return save_two_models(tmp_path_factory.mktemp("job-models"))
 
 
 @pytest.fixture(scope="module")

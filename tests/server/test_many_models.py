@@ -32,7 +32,7 @@ from tests.server.conftest import (
     start_engine,
     wait_until,
 )
-from tests.support.tiny import save_model
+from tests.support.tiny import save_two_models
 
 PROMPTS = ["hello world", "the quick brown fox", "MLX runs on Apple silicon"]
 MEMINFO = Path(__file__).parents[1] / "support" / "memory" / "meminfo_small.txt"
@@ -40,11 +40,7 @@ MEMINFO = Path(__file__).parents[1] / "support" / "memory" / "meminfo_small.txt"
 
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("many")
-    return {
-        "alpha": save_model(root / "alpha", arch="qwen3", seed=0),
-        "beta": save_model(root / "beta", arch="llama", seed=1),
-    }
+    return save_two_models(tmp_path_factory.mktemp("many"))
 
 
 @pytest.fixture(scope="module")

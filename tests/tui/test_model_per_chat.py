@@ -20,7 +20,7 @@ from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.support.oracle import mlx_lm_greedy
-from tests.support.tiny import save_model
+from tests.support.tiny import save_two_models
 from tests.tui.helpers import GREEDY, LONG, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
@@ -29,8 +29,7 @@ CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("chat-models")
-    save_model(root / "alpha", arch="qwen3", seed=0)
-    save_model(root / "beta", arch="llama", seed=1)
+    save_two_models(root)
     return root
 
 

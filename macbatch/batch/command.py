@@ -292,7 +292,10 @@ def run_fits(name: str, kv_start_mib: float) -> str | None:
         where = resolve_model_path(name)
     except ValueError:
         return None  # the load says why
-    return refusal_now(name, need_of(where, kv_start_mib)) if isinstance(where, Path) else None
+    if not isinstance(where, Path):
+        return None
+    # one job model is loaded at a time: no other of macbatch's to unload
+    return refusal_now(name, need_of(where, kv_start_mib), unload="")
 
 
 def close_engine(engine: Any) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from macbatch.engine import EngineThread, Tokenizer, ToolFormat
-from macbatch.memory import Memory, Need, need_of, refusal_now, too_large
+from macbatch.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
 
 log = logging.getLogger("macbatch.models")
@@ -96,6 +96,7 @@ class PoolLimits:
     max_loaded: int | None = None  # None: as many as memory allows
     max_waiting: int = 256  # requests waiting for their model to load
     kv_start_mib: float = 256.0  # the smallest useful KV pool (EngineConfig.kv_start_mib)
+    unload: str = SERVE_UNLOAD  # how the front end's user frees another model (memory.too_large)
 
 
 class ModelPool:
@@ -181,7 +182,11 @@ class ModelPool:
         ``ModelRefused`` that says why) if it does not fit in the memory free now."""
         entry = self.catalog[name]
         need = self._need(entry)
-        reason = None if self.memory is None else refusal_now(name, need, self.memory)
+        reason = (
+            None
+            if self.memory is None
+            else refusal_now(name, need, self.memory, self.limits.unload)
+        )
         if reason is not None:
             raise ModelRefused(400, reason, "model_too_large")
         loaded = self.loaded[name] = self._start(entry, need)
@@ -259,13 +264,15 @@ class ModelPool:
         freed = 0
         idle = sorted((m for m in self.loaded.values() if m.idle), key=lambda m: m.last_used)
         victims: list[Loaded] = []
-        while too_large(name, need, memory.available + freed, memory) and idle:
+        unload = self.limits.unload
+        while too_large(name, need, memory.available + freed, memory, unload) and idle:
             victims.append(idle.pop(0))
             freed += victims[-1].need.total
-        reason = too_large(name, need, memory.available + freed, memory)
+        reason = too_large(name, need, memory.available + freed, memory, unload)
         if reason is not None:
             busy = sum(m.need.total for m in self.loaded.values() if m.leases and not m.pinned)
-            if busy and not too_large(name, need, memory.available + freed + busy, memory):
+            room = memory.available + freed + busy
+            if busy and not too_large(name, need, room, memory, unload):
                 raise ModelRefused(
                     503,
                     f"{reason}; the models loaded now are answering requests: retry when "

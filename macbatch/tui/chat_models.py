@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from macbatch.engine import Engine
 
 
+# what frees another model's memory in chat (memory.too_large): idle models already went
+UNLOAD = "stop the replies of chats on other models, so their models can unload"
+
+
 @dataclass
 class ModelLoad:
     """One model's load as the loading panel shows it: progress, start, and why it failed."""
@@ -55,7 +59,7 @@ class ChatModels:
         self.config = config
         self.loads: dict[str, ModelLoad] = {name: ModelLoad(progress)}
         start = starter(config, self.turns, self._loader_of)
-        limits = PoolLimits(keep_alive_s=None, kv_start_mib=config.kv_start_mib)
+        limits = PoolLimits(keep_alive_s=None, kv_start_mib=config.kv_start_mib, unload=UNLOAD)
         self.pool = ModelPool(catalog((name,), models_dirs), start, DATA_ONLY, limits, read_memory)
         self._tasks: set[asyncio.Task[None]] = set()
         self._first_settled = False  # the app's load of the first model ended (either way)

@@ -186,6 +186,7 @@ def test_a_model_too_large_is_refused_before_it_loads(
     assert result.exit_code == 1
     assert f"model '{two_models['alpha']}' needs about" in result.stderr
     assert "(the model of a, c)" in result.stderr
+    assert "close other programs (the model" in result.stderr  # no serve options to lower
     assert not (tmp_path / "out" / "a.jsonl").exists() or not read_jsonl(
         tmp_path / "out" / "a.jsonl"
     )

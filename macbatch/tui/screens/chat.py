@@ -175,6 +175,8 @@ class ChatScreen(Screen[None]):
         chats = self.chats
         panel = self.query_one(LoadingPanel)
         panel.display = not chats.ready
+        if not chats.ready:  # (again, if memory ran short and it unloaded while idle)
+            chats.models.ensure_loading(chats.model_of(self.current))
         label, load = self.model_label(self.current), chats.model_load()
         if load.error is not None:
             panel.fail(f"Could not load {label}: {load.error}")

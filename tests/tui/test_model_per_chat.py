@@ -16,6 +16,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
 from macbatch.tui.app import ChatApp
+from macbatch.tui.screens.help import help_rows
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.status_bar import StatusBar
@@ -112,6 +113,9 @@ async def test_the_picker_switches_the_open_chats_model(home: Path, models_dir: 
     app = chat_app(home, models_dir)
     async with app.run_test() as pilot:
         await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        rows = help_rows(app, app.screen.BINDINGS)  # F1 lists the key and the command
+        assert ("Anywhere", "f4", "Pick this chat's model (/model NAME too)") in rows
+        assert any(keys == "/model NAME" for _, keys, _ in rows)
         await pilot.press("f4")
         picker = app.screen
         options = picker.query_one("#models")

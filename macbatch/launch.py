@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from macbatch.engine.distributed.channel import LoadOrder
 
 # mlx.launch sets MLX_RANK for the ring and JACCL backends; mpirun sets OMPI_COMM_WORLD_RANK.
 RANK_VARIABLES = ("MLX_RANK", "OMPI_COMM_WORLD_RANK")
@@ -44,4 +48,9 @@ def follower_exit_status() -> int | None:
         return None
     from macbatch.engine.distributed.follower import follow
 
-    return follow(group)
+    def replicate(order: LoadOrder) -> int:  # `macbatch run --replicas N` (docs/distributed.md)
+        from macbatch.engine import serve_replica
+
+        return serve_replica(order, group)
+
+    return follow(group, replicate)

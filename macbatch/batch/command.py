@@ -117,6 +117,17 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            min=1,
+            help="Under mlx.launch: run N whole-model replicas, one per rank, each on its share "
+            "of the rows (rank 0 hands rows out and writes every file). Without it, the ranks "
+            "split one model (tensor parallelism). docs/distributed.md",
+            show_default=False,
+        ),
+    ] = None,
     kv_bits: int | None = kv_bits_option(),
     speculative: str | None = speculative_option(default=None),
     draft_model: str | None = draft_model_option(),
@@ -163,11 +174,14 @@ def run_command(
         reporter,
         headless,
         (cache_dir, cache_disk_gb, no_disk_cache),
+        replicas,
     )
     if summary["status"] == "interrupted":
         again = resume_command(
             file, model, jobs or [], output_dir, (kv_bits, spec), headless, max_in_flight
         )
+        if replicas is not None:  # the launcher's own arguments are not known here
+            again += f" --replicas {replicas} (under mlx.launch, as before; or alone, without it)"
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"
@@ -222,6 +236,7 @@ def _run(
     reporter: object,
     headless: bool,
     disk_options: tuple[str | None, float | None, bool] = (None, None, True),
+    replicas: int | None = None,
 ) -> dict:
     """Load, validate and run; every failure a user can cause ends as one clear message."""
     import dataclasses
@@ -229,7 +244,7 @@ def _run(
     from macbatch.batch.runner import jobs_by_name, run_jobs
     from macbatch.batch.spec import load_job_file
     from macbatch.batch.yamlfile import JobFileError
-    from macbatch.engine import Engine, EngineConfig
+    from macbatch.engine import Engine, EngineConfig, load_replicas, replicas_problem
 
     kv_bits, spec = engine_options
     disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
@@ -240,6 +255,8 @@ def _run(
         if (too_large := run_fits(name, config.kv_start_mib)) is not None:
             raise JobFileError(f"{too_large} (the model of {', '.join(jobs_of[name])})")
         try:
+            if replicas is not None:  # whole-model replicas, one per rank of mlx.launch
+                return load_replicas(name, config, replicas)
             return Engine.load(name, config)
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
@@ -266,6 +283,13 @@ def _run(
                 raise JobFileError(
                     f"{problem} (the model of {file}'s {', '.join(named)}, or --model)"
                 )
+        if replicas is not None and (problem := replicas_problem(replicas)) is not None:
+            raise JobFileError(problem)
+        if replicas is not None and len(jobs_of) > 1:  # the replicas end with their model
+            raise JobFileError(
+                f"--replicas runs one model, and the jobs of {file} name {len(jobs_of)}; run "
+                "each model's jobs on their own (--job NAME ...)"
+            )
         return run_jobs(job_file, options, reporter, load_engine, close_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))

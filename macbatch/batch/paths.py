@@ -37,6 +37,11 @@ def table_path(directory: Path, job: str) -> Path:
     return directory / f"{job}.csv"
 
 
+def parquet_path(directory: Path, job: str) -> Path:
+    """The same table as Parquet, when the job file asks (``output: {parquet: true}``)."""
+    return directory / f"{job}.parquet"
+
+
 def errors_path(directory: Path, job: str) -> Path:
     return directory / f"{job}.errors.jsonl"
 
@@ -51,8 +56,9 @@ def temporary(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def written_files(directory: Path, jobs: Iterable[JobSpec]) -> list[Written]:
-    """Every file a run of ``jobs`` into output directory ``directory`` may write."""
+def written_files(directory: Path, jobs: Iterable[JobSpec], parquet: bool = False) -> list[Written]:
+    """Every file a run of ``jobs`` into output directory ``directory`` may write (`parquet`:
+    the job file asks for Parquet tables too)."""
     ledger = directory / LEDGER_NAME
     here: PathKey = ("output", "dir")
     files = [Written(ledger.with_name(ledger.name + s), "the resume ledger", here)
@@ -67,6 +73,9 @@ def written_files(directory: Path, jobs: Iterable[JobSpec]) -> list[Written]:
             whole.append(
                 Written(table_path(directory, job.name), f"job '{job.name}''s table", name)
             )
+            if parquet:
+                what = f"job '{job.name}''s Parquet table"
+                whole.append(Written(parquet_path(directory, job.name), what, name))
         if job.vectors is not None:
             key: PathKey = ("jobs", job.index, "vectors")
             whole.append(Written(job.vectors, f"job '{job.name}''s vectors", key))

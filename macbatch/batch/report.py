@@ -48,6 +48,8 @@ class RunProgress:
     kv_usage: float = 0.0
     stopping: bool = False
     ttft_s: list[float] = field(default_factory=list)
+    # --replicas: {"replicas": [one entry per replica], "handout_s": rank 0's hand-out time}
+    replication: dict[str, Any] = field(default_factory=dict)
     _window: deque[tuple[float, int, int, int]] = field(default_factory=lambda: deque(maxlen=64))
 
     @property
@@ -134,6 +136,7 @@ class HeadlessReporter:
             kv_usage=round(progress.kv_usage, 3),
             stopping=progress.stopping,
             jobs=_job_counts(progress),
+            **progress.replication,
         )
 
     def finish(self, summary: dict[str, Any]) -> None:
@@ -194,6 +197,8 @@ class RichReporter:
             f"KV {progress.kv_usage:.0%} · "
             f"{progress.in_flight} in flight"
         )
+        if replicas := progress.replication.get("replicas"):
+            info += " · replicas " + "/".join(str(r["requests"]) for r in replicas)
         if progress.stopping:
             info += " · [yellow]stopping (Ctrl-C again: stop now)"
         self._progress.update(self._tasks[""], completed=progress.finished, info=info)
@@ -238,6 +243,7 @@ def build_summary(
         "prompt_tok_per_s": round(progress.prompt_tokens / wall, 1) if wall > 0 else None,
         "ttft_ms": {"p50": _percentile_ms(ttft, 0.5), "p95": _percentile_ms(ttft, 0.95)},
         **_speculation(progress.speculation),
+        **progress.replication,
         **peak_memory,
         "jobs": {
             name: {
@@ -288,6 +294,15 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"time to first token p50 {_fmt_ms(ttft['p50'])}, p95 {_fmt_ms(ttft['p95'])}; "
         f"peak memory {summary.get('peak_memory_bytes', 0) / 2**20:,.0f} MiB",
     ]
+    if replicas := summary.get("replicas"):
+        lines.append(
+            "replicas: "
+            + ", ".join(
+                f"rank {r['rank']} ({r['host']}) {r['requests']} requests, "
+                f"{r['tok_per_s']:,.1f} tok/s"
+                for r in replicas
+            )
+        )
     if spec := summary.get("speculative"):
         lines.append(
             f"speculative decoding: {spec['acceptance_rate']:.0%} of "

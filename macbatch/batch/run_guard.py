@@ -58,7 +58,7 @@ def refuse_inputs_among_outputs(job_file: JobFile) -> None:
     two outputs on one path would overwrite each other. The refusal points at the input (or the
     second output) in the job file."""
     check = YamlChecker(job_file.yaml)
-    written = written_files(job_file.output_dir, job_file.jobs)
+    written = written_files(job_file.output_dir, job_file.jobs, job_file.parquet)
     first: dict[Path, Written] = {}
     for output in written:
         other = first.setdefault(output.path.resolve(), output)

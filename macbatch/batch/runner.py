@@ -40,7 +40,7 @@ from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.table import write_job_tables
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import Request, RequestOutput
+from macbatch.engine import ReplicatedEngine, Request, RequestOutput
 
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -212,6 +212,7 @@ class _Loop:
                         f"Stopping: no new requests; finishing {len(self.pending)} in "
                         "flight. Press Ctrl-C again to stop now."
                     )
+                self._stop_if_replica_lost()
                 if interrupts.count >= 2:
                     for request_id in self.pending.request_ids():
                         self.engine.abort(request_id)
@@ -230,6 +231,16 @@ class _Loop:
             for appender in (*self.outputs.values(), *self.errors.values()):
                 appender.close()
         self._update(force=True)
+
+    def _stop_if_replica_lost(self) -> None:
+        """A replica lost (``--replicas``): stop as on a first Ctrl-C; its rows come back
+        unwritten, and the rows rank 0 runs itself finish."""
+        lost = self.engine.lost if isinstance(self.engine, ReplicatedEngine) else None
+        if lost is not None and not self.progress.stopping:
+            self.progress.stopping = True
+            self.reporter.note(
+                f"Stopping: {lost.rstrip('.')}; finishing {len(self.pending)} in flight."
+            )
 
     def _admit(self) -> None:
         """Start preparing lines' engine requests while fewer than ``max_in_flight`` are
@@ -329,6 +340,8 @@ class _Loop:
     def _update(self, force: bool = False) -> None:
         self.progress.in_flight = self._in_flight()
         self.progress.kv_usage = self.engine.stats().kv_usage
+        if isinstance(self.engine, ReplicatedEngine):
+            self.progress.replication = self.engine.replica_stats()
         self.reporter.update(self.progress, force)
 
 

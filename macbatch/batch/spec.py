@@ -26,6 +26,7 @@ from macbatch.batch.job_sections import (
     job_template_kwargs,
     replies_are_json,
 )
+from macbatch.batch.table_files import require_pyarrow
 from macbatch.batch.yaml_checks import YamlChecker, dotted
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_speculative
@@ -48,7 +49,7 @@ SETTING_KEYS = (
     *STRUCTURED_KEYS,
 )
 JOB_KEYS = ("name", "model", "input", "prompts", "vectors", *SETTING_KEYS)
-OUTPUT_KEYS = ("dir",)
+OUTPUT_KEYS = ("dir", "parquet")
 MAX_SAMPLES = 10_000  # a job's n: samples per row (n: 1e9 would plan for days before one ran)
 DEFAULT_SAMPLING: dict[str, Any] = {
     "temperature": JOB_DEFAULTS.temperature,
@@ -135,6 +136,7 @@ class JobFile:
     kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
     # speculative decoding: EngineConfig's speculative fields (None: off; docs/speculative.md)
     speculative: dict[str, Any] | None = None
+    parquet: bool = False  # each generating job's table as <job>.parquet too (needs pyarrow)
 
     def by_model(self) -> dict[str, tuple[JobSpec, ...]]:
         """The jobs grouped by the model that runs them, models in the order jobs name them:
@@ -169,6 +171,12 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
     speculative = _speculative(check, top["speculative"], base) if "speculative" in top else None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
+    parquet = check.boolean(output.get("parquet", False), ("output", "parquet"))
+    if parquet:
+        try:
+            require_pyarrow()
+        except ImportError as exc:
+            raise check.fail(("output", "parquet"), str(exc)) from None
     defaults = check.mapping(top.get("defaults", {}), ("defaults",), SETTING_KEYS)
     if "jobs" not in top:
         raise check.fail((), "missing 'jobs' (a list of jobs, each with a name)")
@@ -195,6 +203,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         yaml=loaded,
         kv_bits=kv_bits,
         speculative=speculative,
+        parquet=parquet,
     )
 
 

@@ -28,6 +28,11 @@ _EXPORTS: dict[str, str] = {
     "EngineInfo": "macbatch.engine.model_info",
     "ModelInfo": "macbatch.engine.model_info",
     "declared_context_length": "macbatch.engine.model_info",
+    # whole-model replicas under mlx.launch (docs/distributed.md)
+    "ReplicatedEngine": "macbatch.engine.distributed.replicas",
+    "load_replicas": "macbatch.engine.distributed.replicas",
+    "replicas_problem": "macbatch.engine.distributed.replicas",
+    "serve_replica": "macbatch.engine.distributed.replicas",
     # requests and what they report
     "Prompt": "macbatch.engine.inputs.prompt",
     "PromptInput": "macbatch.engine.inputs.prompt",
@@ -104,6 +109,12 @@ if TYPE_CHECKING:
     from macbatch.engine.core.request import Request
     from macbatch.engine.core.stats import EngineStats
     from macbatch.engine.device import Turns
+    from macbatch.engine.distributed.replicas import (
+        ReplicatedEngine,
+        load_replicas,
+        replicas_problem,
+        serve_replica,
+    )
     from macbatch.engine.engine import Engine
     from macbatch.engine.inputs.chat_template import (
         THINKING_SWITCH,

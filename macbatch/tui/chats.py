@@ -59,12 +59,15 @@ class ReplyEnd(NamedTuple):
 
 class EngineStatus(NamedTuple):
     """What the status bar shows of the engine; `problem` replaces the numbers when set.
-    `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens)."""
+    `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens).
+    `tokens_per_s`: how fast the replies streaming now generate, together (the last reply's
+    speed once none streams; None: no reply yet)."""
 
     stats: EngineStats | None
     problem: str | None
     block_size: int = 0
     last_reply: ReplyMetrics | None = None
+    tokens_per_s: float | None = None
 
 
 class ChatService:
@@ -161,7 +164,18 @@ class ChatService:
             return EngineStatus(None, "loading")
         engine = self.engine
         problem = None if engine.alive else f"engine stopped: {engine.error}"
-        return EngineStatus(engine.stats(), problem, engine.info.block_size, self.last_reply)
+        return EngineStatus(
+            engine.stats(), problem, engine.info.block_size, self.last_reply, self.tokens_per_s()
+        )
+
+    def tokens_per_s(self) -> float | None:
+        """The replies streaming now: the sum of their decode speeds so far; else the speed of
+        the reply that ended last."""
+        streaming = [reply.message.metrics for reply, _ in self.replies.values()]
+        speeds = [m.tokens_per_s for m in streaming if m is not None and m.tokens_per_s]
+        if speeds:
+            return sum(speeds)
+        return None if self.last_reply is None else self.last_reply.tokens_per_s
 
     def thinking_default(self) -> bool | None:
         """Whether the model's template thinks when not told (None: no switch, or no model)."""
@@ -363,32 +377,63 @@ class ChatService:
         self._check_idle(session_id)
         self.store.delete_message(message_id)
 
-    def drop_last_reply(self, session_id: int) -> int | None:
-        """Before regenerating: forget the last reply; its id (None: the chat ends with the
-        user's message, which gets its first reply)."""
+    async def regenerate(self, session_id: int, show: ShowReply, host: Widget) -> None:
+        """ctrl+r: a new version of the last reply, the earlier ones kept to flip back to (a chat
+        that ends with the user's message gets its first reply)."""
         self._check_can_reply(session_id)
-        messages = self.store.messages(session_id)
-        if not messages:
+        history = self.store.messages(session_id)
+        if not history:
             raise ChatRefused("Nothing to regenerate yet.")
-        if messages[-1].role != "assistant":
-            return None
-        self.store.delete_messages_from(session_id, messages[-1].id)
-        return messages[-1].id
+        last = history.pop() if history[-1].role == "assistant" else None
+        prompt = self._prompt(session_id, history)
+        message = (
+            self.store.add_message(session_id, "assistant", "", STREAMING)
+            if last is None
+            else self.store.new_version(last)
+        )
+        await self._reply(session_id, prompt, message, show, host)
+
+    def flip(self, session_id: int, step: int, message_id: int | None = None) -> Message:
+        """alt+left / alt+right: show the previous (-1) or next (+1) version of the selected
+        reply, else of the chat's last reply; the next turn sends the one shown."""
+        self._check_idle(session_id)
+        replies = [m for m in self.store.messages(session_id) if m.role == "assistant"]
+        chosen = [m for m in replies if m.id == message_id] or replies[-1:]
+        if not chosen or chosen[0].versions == 1:
+            raise ChatRefused("This reply has one version: ctrl+r regenerates it as another.")
+        reply, number = chosen[0], chosen[0].version + step
+        if not 1 <= number <= reply.versions:
+            end = "first" if step < 0 else "last"
+            raise ChatRefused(f"This is the {end} version ({reply.version}/{reply.versions}).")
+        return self.store.show_version(reply.id, number)
 
     async def start_reply(self, session_id: int, show: ShowReply, host: Widget) -> None:
-        """Store an empty streaming reply, have `show` put it on screen, and stream into what it
-        shows, as a worker of `host` (whose `StateChanged` messages go to `reply_ended`)."""
-        session = self.sessions[session_id]
+        """Store an empty streaming reply to the chat as it stands, have `show` put it on
+        screen, and stream into what it shows, as a worker of `host` (whose `StateChanged`
+        messages go to `reply_ended`)."""
+        prompt = self._prompt(session_id, self.store.messages(session_id))
+        message = self.store.add_message(session_id, "assistant", "", STREAMING)
+        await self._reply(session_id, prompt, message, show, host)
+
+    def _prompt(self, session_id: int, history: list[Message]) -> list[dict[str, Any]]:
         try:  # OpenAI image_url parts read and checked by the request layer, as serve does
-            prompt = chat_messages(prompt_messages(session, self.store.messages(session_id)))
+            return chat_messages(prompt_messages(self.sessions[session_id], history))
         except InvalidRequest as error:
             raise ChatRefused(f"Cannot send this chat: {error}", "error") from error
+
+    async def _reply(
+        self,
+        session_id: int,
+        prompt: list[dict[str, Any]],
+        message: Message,
+        show: ShowReply,
+        host: Widget,
+    ) -> None:
         held = await self.models.hold(self.model_of(session_id))  # not unloaded meanwhile
         self._let_go(session_id)
         self.held[session_id] = held
-        message = self.store.add_message(session_id, "assistant", "", STREAMING)
         view = await show(message)
-        settings, engine = session.settings, held.thread
+        settings, engine = self.sessions[session_id].settings, held.thread
         reply = Reply(
             lambda: self._stream(engine, prompt, settings, host), self.store, message, view
         )

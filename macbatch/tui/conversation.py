@@ -11,7 +11,7 @@ from typing import Any
 
 from macbatch.tui.settings import SAMPLING_FIELDS
 from macbatch.tui.store import ERROR, Message, Session
-from macbatch.tui.widgets.display import displayable
+from macbatch.tui.widgets.display import pictured_controls
 
 TITLE_CHARS = 40  # the sidebar shows about 24 and ends the rest with "…"; the chat's border more
 
@@ -50,7 +50,7 @@ def to_markdown(
     text are written as their visible pictures, as the app shows them: a raw escape would drive
     the terminal that `cat`s the file."""
     settings = session.settings
-    lines = [f"# {displayable(session.title)}", ""]
+    lines = [f"# {pictured_controls(session.title)}", ""]
     if model:
         lines.append(f"- model: {model}")
     lines.append(f"- started: {_when(session.created)}")
@@ -60,7 +60,7 @@ def to_markdown(
     if settings.thinking is not None:
         lines.append(f"- thinking: {'on' if settings.thinking else 'off'}")
     if settings.system_prompt:
-        lines += ["", "## System", "", displayable(settings.system_prompt)]
+        lines += ["", "## System", "", pictured_controls(settings.system_prompt)]
     for message in history:
         heading = "User" if message.role == "user" else "Assistant"
         if message.status not in ("done", "streaming"):
@@ -68,9 +68,9 @@ def to_markdown(
         lines += ["", f"## {heading}", ""]
         for path in (images or {}).get(message.id, ()):
             lines += [f"![{path.name}]({path.as_posix()})", ""]
-        lines.append(displayable(message.content))
+        lines.append(pictured_controls(message.content))
         if message.error:
-            lines += ["", f"> error: {displayable(message.error)}"]
+            lines += ["", f"> error: {pictured_controls(message.error)}"]
     return "\n".join(lines) + "\n"
 
 

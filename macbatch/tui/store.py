@@ -1,11 +1,12 @@
 """Chat history in SQLite, so every session survives a restart (and a crash mid-reply).
 
-One file (``chat.sqlite3`` in the data directory) with four tables: sessions (title, whether the
+One file (``chat.sqlite3`` in the data directory) with five tables: sessions (title, whether the
 user chose it, and its settings as one JSON column, so a new setting needs no migration),
 messages (role, text, status, reply metrics, a thinking model's reasoning with its tokens and
-seconds), attachments (a message's images, their bytes: see ``tui/attachments.py``) and
-app_state (which chat was open last). The UI thread is the only user; every write
-commits at once, so a crash loses at most the last streamed tokens.
+seconds, and which version of a regenerated reply is shown), versions (a regenerated reply's
+other versions, kept to flip back to), attachments (a message's images, their bytes: see
+``tui/attachments.py``) and app_state (which chat was open last). The UI thread is the only
+user; every write commits at once, so a crash loses at most the last streamed tokens.
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ CREATE TABLE IF NOT EXISTS attachments (
     width INTEGER NOT NULL,
     height INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS versions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    number INTEGER NOT NULL,
+    content TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    tokens INTEGER,
+    ttft_s REAL,
+    tokens_per_s REAL,
+    reasoning TEXT,
+    reasoning_tokens INTEGER,
+    reasoning_s REAL,
+    UNIQUE (message_id, number)
+);
 CREATE TABLE IF NOT EXISTS app_state (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -60,14 +76,28 @@ CREATE TABLE IF NOT EXISTS app_state (
 )
 
 # Message columns added since the first release: every history gains them on open.
-REASONING_COLUMNS = (
+ADDED_COLUMNS = (
     ("reasoning", "TEXT"),
     ("reasoning_tokens", "INTEGER"),
     ("reasoning_s", "REAL"),
+    ("version", "INTEGER NOT NULL DEFAULT 1"),  # of a regenerated reply, the one shown
 )
 # Session columns added since: a chat's model (NULL in older histories: the model chat starts
 # with, as those chats had).
 SESSION_ADDED_COLUMNS = (("model", "TEXT"),)
+# What a version holds of a reply: the columns a regenerate starts again and a flip swaps.
+VERSION_FIELDS = (
+    "content",
+    "status",
+    "error",
+    "tokens",
+    "ttft_s",
+    "tokens_per_s",
+    "reasoning",
+    "reasoning_tokens",
+    "reasoning_s",
+)
+VERSION_COLUMNS = ", ".join(VERSION_FIELDS)
 
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
 DONE = "done"
@@ -124,6 +154,8 @@ class Message:
     metrics: ReplyMetrics | None = field(default=None)
     reasoning: Reasoning | None = None
     images: list[Attachment] = field(default_factory=list)
+    version: int = 1  # a regenerated reply's: which one is shown (and sent as context) ...
+    versions: int = 1  # ... of how many
 
 
 class HistoryStore:
@@ -199,10 +231,10 @@ class HistoryStore:
 
     def _add_missing_columns(self) -> None:
         """Bring messages and sessions written by an older macbatch up to this schema."""
-        for table, added in (("messages", REASONING_COLUMNS), ("sessions", SESSION_ADDED_COLUMNS)):
+        for table, added in (("messages", ADDED_COLUMNS), ("sessions", SESSION_ADDED_COLUMNS)):
             columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             for name, kind in added:
-                if name not in columns:  # NULL: no reasoning; the first model
+                if name not in columns:  # its default: no reasoning, one version, the first model
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
@@ -341,6 +373,58 @@ class HistoryStore:
         )
         self._db.commit()
 
+    def new_version(self, message: Message) -> Message:
+        """Regenerate: keep the reply shown now as one of `message`'s versions, and start the
+        next one in its place, empty and streaming (the message keeps its id and place)."""
+        with self._db:
+            self._keep_shown(message.id)
+            self._db.execute(
+                "UPDATE messages SET content = '', status = ?, error = NULL, tokens = NULL, "
+                "ttft_s = NULL, tokens_per_s = NULL, reasoning = NULL, reasoning_tokens = NULL, "
+                "reasoning_s = NULL, version = ? WHERE id = ?",
+                (STREAMING, message.versions + 1, message.id),
+            )
+        return self.message(message.id)
+
+    def show_version(self, message_id: int, number: int) -> Message:
+        """Show version `number` of a reply in its place (the chat sends it as context from
+        now on); the one shown until now joins the other versions."""
+        with self._db:
+            stored = self._db.execute(
+                f"SELECT {VERSION_COLUMNS} FROM versions WHERE message_id = ? AND number = ?",
+                (message_id, number),
+            ).fetchone()
+            if stored is None:
+                raise KeyError((message_id, number))
+            self._keep_shown(message_id)
+            names = ", ".join(f"{name} = ?" for name in VERSION_FIELDS)
+            self._db.execute(
+                f"UPDATE messages SET {names}, version = ? WHERE id = ?",
+                (*stored, number, message_id),
+            )
+            self._db.execute(
+                "DELETE FROM versions WHERE message_id = ? AND number = ?", (message_id, number)
+            )
+        return self.message(message_id)
+
+    def _keep_shown(self, message_id: int) -> None:
+        """Copy the version a message shows into its versions, under its number."""
+        self._db.execute(
+            f"INSERT INTO versions (message_id, number, {VERSION_COLUMNS}) "
+            f"SELECT id, version, {VERSION_COLUMNS} FROM messages WHERE id = ?",
+            (message_id,),
+        )
+
+    def message(self, message_id: int) -> Message:
+        """One message as stored now (without its images: replies, the ones that change, have
+        none)."""
+        row = self._db.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
+        ).fetchone()
+        if row is None:
+            raise KeyError(message_id)
+        return _message(row)
+
     def search(self, text: str, limit: int = 50) -> list[tuple[int, int, str]]:
         """Messages of every chat containing `text` (any case), newest first: (chat id, message
         id, content), at most `limit`."""
@@ -369,7 +453,8 @@ SESSION_COLUMNS = "id, title, created, named, settings, model"
 
 MESSAGE_COLUMNS = (
     "id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s, reasoning, "
-    "reasoning_tokens, reasoning_s"
+    "reasoning_tokens, reasoning_s, version, "
+    "1 + (SELECT count(*) FROM versions WHERE versions.message_id = messages.id)"
 )
 
 
@@ -388,8 +473,17 @@ def _session(row: tuple) -> Session:
 def _message(row: tuple) -> Message:
     message_id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s = row[:9]
     metrics = None if tokens is None else ReplyMetrics(int(tokens), ttft_s, tokens_per_s)
-    text, reasoning_tokens, seconds = row[9:]
+    text, reasoning_tokens, seconds, version, versions = row[9:]
     reasoning = None if text is None else Reasoning(text, int(reasoning_tokens or 0), seconds)
     return Message(
-        int(message_id), int(session_id), role, content, status, error, metrics, reasoning
+        int(message_id),
+        int(session_id),
+        role,
+        content,
+        status,
+        error,
+        metrics,
+        reasoning,
+        version=int(version),
+        versions=int(versions),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 from pathlib import Path
@@ -37,6 +38,20 @@ def write_job(directory: Path, text: str) -> Path:
     path = directory / "jobs.yaml"
     path.write_text(textwrap.dedent(text).lstrip())
     return path
+
+
+def write_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    """A CSV input file of `rows` (its header from the first row's keys)."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_table(path: Path) -> list[dict[str, str]]:
+    """A job's CSV table, re-read with the csv module."""
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

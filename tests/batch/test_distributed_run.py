@@ -18,25 +18,14 @@ from macbatch.batch.paths import LEDGER_NAME
 from macbatch.engine.distributed.watchdog import EXIT_PEER_TIMEOUT
 from tests.batch.conftest import read_jsonl
 from tests.support.ranks import spawn_ranks, stop_all
+from tests.support.rows_job import write_rows_job
 
 ROWS = 24
 
 
 @pytest.fixture
 def rows_job(tmp_path: Path, tiny_model_path: Path) -> Path:
-    with (tmp_path / "rows.jsonl").open("w") as f:
-        for i in range(ROWS):
-            f.write(json.dumps({"id": f"r{i}", "text": f"row {i}: the quick brown fox"}) + "\n")
-    job = tmp_path / "jobs.yaml"
-    job.write_text(
-        f"model: {tiny_model_path}\n"
-        "jobs:\n"
-        "  - name: rows\n"
-        "    input: rows.jsonl\n"
-        '    template: "Summarize: {text}"\n'
-        "    sampling: {temperature: 0, max_tokens: 8, ignore_eos: true}\n"
-    )
-    return job
+    return write_rows_job(tmp_path, tiny_model_path, ROWS, 8)
 
 
 def _run_command(job: Path) -> list[str]:

@@ -5,13 +5,12 @@ reply whose max_tokens nobody set."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import jsonschema
 
-from tests.batch.conftest import read_jsonl, write_job
+from tests.batch.conftest import read_jsonl, read_table, write_job, write_rows
 
 SCHEMA = {
     "type": "object",
@@ -19,18 +18,6 @@ SCHEMA = {
     "required": ["city", "n"],
     "additionalProperties": False,
 }
-
-
-def write_rows(path: Path, rows: list[dict[str, str]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def read_table(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def test_a_csv_job_gets_a_flat_table_in_input_order(

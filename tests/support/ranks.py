@@ -50,13 +50,20 @@ def mlx_launch(command: list[str], ranks: int, timeout_s: float) -> subprocess.C
     )
 
 
-def spawn_ranks(command: list[str], ranks: int, directory: Path) -> list[subprocess.Popen]:
+def spawn_ranks(
+    command: list[str],
+    ranks: int,
+    directory: Path,
+    rank_env: dict[int, dict[str, str]] | None = None,
+) -> list[subprocess.Popen]:
     """Start ``command`` once per rank as mlx.launch would (MLX_RANK, a ring hostfile), but as
-    children of this process, so a test can kill one of them."""
+    children of this process, so a test can kill one of them (or give one its own
+    environment: ``rank_env``)."""
     hostfile = ring_hostfile(directory, ranks)
     processes = []
     for rank in range(ranks):
         env = dict(os.environ, **RANK_ENV, MLX_RANK=str(rank), MLX_HOSTFILE=str(hostfile))
+        env.update((rank_env or {}).get(rank, {}))
         processes.append(
             subprocess.Popen(
                 command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE

@@ -293,3 +293,40 @@ def test_stored_settings_read_by_name_so_a_new_setting_needs_no_migration(tmp_pa
         SessionSettings("Hi.", top_p=0.5, thinking=True),
         SessionSettings(top_p=0.25),
     ]
+
+
+def test_a_history_from_before_versions_opens_and_keeps_versions(tmp_path):
+    """Messages written before regenerate kept versions gain the column (one version each),
+    and a reply from then can be regenerated and flipped back."""
+    path = tmp_path / "chat.sqlite3"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA_WITH_A_COLUMN_PER_SETTING)
+    old.execute("INSERT INTO sessions VALUES (1, 'Old', 0, '', 0.0, 1.0, 24, 0, NULL)")
+    old.execute(
+        "INSERT INTO messages (session_id, role, content, status, tokens, created) "
+        "VALUES (1, 'user', 'hi', 'done', NULL, 0), (1, 'assistant', 'Hello', 'done', 2, 0)"
+    )
+    old.commit()
+    old.close()
+
+    store = HistoryStore(path)
+    user, reply = store.messages(1)
+    assert [(m.version, m.versions) for m in (user, reply)] == [(1, 1), (1, 1)]
+    fresh = store.new_version(reply)
+    assert (fresh.id, fresh.content, fresh.status, fresh.metrics) == (reply.id, "", STREAMING, None)
+    assert (fresh.version, fresh.versions) == (2, 2)
+    fresh.content, fresh.status, fresh.metrics = "Hi there", DONE, ReplyMetrics(3)
+    store.save_message(fresh)
+    back = store.show_version(reply.id, 1)
+    assert (back.content, back.metrics, back.version, back.versions) == (
+        "Hello",
+        ReplyMetrics(2),
+        1,
+        2,
+    )
+    assert store.show_version(reply.id, 2).content == "Hi there"
+    store.delete_messages_from(1, user.id)  # an edit: the versions go with their reply
+    store.close()
+
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT count(*) FROM versions").fetchone() == (0,)

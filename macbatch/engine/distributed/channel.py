@@ -31,6 +31,7 @@ class MessageKind(IntEnum):
     LOAD = 1
     STEP = 2
     STOP = 3
+    REPLICATE = 4  # every rank loads the whole model and runs its own engine (replicas.py)
 
 
 class PeerLostError(RuntimeError):
@@ -149,8 +150,13 @@ class StepChannel:
     # -- rank 0 ------------------------------------------------------------------------------
 
     def send_load(self, order: LoadOrder) -> None:
-        text = json.dumps({"model": order.model, "config": dataclasses.asdict(order.config)})
-        self._exchange(MessageKind.LOAD, np.frombuffer(text.encode(), np.uint8).astype(np.int32))
+        self._exchange(MessageKind.LOAD, _order_payload(order))
+
+    def send_replicate(self, order: LoadOrder) -> None:
+        """Make every rank a whole-model replica (``replicas.py``); this channel then carries
+        nothing more, so no stop is sent at exit (the replicas' exchange ends them)."""
+        self._exchange(MessageKind.REPLICATE, _order_payload(order))
+        self._stopped = True
 
     def send_step(self, batch: PackedBatch) -> None:
         """Broadcast one step; the watchdog stays armed until ``step_finished``."""
@@ -219,6 +225,11 @@ class StepChannel:
     def _broadcast(self, values: np.ndarray) -> np.ndarray:
         total = mx.distributed.all_sum(mx.array(values), group=self.group, stream=mx.cpu)
         return np.asarray(total)
+
+
+def _order_payload(order: LoadOrder) -> np.ndarray:
+    text = json.dumps({"model": order.model, "config": dataclasses.asdict(order.config)})
+    return np.frombuffer(text.encode(), np.uint8).astype(np.int32)
 
 
 @cache

@@ -9,10 +9,12 @@ engine core).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import mlx.core as mx
 
 from macbatch.engine.distributed.channel import (
+    LoadOrder,
     MessageKind,
     PeerLostError,
     StepChannel,
@@ -24,13 +26,17 @@ from macbatch.engine.worker.model_runner import ModelRunner
 from macbatch.engine.worker.packing import PackedBatch
 
 
-def follow(group: mx.distributed.Group) -> int:
-    """Serve rank 0 until it says stop; the exit status for the process."""
+def follow(group: mx.distributed.Group, replicate: Callable[[LoadOrder], int] | None = None) -> int:
+    """Serve rank 0 until it says stop; the exit status for the process. ``replicate``: what to
+    run when rank 0 makes every rank a whole-model replica (it is the engine's ``serve_replica``,
+    passed in so that this module never imports the engine core)."""
     channel = channel_of(group)
     try:
         kind, payload = channel.receive()
         if kind is MessageKind.STOP:
             return 0
+        if kind is MessageKind.REPLICATE and replicate is not None:
+            return replicate(StepChannel.load_order(payload))
         if kind is not MessageKind.LOAD:
             raise RuntimeError(f"{channel.who}: expected a load message first, got {kind.name}")
         order = StepChannel.load_order(payload)

@@ -32,6 +32,13 @@ def current() -> mx.distributed.Group | None:
     return _group
 
 
+def leave() -> None:
+    """Stop sharing models with the group (it stays connected): every rank of whole-model
+    replicas loads the whole model alone, and the ranks talk through ``exchange.py`` only."""
+    global _group
+    _group = None
+
+
 def smallest(value: int, group: mx.distributed.Group) -> int:
     """The smallest of every rank's ``value`` (every rank must call this at the same point)."""
     mine = mx.array([value], dtype=mx.int32)

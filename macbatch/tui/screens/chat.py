@@ -33,6 +33,7 @@ from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
@@ -76,7 +77,26 @@ class ChatScreen(Screen[None]):
             "Stop",
             tooltip="Stop the reply, or leave edit mode; back to the message box",
         ),
-        Binding("ctrl+r", "regenerate", "Regen", tooltip="Regenerate the last reply"),
+        Binding(
+            "ctrl+r",
+            "regenerate",
+            "Regen",
+            tooltip="Regenerate the last reply (the earlier versions are kept)",
+        ),
+        Binding(
+            "alt+left",
+            "flip(-1)",
+            "Older",
+            tooltip="Previous version of the selected (else last) reply; the next turn sends the "
+            "one shown",
+        ),
+        Binding(
+            "alt+right",
+            "flip(1)",
+            "Newer",
+            tooltip="Next version of the selected (else last) reply; the next turn sends the one "
+            "shown",
+        ),
         Binding(
             "ctrl+g",
             "edit_last",
@@ -212,13 +232,13 @@ class ChatScreen(Screen[None]):
         facts = [self.chats.context_meter(session_id)]
         prompt = " ".join(self.chats.sessions[session_id].settings.system_prompt.split())
         facts.append(f"system: {prompt}" if prompt else None)
-        self.transcripts.border_subtitle = " · ".join(f for f in facts if f) or None
+        self.transcripts.border_subtitle = displayable(" · ".join(f for f in facts if f)) or None
 
     def show_title(self, session_id: int) -> None:
         title = self.chats.sessions[session_id].title
         self.session_list.item_for(session_id).set_title(title)
         if session_id == self.current:
-            self.transcripts.border_title = title
+            self.transcripts.border_title = displayable(title)
 
     @on(ListView.Highlighted, "#sessions")
     async def session_highlighted(self, event: ListView.Highlighted) -> None:
@@ -420,6 +440,10 @@ class ChatScreen(Screen[None]):
 
     async def start_reply(self, session_id: int) -> None:
         await self.chats.start_reply(session_id, self.transcript(session_id).add, self)
+        self.replying(session_id)
+
+    def replying(self, session_id: int) -> None:
+        """A reply of the chat has started: mark it in the list, and show it in the bar now."""
         self.session_list.item_for(session_id).generating = True
         self.refresh_status()
 
@@ -447,11 +471,25 @@ class ChatScreen(Screen[None]):
         session_id = self.current
         if session_id is None:
             return
+        transcript = self.transcript(session_id)
+
+        async def show(message: Message) -> MessageView:  # in place of the version it follows
+            await transcript.remove_from(message.id)
+            return await transcript.add(message)
+
         with self.refusals_shown():
-            dropped = self.chats.drop_last_reply(session_id)
-            if dropped is not None:
-                await self.transcript(session_id).remove_from(dropped)
-            await self.start_reply(session_id)
+            await self.chats.regenerate(session_id, show, self)
+            self.replying(session_id)
+
+    async def action_flip(self, step: int) -> None:
+        """alt+left / alt+right: the selected reply's (else the last reply's) other versions."""
+        session_id = self.current
+        if session_id is not None:
+            with self.refusals_shown():
+                focused = self.focused
+                selected = focused.message.id if isinstance(focused, MessageView) else None
+                shown = self.chats.flip(session_id, step, selected)
+                await self.transcript(session_id).replace(shown)
 
     def action_edit_last(self) -> None:
         """ctrl+g: edit the selected message of yours, else your last one."""

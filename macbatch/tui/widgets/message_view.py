@@ -18,6 +18,8 @@ from macbatch.tui.widgets.reasoning_view import ReasoningView
 def describe(message: Message) -> str:
     """The line under a message: token count, time to first token, speed, and how it ended."""
     parts = []
+    if message.versions > 1:
+        parts.append(f"version {message.version}/{message.versions}")
     if message.metrics is not None:
         metrics = message.metrics
         parts.append(counted(metrics.tokens, "token"))

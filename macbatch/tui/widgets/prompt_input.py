@@ -11,6 +11,13 @@ finishing a reply) then overtook each other: a Backspace typed before a word del
 last letter, and Enter sent the text before the edits typed ahead of it. So the prompt runs the
 binding of each non-printable key itself, and awaits the screen's `on_submit` for Enter, before
 it reads the next key.
+
+Printable keys are inserted in runs: a paste in a terminal without bracketed paste arrives as one
+key per character, and inserting each alone re-wrapped the whole growing line every time (20,000
+characters took minutes). So a printable key that has more messages waiting behind it (in the
+app's queue or this box's) is kept, and the run is inserted at the first key with none behind it,
+before anything that acts on the text or the cursor (any other key, a paste, a click), or at
+the latest `RUN_WAIT_S` after its first key.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from typing import Literal
 
 from textual import events
 from textual.binding import Binding
+from textual.timer import Timer
 from textual.widgets import TextArea
+
+RUN_WAIT_S = 0.05  # the longest a kept key waits to be shown, when no other key comes
 
 # Where a scroll key takes the transcript.
 Scroll = Literal["page_up", "page_down", "home", "end"]
@@ -50,8 +60,20 @@ class PromptInput(TextArea):
         self.placeholder = "Message (Enter to send, Ctrl+J for a new line)"
         self.on_submit = on_submit
         self.on_scroll = on_scroll
+        self._typed: list[str] = []  # printable keys read, not inserted yet
+        self._run_timer: Timer | None = None
 
     async def _on_key(self, event: events.Key) -> None:
+        if event.is_printable and event.character is not None and not self.read_only:
+            event.stop()
+            event.prevent_default()
+            self._typed.append(event.character)
+            if not (self.app.message_queue_size or self.message_queue_size):
+                self.insert_typed()
+            elif self._run_timer is None:
+                self._run_timer = self.set_timer(RUN_WAIT_S, self.insert_typed)
+            return
+        self.insert_typed()
         if event.key == "enter":  # TextArea would insert a newline before bindings are looked at
             event.stop()
             event.prevent_default()
@@ -60,11 +82,25 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.action_newline()
-        elif event.is_printable:
-            await super()._on_key(event)  # TextArea inserts it
         elif await self._run_binding(event.key):
             event.stop()
             event.prevent_default()
+
+    def insert_typed(self) -> None:
+        """Insert the printable keys read so far, as typing them one by one would."""
+        if self._run_timer is not None:
+            self._run_timer.stop()
+            self._run_timer = None
+        if self._typed:
+            text = "".join(self._typed)
+            self._typed.clear()
+            self._replace_via_keyboard(text, *self.selection)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        self.insert_typed()  # then TextArea inserts the paste, after the keys typed before it
+
+    async def _on_mouse_down(self, event: events.MouseDown) -> None:
+        self.insert_typed()  # then TextArea moves the cursor
 
     async def _run_binding(self, key: str) -> bool:
         """Run `key`'s binding now, looked up as the app does once a key has bubbled up to it

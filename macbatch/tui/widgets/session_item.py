@@ -5,6 +5,8 @@ from __future__ import annotations
 from textual.reactive import reactive
 from textual.widgets import Label, ListItem
 
+from macbatch.tui.widgets.display import displayable
+
 
 class SessionItem(ListItem):
     """One session in the sidebar; `generating` adds a marker and the `-generating` class."""
@@ -14,11 +16,12 @@ class SessionItem(ListItem):
     def __init__(self, session_id: int, title: str) -> None:
         self.session_id = session_id
         self.title = title
-        self.label = Label(f"  {title}", markup=False)
+        self.label = Label(f"  {displayable(title)}", markup=False)
         super().__init__(self.label)
 
     def _text(self) -> str:
-        return f"● {self.title}" if self.generating else f"  {self.title}"
+        title = displayable(self.title)
+        return f"● {title}" if self.generating else f"  {title}"
 
     def set_title(self, title: str) -> None:
         self.title = title

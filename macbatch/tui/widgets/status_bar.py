@@ -1,7 +1,7 @@
 """The bottom line: the open chat's model, sessions running / waiting, the KV pool (blocks in use
 of how many, how many tokens it holds, its memory now and how much of it requests and the prefix
-cache use), work in the last step, how much of the last reply's prompt the prefix cache held, and
-every loaded model with its memory."""
+cache use), work in the last step, how fast replies generate, how much of the last reply's prompt
+the prefix cache held, and every loaded model with its memory."""
 
 from __future__ import annotations
 
@@ -21,16 +21,20 @@ def status_text(
     problem: str | None,
     block_size: int = 0,
     last_reply: ReplyMetrics | None = None,
+    tokens_per_s: float | None = None,
 ) -> str:
     """Plain text for the bar; `problem` (loading, failed, stopped) replaces the engine numbers.
     `block_size` (tokens per KV block) turns the pool's blocks into the tokens it holds;
-    `last_reply` adds its prompt tokens the prefix cache held (the rest were computed)."""
+    `last_reply` adds its prompt tokens the prefix cache held (the rest were computed);
+    `tokens_per_s`, the replies' speed (live while they stream)."""
     if problem is not None or stats is None:
         return f"{model} · {problem or 'starting'}"
     pool_tokens = stats.kv_blocks_total * block_size
+    # the speed early, where a narrow terminal still shows it
+    speed = "" if tokens_per_s is None else f"{tokens_per_s:.1f} tok/s · "
     # short enough for an 80-column terminal to show the step numbers too
     text = (
-        f"{model} · {stats.running} running · {stats.waiting} waiting · "
+        f"{model} · {stats.running} running · {stats.waiting} waiting · {speed}"
         f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} ({pool_tokens:,} tok) "
         f"{stats.kv_bytes_used / 2**20:,.1f}/{stats.kv_cache_bytes / 2**20:,.1f} MiB · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"
@@ -48,8 +52,6 @@ class StatusBar(Static):
 
     def show(self, model: str, status: EngineStatus, loaded: str | None = None) -> None:
         """``loaded``: the models loaded and their memory, last (the first to be cut off)."""
-        text = status_text(
-            model, status.stats, status.problem, status.block_size, status.last_reply
-        )
+        text = status_text(model, *status)
         self.update(text if loaded is None else f"{text} · {loaded}")
         self.set_class(status.problem is not None, "-problem")

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import ContentSwitcher
 
 from macbatch.tui.store import Message
+from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.empty_chat import EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.prompt_input import Scroll
@@ -77,6 +78,12 @@ class Transcript(VerticalScroll, can_focus=True, inherit_bindings=False):
         self.anchor()
         return view
 
+    async def replace(self, message: Message) -> None:
+        """Show `message` in place of its view (another version of a reply)."""
+        old = self.view_for(message.id)
+        await self.mount(MessageView(message), after=old)
+        await old.remove()
+
     async def remove_from(self, message_id: int) -> None:
         """Drop the message `message_id` and every later one."""
         await self.remove_children([v for v in self.views if v.message.id >= message_id])
@@ -96,7 +103,7 @@ class Transcripts(ContentSwitcher):
         if not self.query(f"#{transcript_id(session_id)}"):
             await self.mount(Transcript(session_id, messages(), model))
         self.current = transcript_id(session_id)
-        self.border_title = title
+        self.border_title = displayable(title)
 
 
 def transcript_id(session_id: int) -> str:

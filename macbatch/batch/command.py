@@ -285,7 +285,7 @@ def _run(
                 )
         if replicas is not None and (problem := replicas_problem(replicas)) is not None:
             raise JobFileError(problem)
-        if replicas is not None and len(jobs_of) > 1:  # the replicas end with their model
+        if (replicas or 1) > 1 and len(jobs_of) > 1:  # the replicas end with their model
             raise JobFileError(
                 f"--replicas runs one model, and the jobs of {file} name {len(jobs_of)}; run "
                 "each model's jobs on their own (--job NAME ...)"

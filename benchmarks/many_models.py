@@ -23,10 +23,9 @@ from pathlib import Path
 
 from benchmarks.common import build_bench_model, warn_without_openblas
 from benchmarks.peer_server import save_model
-from macbatch.engine import EngineConfig, EngineThread, RequestOutput, SamplingParams
-from macbatch.server.device import Turns
-from macbatch.server.pool import Servable
-from macbatch.server.serve_models import starter
+from macbatch.engine import EngineConfig, EngineThread, RequestOutput, SamplingParams, Turns
+from macbatch.modelpool.catalog import starter
+from macbatch.modelpool.pool import Servable
 
 Snapshots = list[tuple[str, dict[str, int]]]
 
@@ -98,7 +97,7 @@ def main() -> None:
     threads = {}
     for name, seed in (("A", 0), ("B", 1)):
         path = save(workdir / name, seed)
-        threads[name], _ = start(Servable(name, str(path), path))
+        threads[name] = start(Servable(name, str(path), path))
         threads[name].wait_ready()
     total = args.requests * args.max_tokens
     _, alone_s = run({"A": threads["A"]}, args.requests, args.max_tokens)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,17 +86,38 @@ def need_of(model_dir: Path, kv_start_mib: float) -> Need:
     return Need(weights_bytes(model_dir), int(kv_start_mib * MIB))
 
 
-def too_large(name: str, need: Need, room: int, memory: Memory) -> str | None:
-    """Why ``name`` cannot load into ``room`` bytes (None: it fits), with what to do."""
+# What frees memory for another model, as each front end says it (``too_large``'s ``unload``):
+# serve's idle models unload by themselves, and its limits can be lowered.
+SERVE_UNLOAD = (
+    "unload another model (they unload after serve --keep-alive seconds idle), or lower "
+    "--max-loaded-models"
+)
+
+
+def too_large(
+    name: str, need: Need, room: int, memory: Memory, unload: str = SERVE_UNLOAD
+) -> str | None:
+    """Why ``name`` cannot load into ``room`` bytes (None: it fits), with what to do
+    (``unload``: how the front end frees another model's memory; empty: it holds no other)."""
     if need.total <= room:
         return None
     return (
         f"model {name!r} needs about {gib(need.total)} (weights {gib(need.weights)} and the "
         f"smallest KV pool, {need.kv / MIB:.0f} MiB) but only {gib(room)} of this machine's "
         f"{gib(memory.total)} can be given to it; use a smaller quantization of it (a 4-bit "
-        "or 3-bit variant), close other programs or unload another model (they unload after "
-        "serve --keep-alive seconds idle), or lower --max-loaded-models"
+        f"or 3-bit variant), close other programs" + (f", or {unload}" if unload else "")
     )
+
+
+def refusal_now(
+    name: str, need: Need, read: Callable[[], Memory] | None = None, unload: str = SERVE_UNLOAD
+) -> str | None:
+    """Why ``name`` cannot load into the memory free now (None: it fits, or its need is not
+    known: a hub id not downloaded yet); ``read``: how memory is read (``read_memory``)."""
+    if not need.total:
+        return None
+    memory = (read or read_memory)()
+    return too_large(name, need, memory.available, memory, unload)
 
 
 def gib(size: int) -> str:

@@ -165,6 +165,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "macbatch.tui",
             "macbatch.batch",
             "macbatch.server",
+            "macbatch.modelpool",
             "macbatch.cli",
             "macbatch.cli_options",
             "macbatch.ask",

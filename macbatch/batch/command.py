@@ -250,18 +250,25 @@ def _run(
     disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
 
     def load_engine(name: str) -> object:
+        hand_back_memory()
+        config = engine_config()
+        if (too_large := run_fits(name, config.kv_start_mib)) is not None:
+            raise JobFileError(f"{too_large} (the model of {', '.join(jobs_of[name])})")
         try:
-            bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
-            # neither an option nor the job file's section: MTP where the checkpoint has heads
-            speculative = spec or job_file.speculative or {"speculative": "auto"}
-            config = EngineConfig(kv_bits=bits, **speculative, **disk)
-            if max_seqs is not None:
-                config = dataclasses.replace(config, max_num_seqs=max_seqs)
             if replicas is not None:  # whole-model replicas, one per rank of mlx.launch
                 return load_replicas(name, config, replicas)
             return Engine.load(name, config)
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
+
+    def engine_config() -> EngineConfig:
+        bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+        # neither an option nor the job file's section: MTP where the checkpoint has heads
+        speculative = spec or job_file.speculative or {"speculative": "auto"}
+        config = EngineConfig(kv_bits=bits, **speculative, **disk)
+        if max_seqs is not None:
+            config = dataclasses.replace(config, max_num_seqs=max_seqs)
+        return config
 
     try:
         job_file = load_job_file(file, model_override=model)
@@ -270,11 +277,20 @@ def _run(
             jobs=jobs_by_name(job_file, jobs),
             output_dir=output_dir or job_file.output_dir,
         )
-        if (problem := model_problem(job_file.model)) is not None:  # before any file is made
-            raise JobFileError(f"{problem} (the model of {file}, or --model)")
+        jobs_of = {m: [j.name for j in group] for m, group in job_file.by_model().items()}
+        for name, named in jobs_of.items():  # before any file is made
+            if (problem := model_problem(name)) is not None:
+                raise JobFileError(
+                    f"{problem} (the model of {file}'s {', '.join(named)}, or --model)"
+                )
         if replicas is not None and (problem := replicas_problem(replicas)) is not None:
             raise JobFileError(problem)
-        return run_jobs(job_file, options, reporter, load_engine)  # type: ignore[arg-type]
+        if (replicas or 1) > 1 and len(jobs_of) > 1:  # the replicas end with their model
+            raise JobFileError(
+                f"--replicas runs one model, and the jobs of {file} name {len(jobs_of)}; run "
+                "each model's jobs on their own (--job NAME ...)"
+            )
+        return run_jobs(job_file, options, reporter, load_engine, close_engine)  # type: ignore[arg-type]
     except JobFileError as exc:
         _fail(headless, str(exc))
     except KeyboardInterrupt:
@@ -288,6 +304,38 @@ def _run(
             f"the run stopped: {type(exc).__name__}: {exc}\nEvery line finished before the stop "
             f"is saved; run the same command again to resume: {again}",
         )
+
+
+def run_fits(name: str, kv_start_mib: float) -> str | None:
+    """The memory guard before a job's model loads (docs/models.md): why it does not fit in the
+    memory free now (None: it does, or its size is not known before it downloads)."""
+    from macbatch.engine import resolve_model_path
+    from macbatch.memory import need_of, refusal_now
+
+    try:
+        where = resolve_model_path(name)
+    except ValueError:
+        return None  # the load says why
+    if not isinstance(where, Path):
+        return None
+    # one job model is loaded at a time: no other of macbatch's to unload
+    return refusal_now(name, need_of(where, kv_start_mib), unload="")
+
+
+def close_engine(engine: Any) -> None:
+    """A model's jobs are done: its disk tier writes what it holds."""
+    engine.close()
+
+
+def hand_back_memory() -> None:
+    """Before the next model's guard and load: the engines the runner dropped are collected and
+    MLX's cached buffers go back to the system, so the memory free counts them."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
 
 
 def _fail(headless: bool, message: str, code: int = 1) -> NoReturn:

@@ -31,6 +31,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS done_slot ON done (job, custom_id, sample);
 CREATE TABLE IF NOT EXISTS jobs (name TEXT PRIMARY KEY, settings TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files (job TEXT PRIMARY KEY, size INTEGER NOT NULL);
 """
+# Columns added since the first ledgers, each with its type: a ledger without one gets it (its
+# old rows read NULL there: unknown).
+ADDED_COLUMNS = {"done": {"model": "TEXT"}}  # the model that answered the row
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class DoneRecord:
     sample: int
     correct: bool | None
     group: str | None
+    model: str | None = None  # the model that answered it (None: a ledger from before)
 
 
 class Ledger:
@@ -54,6 +58,14 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns.items():
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self.db.close()
@@ -105,6 +117,14 @@ class Ledger:
             (job, json.dumps(settings, sort_keys=True)),
         )
 
+    def models(self, job: str) -> dict[str | None, int]:
+        """The models that answered the job's recorded rows, each with its count (None: rows
+        recorded before the ledger kept models)."""
+        rows = self.db.execute(
+            "SELECT model, COUNT(*) FROM done WHERE job=? GROUP BY model", (job,)
+        )
+        return dict(rows.fetchall())
+
     def scores(self, job: str) -> list[tuple[str | None, int, int]]:
         """(group, scored, correct) per group of the job's scored requests."""
         return self.db.execute(
@@ -116,8 +136,12 @@ class Ledger:
     def _insert(self, records: Iterable[DoneRecord]) -> None:
         now = time.time()
         self.db.executemany(
-            "INSERT OR IGNORE INTO done VALUES (?, ?, ?, ?, ?, ?, ?)",
-            ((r.key, r.job, r.custom_id, r.sample, r.correct, r.group, now) for r in records),
+            "INSERT OR IGNORE INTO done (key, job, custom_id, sample, correct, grp, finished_at, "
+            "model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                (r.key, r.job, r.custom_id, r.sample, r.correct, r.group, now, r.model)
+                for r in records
+            ),
         )
 
     def _set_size(self, job: str, size: int) -> None:

@@ -113,9 +113,17 @@ def _done_record(raw: bytes, job: str) -> DoneRecord | None:
             sample=int(meta["sample"]),
             correct=meta.get("correct"),
             group=meta.get("group"),
+            model=_answered_by(line),
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _answered_by(line: dict[str, Any]) -> str | None:
+    """The model a result line's response names (every response body has its ``model``)."""
+    body = (line.get("response") or {}).get("body")
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
 
 
 def result_line(
@@ -178,8 +186,10 @@ def write_result(
     parsed: ParsedReply | None = None,
 ) -> None:
     """Write a finished line, then record it done (the order exactly-once needs)."""
-    size = appender.append(result_line(item, outputs, body, correct, parsed))
-    done = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group)
+    line = result_line(item, outputs, body, correct, parsed)
+    size = appender.append(line)
+    model = _answered_by(line)
+    done = DoneRecord(item.key, item.job, item.custom_id, item.sample, correct, item.group, model)
     ledger.record(done, size)
 
 

@@ -1,9 +1,11 @@
-"""Runs a validated job file: every job's requests stream through one engine, resumably.
+"""Runs a validated job file: every job's requests stream through its model's engine, resumably.
 
 Order of work: check every input's header, recover output files after a crash, survey all jobs
-against the ledger (totals, duplicates, changed jobs), and only then load the model. The loop then
-admits requests round-robin across jobs while fewer than `max_in_flight` are queued or running,
-steps the engine, and writes each finished request as one line before recording it in the ledger.
+against the ledger (totals, duplicates, changed jobs, rows another model answered), and only then
+load a model. Jobs run grouped by their model, each model loaded once and freed before the next
+(docs/jobs.md, "A model per job"). For each group the loop admits requests round-robin across its
+jobs while fewer than `max_in_flight` are queued or running, steps the engine, and writes each
+finished request as one line before recording it (and the model that answered it) in the ledger.
 All MLX work happens on the calling thread.
 """
 
@@ -58,10 +60,12 @@ def run_jobs(
     options: RunOptions,
     reporter: Reporter,
     load_engine: Callable[[str], Any],
+    close_engine: Callable[[Any], None] = lambda engine: None,
 ) -> dict[str, Any]:
     """Run (or resume) every job of `job_file`; returns the summary (also written to disk).
+    ``load_engine(model)`` loads each model once; ``close_engine`` frees one before the next.
 
-    Raises JobFileError, before the model loads, for any problem with the file or its inputs.
+    Raises JobFileError, before a model loads, for any problem with the file or its inputs.
     """
     refuse_inputs_among_outputs(job_file)
     sources = {job.name: prepare(job) for job in job_file.jobs}
@@ -78,12 +82,27 @@ def run_jobs(
             if done:
                 total = sum(job.total for job in jobs.values())
                 reporter.note(f"resuming: {done:,} of {total:,} requests done before")
-            reporter.note(f"Loading model {job_file.model} ...")
-            engine = load_engine(job_file.model)  # Ctrl-C until here: nothing ran
+            groups = list(job_file.by_model().items())
+            reporter.note(f"Loading model {groups[0][0]} ...")
+            engine = load_engine(groups[0][0])  # Ctrl-C until here: nothing ran
             with caught_signals() as interrupts:  # from here, it only stops the loop
                 progress = RunProgress(model=job_file.model, jobs=jobs)
-                loop = _Loop(job_file, sources, ledger, engine, options, reporter, progress)
-                status = loop.run(interrupts)
+                reporter.start(progress)
+                for index, (model, group) in enumerate(groups):
+                    if index:
+                        close_engine(engine)
+                        engine = None  # its memory goes before the next model loads
+                        reporter.note(f"Loading model {model} ...")
+                        engine = load_engine(model)
+                    progress.model = model  # the one the display shows as running
+                    _Loop(group, sources, ledger, engine, options, reporter, progress).run(
+                        interrupts
+                    )
+                    if interrupts.count:
+                        break
+                close_engine(engine)
+                progress.model = job_file.model
+                status = "interrupted" if progress.finished < progress.total else "complete"
                 outputs = _job_outputs(job_file, ledger)
                 write_job_vectors(job_file, outputs, reporter.note)
                 write_job_tables(job_file, sources, outputs, reporter.note)
@@ -103,7 +122,7 @@ def _survey(
     reporter: Reporter,
 ) -> dict[str, JobProgress]:
     """Recover files, count work, refuse changed jobs (unless --force), clear errors files."""
-    directory, model = job_file.output_dir, job_file.model
+    directory = job_file.output_dir
     changed: list[str] = []
     jobs: dict[str, JobProgress] = {}
     for job in job_file.jobs:
@@ -118,7 +137,7 @@ def _survey(
             reporter.note(f"{output}: removed a partial last line ({found.truncated_bytes} bytes)")
         if found.unreadable_lines:
             reporter.note(f"{output}: {found.unreadable_lines} lines are not macbatch results")
-        survey = survey_job(job, model, sources[job.name], ledger)
+        survey = survey_job(job, sources[job.name], ledger)
         if options.redo_changed and survey.changed:
             dropped = drop_results(output, survey.changed_requests)
             ledger.forget(job.name, settings=False)
@@ -127,10 +146,12 @@ def _survey(
                 f"{job.name}: {dropped} results whose rows or settings changed were removed "
                 f"from {output}; they run again"
             )
-            survey = survey_job(job, model, sources[job.name], ledger)
-        settings = json.loads(json.dumps(job.settings(model)))
+            survey = survey_job(job, sources[job.name], ledger)
+        settings = json.loads(json.dumps(job.settings()))
         if survey.changed and not options.force:
             changed.append(change_report(job, survey, ledger.settings(job.name), settings))
+        elif options.force and (mixed := other_models(job, ledger)):
+            raise JobFileError(mixed)
         jobs[job.name] = JobProgress(job.name, total=survey.total, skipped=survey.done)
         if options.force:
             jobs[job.name].skipped += survey.changed
@@ -142,17 +163,17 @@ def _survey(
             "missing ones, or --fresh to discard this job file's results and start over."
         )
     for job in job_file.jobs:
-        ledger.save_settings(job.name, job.settings(model))
+        ledger.save_settings(job.name, job.settings())
         errors_path(directory, job.name).unlink(missing_ok=True)
     return jobs
 
 
 class _Loop:
-    """The admit / step / write loop over one engine."""
+    """The admit / step / write loop of one model's jobs over its engine."""
 
     def __init__(
         self,
-        job_file: JobFile,
+        jobs: tuple[JobSpec, ...],
         sources: dict[str, InputFile | None],
         ledger: Ledger,
         engine: Any,
@@ -160,20 +181,19 @@ class _Loop:
         reporter: Reporter,
         progress: RunProgress,
     ) -> None:
-        self.job_file, self.ledger, self.engine = job_file, ledger, engine
+        self.ledger, self.engine = ledger, engine
         self.options, self.reporter, self.progress = options, reporter, progress
-        self.feed = _round_robin(
-            [plan_job(job, job_file.model, sources[job.name]) for job in job_file.jobs]
-        )
+        self.model = jobs[0].model
+        self.output_dir = ledger.path.parent
+        self.feed = _round_robin([plan_job(job, job.model, sources[job.name]) for job in jobs])
         self.outputs = {
-            job.name: JsonlAppender(output_path(job_file.output_dir, job.name))
-            for job in job_file.jobs
+            job.name: JsonlAppender(output_path(self.output_dir, job.name)) for job in jobs
         }
-        self.scores = {job.name: job.score for job in job_file.jobs if job.score is not None}
-        self.jobs = {job.name: job for job in job_file.jobs}
+        self.scores = {job.name: job.score for job in jobs if job.score is not None}
+        self.jobs = {job.name: job for job in jobs}
         self.body_rows = {  # rows that are API bodies: their sampling is their own
-            name: source is not None and source.format == "openai"
-            for name, source in sources.items()
+            job.name: (source := sources[job.name]) is not None and source.format == "openai"
+            for job in jobs
         }
         self.errors: dict[str, JsonlAppender] = {}
         self.pending: Pending[tuple[Planned, ReplyShape | None]] = Pending()  # lines in flight
@@ -182,9 +202,8 @@ class _Loop:
             lambda request: engine.prepare_request(*request, None)
         )
 
-    def run(self, interrupts: Interrupts) -> str:
-        """Run until everything is done or the user interrupts; returns the final status."""
-        self.reporter.start(self.progress)
+    def run(self, interrupts: Interrupts) -> None:
+        """Run until the jobs are done or the user interrupts."""
         try:
             while True:
                 if interrupts.count and not self.progress.stopping:
@@ -212,7 +231,6 @@ class _Loop:
             for appender in (*self.outputs.values(), *self.errors.values()):
                 appender.close()
         self._update(force=True)
-        return "interrupted" if self.progress.finished < self.progress.total else "complete"
 
     def _stop_if_replica_lost(self) -> None:
         """A replica lost (``--replicas``): stop as on a first Ctrl-C; its rows come back
@@ -272,7 +290,7 @@ class _Loop:
             self._fail(item, settled.error, "engine_error")
             return
         outputs = settled.outputs
-        body = item.reply_body(outputs, shape, self.job_file.model, self.engine.tokenizer)
+        body = item.reply_body(outputs, shape, self.model, self.engine.tokenizer)
         parsed: ParsedReply | None = None
         correct: bool | None = None
         if shape is not None:  # a generated line: scored and parsed on its first choice
@@ -314,7 +332,7 @@ class _Loop:
 
     def _fail(self, item: Planned | Rejected, reason: str, code: str) -> None:
         if item.job not in self.errors:
-            path = errors_path(self.job_file.output_dir, item.job)
+            path = errors_path(self.output_dir, item.job)
             self.errors[item.job] = JsonlAppender(path)
         self.errors[item.job].append(error_line(item, reason, code))
         self.progress.jobs[item.job].failed += 1
@@ -325,6 +343,22 @@ class _Loop:
         if isinstance(self.engine, ReplicatedEngine):
             self.progress.replication = self.engine.replica_stats()
         self.reporter.update(self.progress, force)
+
+
+def other_models(job: JobSpec, ledger: Ledger) -> str | None:
+    """Why ``--force`` cannot keep a job's lines: other models answered some (None: it can).
+    A job's file holds one model's answers, so a changed model reruns (--redo-changed) or
+    starts over (--fresh); lines recorded before the ledger kept models count as the job's."""
+    others = {m: n for m, n in ledger.models(job.name).items() if m not in (None, job.model)}
+    if not others:
+        return None
+    by = ", ".join(f"{n} by {m}" for m, n in others.items())
+    return (
+        f"job '{job.name}' now runs on {job.model}, but {sum(others.values())} of its completed "
+        f"lines were answered by another model ({by}); --force would mix two models' answers "
+        "in one file. Rerun with --redo-changed to answer those lines again with the new model, "
+        "or --fresh to start the job over."
+    )
 
 
 def _round_robin(
@@ -343,7 +377,10 @@ def _round_robin(
 def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
     for job in job_file.jobs:
-        entry: dict[str, Any] = {"output": str(output_path(job_file.output_dir, job.name))}
+        entry: dict[str, Any] = {
+            "model": job.model,  # the summary's top-level "model" is the file's
+            "output": str(output_path(job_file.output_dir, job.name)),
+        }
         errors = errors_path(job_file.output_dir, job.name)
         if errors.exists():
             entry["errors"] = str(errors)

@@ -48,7 +48,7 @@ SETTING_KEYS = (
     "images",
     *STRUCTURED_KEYS,
 )
-JOB_KEYS = ("name", "input", "prompts", "vectors", *SETTING_KEYS)
+JOB_KEYS = ("name", "model", "input", "prompts", "vectors", *SETTING_KEYS)
 OUTPUT_KEYS = ("dir", "parquet")
 MAX_SAMPLES = 10_000  # a job's n: samples per row (n: 1e9 would plan for days before one ran)
 DEFAULT_SAMPLING: dict[str, Any] = {
@@ -81,17 +81,19 @@ class JobSpec:
     # (the job file's folder).
     images: tuple[str, ...] = ()
     image_dir: Path | None = None
+    # the model that runs it: its own `model:`, else the file's (the Batch API's: the server's)
+    model: str = ""
 
     @property
     def sampling(self) -> dict[str, Any]:
         """The job's sampling with the job file's defaults under what it gives."""
         return {**DEFAULT_SAMPLING, **self.given_sampling}
 
-    def settings(self, model: str) -> dict[str, Any]:
+    def settings(self) -> dict[str, Any]:
         """Everything that changes this job's results, as plain data (compared on resume)."""
         return (
             {
-                "model": model,
+                "model": self.model,
                 "input": None
                 if self.input is None
                 else {
@@ -127,7 +129,7 @@ class JobFile:
     """A validated job file."""
 
     path: Path
-    model: str
+    model: str  # the file's `model:` (or --model), else its first job's
     output_dir: Path
     jobs: tuple[JobSpec, ...]
     yaml: LoadedYaml  # where each value sits, for refusals found after loading
@@ -135,6 +137,14 @@ class JobFile:
     # speculative decoding: EngineConfig's speculative fields (None: off; docs/speculative.md)
     speculative: dict[str, Any] | None = None
     parquet: bool = False  # each generating job's table as <job>.parquet too (needs pyarrow)
+
+    def by_model(self) -> dict[str, tuple[JobSpec, ...]]:
+        """The jobs grouped by the model that runs them, models in the order jobs name them:
+        each model loads once."""
+        groups: dict[str, list[JobSpec]] = {}
+        for job in self.jobs:
+            groups.setdefault(job.model, []).append(job)
+        return {model: tuple(jobs) for model, jobs in groups.items()}
 
 
 def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
@@ -148,12 +158,11 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
     if version != 1:
         raise check.fail(("version",), f"unsupported version {version!r}; this macbatch reads 1")
     base = path.parent
+    model: str | None = None
     if model_override:
         model = _resolve_model(model_override, Path.cwd())
     elif "model" in top:
         model = _resolve_model(check.text(top["model"], ("model",)), base)
-    else:
-        raise check.fail((), "missing 'model' (a Hugging Face id, a local path, or demo)")
     kv_bits = top.get("kv_bits")
     try:
         check_kv_quantization(kv_bits, None)
@@ -177,7 +186,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
     specs: list[JobSpec] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(jobs):
-        spec = _job(check, raw, index, defaults, base)
+        spec = _job(check, raw, index, defaults, base, model)
         if spec.name in seen:
             raise check.fail(
                 ("jobs", index, "name"),
@@ -188,7 +197,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         specs.append(spec)
     return JobFile(
         path=path,
-        model=model,
+        model=model or specs[0].model,
         output_dir=output_dir,
         jobs=tuple(specs),
         yaml=loaded,
@@ -228,12 +237,20 @@ def _resolve_model(model: str, base: Path) -> str:
     return str(candidate.resolve()) if candidate.exists() else model
 
 
-def _job(check: YamlChecker, raw: Any, index: int, defaults: dict[str, Any], base: Path) -> JobSpec:
+def _job(
+    check: YamlChecker,
+    raw: Any,
+    index: int,
+    defaults: dict[str, Any],
+    base: Path,
+    file_model: str | None,
+) -> JobSpec:
     key: PathKey = ("jobs", index)
     job = check.mapping(raw, key, JOB_KEYS)
     if "name" not in job:
         raise check.fail(key, f"jobs[{index}] has no 'name'")
     name = check.text(job["name"], (*key, "name"))
+    model = _job_model(check, job, key, base, file_model)
     if any(c in name for c in "/\\\0") or name.startswith("."):
         raise check.fail(
             (*key, "name"),
@@ -333,5 +350,22 @@ def _job(check: YamlChecker, raw: Any, index: int, defaults: dict[str, Any], bas
         options=options,
         images=images,
         image_dir=base if images else None,
+        model=model,
         **pooling,
     )
+
+
+def _job_model(
+    check: YamlChecker, job: dict[str, Any], key: PathKey, base: Path, file_model: str | None
+) -> str:
+    """The job's own ``model:`` (resolved like the file's), else the file's."""
+    if "model" in job:
+        return _resolve_model(check.text(job["model"], (*key, "model")), base)
+    if file_model is None:
+        raise check.fail(
+            key,
+            f"missing 'model': job '{job['name']}' names none and neither does the file; give "
+            "the file a 'model:' (a Hugging Face id, a local path, or demo) for every job, or "
+            "this job its own",
+        )
+    return file_model

@@ -34,11 +34,11 @@ class JobSurvey:
         return self.requests + self.rejected
 
 
-def survey_job(job: JobSpec, model: str, source: InputFile | None, ledger: Ledger) -> JobSurvey:
+def survey_job(job: JobSpec, source: InputFile | None, ledger: Ledger) -> JobSurvey:
     """Count `job`'s requests against the ledger; JobFileError on an empty job or duplicate ids."""
     result = JobSurvey(job.name)
     first_line: dict[str, int] = {}
-    for item in plan_job(job, model, source):
+    for item in plan_job(job, job.model, source):
         if not isinstance(item, Planned):
             result.rejected += 1
             continue

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Engine": "macbatch.engine.engine",
     "EngineThread": "macbatch.engine.runtime",
     "EngineDeadError": "macbatch.engine.runtime",
+    "Turns": "macbatch.engine.device",  # the device's turns, shared by engines on it
     "EngineConfig": "macbatch.engine.config",
     "EngineStats": "macbatch.engine.core.stats",
     "EngineInfo": "macbatch.engine.model_info",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.core.request import Request
     from macbatch.engine.core.stats import EngineStats
+    from macbatch.engine.device import Turns
     from macbatch.engine.distributed.replicas import (
         ReplicatedEngine,
         load_replicas,

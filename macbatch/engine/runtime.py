@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from macbatch.engine.core.outputs import FinishReason, RequestMetrics, RequestOutput
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.stats import EngineStats
+from macbatch.engine.device import OwnDevice, Turns
 from macbatch.engine.engine import Engine
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
@@ -76,8 +77,18 @@ _Command = _Add | _Cancel | _Call | _AbortAll | _Stop
 
 
 class EngineThread(PromptEncoder):
-    def __init__(self, loader: Callable[[], Engine], name: str = "macbatch-engine") -> None:
+    """``device``: the turns of the device this engine shares with others (engine/device.py);
+    its load, steps, calls and close each run in a turn, its host bookkeeping in none."""
+
+    def __init__(
+        self,
+        loader: Callable[[], Engine],
+        name: str = "macbatch-engine",
+        device: Turns | None = None,
+    ) -> None:
         self._loader = loader
+        self._device: Turns | OwnDevice = device or OwnDevice()
+        self._name = name
         self._commands: queue.Queue[_Command] = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._ready = threading.Event()
@@ -96,6 +107,14 @@ class EngineThread(PromptEncoder):
 
     def start(self) -> EngineThread:
         self._thread.start()
+        return self
+
+    def share_device(self, device: Turns) -> EngineThread:
+        """Take turns of ``device`` with the engines already on it; before ``start`` only (a
+        front end handed a thread built elsewhere, such as chat's first model)."""
+        if self._thread.is_alive() or self._ready.is_set():
+            raise RuntimeError("an engine thread shares a device from its start only")
+        self._device = device
         return self
 
     def wait_ready(self, timeout: float | None = None) -> None:
@@ -243,6 +262,10 @@ class EngineThread(PromptEncoder):
 
     def _run(self) -> None:
         self._serve()
+        if self._stopped:  # shut down: the weights and pages go now, not when the thread does
+            self._engine = None
+            with self._turn():
+                _hand_back_buffers()
         self._loop_done.set()
         # Park instead of returning: with MLX 0.32 on CPU, a thread that used MLX and then ends
         # makes the process abort at exit ("terminate called without an active exception").
@@ -251,7 +274,8 @@ class EngineThread(PromptEncoder):
 
     def _serve(self) -> None:
         try:
-            engine = self._engine = self._loader()
+            with self._turn():
+                engine = self._engine = self._loader()
         except BaseException as exc:  # report any load failure to the waiting caller
             self.error = exc
             self._ready.set()
@@ -262,12 +286,16 @@ class EngineThread(PromptEncoder):
         try:
             while self._handle_commands(engine, self._idle_wait(engine)):
                 if engine.has_unfinished():
-                    self._deliver(engine.step())
+                    with self._turn():
+                        outputs = engine.step()
+                    self._deliver(outputs)
                     self._stats = engine.stats()
                     self._shrink_at = _shrink_deadline(engine)
                 elif self._shrink_at is not None and time.monotonic() >= self._shrink_at:
                     self._shrink_at = None
-                    if engine.shrink_pool():
+                    with self._turn():
+                        shrunk = engine.shrink_pool()
+                    if shrunk:
                         self._stats = engine.stats()
         except BaseException as exc:
             log.exception("engine loop failed")
@@ -299,14 +327,18 @@ class EngineThread(PromptEncoder):
                 engine.abort(command.request_id)
             elif isinstance(command, _Call):
                 try:
-                    command.future.set_result(command.fn(engine))
+                    with self._turn():
+                        result = command.fn(engine)
                 except Exception as exc:
                     command.future.set_exception(exc)
+                else:
+                    command.future.set_result(result)
             elif isinstance(command, _AbortAll):
                 self._abort_all(engine)
             else:
                 self._abort_all(engine)
-                engine.close()
+                with self._turn():
+                    engine.close()
                 self._stopped = True
                 return False
 
@@ -325,8 +357,14 @@ class EngineThread(PromptEncoder):
         """Abort every request that has a listener and hand each its final (ABORT) output."""
         for rid in list(self._callbacks):
             engine.abort(rid)
-        self._deliver(engine.step())
+        with self._turn():
+            outputs = engine.step()
+        self._deliver(outputs)
         self._stats = engine.stats()
+
+    def _turn(self) -> contextlib.AbstractContextManager[None]:
+        """A turn of the device for MLX work (at once when the engine is alone on it)."""
+        return self._device.turn(self._name)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -348,6 +386,13 @@ class EngineThread(PromptEncoder):
             elif isinstance(command, _Call):
                 command.future.set_exception(EngineDeadError(message))
         self._deliver([_error_output(rid, message) for rid in list(self._callbacks)])
+
+
+def _hand_back_buffers() -> None:
+    """MLX keeps freed buffers for reuse; a stopped engine's go back to the system."""
+    import mlx.core as mx
+
+    mx.clear_cache()
 
 
 def _shrink_deadline(engine: Engine) -> float | None:

@@ -22,17 +22,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, Tokenizer
 from macbatch.memory import Need
+from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.openai.rendering import ChatRenderer
 from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
-from macbatch.server.errors import APIError, invalid, speaks_anthropic, within
+from macbatch.server.errors import APIError, invalid, refused, speaks_anthropic, within
 from macbatch.server.model_cards import model_card, render_metrics
 from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
-from macbatch.server.pool import ModelPool, PoolLimits, Servable
 from macbatch.server.serving import (
     ServerOptions,
     ServerState,
@@ -62,16 +62,13 @@ def create_app(
     name = model_id or thread.info.model_name
     entry = Servable(name, name, None, options.model_aliases)
     pool = ModelPool([entry], None, options.images, PoolLimits(keep_alive_s=None))
-    pool.add_loaded(pool.loaded_model(thread, name, Need(0, 0), lambda: None, decoder))
+    pool.add_loaded(pool.loaded_model(thread, name, Need(0, 0), decoder))
     return create_pool_app(pool, options)
 
 
 def create_pool_app(models: ModelPool, options: ServerOptions) -> Starlette:
     """The ASGI app over a pool of models (``macbatch serve``); the first model's is loaded."""
     state = ServerState(models, options)
-    if len(models.catalog) == 1:  # one model: its counters are the server's, unlabelled
-        models.metrics[models.default] = state.metrics
-        state.first.metrics = state.metrics
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -182,7 +179,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = state_of(request)
-    text = render_metrics(state.metrics, state.models)
+    text = render_metrics(state.metrics, state.model_metrics, state.models)
     if state.batch_api is not None:
         text += "\n".join(state.batch_api.metrics()) + "\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -195,7 +192,11 @@ async def list_models(request: Request) -> Response:
 
 async def get_model(request: Request) -> Response:
     models = state_of(request).models
-    return JSONResponse(model_card(models, models.name_of(request.path_params["model"])))
+    try:
+        name = models.name_of(request.path_params["model"])
+    except ModelRefused as exc:
+        raise refused(exc) from None
+    return JSONResponse(model_card(models, name))
 
 
 async def chat_completions(request: Request) -> Response:

@@ -346,6 +346,7 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
 def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.config import data_dir
+    from macbatch.modelpool.pool import PoolLimits
     from macbatch.server.app import ServerOptions, create_pool_app, stop_batches, stop_generating
     from macbatch.server.listen import (
         ConnectionLimits,
@@ -354,7 +355,6 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         default_max_connections,
         run,
     )
-    from macbatch.server.pool import PoolLimits
     from macbatch.server.serve_models import model_pool
 
     host = settings.host

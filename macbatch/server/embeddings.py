@@ -12,10 +12,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from macbatch.engine import RequestOutput
+from macbatch.modelpool.pool import Loaded
 from macbatch.openai import rerank as scoring
 from macbatch.openai.embeddings import embeddings_response, parse_embeddings
 from macbatch.server.errors import invalid
-from macbatch.server.pool import Loaded
 from macbatch.server.serving import ServerState, model_for, read_json, serve_pooling, state_of
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from starlette.responses import JSONResponse
 
+from macbatch.modelpool.pool import ModelRefused
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -108,3 +110,9 @@ def engine_unavailable(reason: str | None) -> APIError:
         f"the engine is not running{detail}; restart `macbatch serve`",
         code="engine_unavailable",
     )
+
+
+def refused(exc: ModelRefused) -> APIError:
+    """The pool's refusal of a model as the answer a client reads."""
+    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    return APIError(exc.status, exc.message, param=exc.param, code=exc.code, headers=headers)

@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 from macbatch.memory import weights_bytes
+from macbatch.modelpool.pool import ModelPool
 from macbatch.models import tasks_of
 from macbatch.server.embeddings import model_capabilities
 from macbatch.server.metrics import ServerMetrics
-from macbatch.server.pool import ModelPool
 
 _SERVER_WIDE = frozenset({"macbatch_http_responses_total"})  # counted by route, not by model
 
@@ -33,7 +33,9 @@ def model_card(models: ModelPool, name: str) -> dict[str, Any]:
     return card | {"macbatch": about}
 
 
-def render_metrics(server: ServerMetrics, models: ModelPool) -> str:
+def render_metrics(
+    server: ServerMetrics, per_model: dict[str, ServerMetrics], models: ModelPool
+) -> str:
     """One model: its counters are the server's, as ever. Several: the server-wide counts, then
     each model's (loaded, or that answered anything) under a ``model`` label, one family each."""
     if len(models.catalog) == 1:
@@ -43,7 +45,7 @@ def render_metrics(server: ServerMetrics, models: ModelPool) -> str:
         return server.render(stats, up, 0 if loaded is None else loaded.pending)
     families: dict[str, list[str]] = {}
     _add(families, server.render(None, True, 0), None, keep=_SERVER_WIDE)
-    for name, counted in models.metrics.items():
+    for name, counted in per_model.items():
         loaded = models.loaded.get(name)
         if loaded is None and not counted.finished:
             continue

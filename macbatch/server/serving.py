@@ -23,13 +23,13 @@ from macbatch.engine import (
     PromptInput,
     RequestOutput,
 )
+from macbatch.modelpool.pool import Loaded, ModelPool, ModelRefused
 from macbatch.openai import DATA_ONLY, Bound, Generation, ImageAccess
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer
-from macbatch.server.errors import APIError, engine_unavailable, invalid
+from macbatch.server.errors import APIError, engine_unavailable, invalid, refused
 from macbatch.server.generation import Admission, Jobs, Run
 from macbatch.server.metrics import ServerMetrics
-from macbatch.server.pool import Loaded, ModelPool
 from macbatch.server.stored import ResponseStore
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ class ServerState:
     models: ModelPool
     options: ServerOptions
     metrics: ServerMetrics = field(default_factory=ServerMetrics)  # HTTP responses by route
+    model_metrics: dict[str, ServerMetrics] = field(init=False)  # each model's, by name
     responses: ResponseStore = field(init=False)  # /v1/responses, stored
     admission: Admission = field(init=False)
     shutting_down: bool = False
@@ -75,6 +76,9 @@ class ServerState:
     )
 
     def __post_init__(self) -> None:
+        self.model_metrics = {name: ServerMetrics() for name in self.models.catalog}
+        if len(self.models.catalog) == 1:  # one model: its counters are the server's, unlabelled
+            self.model_metrics[self.models.default] = self.metrics
         self.admission = Admission(self.options.max_pending)
         self.responses = ResponseStore(self.options.data_dir)
 
@@ -99,7 +103,10 @@ async def model_for(request: Request, requested: Any) -> Loaded:
     refuse), loaded if it was not, and held until the response ends (the app's guard gives it
     back then, streams included)."""
     state = state_of(request)
-    loaded = await state.models.lease(requested if isinstance(requested, str) else None)
+    try:
+        loaded = await state.models.lease(requested if isinstance(requested, str) else None)
+    except ModelRefused as exc:
+        raise refused(exc) from None
     request.scope.setdefault(LEASES, []).append(loaded)
     check_engine(loaded)
     return loaded
@@ -173,7 +180,7 @@ async def _admit(
     state.admission.take(count)
     loaded.pending += count
     try:
-        run = Run(loaded.thread, jobs, loaded.metrics, prompt_param)
+        run = Run(loaded.thread, jobs, state.model_metrics[loaded.model_id], prompt_param)
         await run.start()
     except BaseException:  # whatever failed, the slots it took go back
         state.admission.give_back(count)

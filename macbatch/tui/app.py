@@ -1,9 +1,9 @@
 """The chat app: builds the chat service over the engine thread and the history store, loads the
 model, and shows `ChatScreen`.
 
-The engine is injected (an `EngineThread` that has not been started) so tests can hand in one
-built from a tiny model. The app has the service start it and load the model off the UI thread,
-and shut it down on exit.
+The first model's engine is injected (an `EngineThread` that has not been started) so tests can
+hand in one built from a tiny model. The app has the service start it and load the model off the
+UI thread, and shut it down on exit; the other models a chat picks load through `ChatModels`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
-from macbatch.engine import EngineThread
+from macbatch.engine import EngineConfig, EngineThread
+from macbatch.tui.chat_models import ChatModels
 from macbatch.tui.chats import ChatService
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.chat import ChatScreen
@@ -29,7 +30,7 @@ THEME_KEY = "theme"
 
 
 class ChatApp(App[None]):
-    """Several chat sessions on one engine; see docs/chat.md."""
+    """Several chat sessions, each on its model; see docs/chat.md."""
 
     CSS_PATH = "app.tcss"
     TITLE = "macbatch chat"
@@ -44,14 +45,20 @@ class ChatApp(App[None]):
         export_dir: Path,
         defaults: SessionSettings | None = None,
         load_progress: LoadProgress | None = None,
+        engine_config: EngineConfig | None = None,
+        models_dirs: tuple[Path, ...] = (),
     ) -> None:
         super().__init__()
+        self.load_progress = load_progress or LoadProgress()
+        # the other models load with the first's settings (engine_config: the command's)
+        models = ChatModels(
+            engine, model_label, engine_config or EngineConfig(), self.load_progress, models_dirs
+        )
         self.chats = ChatService(
-            engine, store, defaults=defaults or SessionSettings(), export_dir=export_dir
+            models, store, defaults=defaults or SessionSettings(), export_dir=export_dir
         )
         self.model_label = model_label
         self.model_requested = model_label  # as the user named it; model_label follows the load
-        self.load_progress = load_progress or LoadProgress()
         self.load_started = time.monotonic()
 
     async def on_event(self, event: events.Event) -> None:

@@ -2,7 +2,8 @@
 
 Screens render and route keys; everything that changes a chat goes through `ChatService`, as
 elia's screens go through its ChatsManager. It keeps the store and the sessions in memory in step,
-starts and stops replies, exports, and is the one place the TUI talks to the engine thread. An
+starts and stops replies, exports, and is the one place the TUI talks to the engine threads: one
+per model, in ``ChatModels`` (each chat remembers its model; ``engine`` is the open chat's). An
 action it refuses raises `ChatRefused` with the sentence to show; a reply's end reaches the screen
 as its worker's `StateChanged` message, which `reply_ended` turns into what to show.
 """
@@ -18,9 +19,11 @@ from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
 from macbatch.engine import EngineThread, thinking_default
+from macbatch.modelpool.pool import Loaded, ModelRefused
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages
 from macbatch.tui.attachments import Attachment, AttachmentError, export_images, read_attachment
+from macbatch.tui.chat_models import ChatModels, ModelLoad
 from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
 from macbatch.tui.reply import Reply, ReplyView
@@ -68,45 +71,91 @@ class EngineStatus(NamedTuple):
 
 
 class ChatService:
-    """Every session of the history and the replies in flight, on one engine thread."""
+    """Every session of the history and the replies in flight, each chat on its model's engine
+    thread."""
 
     def __init__(
         self,
-        engine: EngineThread,
+        models: ChatModels,
         store: HistoryStore,
         *,
         defaults: SessionSettings,
         export_dir: Path,
     ) -> None:
-        self.engine = engine
+        self.models = models
         self.store = store
         self.defaults = defaults
         self.export_dir = export_dir
         self.sessions: dict[int, Session] = {s.id: s for s in store.sessions()}
         self.replies: dict[int, tuple[Reply, Worker[None]]] = {}
-        self.ready = False
-        self.load_error: str | None = None
+        self.held: dict[int, Loaded] = {}  # the model each reply in flight runs on
+        self.open_id: int | None = None  # the chat on screen
         self.last_reply: ReplyMetrics | None = None  # the numbers of the reply that ended last
         self.context_used: dict[int, int] = {}  # a chat's last prompt and reply, in tokens
 
-    # The engine
+    # The engines
 
     def load(self) -> None:
-        """Runs on a worker thread: start the engine thread and wait for its model."""
-        self.engine.start()
-        self.engine.wait_ready()
+        """Runs on a worker thread: start the first model's engine thread and wait for it."""
+        self.models.first.start()
+        self.models.first.wait_ready()
 
     def loaded(self) -> str | None:
-        """The model is ready; the name it reports (a path or a hub id), when it has one."""
-        self.ready = True
-        name = self.engine.info.model_name
+        """The first model is ready; the name it reports (a path or a hub id), when it has
+        one."""
+        self.models.first_loaded()
+        name = self.models.first.info.model_name
         return None if name is None else str(name)
 
     def failed(self, error: BaseException | None) -> None:
         """Keep the load error's first line: a hub error goes on with its raw HTTP text."""
         text = str(error).strip().splitlines()
         reason = text[0] if text else type(error).__name__
-        self.load_error = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+        reason = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
+        self.models.first_failed(reason)
+
+    def model_of(self, session_id: int | None) -> str:
+        """The model a chat runs on (a chat from before chats had models: the first)."""
+        session = self.sessions.get(session_id) if session_id is not None else None
+        return (session.model if session else None) or self.models.first_name
+
+    def model_load(self, session_id: int | None = None) -> ModelLoad:
+        """The load of a chat's model (the open chat's by default), as the panel shows it."""
+        name = self.model_of(self.open_id if session_id is None else session_id)
+        return self.models.loads.setdefault(name, ModelLoad())
+
+    @property
+    def ready(self) -> bool:
+        """The open chat's model has loaded (its engine may have stopped since)."""
+        return self.model_of(self.open_id) in self.models.pool.loaded
+
+    @property
+    def load_error(self) -> str | None:
+        """Why the open chat's model failed to load (None: it did not)."""
+        return self.model_load().error
+
+    @property
+    def engine(self) -> EngineThread:
+        """The open chat's model's engine (the first model's until that one has loaded)."""
+        return self._engine_for(self.open_id)
+
+    def _engine_for(self, session_id: int | None) -> EngineThread:
+        loaded = self.models.pool.loaded.get(self.model_of(session_id))
+        return self.models.first if loaded is None else loaded.thread
+
+    def set_model(self, session_id: int, requested: str) -> str:
+        """``/model NAME`` or the picker: the chat runs on that model from its next reply,
+        loaded now if it is not (the app stays usable); the model's name."""
+        self._check_idle(session_id)
+        try:
+            name = self.models.name_of(requested)
+        except ModelRefused as refused:
+            raise ChatRefused(refused.message, "error") from None
+        self.store.set_session_model(session_id, name)
+        self.sessions[session_id].model = name
+        self.context_used.pop(session_id, None)  # another model's context
+        self.models.try_again(name)
+        return name
 
     def status(self) -> EngineStatus:
         if self.load_error is not None:
@@ -135,7 +184,7 @@ class ChatService:
         return thinking_default(self.engine.tokenizer)
 
     def close(self) -> None:
-        self.engine.shutdown()
+        self.models.close()
         self.store.close()
 
     # Sessions
@@ -156,7 +205,9 @@ class ChatService:
         return last if last in self.sessions else max(self.sessions)
 
     def opened(self, session_id: int) -> None:
+        self.open_id = session_id
         self.store.set_last_opened(session_id)
+        self.models.ensure_loading(self.model_of(session_id))  # a chat on a model not loaded
 
     def messages(self, session_id: int) -> list[Message]:
         return self.store.messages(session_id)
@@ -171,6 +222,7 @@ class ChatService:
         if session_id in self.replies:
             _, worker = self.replies.pop(session_id)
             worker.cancel()
+            self._let_go(session_id)
         position = list(self.sessions).index(session_id)
         self.store.delete_session(session_id)
         del self.sessions[session_id]
@@ -205,13 +257,16 @@ class ChatService:
     # Messages and replies
 
     def _check_can_reply(self, session_id: int) -> None:
-        """`ChatRefused` unless the engine can take a reply for this chat now."""
-        if self.load_error is not None:
-            raise ChatRefused(f"The model failed to load: {self.load_error}", "error")
-        if not self.ready:
+        """`ChatRefused` unless the chat's engine can take a reply for it now."""
+        name = self.model_of(session_id)
+        error = self.model_load(session_id).error
+        if error is not None:
+            raise ChatRefused(f"The model failed to load: {error}", "error")
+        loaded = self.models.pool.loaded.get(name)
+        if loaded is None:
             raise ChatRefused("The model is still loading; try again in a moment.", "warning")
-        if not self.engine.alive:
-            raise ChatRefused(f"The engine stopped: {self.engine.error}", "error")
+        if not loaded.thread.alive:
+            raise ChatRefused(f"The engine stopped: {loaded.thread.error}", "error")
         self._check_idle(session_id)
 
     def _check_idle(self, session_id: int) -> None:
@@ -243,7 +298,7 @@ class ChatService:
         when editing: it keeps the edited message's images); the first message of a chat also
         titles it unless the user named it."""
         self._check_can_reply(session_id)
-        if images and (reason := self.engine.images_refused()):
+        if images and (reason := self._engine_for(session_id).images_refused()):
             raise ChatRefused(f"Cannot send images: {reason}.", "error")
         self._check_fits(session_id, text)
         if replacing is not None:
@@ -262,13 +317,14 @@ class ChatService:
         session = self.sessions[session_id]
         settings = session.settings
         alone = [*prompt_messages(session, []), {"role": "user", "content": text}]
-        context = self.engine.context_limit()
+        engine = self._engine_for(session_id)
+        context = engine.context_limit()
         room = self._reply_room(settings, context)
-        tokens = len(self.engine.encode_prompt(alone, settings.template_kwargs()))
+        tokens = len(engine.encode_prompt(alone, settings.template_kwargs()))
         if tokens + room > context:
             raise ChatRefused(
                 f"This message is too long for the model: {tokens:,} tokens, and its context "
-                f"holds {context:,} ({self.engine.info.context_limit_reason}) with {room:,} "
+                f"holds {context:,} ({engine.info.context_limit_reason}) with {room:,} "
                 "kept for the reply. Shorten it (it is still in the box), or shorten the system "
                 "prompt (ctrl+s).",
                 "error",
@@ -282,9 +338,10 @@ class ChatService:
         """How much of the model's context the chat's last turn filled (None: no reply yet in
         this run of the app, or no model)."""
         used = self.context_used.get(session_id)
-        if used is None or not (self.ready and self.engine.alive):
+        loaded = self.models.loaded(self.model_of(session_id))
+        if used is None or loaded is None:
             return None
-        limit = self.engine.context_limit()
+        limit = loaded.thread.context_limit()
         return f"context {used:,}/{limit:,} tok ({used / limit:.0%})"
 
     def search(self, text: str) -> list[tuple[int, int, str]]:
@@ -372,25 +429,35 @@ class ChatService:
         show: ShowReply,
         host: Widget,
     ) -> None:
+        held = await self.models.hold(self.model_of(session_id))  # not unloaded meanwhile
+        self._let_go(session_id)
+        self.held[session_id] = held
         view = await show(message)
-        settings = self.sessions[session_id].settings
-        reply = Reply(lambda: self._stream(prompt, settings, host), self.store, message, view)
+        settings, engine = self.sessions[session_id].settings, held.thread
+        reply = Reply(
+            lambda: self._stream(engine, prompt, settings, host), self.store, message, view
+        )
         worker = host.run_worker(
             reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False
         )
         self.replies[session_id] = (reply, worker)
 
     def _stream(
-        self, prompt: list[dict[str, Any]], settings: SessionSettings, host: Widget
+        self,
+        engine: EngineThread,
+        prompt: list[dict[str, Any]],
+        settings: SessionSettings,
+        host: Widget,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """The engine's stream for a reply, the oldest turns left out if the chat outgrew the
-        context (max_tokens is a cap the engine shrinks to the room the chat leaves)."""
+        """The chat's engine's stream for a reply, the oldest turns left out if the chat
+        outgrew the context (max_tokens is a cap the engine shrinks to the room the chat
+        leaves)."""
         params = settings.sampling_params()
         kwargs = settings.template_kwargs()
-        context = self.engine.context_limit()
+        context = engine.context_limit()
         room = self._reply_room(settings, context)
         prompt, left_out = fit_to_context(
-            prompt, lambda m: len(self.engine.encode_prompt(m, kwargs)), context - room
+            prompt, lambda m: len(engine.encode_prompt(m, kwargs)), context - room
         )
         if left_out:
             host.notify(
@@ -398,7 +465,7 @@ class ChatService:
                 f" {left_out} messages were left out of this prompt.",
                 timeout=4,
             )
-        stream = self.engine.stream(prompt, params, chat_template_kwargs=kwargs)
+        stream = engine.stream(prompt, params, chat_template_kwargs=kwargs)
         return cast("AsyncGenerator[RequestOutput, None]", stream)  # it is one; typed as less
 
     def stop(self, session_id: int) -> None:
@@ -416,6 +483,7 @@ class ChatService:
         for session_id, (reply, running) in list(self.replies.items()):
             if running is worker:
                 del self.replies[session_id]
+                self._let_go(session_id)
                 metrics = reply.message.metrics
                 if metrics is not None:
                     self.last_reply = metrics
@@ -426,6 +494,12 @@ class ChatService:
                     failure = str(worker.error)
                 return ReplyEnd(session_id, failure)
         return None
+
+    def _let_go(self, session_id: int) -> None:
+        """The chat's reply no longer holds its model."""
+        held = self.held.pop(session_id, None)
+        if held is not None:
+            self.models.release(held)
 
     def interrupt_replies(self) -> None:
         """Quitting mid-reply: keep what streamed so far, marked interrupted."""

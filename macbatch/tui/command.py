@@ -66,11 +66,20 @@ def chat_command(
             help="Where ctrl+o writes chats as Markdown (default: exports/ in the data directory)."
         ),
     ] = None,
+    models_dir: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--models-dir",
+            metavar="DIR",
+            help="Also offer the model directories under DIR to chats (F4, /model; repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Chat with a local model in several sessions at once; every session streams in parallel.
 
     Keys: ctrl+n new chat, ctrl+pageup/pagedown switch, Esc stop, ctrl+r regenerate, ctrl+g edit
-    the last message, ctrl+s settings, ctrl+o export, PageUp/PageDown scroll, F1 for all keys.
+    the last message, ctrl+s settings, ctrl+o export, F4 this chat's model, PageUp/PageDown
+    scroll, F1 for all keys.
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
     if (problem := cli_options.model_problem(model)) is not None:
@@ -108,6 +117,8 @@ def chat_command(
         export_dir=export_dir or home / "exports",
         defaults=defaults,
         load_progress=progress,
+        engine_config=config,
+        models_dirs=tuple(d.expanduser().resolve() for d in models_dir or ()),
     )
     size_from_the_terminal()
     try:

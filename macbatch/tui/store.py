@@ -82,6 +82,9 @@ ADDED_COLUMNS = (
     ("reasoning_s", "REAL"),
     ("version", "INTEGER NOT NULL DEFAULT 1"),  # of a regenerated reply, the one shown
 )
+# Session columns added since: a chat's model (NULL in older histories: the model chat starts
+# with, as those chats had).
+SESSION_ADDED_COLUMNS = (("model", "TEXT"),)
 # What a version holds of a reply: the columns a regenerate starts again and a flip swaps.
 VERSION_FIELDS = (
     "content",
@@ -111,6 +114,7 @@ class Session:
     settings: SessionSettings
     created: float
     named: bool = False  # the user chose the title; otherwise the first message gives one
+    model: str | None = None  # the model it runs on (None: the one chat was started with)
 
 
 @dataclass
@@ -226,11 +230,12 @@ class HistoryStore:
             self._db.execute("ALTER TABLE sessions_new RENAME TO sessions")
 
     def _add_missing_columns(self) -> None:
-        """Bring messages written by an older macbatch up to this schema."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
-        for name, kind in ADDED_COLUMNS:
-            if name not in columns:  # its default: no reasoning, one version
-                self._db.execute(f"ALTER TABLE messages ADD COLUMN {name} {kind}")
+        """Bring messages and sessions written by an older macbatch up to this schema."""
+        for table, added in (("messages", ADDED_COLUMNS), ("sessions", SESSION_ADDED_COLUMNS)):
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in added:
+                if name not in columns:  # its default: no reasoning, one version, the first model
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -277,6 +282,11 @@ class HistoryStore:
         self._db.execute(
             "UPDATE sessions SET settings = ? WHERE id = ?", (settings.to_json(), session_id)
         )
+        self._db.commit()
+
+    def set_session_model(self, session_id: int, model: str) -> None:
+        """The model the chat runs on from its next reply."""
+        self._db.execute("UPDATE sessions SET model = ? WHERE id = ?", (model, session_id))
         self._db.commit()
 
     def delete_session(self, session_id: int) -> None:
@@ -439,7 +449,7 @@ class HistoryStore:
         self._db.commit()
 
 
-SESSION_COLUMNS = "id, title, created, named, settings"
+SESSION_COLUMNS = "id, title, created, named, settings, model"
 
 MESSAGE_COLUMNS = (
     "id, session_id, role, content, status, error, tokens, ttft_s, tokens_per_s, reasoning, "
@@ -449,9 +459,14 @@ MESSAGE_COLUMNS = (
 
 
 def _session(row: tuple) -> Session:
-    session_id, title, created, named, settings = row
+    session_id, title, created, named, settings, model = row
     return Session(
-        int(session_id), title, SessionSettings.from_json(settings), float(created), bool(named)
+        int(session_id),
+        title,
+        SessionSettings.from_json(settings),
+        float(created),
+        bool(named),
+        model,
     )
 
 

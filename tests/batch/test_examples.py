@@ -20,7 +20,7 @@ def test_example_job_files_validate(path: Path, tmp_path: Path) -> None:
     spec = load_job_file(path)
     ledger = Ledger(tmp_path / "ledger.sqlite")
     for job in spec.jobs:
-        survey = survey_job(job, spec.model, prepare(job), ledger)
+        survey = survey_job(job, prepare(job), ledger)
         assert survey.requests > 0 and survey.rejected == 0
 
 

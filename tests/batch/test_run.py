@@ -140,6 +140,7 @@ def test_multi_job_run_writes_every_request_once(
         "failed": 1,
         "skipped": 0,
         "capped": 0,
+        "model": summary["model"],  # the file's, as no job names its own
         "output": str(out / "questions.jsonl"),
         "errors": str(out / "questions.errors.jsonl"),
         "table": str(out / "questions.csv"),

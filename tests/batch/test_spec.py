@@ -120,7 +120,15 @@ def test_job_file_not_found(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("", "the job file is empty"),
-        ("jobs: [{name: a, prompts: [hi]}]", ":1:1: missing 'model'"),
+        ("jobs: [{name: a, prompts: [hi]}]", ":1:8: missing 'model': job 'a' names none"),
+        (
+            "jobs: [{name: a, model: demo, prompts: [hi]}, {name: b, prompts: [hi]}]",
+            ":1:47: missing 'model': job 'b' names none",
+        ),
+        (
+            "model: demo\njobs: [{name: a, model: 3, prompts: [hi]}]",
+            ":2:18: jobs[0].model must be a non-empty string",
+        ),
         ("model: demo", ":1:1: missing 'jobs'"),
         ("model: demo\njobs: []", ":2:1: 'jobs' must be a non-empty list of jobs"),
         ("model: demo\nversion: 2\njobs: [{name: a, prompts: [hi]}]", ":2:1: unsupported version"),

@@ -41,7 +41,7 @@ def test_jobs_send_template_kwargs_and_resume_sees_changes(
         {"enable_thinking": False},
         {"enable_thinking": True},
     ]
-    assert spec.jobs[0].settings("m")["chat_template_kwargs"] == {"enable_thinking": False}
+    assert spec.jobs[0].settings()["chat_template_kwargs"] == {"enable_thinking": False}
     result = macbatch_run(job_file)
     assert result.exit_code == 0, result.output
 

@@ -17,13 +17,12 @@ import numpy as np
 import openai
 import pytest
 
+from macbatch.engine import Turns
 from macbatch.memory import parse_meminfo
+from macbatch.modelpool.catalog import starter
+from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
-from macbatch.server.device import Turns
-from macbatch.server.errors import APIError
-from macbatch.server.pool import ModelPool, PoolLimits, Servable
-from macbatch.server.serve_models import starter
 from tests.server.conftest import (
     ENGINE_CONFIG,
     Served,
@@ -33,7 +32,7 @@ from tests.server.conftest import (
     start_engine,
     wait_until,
 )
-from tests.support.tiny import save_model
+from tests.support.tiny import save_two_models
 
 PROMPTS = ["hello world", "the quick brown fox", "MLX runs on Apple silicon"]
 MEMINFO = Path(__file__).parents[1] / "support" / "memory" / "meminfo_small.txt"
@@ -41,11 +40,7 @@ MEMINFO = Path(__file__).parents[1] / "support" / "memory" / "meminfo_small.txt"
 
 @pytest.fixture(scope="module")
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("many")
-    return {
-        "alpha": save_model(root / "alpha", arch="qwen3", seed=0),
-        "beta": save_model(root / "beta", arch="llama", seed=1),
-    }
+    return save_two_models(tmp_path_factory.mktemp("many"))
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +215,7 @@ def test_unknown_and_too_large_models_are_refused_before_loading(
         message = refused.value.body["message"]
         assert "'beta' needs about" in message and "smaller quantization" in message
         assert counting.loads == ["alpha"] and set(pool.loaded) == {"alpha"}
-        with pytest.raises(APIError, match="'beta' needs about") as at_start:  # serve's --model
+        with pytest.raises(ModelRefused, match="'beta' needs about") as at_start:  # serve's --model
             pool.load_now("beta")
         assert at_start.value.status == 400 and counting.loads == ["alpha"]
 

@@ -413,6 +413,15 @@ def save_model(
     return path
 
 
+def save_two_models(root: Path) -> dict[str, Path]:
+    """Two different tiny models under ``root`` in Hugging Face layout, by folder name: alpha
+    (qwen3) and beta (llama), for the many-models tests (serve, chat, run)."""
+    return {
+        "alpha": save_model(root / "alpha", arch="qwen3", seed=0),
+        "beta": save_model(root / "beta", arch="llama", seed=1),
+    }
+
+
 def _config(arch: str) -> dict[str, Any]:
     for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS):
         if arch in configs:

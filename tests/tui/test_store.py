@@ -239,6 +239,7 @@ def test_a_history_with_a_column_per_setting_keeps_every_value(tmp_path):
 
     store = HistoryStore(path)
     sessions = store.sessions()
+    assert [s.model for s in sessions] == [None, None, None]  # the model chat starts with
     assert [(s.id, s.title, s.named, s.created) for s in sessions] == [
         (3, "Greedy", False, 100.5),
         (5, "Mine", True, 200.25),
@@ -263,7 +264,7 @@ def test_a_history_with_a_column_per_setting_keeps_every_value(tmp_path):
 
     raw = sqlite3.connect(path)
     columns = [row[1] for row in raw.execute("PRAGMA table_info(sessions)")]
-    assert columns == ["id", "title", "named", "created", "settings"]
+    assert columns == ["id", "title", "named", "created", "settings", "model"]
     assert raw.execute("SELECT count(*) FROM messages").fetchone() == (0,)
     assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
 

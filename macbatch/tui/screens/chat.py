@@ -26,6 +26,7 @@ from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.attach import AttachScreen
 from macbatch.tui.screens.confirm import ConfirmScreen
 from macbatch.tui.screens.help import HelpScreen, help_rows
+from macbatch.tui.screens.models import ModelScreen
 from macbatch.tui.screens.rename import RenameScreen
 from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
@@ -110,6 +111,7 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+l", "copy_reply", "Copy", tooltip="Copy the last reply"),
         Binding("ctrl+t", "copy_code", "Code", tooltip="Copy the last reply's last code block"),
         Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
+        Binding("f4", "pick_model", "Model", tooltip="Pick this chat's model (/model NAME too)"),
         Binding("ctrl+f", "search", "Search", tooltip="Search every chat's messages"),
     ]
     # Below 90 columns the chat list takes less of the width (app.tcss).
@@ -188,22 +190,33 @@ class ChatScreen(Screen[None]):
             self.notify(str(refusal), severity=refusal.severity)
 
     def refresh_status(self) -> None:
-        """Status bar and loading panel from the engine's latest numbers."""
-        app, chats = self.chat_app, self.chats
+        """Status bar and loading panel from the open chat's engine's latest numbers, with
+        every loaded model's memory."""
+        chats = self.chats
         panel = self.query_one(LoadingPanel)
         panel.display = not chats.ready
-        if chats.load_error is not None:
-            panel.fail(f"Could not load {app.model_label}: {chats.load_error}")
+        if not chats.ready:  # (again, if memory ran short and it unloaded while idle)
+            chats.models.ensure_loading(chats.model_of(self.current))
+        label, load = self.model_label(self.current), chats.model_load()
+        if load.error is not None:
+            panel.fail(f"Could not load {label}: {load.error}")
         elif not chats.ready:
-            panel.show(app.load_progress.read(), time.monotonic() - app.load_started)
-        self.query_one(StatusBar).show(app.model_label, chats.status())
+            panel.show(load.progress.read(), time.monotonic() - load.started)
+        self.query_one(StatusBar).show(label, chats.status(), chats.models.memory_text())
+
+    def model_label(self, session_id: int | None, requested: bool = False) -> str:
+        """How a chat's model is shown (``requested``: as the user named it)."""
+        name, models = self.chats.model_of(session_id), self.chats.models
+        if name != models.first_name:
+            return name if requested else models.label(name)
+        return self.chat_app.model_requested if requested else self.chat_app.model_label
 
     # Sessions
 
     async def open_session(self, session_id: int) -> None:
         """Show `session_id` (mounting its transcript the first time) and highlight it."""
         chats = self.chats
-        title, model = chats.sessions[session_id].title, self.chat_app.model_requested
+        title, model = chats.sessions[session_id].title, self.model_label(session_id, True)
         await self.transcripts.show(session_id, title, lambda: chats.messages(session_id), model)
         if self.current != session_id:
             self.cancel_edit()
@@ -211,6 +224,7 @@ class ChatScreen(Screen[None]):
         self.current = session_id
         self.session_list.highlight(session_id)
         self.show_chat_facts(session_id)
+        self.refresh_status()  # its model's, now
 
     def show_chat_facts(self, session_id: int) -> None:
         """On the open chat's border: how full its context is, and its system prompt (what the
@@ -304,7 +318,7 @@ class ChatScreen(Screen[None]):
     def action_export(self) -> None:
         if self.current is not None:
             with self.refusals_shown():
-                path = self.chats.export(self.current, self.chat_app.model_label)
+                path = self.chats.export(self.current, self.model_label(self.current))
                 self.notify(f"Exported to {path}", timeout=5)
 
     def action_copy_reply(self) -> None:
@@ -358,11 +372,44 @@ class ChatScreen(Screen[None]):
                 self.chips.add(self.chats.attach(path))
         self.prompt_input.focus()
 
+    def action_pick_model(self) -> None:
+        """F4 or `/model`: the local models, the open chat's first; the one picked is its."""
+        if self.current is None:
+            return
+        models = self.chats.models
+        current = self.chats.model_of(self.current)
+        rows = [(name, models.label(name), models.describe(name)) for name in models.names()]
+        rows.sort(key=lambda row: row[0] != current)
+
+        def picked(name: str | None) -> None:
+            if name:
+                self.choose_model(name)
+
+        self.app.push_screen(ModelScreen(rows), picked)
+
+    def choose_model(self, requested: str) -> None:
+        """The open chat runs on `requested` from now on (loading it if it is not)."""
+        if self.current is None:
+            return
+        with self.refusals_shown():
+            name = self.chats.set_model(self.current, requested)
+            loading = self.chats.models.loaded(name) is None
+            label = self.chats.models.label(name)
+            self.notify(f"This chat now runs on {label}" + (" (loading…)" if loading else "."))
+            self.refresh_status()
+            self.show_chat_facts(self.current)
+        self.prompt_input.focus()
+
     async def slash_command(self, text: str) -> bool:
-        """Run `text` if it is a command (`/image PATH`, `/detach`); False: it is a message."""
+        """Run `text` if it is a command (`/image PATH`, `/detach`, `/model [NAME]`); False: it
+        is a message."""
         name, _, argument = text.strip().partition(" ")
         if name in ("/image", "/attach"):
             await self.attach(argument)
+        elif name == "/model" and argument.strip():
+            self.choose_model(argument.strip())
+        elif name == "/model":
+            self.action_pick_model()
         elif name == "/detach":
             self.chips.clear()
         else:

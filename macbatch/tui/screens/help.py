@@ -22,6 +22,7 @@ EXTRA_ROWS = [
     ("Anywhere", "ctrl+p", "Command palette: change the theme (kept across restarts), quit"),
     ("Message box", "/image PATH", "Attach an image to the next message (like F3)"),
     ("Message box", "/detach", "Drop the attached images"),
+    ("Message box", "/model NAME", "Run this chat on another local model (like F4)"),
     ("Mouse", "click", "Open a chat, select a message, focus the transcript"),
     ("Mouse", "wheel", "Scroll the transcript or the chat list"),
     ("Mouse", "drag, then ctrl+c", "Select text and copy it"),

@@ -1,7 +1,7 @@
-"""The bottom line: model, sessions running / waiting, the KV pool (blocks in use of how many, how
-many tokens it holds, its memory now and how much of it requests and the prefix cache use), work
-in the last step, how fast replies generate, and how much of the last reply's prompt the prefix
-cache held."""
+"""The bottom line: the open chat's model, sessions running / waiting, the KV pool (blocks in use
+of how many, how many tokens it holds, its memory now and how much of it requests and the prefix
+cache use), work in the last step, how fast replies generate, how much of the last reply's prompt
+the prefix cache held, and every loaded model with its memory."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def status_text(
 class StatusBar(Static):
     """Shows `status_text`; the app refreshes it on a timer."""
 
-    def show(self, model: str, status: EngineStatus) -> None:
-        self.update(status_text(model, *status))
+    def show(self, model: str, status: EngineStatus, loaded: str | None = None) -> None:
+        """``loaded``: the models loaded and their memory, last (the first to be cut off)."""
+        text = status_text(model, *status)
+        self.update(text if loaded is None else f"{text} · {loaded}")
         self.set_class(status.problem is not None, "-problem")

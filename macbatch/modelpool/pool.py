@@ -1,16 +1,16 @@
-"""The models one server answers for: which it can serve, which are loaded, and when each loads
-and unloads (docs/models.md).
+"""The models one front end runs: which it can load, which are loaded, and when each loads and
+unloads (docs/models.md).
 
-Every servable model has a name clients send in ``model``; a request for one that is not loaded
-loads it (requests for it meanwhile wait, at most ``max_waiting`` of them), after making room:
-past ``max_loaded`` models, or when the memory guard says it would not fit in the memory free now
-plus what unloading would give back, the least recently used idle models unload first. A model
-is idle when no request holds it (``lease``: a route's request holds its model until its
-response ends, streams included). An idle model unloads ``keep_alive_s`` after its last use, and
-under memory pressure (less than ``PRESSURE_FRACTION`` of the machine free) idle models give
-their KV pools back and then unload, least recently used first.
+Every servable model has a name (a request's ``model``, a chat's model); a request for one that is
+not loaded loads it (requests for it meanwhile wait, at most ``max_waiting`` of them), after making
+room: past ``max_loaded`` models, or when the memory guard says it would not fit in the memory free
+now plus what unloading would give back, the least recently used idle models unload first. A model
+is idle when nothing holds it (``lease``: serve's request holds its model until its response ends,
+streams included; chat's reply until it ends). An idle model unloads ``keep_alive_s`` after its last
+use, and under memory pressure (less than ``PRESSURE_FRACTION`` of the machine free) idle models
+give their KV pools back and then unload, least recently used first.
 
-The pool's state lives on the server's event loop (no locks): loading, unloading and shrinking
+The pool's state lives on the front end's event loop (no locks): loading, unloading and shrinking
 run on worker threads, and waiters await the load's future.
 """
 
@@ -24,14 +24,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from macbatch.engine import EngineThread, Tokenizer, ToolFormat
-from macbatch.memory import Memory, Need, need_of, too_large
+from macbatch.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
-from macbatch.server.errors import APIError
-from macbatch.server.metrics import ServerMetrics
 
-log = logging.getLogger("macbatch.server")
+log = logging.getLogger("macbatch.models")
 PRESSURE_FRACTION = 0.05  # under this much of the machine free, idle models give memory back
 REAP_EVERY_S = 1.0  # how often keep-alive and memory pressure are looked at
+
+
+class ModelRefused(Exception):
+    """A model the pool cannot give now, and why; ``status`` is the HTTP status serve answers
+    (404 unknown, 400 cannot load, 429 too many waiting, 503 busy: retry after
+    ``retry_after`` seconds)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        retry_after: int | None = None,
+        param: str | None = "model",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+        self.retry_after, self.param = retry_after, param
 
 
 @dataclass(frozen=True)
@@ -55,9 +71,7 @@ class Loaded:
     decoder: Tokenizer
     images: ImageAccess  # the server's image rules, refused if this model takes no images
     need: Need  # what the guard counted for it when it loaded
-    metrics: ServerMetrics
-    release: Callable[[], None] = lambda: None  # frees the engine once its thread stopped
-    leases: int = 0  # HTTP requests (and the Batch API) holding it
+    leases: int = 0  # requests (and serve's Batch API) holding it
     pending: int = 0  # its engine requests admitted and not finished
     last_used: float = field(default_factory=time.monotonic)
     pinned: bool = False  # never unloaded (the Batch API's model)
@@ -71,9 +85,9 @@ class Loaded:
         return self.leases == 0 and not self.pinned
 
 
-# builds and starts the engine thread of a servable model (on a worker thread), and returns it
-# with the function that frees its engine after it stopped
-Starter = Callable[[Servable], tuple[EngineThread, Callable[[], None]]]
+# builds and starts the engine thread of a servable model (on a worker thread); a thread that
+# stops frees its engine itself
+Starter = Callable[[Servable], EngineThread]
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,7 @@ class PoolLimits:
     max_loaded: int | None = None  # None: as many as memory allows
     max_waiting: int = 256  # requests waiting for their model to load
     kv_start_mib: float = 256.0  # the smallest useful KV pool (EngineConfig.kv_start_mib)
+    unload: str = SERVE_UNLOAD  # how the front end's user frees another model (memory.too_large)
 
 
 class ModelPool:
@@ -97,7 +112,6 @@ class ModelPool:
         self._names = {alias: e.name for e in catalog for alias in (e.name, *e.aliases)}
         self.default = catalog[0].name
         self.loaded: dict[str, Loaded] = {}
-        self.metrics: dict[str, ServerMetrics] = {e.name: ServerMetrics() for e in catalog}
         self._starter = starter
         self._images = images
         self.limits = limits
@@ -115,12 +129,11 @@ class ModelPool:
             return self.default
         name = self._names.get(requested)
         if name is None:
-            raise APIError(
+            raise ModelRefused(
                 404,
                 f"model {requested!r} is not served here; GET /v1/models lists the models this "
                 "server can load (`macbatch pull` downloads one, docs/models.md)",
-                param="model",
-                code="model_not_found",
+                "model_not_found",
             )
         return name
 
@@ -144,7 +157,7 @@ class ModelPool:
         loaded.last_used = time.monotonic()
 
     def add_loaded(self, loaded: Loaded) -> None:
-        """A model the caller loaded itself (serve's --model, a test's engine)."""
+        """A model the caller loaded itself (a test's engine, chat's first model)."""
         self.loaded[loaded.model_id] = loaded
 
     def loaded_model(
@@ -152,7 +165,6 @@ class ModelPool:
         thread: EngineThread,
         name: str,
         need: Need,
-        release: Callable[[], None],
         decoder: Tokenizer | None = None,
     ) -> Loaded:
         """The routes' view of a started engine thread (``decoder``: its tokenizer, read from
@@ -161,20 +173,22 @@ class ModelPool:
             decoder = thread.call(lambda engine: engine.tokenizer).result(timeout=60)
         refused = thread.images_refused()
         images = replace(self._images, refused=refused)
-        return Loaded(name, thread, decoder, images, need, self.metrics[name], release)
+        return Loaded(name, thread, decoder, images, need)
 
     # -- loading --------------------------------------------------------------------------------
 
     def load_now(self, name: str) -> Loaded:
-        """Load before serving (no event loop yet, nothing to unload): refused (an APIError
-        that says why) if it does not fit in the memory free now."""
+        """Load before serving (no event loop yet, nothing to unload): refused (a
+        ``ModelRefused`` that says why) if it does not fit in the memory free now."""
         entry = self.catalog[name]
         need = self._need(entry)
-        if self.memory is not None and need.total:
-            memory = self.memory()
-            reason = too_large(name, need, memory.available, memory)
-            if reason is not None:
-                raise APIError(400, reason, param="model", code="model_too_large")
+        reason = (
+            None
+            if self.memory is None
+            else refusal_now(name, need, self.memory, self.limits.unload)
+        )
+        if reason is not None:
+            raise ModelRefused(400, reason, "model_too_large")
         loaded = self.loaded[name] = self._start(entry, need)
         return loaded
 
@@ -188,11 +202,12 @@ class ModelPool:
             future = self._loading[name] = asyncio.get_running_loop().create_future()
             asyncio.ensure_future(self._load(name, future))
         if self._waiting >= self.limits.max_waiting:
-            raise APIError(
+            raise ModelRefused(
                 429,
                 f"{self._waiting} requests already wait for models to load; retry later",
-                code="queue_full",
-                headers={"Retry-After": "1"},
+                "queue_full",
+                retry_after=1,
+                param=None,
             )
         self._waiting += 1
         try:
@@ -226,17 +241,16 @@ class ModelPool:
         """On a worker thread: start the engine and wait for it (a refusal names the model)."""
         assert self._starter is not None, "this pool has no way to load models"
         log.info("loading model %s", entry.name)
-        thread, release = self._starter(entry)
+        thread = self._starter(entry)
         try:
             thread.wait_ready()
         except Exception as exc:
-            raise APIError(
+            raise ModelRefused(
                 400,
                 f"cannot load model {entry.name!r}: {type(exc).__name__}: {exc}",
-                param="model",
-                code="model_unavailable",
+                "model_unavailable",
             ) from None
-        return self.loaded_model(thread, entry.name, need, release)
+        return self.loaded_model(thread, entry.name, need)
 
     async def _make_room(self, name: str, need: Need) -> None:
         """Unload idle models, least recently used first, until one more fits under
@@ -250,33 +264,37 @@ class ModelPool:
         freed = 0
         idle = sorted((m for m in self.loaded.values() if m.idle), key=lambda m: m.last_used)
         victims: list[Loaded] = []
-        while too_large(name, need, memory.available + freed, memory) and idle:
+        unload = self.limits.unload
+        while too_large(name, need, memory.available + freed, memory, unload) and idle:
             victims.append(idle.pop(0))
             freed += victims[-1].need.total
-        reason = too_large(name, need, memory.available + freed, memory)
+        reason = too_large(name, need, memory.available + freed, memory, unload)
         if reason is not None:
             busy = sum(m.need.total for m in self.loaded.values() if m.leases and not m.pinned)
-            if busy and not too_large(name, need, memory.available + freed + busy, memory):
-                raise APIError(
+            room = memory.available + freed + busy
+            if busy and not too_large(name, need, room, memory, unload):
+                raise ModelRefused(
                     503,
                     f"{reason}; the models loaded now are answering requests: retry when "
                     "they are done",
-                    code="models_busy",
-                    headers={"Retry-After": "5"},
+                    "models_busy",
+                    retry_after=5,
+                    param=None,
                 )
-            raise APIError(400, reason, param="model", code="model_too_large")
+            raise ModelRefused(400, reason, "model_too_large")
         for victim in victims:
             await self._unload_if_idle(victim)
 
     def _least_recent_idle(self, name: str, limit: str) -> Loaded:
         idle = [m for m in self.loaded.values() if m.idle]
         if not idle:
-            raise APIError(
+            raise ModelRefused(
                 503,
                 f"cannot load {name!r}: {limit} are loaded and every one is answering "
                 "requests; retry when they are done",
-                code="models_busy",
-                headers={"Retry-After": "5"},
+                "models_busy",
+                retry_after=5,
+                param=None,
             )
         return min(idle, key=lambda m: m.last_used)
 
@@ -286,10 +304,10 @@ class ModelPool:
             await self._unload(loaded)
 
     async def _unload(self, loaded: Loaded) -> None:
-        """Stop its engine thread (on a worker thread), then free its engine."""
+        """Stop its engine thread (on a worker thread; the thread frees its engine)."""
         self.loaded.pop(loaded.model_id, None)
         log.info("unloading model %s", loaded.model_id)
-        await asyncio.to_thread(_stop, loaded)
+        await asyncio.to_thread(loaded.thread.shutdown, 30)
 
     async def close(self) -> None:
         for loaded in list(self.loaded.values()):
@@ -308,6 +326,11 @@ class ModelPool:
                 await self.reap()
             except Exception:
                 log.exception("the model pool's idle check failed")
+
+    def stop_reaper(self) -> None:
+        """The front end's event loop is ending: no more idle checks."""
+        if self._reaper is not None:
+            self._reaper.cancel()
 
     async def reap(self) -> None:
         """Unload idle models past their keep-alive; under memory pressure, shrink the idle
@@ -334,11 +357,6 @@ class ModelPool:
         assert self.memory is not None
         memory = await asyncio.to_thread(self.memory)
         return memory.available < memory.total * PRESSURE_FRACTION
-
-
-def _stop(loaded: Loaded) -> None:
-    loaded.thread.shutdown(timeout=30)
-    loaded.release()
 
 
 def _shrink(loaded: Loaded) -> None:

@@ -1,0 +1,191 @@
+"""A model per chat (issue 49), driven with Textual's pilot: two tiny models saved in Hugging Face
+layout under a --models-dir; the app starts on alpha, a second chat picks beta with `/model`
+(loaded on demand while the app stays usable) and the picker (F4). Each reply equals mlx-lm's own
+greedy generation on that chat's model; the two chats stream at the same time; the status bar
+shows the open chat's model and the memory of each loaded one; the history keeps each chat's
+model across a restart; a model that fails to load leaves the app running with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx_lm
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, EngineThread
+from macbatch.tui.app import ChatApp
+from macbatch.tui.screens.help import help_rows
+from macbatch.tui.settings import SessionSettings
+from macbatch.tui.store import HistoryStore
+from macbatch.tui.widgets.status_bar import StatusBar
+from tests.support.oracle import mlx_lm_greedy
+from tests.support.tiny import save_two_models
+from tests.tui.helpers import GREEDY, LONG, send, wait_for
+
+CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("chat-models")
+    save_two_models(root)
+    return root
+
+
+def mlx_lm_reply(path: Path, text: str, max_tokens: int = GREEDY.max_tokens) -> str:
+    """The oracle: mlx-lm's greedy tokens for the one-message chat, up to its first EOS, as the
+    text they add after the prompt's (the reply's leading spaces left out, as a reply's text
+    starts at its first character)."""
+    model, tokenizer = mlx_lm.load(str(path))
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    tokens = mlx_lm_greedy(model, ids, max_tokens)
+    ends = [i for i, token in enumerate(tokens) if token in tokenizer.eos_token_ids]
+    tokens = tokens[: ends[0]] if ends else tokens
+    whole = tokenizer.decode(ids + tokens)
+    return whole[len(tokenizer.decode(ids)) :].lstrip(" ")
+
+
+def chat_app(home: Path, models_dir: Path, defaults: SessionSettings = GREEDY) -> ChatApp:
+    first = models_dir / "alpha"
+    engine = EngineThread(lambda: Engine.load(str(first), CONFIG))
+    return ChatApp(
+        engine,
+        HistoryStore(home / "chat.sqlite3"),
+        model_label=str(first),
+        export_dir=home / "exports",
+        defaults=defaults,
+        engine_config=CONFIG,
+        models_dirs=(models_dir,),
+    )
+
+
+async def reply_to(pilot: Any, app: ChatApp, text: str) -> str:
+    """Send ``text`` in the open chat once its model is ready; the whole reply's text."""
+    screen = app.screen
+    await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+    await send(pilot, screen, text)
+    await wait_for(pilot, lambda: screen.current not in app.chats.replies)
+    return app.chats.store.messages(screen.current)[-1].content
+
+
+def status(app: ChatApp) -> str:
+    return str(app.screen.query_one(StatusBar).render())
+
+
+async def test_each_chat_answers_on_its_model(home: Path, models_dir: Path) -> None:
+    app = chat_app(home, models_dir)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        first = screen.current
+        assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(
+            models_dir / "alpha", "hello world"
+        )
+        await pilot.press("ctrl+n")
+        second = screen.current
+        await send(pilot, screen, "/model beta")  # a command: nothing is sent to a model
+        assert app.chats.store.messages(second) == []
+        assert app.chats.sessions[second].model == "beta"
+        assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(
+            models_dir / "beta", "hello world"
+        )
+        bar = status(app)
+        assert bar.startswith("beta · ") and " · loaded: alpha " in bar and ", beta " in bar
+        await screen.open_session(first)  # the first chat stays on alpha
+        assert status(app).startswith("alpha · ")
+        assert await reply_to(pilot, app, "the quick brown fox") == mlx_lm_reply(
+            models_dir / "alpha", "the quick brown fox"
+        )
+        assert app.chats.sessions[first].model is None  # the model chat started with
+
+    again = chat_app(home, models_dir)  # the history remembers each chat's model
+    async with again.run_test() as pilot:
+        await again.screen.open_session(second)
+        assert again.chats.model_of(second) == "beta"
+        await wait_for(pilot, lambda: again.chats.ready, timeout=60)  # loaded on opening
+        assert "beta" in again.chats.models.pool.loaded
+
+
+async def test_the_picker_switches_the_open_chats_model(home: Path, models_dir: Path) -> None:
+    app = chat_app(home, models_dir)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        rows = help_rows(app, app.screen.BINDINGS)  # F1 lists the key and the command
+        assert ("Anywhere", "f4", "Pick this chat's model (/model NAME too)") in rows
+        assert any(keys == "/model NAME" for _, keys, _ in rows)
+        await pilot.press("f4")
+        picker = app.screen
+        options = picker.query_one("#models")
+        names = [options.get_option_at_index(i).id for i in range(options.option_count)]
+        assert names[0] == str(models_dir / "alpha")  # the open chat's model first
+        assert "beta" in names
+        options.highlighted = names.index("beta")
+        await pilot.press("enter")
+        chat = app.screen.current
+        assert app.chats.model_of(chat) == "beta"
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        assert json.dumps(app.chats.store.session(chat).model) == '"beta"'
+
+
+async def test_two_chats_on_two_models_stream_at_once(home: Path, models_dir: Path) -> None:
+    app = chat_app(home, models_dir, defaults=LONG)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        first = screen.current
+        await pilot.press("ctrl+n")
+        second = screen.current
+        await send(pilot, screen, "/model beta")
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        await screen.open_session(first)
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        await send(pilot, screen, "hello world")
+        await screen.open_session(second)
+        await send(pilot, screen, "hello world")
+
+        def both_streaming() -> bool:
+            replies = app.chats.replies
+            if not (first in replies and second in replies):
+                return False
+            return all(len(replies[s][0].message.content) > 20 for s in (first, second))
+
+        await wait_for(pilot, both_streaming)  # each model's reply grows while the other's does
+        engines = {app.chats.held[s].thread for s in (first, second)}
+        assert len(engines) == 2
+        app.chats.stop(first)
+        app.chats.stop(second)
+        await wait_for(pilot, lambda: not app.chats.replies)
+
+
+async def test_a_model_that_fails_to_load_leaves_the_app_running(
+    home: Path, models_dir: Path, tmp_path: Path
+) -> None:
+    broken = tmp_path / "more" / "broken"
+    broken.mkdir(parents=True)
+    (broken / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    first = models_dir / "alpha"
+    app = ChatApp(
+        EngineThread(lambda: Engine.load(str(first), CONFIG)),
+        HistoryStore(home / "chat.sqlite3"),
+        model_label=str(first),
+        export_dir=home / "exports",
+        defaults=GREEDY,
+        engine_config=CONFIG,
+        models_dirs=(models_dir, tmp_path / "more"),
+    )
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        await send(pilot, screen, "/model nothing-here")
+        assert app.chats.model_of(screen.current) == str(first)  # refused, with what to do
+        assert any("no local model is called 'nothing-here'" in n.message
+                   for n in app._notifications)  # fmt: skip
+        await send(pilot, screen, "/model broken")
+        await wait_for(pilot, lambda: app.chats.load_error is not None, timeout=60)
+        assert "cannot load model 'broken'" in app.chats.load_error
+        await pilot.pause(0.6)  # a status tick
+        assert "model failed to load" in status(app)
+        await send(pilot, screen, "/model alpha")  # the app goes on: back to a model that runs
+        assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(first, "hello world")

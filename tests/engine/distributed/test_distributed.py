@@ -44,7 +44,14 @@ from tests.support.tp_worker import CONFIG, GREEDY, workload_prompts
 
 @pytest.mark.parametrize(
     ("arch", "overrides"),
-    [("llama", {}), ("qwen3", {}), ("qwen3_5", {}), ("qwen3_5", {"tie_word_embeddings": False})],
+    [
+        ("llama", {}),
+        ("qwen3", {}),
+        ("qwen3_5", {}),
+        ("qwen3_5", {"tie_word_embeddings": False}),
+        ("glm4_moe_lite", {}),
+        ("deepseek_v3", {}),
+    ],
 )
 def test_two_ranks_generate_what_mlx_lm_generates(
     arch: str, overrides: dict, tmp_path: Path
@@ -53,7 +60,9 @@ def test_two_ranks_generate_what_mlx_lm_generates(
     prefill), a pool too small for all of them (preemption) and a shared prefix (prefix cache):
     every greedy token, and its log-probability, is mlx-lm's on the whole model. A hybrid
     (qwen3_5) splits its Gated DeltaNet heads and their state slots too, and with untied
-    embeddings mlx-lm splits its LM head by vocabulary (every rank applies it)."""
+    embeddings mlx-lm splits its LM head by vocabulary (every rank applies it). An MLA model
+    (glm4_moe_lite, deepseek_v3) splits its query heads and their up-projections, and every
+    rank pages the whole latent (one row per token, shared by all heads)."""
     model_dir = save_model(tmp_path / arch, arch=arch, seed=1, **overrides)
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out)]
@@ -64,7 +73,8 @@ def test_two_ranks_generate_what_mlx_lm_generates(
     prompts = workload_prompts()
     assert max(map(len, prompts)) > CONFIG.max_num_batched_tokens
     assert result["preemptions"] > 0 and result["prefix_cache_hit_rate"] > 0
-    assert result["kv_heads_per_rank"] == [1, 1]  # each rank pages its half of the 2 KV heads
+    # every layer of a rank pages its half of the 2 KV heads, or an MLA layer's whole latent row
+    assert set(result["kv_heads_per_rank"]) == {1}
     model, _ = mlx_lm.load(str(model_dir))
     for i, prompt in enumerate(prompts):
         expected = mlx_lm_greedy_logprobs(model, prompt, GREEDY.max_tokens)

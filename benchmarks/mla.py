@@ -33,6 +33,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.mla_attention import mlx_lm_attention_runs
 from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
@@ -249,7 +250,9 @@ def decode_run(model, tokenizer, count: int, args: argparse.Namespace) -> None:
     if args.side in ("both", "macbatch"):
         ours = engine_decode(model, tokenizer, prompts, rows, count == args.requests[0], args)
         print(ours.line("macbatch"), flush=True)  # before mlx-lm's part, which may not finish
-    if args.side in ("both", "mlx-lm"):
+    if args.side != "macbatch" and not mlx_lm_attention_runs(count, args.context):
+        print("  mlx-lm: not run (its CPU attention segfaults at this size)", flush=True)
+    elif args.side in ("both", "mlx-lm"):
         peer = mlx_lm_decode(model, prompts, mlx_lm_caches(rows), args.warmup, args.decode)
         print(peer.line("mlx-lm"), flush=True)
     if ours is None or peer is None:

@@ -64,6 +64,13 @@ def mlx_lm_attention(q: mx.array, latent: mx.array, k_pe: mx.array, scale: float
     return mx.fast.scaled_dot_product_attention(q_nope, latent, latent, scale=scale, mask=pe_scores)
 
 
+def mlx_lm_attention_runs(seqs: int, context: int) -> bool:
+    """Whether mlx-lm's MLA decode attention runs at this size here: MLX 0.32's CPU
+    ``scaled_dot_product_attention`` segfaults once the latent keys broadcast to every head pass
+    2^31 elements (16 x 16K at 20 heads does; 8 x 16K runs)."""
+    return seqs * HEADS * context * LATENT < 2**31 or mx.default_device() != mx.cpu
+
+
 def milliseconds(fn, args, repeats: int = 3) -> tuple[float, float]:
     """Medians of wall-clock and process CPU time per call, after a warm-up."""
     mx.eval(fn(*args))
@@ -89,13 +96,13 @@ def main() -> None:
         kernel, kernel_cpu = milliseconds(paged_attention_cpu, inputs)
         name = f"{seqs:2d} x decode on {context // 1024}K latent rows"
         line = f"{name:32s} CPU kernel {kernel:7.1f} ms wall, {kernel_cpu:7.1f} ms CPU | mlx-lm "
-        if seqs * HEADS * context * LATENT < 2**31 or mx.default_device() != mx.cpu:
+        if mlx_lm_attention_runs(seqs, context):
             peer = mlx_lm_inputs(q, pages, meta, params.scale)
             theirs, theirs_cpu = milliseconds(mlx_lm_attention, peer)
             del peer
             ratio = theirs_cpu / kernel_cpu
             line += f"{theirs:7.1f} / {theirs_cpu:7.1f} ms: kernel x{ratio:.2f} (CPU)"
-        else:  # MLX 0.32's CPU sdpa segfaults once the keys broadcast to every head pass 2^31
+        else:
             line += "not run (its CPU attention segfaults at this size)"
         if not args.no_reference:
             ref, ref_cpu = milliseconds(paged_attention_reference, inputs)

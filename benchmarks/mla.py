@@ -7,22 +7,33 @@ prefill: a key and a value per head from the latent, then ``mx.fast`` attention)
 Model: GLM-4.7-Flash's attention (20 heads, kv_lora_rank 512, qk_rope_head_dim 64,
 qk_nope_head_dim 192, v_head_dim 256, q_lora_rank 768, hidden 2048) with fewer layers (2: a dense
 one, then a MoE one of 16 experts, 4 per token) and a 32000-token vocabulary, random float32
-weights. Decode is timed from the step after every request's first token to its last (the
-prefill before it untimed), both sides; wall and CPU time reported (on a shared machine the
-CPU-time ratio is the one to trust).
+weights.
+
+Decode skips the prefill: each request's context is random latent rows written straight into
+both caches, the same rows on both sides (``fill_engine``: the engine's latent pages, their
+blocks named in the prefix cache as a finished request with that prompt leaves them;
+``mlx_lm_caches``: mlx-lm's own ``KVCache`` per layer, latent as keys and RoPE key as values,
+handed to ``BatchGenerator.insert``). Both then prefill only the prompt's last block, run
+``--warmup`` untimed decode steps (the engine compiles its decode step after them) and time
+``--decode`` steps. Wall and CPU time are reported (on a shared machine the CPU-time ratio is
+the one to trust), and per step the Python thread's CPU time (the host's part).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m benchmarks.mla [--context 4096] [--requests 1 16] [--decode 32] [--layers 2]
+        python -m benchmarks.mla [--context 4096] [--requests 1 16] [--decode 16] [--layers 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
+from benchmarks.mla_attention import mlx_lm_attention_runs
 from macbatch.bench import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
@@ -66,36 +77,116 @@ def kv_bytes(engine: Engine) -> None:
     )
 
 
-def macbatch_decode(engine: Engine, prompts: list[list[int]], decode: int) -> tuple[float, ...]:
-    """(wall s, CPU s, tokens) of the decode steps after every request's first token."""
-    params = SamplingParams(max_tokens=decode + 1, temperature=0, ignore_eos=True)
+@dataclass(frozen=True)
+class Timed:
+    """Decode steps timed: wall and process CPU seconds, the Python thread's CPU seconds (the
+    host's part: scheduling, packing, building the graph; MLX computes on its own threads)."""
+
+    wall: float
+    cpu: float
+    host: float
+    tokens: int
+    steps: int
+
+    def line(self, name: str) -> str:
+        per_step = 1000 / self.steps
+        return (
+            f"  {name}: per step {self.wall * per_step:.0f} ms wall, {self.cpu * per_step:.0f} ms "
+            f"CPU, of it {self.host * per_step:.0f} ms on the Python thread"
+        )
+
+
+def latent_rows(count: int, cached: int, layers: int, seed: int) -> list[mx.array]:
+    """Each request's cached latent rows, ``[layers, cached, kv_lora_rank + qk_rope_head_dim]``:
+    random, as if a prefill had written them (what decode reads costs the same)."""
+    width = GLM_4_7_FLASH["kv_lora_rank"] + GLM_4_7_FLASH["qk_rope_head_dim"]
+    key = mx.random.key(seed)
+    rows = [mx.random.normal((layers, cached, width), key=k) for k in mx.random.split(key, count)]
+    mx.eval(rows)
+    return rows
+
+
+def fill_engine(engine: Engine, prompts: list[list[int]], rows: list[mx.array]) -> None:
+    """Write each prompt's cached rows into the latent pages and name their blocks in the prefix
+    cache, as a finished request with that prompt would have left them: the requests added next
+    find them there and prefill only their last block."""
+    block = engine.config.block_size
+    for index, (prompt, request_rows) in enumerate(zip(prompts, rows, strict=True)):
+        request = engine.prepare_request(prompt, SamplingParams(max_tokens=1), f"fill-{index}")
+        cached = request_rows.shape[1]
+        assert engine.kv.allocate_slots(request.request_id, 0, cached), "pool too small"
+        table = np.asarray(engine.kv.block_table(request.request_id))
+        flat = (table[:, None] * block + np.arange(block)).reshape(-1)[:cached]
+        where = mx.array(flat.astype(np.int32))
+        for layer, pages in enumerate(engine.store.keys):
+            pages[where] = request_rows[layer]
+        engine.kv.cache_full_blocks(request, cached)
+        engine.kv.free(request.request_id)
+        mx.eval(engine.store.arrays())
+
+
+def mlx_lm_caches(rows: list[mx.array]) -> list[list[Any]]:
+    """The same rows as mlx-lm's own MLA cache holds them: per layer a ``KVCache`` whose keys
+    are the latent and whose values the roped shared key."""
+    from mlx_lm.models.cache import KVCache
+
+    rank = GLM_4_7_FLASH["kv_lora_rank"]
+    caches = []
+    for request_rows in rows:
+        layers = []
+        for layer_rows in request_rows:
+            cache = KVCache()
+            rows_4d = layer_rows[None, None]
+            cache.state = (rows_4d[..., :rank], rows_4d[..., rank:], layer_rows.shape[0])
+            layers.append(cache)
+        caches.append(layers)
+    return caches
+
+
+def macbatch_decode(engine: Engine, prompts: list[list[int]], warmup: int, decode: int) -> Timed:
+    """The timing of ``decode`` steps, after every request's first token and
+    ``warmup`` more steps (decode steps compile after a few: ``compile_decode_after``)."""
+    params = SamplingParams(max_tokens=warmup + decode + 2, temperature=0, ignore_eos=True)
     for prompt in prompts:
         engine.add_request(prompt, params)
     started: set[str] = set()
     while len(started) < len(prompts):
         started |= {out.request_id for out in engine.step() if out.token_ids}
-    clock, tokens = Clock(), 0
-    while engine.has_unfinished():
+    for _ in range(warmup):
+        engine.step()
+    clock, host, tokens = Clock(), time.thread_time(), 0
+    for _ in range(decode):
         tokens += sum(1 for out in engine.step() if out.token_ids)
     wall, cpu = clock.read()
-    return wall, cpu, tokens
+    host = time.thread_time() - host
+    while engine.has_unfinished():
+        engine.step()
+    return Timed(wall, cpu, host, tokens, decode)
 
 
-def mlx_lm_decode(model, prompts: list[list[int]], decode: int) -> tuple[float, ...]:
-    """The same through mlx-lm's ``BatchGenerator``."""
+def mlx_lm_decode(
+    model, prompts: list[list[int]], caches: list[list[Any]], warmup: int, decode: int
+) -> Timed:
+    """The same through mlx-lm's ``BatchGenerator``, each request's cache handed in filled and
+    its prompt the tokens after it."""
     from mlx_lm.generate import BatchGenerator
 
-    gen = BatchGenerator(model, max_tokens=decode + 1, stop_tokens=None)
-    uids = gen.insert(prompts, [decode + 1] * len(prompts))
+    cached = caches[0][0].offset
+    total = warmup + decode + 2
+    gen = BatchGenerator(model, max_tokens=total, stop_tokens=None)
+    uids = gen.insert([p[cached:] for p in prompts], [total] * len(prompts), caches=caches)
     started: set[int] = set()
     while len(started) < len(uids):
         started |= {r.uid for r in gen.next_generated()}
-    clock, tokens = Clock(), 0
-    while responses := gen.next_generated():
-        tokens += len(responses)
+    for _ in range(warmup):
+        gen.next_generated()
+    clock, host, tokens = Clock(), time.thread_time(), 0
+    for _ in range(decode):
+        tokens += len(gen.next_generated())
     wall, cpu = clock.read()
+    host = time.thread_time() - host
     gen.close()
-    return wall, cpu, tokens
+    return Timed(wall, cpu, host, tokens, decode)
 
 
 def prefill_attention(model, length: int) -> None:
@@ -148,13 +239,72 @@ def prefill_attention(model, length: int) -> None:
     )
 
 
+def decode_run(model, tokenizer, count: int, args: argparse.Namespace) -> None:
+    """Decode tok/s of ``count`` requests at ``args.context`` tokens each, both sides on the
+    same cached rows: mlx-lm's cache holds all but the last token's (its one-token prompt takes
+    its decode path; its expanded prefill of a block at 16 x 16K segfaulted in OpenBLAS here),
+    the engine's prefix cache the full blocks of them (it computes the rest, under 16 tokens)."""
+    prompts = synthetic_prompts(count, args.context, args.context, 32000, seed=count)
+    rows = latent_rows(count, args.context - 1, args.layers, seed=count)
+    ours = peer = None
+    if args.side in ("both", "macbatch"):
+        ours = engine_decode(model, tokenizer, prompts, rows, count == args.requests[0], args)
+        print(ours.line("macbatch"), flush=True)  # before mlx-lm's part, which may not finish
+    if args.side != "macbatch" and not mlx_lm_attention_runs(count, args.context):
+        print("  mlx-lm: not run (its CPU attention segfaults at this size)", flush=True)
+    elif args.side in ("both", "mlx-lm"):
+        peer = mlx_lm_decode(model, prompts, mlx_lm_caches(rows), args.warmup, args.decode)
+        print(peer.line("mlx-lm"), flush=True)
+    if ours is None or peer is None:
+        return
+    for kind in ("wall", "cpu"):
+        mine, theirs = ours.tokens / getattr(ours, kind), peer.tokens / getattr(peer, kind)
+        print(
+            f"decode, {count} request(s) at {args.context} tokens, {kind}: macbatch "
+            f"{mine:.1f} tok/s, mlx-lm BatchGenerator {theirs:.1f} tok/s: x{mine / theirs:.2f}",
+            flush=True,
+        )
+
+
+def engine_decode(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    rows: list[mx.array],
+    first: bool,
+    args: argparse.Namespace,
+) -> Timed:
+    """The engine's side: a pool for the requests, their full blocks of ``rows`` filled, the
+    decode timed; the engine closed after it (nothing of it in flight while mlx-lm's runs)."""
+    block = 16
+    cached = (args.context - 1) // block * block  # what the prefix cache serves
+    steps = args.warmup + args.decode + 2
+    config = EngineConfig(
+        num_blocks=len(prompts) * (-(-(args.context + steps) // block) + 2),
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=2048,
+        compile_decode_after=min(args.warmup, 64),
+    )
+    engine = Engine(model, tokenizer, config)
+    if first:
+        kv_bytes(engine)
+    fill_engine(engine, prompts, [r[:, :cached] for r in rows])
+    timed = macbatch_decode(engine, prompts, args.warmup, args.decode)
+    engine.close()
+    del engine
+    mx.synchronize()
+    return timed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=4096, help="prompt tokens per request")
+    parser.add_argument("--context", type=int, default=4096, help="tokens per request")
     parser.add_argument("--requests", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--decode", type=int, default=32, help="timed decode tokens each")
+    parser.add_argument("--decode", type=int, default=16, help="timed decode steps")
+    parser.add_argument("--warmup", type=int, default=4, help="untimed decode steps first")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--prefill", type=int, default=2048, help="0: skip the prefill part")
+    parser.add_argument("--prefill", type=int, default=0, help="tokens; 0: skip that part")
+    parser.add_argument("--side", choices=["both", "macbatch", "mlx-lm"], default="both")
     args = parser.parse_args()
     warn_without_openblas()
     GLM_4_7_FLASH["num_hidden_layers"] = args.layers
@@ -163,24 +313,7 @@ def main() -> None:
     if args.prefill:
         prefill_attention(model, args.prefill)
     for count in args.requests:
-        prompts = synthetic_prompts(count, args.context, args.context, 32000, seed=count)
-        blocks = count * (args.context + args.decode + 32) // 16 + count
-        config = EngineConfig(num_blocks=blocks, max_num_seqs=count, max_num_batched_tokens=2048)
-        engine = Engine(model, tokenizer, config)
-        if count == args.requests[0]:
-            kv_bytes(engine)
-        ours = macbatch_decode(engine, prompts, args.decode)
-        engine.close()
-        del engine
-        mx.synchronize()  # nothing of the engine's in flight while mlx-lm's stream runs
-        peer = mlx_lm_decode(model, prompts, args.decode)
-        for clock, kind in ((0, "wall"), (1, "cpu")):
-            mine, theirs = ours[2] / ours[clock], peer[2] / peer[clock]
-            print(
-                f"decode, {count} request(s) at {args.context} tokens, {kind}: macbatch "
-                f"{mine:.1f} tok/s, mlx-lm BatchGenerator {theirs:.1f} tok/s: "
-                f"x{mine / theirs:.2f}"
-            )
+        decode_run(model, tokenizer, count, args)
 
 
 if __name__ == "__main__":

@@ -43,18 +43,36 @@ from tests.support.tp_worker import CONFIG, GREEDY, workload_prompts
 
 
 @pytest.mark.parametrize(
-    ("arch", "overrides"),
-    [("llama", {}), ("qwen3", {}), ("qwen3_5", {}), ("qwen3_5", {"tie_word_embeddings": False})],
+    ("arch", "overrides", "bits"),
+    [
+        ("llama", {}, None),
+        ("qwen3", {}, None),
+        ("qwen3_5", {}, None),
+        ("qwen3_5", {"tie_word_embeddings": False}, None),
+        ("glm4_moe_lite", {}, None),
+        ("deepseek_v3", {}, None),
+        ("deepseek_v2", {}, None),
+        ("deepseek_v2", {"moe_intermediate_size": 64}, 4),  # whole 32-groups per rank
+    ],
 )
 def test_two_ranks_generate_what_mlx_lm_generates(
-    arch: str, overrides: dict, tmp_path: Path
+    arch: str, overrides: dict, bits: int | None, tmp_path: Path
 ) -> None:
     """Under `mlx.launch -n 2 --backend ring`, with prompts longer than a step's budget (chunked
     prefill), a pool too small for all of them (preemption) and a shared prefix (prefix cache):
     every greedy token, and its log-probability, is mlx-lm's on the whole model. A hybrid
     (qwen3_5) splits its Gated DeltaNet heads and their state slots too, and with untied
-    embeddings mlx-lm splits its LM head by vocabulary (every rank applies it)."""
+    embeddings mlx-lm splits its LM head by vocabulary (every rank applies it). An MLA model
+    (glm4_moe_lite, deepseek_v3, deepseek_v2) splits its query heads and their up-projections
+    (DeepSeek V2's ``kv_b_proj`` by rows, a quantized one into quantized shards the engine
+    dequantizes per rank), and every rank pages the whole latent (one row per token, shared by
+    all heads). ``bits``: the checkpoint converted by mlx-lm to that many bits first."""
     model_dir = save_model(tmp_path / arch, arch=arch, seed=1, **overrides)
+    if bits is not None:
+        mlx_lm.convert(
+            str(model_dir), str(tmp_path / "q"), quantize=True, q_bits=bits, q_group_size=32
+        )
+        model_dir = tmp_path / "q"
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out)]
     launched = mlx_launch(command, ranks=2, timeout_s=180)
@@ -64,7 +82,8 @@ def test_two_ranks_generate_what_mlx_lm_generates(
     prompts = workload_prompts()
     assert max(map(len, prompts)) > CONFIG.max_num_batched_tokens
     assert result["preemptions"] > 0 and result["prefix_cache_hit_rate"] > 0
-    assert result["kv_heads_per_rank"] == [1, 1]  # each rank pages its half of the 2 KV heads
+    # every layer of a rank pages its half of the 2 KV heads, or an MLA layer's whole latent row
+    assert set(result["kv_heads_per_rank"]) == {1}
     model, _ = mlx_lm.load(str(model_dir))
     for i, prompt in enumerate(prompts):
         expected = mlx_lm_greedy_logprobs(model, prompt, GREEDY.max_tokens)

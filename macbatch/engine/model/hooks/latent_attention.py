@@ -169,7 +169,9 @@ def _up_projections(attn: Any) -> _UpProjections:
 def _split_kv_b(attn: Any) -> _FromKvB:
     proj = attn.kv_b_proj
     weight = proj.weight
-    if isinstance(proj, nn.QuantizedLinear):
+    # quantized: nn.QuantizedLinear, or its tensor-parallel shard (QuantizedAllToShardedLinear,
+    # not a subclass of it): both keep their scales beside the weight
+    if "scales" in proj:
         weight = mx.dequantize(
             weight, proj.scales, proj.get("biases"), proj.group_size, proj.bits, mode=proj.mode
         )

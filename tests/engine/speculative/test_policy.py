@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from macbatch.engine.speculative.policy import (
     BATCH_LIMITS,
     MAX_IDLE_REST,
+    MIN_ACCEPTANCE,
     START_SHARE,
     SpeculationPolicy,
 )
@@ -112,3 +113,50 @@ def test_nothing_to_propose_rests_briefly_and_leaves_the_acceptance_alone() -> N
     assert max(b - a for a, b in zip(tried, tried[1:])) == MAX_IDLE_REST
     assert len(tried) >= 200 // MAX_IDLE_REST
     assert policy.batch_limit(_running(12)[:1] + [request]) == BATCH_LIMITS[0][1]
+
+
+def _timed_steps(
+    policy: SpeculationPolicy, requests: list, steps: int, seconds_per_draft: float
+) -> list[int]:
+    """The steps at which anyone drafted, on a clock where a plain step takes 0.1 s and each
+    drafted token adds ``seconds_per_draft``; three drafts in four are accepted."""
+    now, drafting = 0.0, []
+    for step in range(steps):
+        chosen = policy.choose(requests, now)
+        drafted = sum(k for _, k in chosen)
+        policy.drafted(drafted)
+        for request, k in chosen:
+            policy.record(request.request_id, k, 3 * k // 4)
+        if chosen:
+            drafting.append(step)
+        now += 0.1 + seconds_per_draft * drafted
+    return drafting
+
+
+def test_drafts_costlier_than_what_they_buy_switch_drafting_off() -> None:
+    """At two requests a plain step's token is worth 0.05 s: a drafted token costing 0.05 s
+    pays only at 100% acceptance, so requests accepting 75% stop drafting (a probe once a
+    rest, the rests doubling), where MIN_ACCEPTANCE alone kept them drafting every step."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 500, 0.05) if s >= 300]
+    assert len(late) <= 8, late
+    assert 0.9 < policy.floor < 1.1  # the measured break-even: 0.05 s against 0.05 s a token
+
+
+def test_cheap_drafts_keep_drafting_at_the_same_acceptance() -> None:
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 500, 0.005) if s >= 300]
+    assert len(late) >= 190, len(late)
+    assert policy.floor == MIN_ACCEPTANCE  # measured 0.1: the floor is the higher
+
+
+def test_drafting_resumes_once_drafts_get_cheap_again() -> None:
+    """The probes keep measuring: when drafts cost little again (the machine's other load
+    went away), the requests' probes pass and their rests shorten back to drafting."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    _timed_steps(policy, requests, 400, 0.05)
+    late = [s for s in _timed_steps(policy, requests, 3000, 0.0) if s >= 2800]
+    assert len(late) >= 150, len(late)

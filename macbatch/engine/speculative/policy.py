@@ -22,8 +22,9 @@ batch size, which is the acceptance a request's drafts must reach (its break-eve
 layer's or a draft model's forward makes it higher than prompt lookup's free drafts, and a
 large batch on a compute-bound device higher still). A request below it (or below
 ``MIN_ACCEPTANCE``, whichever is higher) rests, and after each rest probes with one
-verification, its rests doubling while the probes fail: a batch size at which drafting loses
-for everyone thus speculates once every ``MAX_REST`` steps.
+verification, its rests doubling while the probes fail. At a batch size where a drafted token
+costs more than a token is worth (a break-even above 1) nobody drafts, but for one probe step
+every ``step_costs.EXPLORE_EVERY`` that measures it again.
 """
 
 from __future__ import annotations
@@ -90,8 +91,14 @@ class SpeculationPolicy:
         self.floor = max(MIN_ACCEPTANCE, measured or 0.0)
         if len(running) > self.batch_limit(running):
             return []
-        if batch is not None and self.costs.wants_plain(batch):
-            return []
+        probing = False  # drafting loses at any acceptance, but is measured again
+        if batch is not None:
+            if self.costs.wants_plain(batch):
+                return []
+            if self.floor >= 1.0:
+                if not self.costs.probe_due():
+                    return []
+                probing = True
         chosen = []
         for request in running:
             if not request.params.speculative or request.params.thinking_token_budget is not None:
@@ -99,6 +106,9 @@ class SpeculationPolicy:
             if request.num_computed_tokens < len(request.prompt_token_ids):
                 continue  # still prefilling: nothing to draft from this step
             track = self._track(request.request_id)
+            if probing:
+                chosen.append((request, track.limit))
+                continue
             if self._step < track.resume:
                 continue
             if track.acceptance < self.floor and not track.probe:
@@ -154,6 +164,7 @@ class SpeculationPolicy:
 
     def forget(self, request_id: str) -> None:
         self._tracks.pop(request_id, None)
+        self.costs.interrupted()
 
     def _track(self, request_id: str) -> _Track:
         return self._tracks.setdefault(request_id, _Track(limit=self.start_length))

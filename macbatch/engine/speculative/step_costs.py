@@ -12,15 +12,18 @@ work finishes in the next one's time, pipelined or not), and per batch size
 
 - a step in which nobody drafted, after one in which nobody drafted, is a plain step's time
   (an exponential moving average);
-- every other step's time beyond the plain one is put on its drafted tokens (a decaying sum of
-  extra seconds over a decaying sum of drafts: boundaries between the two kinds of step fall
-  out of the sums).
+- every other step's time beyond the plain one is put on its drafted tokens (decaying sums of
+  their seconds, their number and their drafts: boundaries between the two kinds of step fall
+  out of the sums, and steps with drafts count before a plain one is measured).
 
 ``break_even(batch)`` is then the extra seconds per drafted token over the seconds per token of a
 plain step: the acceptance a drafted token must reach to pay. Unknown (no plain step measured
 at that size yet): None, and the policy keeps its floor. A plain step is measured when requests
 rest; where nobody ever rests, ``wants_plain`` asks for two plain steps every ``EXPLORE_EVERY``
-steps (the first carries the drafting step's work, the second is measured).
+steps (the first carries the drafting step's work, the second is measured). Where a drafted
+token costs more than a token is worth (break-even above 1: no acceptance pays, as on a CPU at
+a few requests, where every verified row is real work), ``probe_due`` says when to draft anyway,
+once every ``EXPLORE_EVERY`` steps, to measure again.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ class _Size:
 
     plain: float | None = None  # seconds of a plain step
     plain_step: int = -STALE_AFTER  # the step it was last measured at
-    extra: float = 0.0  # decaying sum of drafting steps' seconds beyond the plain step's
-    drafted: float = 0.0  # decaying sum of their drafted tokens
+    # decaying sums over the steps with drafts on them: their seconds, their number and their
+    # drafted tokens (the seconds beyond plain ones' are read once a plain step is measured)
+    seconds: float = 0.0
+    steps: float = 0.0
+    drafted: float = 0.0
 
 
 @dataclass
@@ -64,11 +70,18 @@ class StepCosts:
         measure, such as one with prefill chunks); closes the step before it."""
         self._step += 1
         closed, before = self._open, self._before
-        if closed is not None and before is not None and before.batch == closed.batch:
+        # measured only between steps of the same batch: a request that joined in the closed
+        # step was prefilled in it (and is still prefilling, or decoding now)
+        if closed is not None and before is not None and before.batch == closed.batch == batch:
             size = self._sizes.setdefault(closed.batch, _Size())
             self._measure(size, now - closed.start, (before.drafted + closed.drafted) / 2)
         self._before = closed
         self._open = None if batch is None else _Open(now, batch)
+
+    def interrupted(self) -> None:
+        """A request finished or left: the step open now is not measured (the engine may go
+        idle before the next one, and the batch changes)."""
+        self._open = self._before = None
 
     def drafted(self, tokens: int) -> None:
         """Tokens drafted in the step started last."""
@@ -82,8 +95,9 @@ class StepCosts:
             size.plain = seconds if size.plain is None else size.plain
             size.plain += PLAIN_WEIGHT * (seconds - size.plain)
             size.plain_step = self._step
-        elif size.plain is not None:
-            size.extra = DRAFT_DECAY * size.extra + (seconds - size.plain)
+        else:
+            size.seconds = DRAFT_DECAY * size.seconds + seconds
+            size.steps = DRAFT_DECAY * size.steps + 1
             size.drafted = DRAFT_DECAY * size.drafted + load
 
     def break_even(self, batch: int) -> float | None:
@@ -92,7 +106,8 @@ class StepCosts:
         size = self._sizes.get(batch)
         if size is None or not size.plain or size.drafted <= 0:
             return None
-        return max(0.0, size.extra / size.drafted) / (size.plain / batch)
+        extra = size.seconds - size.steps * size.plain
+        return max(0.0, extra / size.drafted) / (size.plain / batch)
 
     def wants_plain(self, batch: int) -> bool:
         """Whether the step starting now should be plain, to measure a plain step at ``batch``:
@@ -100,3 +115,9 @@ class StepCosts:
         size = self._sizes.get(batch)
         stale = size is None or self._step - size.plain_step > STALE_AFTER
         return stale and self._step >= EXPLORE_EVERY and self._step % EXPLORE_EVERY < 2
+
+    def probe_due(self) -> bool:
+        """Whether the step starting now should draft where drafting was measured to lose at
+        any acceptance: once every ``EXPLORE_EVERY`` steps, so that the costs are measured
+        again (the machine's load, the requests' lengths change)."""
+        return self._step % EXPLORE_EVERY == EXPLORE_EVERY // 2

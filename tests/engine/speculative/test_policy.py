@@ -12,6 +12,7 @@ from macbatch.engine.speculative.policy import (
     START_SHARE,
     SpeculationPolicy,
 )
+from macbatch.engine.speculative.step_costs import EXPLORE_EVERY
 
 
 def _running(n: int) -> list:
@@ -160,3 +161,15 @@ def test_drafting_resumes_once_drafts_get_cheap_again() -> None:
     _timed_steps(policy, requests, 400, 0.05)
     late = [s for s in _timed_steps(policy, requests, 3000, 0.0) if s >= 2800]
     assert len(late) >= 150, len(late)
+
+
+def test_where_no_acceptance_pays_only_a_probe_step_drafts_now_and_then() -> None:
+    """A drafted token costing four tokens' worth (0.2 s against 0.05 s) loses even when every
+    draft holds: nobody drafts but in one probe step every EXPLORE_EVERY, which measures the
+    cost again."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 600, 0.2) if s >= 200]
+    assert policy.floor > 3
+    assert [b - a for a, b in zip(late, late[1:])] == [EXPLORE_EVERY] * (len(late) - 1)
+    assert len(late) >= 5

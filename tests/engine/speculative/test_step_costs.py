@@ -58,3 +58,16 @@ def test_plain_steps_are_asked_for_while_none_was_measured() -> None:
             costs.drafted(4)
     # two in a row, then measured (fresh): no more asked for a while
     assert asked == [EXPLORE_EVERY - 1, EXPLORE_EVERY]
+
+
+def test_a_request_leaving_ends_the_measured_step() -> None:
+    """The engine may idle after a request finishes (a client's next request comes later):
+    that wait is no step's time."""
+    costs = StepCosts()
+    plan = ([0, 0, 0] + [4, 4, 2, 3, 0, 4]) * 10
+    _run(costs, 2, plan, 0.08, 0.01)
+    before = costs.break_even(2)
+    costs.interrupted()  # after the last step, its request finishes
+    for now in (1030.0, 1030.08, 1030.16):  # the next request's steps, half a minute later
+        costs.step_started(now, 2)
+    assert costs.break_even(2) == pytest.approx(before)

@@ -53,13 +53,14 @@ MAX_REST = 64  # steps, after drafts that failed
 # benchmarks/speculative.py: x0.93 to x1.06 at 1 to 4 requests, docs/speculative.md)
 MAX_IDLE_REST = 16
 EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
+PRIOR_WEIGHT = 0.2  # of the newest verification, in the acceptance a new request starts at
 START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS
 START_TOKENS = 4  # (K = 16 starting at 8: x0.82 where K = 8 from 4: x0.94; docs/speculative.md)
 
 
 @dataclass
 class _Track:
-    acceptance: float = 1.0  # optimistic: the first drafts get the full length
+    acceptance: float = 1.0  # a new request's: the drafter's so far (optimistic at first)
     resume: int = 0  # the first step it may speculate at again
     backoff: int = 2  # the next rest's length after failed drafts
     idle_backoff: int = 2  # the next rest's length after no proposal
@@ -76,6 +77,9 @@ class SpeculationPolicy:
         self._tracks: dict[str, _Track] = {}
         self.costs = StepCosts()
         self.floor = MIN_ACCEPTANCE  # the acceptance drafting must reach now (choose sets it)
+        # a new request's acceptance: every verification's so far (an MTP layer or a draft
+        # model that predicts this target badly does so for the next request too)
+        self.prior = 1.0
 
     def choose(
         self, running: Sequence[Request], now: float | None = None
@@ -142,6 +146,7 @@ class SpeculationPolicy:
             return
         track.idle_backoff = 2
         track.acceptance += EMA_WEIGHT * (accepted / drafted - track.acceptance)
+        self.prior += PRIOR_WEIGHT * (accepted / drafted - self.prior)
         if accepted == drafted:  # every draft held: it may draft twice as many
             track.limit = min(self.max_tokens, 2 * track.limit)
         if track.acceptance >= self.floor:
@@ -167,7 +172,11 @@ class SpeculationPolicy:
         self.costs.interrupted()
 
     def _track(self, request_id: str) -> _Track:
-        return self._tracks.setdefault(request_id, _Track(limit=self.start_length))
+        track = self._tracks.get(request_id)
+        if track is None:
+            track = _Track(acceptance=self.prior, limit=self.start_length)
+            self._tracks[request_id] = track
+        return track
 
 
 def _decode_batch(running: Sequence[Request]) -> int | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 from macbatch.engine.speculative.policy import (
     BATCH_LIMITS,
@@ -173,3 +174,17 @@ def test_where_no_acceptance_pays_only_a_probe_step_drafts_now_and_then() -> Non
     assert policy.floor > 3
     assert [b - a for a, b in zip(late, late[1:])] == [EXPLORE_EVERY] * (len(late) - 1)
     assert len(late) >= 5
+
+
+def test_a_new_request_starts_at_the_drafter_s_acceptance_so_far() -> None:
+    """After requests whose drafts all failed (an MTP layer that predicts this target badly),
+    the next request does not spend its first verifications finding that out: it rests first,
+    then probes with one draft."""
+    policy = SpeculationPolicy(8)
+    _speculating_steps(policy, [_decoding("a"), _decoding("b")], 40)
+    newcomer = _decoding("c")
+    assert policy.choose([newcomer]) == []  # resting from the start
+    probe = next(c for c in (policy.choose([newcomer]) for _ in range(8)) if c)
+    assert probe == [(newcomer, 1)]
+    fresh = SpeculationPolicy(8)  # with nothing verified yet, a request drafts at once
+    assert fresh.choose([_decoding("d")]) == [(ANY, int(8 * START_SHARE))]

@@ -48,6 +48,8 @@ def test_steps_of_another_size_or_with_prefill_are_not_measured() -> None:
 
 
 def test_plain_steps_are_asked_for_while_none_was_measured() -> None:
+    """Eight requests that always draft never rest: without plain steps asked for, drafting
+    that loses at that batch size was never measured (x0.59 on the 2-core CPU)."""
     costs = StepCosts()
     asked = []
     for step in range(3 * EXPLORE_EVERY):
@@ -56,8 +58,9 @@ def test_plain_steps_are_asked_for_while_none_was_measured() -> None:
             asked.append(step)
         else:
             costs.drafted(4)
-    # two in a row, then measured (fresh): no more asked for a while
-    assert asked == [EXPLORE_EVERY - 1, EXPLORE_EVERY]
+    # the steps closed at steps 2 and 3 are the first two drafting ones measured: two plain
+    # steps at once, then a plain step is measured (fresh) and none is asked for a while
+    assert asked == [3, 4]
 
 
 def test_a_request_leaving_ends_the_measured_step() -> None:

@@ -16,6 +16,11 @@ decoder layer and the head: at this vocabulary the head is most of it.
 2. ``--batches 2,4,8``: that many concurrent requests, MTP (the policy in charge) vs none.
 3. The random MTP layer at 1 and ``--batches`` requests vs none (never much slower).
 
+Parts 2 and 3 run each batch size's requests once untimed in both arms first (``--warm``
+rounds): MLX builds its kernels for the new shapes then, and the policy measures what a drafted
+token costs at that batch size (speculative/step_costs.py), as a server that has run a while
+has. The load average is printed first: on a shared machine the ratios move with it.
+
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.mtp [--layers 24] [--tokens 32] [--batches 8]
 """
@@ -23,6 +28,7 @@ decoder layer and the head: at this vocabulary the head is most of it.
 from __future__ import annotations
 
 import argparse
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -123,13 +129,17 @@ def counts(engine: Engine) -> tuple[int, int, int]:
     return spec.drafted, spec.accepted, spec.verifications
 
 
-def compare(target: nn.Module, head: MtpHead, sizes: list[int], tokens: int, title: str) -> None:
+def compare(
+    target: nn.Module, head: MtpHead, sizes: list[int], tokens: int, warm: int, title: str
+) -> None:
     print(title)
     plain, spec = engines(target, head, max(sizes))
-    warm = synthetic_prompts(2, 16, 16, VOCAB, seed=9)
-    timed(plain, warm, 4), timed(spec, warm, 4)  # MLX's first compiles, in both arms
+    first = synthetic_prompts(2, 16, 16, VOCAB, seed=9)
+    timed(plain, first, 4), timed(spec, first, 4)  # MLX's first compiles, in both arms
     for size in sizes:
         prompts = synthetic_prompts(size, 32, 96, VOCAB, seed=size)
+        for _ in range(warm):  # this size's shapes, and its measured costs (docstring)
+            timed(plain, prompts, tokens), timed(spec, prompts, tokens)
         expected, off = timed(plain, prompts, tokens)
         before = counts(spec)
         got, on = timed(spec, prompts, tokens)
@@ -162,8 +172,10 @@ def main() -> None:
     parser.add_argument("--residual-scale", type=float, default=0.01)
     parser.add_argument("--batches", default="8", help="concurrent requests, comma-separated")
     parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
+    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
     args = parser.parse_args()
     warn_without_openblas()
+    print("load average before: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
     skip = {int(p) for p in args.skip.split(",") if p}
     sizes = [int(s) for s in args.batches.split(",")]
     target = near_identity_target(args.layers, args.residual_scale)
@@ -171,10 +183,11 @@ def main() -> None:
     if 1 not in skip:
         one_request(target, good, args.tokens)
     if 2 not in skip:
-        compare(target, good, sizes, args.tokens, "2. concurrent requests, MTP vs none")
+        compare(target, good, sizes, args.tokens, args.warm, "2. concurrent requests, MTP vs none")
     if 3 not in skip:
         bad = mtp_layer(target, predicts=False)
-        compare(target, bad, [1, *sizes], args.tokens, "3. a random MTP layer vs none")
+        compare(target, bad, [1, *sizes], args.tokens, args.warm, "3. a random MTP layer vs none")
+    print("load average after: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -65,8 +65,13 @@ def tiny_tokenizer(tiny_model_path: Path):
 def eager_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests rest at most one step after drafts that failed or were never proposed: tests
     of exactness under verification must not leave to the policy's rests whether the random
-    models' replies ever meet a verification (the rests have their own tests)."""
-    from macbatch.engine.speculative import policy
+    models' replies ever meet a verification (the rests have their own tests), nor to the
+    step times measured on a busy machine whether drafting pays (no break-even is measured),
+    nor to the requests before whether a new one starts drafting (no prior)."""
+    from macbatch.engine.speculative import policy, step_costs
 
     monkeypatch.setattr(policy, "MAX_REST", 1)
     monkeypatch.setattr(policy, "MAX_IDLE_REST", 1)
+    monkeypatch.setattr(policy, "PRIOR_WEIGHT", 0.0)
+    monkeypatch.setattr(step_costs.StepCosts, "break_even", lambda self, batch: None)
+    monkeypatch.setattr(step_costs.StepCosts, "wants_plain", lambda self, batch: False)

@@ -43,6 +43,8 @@ class RunProgress:
     cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     disk_cached_prompt_tokens: int = 0  # of those, read back from the disk tier
     speculation: SpeculationCounts = field(default_factory=SpeculationCounts)
+    # each generated reply's acceptance rate and mean accepted length (those that verified drafts)
+    request_speculation: list[tuple[float, float]] = field(default_factory=list)
     generated_tokens: int = 0
     in_flight: int = 0
     kv_usage: float = 0.0
@@ -242,7 +244,7 @@ def build_summary(
         "generated_tok_per_s": round(progress.generated_tokens / wall, 1) if wall > 0 else None,
         "prompt_tok_per_s": round(progress.prompt_tokens / wall, 1) if wall > 0 else None,
         "ttft_ms": {"p50": _percentile_ms(ttft, 0.5), "p95": _percentile_ms(ttft, 0.95)},
-        **_speculation(progress.speculation),
+        **_speculation(progress.speculation, progress.request_speculation),
         **progress.replication,
         **peak_memory,
         "jobs": {
@@ -260,17 +262,33 @@ def build_summary(
     }
 
 
-def _speculation(counts: SpeculationCounts) -> dict[str, Any]:
-    """Speculative decoding's numbers (only for runs that speculated)."""
+def _speculation(
+    counts: SpeculationCounts, per_request: list[tuple[float, float]]
+) -> dict[str, Any]:
+    """Speculative decoding's numbers (only for runs that speculated): the run's, and the
+    spread of its replies' own (a few replies that draft badly hide in the run's rate)."""
     if not counts.verifications:
         return {}
+    rates = sorted(rate for rate, _ in per_request)
+    lengths = sorted(length for _, length in per_request)
     return {
         "speculative": {
             "drafted_tokens": counts.drafted,
             "acceptance_rate": round(counts.acceptance_rate, 3),
             "mean_accepted_length": round(counts.mean_accepted_length, 2),
+            "per_request": {
+                "requests": len(per_request),
+                "acceptance_rate": _quantiles(rates, 3),
+                "mean_accepted_length": _quantiles(lengths, 2),
+            },
         }
     }
+
+
+def _quantiles(ordered: list[float], digits: int) -> dict[str, float | None]:
+    """The 10th, 50th and 90th percentiles of ``ordered`` (None for each when it is empty)."""
+    values = {f"p{round(q * 100)}": _percentile(ordered, q) for q in (0.1, 0.5, 0.9)}
+    return {name: None if v is None else round(v, digits) for name, v in values.items()}
 
 
 def _parsed_counts(job: JobProgress) -> dict[str, int]:
@@ -309,6 +327,13 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             f"{spec['drafted_tokens']:,} drafted tokens accepted, "
             f"{spec['mean_accepted_length']:.2f} tokens per verification"
         )
+        if (each := spec.get("per_request")) and each["requests"]:
+            rate, length = each["acceptance_rate"], each["mean_accepted_length"]
+            lines.append(
+                f"  per reply ({each['requests']:,}): acceptance p10 {rate['p10']:.0%}, "
+                f"p50 {rate['p50']:.0%}, p90 {rate['p90']:.0%}; tokens per verification "
+                f"p10 {length['p10']:.2f}, p50 {length['p50']:.2f}, p90 {length['p90']:.2f}"
+            )
     for name, job in summary["jobs"].items():
         line = f"  {name}: {job['ok'] + job['skipped']}/{job['total']} done -> {job['output']}"
         if job.get("table"):
@@ -340,10 +365,15 @@ def _job_counts(progress: RunProgress) -> dict[str, dict[str, int]]:
     }
 
 
-def _percentile_ms(ordered: list[float], q: float) -> float | None:
+def _percentile(ordered: list[float], q: float) -> float | None:
     if not ordered:
         return None
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _percentile_ms(ordered: list[float], q: float) -> float | None:
+    value = _percentile(ordered, q)
+    return None if value is None else round(value * 1000, 1)
 
 
 def _acc(stats: dict[str, Any]) -> str:

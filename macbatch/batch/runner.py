@@ -40,7 +40,7 @@ from macbatch.batch.survey import change_report, survey_job
 from macbatch.batch.table import write_job_tables
 from macbatch.batch.vectors import write_job_vectors
 from macbatch.batch.yamlfile import JobFileError
-from macbatch.engine import ReplicatedEngine, Request, RequestOutput
+from macbatch.engine import ReplicatedEngine, Request, RequestOutput, per_request_speculation
 
 MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -321,6 +321,8 @@ class _Loop:
             metrics.generated_tokens += output.metrics.generated_tokens
             spec = output.metrics.speculation
             metrics.speculation.add(spec.drafted, spec.accepted, spec.verifications)
+            if per_request := per_request_speculation(spec):
+                metrics.request_speculation.append(per_request)
             if output.metrics.time_to_first_token_s is not None:
                 metrics.ttft_s.append(output.metrics.time_to_first_token_s)
 

@@ -54,6 +54,9 @@ _EXPORTS: dict[str, str] = {
     "RequestOutput": "macbatch.engine.core.outputs",
     "Request": "macbatch.engine.core.request",  # a prepared request (``Engine.prepare_request``)
     "SpeculationCounts": "macbatch.engine.core.outputs",
+    "ACCEPTANCE_BUCKETS": "macbatch.engine.core.outputs",
+    "ACCEPTED_LENGTH_BUCKETS": "macbatch.engine.core.outputs",
+    "per_request_speculation": "macbatch.engine.core.outputs",
     # tool calls
     "ToolCall": "macbatch.engine.parsers.tool_calls",
     "ToolFormat": "macbatch.engine.parsers.tool_calls",
@@ -100,11 +103,14 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from macbatch.engine.config import EngineConfig
     from macbatch.engine.core.outputs import (
+        ACCEPTANCE_BUCKETS,
+        ACCEPTED_LENGTH_BUCKETS,
         FinishReason,
         PromptTooLongError,
         RequestMetrics,
         RequestOutput,
         SpeculationCounts,
+        per_request_speculation,
     )
     from macbatch.engine.core.request import Request
     from macbatch.engine.core.stats import EngineStats

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from macbatch.engine import EngineStats, RequestOutput
+from macbatch.engine import (
+    ACCEPTANCE_BUCKETS,
+    ACCEPTED_LENGTH_BUCKETS,
+    EngineStats,
+    RequestOutput,
+    per_request_speculation,
+)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # the prefix cache's tiers: KV pages in memory, and blocks read back from the disk tier
@@ -50,6 +56,11 @@ class ServerMetrics:
     # the prefix cache, by tier: prompt tokens read from it, and engine requests that read any
     cached_tokens: Counter = field(default_factory=Counter)
     cache_hits: Counter = field(default_factory=Counter)
+    # per finished request that verified drafts: its acceptance and mean accepted length
+    request_acceptance: Histogram = field(default_factory=lambda: Histogram(ACCEPTANCE_BUCKETS))
+    request_accepted_length: Histogram = field(
+        default_factory=lambda: Histogram(ACCEPTED_LENGTH_BUCKETS)
+    )
 
     def record(self, out: RequestOutput, first_token: bool) -> None:
         """Count one engine output; ``first_token`` on the first output after the first token
@@ -67,6 +78,9 @@ class ServerMetrics:
                 self.time_to_first_token.observe(ttft)
         if out.finished and out.finish_reason is not None:
             self.finished[out.finish_reason.value] += 1
+            if spec := per_request_speculation(out.metrics.speculation):
+                self.request_acceptance.observe(spec[0])
+                self.request_accepted_length.observe(spec[1])
 
     def record_abort(self) -> None:
         """An engine request this server cancelled (client gone, shutdown)."""
@@ -129,6 +143,21 @@ class ServerMetrics:
             "Seconds from arrival to first generated token, per engine request.",
             self.time_to_first_token.lines(name),
         )
+        for name, help_text, histogram in (
+            (
+                "macbatch_spec_request_acceptance_rate",
+                "Speculative decoding: each finished request's accepted drafted tokens, of its "
+                "drafted, 0 to 1 (requests that verified drafts).",
+                self.request_acceptance,
+            ),
+            (
+                "macbatch_spec_request_accepted_length",
+                "Speculative decoding: each finished request's tokens per verification "
+                "(requests that verified drafts).",
+                self.request_accepted_length,
+            ),
+        ):
+            metric(name, "histogram", help_text, histogram.lines(name))
         gauges: dict[str, tuple[str, float]] = {
             "macbatch_engine_up": ("1 if the engine thread is running.", int(engine_up)),
             "macbatch_requests_pending": (

@@ -47,6 +47,14 @@ def test_job_file_speculation_keeps_replies_and_reports_acceptance(
     assert spec["drafted_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1
     assert spec["mean_accepted_length"] >= 1
     assert "speculative decoding:" in result.output
+    # each reply's own numbers: the run's rate and length are their drafted-weighted means, so
+    # they lie between the replies' lowest and highest
+    each = spec["per_request"]
+    assert each["requests"] == len(PROMPTS)
+    rates, lengths = each["acceptance_rate"], each["mean_accepted_length"]
+    assert rates["p10"] <= spec["acceptance_rate"] <= rates["p90"]
+    assert lengths["p10"] <= spec["mean_accepted_length"] <= lengths["p90"]
+    assert "per reply (2): acceptance p10" in result.output
 
 
 @pytest.mark.parametrize("option", [None, "off"])

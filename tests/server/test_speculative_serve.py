@@ -45,5 +45,14 @@ def test_replies_match_the_engine_without_speculation_and_metrics_count(
     assert drafted > 0
     assert 0 < metrics["macbatch_spec_acceptance_rate"] <= 1
     assert metrics["macbatch_spec_mean_accepted_length"] >= 1
+    # one finished request that verified drafts: the per-request histograms hold its numbers,
+    # which for a lone request are the engine's totals
+    rate, length = "macbatch_spec_request_acceptance_rate", "macbatch_spec_request_accepted_length"
+    assert metrics[f"{rate}_count"] == metrics[f"{length}_count"] == 1
+    assert metrics[f"{rate}_sum"] == pytest.approx(metrics["macbatch_spec_acceptance_rate"])
+    assert metrics[f"{length}_sum"] == pytest.approx(metrics["macbatch_spec_mean_accepted_length"])
+    assert metrics[f'{rate}_bucket{{le="1.0"}}'] == 1
     assert _complete(speculating, speculative=False) == expected  # opted out: nothing drafted
-    assert scrape(speculating)["macbatch_spec_drafted_tokens_total"] == drafted
+    after = scrape(speculating)
+    assert after["macbatch_spec_drafted_tokens_total"] == drafted
+    assert after[f"{rate}_count"] == 1  # a request that drafted nothing is not one of them

@@ -55,6 +55,20 @@ class SpeculationCounts:
         self.verifications += verifications
 
 
+# The buckets of a request's acceptance and accepted length (/metrics' histograms; the job
+# summary gives their quantiles): the one reading of a request's numbers is SpeculationCounts'.
+ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+ACCEPTED_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 17.0)
+
+
+def per_request_speculation(counts: SpeculationCounts) -> tuple[float, float] | None:
+    """A finished request's acceptance rate and mean accepted length, or None when it verified
+    no drafts (a request that never speculated says nothing of how drafts fare)."""
+    if not counts.verifications:
+        return None
+    return counts.acceptance_rate, counts.mean_accepted_length
+
+
 @dataclass
 class RequestMetrics:
     arrival_time: float

@@ -15,6 +15,16 @@ verification accepts every draft, up to the full length (a slow start): rejected
 request that turns out to accept few cost rows that never pay, while the moving average takes
 a few verifications to fall. Cutting the length to what the last verification accepted
 instead cost the draft-model pair at 85% acceptance a quarter of its gain (docs/speculative.md).
+
+Where drafting stops paying is measured, not guessed (step_costs.py): the engine's steps give
+the extra seconds a drafted token costs against a plain step's seconds per token at the same
+batch size, which is the acceptance a request's drafts must reach (its break-even; an MTP
+layer's or a draft model's forward makes it higher than prompt lookup's free drafts, and a
+large batch on a compute-bound device higher still). A request below it (or below
+``MIN_ACCEPTANCE``, whichever is higher) rests, and after each rest probes with one
+verification, its rests doubling while the probes fail. At a batch size where a drafted token
+costs more than a token is worth (a break-even above 1) nobody drafts, but for one probe step
+every ``step_costs.EXPLORE_EVERY`` that measures it again.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from dataclasses import dataclass
 
 from macbatch.engine.core.request import Request
 from macbatch.engine.parsers.reasoning import Phase
+from macbatch.engine.speculative.step_costs import StepCosts
 
 # (mean moving acceptance of the running requests at least, the most running requests that
 # speculate): where the batch-size sweep of benchmarks/speculative.py still gained
@@ -42,17 +53,19 @@ MAX_REST = 64  # steps, after drafts that failed
 # benchmarks/speculative.py: x0.93 to x1.06 at 1 to 4 requests, docs/speculative.md)
 MAX_IDLE_REST = 16
 EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too late)
+PRIOR_WEIGHT = 0.2  # of the newest verification, in the acceptance a new request starts at
 START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS
 START_TOKENS = 4  # (K = 16 starting at 8: x0.82 where K = 8 from 4: x0.94; docs/speculative.md)
 
 
 @dataclass
 class _Track:
-    acceptance: float = 1.0  # optimistic: the first drafts get the full length
+    acceptance: float = 1.0  # a new request's: the drafter's so far (optimistic at first)
     resume: int = 0  # the first step it may speculate at again
     backoff: int = 2  # the next rest's length after failed drafts
     idle_backoff: int = 2  # the next rest's length after no proposal
     limit: int = 1  # the most tokens it may draft now (from the policy's start length)
+    probe: bool = False  # it rested: its next chance drafts whatever its acceptance
 
 
 class SpeculationPolicy:
@@ -62,13 +75,34 @@ class SpeculationPolicy:
         self._step = 0  # calls of choose: the steps
         self.max_batch: int | None = None  # a fixed limit (the benchmark's sweep lifts it)
         self._tracks: dict[str, _Track] = {}
+        self.costs = StepCosts()
+        self.floor = MIN_ACCEPTANCE  # the acceptance drafting must reach now (choose sets it)
+        # a new request's acceptance: every verification's so far (an MTP layer or a draft
+        # model that predicts this target badly does so for the next request too)
+        self.prior = 1.0
 
-    def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
+    def choose(
+        self, running: Sequence[Request], now: float | None = None
+    ) -> list[tuple[Request, int]]:
         """The requests that speculate this step and the most tokens each drafts (called once
-        per step: it counts the steps that rests end at)."""
+        per step: it counts the steps that rests end at). ``now``: the step's start on the
+        engine's clock, which measures what drafting costs (None: not measured)."""
         self._step += 1
+        batch = None if now is None else _decode_batch(running)
+        if now is not None:
+            self.costs.step_started(now, batch)
+        measured = None if batch is None else self.costs.break_even(batch)
+        self.floor = max(MIN_ACCEPTANCE, measured or 0.0)
         if len(running) > self.batch_limit(running):
             return []
+        probing = False  # drafting loses at any acceptance, but is measured again
+        if batch is not None:
+            if self.costs.wants_plain(batch):
+                return []
+            if self.floor >= 1.0:
+                if not self.costs.probe_due():
+                    return []
+                probing = True
         chosen = []
         for request in running:
             if not request.params.speculative or request.params.thinking_token_budget is not None:
@@ -76,11 +110,22 @@ class SpeculationPolicy:
             if request.num_computed_tokens < len(request.prompt_token_ids):
                 continue  # still prefilling: nothing to draft from this step
             track = self._track(request.request_id)
+            if probing:
+                chosen.append((request, track.limit))
+                continue
             if self._step < track.resume:
                 continue
+            if track.acceptance < self.floor and not track.probe:
+                self._rest_failing(track)  # below the break-even measured at this batch size
+                continue
+            track.probe = False
             by_acceptance = math.ceil(self.max_tokens * track.acceptance)
             chosen.append((request, max(1, min(by_acceptance, track.limit))))
         return chosen
+
+    def drafted(self, tokens: int) -> None:
+        """The tokens drafted in this step (what its measured time is put on)."""
+        self.costs.drafted(tokens)
 
     def batch_limit(self, running: Sequence[Request]) -> int:
         """The most running requests at which a step speculates, from their mean acceptance
@@ -101,15 +146,21 @@ class SpeculationPolicy:
             return
         track.idle_backoff = 2
         track.acceptance += EMA_WEIGHT * (accepted / drafted - track.acceptance)
+        self.prior += PRIOR_WEIGHT * (accepted / drafted - self.prior)
         if accepted == drafted:  # every draft held: it may draft twice as many
             track.limit = min(self.max_tokens, 2 * track.limit)
-        if track.acceptance >= MIN_ACCEPTANCE:
-            if track.acceptance >= RECOVERED:
+        if track.acceptance >= self.floor:
+            if track.acceptance >= max(RECOVERED, self.floor):
                 track.backoff = 2
             return
+        self._rest_failing(track)
+
+    def _rest_failing(self, track: _Track) -> None:
+        """Rest a request whose drafts do not pay, each rest twice the last, then probe."""
         self._rest(track, track.backoff)
         track.backoff = min(2 * track.backoff, MAX_REST)
         track.limit = self.start_length
+        track.probe = True
 
     def _rest(self, track: _Track, steps: int) -> None:
         """Rests end on multiples of their (power-of-two) length, so requests resting at once
@@ -118,9 +169,22 @@ class SpeculationPolicy:
 
     def forget(self, request_id: str) -> None:
         self._tracks.pop(request_id, None)
+        self.costs.interrupted()
 
     def _track(self, request_id: str) -> _Track:
-        return self._tracks.setdefault(request_id, _Track(limit=self.start_length))
+        track = self._tracks.get(request_id)
+        if track is None:
+            track = _Track(acceptance=self.prior, limit=self.start_length)
+            self._tracks[request_id] = track
+        return track
+
+
+def _decode_batch(running: Sequence[Request]) -> int | None:
+    """The batch size of a step whose time measures decoding (every running request past its
+    prompt), else None."""
+    if not running or any(r.num_computed_tokens < len(r.prompt_token_ids) for r in running):
+        return None
+    return len(running)
 
 
 def draft_budget(request: Request, k: int) -> int:

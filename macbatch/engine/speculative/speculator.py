@@ -4,7 +4,8 @@ accepted. Packing the chunks and running the step stay the engine's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
@@ -20,15 +21,18 @@ from macbatch.engine.speculative.verify import DraftRow, draft_rows, emitted_row
 
 
 class Speculator:
-    def __init__(self, drafter: Drafter, max_tokens: int) -> None:
+    def __init__(
+        self, drafter: Drafter, max_tokens: int, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.drafter = drafter
+        self._clock = clock  # measures the steps: what a drafted token costs (step_costs.py)
         self.policy = SpeculationPolicy(max_tokens)
         self.counts = SpeculationCounts()
         self._rows: dict[str, list[DraftRow]] = {}
 
     def choose(self, running: Sequence[Request]) -> list[tuple[Request, int]]:
         """Who may speculate this step (decided before the step in flight is read)."""
-        return self.policy.choose(running)
+        return self.policy.choose(running, self._clock())
 
     def propose(self, chosen: list[tuple[Request, int]]) -> None:
         """Draft for the chosen requests (their tokens now all on the host): sets each one's
@@ -41,6 +45,7 @@ class Speculator:
             request.drafts, self._rows[request.request_id] = draft_rows(request, drafts)
             if not request.drafts:
                 self.policy.record(request.request_id, 0, 0)
+        self.policy.drafted(sum(len(r.drafts) for r, _ in asking))
 
     def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
         """Hand the drafter a step's hidden states (an MTP drafter reads them); returns what

@@ -164,7 +164,7 @@ def test_seeded_samples_are_the_same_with_and_without_mtp(arch, tiny_tokenizer):
         assert spec.accepted > 0
 
 
-def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer):
+def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer, eager_speculation):
     """400 seeded requests at temperature 1 whose second token is verified against an MTP
     draft: given the first token, the second follows the target's distribution (mlx-lm's
     forward; chi-square at significance 0.001)."""

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 from macbatch.engine.speculative.policy import (
     BATCH_LIMITS,
     MAX_IDLE_REST,
+    MIN_ACCEPTANCE,
     START_SHARE,
     SpeculationPolicy,
 )
+from macbatch.engine.speculative.step_costs import EXPLORE_EVERY
 
 
 def _running(n: int) -> list:
@@ -112,3 +115,76 @@ def test_nothing_to_propose_rests_briefly_and_leaves_the_acceptance_alone() -> N
     assert max(b - a for a, b in zip(tried, tried[1:])) == MAX_IDLE_REST
     assert len(tried) >= 200 // MAX_IDLE_REST
     assert policy.batch_limit(_running(12)[:1] + [request]) == BATCH_LIMITS[0][1]
+
+
+def _timed_steps(
+    policy: SpeculationPolicy, requests: list, steps: int, seconds_per_draft: float
+) -> list[int]:
+    """The steps at which anyone drafted, on a clock where a plain step takes 0.1 s and each
+    drafted token adds ``seconds_per_draft``; three drafts in four are accepted."""
+    now, drafting = 0.0, []
+    for step in range(steps):
+        chosen = policy.choose(requests, now)
+        drafted = sum(k for _, k in chosen)
+        policy.drafted(drafted)
+        for request, k in chosen:
+            policy.record(request.request_id, k, 3 * k // 4)
+        if chosen:
+            drafting.append(step)
+        now += 0.1 + seconds_per_draft * drafted
+    return drafting
+
+
+def test_drafts_costlier_than_what_they_buy_switch_drafting_off() -> None:
+    """At two requests a plain step's token is worth 0.05 s: a drafted token costing 0.05 s
+    pays only at 100% acceptance, so requests accepting 75% stop drafting (a probe once a
+    rest, the rests doubling), where MIN_ACCEPTANCE alone kept them drafting every step."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 500, 0.05) if s >= 300]
+    assert len(late) <= 8, late
+    assert 0.9 < policy.floor < 1.1  # the measured break-even: 0.05 s against 0.05 s a token
+
+
+def test_cheap_drafts_keep_drafting_at_the_same_acceptance() -> None:
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 500, 0.005) if s >= 300]
+    assert len(late) >= 190, len(late)
+    assert policy.floor == MIN_ACCEPTANCE  # measured 0.1: the floor is the higher
+
+
+def test_drafting_resumes_once_drafts_get_cheap_again() -> None:
+    """The probes keep measuring: when drafts cost little again (the machine's other load
+    went away), the requests' probes pass and their rests shorten back to drafting."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    _timed_steps(policy, requests, 400, 0.05)
+    late = [s for s in _timed_steps(policy, requests, 3000, 0.0) if s >= 2800]
+    assert len(late) >= 150, len(late)
+
+
+def test_where_no_acceptance_pays_only_a_probe_step_drafts_now_and_then() -> None:
+    """A drafted token costing four tokens' worth (0.2 s against 0.05 s) loses even when every
+    draft holds: nobody drafts but in one probe step every EXPLORE_EVERY, which measures the
+    cost again."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    late = [s for s in _timed_steps(policy, requests, 600, 0.2) if s >= 200]
+    assert policy.floor > 3
+    assert [b - a for a, b in zip(late, late[1:])] == [EXPLORE_EVERY] * (len(late) - 1)
+    assert len(late) >= 5
+
+
+def test_a_new_request_starts_at_the_drafter_s_acceptance_so_far() -> None:
+    """After requests whose drafts all failed (an MTP layer that predicts this target badly),
+    the next request does not spend its first verifications finding that out: it rests first,
+    then probes with one draft."""
+    policy = SpeculationPolicy(8)
+    _speculating_steps(policy, [_decoding("a"), _decoding("b")], 40)
+    newcomer = _decoding("c")
+    assert policy.choose([newcomer]) == []  # resting from the start
+    probe = next(c for c in (policy.choose([newcomer]) for _ in range(8)) if c)
+    assert probe == [(newcomer, 1)]
+    fresh = SpeculationPolicy(8)  # with nothing verified yet, a request drafts at once
+    assert fresh.choose([_decoding("d")]) == [(ANY, int(8 * START_SHARE))]

@@ -98,7 +98,9 @@ def _engine(model, tokenizer, speculative="off", draft=None, **config) -> Engine
 
 
 @pytest.mark.parametrize("name", sorted(FILTERS))
-def test_engine_tokens_after_a_verified_draft_follow_the_target(model, tiny_tokenizer, name):
+def test_engine_tokens_after_a_verified_draft_follow_the_target(
+    model, tiny_tokenizer, eager_speculation, name
+):
     """600 seeded requests whose second token is verified against the target's own greedy
     draft: given the first token, the second follows the target's distribution (mlx-lm's
     forward, filtered in numpy)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +73,9 @@ class Reads:
         self._waiting: dict[str, _Waiting] = {}  # oldest first
         self._wanted: Counter[Key] = Counter()  # how many waiting requests want each part
         self._failed: set[Key] = set()  # parts whose read failed (their files are gone)
+        # set when a read finishes: ``wait`` sleeps on it (waiting on every pending future
+        # costs a lock per future per wake, quadratic in a long prompt's blocks)
+        self._finished_one = threading.Event()
         self.bytes_held = 0  # of the reads started and not dropped yet
         self.bytes_read = 0
         self.blocks_read = 0
@@ -119,7 +122,9 @@ class Reads:
                     if i and self.bytes_held + size > self.max_read_bytes:
                         return
                     self.bytes_held += size
-                    self._reads[key] = self._reader.submit(self._read, key)
+                    future = self._reader.submit(self._read, key)
+                    future.add_done_callback(self._signal)
+                    self._reads[key] = future
                 waiting.started += 1
 
     def _read(self, key: Key) -> memoryview | None:
@@ -158,11 +163,14 @@ class Reads:
         future = self._reads.get(key)
         return future is not None and future.done()
 
+    def _signal(self, _: Future[memoryview | None]) -> None:
+        self._finished_one.set()
+
     def wait(self, timeout: float) -> None:
-        """Block until a read finishes (the engine has nothing else to do)."""
-        pending = [f for f in self._reads.values() if not f.done()]
-        if pending:
-            wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
+        """Block until a read finishes, or ``timeout`` (the engine has nothing else to do);
+        at once if one finished since the last call."""
+        if self._finished_one.wait(timeout):
+            self._finished_one.clear()
 
     def _payload(self, key: Key) -> memoryview | None:
         future = self._reads.get(key)

@@ -33,6 +33,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,8 @@ MAGIC = b"MBKV"
 _HEADER = struct.Struct("<4sHH16sQI28x")  # magic, version, reserved, key, length, CRC-32
 HEADER_BYTES = _HEADER.size
 SUFFIX = ".kvb"
+# buffers per ``readv`` (POSIX guarantees at least 16; Linux and macOS take 1,024)
+_IOV_MAX = 512
 # a temporary file this old is a crashed writer's, whichever process it was
 _STALE_TEMP_S = 3600.0
 
@@ -68,18 +71,34 @@ def encode(key: bytes, payload: bytes | memoryview) -> bytes:
     return header + bytes(payload)
 
 
-def decode(key: bytes, data: memoryview) -> memoryview | None:
-    """The payload of a block file's bytes (a view of them), or None when anything is wrong
-    with them."""
-    if len(data) < HEADER_BYTES:
-        return None
-    magic, version, _, stored, length, check = _HEADER.unpack_from(data)
+def _checked(key: bytes, header: bytes | bytearray, parts: Sequence[memoryview]) -> bool:
+    """Whether a block file's header and payload (read into ``parts``, in order) are whole."""
+    magic, version, _, stored, length, check = _HEADER.unpack_from(header)
     if magic != MAGIC or version != FORMAT_VERSION or stored != key:
-        return None
-    payload = data[HEADER_BYTES:]
-    if len(payload) != length or zlib.crc32(payload) != check:
-        return None
-    return payload
+        return False
+    if length != sum(part.nbytes for part in parts):
+        return False
+    crc = 0
+    for part in parts:  # the CRC of the whole payload, part after part
+        crc = zlib.crc32(part, crc)
+    return crc == check
+
+
+def _read_all(fd: int, buffers: list[memoryview]) -> int:
+    """Fill ``buffers`` from ``fd`` (``readv``, again after a short read, a bounded number of
+    buffers at a time); the bytes read (fewer: the file ended)."""
+    total = 0
+    while buffers:
+        count = os.readv(fd, buffers[:_IOV_MAX])
+        total += count
+        if count == 0:
+            break
+        while buffers and count >= buffers[0].nbytes:
+            count -= buffers[0].nbytes
+            buffers = buffers[1:]
+        if buffers and count:
+            buffers = [buffers[0][count:], *buffers[1:]]
+    return total
 
 
 @dataclass
@@ -197,41 +216,55 @@ class BlockFiles:
         return victims
 
     def read(self, digest: bytes) -> memoryview | None:
-        """A block's payload, checked (None: not on disk, or deleted by another process, or
-        corrupt: then logged once and deleted). Read into one buffer with no copy after it.
-        Marks the file most recently used, here and on disk (its modification time orders the
-        LRU after a restart)."""
+        """A block's payload, checked (``read_into`` one buffer of the file's size)."""
+        with self._lock:
+            path = self._mine.get(digest)
+        try:
+            size = 0 if path is None else path.stat().st_size - HEADER_BYTES
+        except OSError:
+            size = 0
+        data = np.empty(max(size, 0), dtype=np.uint8)  # not zeroed: the read fills it
+        return memoryview(data.data) if self.read_into(digest, [memoryview(data.data)]) else None
+
+    def read_into(self, digest: bytes, parts: Sequence[memoryview]) -> bool:
+        """Read a block's payload straight into ``parts`` (its arrays' bytes, in order, each
+        filled exactly: one ``readv``, no copy), and check it. False: not on disk, or deleted
+        by another process, or torn or corrupt (then logged once and deleted; ``parts`` hold
+        garbage). Marks the file most recently used, here and on disk (its modification time
+        orders the LRU after a restart)."""
         with self._lock:
             path = self._mine.get(digest)
         if path is None:
-            return None
+            return False
+        header = bytearray(HEADER_BYTES)
+        expected = HEADER_BYTES + sum(part.nbytes for part in parts)
         try:
             with open(path, "rb", buffering=0) as f:
-                data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)  # not zeroed
-                view = memoryview(data.data)[: f.readinto(data.data)]
+                size = os.fstat(f.fileno()).st_size
+                buffers = [memoryview(header), *parts]
+                got = _read_all(f.fileno(), buffers) if size == expected else -1
         except OSError:
             with self._lock:
                 self._forget(path)
-            return None
-        payload = decode(digest, view)
-        if payload is None:
+            return False
+        if got != expected or not _checked(digest, header, parts):
             log.warning(
                 "disk KV cache: %s is torn or corrupt (%d bytes); deleted, its tokens are "
                 "computed instead",
                 path,
-                len(data),
+                size,
             )
             with self._lock:
                 self._forget(path)
                 self.corrupt += 1
             _remove(path)
-            return None
+            return False
         with self._lock:
             if path in self._lru:
                 self._lru.move_to_end(path)
         with contextlib.suppress(OSError):
             os.utime(path)
-        return payload
+        return True
 
 
 def _subdirs(path: Path) -> list[Path]:

@@ -5,8 +5,10 @@ under a byte cap by evicting the least recently used.
 A file is a 64-byte header and one cache group's part of a block (``kv/disk/parts.py``): magic
 ``MBKV``, the format version, the file's 16-byte key (the block's chain digest for the full
 group's pages, a hash of the group's tag and the digest for another part: ``file_key``), the
-payload's length and its CRC-32 (zlib's: five times blake2b's speed on a 2-core machine, and
-it catches every torn tail, truncation and burst of flipped bits a disk makes). It is written
+payload's length and its XXH3-64 (``xxhash``: 7 to 12 GB/s on one core of a 2-core machine,
+five to eight times zlib's CRC-32 and faster than copying the bytes, so checking a file read
+from the page cache costs less than reading it; a torn tail, a truncation or flipped bits pass
+it with odds of 2^-64). It is written
 under a temporary name unique to the writing process and renamed into place (``os.replace``:
 atomic), so a reader, another process included, sees a whole file or none; a torn, truncated or
 corrupt one (a crash mid-write on a file system that reorders, a bad sector, an edit) fails its
@@ -31,19 +33,19 @@ import os
 import struct
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 log = logging.getLogger("macbatch.disk_cache")
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: XXH3-64 instead of CRC-32
 MAGIC = b"MBKV"
-_HEADER = struct.Struct("<4sHH16sQI28x")  # magic, version, reserved, key, length, CRC-32
+_HEADER = struct.Struct("<4sHH16sQQ24x")  # magic, version, reserved, key, length, XXH3-64
 HEADER_BYTES = _HEADER.size
 SUFFIX = ".kvb"
 # buffers per ``readv`` (POSIX guarantees at least 16; Linux and macOS take 1,024)
@@ -67,7 +69,8 @@ def file_key(tag: str, digest: bytes) -> bytes:
 
 
 def encode(key: bytes, payload: bytes | memoryview) -> bytes:
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, key, len(payload), zlib.crc32(payload))
+    check = xxhash.xxh3_64_intdigest(payload)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, key, len(payload), check)
     return header + bytes(payload)
 
 
@@ -78,10 +81,10 @@ def _checked(key: bytes, header: bytes | bytearray, parts: Sequence[memoryview])
         return False
     if length != sum(part.nbytes for part in parts):
         return False
-    crc = 0
-    for part in parts:  # the CRC of the whole payload, part after part
-        crc = zlib.crc32(part, crc)
-    return crc == check
+    digest = xxhash.xxh3_64()
+    for part in parts:  # the hash of the whole payload, part after part
+        digest.update(part)
+    return digest.intdigest() == check
 
 
 def _read_all(fd: int, buffers: list[memoryview]) -> int:

@@ -8,12 +8,13 @@ group's pages, a hash of the group's tag and the digest for another part: ``file
 payload's length and its XXH3-64 (``xxhash``: 7 to 12 GB/s on one core of a 2-core machine,
 five to eight times zlib's CRC-32 and faster than copying the bytes, so checking a file read
 from the page cache costs less than reading it; a torn tail, a truncation or flipped bits pass
-it with odds of 2^-64). It is written
-under a temporary name unique to the writing process and renamed into place (``os.replace``:
-atomic), so a reader, another process included, sees a whole file or none; a torn, truncated or
-corrupt one (a crash mid-write on a file system that reorders, a bad sector, an edit) fails its
-checksum, is logged once and deleted, and the block is computed instead. Nothing of another
-format version is read: the version is in the header and in the namespace's name.
+it with odds of 2^-64). It is written under a temporary name unique to the writing process and
+renamed into place (``os.replace``: atomic), so a reader, another process included, sees a
+whole file or none; it is read by one ``readv`` straight into its arrays' rows (``read_into``)
+and checked there. A torn, truncated or corrupt one (a crash mid-write on a file system that
+reorders, a bad sector, an edit) fails its checksum, is logged once and deleted, and the block
+is computed instead. Nothing of another format version is read: the version is in the header
+and in the namespace's name.
 
 No lock is needed for two processes on one directory (``serve`` and ``run`` at once): each writes
 only its own temporary files and renames are atomic; a file another process evicted is a miss.

@@ -7,7 +7,9 @@ part can resume from memory or disk (``reach``: a prefix of n blocks needs each 
 stay under ``max_read_bytes`` (the oldest waiting request's reads always start, so none waits
 forever); ``ready`` says when they are in, and plans again past a read that failed; ``restore``
 puts them into each group's memory, named in the prefix cache, from where the KV manager takes
-the prefix as from RAM. Runs on the engine thread; only ``_read`` runs on the readers.
+the prefix as from RAM. A request's reads go straight into arrays of its own (``_Waiting``), so
+restoring hands them over with no copy. Runs on the engine thread; only ``_read`` runs on the
+readers.
 """
 
 from __future__ import annotations

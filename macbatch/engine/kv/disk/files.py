@@ -75,7 +75,18 @@ def encode(key: bytes, payload: bytes | memoryview) -> bytes:
     return header + bytes(payload)
 
 
-def _checked(key: bytes, header: bytes | bytearray, parts: Sequence[memoryview]) -> bool:
+def decode(key: bytes, data: bytes | memoryview) -> memoryview | None:
+    """The payload of a block file's bytes (a view of them), or None when anything is wrong
+    with them (``encode``'s inverse)."""
+    view = memoryview(data)
+    payload = view[HEADER_BYTES:]
+    whole = len(view) >= HEADER_BYTES and _checked(key, view[:HEADER_BYTES], [payload])
+    return payload if whole else None
+
+
+def _checked(
+    key: bytes, header: bytes | bytearray | memoryview, parts: Sequence[memoryview]
+) -> bool:
     """Whether a block file's header and payload (read into ``parts``, in order) are whole."""
     magic, version, _, stored, length, check = _HEADER.unpack_from(header)
     if magic != MAGIC or version != FORMAT_VERSION or stored != key:

@@ -3,7 +3,8 @@
 reply and ``--turn-tokens`` new tokens), with a RAM pool that holds ``--ram-sessions`` of them.
 RAM alone has lost a session's blocks by its next turn (the ones after it evicted them, least
 recently used first), so it prefills its whole prompt again; the disk tier reads them back. The
-median time to first token of the second turns, with the disk tier and without, in one process.
+median time to first token of the second turns, with the disk tier and without, in one process:
+the two engines take the sessions' second turns in turn, so both see the same load.
 
 Without the tier, the first round runs only its last ``--ram-sessions`` sessions: a pool that
 holds that many holds exactly those at the end of a whole round, so the second round starts
@@ -27,6 +28,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 REPLY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 BLOCK = 16
+TIER, RAM = "with the disk tier", "RAM alone"
 
 
 def first_turns(engine: Engine, firsts: list[list[int]], start: int) -> list[list[int]]:
@@ -34,15 +36,10 @@ def first_turns(engine: Engine, firsts: list[list[int]], start: int) -> list[lis
     return [engine.generate([prompt], REPLY)[0].token_ids for prompt in firsts[start:]]
 
 
-def second_turns(
-    engine: Engine, firsts: list[list[int]], replies: list[list[int]], turns: list[list[int]]
-) -> list[float]:
-    """Every session sends its second turn, in order; their times to first token."""
-    ttfts = []
-    for prompt, reply, turn in zip(firsts, replies, turns, strict=True):
-        out = engine.generate([prompt + reply + turn], REPLY)[0]
-        ttfts.append(out.metrics.time_to_first_token_s or 0.0)
-    return ttfts
+def second_turn(engine: Engine, prompt: list[int], reply: list[int], turn: list[int]) -> float:
+    """A session sends its second turn; its time to first token."""
+    out = engine.generate([prompt + reply + turn], REPLY)[0]
+    return out.metrics.time_to_first_token_s or 0.0
 
 
 def main() -> None:
@@ -65,35 +62,38 @@ def main() -> None:
         f"{args.session_tokens:,} tokens, a pool of {num_blocks:,} blocks ({args.ram_sessions} "
         f"sessions)"
     )
-    results = {}
-    replies: list[list[int]] = []
+    ttfts: dict[str, list[float]] = {TIER: [], RAM: []}
     with tempfile.TemporaryDirectory() as cache:
-        for name, directory in (("with the disk tier", cache), ("RAM alone", None)):
-            engine = Engine(
+        engines = {
+            name: Engine(
                 model, tokenizer, EngineConfig(num_blocks=num_blocks, disk_cache_dir=directory)
             )
-            if directory is not None and engine.kv.disk is None:
-                print(f"--shape {args.shape}: not supported yet (the disk tier keeps none of "
-                      "this model's caches)")  # fmt: skip
-                return
-            if directory is not None:
-                replies = first_turns(engine, firsts, 0)
-            else:  # greedy: the last sessions' replies are the same as the tier's run's
-                start = args.sessions - args.ram_sessions
-                assert first_turns(engine, firsts, start) == replies[start:]
-            ttfts = second_turns(engine, firsts, replies, turns)
-            results[name] = statistics.median(ttfts)
+            for name, directory in ((TIER, cache), (RAM, None))
+        }
+        if engines[TIER].kv.disk is None:
+            print(f"--shape {args.shape}: not supported yet (the disk tier keeps none of this "
+                  "model's caches)")  # fmt: skip
+            return
+        replies = first_turns(engines[TIER], firsts, 0)
+        start = args.sessions - args.ram_sessions  # greedy: the same replies
+        assert first_turns(engines[RAM], firsts, start) == replies[start:]
+        for session in zip(firsts, replies, turns, strict=True):  # in turn: the same load
+            for name, engine in engines.items():
+                ttfts[name].append(second_turn(engine, *session))
+        results = {}
+        for name, engine in engines.items():
+            results[name] = statistics.median(ttfts[name])
             stats = engine.stats()
             read = (
                 f", {stats.disk.bytes_read / 2**20:,.0f} MiB read from disk" if stats.disk else ""
             )
             print(
                 f"{name}: second turns' median time to first token {results[name]:.2f} s "
-                f"(min {min(ttfts):.2f}, max {max(ttfts):.2f}); prefix cache hit rate "
-                f"{stats.prefix_cache_hit_rate:.0%}{read}"
+                f"(min {min(ttfts[name]):.2f}, max {max(ttfts[name]):.2f}); prefix cache hit "
+                f"rate {stats.prefix_cache_hit_rate:.0%}{read}"
             )
             engine.close()
-    ratio = results["RAM alone"] / results["with the disk tier"]
+    ratio = results[RAM] / results[TIER]
     print(f"the disk tier: {ratio:.1f}x lower median time to first token (target 5x)")
 
 

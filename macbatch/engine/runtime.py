@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -248,8 +249,13 @@ class EngineThread(PromptEncoder):
         return future
 
     def stats(self) -> EngineStats | None:
-        """The snapshot taken after the last step (plain data, safe from any thread)."""
-        return self._stats
+        """The snapshot taken after the last step (plain data, safe from any thread), with the
+        disk tier's counts as they are now: its writer and readers work between steps, and
+        the last blocks of a reply are written after the engine's last step, while it idles."""
+        stats, engine = self._stats, self._engine
+        if stats is None or engine is None or engine.kv.disk is None:
+            return stats
+        return dataclasses.replace(stats, disk=engine.kv.disk.counts())
 
     def _live_engine(self) -> Engine:
         if not self.alive:

@@ -226,8 +226,8 @@ class ServerMetrics:
 
 
 def _disk_samples(stats: EngineStats) -> list[tuple[str, str, str, int]]:
-    """The disk tier's own numbers (name, type, help, value), as of the engine's last step;
-    none when the tier is off."""
+    """The disk tier's own numbers (name, type, help, value), as they are now (its writer
+    works on while the engine idles: ``EngineThread.stats``); none when the tier is off."""
     disk = stats.disk
     if disk is None:
         return []

@@ -229,12 +229,17 @@ class KVStore:
 
     def scatter_blocks(self, blocks: Sequence[int], slabs: Sequence[np.ndarray]) -> None:
         """Write ``blocks``' pages from bytes (``slabs[i]``: ``[len(blocks), slab]`` uint8 for
-        page array i, as ``gather_blocks`` made them): one scatter per array, evaluated with the
-        next step."""
+        page array i, as ``gather_blocks`` made them), evaluated with the next step: one slice
+        update per run of consecutive block ids and array (a block is one run of rows). Not a
+        scatter: MLX's CPU scatter moves one element at a time, five times slower than a slice
+        update, and both update the pool in place (donated)."""
+        runs = _runs(blocks)
         for (group, index, shape), data in zip(self._groups(), slabs, strict=True):
             array = group[index]
+            per = shape.num_kv_heads * self.block_size
             rows = mx.array(data).view(array.dtype).reshape(-1, *array.shape[1:])
-            group[index][self._block_rows(shape, blocks)] = rows
+            for at, first, count in runs:
+                array[first * per : (first + count) * per] = rows[at * per : (at + count) * per]
 
 
 @dataclass
@@ -253,6 +258,19 @@ class KVStores:
 
     def arrays(self) -> list[mx.array]:
         return self.full.arrays() + (self.window.arrays() if self.window is not None else [])
+
+
+def _runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``blocks`` as runs of consecutive ids: (index of its first in ``blocks``, first id,
+    length)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, block in enumerate(blocks):
+        if runs and runs[-1][1] + runs[-1][2] == block:
+            at, first, count = runs[-1]
+            runs[-1] = (at, first, count + 1)
+        else:
+            runs.append((i, block, 1))
+    return runs
 
 
 def _resized(

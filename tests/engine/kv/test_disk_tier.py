@@ -192,8 +192,8 @@ def test_a_full_disk_stops_writing_with_one_warning(model, tiny_tokenizer, tmp_p
 def _gate_reads(disk: DiskTier) -> threading.Event:
     """The tier's file reads wait until the event returned is set."""
     gate = threading.Event()
-    read = disk.files.read
-    disk.files.read = lambda digest: (gate.wait(10), read(digest))[1]  # type: ignore[method-assign]
+    read = disk.files.read_into
+    disk.files.read_into = lambda digest, parts: (gate.wait(10), read(digest, parts))[1]  # type: ignore[method-assign]
     return gate
 
 
@@ -277,3 +277,47 @@ def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
         assert finals[rid].token_ids == mlx_lm_greedy(model, prompt, 12)
     assert disk.counts().bytes_read_ahead == 0
     engine.close()
+
+
+@pytest.mark.parametrize("shorter_stays", [True, False], ids=["both-run", "shorter-aborted"])
+def test_a_longer_prompt_shares_a_waiting_prompts_reads(
+    model, tiny_tokenizer, tmp_path, shorter_stays
+):
+    """Two waiting requests on one prefix read its blocks once, into the arrays of the one
+    that started them: the longer prompt restores the rest of its own reads past what the
+    shorter put in memory, or, the shorter aborted, rows of both requests' arrays; its greedy
+    tokens equal mlx-lm's either way."""
+    longer = _tokens(90, 30)  # 11 blocks on disk
+    shorter = longer[:48] + _tokens(5, 31)  # its 6 blocks are the longer's first 6
+    _warm(model, tiny_tokenizer, tmp_path, longer)
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    disk = engine.kv.disk
+    assert disk is not None
+    gate = _gate_reads(disk)
+    engine.add_request(shorter, GREEDY, request_id="shorter")
+    engine.add_request(longer, GREEDY, request_id="longer")
+    if not shorter_stays:
+        engine.abort("shorter")
+    gate.set()
+    finals = _finals(engine)
+    assert finals["longer"].token_ids == mlx_lm_greedy(model, longer, 12)
+    assert finals["longer"].metrics.disk_cached_tokens == (40 if shorter_stays else 88)
+    if shorter_stays:
+        assert finals["shorter"].token_ids == mlx_lm_greedy(model, shorter, 12)
+        assert finals["shorter"].metrics.disk_cached_tokens == 48
+    assert disk.counts().blocks_read == 11  # each block once
+    _assert_pages_are_the_files(engine, _chain(engine, longer)[:11])
+    engine.close()
+
+
+def _assert_pages_are_the_files(engine: Engine, chain: list[bytes]) -> None:
+    """The pages of ``chain``'s blocks in memory are the bytes of their files (greedy tokens
+    of a tiny random model can survive a block of zeros)."""
+    disk = engine.kv.disk
+    assert disk is not None
+    pages = disk.parts[""]
+    for digest in chain:
+        block = pages.lookup(digest)
+        assert block is not None
+        held = b"".join(np.array(a).tobytes() for a in pages.gather([block]))
+        assert held == bytes(disk.files.read(digest) or b"")

@@ -62,7 +62,8 @@ class BlockPart:
         count = len(digests)
         if not self.elastic.make_room(count):
             count = pool.num_free
-        blocks = [pool.allocate() for _ in range(count)]
+        # in order, so the blocks that are free side by side are written as one run
+        blocks = sorted(pool.allocate() for _ in range(count))
         if blocks:
             self.pages.scatter_blocks(blocks, [s[:count] for s in slabs])
         for block, digest in zip(blocks, digests):

@@ -7,7 +7,9 @@ part can resume from memory or disk (``reach``: a prefix of n blocks needs each 
 stay under ``max_read_bytes`` (the oldest waiting request's reads always start, so none waits
 forever); ``ready`` says when they are in, and plans again past a read that failed; ``restore``
 puts them into each group's memory, named in the prefix cache, from where the KV manager takes
-the prefix as from RAM. Runs on the engine thread; only ``_read`` runs on the readers.
+the prefix as from RAM. A request's reads go straight into arrays of its own (``_Waiting``), so
+restoring hands them over with no copy. Runs on the engine thread; only ``_read`` runs on the
+readers.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,13 +35,32 @@ Key = tuple[str, bytes]
 class _Waiting:
     """A waiting request's reads: its chain, the parts it waits for, and how many of them
     (from the first) started and are in: cursors, so a job's hundred rows waiting on one
-    prompt cost one look each per step."""
+    prompt cost one look each per step. ``slabs[tag]``: where its reads of a part go,
+    ``[parts wanted, slab]`` uint8 per array (made when its first read starts), the i-th of
+    that tag's ``wants`` in row i, so ``restore`` hands them over with no copy."""
 
     chain: Sequence[bytes]
     wants: list[Key]
     started: int = 0
     done: int = 0
     checked: bool = False  # all in and whole
+    slabs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    rows: list[int] = field(default_factory=list)  # each want's row in its tag's slabs
+    counts: Counter[str] = field(default_factory=Counter)  # wants per tag
+
+    def __post_init__(self) -> None:
+        for tag, _ in self.wants:
+            self.rows.append(self.counts[tag])
+            self.counts[tag] += 1
+
+
+@dataclass
+class _Read:
+    """A part's read, into row ``row`` of ``slabs`` (the request's that started it)."""
+
+    future: Future[bool]
+    slabs: list[np.ndarray]
+    row: int
 
 
 def reach(parts: dict[str, DiskPart], found: dict[str, list[bool]]) -> int:
@@ -69,10 +90,13 @@ class Reads:
         # reads overlap (the checksum releases the GIL): an SSD serves several at once
         self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
         self._lock = threading.Lock()  # the counts, changed by the readers
-        self._reads: dict[Key, Future[memoryview | None]] = {}
+        self._reads: dict[Key, _Read] = {}
         self._waiting: dict[str, _Waiting] = {}  # oldest first
         self._wanted: Counter[Key] = Counter()  # how many waiting requests want each part
         self._failed: set[Key] = set()  # parts whose read failed (their files are gone)
+        # set when a read finishes: ``wait`` sleeps on it (waiting on every pending future
+        # costs a lock per future per wake, quadratic in a long prompt's blocks)
+        self._finished_one = threading.Event()
         self.bytes_held = 0  # of the reads started and not dropped yet
         self.bytes_read = 0
         self.blocks_read = 0
@@ -113,24 +137,34 @@ class Reads:
         """Start the waiting requests' reads, oldest first, while the bytes read ahead stay
         under ``max_read_bytes`` (the oldest request's always start)."""
         for i, waiting in enumerate(self._waiting.values()):
-            for key in waiting.wants[waiting.started :]:
+            for key, row in zip(waiting.wants[waiting.started :], waiting.rows[waiting.started :]):
                 if key not in self._reads:
                     size = self._bytes[key[0]]
                     if i and self.bytes_held + size > self.max_read_bytes:
                         return
                     self.bytes_held += size
-                    self._reads[key] = self._reader.submit(self._read, key)
+                    slabs = self._slabs_for(waiting, key[0])
+                    future = self._reader.submit(self._read, key, [s[row] for s in slabs])
+                    future.add_done_callback(self._signal)
+                    self._reads[key] = _Read(future, slabs, row)
                 waiting.started += 1
 
-    def _read(self, key: Key) -> memoryview | None:
-        payload = self.files.read(file_key(*key))
-        if payload is not None and len(payload) != self._bytes[key[0]]:
-            payload = None  # cannot happen within a namespace; never scatter a wrong size
-        if payload is not None:
+    def _slabs_for(self, waiting: _Waiting, tag: str) -> list[np.ndarray]:
+        """Where ``waiting``'s reads of the part ``tag`` go (not zeroed: a row is used only
+        once it is read into)."""
+        if tag not in waiting.slabs:
+            rows = waiting.counts[tag]
+            waiting.slabs[tag] = [np.empty((rows, n), np.uint8) for n in self._slabs[tag]]
+        return waiting.slabs[tag]
+
+    def _read(self, key: Key, rows: list[np.ndarray]) -> bool:
+        """Read the part into ``rows`` (one per array) and check it (on a reader thread)."""
+        whole = self.files.read_into(file_key(*key), [row.data for row in rows])
+        if whole:
             with self._lock:
-                self.bytes_read += len(payload)
+                self.bytes_read += self._bytes[key[0]]
                 self.blocks_read += 1
-        return payload
+        return whole
 
     def ready(self, request_id: str) -> bool:
         """Whether the request's reads are all in. When one failed (a corrupt file, or one
@@ -144,7 +178,7 @@ class Reads:
             waiting.done += 1
         if waiting.done < len(wants):
             return False
-        failed = [k for k in wants if self._payload(k) is None]
+        failed = [k for k in wants if not self._read_whole(k)]
         if not failed:
             waiting.checked = True
             return True
@@ -155,20 +189,24 @@ class Reads:
         return self.ready(request_id)
 
     def _finished(self, key: Key) -> bool:
-        future = self._reads.get(key)
-        return future is not None and future.done()
+        read = self._reads.get(key)
+        return read is not None and read.future.done()
+
+    def _signal(self, _: Future[bool]) -> None:
+        self._finished_one.set()
 
     def wait(self, timeout: float) -> None:
-        """Block until a read finishes (the engine has nothing else to do)."""
-        pending = [f for f in self._reads.values() if not f.done()]
-        if pending:
-            wait(pending, timeout=timeout, return_when="FIRST_COMPLETED")
+        """Block until a read finishes, or ``timeout`` (the engine has nothing else to do);
+        at once if one finished since the last call."""
+        if self._finished_one.wait(timeout):
+            self._finished_one.clear()
 
-    def _payload(self, key: Key) -> memoryview | None:
-        future = self._reads.get(key)
-        if future is None or not future.done() or future.cancelled():
-            return None
-        return future.result()
+    def _read_whole(self, key: Key) -> bool:
+        """Whether the part was read, and whole."""
+        read = self._reads.get(key)
+        if read is None or not read.future.done() or read.future.cancelled():
+            return False
+        return read.future.result()
 
     def restore(self, request_id: str, chain: Sequence[bytes]) -> None:
         """Put the request's parts read from disk into their groups' memory, named in the
@@ -178,7 +216,7 @@ class Reads:
             return
         held = self._held(chain)
         found = {
-            tag: [h or self._payload((tag, d)) is not None for h, d in zip(held[tag], chain)]
+            tag: [h or self._read_whole((tag, d)) for h, d in zip(held[tag], chain)]
             for tag in self.parts
         }
         count = reach(self.parts, found)
@@ -190,18 +228,15 @@ class Reads:
 
     def _slabs_of(self, tag: str, digests: Sequence[bytes]) -> list[np.ndarray]:
         """The parts read for ``digests``, ``[len(digests), slab]`` uint8 per array, each
-        contiguous (MLX copies a strided array element by element: 40 times slower)."""
-        sizes = self._slabs[tag]
-        slabs = [np.empty((len(digests), size), dtype=np.uint8) for size in sizes]
-        for i, digest in enumerate(digests):
-            payload = self._payload((tag, digest))
-            assert payload is not None, "a part not read is never restored"
-            data = np.frombuffer(payload, dtype=np.uint8)
-            start = 0
-            for slab, size in zip(slabs, sizes):
-                slab[i] = data[start : start + size]
-                start += size
-        return slabs
+        contiguous (MLX copies a strided array element by element: 40 times slower): the rows
+        they were read into, as they are when those are consecutive rows of one request's
+        arrays (a prefix read for its request, or the rest of it past what another request
+        put in memory), else copied together."""
+        reads = [self._reads[(tag, digest)] for digest in digests]
+        first, start = reads[0].slabs, reads[0].row
+        if all(read.slabs is first and read.row == start + i for i, read in enumerate(reads)):
+            return [slab[start : start + len(reads)] for slab in first]
+        return [np.stack([read.slabs[a][read.row] for read in reads]) for a in range(len(first))]
 
     def forget(self, request_id: str) -> None:
         """The request no longer waits for its reads (admitted, or gone); reads nobody else
@@ -224,9 +259,9 @@ class Reads:
         for key in keys:
             if self._wanted[key] <= 0:
                 del self._wanted[key]
-                future = self._reads.pop(key, None)
-                if future is not None:
-                    future.cancel()
+                read = self._reads.pop(key, None)
+                if read is not None:
+                    read.future.cancel()
                     self.bytes_held -= self._bytes[key[0]]
         self._start()
 

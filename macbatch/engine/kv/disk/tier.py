@@ -203,6 +203,7 @@ class DiskTier:
     # -- the rest ----------------------------------------------------------------------------
 
     def counts(self) -> DiskCounts:
+        """The counts now (safe from any thread: the server reads them while the engine idles)."""
         files = self.files
         with self._lock:
             return DiskCounts(

@@ -90,21 +90,22 @@ def test_verification_chunks_run_as_one_batch_per_length(
     if group_rows is not None:
         monkeypatch.setattr(recurrent, "GROUP_BYTES", group_rows * WIDTH * 4)
     monkeypatch.setattr(recurrent, "BATCHED_BELOW", 6)
-    lengths = [4, 1, 4, 3, 4, 4, 1, 3, 6]
+    lengths = [4, 1, 4, 3, 3, 3, 4, 1, 4, 6]
     plans = [
         StateChunk(6, 6, checkpoint=7, checkpoint_at=1),
         StateChunk(0, 0),
         StateChunk(2, 2, checkpoint=3, checkpoint_at=1),
-        StateChunk(10, 10, checkpoint=11, checkpoint_at=1),
-        StateChunk(-1, 4),  # a prompt of the same length: no checkpoint, so its own batch
-        StateChunk(8, 8, checkpoint=9, checkpoint_at=1),  # read from its snapshot's neighbour
-        StateChunk(5, 5),
+        StateChunk(10, 10, checkpoint=11, checkpoint_at=1),  # three in a row: one slice
         StateChunk(12, 12, checkpoint=13, checkpoint_at=1),
+        StateChunk(17, 16, checkpoint=17, checkpoint_at=1),  # resumes from its snapshot
+        StateChunk(-1, 4),  # a prompt of the same length: no checkpoint, so its own batch
+        StateChunk(5, 5),
+        StateChunk(8, 8, checkpoint=9, checkpoint_at=1),
         StateChunk(-1, 14, checkpoint=15, checkpoint_at=2),  # long: alone
     ]
-    store = StateStore([StateShape(((WIDTH,),), (mx.float32,))], rows=16)
+    store = StateStore([StateShape(((WIDTH,),), (mx.float32,))], rows=18)
     rng = np.random.default_rng(1)
-    before = rng.standard_normal((16, WIDTH)).astype(np.float32)
+    before = rng.standard_normal((18, WIDTH)).astype(np.float32)
     store.states[0][0] = mx.array(before)
     x = rng.standard_normal((sum(lengths), WIDTH)).astype(np.float32)
     rows = StateRows.build(np.array(lengths), plans)
@@ -120,9 +121,10 @@ def test_verification_chunks_run_as_one_batch_per_length(
     np.testing.assert_allclose(np.array(out)[:, 0], want, rtol=1e-6)
     store.settle()
     np.testing.assert_allclose(np.array(store.states[0][0]), want_store, rtol=1e-6)
-    assert [len(b.chunks) for b in rows.batches] == [3, 2, 1, 1]  # 4s | 3s | the prompt | 6
+    assert [len(b.chunks) for b in rows.batches] == [3, 3, 1, 1]  # 4s | 3s | the prompt | 6
+    assert rows.batches[1].rows is None  # consecutive rows: sliced, not gathered
     if group_rows is None:  # the singles; each batch's first token, then the rest
-        assert seen == [(2, 1), (3, 1), (3, 3), (2, 1), (2, 2), (1, 4), (1, 2), (1, 4)]
+        assert seen == [(2, 1), (3, 1), (3, 3), (3, 1), (3, 2), (1, 4), (1, 2), (1, 4)]
 
 
 def test_stretches_cover_the_slots_in_order() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from macbatch.engine.speculative.mtp_weights import mtp_name
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -56,9 +59,10 @@ def declared_head_dim(name: str) -> int | None:
 
 
 def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapper]:
-    """``mlx_lm.load`` with errors a user can act on (``lazy``: weights stay unread until used,
-    so a rank that keeps only its shard never holds the whole model)."""
-    import mlx_lm
+    """What ``mlx_lm.load`` does (the model through ``load_checkpoint``), with errors a user can
+    act on (``lazy``: weights stay unread until used, so a rank that keeps only its shard never
+    holds the whole model)."""
+    from mlx_lm.utils import load_tokenizer
 
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.families import unsupported_reason
@@ -72,8 +76,54 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
                 f"model '{name}' (model type '{model_type}') is not supported: {reason}"
             )
     try:
-        loaded = mlx_lm.load(str(target), lazy=lazy)
+        path = _download(target) if isinstance(target, str) else target
+        model, config = load_checkpoint(path, lazy)
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
         raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc
-    return loaded[0], loaded[1]  # (a third item only when asked for the config)
+    return model, tokenizer
+
+
+def _download(repo_id: str) -> Path:
+    """A hub model's folder in the local cache, downloaded first if needed (the files mlx-lm's
+    ``load`` fetches)."""
+    from huggingface_hub import snapshot_download
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    return Path(snapshot_download(repo_id, allow_patterns=DEFAULT_ALLOW_PATTERNS))
+
+
+def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
+    """mlx-lm's ``load_model`` of a local checkpoint (and its config), with its multi-token
+    prediction weights (``mtp.*`` under any prefix) dropped before mlx-lm's strict load: no
+    mlx-lm model holds them (``mtp_weights.py`` reads them itself), and mlx-lm's qwen3_next
+    ``sanitize`` drops them only from checkpoints whose experts are not stacked yet, so every
+    converted one that keeps them was refused."""
+    from mlx_lm.utils import load_model
+
+    return load_model(path, lazy=lazy, get_model_classes=_classes_without_mtp)
+
+
+def _classes_without_mtp(config: dict[str, Any]) -> tuple[type, type]:
+    """mlx-lm's model and arguments classes for ``config``, the model's sanitize preceded by
+    dropping the MTP weights."""
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    return _dropping_mtp(model_class), args_class
+
+
+@functools.cache
+def _dropping_mtp(model_class: type) -> type:
+    """A subclass of ``model_class`` (same name and module: the family is read from them) whose
+    ``sanitize`` drops the MTP weights, then runs the class's own where it has one."""
+
+    def sanitize(self: Any, weights: dict[str, Any]) -> dict[str, Any]:
+        weights = {k: v for k, v in weights.items() if mtp_name(k) is None}
+        own = getattr(super(subclass, self), "sanitize", None)
+        return own(weights) if own is not None else weights
+
+    names = {"__module__": model_class.__module__, "__qualname__": model_class.__qualname__}
+    subclass = type(model_class.__name__, (model_class,), {"sanitize": sanitize, **names})
+    return subclass

@@ -5,6 +5,7 @@ layout), written here by hand as the real ones store them."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -105,18 +106,20 @@ def save_hf_checkpoint(path: Path, arch: str, head_seed: int | None = 1) -> dict
     return expected
 
 
-def save_mlx_checkpoint(path: Path, arch: str, bits: int = 4) -> dict[str, mx.array]:
+def save_mlx_checkpoint(path: Path, arch: str, bits: int | None = 4) -> dict[str, mx.array]:
     """A tiny checkpoint as mlx-community's converted ones that keep the MTP layer: mlx-lm's
-    names and layout, quantized to ``bits`` (group size 32) by mlx-lm's own quantizer, the MTP
-    layer quantized the same and stored under ``language_model.mtp.`` (qwen3_5's wrapper) or
-    ``mtp.``; returns the MTP layer's weights as stored."""
+    names and layout (experts stacked), quantized to ``bits`` (group size 32; None: float) by
+    mlx-lm's own quantizer, the MTP layer quantized the same and stored under
+    ``language_model.mtp.`` (qwen3_5's wrapper) or ``mtp.``; returns the MTP layer's weights as
+    stored."""
     base, overrides = MTP_ARCHS[arch]
     save_model(path, base, **overrides)
     model = mtp_target(arch)
     head = random_mtp_head(model)
     config = json.loads((path / "config.json").read_text())
-    model, config = quantize_model(model, config, 32, bits, quant_predicate=_predicate(model))
-    nn.quantize(head, 32, bits)
+    if bits is not None:
+        model, config = quantize_model(model, config, 32, bits, quant_predicate=_predicate(model))
+        nn.quantize(head, 32, bits)
     expected = dict(tree_flatten(head.parameters()))
     prefix = "language_model.mtp." if arch.startswith("qwen3_5") else "mtp."
     weights = dict(tree_flatten(model.parameters()))
@@ -125,6 +128,17 @@ def save_mlx_checkpoint(path: Path, arch: str, bits: int = 4) -> dict[str, mx.ar
     (path / "config.json").write_text(json.dumps(config, indent=2))
     _declare_mtp(path)
     return expected
+
+
+def without_mtp(path: Path) -> Path:
+    """A copy of the checkpoint at ``path`` (beside it) without its MTP weights, by mlx-lm's own
+    rule (every name with ``mtp.`` in it): what mlx-lm's generation loads as the oracle."""
+    copy = path.with_name(path.name + "-without-mtp")
+    shutil.copytree(path, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    for file in path.glob("*.safetensors"):
+        weights = {k: v for k, v in mx.load(str(file)).items() if "mtp." not in k}
+        mx.save_safetensors(str(copy / file.name), weights)
+    return copy
 
 
 def _predicate(model: nn.Module) -> Any:

@@ -20,10 +20,10 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
     as soon as it is found so that a failure still shows what came before it, and return why
     the engine could not serve the model (None: it could). ``ValueError`` when mlx-lm cannot
     load it or the adapter cannot run it: nothing further can be probed."""
-    from mlx_lm.utils import load_model
+    from macbatch.engine.loader import load_checkpoint
 
     try:
-        model, _ = load_model(path, lazy=True)
+        model, _ = load_checkpoint(path, lazy=True)
     except Exception as exc:  # an unknown model_type, missing weights ...: all mean "cannot load"
         raise ValueError(f"mlx-lm cannot load it: {exc}") from exc
     outer_type = model_type_of(model)

@@ -9,9 +9,11 @@ The packed step feeds the model one token per batch row; attention layers read t
 row, but a recurrent layer must see each request's tokens in order. So each recurrent layer (its
 class swapped by ``hooks/recurrent_layers.py``) hands its own mlx-lm code to ``PagedStateCache``,
 which runs it on the step's requests as mlx-lm would batch them: the rows of one-token chunks
-(every decode) together as a batch of sequences of length 1, and each longer prefill chunk as one
-sequence, each from its slot's state (zeros for a chunk that starts a request); the one-token rows
-in groups of at most ``GROUP_BYTES`` of state. Their slots then point at the new states (the
+(every decode) together as a batch of sequences of length 1; the short chunks (under
+``BATCHED_BELOW`` tokens: a speculating decode's verification, 2 to ``1 + k`` rows) together as
+one batch per length and checkpoint cut; and each longer prefill chunk as one sequence; each
+from its slot's state (zeros for a chunk that starts a request), in groups of at most
+``GROUP_BYTES`` of state. Their slots then point at the new states (the
 store keeps where each slot's latest state is: ``state_store.py``), and their outputs go back to
 the step's rows. No other slot is read or written.
 """
@@ -43,11 +45,51 @@ class StateChunk:
 
 
 @dataclass(frozen=True)
+class ChunkBatch:
+    """Chunks of one length and one checkpoint cut, run through the layer as one batch of
+    equal-length sequences (a single long chunk is a batch of one)."""
+
+    chunks: tuple[tuple[int, StateChunk], ...]  # (first row, plan), in row order
+    length: int
+    cut: int  # the first call's tokens: up to the checkpoint (the whole chunk without one)
+    checkpointed: bool  # every chunk leaves a checkpoint after ``cut`` tokens, or none does
+    reads: tuple[Stretch, ...]  # the chunks' read slots, as stretches
+    rows: mx.array | None  # the chunks' rows in order; None: consecutive from the first's
+
+    @classmethod
+    def of(cls, chunks: Sequence[tuple[int, int, StateChunk]]) -> ChunkBatch:
+        """``chunks``: (first row, length, plan) of equal length and cut, in row order."""
+        length, plan = chunks[0][1], chunks[0][2]
+        firsts = [first for first, _, _ in chunks]
+        consecutive = firsts == list(range(firsts[0], firsts[0] + length * len(firsts), length))
+        index = np.concatenate([np.arange(first, first + length) for first in firsts])
+        return cls(
+            chunks=tuple((first, p) for first, _, p in chunks),
+            length=length,
+            cut=_cut(length, plan),
+            checkpointed=plan.checkpoint >= 0,
+            reads=stretches([p.read for _, _, p in chunks]),
+            rows=None if consecutive else mx.array(index.astype(np.int32)),
+        )
+
+    def inputs(self, x: mx.array, start: int, stop: int) -> mx.array:
+        """Chunks ``start`` to ``stop - 1`` of ``x`` (``[N, 1, H]`` rows) as ``[n, length, H]``."""
+        n, length = stop - start, self.length
+        if self.rows is None:
+            first = self.chunks[0][0] + start * length
+            part = x[first : first + n * length]
+        else:
+            part = x[self.rows[start * length : stop * length]]
+        return part.reshape(n, length, -1)
+
+
+@dataclass(frozen=True)
 class StateRows:
     """How one step's rows map onto sequences for the recurrent layers (built by the packer).
 
-    Pieces: the one-token chunks as one batch, then each longer chunk. Writes, in order: every
-    piece's final state into its request's slot, then the checkpoints (the singles' first)."""
+    Pieces: the one-token chunks as one batch, then each batch of longer chunks. Writes, in
+    order: every piece's final state into its requests' slots, then the checkpoints (the
+    singles' first)."""
 
     singles: mx.array | None  # [S] rows of one-token chunks; None: rows 0..S-1
     num_singles: int
@@ -55,11 +97,11 @@ class StateRows:
     # slot, length); first slot -1: a stretch that starts its requests (zero state).
     single_reads: tuple[Stretch, ...]
     single_marked: tuple[int, ...]  # which singles (indices) leave a checkpoint
-    chunks: tuple[tuple[int, int, StateChunk], ...]  # (first row, length, plan) of the others
+    batches: tuple[ChunkBatch, ...]  # the others, by their first chunk's row
     write_slots: tuple[int, ...]  # every slot written, in the order above
     # The writes as stretches of consecutive slots within one piece's states: (piece, first row
-    # in it, first slot, length). Pieces: the singles, each chunk, the singles' checkpoints, each
-    # chunk's checkpoint (those that are there).
+    # in it, first slot, length). Pieces: the singles, each batch, the singles' checkpoints, each
+    # batch's checkpoints (those that are there).
     write_stretches: tuple[tuple[int, int, int, int], ...]
     restore: mx.array | None  # rows from piece order; None: pieces are already in row order
     # What it was built from, one row per chunk: (length, read, write, checkpoint,
@@ -81,26 +123,31 @@ class StateRows:
         single = lengths == 1
         single_rows = first_rows[single]
         num_singles = int(single.sum())
-        in_order = bool(single[:num_singles].all()) if num_singles else True
         singles = [p for p, one in zip(plans, single) if one]
-        chunks = tuple(
-            (int(first_rows[i]), int(lengths[i]), plans[int(i)]) for i in np.flatnonzero(~single)
+        batches = _batches(
+            [(int(first_rows[i]), int(lengths[i]), plans[int(i)]) for i in np.flatnonzero(~single)]
         )
-        pieces = [single_rows] + [np.arange(r, r + n) for r, n, _ in chunks]
+        pieces = [single_rows] + [
+            np.arange(first, first + b.length) for b in batches for first, _ in b.chunks
+        ]
         order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
         marked = [i for i, p in enumerate(singles) if p.checkpoint >= 0]
-        writes = [p.write for p in singles] + [p.write for _, _, p in chunks]
+        batch_plans = [[p for _, p in b.chunks] for b in batches]
+        writes = [p.write for p in singles] + [p.write for ps in batch_plans for p in ps]
         writes += [singles[i].checkpoint for i in marked]
-        writes += [p.checkpoint for _, _, p in chunks if p.checkpoint >= 0]
+        cut_plans = [ps for b, ps in zip(batches, batch_plans) if b.checkpointed]
+        writes += [p.checkpoint for ps in cut_plans for p in ps]
         sizes = [num_singles] if num_singles else []
-        sizes += [1] * len(chunks) + ([len(marked)] if marked else [])
-        sizes += [1 for _, _, p in chunks if p.checkpoint >= 0]
+        sizes += [len(b.chunks) for b in batches] + ([len(marked)] if marked else [])
+        sizes += [len(b.chunks) for b in batches if b.checkpointed]
+        singles_in_place = bool((single_rows == np.arange(num_singles)).all())
+        in_order = bool((order == np.arange(len(order))).all())
         return cls(
-            singles=None if in_order else mx.array(single_rows.astype(np.int32)),
+            singles=None if singles_in_place else mx.array(single_rows.astype(np.int32)),
             num_singles=num_singles,
             single_reads=stretches([p.read for p in singles]),
             single_marked=tuple(marked),
-            chunks=chunks,
+            batches=batches,
             write_slots=tuple(writes),
             write_stretches=_piece_stretches(writes, sizes),
             restore=None if in_order else mx.array(np.argsort(order).astype(np.int32)),
@@ -131,7 +178,7 @@ class PagedStateCache(SequenceRunner):
         if rows.num_singles:
             singles: Piece = []
             marked: Piece = []
-            for start, stop in self._single_groups():
+            for start, stop in self._groups(rows.num_singles):
                 with gated_delta.decode():  # one read of each state where mlx-lm has no kernel
                     out, state = self._singles(call, x, start, stop, args, kwargs)
                 outs.append(out)
@@ -143,41 +190,50 @@ class PagedStateCache(SequenceRunner):
             finals.append(singles)
             if marked:
                 checkpoints.append(marked)
-        for first, length, plan in rows.chunks:
-            with gated_delta.prefill():  # long sequences chunked where mlx-lm has no kernel
-                out, state, checkpoint = self._chunk(
-                    call, x[first : first + length], plan, args, kwargs
-                )
-            outs.append(out)
-            finals.append([(length, state)])
-            if checkpoint is not None:
-                checkpoints.append([(1, checkpoint)])
+        for batch in rows.batches:
+            states: Piece = []
+            cuts: Piece = []
+            for start, stop in self._groups(len(batch.chunks)):
+                out, state, checkpoint = self._batch(call, x, batch, start, stop, args, kwargs)
+                outs.append(out)
+                states.append((stop - start, state))
+                if checkpoint is not None:
+                    cuts.append((stop - start, checkpoint))
+            finals.append(states)
+            if cuts:
+                checkpoints.append(cuts)
         self._write_back(finals + checkpoints)
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
         return out if rows.restore is None else out[rows.restore]
 
-    def _single_groups(self) -> list[tuple[int, int]]:
-        """The one-token rows cut into groups whose state arrays stay under ``GROUP_BYTES``."""
+    def _groups(self, n: int) -> list[tuple[int, int]]:
+        """``n`` sequences cut into groups whose state arrays stay under ``GROUP_BYTES``."""
         widest = max(
             int(np.prod(a.shape[1:])) * a.dtype.size for a in self.store.states[self.layer]
         )
-        per, n = max(1, GROUP_BYTES // widest), self.rows.num_singles
+        per = max(1, GROUP_BYTES // widest)
         return [(start, min(start + per, n)) for start in range(0, n, per)]
+
+    def _read(self, reads: Sequence[Stretch], start: int, stop: int) -> Any:
+        """A new cache holding the states of sequences ``start`` to ``stop - 1`` of ``reads``
+        (zeros where a sequence starts its request)."""
+        cache = _new_cache(len(self.store.states[self.layer]))
+        picked = [
+            self.store.read(self.layer, slot + lo - first if slot >= 0 else -1, hi - lo)
+            for first, slot, n in reads
+            if (lo := max(first, start)) < (hi := min(first + n, stop))
+        ]
+        for e in range(len(picked[0])):
+            parts = [p[e] for p in picked]
+            cache[e] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        return cache
 
     def _singles(
         self, call: LayerCall, x: mx.array, start: int, stop: int, args: tuple, kwargs: dict
     ) -> tuple[mx.array, list[mx.array]]:
         """One-token chunks ``start`` to ``stop - 1`` as a batch of length-1 sequences, each
         from its read slot (zeroed where the chunk starts its request)."""
-        rows, cache = self.rows, _new_cache(len(self.store.states[self.layer]))
-        picked = [
-            self.store.read(self.layer, slot + lo - first if slot >= 0 else -1, hi - lo)
-            for first, slot, n in rows.single_reads
-            if (lo := max(first, start)) < (hi := min(first + n, stop))
-        ]
-        for e in range(len(picked[0])):
-            parts = [p[e] for p in picked]
-            cache[e] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        rows, cache = self.rows, self._read(self.rows.single_reads, start, stop)
         if rows.singles is not None:
             part = x[rows.singles[start:stop]]
         else:
@@ -185,28 +241,38 @@ class PagedStateCache(SequenceRunner):
         out = call(part, *args, **dict(kwargs, cache=cache))
         return out, list(cache.cache)
 
-    def _chunk(
-        self, call: LayerCall, rows: mx.array, plan: StateChunk, args: tuple, kwargs: dict
+    def _batch(
+        self,
+        call: LayerCall,
+        x: mx.array,
+        batch: ChunkBatch,
+        start: int,
+        stop: int,
+        args: tuple,
+        kwargs: dict,
     ) -> tuple[mx.array, list[mx.array], list[mx.array] | None]:
-        """One chunk as one sequence from its read slot (zeros when it starts its request), cut
-        where it leaves a checkpoint; returns its output rows, final state and checkpoint."""
-        cache = _new_cache(len(self.store.states[self.layer]))
-        if plan.read >= 0:
-            for e, state in enumerate(self.store.read(self.layer, plan.read, 1)):
-                cache[e] = state
-        length = rows.shape[0]
-        cut = plan.checkpoint_at if 0 < plan.checkpoint_at < length else length
+        """Chunks ``start`` to ``stop - 1`` of ``batch`` as one batch of sequences from their
+        read slots (an empty cache when every one starts its request: the layer's own zeros),
+        cut where they leave a checkpoint; returns their output rows, final states and
+        checkpoints."""
+        plans = batch.chunks[start:stop]
+        if any(plan.read >= 0 for _, plan in plans):
+            cache = self._read(batch.reads, start, stop)
+        else:
+            cache = _new_cache(len(self.store.states[self.layer]))
+        inputs = batch.inputs(x, start, stop)
         outs, checkpoint = [], None
-        for start, stop in ((0, cut), (cut, length)):
-            if stop > start:
-                piece = rows[start:stop].reshape(1, stop - start, -1)
-                outs.append(
-                    call(piece, *args, **dict(kwargs, cache=cache)).reshape(stop - start, 1, -1)
-                )
-            if plan.checkpoint >= 0 and stop == plan.checkpoint_at and checkpoint is None:
+        for lo, hi in ((0, batch.cut), (batch.cut, batch.length)):
+            if hi > lo:
+                # one token: the decode step's single read of each state; more: chunked where
+                # long enough (mlx-lm's own steps below that)
+                mode = gated_delta.decode() if hi - lo == 1 else gated_delta.prefill()
+                with mode:
+                    outs.append(call(inputs[:, lo:hi], *args, **dict(kwargs, cache=cache)))
+            if batch.checkpointed and hi == batch.cut:
                 checkpoint = list(cache.cache)
-        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
-        return out, list(cache.cache), checkpoint
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
+        return out.reshape((stop - start) * batch.length, 1, -1), list(cache.cache), checkpoint
 
     def _write_back(self, pieces: list[Piece]) -> None:
         """Every new state to its slot, per stretch of consecutive slots within a group: the
@@ -219,7 +285,12 @@ class PagedStateCache(SequenceRunner):
 LayerCall = Callable[..., mx.array]
 # A piece's states as groups of rows: (rows, one array per state) each, in row order.
 Piece = list[tuple[int, list[mx.array]]]
-# The one-token rows of a step run in groups whose state arrays stay under this many bytes.
+# Chunks shorter than this run together, one batch per length and checkpoint cut (mlx-lm's
+# recurrence steps through them a token at a time, so one sequence per call is mostly calls);
+# longer ones run alone: the chunked recurrence (``gated_delta.CHUNK`` tokens at a time) already
+# runs them as matrix products, and a batch would multiply its temporaries.
+BATCHED_BELOW = gated_delta.CHUNK
+# A step's batches of sequences run in groups whose state arrays stay under this many bytes.
 # MLX's stream thread allocates from a glibc thread arena, whose heaps hold 64 MiB at most:
 # 32-row buffers of Qwen3.5-sized Gated DeltaNet states (1 MiB a row) spilled into new heaps,
 # unmapped again once empty, so the kernel zero-filled them page by page every step (15,000
@@ -239,6 +310,23 @@ def stretches(slots: Sequence[int]) -> tuple[Stretch, ...]:
         else:
             out.append([i, slot, 1])
     return tuple((i, slot, n) for i, slot, n in out)
+
+
+def _cut(length: int, plan: StateChunk) -> int:
+    """Tokens before a chunk's checkpoint (the whole chunk when it leaves none, or leaves it at
+    its end)."""
+    inside = plan.checkpoint >= 0 and 0 < plan.checkpoint_at < length
+    return plan.checkpoint_at if inside else length
+
+
+def _batches(chunks: Sequence[tuple[int, int, StateChunk]]) -> tuple[ChunkBatch, ...]:
+    """``chunks`` (first row, length, plan; in row order) as batches: the short ones of equal
+    length and cut together, each long one alone; ordered by their first rows."""
+    keyed: dict[tuple[int, int, bool] | int, list[tuple[int, int, StateChunk]]] = {}
+    for i, (first, length, plan) in enumerate(chunks):
+        key = (length, _cut(length, plan), plan.checkpoint >= 0) if length < BATCHED_BELOW else i
+        keyed.setdefault(key, []).append((first, length, plan))
+    return tuple(ChunkBatch.of(group) for group in keyed.values())
 
 
 def _segments(piece: Piece, first: int, n: int) -> list[tuple[int, list[mx.array], int, int]]:

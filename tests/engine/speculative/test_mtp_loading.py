@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.model_check import check_model
-from tests.support.mtp import MTP_ARCHS, save_hf_checkpoint, save_mlx_checkpoint
+from tests.support.mtp import MTP_ARCHS, save_hf_checkpoint, save_mlx_checkpoint, without_mtp
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_model
 
@@ -29,7 +29,8 @@ def _load(path: Path, speculative: str) -> Engine:
 
 
 def _assert_loaded(engine: Engine, expected: dict[str, mx.array], path: Path) -> None:
-    """The engine drafts with exactly the weights written, and its replies are mlx-lm's."""
+    """The engine drafts with exactly the weights written, and its replies are mlx-lm's (of the
+    same checkpoint without its MTP weights)."""
     assert engine.config.speculative == "mtp"
     head = engine.runner.draft.head  # type: ignore[union-attr]
     loaded = dict(tree_flatten(head.parameters()))
@@ -38,7 +39,7 @@ def _assert_loaded(engine: Engine, expected: dict[str, mx.array], path: Path) ->
         assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outs = [o.token_ids for o in engine.generate(PROMPTS, params)]
-    model = mlx_lm.load(str(path))[0]
+    model = mlx_lm.load(str(without_mtp(path)))[0]
     assert outs == [mlx_lm_greedy(model, p, 12) for p in PROMPTS]
     assert engine.stats().speculation.verifications > 0
 
@@ -49,11 +50,14 @@ def test_hugging_face_layout(arch, tmp_path):
     _assert_loaded(_load(tmp_path / arch, "mtp"), expected, tmp_path / arch)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
-def test_mlx_community_quantized_layout(arch, tmp_path):
-    """4-bit, the MTP layer under ``language_model.mtp.`` (mlx-lm's qwen3_next cannot load a
-    converted checkpoint that keeps ``mtp.*``: its sanitize keeps them and the load refuses)."""
-    expected = save_mlx_checkpoint(tmp_path / arch, arch)
+@pytest.mark.parametrize(
+    ("arch", "bits"), [("qwen3_5", 4), ("qwen3_5_moe", 4), ("qwen3_next", 4), ("qwen3_next", None)]
+)
+def test_mlx_community_converted_layout(arch, bits, tmp_path):
+    """The MTP layer under ``language_model.mtp.`` (qwen3_5's wrapper) or ``mtp.``; qwen3_next's
+    experts stacked, so mlx-lm's own sanitize keeps the MTP weights and its strict load refuses
+    them: the loader drops them first."""
+    expected = save_mlx_checkpoint(tmp_path / arch, arch, bits)
     _assert_loaded(_load(tmp_path / arch, "auto"), expected, tmp_path / arch)
 
 

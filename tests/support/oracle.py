@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -46,6 +47,17 @@ def mlx_lm_greedy_logprobs(
         if len(steps) == max_tokens:
             break
     return steps
+
+
+def assert_matches_mlx_lm(
+    model: nn.Module, prompt: list[int], out, kv_bits: int | None = None, abs_tol: float = 1e-4
+) -> None:
+    """``out`` (asked with ``logprobs=0``) has mlx-lm's greedy tokens and, to float32
+    tolerance, their log-probabilities: tiny random models often keep their greedy tokens over
+    wrong K/V (even all zeros), so the ids alone cannot tell a wrong block from a right one."""
+    want = mlx_lm_greedy_logprobs(model, prompt, len(out.token_ids), kv_bits)
+    assert out.token_ids == [token for token, _ in want]
+    assert out.logprobs == pytest.approx([lp for _, lp in want], abs=abs_tol)
 
 
 def _round_writes(layer_cache, bits: int, group_size: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -46,6 +47,22 @@ def mlx_lm_greedy_logprobs(
         if len(steps) == max_tokens:
             break
     return steps
+
+
+def assert_matches_mlx_lm(
+    model: nn.Module, prompt: list[int], out, kv_bits: int | None = None
+) -> None:
+    """``out`` (asked with ``logprobs=0``) has mlx-lm's greedy tokens and, to float32
+    tolerance, their log-probabilities: tiny random models often keep their greedy tokens over
+    wrong K/V (even all zeros), so the ids alone cannot tell a wrong block from a right one.
+    Quantized pages: the engine dequantizes inside its attention, mlx-lm attends over rounded
+    float rows, so their sums differ in the last bits (3e-4 measured with 8-bit pages)."""
+    abs_tol = 1e-4 if kv_bits is None else 1e-3
+    want = mlx_lm_greedy_logprobs(model, prompt, len(out.token_ids), kv_bits)
+    assert out.token_ids == [token for token, _ in want]
+    expected = [lp for _, lp in want]
+    worst = max((abs(a - b) for a, b in zip(out.logprobs, expected)), default=0.0)
+    assert out.logprobs == pytest.approx(expected, abs=abs_tol), f"off by up to {worst}"
 
 
 def _round_writes(layer_cache, bits: int, group_size: int) -> None:

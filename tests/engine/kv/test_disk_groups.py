@@ -15,11 +15,11 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.block_pool import chain_block_hashes
-from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX, file_key
-from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX, BlockFiles, file_key
+from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import VOCAB_SIZE, build_model
 
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
 BLOCK = 8
 
 
@@ -63,9 +63,36 @@ def test_a_restart_reads_every_group_from_disk_and_matches_mlx_lm(
     longer = prompt + _tokens(5, 2)  # 9 usable blocks: the prompt's 8 are on disk
     out = engine.generate([longer], GREEDY)[0]
     assert out.metrics.disk_cached_tokens == 64 and out.metrics.cached_tokens == 64
-    assert out.token_ids == mlx_lm_greedy(model, longer, 12, kv_bits=bits)
+    assert_matches_mlx_lm(model, longer, out, kv_bits=bits)
     assert_pool_idle(engine)
     engine.close()
+
+
+@pytest.mark.parametrize("arch", ["gemma3_text", "qwen3_5"])
+def test_the_oracle_sees_a_block_zeroed_after_its_checksum(
+    arch, tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Every part read from disk zeroed once it passed its checksum: the log-probabilities
+    differ from mlx-lm's, so the parity tests above would catch wrong bytes read back."""
+    model = build_model(arch)
+    prompt = _tokens(70, 1)
+    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    read_into = BlockFiles.read_into
+
+    def zeroed(self, digest, parts):
+        whole = read_into(self, digest, parts)
+        for part in parts:
+            np.frombuffer(part, np.uint8)[:] = 0
+        return whole
+
+    monkeypatch.setattr(BlockFiles, "read_into", zeroed)
+    engine = _engine(model, tiny_tokenizer, tmp_path)
+    longer = prompt + _tokens(5, 2)
+    out = engine.generate([longer], GREEDY)[0]
+    engine.close()
+    assert out.metrics.disk_cached_tokens == 64
+    with pytest.raises(AssertionError):
+        assert_matches_mlx_lm(model, longer, out)
 
 
 @pytest.mark.parametrize("copies", [1, 2])

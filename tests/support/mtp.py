@@ -130,6 +130,22 @@ def save_mlx_checkpoint(path: Path, arch: str, bits: int | None = 4) -> dict[str
     return expected
 
 
+def save_predicting_checkpoint(path: Path, arch: str, **overrides: Any) -> Path:
+    """A tiny float checkpoint (mlx-lm's names, ``overrides`` on the arch's config) whose MTP
+    layer, stored as ``save_mlx_checkpoint`` stores it, predicts well: the target's weights as
+    ``predicting_mtp_head`` scales them, and that layer."""
+    base, arch_overrides = MTP_ARCHS[arch]
+    save_model(path, base, **arch_overrides, **overrides)
+    model = build_model(base, 0, **arch_overrides, **overrides)
+    head = predicting_mtp_head(model)
+    prefix = "language_model.mtp." if arch.startswith("qwen3_5") else "mtp."
+    weights = dict(tree_flatten(model.parameters()))
+    weights.update({prefix + k: v for k, v in tree_flatten(head.parameters())})
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    _declare_mtp(path)
+    return path
+
+
 def without_mtp(path: Path) -> Path:
     """A copy of the checkpoint at ``path`` (beside it) without its MTP weights, by mlx-lm's own
     rule (every name with ``mtp.`` in it): what mlx-lm's generation loads as the oracle."""

@@ -4,8 +4,10 @@ and reuses cached prefixes, and writes what it generated; the other ranks follow
 
     python -m tests.support.tp_worker MODEL_DIR OUT.json [SPECULATIVE [DRAFT_MODEL_DIR]]
 
-With SPECULATIVE (``ngram`` or ``draft``) rank 0 speculates (docs/speculative.md): the
-verification chunks travel in the broadcast step like any other chunk.
+With SPECULATIVE (``ngram``, ``draft`` or ``mtp``) rank 0 speculates (docs/speculative.md): the
+verification chunks travel in the broadcast step like any other chunk. With ``mtp`` it also
+writes the target's hidden states the MTP layer was handed (``hidden``: per request, position ->
+row), so a test can hold them against the whole model's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+import mlx.core as mx
+
 from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 from macbatch.launch import follower_exit_status
 
@@ -22,6 +26,8 @@ from macbatch.launch import follower_exit_status
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
 CONFIG = EngineConfig(num_blocks=14, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+# Most MTP drafts hold, so its requests leave sooner: a smaller pool still preempts.
+NUM_BLOCKS = {"mtp": 10}
 
 
 def workload_prompts() -> list[list[int]]:
@@ -43,11 +49,17 @@ def workload_prompts() -> list[list[int]]:
 
 
 def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: str = "") -> None:
-    config = dataclasses.replace(CONFIG, speculative=speculative, draft_model=draft or None)
+    config = dataclasses.replace(
+        CONFIG,
+        speculative=speculative,
+        draft_model=draft or None,
+        num_blocks=NUM_BLOCKS.get(speculative, CONFIG.num_blocks),
+    )
     engine = Engine.load(model_dir, config)
     prompts = workload_prompts()
     results: dict[int, RequestOutput] = {}
     ids: dict[str, int] = {}
+    kept = record_hidden(engine, ids) if speculative == "mtp" else []
     step = 0
     pending = list(enumerate(prompts))
     while pending or engine.has_unfinished():
@@ -59,6 +71,10 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: st
                 results[ids[output.request_id]] = output
         step += 1
     stats = engine.stats()
+    hidden: dict[int, dict[int, list[float]]] = {i: {} for i in range(len(prompts))}
+    for request_id, start, rows in kept:
+        for offset, values in enumerate(rows.tolist()):
+            hidden[ids[request_id]][start + offset] = values
     report = {
         "tokens": [results[i].token_ids for i in range(len(prompts))],
         "logprobs": [results[i].logprobs for i in range(len(prompts))],
@@ -67,8 +83,32 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: st
         "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
         "drafted": stats.speculation.drafted,
         "accepted": stats.speculation.accepted,
+        "hidden": hidden,
     }
     out.write_text(json.dumps(report))
+
+
+def record_hidden(engine: Engine, ids: dict[str, int]) -> list[tuple[str, int, mx.array]]:
+    """Have the MTP drafter's ``observe`` also keep the rows of the hidden states it is handed,
+    for every chunk without drafts (a verification's rows hold drafts that may be rejected):
+    ``(request id, first position, rows)``, read once the run is over (rank 0 evaluated them
+    with their step)."""
+    assert engine.speculator is not None
+    drafter = engine.speculator.drafter
+    observe = drafter.observe
+    kept: list[tuple[str, int, mx.array]] = []
+
+    def recording(chunks, states):
+        row = 0
+        for chunk in chunks:
+            if not chunk.num_drafts:
+                rows = states[row : row + chunk.num_tokens, 0]
+                kept.append((chunk.request.request_id, chunk.start, rows))
+            row += chunk.num_tokens
+        return observe(chunks, states)
+
+    drafter.observe = recording
+    return kept
 
 
 def main() -> int:

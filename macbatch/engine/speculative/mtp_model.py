@@ -105,9 +105,9 @@ def mtp_head_for(
     name: str, model: nn.Module, required: bool, distributed: bool = False
 ) -> MtpHead | None:
     """The MTP layer of the checkpoint ``name`` (as the loader resolves it) beside its loaded
-    ``model``; when it has none (or the model runs under ``mlx.launch``: ``distributed``, not
-    done yet), ``ValueError`` saying why if ``required`` (``--speculative mtp``), else None
-    (``auto``: no speculation), with why logged."""
+    ``model``; when it has none, ``ValueError`` saying why if ``required`` (``--speculative
+    mtp``), else None (``auto``: no speculation), with why logged. ``distributed``: ``model`` is
+    rank 0's of a launched group, not split yet (docs/speculative.md, "Under mlx.launch")."""
     from mlx_lm.utils import hf_repo_to_path
 
     from macbatch.engine.loader import resolve_model_path
@@ -115,10 +115,11 @@ def mtp_head_for(
 
     where = resolve_model_path(name)
     try:
-        if distributed:
-            raise ValueError("speculative 'mtp' does not run under mlx.launch yet")
         path = hf_repo_to_path(where) if isinstance(where, str) else where
-        return load_mtp_head(path, model, model_type_of(model))
+        head = load_mtp_head(path, model, model_type_of(model))
+        if distributed:
+            keep_whole_lm_head(head, model)
+        return head
     except Exception as exc:  # unreadable files come in many types; "auto" loads without heads
         if required:
             if isinstance(exc, ValueError):
@@ -146,3 +147,16 @@ def load_mtp_head(path: Path, model: nn.Module, model_type: str) -> MtpHead:
     config = json.loads((path / "config.json").read_text())
     quantization = config.get("quantization")  # MLX's (a converted checkpoint's)
     return build_mtp_head(text_model(model), weights, quantization)
+
+
+def keep_whole_lm_head(head: MtpHead, model: nn.Module) -> None:
+    """Give ``head`` the target's LM head as it is before ``model`` (rank 0's) is split: mlx-lm's
+    ``shard`` splits an untied head by vocabulary and gathers its logits (a collective), which
+    rank 0's MTP drafts, run on rank 0 alone, must not make. A tied head (the embedding, never
+    split) or the checkpoint's own MTP head needs nothing."""
+    from macbatch.engine.model.adapter import text_model
+
+    whole = getattr(text_model(model), "lm_head", None)
+    if whole is not None and getattr(head, "lm_head", None) is None:
+        head.lm_head = whole  # the old module: ``shard`` puts a split copy in the model's place
+        mx.eval(whole.parameters())

@@ -203,9 +203,10 @@ class ModelRunner:
         the pooling requests whose last chunk this step computes (``spans``: the pooling
         requests' rows, folded into ``self.pools``); the other ranks of a group run the same
         forward on their shard."""
-        if self._followers is not None:
-            self._followers.send_step(batch)
         keep = isinstance(self.draft, MtpRunner)  # an MTP layer reads the hidden states
+        if self._followers is not None:
+            batch.reads_hidden = int(keep)  # ``launch`` evaluates them: so must the followers
+            self._followers.send_step(batch)
         if not spans and not keep:
             logits = None if self.compiled is None else self.compiled.forward(batch)
             if logits is not None:
@@ -239,8 +240,8 @@ class ModelRunner:
         ]
         if self._followers is None:
             mx.async_eval(*arrays)
-        else:
-            mx.eval(*arrays)
+        else:  # every collective the followers make (``follow``), the hidden states' included
+            mx.eval(*arrays, *([] if self.hidden is None else [self.hidden]))
             self._followers.step_finished()
         return time.perf_counter() - started
 
@@ -259,13 +260,15 @@ class ModelRunner:
         same order, and this rank's K/V (and recurrent state) written. Not the LM head, unless
         mlx-lm split it by vocabulary (its gather is a collective): only rank 0 samples, so
         computing it here would only delay this rank's next step (and rank 0's)."""
-        if self.adapter.head_is_split:
-            out = self.adapter.forward(batch, self.kv_stores, self.states)
-        else:
-            out = self.adapter.hidden_states(batch, self.kv_stores, self.states)
+        hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
+        computed = []
+        if batch.sample_rows.size and self.adapter.head_is_split:
+            computed.append(self.adapter.sampled_logits(hidden, batch))
+        elif batch.sample_rows.size or batch.reads_hidden:
+            computed.append(hidden)
         # A step that samples no row (it only writes K/V) ends on rank 0 at the last K/V write,
-        # so the last layer's collectives after it are not run there, and must not be run here.
-        computed = [out] if out is not None and batch.sample_rows.size else []
+        # unless rank 0 reads its hidden states (``reads_hidden``), so the last layer's
+        # collectives after it are not run there, and must not be run here.
         mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
 
 

@@ -43,6 +43,9 @@ class PackedBatch:
     # A hybrid model's recurrent layers: which rows form which sequence, and their state slots
     # (every rank keeps its heads' share of every slot).
     state_rows: StateRows | None = None
+    # 1 when rank 0 reads every row's last hidden state (an MTP layer drafts from them): then
+    # every rank runs the last layer's collectives, even in a step that samples no row.
+    reads_hidden: int = 0
     # The window group's (sliding-window layers) block tables and write rows, when the model has
     # one: its own block ids, block 0 where a block left every window (never read). Rank 0's
     # alone (a distributed engine keeps every layer in the full group).

@@ -1,6 +1,8 @@
 """Speculative decoding under ``mlx.launch``: two ranks on 127.0.0.1 over MLX's ring backend, rank 0
-drafting (prompt lookup, or a draft model it alone runs) and every rank running the verification
-chunks in the broadcast packed step; greedy tokens against mlx-lm's single-process generation."""
+drafting (prompt lookup, a draft model or the checkpoint's MTP layer, which it alone runs) and
+every rank running the verification chunks in the broadcast packed step; greedy tokens against
+mlx-lm's single-process generation, and the hidden states the MTP layer reads against mlx-lm's
+forward of the whole model."""
 
 from __future__ import annotations
 
@@ -8,9 +10,13 @@ import json
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import mlx_lm
+import numpy as np
 import pytest
 
+from macbatch.engine.model.adapter import text_model
+from tests.support.mtp import save_predicting_checkpoint, without_mtp
 from tests.support.oracle import mlx_lm_greedy_logprobs
 from tests.support.ranks import mlx_launch
 from tests.support.tiny import save_model
@@ -18,15 +24,21 @@ from tests.support.tp_worker import GREEDY, workload_prompts
 
 
 @pytest.mark.parametrize(
-    ("arch", "method"), [("llama", "ngram"), ("qwen3_5", "ngram"), ("qwen3", "draft")]
+    ("arch", "method"),
+    [("llama", "ngram"), ("qwen3_5", "ngram"), ("qwen3", "draft"), ("qwen3_5", "mtp")],
 )
 def test_two_ranks_speculate_and_generate_what_mlx_lm_generates(
     arch: str, method: str, tmp_path: Path
 ) -> None:
     """Chunked prefill, preemption and prefix-cache hits as in test_distributed.py, now with
     drafts verified on both ranks (a hybrid restores its split state slots on rejection). The
-    draft model is the target itself, loaded whole on rank 0 only: every draft holds."""
-    model_dir = save_model(tmp_path / arch, arch=arch, seed=1)
+    draft model is the target itself, loaded whole on rank 0 only: every draft holds. The MTP
+    layer (one that predicts well) is rank 0's alone, beside an LM head mlx-lm splits by
+    vocabulary (untied embeddings), and drafts from the hidden states of the split model."""
+    if method == "mtp":
+        model_dir = save_predicting_checkpoint(tmp_path / arch, arch, tie_word_embeddings=False)
+    else:
+        model_dir = save_model(tmp_path / arch, arch=arch, seed=1)
     out = tmp_path / "result.json"
     command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out), method]
     if method == "draft":
@@ -37,9 +49,21 @@ def test_two_ranks_speculate_and_generate_what_mlx_lm_generates(
 
     assert result["drafted"] > 0 and result["accepted"] > 0, result
     assert result["prefix_cache_hit_rate"] > 0
-    if method == "ngram":  # a draft model that always agrees finishes before the pool fills
+    if method != "draft":  # a draft model that always agrees finishes before the pool fills
         assert result["preemptions"] > 0
-    model, _ = mlx_lm.load(str(model_dir))
+    model, _ = mlx_lm.load(str(without_mtp(model_dir) if method == "mtp" else model_dir))
     for i, prompt in enumerate(workload_prompts()):
         expected = mlx_lm_greedy_logprobs(model, prompt, GREEDY.max_tokens)
         assert result["tokens"][i] == [t for t, _ in expected], f"request {i}"
+        if method == "mtp":
+            _assert_whole_hidden_states(model, prompt + result["tokens"][i], result["hidden"][str(i)])
+
+
+def _assert_whole_hidden_states(model, tokens: list[int], rows: dict[str, list[float]]) -> None:
+    """The rows rank 0's MTP layer was handed (position -> hidden state) are the whole model's
+    normed last hidden states there (mlx-lm's forward), not one rank's partial sums."""
+    assert rows, "the MTP layer was handed no hidden states"
+    whole = np.array(text_model(model).model(mx.array([tokens]))[0])
+    positions = sorted(int(p) for p in rows)
+    got = np.array([rows[str(p)] for p in positions])
+    np.testing.assert_allclose(got, whole[positions], rtol=1e-4, atol=1e-4)

@@ -4,10 +4,11 @@ and reuses cached prefixes, and writes what it generated; the other ranks follow
 
     python -m tests.support.tp_worker MODEL_DIR OUT.json [SPECULATIVE [DRAFT_MODEL_DIR]]
 
-With SPECULATIVE (``ngram``, ``draft`` or ``mtp``) rank 0 speculates (docs/speculative.md): the
-verification chunks travel in the broadcast step like any other chunk. With ``mtp`` it also
-writes the target's hidden states the MTP layer was handed (``hidden``: per request, position ->
-row), so a test can hold them against the whole model's.
+With SPECULATIVE (``ngram``, ``draft``, ``mtp`` or ``auto``) rank 0 speculates
+(docs/speculative.md): the verification chunks travel in the broadcast step like any other
+chunk. Drafting with an MTP layer, it also writes the target's hidden states that layer was
+handed (``hidden``: per request, position -> row), so a test can hold them against the whole
+model's.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from macbatch.launch import follower_exit_status
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
 CONFIG = EngineConfig(num_blocks=14, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
-# Most MTP drafts hold, so its requests leave sooner: a smaller pool still preempts.
-NUM_BLOCKS = {"mtp": 10}
+# Most MTP drafts hold (``auto`` drafts with the test's MTP layer), so the requests leave sooner: a
+# smaller pool still preempts.
+NUM_BLOCKS = {"auto": 10}
 
 
 def workload_prompts() -> list[list[int]]:
@@ -59,7 +61,7 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: st
     prompts = workload_prompts()
     results: dict[int, RequestOutput] = {}
     ids: dict[str, int] = {}
-    kept = record_hidden(engine, ids) if speculative == "mtp" else []
+    kept = record_hidden(engine, ids) if engine.config.speculative == "mtp" else []
     step = 0
     pending = list(enumerate(prompts))
     while pending or engine.has_unfinished():
@@ -81,6 +83,7 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: st
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
         "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
+        "speculative": engine.config.speculative,
         "drafted": stats.speculation.drafted,
         "accepted": stats.speculation.accepted,
         "hidden": hidden,

@@ -25,17 +25,18 @@ from tests.support.tp_worker import GREEDY, workload_prompts
 
 @pytest.mark.parametrize(
     ("arch", "method"),
-    [("llama", "ngram"), ("qwen3_5", "ngram"), ("qwen3", "draft"), ("qwen3_5", "mtp")],
+    [("llama", "ngram"), ("qwen3_5", "ngram"), ("qwen3", "draft"), ("qwen3_5", "auto")],
 )
 def test_two_ranks_speculate_and_generate_what_mlx_lm_generates(
     arch: str, method: str, tmp_path: Path
 ) -> None:
     """Chunked prefill, preemption and prefix-cache hits as in test_distributed.py, now with
     drafts verified on both ranks (a hybrid restores its split state slots on rejection). The
-    draft model is the target itself, loaded whole on rank 0 only: every draft holds. The MTP
-    layer (one that predicts well) is rank 0's alone, beside an LM head mlx-lm splits by
-    vocabulary (untied embeddings), and drafts from the hidden states of the split model."""
-    if method == "mtp":
+    draft model is the target itself, loaded whole on rank 0 only: every draft holds. ``auto``
+    on a checkpoint with an MTP layer (one that predicts well) drafts with it, rank 0's alone,
+    beside an LM head mlx-lm splits by vocabulary (untied embeddings), from the hidden states
+    of the split model."""
+    if method == "auto":
         model_dir = save_predicting_checkpoint(tmp_path / arch, arch, tie_word_embeddings=False)
     else:
         model_dir = save_model(tmp_path / arch, arch=arch, seed=1)
@@ -47,16 +48,19 @@ def test_two_ranks_speculate_and_generate_what_mlx_lm_generates(
     assert out.exists(), launched.stdout + launched.stderr
     result = json.loads(out.read_text())
 
+    assert result["speculative"] == ("mtp" if method == "auto" else method)
     assert result["drafted"] > 0 and result["accepted"] > 0, result
     assert result["prefix_cache_hit_rate"] > 0
     if method != "draft":  # a draft model that always agrees finishes before the pool fills
         assert result["preemptions"] > 0
-    model, _ = mlx_lm.load(str(without_mtp(model_dir) if method == "mtp" else model_dir))
+    model, _ = mlx_lm.load(str(without_mtp(model_dir) if method == "auto" else model_dir))
     for i, prompt in enumerate(workload_prompts()):
         expected = mlx_lm_greedy_logprobs(model, prompt, GREEDY.max_tokens)
         assert result["tokens"][i] == [t for t, _ in expected], f"request {i}"
-        if method == "mtp":
-            _assert_whole_hidden_states(model, prompt + result["tokens"][i], result["hidden"][str(i)])
+        if method == "auto":
+            _assert_whole_hidden_states(
+                model, prompt + result["tokens"][i], result["hidden"][str(i)]
+            )
 
 
 def _assert_whole_hidden_states(model, tokens: list[int], rows: dict[str, list[float]]) -> None:

@@ -115,7 +115,9 @@ def _packed_step(tiny_tokenizer):
 def test_a_step_round_trips_through_its_wire_encoding(tiny_tokenizer) -> None:
     """What the followers decode is exactly the batch rank 0 packed."""
     batch = _packed_step(tiny_tokenizer)
+    batch.reads_hidden = 1  # rank 0 reads the hidden states (an MTP layer's): so must they
     decoded = decode_batch(encode_batch(batch))
+    assert decoded.reads_hidden == 1
     assert decoded.num_tokens == batch.num_tokens == 40
     for name in ("token_ids", "positions", "cu_seqlens_q", "seq_lens", "block_tables"):
         assert getattr(decoded, name).tolist() == getattr(batch, name).tolist(), name

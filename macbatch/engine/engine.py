@@ -131,16 +131,21 @@ class Engine(PromptEncoder):
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id (on every
         rank of a launched group: docs/distributed.md)."""
-        from macbatch.engine.distributed.loading import load
+        from macbatch.engine.distributed.loading import drafter_loaded, load
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
         draft: nn.Module | None = None
-        if config.speculative == "draft":
-            draft = load_draft_model(config.draft_model)
-        elif config.speculative in ("mtp", "auto"):
-            required = config.speculative == "mtp"
-            draft = mtp_head_for(name, model, required, distributed=group is not None)
+        try:
+            if config.speculative == "draft":
+                draft = load_draft_model(config.draft_model)
+            elif config.speculative in ("mtp", "auto"):
+                required = config.speculative == "mtp"
+                draft = mtp_head_for(name, model, required, distributed=group is not None)
+        except Exception:
+            drafter_loaded(False, group)
+            raise
+        drafter_loaded(True, group)
         engine = cls(
             model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
         )

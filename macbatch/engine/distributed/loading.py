@@ -54,3 +54,13 @@ def load_on_every_rank(
             "is in their output); every rank needs the model at the same path or hub id"
         )
     return loaded
+
+
+def drafter_loaded(loaded: bool, group: mx.distributed.Group | None) -> bool:
+    """Whether rank 0 loaded its drafter (a draft model or an MTP layer, rank 0's alone, loaded
+    after the model): every rank of ``group`` calls this between loading the model and building
+    its runner, so a drafter that cannot load (rank 0 says why) stops the followers at once
+    instead of leaving them in the runner's first collective. Alone (no group): ``loaded``."""
+    if group is None:
+        return loaded
+    return 0 not in failed_ranks(group.rank() == 0 and not loaded, group)

@@ -71,3 +71,16 @@ def _assert_whole_hidden_states(model, tokens: list[int], rows: dict[str, list[f
     positions = sorted(int(p) for p in rows)
     got = np.array([rows[str(p)] for p in positions])
     np.testing.assert_allclose(got, whole[positions], rtol=1e-4, atol=1e-4)
+
+
+def test_a_drafter_rank_zero_cannot_load_stops_every_rank_with_the_reason(tmp_path: Path) -> None:
+    """``mtp`` on a checkpoint without MTP weights: rank 0 says why, and the follower, which
+    loaded the model, stops too instead of waiting in its runner's first collective (until the
+    watchdog's minute ran out on rank 0's stop)."""
+    model_dir = save_model(tmp_path / "plain", arch="qwen3_5")
+    out = tmp_path / "result.json"
+    command = [sys.executable, "-m", "tests.support.tp_worker", str(model_dir), str(out), "mtp"]
+    launched = mlx_launch(command, ranks=2, timeout_s=50)
+    said = launched.stdout + launched.stderr
+    assert "has no MTP weights" in said and "rank 0 could not load its drafter" in said, said
+    assert not out.exists()

@@ -131,7 +131,7 @@ class Engine(PromptEncoder):
     def load(cls, name: str, config: EngineConfig | None = None) -> Engine:
         """Load ``name``: "demo", a local model directory, or a Hugging Face hub id (on every
         rank of a launched group: docs/distributed.md)."""
-        from macbatch.engine.distributed.loading import drafter_loaded, load
+        from macbatch.engine.distributed.loading import load, settle_drafting
 
         config = config or EngineConfig()
         model, tokenizer, group = load(name, config)
@@ -143,9 +143,9 @@ class Engine(PromptEncoder):
                 required = config.speculative == "mtp"
                 draft = mtp_head_for(name, model, required, distributed=group is not None)
         except Exception:
-            drafter_loaded(False, group)
+            settle_drafting(None, group)
             raise
-        drafter_loaded(True, group)
+        settle_drafting(resolved_mode(config.speculative, isinstance(draft, MtpHead)), group)
         engine = cls(
             model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
         )

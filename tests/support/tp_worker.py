@@ -4,11 +4,12 @@ and reuses cached prefixes, and writes what it generated; the other ranks follow
 
     python -m tests.support.tp_worker MODEL_DIR OUT.json [SPECULATIVE [DRAFT_MODEL_DIR]]
 
-With SPECULATIVE (``ngram``, ``draft``, ``mtp`` or ``auto``) rank 0 speculates
-(docs/speculative.md): the verification chunks travel in the broadcast step like any other
-chunk. Drafting with an MTP layer, it also writes the target's hidden states that layer was
-handed (``hidden``: per request, position -> row), so a test can hold them against the whole
-model's.
+SPECULATIVE is ``auto`` unless given, as in the front ends: rank 0 does not speculate unless
+the checkpoint has MTP heads. With ``ngram``, ``draft``, ``mtp`` (or ``auto`` and heads) it
+speculates (docs/speculative.md): the verification chunks travel in the broadcast step like
+any other chunk. Drafting with an MTP layer, it also writes the target's hidden states that
+layer was handed (``hidden``: per request, position -> row), so a test can hold them against
+the whole model's.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from macbatch.launch import follower_exit_status
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
 CONFIG = EngineConfig(num_blocks=14, block_size=8, max_num_batched_tokens=24, max_num_seqs=8)
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
-# Most MTP drafts hold (``auto`` drafts with the test's MTP layer), so the requests leave sooner: a
-# smaller pool still preempts.
-NUM_BLOCKS = {"auto": 10}
+# A checkpoint with MTP heads drafts with them (``auto``), and most of the tests' MTP drafts
+# hold, so the requests leave sooner: a smaller pool still preempts.
+MTP_NUM_BLOCKS = 10
 
 
 def workload_prompts() -> list[list[int]]:
@@ -50,12 +51,13 @@ def workload_prompts() -> list[list[int]]:
     ]
 
 
-def run_rank_zero(model_dir: str, out: Path, speculative: str = "off", draft: str = "") -> None:
+def run_rank_zero(model_dir: str, out: Path, speculative: str = "auto", draft: str = "") -> None:
+    declared = json.loads((Path(model_dir) / "config.json").read_text())
     config = dataclasses.replace(
         CONFIG,
         speculative=speculative,
         draft_model=draft or None,
-        num_blocks=NUM_BLOCKS.get(speculative, CONFIG.num_blocks),
+        num_blocks=MTP_NUM_BLOCKS if declared.get("mtp_num_hidden_layers") else CONFIG.num_blocks,
     )
     engine = Engine.load(model_dir, config)
     prompts = workload_prompts()

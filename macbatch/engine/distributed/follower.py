@@ -8,6 +8,7 @@ engine core).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -21,7 +22,7 @@ from macbatch.engine.distributed.channel import (
     channel_of,
     decode_batch,
 )
-from macbatch.engine.distributed.loading import drafter_loaded, load
+from macbatch.engine.distributed.loading import load, settle_drafting
 from macbatch.engine.worker.model_runner import ModelRunner
 from macbatch.engine.worker.packing import PackedBatch
 
@@ -41,13 +42,17 @@ def follow(group: mx.distributed.Group, replicate: Callable[[LoadOrder], int] | 
             raise RuntimeError(f"{channel.who}: expected a load message first, got {kind.name}")
         order = StepChannel.load_order(payload)
         model, _, _ = load(order.model, order.config)  # on this process's group
-        if not drafter_loaded(True, group):
+        mode = settle_drafting(None, group)
+        if mode is None:
             sys.stderr.write(f"macbatch {channel.who}: rank 0 could not load its drafter\n")
             channel.receive()  # the stop rank 0 sends as it exits with the reason
             return 1
+        config = dataclasses.replace(order.config, speculative=mode)
         # The same collectives as rank 0's engine makes while it builds its runner.
-        runner = ModelRunner(model, order.config, owns_model=True, group=group)
-        sys.stderr.write(f"macbatch {channel.who}: loaded its shard of {order.model}\n")
+        runner = ModelRunner(model, config, owns_model=True, group=group)
+        sys.stderr.write(
+            f"macbatch {channel.who}: loaded its shard of {order.model} (speculative {mode})\n"
+        )
         run_steps(runner, channel)
     except PeerLostError as exc:
         # Rank 0 exiting without a stop (a crash, or `serve` leaving at once) lands here too.

@@ -45,6 +45,13 @@ def smallest(value: int, group: mx.distributed.Group) -> int:
     return _ints(mx.distributed.all_min(mine, group=group, stream=mx.cpu))[0]
 
 
+def rank_zero_value(value: int, group: mx.distributed.Group) -> int:
+    """Rank 0's ``value`` on every rank (the others' are unread; every rank must call this at
+    the same point)."""
+    mine = mx.array([value if group.rank() == 0 else 0], dtype=mx.int32)
+    return _ints(mx.distributed.all_sum(mine, group=group, stream=mx.cpu))[0]
+
+
 def failed_ranks(failed: bool, group: mx.distributed.Group) -> list[int]:
     """Every rank says whether it failed; all of them learn which did."""
     flags = mx.distributed.all_gather(

@@ -10,8 +10,9 @@ import mlx.core as mx
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.channel import LoadOrder, channel_of
-from macbatch.engine.distributed.group import current, failed_ranks
+from macbatch.engine.distributed.group import current, failed_ranks, rank_zero_value
 from macbatch.engine.loader import declared_head_dim, load_model
+from macbatch.engine.speculative.methods import SPECULATIVE_MODES
 from macbatch.engine.worker.pages import PageFormat
 
 if TYPE_CHECKING:
@@ -56,11 +57,16 @@ def load_on_every_rank(
     return loaded
 
 
-def drafter_loaded(loaded: bool, group: mx.distributed.Group | None) -> bool:
-    """Whether rank 0 loaded its drafter (a draft model or an MTP layer, rank 0's alone, loaded
-    after the model): every rank of ``group`` calls this between loading the model and building
-    its runner, so a drafter that cannot load (rank 0 says why) stops the followers at once
-    instead of leaving them in the runner's first collective. Alone (no group): ``loaded``."""
+def settle_drafting(mode: str | None, group: mx.distributed.Group | None) -> str | None:
+    """Rank 0's speculative mode as it resolved it once its drafter (a draft model or an MTP
+    layer: rank 0's alone, loaded after the model) loaded, on every rank of ``group``; None when
+    it could not load one (rank 0 says why). Every rank calls this between loading the model and
+    building its runner (the others' ``mode`` is unread), so a drafter that fails stops the
+    followers at once instead of leaving them in the runner's first collective, and they build
+    their runner for the mode rank 0 runs (``auto`` without MTP heads is "off": no snapshot
+    state slots). Alone (no group): ``mode``."""
     if group is None:
-        return loaded
-    return 0 not in failed_ranks(group.rank() == 0 and not loaded, group)
+        return mode
+    code = 0 if mode is None else SPECULATIVE_MODES.index(mode) + 1
+    settled = rank_zero_value(code, group)
+    return None if settled == 0 else SPECULATIVE_MODES[settled - 1]

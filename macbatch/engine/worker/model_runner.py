@@ -154,9 +154,9 @@ class ModelRunner:
         if states is not None:
             kv_bytes = cap * full.bytes_per_block
             sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
-            speculative = config.speculative != "off"  # drafts need their snapshots
-            rows = sizes.slots * slot_stride(speculative) + sizes.checkpoints
-            self.states = StateStore(self.adapter.state_shapes, rows, speculative)
+            snapshots = verifies_drafts(config)
+            rows = sizes.slots * slot_stride(snapshots) + sizes.checkpoints
+            self.states = StateStore(self.adapter.state_shapes, rows, snapshots)
             self.cache_groups.append((states, StateMemory(self.states, sizes)))
 
     def _caps(
@@ -177,8 +177,10 @@ class ModelRunner:
                 model, full.bytes_per_block, window.bytes_per_block, self, config
             )
             reserved += window_cap * window.bytes_per_block
-        if states is not None:  # the state slots' most (they grow on demand: state_slots.py)
-            reserved += config.max_num_seqs * states.bytes_per_state
+        if states is not None:  # the state slots' most (they grow on demand: state_slots.py),
+            # each with its rollback snapshot when drafts may be verified
+            stride = slot_stride(verifies_drafts(config))
+            reserved += config.max_num_seqs * stride * states.bytes_per_state
         if self.draft is not None:
             reserved += self.draft.weights_nbytes + self.draft.state_bytes_most
         cap = config.num_blocks or blocks_for_memory(
@@ -325,6 +327,12 @@ def window_pool_cap(
         model, per_block + window_per_block, runner.context_length, config
     )
     return min(config.max_num_seqs * per_request, fits)
+
+
+def verifies_drafts(config: EngineConfig) -> bool:
+    """Whether steps may verify drafts, so each request's recurrent state slot has a rollback
+    snapshot beside it (``StateStore``)."""
+    return config.speculative != "off"
 
 
 def blocks_for_memory(

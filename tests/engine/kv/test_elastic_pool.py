@@ -176,3 +176,25 @@ def test_block_pool_grows_and_compacts_its_cache():
     assert kept == [c] and pool.num_blocks == 1  # the most recently freed cached block
     assert pool.lookup(b"C") == 0 and pool.lookup(b"A") is None
     assert pool.num_occupied == 1 and pool.num_free == 1
+
+
+@pytest.mark.parametrize("speculative", ["off", "ngram"])
+def test_a_hybrids_state_slots_at_their_most_are_reserved_with_their_snapshots(
+    speculative, tiny_tokenizer, monkeypatch
+):
+    """The memory the KV pool's cap leaves aside for a hybrid's request state slots is what the
+    state store allocates for ``max_num_seqs`` of them at their most: with speculation, each
+    slot's rollback snapshot beside it (twice the rows)."""
+    seen: list[int] = []
+
+    def capture(model, per_block, context_length, config, reserved=0):
+        seen.append(reserved)
+        return 64
+
+    monkeypatch.setattr(model_runner, "blocks_for_memory", capture)
+    config = _elastic(max_num_seqs=4, enable_prefix_caching=False, speculative=speculative)
+    engine = Engine(build_model("qwen3_5"), tiny_tokenizer, config)
+    states = engine.runner.states
+    assert states is not None
+    assert seen == [4 * states.stride * states.bytes_per_slot]
+    assert states.stride == (1 if speculative == "off" else 2)

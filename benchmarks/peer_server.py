@@ -9,6 +9,15 @@ alternate over the repeats; each gets one warm-up request first. Printed: output
 second, time to first token (median and p90), each server's CPU seconds (its process tree's),
 the ratios, and whether the two servers' greedy texts agree.
 
+The lead's shape, 48 streamed chats of a 4-bit model: ``--requests 48 --chat --quantize 4``
+(``--chat``: three turns per prompt to /v1/chat/completions through ``CHAT_TEMPLATE``, saved with
+the tokenizer; ``--quantize``: mlx-lm's ``quantize_model``, group 64). On a CPU-only machine,
+MLX's 4-bit matmul runs at about 1 GFLOP/s, so the bench shape is compute-bound there for both
+servers: ``--shape tiny`` (compute negligible) puts the servers' host work first, as a small
+model on a Mac's GPU does. ``--tree DIR`` (repeatable) serves macbatch from a checkout, e.g. a
+``git worktree`` of an older commit, beside the current one: the first tree is the one that the
+others are compared against when there is no ``--peer``.
+
 vllm-mlx is never a dependency of macbatch: install it into its own venv and pass its command,
 e.g. ``python -m venv /tmp/vmx && /tmp/vmx/bin/pip install vllm-mlx 'mlx[cpu]'`` (on Linux its
 ``mlx`` needs the ``cpu`` extra), then

@@ -25,6 +25,18 @@ BENCH_MODEL = dict(
     tie_word_embeddings=True,
 )
 
+# A model whose compute is negligible (overrides of BENCH_MODEL): a step's time is what the host
+# does around it, as with a small model on a Mac's GPU (benchmarks/host_overhead.py).
+TINY_MODEL = dict(
+    hidden_size=64,
+    num_hidden_layers=1,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=2048,
+)
+
 # Qwen3-0.6B's shape (random weights): what single-stream decode speed is measured on.
 QWEN3_0_6B = dict(
     hidden_size=1024,

@@ -52,6 +52,7 @@ import numpy as np
 
 from benchmarks.common import (
     QWEN3_0_6B,
+    TINY_MODEL,
     bench_tokenizer,
     build_bench_model,
     warn_without_openblas,
@@ -61,15 +62,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.worker.compiled_step import MAX_BATCH
 from macbatch.engine.worker.packing import pack
 
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=1,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=2048,
-)
+TINY = TINY_MODEL
 PROMPT_LEN = 16
 WARMUP_STEPS = 4
 

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Engine": "macbatch.engine.engine",
     "EngineThread": "macbatch.engine.runtime",
     "EngineDeadError": "macbatch.engine.runtime",
+    "post_to_loop": "macbatch.engine.loop_handoff",  # outputs to an event loop, batched
     "Turns": "macbatch.engine.device",  # the device's turns, shared by engines on it
     "EngineConfig": "macbatch.engine.config",
     "EngineStats": "macbatch.engine.core.stats",
@@ -132,6 +133,7 @@ if TYPE_CHECKING:
     from macbatch.engine.inputs.tokenizer import Tokenizer
     from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
     from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.families import unsupported_reason
     from macbatch.engine.model.probe import probe_model

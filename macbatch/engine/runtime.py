@@ -23,6 +23,7 @@ from macbatch.engine.device import OwnDevice, Turns
 from macbatch.engine.engine import Engine
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
+from macbatch.engine.loop_handoff import held_posts, post_to_loop
 from macbatch.engine.model_info import EngineInfo
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
@@ -220,7 +221,7 @@ class EngineThread(PromptEncoder):
         def deliver(out: RequestOutput) -> None:
             # RuntimeError: the consumer's loop is gone; the request is cancelled below.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(outputs.put_nowait, out)
+                post_to_loop(loop, outputs.put_nowait, out)
 
         rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs, tools)
         finished = False
@@ -373,12 +374,15 @@ class EngineThread(PromptEncoder):
         return self._device.turn(self._name)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            callback = self._callbacks.get(out.request_id)
-            if out.finished:
-                self._callbacks.pop(out.request_id, None)
-            if callback is not None:
-                _safely(callback, out)
+        """Run the callbacks of a step's outputs; what they post to event loops wakes each
+        loop once, after the last (engine/loop_handoff.py)."""
+        with held_posts():
+            for out in outputs:
+                callback = self._callbacks.get(out.request_id)
+                if out.finished:
+                    self._callbacks.pop(out.request_id, None)
+                if callback is not None:
+                    _safely(callback, out)
 
     def _fail_everything(self, message: str) -> None:
         """After a crash, finish every known request with an error so no caller hangs."""

@@ -22,6 +22,7 @@ from macbatch.engine import (
     PromptInput,
     RequestOutput,
     SamplingParams,
+    post_to_loop,
 )
 from macbatch.server.errors import APIError, engine_unavailable, invalid
 from macbatch.server.metrics import ServerMetrics
@@ -120,7 +121,7 @@ class Run:
 
         def on_output(out: RequestOutput) -> None:
             with contextlib.suppress(RuntimeError):  # a closed event loop: the server is gone
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, out))
+                post_to_loop(self._loop, self._queue.put_nowait, (index, out))
 
         return on_output
 

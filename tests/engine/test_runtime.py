@@ -16,6 +16,7 @@ from macbatch.engine import (
     EngineThread,
     FinishReason,
     SamplingParams,
+    post_to_loop,
 )
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import build_model
@@ -49,6 +50,48 @@ async def test_concurrent_streams_share_steps(thread, model):
         assert [t for o in outs for t in o.new_token_ids] == mlx_lm_greedy(model, prompt, 8)
     steps = [{o.step for o in outs} for outs in results]
     assert steps[0] & steps[1] & steps[2], "the three requests never ran in the same step"
+
+
+async def test_a_steps_outputs_wake_the_loop_once(thread, model):
+    """Eight streams: a step's eight outputs reach the event loop in one wake-up, not one
+    each (``loop_handoff``), and every stream still gets mlx-lm's tokens in order."""
+    loop = asyncio.get_running_loop()
+    wakeups = 0
+    call_soon_threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args, **kwargs):
+        nonlocal wakeups
+        wakeups += 1
+        return call_soon_threadsafe(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    prompts = [[5 + i, 6, 7] for i in range(8)]
+    try:
+        results = await asyncio.gather(*(_collect(thread, p) for p in prompts))
+    finally:
+        del loop.call_soon_threadsafe
+    for prompt, outs in zip(prompts, results):
+        assert [t for o in outs for t in o.new_token_ids] == mlx_lm_greedy(model, prompt, 8)
+    outputs = sum(len(outs) for outs in results)
+    steps = len({o.step for outs in results for o in outs})
+    assert outputs >= 64 and wakeups <= steps, (wakeups, steps, outputs)
+
+
+def test_posting_to_a_closed_loop_raises_and_forgets_the_call():
+    """``post_to_loop`` on a closed loop raises as ``call_soon_threadsafe`` does; the call is
+    dropped, so a post to the next loop runs alone."""
+    closed = asyncio.new_event_loop()
+    closed.close()
+    ran = []
+    with pytest.raises(RuntimeError):
+        post_to_loop(closed, ran.append, "lost")
+    loop = asyncio.new_event_loop()
+    try:
+        post_to_loop(loop, ran.append, "kept")
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    assert ran == ["kept"]
 
 
 async def test_leaving_a_stream_cancels_and_frees(thread):

@@ -226,6 +226,32 @@ def quantize_for_mtp(model: nn.Module, head: MtpHead, bits: int) -> None:
     nn.quantize(head, 32, bits, class_predicate=_quantizable)
 
 
+def recorded_proposals(engine: Any) -> list[tuple[list[int], list[int]]]:
+    """A list that each of ``engine``'s MTP proposals is appended to from now on: the request's
+    tokens when it was proposed, and its drafts."""
+    assert engine.speculator is not None
+    drafter = engine.speculator.drafter
+    proposals: list[tuple[list[int], list[int]]] = []
+    propose = drafter.propose
+
+    def recording(requests: Any, ks: Any) -> list[list[int]]:
+        out = propose(requests, ks)
+        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
+        return out
+
+    drafter.propose = recording
+    return proposals
+
+
+def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
+    """``engine`` drafts with an MTP layer holding exactly the weights ``expected``."""
+    head = engine.runner.draft.head
+    loaded = dict(tree_flatten(head.parameters()))
+    assert sorted(loaded) == sorted(expected)
+    for name, value in expected.items():
+        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+
+
 def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
     """The MTP layer's ``k`` greedy drafts after ``tokens``, run unpaged: mlx-lm's KV cache and
     its own attention path (an array causal mask, which MLA's score mask takes too) over

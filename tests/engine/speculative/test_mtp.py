@@ -22,6 +22,7 @@ from tests.support.mtp import (
     mtp_target,
     predicting_mtp_head,
     random_mtp_head,
+    recorded_proposals,
     unpaged_drafts,
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
@@ -86,17 +87,7 @@ def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
     model = mtp_target(arch)
     head = random_mtp_head(model)
     engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
-    assert engine.speculator is not None
-    drafter = engine.speculator.drafter
-    proposals: list[tuple[list[int], list[int]]] = []
-    propose = drafter.propose
-
-    def recording(requests, ks):
-        out = propose(requests, ks)
-        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
-        return out
-
-    drafter.propose = recording  # type: ignore[method-assign]
+    proposals = recorded_proposals(engine)
     _greedy(engine)
     assert len(proposals) > 10
     for tokens, drafts in proposals:

@@ -10,21 +10,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
 import pytest
-from mlx.utils import tree_flatten
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.worker.pages import LayerShape
 from macbatch.model_check import check_model
 from tests.support.mtp import (
     NEXTN_ARCHS,
+    assert_mtp_weights,
     mtp_target,
     predicting_mtp_head,
     quantize_for_mtp,
     random_mtp_head,
+    recorded_proposals,
     save_nextn_checkpoint,
     unpaged_drafts,
     without_nextn_layer,
@@ -92,17 +92,7 @@ def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
     model = mtp_target(arch)
     head = random_mtp_head(model)
     engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
-    assert engine.speculator is not None
-    drafter = engine.speculator.drafter
-    proposals: list[tuple[list[int], list[int]]] = []
-    propose = drafter.propose
-
-    def recording(requests, ks):
-        out = propose(requests, ks)
-        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
-        return out
-
-    drafter.propose = recording  # type: ignore[method-assign]
+    proposals = recorded_proposals(engine)
     assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert len(proposals) > 10
     for tokens, drafts in proposals:
@@ -125,11 +115,7 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(arch, bits, tmp_path):
     expected = save_nextn_checkpoint(path, arch, bits)
     engine = _load(path, "auto")
     assert engine.config.speculative == "mtp"
-    head = engine.runner.draft.head  # type: ignore[union-attr]
-    loaded = dict(tree_flatten(head.parameters()))
-    assert sorted(loaded) == sorted(expected)
-    for name, value in expected.items():
-        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+    assert_mtp_weights(engine, expected)
     model = mlx_lm.load(str(without_nextn_layer(path)))[0]
     prompts = PROMPTS[:2]
     assert _greedy(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
@@ -146,3 +132,26 @@ def test_doctor_counts_the_mtp_layer(tmp_path):
     assert "weights were dropped" in dict(check_model(str(dropped)).rows)["MTP heads"]
     with pytest.raises(ValueError, match="has no MTP weights"):
         _load(dropped, "mtp")
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_a_restart_from_disk_and_quantized_latent_pages(bits, tiny_tokenizer, tmp_path):
+    """An MLA target and its MLA MTP layer over quantized (4-bit) or float latent pages, the
+    disk tier keeping the target's blocks: a fresh engine reads the prompt's blocks back (the
+    MTP layer's rows of them are written again by its catch-up), drafts, and its tokens stay
+    mlx-lm's over a cache rounded as the pages round it."""
+    model = mtp_target("deepseek_v3")
+    head = predicting_mtp_head(model)
+    config = dict(disk_cache_dir=str(tmp_path), kv_bits=bits)
+    prompt = [(7 * i) % 300 + 5 for i in range(40)]
+    first = _engine(model, tiny_tokenizer, head, **config)
+    _greedy(first, [prompt])
+    first.close()
+    engine = _engine(model, tiny_tokenizer, head, **config)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    [out] = engine.generate([prompt + [5, 6, 7]], params)
+    assert out.metrics.disk_cached_tokens == 40
+    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], MAX_TOKENS, bits, kv_group_size=32)
+    assert out.token_ids == expected
+    assert engine.stats().speculation.accepted > 0
+    engine.close()

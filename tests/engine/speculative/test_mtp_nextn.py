@@ -70,6 +70,8 @@ def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tok
     then the same prompts again, their blocks from the prefix cache."""
     model = mtp_target(arch)
     head = predicting_mtp_head(model)
+    # built as the checkpoint's layer num_hidden_layers: a sparse-MoE layer, as the target's last
+    assert type(head.layers[0].mlp) is type(model.layers[-1].mlp) is not type(model.layers[0].mlp)
     if bits:
         quantize_for_mtp(model, head, bits)
     engine = _engine(model, tiny_tokenizer, head)

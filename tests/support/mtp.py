@@ -60,6 +60,14 @@ NEXTN_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "glm4_moe": ("qwen3", _GLM4_MOE),
     "glm4_moe_lite": ("glm4_moe_lite", {}),
 }
+# five prompts of the MTP tests: repeating ones (drafts hold), a random one, a long run
+PROMPTS = [
+    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
+    [90 + (i % 3) for i in range(21)],
+    [200, 17, 33, 250, 8, 300, 120, 64, 5],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
+    [300, 301, 5, 6, 300, 301],
+]
 _NORMS = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",

@@ -220,18 +220,15 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
 
 
 def _sanitized_by_target(weights: dict[str, mx.array], text: nn.Module) -> dict[str, mx.array]:
-    """The decoder layers' weights through the target's own ``sanitize`` as its layer 0 (the
-    index its conversions cover; later MTP layers are not kept): a Hugging Face checkpoint's
-    experts stacked, DeepSeek's ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8
+    """The MTP weights through the target's own ``sanitize``, the decoder layer as its layer 0
+    (the index its conversions cover): a Hugging Face checkpoint's experts stacked, DeepSeek's
+    ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8 weights (``eh_proj`` too)
     dequantized; a converted layer passes unchanged."""
     sanitize = getattr(text, "sanitize", None)
-    layer = {k: v for k, v in weights.items() if k.startswith("layers.0.")}
-    if sanitize is None or not layer:
+    if sanitize is None:
         return weights
-    out = {k: v for k, v in weights.items() if not k.startswith("layers.0.")}
-    converted = sanitize({f"model.{k}": v for k, v in layer.items()})
-    out.update({k.removeprefix("model."): v for k, v in converted.items()})
-    return out
+    converted = sanitize({f"model.{k}": v for k, v in weights.items()})
+    return {k.removeprefix("model."): v for k, v in converted.items()}
 
 
 def _is_centred_norm(name: str, value: mx.array) -> bool:

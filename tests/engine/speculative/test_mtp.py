@@ -19,6 +19,7 @@ from macbatch.engine.model.adapter import text_model
 from macbatch.engine.speculative.mtp_model import MtpHead
 from tests.support.mtp import (
     MTP_ARCHS,
+    PROMPTS,
     mtp_target,
     predicting_mtp_head,
     random_mtp_head,
@@ -27,13 +28,6 @@ from tests.support.mtp import (
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
-PROMPTS = [
-    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
-    [90 + (i % 3) for i in range(21)],
-    [200, 17, 33, 250, 8, 300, 120, 64, 5],
-    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
-    [300, 301, 5, 6, 300, 301],
-]
 MAX_TOKENS = 16
 
 

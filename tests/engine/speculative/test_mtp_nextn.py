@@ -19,6 +19,7 @@ from macbatch.engine.worker.pages import LayerShape
 from macbatch.model_check import check_model
 from tests.support.mtp import (
     NEXTN_ARCHS,
+    PROMPTS,
     assert_mtp_weights,
     mtp_target,
     predicting_mtp_head,
@@ -32,13 +33,6 @@ from tests.support.mtp import (
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
 ARCHS = sorted(NEXTN_ARCHS)
-PROMPTS = [
-    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
-    [90 + (i % 3) for i in range(21)],
-    [200, 17, 33, 250, 8, 300, 120, 64, 5],
-    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
-    [300, 301, 5, 6, 300, 301],
-]
 MAX_TOKENS = 16
 CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from macbatch.engine.speculative.mtp_weights import mtp_name
+from macbatch.engine.speculative.mtp_weights import MtpNames, mtp_names
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -96,7 +96,8 @@ def _download(repo_id: str) -> Path:
 
 def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
     """mlx-lm's ``load_model`` of a local checkpoint (and its config), with its multi-token
-    prediction weights (``mtp.*`` under any prefix) dropped before mlx-lm's strict load: no
+    prediction weights (``mtp.*`` under any prefix, or DeepSeek/GLM's decoder layers from
+    ``num_hidden_layers`` on: ``mtp_weights.py``) dropped before mlx-lm's strict load: no
     mlx-lm model holds them (``mtp_weights.py`` reads them itself), and mlx-lm's qwen3_next
     ``sanitize`` drops them only from checkpoints whose experts are not stacked yet, so every
     converted one that keeps them was refused."""
@@ -111,19 +112,19 @@ def _classes_without_mtp(config: dict[str, Any]) -> tuple[type, type]:
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config)
-    return _dropping_mtp(model_class), args_class
+    return _dropping_mtp(model_class, mtp_names(config)), args_class
 
 
 @functools.cache
-def _dropping_mtp(model_class: type) -> type:
+def _dropping_mtp(model_class: type, names: MtpNames) -> type:
     """A subclass of ``model_class`` (same name and module: the family is read from them) whose
     ``sanitize`` drops the MTP weights, then runs the class's own where it has one."""
 
     def sanitize(self: Any, weights: dict[str, Any]) -> dict[str, Any]:
-        weights = {k: v for k, v in weights.items() if mtp_name(k) is None}
+        weights = {k: v for k, v in weights.items() if names.split(k) is None}
         own = getattr(super(subclass, self), "sanitize", None)
         return own(weights) if own is not None else weights
 
-    names = {"__module__": model_class.__module__, "__qualname__": model_class.__qualname__}
-    subclass = type(model_class.__name__, (model_class,), {"sanitize": sanitize, **names})
+    same = {"__module__": model_class.__module__, "__qualname__": model_class.__qualname__}
+    subclass = type(model_class.__name__, (model_class,), {"sanitize": sanitize, **same})
     return subclass

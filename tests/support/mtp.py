@@ -14,7 +14,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import quantize_model
 
-from macbatch.engine.model.adapter import text_model
+from macbatch.engine.model.adapter import model_type_of, text_model
+from macbatch.engine.model.families import MtpNaming, family
 from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
 from tests.support.tiny import build_model, save_model
 
@@ -33,6 +34,40 @@ MTP_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen3_next": ("qwen3_next", {}),
 }
+_GLM4_MOE = dict(
+    model_type="glm4_moe",
+    num_hidden_layers=2,
+    head_dim=16,
+    moe_intermediate_size=32,
+    norm_topk_prob=True,
+    n_group=1,
+    topk_group=1,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    routed_scaling_factor=1.5,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    use_qk_norm=True,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    partial_rotary_factor=0.5,
+    rope_scaling=None,
+)
+# the families whose MTP layer is the checkpoint's decoder layer num_hidden_layers (DeepSeek's
+# naming): two MLA families (tiny.py's configs) and GLM-4.5's GQA one (qwen3's sizes)
+NEXTN_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "deepseek_v3": ("deepseek_v3", {}),
+    "glm4_moe": ("qwen3", _GLM4_MOE),
+    "glm4_moe_lite": ("glm4_moe_lite", {}),
+}
+# five prompts of the MTP tests: repeating ones (drafts hold), a random one, a long run
+PROMPTS = [
+    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
+    [90 + (i % 3) for i in range(21)],
+    [200, 17, 33, 250, 8, 300, 120, 64, 5],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
+    [300, 301, 5, 6, 300, 301],
+]
 _NORMS = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
@@ -49,14 +84,16 @@ _OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 
 def mtp_target(arch: str, seed: int = 0) -> nn.Module:
     """The tiny model of one of ``MTP_ARCHS``."""
-    base, overrides = MTP_ARCHS[arch]
+    base, overrides = {**MTP_ARCHS, **NEXTN_ARCHS}[arch]
     return build_model(base, seed, **overrides)
 
 
 def random_mtp_head(model: nn.Module, seed: int = 1) -> MtpHead:
-    """An MTP layer for ``model`` with random weights (its drafts are mostly rejected)."""
+    """An MTP layer for ``model`` with random weights (its drafts are mostly rejected), built at
+    the index its family's checkpoints store it at."""
     mx.random.seed(seed)
-    head = new_mtp_head(text_model(model))
+    naming = family(model_type_of(model)).mtp or MtpNaming.QWEN
+    head = new_mtp_head(text_model(model), naming)
     head.set_dtype(mx.float32)
     mx.eval(head.parameters())
     return head
@@ -198,4 +235,156 @@ def _hf_experts(weights: dict[str, mx.array], fused: bool) -> dict[str, mx.array
         elif proj == "gate_proj":
             up = weights[f"{mlp}.switch_mlp.up_proj.weight"]
             out[f"{mlp}.experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+    return out
+
+
+def _quantizable(_: str, module: nn.Module) -> bool:
+    """Quantized in groups of 32: every projection whose input is (an MLA model's 16-wide
+    per-head up-projections are not)."""
+    return hasattr(module, "to_quantized") and module.weight.shape[-1] % 32 == 0
+
+
+def quantize_for_mtp(model: nn.Module, head: MtpHead, bits: int) -> None:
+    """``model`` and its MTP layer quantized to ``bits`` in groups of 32, in place."""
+    nn.quantize(model, 32, bits, class_predicate=_quantizable)
+    nn.quantize(head, 32, bits, class_predicate=_quantizable)
+
+
+def recorded_proposals(engine: Any) -> list[tuple[list[int], list[int]]]:
+    """A list that each of ``engine``'s MTP proposals is appended to from now on: the request's
+    tokens when it was proposed, and its drafts."""
+    assert engine.speculator is not None
+    drafter = engine.speculator.drafter
+    proposals: list[tuple[list[int], list[int]]] = []
+    propose = drafter.propose
+
+    def recording(requests: Any, ks: Any) -> list[list[int]]:
+        out = propose(requests, ks)
+        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
+        return out
+
+    drafter.propose = recording
+    return proposals
+
+
+def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
+    """``engine`` drafts with an MTP layer holding exactly the weights ``expected``."""
+    head = engine.runner.draft.head
+    loaded = dict(tree_flatten(head.parameters()))
+    assert sorted(loaded) == sorted(expected)
+    for name, value in expected.items():
+        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+
+
+def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
+    """The MTP layer's ``k`` greedy drafts after ``tokens``, run unpaged: mlx-lm's KV cache and
+    its own attention path (an array causal mask, which MLA's score mask takes too) over
+    mlx-lm's normed hidden states of ``tokens``, then its own outputs and drafts."""
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_lm.models.cache import KVCache
+
+    text = text_model(model)
+    inner = text.model
+    hidden = inner(mx.array([tokens]))  # the target's normed hidden states, mlx-lm's forward
+
+    def logits(out: mx.array) -> mx.array:
+        if getattr(text.args, "tie_word_embeddings", False):
+            return inner.embed_tokens.as_linear(out)
+        return text.lm_head(out)
+
+    def mtp(next_tokens: list[int], states: mx.array, cache: KVCache) -> mx.array:
+        embedded = head.pre_fc_norm_embedding(inner.embed_tokens(mx.array([next_tokens])))
+        x = head.fc(mx.concatenate([embedded, head.pre_fc_norm_hidden(states)], axis=-1))
+        mask = create_attention_mask(x, cache, return_array=True) if x.shape[1] > 1 else None
+        return head.norm(head.layers[0](x, mask=mask, cache=cache))
+
+    cache = KVCache()
+    out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
+    drafts = [int(mx.argmax(logits(out)[0, -1]))]
+    while len(drafts) < k:
+        out = mtp([drafts[-1]], out, cache)
+        drafts.append(int(mx.argmax(logits(out)[0, -1])))
+    return drafts
+
+
+# MtpHead's parts by DeepSeek's checkpoint names (relative to the MTP layer), as written by hand
+_NEXTN_PARTS = {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+}
+
+
+def save_nextn_checkpoint(path: Path, arch: str, bits: int | None) -> dict[str, mx.array]:
+    """A tiny checkpoint of one of ``NEXTN_ARCHS`` with its MTP layer at
+    ``model.layers.{num_hidden_layers}`` (and ``num_nextn_predict_layers: 1``): float, in
+    Hugging Face's layout (unstacked experts, DeepSeek's ``kv_b_proj`` whole, ``embed_tokens``
+    and ``shared_head.head`` copies of the target's); ``bits``: mlx-lm's own conversion of the
+    target, the MTP layer quantized (groups of 32) in MLX's layout beside it. Returns the MTP
+    layer's weights as MLX holds them (the loader's expected result)."""
+    from mlx_lm import convert
+
+    base, overrides = NEXTN_ARCHS[arch]
+    model = mtp_target(arch)
+    head = random_mtp_head(model)
+    if bits is None:
+        save_model(path, base, **overrides)
+    else:
+        float_path = save_model(path.with_name(path.name + "-float"), base, **overrides)
+        convert(str(float_path), str(path), quantize=True, q_bits=bits, q_group_size=32)
+        nn.quantize(head, 32, bits, class_predicate=_quantizable)
+        mx.eval(head.parameters())
+    expected = dict(tree_flatten(head.parameters()))
+    config = json.loads((path / "config.json").read_text())
+    layer = f"model.layers.{config['num_hidden_layers']}."
+    written = {_nextn_name(k): v for k, v in expected.items()}
+    if bits is None:
+        written = _hf_layer(written, model.args)
+        text = dict(tree_flatten(model.parameters()))
+        written["embed_tokens.weight"] = text["model.embed_tokens.weight"]
+        written["shared_head.head.weight"] = text["lm_head.weight"]
+    file = path / "model.safetensors"
+    weights = dict(mx.load(str(file)))
+    weights.update({layer + k: v for k, v in written.items()})
+    mx.save_safetensors(str(file), weights)
+    config["num_nextn_predict_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected
+
+
+def without_nextn_layer(path: Path) -> Path:
+    """A copy of the checkpoint at ``path`` (beside it) without the weights of its layers from
+    ``num_hidden_layers`` on: what mlx-lm's generation loads as the oracle (mlx-lm's deepseek_v3
+    drops only DeepSeek V3's own layer 61)."""
+    copy = path.with_name(path.name + "-without-mtp")
+    shutil.copytree(path, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    first = json.loads((path / "config.json").read_text())["num_hidden_layers"]
+    for file in path.glob("*.safetensors"):
+        weights = {
+            k: v
+            for k, v in mx.load(str(file)).items()
+            if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= first)
+        }
+        mx.save_safetensors(str(copy / file.name), weights)
+    return copy
+
+
+def _nextn_name(name: str) -> str:
+    if name.startswith("layers.0."):
+        return name[len("layers.0.") :]
+    part, _, rest = name.partition(".")
+    return f"{_NEXTN_PARTS[part]}.{rest}"
+
+
+def _hf_layer(weights: dict[str, mx.array], args: Any) -> dict[str, mx.array]:
+    """A float MTP layer in Hugging Face's layout: experts one per projection, and an MLA
+    layer's key and value up-projections (mlx-lm's ``embed_q`` ``[H, rank, nope]``,
+    ``unembed_out`` ``[H, v, rank]``) back in one ``kv_b_proj`` ``[H * (nope + v), rank]``."""
+    out = _hf_experts(weights, fused=False)
+    key = out.pop("self_attn.embed_q.weight", None)
+    if key is not None:
+        value = out.pop("self_attn.unembed_out.weight")
+        both = mx.concatenate([key.swapaxes(-1, -2), value], axis=1)
+        out["self_attn.kv_b_proj.weight"] = both.reshape(-1, args.kv_lora_rank)
     return out

@@ -48,6 +48,18 @@ class ImageFeatures(Enum):
     TOWER = "tower"
 
 
+class MtpNaming(Enum):
+    """How a checkpoint names its multi-token-prediction (MTP) layer's weights
+    (speculative/mtp_weights.py holds each scheme's table)."""
+
+    # Qwen3.5, Qwen3-Next: under ``mtp.`` (``fc``, ``pre_fc_norm_embedding``,
+    # ``pre_fc_norm_hidden``, ``layers.N.*``, ``norm``)
+    QWEN = "qwen"
+    # DeepSeek V3, GLM-4.5: decoder layer ``num_hidden_layers`` of the checkpoint (``eh_proj``,
+    # ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
+    NEXTN = "nextn"
+
+
 @dataclass(frozen=True)
 class MRoPELayout:
     """Three-part RoPE positions (multimodal/qwen_vl.py): how the text config gives them."""
@@ -92,16 +104,10 @@ class Family:
     side_by_side_mixer: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
-    # multi-token prediction: whether speculative/mtp_model.py builds the checkpoint's MTP layer,
-    # and for a family that ships one it does not build, why not
-    mtp_layer: bool = False
-    mtp_refusal: str | None = None
+    # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
+    # builds (None: the family has none it builds)
+    mtp: MtpNaming | None = None
 
-
-_MLA_MTP = (
-    "its MTP layer attends with multi-head latent attention (MLA), which the MTP drafter does "
-    "not page yet"
-)
 
 FAMILIES: dict[str, Family] = {
     # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
@@ -154,13 +160,14 @@ FAMILIES: dict[str, Family] = {
         vision=Vision(
             ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True, rope_parameters=True)
         ),
-        mtp_layer=True,
+        mtp=MtpNaming.QWEN,
     ),
-    "qwen3_5_moe": Family(mtp_layer=True),
-    "qwen3_next": Family(mtp_layer=True),
-    "deepseek_v3": Family(mtp_refusal=_MLA_MTP),
-    "glm4_moe": Family(mtp_refusal=_MLA_MTP),
-    "glm4_moe_lite": Family(mtp_refusal=_MLA_MTP),
+    "qwen3_5_moe": Family(mtp=MtpNaming.QWEN),
+    "qwen3_next": Family(mtp=MtpNaming.QWEN),
+    # the MTP layer of an MLA family (deepseek_v3, glm4_moe_lite) pages its latent rows
+    "deepseek_v3": Family(mtp=MtpNaming.NEXTN),
+    "glm4_moe": Family(mtp=MtpNaming.NEXTN),
+    "glm4_moe_lite": Family(mtp=MtpNaming.NEXTN),
 }
 _PLAIN = Family()
 

@@ -1,18 +1,21 @@
-"""The multi-token-prediction (MTP) layer Qwen3.5 and Qwen3-Next checkpoints ship, as a module of
-our own (mlx-lm has none: its ``sanitize`` drops the weights).
+"""The multi-token-prediction (MTP) layer Qwen3.5, Qwen3-Next, DeepSeek V3 and GLM-4.5 checkpoints
+ship, as a module of our own (mlx-lm has none: its ``sanitize`` drops the weights).
 
 It predicts the token after next from the target's last hidden state: the embedding of the next
 token and that hidden state, each RMS-normed, are concatenated (embedding first) and projected
-back to the hidden size (``fc``), run through one decoder layer of the target's own class (full
-attention; a sparse-MoE layer in the MoE variants), and normed; the target's LM head (and its
-embedding) are shared unless the checkpoint has its own. The hidden state it reads is the
-target's output, after the target's final norm, as vLLM's ``qwen3_next_mtp`` feeds it; the
-MTP layer's own output is what its next draft reads (docs/speculative.md, "MTP").
+back to the hidden size (Qwen's ``fc``, DeepSeek's ``eh_proj`` over ``enorm`` and ``hnorm``),
+run through one decoder layer of the target's own class (full attention: GQA, or MLA in
+DeepSeek V3 and GLM-4.7-Flash; a sparse-MoE layer in the MoE variants), and normed (DeepSeek's
+``shared_head.norm``); the target's LM head (and its embedding) are shared unless a Qwen
+checkpoint has its own (DeepSeek's and GLM's copies are the target's: mtp_weights.py). The
+hidden state it reads is the target's output, after the target's final norm, as vLLM's
+``qwen3_next_mtp`` and ``deepseek_mtp`` feed it (vLLM's DeepSeek layer also zeroes the embedding
+at position 0; this one does not, which changes a draft, never an output). The MTP layer's own
+output is what its next draft reads (docs/speculative.md, "MTP").
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,14 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from macbatch.engine.speculative.mtp_weights import mtp_name, mtp_refusal, read_mtp_weights
+from macbatch.engine.model.families import MtpNaming
+from macbatch.engine.speculative.mtp_weights import (
+    MtpNames,
+    mtp_names,
+    mtp_refusal,
+    read_config,
+    read_mtp_weights,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +55,30 @@ class MtpHead(nn.Module):
         return self.norm(self.layers[0](x, mask=None, cache=cache))
 
 
-def new_mtp_head(text: nn.Module) -> MtpHead:
+def new_mtp_head(text: nn.Module, naming: MtpNaming = MtpNaming.QWEN) -> MtpHead:
     """An MTP layer of the text model ``text`` with freshly initialised weights: one decoder
-    layer of its class, built as a full-attention layer."""
+    layer of its class, built at the index ``naming``'s checkpoints store it at (Qwen: a
+    full-attention one)."""
     args = text.args
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
-    # a layer index the class makes full attention (every full_attention_interval-th)
-    index = int(getattr(args, "full_attention_interval", 1)) - 1
+    index = MtpNames(naming, int(args.num_hidden_layers)).layer_index(args)
     return MtpHead(type(attention)(args, index), args.hidden_size, args.rms_norm_eps)
 
 
 def build_mtp_head(
-    text: nn.Module, weights: dict[str, mx.array], quantization: dict[str, Any] | None
+    text: nn.Module,
+    weights: dict[str, mx.array],
+    quantization: dict[str, Any] | None,
+    names: MtpNames,
 ) -> MtpHead:
     """The MTP layer of the text model ``text`` (mlx-lm's, its ``args`` the text config) with
-    ``weights`` (``read_mtp_weights``'s names) and the checkpoint's ``quantization`` (its
-    config's; None: float). Only the first MTP layer is kept (Qwen3.5 and Qwen3-Next ship one)."""
+    ``weights`` (``read_mtp_weights``'s names, the checkpoint's ``names``) and the checkpoint's
+    ``quantization`` (its config's; None: float). Only the first MTP layer is kept (the
+    families here ship one)."""
     from mlx_lm.utils import infer_quant_config
 
     args = text.args
-    head = new_mtp_head(text)
+    head = new_mtp_head(text, names.naming)
     weights = {
         k: v for k, v in weights.items() if not k.startswith("layers.") or k.startswith("layers.0.")
     }
@@ -74,9 +88,9 @@ def build_mtp_head(
         head.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
     if quantization is not None:
         overrides = {
-            name: v
+            name.removesuffix(".weight"): v
             for k, v in quantization.items()
-            if isinstance(v, dict) and (name := mtp_name(k + ".")) is not None
+            if isinstance(v, dict) and (name := names.name(k + ".weight")) is not None
         }
 
         def quantized(path: str, module: nn.Module) -> bool | dict[str, Any]:
@@ -137,16 +151,17 @@ def load_mtp_head(path: Path, model: nn.Module, model_type: str) -> MtpHead:
     reason = mtp_refusal(model_type)
     if reason:
         raise ValueError(f"speculative 'mtp': {reason}")
-    weights = read_mtp_weights(path)
+    text = text_model(model)
+    weights = read_mtp_weights(path, text)
     if not any(k.startswith("layers.") for k in weights):
         raise ValueError(
-            f"speculative 'mtp': the checkpoint at {path} has no MTP weights ('mtp.*'); it was "
-            "converted without them (mlx-lm's convert drops them): use a checkpoint that keeps "
-            "them, or --speculative ngram"
+            f"speculative 'mtp': the checkpoint at {path} has no MTP weights ('mtp.*', or "
+            "DeepSeek/GLM's layer num_hidden_layers); it was converted without them (mlx-lm's "
+            "convert drops them): use a checkpoint that keeps them, or --speculative ngram"
         )
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
     quantization = config.get("quantization")  # MLX's (a converted checkpoint's)
-    return build_mtp_head(text_model(model), weights, quantization)
+    return build_mtp_head(text, weights, quantization, mtp_names(config))
 
 
 def keep_whole_lm_head(head: MtpHead, model: nn.Module) -> None:

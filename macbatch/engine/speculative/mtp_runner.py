@@ -1,15 +1,23 @@
 """The MTP layer's paged forward: its K/V pages live in the target's blocks, as a draft model's do
 (draft_runner.py): one more ``KVStore`` of one layer, indexed by the full group's block ids, so
-the pool counts, caps, grows and gives back the MTP layer's rows with the target's. Its inputs
-are the next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden
-states: the target's, then its own output for the drafts after the first."""
+the pool counts, caps, grows and gives back the MTP layer's rows with the target's. An MLA
+layer's (DeepSeek V3, GLM-4.7-Flash) pages are latent pages, one row per token of
+``kv_lora_rank + qk_rope_head_dim`` and no values (kv/latent.py), written and read by the
+absorbed attention the latent hook installs on it, as on the target's layers. Its inputs are the
+next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden states: the
+target's, then its own output for the drafts after the first."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
+import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.model import hooks
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
+from macbatch.engine.model.hooks.latent_attention import is_latent_attention
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.worker.compute_dtype import parameter_arrays
 from macbatch.engine.worker.packing import PackedBatch
@@ -29,9 +37,8 @@ class MtpRunner:
         head.set_dtype(dtype)
         self.head = head
         self.target = adapter
-        args = adapter.model.args
-        head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
-        self.shapes = [LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)]
+        hooks.install(head.layers)  # the paged attention; an MLA layer's absorbed form
+        self.shapes = [page_shape(head.layers[0], adapter.model.args)]
         self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
         self.block_size = config.block_size
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
@@ -71,3 +78,15 @@ class MtpRunner:
         own = getattr(self.head, "lm_head", None)
         logits = own(out)[:, -1, :] if own is not None else self.target.head(out)
         return out, mx.argmax(logits, axis=-1)
+
+
+def page_shape(layer: nn.Module, args: Any) -> LayerShape:
+    """The pages of the decoder layer ``layer`` (its text config ``args``): an MLA attention's
+    latent row (the latent, then the shared RoPE key; its values the latent), else a K and a V
+    per KV head."""
+    latent = next((m for m in layer.children().values() if is_latent_attention(m)), None)
+    if latent is not None:
+        rank = int(latent.kv_lora_rank)
+        return LayerShape(1, rank + int(latent.qk_rope_head_dim), value_dim=rank)
+    head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
+    return LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)

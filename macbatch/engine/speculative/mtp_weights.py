@@ -1,30 +1,64 @@
 """A checkpoint's multi-token-prediction (MTP) weights, read from its safetensors files.
 
-mlx-lm's ``sanitize`` drops every ``mtp.*`` weight of Qwen3.5 and Qwen3-Next checkpoints, so they
-are read here, beside its load: only the files that hold them are opened (``mx.load`` reads an
-array when it is used, so the rest of a file is never read). Names are made relative to the MTP
-module (``fc.weight``, ``layers.0.self_attn.q_proj.weight`` ...) whatever prefix the checkpoint
-puts before ``mtp.`` (Hugging Face: none; converted wrappers: ``language_model.`` or
-``model.language_model.``). A Hugging Face-layout checkpoint (its recurrent convolutions not yet
-moved to MLX's axis order) stores its RMSNorm weights zero-centred and its experts unstacked;
-both are converted here as mlx-lm's ``sanitize`` converts the target's. No MLX at import: the
-doctor reads the headers only.
+mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
+files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
+file is never read). Two naming schemes (``MtpNaming``, the families table says which a family
+uses), each decided by one table (``_PARTS``):
+
+- Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
+  Face: none; converted wrappers: ``language_model.`` or ``model.language_model.``); the decoder
+  layers under ``mtp.layers.N.``, the rest (``fc``, ``pre_fc_norm_*``, ``norm``) once.
+- DeepSeek V3 and GLM-4.5 (``num_nextn_predict_layers``): decoder layer ``num_hidden_layers`` of
+  the checkpoint, its own weights beside ``eh_proj``, ``enorm``, ``hnorm`` and
+  ``shared_head.norm``; its ``embed_tokens`` and ``shared_head.head`` are copies of the target's
+  (DeepSeek-V3's report shares them, as vLLM does), so the target's serve and they are not read.
+
+Names are made relative to ``MtpHead`` (``fc.weight``, ``layers.0.self_attn.q_proj.weight``
+...). A Hugging Face-layout Qwen checkpoint (its recurrent convolutions not yet moved to MLX's
+axis order) stores its RMSNorm weights zero-centred and its experts unstacked; both are
+converted here as mlx-lm's ``sanitize`` converts the target's. A DeepSeek/GLM layer goes through
+the target's own ``sanitize`` (experts stacked, ``kv_b_proj`` split, fp8 dequantized). No MLX at
+import: the doctor reads the headers only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from macbatch.engine.model.families import FAMILIES, family
+from macbatch.engine.model.families import FAMILIES, MtpNaming, family
 
 if TYPE_CHECKING:
     import mlx.core as mx
+    import mlx.nn as nn
 
-# where converters put the MTP weights (longest first: the first that matches is stripped)
+# where converters put Qwen's MTP weights (longest first: the first that matches is stripped)
 _PREFIXES = ("model.language_model.mtp.", "language_model.mtp.", "model.mtp.", "mtp.")
+# each scheme's name, relative to one MTP layer, of MtpHead's parts but its decoder layer
+# (None: a copy of the target's, which serves instead)
+_PARTS: dict[MtpNaming, dict[str, str | None]] = {
+    MtpNaming.QWEN: {
+        "fc": "fc",
+        "pre_fc_norm_embedding": "pre_fc_norm_embedding",
+        "pre_fc_norm_hidden": "pre_fc_norm_hidden",
+        "norm": "norm",
+        "embed_tokens": "embed_tokens",
+        "lm_head": "lm_head",
+    },
+    MtpNaming.NEXTN: {
+        "eh_proj": "fc",
+        "enorm": "pre_fc_norm_embedding",
+        "hnorm": "pre_fc_norm_hidden",
+        "shared_head.norm": "norm",
+        "shared_head.head": None,
+        "embed_tokens": None,
+    },
+}
+_NEXTN_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # the norms a Hugging Face checkpoint stores as (weight - 1): Qwen3-Next's RMSNorm scales by
 # (1 + weight); MLX's by weight
 _CENTRED_NORMS = (
@@ -37,23 +71,80 @@ _CENTRED_NORMS = (
 )
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # the families whose MTP layer mtp_model.py builds (the families table says)
-MTP_FAMILIES = tuple(name for name, record in FAMILIES.items() if record.mtp_layer)
+MTP_FAMILIES = tuple(name for name, record in FAMILIES.items() if record.mtp is not None)
+
+
+@dataclass(frozen=True)
+class MtpNames:
+    """Which of a checkpoint's weights are its MTP layers' and their names in ``MtpHead``."""
+
+    naming: MtpNaming
+    first_layer: int  # NEXTN: the checkpoint's index of its first MTP layer (num_hidden_layers)
+
+    def split(self, key: str) -> tuple[int, str] | None:
+        """``key``'s MTP layer and its name relative to that layer (Qwen's parts besides the
+        decoder layers: layer 0); None: not an MTP weight."""
+        if self.naming is MtpNaming.NEXTN:
+            match = _NEXTN_LAYER.match(key)
+            if match is None or int(match[1]) < self.first_layer:
+                return None
+            return int(match[1]) - self.first_layer, match[2]
+        for prefix in _PREFIXES:
+            if key.startswith(prefix):
+                rest = key[len(prefix) :]
+                if rest.startswith("layers."):
+                    index, _, name = rest[len("layers.") :].partition(".")
+                    return int(index), f"layers.0.{name}"
+                return 0, rest
+        return None
+
+    def name(self, key: str) -> str | None:
+        """``key`` relative to ``MtpHead`` (None: not an MTP weight, or one not read: a copy of
+        the target's, or a part of a later layer than the first, which ``MtpHead`` does not
+        keep). The decoder layer's weights sit under ``layers.N.``."""
+        split = self.split(key)
+        if split is None:
+            return None
+        layer, rest = split
+        if rest.startswith("layers.0."):  # Qwen's decoder layer
+            return f"layers.{layer}.{rest[len('layers.0.') :]}"
+        parts = _PARTS[self.naming]
+        part = next((p for p in parts if rest == p or rest.startswith(p + ".")), None)
+        if part is None:  # a DeepSeek/GLM decoder layer's own weight
+            return f"layers.{layer}.{rest}"
+        head = parts[part]
+        if head is None or layer > 0:
+            return None
+        return head + rest[len(part) :]
+
+    def layer_index(self, args: Any) -> int:
+        """The index the MTP layer's decoder layer is built at, which decides its class's choices
+        (full attention, sparse MoE): the checkpoint's own for DeepSeek/GLM, Qwen's first
+        full-attention index (every full_attention_interval-th)."""
+        if self.naming is MtpNaming.NEXTN:
+            return self.first_layer
+        return int(getattr(args, "full_attention_interval", 1)) - 1
+
+
+def mtp_names(config: dict[str, Any]) -> MtpNames:
+    """The MTP names of the checkpoint whose config.json is ``config`` (a family without an MTP
+    layer: Qwen's ``mtp.`` names, which no other weight has)."""
+    text = config.get("text_config", config)
+    naming = family(str(config.get("model_type"))).mtp or MtpNaming.QWEN
+    return MtpNames(naming, int(text.get("num_hidden_layers") or 0))
 
 
 def mtp_refusal(model_type: str) -> str | None:
     """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
-    record = family(model_type)
-    if record.mtp_layer:
+    if family(model_type).mtp is not None:
         return None
-    return record.mtp_refusal or (
-        f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
-    )
+    return f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
 
 
 def describe_mtp_heads(path: Path) -> str:
     """What ``macbatch doctor`` says of a checkpoint's MTP heads: whether it has them and
     whether ``--speculative auto`` drafts with them."""
-    model_type = str(json.loads((path / "config.json").read_text()).get("model_type"))
+    model_type = str(read_config(path).get("model_type"))
     declared, stored = mtp_layer_count(path)
     if not stored:
         if declared:
@@ -66,14 +157,6 @@ def describe_mtp_heads(path: Path) -> str:
     if reason:
         return f"{stored} MTP layer(s), not used: {reason}"
     return f"{stored} MTP layer(s): --speculative auto drafts with them (docs/speculative.md)"
-
-
-def mtp_name(key: str) -> str | None:
-    """``key`` relative to the MTP module (None: not an MTP weight)."""
-    for prefix in _PREFIXES:
-        if key.startswith(prefix):
-            return key[len(prefix) :]
-    return None
 
 
 def checkpoint_headers(path: Path) -> dict[str, dict[str, Any]]:
@@ -89,16 +172,19 @@ def checkpoint_headers(path: Path) -> dict[str, dict[str, Any]]:
     return tensors
 
 
+def read_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's config.json."""
+    config: dict[str, Any] = json.loads((path / "config.json").read_text())
+    return config
+
+
 def mtp_layer_count(path: Path) -> tuple[int, int]:
     """(MTP layers the config declares, MTP layers whose weights the files hold)."""
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
     text = config.get("text_config", config)
     declared = int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0)
-    layers = set()
-    for key in checkpoint_headers(path):
-        name = mtp_name(key)
-        if name is not None and name.startswith("layers."):
-            layers.add(int(name.split(".")[1]))
+    names = mtp_names(config)
+    layers = {split[0] for key in checkpoint_headers(path) if (split := names.split(key))}
     return declared, len(layers)
 
 
@@ -108,25 +194,41 @@ def hugging_face_layout(headers: dict[str, dict[str, Any]]) -> bool:
     return any("conv1d.weight" in k and v["shape"][-1] != 1 for k, v in headers.items())
 
 
-def read_mtp_weights(path: Path) -> dict[str, mx.array]:
-    """The MTP weights of the checkpoint at ``path``, named relative to the MTP module and in
-    MLX's layout (norms uncentred, experts stacked as ``switch_mlp``)."""
+def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
+    """The MTP weights of the checkpoint at ``path`` beside its loaded text model ``text``,
+    named relative to ``MtpHead`` and in MLX's layout (Qwen's norms uncentred and experts
+    stacked as ``switch_mlp``; a DeepSeek/GLM layer as the target's ``sanitize`` leaves it)."""
     import mlx.core as mx
 
+    names = mtp_names(read_config(path))
     headers = checkpoint_headers(path)
-    files = sorted({v["file"] for k, v in headers.items() if mtp_name(k) is not None})
+    files = sorted({v["file"] for k, v in headers.items() if names.name(k) is not None})
     weights: dict[str, mx.array] = {}
     for file in files:
         loaded = mx.load(str(path / file))
         assert isinstance(loaded, dict)  # a safetensors file: name -> array
         for key, value in loaded.items():
-            name = mtp_name(key)
+            name = names.name(key)
             if name is not None:
                 weights[name] = value
+    if names.naming is MtpNaming.NEXTN:
+        return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):
         return weights
     weights = _stacked_experts(weights)
     return {k: v + 1.0 if _is_centred_norm(k, v) else v for k, v in weights.items()}
+
+
+def _sanitized_by_target(weights: dict[str, mx.array], text: nn.Module) -> dict[str, mx.array]:
+    """The MTP weights through the target's own ``sanitize``, the decoder layer as its layer 0
+    (the index its conversions cover): a Hugging Face checkpoint's experts stacked, DeepSeek's
+    ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8 weights (``eh_proj`` too)
+    dequantized; a converted layer passes unchanged."""
+    sanitize = getattr(text, "sanitize", None)
+    if sanitize is None:
+        return weights
+    converted = sanitize({f"model.{k}": v for k, v in weights.items()})
+    return {k.removeprefix("model."): v for k, v in converted.items()}
 
 
 def _is_centred_norm(name: str, value: mx.array) -> bool:

@@ -12,22 +12,22 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models.cache import KVCache
 from scipy.stats import chisquare
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.adapter import text_model
 from macbatch.engine.speculative.mtp_model import MtpHead
-from tests.support.mtp import MTP_ARCHS, mtp_target, predicting_mtp_head, random_mtp_head
+from tests.support.mtp import (
+    MTP_ARCHS,
+    PROMPTS,
+    mtp_target,
+    predicting_mtp_head,
+    random_mtp_head,
+    recorded_proposals,
+    unpaged_drafts,
+)
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
-PROMPTS = [
-    [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
-    [90 + (i % 3) for i in range(21)],
-    [200, 17, 33, 250, 8, 300, 120, 64, 5],
-    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
-    [300, 301, 5, 6, 300, 301],
-]
 MAX_TOKENS = 16
 
 
@@ -81,46 +81,11 @@ def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
     model = mtp_target(arch)
     head = random_mtp_head(model)
     engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
-    assert engine.speculator is not None
-    drafter = engine.speculator.drafter
-    proposals: list[tuple[list[int], list[int]]] = []
-    propose = drafter.propose
-
-    def recording(requests, ks):
-        out = propose(requests, ks)
-        proposals.extend((list(r.all_token_ids), d) for r, d in zip(requests, out) if d)
-        return out
-
-    drafter.propose = recording  # type: ignore[method-assign]
+    proposals = recorded_proposals(engine)
     _greedy(engine)
     assert len(proposals) > 10
     for tokens, drafts in proposals:
-        assert drafts == _unpaged_drafts(model, head, tokens, len(drafts))
-
-
-def _unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
-    text = text_model(model)
-    inner = text.model
-    hidden = inner(mx.array([tokens]))  # the target's normed hidden states, mlx-lm's forward
-
-    def logits(out: mx.array) -> mx.array:
-        if text.args.tie_word_embeddings:
-            return inner.embed_tokens.as_linear(out)
-        return text.lm_head(out)
-
-    def mtp(next_tokens: list[int], states: mx.array, cache: KVCache) -> mx.array:
-        embedded = head.pre_fc_norm_embedding(inner.embed_tokens(mx.array([next_tokens])))
-        x = head.fc(mx.concatenate([embedded, head.pre_fc_norm_hidden(states)], axis=-1))
-        mask = "causal" if len(next_tokens) > 1 else None
-        return head.norm(head.layers[0](x, mask=mask, cache=cache))
-
-    cache = KVCache()
-    out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
-    drafts = [int(mx.argmax(logits(out)[0, -1]))]
-    while len(drafts) < k:
-        out = mtp([drafts[-1]], out, cache)
-        drafts.append(int(mx.argmax(logits(out)[0, -1])))
-    return drafts
+        assert drafts == unpaged_drafts(model, head, tokens, len(drafts))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])

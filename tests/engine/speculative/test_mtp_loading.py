@@ -12,11 +12,16 @@ from pathlib import Path
 import mlx.core as mx
 import mlx_lm
 import pytest
-from mlx.utils import tree_flatten
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.model_check import check_model
-from tests.support.mtp import MTP_ARCHS, save_hf_checkpoint, save_mlx_checkpoint, without_mtp
+from tests.support.mtp import (
+    MTP_ARCHS,
+    assert_mtp_weights,
+    save_hf_checkpoint,
+    save_mlx_checkpoint,
+    without_mtp,
+)
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_model
 
@@ -32,11 +37,7 @@ def _assert_loaded(engine: Engine, expected: dict[str, mx.array], path: Path) ->
     """The engine drafts with exactly the weights written, and its replies are mlx-lm's (of the
     same checkpoint without its MTP weights)."""
     assert engine.config.speculative == "mtp"
-    head = engine.runner.draft.head  # type: ignore[union-attr]
-    loaded = dict(tree_flatten(head.parameters()))
-    assert sorted(loaded) == sorted(expected)
-    for name, value in expected.items():
-        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+    assert_mtp_weights(engine, expected)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outs = [o.token_ids for o in engine.generate(PROMPTS, params)]
     model = mlx_lm.load(str(without_mtp(path)))[0]

@@ -1,0 +1,153 @@
+"""MTP for the families that store their MTP layer as decoder layer ``num_hidden_layers``
+(DeepSeek V3 and GLM-4.7-Flash, whose layer attends with MLA over latent pages, and GLM-4.5,
+whose layer is GQA). Oracles: mlx-lm's greedy generation of the target (the output never
+changes), the MTP layer run unpaged through mlx-lm's own cache path over mlx-lm's hidden
+states (the drafts themselves), the config's latent sizes (the pages), and the weights the
+test wrote (loading)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.nn as nn
+import mlx_lm
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.worker.pages import LayerShape
+from macbatch.model_check import check_model
+from tests.support.mtp import (
+    NEXTN_ARCHS,
+    PROMPTS,
+    assert_mtp_weights,
+    mtp_target,
+    predicting_mtp_head,
+    quantize_for_mtp,
+    random_mtp_head,
+    recorded_proposals,
+    save_nextn_checkpoint,
+    unpaged_drafts,
+    without_nextn_layer,
+)
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+
+ARCHS = sorted(NEXTN_ARCHS)
+MAX_TOKENS = 16
+CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+
+
+def _engine(model, tokenizer, head, **config) -> Engine:
+    settings = dict(CONFIG, **config)
+    config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **settings)
+    return Engine(model, tokenizer, config, draft_model=head)
+
+
+def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in engine.generate(prompts, params)]
+
+
+def _expected_shape(model: nn.Module) -> LayerShape:
+    """The MTP layer's pages from the config alone: MLA's latent row, else K and V per head."""
+    args = model.args
+    rank = getattr(args, "kv_lora_rank", None)
+    if rank is not None:
+        return LayerShape(1, rank + args.qk_rope_head_dim, value_dim=rank)
+    return LayerShape(args.num_key_value_heads, args.head_dim)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("bits", [None, 4])
+def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tokenizer):
+    """Five requests in flight, prompts chunked by a 16-token budget, drafts mostly accepted;
+    then the same prompts again, their blocks from the prefix cache."""
+    model = mtp_target(arch)
+    head = predicting_mtp_head(model)
+    # built as the checkpoint's layer num_hidden_layers: a sparse-MoE layer, as the target's last
+    assert type(head.layers[0].mlp) is type(model.layers[-1].mlp) is not type(model.layers[0].mlp)
+    if bits:
+        quantize_for_mtp(model, head, bits)
+    engine = _engine(model, tiny_tokenizer, head)
+    runner = engine.runner.draft
+    assert runner is not None and runner.store.shapes == [_expected_shape(model)]
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert _greedy(engine) == expected
+    spec = engine.stats().speculation
+    assert spec.drafted > 0 and spec.accepted > spec.drafted / 2
+    assert _greedy(engine) == expected
+    assert engine.stats().prefix_cache_hit_rate > 0
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
+    """Every proposal equals the MTP layer run unpaged (mlx-lm's KV cache and its own attention
+    path: an MLA layer's expanded keys, not the absorbed latent pages) over mlx-lm's hidden
+    states of the request's tokens, then fed its own output and drafts."""
+    model = mtp_target(arch)
+    head = random_mtp_head(model)
+    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    proposals = recorded_proposals(engine)
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert len(proposals) > 10
+    for tokens, drafts in proposals:
+        assert drafts == unpaged_drafts(model, head, tokens, len(drafts))
+
+
+def _load(path: Path, speculative: str) -> Engine:
+    return Engine.load(str(path), EngineConfig(speculative=speculative, **CONFIG))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("bits", [None, 4])
+def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(arch, bits, tmp_path):
+    """Float: the MTP layer in Hugging Face's layout (experts unstacked, DeepSeek's
+    ``kv_b_proj`` whole, ``embed_tokens`` and ``shared_head.head`` copies of the target's);
+    4-bit: mlx-lm's conversion of the target with the MTP layer quantized beside it. Both under
+    ``model.layers.{num_hidden_layers}``; ``auto`` drafts with it, with exactly the weights
+    written, and the replies are mlx-lm's of the checkpoint without that layer."""
+    path = tmp_path / arch
+    expected = save_nextn_checkpoint(path, arch, bits)
+    engine = _load(path, "auto")
+    assert engine.config.speculative == "mtp"
+    assert_mtp_weights(engine, expected)
+    model = mlx_lm.load(str(without_nextn_layer(path)))[0]
+    prompts = PROMPTS[:2]
+    assert _greedy(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
+    assert engine.stats().speculation.drafted > 0
+
+
+def test_doctor_counts_the_mtp_layer(tmp_path):
+    save_nextn_checkpoint(tmp_path / "heads", "glm4_moe_lite", None)
+    rows = dict(check_model(str(tmp_path / "heads")).rows)
+    assert rows["MTP heads"].startswith("1 MTP layer(s): --speculative auto drafts")
+    dropped = without_nextn_layer(tmp_path / "heads")
+    config = json.loads((dropped / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 1  # declared, as mlx-lm's convert leaves it
+    assert "weights were dropped" in dict(check_model(str(dropped)).rows)["MTP heads"]
+    with pytest.raises(ValueError, match="has no MTP weights"):
+        _load(dropped, "mtp")
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+def test_a_restart_from_disk_and_quantized_latent_pages(bits, tiny_tokenizer, tmp_path):
+    """An MLA target and its MLA MTP layer over quantized (4-bit) or float latent pages, the
+    disk tier keeping the target's blocks: a fresh engine reads the prompt's blocks back (the
+    MTP layer's rows of them are written again by its catch-up), drafts, and its tokens stay
+    mlx-lm's over a cache rounded as the pages round it."""
+    model = mtp_target("deepseek_v3")
+    head = predicting_mtp_head(model)
+    config = dict(disk_cache_dir=str(tmp_path), kv_bits=bits)
+    prompt = [(7 * i) % 300 + 5 for i in range(40)]
+    first = _engine(model, tiny_tokenizer, head, **config)
+    _greedy(first, [prompt])
+    first.close()
+    engine = _engine(model, tiny_tokenizer, head, **config)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    [out] = engine.generate([prompt + [5, 6, 7]], params)
+    assert out.metrics.disk_cached_tokens == 40
+    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], MAX_TOKENS, bits, kv_group_size=32)
+    assert out.token_ids == expected
+    assert engine.stats().speculation.accepted > 0
+    engine.close()

@@ -81,6 +81,18 @@ def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tok
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_preempted_requests_still_reply_as_mlx_lm(arch, tiny_tokenizer):
+    """10 blocks of 8 for five requests: some are preempted and recomputed from their prompt,
+    their MTP pages (latent for MLA) rewritten by the next catch-up; outputs unchanged."""
+    model = mtp_target(arch)
+    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=10)
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    stats = engine.stats()
+    assert stats.preemptions > 0 and stats.speculation.accepted > 0
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer):
     """Every proposal equals the MTP layer run unpaged (mlx-lm's KV cache and its own attention
     path: an MLA layer's expanded keys, not the absorbed latent pages) over mlx-lm's hidden

@@ -12,7 +12,10 @@ target's, so its drafts hold wherever the target's layers do not move the choice
 layer (the same shapes, random weights) is the low-acceptance case. A draft token costs one
 decoder layer and the head: at this vocabulary the head is most of it.
 
-1. One request: macbatch with MTP vs mlx-lm's ``generate_step`` vs macbatch without.
+1. One request: macbatch with MTP vs mlx-lm's ``generate_step`` vs macbatch without, in
+   ``--repeat`` rounds whose order alternates (one round each, in a fixed order, once read
+   mlx-lm at 2.07 tok/s beside macbatch without MTP at 1.20: the load of the moment; in CPU
+   time, decode steps interleaved in one process, the two cost the same, docs/speculative.md).
 2. ``--batches 2,4,8``: that many concurrent requests, MTP (the policy in charge) vs none.
 3. The random MTP layer at 1 and ``--batches`` requests vs none (never much slower).
 
@@ -108,6 +111,14 @@ def timed(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[list, 
     return [o.token_ids for o in outputs], seconds
 
 
+def ratio(name: str, off: tuple, on: tuple, extra: str = "") -> None:
+    """``off`` over ``on``, wall and CPU seconds."""
+    print(
+        f"   {name}: wall x{off[0] / on[0]:.2f}, CPU x{off[1] / on[1]:.2f} "
+        f"({off[0]:.2f} s -> {on[0]:.2f} s{extra})"
+    )
+
+
 def report(name: str, off: tuple, on: tuple, engine: Engine, before: tuple[int, int, int]) -> None:
     spec = engine.stats().speculation
     drafted, accepted, verifications = (
@@ -117,11 +128,8 @@ def report(name: str, off: tuple, on: tuple, engine: Engine, before: tuple[int, 
     )
     rate = accepted / drafted if drafted else 0.0
     length = (accepted + verifications) / verifications if verifications else 0.0
-    print(
-        f"   {name}: wall x{off[0] / on[0]:.2f}, CPU x{off[1] / on[1]:.2f} "
-        f"({off[0]:.2f} s -> {on[0]:.2f} s; {rate:.0%} of {drafted} drafts accepted, "
-        f"{length:.2f} tok/verification)"
-    )
+    extra = f"; {rate:.0%} of {drafted} drafts accepted, {length:.2f} tok/verification"
+    ratio(name, off, on, extra)
 
 
 def counts(engine: Engine) -> tuple[int, int, int]:
@@ -147,22 +155,38 @@ def compare(
         report(f"{size} request(s)", off, on, spec, before)
 
 
-def one_request(target: nn.Module, head: MtpHead, tokens: int) -> None:
+def one_request(target: nn.Module, head: MtpHead, tokens: int, repeat: int) -> None:
+    """The three arms in rounds, their order reversed each round (so the machine's load,
+    which moves a lot on a shared one, falls on all three alike), seconds summed."""
     prompt = synthetic_prompts(1, 32, 32, VOCAB, seed=3)[0]
     plain, spec = engines(target, head, 1)
     timed(plain, [prompt], 4), timed(spec, [prompt], 4)
-    generate = request_seconds(
-        lambda: list(generate_step(mx.array(prompt), target, max_tokens=tokens))
-    )
-    _, off = timed(plain, [prompt], tokens)
-    _, on = timed(spec, [prompt], tokens)
-    print(f"1. one request, {tokens} new tokens after 32 (whole request, prefill included)")
+    arms = {
+        "generate": lambda: request_seconds(
+            lambda: list(generate_step(mx.array(prompt), target, max_tokens=tokens))
+        ),
+        "without": lambda: timed(plain, [prompt], tokens)[1],
+        "mtp": lambda: timed(spec, [prompt], tokens)[1],
+    }
+    sums = {name: (0.0, 0.0) for name in arms}
+    before = counts(spec)
+    for round_ in range(repeat):
+        for name in list(arms)[:: 1 if round_ % 2 == 0 else -1]:
+            wall, cpu = arms[name]()
+            sums[name] = (sums[name][0] + wall, sums[name][1] + cpu)
+    generate, off, on = sums["generate"], sums["without"], sums["mtp"]
+    total = tokens * repeat
     print(
-        f"   mlx-lm generate {tokens / generate[0]:.2f} tok/s, macbatch without "
-        f"{tokens / off[0]:.2f} tok/s, macbatch MTP {tokens / on[0]:.2f} tok/s"
+        f"1. one request, {tokens} new tokens after 32 (whole request, prefill included), "
+        f"{repeat} rounds, arms alternating"
     )
-    report("MTP / mlx-lm generate", generate, on, spec, (0, 0, 0))
-    report("MTP / macbatch without", off, on, spec, (0, 0, 0))
+    print(
+        f"   mlx-lm generate {total / generate[0]:.2f} tok/s, macbatch without "
+        f"{total / off[0]:.2f} tok/s, macbatch MTP {total / on[0]:.2f} tok/s (wall)"
+    )
+    report("MTP / mlx-lm generate", generate, on, spec, before)
+    ratio("MTP / macbatch without", off, on)
+    ratio("macbatch without / mlx-lm generate", generate, off)
 
 
 def main() -> None:
@@ -173,6 +197,7 @@ def main() -> None:
     parser.add_argument("--batches", default="8", help="concurrent requests, comma-separated")
     parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
     parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of part 1's three arms")
     args = parser.parse_args()
     warn_without_openblas()
     print("load average before: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
@@ -181,7 +206,7 @@ def main() -> None:
     target = near_identity_target(args.layers, args.residual_scale)
     good = mtp_layer(target, predicts=True)
     if 1 not in skip:
-        one_request(target, good, args.tokens)
+        one_request(target, good, args.tokens, args.repeat)
     if 2 not in skip:
         compare(target, good, sizes, args.tokens, args.warm, "2. concurrent requests, MTP vs none")
     if 3 not in skip:

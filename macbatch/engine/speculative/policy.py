@@ -22,9 +22,15 @@ batch size, which is the acceptance a request's drafts must reach (its break-eve
 layer's or a draft model's forward makes it higher than prompt lookup's free drafts, and a
 large batch on a compute-bound device higher still). A request below it (or below
 ``MIN_ACCEPTANCE``, whichever is higher) rests, and after each rest probes with one
-verification, its rests doubling while the probes fail. At a batch size where a drafted token
-costs more than a token is worth (a break-even above 1) nobody drafts, but for one probe step
-every ``step_costs.EXPLORE_EVERY`` that measures it again.
+verification, its rests doubling while the probes fail, and never shorter than what keeps a
+failed probe's measured loss under ``PROBE_SHARE`` of the steps it rests: a probe's drafts that
+miss cost ``break-even - acceptance`` of a token each, so the rest after one is that loss in
+plain steps over ``PROBE_SHARE`` (one request at a time, 24 steps each, a drafted token costing
+half a step and never accepted: each request's rests doubled from two steps again, three or
+four probes a request, 7.9% of the time; now 3.4%, tests/engine/speculative/test_policy.py; a
+head that predicts well loses nothing on a probe, so its rests stay the doubling's). At a
+batch size where a drafted token costs more than a token is worth (a break-even above 1) nobody
+drafts, but for one probe step every ``step_costs.EXPLORE_EVERY`` that measures it again.
 """
 
 from __future__ import annotations
@@ -46,7 +52,10 @@ MIN_ACCEPTANCE = 0.3  # below this moving acceptance a request rests from specul
 # request whose drafts keep failing would rarely rest longer than two steps; measured x0.81 at
 # 2 requests and 10% acceptance, docs/speculative.md)
 RECOVERED = 0.5
-MAX_REST = 64  # steps, after drafts that failed
+MAX_REST = 64  # steps, after drafts that failed (the doubling's most; a costly probe rests longer)
+# the most share of a failing request's steps that its failed probes may cost: rests after a
+# failed probe are at least its measured loss over this (docs/speculative.md, "What it costs")
+PROBE_SHARE = 0.03
 # steps, after the drafter had nothing to propose: no rows were wasted, only the step's overlap
 # (a grammar's forced stretch or a reply yet to repeat itself may end; drafting resumes). A
 # drafter that never proposes measured within this machine's noise of x1 (part 6 of
@@ -77,6 +86,9 @@ class SpeculationPolicy:
         self._tracks: dict[str, _Track] = {}
         self.costs = StepCosts()
         self.floor = MIN_ACCEPTANCE  # the acceptance drafting must reach now (choose sets it)
+        # the decode batch size of the step chosen last and its measured break-even (None:
+        # unknown), which price a failed probe (``_probe_loss``)
+        self._loss: tuple[int | None, float | None] = (None, None)
         # a new request's acceptance: every verification's so far (an MTP layer or a draft
         # model that predicts this target badly does so for the next request too)
         self.prior = 1.0
@@ -93,6 +105,7 @@ class SpeculationPolicy:
             self.costs.step_started(now, batch)
         measured = None if batch is None else self.costs.break_even(batch)
         self.floor = max(MIN_ACCEPTANCE, measured or 0.0)
+        self._loss = (batch, measured)
         if len(running) > self.batch_limit(running):
             return []
         probing = False  # drafting loses at any acceptance, but is measured again
@@ -116,7 +129,9 @@ class SpeculationPolicy:
             if self._step < track.resume:
                 continue
             if track.acceptance < self.floor and not track.probe:
-                self._rest_failing(track)  # below the break-even measured at this batch size
+                # below the break-even measured at this batch size: rest, then probe (with the
+                # draft length its acceptance gives, one draft where few hold)
+                self._rest_failing(track, self._probe_loss(track.acceptance, 1))
                 continue
             track.probe = False
             by_acceptance = math.ceil(self.max_tokens * track.acceptance)
@@ -153,11 +168,22 @@ class SpeculationPolicy:
             if track.acceptance >= max(RECOVERED, self.floor):
                 track.backoff = 2
             return
-        self._rest_failing(track)
+        self._rest_failing(track, self._probe_loss(accepted / drafted, drafted))
 
-    def _rest_failing(self, track: _Track) -> None:
-        """Rest a request whose drafts do not pay, each rest twice the last, then probe."""
-        self._rest(track, track.backoff)
+    def _probe_loss(self, acceptance: float, drafted: int) -> float:
+        """What ``drafted`` tokens accepted at ``acceptance`` lose, in plain steps at the batch
+        size measured last (0: unknown, or they pay)."""
+        batch, break_even = self._loss
+        if batch is None or break_even is None:
+            return 0.0
+        return drafted * max(0.0, break_even - acceptance) / batch
+
+    def _rest_failing(self, track: _Track, loss: float) -> None:
+        """Rest a request whose drafts do not pay, each rest twice the last and at least long
+        enough that a probe losing ``loss`` plain steps costs ``PROBE_SHARE`` of them, then
+        probe."""
+        bounded = math.ceil(loss / PROBE_SHARE)
+        self._rest(track, max(track.backoff, 1 << max(0, bounded - 1).bit_length()))
         track.backoff = min(2 * track.backoff, MAX_REST)
         track.limit = self.start_length
         track.probe = True

@@ -10,6 +10,7 @@ from macbatch.engine.speculative.policy import (
     BATCH_LIMITS,
     MAX_IDLE_REST,
     MIN_ACCEPTANCE,
+    PROBE_SHARE,
     START_SHARE,
     SpeculationPolicy,
 )
@@ -188,3 +189,47 @@ def test_a_new_request_starts_at_the_drafter_s_acceptance_so_far() -> None:
     assert probe == [(newcomer, 1)]
     fresh = SpeculationPolicy(8)  # with nothing verified yet, a request drafts at once
     assert fresh.choose([_decoding("d")]) == [(ANY, int(8 * START_SHARE))]
+
+
+def _short_requests(policy: SpeculationPolicy, requests: int, steps: int, cost: float) -> float:
+    """``requests`` one after another, ``steps`` decode steps each, every draft rejected, on a
+    clock where a plain step takes 0.1 s and a drafted token adds ``cost``: the share of the
+    run's time the drafts cost."""
+    now, lost = 0.0, 0.0
+    for n in range(requests):
+        request = _decoding(f"r{n}")
+        for _ in range(steps):
+            chosen = policy.choose([request], now)
+            drafted = sum(k for _, k in chosen)
+            policy.drafted(drafted)
+            for _, k in chosen:
+                policy.record(request.request_id, k, 0)
+            lost += cost * drafted
+            now += 0.1 + cost * drafted
+        policy.forget(request.request_id)
+    return lost / now
+
+
+def test_a_drafter_that_never_predicts_costs_a_few_percent_of_short_requests() -> None:
+    """One request at a time, 24 steps each, a drafted token costing half a step and never
+    accepted (an MTP layer that predicts the target badly, on a CPU): each new request's rests
+    doubled from two steps again, so it probed three or four times (x0.93 on the clock); a
+    failed probe now rests until its loss is PROBE_SHARE of the rest."""
+    share = _short_requests(SpeculationPolicy(4), 40, 24, 0.05)
+    assert share < 0.05 - PROBE_SHARE / 2, share
+
+
+def test_a_failed_probe_that_cost_nothing_rests_as_briefly_as_before() -> None:
+    """Drafts that cost nothing measured lose nothing when they miss: the rests double from two
+    steps as before, so a head whose drafts come back is found again soon."""
+    policy = SpeculationPolicy(4)
+    request = _decoding("r")
+    now, drafting = 0.0, []
+    for step in range(40):
+        chosen = policy.choose([request], now)
+        policy.drafted(sum(k for _, k in chosen))
+        for _, k in chosen:
+            policy.record("r", k, 0)
+            drafting.append(step)
+        now += 0.1
+    assert len(drafting) >= 5, drafting

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.load_memo import loads_memoized
 from tests.support.tiny import save_model
 
 
@@ -36,14 +35,6 @@ def stop_signals_restored() -> Iterator[None]:
     yield
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def tokenizers_read_once() -> Iterator[None]:
-    """Each tiny model's tokenizer and processor read once, each engine given its own copy
-    (tests/support/load_memo.py): ~3 s saved per in-process load after the first."""
-    with loads_memoized():
-        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,8 +1,8 @@
-"""Tokenizers and processors read once per test session, each caller given its own copy: the
-suite loads the same few tiny model folders hundreds of times in-process (every chat app test's
-engine, every vision engine and its mlx-vlm oracle), and reading a real vocabulary of 150K-260K
-tokens (tokenizer.json parsed several times over by transformers and mlx-lm) takes ~3 s where
-unpickling the object it built takes well under one.
+"""Tokenizers and processors read once, each caller given its own copy: the vision tests load
+the same few tiny VLM folders dozens of times in-process (each family's engines and mlx-vlm
+oracle), and reading their real vocabularies of 150K-260K tokens (tokenizer.json parsed several
+times over by transformers, mlx-lm and mlx-vlm) takes ~3 s a load where unpickling the object
+it built takes well under one.
 
 The copy is a pickle round trip of what the loader returned, so no two callers share state (a
 streaming detokenizer, a template set on one engine's tokenizer). The key is everything the
@@ -11,6 +11,7 @@ a test that rewrites a tokenizer or template file gets a fresh load. Failures ar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pickle
 from collections.abc import Callable, Iterator
@@ -37,23 +38,22 @@ def _size_and_time(path: Path) -> tuple[int, int]:
 
 
 def memoized(load: Callable[..., Any]) -> Callable[..., Any]:
-    """``load`` with its results kept pickled by folder state and arguments."""
+    """``load`` with its results kept pickled by folder state and arguments (the first caller
+    gets what ``load`` returned, every later one a copy)."""
     pickled: dict[tuple, bytes] = {}
 
     @functools.wraps(load)
     def cached(model_path: Any, *args: Any, **kwargs: Any) -> Any:
         folder = _folder_state(model_path)
-        if folder is None:
-            return load(model_path, *args, **kwargs)
         key = (folder, repr(args), repr(sorted(kwargs.items())))
-        if key not in pickled:
-            result = load(model_path, *args, **kwargs)
-            try:
+        if key in pickled:
+            return pickle.loads(pickled[key])
+        result = load(model_path, *args, **kwargs)
+        if folder is not None:
+            # an object that does not pickle is loaded every time
+            with contextlib.suppress(Exception):
                 pickled[key] = pickle.dumps(result)
-            except Exception:  # an object that does not pickle is loaded every time
-                return result
-            return pickle.loads(pickled[key])  # the first caller gets a copy too
-        return pickle.loads(pickled[key])
+        return result
 
     return cached
 

@@ -8,6 +8,7 @@ each on a tiny random model with the real Qwen3 tokenizer and chat template."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from macbatch.engine import Engine, EngineThread, SamplingParams
 from tests.batch.conftest import read_jsonl, write_job
 from tests.server.conftest import serving, start_engine
+from tests.support.load_memo import loads_memoized
 from tests.support.structured import QWEN3_VOCAB, WEATHER_TOOL, save_model_with_tokenizer
 
 BODIES = {
@@ -58,6 +60,14 @@ BODIES = {
 }
 # Differ by nature between two runs: response ids, creation time, speed and timing.
 VOLATILE = {"id", "created", "time_to_first_token_s", "tokens_per_second"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tokenizer_read_once() -> Iterator[None]:
+    """Each `run` loads the same model: its real Qwen3 tokenizer is read once and unpickled
+    after (tests/support/load_memo.py)."""
+    with loads_memoized():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ session, their images on disk, and mlx-vlm's own greedy generation as the oracle
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import pytest
 
 from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
 from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4
+from tests.support.load_memo import loads_memoized
 from tests.support.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
 
@@ -34,6 +35,14 @@ TINY_VLMS = {
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
 IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]
+
+
+@pytest.fixture(scope="package", autouse=True)
+def tokenizers_read_once() -> Iterator[None]:
+    """Each tiny VLM's tokenizer and processor read once, each engine and oracle given its own
+    copy (tests/support/load_memo.py): ~3 s saved per load of the same model after the second."""
+    with loads_memoized():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -94,6 +94,8 @@ class MtpNames:
                 rest = key[len(prefix) :]
                 if rest.startswith("layers."):
                     index, _, name = rest[len("layers.") :].partition(".")
+                    if not index.isdecimal():  # not a layer of ours: the strict load says so
+                        return None
                     return int(index), f"layers.0.{name}"
                 return 0, rest
         return None

@@ -66,8 +66,10 @@ GLM4_5_AIR = dict(
 
 
 def glm4_moe_target(hidden: int, layers: int) -> nn.Module:
-    """GLM-4.5-Air's shape at width ``hidden`` and depth ``layers`` (its ratios kept: heads of
-    ``hidden / 32``, 8 query heads a KV head; 16 routed experts, 4 a token), random float32."""
+    """GLM-4.5-Air's shape at width ``hidden`` and depth ``layers`` (heads of 32, a quarter of
+    GLM's 128 and a multiple of 8 as the CPU kernel's compiled path needs; query width twice
+    ``hidden``, up to 8 query heads a KV head; 16 routed experts, 4 a token), random float32."""
+    heads = hidden // 16
     return build_bench_model(
         **dict(
             GLM4_5_AIR,
@@ -75,9 +77,9 @@ def glm4_moe_target(hidden: int, layers: int) -> nn.Module:
             num_hidden_layers=layers,
             intermediate_size=hidden * 8 // 3,
             moe_intermediate_size=hidden // 3,
-            num_attention_heads=16,
-            num_key_value_heads=2,
-            head_dim=hidden // 16,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 8),
+            head_dim=32,
             n_routed_experts=16,
             num_experts_per_tok=4,
         )
@@ -132,6 +134,8 @@ def compare(arms: dict[str, Engine], size: int, tokens: int, repeat: int) -> Non
         drafted = engine.stats().speculation.drafted - before[name]
         compiled = engine.runner.compiled
         shapes = 0 if compiled is None else compiled.compiled_shapes
+        if compiled is not None and not shapes:
+            raise SystemExit("nothing ran compiled: is the CPU kernel the attention backend?")
         print(
             f"   without / {name}: wall x{off[0] / on[0]:.3f}, CPU x{off[1] / on[1]:.3f} "
             f"({off[1]:.2f} -> {on[1]:.2f} CPU s; {drafted} drafts, {shapes} compiled shapes)"

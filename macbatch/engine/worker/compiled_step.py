@@ -11,7 +11,9 @@ the step is an array the graph reads at evaluation: a decode-only step (one quer
 sequence, every row sampled) of at most ``MAX_BATCH`` sequences, over an attention backend that
 plans from the metadata arrays (the CPU kernel; the Metal kernel plans on the host), for a model
 without recurrent layers, in one process. Everything else takes the uncompiled forward, which
-computes the same function with the same ops.
+computes the same function with the same ops. A runner whose MTP layer reads each step's hidden
+states (speculative/mtp.py) has them returned too, as a second output of the same graph (the LM
+head's input, materialized anyway), so its plain decode steps run compiled as well.
 
 Shapes are buckets: the batch size is exact, the block tables' width is a power of two (the
 packer pads it; block 0 is never read), so one request's decode meets a new shape only when its
@@ -25,7 +27,7 @@ requests) never pay for it, and a long-lived one pays it once per machine and mo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -42,13 +44,23 @@ _NO_HOST = np.empty(0, dtype=np.int32)
 Shape = tuple[Any, ...]
 
 
+class DecodeOutputs(NamedTuple):
+    """What a compiled decode step returns."""
+
+    logits: mx.array  # [N, V] float32, every row sampled
+    hidden: mx.array | None  # [N, 1, H], the last layer's normed states (None: not kept)
+
+
 class CompiledDecode:
     """A runner's compiled decode forwards, one per shape, over its KV pages."""
 
-    def __init__(self, adapter: ModelAdapter, stores: KVStores, after: int) -> None:
+    def __init__(
+        self, adapter: ModelAdapter, stores: KVStores, after: int, keeps_hidden: bool
+    ) -> None:
         self._adapter = adapter
         self._stores = stores
         self._after = after
+        self._keeps_hidden = keeps_hidden  # the step's hidden states are an output too
         self._steps = 0  # compilable steps so far
         self._shapes: set[Shape] = set()  # the shapes run compiled
         self._template: PackedBatch | None = None  # the batch being traced
@@ -67,9 +79,10 @@ class CompiledDecode:
         """How many step shapes have run compiled (tests and benchmarks read it)."""
         return len(self._shapes)
 
-    def forward(self, batch: PackedBatch) -> mx.array | None:
-        """The logits ``[N, V]`` of a compilable decode step once ``after`` compilable steps
-        have run uncompiled; None for any other step (the caller runs it uncompiled)."""
+    def forward(self, batch: PackedBatch) -> DecodeOutputs | None:
+        """The logits ``[N, V]`` of a compilable decode step (and its hidden states, when kept)
+        once ``after`` compilable steps have run uncompiled; None for any other step (the caller
+        runs it uncompiled)."""
         shape = self._shape(batch)
         if shape is None:
             return None
@@ -79,7 +92,7 @@ class CompiledDecode:
         self._shapes.add(shape)
         self._template = batch
         try:
-            (logits,) = self._compiled(*_arrays(batch))
+            *hidden, logits = self._compiled(*_arrays(batch))
         finally:
             self._template = None
         # The step's page writes must not be encoded while the step in flight still reads the
@@ -87,7 +100,7 @@ class CompiledDecode:
         # forward is never that far ahead (MLX holds evaluation back to about 100 ops in flight,
         # a layer of any real model); a compiled step of a small model is, whole.
         mx.synchronize()
-        return logits
+        return DecodeOutputs(logits, hidden[0] if hidden else None)
 
     def _shape(self, batch: PackedBatch) -> Shape | None:
         """The compile cache's key for ``batch``, or None when it cannot run compiled."""
@@ -116,12 +129,14 @@ class CompiledDecode:
         )
 
     def _forward(self, *arrays: mx.array) -> list[mx.array]:
-        """Traced once per shape: the uncompiled forward over a batch of the traced arrays."""
+        """Traced once per shape: the uncompiled forward over a batch of the traced arrays (the
+        hidden states first when kept, then the logits)."""
         assert self._template is not None
         batch = _rebuilt(self._template, list(arrays), self._windowed)
-        logits = self._adapter.forward(batch, self._stores)
+        hidden = self._adapter.hidden_states(batch, self._stores)
+        logits = self._adapter.sampled_logits(hidden, batch)
         assert logits is not None  # every row is sampled
-        return [logits]
+        return [hidden, logits] if self._keeps_hidden else [logits]
 
 
 def _page_lists(store: KVStore) -> list[list[mx.array]]:
@@ -180,11 +195,16 @@ def _rebuilt(template: PackedBatch, arrays: list[mx.array], windowed: bool) -> P
 
 
 def compiled_decode(
-    adapter: ModelAdapter, stores: KVStores, after: int | None, distributed: bool
+    adapter: ModelAdapter,
+    stores: KVStores,
+    after: int | None,
+    distributed: bool,
+    keeps_hidden: bool = False,
 ) -> CompiledDecode | None:
     """The runner's compiled decode step, or None where none is used: turned off (``after``
     None), a distributed group (followers run their own forward), or a model with recurrent
-    layers (their state rows are gathered and scattered by host-planned slots)."""
+    layers (their state rows are gathered and scattered by host-planned slots).
+    ``keeps_hidden``: each step's hidden states are returned too (an MTP layer reads them)."""
     if after is None or distributed or adapter.hybrid:
         return None
-    return CompiledDecode(adapter, stores, after)
+    return CompiledDecode(adapter, stores, after, keeps_hidden)

@@ -101,7 +101,11 @@ class ModelRunner:
         self._allocate_caches(model, config, fmt, group)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
-            self.adapter, self.kv_stores, config.compile_decode_after, group is not None
+            self.adapter,
+            self.kv_stores,
+            config.compile_decode_after,
+            group is not None,
+            keeps_hidden=isinstance(self.draft, MtpRunner),
         )
         full_shapes, window_shapes = self.adapter.group_shapes
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
@@ -209,10 +213,11 @@ class ModelRunner:
         if self._followers is not None:
             batch.reads_hidden = int(keep)  # ``launch`` evaluates them: so must the followers
             self._followers.send_step(batch)
+        compiled = None if spans or self.compiled is None else self.compiled.forward(batch)
+        if compiled is not None:  # a small decode step: its hidden states returned when kept
+            self.hidden = compiled.hidden
+            return compiled.logits, {}
         if not spans and not keep:
-            logits = None if self.compiled is None else self.compiled.forward(batch)
-            if logits is not None:
-                return logits, {}
             return self.adapter.forward(batch, self.kv_stores, self.states), {}
         hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
         self.hidden = hidden if keep else None

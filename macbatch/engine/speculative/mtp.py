@@ -91,7 +91,7 @@ class MtpDrafter:
             if request.params.speculative and request.pooling is None:
                 segments = self._hidden.setdefault(request.request_id, [])
                 _cut(segments, chunk.start)  # the rows from there on are computed again now
-                if request.request_id in drafting or not _prompt_chunk(chunk):
+                if request.request_id in drafting or not _prompt_pass(chunk):
                     wanted.append((chunk, len(index)))
                     index.extend(range(row, row + chunk.num_tokens))
             row += chunk.num_tokens
@@ -113,7 +113,7 @@ class MtpDrafter:
         spans: list[tuple[_Row, int, int]] = []
         tables = []
         for chunk in chunks:
-            if not _prompt_chunk(chunk):
+            if not _written_at_once(chunk):
                 continue
             request = chunk.request
             tokens = request.all_token_ids
@@ -256,10 +256,18 @@ class MtpDrafter:
         self._hidden.pop(request_id, None)
 
 
-def _prompt_chunk(chunk: ScheduledChunk) -> bool:
-    """Whether a chunk's rows are written in its own step (``_write_prompt_rows``): a prompt
-    chunk, or recomputed tokens; not a decode's one row nor a verification's."""
+def _written_at_once(chunk: ScheduledChunk) -> bool:
+    """Whether a chunk's MTP K/V is written in its own step (``_write_prompt_rows``): a prompt
+    chunk, or tokens computed again (a preempted request's, a hybrid's accepted drafts after a
+    rejection); not a decode's one row nor a verification's."""
     return chunk.num_tokens >= 2 and not chunk.num_drafts
+
+
+def _prompt_pass(chunk: ScheduledChunk) -> bool:
+    """Whether a chunk's MTP K/V would be its prompt's pass, which a request not expected to
+    draft soon skips (a hybrid's accepted drafts computed again are a drafting request's, and
+    few)."""
+    return _written_at_once(chunk) and chunk.start < len(chunk.request.prompt_token_ids)
 
 
 def _rows(segments: list[_Segment], start: int, n: int) -> mx.array:

@@ -18,7 +18,9 @@ to about a tenth (a 2,048-wide one beside 3B active parameters of a sparse MoE):
 32768`` gives this target's head 12%.
 
 1. One request: macbatch with MTP vs mlx-lm's ``generate_step`` vs macbatch without, in
-   ``--repeat`` rounds whose order alternates (one round each, in a fixed order, once read
+   ``--repeat`` rounds whose order alternates, the prefix cache off (every round prefills the
+   whole prompt, as mlx-lm does; with it on, macbatch's rounds after the first read half the
+   32-token prompt from cache, which flattered the ratio against mlx-lm) (one round each, in a fixed order, once read
    mlx-lm at 2.07 tok/s beside macbatch without MTP at 1.20: the load of the moment; in CPU
    time, decode steps interleaved in one process, the two cost the same, docs/speculative.md).
 2. ``--batches 2,4,8``: that many concurrent requests, MTP (the policy in charge) vs none, in
@@ -106,10 +108,13 @@ def vocab_of(target: nn.Module) -> int:
     return int(target.language_model.args.vocab_size)
 
 
-def engines(target: nn.Module, head: MtpHead, seqs: int) -> tuple[Engine, Engine]:
-    """macbatch without speculation, and with the MTP layer."""
+def engines(
+    target: nn.Module, head: MtpHead, seqs: int, prefix_cache: bool = True
+) -> tuple[Engine, Engine]:
+    """macbatch without speculation, and with the MTP layer (``prefix_cache`` False: each
+    round prefills its whole prompt again, as mlx-lm's ``generate_step`` does)."""
     tokenizer = bench_tokenizer(vocab_of(target))
-    config = dict(num_blocks=256, max_num_seqs=max(seqs, 8))
+    config = dict(num_blocks=256, max_num_seqs=max(seqs, 8), enable_prefix_caching=prefix_cache)
     plain = Engine(target, tokenizer, EngineConfig(**config))
     spec = Engine(target, tokenizer, EngineConfig(speculative="mtp", **config), draft_model=head)
     return plain, spec
@@ -182,7 +187,7 @@ def one_request(target: nn.Module, head: MtpHead, tokens: int, repeat: int) -> N
     """The three arms in rounds, their order reversed each round (so the machine's load,
     which moves a lot on a shared one, falls on all three alike), seconds summed."""
     prompt = synthetic_prompts(1, 32, 32, vocab_of(target), seed=3)[0]
-    plain, spec = engines(target, head, 1)
+    plain, spec = engines(target, head, 1, prefix_cache=False)
     timed(plain, [prompt], 4), timed(spec, [prompt], 4)
     arms = {
         "generate": lambda: request_seconds(

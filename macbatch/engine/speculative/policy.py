@@ -15,6 +15,8 @@ verification accepts every draft, up to the full length (a slow start): rejected
 request that turns out to accept few cost rows that never pay, while the moving average takes
 a few verifications to fall. Cutting the length to what the last verification accepted
 instead cost the draft-model pair at 85% acceptance a quarter of its gain (docs/speculative.md).
+Once the drafter's drafts have held on this target (the prior, below), a new request starts at
+the full length instead: it has nothing left to find out.
 
 Where drafting stops paying is measured, not guessed (step_costs.py): the engine's steps give
 the extra seconds a drafted token costs against a plain step's seconds per token at the same
@@ -65,6 +67,12 @@ EMA_WEIGHT = 0.5  # of the newest verification (0.3 rested a failing request too
 PRIOR_WEIGHT = 0.2  # of the newest verification, in the acceptance a new request starts at
 START_SHARE = 0.5  # of the draft length at the start, and no more than START_TOKENS
 START_TOKENS = 4  # (K = 16 starting at 8: x0.82 where K = 8 from 4: x0.94; docs/speculative.md)
+# A new request starts at the full length once the drafter's acceptance on this target (the
+# prior) is at least FULL_START_PRIOR over at least FULL_START_AFTER verifications: an MTP layer
+# that predicts well loses nothing to a slow start there, which cost one request of 24 tokens one
+# verification in seven (docs/speculative.md, "Slow start")
+FULL_START_PRIOR = 0.9
+FULL_START_AFTER = 8
 
 
 @dataclass
@@ -92,6 +100,7 @@ class SpeculationPolicy:
         # a new request's acceptance: every verification's so far (an MTP layer or a draft
         # model that predicts this target badly does so for the next request too)
         self.prior = 1.0
+        self._verifications = 0  # that moved the prior (drafted something)
 
     def choose(
         self, running: Sequence[Request], now: float | None = None
@@ -174,6 +183,7 @@ class SpeculationPolicy:
         track.idle_backoff = 2
         track.acceptance += EMA_WEIGHT * (accepted / drafted - track.acceptance)
         self.prior += PRIOR_WEIGHT * (accepted / drafted - self.prior)
+        self._verifications += 1
         if accepted == drafted:  # every draft held: it may draft twice as many
             track.limit = min(self.max_tokens, 2 * track.limit)
         if track.acceptance >= self.floor:
@@ -212,9 +222,15 @@ class SpeculationPolicy:
     def _track(self, request_id: str) -> _Track:
         track = self._tracks.get(request_id)
         if track is None:
-            track = _Track(acceptance=self.prior, limit=self.start_length)
+            track = _Track(acceptance=self.prior, limit=self._new_request_limit())
             self._tracks[request_id] = track
         return track
+
+    def _new_request_limit(self) -> int:
+        """A new request's most drafts: the full length where the drafter's drafts have held on
+        this target so far, else the slow start's."""
+        proven = self._verifications >= FULL_START_AFTER and self.prior >= FULL_START_PRIOR
+        return self.max_tokens if proven else self.start_length
 
 
 def _floor(break_even: float | None) -> float:

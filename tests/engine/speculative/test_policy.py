@@ -8,6 +8,7 @@ from unittest.mock import ANY
 
 from macbatch.engine.speculative.policy import (
     BATCH_LIMITS,
+    FULL_START_AFTER,
     MAX_IDLE_REST,
     MIN_ACCEPTANCE,
     PROBE_SHARE,
@@ -73,6 +74,19 @@ def test_a_request_drafts_half_the_length_until_all_its_drafts_hold() -> None:
 def test_the_draft_length_doubles_with_each_verification_whose_drafts_all_hold() -> None:
     assert _lengths(SpeculationPolicy(16), _decoding("r"), [16] * 4) == [4, 8, 16, 16]
     assert _lengths(SpeculationPolicy(4), _decoding("r"), [4] * 3) == [2, 4, 4]
+
+
+def test_a_new_request_starts_at_full_length_once_the_drafter_s_drafts_have_held() -> None:
+    """Slow start finds out whether a request's drafts hold; once the drafter's have held on
+    this target for ``FULL_START_AFTER`` verifications, a new request drafts the full length at
+    once, and a drafter whose drafts then fail slow-starts new requests again."""
+    policy = SpeculationPolicy(8)
+    half = int(8 * START_SHARE)
+    for n in range(FULL_START_AFTER // 2):  # two verifications each, every draft held
+        assert _lengths(policy, _decoding(f"r{n}"), [8, 8])[0] == half
+    assert _lengths(policy, _decoding("proven"), [8]) == [8]
+    _lengths(policy, _decoding("failing"), [0, 0])  # the drafter's record falls below 0.9
+    assert _lengths(policy, _decoding("after"), [8]) == [half]
 
 
 def _speculating_steps(policy: SpeculationPolicy, requests: list, steps: int) -> dict:

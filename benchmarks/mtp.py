@@ -20,9 +20,10 @@ to about a tenth (a 2,048-wide one beside 3B active parameters of a sparse MoE):
 1. One request: macbatch with MTP vs mlx-lm's ``generate_step`` vs macbatch without, in
    ``--repeat`` rounds whose order alternates, the prefix cache off (every round prefills the
    whole prompt, as mlx-lm does; with it on, macbatch's rounds after the first read half the
-   32-token prompt from cache, which flattered the ratio against mlx-lm) (one round each, in a fixed order, once read
-   mlx-lm at 2.07 tok/s beside macbatch without MTP at 1.20: the load of the moment; in CPU
-   time, decode steps interleaved in one process, the two cost the same, docs/speculative.md).
+   32-token prompt from cache, which flattered the ratio against mlx-lm). One round each, in
+   a fixed order, once read mlx-lm at 2.07 tok/s beside macbatch without MTP at 1.20: the
+   load of the moment; in CPU time, decode steps interleaved in one process, the two cost the
+   same (docs/speculative.md).
 2. ``--batches 2,4,8``: that many concurrent requests, MTP (the policy in charge) vs none, in
    ``--repeat`` alternating rounds too.
 3. The random MTP layer at 1 and ``--batches`` requests vs none (never much slower).

@@ -419,7 +419,8 @@ class Engine(PromptEncoder):
         result = None if logits is None else self.runner.sample(logits, rows)
         extra = list(pooled.values())
         if self.runner.hidden is not None and self.speculator is not None:
-            extra += self.speculator.observe(plan.chunks, self.runner.hidden)  # MTP drafts
+            running = len(self.scheduler.running)  # the batch size MTP drafts at (or not)
+            extra += self.speculator.observe(plan.chunks, self.runner.hidden, running)
         if self.kv.disk is not None:  # blocks worth keeping, copied out with this step
             extra += self.kv.disk.capture(self._steps + 1)
         self._device_wait_s += self.runner.launch(result, extra)

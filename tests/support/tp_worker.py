@@ -103,14 +103,14 @@ def record_hidden(engine: Engine, ids: dict[str, int]) -> list[tuple[str, int, m
     observe = drafter.observe
     kept: list[tuple[str, int, mx.array]] = []
 
-    def recording(chunks, states):
+    def recording(chunks, states, drafting):
         row = 0
         for chunk in chunks:
             if not chunk.num_drafts:
                 rows = states[row : row + chunk.num_tokens, 0]
                 kept.append((chunk.request.request_id, chunk.start, rows))
             row += chunk.num_tokens
-        return observe(chunks, states)
+        return observe(chunks, states, drafting)
 
     drafter.observe = recording
     return kept

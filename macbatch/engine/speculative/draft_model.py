@@ -20,7 +20,7 @@ admitted while one holding a slot waits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -184,7 +184,9 @@ class DraftModelDrafter:
             batch.token_ids = fed
         return self.runner.greedy(batch)
 
-    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
+    ) -> list[mx.array]:
         return []  # the draft model computes its own hidden states
 
     def truncated(self, request_id: str, num_tokens: int) -> None:

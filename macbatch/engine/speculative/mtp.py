@@ -15,15 +15,20 @@ The target's hidden states come from the step that computed them (``observe``): 
 chunk's MTP K/V is written in that same step (its rows' next tokens are the prompt's), and a
 decode's rows are kept, per request, until a proposal's catch-up reads them (at most
 ``MAX_KEPT`` rows: a request that does not draft for a long time drops its oldest, whose MTP
-K/V is then never written, which only weakens its drafts). A position whose hidden state the
-request never computed (a prefix-cache hit) keeps whatever K/V its block holds: the rows a
-request that computed the block wrote, or stale ones. Drafts are greedy (a point mass:
-verify.py), so what the MTP layer attends to changes how many drafts hold, never the output.
+K/V is then never written, which only weakens its drafts). A prompt chunk of a request the
+policy does not expect to draft soon (``SpeculationPolicy.drafts_soon``: a layer whose drafts
+fail, or a batch size where no acceptance pays) is neither written nor kept: that pass would
+cost every step it runs in and pay only if the request drafts, and when it does (a probe, a
+batch that shrank) its catch-up starts at the first row kept after it. A position whose MTP K/V
+was so skipped, or whose hidden state the request never computed (a prefix-cache hit), keeps
+whatever K/V its block holds: the rows a request that computed the block wrote, or stale ones.
+Drafts are greedy (a point mass: verify.py), so what the MTP layer attends to changes how many
+drafts hold, never the output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -71,24 +76,30 @@ class MtpDrafter:
         # the MTP K/V each request's blocks hold (position i read the tokens up to i + 1)
         self._written: dict[str, Written] = {}
 
-    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
+    ) -> list[mx.array]:
         """Keep the target's hidden states ``[N, 1, H]`` of a step's chunks (their rows in
-        order) for the requests that may speculate; returns the arrays to evaluate with it."""
+        order) for the requests that may speculate, and write the prompt chunks' MTP K/V; a
+        prompt chunk of a request not in ``drafting`` (not expected to draft soon) is skipped.
+        Returns the arrays to evaluate with the step."""
         index: list[int] = []
         wanted: list[tuple[ScheduledChunk, int]] = []
         row = 0
         for chunk in chunks:
             request = chunk.request
             if request.params.speculative and request.pooling is None:
-                wanted.append((chunk, len(index)))
-                index.extend(range(row, row + chunk.num_tokens))
+                segments = self._hidden.setdefault(request.request_id, [])
+                _cut(segments, chunk.start)  # the rows from there on are computed again now
+                if request.request_id in drafting or not _prompt_pass(chunk):
+                    wanted.append((chunk, len(index)))
+                    index.extend(range(row, row + chunk.num_tokens))
             row += chunk.num_tokens
         if not index:
             return []
         kept = hidden[mx.array(index)]  # a copy: the step's own rows are not held
         for chunk, at in wanted:
-            segments = self._hidden.setdefault(chunk.request.request_id, [])
-            _cut(segments, chunk.start)  # the rows from there on are computed again now
+            segments = self._hidden[chunk.request.request_id]
             segments.append(_Segment(chunk.start, kept[at : at + chunk.num_tokens]))
             while sum(s.rows.shape[0] for s in segments) > MAX_KEPT and len(segments) > 1:
                 segments.pop(0)
@@ -102,7 +113,7 @@ class MtpDrafter:
         spans: list[tuple[_Row, int, int]] = []
         tables = []
         for chunk in chunks:
-            if chunk.num_tokens < 2 or chunk.num_drafts:  # a decode, a verification
+            if not _written_at_once(chunk):
                 continue
             request = chunk.request
             tokens = request.all_token_ids
@@ -243,6 +254,20 @@ class MtpDrafter:
     def forget(self, request_id: str) -> None:
         self._written.pop(request_id, None)
         self._hidden.pop(request_id, None)
+
+
+def _written_at_once(chunk: ScheduledChunk) -> bool:
+    """Whether a chunk's MTP K/V is written in its own step (``_write_prompt_rows``): a prompt
+    chunk, or tokens computed again (a preempted request's, a hybrid's accepted drafts after a
+    rejection); not a decode's one row nor a verification's."""
+    return chunk.num_tokens >= 2 and not chunk.num_drafts
+
+
+def _prompt_pass(chunk: ScheduledChunk) -> bool:
+    """Whether a chunk's MTP K/V would be its prompt's pass, which a request not expected to
+    draft soon skips (a hybrid's accepted drafts computed again are a drafting request's, and
+    few)."""
+    return _written_at_once(chunk) and chunk.start < len(chunk.request.prompt_token_ids)
 
 
 def _rows(segments: list[_Segment], start: int, n: int) -> mx.array:

@@ -8,7 +8,7 @@ the step's forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,7 +49,9 @@ class NgramDrafter:
                 return [int(t) for t in seq[begin : begin + k]]
         return []
 
-    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
+    ) -> list[mx.array]:
         return []  # drafts from the tokens alone
 
     def truncated(self, request_id: str, num_tokens: int) -> None:

@@ -113,7 +113,7 @@ class SpeculationPolicy:
         if now is not None:
             self.costs.step_started(now, batch)
         measured = None if batch is None else self.costs.break_even(batch)
-        self.floor = max(MIN_ACCEPTANCE, measured or 0.0)
+        self.floor = _floor(measured)
         self._loss = (batch, measured)
         if len(running) > self.batch_limit(running):
             return []
@@ -146,6 +146,18 @@ class SpeculationPolicy:
             by_acceptance = math.ceil(self.max_tokens * track.acceptance)
             chosen.append((request, max(1, min(by_acceptance, track.limit))))
         return chosen
+
+    def drafts_soon(self, request_id: str, batch: int) -> bool:
+        """Whether a request is expected to draft soon at ``batch`` running requests: some
+        acceptance pays there (the break-even measured at that size is below 1, or unknown) and
+        its acceptance (its own; a request not decoding yet: the drafter's so far) reaches the
+        floor it would face there. An MTP layer skips the prompt pass of a request that is not
+        (mtp.py); a probe, or a smaller batch, still drafts it, after a longer catch-up."""
+        measured = self.costs.break_even(batch)
+        if measured is not None and measured >= 1.0:
+            return False
+        track = self._tracks.get(request_id)
+        return (self.prior if track is None else track.acceptance) >= _floor(measured)
 
     def drafted(self, tokens: int) -> None:
         """The tokens drafted in this step (what its measured time is put on)."""
@@ -219,6 +231,12 @@ class SpeculationPolicy:
         this target so far, else the slow start's."""
         proven = self._verifications >= FULL_START_AFTER and self.prior >= FULL_START_PRIOR
         return self.max_tokens if proven else self.start_length
+
+
+def _floor(break_even: float | None) -> float:
+    """The acceptance a request's drafts must reach at a batch size whose measured break-even
+    is ``break_even`` (None: not measured)."""
+    return max(MIN_ACCEPTANCE, break_even or 0.0)
 
 
 def _decode_batch(running: Sequence[Request]) -> int | None:

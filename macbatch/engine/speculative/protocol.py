@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -19,10 +19,13 @@ class Drafter(Protocol):
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]: ...
 
-    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
+    ) -> list[mx.array]:
         """The target's hidden states ``[N, 1, H]`` of a step just dispatched (its chunks' rows
-        in order), offered only when the model runner keeps them (an MTP drafter's); returns
-        what to evaluate with the step."""
+        in order), offered only when the model runner keeps them (an MTP drafter's), and the
+        ids of its requests expected to draft soon (``SpeculationPolicy.drafts_soon``: work
+        done ahead for the others may never pay); returns what to evaluate with the step."""
         ...
 
     def truncated(self, request_id: str, num_tokens: int) -> None:

@@ -47,10 +47,15 @@ class Speculator:
                 self.policy.record(request.request_id, 0, 0)
         self.policy.drafted(sum(len(r.drafts) for r, _ in asking))
 
-    def observe(self, chunks: Sequence[ScheduledChunk], hidden: mx.array) -> list[mx.array]:
-        """Hand the drafter a step's hidden states (an MTP drafter reads them); returns what
-        to evaluate with the step."""
-        return self.drafter.observe(chunks, hidden)
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, batch: int
+    ) -> list[mx.array]:
+        """Hand the drafter a step's hidden states (an MTP drafter reads them) and which of its
+        requests are expected to draft soon at ``batch`` running requests (prefilling ones
+        included); returns what to evaluate with the step."""
+        ids = {c.request.request_id for c in chunks}
+        drafting = {i for i in ids if self.policy.drafts_soon(i, batch)}
+        return self.drafter.observe(chunks, hidden, drafting)
 
     def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:
         """The sampler's rows of a request's chunk: the request, then one per draft verified."""

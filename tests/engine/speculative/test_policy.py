@@ -247,3 +247,42 @@ def test_a_failed_probe_that_cost_nothing_rests_as_briefly_as_before() -> None:
             drafting.append(step)
         now += 0.1
     assert len(drafting) >= 5, drafting
+
+
+def test_a_new_request_is_expected_to_draft_at_the_drafter_s_acceptance_so_far() -> None:
+    """Before any verification every request is expected to draft (an MTP layer writes its
+    prompt's K/V); once the drafter's drafts fail, a new request is not, at any batch size."""
+    policy = SpeculationPolicy(8)
+    assert policy.drafts_soon("new", 1) and policy.drafts_soon("new", 8)
+    good = _decoding("good")
+    _lengths(policy, good, [8, 8, 8])  # every draft held
+    _speculating_steps(policy, [_decoding("bad")], 300)  # every draft rejected
+    assert policy.prior < MIN_ACCEPTANCE
+    assert not policy.drafts_soon("new", 1) and not policy.drafts_soon("bad", 1)
+    assert policy.drafts_soon("good", 1)  # its own acceptance, not the drafter's
+
+
+def test_no_request_is_expected_to_draft_where_no_acceptance_pays() -> None:
+    """A drafted token costing four tokens' worth at two requests (as in the test above):
+    nobody is expected to draft at two, whatever its acceptance; at three, unmeasured, the
+    requests whose drafts mostly held are."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    _timed_steps(policy, requests, 300, 0.2)
+    assert policy.costs.break_even(2) > 1
+    assert not policy.drafts_soon("a", 2) and not policy.drafts_soon("new", 2)
+    assert policy.drafts_soon("a", 3) and policy.drafts_soon("new", 3)
+
+
+def test_a_request_is_expected_to_draft_only_above_the_break_even_at_the_batch_size() -> None:
+    """A drafted token costing half a token's worth at two requests (0.025 s against 0.05 s a
+    token): its break-even, 0.5, is the floor there; a request accepting 40% of its drafts is
+    expected to draft at three requests (unmeasured: MIN_ACCEPTANCE) but not at two."""
+    policy = SpeculationPolicy(8)
+    requests = [_decoding("a"), _decoding("b")]
+    _timed_steps(policy, requests, 300, 0.025)
+    assert 0.4 < (policy.costs.break_even(2) or 0) < 0.6
+    assert policy.drafts_soon("a", 2)  # three drafts in four held
+    for _ in range(6):
+        policy.record("c", 5, 2)
+    assert not policy.drafts_soon("c", 2) and policy.drafts_soon("c", 3)

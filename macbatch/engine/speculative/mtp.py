@@ -38,6 +38,7 @@ from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.speculative.draft_model import Written, shared_prefix, truncate_written
 from macbatch.engine.speculative.mtp_runner import MtpRunner
+from macbatch.engine.speculative.policy import may_draft
 from macbatch.engine.worker.packing import PackedBatch, pack
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class MtpDrafter:
         row = 0
         for chunk in chunks:
             request = chunk.request
-            if request.params.speculative and request.pooling is None:
+            if may_draft(request) and request.pooling is None:
                 segments = self._hidden.setdefault(request.request_id, [])
                 _cut(segments, chunk.start)  # the rows from there on are computed again now
                 if request.request_id in drafting or not _prompt_pass(chunk):

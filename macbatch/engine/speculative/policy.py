@@ -127,7 +127,7 @@ class SpeculationPolicy:
                 probing = True
         chosen = []
         for request in running:
-            if not request.params.speculative or request.params.thinking_token_budget is not None:
+            if not may_draft(request):
                 continue
             if request.num_computed_tokens < len(request.prompt_token_ids):
                 continue  # still prefilling: nothing to draft from this step
@@ -147,16 +147,19 @@ class SpeculationPolicy:
             chosen.append((request, max(1, min(by_acceptance, track.limit))))
         return chosen
 
-    def drafts_soon(self, request_id: str, batch: int) -> bool:
-        """Whether a request is expected to draft soon at ``batch`` running requests: some
-        acceptance pays there (the break-even measured at that size is below 1, or unknown) and
-        its acceptance (its own; a request not decoding yet: the drafter's so far) reaches the
-        floor it would face there. An MTP layer skips the prompt pass of a request that is not
-        (mtp.py); a probe, or a smaller batch, still drafts it, after a longer catch-up."""
+    def drafts_soon(self, request: Request, batch: int) -> bool:
+        """Whether a request is expected to draft soon at ``batch`` running requests: it may
+        draft at all (``may_draft``), some acceptance pays there (the break-even measured at
+        that size is below 1, or unknown) and its acceptance (its own; a request not decoding
+        yet: the drafter's so far) reaches the floor it would face there. An MTP layer skips the
+        prompt pass of a request that is not (mtp.py); a probe, or a smaller batch, still
+        drafts it, after a longer catch-up."""
+        if not may_draft(request):
+            return False
         measured = self.costs.break_even(batch)
         if measured is not None and measured >= 1.0:
             return False
-        track = self._tracks.get(request_id)
+        track = self._tracks.get(request.request_id)
         return (self.prior if track is None else track.acceptance) >= _floor(measured)
 
     def drafted(self, tokens: int) -> None:
@@ -231,6 +234,12 @@ class SpeculationPolicy:
         this target so far, else the slow start's."""
         proven = self._verifications >= FULL_START_AFTER and self.prior >= FULL_START_PRIOR
         return self.max_tokens if proven else self.start_length
+
+
+def may_draft(request: Request) -> bool:
+    """Whether a request drafts at all: it asked for speculation (a job's row may not) and has
+    no thinking budget (whose forced end is not drafted through)."""
+    return bool(request.params.speculative) and request.params.thinking_token_budget is None
 
 
 def _floor(break_even: float | None) -> float:

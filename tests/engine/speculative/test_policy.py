@@ -253,13 +253,15 @@ def test_a_new_request_is_expected_to_draft_at_the_drafter_s_acceptance_so_far()
     """Before any verification every request is expected to draft (an MTP layer writes its
     prompt's K/V); once the drafter's drafts fail, a new request is not, at any batch size."""
     policy = SpeculationPolicy(8)
-    assert policy.drafts_soon("new", 1) and policy.drafts_soon("new", 8)
+    assert policy.drafts_soon(_decoding("new"), 1) and policy.drafts_soon(_decoding("new"), 8)
     good = _decoding("good")
     _lengths(policy, good, [8, 8, 8])  # every draft held
     _speculating_steps(policy, [_decoding("bad")], 300)  # every draft rejected
     assert policy.prior < MIN_ACCEPTANCE
-    assert not policy.drafts_soon("new", 1) and not policy.drafts_soon("bad", 1)
-    assert policy.drafts_soon("good", 1)  # its own acceptance, not the drafter's
+    assert not policy.drafts_soon(_decoding("new"), 1) and not policy.drafts_soon(
+        _decoding("bad"), 1
+    )
+    assert policy.drafts_soon(_decoding("good"), 1)  # its own acceptance, not the drafter's
 
 
 def test_no_request_is_expected_to_draft_where_no_acceptance_pays() -> None:
@@ -270,8 +272,8 @@ def test_no_request_is_expected_to_draft_where_no_acceptance_pays() -> None:
     requests = [_decoding("a"), _decoding("b")]
     _timed_steps(policy, requests, 300, 0.2)
     assert policy.costs.break_even(2) > 1
-    assert not policy.drafts_soon("a", 2) and not policy.drafts_soon("new", 2)
-    assert policy.drafts_soon("a", 3) and policy.drafts_soon("new", 3)
+    assert not policy.drafts_soon(_decoding("a"), 2) and not policy.drafts_soon(_decoding("new"), 2)
+    assert policy.drafts_soon(_decoding("a"), 3) and policy.drafts_soon(_decoding("new"), 3)
 
 
 def test_a_request_is_expected_to_draft_only_above_the_break_even_at_the_batch_size() -> None:
@@ -282,7 +284,19 @@ def test_a_request_is_expected_to_draft_only_above_the_break_even_at_the_batch_s
     requests = [_decoding("a"), _decoding("b")]
     _timed_steps(policy, requests, 300, 0.025)
     assert 0.4 < (policy.costs.break_even(2) or 0) < 0.6
-    assert policy.drafts_soon("a", 2)  # three drafts in four held
+    assert policy.drafts_soon(_decoding("a"), 2)  # three drafts in four held
     for _ in range(6):
         policy.record("c", 5, 2)
-    assert not policy.drafts_soon("c", 2) and policy.drafts_soon("c", 3)
+    assert not policy.drafts_soon(_decoding("c"), 2) and policy.drafts_soon(_decoding("c"), 3)
+
+
+def test_a_request_that_never_drafts_is_never_expected_to() -> None:
+    """A request with a thinking budget, or one that asked for no speculation, is never chosen,
+    so an MTP layer must not run its prompt pass either (whatever the drafter's record)."""
+    policy = SpeculationPolicy(8)
+    thinking, plain = _decoding("thinking"), _decoding("plain")
+    thinking.params = SimpleNamespace(speculative=True, thinking_token_budget=64)
+    plain.params = SimpleNamespace(speculative=False, thinking_token_budget=None)
+    assert policy.drafts_soon(_decoding("new"), 1)
+    assert not policy.drafts_soon(thinking, 1) and not policy.drafts_soon(plain, 1)
+    assert policy.choose([thinking, plain]) == []

@@ -16,7 +16,7 @@ cProfile's, inflated).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 OPENBLAS_NUM_THREADS=1 \\
         python -m benchmarks.disk_step [--requests 48] [--min-prompt 200] [--max-prompt 400] \\
-        [--rounds 5] [--profile]
+        [--rounds 5] [--shape tiny|wide] [--profile]
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 DECODE_STEPS = 8
+# ``--shape``: the tiny model, or the same with Qwen3-0.6B's attention (28 layers, 8 KV heads of
+# 128): a real model's bytes per block on disk (3.5 MiB in float32), its compute still small
+SHAPES = {
+    "tiny": TINY_MODEL,
+    "wide": dict(
+        TINY_MODEL, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128,
+    ),
+}  # fmt: skip
 
 
 @dataclass
@@ -46,9 +55,7 @@ class Arm:
     step_ms: list[float]  # each admission step's
 
 
-def run_arm(
-    model, tokenizer, prompts: list[list[int]], disk: str | None, profile: bool
-) -> Arm:
+def run_arm(model, tokenizer, prompts: list[list[int]], disk: str | None, profile: bool) -> Arm:
     config = EngineConfig(max_num_seqs=64, disk_cache_dir=disk)  # ``macbatch serve``'s defaults
     engine = Engine(model, tokenizer, config)
     params = SamplingParams(max_tokens=DECODE_STEPS, temperature=0, ignore_eos=True)
@@ -82,10 +89,11 @@ def main() -> None:
     parser.add_argument("--min-prompt", type=int, default=200)
     parser.add_argument("--max-prompt", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     warn_without_openblas()
-    model = build_bench_model(**TINY_MODEL)
+    model = build_bench_model(**SHAPES[args.shape])
     tokenizer = bench_tokenizer(TINY_MODEL["vocab_size"])
     arms: dict[str, list[Arm]] = {"off": [], "disk": []}
     for i in range(args.rounds + 1):  # round 0 warms both arms up, and is not counted
@@ -100,7 +108,7 @@ def main() -> None:
                 arm = run_arm(model, tokenizer, prompts, disk, last)
             if i:
                 arms[name].append(arm)
-    print(f"load average {os.getloadavg()[0]:.2f}; {args.requests} prompts of "
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.shape} model, {args.requests} prompts of "
           f"{args.min_prompt}-{args.max_prompt} tokens, {args.rounds} rounds")  # fmt: skip
     for name, rounds in arms.items():
         per_step = [statistics.fmean(r.step_ms) for r in rounds]

@@ -116,9 +116,7 @@ class Reads:
         if not any(any(flags) for flags in on_disk.values()):
             return  # nothing of it on disk: nothing to read
         held = self._held(chain)
-        found = {
-            tag: [h or d for h, d in zip(held[tag], on_disk[tag])] for tag in self.parts
-        }
+        found = {tag: [h or d for h, d in zip(held[tag], on_disk[tag])] for tag in self.parts}
         count = reach(self.parts, found)
         wants = [
             (tag, chain[i])

@@ -60,6 +60,7 @@ class _Capture:
     tag: str
     digests: list[bytes]
     arrays: list[mx.array]
+    own: bool  # the arrays are buffers of their own (``DiskPart.gathers_own_buffers``)
 
 
 class DiskTier:
@@ -118,7 +119,9 @@ class DiskTier:
             live = self._within_queue(tag, mine, live)
             if live:
                 gathered = part.gather([p for p, _ in live])
-                self._captures.append(_Capture(step, tag, [d for _, d in live], gathered))
+                digests = [d for _, d in live]
+                own = part.gathers_own_buffers
+                self._captures.append(_Capture(step, tag, digests, gathered, own))
                 arrays += gathered
         return arrays
 
@@ -142,17 +145,17 @@ class DiskTier:
         return live
 
     def flush(self, step: int) -> None:
-        """Hand the captures evaluated with steps up to ``step`` to the writer: read in place
-        (zero-copy views, evaluated here: the step is done, so this does not wait), and copied
-        out block by block on the writer thread, not here (a step's prompt blocks of a real
-        model are tens of MB). The gathers are arrays of their own that nothing writes, kept
-        alive by their views."""
+        """Hand the captures evaluated with steps up to ``step`` to the writer (the step is
+        done, so this does not wait): gathers that are arrays of their own (a block part's),
+        which nothing writes, as zero-copy views that keep them alive, copied out block by
+        block on the writer thread, not here (a step's prompt blocks of a real model are tens
+        of MB); others (a checkpoint's row, a slice of the store) copied here."""
         ready = [c for c in self._captures if c.step <= step]
         if not ready:
             return
         self._captures = [c for c in self._captures if c.step > step]
         for capture in ready:
-            slabs = [np.array(a, copy=False) for a in capture.arrays]
+            slabs = [np.array(a, copy=not capture.own) for a in capture.arrays]
             self._writer.submit(self._write, capture.tag, capture.digests, slabs)
 
     def capture_now(self) -> None:

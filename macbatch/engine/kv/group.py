@@ -133,6 +133,10 @@ class DiskPart(Protocol):
 
     # names its files (a different tag never reads them); "" for the full group's blocks
     tag: str
+    # whether ``gather``'s arrays are buffers of their own (a gather by index), which the disk
+    # writer reads in place; False: they may be slices of the group's memory, copied out on the
+    # engine thread (a view would keep the whole array alive, and copied on its next update)
+    gathers_own_buffers: bool
 
     def slab_bytes(self) -> list[int]:
         """Bytes of one digest's part in each of its arrays (its file holds them in order)."""

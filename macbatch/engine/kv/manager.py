@@ -63,6 +63,8 @@ class KVManager:
         self._hashes: dict[str, list[bytes]] = {}  # of the request's first cached blocks
         self.disk = disk if prefix_root is not None else None
         self._from_disk: dict[str, int] = {}  # tokens of a request's prefix read from disk
+        # a waiting request's chain, hashed for the disk tier when it was queued: (tokens, chain)
+        self._queued_chains: dict[str, tuple[int, list[bytes]]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -105,7 +107,11 @@ class KVManager:
         return count * self.block_size
 
     def _chain(self, request: HasTokens, num_tokens: int) -> list[bytes]:
-        """The chain digests of the request's full blocks before its last token."""
+        """The chain digests of the request's full blocks before its last token (hashed once:
+        those ``prefetch`` hashed when the request was queued are taken here)."""
+        queued = self._queued_chains.pop(request.request_id, None)
+        if queued is not None and queued[0] == num_tokens:
+            return queued[1]
         usable = (num_tokens - 1) // self.block_size
         tokens = request.hash_slice(0, usable * self.block_size)
         return chain_block_hashes(self.prefix_root or b"", tokens, self.block_size)
@@ -126,7 +132,9 @@ class KVManager:
         """Start reading a queued request's prefix parts that are on disk and not in RAM, so
         they are in when it is scheduled."""
         if self.disk is not None:
-            self.disk.prefetch(request.request_id, self._chain(request, num_tokens))
+            chain = self._chain(request, num_tokens)
+            self._queued_chains[request.request_id] = (num_tokens, chain)
+            self.disk.prefetch(request.request_id, chain)
 
     def prefix_ready(self, request_id: str) -> bool:
         """Whether a waiting request's blocks read from disk are in (it waits until they are,
@@ -217,5 +225,6 @@ class KVManager:
             group.free(request_id)
         self._hashes.pop(request_id, None)
         self._from_disk.pop(request_id, None)
+        self._queued_chains.pop(request_id, None)
         if self.disk is not None:
             self.disk.forget(request_id)

@@ -186,6 +186,13 @@ class BlockFiles:
         with self._lock:
             return digest in self._mine
 
+    def present(self, digests: Sequence[bytes]) -> list[bool]:
+        """Whether each of ``digests`` is on disk (one lock for them all: the engine thread asks
+        this of every block of a prompt)."""
+        with self._lock:
+            mine = self._mine
+            return [digest in mine for digest in digests]
+
     @property
     def num_blocks(self) -> int:
         with self._lock:

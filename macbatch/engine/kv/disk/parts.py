@@ -32,6 +32,8 @@ class BlockPages(Protocol):
 class BlockPart:
     """A block group's pages of each block (``tag`` names its files)."""
 
+    gathers_own_buffers = True  # ``gather_blocks`` gathers by index
+
     def __init__(
         self, tag: str, elastic: ElasticPool, pages: BlockPages, needs: Callable[[int], range]
     ) -> None:
@@ -77,6 +79,7 @@ class CheckpointPart:
     """A recurrent state's checkpoints: the state after block i, named by digest i."""
 
     tag = "state"
+    gathers_own_buffers = False  # one row is a slice of the store's array
 
     def __init__(self, checkpoints: StateCheckpoints, store: StateStore) -> None:
         self.checkpoints = checkpoints

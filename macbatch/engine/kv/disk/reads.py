@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def reach(parts: dict[str, DiskPart], found: dict[str, list[bool]]) -> int:
     """The most leading blocks every part can resume after, where ``found[tag][i]``: the
     part of block i is there (in memory, on disk, or read)."""
     missing = {  # per part, how many blocks before i lack it (a range's check is O(1))
-        tag: np.concatenate([[0], np.cumsum(~np.asarray(flags, dtype=bool))])
+        tag: list(accumulate((not flag for flag in flags), initial=0))
         for tag, flags in found.items()
     }
     for count in range(len(next(iter(found.values()))), 0, -1):
@@ -108,12 +109,14 @@ class Reads:
 
     def prefetch(self, request_id: str, chain: Sequence[bytes]) -> None:
         """Start reading the parts of the longest prefix of ``chain`` (a waiting request's
-        blocks) that are on disk and not in memory."""
+        blocks) that are on disk and not in memory. Runs for every prompt queued, on the
+        engine thread: a prompt none of whose parts is on disk (most new prompts) costs one
+        look per part, and no memory lookups."""
+        on_disk = {tag: self._on_disk(tag, chain) for tag in self.parts}
+        if not any(any(flags) for flags in on_disk.values()):
+            return  # nothing of it on disk: nothing to read
         held = self._held(chain)
-        found = {
-            tag: [h or self._on_disk((tag, d)) for h, d in zip(held[tag], chain)]
-            for tag in self.parts
-        }
+        found = {tag: [h or d for h, d in zip(held[tag], on_disk[tag])] for tag in self.parts}
         count = reach(self.parts, found)
         wants = [
             (tag, chain[i])
@@ -126,8 +129,13 @@ class Reads:
             self._wanted.update(wants)
             self._start()
 
-    def _on_disk(self, key: Key) -> bool:
-        return key not in self._failed and file_key(*key) in self.files
+    def _on_disk(self, tag: str, chain: Sequence[bytes]) -> list[bool]:
+        """Whether each block's part ``tag`` is on disk and readable (one look for them all)."""
+        there = self.files.present([file_key(tag, digest) for digest in chain])
+        failed = self._failed
+        if failed:
+            there = [t and (tag, d) not in failed for t, d in zip(there, chain)]
+        return there
 
     def rewritten(self, key: Key) -> None:
         """The part was written again (whole): it may be read again."""

@@ -60,6 +60,7 @@ class _Capture:
     tag: str
     digests: list[bytes]
     arrays: list[mx.array]
+    own: bool  # the arrays are buffers of their own (``DiskPart.gathers_own_buffers``)
 
 
 class DiskTier:
@@ -91,19 +92,19 @@ class DiskTier:
 
     def keep(self, digests: Sequence[bytes]) -> None:
         """Blocks worth keeping, named in the prefix cache under ``digests``: every part of
-        them a group holds is written unless on disk already (copied with the next step)."""
-        if not self.writing:
+        them a group holds is written unless on disk already (copied with the next step).
+        Called for every block of every prompt on the engine thread, so each lock is taken
+        once per call, not per block."""
+        if not self.writing or not digests:
             return
-        for tag in self.parts:
-            for digest in digests:
-                key = (tag, digest)
-                with self._lock:
-                    if key in self._queued:
-                        continue
-                if file_key(tag, digest) not in self.files:
-                    self._named.append(key)
-                    with self._lock:
-                        self._queued.add(key)
+        keys = [(tag, digest) for tag in self.parts for digest in digests]
+        with self._lock:  # queued first: a part written since is on disk by the time it is not
+            keys = [key for key in dict.fromkeys(keys) if key not in self._queued]
+        on_disk = self.files.present([file_key(*key) for key in keys])
+        new = [key for key, there in zip(keys, on_disk) if not there]
+        self._named += new
+        with self._lock:
+            self._queued.update(new)
 
     def capture(self, step: int) -> list[mx.array]:
         """Gathers of the parts named since the last capture that their groups still hold
@@ -118,7 +119,9 @@ class DiskTier:
             live = self._within_queue(tag, mine, live)
             if live:
                 gathered = part.gather([p for p, _ in live])
-                self._captures.append(_Capture(step, tag, [d for _, d in live], gathered))
+                digests = [d for _, d in live]
+                own = part.gathers_own_buffers
+                self._captures.append(_Capture(step, tag, digests, gathered, own))
                 arrays += gathered
         return arrays
 
@@ -142,14 +145,17 @@ class DiskTier:
         return live
 
     def flush(self, step: int) -> None:
-        """Hand the captures evaluated with steps up to ``step`` to the writer (their bytes
-        copied to the host here: the step is done, so this does not wait)."""
+        """Hand the captures evaluated with steps up to ``step`` to the writer (the step is
+        done, so this does not wait): gathers that are arrays of their own (a block part's),
+        which nothing writes, as zero-copy views that keep them alive, copied out block by
+        block on the writer thread, not here (a step's prompt blocks of a real model are tens
+        of MB); others (a checkpoint's row, a slice of the store) copied here."""
         ready = [c for c in self._captures if c.step <= step]
         if not ready:
             return
         self._captures = [c for c in self._captures if c.step > step]
         for capture in ready:
-            slabs = [np.array(a) for a in capture.arrays]
+            slabs = [np.array(a, copy=not capture.own) for a in capture.arrays]
             self._writer.submit(self._write, capture.tag, capture.digests, slabs)
 
     def capture_now(self) -> None:

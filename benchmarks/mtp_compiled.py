@@ -26,9 +26,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
-from benchmarks.speculative import request_seconds
+from benchmarks.mtp import timed
 from macbatch.bench import synthetic_prompts
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.model.families import MtpNaming
 from macbatch.engine.speculative.mtp_model import new_mtp_head
 
@@ -105,13 +105,6 @@ def engines(target: nn.Module, seqs: int) -> dict[str, Engine]:
         ),
         "mtp compiled": Engine(target, tokenizer, EngineConfig(**mtp), draft_model=head),
     }
-
-
-def timed(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[list, tuple]:
-    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    outputs: list = []
-    seconds = request_seconds(lambda: outputs.extend(engine.generate(prompts, params)))
-    return [o.token_ids for o in outputs], seconds
 
 
 def compare(arms: dict[str, Engine], size: int, tokens: int, repeat: int) -> None:

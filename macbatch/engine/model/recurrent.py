@@ -27,7 +27,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.model import state_cut
 from macbatch.engine.model.hooks import gated_delta
+from macbatch.engine.model.hooks.depthwise_conv import ShiftedConv1d
 from macbatch.engine.model.hooks.recurrent_layers import SequenceRunner
 from macbatch.engine.worker.state_store import StateStore
 
@@ -261,6 +263,12 @@ class PagedStateCache(SequenceRunner):
         else:
             cache = _new_cache(len(self.store.states[self.layer]))
         inputs = batch.inputs(x, start, stop)
+        rows = (stop - start) * batch.length
+        if batch.checkpointed and batch.cut < batch.length and _cuts_in_one_call(call):
+            with gated_delta.prefill(), state_cut.cut_at(batch.cut) as cut:
+                out = call(inputs, *args, **dict(kwargs, cache=cache))
+            final = list(cache.cache)
+            return out.reshape(rows, 1, -1), final, cut.after_cut(final)
         outs, checkpoint = [], None
         for lo, hi in ((0, batch.cut), (batch.cut, batch.length)):
             if hi > lo:
@@ -272,7 +280,7 @@ class PagedStateCache(SequenceRunner):
             if batch.checkpointed and hi == batch.cut:
                 checkpoint = list(cache.cache)
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
-        return out.reshape((stop - start) * batch.length, 1, -1), list(cache.cache), checkpoint
+        return out.reshape(rows, 1, -1), list(cache.cache), checkpoint
 
     def _write_back(self, pieces: list[Piece]) -> None:
         """Every new state to its slot, per stretch of consecutive slots within a group: the
@@ -354,6 +362,23 @@ def _piece_stretches(
         out += [(piece, i, slot, n) for i, slot, n in stretches(writes[start : start + size])]
         start += size
     return tuple(out)
+
+
+def _cuts_in_one_call(call: LayerCall) -> bool:
+    """Whether the layer behind ``call`` leaves its state at a cut inside one call
+    (``state_cut``: a Gated DeltaNet's one depthwise convolution and routed recurrence); other
+    recurrent layers (Mamba 2, short convolutions) run a cut chunk as two calls."""
+    layer = call.__self__  # type: ignore[attr-defined]
+    cls = type(layer)
+    if cls not in _ONE_CALL_CUTS:
+        modules = [module for _, module in layer.named_modules()]
+        convs = sum(isinstance(module, ShiftedConv1d) for module in modules)
+        routed = any(gated_delta.routes(type(module)) for module in modules)
+        _ONE_CALL_CUTS[cls] = convs == 1 and routed
+    return _ONE_CALL_CUTS[cls]
+
+
+_ONE_CALL_CUTS: dict[type, bool] = {}  # by layer class (its recurrent instances are alike)
 
 
 def _new_cache(size: int) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from macbatch.engine.model import state_cut
 from macbatch.engine.model.hooks import gated_delta
 
 
@@ -25,6 +26,8 @@ class ShiftedConv1d(nn.Conv1d):
     is ``sum_i x[t + i] * w[i]``: the same function, summed in float32."""
 
     def __call__(self, x: mx.array) -> mx.array:
+        if (cut := state_cut.current()) is not None:
+            cut.conv_inputs.append(x)  # the window after the cut is a slice of it
         taps = self.weight.shape[1]
         if not gated_delta.active() or gated_delta.on_gpu() or x.shape[1] < 2 * taps:
             return super().__call__(x)

@@ -34,6 +34,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from macbatch.engine.model import state_cut
+
 CHUNK = 64  # tokens per chunk; prompts shorter than this take mlx-lm's own path
 _state = {"mode": ""}  # "prefill" or "decode" while the engine's recurrent layers run
 
@@ -194,10 +196,31 @@ def install() -> None:
         ours = name.startswith("mlx_lm.models.") and module is not gated_delta
         if ours and getattr(module, "gated_delta_update", None) is original:
             vars(module)["gated_delta_update"] = _dispatcher(original)
+            _routed.add(name)
+
+
+def routes(cls: type) -> bool:
+    """Whether ``cls`` (a layer class) runs its recurrence through this module's dispatcher."""
+    return cls.__module__ in _routed
+
+
+_routed: set[str] = set()  # the model modules whose gated_delta_update is ours
 
 
 def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
     def dispatch(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **options):  # noqa: N803
+        cut = state_cut.current()
+        if cut is None or mask is not None or not 0 < cut.at < q.shape[1]:
+            return one(q, k, v, a, b, A_log, dt_bias, state, mask, **options)
+        # In two parts, leaving the state between them to the cut (state_cut.py).
+        head = (x[:, : cut.at] for x in (q, k, v, a, b))
+        y_head, state = one(*head, A_log, dt_bias, state, **options)
+        cut.states.append(state)
+        tail = (x[:, cut.at :] for x in (q, k, v, a, b))
+        y_tail, state = one(*tail, A_log, dt_bias, state, **options)
+        return mx.concatenate([y_head, y_tail], axis=1), state
+
+    def one(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **options):  # noqa: N803
         ours = _ours(q, a, mask, options)
         if ours is None:
             return original(q, k, v, a, b, A_log, dt_bias, state, mask, **options)
@@ -213,12 +236,12 @@ def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
 def _ours(q: mx.array, a: mx.array, mask: Any, options: dict[str, Any]) -> Any:
     """Which of this module's forms computes a call (None: mlx-lm's own): inside the engine's
     step, no kernel to run it, no mask, scalar gates, mlx-lm's default gate options, and a
-    sequence of at least a chunk (prefill) or one token (decode)."""
+    sequence of at least a chunk (prefill) or of one token."""
     plain = not options.get("allow_neg_eigval") and options.get("lower_bound") is None
     if not _state["mode"] or on_gpu() or mask is not None or not plain or a.ndim != 3:
         return None
     if _state["mode"] == "prefill" and q.shape[1] >= CHUNK:
         return chunked_gated_delta
-    if _state["mode"] == "decode" and q.shape[1] == 1:
+    if q.shape[1] == 1:
         return decode_gated_delta
     return None

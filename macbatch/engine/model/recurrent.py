@@ -11,7 +11,9 @@ class swapped by ``hooks/recurrent_layers.py``) hands its own mlx-lm code to ``P
 which runs it on the step's requests as mlx-lm would batch them: the rows of one-token chunks
 (every decode) together as a batch of sequences of length 1; the short chunks (under
 ``BATCHED_BELOW`` tokens: a speculating decode's verification, 2 to ``1 + k`` rows) together as
-one batch per length and checkpoint cut; and each longer prefill chunk as one sequence; each
+one batch per length and checkpoint cut (a Gated DeltaNet layer in one call that leaves the
+state at the cut as well, ``state_cut.py``; others in one call per side of the cut); and each
+longer prefill chunk as one sequence; each
 from its slot's state (zeros for a chunk that starts a request), in groups of at most
 ``GROUP_BYTES`` of state. Their slots then point at the new states (the
 store keeps where each slot's latest state is: ``state_store.py``), and their outputs go back to
@@ -53,7 +55,7 @@ class ChunkBatch:
 
     chunks: tuple[tuple[int, StateChunk], ...]  # (first row, plan), in row order
     length: int
-    cut: int  # the first call's tokens: up to the checkpoint (the whole chunk without one)
+    cut: int  # tokens up to the checkpoint (the whole chunk without one)
     checkpointed: bool  # every chunk leaves a checkpoint after ``cut`` tokens, or none does
     reads: tuple[Stretch, ...]  # the chunks' read slots, as stretches
     rows: mx.array | None  # the chunks' rows in order; None: consecutive from the first's

@@ -14,8 +14,9 @@ states at the next catch-up.
 The target's hidden states come from the step that computed them (``observe``): a prompt
 chunk's MTP K/V is written in that same step (its rows' next tokens are the prompt's), and a
 decode's rows are kept, per request, until a proposal's catch-up reads them (at most
-``MAX_KEPT`` rows: a request that does not draft for a long time drops its oldest, whose MTP
-K/V is then never written, which only weakens its drafts). A prompt chunk of a request the
+``MAX_KEPT`` rows, ``IDLE_KEPT`` for a request not expected to draft soon: a request that does
+not draft for a long time drops its oldest, whose MTP K/V is then never written, which only
+weakens its drafts). A prompt chunk of a request the
 policy does not expect to draft soon (``SpeculationPolicy.drafts_soon``: a layer whose drafts
 fail, or a batch size where no acceptance pays) is neither written nor kept: that pass would
 cost every step it runs in and pay only if the request drafts, and when it does (a probe, a
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
 # the most hidden-state rows kept per request until a catch-up reads them (prompt rows are
 # written at once: these are a decode's, one per step, of a request that does not draft)
 MAX_KEPT = 4096
+# ... and of a request not expected to draft soon (drafts that fail, a batch too large to
+# speculate): its catch-up, if it drafts after all, starts this far back. Every kept row holds
+# its step's whole copy of the hidden states alive: at 4096 rows, 32 idle requests of a
+# 5,120-wide bf16 model would keep 1.3 GB outside the pool's budget (and sum lists of 4,096
+# segments every step).
+IDLE_KEPT = 32
 
 
 @dataclass
@@ -100,10 +107,10 @@ class MtpDrafter:
             return []
         kept = hidden[mx.array(index)]  # a copy: the step's own rows are not held
         for chunk, at in wanted:
-            segments = self._hidden[chunk.request.request_id]
+            request_id = chunk.request.request_id
+            segments = self._hidden[request_id]
             segments.append(_Segment(chunk.start, kept[at : at + chunk.num_tokens]))
-            while sum(s.rows.shape[0] for s in segments) > MAX_KEPT and len(segments) > 1:
-                segments.pop(0)
+            _keep_last(segments, MAX_KEPT if request_id in drafting else IDLE_KEPT)
         return [kept, *self._write_prompt_rows([c for c, _ in wanted])]
 
     def _write_prompt_rows(self, chunks: list[ScheduledChunk]) -> list[mx.array]:
@@ -288,6 +295,13 @@ def _cut(segments: list[_Segment], position: int) -> None:
     if segments and segments[-1].end > position:
         last = segments[-1]
         segments[-1] = _Segment(last.start, last.rows[: position - last.start])
+
+
+def _keep_last(segments: list[_Segment], limit: int) -> None:
+    """Drop the first segments while more than ``limit`` rows are kept (never the last)."""
+    kept = sum(s.rows.shape[0] for s in segments)
+    while kept > limit and len(segments) > 1:
+        kept -= segments.pop(0).rows.shape[0]
 
 
 def _cut_before(segments: list[_Segment], position: int) -> None:

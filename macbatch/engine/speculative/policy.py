@@ -162,6 +162,14 @@ class SpeculationPolicy:
         track = self._tracks.get(request.request_id)
         return (self.prior if track is None else track.acceptance) >= _floor(measured)
 
+    def drafting_soon(self, requests: Sequence[Request], batch: int) -> set[str]:
+        """The ids of ``requests`` (a step's) expected to draft soon at ``batch`` running
+        requests: none above the batch size where steps stop speculating (``batch_limit``),
+        else each that ``drafts_soon``."""
+        if batch > self.batch_limit(requests):
+            return set()
+        return {r.request_id for r in requests if self.drafts_soon(r, batch)}
+
     def drafted(self, tokens: int) -> None:
         """The tokens drafted in this step (what its measured time is put on)."""
         self.costs.drafted(tokens)

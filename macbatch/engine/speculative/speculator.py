@@ -53,9 +53,7 @@ class Speculator:
         """Hand the drafter a step's hidden states (an MTP drafter reads them) and which of its
         requests are expected to draft soon at ``batch`` running requests (prefilling ones
         included); returns what to evaluate with the step."""
-        drafting = {
-            c.request.request_id for c in chunks if self.policy.drafts_soon(c.request, batch)
-        }
+        drafting = self.policy.drafting_soon([c.request for c in chunks], batch)
         return self.drafter.observe(chunks, hidden, drafting)
 
     def rows(self, request: Request, num_drafts: int) -> list[Request | DraftRow]:

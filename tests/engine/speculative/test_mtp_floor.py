@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.speculative import step_costs
+from macbatch.engine.speculative import mtp, step_costs
 from macbatch.engine.speculative.policy import MIN_ACCEPTANCE, SpeculationPolicy
 from tests.support.mtp import PROMPTS, mtp_target, predicting_mtp_head, random_mtp_head
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
@@ -105,4 +105,38 @@ def test_requests_that_skipped_their_prompt_pass_draft_from_their_decode_rows(
     assert spec.verifications > 0 and spec.accepted > spec.drafted / 2
     if num_blocks == 10:
         assert engine.stats().preemptions > 0
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("drafts_soon", [False, True])
+def test_a_request_not_expected_to_draft_keeps_few_hidden_rows(
+    drafts_soon, tiny_tokenizer, monkeypatch
+):
+    """Requests that decode long without drafting (a policy that never chooses them) keep the
+    hidden states of their last ``IDLE_KEPT`` decode steps when not expected to draft soon, and
+    every step's when they are (up to ``MAX_KEPT``); the replies are mlx-lm's either way."""
+    monkeypatch.setattr(SpeculationPolicy, "choose", lambda self, running, now=None: [])
+    monkeypatch.setattr(SpeculationPolicy, "drafts_soon", lambda self, request, batch: drafts_soon)
+    model = mtp_target("qwen3_5")
+    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=128)
+    drafter = engine.speculator.drafter
+    observe = drafter.observe
+    most: dict[str, int] = {}
+
+    def recording(chunks, hidden, drafting):
+        arrays = observe(chunks, hidden, drafting)
+        for request_id, segments in drafter._hidden.items():
+            kept = sum(s.rows.shape[0] for s in segments)
+            most[request_id] = max(most.get(request_id, 0), kept)
+        return arrays
+
+    drafter.observe = recording
+    tokens = 2 * mtp.IDLE_KEPT
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    outs = [o.token_ids for o in engine.generate(PROMPTS, params)]
+    assert outs == [mlx_lm_greedy(model, p, tokens) for p in PROMPTS]
+    if drafts_soon:  # the prompt's last row (the rest written at once) and every decode's
+        assert sorted(most.values()) == [tokens] * len(PROMPTS)
+    else:
+        assert sorted(most.values()) == [mtp.IDLE_KEPT] * len(PROMPTS)
     assert_pool_idle(engine)

@@ -300,3 +300,16 @@ def test_a_request_that_never_drafts_is_never_expected_to() -> None:
     assert policy.drafts_soon(_decoding("new"), 1)
     assert not policy.drafts_soon(thinking, 1) and not policy.drafts_soon(plain, 1)
     assert policy.choose([thinking, plain]) == []
+
+
+def test_no_request_is_expected_to_draft_above_the_batch_limit() -> None:
+    """Where ``choose`` drafts for nobody (more running requests than the batch limit), nobody
+    is expected to draft soon either: an MTP layer keeps no long run of their hidden states."""
+    policy = SpeculationPolicy(4)
+    requests = [_decoding(f"r{i}") for i in range(10)]
+    for request in requests:  # every second draft held: a limit of 8
+        for _ in range(20):
+            policy.record(request.request_id, 4, 2)
+    assert policy.batch_limit(requests) == 8
+    assert policy.choose(requests) == [] and policy.drafting_soon(requests, 10) == set()
+    assert policy.drafting_soon(requests[:8], 8) == {f"r{i}" for i in range(8)}

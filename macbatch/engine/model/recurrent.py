@@ -370,7 +370,9 @@ def _cuts_in_one_call(call: LayerCall) -> bool:
     """Whether the layer behind ``call`` leaves its state at a cut inside one call
     (``state_cut``: a Gated DeltaNet's one depthwise convolution and routed recurrence); other
     recurrent layers (Mamba 2, short convolutions) run a cut chunk as two calls."""
-    layer = call.__self__  # type: ignore[attr-defined]
+    layer = getattr(call, "__self__", None)  # None: not a layer's method
+    if layer is None:
+        return False
     cls = type(layer)
     if cls not in _ONE_CALL_CUTS:
         modules = [module for _, module in layer.named_modules()]

@@ -11,8 +11,8 @@ class swapped by ``hooks/recurrent_layers.py``) hands its own mlx-lm code to ``P
 which runs it on the step's requests as mlx-lm would batch them: the rows of one-token chunks
 (every decode) together as a batch of sequences of length 1; the short chunks (under
 ``BATCHED_BELOW`` tokens: a speculating decode's verification, 2 to ``1 + k`` rows) together as
-one batch per length and checkpoint cut (a Gated DeltaNet layer in one call that leaves the
-state at the cut as well, ``state_cut.py``; others in one call per side of the cut); and each
+one batch per length and checkpoint cut (in one call that leaves the state at the cut as well,
+``state_cut.py``, where the layer allows it; else in one call per side of the cut); and each
 longer prefill chunk as one sequence; each
 from its slot's state (zeros for a chunk that starts a request), in groups of at most
 ``GROUP_BYTES`` of state. Their slots then point at the new states (the
@@ -266,7 +266,8 @@ class PagedStateCache(SequenceRunner):
             cache = _new_cache(len(self.store.states[self.layer]))
         inputs = batch.inputs(x, start, stop)
         rows = (stop - start) * batch.length
-        if batch.checkpointed and batch.cut < batch.length and _cuts_in_one_call(call):
+        arrays = len(self.store.states[self.layer])
+        if batch.checkpointed and batch.cut < batch.length and _cuts_in_one_call(call, arrays):
             with gated_delta.prefill(), state_cut.cut_at(batch.cut) as cut:
                 out = call(inputs, *args, **dict(kwargs, cache=cache))
             final = list(cache.cache)
@@ -366,23 +367,25 @@ def _piece_stretches(
     return tuple(out)
 
 
-def _cuts_in_one_call(call: LayerCall) -> bool:
-    """Whether the layer behind ``call`` leaves its state at a cut inside one call
-    (``state_cut``: a Gated DeltaNet's one depthwise convolution and routed recurrence); other
-    recurrent layers (Mamba 2, short convolutions) run a cut chunk as two calls."""
+def _cuts_in_one_call(call: LayerCall, arrays: int) -> bool:
+    """Whether the layer behind ``call``, with ``arrays`` state arrays, leaves its state at a
+    cut inside one call (``state_cut``): one depthwise convolution and, where it has a state
+    beyond the convolution's window, a recurrence whose dispatcher splits at the cut (Gated
+    DeltaNet, Mamba 2); any other runs a cut chunk as two calls."""
     layer = getattr(call, "__self__", None)  # None: not a layer's method
     if layer is None:
         return False
-    cls = type(layer)
-    if cls not in _ONE_CALL_CUTS:
+    key = (type(layer), arrays)
+    if key not in _ONE_CALL_CUTS:
         modules = [module for _, module in layer.named_modules()]
         convs = sum(isinstance(module, ShiftedConv1d) for module in modules)
-        routed = any(gated_delta.routes(type(module)) for module in modules)
-        _ONE_CALL_CUTS[cls] = convs == 1 and routed
-    return _ONE_CALL_CUTS[cls]
+        routed = any(state_cut.routes(type(module)) for module in modules)
+        _ONE_CALL_CUTS[key] = convs == 1 and (arrays == 1 or arrays == 2 and routed)
+    return _ONE_CALL_CUTS[key]
 
 
-_ONE_CALL_CUTS: dict[type, bool] = {}  # by layer class (its recurrent instances are alike)
+# by layer class and state arrays (its recurrent instances are alike)
+_ONE_CALL_CUTS: dict[tuple[type, int], bool] = {}
 
 
 def _new_cache(size: int) -> Any:

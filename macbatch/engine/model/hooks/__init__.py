@@ -20,6 +20,7 @@ from macbatch.engine.model.hooks import (
     gated_delta,
     latent_attention,
     recurrent_layers,
+    ssm_cut,
 )
 
 
@@ -74,6 +75,13 @@ HOOKS: tuple[Hook, ...] = (
         "off a Mac's GPU mlx-lm steps a Gated DeltaNet through a prompt token by token; a "
         "chunked prefill, and a decode step that reads the state once",
         lambda _: gated_delta.install(),
+        recurrent=True,
+    ),
+    Hook(
+        "ssm_cut",
+        "a Mamba 2 layer's verification leaves its state after the first token inside one "
+        "call of the layer (its weights read once), the scan run in two parts",
+        lambda _: ssm_cut.install(),
         recurrent=True,
     ),
     Hook(

@@ -196,29 +196,20 @@ def install() -> None:
         ours = name.startswith("mlx_lm.models.") and module is not gated_delta
         if ours and getattr(module, "gated_delta_update", None) is original:
             vars(module)["gated_delta_update"] = _dispatcher(original)
-            _routed.add(name)
-
-
-def routes(cls: type) -> bool:
-    """Whether ``cls`` (a layer class) runs its recurrence through this module's dispatcher."""
-    return cls.__module__ in _routed
-
-
-_routed: set[str] = set()  # the model modules whose gated_delta_update is ours
+            state_cut.route(name)
 
 
 def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:
     def dispatch(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **options):  # noqa: N803
         cut = state_cut.current()
-        if cut is None or mask is not None or not 0 < cut.at < q.shape[1]:
+        if cut is None or not state_cut.splits(cut, q.shape[1], mask is None):
             return one(q, k, v, a, b, A_log, dt_bias, state, mask, **options)
-        # In two parts, leaving the state between them to the cut (state_cut.py).
-        head = (x[:, : cut.at] for x in (q, k, v, a, b))
-        y_head, state = one(*head, A_log, dt_bias, state, **options)
-        cut.states.append(state)
-        tail = (x[:, cut.at :] for x in (q, k, v, a, b))
-        y_tail, state = one(*tail, A_log, dt_bias, state, **options)
-        return mx.concatenate([y_head, y_tail], axis=1), state
+
+        def part(span: slice, start: mx.array | None) -> tuple[mx.array, mx.array]:
+            qs, ks, vs, as_, bs = (x[:, span] for x in (q, k, v, a, b))
+            return one(qs, ks, vs, as_, bs, A_log, dt_bias, start, **options)
+
+        return state_cut.in_two_parts(cut, part, state)
 
     def one(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, **options):  # noqa: N803
         ours = _ours(q, a, mask, options)

@@ -10,12 +10,13 @@ it through the cache's ``make_mask``, which returns an ``AttentionWindow``.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models import base
+
+from macbatch.engine.model.reroute import reroute
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,4 @@ def _dispatch(queries, keys, values, cache, scale, mask, sinks=None):
 def install() -> None:
     """Route ``scaled_dot_product_attention`` in every loaded mlx-lm model module through
     ``_dispatch`` (a module patched already, or ``base`` itself, is left as it is)."""
-    original = base.scaled_dot_product_attention
-    for name, module in list(sys.modules.items()):
-        if (
-            name.startswith("mlx_lm.models.")
-            and getattr(module, "scaled_dot_product_attention", None) is original
-            and module is not base
-        ):
-            vars(module)["scaled_dot_product_attention"] = _dispatch
+    reroute(base, "scaled_dot_product_attention", lambda _: _dispatch)

@@ -28,13 +28,13 @@ same process, the tests' oracle and the benchmarks' peer, keeps its own code.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
 
 from macbatch.engine.model import state_cut
+from macbatch.engine.model.reroute import reroute
 
 CHUNK = 64  # tokens per chunk; prompts shorter than this take mlx-lm's own path
 _state = {"mode": ""}  # "prefill" or "decode" while the engine's recurrent layers run
@@ -191,12 +191,8 @@ def install() -> None:
     through ``_dispatch`` (mlx-lm's own function unless inside ``prefill``)."""
     from mlx_lm.models import gated_delta
 
-    original = gated_delta.gated_delta_update
-    for name, module in list(sys.modules.items()):
-        ours = name.startswith("mlx_lm.models.") and module is not gated_delta
-        if ours and getattr(module, "gated_delta_update", None) is original:
-            vars(module)["gated_delta_update"] = _dispatcher(original)
-            state_cut.route(name)
+    for name in reroute(gated_delta, "gated_delta_update", _dispatcher):
+        state_cut.route(name)
 
 
 def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,13 +11,13 @@ cut, and everywhere outside the engine's step, it is mlx-lm's own call.
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
 from macbatch.engine.model import state_cut
+from macbatch.engine.model.reroute import reroute
 
 # ssm_update's arguments with one entry per token (axis 1); the others are per layer
 _PER_TOKEN = ("hidden_states", "B", "C", "dt")
@@ -28,12 +28,8 @@ def install() -> None:
     ``_dispatcher``."""
     from mlx_lm.models import ssm
 
-    original = ssm.ssm_update
-    for name, module in list(sys.modules.items()):
-        ours = name.startswith("mlx_lm.models.") and module is not ssm
-        if ours and getattr(module, "ssm_update", None) is original:
-            vars(module)["ssm_update"] = _dispatcher(original)
-            state_cut.route(name)
+    for name in reroute(ssm, "ssm_update", _dispatcher):
+        state_cut.route(name)
 
 
 def _dispatcher(original: Callable[..., Any]) -> Callable[..., Any]:

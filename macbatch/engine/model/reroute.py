@@ -1,0 +1,30 @@
+"""One way the hooks patch mlx-lm: a function its model modules import by name, replaced in each.
+
+mlx-lm's model modules import shared functions by name (``from .base import
+scaled_dot_product_attention``), so patching the defining module changes nothing: each importer
+holds its own reference. ``reroute`` replaces that reference in every loaded model module that
+still holds the original; a module patched already, or one loaded after, is left as it is until
+the next call (``hooks.install`` runs once per loaded model).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+
+def reroute(
+    home: ModuleType, name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> list[str]:
+    """Replace ``home.name`` by ``replacement(original)`` in every loaded ``mlx_lm.models``
+    module that imported it; returns those modules' names."""
+    original: Callable[..., Any] = getattr(home, name)
+    patched = []
+    for module_name, module in list(sys.modules.items()):
+        ours = module_name.startswith("mlx_lm.models.") and module is not home
+        if ours and getattr(module, name, None) is original:
+            vars(module)[name] = replacement(original)
+            patched.append(module_name)
+    return patched

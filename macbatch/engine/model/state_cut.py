@@ -77,14 +77,14 @@ def routes(cls: type) -> bool:
 
 
 _routed: set[str] = set()
-
-
 _active: list[Cut] = []
 
 
 @contextlib.contextmanager
 def cut_at(at: int) -> Iterator[Cut]:
-    """While inside, the Gated DeltaNet layer called records its state after ``at`` tokens."""
+    """While inside, the recurrent layer called records its state after ``at`` tokens (the
+    engine's step runs one layer call at a time: steps of several engines take turns,
+    ``engine/device.py``)."""
     cut = Cut(at)
     _active.append(cut)
     try:

@@ -11,21 +11,20 @@ previous draft and the MTP layer's own output in place of the target's hidden st
 has not run there yet). Those draft rows' K/V are written again from the target's hidden
 states at the next catch-up.
 
-The target's hidden states come from the step that computed them (``observe``): a prompt
-chunk's MTP K/V is written in that same step (its rows' next tokens are the prompt's), and a
-decode's rows are kept, per request, until a proposal's catch-up reads them (at most
-``MAX_KEPT`` rows, ``IDLE_KEPT`` for a request not expected to draft soon: a request that does
-not draft for a long time drops its oldest, whose MTP K/V is then never written, which only
-weakens its drafts). A prompt chunk of a request the
-policy does not expect to draft soon (``SpeculationPolicy.drafts_soon``: a layer whose drafts
-fail, or a batch size where no acceptance pays) is neither written nor kept: that pass would
-cost every step it runs in and pay only if the request drafts, and when it does (a probe, a
-batch that shrank) its catch-up starts at the first row kept after it. A position whose MTP K/V
-was so skipped, or whose hidden state the request never computed (a prefix-cache hit), keeps
-whatever K/V its block holds: the rows a request that computed the block wrote, or stale ones.
-Drafts are greedy (a point mass: verify.py), so what the MTP layer attends to changes how many
-drafts hold, never the output.
-"""
+The target's hidden states come from the step that computed them (``observe``): a prompt chunk's
+MTP K/V is written in that same step (its rows' next tokens are the prompt's), and a decode's
+rows are kept, per request, until a proposal's catch-up reads them (at most ``MAX_KEPT`` rows,
+``IDLE_KEPT`` for a request not expected to draft soon: a request that does not draft for a long
+time drops its oldest, whose MTP K/V is then never written, which only weakens its drafts). A
+prompt chunk of a request the policy does not expect to draft soon
+(``SpeculationPolicy.drafting_soon``: a layer whose drafts fail, or a batch size where no
+acceptance pays or none speculates) is neither written nor kept: that pass would cost every step
+it runs in and pay only if the request drafts, and when it does (a probe, a batch that shrank)
+its catch-up starts at the first row kept after it. A position whose MTP K/V was so skipped, or
+whose hidden state the request never computed (a prefix-cache hit), keeps whatever K/V its block
+holds: the rows a request that computed the block wrote, or stale ones. Drafts are greedy (a
+point mass: verify.py), so what the MTP layer attends to changes how many drafts hold, never the
+output."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Engine": "macbatch.engine.engine",
     "EngineThread": "macbatch.engine.runtime",
     "EngineDeadError": "macbatch.engine.runtime",
+    "OutputStream": "macbatch.engine.runtime",  # prepared requests' outputs (stream_prepared)
     "post_to_loop": "macbatch.engine.loop_handoff",  # outputs to an event loop, batched
     "Turns": "macbatch.engine.device",  # the device's turns, shared by engines on it
     "EngineConfig": "macbatch.engine.config",
@@ -144,7 +145,7 @@ if TYPE_CHECKING:
     from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
     from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
-    from macbatch.engine.runtime import EngineDeadError, EngineThread
+    from macbatch.engine.runtime import EngineDeadError, EngineThread, OutputStream
     from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams
     from macbatch.engine.speculative.methods import (
         DEFAULT_SPECULATIVE_TOKENS,

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
+LIVENESS_CHECK_S = 0.5  # how often a waiting stream checks that the engine thread is alive
 
 
 class EngineDeadError(RuntimeError):
@@ -215,24 +216,19 @@ class EngineThread(PromptEncoder):
         tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
-        loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def deliver(out: RequestOutput) -> None:
-            # RuntimeError: the consumer's loop is gone; the request is cancelled below.
-            with contextlib.suppress(RuntimeError):
-                post_to_loop(loop, outputs.put_nowait, out)
-
-        rid = self.submit(prompt, params, deliver, request_id, chat_template_kwargs, tools)
-        finished = False
+        prompt = prompt_input(prompt, chat_template_kwargs, tools)
+        request = self.prepare(prompt, params or SamplingParams(), request_id)
+        outputs = self.stream_prepared([request])
         try:
-            while not finished:
-                out = await outputs.get()
-                finished = out.finished
+            async for _, out in outputs:
                 yield out
         finally:
-            if not finished:
-                self.cancel(rid)
+            outputs.close()
+
+    def stream_prepared(self, requests: Sequence[Request]) -> OutputStream:
+        """Queue prepared requests (``prepare``: a server tokenizes off its event loop) now, and
+        stream their outputs; the caller closes the stream."""
+        return OutputStream(self, requests, asyncio.get_running_loop())
 
     def cancel(self, request_id: str) -> None:
         self._commands.put(_Cancel(request_id))
@@ -396,6 +392,55 @@ class EngineThread(PromptEncoder):
             elif isinstance(command, _Call):
                 command.future.set_exception(EngineDeadError(message))
         self._deliver([_error_output(rid, message) for rid in list(self._callbacks)])
+
+
+class OutputStream:
+    """The outputs of requests queued together, ``(position, output)`` in arrival order, until
+    each has finished. ``close()`` cancels those not finished; it is synchronous and idempotent,
+    so it also runs under cancellation (a client gone mid-stream). ``EngineDeadError`` if the
+    engine thread is found gone while waiting."""
+
+    def __init__(
+        self, thread: EngineThread, requests: Sequence[Request], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._thread = thread
+        self._ids = [request.request_id for request in requests]
+        self._outputs: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+        self._unfinished: set[int] = set()
+        for index, request in enumerate(requests):
+            thread.enqueue(request, self._deliver(loop, index))
+            self._unfinished.add(index)
+
+    def _deliver(self, loop: asyncio.AbstractEventLoop, index: int) -> OutputCallback:
+        def on_output(out: RequestOutput) -> None:
+            # RuntimeError: the consumer's loop is gone; its request is cancelled by close().
+            with contextlib.suppress(RuntimeError):
+                post_to_loop(loop, self._outputs.put_nowait, (index, out))
+
+        return on_output
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        while self._unfinished:
+            try:
+                index, out = await asyncio.wait_for(self._outputs.get(), LIVENESS_CHECK_S)
+            except asyncio.TimeoutError:
+                if not self._thread.alive:
+                    raise EngineDeadError("the engine thread stopped") from None
+                continue
+            if index not in self._unfinished:
+                continue  # a late output of a request already cancelled
+            if out.finished:
+                self._unfinished.discard(index)
+            return index, out
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        unfinished, self._unfinished = self._unfinished, set()
+        for index in sorted(unfinished):
+            self._thread.cancel(self._ids[index])
 
 
 def _hand_back_buffers() -> None:

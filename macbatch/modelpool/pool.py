@@ -72,7 +72,6 @@ class Loaded:
     images: ImageAccess  # the server's image rules, refused if this model takes no images
     need: Need  # what the guard counted for it when it loaded
     leases: int = 0  # requests (and serve's Batch API) holding it
-    pending: int = 0  # its engine requests admitted and not finished
     last_used: float = field(default_factory=time.monotonic)
     pinned: bool = False  # never unloaded (the Batch API's model)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
 from macbatch.openai.anthropic_api import MessagesRequest
-from macbatch.openai.rendering import Event, Failure, Renderer, ReplyText
+from macbatch.openai.rendering import Event, Failure, Renderer, StreamedContent
 from macbatch.openai.responses import TokenDecoder
 
 
@@ -29,7 +29,7 @@ class MessagesRenderer(Renderer):
         self.model = model
         self.decoder = decoder  # to tell which stop sequence ended a reply
         self.id = f"msg_{uuid.uuid4().hex}"
-        self.reply = ReplyText(tool_format)
+        self.reply = StreamedContent(tool_format)
         self._started = False
         self._blocks = 0  # content blocks opened (the next one's index)
         self._open: str | None = None  # "thinking" or "text" while one is streaming

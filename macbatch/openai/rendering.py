@@ -2,19 +2,19 @@
 
 Chat completions, the Responses API and Anthropic's Messages API are different shapes over the
 same engine requests: each has a ``Renderer`` that turns outputs into its whole answer and into
-its server-sent events (``Event``: an event name, or None for a bare ``data:`` line, and the data).
-``ReplyText`` is the part they share: what of a streaming reply is surely words (text that may
-open a tool call is held back until the reply ends) and a finished reply's content and calls.
+its server-sent events (``Event``: an event name, or None for a bare ``data:`` line, and the data);
+chat's and legacy completions' is their ``Formatter`` (``responses.py``). ``StreamedContent`` is
+the part they share: what of a streaming reply's content is surely words (text that may open a
+tool call is held back until the reply ends) and a finished reply's content and calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
-from macbatch.openai.responses import ChoiceProgress, Formatter
 
 Event = tuple[str | None, dict[str, Any] | str]  # (SSE event name or None, data)
 
@@ -53,34 +53,9 @@ class Renderer(ABC):
 
 
 @dataclass
-class ChatRenderer(Renderer):
-    """Chat and legacy completions: the ``Formatter``'s chunks, usage, then ``[DONE]``."""
-
-    formatter: Formatter
-    choices: int
-    include_usage: bool
-    progress: list[ChoiceProgress] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.progress = [ChoiceProgress() for _ in range(self.choices)]
-
-    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
-        return self.formatter.response(finals)
-
-    def step(self, index: int, out: RequestOutput) -> list[Event]:
-        return [(None, c) for c in self.formatter.chunks(index, out, self.progress[index])]
-
-    def close(self, finals: list[RequestOutput]) -> list[Event]:
-        usage = [(None, self.formatter.usage_chunk(finals))] if self.include_usage else []
-        return [*usage, (None, "[DONE]")]
-
-    def failed(self, error: Failure) -> list[Event]:
-        return [(None, dict(error.body())), (None, "[DONE]")]
-
-
-@dataclass
-class ReplyText:
-    """One reply as it streams: the answer text sent so far, and the finished reply's parts."""
+class StreamedContent:
+    """One reply's content as it streams: the answer text sent so far, and the finished
+    reply's content and tool calls."""
 
     tool_format: ToolFormat | None
     chars_sent: int = 0

@@ -1,6 +1,7 @@
 """OpenAI response objects built from engine outputs: whole answers, stream chunks, usage and
 logprobs, for chat (``chat.completion``) and legacy completions (``text_completion``). serve
-answers with them and run writes them into its result lines, so a reply has one JSON shape."""
+answers with them (a ``Formatter`` is those endpoints' ``Renderer``) and run writes them into its
+result lines, so a reply has one JSON shape."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from macbatch.engine import FinishReason, RequestOutput, ToolFormat
+from macbatch.engine import RequestOutput, ToolFormat
+from macbatch.openai.rendering import Event, Failure, Renderer, StreamedContent
 from macbatch.openai.requests import Endpoint, Generation
 
 LOWEST_LOGPROB = -9999.0  # OpenAI's logprob for a token with no chance (JSON has no -inf)
@@ -26,14 +28,16 @@ class TokenDecoder(Protocol):
 class ChoiceProgress:
     """What one choice has streamed so far, so every chunk carries only the new part."""
 
+    content: StreamedContent = field(default_factory=lambda: StreamedContent(None))  # chat's
     tokens_sent: int = 0
-    chars_sent: int = 0
+    text_offset: int = 0  # legacy completions' logprobs: the characters of the tokens sent
     started: bool = False
 
 
 @dataclass
-class Formatter(ABC):
-    """Shared by both endpoints: the response id, model name, logprobs and usage."""
+class Formatter(Renderer, ABC):
+    """Shared by both endpoints: the response id, model name, logprobs and usage; as a stream,
+    each choice's chunks, the usage chunk if asked for, then ``[DONE]``."""
 
     model: str
     decoder: TokenDecoder
@@ -42,6 +46,8 @@ class Formatter(ABC):
     id: str = field(default="")
     created: int = field(default_factory=lambda: int(time.time()))
     tool_format: ToolFormat | None = None  # set when the reply's tool calls are to be parsed
+    include_usage: bool = False  # a stream's last chunk carries the usage (stream_options)
+    _progress: dict[int, ChoiceProgress] = field(default_factory=dict, init=False, repr=False)
 
     object_name = ""
     chunk_object_name = ""
@@ -73,9 +79,26 @@ class Formatter(ABC):
         body["usage"] = usage(finals, self.n)
         return body
 
-    @abstractmethod
-    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+    def step(self, index: int, out: RequestOutput) -> list[Event]:
+        return [(None, chunk) for chunk in self.chunks(index, out)]
+
+    def close(self, finals: list[RequestOutput]) -> list[Event]:
+        usage = [(None, self.usage_chunk(finals))] if self.include_usage else []
+        return [*usage, (None, "[DONE]")]
+
+    def failed(self, error: Failure) -> list[Event]:
+        return [(None, dict(error.body())), (None, "[DONE]")]
+
+    def chunks(self, index: int, out: RequestOutput) -> list[dict]:
         """Stream chunks for one engine output of choice ``index`` (possibly none)."""
+        progress = self._progress.get(index)
+        if progress is None:
+            progress = self._progress[index] = ChoiceProgress(StreamedContent(self.tool_format))
+        return self.choice_chunks(index, out, progress)
+
+    @abstractmethod
+    def choice_chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+        """``chunks``, given what the choice has streamed so far (advanced past this output)."""
 
     @abstractmethod
     def final_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
@@ -106,7 +129,7 @@ class ChatFormatter(Formatter):
         message: dict[str, Any] = {"role": "assistant", "content": out.text}
         message.update(_reasoning(out.reasoning))
         finish_reason = _finish_reason(out)
-        content, calls = self._calls(out)
+        content, calls = StreamedContent(self.tool_format).parts(out)
         if calls:
             message.update(content=content or None, tool_calls=[c.openai() for c in calls])
             finish_reason = "tool_calls"
@@ -117,13 +140,7 @@ class ChatFormatter(Formatter):
             "finish_reason": finish_reason,
         }
 
-    def _calls(self, out: RequestOutput) -> tuple[str, list]:
-        """(content, calls) of a reply that stopped; a cut-off reply is all content."""
-        if self.tool_format is None or out.finish_reason is not FinishReason.STOP:
-            return out.text, []
-        return self.tool_format.parse(out.text)
-
-    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+    def choice_chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
         """Role first, then reasoning and content deltas (content that may be the start of a
         tool call is held back until the reply ends), tool calls, then the finish reason."""
         chunks = []
@@ -132,16 +149,12 @@ class ChatFormatter(Formatter):
             chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
         if out.new_reasoning:
             chunks.append(self._chunk(index, _reasoning(out.new_reasoning)))
-        content, calls = self._calls(out) if out.finished else (out.text, [])
-        end = len(content)
-        if self.tool_format is not None and not out.finished:
-            end = self.tool_format.content_end(out.text)
-        new_text = content[progress.chars_sent : end] if end > progress.chars_sent else ""
-        progress.chars_sent = max(progress.chars_sent, end)
+        new_text = progress.content.new_text(out)
         logprobs = self.logprobs(out, progress.tokens_sent)
         if new_text or (logprobs and logprobs["content"]):
             chunks.append(self._chunk(index, {"content": new_text}, logprobs=logprobs))
         progress.tokens_sent = len(out.token_ids)
+        calls = progress.content.parts(out)[1] if out.finished else []
         if calls:
             deltas = [dict(c.openai(), index=k) for k, c in enumerate(calls)]
             chunks.append(self._chunk(index, {"tool_calls": deltas}))
@@ -196,7 +209,7 @@ class CompletionFormatter(Formatter):
             "finish_reason": _finish_reason(out),
         }
 
-    def chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
+    def choice_chunks(self, index: int, out: RequestOutput, progress: ChoiceProgress) -> list[dict]:
         """One chunk per step with new text; the last one carries the finish reason."""
         logprobs = self.logprobs(out, progress)
         if not (out.new_text or out.finished or (logprobs and logprobs["tokens"])):
@@ -224,8 +237,8 @@ class CompletionFormatter(Formatter):
             result["tokens"].append(text)
             result["token_logprobs"].append(logprob)
             result["top_logprobs"].append({self.token_text(t): lp for t, lp in _ranked(top)})
-            result["text_offset"].append(progress.chars_sent)
-            progress.chars_sent += len(text)
+            result["text_offset"].append(progress.text_offset)
+            progress.text_offset += len(text)
         progress.tokens_sent = len(out.token_ids)
         return result
 
@@ -287,5 +300,11 @@ def formatter_for(
     )
     response_id = f"{cls.id_prefix}{key}" if key else ""
     return cls(
-        model, decoder, generation.top_logprobs, generation.n, response_id, tool_format=parse_with
+        model,
+        decoder,
+        generation.top_logprobs,
+        generation.n,
+        response_id,
+        tool_format=parse_with,
+        include_usage=generation.include_usage,
     )

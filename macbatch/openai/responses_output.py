@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from macbatch.engine import FinishReason, RequestOutput, ToolCall, ToolFormat
-from macbatch.openai.rendering import Event, Failure, Renderer, ReplyText
+from macbatch.openai.rendering import Event, Failure, Renderer, StreamedContent
 from macbatch.openai.responses import usage
 from macbatch.openai.responses_api import ResponsesRequest
 
@@ -29,7 +29,7 @@ class ResponsesRenderer(Renderer):
         self.model = model
         self.id = response_id or f"resp_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.reply = ReplyText(tool_format)
+        self.reply = StreamedContent(tool_format)
         self._reasoning_id = f"rs_{uuid.uuid4().hex}"
         self._message_id = f"msg_{uuid.uuid4().hex}"
         self._final: dict[str, Any] | None = None

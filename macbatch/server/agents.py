@@ -1,7 +1,7 @@
 """The routes coding agents speak: OpenAI's Responses API (Codex CLI) and Anthropic's Messages API
 (Claude Code). Each parses its body into the same engine requests as chat
-(``macbatch.openai.responses_api`` / ``anthropic_api``) and is served by the same loop
-(``serving.serve_generation``) through its own renderer."""
+(``macbatch.openai.responses_api`` / ``anthropic_api``) and is served the same way
+(``generation.ServedRequest.generate``) through its own renderer."""
 
 from __future__ import annotations
 
@@ -16,16 +16,9 @@ from macbatch.openai.bodies import check_value
 from macbatch.openai.responses_api import parse_responses, previous_response_id
 from macbatch.openai.responses_output import ResponsesRenderer
 from macbatch.server.errors import APIError, invalid
+from macbatch.server.generation import served_request
 from macbatch.server.parsing import parse_body_off_loop
-from macbatch.server.serving import (
-    ServerState,
-    bind,
-    model_for,
-    read_json,
-    route_table,
-    serve_generation,
-    state_of,
-)
+from macbatch.server.serving import ServerState, read_json, route_table, state_of
 from macbatch.server.stored import MAX_STORED, Stored
 
 
@@ -35,19 +28,20 @@ async def create_response(request: Request) -> Response:
     check_value(body)  # echoed and stored whole (metadata too): every field, not just the chat's
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
-    model = await model_for(request, body.get("model"))
     lines = state.options.keep_volatile_prompt_lines
-    images = model.images
-    parsed = await parse_body_off_loop(body, lambda: parse_responses(body, history, lines, images))
-    bound = bind(model, parsed.generation)
-    renderer = ResponsesRenderer(parsed, bound.parse_with, model.model_id)
+    async with served_request(request, body.get("model")) as served:
+        images = served.model.images
+        parsed = await parse_body_off_loop(
+            body, lambda: parse_responses(body, history, lines, images)
+        )
+        bound = served.bind(parsed.generation)
+        renderer = ResponsesRenderer(parsed, bound.parse_with, served.model.model_id)
 
-    def keep(finals: list) -> None:
-        if parsed.store:
-            state.responses.put(renderer.response(finals), renderer.conversation(finals))
+        def keep(finals: list) -> None:
+            if parsed.store:
+                state.responses.put(renderer.response(finals), renderer.conversation(finals))
 
-    stream = parsed.generation.stream
-    return await serve_generation(request, state, model, bound, renderer, stream, "input", keep)
+        return await served.generate(bound, renderer, parsed.generation.stream, "input", keep)
 
 
 async def get_response(request: Request) -> Response:
@@ -82,28 +76,29 @@ def _not_found(response_id: str) -> APIError:
 async def create_message(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    model = await model_for(request, body.get("model"))
     lines = state.options.keep_volatile_prompt_lines
-    images = model.images
-    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines, images))
-    bound = bind(model, parsed.generation)
-    renderer = MessagesRenderer(parsed, bound.parse_with, model.model_id, model.decoder)
-    stream = parsed.generation.stream
-    return await serve_generation(request, state, model, bound, renderer, stream)
+    async with served_request(request, body.get("model")) as served:
+        model = served.model
+        images = model.images
+        parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines, images))
+        bound = served.bind(parsed.generation)
+        renderer = MessagesRenderer(parsed, bound.parse_with, model.model_id, model.decoder)
+        return await served.generate(bound, renderer, parsed.generation.stream)
 
 
 async def count_tokens(request: Request) -> Response:
     """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    model = await model_for(request, body.get("model"))
-    lines, images = state.options.keep_volatile_prompt_lines, model.images
-    parsed = await parse_body_off_loop(body, lambda: parse_messages(body, True, lines, images))
-    [(prompt, _)] = bind(model, parsed.generation).requests
-    try:
-        ids = await asyncio.to_thread(model.thread.encode_prompt, prompt)
-    except ValueError as exc:
-        raise invalid(str(exc), "messages") from None
+    lines = state.options.keep_volatile_prompt_lines
+    async with served_request(request, body.get("model")) as served:
+        images = served.model.images
+        parsed = await parse_body_off_loop(body, lambda: parse_messages(body, True, lines, images))
+        [(prompt, _)] = served.bind(parsed.generation).requests
+        try:
+            ids = await asyncio.to_thread(served.model.thread.encode_prompt, prompt)
+        except ValueError as exc:
+            raise invalid(str(exc), "messages") from None
     return JSONResponse({"input_tokens": len(ids)})
 
 

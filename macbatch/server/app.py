@@ -25,24 +25,15 @@ from macbatch.memory import Need
 from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
-from macbatch.openai.rendering import ChatRenderer
 from macbatch.server import agents, embeddings
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, refused, speaks_anthropic, within
+from macbatch.server.generation import served_request
 from macbatch.server.model_cards import model_card, render_metrics
 from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
-from macbatch.server.serving import (
-    ServerOptions,
-    ServerState,
-    bind,
-    give_back_models,
-    model_for,
-    read_json,
-    serve_generation,
-    state_of,
-)
+from macbatch.server.serving import ServerOptions, ServerState, read_json, state_of
 
 __all__ = ["ServerOptions", "create_app", "create_pool_app", "stop_batches", "stop_generating"]
 
@@ -125,7 +116,7 @@ def _batch_api(state: ServerState) -> BatchAPI:
     most = options.batch_max_in_flight or max(1, seqs // 2)
 
     def room() -> int:
-        return max(0, min(most, seqs - first.pending))
+        return max(0, min(most, seqs - state.admission.pending_of(first.model_id)))
 
     return open_batch_api(
         options.data_dir,
@@ -179,7 +170,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = state_of(request)
-    text = render_metrics(state.metrics, state.model_metrics, state.models)
+    text = render_metrics(state.metrics, state.model_metrics, state.models, state.admission)
     if state.batch_api is not None:
         text += "\n".join(state.batch_api.metrics()) + "\n"
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -211,15 +202,15 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
-    model = await model_for(request, body.get("model"))
-    keep, images = state.options.keep_volatile_prompt_lines, model.images
-    generation = await parse_body_off_loop(
-        body, lambda: parse_body(endpoint, body, keep_volatile=keep, images=images)
-    )
-    bound = bind(model, generation)
-    formatter = openai_formatter(generation, bound.parse_with, model.model_id, model.decoder)
-    renderer = ChatRenderer(formatter, len(bound.requests), generation.include_usage)
-    return await serve_generation(request, state, model, bound, renderer, generation.stream)
+    async with served_request(request, body.get("model")) as served:
+        keep, images = state.options.keep_volatile_prompt_lines, served.model.images
+        generation = await parse_body_off_loop(
+            body, lambda: parse_body(endpoint, body, keep_volatile=keep, images=images)
+        )
+        bound = served.bind(generation)
+        model = served.model
+        formatter = openai_formatter(generation, bound.parse_with, model.model_id, model.decoder)
+        return await served.generate(bound, formatter, generation.stream)
 
 
 class _Guard:
@@ -271,8 +262,6 @@ class _Guard:
             if not started:
                 error = _internal_error(exc, self.state.options.data_dir)
                 await error.response(anthropic)(scope, receive, counting_send)
-        finally:
-            give_back_models(scope, self.state.models)
 
     def _allowed(self, scope: Scope) -> bool:
         """``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's);

@@ -351,7 +351,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.server.listen import (
         ConnectionLimits,
         ListenError,
-        bind,
+        bind_socket,
         default_max_connections,
         run,
     )
@@ -359,7 +359,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
 
     host = settings.host
     try:
-        sock = bind(host, settings.port)
+        sock = bind_socket(host, settings.port)
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None

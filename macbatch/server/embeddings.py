@@ -1,7 +1,7 @@
 """The routes that pool instead of generating: ``/v1/embeddings`` (OpenAI), ``/v1/rerank``
 (Cohere / Jina / vLLM / llama.cpp) and ``/v1/score`` (vLLM). Bodies are parsed in
 ``macbatch.openai.embeddings`` / ``rerank``; the engine requests are pooling requests
-(docs/embeddings.md), admitted and waited for by ``serving.serve_pooling``."""
+(docs/embeddings.md), admitted and waited for by ``generation.ServedRequest.pool``."""
 
 from __future__ import annotations
 
@@ -16,46 +16,45 @@ from macbatch.modelpool.pool import Loaded
 from macbatch.openai import rerank as scoring
 from macbatch.openai.embeddings import embeddings_response, parse_embeddings
 from macbatch.server.errors import invalid
-from macbatch.server.serving import ServerState, model_for, read_json, serve_pooling, state_of
+from macbatch.server.generation import ServedRequest, served_request
+from macbatch.server.serving import read_json, state_of
 
 
 async def embeddings(request: Request) -> Response:
     state = state_of(request)
     parsed = parse_embeddings(await read_json(request, state.options.max_body_bytes))
-    model = await model_for(request, parsed.model)
-    jobs = parsed.bind(model.thread.info.model.embedding)
-    outputs = await serve_pooling(request, state, model, jobs)
-    return JSONResponse(embeddings_response(outputs, model.model_id, parsed.encoding_format))
+    async with served_request(request, parsed.model) as served:
+        outputs = await served.pool(parsed.bind(served.model.thread.info.model.embedding))
+    return JSONResponse(embeddings_response(outputs, served.model.model_id, parsed.encoding_format))
 
 
 async def rerank(request: Request) -> Response:
     state = state_of(request)
     parsed = scoring.parse_rerank(await read_json(request, state.options.max_body_bytes))
-    model = await model_for(request, parsed.scoring.model)
-    if model.thread.info.model.embedding.rerank is None:
-        raise invalid(
-            f"model {model.model_id!r} is not a reranker (a yes/no cross-encoder such as "
-            "Qwen3-Reranker, recognised by 'rerank' in its name or by serve --reranker); it "
-            "can embed (/v1/embeddings) and score by cosine similarity (/v1/score)",
-            "model",
-        )
-    scores, tokens = await _scores(request, state, model, parsed.scoring)
-    return JSONResponse(scoring.rerank_response(parsed, scores, tokens, model.model_id))
+    async with served_request(request, parsed.scoring.model) as served:
+        model_id = served.model.model_id
+        if served.model.thread.info.model.embedding.rerank is None:
+            raise invalid(
+                f"model {model_id!r} is not a reranker (a yes/no cross-encoder such as "
+                "Qwen3-Reranker, recognised by 'rerank' in its name or by serve --reranker); it "
+                "can embed (/v1/embeddings) and score by cosine similarity (/v1/score)",
+                "model",
+            )
+        scores, tokens = await _scores(served, parsed.scoring)
+    return JSONResponse(scoring.rerank_response(parsed, scores, tokens, model_id))
 
 
 async def score(request: Request) -> Response:
     state = state_of(request)
     parsed = scoring.parse_score(await read_json(request, state.options.max_body_bytes))
-    model = await model_for(request, parsed.model)
-    scores, tokens = await _scores(request, state, model, parsed)
-    return JSONResponse(scoring.score_response(scores, tokens, model.model_id))
+    async with served_request(request, parsed.model) as served:
+        scores, tokens = await _scores(served, parsed)
+    return JSONResponse(scoring.score_response(scores, tokens, served.model.model_id))
 
 
-async def _scores(
-    request: Request, state: ServerState, model: Loaded, pairs: scoring.Scoring
-) -> tuple[list[float], int]:
-    jobs = pairs.bind(model.thread.info.model.embedding, model.decoder)
-    outputs = await serve_pooling(request, state, model, jobs)
+async def _scores(served: ServedRequest, pairs: scoring.Scoring) -> tuple[list[float], int]:
+    model = served.model
+    outputs = await served.pool(pairs.bind(model.thread.info.model.embedding, model.decoder))
     return pairs.pair_scores(outputs), _tokens(outputs)
 
 

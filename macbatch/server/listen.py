@@ -35,7 +35,7 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to any interface
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int) -> socket.socket:
     """A bound socket, made before the model loads so a taken port fails at once."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(

@@ -10,6 +10,7 @@ from typing import Any
 from macbatch.memory import weights_bytes
 from macbatch.modelpool.pool import ModelPool
 from macbatch.models import tasks_of
+from macbatch.server.admission import Admission
 from macbatch.server.embeddings import model_capabilities
 from macbatch.server.metrics import ServerMetrics
 
@@ -34,7 +35,10 @@ def model_card(models: ModelPool, name: str) -> dict[str, Any]:
 
 
 def render_metrics(
-    server: ServerMetrics, per_model: dict[str, ServerMetrics], models: ModelPool
+    server: ServerMetrics,
+    per_model: dict[str, ServerMetrics],
+    models: ModelPool,
+    admission: Admission,
 ) -> str:
     """One model: its counters are the server's, as ever. Several: the server-wide counts, then
     each model's (loaded, or that answered anything) under a ``model`` label, one family each."""
@@ -42,7 +46,7 @@ def render_metrics(
         loaded = models.loaded.get(models.default)
         stats = None if loaded is None else loaded.thread.stats()
         up = loaded is not None and loaded.thread.alive
-        return server.render(stats, up, 0 if loaded is None else loaded.pending)
+        return server.render(stats, up, admission.pending_of(models.default))
     families: dict[str, list[str]] = {}
     _add(families, server.render(None, True, 0), None, keep=_SERVER_WIDE)
     for name, counted in per_model.items():
@@ -51,7 +55,7 @@ def render_metrics(
             continue
         stats = None if loaded is None else loaded.thread.stats()
         up = loaded is not None and loaded.thread.alive
-        text = counted.render(stats, up, 0 if loaded is None else loaded.pending)
+        text = counted.render(stats, up, admission.pending_of(name))
         _add(families, text, name, skip=_SERVER_WIDE)
     return "".join(line + "\n" for lines in families.values() for line in lines)
 

@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
 from macbatch.server.app import ServerOptions, create_app
-from macbatch.server.listen import ConnectionLimits, bind, server_config
+from macbatch.server.listen import ConnectionLimits, bind_socket, server_config
 
 ENGINE_CONFIG = EngineConfig(num_blocks=512, max_num_seqs=64)
 
@@ -66,7 +66,7 @@ def serving_app(
     send_buffer: int | None = None,
 ) -> Iterator[Served]:
     """Run ``app`` under uvicorn on a free loopback port until the block ends."""
-    sock = bind("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", 0)
     if send_buffer is not None:  # accepted sockets inherit it from the listening one
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     server = uvicorn.Server(server_config(app, limits or ConnectionLimits(), "warning"))

@@ -21,7 +21,7 @@ from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
 from macbatch.engine.parsers.tool_calls import ToolFormat, template_messages
 from macbatch.engine.parsers.tool_formats.harmony import Harmony
 from macbatch.openai import parse_chat
-from macbatch.openai.responses import ChatFormatter, ChoiceProgress
+from macbatch.openai.responses import ChatFormatter
 from tests.support.real_templates import read_template
 from tests.support.scripted import scripted_model
 from tests.support.standin import harmony_tokenizer
@@ -74,12 +74,12 @@ def _answer(engine: Engine, structured, seed: int):
     params = SamplingParams(max_tokens=160, temperature=1.0, seed=seed, structured=structured)
     rid = engine.add_request(ASK, params, tools=TOOLS)
     formatter = ChatFormatter("m", engine.tokenizer, None, 1, tool_format=engine.tool_format)
-    progress, deltas, final = ChoiceProgress(), [], None
+    deltas, final = [], None
     while engine.has_unfinished():
         for out in engine.step():
             if out.request_id == rid:
                 final = out
-                deltas += [c["choices"][0] for c in formatter.chunks(0, out, progress)]
+                deltas += [c["choices"][0] for c in formatter.chunks(0, out)]
     assert final is not None
     return final, formatter.final_choice(0, final), deltas
 

@@ -144,7 +144,8 @@ def test_one_model_embeds_while_the_other_streams(
             stream=True,
         )
         pieces = [next(iter(stream)).choices[0].delta.content or ""]
-        assert pool.loaded["alpha"].pending == 1  # the chat is still generating
+        admission = served.app.state.macbatch.admission
+        assert admission.pending_of("alpha") == 1  # the chat is still generating
         vectors = embed(served, "beta", texts)
         pieces += [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
     assert np.allclose(vectors, expected_vectors, atol=1e-5)

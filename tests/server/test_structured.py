@@ -163,7 +163,7 @@ def test_reasoning_goes_out_under_both_names() -> None:
     """Messages and stream deltas carry reasoning as reasoning_content and as reasoning."""
     from macbatch.engine import FinishReason, RequestMetrics, RequestOutput
     from macbatch.engine.parsers.text import FixedText
-    from macbatch.openai.responses import ChatFormatter, ChoiceProgress
+    from macbatch.openai.responses import ChatFormatter
 
     class Decoder:
         def decode(self, ids: list[int]) -> str:
@@ -182,7 +182,7 @@ def test_reasoning_goes_out_under_both_names() -> None:
         )
 
     formatter = ChatFormatter("m", Decoder(), None, 1)
-    chunks = formatter.chunks(0, output("hmm", "", False), ChoiceProgress())
+    chunks = formatter.chunks(0, output("hmm", "", False))
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert {"reasoning_content": "hmm", "reasoning": "hmm"} in deltas
     message = formatter.final_choice(0, output("hmm", "42", True))["message"]

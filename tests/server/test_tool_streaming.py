@@ -11,7 +11,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.openai import parse_chat
-from macbatch.openai.responses import ChatFormatter, ChoiceProgress
+from macbatch.openai.responses import ChatFormatter
 from tests.support.structured import (
     ADD_TOOL,
     MISTRAL_VOCAB,
@@ -42,12 +42,12 @@ def test_streamed_calls_equal_the_whole_answer(name: str, vocab: int) -> None:
     params = SamplingParams(max_tokens=80, temperature=0, structured=structured)
     rid = engine.add_request(prompt, params)
     formatter = ChatFormatter("m", tokenizer, None, 1, tool_format=engine.tool_format)
-    progress, deltas = ChoiceProgress(), []
+    deltas = []
     while engine.has_unfinished():
         for out in engine.step():
             if out.request_id == rid:
                 final = out
-                deltas += [c["choices"][0] for c in formatter.chunks(0, out, progress)]
+                deltas += [c["choices"][0] for c in formatter.chunks(0, out)]
     whole = formatter.final_choice(0, final)
     assert whole["finish_reason"] == deltas[-1]["finish_reason"] == "tool_calls"
     streamed = [call for d in deltas for call in d["delta"].get("tool_calls", [])]

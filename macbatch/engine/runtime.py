@@ -424,18 +424,28 @@ class OutputStream:
 
     async def __anext__(self) -> tuple[int, RequestOutput]:
         while self._unfinished:
-            try:
-                index, out = await asyncio.wait_for(self._outputs.get(), LIVENESS_CHECK_S)
-            except asyncio.TimeoutError:
-                if not self._thread.alive:
-                    raise EngineDeadError("the engine thread stopped") from None
-                continue
+            index, out = await self._next_output()
             if index not in self._unfinished:
                 continue  # a late output of a request already cancelled
             if out.finished:
                 self._unfinished.discard(index)
             return index, out
         raise StopAsyncIteration
+
+    async def _next_output(self) -> tuple[int, RequestOutput]:
+        """The next output, checking every ``LIVENESS_CHECK_S`` that the engine thread lives.
+        Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancellation that arrives as the
+        output does, and a stopped stream would run on."""
+        if not self._outputs.empty():
+            return self._outputs.get_nowait()
+        get = asyncio.ensure_future(self._outputs.get())
+        try:
+            while not (await asyncio.wait({get}, timeout=LIVENESS_CHECK_S))[0]:
+                if not self._thread.alive:
+                    raise EngineDeadError("the engine thread stopped")
+        finally:
+            get.cancel()
+        return get.result()
 
     def close(self) -> None:
         unfinished, self._unfinished = self._unfinished, set()

@@ -101,7 +101,7 @@ def _record_params(cls: type, method: str, monkeypatch) -> list[SamplingParams]:
 
 def _served(thread: EngineThread, body: dict[str, Any], monkeypatch) -> tuple[list, dict]:
     """(the SamplingParams serve submitted, its JSON reply)."""
-    submitted = _record_params(EngineThread, "submit", monkeypatch)
+    submitted = _record_params(EngineThread, "prepare", monkeypatch)  # off its event loop
     with serving(thread) as served:
         reply = httpx.post(served.url + _url(body), json=body, timeout=120)
     monkeypatch.undo()

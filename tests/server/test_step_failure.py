@@ -25,11 +25,11 @@ def test_a_failing_request_is_its_own_500(served: Served, monkeypatch) -> None:
     [alone] = engine_generate(thread, [PROMPT], params)
 
     bad_submitted = threading.Event()
-    submit = thread.submit
+    enqueue = thread.enqueue
 
-    def noting_submit(prompt, params=None, *args, **kwargs):
-        request_id = submit(prompt, params, *args, **kwargs)
-        if params is not None and params.seed == BAD_SEED:
+    def noting_enqueue(request, *args, **kwargs):
+        request_id = enqueue(request, *args, **kwargs)
+        if request.params.seed == BAD_SEED:
             bad_submitted.set()  # queued: the engine adds it between its next steps
         return request_id
 
@@ -43,7 +43,7 @@ def test_a_failing_request_is_its_own_500(served: Served, monkeypatch) -> None:
             assert bad_submitted.wait(60)  # the bad request joins the stream's steps
         return sample(logits, rows)
 
-    monkeypatch.setattr(thread, "submit", noting_submit)
+    monkeypatch.setattr(thread, "enqueue", noting_enqueue)
     monkeypatch.setattr(model_runner, "sample", failing)
     client = openai.OpenAI(base_url=served.api, api_key="none", max_retries=0)
     stream = client.completions.create(

@@ -57,7 +57,7 @@ from benchmarks.common import (
     build_bench_model,
     warn_without_openblas,
 )
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.worker.compiled_step import MAX_BATCH
 from macbatch.engine.worker.packing import pack

@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from benchmarks.mla_attention import mlx_lm_attention_runs
-from macbatch.bench import Clock, synthetic_prompts
+from macbatch.commands.workload import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 GLM_4_7_FLASH = dict(

@@ -9,8 +9,8 @@ import sys
 
 from typer.testing import CliRunner
 
-from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
 from macbatch.cli import app
+from macbatch.commands.workload import run_pooling_workload, run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig
 
 runner = CliRunner()

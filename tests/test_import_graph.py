@@ -133,7 +133,9 @@ def test_the_graph_is_read() -> None:
     graph = import_graph()
     assert "macbatch.engine.engine" in graph["macbatch.engine"]  # from macbatch.engine.engine ...
     assert "macbatch.engine.worker.pages" in graph["macbatch.engine.model.adapter"]
-    assert "macbatch.engine.distributed.follower" in graph["macbatch.launch"]  # in a function
+    assert (
+        "macbatch.engine.distributed.follower" in graph["macbatch.commands.launch"]
+    )  # in a function
 
 
 # Cycles known and being removed elsewhere (the TUI's service split, issue 30): each entry is a
@@ -165,38 +167,27 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "macbatch.tui",
             "macbatch.batch",
             "macbatch.server",
-            "macbatch.modelpool",
-            "macbatch.cli",
-            "macbatch.cli_options",
-            "macbatch.ask",
-            "macbatch.cache_command",
-            "macbatch.__main__",
-            "macbatch.launch",
-            "macbatch.bench",
+            "macbatch.commands",
             "macbatch.models",
-            "macbatch.model_commands",
-            "macbatch.pull",
-            "macbatch.model_check",
-            "macbatch.template_check",
+            "macbatch.session_settings",
+            "macbatch.cli",
+            "macbatch.__main__",
         ),
     ),
     ("request layer", ("macbatch.openai",)),
     ("engine", ("macbatch.engine",)),
     ("kernels", ("macbatch.metal",)),
     # below them all: the demo models (the engine's loader resolves "demo" and builds
-    # "demo-vision"), the data directory, ceiling division, the machine's memory (the guard
-    # every front end asks before loading) and the package's own facts
-    (
-        "leaves",
-        ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", "macbatch.memory", PACKAGE),
-    ),
+    # "demo-vision"), the data directory and the machine's paths, ceiling division, and the
+    # package's own facts
+    ("leaves", ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", PACKAGE)),
 ]
 
 ENGINE = "macbatch.engine"
 # The imports of engine modules from outside the engine, each with why: the launcher joins the
 # group and runs the follower's loop before any command, on ranks that never build an Engine.
 PAST_THE_ENGINE_API: dict[str, set[str]] = {
-    "macbatch.launch": {
+    "macbatch.commands.launch": {
         "macbatch.engine.distributed.group",
         "macbatch.engine.distributed.channel",
         "macbatch.engine.distributed.follower",
@@ -264,7 +255,7 @@ def test_the_layer_rules_catch_a_violation() -> None:
     assert imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine.engine"}}) == [
         "macbatch.tui.app -> macbatch.engine.engine"
     ]
-    assert imports_past_the_engine_api({"macbatch.launch": {"macbatch.engine.runtime"}})
+    assert imports_past_the_engine_api({"macbatch.commands.launch": {"macbatch.engine.runtime"}})
     assert not imports_past_the_engine_api({"macbatch.engine.engine": {"macbatch.engine.config"}})
     assert not imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine"}})
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from macbatch.cli_options import (
+from macbatch.commands.options import (
     cache_dir_option,
     cache_disk_gb_option,
     disk_cache_config,
@@ -310,7 +310,7 @@ def run_fits(name: str, kv_start_mib: float) -> str | None:
     """The memory guard before a job's model loads (docs/models.md): why it does not fit in the
     memory free now (None: it does, or its size is not known before it downloads)."""
     from macbatch.engine import resolve_model_path
-    from macbatch.memory import need_of, refusal_now
+    from macbatch.models.memory import need_of, refusal_now
 
     try:
         where = resolve_model_path(name)

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from macbatch import cli_options
-from macbatch.cli_options import (
+from macbatch.commands import options as cli_options
+from macbatch.commands.options import (
     draft_model_option,
     kv_bits_option,
     num_speculative_tokens_option,
@@ -346,7 +346,7 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
 
 def _serve(settings: ServeSettings, api_key: str | None) -> None:
     from macbatch.config import data_dir
-    from macbatch.modelpool.pool import PoolLimits
+    from macbatch.models.pool import PoolLimits
     from macbatch.server.app import ServerOptions, create_pool_app, stop_batches, stop_generating
     from macbatch.server.listen import (
         ConnectionLimits,

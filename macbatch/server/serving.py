@@ -23,7 +23,7 @@ from macbatch.engine import (
     PromptInput,
     RequestOutput,
 )
-from macbatch.modelpool.pool import Loaded, ModelPool, ModelRefused
+from macbatch.models.pool import Loaded, ModelPool, ModelRefused
 from macbatch.openai import DATA_ONLY, Bound, Generation, ImageAccess
 from macbatch.openai.bodies import load_json
 from macbatch.openai.rendering import Event, Renderer
@@ -35,7 +35,7 @@ from macbatch.server.stored import ResponseStore
 if TYPE_CHECKING:
     from macbatch.server.batchapi.service import BatchAPI
 
-LEASES = "macbatch.models"  # the request scope's key: the models a request holds
+LEASES = "macbatch.models.local"  # the request scope's key: the models a request holds
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
 from macbatch.engine import EngineThread, thinking_default
-from macbatch.modelpool.pool import Loaded, ModelRefused
+from macbatch.models.pool import Loaded, ModelRefused
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.attachments import Attachment, AttachmentError, export_images, read_attachment
 from macbatch.tui.chat_models import ChatModels, ModelLoad
 from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
 from macbatch.tui.reply import Reply, ReplyView
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, ReplyMetrics, Session
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from macbatch import cli_options
+from macbatch.commands import options as cli_options
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -88,10 +88,10 @@ def chat_command(
     typer.echo(f"Starting macbatch chat with {model}…", err=True)
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
+    from macbatch.session_settings import SessionSettings
     from macbatch.tui.app import ChatApp
     from macbatch.tui.history_file import HistoryError, HistoryLock
     from macbatch.tui.loading import LoadProgress, make_loader
-    from macbatch.tui.settings import SessionSettings
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)

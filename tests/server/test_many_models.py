@@ -18,9 +18,9 @@ import openai
 import pytest
 
 from macbatch.engine import Turns
-from macbatch.memory import parse_meminfo
-from macbatch.modelpool.catalog import starter
-from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
+from macbatch.models.catalog import starter
+from macbatch.models.memory import parse_meminfo
+from macbatch.models.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
 from tests.server.conftest import (

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from macbatch.commands.launch import follower_exit_status
 from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from macbatch.launch import follower_exit_status
 
 # A pool of 14 blocks of 8 tokens cannot hold these requests together (preemption); a 24-token
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.

@@ -11,8 +11,8 @@ import typer
 from textual import events
 
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.command import chat_command
-from macbatch.tui.settings import SessionSettings
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
 # steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.

@@ -7,8 +7,8 @@ import threading
 from textual.widgets import ProgressBar
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import DONE, ERROR
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar

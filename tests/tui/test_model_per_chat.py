@@ -15,9 +15,9 @@ import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.help import help_rows
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.status_bar import StatusBar
 from tests.support.oracle import mlx_lm_greedy

@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.chat import ChatScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 from tests.support.vlm_oracle import mlx_vlm_greedy
 from tests.tui.helpers import RecordingEngineThread, send, wait_for

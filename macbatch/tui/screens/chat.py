@@ -21,6 +21,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListView, TextArea
 from textual.worker import Worker
 
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.chats import ChatRefused, ChatService
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.attach import AttachScreen
@@ -30,7 +31,6 @@ from macbatch.tui.screens.models import ModelScreen
 from macbatch.tui.screens.rename import RenameScreen
 from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.display import displayable

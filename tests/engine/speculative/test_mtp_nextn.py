@@ -16,7 +16,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.worker.pages import LayerShape
-from macbatch.model_check import check_model
+from macbatch.models.check import check_model
 from tests.support.mtp import (
     NEXTN_ARCHS,
     PROMPTS,

@@ -1,6 +1,6 @@
-"""A chat's settings, declared once: the system prompt, the thinking switch, and the sampling
-settings that the settings form, the history's JSON column, the export and the engine request are
-all generated from.
+"""A chat session's settings, declared once, shared by the chat app and `macbatch ask`: the
+system prompt, the thinking switch, and the sampling settings that the settings form, the
+history's JSON column, the export and the engine request are all generated from.
 
 A new sampling setting is one line in `SessionSettings` (a `SamplingParams` field name, a label
 and a default). Its bounds are the engine's: constructing `SamplingParams` checks every value, so

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from macbatch import cli_options
+from macbatch.commands import options as cli_options
 
 cache_app = typer.Typer(
     help="List the KV blocks kept on disk per model (size, blocks, last use), or clear them.",

@@ -4,7 +4,7 @@ prompt in the one user message. Only the reply goes to stdout, so it can be pipe
 else (loading, errors, a reply cut at --max-tokens) goes to stderr.
 
 It runs the engine on this thread, one request; the sampling defaults are a new chat's
-(`tui/settings.SessionSettings`), so `ask` and `chat` answer alike.
+(`session_settings.SessionSettings`, shared with the chat app), so `ask` and `chat` answer alike.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
 
-from macbatch import cli_options
+from macbatch.commands import options as cli_options
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def ask_command(
     """
     from dataclasses import replace
 
-    from macbatch.tui.settings import SessionSettings
+    from macbatch.session_settings import SessionSettings
 
     text = question(prompt, sys.stdin)
     if not text.strip():

@@ -18,8 +18,8 @@ from macbatch.engine import (
     unavailable_reason,
     unsupported_reason,
 )
-from macbatch.models import describe_quantization
-from macbatch.template_check import template_rows
+from macbatch.models.local import describe_quantization
+from macbatch.models.template_check import template_rows
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _local_path(name: str) -> Path:
     target = resolve_model_path(name)
     if isinstance(target, Path):
         return target
-    from macbatch.models import local_models
+    from macbatch.models.local import local_models
 
     for model in local_models():
         if model.name == target:

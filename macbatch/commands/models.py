@@ -25,8 +25,8 @@ def models_command(
     folders and the Hugging Face hub cache, with their size, tasks and whether each fits in
     this machine's memory now. `macbatch pull` downloads more."""
     from macbatch.engine import EngineConfig, unsupported_reason
-    from macbatch.memory import need_of, read_memory, too_large
-    from macbatch.models import local_models, tasks_of
+    from macbatch.models.local import local_models, tasks_of
+    from macbatch.models.memory import need_of, read_memory, too_large
 
     memory = read_memory()
     rows = []
@@ -86,7 +86,7 @@ def pull_command(
 ) -> None:
     """Download a model into the Hugging Face cache, with progress; an interrupted pull resumes
     where it stopped."""
-    from macbatch.pull import PullError, pull, usage
+    from macbatch.models.hub import PullError, pull, usage
 
     try:
         folder = pull(model, revision, say=lambda line: typer.echo(line, err=True))
@@ -102,8 +102,8 @@ def rm_command(
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
 ) -> None:
     """Remove a downloaded model from the Hugging Face cache."""
-    from macbatch.memory import gib
-    from macbatch.pull import PullError, cached
+    from macbatch.models.hub import PullError, cached
+    from macbatch.models.memory import gib
 
     try:
         found = cached(model)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from macbatch.modelpool.pool import Servable, Starter
+from macbatch.models.pool import Servable, Starter
 
 if TYPE_CHECKING:
     from macbatch.engine import Engine, EngineConfig, Turns
@@ -18,7 +18,7 @@ def catalog(given: tuple[str, ...], models_dirs: tuple[Path, ...]) -> list[Serva
     """The ``given`` models in their order (by the name given, and their folder's name), then
     every local model not among them."""
     from macbatch.engine import resolve_model_path
-    from macbatch.models import local_models
+    from macbatch.models.local import local_models
 
     local = local_models(models_dirs)
     paths = {m.name: m.path for m in local}

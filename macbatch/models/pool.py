@@ -24,10 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from macbatch.engine import EngineThread, Tokenizer, ToolFormat
-from macbatch.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
+from macbatch.models.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
 
-log = logging.getLogger("macbatch.models")
+log = logging.getLogger("macbatch.models.local")
 PRESSURE_FRACTION = 0.05  # under this much of the machine free, idle models give memory back
 REAP_EVERY_S = 1.0  # how often keep-alive and memory pressure are looked at
 

@@ -1,6 +1,6 @@
 """``macbatch serve``'s models: the pool over each ``--model`` then every local model
-(``models/pool.py``), with the ``--model``s loaded before the server starts, each checked against the
-memory first (docs/models.md)."""
+(``models/pool.py``), with the ``--model``s loaded before the server starts, each checked against
+the memory first (docs/models.md)."""
 
 from __future__ import annotations
 

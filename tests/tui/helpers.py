@@ -52,7 +52,7 @@ async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 30.0) 
 
 
 async def send(pilot, screen, text: str) -> None:
-    screen.prompt_input.text = text  # typing key by key is slow while replies stream
+    screen.message_box.text = text  # typing key by key is slow while replies stream
     await pilot.press("enter")
 
 

@@ -31,7 +31,7 @@ async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
         assert not screen.chats.replies  # nothing was sent; the app is still running
         assert app.chats.store.messages(screen.current) == []
         assert any("failed to load" in str(n.message) for n in app._notifications)
-        assert screen.prompt_input.text == "hello"  # kept for when the user fixes the model
+        assert screen.message_box.text == "hello"  # kept for when the user fixes the model
 
 
 async def test_a_message_the_kv_pool_cannot_hold_is_refused_with_why(make_app):

@@ -99,7 +99,7 @@ async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
         await pilot.pause(0.2)
         assert opened == [second, first]
         assert screen.current == first and screen.session_list.index == 0
-        assert screen.editing is not None and screen.prompt_input.text == "hello world"
+        assert screen.editing is not None and screen.message_box.text == "hello world"
 
 
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):

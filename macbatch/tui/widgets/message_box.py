@@ -36,7 +36,7 @@ RUN_WAIT_S = 0.05  # the longest a kept key waits to be shown, when no other key
 Scroll = Literal["page_up", "page_down", "home", "end"]
 
 
-class PromptInput(TextArea):
+class MessageBox(TextArea):
     """A multi-line input that hands its text to `on_submit` on Enter and its scroll keys to
     `on_scroll`."""
 

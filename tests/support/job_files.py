@@ -1,6 +1,6 @@
 """Job files and their inputs written for `macbatch run`, and its output files re-read with the
 csv and json modules (not the runner's own readers). Batch tests, and the vision tests that run
-image jobs, import these by name, so they live here rather than in tests/batch/conftest.py."""
+image jobs, import these by name, so they live here rather than in a conftest."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import pytest
 from macbatch.batch.ledger import Ledger
 from macbatch.batch.paths import LEDGER_NAME
 from macbatch.models.memory import parse_meminfo
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_two_models
 

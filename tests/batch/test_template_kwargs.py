@@ -9,7 +9,7 @@ import pytest
 
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.tiny import THINKING_TEMPLATE, save_model
 
 

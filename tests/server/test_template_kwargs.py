@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from macbatch.engine import SamplingParams
-from tests.server.conftest import serving, start_engine
+from tests.support.live_server import serving, start_engine
 from tests.support.tiny import THINKING_TEMPLATE, save_model
 
 CHAT = [{"role": "user", "content": "hello world"}]

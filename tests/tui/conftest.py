@@ -14,7 +14,7 @@ from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import GREEDY, RecordingEngineThread
+from tests.support.chat_app import GREEDY, RecordingEngineThread
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from dataclasses import replace
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import GREEDY, type_ahead, wait_for
+from tests.support.chat_app import GREEDY, type_ahead, wait_for
 
 REPLY = "Here:\n\n```python\nprint('hi')\nx = 1\n```\n\nand a bell \x07 and an escape \x1b[2J."
 

@@ -12,7 +12,7 @@ from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
 from macbatch.tui.store import DONE, ERROR
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import first_reply, send, wait_for
+from tests.support.chat_app import first_reply, send, wait_for
 
 
 async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):

@@ -13,7 +13,7 @@ from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.message_box import MessageBox
 from macbatch.tui.widgets.message_view import MessageView
-from tests.tui.helpers import GREEDY, type_ahead, wait_for
+from tests.support.chat_app import GREEDY, type_ahead, wait_for
 
 
 def seed(home: Path, chats: int, messages: int) -> list[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from macbatch.tui.store import ERROR, HistoryStore
-from tests.tui.helpers import GREEDY, wait_for
+from tests.support.chat_app import GREEDY, wait_for
 
 
 async def test_a_message_longer_than_the_context_is_refused_and_kept(make_app, home):

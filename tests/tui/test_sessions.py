@@ -7,7 +7,7 @@ from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import DONE, INTERRUPTED, HistoryStore
 from macbatch.tui.widgets.message_view import MessageView
-from tests.tui.helpers import LONG, STEP_SECONDS, first_reply, send, wait_for
+from tests.support.chat_app import LONG, STEP_SECONDS, first_reply, send, wait_for
 
 
 async def test_create_rename_switch_and_delete_sessions(make_app, home):

@@ -13,7 +13,7 @@ from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED
 from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import (
+from tests.support.chat_app import (
     GREEDY,
     LONG,
     STEP_SECONDS,

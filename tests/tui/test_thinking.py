@@ -8,8 +8,8 @@ from textual.widgets import Switch
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import HistoryStore
+from tests.support.chat_app import GREEDY, send, wait_for
 from tests.support.tiny import THINKING_TEMPLATE, save_model
-from tests.tui.helpers import GREEDY, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 GREEDY_PARAMS = GREEDY.sampling_params()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual import events
 
-from tests.tui.helpers import wait_for
+from tests.support.chat_app import wait_for
 
 # The key names a terminal's parser gives these characters.
 KEY_NAMES = {" ": "space", ".": "full_stop", ",": "comma", "?": "question_mark"}

@@ -18,9 +18,9 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.families import FAMILIES
 from macbatch.engine.multimodal.images import Image
 from macbatch.engine.multimodal.prompt_images import PromptImages
+from tests.support.image_requests import cases, chat, expected
 from tests.support.tiny_vlm_gemma4 import rendered, save_tiny_gemma4
-from tests.vision.conftest import TinyVlm
-from tests.vision.test_vision_engine import cases, chat, expected
+from tests.support.vlm_families import TinyVlm
 
 pytest.importorskip("mlx_vlm")
 

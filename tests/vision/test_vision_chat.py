@@ -14,8 +14,8 @@ from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import HistoryStore
+from tests.support.chat_app import RecordingEngineThread, send, wait_for
 from tests.support.vlm_oracle import mlx_vlm_greedy
-from tests.tui.helpers import RecordingEngineThread, send, wait_for
 
 GREEDY = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=5)
 

@@ -1,5 +1,6 @@
 """Helpers for the chat app tests: greedy settings, an engine thread that records, waiting, the
-engine's own greedy replies (the oracle for the text), and a two-command CLI around `chat`."""
+engine's own greedy replies (the oracle for the text), and a two-command CLI around `chat`.
+Shared by the chat app tests and the vision tests' image chats, so here, not in tests/tui/."""
 
 from __future__ import annotations
 

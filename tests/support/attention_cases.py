@@ -1,4 +1,5 @@
-"""Random varlen paged-attention problems for the kernel tests, with poisoned pages.
+"""Random varlen paged-attention problems for the kernel tests, with poisoned pages (shared by
+the kernel tests, the MSL emulator's tests and benchmarks/kernel_bytes.py, hence here).
 
 Every K/V slot that no query row of its sequence may see (past the context, before the sliding
 window of every row, blocks nobody owns) holds NaN in the pages given to the kernel, so a kernel
@@ -23,8 +24,8 @@ import numpy as np
 from macbatch.metal import AttentionMetadata, LayerParams
 from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from macbatch.metal.quant import QuantizedPages, default_group_size
-from tests.msl.emulator import Emulator
 from tests.support.attention_numpy import dequantize_numpy, paged_attention_numpy, quantize_numpy
+from tests.support.msl.emulator import Emulator
 
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}
 

@@ -25,7 +25,7 @@ _ALLOWED_EXTERNAL = re.compile(
 
 def check_object(work: Path, cxx: str) -> None:
     """Raise MSLError if ``kernel.o`` in ``work`` uses anything a Metal kernel cannot."""
-    from tests.msl.emulator import MSLError
+    from tests.support.msl.emulator import MSLError
 
     nm = subprocess.run(["nm", "-C", "kernel.o"], capture_output=True, text=True, cwd=work)
     problems = []

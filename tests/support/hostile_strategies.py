@@ -1,5 +1,6 @@
 """Hypothesis strategies for hostile request bodies and job rows: well-formed fields, fields of
-the wrong type, lone surrogates, deep nesting, huge numbers, and junk keys, in any mix."""
+the wrong type, lone surrogates, deep nesting, huge numbers, and junk keys, in any mix. (A
+helper of the fuzz tests, kept in tests/support/ so that no test imports another test module.)"""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ call regenerates MLX's wrapper source (``wrapper.py``), compiles it as freestand
 ``shim.h`` with g++ (or clang++), links the fiber runtime (``runtime.cpp``) and runs the grid.
 Outputs start as 0xFF bytes (NaN) unless ``init_value`` is given; every buffer has guard zones
 (reads past the end see NaN, writes past the end of an output are reported).
+
+It lives in tests/support/ because the kernel tests and benchmarks/kernel_bytes.py all run
+kernels through it; the emulator's own tests are in tests/msl/.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from tests.msl import strict
-from tests.msl.wrapper import GeneratedKernel, InputSpec, generate
+from tests.support.msl import strict
+from tests.support.msl.wrapper import GeneratedKernel, InputSpec, generate
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parents[2]
 GUARD = 4096  # bytes of 0xFF before and after every buffer
 ORDERS = {"forward": 0, "reverse": 1, "random": 2}
 

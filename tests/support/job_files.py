@@ -1,4 +1,6 @@
-"""Helpers for the batch runner tests: write job files, run `macbatch run` in-process, re-read."""
+"""Job files and their inputs written for `macbatch run`, and its output files re-read with the
+csv and json modules (not the runner's own readers). Batch tests, and the vision tests that run
+image jobs, import these by name, so they live here rather than in a conftest."""
 
 from __future__ import annotations
 
@@ -8,29 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-import typer
 import yaml
-from typer.testing import CliRunner, Result
-
-from macbatch.batch.command import run_command
-
-
-@pytest.fixture(scope="session")
-def run_app() -> typer.Typer:
-    app = typer.Typer()
-    app.command()(run_command)
-    return app
-
-
-@pytest.fixture
-def macbatch_run(run_app: typer.Typer):
-    """Call `macbatch run ARGS...` in-process; returns click's Result (stdout, stderr, code)."""
-
-    def invoke(*args: Any) -> Result:
-        return CliRunner().invoke(run_app, [str(a) for a in args])
-
-    return invoke
 
 
 def write_job(directory: Path, text: str) -> Path:
@@ -99,30 +79,3 @@ def write_system_prompt_job(
             prompts: {json.dumps(prompts)}
         """,
     )
-
-
-def chat_prompt_tokens(model: Path, system: str, prompts: list[str]) -> list[list[int]]:
-    """The oracle for each row's prompt: Hugging Face's tokenizer and chat template for the
-    model, the system message and one user message."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    return [
-        tokenizer.encode(
-            tokenizer.apply_chat_template(
-                [{"role": "system", "content": system}, {"role": "user", "content": text}],
-                tokenize=False,
-                add_generation_prompt=True,
-            ),
-            add_special_tokens=False,
-        )
-        for text in prompts
-    ]
-
-
-def shared_prefix(prompts: list[list[int]]) -> int:
-    """How many leading tokens every prompt shares."""
-    shared = 0
-    while all(len(p) > shared and p[shared] == prompts[0][shared] for p in prompts):
-        shared += 1
-    return shared

@@ -1,6 +1,7 @@
 """Every field of a body that a request parser reads, found by the parser itself: a valid body is
 parsed with each of its objects replaced by one that records every key looked up, at any depth.
-A field added to a parser is then fuzzed with no change to the tests."""
+A field added to a parser is then fuzzed with no change to the tests. (A helper of the fuzz
+tests, kept in tests/support/ with the others so that no test imports another test module.)"""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ async def test_attach_send_keep_and_export_images(vlm_path: Path, image_files, t
         size = Path(first).stat().st_size
         assert f"{Path(first).name} · {size / 1024:.1f} KiB · 64×48" in chips
         assert f"{Path(second).name} · " in chips and "33×60" in chips
-        assert screen.prompt_input.text == ""  # the command is not sent as a message
+        assert screen.message_box.text == ""  # the command is not sent as a message
 
         await send(pilot, screen, "compare")
         await wait_for(pilot, lambda: not screen.chats.replies)

@@ -2,8 +2,8 @@
 field (name, type, default) and, in the field's metadata, its flag, help and checks. A command
 takes the dataclass as one parameter; ``takes`` turns it into the fields' options for typer and
 builds the dataclass from what was parsed (as vLLM's ``EngineArgs.add_cli_args`` turns each
-field of the engine's arguments into a flag). ``argv_of`` writes an instance back as the
-options that give it (serve's launchd plist repeats its own command line)."""
+field of the engine's arguments into a flag). ``Pick.argv`` writes an instance back as the
+options that give it."""
 
 from __future__ import annotations
 
@@ -54,11 +54,6 @@ def flag_of(field: dataclasses.Field[Any]) -> Flag:
     return dataclasses.replace(flag, names=names)
 
 
-def long_name(field: dataclasses.Field[Any]) -> str:
-    """The name the option is written with (``--kv-bits``; the yes of a yes/no pair)."""
-    return flag_of(field).names[0].split("/")[0]
-
-
 @dataclass(frozen=True)
 class Pick:
     """The fields of ``table`` a command offers (None: all), each with the table's flag, help
@@ -105,6 +100,24 @@ class Pick:
             given[field.name] = convert(value) if convert is not None else value
         return self.table(**given)
 
+    def argv(self, settings: Any) -> list[str]:
+        """The options that give ``settings`` back: each chosen field that is set (a launchd
+        plist repeats serve's own command line)."""
+        argv: list[str] = []
+        for field in self.chosen():
+            value = getattr(settings, field.name)
+            names = (self.names[field.name],) if field.name in self.names else flag_of(field).names
+            yes_no = names[0].split("/")
+            if len(yes_no) == 2 and value is not None:
+                argv.append(yes_no[0] if value else yes_no[1])
+            elif isinstance(value, bool):
+                argv += [yes_no[0]] if value else []
+            elif isinstance(value, tuple):
+                argv += [part for item in value for part in (yes_no[0], str(item))]
+            elif value is not None:
+                argv += [yes_no[0], str(value)]
+        return argv
+
 
 def takes(**tables: Pick | type) -> Callable[[Command], Command]:
     """Make each parameter named in ``tables`` (annotated with its dataclass) the options of that
@@ -136,20 +149,3 @@ def takes(**tables: Pick | type) -> Callable[[Command], Command]:
     return decorate
 
 
-def argv_of(settings: Any) -> list[str]:
-    """The options that give ``settings`` back: each field that is set, by its long name."""
-    argv: list[str] = []
-    for field in dataclasses.fields(settings):
-        if "option" not in field.metadata:
-            continue
-        flag, value = flag_of(field), getattr(settings, field.name)
-        yes_no = flag.names[0].split("/")
-        if len(yes_no) == 2 and value is not None:
-            argv.append(yes_no[0] if value else yes_no[1])
-        elif isinstance(value, bool):
-            argv += [yes_no[0]] if value else []
-        elif isinstance(value, tuple):
-            argv += [part for item in value for part in (yes_no[0], str(item))]
-        elif value is not None:
-            argv += [yes_no[0], str(value)]
-    return argv

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from macbatch.commands.fields import Pick, argv_of, option, takes
+from macbatch.commands.fields import Pick, option, takes
 from macbatch.commands.options import EngineKnobs
 from macbatch.config import DEFAULT_MODEL
 
@@ -254,7 +254,7 @@ def _absolute_if_local(model: str) -> str:
 def _command_line(settings: ServeSettings, knobs: EngineKnobs) -> list[str]:
     """This command's argv for launchd: the installed ``macbatch`` script and every option."""
     program = shutil.which("macbatch") or str(Path(sys.argv[0]).resolve())
-    return [program, "serve", *argv_of(settings), *argv_of(knobs)]
+    return [program, "serve", *Pick(ServeSettings).argv(settings), *SERVE_KNOBS.argv(knobs)]
 
 
 def _plist(arguments: list[str], api_key: str | None) -> str:

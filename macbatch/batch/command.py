@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import EngineKnobs, model_problem
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
 
 if TYPE_CHECKING:
     from macbatch.batch.runner import RunOptions
@@ -24,16 +24,7 @@ MAX_IN_FLIGHT = 256
 # run's engine knobs; those left unset (None) are the job file's
 RUN_KNOBS = Pick(
     EngineKnobs,
-    (
-        "max_num_seqs",
-        "kv_bits",
-        "speculative",
-        "draft_model",
-        "num_speculative_tokens",
-        "cache_dir",
-        "cache_disk_gb",
-        "no_disk_cache",
-    ),
+    ("max_num_seqs", "kv_bits", *SPECULATIVE, *DISK_CACHE),
     names={"max_num_seqs": "--max-seqs"},  # its name since run began
     defaults={"speculative": None},
 )
@@ -256,9 +247,7 @@ def _run(
         bits = knobs.kv_bits if knobs.kv_bits is not None else job_file.kv_bits  # --kv-bits wins
         # neither an option nor the job file's section: MTP where the checkpoint has heads
         speculative = spec or job_file.speculative or {"speculative": "auto"}
-        return EngineConfig(
-            kv_bits=bits, max_num_seqs=knobs.max_num_seqs, **speculative, **disk
-        )
+        return EngineConfig(kv_bits=bits, max_num_seqs=knobs.max_num_seqs, **speculative, **disk)
 
     try:
         job_file = load_job_file(file, model_override=model)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import EngineKnobs
+from macbatch.commands.options import SPECULATIVE, EngineKnobs
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # bench's engine knobs: the step's token budget and speculation
 BENCH_KNOBS = Pick(
     EngineKnobs,
-    ("max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens"),
+    ("max_num_batched_tokens", *SPECULATIVE),
     names={"max_num_batched_tokens": "--budget"},  # its name since bench began
 )
 
@@ -43,7 +43,9 @@ def bench_command(
 
     if min_prompt > max_prompt:
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
-    config = EngineConfig(max_num_batched_tokens=knobs.max_num_batched_tokens, **knobs.speculative_fields())
+    config = EngineConfig(
+        max_num_batched_tokens=knobs.max_num_batched_tokens, **knobs.speculative_fields()
+    )
     typer.echo(f"loading {model} ...")
     try:
         engine = Engine.load(model, config)

@@ -147,5 +147,3 @@ def takes(**tables: Pick | type) -> Callable[[Command], Command]:
         return run  # type: ignore[return-value]
 
     return decorate
-
-

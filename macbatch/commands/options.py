@@ -92,7 +92,10 @@ class EngineKnobs:
     on where the checkpoint has MTP heads, the disk tier on."""
 
     max_num_seqs: int = option(
-        64, "--max-num-seqs", min=1, help="Requests generating at once (the engine's running batch)."
+        64,
+        "--max-num-seqs",
+        min=1,
+        help="Requests generating at once (the engine's running batch).",
     )
     max_num_batched_tokens: int = option(
         1024, "--max-num-batched-tokens", min=1, help="Tokens per engine step (chunked prefill)."
@@ -193,6 +196,10 @@ class EngineKnobs:
             **self.disk_fields(),
         }
 
+
+# the knobs that go together into EngineConfig (speculative_fields, disk_fields)
+SPECULATIVE = ("speculative", "draft_model", "num_speculative_tokens")
+DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
 
 BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself
 

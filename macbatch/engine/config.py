@@ -74,7 +74,7 @@ class EngineConfig:
         "``kv_start_mib`` (None: never).",
     )
     reranker: bool | None = knob(
-        None, "The model is a yes/no cross-encoder (None: its name says \"rerank\")."
+        None, 'The model is a yes/no cross-encoder (None: its name says "rerank").'
     )
     compile_decode_after: int | None = knob(
         64,
@@ -84,9 +84,9 @@ class EngineConfig:
     speculative: str = knob(
         "off",
         "The drafter (``SPECULATIVE_MODES`` in speculative/methods.py; docs/speculative.md): "
-        "\"ngram\" (prompt lookup), \"draft\" (``draft_model``), \"mtp\" (the checkpoint's own "
-        "MTP layer), \"auto\" (\"mtp\" where the checkpoint has one, else \"off\": the front "
-        "ends' default), \"off\" (every engine a test builds).",
+        '"ngram" (prompt lookup), "draft" (``draft_model``), "mtp" (the checkpoint\'s own '
+        'MTP layer), "auto" ("mtp" where the checkpoint has one, else "off": the front '
+        'ends\' default), "off" (every engine a test builds).',
     )
     num_speculative_tokens: int | None = knob(
         None,
@@ -94,11 +94,11 @@ class EngineConfig:
         "the method).",
     )
     draft_model: str | None = knob(
-        None, "The drafter of \"draft\": a small model with the same tokenizer."
+        None, 'The drafter of "draft": a small model with the same tokenizer.'
     )
     disk_cache_dir: str | None = knob(
         None,
-        "The disk tier below the prefix cache (docs/engine.md, \"The disk tier\"): its "
+        'The disk tier below the prefix cache (docs/engine.md, "The disk tier"): its '
         "directory; None: off, as for every engine a test builds (the front ends turn it on).",
     )
     disk_cache_bytes: int | None = knob(

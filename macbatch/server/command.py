@@ -8,12 +8,12 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from macbatch.commands.fields import Pick, option, takes
-from macbatch.commands.options import EngineKnobs
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def _directories(given: list[Path] | None) -> tuple[str, ...]:
-    return tuple(str(d.expanduser().resolve()) for d in given or ())
+def _directories(*, help: str) -> Any:
+    """A repeatable ``--name DIR`` option whose field holds the absolute directories."""
+    return option(
+        (),
+        metavar="DIR",
+        cli_type=list[Path] | None,
+        convert=lambda given: tuple(str(d.expanduser().resolve()) for d in given or ()),
+        help=help,
+    )
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,8 @@ class ServeSettings:
         "name it in the 'model' field; requests may also name any local model (macbatch "
         "models), which then loads on demand. The first one runs the Batch API.",
     )
-    models_dir: tuple[str, ...] = option(  # absolute directories
-        (),
-        "--models-dir",
-        metavar="DIR",
-        cli_type=list[Path] | None,
-        convert=_directories,
-        help="Also serve the model directories under DIR, by folder name (repeatable).",
+    models_dir: tuple[str, ...] = _directories(
+        help="Also serve the model directories under DIR, by folder name (repeatable)."
     )
     keep_alive: float = option(  # -1: never unload for idleness
         300.0,
@@ -80,9 +82,7 @@ class ServeSettings:
         min=0,
         help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
     )
-    log_level: str = option(
-        "info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level."
-    )
+    log_level: str = option("info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level.")
     max_body_mb: float = option(
         4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
     )
@@ -156,31 +156,15 @@ class ServeSettings:
         help="Let fetched image URLs reach loopback, private and link-local addresses too "
         "(this machine and its network: only for clients you trust).",
     )
-    allow_local_images: tuple[str, ...] = option(  # absolute directories
-        (),
-        "--allow-local-images",
-        metavar="DIR",
-        cli_type=list[Path] | None,
-        convert=_directories,
-        help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise.",
+    allow_local_images: tuple[str, ...] = _directories(
+        help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise."
     )
 
 
 # serve's engine knobs: all but the step's token budget, which serve leaves at the engine's
 SERVE_KNOBS = Pick(
     EngineKnobs,
-    (
-        "max_num_seqs",
-        "kv_blocks",
-        "kv_bits",
-        "speculative",
-        "draft_model",
-        "num_speculative_tokens",
-        "cache_dir",
-        "cache_disk_gb",
-        "no_disk_cache",
-        "reranker",
-    ),
+    ("max_num_seqs", "kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE, "reranker"),
 )
 
 

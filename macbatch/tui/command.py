@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import EngineKnobs, model_problem
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -21,16 +21,7 @@ if TYPE_CHECKING:
 # chat's engine knobs: the pool's size and page format, speculation and the disk tier
 CHAT_KNOBS = Pick(
     EngineKnobs,
-    (
-        "kv_blocks",
-        "kv_bits",
-        "speculative",
-        "draft_model",
-        "num_speculative_tokens",
-        "cache_dir",
-        "cache_disk_gb",
-        "no_disk_cache",
-    ),
+    ("kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE),
 )
 
 

@@ -67,19 +67,23 @@ class Pick:
     defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def chosen(self) -> list[dataclasses.Field[Any]]:
+        """The fields offered, in the order given (a name the table lacks is a typo here)."""
         fields = {f.name: f for f in dataclasses.fields(self.table) if "option" in f.metadata}
         unknown = set(self.fields or ()) - fields.keys()
         if unknown:
             raise TypeError(f"{self.table.__name__} has no option field {sorted(unknown)}")
         return [fields[name] for name in self.fields] if self.fields else list(fields.values())
 
+    def names_of(self, field: dataclasses.Field[Any]) -> tuple[str, ...]:
+        """The field's flag names in this command."""
+        return (self.names[field.name],) if field.name in self.names else flag_of(field).names
+
     def parameters(self) -> list[inspect.Parameter]:
         """The typer parameters of the chosen fields, in their order."""
         hints = get_type_hints(self.table)
         params = []
         for field in self.chosen():
-            flag = flag_of(field)
-            names = (self.names[field.name],) if field.name in self.names else flag.names
+            flag, names = flag_of(field), self.names_of(field)
             default = self.defaults.get(field.name, field.default)
             if flag.convert is not None:
                 default = None  # a repeatable option's "not given"
@@ -105,9 +109,7 @@ class Pick:
         plist repeats serve's own command line)."""
         argv: list[str] = []
         for field in self.chosen():
-            value = getattr(settings, field.name)
-            names = (self.names[field.name],) if field.name in self.names else flag_of(field).names
-            yes_no = names[0].split("/")
+            value, yes_no = getattr(settings, field.name), self.names_of(field)[0].split("/")
             if len(yes_no) == 2 and value is not None:
                 argv.append(yes_no[0] if value else yes_no[1])
             elif isinstance(value, bool):

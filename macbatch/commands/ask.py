@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
 
-from macbatch.commands import options as cli_options
+from macbatch.commands.options import model_problem
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def ask_command(
     text = question(prompt, sys.stdin)
     if not text.strip():
         fail('nothing to ask: give a prompt (macbatch ask "...") or pipe text in')
-    if (problem := cli_options.model_problem(model)) is not None:
+    if (problem := model_problem(model)) is not None:
         raise typer.BadParameter(problem, param_hint="--model")
     settings = SessionSettings(system_prompt=system or "")
     if temperature is not None:

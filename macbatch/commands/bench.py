@@ -7,31 +7,33 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from macbatch.commands.options import (
-    draft_model_option,
-    num_speculative_tokens_option,
-    speculative_config,
-    speculative_option,
-)
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import SPECULATIVE, EngineKnobs
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from macbatch.commands.workload import WorkloadResult
 
+# bench's engine knobs: the step's token budget and speculation
+BENCH_KNOBS = Pick(
+    EngineKnobs,
+    ("max_num_batched_tokens", *SPECULATIVE),
+    names={"max_num_batched_tokens": "--budget"},  # its name since bench began
+)
 
+
+@takes(knobs=BENCH_KNOBS)
 def bench_command(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name, path or hub id."),
     requests: int = typer.Option(32, min=1, help="Requests, all arriving at once."),
     min_prompt: int = typer.Option(32, min=1, help="Shortest prompt, in tokens."),
     max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens generated per request (EOS ignored)."),
-    budget: int = typer.Option(1024, min=1, help="Tokens per engine step (chunked prefill)."),
     embed: bool = typer.Option(
         False, "--embed", help="Embed the prompts (pooling requests) instead of generating."
     ),
-    speculative: str = speculative_option(),
-    draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int | None = num_speculative_tokens_option(),
+    *,
+    knobs: EngineKnobs,
 ) -> None:
     """Measure this model on this machine: random-token prompts through the engine, then total
     and generated tokens/s and the median time to first token (`--embed`: embedding
@@ -41,10 +43,12 @@ def bench_command(
 
     if min_prompt > max_prompt:
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
-    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
+    config = EngineConfig(
+        max_num_batched_tokens=knobs.max_num_batched_tokens, **knobs.speculative_fields()
+    )
     typer.echo(f"loading {model} ...")
     try:
-        engine = Engine.load(model, EngineConfig(max_num_batched_tokens=budget, **spec))
+        engine = Engine.load(model, config)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from macbatch.commands import options as cli_options
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import EngineKnobs, disk_cache_config
 
 cache_app = typer.Typer(
     help="List the KV blocks kept on disk per model (size, blocks, last use), or clear them.",
@@ -17,21 +18,26 @@ cache_app = typer.Typer(
 )
 
 
-def _root(cache_dir: str | None) -> Path:
-    return Path(cli_options.disk_cache_config(cache_dir, None, False)["disk_cache_dir"])
+CACHE_DIR = Pick(EngineKnobs, ("cache_dir",))  # the directory the engine's disk tier uses
+
+
+def _root(knobs: EngineKnobs) -> Path:
+    return Path(disk_cache_config(knobs.cache_dir, None, False)["disk_cache_dir"])
 
 
 @cache_app.callback()
+@takes(knobs=CACHE_DIR)
 def cache_list(
     ctx: typer.Context,
-    cache_dir: str | None = cli_options.cache_dir_option(),
+    *,
+    knobs: EngineKnobs,
 ) -> None:
     """List what the disk KV cache holds, per model and page format."""
     if ctx.invoked_subcommand is not None:
         return
     from macbatch.engine import stored_models
 
-    root = _root(cache_dir)
+    root = _root(knobs)
     models = stored_models(root)
     if not models:
         typer.echo(f"nothing cached on disk in {root}")
@@ -49,14 +55,16 @@ def cache_list(
 
 
 @cache_app.command("clear")
+@takes(knobs=CACHE_DIR)
 def cache_clear(
     model: str = typer.Argument(None, help="Only this model's blocks (default: every model's)."),
-    cache_dir: str | None = cli_options.cache_dir_option(),
+    *,
+    knobs: EngineKnobs,
 ) -> None:
     """Delete the KV blocks kept on disk (all of them, or one model's)."""
     from macbatch.engine import clear_stored
 
-    root = _root(cache_dir)
+    root = _root(knobs)
     deleted = clear_stored(root, model)
     if not deleted and model is not None:
         typer.echo(f"no blocks of {model!r} in {root}", err=True)

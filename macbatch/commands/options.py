@@ -1,13 +1,18 @@
-"""Command-line options that several commands share, defined once."""
+"""The engine's knobs on the command line, each declared once: a field of ``EngineKnobs`` with
+its flag, help and checks (``fields.option``); serve, run, chat and bench each pick the ones
+they offer (``fields.Pick``) and turn them into ``EngineConfig`` fields the same way
+(``EngineKnobs.engine_fields``). The checks shared by several commands live here too."""
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from macbatch.commands.fields import option
 from macbatch.engine import (  # MLX-free: --help
     DEFAULT_SPECULATIVE_TOKENS,
     SPECULATIVE_MODES,
@@ -28,20 +33,6 @@ def _check_kv_bits(value: int | None) -> int | None:
     return value
 
 
-def kv_bits_option() -> Any:
-    """``--kv-bits 8|4``: quantized KV pages (checked before any model loads)."""
-    return typer.Option(
-        None,
-        "--kv-bits",
-        callback=_check_kv_bits,
-        show_default=False,
-        metavar=f"[{KV_BITS_CHOICES}]",
-        help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
-        "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
-        "for accuracy).",
-    )
-
-
 def _check_speculative(value: str | None) -> str | None:
     try:
         if value is not None:
@@ -51,54 +42,12 @@ def _check_speculative(value: str | None) -> str | None:
     return value
 
 
-def speculative_option(default: str | None = "auto") -> Any:
-    """``--speculative auto|off|ngram|draft|mtp``: speculative decoding (docs/speculative.md);
-    ``default`` None: the command has its own default (``run``: the job file's)."""
-    return typer.Option(
-        default,
-        "--speculative",
-        callback=_check_speculative,
-        metavar=f"[{'|'.join(SPECULATIVE_MODES)}]",
-        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
-        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
-        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
-        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
-        "docs/speculative.md.",
-    )
-
-
-def draft_model_option() -> Any:
-    """``--draft-model PATH``: the drafter of ``--speculative draft`` (implies it)."""
-    return typer.Option(
-        None,
-        "--draft-model",
-        show_default=False,
-        help="A small model with the same tokenizer that drafts tokens (a local directory or a "
-        "Hugging Face id); implies --speculative draft.",
-    )
-
-
 def _check_num_speculative_tokens(value: int | None) -> int | None:
     try:
         check_speculative("off", value)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     return value
-
-
-def num_speculative_tokens_option() -> Any:
-    """``--num-speculative-tokens K``: the most tokens drafted per request per step."""
-    return typer.Option(
-        None,
-        "--num-speculative-tokens",
-        callback=_check_num_speculative_tokens,
-        show_default=False,
-        help="The most tokens drafted per request per step (each request's length adapts to "
-        "how many of its drafts are accepted). Default: "
-        f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
-    )
 
 
 def speculative_config(
@@ -122,38 +71,6 @@ def speculative_config(
     return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}
 
 
-def cache_dir_option() -> Any:
-    """``--cache-dir PATH``: where the disk tier keeps KV blocks."""
-    return typer.Option(
-        None,
-        "--cache-dir",
-        show_default=False,
-        help="Where prompt KV blocks are kept on disk across restarts (default: kv-cache/ in the "
-        "data directory; see docs/engine.md, 'The disk tier').",
-    )
-
-
-def cache_disk_gb_option() -> Any:
-    """``--cache-disk-gb N``: the disk tier's byte cap."""
-    return typer.Option(
-        None,
-        "--cache-disk-gb",
-        min=0.0,
-        show_default=False,
-        help="GiB of disk the KV block cache may use, least recently used evicted first "
-        "(default: 20, or a tenth of the free space if smaller).",
-    )
-
-
-def no_disk_cache_option() -> Any:
-    """``--no-disk-cache``: RAM prefix cache only."""
-    return typer.Option(
-        False,
-        "--no-disk-cache",
-        help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
-    )
-
-
 def disk_cache_config(
     cache_dir: Path | str | None, cache_disk_gb: float | None, no_disk_cache: bool
 ) -> dict[str, Any]:
@@ -167,6 +84,122 @@ def disk_cache_config(
     size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
     return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}
 
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The engine settings a command line can give (``EngineConfig`` documents what each one
+    does; the help here says it for users). Defaults are the front ends': speculative decoding
+    on where the checkpoint has MTP heads, the disk tier on."""
+
+    max_num_seqs: int = option(
+        64,
+        "--max-num-seqs",
+        min=1,
+        help="Requests generating at once (the engine's running batch).",
+    )
+    max_num_batched_tokens: int = option(
+        1024, "--max-num-batched-tokens", min=1, help="Tokens per engine step (chunked prefill)."
+    )
+    kv_blocks: int | None = option(
+        None,
+        "--kv-blocks",
+        min=1,
+        help="KV cache blocks of 16 tokens, fixed (default: it grows with use, up to half the "
+        "memory left after the weights).",
+    )
+    kv_bits: int | None = option(
+        None,
+        "--kv-bits",
+        callback=_check_kv_bits,
+        show_default=False,
+        metavar=f"[{KV_BITS_CHOICES}]",
+        help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
+        "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
+        "for accuracy).",
+    )
+    speculative: str | None = option(  # None: run's job file decides
+        "auto",
+        "--speculative",
+        callback=_check_speculative,
+        metavar=f"[{'|'.join(SPECULATIVE_MODES)}]",
+        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
+        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
+        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
+        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
+        "docs/speculative.md.",
+    )
+    draft_model: str | None = option(
+        None,
+        "--draft-model",
+        show_default=False,
+        help="A small model with the same tokenizer that drafts tokens (a local directory or a "
+        "Hugging Face id); implies --speculative draft.",
+    )
+    num_speculative_tokens: int | None = option(
+        None,
+        "--num-speculative-tokens",
+        callback=_check_num_speculative_tokens,
+        show_default=False,
+        help="The most tokens drafted per request per step (each request's length adapts to "
+        "how many of its drafts are accepted). Default: "
+        f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
+    )
+    cache_dir: str | None = option(
+        None,
+        "--cache-dir",
+        show_default=False,
+        help="Where prompt KV blocks are kept on disk across restarts (default: kv-cache/ in the "
+        "data directory; see docs/engine.md, 'The disk tier').",
+    )
+    cache_disk_gb: float | None = option(
+        None,
+        "--cache-disk-gb",
+        min=0.0,
+        show_default=False,
+        help="GiB of disk the KV block cache may use, least recently used evicted first "
+        "(default: 20, or a tenth of the free space if smaller).",
+    )
+    no_disk_cache: bool = option(
+        False,
+        "--no-disk-cache",
+        help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
+    )
+    reranker: bool = option(
+        False,
+        "--reranker",
+        help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
+        "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
+    )
+
+    def speculative_fields(self) -> dict[str, Any]:
+        """The speculative options' ``EngineConfig`` fields (``speculative_config``)."""
+        return speculative_config(
+            self.speculative or "auto", self.draft_model, self.num_speculative_tokens
+        )
+
+    def disk_fields(self) -> dict[str, Any]:
+        """The disk-cache options' ``EngineConfig`` fields (``disk_cache_config``)."""
+        return disk_cache_config(self.cache_dir, self.cache_disk_gb, self.no_disk_cache)
+
+    def engine_fields(self) -> dict[str, Any]:
+        """Every ``EngineConfig`` field these knobs give, for a command that offers them all the
+        front ends' way (run, whose job file has its say, picks its own)."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "num_blocks": self.kv_blocks,
+            "kv_bits": self.kv_bits,
+            "reranker": self.reranker or None,  # None: recognised by its name
+            **self.speculative_fields(),
+            **self.disk_fields(),
+        }
+
+
+# the knobs that go together into EngineConfig (speculative_fields, disk_fields)
+SPECULATIVE = ("speculative", "draft_model", "num_speculative_tokens")
+DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
 
 BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself
 

@@ -60,7 +60,7 @@ from benchmarks.common import (
 from macbatch.bench import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.worker.compiled_step import MAX_BATCH
-from macbatch.engine.worker.packing import pack
+from macbatch.engine.core.packing import pack
 
 TINY = TINY_MODEL
 PROMPT_LEN = 16

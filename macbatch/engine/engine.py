@@ -31,15 +31,11 @@ from macbatch.engine.core.in_flight import InFlightStep, feed_sampled_tokens
 from macbatch.engine.core.outputs import FinishReason, RequestOutput
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.scheduler import Scheduler, StepPlan
-from macbatch.engine.core.stats import (
-    EngineStats,
-    draft_bytes_used,
-    kv_bytes_used,
-    kv_cache_bytes,
-)
+from macbatch.engine.core.stats import EngineStats
+from macbatch.engine.distributed.ranks import ranks_of
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.multimodal.vision import vision_for
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
@@ -48,9 +44,9 @@ from macbatch.engine.speculative.methods import resolved_mode
 from macbatch.engine.speculative.mtp_model import MtpHead, mtp_head_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import PackedBatch
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -93,7 +89,7 @@ class Engine(PromptEncoder):
         )
         self.model_name = model_name
         draft = draft_model if config.speculative in ("draft", "mtp") else None
-        self.runner = runner = ModelRunner(model, config, owns_model, group, draft)
+        self.runner = runner = ModelRunner(model, config, owns_model, ranks_of(group), draft)
         self.adapter, self.store = runner.adapter, runner.store
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
         self.tokenizer: TokenizerWrapper = (
@@ -568,8 +564,8 @@ class Engine(PromptEncoder):
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
             cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=kv_cache_bytes(self.runner),
-            kv_bytes_used=kv_bytes_used(self.runner, self.kv),
+            kv_cache_bytes=self.runner.kv_cache_bytes(),
+            kv_bytes_used=self.runner.kv_bytes_used(self.kv),
             device_wait_s=self._device_wait_s,
             disk=None if self.kv.disk is None else self.kv.disk.counts(),
             **self._speculation_stats(),
@@ -580,5 +576,5 @@ class Engine(PromptEncoder):
             return {}
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
-            "draft_kv_bytes": draft_bytes_used(self.runner, self.pool),
+            "draft_kv_bytes": self.runner.draft_bytes_used(self.kv.pool),
         }

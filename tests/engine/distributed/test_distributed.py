@@ -34,7 +34,7 @@ from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.model.recurrent import StateChunk, StateRows
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import pack
+from macbatch.engine.core.packing import pack
 from tests.support.kv import fixed_kv_manager
 from tests.support.oracle import mlx_lm_greedy_logprobs
 from tests.support.ranks import mlx_launch, ring_hostfile

@@ -11,7 +11,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.distributed import loading
-from macbatch.engine.worker.pages import KVStore, LayerShape, PageFormat
+from macbatch.engine.stores.pages import KVStore, LayerShape, PageFormat
 from tests.support.attention_numpy import quantize_numpy
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.staggered import GREEDY, run_staggered

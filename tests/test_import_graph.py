@@ -299,6 +299,7 @@ ENGINE_FOLDERS: dict[str, set[str]] = {
         "speculative",
         "core",
         "kv",
+        "multimodal",
         "model",
         "pooling",
         "sample",

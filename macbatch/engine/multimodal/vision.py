@@ -60,6 +60,7 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     return None
 
 
+FROM_A_MODEL_OBJECT = "this engine was built from a model object; load the model by name for images"
 LAUNCHED = (
     "images are not supported under mlx.launch: a tensor-parallel group pages text only (the "
     "image embeddings are not sent with the step rows yet); serve this model without mlx.launch "

@@ -36,6 +36,7 @@ from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.model_info import context_length, declared_context_length
+from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
@@ -66,6 +67,7 @@ class ModelRunner:
         owns_model: bool = False,
         ranks: Ranks | None = None,
         draft: nn.Module | MtpHead | None = None,
+        vision_from: str | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
         ``ranks``: the ranks that share the model (``worker/ranks.py``; None: one process);
@@ -73,7 +75,9 @@ class ModelRunner:
         pool (a collective: every rank builds its runner at the same point). ``draft``: a draft
         model (rank 0's), whose pages share the full group's block ids
         (speculative/draft_runner.py), or a checkpoint's MTP layer, whose pages share them too
-        and which reads the step's hidden states (speculative/mtp.py)."""
+        and which reads the step's hidden states (speculative/mtp.py). ``vision_from``: the
+        model name (as the loader resolves it) whose vision tower encodes a request's images
+        (None: images are refused, the runner was built from a model object)."""
         self.config = config
         self.group = group = None if ranks is None else ranks.group
         host_memory.keep_step_buffers()
@@ -116,6 +120,13 @@ class ModelRunner:
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
         self._followers: Followers | None = None if ranks is None else ranks.followers()
+        # the vision encoder, or why requests with images are refused (a launched group pages
+        # text only: docs/vision.md)
+        self.vision = (
+            VisionSupport(refusal=FROM_A_MODEL_OBJECT)
+            if vision_from is None
+            else vision_for(vision_from, model, launched=ranks is not None)
+        )
 
     def _allocate_caches(
         self,

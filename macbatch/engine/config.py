@@ -12,7 +12,7 @@ from macbatch.metal.quant import check_kv_quantization
 class EngineConfig:
     """How big the KV pool is and how much work one step may pack.
 
-    ``num_blocks`` fixes the pool size; when it is None the pool is elastic (elastic_pool.py):
+    ``num_blocks`` fixes the pool size; when it is None the pool is elastic (kv/elastic.py):
     it starts small, grows as requests need blocks up to ``memory_fraction`` of the memory left
     after the weights (capped at what ``max_num_seqs`` full-length sequences need), starting
     from ``kv_start_mib`` MiB of pages (256: a short chat or a few requests, without a copy;

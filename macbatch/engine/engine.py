@@ -94,20 +94,17 @@ class Engine(PromptEncoder):
         self.runner = runner = ModelRunner(
             model, config, owns_model, ranks_of(group), draft, vision_from
         )
-        self.adapter, self.store = runner.adapter, runner.store
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
         self.tokenizer: TokenizerWrapper = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         model_info = model_info_of(model_name, runner, self.tokenizer)
         self.info = engine_info_of(model_info, config, runner.pool_size.cap)
-        self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
         eos = sorted(self.tokenizer.eos_token_ids or ())
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints, runner.vision)
         self.kv = kv_manager_for(runner, config, model_name)
-        self.pool = self.kv.pool  # the full group's blocks
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self.speculator = speculator_for(config, runner.draft, self.kv)
         # the step's side participants: vision rows, the drafter's observation, the disk tier
@@ -166,14 +163,11 @@ class Engine(PromptEncoder):
         prompt: Prompt | PromptInput,
         params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Queue a request (``PoolingParams``: a pooling request, engine/pooling/methods.py);
-        ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(
-            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
-        )
+        """Queue a request (``PoolingParams``: a pooling request, engine/pooling/methods.py;
+        template variables and tools: in a ``PromptInput``); ``ValueError`` on bad input
+        (nothing is queued then)."""
+        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
         self.enqueue(request)
         return request.request_id
 
@@ -182,12 +176,9 @@ class Engine(PromptEncoder):
         prompt: Prompt | PromptInput,
         params: SamplingParams | PoolingParams,
         request_id: str | None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Validate and tokenize (``InputProcessor.process``: safe off the engine thread)."""
-        prompt = prompt_input(prompt, chat_template_kwargs, tools)
-        return self.processor.process(prompt, params, request_id)
+        return self.processor.process(prompt_input(prompt), params, request_id)
 
     def enqueue(self, request: Request) -> None:
         """Queue a prepared request (the processor already fitted it to the context);
@@ -520,20 +511,14 @@ class Engine(PromptEncoder):
         | PoolingParams
         | Sequence[SamplingParams | PoolingParams]
         | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; final outputs in the order given
-        (``chat_template_kwargs`` apply to every chat prompt given without a ``PromptInput``)."""
+        """Run ``prompts`` to completion together; final outputs in the order given (template
+        variables and tools: in a ``PromptInput``)."""
         if params is None or isinstance(params, SamplingParams | PoolingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        requests = [
-            self.processor.process(
-                p if isinstance(p, PromptInput) else PromptInput(p, chat_template_kwargs), sp
-            )
-            for p, sp in zip(prompts, params)
-        ]
+        requests = [self.processor.process(prompt_input(p), sp) for p, sp in zip(prompts, params)]
         for request in requests:
             self.enqueue(request)
         ids = [r.request_id for r in requests]
@@ -550,8 +535,8 @@ class Engine(PromptEncoder):
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             preemptions=self.scheduler.num_preemptions,
-            kv_blocks_used=self.pool.num_blocks - self.pool.num_free,
-            kv_blocks_total=self.pool.num_blocks,
+            kv_blocks_used=self.kv.pool.num_blocks - self.kv.pool.num_free,
+            kv_blocks_total=self.kv.pool.num_blocks,
             kv_blocks_cap=self.info.kv_blocks_cap,
             tokens_last_step=self._tokens_last_step,
             steps=self._steps,
@@ -560,7 +545,7 @@ class Engine(PromptEncoder):
             prefix_cache_hit_rate=(
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
-            cached_blocks=self.pool.num_cached,
+            cached_blocks=self.kv.pool.num_cached,
             kv_cache_bytes=self.runner.kv_cache_bytes(),
             kv_bytes_used=self.runner.kv_bytes_used(self.kv),
             device_wait_s=self._device_wait_s,

@@ -134,7 +134,7 @@ def _listed_write_rows(
 
 def _page_row(block: Any, head: Any, num_kv_heads: int, offset: Any, block_size: int) -> Any:
     """The flat page row of a token's K/V for one KV head (ints or numpy arrays): a block
-    keeps each of its heads' ``block_size`` rows together (kv_cache.py's page layout)."""
+    keeps each of its heads' ``block_size`` rows together (stores/pages.py's page layout)."""
     return (block * num_kv_heads + head) * block_size + offset
 
 

@@ -85,7 +85,7 @@ def _message(*calls: tuple[str, dict]) -> dict:
 
 def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
     return engine.tokenizer.apply_chat_template(
-        template_messages(messages, engine.tool_format),
+        template_messages(messages, engine.info.model.tool_format),
         tools=TOOLS,
         add_generation_prompt=prompt,
     )
@@ -107,7 +107,7 @@ def _reply(engine: Engine, *calls: tuple[str, dict]) -> str:
 
 def test_detection_finds_the_family(engine, request):
     name = request.node.callspec.params["engine"]
-    fmt = engine.tool_format
+    fmt = engine.info.model.tool_format
     assert fmt is not None and fmt.family == FAMILIES[name]
     # DeepSeek V3.1's template concatenates the arguments ("can only concatenate str (not
     # dict)" with a mapping); LFM2's renders no calls, so they go into the content
@@ -115,12 +115,12 @@ def test_detection_finds_the_family(engine, request):
     assert fmt.calls_in_content == name.startswith("lfm2")
     # Kimi K2 Thinking's template writes a call's id where Instruct's writes functions.NAME:0
     assert fmt.ids_as_names == (name == "kimi_k2_thinking")
-    assert detect_tool_format(engine.tokenizer) == engine.tool_format
+    assert detect_tool_format(engine.tokenizer) == engine.info.model.tool_format
 
 
 @pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers", "nested"])
 def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     reply = _reply(engine, (name, arguments))
     _, calls = fmt.parse(reply)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [(name, arguments)], reply
@@ -133,7 +133,7 @@ def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
 def test_two_calls_in_one_turn_parse_back(engine):
     """Parallel calls as the template writes them (a template that takes one call per turn
     refuses two, Llama 3's, or keeps the first, gpt-oss's: harmony ends a turn at a call)."""
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     try:
         reply = _reply(engine, *CALLS[:2])
     except Exception as exc:  # the template's own raise_exception
@@ -153,7 +153,7 @@ def test_a_history_with_a_call_and_its_result_renders(engine):
 
 @pytest.mark.parametrize("choice", CHOICES)
 def test_a_forced_call_parses_and_validates(engine, choice):
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     allowed = chosen_tools(TOOLS, CHOICES[choice])
     grammar = StructuredOutput(grammar=fmt.grammar(allowed, False, engine.tokenizer))
     params = [

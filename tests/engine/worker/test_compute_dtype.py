@@ -52,7 +52,7 @@ def test_loaded_half_model_is_cast_when_it_fits(tmp_path, monkeypatch):
         "BLAS" in engine.compute_dtype.reason
         and "cast from bfloat16" in engine.compute_dtype.reason
     )
-    assert _dtypes(engine.adapter.model) == {mx.float32}
+    assert _dtypes(engine.runner.adapter.model) == {mx.float32}
 
     monkeypatch.setattr(compute_dtype, "available_memory_bytes", lambda: 1024)
     with pytest.raises(ValueError) as info:

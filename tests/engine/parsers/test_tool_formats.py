@@ -12,7 +12,14 @@ import json
 import jsonschema
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    FinishReason,
+    PromptInput,
+    SamplingParams,
+    StructuredOutput,
+)
 from macbatch.engine.parsers.tool_calls import chosen_tools, template_messages
 from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
 from tests.support.real_templates import FAMILIES, template_on, tokenizer_for
@@ -167,7 +174,8 @@ def test_a_forced_call_parses_and_validates(engine, choice):
         for seed in range(2)
     ]
     thinking_off = {"enable_thinking": False}
-    ids = [engine.add_request([QUESTION], p, None, thinking_off, TOOLS) for p in params]
+    prompt = PromptInput([QUESTION], thinking_off, TOOLS)
+    ids = [engine.add_request(prompt, p) for p in params]
     finals = {}
     while engine.has_unfinished():
         finals.update({o.request_id: o for o in engine.step() if o.finished})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.worker.pages import PageFormat
+from macbatch.engine.stores.pages import PageFormat
 from tests.support.attention_cases import Case, emulated_attention
 from tests.support.msl.emulator import Emulator
 

@@ -112,10 +112,10 @@ def stream(
     template_kwargs: dict[str, bool] | None,
 ) -> None:
     """Write the reply as it comes; say on stderr why it ended if not by itself."""
-    from macbatch.engine import FinishReason
+    from macbatch.engine import FinishReason, PromptInput
 
     try:
-        engine.add_request(messages, params, chat_template_kwargs=template_kwargs)
+        engine.add_request(PromptInput(messages, template_kwargs), params)
     except ValueError as error:  # too long for the context, a template that refuses
         fail(str(error))
     ended = None

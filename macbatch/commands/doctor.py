@@ -76,7 +76,7 @@ def _demo_kv_pool() -> str:
         return f"cannot load the demo model: {exc}"
     stats, config = engine.stats(), engine.config
     tokens = stats.kv_blocks_total * config.block_size
-    cap_mib = stats.kv_blocks_cap * engine.store.bytes_per_block / 2**20
+    cap_mib = stats.kv_blocks_cap * engine.runner.store.bytes_per_block / 2**20
     grows = (
         f"grows to {stats.kv_blocks_cap:,} blocks, {cap_mib:,.1f} MiB"
         if stats.kv_blocks_cap > stats.kv_blocks_total

@@ -24,7 +24,7 @@ class EngineConfig:
     block_size: int = knob(16, "Tokens per KV block (8, 16 or 32): the pool's unit.")
     num_blocks: int | None = knob(
         None,
-        "A fixed pool of this many blocks; None: the pool is elastic (elastic_pool.py): it "
+        "A fixed pool of this many blocks; None: the pool is elastic (kv/elastic.py): it "
         "starts small and grows as requests need blocks, up to ``memory_fraction``.",
     )
     memory_fraction: float = knob(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
-from macbatch.engine import EngineThread, thinking_default
+from macbatch.engine import EngineThread, PromptInput, thinking_default
 from macbatch.models.pool import Loaded, ModelRefused
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages
@@ -465,7 +465,7 @@ class ChatService:
                 f" {left_out} messages were left out of this prompt.",
                 timeout=4,
             )
-        stream = engine.stream(prompt, params, chat_template_kwargs=kwargs)
+        stream = engine.stream(PromptInput(prompt, kwargs), params)
         return cast("AsyncGenerator[RequestOutput, None]", stream)  # it is one; typed as less
 
     def stop(self, session_id: int) -> None:

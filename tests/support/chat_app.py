@@ -32,12 +32,12 @@ class RecordingEngineThread(EngineThread):
         self.template_kwargs: list[dict | None] = []
         self.prompts: list = []
 
-    async def stream(self, prompt, params=None, request_id=None, chat_template_kwargs=None):  # type: ignore[override]
+    async def stream(self, prompt, params=None, request_id=None):  # type: ignore[override]
         seen: list[RequestOutput] = []
         self.outputs.append(seen)
-        self.template_kwargs.append(chat_template_kwargs)
-        self.prompts.append(prompt)
-        async for output in super().stream(prompt, params, request_id, chat_template_kwargs):
+        self.template_kwargs.append(prompt.chat_template_kwargs)  # the chat passes a PromptInput
+        self.prompts.append(prompt.prompt)
+        async for output in super().stream(prompt, params, request_id):
             seen.append(output)
             yield output
 

@@ -84,7 +84,7 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "auto", draft: s
         "logprobs": [results[i].logprobs for i in range(len(prompts))],
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
-        "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
+        "kv_heads_per_rank": [s.num_kv_heads for s in engine.runner.store.shapes],
         "speculative": engine.config.speculative,
         "drafted": stats.speculation.drafted,
         "accepted": stats.speculation.accepted,

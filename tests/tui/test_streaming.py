@@ -89,9 +89,9 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         assert in_use.kv_blocks_used > 0
         pool = app.chats.engine.call(
             lambda engine: (
-                engine.pool.num_blocks,
+                engine.kv.pool.num_blocks,
                 engine.config.block_size,
-                sum(a.nbytes for a in engine.store.arrays()),
+                sum(a.nbytes for a in engine.runner.store.arrays()),
             )
         )
         blocks, block_size, nbytes = pool.result(timeout=10)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from macbatch.engine.core import packing
+from macbatch.engine.core.packing import pack
 from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
-from macbatch.engine.worker import packing
-from macbatch.engine.worker.packing import pack
 from tests.support.fake_requests import make_request
 
 BLOCK = 4

@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.worker import compute_dtype
+from macbatch.engine.model import compute_dtype
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import build_model, save_model
 
@@ -52,7 +52,7 @@ def test_loaded_half_model_is_cast_when_it_fits(tmp_path, monkeypatch):
         "BLAS" in engine.compute_dtype.reason
         and "cast from bfloat16" in engine.compute_dtype.reason
     )
-    assert _dtypes(engine.adapter.model) == {mx.float32}
+    assert _dtypes(engine.runner.adapter.model) == {mx.float32}
 
     monkeypatch.setattr(compute_dtype, "available_memory_bytes", lambda: 1024)
     with pytest.raises(ValueError) as info:
@@ -66,7 +66,7 @@ def test_available_memory_without_a_free_page_count(monkeypatch):
     """macOS's sysconf has no SC_AVPHYS_PAGES (a glibc extension): physical memory is used."""
     import os
 
-    from macbatch.engine.worker.compute_dtype import available_memory_bytes
+    from macbatch.engine.model.compute_dtype import available_memory_bytes
 
     names = {k: v for k, v in os.sysconf_names.items() if k != "SC_AVPHYS_PAGES"}
     monkeypatch.setattr(os, "sysconf_names", names)

@@ -83,7 +83,7 @@ def main() -> None:
     reply = replies[0]
     after = _status("VmRSS")
     stats = thread.call(lambda engine: engine.stats()).result()
-    per_block = thread.call(lambda engine: engine.store.bytes_per_block).result()
+    per_block = thread.call(lambda engine: engine.runner.store.bytes_per_block).result()
     print(f"RSS after the chat {after / GIB:6.2f} GiB  (+{(after - baseline) / GIB:.2f})")
     print(f"peak RSS           {_status('VmHWM') / GIB:6.2f} GiB")
     print(

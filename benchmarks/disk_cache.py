@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import SHAPES, shaped_model, warn_without_openblas
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.block_pool import chain_block_hashes
 from macbatch.engine.kv.disk.files import SUFFIX, BlockFiles

@@ -23,7 +23,7 @@ import statistics
 import tempfile
 
 from benchmarks.common import SHAPES, shaped_model, warn_without_openblas
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 REPLY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.common import TINY_MODEL, bench_tokenizer, build_bench_model, warn_without_openblas
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 DECODE_STEPS = 8

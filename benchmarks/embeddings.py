@@ -16,7 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
-from macbatch.bench import Clock, run_pooling_workload
+from macbatch.commands.workload import Clock, run_pooling_workload
 from macbatch.engine import Engine, EngineConfig, PoolingParams
 
 

@@ -57,10 +57,10 @@ from benchmarks.common import (
     build_bench_model,
     warn_without_openblas,
 )
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.core.packing import pack
 from macbatch.engine.worker.compiled_step import MAX_BATCH
-from macbatch.engine.worker.packing import pack
 
 TINY = TINY_MODEL
 PROMPT_LEN = 16
@@ -159,12 +159,12 @@ class GraphArm:
         self.engine = engine = MacbatchArm(model, tokenizer, prompts, max_tokens, False).engine
         plan = engine.scheduler.schedule()
         tables = [engine.kv.block_table(c.request.request_id) for c in plan.chunks]
-        heads = {s.num_kv_heads for s in engine.adapter.layer_shapes}
+        heads = {s.num_kv_heads for s in engine.runner.adapter.layer_shapes}
         self.batch = pack(plan, tables, engine.config.block_size, heads)
 
     def step(self) -> None:
-        logits = self.engine.adapter.forward(self.batch, self.engine.runner.kv_stores)
-        mx.async_eval(mx.argmax(logits, axis=-1), *self.engine.store.arrays())
+        logits = self.engine.runner.adapter.forward(self.batch, self.engine.runner.kv_stores)
+        mx.async_eval(mx.argmax(logits, axis=-1), *self.engine.runner.store.arrays())
 
     def check(self) -> None:
         pass

@@ -34,7 +34,7 @@ from benchmarks.common import (
     warn_without_openblas,
 )
 from benchmarks.throughput import run_macbatch, run_mlx_lm
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 MODEL = QWEN3_5_SHAPE

@@ -1,4 +1,4 @@
-"""What Gemma 4's image blocks cost (engine/multimodal/image_blocks.py): one step prefilling many
+"""What Gemma 4's image blocks cost (engine/model/image_blocks.py): one step prefilling many
 image
 prompts, with the dense fix-up of every image block's rows after each layer's paged attention vs
 the kernel's causal rows alone (the fix-up switched off: wrong ids, the same work otherwise), in

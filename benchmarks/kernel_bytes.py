@@ -12,9 +12,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.worker.pages import PageFormat
-from tests.metal.cases import Case, emulated_attention
-from tests.msl.emulator import Emulator
+from macbatch.engine.stores.pages import PageFormat
+from tests.support.attention_cases import Case, emulated_attention
+from tests.support.msl.emulator import Emulator
 
 SCENARIOS = {
     "decode, 8 seqs x 256 ctx, GQA 4": Case([256] * 8, [1] * 8, 8, 2, 128, 16, mx.float16),

@@ -31,7 +31,8 @@ from macbatch.demo.checker import is_correct
 from macbatch.demo.questions import read_question_set
 from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 
-TOKENIZERS = Path("/work/shared/tokenizers")
+# the real tokenizers vendored for the tests (tests/support/tokenizers/SOURCE.txt)
+TOKENIZERS = Path(__file__).resolve().parents[1] / "tests" / "support" / "tokenizers"
 GREEDY = SamplingParams(temperature=0, max_tokens=32, logprobs=0)
 FORMATS = {"float32": None, "8-bit": 8, "4-bit": 4}
 

@@ -20,9 +20,9 @@ import argparse
 import mlx.core as mx
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
-from macbatch.bench import run_workload, synthetic_prompts
+from macbatch.commands.workload import run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig
-from macbatch.engine.worker.pages import LayerShape, PageFormat
+from macbatch.engine.stores.pages import LayerShape, PageFormat
 
 FORMATS = {"float": None, "8-bit": 8, "4-bit": 4}
 GIB = 2**30

@@ -24,8 +24,8 @@ from pathlib import Path
 from benchmarks.common import build_bench_model, warn_without_openblas
 from benchmarks.peer_server import save_model
 from macbatch.engine import EngineConfig, EngineThread, RequestOutput, SamplingParams, Turns
-from macbatch.modelpool.catalog import starter
-from macbatch.modelpool.pool import Servable
+from macbatch.models.catalog import starter
+from macbatch.models.pool import Servable
 
 Snapshots = list[tuple[str, dict[str, int]]]
 

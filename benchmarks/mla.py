@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from benchmarks.mla_attention import mlx_lm_attention_runs
-from macbatch.bench import Clock, synthetic_prompts
+from macbatch.commands.workload import Clock, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 GLM_4_7_FLASH = dict(
@@ -118,11 +118,11 @@ def fill_engine(engine: Engine, prompts: list[list[int]], rows: list[mx.array]) 
         table = np.asarray(engine.kv.block_table(request.request_id))
         flat = (table[:, None] * block + np.arange(block)).reshape(-1)[:cached]
         where = mx.array(flat.astype(np.int32))
-        for layer, pages in enumerate(engine.store.keys):
+        for layer, pages in enumerate(engine.runner.store.keys):
             pages[where] = request_rows[layer]
         engine.kv.cache_full_blocks(request, cached)
         engine.kv.free(request.request_id)
-        mx.eval(engine.store.arrays())
+        mx.eval(engine.runner.store.arrays())
 
 
 def mlx_lm_caches(rows: list[mx.array]) -> list[list[Any]]:

@@ -50,7 +50,7 @@ from mlx_lm.utils import _get_classes
 
 from benchmarks.common import bench_tokenizer, warn_without_openblas
 from benchmarks.speculative import request_seconds
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
 

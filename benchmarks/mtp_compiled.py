@@ -27,7 +27,7 @@ import mlx.nn as nn
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from benchmarks.mtp import timed
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.model.families import MtpNaming
 from macbatch.engine.speculative.mtp_model import new_mtp_head

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import BENCH_MODEL, TINY_MODEL, bench_tokenizer, build_bench_model
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 
 
 @dataclass

@@ -17,7 +17,7 @@ from benchmarks.common import (
     build_bench_model,
     warn_without_openblas,
 )
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 

@@ -41,7 +41,7 @@ from mlx_lm.utils import _get_classes
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
 from benchmarks.copying_model import copying_model, extraction_job
-from macbatch.bench import Clock, synthetic_prompts
+from macbatch.commands.workload import Clock, synthetic_prompts
 from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter

@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import build_bench_model, warn_without_openblas, workload_arguments
-from macbatch.bench import run_workload, synthetic_prompts
+from macbatch.commands.workload import run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, StructuredOutput
 from macbatch.engine.structured_output.constraints import ConstraintState, apply_bitmask
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from benchmarks.common import BENCH_MODEL, bench_tokenizer, build_bench_model, warn_without_openblas
-from macbatch.bench import synthetic_prompts
+from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 
 CONFIG = EngineConfig(num_blocks=1024, block_size=16, max_num_batched_tokens=1024)

@@ -34,7 +34,7 @@ from benchmarks.common import (
     warn_without_openblas,
     workload_arguments,
 )
-from macbatch.bench import Clock, WorkloadResult, run_workload, synthetic_prompts
+from macbatch.commands.workload import Clock, WorkloadResult, run_workload, synthetic_prompts
 
 
 def run_mlx_lm(

@@ -69,7 +69,8 @@ def main() -> None:
 
 def _held_bytes(engine: Engine) -> int:
     """Bytes of the pages requests hold in both groups (not idle prefix-cache blocks)."""
-    held = (engine.pool.num_blocks - engine.pool.num_free) * engine.runner.store.bytes_per_block
+    pool = engine.kv.pool
+    held = (pool.num_blocks - pool.num_free) * engine.runner.store.bytes_per_block
     window = engine.kv.group(SlidingWindowGroup)
     if window is not None:
         held += (window.pool.num_blocks - window.pool.num_free) * window.spec.bytes_per_block

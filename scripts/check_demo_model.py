@@ -20,7 +20,7 @@ from macbatch.demo import MODEL_DIR  # noqa: E402
 from macbatch.demo.checker import accuracy_by_task  # noqa: E402
 from macbatch.demo.questions import read_question_set, read_rows  # noqa: E402
 from macbatch.demo.tasks import JSON_SCHEMA, json_question  # noqa: E402
-from macbatch.tui.settings import SessionSettings  # noqa: E402
+from macbatch.session_settings import SessionSettings  # noqa: E402
 
 MAX_TOKENS = 32
 JSON_MAX_TOKENS = 96  # {"reply": "In order: ...", ...}: a token per character

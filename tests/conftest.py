@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models written to disk once per session."""
+"""Shared fixtures: tiny models written to disk once per session, the app's data directory kept
+private, and `macbatch run` called in-process."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner, Result
 
 from tests.support.tiny import save_model
 
@@ -75,3 +79,24 @@ def eager_speculation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy, "PRIOR_WEIGHT", 0.0)
     monkeypatch.setattr(step_costs.StepCosts, "break_even", lambda self, batch: None)
     monkeypatch.setattr(step_costs.StepCosts, "wants_plain", lambda self, batch: False)
+
+
+@pytest.fixture(scope="session")
+def run_app() -> typer.Typer:
+    """An app of `macbatch run` alone (the batch tests and the vision tests' image jobs both
+    run it, hence here)."""
+    from macbatch.batch.command import run_command
+
+    app = typer.Typer()
+    app.command()(run_command)
+    return app
+
+
+@pytest.fixture
+def macbatch_run(run_app: typer.Typer):
+    """Call `macbatch run ARGS...` in-process; returns click's Result (stdout, stderr, code)."""
+
+    def invoke(*args: Any) -> Result:
+        return CliRunner().invoke(run_app, [str(a) for a in args])
+
+    return invoke

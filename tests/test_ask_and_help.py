@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from macbatch.cli import app
 from macbatch.engine import Engine, SamplingParams
-from macbatch.tui.settings import SessionSettings
+from macbatch.session_settings import SessionSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

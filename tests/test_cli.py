@@ -9,8 +9,8 @@ import sys
 
 from typer.testing import CliRunner
 
-from macbatch.bench import run_pooling_workload, run_workload, synthetic_prompts
 from macbatch.cli import app
+from macbatch.commands.workload import run_pooling_workload, run_workload, synthetic_prompts
 from macbatch.engine import Engine, EngineConfig
 
 runner = CliRunner()
@@ -45,7 +45,7 @@ def test_doctor_reports_the_attention_path():
     assert blocks <= stats.kv_blocks_cap == cap
     assert lines["kv cache (demo)"].startswith(
         f"{blocks:,} blocks of 16 tokens = {blocks * 16:,} tokens, "
-        f"{sum(a.nbytes for a in demo.store.arrays()) / 2**20:,.1f} MiB, 0.0 MiB used ("
+        f"{sum(a.nbytes for a in demo.runner.store.arrays()) / 2**20:,.1f} MiB, 0.0 MiB used ("
     )
 
 

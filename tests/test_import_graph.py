@@ -132,8 +132,10 @@ def test_the_graph_is_read() -> None:
     """A sanity check on the reader itself, on edges known to exist."""
     graph = import_graph()
     assert "macbatch.engine.engine" in graph["macbatch.engine"]  # from macbatch.engine.engine ...
-    assert "macbatch.engine.worker.pages" in graph["macbatch.engine.model.adapter"]
-    assert "macbatch.engine.distributed.follower" in graph["macbatch.launch"]  # in a function
+    assert "macbatch.engine.stores.pages" in graph["macbatch.engine.model.adapter"]
+    assert (
+        "macbatch.engine.distributed.follower" in graph["macbatch.commands.launch"]
+    )  # in a function
 
 
 # Cycles known and being removed elsewhere (the TUI's service split, issue 30): each entry is a
@@ -165,38 +167,27 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "macbatch.tui",
             "macbatch.batch",
             "macbatch.server",
-            "macbatch.modelpool",
-            "macbatch.cli",
-            "macbatch.cli_options",
-            "macbatch.ask",
-            "macbatch.cache_command",
-            "macbatch.__main__",
-            "macbatch.launch",
-            "macbatch.bench",
+            "macbatch.commands",
             "macbatch.models",
-            "macbatch.model_commands",
-            "macbatch.pull",
-            "macbatch.model_check",
-            "macbatch.template_check",
+            "macbatch.session_settings",
+            "macbatch.cli",
+            "macbatch.__main__",
         ),
     ),
     ("request layer", ("macbatch.openai",)),
     ("engine", ("macbatch.engine",)),
     ("kernels", ("macbatch.metal",)),
     # below them all: the demo models (the engine's loader resolves "demo" and builds
-    # "demo-vision"), the data directory, ceiling division, the machine's memory (the guard
-    # every front end asks before loading) and the package's own facts
-    (
-        "leaves",
-        ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", "macbatch.memory", PACKAGE),
-    ),
+    # "demo-vision"), the data directory and the machine's paths, ceiling division, and the
+    # package's own facts
+    ("leaves", ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", PACKAGE)),
 ]
 
 ENGINE = "macbatch.engine"
 # The imports of engine modules from outside the engine, each with why: the launcher joins the
 # group and runs the follower's loop before any command, on ranks that never build an Engine.
 PAST_THE_ENGINE_API: dict[str, set[str]] = {
-    "macbatch.launch": {
+    "macbatch.commands.launch": {
         "macbatch.engine.distributed.group",
         "macbatch.engine.distributed.channel",
         "macbatch.engine.distributed.follower",
@@ -264,7 +255,7 @@ def test_the_layer_rules_catch_a_violation() -> None:
     assert imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine.engine"}}) == [
         "macbatch.tui.app -> macbatch.engine.engine"
     ]
-    assert imports_past_the_engine_api({"macbatch.launch": {"macbatch.engine.runtime"}})
+    assert imports_past_the_engine_api({"macbatch.commands.launch": {"macbatch.engine.runtime"}})
     assert not imports_past_the_engine_api({"macbatch.engine.engine": {"macbatch.engine.config"}})
     assert not imports_past_the_engine_api({"macbatch.tui.app": {"macbatch.engine"}})
 
@@ -276,3 +267,99 @@ def test_the_follower_does_not_import_the_engine_core() -> None:
     while chain[-1] in seen and seen[chain[-1]]:
         chain.append(seen[chain[-1]])
     assert len(chain) == 1, "the follower imports the engine core: " + " <- ".join(chain)
+
+
+# The engine's folders top down, each with the folders it may import (docs/architecture.md,
+# "Layers", lists them in this order): one way only, so the table is a DAG (tested below) and
+# a folder's modules never wait on a folder above. The engine's top-level modules
+# (``engine.py``, ``runtime.py``, ``config.py``, ``tokenizer.py`` ...) are not folders: the
+# rule leaves them to the cycle test. A new folder must be placed here.
+ENGINE_FOLDERS: dict[str, set[str]] = {
+    "distributed": {
+        "worker",
+        "speculative",
+        "inputs",
+        "core",
+        "model",
+        "parsers",
+        "pooling",
+        "sample",
+        "stores",
+    },
+    "worker": {
+        "speculative",
+        "core",
+        "kv",
+        "multimodal",
+        "model",
+        "pooling",
+        "sample",
+        "structured_output",
+        "stores",
+    },
+    "speculative": {"core", "kv", "model", "parsers", "sample", "structured_output", "stores"},
+    "inputs": {"core", "multimodal", "parsers", "pooling", "sample", "structured_output"},
+    "core": {"kv", "model", "multimodal", "parsers", "pooling", "sample", "structured_output"},
+    "kv": {"model", "stores"},
+    "multimodal": {"model"},
+    "model": {"stores"},
+    "sample": {"structured_output"},
+    "structured_output": {"parsers"},
+    "parsers": set(),
+    "pooling": set(),
+    "stores": set(),
+}
+
+
+def engine_folder(module: str) -> str | None:
+    """The engine folder holding ``module`` (None: outside the engine, or a top-level module)."""
+    parts = module.split(".")
+    if parts[:2] != [PACKAGE, "engine"] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def folder_imports_not_allowed(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from one engine folder to another that ``ENGINE_FOLDERS`` does not allow."""
+    found = []
+    for module, imports in sorted(graph.items()):
+        folder = engine_folder(module)
+        if folder is None:
+            continue
+        for imported in sorted(imports):
+            other = engine_folder(imported)
+            if other is not None and other != folder and other not in ENGINE_FOLDERS[folder]:
+                found.append(f"{folder} -> {other}: {module} -> {imported}")
+    return found
+
+
+def test_the_engine_folders_import_one_way() -> None:
+    graph = import_graph()
+    folders = {engine_folder(m) for m in graph} - {None}
+    assert folders <= set(ENGINE_FOLDERS), (
+        f"place {folders - set(ENGINE_FOLDERS)} in ENGINE_FOLDERS"
+    )
+    assert not find_cycles(ENGINE_FOLDERS), "ENGINE_FOLDERS must point one way"
+    order = list(ENGINE_FOLDERS)  # top down, as docs/architecture.md's table lists them
+    for index, folder in enumerate(order):
+        above = ENGINE_FOLDERS[folder] & set(order[: index + 1])
+        assert not above, f"{folder} may import {above}, listed above it: reorder"
+    found = folder_imports_not_allowed(graph)
+    assert not found, "imports between engine folders not in ENGINE_FOLDERS:\n" + "\n".join(found)
+
+
+def test_the_folder_rule_catches_a_wrong_edge() -> None:
+    """The rule on graphs with one wrong edge each: it must be able to fail."""
+    assert folder_imports_not_allowed(
+        {"macbatch.engine.kv.manager": {"macbatch.engine.worker.model_runner"}}
+    ) == ["kv -> worker: macbatch.engine.kv.manager -> macbatch.engine.worker.model_runner"]
+    assert folder_imports_not_allowed(
+        {"macbatch.engine.model.adapter": {"macbatch.engine.core.packing"}}
+    )
+    assert not folder_imports_not_allowed(
+        {"macbatch.engine.worker.model_runner": {"macbatch.engine.kv.group"}}
+    )
+    assert not folder_imports_not_allowed(  # top-level modules are not folders
+        {"macbatch.engine.kv.elastic": {"macbatch.engine.config"}}
+    )
+    assert find_cycles({**ENGINE_FOLDERS, "stores": {"worker"}})

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.memory import GIB, MIB, Memory, Need, need_of, parse_meminfo, parse_vm_stat, too_large
+from macbatch.models.memory import (
+    GIB,
+    MIB,
+    Memory,
+    Need,
+    need_of,
+    parse_meminfo,
+    parse_vm_stat,
+    too_large,
+)
 
 RECORDED = Path(__file__).parent / "support" / "memory"
 

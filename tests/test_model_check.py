@@ -27,7 +27,7 @@ def test_doctor_model_reports_what_the_engine_would_do(tmp_path):
     rows = _rows(result.output)
     engine = Engine.load(str(path), EngineConfig(num_blocks=8))
     # every layer's K/V per token at full length: the full group's pages and the window group's
-    stores = [s for s in (engine.store, engine.runner.window_store) if s is not None]
+    stores = [s for s in (engine.runner.store, engine.runner.window_store) if s is not None]
     per_token = sum(
         sum(a.nbytes for a in s.arrays()) // (s.num_blocks * s.block_size) for s in stores
     )

@@ -10,18 +10,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from macbatch.cli_options import (
-    cache_dir_option,
-    cache_disk_gb_option,
-    disk_cache_config,
-    draft_model_option,
-    kv_bits_option,
-    model_problem,
-    no_disk_cache_option,
-    num_speculative_tokens_option,
-    speculative_config,
-    speculative_option,
-)
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
 
 if TYPE_CHECKING:
     from macbatch.batch.runner import RunOptions
@@ -31,8 +21,16 @@ EngineOptions = tuple[int | None, dict[str, Any] | None]
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
 MAX_IN_FLIGHT = 256
+# run's engine knobs; those left unset (None) are the job file's
+RUN_KNOBS = Pick(
+    EngineKnobs,
+    ("max_num_seqs", "kv_bits", *SPECULATIVE, *DISK_CACHE),
+    names={"max_num_seqs": "--max-seqs"},  # its name since run began
+    defaults={"speculative": None},
+)
 
 
+@takes(knobs=RUN_KNOBS)
 def run_command(
     file: Annotated[
         Path,
@@ -108,15 +106,6 @@ def run_command(
             "as this allows, so memory stays flat for any input size.",
         ),
     ] = MAX_IN_FLIGHT,
-    max_seqs: Annotated[
-        int | None,
-        typer.Option(
-            "--max-seqs",
-            min=1,
-            help="Sequences the engine runs together in one step (default: the engine's).",
-            show_default=False,
-        ),
-    ] = None,
     replicas: Annotated[
         int | None,
         typer.Option(
@@ -128,13 +117,8 @@ def run_command(
             show_default=False,
         ),
     ] = None,
-    kv_bits: int | None = kv_bits_option(),
-    speculative: str | None = speculative_option(default=None),
-    draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int | None = num_speculative_tokens_option(),
-    cache_dir: str | None = cache_dir_option(),
-    cache_disk_gb: float | None = cache_disk_gb_option(),
-    no_disk_cache: bool = no_disk_cache_option(),
+    *,
+    knobs: EngineKnobs,
     progress_interval: Annotated[
         float,
         typer.Option(
@@ -159,8 +143,8 @@ def run_command(
     if redo_changed and (force or fresh):
         _fail(headless, "--redo-changed goes alone: --force keeps changed lines, --fresh drops all")
     spec = None  # the job file's, unless an option is given
-    if speculative is not None or draft_model:
-        spec = speculative_config(speculative or "auto", draft_model, num_speculative_tokens)
+    if knobs.speculative is not None or knobs.draft_model:
+        spec = knobs.speculative_fields()
     summary = _run(
         file,
         RunOptions(
@@ -169,16 +153,15 @@ def run_command(
         model,
         jobs or [],
         output_dir,
-        max_seqs,
-        (kv_bits, spec),
+        knobs,
+        spec,
         reporter,
         headless,
-        (cache_dir, cache_disk_gb, no_disk_cache),
         replicas,
     )
     if summary["status"] == "interrupted":
         again = resume_command(
-            file, model, jobs or [], output_dir, (kv_bits, spec), headless, max_in_flight
+            file, model, jobs or [], output_dir, (knobs.kv_bits, spec), headless, max_in_flight
         )
         if replicas is not None:  # the launcher's own arguments are not known here
             again += f" --replicas {replicas} (under mlx.launch, as before; or alone, without it)"
@@ -231,11 +214,10 @@ def _run(
     model: str | None,
     jobs: list[str],
     output_dir: Path | None,
-    max_seqs: int | None,
-    engine_options: EngineOptions,
+    knobs: EngineKnobs,
+    spec: dict[str, Any] | None,
     reporter: object,
     headless: bool,
-    disk_options: tuple[str | None, float | None, bool] = (None, None, True),
     replicas: int | None = None,
 ) -> dict:
     """Load, validate and run; every failure a user can cause ends as one clear message."""
@@ -246,8 +228,8 @@ def _run(
     from macbatch.batch.yamlfile import JobFileError
     from macbatch.engine import Engine, EngineConfig, load_replicas, replicas_problem
 
-    kv_bits, spec = engine_options
-    disk = disk_cache_config(*disk_options)  # never changes results: not in the resume hint
+    engine_options = (knobs.kv_bits, spec)
+    disk = knobs.disk_fields()  # never changes results: not in the resume hint
 
     def load_engine(name: str) -> object:
         hand_back_memory()
@@ -262,13 +244,10 @@ def _run(
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 
     def engine_config() -> EngineConfig:
-        bits = kv_bits if kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+        bits = knobs.kv_bits if knobs.kv_bits is not None else job_file.kv_bits  # --kv-bits wins
         # neither an option nor the job file's section: MTP where the checkpoint has heads
         speculative = spec or job_file.speculative or {"speculative": "auto"}
-        config = EngineConfig(kv_bits=bits, **speculative, **disk)
-        if max_seqs is not None:
-            config = dataclasses.replace(config, max_num_seqs=max_seqs)
-        return config
+        return EngineConfig(kv_bits=bits, max_num_seqs=knobs.max_num_seqs, **speculative, **disk)
 
     try:
         job_file = load_job_file(file, model_override=model)
@@ -310,7 +289,7 @@ def run_fits(name: str, kv_start_mib: float) -> str | None:
     """The memory guard before a job's model loads (docs/models.md): why it does not fit in the
     memory free now (None: it does, or its size is not known before it downloads)."""
     from macbatch.engine import resolve_model_path
-    from macbatch.memory import need_of, refusal_now
+    from macbatch.models.memory import need_of, refusal_now
 
     try:
         where = resolve_model_path(name)

@@ -38,7 +38,7 @@ _EXPORTS: dict[str, str] = {
     # requests and what they report
     "Prompt": "macbatch.engine.inputs.prompt",
     "PromptInput": "macbatch.engine.inputs.prompt",
-    "Tokenizer": "macbatch.engine.inputs.tokenizer",
+    "Tokenizer": "macbatch.engine.tokenizer",
     "THINKING_SWITCH": "macbatch.engine.inputs.chat_template",
     "check_chat_template_kwargs": "macbatch.engine.inputs.chat_template",
     "has_chat_template": "macbatch.engine.inputs.chat_template",
@@ -131,7 +131,6 @@ if TYPE_CHECKING:
         thinking_default,
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
-    from macbatch.engine.inputs.tokenizer import Tokenizer
     from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
@@ -154,3 +153,4 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.speculative.mtp_weights import describe_mtp_heads
     from macbatch.engine.structured_output.constraints import StructuredOutput
+    from macbatch.engine.tokenizer import Tokenizer

@@ -51,7 +51,9 @@ def disk_tier_for(
     if why is not None:
         log.warning("disk KV cache off: %s (not kept on disk yet)", why)
         return None
-    namespace = namespace_of(runner, model_name, root)
+    namespace = namespace_of(
+        runner.adapter, runner.store, runner.window_store, runner.states, model_name, root
+    )
     pool_cap_bytes = runner.pool_size.cap * manager.full.spec.bytes_per_block
     return open_disk_tier(
         config.disk_cache_dir,

@@ -2,63 +2,108 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
 from macbatch.metal.quant import check_kv_quantization
 
 
+def knob(default: Any, doc: str) -> Any:
+    """A field with its own doc (``fields(EngineConfig)[i].metadata["doc"]``), so each knob is
+    explained where it is declared; the command line's help for it is in
+    ``macbatch/commands/options.EngineKnobs``."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """How big the KV pool is and how much work one step may pack.
+    """How big the KV pool is and how much work one step may pack; each field's doc says what it
+    sets and why its default is what it is."""
 
-    ``num_blocks`` fixes the pool size; when it is None the pool is elastic (elastic_pool.py):
-    it starts small, grows as requests need blocks up to ``memory_fraction`` of the memory left
-    after the weights (capped at what ``max_num_seqs`` full-length sequences need), starting
-    from ``kv_start_mib`` MiB of pages (256: a short chat or a few requests, without a copy;
-    1,170 tokens of a Qwen3-0.6B-shaped float32 model, 2,340 in float16), and shrinks back to
-    that once the engine thread has been idle for ``kv_shrink_after_s`` seconds (None: never).
-    ``dtype`` None keeps the model's dtype on Metal; on CPU a model the engine loads itself is
-    cast to float32 (the only dtype MLX's CPU backend runs through BLAS) if it fits in memory,
-    and a caller's model keeps its dtype (see ``compute_dtype.py``). ``kv_bits`` 8 or 4 stores
-    K/V pages quantized (affine, one float16 scale and bias per ``kv_group_size`` head-dim
-    elements of each token: 64 or 32, None for the default), None keeps float pages.
-    ``pipelined`` builds and dispatches step N+1 while step N runs on the device (see
-    docs/engine.md; a distributed engine always steps synchronously); False runs each step
-    synchronously, which benchmarks use to show what the pipeline takes off the host's
-    critical path. ``speculative`` picks a drafter (``SPECULATIVE_MODES`` in
-    speculative/methods.py; docs/speculative.md): "ngram" (prompt lookup), "draft"
-    (``draft_model``, a small model with the same tokenizer), "mtp" (the checkpoint's own MTP
-    layer), "auto" ("mtp" where the checkpoint has one, else "off": the front ends' default),
-    "off"; ``num_speculative_tokens`` is the most tokens drafted per request per step
-    (None: ``DEFAULT_SPECULATIVE_TOKENS`` of the method).
-    ``compile_decode_after``: small decode steps run compiled once this many of them ran
-    uncompiled (compiled_step.py; None: never compiled).
-    """
-
-    block_size: int = 16
-    num_blocks: int | None = None
-    memory_fraction: float = 0.5
-    max_num_batched_tokens: int = 1024
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    dtype: str | None = None
-    enable_prefix_caching: bool = True
-    kv_bits: int | None = None
-    kv_group_size: int | None = None
-    pipelined: bool = True
-    kv_start_mib: float = 256.0
-    kv_shrink_after_s: float | None = 30.0
-    reranker: bool | None = None  # a yes/no cross-encoder (None: its name says "rerank")
-    compile_decode_after: int | None = 64
-    speculative: str = "off"
-    num_speculative_tokens: int | None = None
-    draft_model: str | None = None
-    # the disk tier below the prefix cache (docs/engine.md, "The disk tier"): its directory
-    # (None: off, as for every engine a test builds; the front ends turn it on) and its byte cap
-    # (None: 20 GiB or a tenth of the free space, whichever is smaller)
-    disk_cache_dir: str | None = None
-    disk_cache_bytes: int | None = None
+    block_size: int = knob(16, "Tokens per KV block (8, 16 or 32): the pool's unit.")
+    num_blocks: int | None = knob(
+        None,
+        "A fixed pool of this many blocks; None: the pool is elastic (kv/elastic.py): it "
+        "starts small and grows as requests need blocks, up to ``memory_fraction``.",
+    )
+    memory_fraction: float = knob(
+        0.5,
+        "The most an elastic pool grows to, as a share of the memory left after the weights "
+        "(capped at what ``max_num_seqs`` full-length sequences need).",
+    )
+    max_num_batched_tokens: int = knob(
+        1024, "Tokens one step may pack (chunked prefill splits longer prompts)."
+    )
+    max_num_seqs: int = knob(64, "Sequences running at once: the running batch.")
+    max_model_len: int | None = knob(
+        None, "The context length, prompt and reply (None: the model's own; model_info.py)."
+    )
+    dtype: str | None = knob(
+        None,
+        "None keeps the model's dtype on Metal; on CPU a model the engine loads itself is cast "
+        "to float32 (the only dtype MLX's CPU backend runs through BLAS) if it fits in memory, "
+        "and a caller's model keeps its dtype (see ``compute_dtype.py``).",
+    )
+    enable_prefix_caching: bool = knob(
+        True, "Requests that share a prompt prefix share its KV blocks."
+    )
+    kv_bits: int | None = knob(
+        None,
+        "8 or 4: K/V pages stored quantized (affine, one float16 scale and bias per "
+        "``kv_group_size`` head-dim elements of each token); None keeps float pages.",
+    )
+    kv_group_size: int | None = knob(
+        None, "The quantized pages' group: 64 or 32 (None: the default for ``kv_bits``)."
+    )
+    pipelined: bool = knob(
+        True,
+        "Build and dispatch step N+1 while step N runs on the device (docs/engine.md; a "
+        "distributed engine always steps synchronously); False runs each step synchronously, "
+        "which benchmarks use to show what the pipeline takes off the host's critical path.",
+    )
+    kv_start_mib: float = knob(
+        256.0,
+        "MiB of pages an elastic pool starts from, and shrinks back to (256: a short chat or a "
+        "few requests, without a copy; 1,170 tokens of a Qwen3-0.6B-shaped float32 model, "
+        "2,340 in float16).",
+    )
+    kv_shrink_after_s: float | None = knob(
+        30.0,
+        "Seconds the engine thread is idle before an elastic pool shrinks back to "
+        "``kv_start_mib`` (None: never).",
+    )
+    reranker: bool | None = knob(
+        None, 'The model is a yes/no cross-encoder (None: its name says "rerank").'
+    )
+    compile_decode_after: int | None = knob(
+        64,
+        "Small decode steps run compiled once this many of them ran uncompiled "
+        "(compiled_step.py; None: never compiled).",
+    )
+    speculative: str = knob(
+        "off",
+        "The drafter (``SPECULATIVE_MODES`` in speculative/methods.py; docs/speculative.md): "
+        '"ngram" (prompt lookup), "draft" (``draft_model``), "mtp" (the checkpoint\'s own '
+        'MTP layer), "auto" ("mtp" where the checkpoint has one, else "off": the front '
+        'ends\' default), "off" (every engine a test builds).',
+    )
+    num_speculative_tokens: int | None = knob(
+        None,
+        "The most tokens drafted per request per step (None: ``DEFAULT_SPECULATIVE_TOKENS`` of "
+        "the method).",
+    )
+    draft_model: str | None = knob(
+        None, 'The drafter of "draft": a small model with the same tokenizer.'
+    )
+    disk_cache_dir: str | None = knob(
+        None,
+        'The disk tier below the prefix cache (docs/engine.md, "The disk tier"): its '
+        "directory; None: off, as for every engine a test builds (the front ends turn it on).",
+    )
+    disk_cache_bytes: int | None = knob(
+        None, "The disk tier's byte cap (None: 20 GiB or a tenth of the free space, if smaller)."
+    )
 
     @property
     def draft_length(self) -> int:

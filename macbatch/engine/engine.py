@@ -31,16 +31,12 @@ from macbatch.engine.core.in_flight import InFlightStep, feed_sampled_tokens
 from macbatch.engine.core.outputs import FinishReason, RequestOutput
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.scheduler import Scheduler, StepPlan
-from macbatch.engine.core.stats import (
-    EngineStats,
-    draft_bytes_used,
-    kv_bytes_used,
-    kv_cache_bytes,
-)
+from macbatch.engine.core.stats import EngineStats
+from macbatch.engine.distributed.ranks import ranks_of
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
-from macbatch.engine.inputs.tokenizer import Tokenizer
-from macbatch.engine.multimodal.vision import vision_for
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.participants import participants_of
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
@@ -48,9 +44,9 @@ from macbatch.engine.speculative.methods import resolved_mode
 from macbatch.engine.speculative.mtp_model import MtpHead, mtp_head_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
+from macbatch.engine.tokenizer import Tokenizer
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import PackedBatch
 
 if TYPE_CHECKING:
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -77,13 +73,15 @@ class Engine(PromptEncoder):
         owns_model: bool = False,
         group: mx.distributed.Group | None = None,
         draft_model: nn.Module | None = None,
+        vision_from: str | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend (a
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
         rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
         ``config.speculative == "draft"``, or the checkpoint's MTP layer (an ``MtpHead``) for
-        "mtp" and "auto" (docs/speculative.md)."""
+        "mtp" and "auto" (docs/speculative.md). ``vision_from``: the model name whose vision
+        tower encodes images (``Engine.load``'s; None: images are refused)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         config = config or EngineConfig()
@@ -93,23 +91,24 @@ class Engine(PromptEncoder):
         )
         self.model_name = model_name
         draft = draft_model if config.speculative in ("draft", "mtp") else None
-        self.runner = runner = ModelRunner(model, config, owns_model, group, draft)
-        self.adapter, self.store = runner.adapter, runner.store
+        self.runner = runner = ModelRunner(
+            model, config, owns_model, ranks_of(group), draft, vision_from
+        )
         self.compute_dtype = runner.compute_dtype  # what the weights run in, and why
         self.tokenizer: TokenizerWrapper = (
             tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
         )
         model_info = model_info_of(model_name, runner, self.tokenizer)
         self.info = engine_info_of(model_info, config, runner.pool_size.cap)
-        self.tool_format = model_info.tool_format  # the template's tool calls (parse, grammar)
         eos = sorted(self.tokenizer.eos_token_ids or ())
         self.constraints = ConstraintCompiler(self.tokenizer._tokenizer, runner.vocab_size, eos)
         runner.constraints = self.constraints
-        self.processor = InputProcessor(self.tokenizer, self.info, self.constraints)
+        self.processor = InputProcessor(self.tokenizer, self.info, self.constraints, runner.vision)
         self.kv = kv_manager_for(runner, config, model_name)
-        self.pool = self.kv.pool  # the full group's blocks
         self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
         self.speculator = speculator_for(config, runner.draft, self.kv)
+        # the step's side participants: vision rows, the drafter's observation, the disk tier
+        self._participants = participants_of(runner, self.kv, self.scheduler, self.speculator)
         self._requests: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []  # outputs for the next ``step()`` to return
         self._touched: list[Request] = []  # the requests of the step running (``_contain``)
@@ -146,12 +145,16 @@ class Engine(PromptEncoder):
             settle_drafting(None, group)
             raise
         settle_drafting(resolved_mode(config.speculative, isinstance(draft, MtpHead)), group)
-        engine = cls(
-            model, tokenizer, config, name, owns_model=True, group=group, draft_model=draft
+        return cls(
+            model,
+            tokenizer,
+            config,
+            name,
+            owns_model=True,
+            group=group,
+            draft_model=draft,
+            vision_from=name,
         )
-        # a launched group pages text only (docs/vision.md)
-        engine.processor.vision = vision_for(name, engine.runner.model, group is not None)
-        return engine
 
     # -- requests --------------------------------------------------------------------------
 
@@ -160,14 +163,11 @@ class Engine(PromptEncoder):
         prompt: Prompt | PromptInput,
         params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Queue a request (``PoolingParams``: a pooling request, engine/pooling/methods.py);
-        ``ValueError`` on bad input (nothing is queued then)."""
-        request = self.prepare_request(
-            prompt, params or SamplingParams(), request_id, chat_template_kwargs, tools
-        )
+        """Queue a request (``PoolingParams``: a pooling request, engine/pooling/methods.py;
+        template variables and tools: in a ``PromptInput``); ``ValueError`` on bad input
+        (nothing is queued then)."""
+        request = self.prepare_request(prompt, params or SamplingParams(), request_id)
         self.enqueue(request)
         return request.request_id
 
@@ -176,12 +176,9 @@ class Engine(PromptEncoder):
         prompt: Prompt | PromptInput,
         params: SamplingParams | PoolingParams,
         request_id: str | None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Validate and tokenize (``InputProcessor.process``: safe off the engine thread)."""
-        prompt = prompt_input(prompt, chat_template_kwargs, tools)
-        return self.processor.process(prompt, params, request_id)
+        return self.processor.process(prompt_input(prompt), params, request_id)
 
     def enqueue(self, request: Request) -> None:
         """Queue a prepared request (the processor already fitted it to the context);
@@ -192,7 +189,7 @@ class Engine(PromptEncoder):
             # a step of pooling rows alone evaluates the last layers' collectives on rank 0
             # only (followers evaluate them for sampled rows): not supported yet
             raise ValueError("embeddings and scores are not supported under mlx.launch yet")
-        encoder = self.processor.vision.encoder
+        encoder = self.runner.vision.encoder
         if request.images is not None and encoder is not None:
             encoder.admit(request.images, self.config.max_num_batched_tokens)
         self._requests[request.request_id] = request
@@ -231,8 +228,8 @@ class Engine(PromptEncoder):
     def close(self) -> None:
         """Let the other ranks of a distributed engine exit, and the disk tier write what it
         holds; this engine must not step again."""
-        if self.kv.disk is not None:
-            self.kv.disk.close()
+        for participant in self._participants:
+            participant.close()
         self.runner.close()
 
     def has_unfinished(self) -> bool:
@@ -299,8 +296,9 @@ class Engine(PromptEncoder):
             self._postprocess(current)
         else:
             self._in_flight = current
-        if self.kv.disk is not None:
-            self._disk_idle(plan)
+        in_flight = self._in_flight is not None
+        for participant in self._participants:
+            participant.stepped(plan, in_flight)
 
     # -- a failed step -----------------------------------------------------------------------
 
@@ -380,16 +378,6 @@ class Engine(PromptEncoder):
             self._drop(request)
         self._pending.append(request.make_output(self._steps))
 
-    def _disk_idle(self, plan: StepPlan) -> None:
-        """With no step in flight, blocks named since the last step are copied out now (no
-        step to ride along with); with nothing to run, wait a moment for a waiting request's
-        blocks being read from disk (instead of spinning)."""
-        assert self.kv.disk is not None
-        if self._in_flight is None:
-            self.kv.disk.capture_now()
-            if not plan.chunks and self.scheduler.waiting:
-                self.kv.disk.wait(0.005)
-
     def _needs_host_tokens(self) -> bool:
         """Whether a running request must see its pending token on the host before its next
         step's graph is built (``Request.needs_host_token``)."""
@@ -418,11 +406,8 @@ class Engine(PromptEncoder):
             self._postprocess(read_first)
         result = None if logits is None else self.runner.sample(logits, rows)
         extra = list(pooled.values())
-        if self.runner.hidden is not None and self.speculator is not None:
-            running = len(self.scheduler.running)  # the batch size MTP drafts at (or not)
-            extra += self.speculator.observe(plan.chunks, self.runner.hidden, running)
-        if self.kv.disk is not None:  # blocks worth keeping, copied out with this step
-            extra += self.kv.disk.capture(self._steps + 1)
+        for participant in self._participants:  # the drafter's observation, disk copies
+            extra += participant.launching(plan, self._steps + 1)
         self._device_wait_s += self.runner.launch(result, extra)
         self._steps += 1
         self._advance(plan, sampled)
@@ -431,9 +416,8 @@ class Engine(PromptEncoder):
 
     def _pack(self, plan: StepPlan, previous: InFlightStep | None) -> PackedBatch:
         batch = self.runner.pack(plan, self.kv.step_tables(plan.chunks))
-        encoder = self.processor.vision.encoder
-        if encoder is not None:
-            encoder.add_to_step(batch, plan.chunks)
+        for participant in self._participants:  # a vision model's image rows
+            participant.packed(batch, plan)
         if batch.pending_rows:
             assert previous is not None, "a pending token without a step in flight"
             feed_sampled_tokens(batch, plan, previous)
@@ -473,8 +457,8 @@ class Engine(PromptEncoder):
         (to ``_pending``). A request that stopped or was aborted since the step was dispatched
         drops its token."""
         self._pending += self._pooled_outputs(done)
-        if self.kv.disk is not None:  # the step is done: its copies go to the writer
-            self.kv.disk.flush(done.step)
+        for participant in self._participants:  # the step is done: disk copies to the writer
+            participant.done(done.step)
         if done.sampled is None:
             return
         waited = time.perf_counter()
@@ -527,20 +511,14 @@ class Engine(PromptEncoder):
         | PoolingParams
         | Sequence[SamplingParams | PoolingParams]
         | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; final outputs in the order given
-        (``chat_template_kwargs`` apply to every chat prompt given without a ``PromptInput``)."""
+        """Run ``prompts`` to completion together; final outputs in the order given (template
+        variables and tools: in a ``PromptInput``)."""
         if params is None or isinstance(params, SamplingParams | PoolingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
-        requests = [
-            self.processor.process(
-                p if isinstance(p, PromptInput) else PromptInput(p, chat_template_kwargs), sp
-            )
-            for p, sp in zip(prompts, params)
-        ]
+        requests = [self.processor.process(prompt_input(p), sp) for p, sp in zip(prompts, params)]
         for request in requests:
             self.enqueue(request)
         ids = [r.request_id for r in requests]
@@ -557,8 +535,8 @@ class Engine(PromptEncoder):
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
             preemptions=self.scheduler.num_preemptions,
-            kv_blocks_used=self.pool.num_blocks - self.pool.num_free,
-            kv_blocks_total=self.pool.num_blocks,
+            kv_blocks_used=self.kv.pool.num_blocks - self.kv.pool.num_free,
+            kv_blocks_total=self.kv.pool.num_blocks,
             kv_blocks_cap=self.info.kv_blocks_cap,
             tokens_last_step=self._tokens_last_step,
             steps=self._steps,
@@ -567,9 +545,9 @@ class Engine(PromptEncoder):
             prefix_cache_hit_rate=(
                 self._cached_prompt_tokens / self._prompt_tokens if self._prompt_tokens else 0.0
             ),
-            cached_blocks=self.pool.num_cached,
-            kv_cache_bytes=kv_cache_bytes(self.runner),
-            kv_bytes_used=kv_bytes_used(self.runner, self.kv),
+            cached_blocks=self.kv.pool.num_cached,
+            kv_cache_bytes=self.runner.kv_cache_bytes(),
+            kv_bytes_used=self.runner.kv_bytes_used(self.kv),
             device_wait_s=self._device_wait_s,
             disk=None if self.kv.disk is None else self.kv.disk.counts(),
             **self._speculation_stats(),
@@ -580,5 +558,5 @@ class Engine(PromptEncoder):
             return {}
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
-            "draft_kv_bytes": draft_bytes_used(self.runner, self.pool),
+            "draft_kv_bytes": self.runner.draft_bytes_used(self.kv.pool),
         }

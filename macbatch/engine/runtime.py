@@ -182,13 +182,10 @@ class EngineThread(PromptEncoder):
         params: SamplingParams | PoolingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a request; ``on_output`` runs on the engine thread for every output. Bad input
         raises ``ValueError`` here; a request id already in use gets a final ERROR output."""
-        prompt = prompt_input(prompt, chat_template_kwargs, tools)
-        request = self.prepare(prompt, params or SamplingParams(), request_id)
+        request = self.prepare(prompt_input(prompt), params or SamplingParams(), request_id)
         return self.enqueue(request, on_output)
 
     def prepare(
@@ -212,12 +209,9 @@ class EngineThread(PromptEncoder):
         prompt: Prompt | PromptInput,  # a PromptInput carries the template variables and tools
         params: SamplingParams | PoolingParams | None = None,
         request_id: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they come; leaving the loop early cancels the request."""
-        prompt = prompt_input(prompt, chat_template_kwargs, tools)
-        request = self.prepare(prompt, params or SamplingParams(), request_id)
+        request = self.prepare(prompt_input(prompt), params or SamplingParams(), request_id)
         outputs = self.stream_prepared([request])
         try:
             async for _, out in outputs:

@@ -1,7 +1,7 @@
 """Pure-MLX varlen paged attention: the contract every attention backend implements, the oracle
 their self-tests compare with, and the fallback when no kernel is proven.
 
-Page layout (shared with the kernel and `engine/worker/pages.py`): one array per layer and per K/V,
+Page layout (shared with the kernel and `engine/stores/pages.py`): one array per layer and per K/V,
 shaped ``[num_blocks, num_kv_heads, block_size, head_dim]``, so one KV head's block is contiguous.
 
 Latent pages (MLA, ``LayerParams.value_dim``): one KV head whose rows hold the compressed latent
@@ -112,7 +112,7 @@ def masked_attention(
     """Attention of query rows ``q [B, Hq, L, D]`` over the keys of the blocks ``blocks
     [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
     n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
-    of the contract (Gemma 4's image blocks, engine/multimodal/image_blocks.py)."""
+    of the contract (Gemma 4's image blocks, engine/model/image_blocks.py)."""
     scale, _, softcap, sinks, value_dim = layer
     k = _gather_context(k_pages, blocks)
     v = _values(k, v_pages, blocks, value_dim)

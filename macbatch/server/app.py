@@ -21,8 +21,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from macbatch.engine import EngineThread, Tokenizer
-from macbatch.memory import Need
-from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
+from macbatch.models.memory import Need
+from macbatch.models.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
 from macbatch.server import agents, embeddings

@@ -8,71 +8,170 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from macbatch import cli_options
-from macbatch.cli_options import (
-    draft_model_option,
-    kv_bits_option,
-    num_speculative_tokens_option,
-    speculative_config,
-    speculative_option,
-)
+from macbatch.commands.fields import Pick, option, takes
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from macbatch.engine import EngineConfig
     from macbatch.openai.image_parts import ImageAccess
 
-_MODELS = typer.Option(
-    None,
-    "--model",
-    "-m",
-    help=f"Model to load at start (repeatable; default {DEFAULT_MODEL}): 'demo', a local MLX "
-    "model directory, or a Hugging Face id (e.g. mlx-community/Qwen3-0.6B-4bit). Clients name "
-    "it in the 'model' field; requests may also name any local model (macbatch models), "
-    "which then loads on demand. The first one runs the Batch API.",
-)
-_MODELS_DIRS = typer.Option(
-    None,
-    "--models-dir",
-    metavar="DIR",
-    help="Also serve the model directories under DIR, by folder name (repeatable).",
-)
-_LOCAL_IMAGES = typer.Option(
-    None,
-    "--allow-local-images",
-    metavar="DIR",
-    help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise.",
-)  # a list: a module-level default (ruff B008)
-
-
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def serve_command(
-    model: list[str] | None = _MODELS,
-    models_dir: list[Path] | None = _MODELS_DIRS,
-    keep_alive: float = typer.Option(
+def _directories(*, help: str) -> Any:
+    """A repeatable ``--name DIR`` option whose field holds the absolute directories."""
+    return option(
+        (),
+        metavar="DIR",
+        cli_type=list[Path] | None,
+        convert=lambda given: tuple(str(d.expanduser().resolve()) for d in given or ()),
+        help=help,
+    )
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The command's own options, each declared here once (the engine's are ``EngineKnobs``; the
+    API key never goes on a command line): what the server runs with, and what a launchd plist
+    repeats."""
+
+    model: tuple[str, ...] = option(  # the first runs the Batch API
+        (DEFAULT_MODEL,),
+        "--model",
+        "-m",
+        cli_type=list[str] | None,
+        convert=lambda given: tuple(given or [DEFAULT_MODEL]),
+        help=f"Model to load at start (repeatable; default {DEFAULT_MODEL}): 'demo', a local MLX "
+        "model directory, or a Hugging Face id (e.g. mlx-community/Qwen3-0.6B-4bit). Clients "
+        "name it in the 'model' field; requests may also name any local model (macbatch "
+        "models), which then loads on demand. The first one runs the Batch API.",
+    )
+    models_dir: tuple[str, ...] = _directories(
+        help="Also serve the model directories under DIR, by folder name (repeatable)."
+    )
+    keep_alive: float = option(  # -1: never unload for idleness
         300.0,
         "--keep-alive",
         min=-1,
         help="Seconds a model stays loaded with no request before it unloads; -1: never.",
-    ),
-    max_loaded_models: int | None = typer.Option(
+    )
+    max_loaded_models: int | None = option(
         None,
         "--max-loaded-models",
         min=1,
         help="Models loaded at once (default: as many as memory allows); past it the least "
         "recently used idle model unloads.",
-    ),
-    host: str = typer.Option(
+    )
+    host: str = option(
         "127.0.0.1",
         help="Address to listen on. Anything but loopback needs --api-key (or --insecure).",
-    ),
-    port: int = typer.Option(8000, min=0, max=65535, help="TCP port to listen on."),
+    )
+    port: int = option(8000, min=0, max=65535, help="TCP port to listen on.")
+    insecure: bool = option(
+        False,
+        "--insecure",
+        help="Allow a non-loopback --host without an API key (anyone on the network can use it).",
+    )
+    max_queue: int = option(
+        256,
+        min=0,
+        help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
+    )
+    log_level: str = option("info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level.")
+    max_body_mb: float = option(
+        4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
+    )
+    max_file_mb: float = option(
+        200.0, min=0.001, help="Largest /v1/files upload (a batch's input) in MiB; larger: 413."
+    )
+    batch_max_in_flight: int | None = option(
+        None,
+        min=1,
+        help="Requests of a /v1/batches batch in the engine at once (default: half of "
+        "--max-num-seqs); live requests always come first.",
+    )
+    shutdown_timeout: float = option(
+        10.0,
+        min=0,
+        help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
+    )
+    header_timeout: float = option(
+        10.0,
+        min=0.1,
+        help="Seconds a connection may take to send a request's headers (from its opening, or "
+        "its previous response's end); slower ones are closed.",
+    )
+    body_timeout: float = option(
+        60.0,
+        min=0.1,
+        help="Seconds a request's body may take to arrive after its headers; slower ones (a "
+        "client that trickles it) are closed.",
+    )
+    write_timeout: float = option(
+        60.0,
+        min=0.1,
+        help="Seconds a response may wait on a client that stopped reading (its send buffer "
+        "full); then the connection is closed and its request cancelled.",
+    )
+    max_connections: int | None = option(
+        None,
+        min=1,
+        help="Connections open at once; more are closed as they arrive (default: half the "
+        "process's file descriptors, at most 1024).",
+    )
+    allowed_hosts: str | None = option(  # comma-separated, as given
+        None,
+        "--allowed-hosts",
+        help="More names clients may reach the server by (the Host header), comma-separated; "
+        "'*': any. Loopback names, addresses and the bound host always work.",
+    )
+    allowed_origins: str | None = option(
+        None,
+        "--allowed-origins",
+        help="Web pages allowed to call the server (Origin, e.g. http://localhost:3000), "
+        "comma-separated; '*': any. Others get 403.",
+    )
+    keep_volatile_prompt_lines: bool = option(
+        False,
+        "--keep-volatile-prompt-lines",
+        help="Leave in the prompt the lines agent clients change on every request (Claude "
+        "Code's billing line), which are otherwise taken out so the prefix cache can serve "
+        "the rest (docs/serve.md).",
+    )
+    allow_remote_images: bool | None = option(  # None: serve_command decides it from --host
+        None,
+        "--allow-remote-images/--no-remote-images",
+        help="Fetch http(s) image URLs in requests (default: yes with a loopback --host, no "
+        "otherwise). Never from loopback, private or link-local addresses unless "
+        "--allow-private-image-urls.",
+    )
+    allow_private_image_urls: bool = option(
+        False,
+        "--allow-private-image-urls",
+        help="Let fetched image URLs reach loopback, private and link-local addresses too "
+        "(this machine and its network: only for clients you trust).",
+    )
+    allow_local_images: tuple[str, ...] = _directories(
+        help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise."
+    )
+
+
+# serve's engine knobs: all but the step's token budget, which serve leaves at the engine's
+SERVE_KNOBS = Pick(
+    EngineKnobs,
+    ("max_num_seqs", "kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE, "reranker"),
+)
+
+
+@takes(settings=ServeSettings, knobs=SERVE_KNOBS)
+def serve_command(
+    settings: ServeSettings,
+    knobs: EngineKnobs,
     api_key: str | None = typer.Option(
         None,
         "--api-key",
@@ -80,117 +179,6 @@ def serve_command(
         show_envvar=True,
         help="Require 'Authorization: Bearer KEY' on every endpoint but /health.",
     ),
-    insecure: bool = typer.Option(
-        False,
-        "--insecure",
-        help="Allow a non-loopback --host without an API key (anyone on the network can use it).",
-    ),
-    max_num_seqs: int = typer.Option(
-        64, min=1, help="Requests generating at once (the engine's running batch)."
-    ),
-    max_queue: int = typer.Option(
-        256,
-        min=0,
-        help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
-    ),
-    log_level: str = typer.Option(
-        "info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level."
-    ),
-    kv_blocks: int | None = typer.Option(
-        None,
-        min=1,
-        help=(
-            "KV cache blocks of 16 tokens, fixed (default: it grows with use, up to half the "
-            "memory left after the weights)."
-        ),
-    ),
-    max_body_mb: float = typer.Option(
-        4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
-    ),
-    kv_bits: int | None = kv_bits_option(),
-    max_file_mb: float = typer.Option(
-        200.0, min=0.001, help="Largest /v1/files upload (a batch's input) in MiB; larger: 413."
-    ),
-    batch_max_in_flight: int | None = typer.Option(
-        None,
-        min=1,
-        help="Requests of a /v1/batches batch in the engine at once (default: half of "
-        "--max-num-seqs); live requests always come first.",
-    ),
-    speculative: str = speculative_option(),
-    draft_model: str | None = draft_model_option(),
-    num_speculative_tokens: int | None = num_speculative_tokens_option(),
-    cache_dir: str | None = cli_options.cache_dir_option(),
-    cache_disk_gb: float | None = cli_options.cache_disk_gb_option(),
-    no_disk_cache: bool = cli_options.no_disk_cache_option(),
-    shutdown_timeout: float = typer.Option(
-        10.0,
-        min=0,
-        help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
-    ),
-    header_timeout: float = typer.Option(
-        10.0,
-        min=0.1,
-        help="Seconds a connection may take to send a request's headers (from its opening, or "
-        "its previous response's end); slower ones are closed.",
-    ),
-    body_timeout: float = typer.Option(
-        60.0,
-        min=0.1,
-        help="Seconds a request's body may take to arrive after its headers; slower ones (a "
-        "client that trickles it) are closed.",
-    ),
-    write_timeout: float = typer.Option(
-        60.0,
-        min=0.1,
-        help="Seconds a response may wait on a client that stopped reading (its send buffer "
-        "full); then the connection is closed and its request cancelled.",
-    ),
-    max_connections: int | None = typer.Option(
-        None,
-        min=1,
-        help="Connections open at once; more are closed as they arrive (default: half the "
-        "process's file descriptors, at most 1024).",
-    ),
-    allowed_hosts: str | None = typer.Option(
-        None,
-        "--allowed-hosts",
-        help="More names clients may reach the server by (the Host header), comma-separated; "
-        "'*': any. Loopback names, addresses and the bound host always work.",
-    ),
-    allowed_origins: str | None = typer.Option(
-        None,
-        "--allowed-origins",
-        help="Web pages allowed to call the server (Origin, e.g. http://localhost:3000), "
-        "comma-separated; '*': any. Others get 403.",
-    ),
-    keep_volatile_prompt_lines: bool = typer.Option(
-        False,
-        "--keep-volatile-prompt-lines",
-        help="Leave in the prompt the lines agent clients change on every request (Claude "
-        "Code's billing line), which are otherwise taken out so the prefix cache can serve "
-        "the rest (docs/serve.md).",
-    ),
-    reranker: bool = typer.Option(
-        False,
-        "--reranker",
-        help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
-        "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
-    ),
-    allow_remote_images: bool | None = typer.Option(
-        None,
-        "--allow-remote-images/--no-remote-images",
-        help="Fetch http(s) image URLs in requests (default: yes with a loopback --host, no "
-        "otherwise). Never from loopback, private or link-local addresses unless "
-        "--allow-private-image-urls.",
-    ),
-    allow_private_image_urls: bool = typer.Option(
-        False,
-        "--allow-private-image-urls",
-        help="Let fetched image URLs reach loopback, private and link-local addresses too "
-        "(this machine and its network: only for clients you trust).",
-    ),
-    allow_local_images: list[Path] | None = _LOCAL_IMAGES,
     print_launchd_plist: bool = typer.Option(
         False,
         "--print-launchd-plist",
@@ -206,99 +194,28 @@ def serve_command(
     """
     from macbatch.server.listen import is_loopback
 
-    if log_level not in LOG_LEVELS:
+    host = settings.host
+    if settings.log_level not in LOG_LEVELS:
         raise typer.BadParameter(
             f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
         )
-    if not is_loopback(host) and not api_key and not insecure:
+    if not is_loopback(host) and not api_key and not settings.insecure:
         raise typer.BadParameter(
             f"{host} is reachable from other machines; give --api-key (or set MACBATCH_API_KEY), "
             "or pass --insecure to serve without one",
             param_hint="--host",
         )
-    models = tuple(model or [DEFAULT_MODEL])
-    settings = ServeSettings(
-        models, host, port, insecure, max_num_seqs, max_queue, kv_blocks, kv_bits, max_body_mb
-    )
-    spec = speculative_config(speculative, draft_model, num_speculative_tokens)
-    settings = dataclasses.replace(
-        settings,
-        max_file_mb=max_file_mb,
-        batch_max_in_flight=batch_max_in_flight,
-        shutdown_timeout=shutdown_timeout,
-        log_level=log_level,
-        reranker=reranker,
-        keep_volatile_prompt_lines=keep_volatile_prompt_lines,
-        allow_remote_images=is_loopback(host)
-        if allow_remote_images is None
-        else allow_remote_images,
-        allow_private_image_urls=allow_private_image_urls,
-        allow_local_images=tuple(str(d.expanduser().resolve()) for d in allow_local_images or ()),
-        speculative=spec["speculative"],
-        draft_model=spec["draft_model"],
-        num_speculative_tokens=num_speculative_tokens,
-        cache_dir=cache_dir,
-        cache_disk_gb=cache_disk_gb,
-        no_disk_cache=no_disk_cache,
-        header_timeout=header_timeout,
-        body_timeout=body_timeout,
-        write_timeout=write_timeout,
-        max_connections=max_connections,
-        allowed_hosts=allowed_hosts,
-        allowed_origins=allowed_origins,
-        models_dir=tuple(str(d.expanduser().resolve()) for d in models_dir or ()),
-        keep_alive=keep_alive,
-        max_loaded_models=max_loaded_models,
-    )
+    if settings.allow_remote_images is None:
+        settings = dataclasses.replace(settings, allow_remote_images=is_loopback(host))
+    # --draft-model alone means --speculative draft: the plist says so
+    knobs = dataclasses.replace(knobs, speculative=knobs.speculative_fields()["speculative"])
     if print_launchd_plist:
-        local = dataclasses.replace(
-            settings,
-            model=tuple(_absolute_if_local(m) for m in models),
-            draft_model=settings.draft_model and _absolute_if_local(settings.draft_model),
-        )
-        typer.echo(_plist(_command_line(local), api_key), nl=False)
+        local = dataclasses.replace(settings, model=tuple(map(_absolute_if_local, settings.model)))
+        drafter = knobs.draft_model and _absolute_if_local(knobs.draft_model)
+        argv = _command_line(local, dataclasses.replace(knobs, draft_model=drafter))
+        typer.echo(_plist(argv, api_key), nl=False)
         return
-    _serve(settings, api_key)
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """The command's options but the API key (which never goes on a command line): what the
-    server runs with, and what a launchd plist repeats."""
-
-    model: tuple[str, ...]  # the first runs the Batch API
-    host: str
-    port: int
-    insecure: bool
-    max_num_seqs: int
-    max_queue: int
-    kv_blocks: int | None
-    kv_bits: int | None
-    max_body_mb: float
-    max_file_mb: float = 200.0
-    batch_max_in_flight: int | None = None
-    shutdown_timeout: float = 10.0
-    log_level: str = "info"
-    reranker: bool = False
-    speculative: str = "off"
-    draft_model: str | None = None
-    num_speculative_tokens: int | None = None
-    cache_dir: str | None = None
-    cache_disk_gb: float | None = None
-    no_disk_cache: bool = False
-    keep_volatile_prompt_lines: bool = False
-    allow_remote_images: bool = True  # decided from --host when not given
-    allow_private_image_urls: bool = False
-    allow_local_images: tuple[str, ...] = ()  # absolute directories
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    write_timeout: float = 60.0
-    max_connections: int | None = None
-    allowed_hosts: str | None = None  # comma-separated, as given
-    allowed_origins: str | None = None
-    models_dir: tuple[str, ...] = ()  # absolute directories
-    keep_alive: float = 300.0  # -1: never unload for idleness
-    max_loaded_models: int | None = None
+    _serve(settings, knobs, api_key)
 
 
 def image_access(settings: ServeSettings) -> ImageAccess:
@@ -306,7 +223,7 @@ def image_access(settings: ServeSettings) -> ImageAccess:
     from macbatch.openai.image_parts import ImageAccess
 
     return ImageAccess(
-        remote=settings.allow_remote_images,
+        remote=bool(settings.allow_remote_images),  # decided by serve_command
         private=settings.allow_private_image_urls,
         local_dirs=tuple(Path(d) for d in settings.allow_local_images),
     )
@@ -318,21 +235,10 @@ def _absolute_if_local(model: str) -> str:
     return str(path.resolve()) if model != "demo" and path.exists() else model
 
 
-def _command_line(settings: ServeSettings) -> list[str]:
+def _command_line(settings: ServeSettings, knobs: EngineKnobs) -> list[str]:
     """This command's argv for launchd: the installed ``macbatch`` script and every option."""
     program = shutil.which("macbatch") or str(Path(sys.argv[0]).resolve())
-    argv = [program, "serve"]
-    for field in dataclasses.fields(settings):
-        flag, value = "--" + field.name.replace("_", "-"), getattr(settings, field.name)
-        if field.name == "allow_remote_images":
-            argv += [flag if value else "--no-remote-images"]
-        elif isinstance(value, bool):
-            argv += [flag] if value else []
-        elif isinstance(value, tuple):
-            argv += [part for item in value for part in (flag, str(item))]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
+    return [program, "serve", *Pick(ServeSettings).argv(settings), *SERVE_KNOBS.argv(knobs)]
 
 
 def _plist(arguments: list[str], api_key: str | None) -> str:
@@ -344,9 +250,9 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
     return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
 
 
-def _serve(settings: ServeSettings, api_key: str | None) -> None:
+def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> None:
     from macbatch.config import data_dir
-    from macbatch.modelpool.pool import PoolLimits
+    from macbatch.models.pool import PoolLimits
     from macbatch.server.app import ServerOptions, create_pool_app, stop_batches, stop_generating
     from macbatch.server.listen import (
         ConnectionLimits,
@@ -363,7 +269,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = _engine_config(settings)
+    config = _engine_config(knobs)
     loading = PoolLimits(
         keep_alive_s=None if settings.keep_alive < 0 else settings.keep_alive,
         max_loaded=settings.max_loaded_models,
@@ -376,7 +282,7 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
         options = ServerOptions(
             api_key=api_key,
             max_body_bytes=int(settings.max_body_mb * 1024 * 1024),
-            max_pending=settings.max_num_seqs + settings.max_queue,
+            max_pending=knobs.max_num_seqs + settings.max_queue,
             data_dir=data_dir() / "serve",
             max_file_bytes=int(settings.max_file_mb * 1024 * 1024),
             batch_max_in_flight=settings.batch_max_in_flight,
@@ -413,22 +319,11 @@ def _serve(settings: ServeSettings, api_key: str | None) -> None:
     _exit_now()
 
 
-def _engine_config(settings: ServeSettings) -> EngineConfig:
+def _engine_config(knobs: EngineKnobs) -> EngineConfig:
     """Every model's engine settings (each model sizes its own pool from them)."""
     from macbatch.engine import EngineConfig
 
-    return EngineConfig(
-        max_num_seqs=settings.max_num_seqs,
-        num_blocks=settings.kv_blocks,
-        kv_bits=settings.kv_bits,
-        reranker=settings.reranker or None,  # None: recognised by its name
-        speculative=settings.speculative,
-        draft_model=settings.draft_model,
-        num_speculative_tokens=settings.num_speculative_tokens,
-        **cli_options.disk_cache_config(
-            settings.cache_dir, settings.cache_disk_gb, settings.no_disk_cache
-        ),
-    )
+    return EngineConfig(**knobs.engine_fields())
 
 
 def _exit_now() -> None:

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from macbatch.engine import RequestOutput
-from macbatch.modelpool.pool import Loaded
+from macbatch.models.pool import Loaded
 from macbatch.openai import rerank as scoring
 from macbatch.openai.embeddings import embeddings_response, parse_embeddings
 from macbatch.server.errors import invalid

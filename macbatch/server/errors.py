@@ -10,7 +10,7 @@ from pathlib import Path
 
 from starlette.responses import JSONResponse
 
-from macbatch.modelpool.pool import ModelRefused
+from macbatch.models.pool import ModelRefused
 
 _TYPES = {
     400: "invalid_request_error",

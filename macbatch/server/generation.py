@@ -31,7 +31,7 @@ from macbatch.engine import (
     RequestOutput,
     SamplingParams,
 )
-from macbatch.modelpool.pool import Loaded, ModelRefused
+from macbatch.models.pool import Loaded, ModelRefused
 from macbatch.openai import Bound, Generation
 from macbatch.openai.rendering import Event, Renderer
 from macbatch.server.errors import APIError, engine_unavailable, invalid, refused

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from macbatch.memory import weights_bytes
-from macbatch.modelpool.pool import ModelPool
-from macbatch.models import tasks_of
+from macbatch.models.local import tasks_of
+from macbatch.models.memory import weights_bytes
+from macbatch.models.pool import ModelPool
 from macbatch.server.admission import Admission
 from macbatch.server.embeddings import model_capabilities
 from macbatch.server.metrics import ServerMetrics

@@ -1,6 +1,6 @@
 """``macbatch serve``'s models: the pool over each ``--model`` then every local model
-(``modelpool/``), with the ``--model``s loaded before the server starts, each checked against the
-memory first (docs/models.md)."""
+(``models/pool.py``), with the ``--model``s loaded before the server starts, each checked against
+the memory first (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from macbatch.memory import read_memory
-from macbatch.modelpool.catalog import catalog, starter
-from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
+from macbatch.models.catalog import catalog, starter
+from macbatch.models.memory import read_memory
+from macbatch.models.pool import ModelPool, ModelRefused, PoolLimits, Servable
 
 if TYPE_CHECKING:
     from macbatch.engine import EngineConfig

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from macbatch.engine import EngineThread
-from macbatch.modelpool.pool import Loaded, ModelPool
+from macbatch.models.pool import Loaded, ModelPool
 from macbatch.openai import DATA_ONLY, ImageAccess
 from macbatch.openai.bodies import load_json
 from macbatch.server.admission import Admission

@@ -18,11 +18,11 @@ from textual.binding import Binding
 from textual.worker import Worker, WorkerState
 
 from macbatch.engine import EngineConfig, EngineThread
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.chat_models import ChatModels
 from macbatch.tui.chats import ChatService
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.chat import ChatScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 
 LOAD_WORKER = "load model"

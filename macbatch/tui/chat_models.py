@@ -1,4 +1,4 @@
-"""The models chats run on: serve's model pool (``modelpool/``) in the chat app.
+"""The models chats run on: serve's model pool (``models/pool.py``) in the chat app.
 
 Chat starts on one model (``--model``, its engine thread handed in); a chat may switch to any
 model macbatch finds locally (``/model NAME`` or F4), which then loads on demand while every
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from macbatch.engine import EngineConfig, EngineThread, Turns
-from macbatch.memory import MIB, Need, need_of, read_memory, weights_bytes
-from macbatch.modelpool.catalog import catalog, starter
-from macbatch.modelpool.pool import Loaded, ModelPool, ModelRefused, PoolLimits, Servable
+from macbatch.models.catalog import catalog, starter
+from macbatch.models.memory import MIB, Need, need_of, read_memory, weights_bytes
+from macbatch.models.pool import Loaded, ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.tui.loading import LoadProgress, make_loader
 

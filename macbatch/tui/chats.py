@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from textual.notifications import SeverityLevel
 from textual.worker import Worker, WorkerState
 
-from macbatch.engine import EngineThread, thinking_default
-from macbatch.modelpool.pool import Loaded, ModelRefused
+from macbatch.engine import EngineThread, PromptInput, thinking_default
+from macbatch.models.pool import Loaded, ModelRefused
 from macbatch.openai.errors import InvalidRequest
 from macbatch.openai.messages import chat_messages
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.attachments import Attachment, AttachmentError, export_images, read_attachment
 from macbatch.tui.chat_models import ChatModels, ModelLoad
 from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
 from macbatch.tui.reply import Reply, ReplyView
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, ReplyMetrics, Session
 
 if TYPE_CHECKING:
@@ -465,7 +465,7 @@ class ChatService:
                 f" {left_out} messages were left out of this prompt.",
                 timeout=4,
             )
-        stream = engine.stream(prompt, params, chat_template_kwargs=kwargs)
+        stream = engine.stream(PromptInput(prompt, kwargs), params)
         return cast("AsyncGenerator[RequestOutput, None]", stream)  # it is one; typed as less
 
     def stop(self, session_id: int) -> None:

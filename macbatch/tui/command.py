@@ -11,13 +11,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from macbatch import cli_options
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from macbatch.tui.store import HistoryStore
 
+# chat's engine knobs: the pool's size and page format, speculation and the disk tier
+CHAT_KNOBS = Pick(
+    EngineKnobs,
+    ("kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE),
+)
 
+
+@takes(knobs=CHAT_KNOBS)
 def chat_command(
     model: Annotated[
         str,
@@ -37,22 +45,8 @@ def chat_command(
     ] = 0.7,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling top_p for new chats.")] = 1.0,
     max_tokens: Annotated[int, typer.Option(help="Longest reply, in tokens, for new chats.")] = 512,
-    kv_blocks: Annotated[
-        int | None,
-        typer.Option(
-            help=(
-                "Size of the KV cache in blocks of 16 tokens (default: it grows with use, up "
-                "to half the free memory)."
-            )
-        ),
-    ] = None,
-    kv_bits: int | None = cli_options.kv_bits_option(),
-    speculative: str = cli_options.speculative_option(),
-    draft_model: str | None = cli_options.draft_model_option(),
-    num_speculative_tokens: int | None = cli_options.num_speculative_tokens_option(),
-    cache_dir: str | None = cli_options.cache_dir_option(),
-    cache_disk_gb: float | None = cli_options.cache_disk_gb_option(),
-    no_disk_cache: bool = cli_options.no_disk_cache_option(),
+    *,
+    knobs: EngineKnobs,
     history: Annotated[
         Path | None,
         typer.Option(
@@ -82,22 +76,20 @@ def chat_command(
     scroll, F1 for all keys.
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
-    if (problem := cli_options.model_problem(model)) is not None:
+    if (problem := model_problem(model)) is not None:
         raise typer.BadParameter(problem, param_hint="--model")
     # the terminal is blank until the app draws (imports, the engine thread): say what comes
     typer.echo(f"Starting macbatch chat with {model}…", err=True)
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
+    from macbatch.session_settings import SessionSettings
     from macbatch.tui.app import ChatApp
     from macbatch.tui.history_file import HistoryError, HistoryLock
     from macbatch.tui.loading import LoadProgress, make_loader
-    from macbatch.tui.settings import SessionSettings
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
-        spec = cli_options.speculative_config(speculative, draft_model, num_speculative_tokens)
-        disk = cli_options.disk_cache_config(cache_dir, cache_disk_gb, no_disk_cache)
-        config = EngineConfig(num_blocks=kv_blocks, kv_bits=kv_bits, **spec, **disk)
+        config = EngineConfig(**knobs.engine_fields())
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     home = data_dir()

@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from macbatch.tui.settings import SAMPLING_FIELDS
+from macbatch.session_settings import SAMPLING_FIELDS
 from macbatch.tui.store import ERROR, Message, Session
 from macbatch.tui.widgets.display import pictured_controls
 

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.attachments import Attachment
 from macbatch.tui.history_file import CorruptHistory, HistoryError
-from macbatch.tui.settings import SessionSettings
 
 SESSIONS = """
 CREATE TABLE IF NOT EXISTS {name} (

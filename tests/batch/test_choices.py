@@ -12,7 +12,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from macbatch.engine import Engine, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 HI = [{"role": "user", "content": "Say something."}]
 

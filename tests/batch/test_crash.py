@@ -14,8 +14,8 @@ import pytest
 
 from macbatch.batch.command import EXIT_INTERRUPTED
 from macbatch.batch.paths import LEDGER_NAME
-from tests.batch.conftest import read_jsonl, write_job
 from tests.support.batch_process import kill_9_after, start_run, wait_for_lines
+from tests.support.job_files import read_jsonl, write_job
 
 ROWS = 200
 

@@ -12,12 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.batch.conftest import (
-    chat_prompt_tokens,
-    read_jsonl,
-    shared_prefix,
-    write_system_prompt_job,
-)
+from tests.support.chat_prompt_oracle import chat_prompt_tokens, shared_prefix
+from tests.support.job_files import read_jsonl, write_system_prompt_job
 
 SYSTEM = "You answer every question about the disk tier in one short word. " * 6
 PROMPTS = ["Apples or pears?", "Boats or cars?", "Cats or dogs?"]

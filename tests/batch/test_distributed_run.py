@@ -16,7 +16,7 @@ import pytest
 
 from macbatch.batch.paths import LEDGER_NAME
 from macbatch.engine.distributed.watchdog import EXIT_PEER_TIMEOUT
-from tests.batch.conftest import read_jsonl
+from tests.support.job_files import read_jsonl
 from tests.support.ranks import spawn_ranks, stop_all
 from tests.support.rows_job import write_rows_job
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from macbatch.engine.pooling.embedding_profile import RerankFormat
-from tests.batch.conftest import JOBS, read_jsonl, write_job
 from tests.support.batch_process import start_run, wait_for_lines
+from tests.support.job_files import JOBS, read_jsonl, write_job
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer
 from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer

@@ -12,7 +12,7 @@ from macbatch.batch.ledger import Ledger
 from macbatch.batch.plan import prepare
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.survey import survey_job
-from tests.batch.conftest import JOBS, read_jsonl, shipped_job_on_a_sample
+from tests.support.job_files import JOBS, read_jsonl, shipped_job_on_a_sample
 
 
 @pytest.mark.parametrize("path", sorted(JOBS.glob("*.yaml")), ids=lambda p: p.name)

@@ -12,8 +12,8 @@ import pytest
 from macbatch.batch.paths import LOCK_NAME
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.spec import load_job_file
-from tests.batch.conftest import read_jsonl, write_job
 from tests.support.hostile import ref_chain_schema, rule_chain_grammar
+from tests.support.job_files import read_jsonl, write_job
 
 DEEP = 5_000
 

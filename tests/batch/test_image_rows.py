@@ -12,8 +12,8 @@ import pytest
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.spec import load_job_file
 from macbatch.openai import ImageAccess
-from tests.batch.conftest import write_job
 from tests.support.image_site import site
+from tests.support.job_files import write_job
 
 pytest.importorskip("PIL.Image")  # load_image decodes with Pillow (the vision extra)
 

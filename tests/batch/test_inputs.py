@@ -12,7 +12,7 @@ import pytest
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.yamlfile import JobFileError
-from tests.batch.conftest import write_job
+from tests.support.job_files import write_job
 
 
 def planned(tmp_path: Path, job_yaml: str) -> list[Planned | Rejected]:

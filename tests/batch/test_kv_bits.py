@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 PROMPTS = ["What is MLX?", "how are you today?"]
 

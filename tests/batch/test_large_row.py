@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from macbatch.engine.inputs.processor import InputProcessor
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 ROWS = 20
 HUGE_ROW = 3

@@ -18,8 +18,8 @@ import pytest
 
 from macbatch.batch.ledger import Ledger
 from macbatch.batch.paths import LEDGER_NAME
-from macbatch.memory import parse_meminfo
-from tests.batch.conftest import read_jsonl, write_job
+from macbatch.models.memory import parse_meminfo
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_two_models
 
@@ -179,9 +179,11 @@ def test_a_model_too_large_is_refused_before_it_loads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """100 MiB free (a recorded /proc/meminfo): the smallest KV pool alone does not fit."""
-    import macbatch.memory
+    import macbatch.models.memory
 
-    monkeypatch.setattr(macbatch.memory, "read_memory", lambda: parse_meminfo(MEMINFO.read_text()))
+    monkeypatch.setattr(
+        macbatch.models.memory, "read_memory", lambda: parse_meminfo(MEMINFO.read_text())
+    )
     result = macbatch_run(job_file(tmp_path, two_models, "beta"))
     assert result.exit_code == 1
     assert f"model '{two_models['alpha']}' needs about" in result.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.yamlfile import JobFileError
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 HUGE = 2**64
 BAD_LINE = 8

@@ -14,7 +14,7 @@ import pytest
 from macbatch.batch.paths import LEDGER_NAME, SUMMARY_NAME, written_files
 from macbatch.batch.run_guard import refuse_inputs_among_outputs
 from macbatch.batch.spec import load_job_file
-from tests.batch.conftest import write_job
+from tests.support.job_files import write_job
 
 ROWS = "".join(json.dumps({"id": f"r{i}", "text": f"row {i}"}) + "\n" for i in range(3))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.real_templates import save_with_template
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from macbatch.batch.paths import LEDGER_NAME
-from tests.batch.conftest import read_jsonl
+from tests.support.job_files import read_jsonl
 from tests.support.ranks import mlx_launch, spawn_ranks, stop_all
 from tests.support.rows_job import write_rows_job
 

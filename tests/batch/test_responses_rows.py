@@ -13,7 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.spec import load_job_file
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 MESSAGES = [
     {"role": "system", "content": "Answer briefly."},

@@ -18,7 +18,7 @@ from macbatch.batch.report import HeadlessReporter
 from macbatch.batch.runner import RunOptions, run_jobs
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 SYSTEM = "You are concise."
 QUESTIONS = [

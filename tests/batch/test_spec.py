@@ -10,7 +10,7 @@ from macbatch.batch.spec import load_job_file
 from macbatch.batch.templates import template_fields
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS, EngineConfig
-from tests.batch.conftest import write_job
+from tests.support.job_files import write_job
 
 
 def error_for(tmp_path: Path, text: str) -> str:

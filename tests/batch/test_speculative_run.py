@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from macbatch.engine import Engine, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.mtp import save_hf_checkpoint
 
 PROMPTS = ["one two three one two three one two three one", "the quick brown fox the quick"]

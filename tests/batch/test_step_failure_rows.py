@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import macbatch.engine.worker.model_runner as model_runner
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 
 BAD_SEED = 666
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests.batch.conftest import JOBS, read_jsonl, shipped_job_on_a_sample, write_job
+from tests.support.job_files import JOBS, read_jsonl, shipped_job_on_a_sample, write_job
 from tests.support.structured import ADD_TOOL
 
 

@@ -16,7 +16,7 @@ import pytest
 from macbatch.batch.inputs import open_input
 from macbatch.batch.job_sections import InputSpec
 from macbatch.batch.table import write_table
-from tests.batch.conftest import read_jsonl, read_table, write_job, write_rows
+from tests.support.job_files import read_jsonl, read_table, write_job, write_rows
 
 ROWS = [{"id": f"r{i}", "city": city} for i, city in enumerate(["Oslo", "Lima", "Pune", "Kyiv"])]
 

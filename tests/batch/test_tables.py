@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 
-from tests.batch.conftest import read_jsonl, read_table, write_job, write_rows
+from tests.support.job_files import read_jsonl, read_table, write_job, write_rows
 
 SCHEMA = {
     "type": "object",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from macbatch.batch.spec import load_job_file
-from macbatch.engine import Engine, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
+from macbatch.engine import Engine, PromptInput, SamplingParams
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.tiny import THINKING_TEMPLATE, save_model
 
 
@@ -51,7 +51,7 @@ def test_jobs_send_template_kwargs_and_resume_sees_changes(
     for name, thinking in (("no-think", False), ("think", True)):
         [line] = read_jsonl(tmp_path / "out" / f"{name}.jsonl")
         kwargs = {"enable_thinking": thinking}
-        [oracle] = engine.generate([messages], params, chat_template_kwargs=kwargs)
+        [oracle] = engine.generate([PromptInput(messages, kwargs)], params)
         assert line["macbatch"]["prompt_tokens"] == oracle.metrics.prompt_tokens
         assert line["response"]["body"]["choices"][0]["message"]["content"] == oracle.text
     on, off = (engine.encode_prompt(messages, {"enable_thinking": t}) for t in (True, False))

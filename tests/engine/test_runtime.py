@@ -128,7 +128,7 @@ async def test_crash_fails_in_flight_requests(thread, model):
     def explode(*args, **kwargs):
         raise RuntimeError("boom")
 
-    await asyncio.wrap_future(thread.call(lambda e: setattr(e.adapter, "forward", explode)))
+    await asyncio.wrap_future(thread.call(lambda e: setattr(e.runner.adapter, "forward", explode)))
     outs = await asyncio.wait_for(_collect(thread, [5, 6, 7]), timeout=30)
     assert outs[-1].finish_reason == FinishReason.ERROR and "boom" in outs[-1].error
     assert not thread.alive

@@ -21,7 +21,7 @@ from macbatch.openai.anthropic_api import parse_messages
 from macbatch.openai.embeddings import parse_embeddings
 from macbatch.openai.rerank import parse_rerank, parse_score
 from macbatch.openai.responses_api import parse_responses
-from tests.fuzz.fields import FieldPath, fields_read, with_raw_value
+from tests.support.body_fields import FieldPath, fields_read, with_raw_value
 
 HELLO = [{"role": "user", "content": "hi"}]
 TEXT = {"type": "text"}

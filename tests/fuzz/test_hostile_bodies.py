@@ -18,7 +18,7 @@ from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.spec import load_job_file
 from macbatch.batch.yamlfile import JobFileError
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
-from tests.fuzz.strategies import JSON, bodies, jsonl_lines, raw_bodies
+from tests.support.hostile_strategies import JSON, bodies, jsonl_lines, raw_bodies
 
 
 def bounded(examples: int) -> settings:

@@ -10,8 +10,8 @@ import pytest
 import macbatch.metal as metal
 from macbatch.metal import cpu_kernel, registry
 from macbatch.metal.kernels import MetalKernelBackend
-from tests.metal.cases import Case, emulated_attention
-from tests.msl.emulator import Emulator
+from tests.support.attention_cases import Case, emulated_attention
+from tests.support.msl.emulator import Emulator
 
 
 @pytest.fixture

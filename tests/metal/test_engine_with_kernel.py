@@ -11,8 +11,8 @@ import pytest
 
 import macbatch.metal
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from tests.metal.cases import emulated_attention
-from tests.msl.emulator import Emulator
+from tests.support.attention_cases import emulated_attention
+from tests.support.msl.emulator import Emulator
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import VOCAB_SIZE, build_model
 

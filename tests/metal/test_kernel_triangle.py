@@ -14,8 +14,8 @@ import pytest
 
 from macbatch.metal.kernels import SplitPolicy
 from macbatch.metal.reference import paged_attention_reference
-from tests.metal.cases import TOLERANCE, Case, emulated_attention, relative_error
-from tests.msl.emulator import Emulator
+from tests.support.attention_cases import TOLERANCE, Case, emulated_attention, relative_error
+from tests.support.msl.emulator import Emulator
 
 F16, BF16, F32 = mx.float16, mx.bfloat16, mx.float32
 

@@ -1,7 +1,7 @@
 """Quantized pages (8-bit and 4-bit) through all three attention paths: the emulated Metal
 kernel, the C++ CPU kernel and the reference, each against the float64 numpy oracle run on the
-numpy quantizer's dequantized pages (``tests/metal/cases.py``). For the Metal kernel the hidden
-slots' scales are NaN, so reading a key it may not see shows.
+numpy quantizer's dequantized pages (``tests/support/attention_cases.py``). For the Metal kernel
+the hidden slots' scales are NaN, so reading a key it may not see shows.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from macbatch.metal.cpu_kernel import paged_attention_cpu
 from macbatch.metal.kernels import SplitPolicy
 from macbatch.metal.quant import QuantizedPages, dequantize, quantize
 from macbatch.metal.reference import paged_attention_reference
-from tests.metal.cases import TOLERANCE, Case, emulated_attention, relative_error
-from tests.msl.emulator import Emulator
+from tests.support.attention_cases import TOLERANCE, Case, emulated_attention, relative_error
 from tests.support.attention_numpy import (
     dequantize_numpy,
     quantize_numpy,
 )
+from tests.support.msl.emulator import Emulator
 
 F16, BF16, F32 = mx.float16, mx.bfloat16, mx.float32
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from macbatch.metal import kernels
-from tests.metal.cases import TOLERANCE, Case, relative_error
-from tests.msl.emulator import Emulator, MSLError
+from tests.support.attention_cases import TOLERANCE, Case, relative_error
 from tests.support.attention_numpy import paged_attention_numpy
+from tests.support.msl.emulator import Emulator, MSLError
 
 KERNEL = (kernels.HERE / "paged_attention.metal").read_text()
 CASE = Case([23, 40, 9], [1, 5, 9])

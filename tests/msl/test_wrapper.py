@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from macbatch.metal import kernels
-from tests.msl.wrapper import InputSpec, generate
+from tests.support.msl.wrapper import InputSpec, generate
 
 BODY = """
 uint i = thread_position_in_grid.x + a_shape[0] + b_strides[0] + b_ndim;

@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from macbatch.engine import Engine, EngineThread, SamplingParams
-from tests.batch.conftest import read_jsonl, write_job
-from tests.server.conftest import serving, start_engine
+from tests.support.job_files import read_jsonl, write_job
+from tests.support.live_server import serving, start_engine
 from tests.support.load_memo import loads_memoized
 from tests.support.structured import QWEN3_VOCAB, WEATHER_TOOL, save_model_with_tokenizer
 

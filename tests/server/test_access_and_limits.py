@@ -8,7 +8,8 @@ import pytest
 
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions
-from tests.server.conftest import Served, serving, wait_until
+from tests.support.live_server import Served, serving
+from tests.support.polling import wait_until
 
 KEY = "sk-local-test"
 ENDPOINTS = [

@@ -18,8 +18,8 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
 from macbatch.server.app import ServerOptions
-from tests.server.conftest import Served, serving
 from tests.support.agent_requests import as_chat, as_responses, claude_code_body
+from tests.support.live_server import Served, serving
 from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer
 
 TURNS = 4

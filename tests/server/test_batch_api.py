@@ -16,8 +16,9 @@ from openai.types.chat import ChatCompletion
 
 from macbatch.engine import EngineThread, SamplingParams
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import Served, engine_generate, scrape, serving
 from tests.support.batch_api import CHAT, DONE, batch_lines, jsonl, output_lines, wait_for
+from tests.support.live_server import Served, engine_generate, serving
+from tests.support.metrics_scrape import scrape
 
 LIMIT = 1024 * 1024
 IN_FLIGHT = 4

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import Served, serving, start_engine
 from tests.support.batch_api import output_lines, run_batch
+from tests.support.live_server import Served, serving, start_engine
 from tests.support.pooling_oracle import cosine, direct_pooled
 from tests.support.real_tokenizers import load_real_tokenizer
 from tests.support.sentence_transformers import write_sentence_transformers

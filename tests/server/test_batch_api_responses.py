@@ -13,8 +13,8 @@ import pytest
 
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import Served, serving
 from tests.support.batch_api import output_lines, run_batch
+from tests.support.live_server import Served, serving
 
 URL = "/v1/responses"
 GOOD: dict[str, dict[str, Any]] = {

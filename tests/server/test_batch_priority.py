@@ -11,8 +11,10 @@ import openai
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import scrape, serving, wait_until
 from tests.support.batch_api import CHAT, batch_lines, jsonl, wait_for
+from tests.support.live_server import serving
+from tests.support.metrics_scrape import scrape
+from tests.support.polling import wait_until
 
 SEQS = 4
 

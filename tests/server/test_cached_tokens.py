@@ -14,7 +14,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.server.conftest import Served, scrape
+from tests.support.live_server import Served
+from tests.support.metrics_scrape import scrape
 
 TOKENS = 'macbatch_prefix_cache_tokens_total{tier="ram"}'
 HITS = 'macbatch_prefix_cache_hits_total{tier="ram"}'

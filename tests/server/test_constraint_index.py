@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import macbatch.engine.structured_output.constraints as constraints
-from tests.server.conftest import serving, start_engine
+from tests.support.live_server import serving, start_engine
 from tests.support.tiny import save_model
 
 

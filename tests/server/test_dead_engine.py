@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 
 from macbatch.engine import Engine
-from tests.server.conftest import serving, start_engine, wait_until
+from tests.support.live_server import serving, start_engine
+from tests.support.polling import wait_until
 
 
 def test_engine_death_is_reported_not_hung(tiny_model_path: Path) -> None:

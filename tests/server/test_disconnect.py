@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from macbatch.engine import Engine
-from tests.server.conftest import Served, scrape, serving, start_engine, wait_until
+from tests.support.live_server import Served, serving, start_engine
+from tests.support.metrics_scrape import scrape
+from tests.support.polling import wait_until
 
 LONG = {"prompt": "how are you today?", "max_tokens": 3000, "temperature": 0}
 

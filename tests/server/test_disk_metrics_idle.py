@@ -13,7 +13,8 @@ import numpy as np
 
 from macbatch.engine import Engine, EngineConfig, EngineThread, SamplingParams
 from macbatch.engine.kv.disk.files import SUFFIX
-from tests.server.conftest import scrape, serving
+from tests.support.live_server import serving
+from tests.support.metrics_scrape import scrape
 from tests.support.tiny import VOCAB_SIZE, build_model
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

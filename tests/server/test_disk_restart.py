@@ -24,7 +24,8 @@ import openai
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
 from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX
-from tests.server.conftest import Served, scrape, serving
+from tests.support.live_server import Served, serving
+from tests.support.metrics_scrape import scrape
 from tests.support.serve_process import start_server
 
 WORDS = "the quick brown fox jumps over the lazy dog " * 14

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from macbatch.engine.pooling.embedding_profile import RerankFormat
-from tests.server.conftest import Served, scrape, serving, start_engine
+from tests.support.live_server import Served, serving, start_engine
+from tests.support.metrics_scrape import scrape
 from tests.support.pooling_oracle import cosine, direct_pooled, direct_yes_probability
 from tests.support.real_tokenizers import load_real_tokenizer
 from tests.support.sentence_transformers import QWEN3_QUERY_PROMPT, write_sentence_transformers

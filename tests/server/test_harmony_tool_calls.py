@@ -17,7 +17,7 @@ import json
 import jsonschema
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams
+from macbatch.engine import Engine, EngineConfig, FinishReason, PromptInput, SamplingParams
 from macbatch.engine.parsers.tool_calls import ToolFormat, template_messages
 from macbatch.engine.parsers.tool_formats.harmony import Harmony
 from macbatch.openai import parse_chat
@@ -72,8 +72,10 @@ def engine(path, tokenizer):
 def _answer(engine: Engine, structured, seed: int):
     """The formatter's whole choice and its streamed deltas for one forced-call request."""
     params = SamplingParams(max_tokens=160, temperature=1.0, seed=seed, structured=structured)
-    rid = engine.add_request(ASK, params, tools=TOOLS)
-    formatter = ChatFormatter("m", engine.tokenizer, None, 1, tool_format=engine.tool_format)
+    rid = engine.add_request(PromptInput(ASK, tools=TOOLS), params)
+    formatter = ChatFormatter(
+        "m", engine.tokenizer, None, 1, tool_format=engine.info.model.tool_format
+    )
     deltas, final = [], None
     while engine.has_unfinished():
         for out in engine.step():
@@ -86,10 +88,10 @@ def _answer(engine: Engine, structured, seed: int):
 
 @pytest.mark.parametrize("choice", CHOICES)
 def test_forced_calls_are_valid_streamed_and_whole(engine, path, tokenizer, choice):
-    assert engine.tool_format.family == "harmony"
+    assert engine.info.model.tool_format.family == "harmony"
     body = {"tools": TOOLS, "tool_choice": CHOICES[choice]}
     chat = parse_chat(dict(body, messages=[{"role": "user", "content": "-"}]))
-    structured = chat.bind(engine.tool_format, tokenizer).requests[0][1].structured
+    structured = chat.bind(engine.info.model.tool_format, tokenizer).requests[0][1].structured
     for seed in range(2):
         final, whole, deltas = _answer(engine, structured, seed)
         # a stop is on <|call|>, the grammar's last token

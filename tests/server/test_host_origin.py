@@ -17,7 +17,7 @@ import pytest
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions
 from macbatch.server.origins import allowed_host_names, split_host
-from tests.server.conftest import Served, serving
+from tests.support.live_server import Served, serving
 
 EVIL = "http://evil.example"
 

@@ -14,8 +14,9 @@ from macbatch.engine import EngineThread
 from macbatch.openai.bodies import MAX_NESTING
 from macbatch.openai.options import MAX_GRAMMAR_RULES, MAX_SCHEMA_DEPTH
 from macbatch.server.app import ServerOptions
-from tests.server.conftest import Served, scrape, serving
 from tests.support.hostile import ref_chain_schema, rule_chain_grammar
+from tests.support.live_server import Served, serving
+from tests.support.metrics_scrape import scrape
 
 SURROGATE_BODY = b'{"messages": [{"role": "user", "content": "hi \\ud800 there"}], "max_tokens": 2}'
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from macbatch.engine import SamplingParams
-from tests.server.conftest import engine_generate, serving, start_engine
+from tests.support.live_server import engine_generate, serving, start_engine
 from tests.support.tiny import save_model
 
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from macbatch.openai import ImageAccess
 from macbatch.server.command import serve_command
 from macbatch.server.serving import ServerOptions
-from tests.server.conftest import Served, serving, start_engine
 from tests.support.image_site import site
+from tests.support.live_server import Served, serving, start_engine
 
 EVERYTHING = ImageAccess(remote=True, private=True, local_dirs=None)
 

@@ -9,7 +9,9 @@ from collections import Counter
 import openai
 
 from macbatch.engine import EngineThread
-from tests.server.conftest import Served, scrape, serving, wait_until
+from tests.support.live_server import Served, serving
+from tests.support.metrics_scrape import scrape
+from tests.support.polling import wait_until
 
 CLIENTS = 64
 MAX_TOKENS = 16

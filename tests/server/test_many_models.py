@@ -18,20 +18,14 @@ import openai
 import pytest
 
 from macbatch.engine import Turns
-from macbatch.memory import parse_meminfo
-from macbatch.modelpool.catalog import starter
-from macbatch.modelpool.pool import ModelPool, ModelRefused, PoolLimits, Servable
+from macbatch.models.catalog import starter
+from macbatch.models.memory import parse_meminfo
+from macbatch.models.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
-from tests.server.conftest import (
-    ENGINE_CONFIG,
-    Served,
-    scrape,
-    serving,
-    serving_app,
-    start_engine,
-    wait_until,
-)
+from tests.support.live_server import ENGINE_CONFIG, Served, serving, serving_app, start_engine
+from tests.support.metrics_scrape import scrape
+from tests.support.polling import wait_until
 from tests.support.tiny import save_two_models
 
 PROMPTS = ["hello world", "the quick brown fox", "MLX runs on Apple silicon"]

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from macbatch.server.app import ServerOptions
-from tests.server.conftest import Served, serving, start_engine
+from tests.support.live_server import Served, serving, start_engine
 from tests.support.serve_process import start_server
 from tests.support.tiny import save_model
 

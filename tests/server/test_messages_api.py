@@ -10,7 +10,7 @@ import pytest
 
 from macbatch.engine import EngineThread, SamplingParams
 from macbatch.server.app import ServerOptions
-from tests.server.conftest import Served, engine_generate, serving
+from tests.support.live_server import Served, engine_generate, serving
 
 SYSTEM = "Be brief."
 ASK = [{"role": "user", "content": "hello world"}]

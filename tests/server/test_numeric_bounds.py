@@ -16,8 +16,8 @@ import pytest
 
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import Served, serving
 from tests.support.batch_api import CHAT, DONE, batch_lines, jsonl, output_lines, wait_for
+from tests.support.live_server import Served, serving
 
 HUGE = 2**64  # 2**63 worked; past 64 bits MLX could not convert it
 HELLO = [{"role": "user", "content": "hi"}]

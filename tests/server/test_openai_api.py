@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from macbatch.engine import SamplingParams
-from tests.server.conftest import Served, engine_generate
+from tests.support.live_server import Served, engine_generate
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello world"}]

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Served, serving, start_engine
+from tests.support.live_server import Served, serving, start_engine
 from tests.support.real_templates import save_gpt_oss, save_with_template
 from tests.support.structured import ADD_TOOL, WEATHER_TOOL
 

@@ -15,12 +15,13 @@ import httpx
 import pytest
 
 from macbatch.engine import EngineThread, Turns
-from macbatch.modelpool.catalog import starter
-from macbatch.modelpool.pool import ModelPool, PoolLimits, Servable
+from macbatch.models.catalog import starter
+from macbatch.models.pool import ModelPool, PoolLimits, Servable
 from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
 from macbatch.server.serving import ServerState
-from tests.server.conftest import ENGINE_CONFIG, Served, serving_app, wait_until
+from tests.support.live_server import ENGINE_CONFIG, Served, serving_app
+from tests.support.polling import wait_until
 
 MODEL = "tiny"
 CHAT = {

@@ -12,7 +12,7 @@ import pytest
 
 from macbatch.engine import EngineThread, FinishReason, SamplingParams
 from macbatch.server.app import ServerOptions, stop_batches
-from tests.server.conftest import Served, engine_generate, serving
+from tests.support.live_server import Served, engine_generate, serving
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 SYSTEM = "Be brief."

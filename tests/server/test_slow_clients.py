@@ -19,7 +19,9 @@ import pytest
 from macbatch.engine import EngineThread
 from macbatch.server.app import ServerOptions
 from macbatch.server.listen import ConnectionLimits, default_max_connections
-from tests.server.conftest import Served, scrape, serving, wait_until
+from tests.support.live_server import Served, serving
+from tests.support.metrics_scrape import scrape
+from tests.support.polling import wait_until
 
 PARTIAL = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # never ends
 

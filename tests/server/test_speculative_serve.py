@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from macbatch.engine import Engine, EngineThread, SamplingParams
-from tests.server.conftest import ENGINE_CONFIG, scrape, serving
+from tests.support.live_server import ENGINE_CONFIG, serving
+from tests.support.metrics_scrape import scrape
 
 PROMPT = "hello world hello world hello world hello world hello"
 

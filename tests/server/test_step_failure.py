@@ -12,7 +12,7 @@ import pytest
 
 import macbatch.engine.worker.model_runner as model_runner
 from macbatch.engine import SamplingParams
-from tests.server.conftest import Served, engine_generate
+from tests.support.live_server import Served, engine_generate
 
 STREAM_SEED, BAD_SEED = 667, 666  # which rows the injected sampler tells apart
 PROMPT = "tell me about the sea"

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Served, serving_real_qwen3
+from tests.support.live_server import Served, serving_real_qwen3
 from tests.support.structured import (
     ADD_TOOL,
     WEATHER_TOOL,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from macbatch.engine import SamplingParams
-from tests.server.conftest import serving, start_engine
+from macbatch.engine import PromptInput, SamplingParams
+from tests.support.live_server import serving, start_engine
 from tests.support.tiny import THINKING_TEMPLATE, save_model
 
 CHAT = [{"role": "user", "content": "hello world"}]
@@ -27,7 +27,7 @@ def test_template_kwargs_reach_the_template(thinking_server) -> None:
     thread = thinking_server.thread
     params = SamplingParams(max_tokens=8, temperature=0)
     [expected] = thread.call(
-        lambda engine: engine.generate([CHAT], params, chat_template_kwargs=OFF)
+        lambda engine: engine.generate([PromptInput(CHAT, OFF)], params)
     ).result(timeout=60)
     default_ids = thread.encode_prompt(CHAT)
     assert expected.metrics.prompt_tokens > len(default_ids)  # "off" changes the prompt

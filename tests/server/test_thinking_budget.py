@@ -12,7 +12,7 @@ import pytest
 
 from macbatch.engine import SamplingParams
 from macbatch.openai.responses_api import EFFORT_BUDGETS
-from tests.server.conftest import Served, engine_generate, serving, start_engine
+from tests.support.live_server import Served, engine_generate, serving, start_engine
 from tests.support.real_tokenizers import open_reasoning
 from tests.support.structured import QWEN3_VOCAB, save_model_with_tokenizer
 

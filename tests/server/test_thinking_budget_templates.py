@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from macbatch.engine import RequestOutput, SamplingParams, StructuredOutput
-from tests.server.conftest import Served, engine_generate, serving, start_engine
+from tests.support.live_server import Served, engine_generate, serving, start_engine
 from tests.support.real_templates import save_gpt_oss, save_with_template
 from tests.support.structured import SKY_SCHEMA as SCHEMA
 

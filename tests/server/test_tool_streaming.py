@@ -30,7 +30,7 @@ def test_streamed_calls_equal_the_whole_answer(name: str, vocab: int) -> None:
     chat = parse_chat(
         dict(body, messages=[{"role": "user", "content": "-"}], parallel_tool_calls=False)
     )
-    [(request, choice)] = chat.bind(engine.tool_format, tokenizer).requests
+    [(request, choice)] = chat.bind(engine.info.model.tool_format, tokenizer).requests
     structured, tools = choice.structured, request
     # thinking off: a random model that opens <think> never closes it
     prompt = tokenizer.apply_chat_template(
@@ -41,7 +41,7 @@ def test_streamed_calls_equal_the_whole_answer(name: str, vocab: int) -> None:
     )
     params = SamplingParams(max_tokens=80, temperature=0, structured=structured)
     rid = engine.add_request(prompt, params)
-    formatter = ChatFormatter("m", tokenizer, None, 1, tool_format=engine.tool_format)
+    formatter = ChatFormatter("m", tokenizer, None, 1, tool_format=engine.info.model.tool_format)
     deltas = []
     while engine.has_unfinished():
         for out in engine.step():

@@ -79,7 +79,7 @@ def _round_writes(layer_cache, bits: int, group_size: int) -> None:
 def assert_pool_idle(engine) -> None:
     """Every KV block is back: free, or idle in the prefix cache; nothing leaked."""
     window = engine.kv.group(SlidingWindowGroup)
-    for pool in (engine.pool, None if window is None else window.pool):  # the window group's too
+    for pool in (engine.kv.pool, None if window is None else window.pool):  # the window group's too
         if pool is None:
             continue
         held = pool.refcounts.nonzero()

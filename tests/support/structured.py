@@ -1,5 +1,5 @@
-"""Real tokenizers (vendored from ../shared/tokenizers, see SOURCE.txt there) and a family of JSON
-schemas for structured-output tests."""
+"""Real tokenizers (vendored in tests/support/tokenizers/, where each SOURCE.txt says how it was
+built) and a family of JSON schemas for structured-output tests."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from macbatch.commands.launch import follower_exit_status
 from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from macbatch.launch import follower_exit_status
 
 # A pool of 14 blocks of 8 tokens cannot hold these requests together (preemption); a 24-token
 # budget splits the longer prompts across steps; prompts 1, 3 and 5 share a 24-token prefix.
@@ -84,7 +84,7 @@ def run_rank_zero(model_dir: str, out: Path, speculative: str = "auto", draft: s
         "logprobs": [results[i].logprobs for i in range(len(prompts))],
         "preemptions": stats.preemptions,
         "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
-        "kv_heads_per_rank": [s.num_kv_heads for s in engine.store.shapes],
+        "kv_heads_per_rank": [s.num_kv_heads for s in engine.runner.store.shapes],
         "speculative": engine.config.speculative,
         "drafted": stats.speculation.drafted,
         "accepted": stats.speculation.accepted,

@@ -10,11 +10,11 @@ import pytest
 
 from macbatch.config import data_dir
 from macbatch.engine import Engine, EngineConfig
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.loading import LoadProgress
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import GREEDY, RecordingEngineThread
+from tests.support.chat_app import GREEDY, RecordingEngineThread
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import first_reply, wait_for
+from tests.support.chat_app import first_reply, wait_for
 
 ASK = "the quick brown fox jumps over the lazy dog " * 8
 SHOWN = re.compile(r"last prompt ([\d,]+)/([\d,]+) tok cached")

@@ -11,7 +11,7 @@ from dataclasses import replace
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.settings import SettingsScreen
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import GREEDY, type_ahead, wait_for
+from tests.support.chat_app import GREEDY, type_ahead, wait_for
 
 REPLY = "Here:\n\n```python\nprint('hi')\nx = 1\n```\n\nand a bell \x07 and an escape \x1b[2J."
 
@@ -118,7 +118,7 @@ async def test_the_status_bar_and_context_meter_follow_a_reply_at_once(make_app,
         await wait_for(pilot, lambda: app.chats.ready)
         screen = app.screen
         await pilot.pause()
-        screen.prompt_input.text = "hello world"
+        screen.message_box.text = "hello world"
         await pilot.press("enter")
         await wait_for(pilot, lambda: not app.chats.replies)
         await pilot.pause()
@@ -152,7 +152,7 @@ async def test_search_finds_a_message_in_any_chat_and_opens_it(make_app, home):
         assert hit[0] == chats[1] and "50% discount_code" in hit[2]
         await pilot.press("enter")
         assert app.screen is screen and screen.current == chats[1]
-        assert screen.prompt_input.has_focus
+        assert screen.message_box.has_focus
 
         await pilot.press("ctrl+f", *"pears", "down", "enter")
         assert screen.current == chats[0]
@@ -183,8 +183,8 @@ async def test_edit_or_delete_any_message(make_app, home):
 
         screen.set_focus(screen.transcript(session.id).views[0])  # "question 0"
         await pilot.press("ctrl+g")
-        assert screen.prompt_input.text == "question 0"
-        screen.prompt_input.text = "question zero"
+        assert screen.message_box.text == "question 0"
+        screen.message_box.text = "question zero"
         await pilot.press("enter")
         await wait_for(pilot, lambda: not app.chats.replies)
         contents = [m.content for m in app.chats.messages(session.id)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from tests.tui.helpers import cli
+from tests.support.chat_app import cli
 
 
 def test_help_lists_every_option():

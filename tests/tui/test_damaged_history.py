@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.history_file import CorruptHistory, HistoryLock
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import cli
+from tests.support.chat_app import cli
 
 PAGE = 4096
 

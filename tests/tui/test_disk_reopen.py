@@ -12,7 +12,7 @@ from pathlib import Path
 
 from macbatch.engine import EngineConfig
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import first_reply, send, wait_for
+from tests.support.chat_app import first_reply, send, wait_for
 
 ASK = "Tell me about the quick brown fox that jumps over the lazy dog. " * 6
 SHOWN = re.compile(r"last prompt ([\d,]+)/([\d,]+) tok cached \(([\d,]+) from disk\)")

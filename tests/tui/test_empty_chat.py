@@ -9,8 +9,8 @@ from macbatch.demo.tasks import SHOWCASE
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.widgets.empty_chat import GENERAL_HINT, EmptyChat
 from macbatch.tui.widgets.message_view import MessageView
+from tests.support.chat_app import GREEDY, send, wait_for
 from tests.support.demo_oracle import oracle
-from tests.tui.helpers import GREEDY, send, wait_for
 
 
 def reference_replies(prompts: list[list[dict[str, str]]]) -> list[str]:

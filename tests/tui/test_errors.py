@@ -7,12 +7,12 @@ import threading
 from textual.widgets import ProgressBar
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.loading import LoadProgress, is_hub_id, make_loader
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import DONE, ERROR
 from macbatch.tui.widgets.loading_panel import LoadingPanel
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import first_reply, send, wait_for
+from tests.support.chat_app import first_reply, send, wait_for
 
 
 async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
@@ -31,7 +31,7 @@ async def test_a_model_that_fails_to_load_is_reported(make_app, tmp_path):
         assert not screen.chats.replies  # nothing was sent; the app is still running
         assert app.chats.store.messages(screen.current) == []
         assert any("failed to load" in str(n.message) for n in app._notifications)
-        assert screen.prompt_input.text == "hello"  # kept for when the user fixes the model
+        assert screen.message_box.text == "hello"  # kept for when the user fixes the model
 
 
 async def test_a_message_the_kv_pool_cannot_hold_is_refused_with_why(make_app):

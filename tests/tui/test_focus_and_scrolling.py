@@ -11,9 +11,9 @@ from pathlib import Path
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import HistoryStore
+from macbatch.tui.widgets.message_box import MessageBox
 from macbatch.tui.widgets.message_view import MessageView
-from macbatch.tui.widgets.prompt_input import PromptInput
-from tests.tui.helpers import GREEDY, type_ahead, wait_for
+from tests.support.chat_app import GREEDY, type_ahead, wait_for
 
 
 def seed(home: Path, chats: int, messages: int) -> list[int]:
@@ -41,24 +41,24 @@ async def test_esc_brings_the_focus_back_and_typed_letters_are_kept(make_app, ho
         screen.set_focus(message)
         await pilot.pause()
         type_ahead(app, "escape", "h", "i", "?")  # as fast as a terminal delivers them
-        await wait_for(pilot, lambda: screen.prompt_input.text == "hi?", timeout=10)
-        assert app.screen is screen and isinstance(app.focused, PromptInput)
+        await wait_for(pilot, lambda: screen.message_box.text == "hi?", timeout=10)
+        assert app.screen is screen and isinstance(app.focused, MessageBox)
 
         # Letters typed while a message still has the focus go into the box, in order.
-        screen.prompt_input.clear()
+        screen.message_box.clear()
         screen.set_focus(screen.transcript(screen.current).views[1])
         await pilot.pause()
         type_ahead(app, *"what?", "backspace", "!")
-        await wait_for(pilot, lambda: screen.prompt_input.text == "what!", timeout=10)
+        await wait_for(pilot, lambda: screen.message_box.text == "what!", timeout=10)
         assert app.screen is screen
 
         # Switching chats from the chat list leaves the focus in the box, ready to type.
-        screen.prompt_input.clear()
+        screen.message_box.clear()
         screen.set_focus(screen.session_list)
         await pilot.press("ctrl+pagedown")
-        assert isinstance(app.focused, PromptInput)
+        assert isinstance(app.focused, MessageBox)
         type_ahead(app, "o", "k")
-        await wait_for(pilot, lambda: screen.prompt_input.text == "ok", timeout=10)
+        await wait_for(pilot, lambda: screen.message_box.text == "ok", timeout=10)
 
 
 async def test_the_message_box_scrolls_the_transcript(make_app, home):
@@ -70,7 +70,7 @@ async def test_the_message_box_scrolls_the_transcript(make_app, home):
         await wait_for(pilot, lambda: transcript.max_scroll_y > 0, timeout=10)
         await pilot.pause(0.2)
         assert transcript.scroll_y == transcript.max_scroll_y  # a chat opens at its end
-        assert isinstance(app.focused, PromptInput)
+        assert isinstance(app.focused, MessageBox)
 
         # Compared with the end as laid out now: on a slow machine the messages may still be
         # settling (a scrollbar, a re-wrapped line) between the keys.
@@ -84,11 +84,11 @@ async def test_the_message_box_scrolls_the_transcript(make_app, home):
         assert transcript.scroll_y == transcript.max_scroll_y  # the end as laid out now
         await pilot.press("ctrl+home")
         assert transcript.scroll_y == 0
-        assert isinstance(app.focused, PromptInput)
+        assert isinstance(app.focused, MessageBox)
 
         # With text in the box, Home and End move in the line, as in any text box.
         await pilot.press(*"abc", "home", "x")
-        assert screen.prompt_input.text == "xabc" and transcript.scroll_y == 0
+        assert screen.message_box.text == "xabc" and transcript.scroll_y == 0
 
         # The transcript takes the focus and scrolls with the arrow keys.
         assert transcript.focusable
@@ -114,7 +114,7 @@ async def test_help_opens_on_f1_only_and_says_what_each_key_does(make_app, home)
     async with app.run_test() as pilot:
         screen = app.screen
         await pilot.press("question_mark")  # a character: it goes into the box
-        assert app.screen is screen and screen.prompt_input.text == "?"
+        assert app.screen is screen and screen.message_box.text == "?"
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
         rows = app.screen.rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from macbatch.tui.store import ERROR, HistoryStore
-from tests.tui.helpers import GREEDY, wait_for
+from tests.support.chat_app import GREEDY, wait_for
 
 
 async def test_a_message_longer_than_the_context_is_refused_and_kept(make_app, home):
@@ -27,10 +27,10 @@ async def test_a_message_longer_than_the_context_is_refused_and_kept(make_app, h
         meta = screen.transcript(session.id).views[-1].query_one(".meta", Static)
         assert str(meta.render()) == "error: the engine failed this request"
 
-        screen.prompt_input.text = paste
+        screen.message_box.text = paste
         await pilot.press("enter")
         await pilot.pause()
-        assert screen.prompt_input.text == paste  # nothing lost
+        assert screen.message_box.text == paste  # nothing lost
         assert [m.content for m in app.chats.messages(session.id)][-1] == ""  # nothing stored
         assert not app.chats.replies
         notices = [str(n.message) for n in app._notifications if "ready" not in str(n.message)]
@@ -41,7 +41,7 @@ async def test_a_message_longer_than_the_context_is_refused_and_kept(make_app, h
         assert f"its context holds {context:,} (the model's context length)" in notice
         assert notice.count("error") == 0 and "left out" not in notice
 
-        screen.prompt_input.text = "a short one"  # the chat still works
+        screen.message_box.text = "a short one"  # the chat still works
         await pilot.press("enter")
         await wait_for(pilot, lambda: not app.chats.replies)
         assert app.chats.messages(session.id)[-2].content == "a short one"

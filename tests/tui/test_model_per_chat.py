@@ -15,14 +15,14 @@ import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.help import help_rows
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.status_bar import StatusBar
+from tests.support.chat_app import GREEDY, LONG, send, wait_for
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_two_models
-from tests.tui.helpers import GREEDY, LONG, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 

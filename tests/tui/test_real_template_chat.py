@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from macbatch.engine import Engine, EngineConfig
 from macbatch.tui.store import HistoryStore
+from tests.support.chat_app import GREEDY, send, wait_for
 from tests.support.real_templates import save_with_template
-from tests.tui.helpers import GREEDY, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 

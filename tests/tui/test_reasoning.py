@@ -11,10 +11,10 @@ from macbatch.tui.reply import ReasoningProgress
 from macbatch.tui.store import DONE, STREAMING, HistoryStore, Message, Reasoning
 from macbatch.tui.widgets.message_view import MessageView
 from macbatch.tui.widgets.reasoning_view import ReasoningView
+from tests.support.chat_app import first_reply, send, wait_for
 from tests.support.scripted import scripted_model
 from tests.support.standin import gemma4_tokenizer
 from tests.support.tiny import VOCAB_SIZE
-from tests.tui.helpers import first_reply, send, wait_for
 
 
 def _output(tokens: int, reasoning: str | None, text: str) -> RequestOutput:

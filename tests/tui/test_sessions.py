@@ -7,7 +7,7 @@ from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.screens.help import HelpScreen
 from macbatch.tui.store import DONE, INTERRUPTED, HistoryStore
 from macbatch.tui.widgets.message_view import MessageView
-from tests.tui.helpers import LONG, STEP_SECONDS, first_reply, send, wait_for
+from tests.support.chat_app import LONG, STEP_SECONDS, first_reply, send, wait_for
 
 
 async def test_create_rename_switch_and_delete_sessions(make_app, home):
@@ -99,7 +99,7 @@ async def test_switching_twice_in_a_row_ends_in_the_second_chat(make_app):
         await pilot.pause(0.2)
         assert opened == [second, first]
         assert screen.current == first and screen.session_list.index == 0
-        assert screen.editing is not None and screen.prompt_input.text == "hello world"
+        assert screen.editing is not None and screen.message_box.text == "hello world"
 
 
 async def test_history_survives_a_restart_and_quitting_mid_reply(make_app):

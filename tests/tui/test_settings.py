@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from macbatch.engine import InvalidSamplingParam, SamplingParams
-from macbatch.tui.settings import SAMPLING_FIELDS, SessionSettings, parse_settings
+from macbatch.session_settings import SAMPLING_FIELDS, SessionSettings, parse_settings
 
 
 def form(temperature: str = "0.7", top_p: str = "1", max_tokens: str = "64") -> dict[str, str]:

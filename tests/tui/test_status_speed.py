@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import LONG, STEP_SECONDS, send, wait_for
+from tests.support.chat_app import LONG, STEP_SECONDS, send, wait_for
 
 
 def speed_shown(screen) -> str | None:

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.conversation import prompt_messages, title_from
 from macbatch.tui.history_file import HistoryError
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import (
     DONE,
     ERROR,

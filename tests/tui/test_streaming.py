@@ -13,7 +13,7 @@ from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import DONE, STOPPED
 from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.tui.helpers import (
+from tests.support.chat_app import (
     GREEDY,
     LONG,
     STEP_SECONDS,
@@ -89,9 +89,9 @@ async def test_stop_frees_kv_blocks_at_once(make_app):
         assert in_use.kv_blocks_used > 0
         pool = app.chats.engine.call(
             lambda engine: (
-                engine.pool.num_blocks,
+                engine.kv.pool.num_blocks,
                 engine.config.block_size,
-                sum(a.nbytes for a in engine.store.arrays()),
+                sum(a.nbytes for a in engine.runner.store.arrays()),
             )
         )
         blocks, block_size, nbytes = pool.result(timeout=10)
@@ -144,14 +144,14 @@ async def test_edit_and_resend_the_last_message(make_app, tiny_model_path):
     async with app.run_test() as pilot:
         screen = await first_reply(pilot, app, "hello world")
         await pilot.press("ctrl+g")
-        assert screen.prompt_input.text == "hello world"
-        assert screen.prompt_input.has_class("-editing")
-        screen.prompt_input.text = ""
+        assert screen.message_box.text == "hello world"
+        assert screen.message_box.has_class("-editing")
+        screen.message_box.text = ""
         await pilot.press(*"0123")
         await pilot.press("enter")
         await wait_for(pilot, lambda: not screen.chats.replies)
         messages = app.chats.store.messages(screen.current)
-        assert not screen.prompt_input.has_class("-editing")
+        assert not screen.message_box.has_class("-editing")
     assert [(m.role, m.status) for m in messages] == [("user", DONE), ("assistant", DONE)]
     assert messages[0].content == "0123"
     (expected,) = greedy_texts(tiny_model_path, [[{"role": "user", "content": "0123"}]], 24)

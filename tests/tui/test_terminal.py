@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from macbatch.tui.store import DONE, HistoryStore
-from tests.tui.helpers import greedy_texts
+from tests.support.chat_app import greedy_texts
 
 PROMPT = "0123456789"
 MAX_TOKENS = 48  # greedy: a run of newlines, then visible text

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from textual.widgets import Switch
 
-from macbatch.engine import Engine, EngineConfig
+from macbatch.engine import Engine, EngineConfig, PromptInput
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import HistoryStore
+from tests.support.chat_app import GREEDY, send, wait_for
 from tests.support.tiny import THINKING_TEMPLATE, save_model
-from tests.tui.helpers import GREEDY, send, wait_for
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 GREEDY_PARAMS = GREEDY.sampling_params()
@@ -34,9 +34,8 @@ async def test_thinking_switch_reaches_the_template(make_app, home, tmp_path):
     assert app.chats.engine.template_kwargs == [{"enable_thinking": False}]
     reply = HistoryStore(home / "chat.sqlite3").messages(session_id)[1].content
     oracle = Engine.load(str(path), CONFIG).generate(
-        [[{"role": "user", "content": "hello world"}]],
+        [PromptInput([{"role": "user", "content": "hello world"}], {"enable_thinking": False})],
         GREEDY_PARAMS,
-        chat_template_kwargs={"enable_thinking": False},
     )[0]
     assert reply == oracle.text
 

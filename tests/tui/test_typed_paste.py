@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual import events
 
-from tests.tui.helpers import wait_for
+from tests.support.chat_app import wait_for
 
 # The key names a terminal's parser gives these characters.
 KEY_NAMES = {" ": "space", ".": "full_stop", ",": "comma", "?": "question_mark"}
@@ -24,7 +24,7 @@ async def test_a_20k_character_paste_as_keys_arrives_intact(make_app, home):
     app = make_app()
     async with app.run_test(size=(140, 40)) as pilot:
         await wait_for(pilot, lambda: app.chats.ready)
-        box = app.screen.prompt_input
+        box = app.screen.message_box
         edits: list[str] = []
         insert = box._replace_via_keyboard  # every keyboard insert of the box goes through it
 

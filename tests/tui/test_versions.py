@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from macbatch.tui.store import DONE, HistoryStore
-from tests.tui.helpers import GREEDY, first_reply, greedy_texts, send, wait_for
+from tests.support.chat_app import GREEDY, first_reply, greedy_texts, send, wait_for
 
 SHORT = 8  # tokens of the second version: a different reply from the same prompt, greedily
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from textual.widgets import Markdown
 
 from macbatch.tui.store import HistoryStore
-from tests.tui.helpers import GREEDY
+from tests.support.chat_app import GREEDY
 
 TITLE = "Thanks ❤️"
 QUESTION = "Great job 👍🏽 ✔️"

@@ -3,35 +3,15 @@ session, their images on disk, and mlx-vlm's own greedy generation as the oracle
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.batch.conftest import macbatch_run, run_app  # noqa: F401 (fixtures, shared)
-from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4
 from tests.support.load_memo import loads_memoized
 from tests.support.tiny_qwen_vl import save_tiny_qwen_vl
 from tests.support.tiny_vlm import png_bytes, save_tiny_vlm
-
-
-@dataclass(frozen=True)
-class TinyVlm:
-    """One family's tiny model: where it is saved, and what its chat template renders for a
-    user message of ``n`` images then a question (the text mlx-vlm is given)."""
-
-    family: str
-    path: Path
-    rendered: Callable[[str, int], str]
-
-
-# family -> (the builder, its template's rendering): the families the engine tests run over
-TINY_VLMS = {
-    "mistral3": (save_tiny_vlm, tiny_vlm.rendered),
-    "gemma3": (tiny_vlm_gemma3.save_tiny_gemma3, tiny_vlm_gemma3.rendered),
-    "gemma4": (tiny_vlm_gemma4.save_tiny_gemma4, tiny_vlm_gemma4.rendered),
-}
+from tests.support.vlm_families import TINY_VLMS, TinyVlm
 
 # (width, height, seed): sizes that give 1x1 to 4x3 image grids (16-pixel merged patches)
 IMAGE_SPECS = [(40, 24, 1), (64, 48, 2), (16, 16, 3), (33, 60, 4)]

@@ -18,9 +18,9 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.families import FAMILIES
 from macbatch.engine.multimodal.images import Image
 from macbatch.engine.multimodal.prompt_images import PromptImages
+from tests.support.image_requests import cases, chat, expected
 from tests.support.tiny_vlm_gemma4 import rendered, save_tiny_gemma4
-from tests.vision.conftest import TinyVlm
-from tests.vision.test_vision_engine import cases, chat, expected
+from tests.support.vlm_families import TinyVlm
 
 pytest.importorskip("mlx_vlm")
 
@@ -106,7 +106,7 @@ def test_chunks_and_resume_points_stay_outside_image_blocks() -> None:
 def test_image_rows_on_window_layers_keep_their_window_outside_the_block(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from macbatch.engine.multimodal import image_blocks
+    from macbatch.engine.model import image_blocks
 
     def windowless(out, queries, pages, tables, blocks, layer):  # type: ignore[no-untyped-def]
         return image_blocks.attend_blocks(

@@ -18,7 +18,7 @@ from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.inputs.prompt import PromptInput
 from macbatch.engine.multimodal.images import load_image
 from tests.support.tiny_vlm_gemma3 import save_tiny_gemma3
-from tests.vision.conftest import TinyVlm
+from tests.support.vlm_families import TinyVlm
 
 pytest.importorskip("mlx_vlm")
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from tests.support.image_requests import chat
 from tests.support.vlm_oracle import mlx_vlm_greedy
-from tests.vision.test_vision_engine import chat
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")

@@ -10,12 +10,12 @@ import shutil
 from pathlib import Path
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.chat import ChatScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import HistoryStore
+from tests.support.chat_app import RecordingEngineThread, send, wait_for
 from tests.support.vlm_oracle import mlx_vlm_greedy
-from tests.tui.helpers import RecordingEngineThread, send, wait_for
 
 GREEDY = SessionSettings(temperature=0.0, top_p=1.0, max_tokens=5)
 
@@ -57,7 +57,7 @@ async def test_attach_send_keep_and_export_images(vlm_path: Path, image_files, t
         size = Path(first).stat().st_size
         assert f"{Path(first).name} · {size / 1024:.1f} KiB · 64×48" in chips
         assert f"{Path(second).name} · " in chips and "33×60" in chips
-        assert screen.prompt_input.text == ""  # the command is not sent as a message
+        assert screen.message_box.text == ""  # the command is not sent as a message
 
         await send(pilot, screen, "compare")
         await wait_for(pilot, lambda: not screen.chats.replies)

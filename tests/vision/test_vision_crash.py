@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.batch.conftest import read_jsonl, write_job
 from tests.support.batch_process import kill_9_after
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.tiny_vlm import png_bytes
 
 pytest.importorskip("mlx_vlm")

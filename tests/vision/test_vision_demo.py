@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from macbatch.demo.vision import NAME
-from tests.batch.conftest import JOBS, read_jsonl
+from tests.support.job_files import JOBS, read_jsonl
 from tests.support.vlm_oracle import mlx_vlm_greedy
 
 pytest.importorskip("mlx_vlm")

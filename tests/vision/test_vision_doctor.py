@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from macbatch.cli import app
 from macbatch.engine.multimodal.vision import unavailable_reason
 from tests.support.tiny import save_model
-from tests.vision.conftest import TinyVlm
+from tests.support.vlm_families import TinyVlm
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")

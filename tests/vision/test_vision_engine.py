@@ -11,28 +11,15 @@ from pathlib import Path
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.inputs.prompt import PromptInput
-from macbatch.engine.multimodal.images import load_image
+from tests.support.image_requests import QUESTIONS, cases, chat, expected
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
-from tests.support.vlm_oracle import mlx_vlm_greedy
-from tests.vision.conftest import TinyVlm
+from tests.support.vlm_families import TinyVlm
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
 
-QUESTIONS = ["what is this?", "describe the picture in detail please", "colors?", "count them"]
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-
-
-def chat(question: str, images: list[Path]) -> PromptInput:
-    parts = [{"type": "image", "image": load_image(p.read_bytes(), str(p))} for p in images]
-    return PromptInput([{"role": "user", "content": [*parts, {"type": "text", "text": question}]}])
-
-
-def expected(vlm: TinyVlm, question: str, images: list[Path], max_tokens: int) -> list[int]:
-    """mlx-vlm's greedy ids for the text the tiny model's template renders."""
-    return mlx_vlm_greedy(vlm.path, vlm.rendered(question, len(images)), images, max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +27,6 @@ def engine(family_vlm: TinyVlm) -> Engine:
     # 8-token blocks and 12-token prefill chunks: every image's rows span a chunk boundary
     config = EngineConfig(num_blocks=256, block_size=8, max_num_batched_tokens=12)
     return Engine.load(str(family_vlm.path), config)
-
-
-def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
-    one, two, three, four = image_files
-    return [
-        (QUESTIONS[0], [one]),
-        (QUESTIONS[1], [two]),
-        (QUESTIONS[2], [three, four]),  # two images in one message
-        (QUESTIONS[3], [four]),
-    ]
 
 
 def test_greedy_ids_equal_mlx_vlm_with_several_in_flight(

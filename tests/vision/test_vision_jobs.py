@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.batch.conftest import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, write_job
 from tests.support.vlm_oracle import mlx_vlm_generate
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'

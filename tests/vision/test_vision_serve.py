@@ -13,7 +13,7 @@ import pytest
 
 from macbatch.openai import ImageAccess
 from macbatch.server.serving import ServerOptions
-from tests.server.conftest import Served, serving, start_engine
+from tests.support.live_server import Served, serving, start_engine
 from tests.support.vlm_oracle import mlx_vlm_greedy
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'

@@ -9,8 +9,8 @@ import mlx.core as mx
 
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.scheduler import StepPlan
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.sample.sampler import SampledBatch
-from macbatch.engine.worker.packing import PackedBatch
 
 
 @dataclass

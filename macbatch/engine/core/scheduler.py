@@ -8,7 +8,7 @@ and none is free, the newest running request is preempted: its blocks go back to
 returns to the front of the waiting queue, to be recomputed later (cheaply, when its blocks are
 still in the prefix cache).
 
-Policy only: blocks are the KV manager's (``kv_manager.py``). With the pipelined step a request
+Policy only: blocks are the KV manager's (``kv/manager.py``). With the pipelined step a request
 may hold a pending token (sampled, not yet read by the host); it is scheduled like a known one,
 except that a preempted request is not readmitted before its pending token is known (its
 recompute needs every token on the host).

@@ -1,16 +1,13 @@
 """What the engine reports of itself (``Engine.stats``): its counters, and the bytes its KV pages
 and recurrent states take, the draft model's included (docs/speculative.md, "The draft model in
-the pool")."""
+the pool"; the runner counts them, ``ModelRunner.kv_cache_bytes`` and ``kv_bytes_used``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from macbatch.engine.core.outputs import SpeculationCounts
-from macbatch.engine.kv.block_pool import BlockPool
 from macbatch.engine.kv.disk.tier import DiskCounts
-from macbatch.engine.kv.manager import KVManager
-from macbatch.engine.worker.model_runner import ModelRunner
 
 
 @dataclass
@@ -47,23 +44,3 @@ class EngineStats:
     def kv_usage(self) -> float:
         """Blocks taken by requests, of the most the pool may hold."""
         return self.kv_blocks_used / self.kv_blocks_cap if self.kv_blocks_cap else 0.0
-
-
-def kv_cache_bytes(runner: ModelRunner) -> int:
-    """The whole pool's pages now, scales and a draft model's pages included."""
-    draft = runner.draft
-    return runner.kv_stores.nbytes + (0 if draft is None else draft.store.nbytes)
-
-
-def draft_bytes_used(runner: ModelRunner, pool: BlockPool) -> int:
-    """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
-    draft = runner.draft
-    if draft is None:
-        return 0
-    return pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
-
-
-def kv_bytes_used(runner: ModelRunner, kv: KVManager) -> int:
-    """What every cache group's memory holds (pages in occupied blocks, recurrent states in
-    use: running requests' slots and the prefix cache's checkpoints), and the draft's."""
-    return kv.bytes_used + draft_bytes_used(runner, kv.pool)

@@ -23,8 +23,8 @@ import numpy as np
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.distributed.watchdog import process_watchdog
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.recurrent import StateRows
-from macbatch.engine.worker.packing import PackedBatch
 
 
 class MessageKind(IntEnum):

@@ -23,8 +23,9 @@ from macbatch.engine.distributed.channel import (
     decode_batch,
 )
 from macbatch.engine.distributed.loading import load, settle_drafting
+from macbatch.engine.distributed.ranks import ranks_of
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import PackedBatch
 
 
 def follow(group: mx.distributed.Group, replicate: Callable[[LoadOrder], int] | None = None) -> int:
@@ -49,7 +50,7 @@ def follow(group: mx.distributed.Group, replicate: Callable[[LoadOrder], int] | 
             return 1
         config = dataclasses.replace(order.config, speculative=mode)
         # The same collectives as rank 0's engine makes while it builds its runner.
-        runner = ModelRunner(model, config, owns_model=True, group=group)
+        runner = ModelRunner(model, config, owns_model=True, ranks=ranks_of(group))
         sys.stderr.write(
             f"macbatch {channel.who}: loaded its shard of {order.model} (speculative {mode})\n"
         )

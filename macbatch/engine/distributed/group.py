@@ -16,7 +16,7 @@ _group: mx.distributed.Group | None = None
 
 def join() -> mx.distributed.Group | None:
     """Connect to the other ranks (once per process; only in a process a launcher started, which
-    ``macbatch.launch.launched`` tells); None when the launcher started this rank alone."""
+    ``macbatch.commands.launch.launched`` tells); None when the launcher started this rank alone."""
     global _group
     if _group is None:
         # MLX waits forever for a rank that never connects (a host down, a wrong address).

@@ -13,7 +13,7 @@ from macbatch.engine.distributed.channel import LoadOrder, channel_of
 from macbatch.engine.distributed.group import current, failed_ranks, rank_zero_value
 from macbatch.engine.loader import declared_head_dim, load_model
 from macbatch.engine.speculative.methods import SPECULATIVE_MODES
-from macbatch.engine.worker.pages import PageFormat
+from macbatch.engine.stores.pages import PageFormat
 
 if TYPE_CHECKING:
     import mlx.nn as nn

@@ -264,12 +264,10 @@ class ReplicatedEngine:
         prompt: Prompt | PromptInput,
         params: Params,
         request_id: str | None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
     ) -> Request:
         """Check and tokenize here (thread-safe, as ``Engine.prepare_request``); the replica
         that runs it prepares it again from what was given."""
-        given = prompt_input(prompt, chat_template_kwargs, tools)
+        given = prompt_input(prompt)
         request = self.local.prepare_request(given, params, request_id)
         self._held[request.request_id] = _Held((given, params))
         return request

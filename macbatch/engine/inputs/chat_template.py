@@ -3,8 +3,9 @@
 Rules, each decided here only:
 - A text prompt gets the tokenizer's special tokens (BOS) unless it already starts with the BOS
   text, as mlx-lm's ``generate`` does: a hand-templated or pre-rendered prompt keeps one BOS.
-- A prompt with images keeps the BOS its template wrote and no other (``one_bos``), as
-  transformers' processors tokenize a rendered template; mlx-vlm's add another.
+- A prompt with images keeps the BOS its template wrote and no other (``one_bos``, in
+  ``engine/tokenizer.py``), as transformers' processors tokenize a rendered template; mlx-vlm's
+  add another.
 - Chat messages are rendered by the model's own template to text, then encoded without special
   tokens (the template writes them), exactly as ``apply_chat_template(tokenize=True)`` does.
 - ``chat_template_kwargs`` (``enable_thinking``, ``reasoning_effort`` ...) go to the template as
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.tokenizer import Tokenizer
 
 # Arguments of ``apply_chat_template`` itself, which the engine decides; not template variables.
 _RESERVED = (
@@ -85,21 +86,6 @@ def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     bos = getattr(_hf_tokenizer(tokenizer), "bos_token", None)
     add_special = bos is None or not text.startswith(bos)
     return list(tokenizer.encode(text, add_special_tokens=add_special))
-
-
-def one_bos(tokenizer: Any, text: str, ids: list[int]) -> list[int]:
-    """``ids`` of ``text`` (by ``tokenizer``, a processor's Hugging Face tokenizer) with as many
-    leading BOS tokens as the text writes: mlx-vlm has most processors tokenize a rendered
-    template (which writes its BOS) with the tokenizer's special tokens again, a second BOS
-    that transformers' ``apply_chat_template`` and the text path never add."""
-    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
-    if not bos or bos_id is None:
-        return ids
-    written = 0
-    while text.startswith(bos, written * len(bos)):
-        written += 1
-    leading = next((i for i, token in enumerate(ids) if token != bos_id), len(ids))
-    return ids[leading - written :] if leading > written else ids
 
 
 def has_chat_template(tokenizer: Tokenizer) -> bool:

@@ -39,7 +39,11 @@ class InputProcessor:
     """Turns prompts into requests for one model and KV pool (thread-safe)."""
 
     def __init__(
-        self, tokenizer: TokenizerWrapper, info: EngineInfo, constraints: ConstraintCompiler
+        self,
+        tokenizer: TokenizerWrapper,
+        info: EngineInfo,
+        constraints: ConstraintCompiler,
+        vision: VisionSupport,
     ) -> None:
         self.tokenizer = tokenizer
         self.info = info
@@ -47,10 +51,8 @@ class InputProcessor:
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids or ())
         self._rng = random.Random()  # seeds of unseeded requests (getrandbits holds the GIL)
         self._token_chars: int | None = None  # longest_token, read on first need
-        # The model's vision encoder, or why requests with images are refused.
-        self.vision = VisionSupport(
-            refusal="this engine was built from a model object; load the model by name for images"
-        )
+        # The runner's vision encoder, or why requests with images are refused.
+        self.vision = vision
 
     def encode(self, prompt: PromptInput) -> list[int]:
         """Token ids for a prompt: ids as given, raw text encoded (one BOS, as mlx-lm), chat

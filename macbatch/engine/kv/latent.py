@@ -6,7 +6,7 @@ a key and a value for every head: 10x to 100x less than a per-head cache.
 Every position's row is kept for as long as the request runs, as full attention keeps its K/V, so
 the group is the full group's block logic (its room decides the scheduler's, the prefix cache
 finds a prefix in it, drafts are truncated in it, a draft model's pages share its block ids):
-what differs is the pages its blocks address (``worker/pages.py``: one "KV head" of width
+what differs is the pages its blocks address (``stores/pages.py``: one "KV head" of width
 ``kv_lora_rank + qk_rope_head_dim``, no value pages), and so its bytes per block. An MLA model's
 layers are all latent, so this group is its first (``KVManager``'s full group), and a block's
 rows are gathered and scattered as the full group's (``KVStore.gather_blocks``).

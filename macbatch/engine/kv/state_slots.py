@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.checkpoints import StateCheckpoints
 from macbatch.engine.kv.elastic import GROWTH_FACTOR
-from macbatch.engine.worker.state_store import StateStore
+from macbatch.engine.stores.state_store import StateStore
 
 # Request slots an elastic store starts with (and shrinks back to): a chat, or a few requests.
 START_SLOTS = 4

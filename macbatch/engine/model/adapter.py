@@ -27,13 +27,13 @@ from mlx_lm.models import base as mlx_base
 
 import macbatch.metal
 from macbatch.engine.model import hooks
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, unsupported_reason
 from macbatch.engine.model.hooks.attention import EngineAttention
+from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.recurrent import PagedStateCache
-from macbatch.engine.multimodal.image_blocks import attend_blocks
-from macbatch.engine.worker.packing import PackedBatch
-from macbatch.engine.worker.pages import KVStore, KVStores, LayerShape
-from macbatch.engine.worker.state_store import StateShape, StateStore
+from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape
+from macbatch.engine.stores.state_store import StateShape, StateStore
 
 _INNER_NAMES = ("model", "transformer", "backbone")
 _TEXT_MODEL_NAME = "language_model"

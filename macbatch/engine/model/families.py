@@ -85,7 +85,7 @@ class Vision:
     # layers (Qwen3-VL, multimodal/deepstack.py)
     deepstack: bool = False
     # an image's rows attend to each other both ways when the text config says
-    # ``use_bidirectional_attention: "vision"`` (mlx-vlm's gemma4, multimodal/image_blocks.py)
+    # ``use_bidirectional_attention: "vision"`` (mlx-vlm's gemma4, model/image_blocks.py)
     bidirectional_blocks: bool = False
     # the image embeddings enter after the text model's input scaling (Gemma 4's sqrt(hidden):
     # mlx-vlm scales the token rows, then scatters the image features in as they come), where

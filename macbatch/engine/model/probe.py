@@ -11,8 +11,8 @@ from pathlib import Path
 from mlx.utils import tree_reduce
 
 from macbatch.engine.model.adapter import ModelAdapter, model_type_of, text_model
-from macbatch.engine.worker.compute_dtype import available_memory_bytes, settle_compute_dtype
-from macbatch.engine.worker.pages import PageFormat
+from macbatch.engine.model.compute_dtype import available_memory_bytes, settle_compute_dtype
+from macbatch.engine.stores.pages import PageFormat
 
 
 def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:

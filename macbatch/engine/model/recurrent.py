@@ -33,7 +33,7 @@ from macbatch.engine.model import state_cut
 from macbatch.engine.model.hooks import gated_delta
 from macbatch.engine.model.hooks.depthwise_conv import ShiftedConv1d
 from macbatch.engine.model.hooks.recurrent_layers import SequenceRunner
-from macbatch.engine.worker.state_store import StateStore
+from macbatch.engine.stores.state_store import StateStore
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ class PromptImages:
     # of every position after the prompt. None: rows sit at their 1-D positions.
     rope: np.ndarray | None = None
     rope_delta: int = 0
-    # Gemma 4 (engine/multimodal/image_blocks.py): ``[K, 2]`` prompt positions ``[start, stop)`` of
+    # Gemma 4 (engine/model/image_blocks.py): ``[K, 2]`` prompt positions ``[start, stop)`` of
     # each
     # image's rows, which attend to each other both ways. None: image rows are causal rows.
     blocks: np.ndarray | None = None

@@ -24,16 +24,16 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine.inputs.chat_template import one_bos
 from macbatch.engine.model.families import ImageFeatures, family, vision_families
+from macbatch.engine.model.image_blocks import runs, step_blocks
 from macbatch.engine.multimodal.deepstack import install_deepstack
-from macbatch.engine.multimodal.image_blocks import runs, step_blocks
 from macbatch.engine.multimodal.images import VISION_EXTRA, Image
 from macbatch.engine.multimodal.prompt_images import PromptImages
 from macbatch.engine.multimodal.qwen_vl import MRoPEPositions, step_rope, tower_features
+from macbatch.engine.tokenizer import one_bos
 
 if TYPE_CHECKING:
-    from macbatch.engine.worker.packing import PackedBatch
+    from macbatch.engine.model.batch import PackedBatch
 
 ENCODE_CACHE_BYTES = 256 * 2**20
 
@@ -60,6 +60,7 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     return None
 
 
+FROM_A_MODEL_OBJECT = "this engine was built from a model object; load the model by name for images"
 LAUNCHED = (
     "images are not supported under mlx.launch: a tensor-parallel group pages text only (the "
     "image embeddings are not sent with the step rows yet); serve this model without mlx.launch "

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.tokenizer import Tokenizer
 
 TOOL_CHOICES = ("none", "auto", "required")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.tokenizer import Tokenizer
 
 _POOLING_MODES = {  # the Pooling module's flags -> our method names
     "pooling_mode_lasttoken": "last",

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 
+from macbatch.engine.core.packing import pack
 from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.model.recurrent import StateChunk
 from macbatch.engine.speculative.draft_runner import DraftRunner
-from macbatch.engine.worker.packing import pack
 
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request

@@ -22,10 +22,10 @@ import numpy as np
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.state_slots import START_SLOTS, StateSizes, StateSlots
 from macbatch.engine.model.adapter import ModelAdapter
-from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
-from macbatch.engine.worker.packing import PackedBatch
-from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
-from macbatch.engine.worker.state_store import StateStore, slot_stride
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
+from macbatch.engine.stores.state_store import StateStore, slot_stride
 
 
 class DraftRunner:

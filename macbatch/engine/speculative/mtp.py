@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 
+from macbatch.engine.core.packing import pack
 from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.speculative.draft_model import Written, shared_prefix, truncate_written
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.speculative.policy import may_draft
-from macbatch.engine.worker.packing import PackedBatch, pack
 
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request

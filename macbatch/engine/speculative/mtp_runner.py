@@ -17,11 +17,11 @@ import mlx.nn as nn
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.model import hooks
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
 from macbatch.engine.speculative.mtp_model import MtpHead
-from macbatch.engine.worker.compute_dtype import parameter_arrays
-from macbatch.engine.worker.packing import PackedBatch
-from macbatch.engine.worker.pages import KVStore, KVStores, LayerShape, PageFormat
+from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape, PageFormat
 
 
 class MtpRunner:

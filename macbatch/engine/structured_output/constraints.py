@@ -20,23 +20,14 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.parsers.json_layout import JSON_LAYOUT
 from macbatch.engine.parsers.reasoning import Phase, ReasoningTracker
 
-if TYPE_CHECKING:
-    from llguidance._lib import JsonCompileOptions  # the stub's name for these options
-
-# JSON as json.dumps writes it: no free whitespace, so a model cannot pad its reply with newlines
-# until max_tokens runs out.
-JSON_LAYOUT: JsonCompileOptions = {
-    "whitespace_flexible": False,
-    "item_separator": ", ",
-    "key_separator": ": ",
-}
 _KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 

@@ -1,3 +1,3 @@
-"""Everything a step needs on the device: the model runner, the packed batch, the KV pages and the
-recurrent state store, the compiled decode step, the compute dtype and host memory for step
-buffers."""
+"""Everything a step needs on the device: the model runner (its model, cache memory, forward,
+sampling; a drafter's runner beside it), the compiled decode step, host memory for step buffers,
+and what it needs of a distributed group (``ranks.py``)."""

@@ -34,8 +34,8 @@ import numpy as np
 
 import macbatch.metal
 from macbatch.engine.model.adapter import ModelAdapter
-from macbatch.engine.worker.packing import PackedBatch
-from macbatch.engine.worker.pages import KVStore, KVStores
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.stores.pages import KVStore, KVStores
 from macbatch.metal import AttentionMetadata
 
 MAX_BATCH = 8  # compile decode steps of at most this many sequences (no gain measured at 32)

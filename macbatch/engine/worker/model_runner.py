@@ -24,9 +24,7 @@ import mlx.nn as nn
 import macbatch.metal
 from macbatch.arithmetic import ceil_div
 from macbatch.engine.config import EngineConfig
-from macbatch.engine.distributed.channel import StepChannel, channel_of
-from macbatch.engine.distributed.group import smallest
-from macbatch.engine.distributed.sharding import shard_model
+from macbatch.engine.core.packing import pack
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
@@ -35,22 +33,26 @@ from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
 from macbatch.engine.model.adapter import ModelAdapter
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
 from macbatch.engine.model_info import context_length, declared_context_length
+from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
+from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
+from macbatch.engine.stores.state_store import StateStore, slot_stride
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode
-from macbatch.engine.worker.compute_dtype import parameter_arrays, settle_compute_dtype
-from macbatch.engine.worker.packing import PackedBatch, pack
-from macbatch.engine.worker.pages import KVStore, KVStores, PageFormat
-from macbatch.engine.worker.state_store import StateStore, slot_stride
+from macbatch.engine.worker.ranks import Followers, Ranks
 
 if TYPE_CHECKING:
     from macbatch.engine.core.request import Request
     from macbatch.engine.core.scheduler import StepPlan
+    from macbatch.engine.kv.block_pool import BlockPool
+    from macbatch.engine.kv.manager import KVManager
     from macbatch.engine.speculative.verify import DraftRow
     from macbatch.engine.structured_output.constraints import ConstraintCompiler
 
@@ -63,21 +65,25 @@ class ModelRunner:
         model: nn.Module,
         config: EngineConfig,
         owns_model: bool = False,
-        group: mx.distributed.Group | None = None,
+        ranks: Ranks | None = None,
         draft: nn.Module | MtpHead | None = None,
+        vision_from: str | None = None,
     ) -> None:
         """``owns_model``: the engine loaded ``model`` itself and may cast it for the backend.
-        ``group``: the ranks that share the model; each keeps its shard and pages its own KV
-        heads, and the ranks agree on the smallest pool (a collective: every rank builds its
-        runner at the same point). ``draft``: a draft model (rank 0's), whose pages share the
-        full group's block ids (speculative/draft_runner.py), or a checkpoint's MTP layer, whose
-        pages share them too and which reads the step's hidden states (speculative/mtp.py)."""
+        ``ranks``: the ranks that share the model (``worker/ranks.py``; None: one process);
+        each keeps its shard and pages its own KV heads, and the ranks agree on the smallest
+        pool (a collective: every rank builds its runner at the same point). ``draft``: a draft
+        model (rank 0's), whose pages share the full group's block ids
+        (speculative/draft_runner.py), or a checkpoint's MTP layer, whose pages share them too
+        and which reads the step's hidden states (speculative/mtp.py). ``vision_from``: the
+        model name (as the loader resolves it) whose vision tower encodes a request's images
+        (None: images are refused, the runner was built from a model object)."""
         self.config = config
-        self.group = group
+        self.group = group = None if ranks is None else ranks.group
         host_memory.keep_step_buffers()
         self.compute_dtype = settle_compute_dtype(model, config.dtype, owns_model)
-        if group is not None:
-            shard_model(model, group)
+        if ranks is not None:
+            ranks.shard(model)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
@@ -98,7 +104,7 @@ class ModelRunner:
             self.draft = DraftRunner(draft, config, self.vocab_size, owns_model)
         # the last forward's hidden states, kept for an MTP layer (None: not kept)
         self.hidden: mx.array | None = None
-        self._allocate_caches(model, config, fmt, group)
+        self._allocate_caches(model, config, fmt, ranks)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
         self.compiled = compiled_decode(
             self.adapter,
@@ -113,8 +119,13 @@ class ModelRunner:
         self.pools = Pools()  # pooling requests' running accumulators
         # Set by the engine (rank 0): the masks of constrained requests. A follower has none.
         self.constraints: ConstraintCompiler | None = None
-        self._followers: StepChannel | None = (
-            channel_of(group) if group is not None and group.rank() == 0 else None
+        self._followers: Followers | None = None if ranks is None else ranks.followers()
+        # the vision encoder, or why requests with images are refused (a launched group pages
+        # text only: docs/vision.md)
+        self.vision = (
+            VisionSupport(refusal=FROM_A_MODEL_OBJECT)
+            if vision_from is None
+            else vision_for(vision_from, model, launched=ranks is not None)
         )
 
     def _allocate_caches(
@@ -122,7 +133,7 @@ class ModelRunner:
         model: nn.Module,
         config: EngineConfig,
         fmt: PageFormat,
-        group: mx.distributed.Group | None,
+        ranks: Ranks | None,
     ) -> None:
         """Size and allocate the memory of each cache group the model needs, and declare them
         (``cache_groups``: each group's spec and memory, which the KV manager's groups keep); the
@@ -130,10 +141,10 @@ class ModelRunner:
         full_shapes, window_shapes = self.adapter.group_shapes
         full, window, states = cache_specs(self.adapter, fmt, config.block_size)
         cap, window_cap = self._caps(model, config, full, window, states)
-        if group is not None:  # block ids mean the same on every rank: the smallest pool wins
-            cap = smallest(cap, group)
+        if ranks is not None:  # block ids mean the same on every rank: the smallest pool wins
+            cap = ranks.smallest(cap)
         # A pinned size, or ranks that must agree on every block id: a fixed pool.
-        fixed = config.num_blocks is not None or group is not None
+        fixed = config.num_blocks is not None or ranks is not None
         # both groups start with as many blocks as one pool of every layer would
         start_per_block = full.bytes_per_block + (0 if window is None else window.bytes_per_block)
         start_per_block += 0 if self.draft is None else self.draft.bytes_per_block
@@ -259,6 +270,25 @@ class ModelRunner:
         """Let the other ranks of a group exit; this runner must not run a step again."""
         if self._followers is not None:
             self._followers.send_stop()
+
+    # -- what the pages hold (``Engine.stats``) ---------------------------------------------
+
+    def kv_cache_bytes(self) -> int:
+        """The whole pool's pages now, scales and a draft model's pages included."""
+        draft = self.draft
+        return self.kv_stores.nbytes + (0 if draft is None else draft.store.nbytes)
+
+    def draft_bytes_used(self, pool: BlockPool) -> int:
+        """The draft's pages in occupied blocks, and a hybrid draft's states in use."""
+        draft = self.draft
+        if draft is None:
+            return 0
+        return pool.num_occupied * draft.bytes_per_block + draft.state_bytes_used
+
+    def kv_bytes_used(self, kv: KVManager) -> int:
+        """What every cache group's memory holds (pages in occupied blocks, recurrent states in
+        use: running requests' slots and the prefix cache's checkpoints), and the draft's."""
+        return kv.bytes_used + self.draft_bytes_used(kv.pool)
 
     # -- a step (the other ranks) -----------------------------------------------------------
 

@@ -21,6 +21,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListView, TextArea
 from textual.worker import Worker
 
+from macbatch.session_settings import SessionSettings
 from macbatch.tui.chats import ChatRefused, ChatService
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.attach import AttachScreen
@@ -30,13 +31,12 @@ from macbatch.tui.screens.models import ModelScreen
 from macbatch.tui.screens.rename import RenameScreen
 from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
-from macbatch.tui.settings import SessionSettings
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.loading_panel import LoadingPanel
+from macbatch.tui.widgets.message_box import MessageBox, Scroll
 from macbatch.tui.widgets.message_view import MessageView
-from macbatch.tui.widgets.prompt_input import PromptInput, Scroll
 from macbatch.tui.widgets.session_item import SessionItem
 from macbatch.tui.widgets.session_list import SessionList
 from macbatch.tui.widgets.status_bar import StatusBar
@@ -137,7 +137,7 @@ class ChatScreen(Screen[None]):
                 yield LoadingPanel(id="loading")
                 yield Transcripts(id="transcripts")
                 yield AttachmentChips()
-                yield PromptInput(on_submit=self.send, on_scroll=self.scroll_transcript)
+                yield MessageBox(on_submit=self.send, on_scroll=self.scroll_transcript)
         yield StatusBar(id="status")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -146,7 +146,7 @@ class ChatScreen(Screen[None]):
         items = [SessionItem(s.id, s.title) for s in self.chats.sessions.values()]
         await self.session_list.extend(items)
         await self.open_session(first)
-        self.prompt_input.focus()
+        self.message_box.focus()
         self.refresh_status()
         self.set_interval(STATUS_EVERY_S, self.refresh_status)
 
@@ -155,8 +155,8 @@ class ChatScreen(Screen[None]):
         return self.query_one(SessionList)
 
     @property
-    def prompt_input(self) -> PromptInput:
-        return self.query_one(PromptInput)
+    def message_box(self) -> MessageBox:
+        return self.query_one(MessageBox)
 
     @property
     def chips(self) -> AttachmentChips:
@@ -179,7 +179,7 @@ class ChatScreen(Screen[None]):
         for each key in the order typed, and the focus moves at once, so no key is lost and
         none overtakes another."""
         if key.is_printable and not isinstance(self.focused, (TextArea, Input)):
-            self.set_focus(self.prompt_input)
+            self.set_focus(self.message_box)
 
     @contextmanager
     def refusals_shown(self) -> Iterator[None]:
@@ -247,20 +247,20 @@ class ChatScreen(Screen[None]):
 
     @on(ListView.Selected, "#sessions")
     def session_selected(self) -> None:
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     async def action_new_session(self) -> None:
         session = self.chats.create()
         await self.session_list.append(SessionItem(session.id, session.title))
         await self.open_session(session.id)
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     async def action_switch(self, step: int) -> None:
         ids = list(self.chats.sessions)
         if self.current is not None and len(ids) > 1:
             index = (ids.index(self.current) + step) % len(ids)
             await self.open_session(ids[index])
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     def ask(self, dialog: ModalScreen[Any], then: Callable[[int, Any], Awaitable[None]]) -> None:
         """Show `dialog` about the open chat; `then(chat, answer)` runs on a yes, a title or
@@ -346,13 +346,13 @@ class ChatScreen(Screen[None]):
             await self.open_session(session_id)
             view = self.transcript(session_id).view_for(message_id)
             self.call_after_refresh(view.scroll_visible, animate=False, top=True)
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     def action_toggle_sidebar(self) -> None:
         sidebar = self.session_list
         sidebar.display = not sidebar.display
         if not sidebar.display and sidebar.has_focus:
-            self.prompt_input.focus()
+            self.message_box.focus()
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(help_rows(self.app, self.BINDINGS)))
@@ -370,7 +370,7 @@ class ChatScreen(Screen[None]):
         if path is not None:
             with self.refusals_shown():
                 self.chips.add(self.chats.attach(path))
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     def action_pick_model(self) -> None:
         """F4 or `/model`: the local models, the open chat's first; the one picked is its."""
@@ -398,7 +398,7 @@ class ChatScreen(Screen[None]):
             self.notify(f"This chat now runs on {label}" + (" (loading…)" if loading else "."))
             self.refresh_status()
             self.show_chat_facts(self.current)
-        self.prompt_input.focus()
+        self.message_box.focus()
 
     async def slash_command(self, text: str) -> bool:
         """Run `text` if it is a command (`/image PATH`, `/detach`, `/model [NAME]`); False: it
@@ -414,7 +414,7 @@ class ChatScreen(Screen[None]):
             self.chips.clear()
         else:
             return False
-        self.prompt_input.clear()
+        self.message_box.clear()
         return True
 
     # Messages and replies
@@ -430,7 +430,7 @@ class ChatScreen(Screen[None]):
             message = self.chats.send(session_id, text, editing, tuple(self.chips.attached))
             self.chips.clear()
             self.cancel_edit()
-            self.prompt_input.clear()
+            self.message_box.clear()
             transcript = self.transcript(session_id)
             if editing is not None:
                 await transcript.remove_from(editing.id)
@@ -461,7 +461,7 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         """Esc: stop the open chat's reply (its KV blocks are freed now), or leave edit mode;
         either way the focus goes back to the message box."""
-        self.prompt_input.focus()
+        self.message_box.focus()
         if self.editing is not None:
             self.cancel_edit()
         elif self.current is not None:
@@ -498,7 +498,7 @@ class ChatScreen(Screen[None]):
                 focused = self.focused
                 selected = focused.message.id if isinstance(focused, MessageView) else None
                 self.editing = self.chats.message_to_edit(self.current, selected)
-                self.prompt_input.start_editing(self.editing.content)
+                self.message_box.start_editing(self.editing.content)
 
     def on_message_view_delete_asked(self, event: MessageView.DeleteAsked) -> None:
         """Delete on a selected message: ask, then forget it and take it off the screen."""
@@ -518,7 +518,7 @@ class ChatScreen(Screen[None]):
     def cancel_edit(self) -> None:
         if self.editing is not None:
             self.editing = None
-            self.prompt_input.stop_editing()
+            self.message_box.stop_editing()
 
     def on_unmount(self) -> None:
         self.chats.interrupt_replies()

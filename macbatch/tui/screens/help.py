@@ -11,8 +11,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label, ListView
 
+from macbatch.tui.widgets.message_box import MessageBox
 from macbatch.tui.widgets.message_view import MessageView
-from macbatch.tui.widgets.prompt_input import PromptInput
 from macbatch.tui.widgets.transcript import Transcript
 
 # What no binding says: typed commands, the mouse, Textual's own keys.
@@ -55,7 +55,7 @@ def help_rows(app: App[None], screen: list[BindingType]) -> list[tuple[str, str,
     chat screen's bindings."""
     places = [
         ("Anywhere", screen + list(app.BINDINGS)),
-        ("Message box", PromptInput.BINDINGS),
+        ("Message box", MessageBox.BINDINGS),
         ("Transcript (focused)", Transcript.BINDINGS),
         ("Selected message", MessageView.BINDINGS),
         ("Chat list", ListView.BINDINGS),

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
-from macbatch.tui.settings import SAMPLING_FIELDS, SessionSettings, parse_settings
+from macbatch.session_settings import SAMPLING_FIELDS, SessionSettings, parse_settings
 from macbatch.tui.widgets.ordered_input import OrderedInput
 
 

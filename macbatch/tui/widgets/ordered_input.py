@@ -5,7 +5,7 @@ Textual inserts a printable key as soon as the focused widget reads it, but runs
 Keys typed faster than the app handles them then overtook each other: Backspace Backspace
 Backspace 3, typed fast over "2.5" in the settings, gave "2" instead of "3". So this input runs
 the binding of each non-printable key itself before it reads the next key, as the message box
-does (`prompt_input.py`).
+does (`message_box.py`).
 """
 
 from __future__ import annotations

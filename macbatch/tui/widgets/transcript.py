@@ -15,8 +15,8 @@ from textual.widgets import ContentSwitcher
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.display import displayable
 from macbatch.tui.widgets.empty_chat import EmptyChat
+from macbatch.tui.widgets.message_box import Scroll
 from macbatch.tui.widgets.message_view import MessageView
-from macbatch.tui.widgets.prompt_input import Scroll
 
 
 class Transcript(VerticalScroll, can_focus=True, inherit_bindings=False):

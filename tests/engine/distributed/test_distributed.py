@@ -20,6 +20,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, UnsupportedModelError
 from macbatch.engine.core.outputs import RequestMetrics
+from macbatch.engine.core.packing import pack
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.scheduler import Scheduler
 from macbatch.engine.distributed.channel import (
@@ -34,7 +35,6 @@ from macbatch.engine.distributed.sharding import shard_model
 from macbatch.engine.model.recurrent import StateChunk, StateRows
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.worker.model_runner import ModelRunner
-from macbatch.engine.worker.packing import pack
 from tests.support.kv import fixed_kv_manager
 from tests.support.oracle import mlx_lm_greedy_logprobs
 from tests.support.ranks import mlx_launch, ring_hostfile
@@ -176,8 +176,8 @@ def test_a_follower_step_writes_rank_zero_k_v_without_the_lm_head(
     batch = _packed_step(tiny_tokenizer)
     config = EngineConfig(num_blocks=32, block_size=8)
     rank0 = Engine(build_model("llama", seed=3), tiny_tokenizer, config)
-    logits = rank0.adapter.forward(batch, rank0.runner.kv_stores)
-    mx.eval(logits, *rank0.store.arrays())
+    logits = rank0.runner.adapter.forward(batch, rank0.runner.kv_stores)
+    mx.eval(logits, *rank0.runner.store.arrays())
     assert logits.shape[0] == batch.sample_rows.size > 0
 
     follower = ModelRunner(build_model("llama", seed=3), config)  # no tokenizer, no engine
@@ -187,7 +187,7 @@ def test_a_follower_step_writes_rank_zero_k_v_without_the_lm_head(
 
     monkeypatch.setattr(type(follower.adapter.model), "__call__", no_head)
     follow_step(follower, batch)
-    for ours, own in zip(rank0.store.arrays(), follower.store.arrays()):
+    for ours, own in zip(rank0.runner.store.arrays(), follower.store.arrays()):
         assert mx.array_equal(ours, own).item()
     assert any(mx.abs(a).max().item() > 0 for a in follower.store.arrays())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx_lm
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams, thinking_default
+from macbatch.engine import Engine, EngineConfig, PromptInput, SamplingParams, thinking_default
 from macbatch.engine.inputs.chat_template import has_thinking_switch, render_chat
 from tests.support.real_tokenizers import generation_eos_ids, load_real_tokenizer, model_for
 
@@ -53,9 +53,9 @@ def test_template_kwargs_reach_add_request_and_generate(qwen3):
     off = {"enable_thinking": False}
     expected = qwen3.encode_prompt(CONVERSATION, off)
     assert len(expected) > len(qwen3.encode_prompt(CONVERSATION))
-    [out] = qwen3.generate([CONVERSATION], params, chat_template_kwargs=off)
+    [out] = qwen3.generate([PromptInput(CONVERSATION, off)], params)
     assert out.metrics.prompt_tokens == len(expected)
-    rid = qwen3.add_request(CONVERSATION, params, chat_template_kwargs=off)
+    rid = qwen3.add_request(PromptInput(CONVERSATION, off), params)
     assert qwen3._requests[rid].prompt_token_ids == expected
     qwen3.abort(rid)
     qwen3.step()
@@ -115,7 +115,8 @@ def test_templated_string_prompt_gets_one_bos(mistral):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     [out] = mistral.generate([text], params)
     expected = [
-        r.token for r in mlx_lm.stream_generate(mistral.adapter.model, mistral.tokenizer, text, 4)
+        r.token
+        for r in mlx_lm.stream_generate(mistral.runner.adapter.model, mistral.tokenizer, text, 4)
     ]
     assert out.metrics.prompt_tokens == len(ids)
     assert out.token_ids == expected

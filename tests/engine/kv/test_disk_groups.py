@@ -163,7 +163,7 @@ def test_a_draft_model_speculates_over_a_prefix_read_from_disk(tiny_tokenizer, t
     prompt = _tokens(70, 5)
     _warm(target, tiny_tokenizer, tmp_path, prompt, draft=target)
     engine = _engine(target, tiny_tokenizer, tmp_path, draft=target)
-    target_bytes = sum(engine.store.block_slab_bytes())
+    target_bytes = sum(engine.runner.store.block_slab_bytes())
     assert {p.stat().st_size - HEADER_BYTES for p in _files(tmp_path).values()} == {target_bytes}
     longer = prompt + _tokens(5, 6)
     out = engine.generate([longer], GREEDY)[0]

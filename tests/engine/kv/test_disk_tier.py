@@ -263,7 +263,7 @@ def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
     engine = _engine(model, tiny_tokenizer, tmp_path)
     disk = engine.kv.disk
     assert disk is not None
-    block = sum(engine.store.block_slab_bytes())
+    block = sum(engine.runner.store.block_slab_bytes())
     disk.reads.max_read_bytes = 2 * block
     gate = _gate_reads(disk)
     engine.add_request(first, GREEDY, request_id="first")

@@ -44,7 +44,7 @@ def _page_bytes(engine: Engine, chain: list[bytes]) -> list[bytes]:
     assert None not in blocks
     out = []
     for block in blocks:
-        arrays = engine.store.gather_blocks([block])
+        arrays = engine.runner.store.gather_blocks([block])
         out.append(b"".join(np.array(a).tobytes() for a in arrays))
     return out
 

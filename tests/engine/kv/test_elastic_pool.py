@@ -119,7 +119,7 @@ def test_the_default_pool_starts_small(tiny_tokenizer):
     )
     engine = Engine(model, tiny_tokenizer, EngineConfig(max_model_len=40960))
     stats = engine.stats()
-    per_block = engine.store.bytes_per_block
+    per_block = engine.runner.store.bytes_per_block
     assert stats.kv_cache_bytes == 256 * 2**20 == stats.kv_blocks_total * per_block
     assert stats.kv_cache_bytes <= stats.kv_blocks_cap * per_block / 8
     assert stats.kv_bytes_used == 0
@@ -152,7 +152,10 @@ def test_an_idle_engine_thread_shrinks_the_pool(tiny_tokenizer):
             time.sleep(0.01)
         idle = thread.stats()
         assert (idle.kv_blocks_total, idle.kv_blocks_used) == (4, 0)
-        assert idle.kv_cache_bytes == 4 * thread.call(lambda e: e.store.bytes_per_block).result()
+        assert (
+            idle.kv_cache_bytes
+            == 4 * thread.call(lambda e: e.runner.store.bytes_per_block).result()
+        )
     finally:
         thread.shutdown()
 

@@ -57,5 +57,5 @@ def test_pool_sized_from_memory_fraction(tiny_tokenizer):
     small = Engine(model, tiny_tokenizer, EngineConfig(memory_fraction=0.01, max_num_seqs=4))
     # The cap: what max_num_seqs full-length sequences can use (the pool starts at most there).
     assert small.info.kv_blocks_cap == 4 * (4096 // 16)
-    assert small.pool.num_blocks <= small.info.kv_blocks_cap
-    assert np.all(small.pool.refcounts == 0)
+    assert small.kv.pool.num_blocks <= small.info.kv_blocks_cap
+    assert np.all(small.kv.pool.refcounts == 0)

@@ -115,10 +115,10 @@ def test_refcounts_exact_under_random_traffic(model, tiny_tokenizer):
         for out in engine.step():
             if out.finished and out.request_id in live:
                 live.remove(out.request_id)
-        held = np.zeros(engine.pool.num_blocks, dtype=np.int32)
+        held = np.zeros(engine.kv.pool.num_blocks, dtype=np.int32)
         for request in engine.scheduler.running + list(engine.scheduler.waiting):
             np.add.at(held, engine.kv.block_table(request.request_id), 1)
-        np.testing.assert_array_equal(held, engine.pool.refcounts)
+        np.testing.assert_array_equal(held, engine.kv.pool.refcounts)
     while engine.has_unfinished():
         engine.step()
     assert_pool_idle(engine)

@@ -11,7 +11,7 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.distributed import loading
-from macbatch.engine.worker.pages import KVStore, LayerShape, PageFormat
+from macbatch.engine.stores.pages import KVStore, LayerShape, PageFormat
 from tests.support.attention_numpy import quantize_numpy
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.staggered import GREEDY, run_staggered
@@ -91,10 +91,10 @@ def test_pool_bytes_per_block_and_stats(tiny_tokenizer):
     assert per_block[None] / per_block[8] >= 1.85 and per_block[None] / per_block[4] >= 3.4
     model = build_model("qwen3")
     engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=32, kv_bits=4))
-    fmt = engine.store.format
-    expected = 32 * fmt.bytes_per_block(engine.store.shapes, 16)
+    fmt = engine.runner.store.format
+    expected = 32 * fmt.bytes_per_block(engine.runner.store.shapes, 16)
     assert engine.stats().kv_cache_bytes == expected  # what is reported
-    assert sum(a.nbytes for a in engine.store.arrays()) == expected  # what is allocated
+    assert sum(a.nbytes for a in engine.runner.store.arrays()) == expected  # what is allocated
 
 
 @pytest.mark.parametrize(

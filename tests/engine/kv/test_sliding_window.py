@@ -31,9 +31,9 @@ def test_window_group_holds_only_the_window(arch, tiny_tokenizer):
     model = build_model(arch)
     config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
     engine = Engine(model, tiny_tokenizer, config)
-    assert engine.adapter.window == 8 and engine.runner.window_store is not None
-    assert len(engine.store.keys) + len(engine.runner.window_store.keys) == len(
-        engine.adapter.layer_shapes
+    assert engine.runner.adapter.window == 8 and engine.runner.window_store is not None
+    assert len(engine.runner.store.keys) + len(engine.runner.window_store.keys) == len(
+        engine.runner.adapter.layer_shapes
     )
     [prompt] = _prompts([70], seed=5)
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -143,7 +143,9 @@ def test_long_gemma3_request_holds_the_full_layers_and_the_windows(tiny_tokenize
 
 def _held_bytes(engine: Engine) -> int:
     """Bytes of the pages requests hold in both groups (not idle prefix-cache blocks)."""
-    held = (engine.pool.num_blocks - engine.pool.num_free) * engine.runner.store.bytes_per_block
+    held = (
+        engine.kv.pool.num_blocks - engine.kv.pool.num_free
+    ) * engine.runner.store.bytes_per_block
     window = engine.kv.group(SlidingWindowGroup)
     if window is not None:
         held += (window.pool.num_blocks - window.pool.num_free) * window.spec.bytes_per_block

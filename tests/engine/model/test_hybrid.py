@@ -30,7 +30,7 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     of other requests share the same forward."""
     model = build_model(arch)
     engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
-    assert engine.adapter.hybrid
+    assert engine.runner.adapter.hybrid
     assert_staggered_batch_matches_mlx_lm(engine, model)
 
 
@@ -141,7 +141,7 @@ def test_long_prompts_take_the_chunked_prefill(tiny_tokenizer, monkeypatch):
     prompts = random_prompts([150, 3 * gated_delta.CHUNK + 5], seed=31)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
     outs = engine.generate(prompts, params)
-    layers = len(engine.adapter.state_shapes)
+    layers = len(engine.runner.adapter.state_shapes)
     assert sorted(lengths) == [144] * layers + [192] * layers  # cut at the last 16-token block
     shifted = [m for _, m in model.named_modules() if type(m) is depthwise_conv.ShiftedConv1d]
     assert len(shifted) == layers

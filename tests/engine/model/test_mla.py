@@ -58,7 +58,7 @@ def test_staggered_batch_with_chunked_prefill(arch, quantized, tiny_tokenizer):
     model = _quantized(arch) if quantized else build_model(arch)
     engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
     assert isinstance(engine.kv.full, LatentGroup)
-    assert engine.store.values == []  # no value pages: the latent is stored once
+    assert engine.runner.store.values == []  # no value pages: the latent is stored once
     assert_staggered_batch_matches_mlx_lm(engine, model)
 
 

@@ -57,7 +57,7 @@ def test_wrapper_checkpoint_matches_mlx_lm(tmp_path, arch, tied, bits):
     engine = Engine.load(str(path), EngineConfig(num_blocks=32, max_num_batched_tokens=8))
     model, _ = mlx_lm.load(str(path))
     outs = engine.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
-    assert engine.adapter.model_type == WRAPPER_CONFIGS[arch]["model_type"]
+    assert engine.runner.adapter.model_type == WRAPPER_CONFIGS[arch]["model_type"]
     assert [o.token_ids for o in outs] == [mlx_lm_greedy(model, p, 10) for p in PROMPTS]
 
 
@@ -70,7 +70,7 @@ def test_gemma4_kv_shared_layers_use_the_source_pages(tmp_path):
     num_layers = len(model.layers)
     assert len(caches) < num_layers  # the shape under test does share K/V
     # the full and the window cache group (docs/engine.md, "Cache groups")
-    stores = [s for s in (engine.store, engine.runner.window_store) if s is not None]
+    stores = [s for s in (engine.runner.store, engine.runner.window_store) if s is not None]
     assert sum(len(store.keys) for store in stores) == len(caches)
     # what mlx-lm's caches hold per token: one K and one V row per kv head, per computing layer
     text = model.language_model

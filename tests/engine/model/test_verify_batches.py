@@ -16,7 +16,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.recurrent import PagedStateCache, StateChunk, StateRows
-from macbatch.engine.worker.state_store import StateShape, StateStore
+from macbatch.engine.stores.state_store import StateShape, StateStore
 from tests.support.tiny import HYBRID_CONFIGS, build_model
 
 ROWS = 12

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, InvalidSamplingParam, SamplingParams
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    InvalidSamplingParam,
+    PromptInput,
+    SamplingParams,
+)
 from tests.support.real_tokenizers import (
     TOKENIZERS,
     generation_eos_ids,
@@ -99,9 +105,9 @@ def test_no_reasoning_ignores_the_budget(qwen3: Engine) -> None:
     """``enable_thinking=False`` writes an empty block: the answer comes at once, untouched."""
     off = {"enable_thinking": False}
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    [plain] = qwen3.generate([CHAT], params, chat_template_kwargs=off)
+    [plain] = qwen3.generate([PromptInput(CHAT, off)], params)
     budget = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, thinking_token_budget=0)
-    [out] = qwen3.generate([CHAT], budget, chat_template_kwargs=off)
+    [out] = qwen3.generate([PromptInput(CHAT, off)], budget)
     assert list(out.token_ids) == list(plain.token_ids)
     assert out.reasoning is None or out.reasoning == ""
 

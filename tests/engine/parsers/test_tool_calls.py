@@ -9,7 +9,14 @@ import json
 import jsonschema
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    FinishReason,
+    PromptInput,
+    SamplingParams,
+    StructuredOutput,
+)
 from macbatch.engine.parsers.reasoning import Phase, ReasoningTracker
 from macbatch.engine.parsers.tool_calls import ToolFormat, chosen_tools, template_messages
 from macbatch.engine.parsers.tool_formats import SYNTAXES
@@ -45,7 +52,7 @@ def test_each_family_is_detected_and_round_trips_a_rendered_call(engine):
     """Render a call with the template, decode what the assistant turn added, parse it back."""
     tokenizer = engine.tokenizer
     family = {"qwen3": "hermes", "mistral": "mistral"}
-    fmt = engine.tool_format
+    fmt = engine.info.model.tool_format
     assert fmt == detect_tool_format(tokenizer)
     assert fmt.family in family.values()
     before = tokenizer.apply_chat_template(QUESTION, tools=TOOLS, add_generation_prompt=True)
@@ -67,7 +74,7 @@ def test_each_family_is_detected_and_round_trips_a_rendered_call(engine):
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 def test_required_and_named_choices_always_give_valid_calls(engine, choice):
-    fmt = engine.tool_format
+    fmt = engine.info.model.tool_format
     allowed = chosen_tools(TOOLS, choice)
     grammar = fmt.grammar(allowed, False, engine.tokenizer)
     params = [
@@ -99,11 +106,15 @@ def test_unknown_tool_and_malformed_history_are_refused(engine):
     with pytest.raises(ValueError, match="not among the tools"):
         chosen_tools(TOOLS, {"type": "function", "function": {"name": "nope"}})
     with pytest.raises(ValueError, match="not valid JSON"):
-        engine.add_request(_history("{city"), SamplingParams(max_tokens=2), tools=TOOLS)
+        engine.add_request(
+            PromptInput(_history("{city"), tools=TOOLS), SamplingParams(max_tokens=2)
+        )
     with pytest.raises(ValueError, match="string 'name'"):
-        engine.add_request(QUESTION, SamplingParams(max_tokens=2), tools=[{"function": {}}])
+        engine.add_request(
+            PromptInput(QUESTION, tools=[{"function": {}}]), SamplingParams(max_tokens=2)
+        )
     with pytest.raises(ValueError, match="tools need a chat prompt"):
-        engine.add_request("hello", SamplingParams(max_tokens=2), tools=TOOLS)
+        engine.add_request(PromptInput("hello", tools=TOOLS), SamplingParams(max_tokens=2))
     assert not engine.has_unfinished()
 
 

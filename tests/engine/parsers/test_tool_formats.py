@@ -12,7 +12,14 @@ import json
 import jsonschema
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, FinishReason, SamplingParams, StructuredOutput
+from macbatch.engine import (
+    Engine,
+    EngineConfig,
+    FinishReason,
+    PromptInput,
+    SamplingParams,
+    StructuredOutput,
+)
 from macbatch.engine.parsers.tool_calls import chosen_tools, template_messages
 from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
 from tests.support.real_templates import FAMILIES, template_on, tokenizer_for
@@ -85,7 +92,7 @@ def _message(*calls: tuple[str, dict]) -> dict:
 
 def _render(engine: Engine, messages: list[dict], prompt: bool) -> list[int]:
     return engine.tokenizer.apply_chat_template(
-        template_messages(messages, engine.tool_format),
+        template_messages(messages, engine.info.model.tool_format),
         tools=TOOLS,
         add_generation_prompt=prompt,
     )
@@ -107,7 +114,7 @@ def _reply(engine: Engine, *calls: tuple[str, dict]) -> str:
 
 def test_detection_finds_the_family(engine, request):
     name = request.node.callspec.params["engine"]
-    fmt = engine.tool_format
+    fmt = engine.info.model.tool_format
     assert fmt is not None and fmt.family == FAMILIES[name]
     # DeepSeek V3.1's template concatenates the arguments ("can only concatenate str (not
     # dict)" with a mapping); LFM2's renders no calls, so they go into the content
@@ -115,12 +122,12 @@ def test_detection_finds_the_family(engine, request):
     assert fmt.calls_in_content == name.startswith("lfm2")
     # Kimi K2 Thinking's template writes a call's id where Instruct's writes functions.NAME:0
     assert fmt.ids_as_names == (name == "kimi_k2_thinking")
-    assert detect_tool_format(engine.tokenizer) == engine.tool_format
+    assert detect_tool_format(engine.tokenizer) == engine.info.model.tool_format
 
 
 @pytest.mark.parametrize(("name", "arguments"), CALLS, ids=["strings", "integers", "nested"])
 def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     reply = _reply(engine, (name, arguments))
     _, calls = fmt.parse(reply)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [(name, arguments)], reply
@@ -133,7 +140,7 @@ def test_a_call_rendered_by_the_template_parses_back(engine, name, arguments):
 def test_two_calls_in_one_turn_parse_back(engine):
     """Parallel calls as the template writes them (a template that takes one call per turn
     refuses two, Llama 3's, or keeps the first, gpt-oss's: harmony ends a turn at a call)."""
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     try:
         reply = _reply(engine, *CALLS[:2])
     except Exception as exc:  # the template's own raise_exception
@@ -153,7 +160,7 @@ def test_a_history_with_a_call_and_its_result_renders(engine):
 
 @pytest.mark.parametrize("choice", CHOICES)
 def test_a_forced_call_parses_and_validates(engine, choice):
-    fmt = engine.tool_format.for_tools(TOOLS)
+    fmt = engine.info.model.tool_format.for_tools(TOOLS)
     allowed = chosen_tools(TOOLS, CHOICES[choice])
     grammar = StructuredOutput(grammar=fmt.grammar(allowed, False, engine.tokenizer))
     params = [
@@ -167,7 +174,8 @@ def test_a_forced_call_parses_and_validates(engine, choice):
         for seed in range(2)
     ]
     thinking_off = {"enable_thinking": False}
-    ids = [engine.add_request([QUESTION], p, None, thinking_off, TOOLS) for p in params]
+    prompt = PromptInput([QUESTION], thinking_off, TOOLS)
+    ids = [engine.add_request(prompt, p) for p in params]
     finals = {}
     while engine.has_unfinished():
         finals.update({o.request_id: o for o in engine.step() if o.finished})

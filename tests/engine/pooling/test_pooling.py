@@ -213,6 +213,6 @@ def test_blocks_go_back_when_the_last_chunk_is_dispatched(qwen3):
         assert engine.step() == []
         steps += 1
     assert steps == -(-len(tokenizer.encode(TEXTS[1])) // 16)  # one step per chunk
-    assert (engine.pool.refcounts == 0).all() and engine.pool.num_cached > 0
+    assert (engine.kv.pool.refcounts == 0).all() and engine.kv.pool.num_cached > 0
     [output] = engine.step()  # the pipelined step reads the last one's vector now
     assert output.request_id == rid and output.finished and output.embedding is not None

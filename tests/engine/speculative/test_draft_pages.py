@@ -94,10 +94,10 @@ def test_draft_pages_are_counted_and_freed_with_the_targets(target, oracle, tiny
             if out.finished:
                 outputs[out.request_id] = out.token_ids
         stats = engine.stats()
-        occupied = engine.pool.num_occupied
+        occupied = engine.kv.pool.num_occupied
         assert stats.kv_bytes_used == occupied * (target_bytes + draft_bytes)
         assert stats.draft_kv_bytes == occupied * draft_bytes
-        assert stats.kv_cache_bytes == engine.pool.num_blocks * (target_bytes + draft_bytes)
+        assert stats.kv_cache_bytes == engine.kv.pool.num_blocks * (target_bytes + draft_bytes)
         seen = max(seen, stats.draft_kv_bytes)
     assert seen > 0 and sorted(outputs.values()) == sorted(oracle)
     stats = engine.stats()
@@ -123,13 +123,13 @@ def test_no_room_for_drafts_means_no_drafts_not_a_preemption(target, tiny_tokeni
     rid = engine.add_request(prompt, _params())
     request = engine._requests[rid]
     engine.step()  # the prompt, and its first token
-    hog = engine.pool.num_free
+    hog = engine.kv.pool.num_free
     assert engine.kv.allocate_slots("hog", 0, hog * BLOCK)  # every free block taken
     speculator = engine.speculator
     chosen = speculator.choose(engine.scheduler.running)
     assert chosen == [(request, 2)]  # half the length until its drafts hold (slow start)
     speculator.propose(chosen)
-    assert request.drafts == [] and engine.pool.num_free == 0
+    assert request.drafts == [] and engine.kv.pool.num_free == 0
     speculator.clear(chosen)
     engine.kv.free("hog")
     while engine.has_unfinished():
@@ -148,9 +148,9 @@ def test_elastic_pool_grows_and_shrinks_both_models_pages(target, oracle, tiny_t
     engine = _engine(
         target, tiny_tokenizer, target, num_blocks=None, kv_start_mib=START_MIB, max_num_seqs=4
     )
-    start = engine.pool.num_blocks
+    start = engine.kv.pool.num_blocks
     assert [o.token_ids for o in engine.generate(PROMPTS, _params())] == oracle
-    grown = engine.pool.num_blocks
+    grown = engine.kv.pool.num_blocks
     assert grown > start
     assert engine.runner.draft.store.num_blocks == engine.runner.store.num_blocks == grown
     assert engine.shrink_pool() > 0
@@ -179,7 +179,7 @@ def test_hybrid_draft_keeps_its_state_slots_within_max_num_seqs(tiny_tokenizer):
         held = slots.in_use * 2 * engine.runner.draft.states.bytes_per_slot
         assert (
             stats.draft_kv_bytes
-            == engine.pool.num_occupied * engine.runner.draft.bytes_per_block + held
+            == engine.kv.pool.num_occupied * engine.runner.draft.bytes_per_block + held
         )
     assert sorted(outputs.values()) == sorted(expected)
     stats = engine.stats()

@@ -14,7 +14,7 @@ import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.model_check import check_model
+from macbatch.models.check import check_model
 from tests.support.mtp import (
     MTP_ARCHS,
     assert_mtp_weights,

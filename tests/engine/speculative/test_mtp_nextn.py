@@ -15,8 +15,8 @@ import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.worker.pages import LayerShape
-from macbatch.model_check import check_model
+from macbatch.engine.stores.pages import LayerShape
+from macbatch.models.check import check_model
 from tests.support.mtp import (
     NEXTN_ARCHS,
     PROMPTS,

@@ -99,7 +99,7 @@ def test_rejected_drafts_release_their_blocks(models, tiny_tokenizer):
     assert held and all(blocks == -(-computed // 8) for blocks, computed in held)
     reference = _engine(model, tiny_tokenizer, "off")
     _greedy(reference, [PROMPTS[2]])
-    assert engine.pool.num_cached == reference.pool.num_cached
+    assert engine.kv.pool.num_cached == reference.kv.pool.num_cached
 
 
 def test_ngram_lookup_proposes_what_followed_the_latest_match():
@@ -157,6 +157,6 @@ def test_engine_load_loads_the_draft_model(tiny_model_path):
     assert spec.verifications > 0 and spec.accepted == spec.drafted
     # the draft's pages are in the target's blocks: what the prefix cache keeps holds both
     stats, draft = engine.stats(), engine.runner.draft
-    assert draft is not None and stats.draft_kv_bytes == engine.pool.num_occupied * (
+    assert draft is not None and stats.draft_kv_bytes == engine.kv.pool.num_occupied * (
         draft.bytes_per_block
     )

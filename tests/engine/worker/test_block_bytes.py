@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from macbatch.engine.worker.pages import KVStore, LayerShape, PageFormat
+from macbatch.engine.stores.pages import KVStore, LayerShape, PageFormat
 
 SHAPES = [LayerShape(2, 32), LayerShape(4, 64)]
 BLOCK = 4

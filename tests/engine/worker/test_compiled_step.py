@@ -175,10 +175,10 @@ def test_a_growing_pool_recompiles(tiny_tokenizer):
         compile_decode_after=0,
     )  # fmt: skip
     engine = Engine(model, tiny_tokenizer, config)
-    start = engine.pool.num_blocks
+    start = engine.kv.pool.num_blocks
     prompts = random_prompts([5, 9], seed=4)
     outs = engine.generate(prompts, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True))
-    assert engine.pool.num_blocks > start
+    assert engine.kv.pool.num_blocks > start
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == mlx_lm_greedy(model, prompt, 60)
     compiled = engine.runner.compiled

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from macbatch.engine.worker.pages import KVStore, LayerShape, PageFormat
+from macbatch.engine.stores.pages import KVStore, LayerShape, PageFormat
 from macbatch.metal.quant import QuantizedPages
 
 SHAPES = [LayerShape(2, 32), LayerShape(1, 96, value_dim=64), LayerShape(2, 32)]

@@ -11,7 +11,7 @@ import pytest
 
 from macbatch.engine.model import recurrent
 from macbatch.engine.model.recurrent import PagedStateCache, StateChunk, StateRows, stretches
-from macbatch.engine.worker.state_store import StateShape, StateStore
+from macbatch.engine.stores.state_store import StateShape, StateStore
 
 WIDTH = 3
 

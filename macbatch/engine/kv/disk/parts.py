@@ -16,7 +16,7 @@ import numpy as np
 from macbatch.engine.kv.block_pool import BlockPool
 from macbatch.engine.kv.checkpoints import StateCheckpoints
 from macbatch.engine.kv.elastic import ElasticPool
-from macbatch.engine.worker.state_store import StateStore
+from macbatch.engine.stores.state_store import StateStore
 
 
 class BlockPages(Protocol):

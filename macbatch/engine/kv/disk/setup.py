@@ -14,9 +14,9 @@ from macbatch.engine.kv.disk.tier import DiskTier
 from macbatch.engine.kv.group import DiskPart
 
 if TYPE_CHECKING:
-    from macbatch.engine.worker.model_runner import ModelRunner
-    from macbatch.engine.worker.pages import KVStore
-    from macbatch.engine.worker.state_store import StateStore
+    from macbatch.engine.model.adapter import ModelAdapter
+    from macbatch.engine.stores.pages import KVStore
+    from macbatch.engine.stores.state_store import StateStore
 
 log = logging.getLogger("macbatch.disk_cache")
 
@@ -38,24 +38,29 @@ def default_cap_bytes(directory: Path) -> int:
     return min(DEFAULT_CAP_BYTES, free // 10)
 
 
-def namespace_of(runner: ModelRunner, model_name: str, prefix_root: bytes) -> Namespace:
-    """Everything a runner's cache groups' bytes on disk depend on."""
-    store = runner.store
-    window = runner.window_store
-    states = runner.states
+def namespace_of(
+    adapter: ModelAdapter,
+    store: KVStore,
+    window: KVStore | None,
+    states: StateStore | None,
+    model_name: str,
+    prefix_root: bytes,
+) -> Namespace:
+    """Everything the bytes on disk of a model's cache groups depend on: the runner's full
+    group's pages (``store``), its window group's and its recurrent states (None: none)."""
     return Namespace(
         model=model_name,
-        model_type=runner.model_type,
-        weights=weights_fingerprint(runner.model, model_name),
+        model_type=adapter.model_type,
+        weights=weights_fingerprint(adapter.model, model_name),
         dtype=str(store.format.dtype),
         kv_bits=store.format.bits,
         kv_group_sizes=_group_sizes(store),
         block_size=store.block_size,
         layers=_shapes(store),
         prefix_root=prefix_root.decode(errors="replace"),
-        window=None if window is None else runner.adapter.window,
+        window=None if window is None else adapter.window,
         window_layers=() if window is None else _shapes(window),
-        layer_slots=tuple(runner.adapter.kv_slots),
+        layer_slots=tuple(adapter.kv_slots),
         states=() if states is None else _state_layout(states),
     )
 

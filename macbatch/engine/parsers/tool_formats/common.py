@@ -10,9 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
+from macbatch.engine.parsers.json_layout import JSON_LAYOUT
 from macbatch.engine.parsers.tool_calls import Function, RawCalls
-from macbatch.engine.structured_output.constraints import JSON_LAYOUT
+from macbatch.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

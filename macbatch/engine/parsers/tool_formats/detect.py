@@ -14,7 +14,6 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import (
     CallSyntax,
     NamesCalls,
@@ -23,6 +22,7 @@ from macbatch.engine.parsers.tool_calls import (
     template_messages,
 )
 from macbatch.engine.parsers.tool_formats import SYNTAXES
+from macbatch.engine.tokenizer import Tokenizer
 
 PROBE_NAME = "get_weather"
 PROBE_ARGUMENTS = {"city": "Lisbon", "days": 3}

@@ -10,9 +10,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import json_rule, literal, one_of
+from macbatch.engine.tokenizer import Tokenizer
 
 _CALL = re.compile(
     # the recipient before the channel (as the template renders calls) or after it (as the

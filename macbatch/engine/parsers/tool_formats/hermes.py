@@ -7,9 +7,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import call_schema, json_rule, literal
+from macbatch.engine.tokenizer import Tokenizer
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

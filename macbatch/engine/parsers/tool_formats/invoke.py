@@ -14,7 +14,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import (
     STRING,
@@ -24,6 +23,7 @@ from macbatch.engine.parsers.tool_formats.common import (
     text_calls_grammar,
     typed_value,
 )
+from macbatch.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import (
     call_schema,
@@ -15,6 +14,7 @@ from macbatch.engine.parsers.tool_formats.common import (
     json_rule,
     literal,
 )
+from macbatch.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import call_schema, json_prefix, json_rule
+from macbatch.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import json_prefix, json_rule, literal, one_of
+from macbatch.engine.tokenizer import Tokenizer
 
 _CALL = re.compile(r"\[TOOL_CALLS\]\s*([\w.-]+)\s*(?:\[CALL_ID\][^\[]*)?\[ARGS\]")
 

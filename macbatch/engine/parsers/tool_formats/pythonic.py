@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import json_rule, literal, one_of
+from macbatch.engine.tokenizer import Tokenizer
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 

@@ -18,7 +18,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import (
     BlockSyntax,
@@ -26,6 +25,7 @@ from macbatch.engine.parsers.tool_formats.common import (
     text_arguments,
     text_calls_grammar,
 )
+from macbatch.engine.tokenizer import Tokenizer
 
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.DOTALL)

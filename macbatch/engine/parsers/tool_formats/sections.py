@@ -12,7 +12,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from macbatch.engine.inputs.tokenizer import Tokenizer
 from macbatch.engine.parsers.tool_calls import Function, RawCalls, Schemas
 from macbatch.engine.parsers.tool_formats.common import (
     BlockSyntax,
@@ -21,6 +20,7 @@ from macbatch.engine.parsers.tool_formats.common import (
     literal,
     one_of,
 )
+from macbatch.engine.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,137 @@
+"""`macbatch ask "PROMPT"`: one question, the reply streamed to stdout, as `ollama run MODEL
+PROMPT` and `llm PROMPT` do. Text piped in (`cat notes.md | macbatch ask "summarize"`) follows the
+prompt in the one user message. Only the reply goes to stdout, so it can be piped on; anything
+else (loading, errors, a reply cut at --max-tokens) goes to stderr.
+
+It runs the engine on this thread, one request; the sampling defaults are a new chat's
+(`session_settings.SessionSettings`, shared with the chat app), so `ask` and `chat` answer alike.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
+
+import typer
+
+from macbatch.commands.options import model_problem
+from macbatch.config import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from macbatch.engine import Engine, SamplingParams
+
+EXIT_INTERRUPTED = 130
+
+
+def ask_command(
+    prompt: Annotated[
+        str | None,
+        typer.Argument(
+            help="The question or instruction; text piped in is added after it.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="'demo' (bundled, offline), a local MLX model directory, or a Hugging Face id.",
+        ),
+    ] = DEFAULT_MODEL,
+    system: Annotated[
+        str | None, typer.Option("--system", help="A system prompt.", show_default=False)
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature", help="0 is greedy (default: a new chat's, 0.7).", show_default=False
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            min=1,
+            help="Longest reply (default: a new chat's, 512).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Ask a model one question and stream its reply to stdout (text piped in is added).
+
+    Example: `cat notes.md | macbatch ask -m mlx-community/Qwen3-0.6B-4bit "summarize"`
+    """
+    from dataclasses import replace
+
+    from macbatch.session_settings import SessionSettings
+
+    text = question(prompt, sys.stdin)
+    if not text.strip():
+        fail('nothing to ask: give a prompt (macbatch ask "...") or pipe text in')
+    if (problem := model_problem(model)) is not None:
+        raise typer.BadParameter(problem, param_hint="--model")
+    settings = SessionSettings(system_prompt=system or "")
+    if temperature is not None:
+        settings = replace(settings, temperature=temperature)
+    if max_tokens is not None:
+        settings = replace(settings, max_tokens=max_tokens)
+    try:
+        params = settings.sampling_params()
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": text})
+    engine = load(model)
+    try:
+        stream(engine, messages, params, settings.template_kwargs())
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def question(prompt: str | None, stdin: TextIO) -> str:
+    """The prompt, then what was piped in (never read from a terminal: that would wait)."""
+    piped = "" if stdin.isatty() else stdin.read()
+    return "\n\n".join(part for part in (prompt, piped.strip()) if part)
+
+
+def load(model: str) -> Engine:
+    from macbatch.engine import Engine
+
+    try:
+        return Engine.load(model)
+    except Exception as error:  # load errors come in many types; all mean "cannot answer"
+        fail(f"cannot load model '{model}': {error}")
+
+
+def stream(
+    engine: Engine,
+    messages: list[dict[str, str]],
+    params: SamplingParams,
+    template_kwargs: dict[str, bool] | None,
+) -> None:
+    """Write the reply as it comes; say on stderr why it ended if not by itself."""
+    from macbatch.engine import FinishReason, PromptInput
+
+    try:
+        engine.add_request(PromptInput(messages, template_kwargs), params)
+    except ValueError as error:  # too long for the context, a template that refuses
+        fail(str(error))
+    ended = None
+    while engine.has_unfinished():
+        for output in engine.step():
+            sys.stdout.write(output.new_text)
+            sys.stdout.flush()
+            if output.finished:
+                ended = output
+    sys.stdout.write("\n")
+    if ended is not None and ended.finish_reason == FinishReason.ERROR:
+        fail(ended.error or "the engine failed this request")
+    if ended is not None and ended.finish_reason == FinishReason.LENGTH:
+        sys.stderr.write(f"(the reply reached --max-tokens {params.max_tokens})\n")
+
+
+def fail(message: str) -> NoReturn:
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(1)

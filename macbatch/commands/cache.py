@@ -1,0 +1,73 @@
+"""``macbatch cache``: what the disk KV cache holds per model, and clearing it (docs/engine.md,
+"The disk tier"). No MLX: it reads the cache directory's files."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import EngineKnobs, disk_cache_config
+
+cache_app = typer.Typer(
+    help="List the KV blocks kept on disk per model (size, blocks, last use), or clear them.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+CACHE_DIR = Pick(EngineKnobs, ("cache_dir",))  # the directory the engine's disk tier uses
+
+
+def _root(knobs: EngineKnobs) -> Path:
+    return Path(disk_cache_config(knobs.cache_dir, None, False)["disk_cache_dir"])
+
+
+@cache_app.callback()
+@takes(knobs=CACHE_DIR)
+def cache_list(
+    ctx: typer.Context,
+    *,
+    knobs: EngineKnobs,
+) -> None:
+    """List what the disk KV cache holds, per model and page format."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from macbatch.engine import stored_models
+
+    root = _root(knobs)
+    models = stored_models(root)
+    if not models:
+        typer.echo(f"nothing cached on disk in {root}")
+        return
+    rows = [("MODEL", "FORMAT", "BLOCK", "BLOCKS", "SIZE", "LAST USE")]
+    for m in models:
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_use)) if m.last_use else "-"
+        size = f"{m.bytes / 2**20:,.1f} MiB"
+        rows.append((m.model, m.page_format, str(m.block_size), f"{m.blocks:,}", size, used))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    total = sum(m.bytes for m in models)
+    typer.echo(f"{total / 2**20:,.1f} MiB in {root}")
+
+
+@cache_app.command("clear")
+@takes(knobs=CACHE_DIR)
+def cache_clear(
+    model: str = typer.Argument(None, help="Only this model's blocks (default: every model's)."),
+    *,
+    knobs: EngineKnobs,
+) -> None:
+    """Delete the KV blocks kept on disk (all of them, or one model's)."""
+    from macbatch.engine import clear_stored
+
+    root = _root(knobs)
+    deleted = clear_stored(root, model)
+    if not deleted and model is not None:
+        typer.echo(f"no blocks of {model!r} in {root}", err=True)
+        raise typer.Exit(1)
+    freed = sum(m.bytes for m in deleted)
+    typer.echo(f"cleared {len(deleted)} cache(s), {freed / 2**20:,.1f} MiB, in {root}")

@@ -1,0 +1,90 @@
+"""`macbatch doctor [MODEL]`: what macbatch sees on this machine (device, attention path, CPU
+kernel, default KV pool, BLAS, data directory) and, with MODEL, whether it can be served."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import typer
+
+from macbatch.config import OPENBLAS
+
+
+def doctor_command(
+    model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+) -> None:
+    """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
+    with MODEL, whether it can be served and how (without loading its weights)."""
+    from importlib.metadata import version
+
+    import mlx.core as mx
+
+    from macbatch import __version__
+    from macbatch.config import data_dir
+    from macbatch.demo import MODEL_DIR
+    from macbatch.metal import attention_backend, cpu_kernel_status, ensure_selftest
+
+    ensure_selftest()  # report the path an engine would take (builds the CPU kernel if needed)
+    rows = [
+        ("macbatch", __version__),
+        ("python", platform.python_version()),
+        ("platform", f"{platform.system()} {platform.machine()}"),
+        ("mlx", version("mlx")),
+        ("device", str(mx.default_device())),
+        ("metal", "available" if mx.metal.is_available() else "not available"),
+        ("attention", attention_backend()),
+        ("cpu kernel", cpu_kernel_status()),
+        ("kv cache (demo)", _demo_kv_pool()),
+        ("data dir", str(data_dir())),
+        ("demo model", str(MODEL_DIR) if (MODEL_DIR / "config.json").exists() else "missing"),
+    ]
+    if sys.platform == "linux":
+        preloaded = "openblas" in os.environ.get("LD_PRELOAD", "")
+        blas = (
+            "OpenBLAS preloaded"
+            if preloaded
+            else (
+                "reference BLAS (slow): apt-get install libopenblas0-pthread"
+                if not OPENBLAS.exists()
+                else "OpenBLAS present but not preloaded"
+            )
+        )
+        rows.append(("cpu blas", blas))
+    report = None
+    if model is not None:
+        from macbatch.models.check import check_model
+
+        report = check_model(model)
+        rows += [("model", model), *report.rows]
+        rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"{key:<{width}}  {value}")
+    if report is not None and not report.servable:
+        raise typer.Exit(1)
+
+
+def _demo_kv_pool() -> str:
+    """The KV pool an engine sizes by default, shown for the demo model (loads in a second)."""
+    from macbatch.engine import Engine
+
+    try:
+        engine = Engine.load("demo")
+    except ValueError as exc:
+        return f"cannot load the demo model: {exc}"
+    stats, config = engine.stats(), engine.config
+    tokens = stats.kv_blocks_total * config.block_size
+    cap_mib = stats.kv_blocks_cap * engine.runner.store.bytes_per_block / 2**20
+    grows = (
+        f"grows to {stats.kv_blocks_cap:,} blocks, {cap_mib:,.1f} MiB"
+        if stats.kv_blocks_cap > stats.kv_blocks_total
+        else "its cap"
+    )
+    return (
+        f"{stats.kv_blocks_total:,} blocks of {config.block_size} tokens = {tokens:,} tokens, "
+        f"{stats.kv_cache_bytes / 2**20:,.1f} MiB, {stats.kv_bytes_used / 2**20:,.1f} MiB used "
+        f"({grows}: {config.max_num_seqs} sequences x {engine.info.max_model_len:,}-token "
+        f"context, at most {config.memory_fraction:.0%} of memory)"
+    )

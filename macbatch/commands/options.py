@@ -1,0 +1,218 @@
+"""The engine's knobs on the command line, each declared once: a field of ``EngineKnobs`` with
+its flag, help and checks (``fields.option``); serve, run, chat and bench each pick the ones
+they offer (``fields.Pick``) and turn them into ``EngineConfig`` fields the same way
+(``EngineKnobs.engine_fields``). The checks shared by several commands live here too."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from macbatch.commands.fields import option
+from macbatch.engine import (  # MLX-free: --help
+    DEFAULT_SPECULATIVE_TOKENS,
+    SPECULATIVE_MODES,
+    check_speculative,
+)
+
+# The values --kv-bits takes, as `metal.quant.KV_BITS` (which imports MLX) checks them.
+KV_BITS_CHOICES = "8|4"
+
+
+def _check_kv_bits(value: int | None) -> int | None:
+    from macbatch.metal.quant import check_kv_quantization  # MLX: not on `macbatch --help`
+
+    try:
+        check_kv_quantization(value, None)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _check_speculative(value: str | None) -> str | None:
+    try:
+        if value is not None:
+            check_speculative(value, 1)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def _check_num_speculative_tokens(value: int | None) -> int | None:
+    try:
+        check_speculative("off", value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
+def speculative_config(
+    mode: str, draft_model: str | None, num_tokens: int | None
+) -> dict[str, Any]:
+    """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
+    means ``--speculative draft``, and a draft mode without a model (or a model for another
+    mode) is refused."""
+    if draft_model and mode in ("off", "auto"):
+        mode = "draft"
+    if draft_model and mode != "draft":
+        raise typer.BadParameter(
+            f"a draft model drafts only for --speculative draft, not {mode}",
+            param_hint="--draft-model",
+        )
+    if mode == "draft" and not draft_model:
+        raise typer.BadParameter(
+            "--speculative draft needs a draft model: --draft-model PATH",
+            param_hint="--speculative",
+        )
+    return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}
+
+
+def disk_cache_config(
+    cache_dir: Path | str | None, cache_disk_gb: float | None, no_disk_cache: bool
+) -> dict[str, Any]:
+    """The ``EngineConfig`` fields of the disk-cache options: on by default, under the data
+    directory."""
+    if no_disk_cache:
+        return {"disk_cache_dir": None, "disk_cache_bytes": None}
+    from macbatch.config import data_dir
+
+    directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
+    size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
+    return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """The engine settings a command line can give (``EngineConfig`` documents what each one
+    does; the help here says it for users). Defaults are the front ends': speculative decoding
+    on where the checkpoint has MTP heads, the disk tier on."""
+
+    max_num_seqs: int = option(
+        64,
+        "--max-num-seqs",
+        min=1,
+        help="Requests generating at once (the engine's running batch).",
+    )
+    max_num_batched_tokens: int = option(
+        1024, "--max-num-batched-tokens", min=1, help="Tokens per engine step (chunked prefill)."
+    )
+    kv_blocks: int | None = option(
+        None,
+        "--kv-blocks",
+        min=1,
+        help="KV cache blocks of 16 tokens, fixed (default: it grows with use, up to half the "
+        "memory left after the weights).",
+    )
+    kv_bits: int | None = option(
+        None,
+        "--kv-bits",
+        callback=_check_kv_bits,
+        show_default=False,
+        metavar=f"[{KV_BITS_CHOICES}]",
+        help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
+        "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
+        "for accuracy).",
+    )
+    speculative: str | None = option(  # None: run's job file decides
+        "auto",
+        "--speculative",
+        callback=_check_speculative,
+        metavar=f"[{'|'.join(SPECULATIVE_MODES)}]",
+        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
+        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
+        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
+        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
+        "docs/speculative.md.",
+    )
+    draft_model: str | None = option(
+        None,
+        "--draft-model",
+        show_default=False,
+        help="A small model with the same tokenizer that drafts tokens (a local directory or a "
+        "Hugging Face id); implies --speculative draft.",
+    )
+    num_speculative_tokens: int | None = option(
+        None,
+        "--num-speculative-tokens",
+        callback=_check_num_speculative_tokens,
+        show_default=False,
+        help="The most tokens drafted per request per step (each request's length adapts to "
+        "how many of its drafts are accepted). Default: "
+        f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
+        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
+    )
+    cache_dir: str | None = option(
+        None,
+        "--cache-dir",
+        show_default=False,
+        help="Where prompt KV blocks are kept on disk across restarts (default: kv-cache/ in the "
+        "data directory; see docs/engine.md, 'The disk tier').",
+    )
+    cache_disk_gb: float | None = option(
+        None,
+        "--cache-disk-gb",
+        min=0.0,
+        show_default=False,
+        help="GiB of disk the KV block cache may use, least recently used evicted first "
+        "(default: 20, or a tenth of the free space if smaller).",
+    )
+    no_disk_cache: bool = option(
+        False,
+        "--no-disk-cache",
+        help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
+    )
+    reranker: bool = option(
+        False,
+        "--reranker",
+        help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
+        "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
+    )
+
+    def speculative_fields(self) -> dict[str, Any]:
+        """The speculative options' ``EngineConfig`` fields (``speculative_config``)."""
+        return speculative_config(
+            self.speculative or "auto", self.draft_model, self.num_speculative_tokens
+        )
+
+    def disk_fields(self) -> dict[str, Any]:
+        """The disk-cache options' ``EngineConfig`` fields (``disk_cache_config``)."""
+        return disk_cache_config(self.cache_dir, self.cache_disk_gb, self.no_disk_cache)
+
+    def engine_fields(self) -> dict[str, Any]:
+        """Every ``EngineConfig`` field these knobs give, for a command that offers them all the
+        front ends' way (run, whose job file has its say, picks its own)."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "num_blocks": self.kv_blocks,
+            "kv_bits": self.kv_bits,
+            "reranker": self.reranker or None,  # None: recognised by its name
+            **self.speculative_fields(),
+            **self.disk_fields(),
+        }
+
+
+# the knobs that go together into EngineConfig (speculative_fields, disk_fields)
+SPECULATIVE = ("speculative", "draft_model", "num_speculative_tokens")
+DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
+
+BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself
+
+
+def model_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model (None: it can), with a did-you-mean for a misspelled
+    bundled model, checked before a command creates anything: a typo such as ``dmeo`` must not
+    leave an output directory, a ledger or a history behind, nor wait for a hub lookup."""
+    from macbatch.engine import resolve_model_path
+
+    try:
+        resolve_model_path(name)
+    except ValueError as error:
+        close = difflib.get_close_matches(name, BUNDLED_MODELS, n=1, cutoff=0.6)
+        return str(error) + (f"; did you mean '{close[0]}'?" if close else "")
+    return None

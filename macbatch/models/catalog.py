@@ -1,0 +1,60 @@
+"""What a pool may load and how one loads: the models named on the command line, then every local
+model (the Hugging Face cache, ``--models-dir`` folders), each started as its own engine thread
+taking turns of the one device (docs/models.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from macbatch.models.pool import Servable, Starter
+
+if TYPE_CHECKING:
+    from macbatch.engine import Engine, EngineConfig, Turns
+
+
+def catalog(given: tuple[str, ...], models_dirs: tuple[Path, ...]) -> list[Servable]:
+    """The ``given`` models in their order (by the name given, and their folder's name), then
+    every local model not among them."""
+    from macbatch.engine import resolve_model_path
+    from macbatch.models.local import local_models
+
+    local = local_models(models_dirs)
+    paths = {m.name: m.path for m in local}
+    entries = []
+    for name in given:
+        try:
+            where = resolve_model_path(name)
+        except ValueError:
+            where = name  # the load says why
+        path = where if isinstance(where, Path) else paths.get(name)
+        entries.append(Servable(name, name, path, (Path(name).name,)))
+    names = {alias for e in entries for alias in (e.name, *e.aliases)}
+    folders = {e.path.resolve() for e in entries if e.path is not None}
+    for model in local:
+        if model.name not in names and model.path.resolve() not in folders:
+            entries.append(Servable(model.name, str(model.path), model.path))
+    return entries
+
+
+# the function an engine thread runs to build a servable model's engine
+LoaderOf = Callable[[Servable], Callable[[], "Engine"]]
+
+
+def starter(config: EngineConfig, turns: Turns, loader_of: LoaderOf | None = None) -> Starter:
+    """Starts a model's engine thread, its load and steps in turns of the device (``loader_of``:
+    how its engine is built, ``Engine.load`` of its source by default; chat's reports the
+    download's progress)."""
+    from macbatch.engine import Engine, EngineThread
+
+    def default_loader(entry: Servable) -> Callable[[], Engine]:
+        return lambda: Engine.load(entry.source, config)
+
+    build = loader_of or default_loader
+
+    def start(entry: Servable) -> EngineThread:
+        name = f"macbatch-engine-{entry.name}"
+        return EngineThread(build(entry), name=name, device=turns).start()
+
+    return start

@@ -1,0 +1,73 @@
+"""`macbatch doctor MODEL`: what would happen if this local model were served, before loading it.
+
+Where it is, how it is quantized, what its chat template does and whether it reads images, and
+the engine's own probe of its weights (``probe_model``: architecture, compute dtype, paged
+layers, KV bytes per token, memory), the answers ``Engine.load`` would reach.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from macbatch.engine import (
+    describe_mtp_heads,
+    probe_model,
+    resolve_model_path,
+    unavailable_reason,
+    unsupported_reason,
+)
+from macbatch.models.local import describe_quantization
+from macbatch.models.template_check import template_rows
+
+
+@dataclass
+class ModelReport:
+    """What ``check_model`` found; ``problem`` is why the model cannot be served (None: it can)."""
+
+    name: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    problem: str | None = None
+
+    @property
+    def servable(self) -> bool:
+        return self.problem is None
+
+
+def check_model(name: str) -> ModelReport:
+    report = ModelReport(name)
+    try:
+        path = _local_path(name)
+        report.rows.append(("path", str(path)))
+        config = json.loads((path / "config.json").read_text())
+        report.rows.append(("quantization", describe_quantization(config)))
+        reason = unsupported_reason(str(config.get("model_type")))
+        if reason:
+            report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
+            return report
+        report.problem = probe_model(path, report.rows)
+        report.rows.extend(template_rows(path))
+        no_images = unavailable_reason(path, name)
+        report.rows.append(
+            ("images", "yes (docs/vision.md)" if no_images is None else f"no: {no_images}")
+        )
+        report.rows.append(("MTP heads", describe_mtp_heads(path)))
+    except (ValueError, OSError) as exc:
+        report.problem = str(exc)
+    return report
+
+
+def _local_path(name: str) -> Path:
+    """The model's directory here; a hub id must already be in the Hugging Face cache."""
+    target = resolve_model_path(name)
+    if isinstance(target, Path):
+        return target
+    from macbatch.models.local import local_models
+
+    for model in local_models():
+        if model.name == target:
+            return model.path
+    raise ValueError(
+        f"'{name}' is not downloaded yet; `macbatch chat -m {name}` (or run/serve) downloads it"
+    )

@@ -1,0 +1,155 @@
+"""``macbatch pull`` and ``macbatch rm``: models in the Hugging Face cache, fetched and removed with
+huggingface-hub's own machinery (docs/models.md).
+
+``pull`` checks the free disk first (what the repository holds and the cache lacks, against the
+free space of the cache's disk), downloads with ``snapshot_download`` (it resumes a file left
+half-downloaded by an interrupted pull, and retries a dropped connection from where it stopped),
+shows one progress bar of bytes with speed and time left, then checks every large (LFS) file's
+sha256 against the one the hub declares: huggingface-hub checks sizes only, and a damaged weight
+file would load as garbage. A mismatched file is removed, so the next pull fetches it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from macbatch.models.memory import gib
+
+BYTES_BAR = (
+    "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}B/{total_fmt}B [{elapsed}<{remaining}, {rate_fmt}]"
+)
+
+
+class PullError(RuntimeError):
+    """Why a pull or removal did not happen, and what to do."""
+
+
+class ProgressBar(tqdm):
+    """huggingface-hub's byte bars with their speed and time left (its own format shows bytes
+    only), shown on a terminal or not: a pull in a log says how far it got."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("unit") == "B":
+            kwargs["bar_format"] = BYTES_BAR
+        kwargs.pop("name", None)
+        super().__init__(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    path: str
+    size: int
+    sha256: str | None  # LFS files: the hub's digest of the content
+
+
+def pull(repo: str, revision: str = "main", say: Callable[[str], None] = print) -> Path:
+    """Download ``repo`` into the hub cache; returns its snapshot folder."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if repo.count("/") != 1:
+        raise PullError(f"{repo!r} is not a Hugging Face model id (owner/name)")
+    try:
+        files = _files(HfApi(), repo, revision)
+    except HfHubHTTPError as exc:
+        raise PullError(f"cannot read {repo!r} on the hub: {exc}") from None
+    _check_disk(files, Path(HF_HUB_CACHE), repo)
+    total = sum(f.size for f in files)
+    say(f"pulling {repo} ({len(files)} files, {gib(total)})")
+    folder = Path(snapshot_download(repo, revision=revision, tqdm_class=ProgressBar))
+    _verify(folder, files, repo)
+    return folder
+
+
+def _files(api: Any, repo: str, revision: str) -> list[RepoFile]:
+    from huggingface_hub.hf_api import RepoFile as HubFile
+
+    tree = api.list_repo_tree(repo, revision=revision, recursive=True)
+    return [
+        RepoFile(f.path, f.size, f.lfs.sha256 if f.lfs else None)
+        for f in tree
+        if isinstance(f, HubFile)
+    ]
+
+
+def _check_disk(files: list[RepoFile], cache: Path, repo: str) -> None:
+    """Refuse before downloading what the cache's disk cannot hold (files cached already, by
+    their blob's name, the LFS digest, count as there)."""
+    blobs = cache / f"models--{repo.replace('/', '--')}" / "blobs"
+    missing = sum(f.size for f in files if not (f.sha256 and (blobs / f.sha256).exists()))
+    where = cache
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if missing > free:
+        raise PullError(
+            f"{repo} needs {gib(missing)} more on disk but {where} has {gib(free)} free; free "
+            "some space (`macbatch rm` a model you no longer use) or point HF_HOME at a larger "
+            "disk"
+        )
+
+
+def _verify(folder: Path, files: list[RepoFile], repo: str) -> None:
+    for entry in files:
+        if entry.sha256 is None:
+            continue
+        path = folder / entry.path
+        got = _sha256(path)
+        if got != entry.sha256:
+            blob = path.resolve()
+            path.unlink(missing_ok=True)
+            blob.unlink(missing_ok=True)
+            raise PullError(
+                f"{entry.path} of {repo} arrived damaged (sha256 {got}, the hub declares "
+                f"{entry.sha256}); it was removed: run `macbatch pull {repo}` again"
+            )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def usage(repo: str) -> str:
+    """What to do with a model once it is here."""
+    return (
+        f"use it: macbatch chat --model {repo} | macbatch run JOB.yaml (model: {repo}) | "
+        f"macbatch serve --model {repo} (a running serve loads it when a request names it)"
+    )
+
+
+@dataclass(frozen=True)
+class Cached:
+    repo: str
+    size: int
+    remove: Callable[[], None]
+
+
+def cached(repo: str) -> Cached:
+    """A model in the hub cache and how to remove it (huggingface-hub's own deletion)."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        cache = scan_cache_dir()
+    except Exception as exc:  # no cache yet, or unreadable
+        raise PullError(f"no Hugging Face cache to remove {repo!r} from: {exc}") from None
+    for found in cache.repos:
+        if found.repo_id == repo and found.repo_type == "model":
+            hashes = [revision.commit_hash for revision in found.revisions]
+            strategy = cache.delete_revisions(*hashes)
+            return Cached(repo, found.size_on_disk, strategy.execute)
+    raise PullError(
+        f"{repo!r} is not in the Hugging Face cache; `macbatch models` lists the local models "
+        "(the demo model and --models-dir folders are not removed by rm)"
+    )

@@ -1,0 +1,160 @@
+"""Random varlen paged-attention problems for the kernel tests, with poisoned pages (shared by
+the kernel tests, the MSL emulator's tests and benchmarks/kernel_bytes.py, hence here).
+
+Every K/V slot that no query row of its sequence may see (past the context, before the sliding
+window of every row, blocks nobody owns) holds NaN in the pages given to the kernel, so a kernel
+that reads one shows NaN. The reference gets a copy with those slots finite, because it gathers
+whole blocks and masks them (and 0 * NaN is NaN).
+
+With ``kv_bits`` set, the pages are quantized by the numpy quantizer (written from the format's
+definition) and the poison goes into the scales of the hidden slots; ``k`` and ``v`` then hold the
+dequantized values, so the float64 oracle applies exactly the quantization the kernels read.
+
+With ``value_dim`` set the case is MLA's latent pages: the K pages are passed as the V pages too,
+and the oracle is handed their leading ``value_dim`` columns as separate value pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from macbatch.metal import AttentionMetadata, LayerParams
+from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
+from macbatch.metal.quant import QuantizedPages, default_group_size
+from tests.support.attention_numpy import dequantize_numpy, paged_attention_numpy, quantize_numpy
+from tests.support.msl.emulator import Emulator
+
+TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 2e-2}
+
+
+@dataclass
+class Case:
+    """One attention call: ``q_lens[s]`` query rows over ``seq_lens[s]`` keys for sequence s."""
+
+    seq_lens: list[int]
+    q_lens: list[int]
+    num_q_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    dtype: mx.Dtype = mx.float32
+    sliding_window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+    seed: int = 0
+    kv_bits: int | None = None
+    group_size: int | None = None
+    value_dim: int | None = None  # latent pages: values are the keys' leading columns
+    arrays: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        bs, hkv, d = self.block_size, self.num_kv_heads, self.head_dim
+        lens = np.array(self.seq_lens, dtype=np.int32)
+        cu = np.concatenate([[0], np.cumsum(self.q_lens)]).astype(np.int32)
+        blocks_per = -(-lens // bs)
+        max_blocks = int(blocks_per.max()) + 1  # a spare column: tables are padded
+        num_blocks = int(blocks_per.sum()) + 3  # blocks nobody owns
+        tables = np.zeros((len(lens), max_blocks), dtype=np.int32)
+        ids = rng.permutation(num_blocks)  # random, non-contiguous
+        visible = np.zeros((num_blocks, bs), dtype=bool)
+        at = 0
+        for s, (n, q_len) in enumerate(zip(lens, self.q_lens, strict=True)):
+            tables[s, : blocks_per[s]] = ids[at : at + blocks_per[s]]
+            at += blocks_per[s]
+            first_row = int(n) - q_len
+            lo = 0 if self.sliding_window is None else max(0, first_row - self.sliding_window + 1)
+            for t in range(lo, int(n)):
+                visible[tables[s, t // bs], t % bs] = True
+        self.tables = tables
+        self.lens, self.cu = lens, cu
+        shape = (num_blocks, hkv, bs, d)
+        k = rng.standard_normal(shape).astype(np.float32)
+        v = rng.standard_normal(shape).astype(np.float32)
+        q = rng.standard_normal((int(cu[-1]), self.num_q_heads, d)).astype(np.float32)
+        # Round through the dtype so numpy sees exactly what the kernel sees.
+        self.q, self.k, self.v = (_rounded(x, self.dtype) for x in (q, k, v))
+        hidden = ~visible[:, None, :, None]
+        self.k_poisoned = np.where(hidden, np.nan, self.k).astype(np.float32)
+        self.v_poisoned = np.where(hidden, np.nan, self.v).astype(np.float32)
+        if self.kv_bits is not None:
+            self.group_size = self.group_size or default_group_size(d)
+            self.quantized = [quantize_numpy(x, self.kv_bits, self.group_size) for x in (k, v)]
+            self.k, self.v = (dequantize_numpy(c, sc, self.kv_bits) for c, sc in self.quantized)
+            self.quantized_poisoned = [  # hidden slots' (scale, bias) of every group are NaN
+                (c, np.where(hidden[..., None], np.nan, sc).astype(np.float16))
+                for c, sc in self.quantized
+            ]
+        self.sink_values = _rounded(2 * rng.standard_normal(self.num_q_heads), self.dtype)
+        self.scale = d**-0.5
+
+    def args(self, poisoned: bool) -> tuple:
+        """(q, K pages, V pages, metadata, layer): what a backend is called with."""
+        if self.kv_bits is not None:
+            pages = self.quantized_poisoned if poisoned else self.quantized
+            k, v = (
+                QuantizedPages(mx.array(c), mx.array(sc), self.kv_bits, self.group_size)
+                for c, sc in pages
+            )
+        else:
+            k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
+            k, v = mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
+        if self.value_dim is not None:
+            v = k  # one latent row per token: the caller passes the key pages as values
+        return (
+            mx.array(self.q).astype(self.dtype),
+            k,
+            v,
+            AttentionMetadata.build(self.tables, self.lens, self.cu),
+            self.layer(),
+        )
+
+    def layer(self) -> LayerParams:
+        return LayerParams(
+            self.scale,
+            self.sliding_window,
+            self.softcap,
+            mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
+            self.value_dim,
+        )
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        return (*self.q.shape[:2], self.value_dim or self.head_dim)
+
+    def oracle(self) -> np.ndarray:
+        """The float64 numpy answer (latent values: the keys' leading columns, as pages)."""
+        v = self.v if self.value_dim is None else self.k[..., : self.value_dim]
+        return paged_attention_numpy(
+            self.q, self.k, v, self.tables, self.lens, self.cu, self.scale, **self.numpy_options()
+        )
+
+    def numpy_options(self) -> dict:
+        return dict(
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            sinks=self.sink_values if self.sinks else None,
+        )
+
+
+def _rounded(x: np.ndarray, dtype: mx.Dtype) -> np.ndarray:
+    return np.array(mx.array(x).astype(dtype).astype(mx.float32))
+
+
+def emulated_attention(
+    emulator: Emulator | None = None, split: SplitPolicy | None = None
+) -> MetalKernelBackend:
+    """The Metal kernel backend with the kernel run by the MSL emulator."""
+    factory = (emulator or Emulator()).metal_kernel
+    return MetalKernelBackend(factory) if split is None else MetalKernelBackend(factory, split)
+
+
+def relative_error(got: mx.array | np.ndarray, want: np.ndarray) -> float:
+    """Max error relative to the magnitude of each output row (token, head); NaN -> inf."""
+    got = np.array(mx.array(got).astype(mx.float32)) if isinstance(got, mx.array) else got
+    scale = np.maximum(np.abs(want).max(axis=-1, keepdims=True), 1e-6)
+    err = np.abs(got.astype(np.float64) - want) / scale
+    return float("inf") if np.isnan(err).any() else float(err.max(initial=0.0))

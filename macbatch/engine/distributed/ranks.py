@@ -15,6 +15,8 @@ from macbatch.engine.distributed.sharding import shard_model
 
 @dataclass(frozen=True)
 class TensorRanks:
+    """The ranks of ``group`` splitting one model (tensor parallelism, ``sharding.py``)."""
+
     group: mx.distributed.Group
 
     def shard(self, model: nn.Module) -> None:

@@ -65,6 +65,10 @@ class LayerParams(NamedTuple):
     # Latent (MLA) pages: the values are the first ``value_dim`` columns of the key rows (the
     # caller passes the key pages as ``v_pages`` too), and each output row has that many.
     value_dim: int | None = None
+    # Sparse attention (DeepSeek's lightning indexer, docs/kernel.md "Sparse attention"): int32
+    # ``[N, K]``, the positions in its own sequence each query row attends to (-1: no entry);
+    # None: every visible position
+    selected: mx.array | None = None
 
 
 class BackendUnavailable(RuntimeError):

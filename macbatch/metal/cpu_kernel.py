@@ -171,8 +171,8 @@ def paged_attention_cpu(
     (``layer.value_dim``) are read once per row: the values are the leading columns of the
     key rows the kernel has just read (``v_pages`` is not read).
     """
-    scale, sliding_window, softcap, sinks, value_dim = layer
-    if not serves(q.shape[-1], k_pages.shape[2]):
+    scale, sliding_window, softcap, sinks, value_dim, selected = layer
+    if selected is not None or not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     if value_dim is not None:
         v_pages = k_pages

@@ -25,6 +25,7 @@ import numpy as np
 from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.reference import paged_attention_reference
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
@@ -252,7 +253,9 @@ def paged_attention_kernel(
 ) -> mx.array:
     """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
     (``layer.value_dim``) by its latent body, which reads only ``k_pages``."""
-    scale, sliding_window, softcap, sinks, value_dim = layer
+    scale, sliding_window, softcap, sinks, value_dim, selected = layer
+    if selected is not None:  # the sparse form has no Metal body yet
+        return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
     n, hq, d = q.shape

@@ -12,6 +12,11 @@ Query row ``i`` of sequence ``s`` (``q_len = cu[s+1] - cu[s]``) sits at position
 ``p = seq_lens[s] - q_len + (i - cu[s])`` and attends to keys ``0..p`` (only the last
 ``sliding_window`` of them when set). No row ever sees another sequence's keys.
 
+Sparse attention (``LayerParams.selected [N, K]``): row ``i`` attends only to the positions its
+row of ``selected`` lists that it may see by the rule above; -1 marks an unused entry. The
+positions are distinct, and each row lists at least one it may see (its own, for DeepSeek's
+indexer). Every backend reads only the listed rows' pages.
+
 Quantized pages (``QuantizedPages``, format in ``quant.py``) are gathered as codes and scales and
 dequantized to float32 after the gather: only the context of the sequences being attended, for
 this call, never the pool.
@@ -30,6 +35,8 @@ from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerPar
 from macbatch.metal.quant import QuantizedPages, dequantize
 
 _PREFILL_TILE = 128
+# query rows x selected positions gathered at once by the sparse form (bounds its memory)
+_SPARSE_TILE_ENTRIES = 1 << 15
 
 
 def paged_attention_reference(
@@ -41,7 +48,9 @@ def paged_attention_reference(
     together so little padding is read; each prefill chunk is cut into query tiles with a causal
     mask offset by the context already cached.
     """
-    scale, sliding_window, softcap, sinks, value_dim = layer
+    if layer.selected is not None:
+        return _sparse_attention(q, k_pages, v_pages, meta, layer)
+    scale, sliding_window, softcap, sinks, value_dim, _ = layer
     block_tables = meta.block_tables
     lens = meta.host_seq_lens.astype(np.int64)
     cu = meta.host_cu_seqlens_q.astype(np.int64)
@@ -113,10 +122,62 @@ def masked_attention(
     [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
     n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
     of the contract (Gemma 4's image blocks, engine/model/image_blocks.py)."""
-    scale, _, softcap, sinks, value_dim = layer
+    scale, _, softcap, sinks, value_dim, _ = layer
     k = _gather_context(k_pages, blocks)
     v = _values(k, v_pages, blocks, value_dim)
     return _attend(q, k, v, visible[:, None], scale, softcap, sinks)
+
+
+def _sparse_attention(
+    q: mx.array, k_pages: Pages, v_pages: Pages, meta: AttentionMetadata, layer: LayerParams
+) -> mx.array:
+    """The contract's sparse form: each query row gathers only its ``selected`` positions' rows
+    (at most K per row, whatever the context), a tile of rows at a time so the gathered keys
+    stay small when a long prefill chunk selects from a long context."""
+    scale, window, softcap, sinks, value_dim, selected = layer
+    assert selected is not None
+    cu = meta.host_cu_seqlens_q.astype(np.int64)
+    q_lens = cu[1:] - cu[:-1]
+    seq_of_row = np.repeat(np.arange(len(q_lens)), q_lens)
+    row_pos = meta.host_seq_lens.astype(np.int64)[seq_of_row] - q_lens[seq_of_row]
+    row_pos += np.arange(len(seq_of_row)) - cu[seq_of_row]
+    block_size, top_k = k_pages.shape[2], selected.shape[1]
+    tile = max(1, _SPARSE_TILE_ENTRIES // top_k)
+    parts = []
+    for start in range(0, q.shape[0], tile):
+        rows = slice(start, min(start + tile, q.shape[0]))
+        pos = mx.array(row_pos[rows])[:, None]
+        sel = selected[rows].astype(mx.int32)
+        visible = (sel >= 0) & (sel <= pos)
+        if window is not None:
+            visible &= sel > pos - window
+        safe = mx.where(visible, sel, 0)
+        blocks = mx.take_along_axis(
+            meta.block_tables[mx.array(seq_of_row[rows])], safe // block_size, axis=1
+        )
+        keys = _gather_rows(k_pages, blocks, safe % block_size)
+        values = (
+            keys[..., :value_dim]
+            if value_dim is not None
+            else _gather_rows(v_pages, blocks, safe % block_size)
+        )
+        mask = visible[:, None, None, :]
+        out = _attend(q[rows][:, :, None, :], keys, values, mask, scale, softcap, sinks)
+        parts.append(out[:, :, 0, :])
+    if not parts:
+        return mx.zeros((*q.shape[:2], value_dim or q.shape[2]), dtype=q.dtype)
+    return mx.concatenate(parts, axis=0)
+
+
+def _gather_rows(pages: Pages, blocks: mx.array, offsets: mx.array) -> mx.array:
+    """Token rows at ``(blocks, offsets) [N, K]`` -> ``[N, Hkv, K, D]`` (quantized pages come out
+    as float32)."""
+    heads = mx.arange(pages.shape[1])[None, :, None]
+    where = (blocks[:, None, :], heads, offsets[:, None, :])
+    if isinstance(pages, QuantizedPages):
+        codes, scales = pages.codes[where], pages.scales[where]
+        return dequantize(codes, scales, pages.bits, pages.group_size)
+    return pages[where]
 
 
 class ReferenceBackend(AttentionBackend):

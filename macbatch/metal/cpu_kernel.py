@@ -169,10 +169,11 @@ def paged_attention_cpu(
     other than 8, 16 or 32, which `EngineConfig` does not allow). Quantized pages
     (``QuantizedPages``) are dequantized page by page inside the kernel. Latent pages
     (``layer.value_dim``) are read once per row: the values are the leading columns of the
-    key rows the kernel has just read (``v_pages`` is not read).
+    key rows the kernel has just read (``v_pages`` is not read). Sparse attention
+    (``layer.selected``): each query row reads only the rows its list names, gathered in place.
     """
     scale, sliding_window, softcap, sinks, value_dim, selected = layer
-    if selected is not None or not serves(q.shape[-1], k_pages.shape[2]):
+    if not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     if value_dim is not None:
         v_pages = k_pages
@@ -186,6 +187,7 @@ def paged_attention_cpu(
     return load_extension().paged_attention(
         q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
         scale, sliding_window or 0, softcap or 0.0, sinks, **quantized, value_dim=value_dim or 0,
+        selected=selected,
     )  # fmt: skip
 
 
@@ -206,7 +208,8 @@ class CpuKernelBackend(AttentionBackend):
             raise CpuKernelUnavailable(str(exc)) from exc
 
     def traceable(self, head_dim: int, block_size: int) -> bool:
-        """The kernel plans its work at evaluation, from the metadata arrays."""
+        """The kernel plans its work at evaluation, from the metadata arrays (and reads
+        ``selected`` as one, so sparse calls trace too)."""
         return serves(head_dim, block_size)
 
     __call__ = staticmethod(paged_attention_cpu)

@@ -15,6 +15,12 @@
 // leading `value_dim` columns are the values. A page's key rows are turned into float once and
 // the values are read from those same floats (in place for float32 pages), so a token's row is
 // read once; all query heads form one group, split across work items by heads when it is large.
+//
+// Sparse attention (`selected`, [N, K] int32: the positions in its own sequence each query row
+// attends to, -1 unused): a work item holds one query row (rows select differently, so they share
+// no page), and its key loop walks the row's list instead of the pages. The listed positions the
+// row may see are gathered BS at a time into the same float scratch a page fills, so scoring,
+// softmax and values are the dense path's; only the listed rows are ever read.
 
 #include <algorithm>
 #include <atomic>
@@ -225,6 +231,7 @@ struct Geometry {
   float scale, softcap;
   int value_dim;  // output width: head_dim, or the latent's leading columns
   bool latent;    // values are the leading value_dim columns of the key rows
+  int top_k;      // entries per row of `selected` (sparse attention); 0: dense
   // Columns accumulated: value_dim rounded up to a multiple of 8 (the vector width), which the
   // head_dim-wide rows always hold (head_dim is a multiple of 8); the extra ones are not output.
   int value_cols() const {
@@ -294,7 +301,8 @@ struct Inputs {
   const int32_t* block_tables;
   const int32_t* seq_lens;
   const int32_t* cu_seqlens;
-  const float* sinks;  // nullptr when the model has none
+  const int32_t* selected;  // [N, top_k] (sparse attention), nullptr when dense
+  const float* sinks;       // nullptr when the model has none
   T* out;              // [N, Hq, value_dim], row contiguous
 };
 
@@ -314,10 +322,13 @@ struct Scratch {
   }
 };
 
-// One page's contribution to query vectors [first, first + NV): scores, mask, online softmax.
+// One chunk's contribution to query vectors [first, first + NV): scores, mask, online softmax.
+// A chunk is page `block` of the sequence (keys masked by position), or (block < 0) BS gathered
+// rows of which the first `count` are visible (sparse attention).
 template <int BS, int NV, int WV>
 void page_update(
-    const Geometry& g, Scratch& s, int first, int block, const float* values, int stride) {
+    const Geometry& g, Scratch& s, int first, int block, int count, const float* values,
+    int stride) {
   constexpr int W = kScoreLanes<BS>;
   const int D = g.head_dim;
   float p[NV][BS];
@@ -335,12 +346,16 @@ void page_update(
       }
     }
     const int pos = s.position[first + v], first_key = block * BS;
-    const bool all_visible = first_key + BS - 1 <= pos &&
-                             (g.sliding_window <= 0 || first_key > pos - g.sliding_window);
+    const bool all_visible =
+        block < 0 ? count == BS
+                  : first_key + BS - 1 <= pos &&
+                        (g.sliding_window <= 0 || first_key > pos - g.sliding_window);
     if (!all_visible) {
       for (int j = 0; j < BS; ++j) {
         const int key = first_key + j;
-        const bool visible = key <= pos && (g.sliding_window <= 0 || key > pos - g.sliding_window);
+        const bool visible =
+            block < 0 ? j < count
+                      : key <= pos && (g.sliding_window <= 0 || key > pos - g.sliding_window);
         score[j] = visible ? score[j] : kNegInf;
       }
     }
@@ -371,6 +386,101 @@ void page_update(
   page_values<BS, NV, WV>(&s.acc[first * cols], correction, p, values, cols, stride);
 }
 
+// The token rows a chunk reads: BS consecutive rows of a page (`rows` null), or `count` rows
+// gathered from anywhere in the pool (sparse attention).
+struct ChunkRows {
+  int64_t page;
+  const int64_t* rows;
+  int count;
+  int64_t at(int j) const {
+    return rows != nullptr ? rows[j] : page + j;
+  }
+};
+
+// A chunk's rows as float, [BS][D]: in place when they are a page of float32 already, else
+// converted into `scratch` (rows past `count` zeroed: they are masked, and 0 * garbage may be NaN).
+template <typename Pages, int BS>
+const float* load_rows(const Pages& pages, const ChunkRows& chunk, int D, float* scratch) {
+  if (chunk.rows == nullptr) {
+    if (const float* rows = pages.direct(chunk.page, D)) {
+      return rows;
+    }
+  }
+  for (int j = 0; j < BS; ++j) {
+    if (j < chunk.count) {
+      pages.load_row(chunk.at(j), D, scratch + j * D);
+    } else {
+      std::fill(scratch + j * D, scratch + (j + 1) * D, 0.0f);
+    }
+  }
+  return scratch;
+}
+
+// One chunk of keys (and values) for every query vector of the item. Latent pages' values are
+// the leading columns of the key rows; grouped layers' keys are transposed for page_scores.
+template <typename T, typename Pages, int BS, int WV>
+void attend_chunk(
+    const Inputs<T, Pages>& in, const Geometry& g, Scratch& s, int vectors, int block,
+    const ChunkRows& chunk) {
+  const int D = g.head_dim;
+  const float* keys = load_rows<Pages, BS>(in.k_pages, chunk, D, s.values.data());
+  const float* values = keys;
+  if (!g.latent) {  // latent rows are scored as they lie (page_scores_rows)
+    for (int j = 0; j < BS; ++j) {
+      for (int d = 0; d < D; ++d) {
+        s.keys_t[d * BS + j] = keys[j * D + d];
+      }
+    }
+    values = load_rows<Pages, BS>(in.v_pages, chunk, D, s.values.data());
+  }
+  int v = 0;
+  for (; v + 6 <= vectors; v += 6) {
+    page_update<BS, 6, WV>(g, s, v, block, chunk.count, values, D);
+  }
+  if (vectors - v >= 4) {
+    page_update<BS, 4, WV>(g, s, v, block, chunk.count, values, D);
+    v += 4;
+  }
+  switch (vectors - v) {
+    case 3:
+      page_update<BS, 3, WV>(g, s, v, block, chunk.count, values, D);
+      break;
+    case 2:
+      page_update<BS, 2, WV>(g, s, v, block, chunk.count, values, D);
+      break;
+    case 1:
+      page_update<BS, 1, WV>(g, s, v, block, chunk.count, values, D);
+      break;
+  }
+}
+
+// Sparse attention: the item's one query row (at `pos`) reads only the rows its list of
+// `selected` positions names that it may see, gathered BS at a time.
+template <typename T, typename Pages, int BS, int WV>
+void attend_selected(
+    const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s, int vectors,
+    int pos) {
+  const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
+  const int32_t* listed = in.selected + static_cast<int64_t>(item.row_begin) * g.top_k;
+  int64_t rows[BS];
+  int count = 0;
+  for (int e = 0; e < g.top_k; ++e) {
+    const int key = listed[e];
+    if (key < 0 || key > pos || (g.sliding_window > 0 && key <= pos - g.sliding_window)) {
+      continue;
+    }
+    rows[count++] = (static_cast<int64_t>(table[key / BS]) * g.num_kv_heads + item.kv_head) * BS +
+                    key % BS;
+    if (count == BS) {
+      attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, -1, ChunkRows{0, rows, BS});
+      count = 0;
+    }
+  }
+  if (count > 0) {
+    attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, -1, ChunkRows{0, rows, count});
+  }
+}
+
 template <typename T, typename Pages, int BS, int WV>
 void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s) {
   const int D = g.head_dim, DV = g.value_dim, cols = g.value_cols();
@@ -398,52 +508,16 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
   }
   std::fill(s.acc.begin(), s.acc.begin() + vectors * cols, 0.0f);
 
-  const int key_begin = g.sliding_window > 0 ? std::max(0, first_pos - g.sliding_window + 1) : 0;
-  const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
-  for (int block = key_begin / BS; block * BS <= last_pos; ++block) {
-    const int64_t page = (static_cast<int64_t>(table[block]) * g.num_kv_heads + item.kv_head) * BS;
-    // The page's key rows as float: in place when they are float32 already, else converted into
-    // scratch. Latent pages' values are the leading columns of these same rows.
-    const float* keys = in.k_pages.direct(page, D);
-    if (keys == nullptr) {
-      for (int j = 0; j < BS; ++j) {
-        in.k_pages.load_row(page + j, D, s.values.data() + j * D);
-      }
-      keys = s.values.data();
-    }
-    const float* values = keys;
-    if (!g.latent) {  // latent rows are scored as they lie (page_scores_rows)
-      for (int j = 0; j < BS; ++j) {
-        for (int d = 0; d < D; ++d) {
-          s.keys_t[d * BS + j] = keys[j * D + d];
-        }
-      }
-      values = in.v_pages.direct(page, D);
-      if (values == nullptr) {
-        for (int j = 0; j < BS; ++j) {
-          in.v_pages.load_row(page + j, D, s.values.data() + j * D);
-        }
-        values = s.values.data();
-      }
-    }
-    int v = 0;
-    for (; v + 6 <= vectors; v += 6) {
-      page_update<BS, 6, WV>(g, s, v, block, values, D);
-    }
-    if (vectors - v >= 4) {
-      page_update<BS, 4, WV>(g, s, v, block, values, D);
-      v += 4;
-    }
-    switch (vectors - v) {
-      case 3:
-        page_update<BS, 3, WV>(g, s, v, block, values, D);
-        break;
-      case 2:
-        page_update<BS, 2, WV>(g, s, v, block, values, D);
-        break;
-      case 1:
-        page_update<BS, 1, WV>(g, s, v, block, values, D);
-        break;
+  if (g.top_k > 0) {
+    attend_selected<T, Pages, BS, WV>(in, g, item, s, vectors, first_pos);
+  } else {
+    const int key_begin =
+        g.sliding_window > 0 ? std::max(0, first_pos - g.sliding_window + 1) : 0;
+    const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
+    for (int block = key_begin / BS; block * BS <= last_pos; ++block) {
+      const int64_t page =
+          (static_cast<int64_t>(table[block]) * g.num_kv_heads + item.kv_head) * BS;
+      attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, block, ChunkRows{page, nullptr, BS});
     }
   }
 
@@ -476,9 +550,10 @@ struct Plan {
   int max_vectors = 1;  // query vectors of the largest item (the scratch's size)
 };
 
-// Rows of one sequence per item when an item holds `heads` query heads of a group.
-inline int rows_per_item(int heads) {
-  return std::max(1, kMaxQueryVectors / heads);
+// Rows of one sequence per item when an item holds `heads` query heads of a group: one under
+// sparse attention, whose rows share no keys.
+inline int rows_per_item(int heads, const Geometry& g) {
+  return g.top_k > 0 ? 1 : std::max(1, kMaxQueryVectors / heads);
 }
 
 // Query heads per work item: the whole group when it fits in one item, else slices of it. While
@@ -492,7 +567,7 @@ int heads_per_item(const int32_t* cu, int num_seqs, const Geometry& g) {
     size_t n = 0;
     for (int seq = 0; seq < num_seqs; ++seq) {
       const int q_len = cu[seq + 1] - cu[seq];
-      n += static_cast<size_t>((q_len + rows_per_item(h) - 1) / rows_per_item(h));
+      n += static_cast<size_t>((q_len + rows_per_item(h, g) - 1) / rows_per_item(h, g));
     }
     return n * g.num_kv_heads * ((g.group + h - 1) / h);
   };
@@ -503,12 +578,12 @@ int heads_per_item(const int32_t* cu, int num_seqs, const Geometry& g) {
 }
 
 Plan plan(const int32_t* cu, const int32_t* seq_lens, int num_seqs, const Geometry& g) {
-  const int heads = heads_per_item(cu, num_seqs, g), rows = rows_per_item(heads);
+  const int heads = heads_per_item(cu, num_seqs, g), rows = rows_per_item(heads, g);
   Plan p;
   p.max_vectors = rows * heads;
   for (int seq = 0; seq < num_seqs; ++seq) {
-    const int span = g.sliding_window > 0 ? std::min(seq_lens[seq], g.sliding_window)
-                                          : seq_lens[seq];
+    int span = g.sliding_window > 0 ? std::min(seq_lens[seq], g.sliding_window) : seq_lens[seq];
+    span = g.top_k > 0 ? std::min(span, g.top_k) : span;
     p.work += static_cast<int64_t>(cu[seq + 1] - cu[seq]) * g.num_kv_heads * g.group * span;
     for (int row = cu[seq]; row < cu[seq + 1]; row += rows) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
@@ -588,7 +663,8 @@ class PagedAttentionCPU : public mx::Primitive {
 
  private:
   // Inputs: q, k, v, block_tables, seq_lens, cu_seqlens_q, then k_scales and v_scales when the
-  // pages are quantized (bits 8 or 4), then sinks when the model has them.
+  // pages are quantized (bits 8 or 4), then selected (sparse attention), then sinks when the
+  // model has them.
   template <typename T>
   static void run(
       const std::vector<mx::array>& in, mx::array& out, Geometry g, bool has_sinks, int bits,
@@ -627,6 +703,7 @@ class PagedAttentionCPU : public mx::Primitive {
         in[3].data<int32_t>(),
         in[4].data<int32_t>(),
         in[5].data<int32_t>(),
+        g.top_k > 0 ? in[in.size() - 1 - (sinks != nullptr)].data<int32_t>() : nullptr,
         sinks,
         out.data<T>(),
     };
@@ -681,7 +758,8 @@ mx::array paged_attention_cpu(
     const std::optional<mx::array>& v_scales,
     int bits,
     int group_size,
-    int value_dim) {
+    int value_dim,
+    const std::optional<mx::array>& selected) {
   const bool quantized = bits != 0;
   const bool latent = value_dim > 0;
   const auto page_dtype = quantized ? mx::uint8 : q.dtype();
@@ -713,10 +791,15 @@ mx::array paged_attention_cpu(
   if (latent && value_dim > q.shape(2)) {
     throw std::invalid_argument("paged_attention_cpu: latent value_dim exceeds the head dim");
   }
+  if (selected && (selected->ndim() != 2 || selected->shape(0) != q.shape(0) ||
+                   selected->shape(1) == 0)) {
+    throw std::invalid_argument("paged_attention_cpu: selected must be [N, K], K > 0");
+  }
   const int hq = q.shape(1), hkv = k_pages.shape(1);
   Geometry g{hkv,     hq / hkv, q.shape(2), block_size,
              block_tables.shape(1), sliding_window, scale, softcap,
-             latent ? value_dim : q.shape(2), latent};
+             latent ? value_dim : q.shape(2), latent,
+             selected ? selected->shape(1) : 0};
   auto stream = mx::default_stream(mx::Device::cpu);
   std::vector<mx::array> inputs{
       q,
@@ -729,6 +812,9 @@ mx::array paged_attention_cpu(
   if (quantized) {
     inputs.push_back(*k_scales);
     inputs.push_back(*v_scales);
+  }
+  if (selected) {
+    inputs.push_back(kernel_input(*selected, mx::int32, stream));
   }
   if (sinks) {
     inputs.push_back(kernel_input(*sinks, mx::float32, stream));
@@ -761,5 +847,6 @@ NB_MODULE(_paged_attention_cpu, m) {
       nb::arg("v_scales").none() = nb::none(),
       nb::arg("bits") = 0,
       nb::arg("group_size") = 0,
-      nb::arg("value_dim") = 0);
+      nb::arg("value_dim") = 0,
+      nb::arg("selected").none() = nb::none());
 }

@@ -12,6 +12,11 @@ dequantized values, so the float64 oracle applies exactly the quantization the k
 
 With ``value_dim`` set the case is MLA's latent pages: the K pages are passed as the V pages too,
 and the oracle is handed their leading ``value_dim`` columns as separate value pages.
+
+With ``top_k`` set the case is sparse attention: each query row lists ``top_k`` positions of its
+sequence (its own among them, some unused -1 entries, and for prefill rows some later positions
+it may not see), and only the slots some row both lists and may see stay unpoisoned, so a kernel
+that reads any other slot shows NaN.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class Case:
     kv_bits: int | None = None
     group_size: int | None = None
     value_dim: int | None = None  # latent pages: values are the keys' leading columns
+    top_k: int | None = None  # sparse attention: entries per row of ``selected``
     arrays: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -60,17 +66,18 @@ class Case:
         num_blocks = int(blocks_per.sum()) + 3  # blocks nobody owns
         tables = np.zeros((len(lens), max_blocks), dtype=np.int32)
         ids = rng.permutation(num_blocks)  # random, non-contiguous
-        visible = np.zeros((num_blocks, bs), dtype=bool)
         at = 0
-        for s, (n, q_len) in enumerate(zip(lens, self.q_lens, strict=True)):
+        for s in range(len(lens)):
             tables[s, : blocks_per[s]] = ids[at : at + blocks_per[s]]
             at += blocks_per[s]
-            first_row = int(n) - q_len
-            lo = 0 if self.sliding_window is None else max(0, first_row - self.sliding_window + 1)
-            for t in range(lo, int(n)):
-                visible[tables[s, t // bs], t % bs] = True
         self.tables = tables
         self.lens, self.cu = lens, cu
+        self.selected = None
+        if self.top_k is not None:
+            self.selected = random_selection(lens, self.q_lens, self.top_k, rng)
+        visible = np.zeros((num_blocks, bs), dtype=bool)
+        for s, t in seen_slots(lens, self.q_lens, self.sliding_window, self.selected):
+            visible[tables[s, t // bs], t % bs] = True
         shape = (num_blocks, hkv, bs, d)
         k = rng.standard_normal(shape).astype(np.float32)
         v = rng.standard_normal(shape).astype(np.float32)
@@ -91,8 +98,9 @@ class Case:
         self.sink_values = _rounded(2 * rng.standard_normal(self.num_q_heads), self.dtype)
         self.scale = d**-0.5
 
-    def args(self, poisoned: bool) -> tuple:
-        """(q, K pages, V pages, metadata, layer): what a backend is called with."""
+    def args(self, poisoned: bool, selected: np.ndarray | None = None) -> tuple:
+        """(q, K pages, V pages, metadata, layer): what a backend is called with; ``selected``
+        replaces the case's own selection."""
         if self.kv_bits is not None:
             pages = self.quantized_poisoned if poisoned else self.quantized
             k, v = (
@@ -109,35 +117,70 @@ class Case:
             k,
             v,
             AttentionMetadata.build(self.tables, self.lens, self.cu),
-            self.layer(),
+            self.layer(selected),
         )
 
-    def layer(self) -> LayerParams:
+    def layer(self, selected: np.ndarray | None = None) -> LayerParams:
+        selected = self.selected if selected is None else selected
         return LayerParams(
             self.scale,
             self.sliding_window,
             self.softcap,
             mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
             self.value_dim,
+            None if selected is None else mx.array(selected),
         )
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
         return (*self.q.shape[:2], self.value_dim or self.head_dim)
 
-    def oracle(self) -> np.ndarray:
+    def oracle(self, selected: np.ndarray | None = None) -> np.ndarray:
         """The float64 numpy answer (latent values: the keys' leading columns, as pages)."""
         v = self.v if self.value_dim is None else self.k[..., : self.value_dim]
         return paged_attention_numpy(
-            self.q, self.k, v, self.tables, self.lens, self.cu, self.scale, **self.numpy_options()
-        )
-
-    def numpy_options(self) -> dict:
-        return dict(
-            sliding_window=self.sliding_window,
-            softcap=self.softcap,
+            self.q, self.k, v, self.tables, self.lens, self.cu, self.scale,
+            sliding_window=self.sliding_window, softcap=self.softcap,
             sinks=self.sink_values if self.sinks else None,
-        )
+            selected=self.selected if selected is None else selected,
+        )  # fmt: skip
+
+
+def query_positions(seq_lens: np.ndarray, q_lens: list[int]) -> list[tuple[int, int]]:
+    """(sequence, position) of every packed query row, in row order."""
+    return [
+        (s, int(n) - q_len + i)
+        for s, (n, q_len) in enumerate(zip(seq_lens, q_lens, strict=True))
+        for i in range(q_len)
+    ]
+
+
+def random_selection(
+    seq_lens: np.ndarray, q_lens: list[int], top_k: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``[N, top_k]`` distinct positions per row, in random order: the row's own, others of its
+    sequence (later ones too, which it may not see), and about an eighth -1."""
+    rows = query_positions(seq_lens, q_lens)
+    selected = np.full((len(rows), top_k), -1, dtype=np.int32)
+    for i, (s, pos) in enumerate(rows):
+        listed = min(int(seq_lens[s]), top_k - top_k // 8)
+        picked = rng.permutation(int(seq_lens[s]))[:listed]
+        if pos not in picked:
+            picked[0] = pos
+        selected[i, rng.permutation(top_k)[:listed]] = picked
+    return selected
+
+
+def seen_slots(
+    seq_lens: np.ndarray, q_lens: list[int], window: int | None, selected: np.ndarray | None
+) -> set[tuple[int, int]]:
+    """(sequence, position) of every key some query row may see (and lists, when sparse)."""
+    seen = set()
+    for i, (s, pos) in enumerate(query_positions(seq_lens, q_lens)):
+        lo = 0 if window is None else max(0, pos - window + 1)
+        listed = range(lo, pos + 1) if selected is None else selected[i]
+        seen |= {(s, int(t)) for t in listed if lo <= t <= pos}
+    return seen
 
 
 def _rounded(x: np.ndarray, dtype: mx.Dtype) -> np.ndarray:

@@ -17,7 +17,10 @@ def paged_attention_numpy(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
+    selected: np.ndarray | None = None,
 ) -> np.ndarray:
+    """``selected [N, K]`` (sparse attention): row i sees only the positions its row lists
+    (-1: no entry), among those the causal and window rule lets it see."""
     q = q.astype(np.float64)
     k_pages = k_pages.astype(np.float64)
     v_pages = v_pages.astype(np.float64)
@@ -29,7 +32,9 @@ def paged_attention_numpy(
         for i in range(start, end):
             pos = int(seq_lens[s]) - (end - start) + (i - start)
             first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
-            keys_at = range(first, pos + 1)
+            keys_at = [
+                t for t in range(first, pos + 1) if selected is None or t in set(selected[i])
+            ]
             for h in range(hq):
                 kv_head = h // (hq // hkv)
                 k = np.stack(

@@ -25,12 +25,11 @@ import numpy as np
 from macbatch.arithmetic import ceil_div
 from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
 from macbatch.metal.quant import QuantizedPages
-from macbatch.metal.reference import paged_attention_reference
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
     "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
-    "params_f", "sinks", "k_scales", "v_scales",
+    "params_f", "sinks", "k_scales", "v_scales", "selected",
 ]  # fmt: skip
 # Latent pages: the key pages are the values too, so no V pages or V scales.
 LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")]
@@ -111,16 +110,25 @@ def plan(
     num_kv_heads: int,
     tiling: Tiling,
     split: SplitPolicy,
+    top_k: int = 0,
 ) -> Plan:
-    """One work item per (sequence, KV head, query tile), decode items split when worthwhile."""
+    """One work item per (sequence, KV head, query tile), decode items split when worthwhile.
+
+    Sparse attention (``top_k`` entries per row of ``selected``): a tile never spans two rows
+    (their selections differ), and a decode row visits at most ``top_k`` keys.
+    """
     group = num_q_heads // num_kv_heads
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).astype(np.int64)
     tile = tiling.tile
-    tiles = ceil_div(q_lens * group, tile)
+    # Tiles cut the query vectors of each unit: a whole sequence, or (sparse) each row.
+    unit_qvs = np.full_like(q_lens, group) if top_k else q_lens * group
+    tiles_per_unit = ceil_div(unit_qvs, tile)
+    tiles = tiles_per_unit * (q_lens if top_k else 1)
     seq_of = np.repeat(np.arange(len(q_lens)), tiles)
     tile_idx = np.arange(len(seq_of)) - np.repeat(np.cumsum(tiles) - tiles, tiles)
-    qv_start = tile_idx * tile
-    qv_count = np.minimum(tile, q_lens[seq_of] * group - qv_start)
+    unit, slice_idx = np.divmod(tile_idx, tiles_per_unit[seq_of])
+    qv_start = unit * unit_qvs[seq_of] + slice_idx * tile
+    qv_count = np.minimum(tile, unit_qvs[seq_of] - slice_idx * tile)
     heads = np.arange(num_kv_heads)
     n = len(seq_of)
     work = np.stack(
@@ -135,6 +143,8 @@ def plan(
     )
 
     ctx = seq_lens.astype(np.int64)[work[:, 0]]
+    if top_k:
+        ctx = np.minimum(ctx, top_k)
     splittable = (q_lens[work[:, 0]] == 1) & (ctx >= 2 * split.min_keys)
     num_splits = 1
     if splittable.any() and len(work) < split.target_threadgroups:
@@ -217,6 +227,17 @@ def check_shapes(q: mx.array, k_pages: Pages, v_pages: Pages, value_dim: int | N
         )
 
 
+def check_selected(selected: mx.array, num_rows: int) -> int:
+    """The number of entries per row of a sparse call's ``selected``, after checking its
+    shape."""
+    if selected.ndim != 2 or selected.shape[0] != num_rows or selected.shape[1] == 0:
+        raise ValueError(
+            f"paged_attention: selected must be [N, K] with N = {num_rows} query rows and K > 0, "
+            f"got {tuple(selected.shape)}"
+        )
+    return int(selected.shape[1])
+
+
 @dataclass(frozen=True)
 class MetalKernelBackend(AttentionBackend):
     """The Metal kernel as a registry entry; ``metal_kernel`` None means MLX's own
@@ -252,22 +273,25 @@ def paged_attention_kernel(
     split: SplitPolicy = SplitPolicy(),
 ) -> mx.array:
     """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
-    (``layer.value_dim``) by its latent body, which reads only ``k_pages``."""
+    (``layer.value_dim``) by its latent body, which reads only ``k_pages``; sparse attention
+    (``layer.selected``) by either body's SPARSE form, which reads only the listed rows."""
     scale, sliding_window, softcap, sinks, value_dim, selected = layer
-    if selected is not None:  # the sparse form has no Metal body yet
-        return paged_attention_reference(q, k_pages, v_pages, meta, layer)
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
     n, hq, d = q.shape
     dv = value_dim or d
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
+    top_k = 0 if selected is None else check_selected(selected, n)
     q_lens = meta.host_cu_seqlens_q[1:] - meta.host_cu_seqlens_q[:-1]
     tiling = (choose_latent_tiling if latent else choose_tiling)(
-        d, bs, hq // hkv, int(q_lens.max(initial=1))
+        d, bs, hq // hkv, 1 if top_k else int(q_lens.max(initial=1))
     )
-    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split)
+    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split, top_k)
     window = int(sliding_window) if sliding_window else 0
-    params_i = mx.array([hq, hkv, meta.block_tables.shape[1], window, p.num_splits], dtype=mx.int32)
+    params_i = mx.array(
+        [hq, hkv, meta.block_tables.shape[1], window, p.num_splits, top_k], dtype=mx.int32
+    )
+    listed = mx.zeros((1,), mx.int32) if selected is None else selected.astype(mx.int32)
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
     sink_arr = sinks.astype(mx.float32) if sinks is not None else mx.zeros((1,), mx.float32)
     bits, group = 0, d  # float pages; the scales inputs are 1-element placeholders
@@ -283,7 +307,7 @@ def paged_attention_kernel(
     out, part_ml, part_acc = make_kernel(metal_kernel or _default_factory(), latent)(
         inputs=[
             q, *pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, mx.array(p.work),
-            params_i, params_f, sink_arr, *scales,
+            params_i, params_f, sink_arr, *scales, listed,
         ],
         output_shapes=[(n, hq, dv), (slots, tiling.tile, 2), (slots, tiling.tile, dv)],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
@@ -293,7 +317,7 @@ def paged_attention_kernel(
             ("T", q.dtype), *widths, ("BS", bs), ("TK", tiling.chunk_keys),
             ("NSG", tiling.num_simdgroups), ("QPS", tiling.qvs_per_simdgroup),
             ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
-            ("GS", group),
+            ("GS", group), ("SPARSE", top_k > 0),
         ],
     )  # fmt: skip
     if p.split_groups == 0:

@@ -28,17 +28,19 @@ inline float rescale_factor(float m_old, float m_new) {
 
 // Keys [begin, end) that query vectors [qv0, qv0 + nqv) of a sequence (`group` query heads per row,
 // first row at position first_pos) can see; for a split part (part >= 0) only its share of
-// them, whole chunks of tk keys each (a share may be empty).
+// them, whole chunks of tk keys each (a share may be empty). Sparse attention (top_k > 0): the
+// entries [begin, end) of the tile's one row's list of selected positions instead.
 struct KeyRange {
   int begin, end;
 };
 
 inline KeyRange visible_keys(
-    int first_pos, int qv0, int nqv, int group, int window, int part, int num_splits, int tk) {
+    int first_pos, int qv0, int nqv, int group, int window, int top_k, int part, int num_splits,
+    int tk) {
   const int row_lo = qv0 / group;
   const int row_hi = (qv0 + nqv - 1) / group;
-  int k_end = first_pos + row_hi + 1;
-  int k_begin = window > 0 ? max(0, first_pos + row_lo - window + 1) : 0;
+  int k_end = top_k > 0 ? top_k : first_pos + row_hi + 1;
+  int k_begin = window > 0 && top_k == 0 ? max(0, first_pos + row_lo - window + 1) : 0;
   if (part >= 0) {
     const int base = (k_begin / tk) * tk;
     const int chunks = (k_end - base + tk - 1) / tk;
@@ -50,13 +52,43 @@ inline KeyRange visible_keys(
   return KeyRange{k_begin, k_end};
 }
 
+// The key behind entry e of a chunk, or -1 when the tile reads nothing there: dense, the key
+// itself (inside the tile's range); sparse, the position entry e of the row's list names when
+// that row (at pos) may see it. Templated on the pointer type, as kv_load.
+template <typename S>
+inline int entry_key(
+    bool sparse, S selected, int list_base, int e, KeyRange range, int pos, int window) {
+  if (e < range.begin || e >= range.end) {
+    return -1;
+  }
+  if (!sparse) {
+    return e;
+  }
+  const int key = selected[list_base + e];
+  return key >= 0 && key <= pos && (window <= 0 || key > pos - window) ? key : -1;
+}
+
+// The pool row (one token of one KV head) of chunk entry t: dense, the t-th after the chunk's
+// first row row0 (a chunk lies in one page); sparse, wherever the block table puts `key`.
+template <typename B>
+inline uint chunk_row(
+    bool sparse, B block_tables, int table_base, int hkv, int kvh, int bs, uint row0, int t,
+    int key) {
+  if (!sparse) {
+    return row0 + uint(t);
+  }
+  const int at = max(key, 0);
+  return (uint(block_tables[table_base + at / bs]) * uint(hkv) + uint(kvh)) * uint(bs) +
+         uint(at % bs);
+}
+
 // One work item of either kernel body: work[w] = {seq, kv_head, qv_start, qv_count, part}, the
-// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits} and
-// where the item's sequence sits. Templated on the pointer types: small metadata arrays arrive
+// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits, top_k}
+// and where the item's sequence sits. Templated on the pointer types: small metadata arrays arrive
 // in the `constant` address space.
 struct AttentionWork {
   int seq, kvh, qv0, nqv, part;
-  int hq, hkv, max_blocks, window, num_splits, group;
+  int hq, hkv, max_blocks, window, num_splits, top_k, group;
   int q_begin;    // the sequence's first query row in q
   int first_pos;  // the position of that row
 };
@@ -74,6 +106,7 @@ inline AttentionWork read_work_item(W work, P params_i, S seq_lens, C cu_seqlens
   it.max_blocks = params_i[2];
   it.window = params_i[3];
   it.num_splits = params_i[4];
+  it.top_k = params_i[5];
   it.group = it.hq / it.hkv;
   it.q_begin = cu_seqlens_q[it.seq];
   it.first_pos = seq_lens[it.seq] - (cu_seqlens_q[it.seq + 1] - it.q_begin);

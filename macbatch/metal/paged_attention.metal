@@ -21,9 +21,14 @@
 // row and group of GS head-dim elements): each chunk's scales are read once into threadgroup
 // memory, then every byte of codes once, dequantized straight into the same float chunk as float
 // pages. BITS 0: float pages of type T; k_scales / v_scales are unused placeholders.
+// Sparse attention (SPARSE, `selected` [N, top_k]: the positions each query row attends to, -1
+// unused): a tile holds query heads of ONE row (rows select differently), and the chunk loop
+// walks entries of that row's list instead of keys; entry t of a chunk is loaded from wherever
+// the block table puts its position, only when the row may see it, so only listed rows are read.
+// Everything after the load is the dense path's. Dense calls pass a 1-element placeholder.
 // Template: T (element type), D (head dim), BS (block size), TK, NSG, QPS, SOFTCAP, SINKS, BITS,
-// GS.
-// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits}
+// GS, SPARSE.
+// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits, top_k}
 // params_f = {scale, softcap}
 
 constexpr int MAXQV = NSG * QPS;
@@ -52,6 +57,11 @@ const int num_splits = item.num_splits;
 const int group = item.group;
 const int q_begin = item.q_begin;
 const int first_pos = item.first_pos;  // position of the sequence's first query row
+const int top_k = item.top_k;
+const int table_base = seq * max_blocks;
+// Sparse: the tile's row, its position and its list of selected positions.
+const int row_pos = first_pos + qv0 / group;
+const int list_base = (q_begin + qv0 / group) * top_k;
 
 threadgroup float qs[MAXQV * D];
 threadgroup float ks[TK * D];
@@ -74,7 +84,8 @@ for (int i = tid; i < MAXQV * D; i += NT) {
 }
 
 // Keys any row of the tile can see (this split's share of them): [k_begin, k_end).
-const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const KeyRange keys =
+    visible_keys(first_pos, qv0, nqv, group, window, top_k, part, num_splits, TK);
 const int k_begin = keys.begin;
 const int k_end = keys.end;
 
@@ -91,28 +102,37 @@ for (int j = 0; j < QPS; ++j) {
 
 for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk (or q tile) is done
-  const uint block = uint(block_tables[seq * max_blocks + c / BS]);
+  const uint block = SPARSE ? 0u : uint(block_tables[table_base + c / BS]);
   const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
   if (BITS == 0) {
     for (int i = tid; i < TK * D; i += NT) {
-      const int key = c + i / D;
-      const bool live = key >= k_begin && key < k_end;
-      ks[i] = live ? kv_load(k_pages, row0 * uint(D) + uint(i)) : 0.0f;
-      vs[i] = live ? kv_load(v_pages, row0 * uint(D) + uint(i)) : 0.0f;
+      const int t = i / D;
+      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, row_pos, window);
+      const uint at =
+          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key) * uint(D) +
+          uint(i % D);
+      ks[i] = key >= 0 ? kv_load(k_pages, at) : 0.0f;
+      vs[i] = key >= 0 ? kv_load(v_pages, at) : 0.0f;
     }
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
       const int r = i / (NGS * 2);
-      const bool live = c + r >= k_begin && c + r < k_end;
-      ksb[i] = live ? kv_load(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
-      vsb[i] = live ? kv_load(v_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) *
+                          uint(NGS * 2) +
+                      uint(i % (NGS * 2));
+      ksb[i] = key >= 0 ? kv_load(k_scales, at) : 0.0f;
+      vsb[i] = key >= 0 ? kv_load(v_scales, at) : 0.0f;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
-      const bool live = c + r >= k_begin && c + r < k_end;
-      const uint kbyte = live ? uint(kv_load(k_pages, row0 * uint(RB) + uint(i))) : 0u;
-      const uint vbyte = live ? uint(kv_load(v_pages, row0 * uint(RB) + uint(i))) : 0u;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const uint at =
+          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) * uint(RB) +
+          uint(i % RB);
+      const uint kbyte = key >= 0 ? uint(kv_load(k_pages, at)) : 0u;
+      const uint vbyte = key >= 0 ? uint(kv_load(v_pages, at)) : 0u;
       for (int e = 0; e < EPB; ++e) {
         const int d = (i % RB) * EPB + e;
         const int sb = (r * NGS + d / GS) * 2;
@@ -131,9 +151,9 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
       break;  // uniform across the SIMD-group
     }
     const int pos = first_pos + (qv0 + v) / group;
-    const int key = c + lane;
-    const bool visible = lane < TK && key >= k_begin && key < k_end && key <= pos &&
-                         (window <= 0 || key > pos - window);
+    const int key =
+        lane < TK ? entry_key(SPARSE, selected, list_base, c + lane, keys, pos, window) : -1;
+    const bool visible = key >= 0 && key <= pos && (window <= 0 || key > pos - window);
     float s = -INFINITY;
     if (visible) {
       float dot = 0.0f;

@@ -10,8 +10,12 @@
 // QPS query vectors in registers and of their DV-wide accumulators; a key's score is a
 // simd_sum of the lanes' partial dot products (reads of the chunk are consecutive across lanes,
 // free of bank conflicts), and the online softmax (base 2, float32) advances a chunk at a time.
-// Template: T, D (row width), DV (value width), BS, TK, NSG, QPS, SOFTCAP, SINKS, BITS, GS.
-// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits}
+// Sparse attention (SPARSE) as in paged_attention.metal: a tile holds query heads of one row, its
+// chunks are entries of the row's list of selected positions, each row loaded from wherever the
+// block table puts it and only when the row may see it.
+// Template: T, D (row width), DV (value width), BS, TK, NSG, QPS, SOFTCAP, SINKS, BITS, GS,
+// SPARSE.
+// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits, top_k}
 // params_f = {scale, softcap}
 
 constexpr int MAXQV = NSG * QPS;
@@ -41,6 +45,11 @@ const int num_splits = item.num_splits;
 const int group = item.group;
 const int q_begin = item.q_begin;
 const int first_pos = item.first_pos;  // position of the sequence's first query row
+const int top_k = item.top_k;
+const int table_base = seq * max_blocks;
+// Sparse: the tile's row, its position and its list of selected positions.
+const int row_pos = first_pos + qv0 / group;
+const int list_base = (q_begin + qv0 / group) * top_k;
 
 threadgroup float rows[TK * D];
 threadgroup float rsb[TK * NGS * 2];  // (scale, bias) of the chunk's rows (quantized pages)
@@ -68,30 +77,41 @@ for (int j = 0; j < QPS; ++j) {
   }
 }
 
-const KeyRange keys = visible_keys(first_pos, qv0, nqv, group, window, part, num_splits, TK);
+const KeyRange keys =
+    visible_keys(first_pos, qv0, nqv, group, window, top_k, part, num_splits, TK);
 const int k_begin = keys.begin;
 const int k_end = keys.end;
 
 for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk is done
-  const uint block = uint(block_tables[seq * max_blocks + c / BS]);
+  const uint block = SPARSE ? 0u : uint(block_tables[table_base + c / BS]);
   const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
   if (BITS == 0) {
     for (int i = tid; i < TK * D; i += NT) {
-      const int key = c + i / D;
-      rows[i] = key >= k_begin && key < k_end ? kv_load(k_pages, row0 * uint(D) + uint(i)) : 0.0f;
+      const int t = i / D;
+      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, row_pos, window);
+      const uint at =
+          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key) * uint(D) +
+          uint(i % D);
+      rows[i] = key >= 0 ? kv_load(k_pages, at) : 0.0f;
     }
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
-      const int key = c + i / (NGS * 2);
-      const bool live = key >= k_begin && key < k_end;
-      rsb[i] = live ? kv_load(k_scales, row0 * uint(NGS * 2) + uint(i)) : 0.0f;
+      const int r = i / (NGS * 2);
+      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) *
+                          uint(NGS * 2) +
+                      uint(i % (NGS * 2));
+      rsb[i] = key >= 0 ? kv_load(k_scales, at) : 0.0f;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
-      const bool live = c + r >= k_begin && c + r < k_end;
-      const uint byte = live ? uint(kv_load(k_pages, row0 * uint(RB) + uint(i))) : 0u;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const uint at =
+          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) * uint(RB) +
+          uint(i % RB);
+      const uint byte = key >= 0 ? uint(kv_load(k_pages, at)) : 0u;
       for (int e = 0; e < EPB; ++e) {
         const int d = (i % RB) * EPB + e;
         const int sb = (r * NGS + d / GS) * 2;
@@ -120,9 +140,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
         }
       }
       const float s = simd_sum(dot);
-      const int key = c + t;
-      const bool visible =
-          key >= k_begin && key < k_end && key <= pos && (window <= 0 || key > pos - window);
+      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, pos, window);
+      const bool visible = key >= 0 && key <= pos && (window <= 0 || key > pos - window);
       p[t] = visible ? (SOFTCAP ? soft_cap(s, params_f[1]) * M_LOG2E_F : s) : -INFINITY;
       chunk_max = max(chunk_max, p[t]);
     }

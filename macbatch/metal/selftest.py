@@ -3,8 +3,9 @@
 A kernel that compiles on one machine can miscompile, or fail to build, on another (another
 Metal compiler, another C++ toolchain), so the registry runs this once per backend before
 trusting it. It covers what a step can mix: decode rows and prefill chunks, each page dtype,
-8-bit and 4-bit pages, with and without sliding window, softcap and sinks, and latent (MLA)
-pages, so a backend that reads them wrong is never selected.
+8-bit and 4-bit pages, with and without sliding window, softcap and sinks, latent (MLA) pages,
+and sparse attention (each row attending to a short list of its sequence's positions), so a
+backend that reads any of them wrong is never selected.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _FORMATS = [
 # whose rows' leading columns are the values, MLA's, narrower than a real 576/512 to stay quick)
 _SHAPES = [(4, 2, 64, None), (16, 1, 96, 64)]
 _BLOCKS, _BLOCK_SIZE = 24, 16
+_TOP_K = 8  # sparse attention: entries per row, fewer than most rows may see
 
 
 def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
@@ -42,6 +44,7 @@ def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
     cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     tables = rng.permutation(_BLOCKS)[:12].reshape(4, 3).astype(np.int32)
     meta = AttentionMetadata.build(tables, lens, cu)
+    selected = _selection(lens, q_lens, rng)
     for dtype, tol, bits in _FORMATS:
         for shape in _SHAPES:
             hq, hkv, d, value_dim = shape
@@ -49,7 +52,7 @@ def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
             page_shape = (_BLOCKS, hkv, _BLOCK_SIZE, d)
             kv = [mx.array(rng.standard_normal(page_shape), dtype=dtype) for _ in range(2)]
             k, v = _pages(kv, bits)
-            for options, layer in _layers(shape, rng).items():
+            for options, layer in _layers(shape, selected, rng).items():
                 failure = _compare(backend, (q, k, k if value_dim else v, meta, layer), tol)
                 if failure:
                     pages = f"{bits}-bit pages" if bits else f"{dtype} pages"
@@ -57,17 +60,37 @@ def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
     return True, ""
 
 
-def _layers(shape: tuple[int, int, int, int | None], rng: np.random.Generator) -> dict:
+def _layers(
+    shape: tuple[int, int, int, int | None], selected: mx.array, rng: np.random.Generator
+) -> dict:
     """The layer options each shape is tested with, by name: latent layers (MLA) need no
     window, softcap or sinks."""
     hq, _, d, value_dim = shape
     if value_dim is not None:
-        return {f"latent {d}/{value_dim}": LayerParams(d**-0.5, value_dim=value_dim)}
+        latent = f"latent {d}/{value_dim}"
+        return {
+            latent: LayerParams(d**-0.5, value_dim=value_dim),
+            f"{latent} sparse": LayerParams(d**-0.5, value_dim=value_dim, selected=selected),
+        }
     sinks = mx.array(rng.standard_normal(hq), dtype=mx.float32)
     return {
         "plain": LayerParams(d**-0.5),
         "sliding_window+softcap+sinks": LayerParams(d**-0.5, 8, 20.0, sinks),
+        "sparse+sliding_window": LayerParams(d**-0.5, 24, selected=selected),
     }
+
+
+def _selection(lens: np.ndarray, q_lens: np.ndarray, rng: np.random.Generator) -> mx.array:
+    """``[N, _TOP_K]`` distinct positions of each row's sequence, its own among them (a prefill
+    row's list holds later ones too, which it may not see), -1 where the sequence is short."""
+    rows = []
+    for ctx, q_len in zip(lens, q_lens, strict=True):
+        for pos in range(int(ctx - q_len), int(ctx)):
+            picked = rng.permutation(int(ctx))[:_TOP_K]
+            if pos not in picked:
+                picked[0] = pos
+            rows.append(np.pad(picked, (0, _TOP_K - len(picked)), constant_values=-1))
+    return mx.array(np.array(rows, dtype=np.int32))
 
 
 def _compare(backend: AttentionBackend, args: tuple, tol: float) -> str | None:

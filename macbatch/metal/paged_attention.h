@@ -52,13 +52,12 @@ inline KeyRange visible_keys(
   return KeyRange{k_begin, k_end};
 }
 
-// The key behind entry e of a chunk, or -1 when the tile reads nothing there: dense, the key
-// itself (inside the tile's range); sparse, the position entry e of the row's list names when
-// that row (at pos) may see it. Templated on the pointer type, as kv_load.
+// The key behind entry e of a chunk (`live`: e is inside the tile's range), or -1 when the tile
+// reads nothing there: dense, e itself (entries are keys); sparse, the position entry e of the
+// row's list names, when that row (at pos) may see it. Templated on the pointer type, as kv_load.
 template <typename S>
-inline int entry_key(
-    bool sparse, S selected, int list_base, int e, KeyRange range, int pos, int window) {
-  if (e < range.begin || e >= range.end) {
+inline int entry_key(bool sparse, S selected, int list_base, int e, bool live, int pos, int window) {
+  if (!live) {
     return -1;
   }
   if (!sparse) {

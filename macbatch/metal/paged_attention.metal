@@ -106,18 +106,20 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
   if (BITS == 0) {
     for (int i = tid; i < TK * D; i += NT) {
-      const int t = i / D;
-      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, row_pos, window);
-      const uint at =
-          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key) * uint(D) +
-          uint(i % D);
-      ks[i] = key >= 0 ? kv_load(k_pages, at) : 0.0f;
-      vs[i] = key >= 0 ? kv_load(v_pages, at) : 0.0f;
+      const int key = c + i / D;  // the chunk's entry (dense: the key itself)
+      const bool live = key >= k_begin && key < k_end;
+      const int at_key = entry_key(SPARSE, selected, list_base, key, live, row_pos, window);
+      const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, i / D,
+                                at_key) * uint(D) +
+                      uint(i % D);
+      ks[i] = at_key >= 0 ? kv_load(k_pages, at) : 0.0f;
+      vs[i] = at_key >= 0 ? kv_load(v_pages, at) : 0.0f;
     }
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
       const int r = i / (NGS * 2);
-      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
       const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) *
                           uint(NGS * 2) +
                       uint(i % (NGS * 2));
@@ -127,7 +129,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
-      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
       const uint at =
           chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) * uint(RB) +
           uint(i % RB);
@@ -151,8 +154,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
       break;  // uniform across the SIMD-group
     }
     const int pos = first_pos + (qv0 + v) / group;
-    const int key =
-        lane < TK ? entry_key(SPARSE, selected, list_base, c + lane, keys, pos, window) : -1;
+    const bool live = lane < TK && c + lane >= k_begin && c + lane < k_end;
+    const int key = entry_key(SPARSE, selected, list_base, c + lane, live, pos, window);
     const bool visible = key >= 0 && key <= pos && (window <= 0 || key > pos - window);
     float s = -INFINITY;
     if (visible) {

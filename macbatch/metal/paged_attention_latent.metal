@@ -89,7 +89,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   if (BITS == 0) {
     for (int i = tid; i < TK * D; i += NT) {
       const int t = i / D;
-      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, row_pos, window);
+      const bool live = c + t >= k_begin && c + t < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + t, live, row_pos, window);
       const uint at =
           chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key) * uint(D) +
           uint(i % D);
@@ -98,7 +99,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
       const int r = i / (NGS * 2);
-      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
       const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) *
                           uint(NGS * 2) +
                       uint(i % (NGS * 2));
@@ -107,7 +109,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
-      const int key = entry_key(SPARSE, selected, list_base, c + r, keys, row_pos, window);
+      const bool live = c + r >= k_begin && c + r < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
       const uint at =
           chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) * uint(RB) +
           uint(i % RB);
@@ -140,7 +143,8 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
         }
       }
       const float s = simd_sum(dot);
-      const int key = entry_key(SPARSE, selected, list_base, c + t, keys, pos, window);
+      const bool live = c + t >= k_begin && c + t < k_end;
+      const int key = entry_key(SPARSE, selected, list_base, c + t, live, pos, window);
       const bool visible = key >= 0 && key <= pos && (window <= 0 || key > pos - window);
       p[t] = visible ? (SOFTCAP ? soft_cap(s, params_f[1]) * M_LOG2E_F : s) : -INFINITY;
       chunk_max = max(chunk_max, p[t]);

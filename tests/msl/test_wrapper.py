@@ -54,7 +54,8 @@ def test_small_body_with_every_kind_of_parameter(capfd, tmp_path):
     assert gen.source == printed
 
 
-# Metadata under 8 elements is `constant`; 12 sequences also run 4-bit pages (uint8 codes).
+# Metadata under 8 elements is `constant`; 12 sequences also run 4-bit pages (uint8 codes) and
+# sparse attention (a list of 8 positions per row).
 @pytest.mark.parametrize("num_seqs", [3, 12])
 def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
     source = (kernels.HERE / "paged_attention.metal").read_text()
@@ -69,8 +70,8 @@ def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
     inputs = [
         mx.zeros((num_seqs, 4, 64), mx.float16), *pages, mx.zeros((num_seqs, 2), mx.int32),
         mx.ones((num_seqs,), mx.int32), mx.arange(num_seqs + 1, dtype=mx.int32),
-        mx.zeros((num_seqs * 2, 5), mx.int32), mx.zeros((5,), mx.int32), mx.zeros((2,)),
-        mx.zeros((4,)), *scales,
+        mx.zeros((num_seqs * 2, 5), mx.int32), mx.zeros((6,), mx.int32), mx.zeros((2,)),
+        mx.zeros((4,)), *scales, mx.zeros((num_seqs, 8) if bits else (1,), mx.int32),
     ]  # fmt: skip
     kwargs = dict(
         output_shapes=[(num_seqs, 4, 64), (1, 2, 2), (1, 2, 64)],
@@ -78,7 +79,8 @@ def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
         grid=(num_seqs * 2 * 64, 1, 1),
         threadgroup=(64, 1, 1),
         template=[("T", mx.float16), ("D", 64), ("BS", 16), ("TK", 16), ("NSG", 2),
-                  ("QPS", 1), ("SOFTCAP", False), ("SINKS", True), ("BITS", bits), ("GS", 64)],
+                  ("QPS", 1), ("SOFTCAP", False), ("SINKS", True), ("BITS", bits), ("GS", 64),
+                  ("SPARSE", bits == 4)],
     )  # fmt: skip
     name = "macbatch_paged_attention"
     names = kernels.INPUT_NAMES, kernels.OUTPUT_NAMES

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from macbatch.metal import AttentionBackend, paged_attention_reference, selftest
+from macbatch.metal import AttentionBackend, paged_attention_reference, reference, selftest
 from macbatch.metal.cpu_kernel import paged_attention_cpu
 from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from tests.support.attention_cases import (
@@ -109,6 +109,17 @@ def test_split_kv_over_the_selected_entries():
     got = backend(*case.args(poisoned=True))
     assert relative_error(got, case.oracle()) <= TOLERANCE[case.dtype]
     assert emulator.dispatches[-1].threadgroups > 4  # 2 seqs x 2 KV heads, split
+
+
+def test_the_kernels_do_not_defer_to_the_reference(monkeypatch):
+    def refused(*args):
+        raise AssertionError("the reference's sparse form ran")
+
+    monkeypatch.setattr(reference, "_sparse_attention", refused)
+    case = Case(**MIXED, **SHAPES["latent_48_36"], kv_bits=8)
+    for name, backend in backends().items():
+        got = backend(*case.args(poisoned=True))
+        assert relative_error(got, case.oracle()) <= TOLERANCE[case.dtype], name
 
 
 def test_poison_catches_a_kernel_that_reads_every_token():

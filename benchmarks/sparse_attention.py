@@ -41,9 +41,9 @@ def make_inputs(
     q = mx.array(rng.standard_normal((seqs, heads, LATENT + ROPE), dtype=np.float32))
     pages, q = pages.astype(dtype), q.astype(dtype)
     tables = rng.permutation(pool)[: seqs * width].reshape(seqs, width)
-    selected = np.stack([rng.permutation(context - 1)[: top_k - 1] for _ in range(seqs)])
-    selected = np.concatenate([selected, np.full((seqs, 1), context - 1)], axis=1)  # its own
-    selected = mx.array(selected.astype(np.int32))
+    others = np.stack([rng.permutation(context - 1)[: top_k - 1] for _ in range(seqs)])
+    own = np.full((seqs, 1), context - 1)
+    selected = mx.array(np.concatenate([others, own], axis=1).astype(np.int32))
     mx.eval(pages, q, selected)
     cu = np.arange(seqs + 1, dtype=np.int32)
     meta = AttentionMetadata.build(tables, np.full(seqs, context, np.int32), cu)

@@ -8,6 +8,8 @@ the reference gathers and masks, so it gets finite pages (as in the dense tests)
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ from tests.support.msl.emulator import Emulator
 
 F16, BF16 = mx.float16, mx.bfloat16
 # (query heads, KV heads, row width, value width): grouped heads, a narrow latent and MLA's own
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "gqa": dict(num_q_heads=4, num_kv_heads=2, head_dim=64),
     "latent_48_36": dict(num_q_heads=16, num_kv_heads=1, head_dim=48, value_dim=36, block_size=8),
     "latent_576_512": dict(num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512),
@@ -155,6 +157,7 @@ def _swap_two_entries(case: Case) -> tuple[np.ndarray, np.ndarray]:
     """The case's selection with two listed visible positions of every row that has room
     replaced by positions it does not list; and which rows changed."""
     rng = np.random.default_rng(1)
+    assert case.selected is not None
     other = case.selected.copy()
     changed = []
     for i, (_, pos) in enumerate(query_positions(case.lens, case.q_lens)):

@@ -84,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "StoredModel": "macbatch.engine.kv.disk.listing",
     "stored_models": "macbatch.engine.kv.disk.listing",
     "clear_stored": "macbatch.engine.kv.disk.listing",
+    "not_caches": "macbatch.engine.kv.disk.listing",
 }
 
 __all__ = list(_EXPORTS)
@@ -131,7 +132,12 @@ if TYPE_CHECKING:
         thinking_default,
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
-    from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
+    from macbatch.engine.kv.disk.listing import (
+        StoredModel,
+        clear_stored,
+        not_caches,
+        stored_models,
+    )
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.model.adapter import UnsupportedModelError

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from macbatch.engine.model.config_file import read_model_config
 from macbatch.engine.speculative.mtp_weights import MtpNames, mtp_names
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def declared_head_dim(name: str) -> int | None:
     target = resolve_model_path(name)
     if isinstance(target, str):
         return None
-    config = json.loads((target / "config.json").read_text())
+    config = read_model_config(target)
     config = config.get("text_config", config)
     if config.get("head_dim"):
         return int(config["head_dim"])
@@ -69,7 +69,7 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
-        model_type = str(json.loads((target / "config.json").read_text()).get("model_type"))
+        model_type = str(read_model_config(target).get("model_type"))
         reason = unsupported_reason(model_type)
         if reason:
             raise UnsupportedModelError(

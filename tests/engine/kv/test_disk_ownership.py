@@ -51,7 +51,7 @@ def _users_files(root: Path) -> list[Path]:
 def test_cache_clear_in_a_data_directory_deletes_only_the_caches(model, tiny_tokenizer, tmp_path):
     planted = _users_files(tmp_path)
     warm(model, tiny_tokenizer, tmp_path, tokens(70, 1))
-    [cache] = stored_models(tmp_path)
+    [cache] = [m for m in stored_models(tmp_path) if m.model == "model"]
     inside = [
         _plant(cache.directory / "notes.txt"),  # in a cache's folder, not the cache's
         _plant(cache.directory / "ab" / f"{'ef' * 16}{SUFFIX}", b"no header"),
@@ -74,7 +74,7 @@ def test_cache_clear_in_a_data_directory_deletes_only_the_caches(model, tiny_tok
 def test_start_up_removes_only_its_own_stale_temporary_files(model, tiny_tokenizer, tmp_path):
     planted = _users_files(tmp_path)
     warm(model, tiny_tokenizer, tmp_path, tokens(30, 2))
-    [cache] = stored_models(tmp_path)
+    [cache] = [m for m in stored_models(tmp_path) if m.model == "model"]
     mine = _plant(cache.directory / "ab" / f"{'ab' * 16}{SUFFIX}.99999.1.tmp", MAGIC, old=True)
     fresh = _plant(cache.directory / "ab" / f"{'cd' * 16}{SUFFIX}.99999.2.tmp", MAGIC)
     theirs = _plant(cache.directory / "ab" / "session.tmp", old=True)

@@ -81,8 +81,25 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
-        raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc
+        raise ValueError(f"could not load model '{name}' {where}: {failure_reason(exc)}") from exc
     return model, tokenizer
+
+
+def failure_reason(error: BaseException) -> str:
+    """What went wrong in a library's load, in words: its message, or, for a bare ``assert``
+    (mlx-lm's checks of a config: ``assert self.vocab_size > 0``), the check that failed and
+    where, so the user learns which value of the config is wrong."""
+    if str(error):
+        return str(error)
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    last = frames[-1]
+    where = "/".join(Path(last.filename).parts[-3:])
+    check = f"`{last.line}`" if last.line else type(error).__name__
+    return f"the check {check} failed ({where}, line {last.lineno})"
 
 
 def _download(repo_id: str) -> Path:

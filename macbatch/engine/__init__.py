@@ -85,6 +85,9 @@ _EXPORTS: dict[str, str] = {
     "stored_models": "macbatch.engine.kv.disk.listing",
     "clear_stored": "macbatch.engine.kv.disk.listing",
     "not_caches": "macbatch.engine.kv.disk.listing",
+    # a model folder's config.json, read one way (a bad one is that model's problem)
+    "BadConfig": "macbatch.engine.model.config_file",
+    "read_model_config": "macbatch.engine.model.config_file",
 }
 
 __all__ = list(_EXPORTS)
@@ -141,6 +144,7 @@ if TYPE_CHECKING:
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.model.adapter import UnsupportedModelError
+    from macbatch.engine.model.config_file import BadConfig, read_model_config
     from macbatch.engine.model.families import unsupported_reason
     from macbatch.engine.model.probe import probe_model
     from macbatch.engine.model_info import EngineInfo, ModelInfo, declared_context_length

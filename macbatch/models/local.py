@@ -8,8 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine import declared_context_length, unavailable_reason
-from macbatch.engine.model.config_file import BadConfig, read_model_config
+from macbatch.engine import (
+    BadConfig,
+    declared_context_length,
+    read_model_config,
+    unavailable_reason,
+)
 
 
 @dataclass(frozen=True)

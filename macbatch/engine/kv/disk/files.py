@@ -203,7 +203,7 @@ class BlockFiles:
             raise OSError(errno.ENOTDIR, f"{self.directory} is a link or not a folder")
         if self.description is not None and not os.path.lexists(self.directory / NAMESPACE_FILE):
             text = json.dumps(self.description, indent=1).encode()
-            temp = self.directory / f"{NAMESPACE_FILE}.{os.getpid()}.tmp"
+            temp = self.directory / f"{NAMESPACE_FILE}.{os.getpid()}.{id(self)}.tmp"
             _create(temp, text)
             os.replace(temp, self.directory / NAMESPACE_FILE)
         self._marks[self.directory] = _mark(self.directory)

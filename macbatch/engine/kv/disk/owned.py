@@ -9,7 +9,7 @@ and its contents, and nothing is followed through a link:
 - a block file: a regular file in a shard named ``<32 hex>.kvb`` that starts with the magic
   ``MBKV`` (the header, ``files.py``);
 - a temporary file: a regular file in a shard or namespace named as the tier names its own
-  (``<32 hex>.kvb.<pid>.<n>.tmp``, ``namespace.json.<pid>.tmp``), empty or starting with the
+  (``<32 hex>.kvb.<pid>.<n>.tmp``, ``namespace.json.<pid>.<n>.tmp``), empty or starting with the
   magic (a block's).
 
 Anything else is left alone, and ``macbatch cache`` reports a folder that is not a namespace.
@@ -34,7 +34,7 @@ NAMESPACE_FILE = "namespace.json"
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _BLOCK = re.compile(r"[0-9a-f]{32}\.kvb")
 _BLOCK_TEMP = re.compile(r"[0-9a-f]{32}\.kvb\.\d+\.\d+\.tmp")
-_NAMESPACE_TEMP = re.compile(r"namespace\.json\.\d+\.tmp")
+_NAMESPACE_TEMP = re.compile(r"namespace\.json\.\d+\.\d+\.tmp")
 _UNDESCRIBED = "created"  # the one field of ``namespace.json`` its name does not hash
 
 

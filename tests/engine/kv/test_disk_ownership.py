@@ -36,6 +36,11 @@ def _plant(path: Path, data: bytes = b"the user's own bytes", old: bool = False)
     return path
 
 
+def _the_cache(root: Path) -> list:
+    """The engine's namespace (a look-alike folder is not it, whatever a listing says)."""
+    return [m for m in stored_models(root) if m.model == "model" and m.directory.name != "fake"]
+
+
 def _users_files(root: Path) -> list[Path]:
     """A data directory's own files, some shaped like the tier's (names, a header)."""
     return [
@@ -51,7 +56,7 @@ def _users_files(root: Path) -> list[Path]:
 def test_cache_clear_in_a_data_directory_deletes_only_the_caches(model, tiny_tokenizer, tmp_path):
     planted = _users_files(tmp_path)
     warm(model, tiny_tokenizer, tmp_path, tokens(70, 1))
-    [cache] = [m for m in stored_models(tmp_path) if m.model == "model"]
+    [cache] = _the_cache(tmp_path)
     inside = [
         _plant(cache.directory / "notes.txt"),  # in a cache's folder, not the cache's
         _plant(cache.directory / "ab" / f"{'ef' * 16}{SUFFIX}", b"no header"),
@@ -74,7 +79,7 @@ def test_cache_clear_in_a_data_directory_deletes_only_the_caches(model, tiny_tok
 def test_start_up_removes_only_its_own_stale_temporary_files(model, tiny_tokenizer, tmp_path):
     planted = _users_files(tmp_path)
     warm(model, tiny_tokenizer, tmp_path, tokens(30, 2))
-    [cache] = [m for m in stored_models(tmp_path) if m.model == "model"]
+    [cache] = _the_cache(tmp_path)
     mine = _plant(cache.directory / "ab" / f"{'ab' * 16}{SUFFIX}.99999.1.tmp", MAGIC, old=True)
     fresh = _plant(cache.directory / "ab" / f"{'cd' * 16}{SUFFIX}.99999.2.tmp", MAGIC)
     theirs = _plant(cache.directory / "ab" / "session.tmp", old=True)

@@ -18,7 +18,7 @@ from macbatch.commands.ask import ask_command
 from macbatch.commands.bench import bench_command
 from macbatch.commands.cache import cache_app
 from macbatch.commands.doctor import doctor_command
-from macbatch.commands.launch import follower_exit_status
+from macbatch.commands.launch import LaunchError, follower_exit_status
 from macbatch.commands.models import models_command, pull_command, rm_command
 from macbatch.config import OPENBLAS
 from macbatch.server.command import serve_command
@@ -73,7 +73,11 @@ def _options(
     """Options for every command; under mlx.launch, every rank but 0 becomes a follower here:
     every rank runs the same command line, rank 0 runs the command and the others serve its
     engine's steps and exit when it stops (docs/distributed.md)."""
-    status = follower_exit_status()
+    try:
+        status = follower_exit_status()
+    except LaunchError as error:
+        typer.echo(f"macbatch: {error}", err=True)
+        raise typer.Exit(2) from None
     if status is not None:
         raise typer.Exit(status)
     _quiet_library_logs()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,39 @@ def test_models_lists_a_pulled_model_and_rm_removes_it(source: Path, tmp_path: P
         assert removed.returncode == 0 and not snapshot(home).exists()
         listed = json.loads(macbatch(url, home, "models", "--json").stdout)
         assert REPO not in [r["name"] for r in listed]
+
+
+def test_a_file_list_climbing_out_of_the_cache_deletes_nothing(
+    source: Path, tmp_path: Path
+) -> None:
+    """Issue 61: a tree row naming ``../../../../x/notes.txt`` (the commit lists no such file)
+    with an LFS digest once made the checksum check delete that file outside the cache."""
+    home = tmp_path / "home"
+    outside = home / "x" / "notes.txt"
+    outside.parent.mkdir(parents=True)
+    outside.write_text("the user's notes")
+    row = {"type": "file", "oid": "0" * 40, "size": 16, "path": "../../../../x/notes.txt"}
+    row["lfs"] = {"oid": "1" * 64, "size": 16, "pointerSize": 134}
+    with running(Hub(REPO, source, listed_only=[row])) as url:
+        done = macbatch(url, home, "pull", REPO)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "a path outside the model's folder" in done.stderr
+    assert outside.read_text() == "the user's notes"
+
+
+@pytest.mark.parametrize("repo", ["../x", "a/..", "a/b\nc", "a/" + "b" * 3000, "abc"])
+def test_a_bad_model_id_is_refused_with_the_rule(repo: str, tmp_path: Path) -> None:
+    done = macbatch("http://127.0.0.1:9", tmp_path / "home", "pull", repo)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "is not a Hugging Face model id: OWNER/NAME" in done.stderr
+    assert len(done.stderr) < 500
+
+
+def test_an_unreachable_hub_fails_at_once_with_what_to_check(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    done = macbatch(endpoint, tmp_path / "home", "pull", REPO)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot reach the hub at {endpoint}" in done.stderr
+    assert "Retrying" not in done.stderr  # no round of retries first

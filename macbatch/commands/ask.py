@@ -91,9 +91,19 @@ def ask_command(
 
 
 def question(prompt: str | None, stdin: TextIO) -> str:
-    """The prompt, then what was piped in (never read from a terminal: that would wait)."""
-    piped = "" if stdin.isatty() else stdin.read()
-    return "\n\n".join(part for part in (prompt, piped.strip()) if part)
+    """The prompt, then what was piped in (never read from a terminal: that would wait); text
+    that is not UTF-8 (a Latin-1 file piped in, bytes the locale kept as surrogates) is refused
+    with where it goes wrong, before a tokenizer chokes on it."""
+    try:
+        piped = "" if stdin.isatty() else stdin.read()
+        text = "\n\n".join(part for part in (prompt, piped.strip()) if part)
+        text.encode("utf-8")
+    except (UnicodeDecodeError, UnicodeEncodeError) as error:
+        fail(
+            f"the prompt is not UTF-8 text ({error.reason} at position {error.start}); convert "
+            "it first, e.g. `iconv -f latin1 -t utf-8 FILE | macbatch ask`"
+        )
+    return text
 
 
 def load(model: str) -> Engine:

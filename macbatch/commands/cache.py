@@ -39,6 +39,7 @@ def cache_list(
 
     root = _root(knobs)
     models = stored_models(root)
+    _say_not_caches(root)
     if not models:
         typer.echo(f"nothing cached on disk in {root}")
         return
@@ -71,3 +72,12 @@ def cache_clear(
         raise typer.Exit(1)
     freed = sum(m.bytes for m in deleted)
     typer.echo(f"cleared {len(deleted)} cache(s), {freed / 2**20:,.1f} MiB, in {root}")
+    _say_not_caches(root)
+
+
+def _say_not_caches(root: Path) -> None:
+    """Name what in ``root`` is not a cache (on stderr: it is never counted nor deleted)."""
+    from macbatch.engine import not_caches
+
+    for path in not_caches(root):
+        typer.echo(f"not a cache (left alone): {path}", err=True)

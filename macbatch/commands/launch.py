@@ -28,6 +28,19 @@ def launched() -> bool:
     )
 
 
+class LaunchError(RuntimeError):
+    """A rank variable is set but no group can be joined: what is set, and what to do."""
+
+
+def _not_launched(reason: str) -> str:
+    named = ", ".join(f"{name}={os.environ[name]}" for name in RANK_VARIABLES if name in os.environ)
+    return (
+        f"{named} says a distributed launcher started this process, but MLX cannot join its "
+        f"group ({reason}); unset {' and '.join(RANK_VARIABLES)} to run on this machine alone, "
+        "or start the command with mlx.launch (docs/distributed.md)"
+    )
+
+
 def follower_exit_status() -> int | None:
     """Join the group if launched; on ranks other than 0, follow rank 0 until it stops and return
     the exit status. None on rank 0 and outside a launcher: go on with the command."""
@@ -38,7 +51,10 @@ def follower_exit_status() -> int | None:
     # command, on ranks that never build an Engine (docs/distributed.md).
     from macbatch.engine.distributed.group import join
 
-    group = join()
+    try:
+        group = join()
+    except RuntimeError as error:  # MLX: "Couldn't initialize any backend"
+        raise LaunchError(_not_launched(str(error))) from None
     if group is None:
         return None
     from macbatch.engine.distributed.channel import channel_of

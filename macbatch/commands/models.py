@@ -45,8 +45,8 @@ def models_command(
                 "context": m.context,
                 "tasks": tasks_of(m.path),
                 "fits_in_memory": too_big is None,
-                "supported": why is None,
-                "problem": f"not supported: {why}" if why else too_big,
+                "supported": why is None and m.problem is None,
+                "problem": m.problem or (f"not supported: {why}" if why else too_big),
             }
         )
     if as_json:

@@ -6,6 +6,7 @@ they offer (``fields.Pick``) and turn them into ``EngineConfig`` fields the same
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,11 @@ def disk_cache_config(
     from macbatch.config import data_dir
 
     directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
+    if cache_disk_gb is not None and not math.isfinite(cache_disk_gb):
+        raise typer.BadParameter(
+            f"{cache_disk_gb} is not a size: give the GiB the cache may use, e.g. 20",
+            param_hint="--cache-disk-gb",
+        )
     size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
     return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}
 

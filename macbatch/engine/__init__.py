@@ -84,6 +84,10 @@ _EXPORTS: dict[str, str] = {
     "StoredModel": "macbatch.engine.kv.disk.listing",
     "stored_models": "macbatch.engine.kv.disk.listing",
     "clear_stored": "macbatch.engine.kv.disk.listing",
+    "not_caches": "macbatch.engine.kv.disk.listing",
+    # a model folder's config.json, read one way (a bad one is that model's problem)
+    "BadConfig": "macbatch.engine.model.config_file",
+    "read_model_config": "macbatch.engine.model.config_file",
 }
 
 __all__ = list(_EXPORTS)
@@ -131,10 +135,16 @@ if TYPE_CHECKING:
         thinking_default,
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
-    from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
+    from macbatch.engine.kv.disk.listing import (
+        StoredModel,
+        clear_stored,
+        not_caches,
+        stored_models,
+    )
     from macbatch.engine.loader import resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.model.adapter import UnsupportedModelError
+    from macbatch.engine.model.config_file import BadConfig, read_model_config
     from macbatch.engine.model.families import unsupported_reason
     from macbatch.engine.model.probe import probe_model
     from macbatch.engine.model_info import EngineInfo, ModelInfo, declared_context_length

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from macbatch.engine.model.config_file import read_model_config
 from macbatch.engine.speculative.mtp_weights import MtpNames, mtp_names
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def declared_head_dim(name: str) -> int | None:
     target = resolve_model_path(name)
     if isinstance(target, str):
         return None
-    config = json.loads((target / "config.json").read_text())
+    config = read_model_config(target)
     config = config.get("text_config", config)
     if config.get("head_dim"):
         return int(config["head_dim"])
@@ -69,7 +69,7 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
-        model_type = str(json.loads((target / "config.json").read_text()).get("model_type"))
+        model_type = str(read_model_config(target).get("model_type"))
         reason = unsupported_reason(model_type)
         if reason:
             raise UnsupportedModelError(
@@ -81,8 +81,25 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as exc:  # hub and file errors come in many types; all get the same framing
         where = "from the Hugging Face hub" if isinstance(target, str) else f"from {target}"
-        raise ValueError(f"could not load model '{name}' {where}: {exc}") from exc
+        raise ValueError(f"could not load model '{name}' {where}: {failure_reason(exc)}") from exc
     return model, tokenizer
+
+
+def failure_reason(error: BaseException) -> str:
+    """What went wrong in a library's load, in words: its message, or, for a bare ``assert``
+    (mlx-lm's checks of a config: ``assert self.vocab_size > 0``), the check that failed and
+    where, so the user learns which value of the config is wrong."""
+    if str(error):
+        return str(error)
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return type(error).__name__
+    last = frames[-1]
+    where = "/".join(Path(last.filename).parts[-3:])
+    check = f"`{last.line}`" if last.line else type(error).__name__
+    return f"the check {check} failed ({where}, line {last.lineno})"
 
 
 def _download(repo_id: str) -> Path:

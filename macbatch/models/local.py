@@ -4,12 +4,16 @@ directories a user names (docs/models.md, "How models are found")."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macbatch.engine import declared_context_length, unavailable_reason
+from macbatch.engine import (
+    BadConfig,
+    declared_context_length,
+    read_model_config,
+    unavailable_reason,
+)
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class LocalModel:
     path: Path
     quantization: str  # "4-bit (group 64)", "mxfp4", "none", or "?" when unreadable
     context: int | None  # max_position_embeddings, when the config says
+    problem: str | None = None  # why its config.json cannot be read (it is listed all the same)
 
 
 def local_models(models_dirs: tuple[Path, ...] = ()) -> list[LocalModel]:
@@ -64,13 +69,11 @@ def _cached() -> list[LocalModel]:
 
 
 def _describe(name: str, path: Path) -> LocalModel:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        config = None
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    if not isinstance(config, dict):
-        return LocalModel(name, "unreadable config.json", size, path, "?", None)
+    try:
+        config = read_model_config(path)
+    except BadConfig as error:
+        return LocalModel(name, "?", size, path, "?", None, problem=str(error))
     return LocalModel(
         name=name,
         model_type=str(config.get("model_type", "?")),

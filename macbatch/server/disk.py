@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,19 @@ log = logging.getLogger("macbatch.server")
 
 
 def write_record(path: Path, data: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(data, ensure_ascii=False))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    """Write ``path`` whole or not at all, through a temporary file of a name no one else can
+    have made (never through a link planted at a predictable name, never over another file)."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, ensure_ascii=False))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # its own, just made
+        raise
 
 
 def read_record(

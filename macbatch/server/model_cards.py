@@ -84,8 +84,15 @@ def _add(
 
 
 def _labelled(sample: str, model: str) -> str:
-    label = 'model="' + model.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    label = f'model="{label_value(model)}"'
     name, rest = re.match(r"([^{ ]+)(.*)", sample).groups()  # type: ignore[union-attr]
     if rest.startswith("{"):
         return f"{name}{{{label},{rest[1:]}"
     return f"{name}{{{label}}}{rest}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value of the exposition format: backslash, double quote and line feed
+    escaped (a model's folder name may hold any of them; unescaped, a line feed starts a line
+    of its own, a sample anyone naming a folder could inject)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -38,7 +38,8 @@ class ResponseStore:
             self.directory.mkdir(parents=True, exist_ok=True)
             paths = self.directory.glob("resp_*.json")
             for path in sorted(paths, key=lambda p: p.stat().st_mtime):
-                self._items[path.stem] = None
+                if _ID.fullmatch(path.stem):  # another name is not one it wrote: left alone
+                    self._items[path.stem] = None
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
         response_id = response["id"]

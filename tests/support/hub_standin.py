@@ -3,7 +3,8 @@ the endpoints huggingface-hub calls to download a model (repo info, the file tre
 with HEAD and ranged GET), over one repository's files on disk. Large files (``*.safetensors``)
 are LFS files, their ETag the sha256 the hub declares. It can cut a file's first transfer short
 (``cut_after``: the connection drops after that many bytes) and serve other bytes than it declares
-(``corrupt``: a bad checksum); ``requests`` logs each method, path and Range header."""
+(``corrupt``: a bad checksum) and list files it does not serve (``listed_only``: a hostile
+tree, paths climbing out of the cache); ``requests`` logs each method, path and Range header."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Hub:
     folder: Path
     cut_after: dict[str, int] = field(default_factory=dict)  # file -> bytes sent before a drop
     corrupt: set[str] = field(default_factory=set)  # files served with one byte changed
+    listed_only: list[dict] = field(default_factory=list)  # more rows of the tree, no file
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
 
     def files(self) -> list[Path]:
@@ -55,7 +57,7 @@ class Hub:
 
         async def tree(request: Request) -> Response:
             self._log(request)
-            return JSONResponse([self.entry(p) for p in self.files()])
+            return JSONResponse([self.entry(p) for p in self.files()] + self.listed_only)
 
         async def resolve(request: Request) -> Response:
             self._log(request)

@@ -13,7 +13,6 @@ model/families.py; this module branches on those capabilities.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from macbatch.engine.model.config_file import BadConfig, read_model_config
 from macbatch.engine.model.families import ImageFeatures, family, vision_families
 from macbatch.engine.model.image_blocks import runs, step_blocks
 from macbatch.engine.multimodal.deepstack import install_deepstack
@@ -40,8 +40,10 @@ ENCODE_CACHE_BYTES = 256 * 2**20
 
 def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     """Why the checkpoint at ``path`` cannot take images here (None: it can)."""
-    config_file = Path(path) / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    try:
+        config = read_model_config(Path(path)) if (Path(path) / "config.json").is_file() else {}
+    except BadConfig as error:
+        return f"model '{model_name}' cannot be read: {error}"
     model_type = config.get("model_type", "?")
     if "vision_config" not in config:
         return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"

@@ -48,7 +48,15 @@ def load_draft_model(path: str | None) -> nn.Module:
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
     from mlx_lm import load
 
-    return load(path)[0]
+    from macbatch.engine.loader import failure_reason
+
+    try:
+        return load(path)[0]
+    except Exception as error:  # mlx-lm's errors come in many types: all name the draft
+        reason = failure_reason(error)
+        raise ValueError(
+            f"cannot load the draft model '{path}' (--draft-model): {reason}"
+        ) from None
 
 
 def speculator_for(

@@ -3,6 +3,7 @@ batch records, the batch thread, and the progress lines ``/metrics`` adds."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,8 @@ def open_batch_api(
 def _lock(path: Path) -> TextIO:
     import fcntl
 
-    lock = path.open("w")
+    # opened, not truncated, and never through a link planted at its name
+    lock = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644), "w")  # noqa: SIM115
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -10,18 +10,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, RequestOutput, SamplingParams
+from macbatch.engine import Engine, RequestOutput
 from macbatch.engine.kv.disk.files import HEADER_BYTES, SUFFIX, BlockFiles
 from macbatch.engine.kv.disk.tier import DiskTier
+from tests.support.disk_tier import GREEDY, disk_engine, warm
+from tests.support.disk_tier import block_files as _block_files
+from tests.support.disk_tier import tokens as _tokens
 from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy
-from tests.support.tiny import VOCAB_SIZE, build_model
-
-GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+from tests.support.tiny import build_model
 
 
 @pytest.fixture(scope="module")
@@ -29,37 +29,15 @@ def model():
     return build_model("qwen3")
 
 
-def _tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, VOCAB_SIZE, size=n).tolist()
-
-
-def _engine(model, tokenizer, cache: Path, **config) -> Engine:
-    settings = dict(
-        num_blocks=64, block_size=8, max_num_batched_tokens=32, disk_cache_dir=str(cache)
-    )
-    return Engine(model, tokenizer, EngineConfig(**{**settings, **config}))
-
-
-def _block_files(cache: Path) -> list[Path]:
-    return sorted(cache.glob(f"*/*/*{SUFFIX}"))
-
-
-def _warm(model, tokenizer, cache: Path, prompt: list[int], **config) -> None:
-    """An engine that computes ``prompt`` and exits (its blocks written)."""
-    engine = _engine(model, tokenizer, cache, **config)
-    engine.generate([prompt], GREEDY)
-    engine.close()
-
-
 @pytest.mark.parametrize("bits", [None, 8, 4])
 def test_a_restart_reads_the_prompt_from_disk_and_matches_mlx_lm(
     model, tiny_tokenizer, tmp_path, bits
 ):
     prompt = _tokens(70, 1)  # 8 full blocks of 8 usable (one token always computed)
-    _warm(model, tiny_tokenizer, tmp_path, prompt, kv_bits=bits)
+    warm(model, tiny_tokenizer, tmp_path, prompt, kv_bits=bits)
     written = _block_files(tmp_path)
     assert len(written) == 8  # the prompt's full blocks, none of the reply's
-    engine = _engine(model, tiny_tokenizer, tmp_path, kv_bits=bits)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path, kv_bits=bits)
     out = engine.generate([prompt + _tokens(5, 2)], GREEDY)[0]
     assert out.metrics.disk_cached_tokens == 64 and out.metrics.cached_tokens == 64
     assert_matches_mlx_lm(model, prompt + _tokens(5, 2), out, kv_bits=bits)
@@ -72,14 +50,14 @@ def test_a_restart_reads_the_prompt_from_disk_and_matches_mlx_lm(
 def test_a_later_prompt_reusing_ram_blocks_writes_them_too(model, tiny_tokenizer, tmp_path):
     """A conversation's reply becomes the next prompt: its blocks, found in RAM, are written
     then, so a restart finds the whole conversation."""
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     first = _tokens(20, 3)
     reply = engine.generate([first], GREEDY)[0].token_ids
     second = first + reply + _tokens(9, 4)  # 41 tokens: 5 full blocks
     engine.generate([second], GREEDY)
     engine.close()
     assert len(_block_files(tmp_path)) == 5
-    fresh = _engine(model, tiny_tokenizer, tmp_path)
+    fresh = disk_engine(model, tiny_tokenizer, tmp_path)
     out = fresh.generate([second + _tokens(3, 5)], GREEDY)[0]
     assert out.metrics.disk_cached_tokens == 40
     assert_matches_mlx_lm(model, second + _tokens(3, 5), out)
@@ -89,9 +67,9 @@ def test_torn_and_corrupt_files_are_skipped_with_one_line_each(
     model, tiny_tokenizer, tmp_path, caplog
 ):
     prompt = _tokens(50, 6)  # 6 blocks on disk
-    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    warm(model, tiny_tokenizer, tmp_path, prompt)
     files = {bytes.fromhex(p.name[: -len(SUFFIX)]): p for p in _block_files(tmp_path)}
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     chain = _chain(engine, prompt)
     torn, flipped = files[chain[4]], files[chain[2]]
     torn.write_bytes(torn.read_bytes()[:-100])  # truncated: the tail never written
@@ -106,7 +84,7 @@ def test_torn_and_corrupt_files_are_skipped_with_one_line_each(
     assert len(lines) == 2
     assert engine.stats().disk.corrupt == 2
     engine.close()  # the blocks computed again are written again, whole
-    again = _engine(model, tiny_tokenizer, tmp_path)
+    again = disk_engine(model, tiny_tokenizer, tmp_path)
     out = again.generate([prompt], GREEDY)[0]
     assert out.metrics.disk_cached_tokens == 48 and again.stats().disk.corrupt == 0
     again.close()
@@ -126,10 +104,10 @@ def _chain(engine: Engine, prompt: list[int]) -> list[bytes]:
 )
 def test_another_format_or_model_never_reads_the_files(model, tiny_tokenizer, tmp_path, other):
     prompt = _tokens(70, 7)
-    _warm(model, tiny_tokenizer, tmp_path, prompt)
+    warm(model, tiny_tokenizer, tmp_path, prompt)
     seed = other.pop("model_seed", None)
     theirs = model if seed is None else build_model("qwen3", seed=seed)
-    engine = _engine(theirs, tiny_tokenizer, tmp_path, **other)
+    engine = disk_engine(theirs, tiny_tokenizer, tmp_path, **other)
     out = engine.generate([prompt], GREEDY)[0]
     assert out.metrics.disk_cached_tokens == 0
     assert out.token_ids == mlx_lm_greedy(theirs, prompt, 12, kv_bits=other.get("kv_bits"))
@@ -161,7 +139,7 @@ def test_an_unwritable_directory_warns_and_serves_from_ram(model, tiny_tokenizer
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with caplog.at_level(logging.WARNING, logger="macbatch.disk_cache"):
-        engine = _engine(model, tiny_tokenizer, blocker / "cache")
+        engine = disk_engine(model, tiny_tokenizer, blocker / "cache")
     assert engine.kv.disk is None
     assert any("RAM only" in r.getMessage() for r in caplog.records)
     prompt = _tokens(30, 8)
@@ -171,7 +149,7 @@ def test_an_unwritable_directory_warns_and_serves_from_ram(model, tiny_tokenizer
 def test_a_full_disk_stops_writing_with_one_warning(model, tiny_tokenizer, tmp_path, caplog):
     import errno
 
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     assert engine.kv.disk is not None
 
     def full(*args, **kwargs):
@@ -211,8 +189,8 @@ def _finals(engine: Engine, holds: Callable[[], bool] = lambda: True) -> dict[st
 
 def test_a_request_waits_for_its_blocks_while_others_generate(model, tiny_tokenizer, tmp_path):
     prompt = _tokens(70, 11)
-    _warm(model, tiny_tokenizer, tmp_path, prompt)
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    warm(model, tiny_tokenizer, tmp_path, prompt)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     disk = engine.kv.disk
     assert disk is not None
     gate = _gate_reads(disk)
@@ -239,8 +217,8 @@ def test_macbatch_cache_lists_per_model_and_clears(model, tiny_tokenizer, tmp_pa
 
     from macbatch.cli import app
 
-    _warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13))
-    _warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13), kv_bits=8)
+    warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13))
+    warm(model, tiny_tokenizer, tmp_path, _tokens(70, 13), kv_bits=8)
     runner = CliRunner()
     listed = runner.invoke(app, ["cache", "--cache-dir", str(tmp_path)])
     assert listed.exit_code == 0, listed.output
@@ -258,9 +236,9 @@ def test_reads_ahead_wait_past_their_bound(model, tiny_tokenizer, tmp_path):
     """Blocks read for requests not scheduled yet stay under ``max_read_bytes``: the oldest
     waiting request's reads start, a later one's wait until it is admitted."""
     first, second = _tokens(70, 20), _tokens(70, 21)
-    _warm(model, tiny_tokenizer, tmp_path, first)
-    _warm(model, tiny_tokenizer, tmp_path, second)
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    warm(model, tiny_tokenizer, tmp_path, first)
+    warm(model, tiny_tokenizer, tmp_path, second)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     disk = engine.kv.disk
     assert disk is not None
     block = sum(engine.runner.store.block_slab_bytes())
@@ -289,8 +267,8 @@ def test_a_longer_prompt_shares_a_waiting_prompts_reads(
     tokens equal mlx-lm's either way."""
     longer = _tokens(90, 30)  # 11 blocks on disk
     shorter = longer[:48] + _tokens(5, 31)  # its 6 blocks are the longer's first 6
-    _warm(model, tiny_tokenizer, tmp_path, longer)
-    engine = _engine(model, tiny_tokenizer, tmp_path)
+    warm(model, tiny_tokenizer, tmp_path, longer)
+    engine = disk_engine(model, tiny_tokenizer, tmp_path)
     disk = engine.kv.disk
     assert disk is not None
     gate = _gate_reads(disk)

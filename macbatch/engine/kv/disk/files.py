@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -42,13 +43,26 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from macbatch.engine.kv.disk.owned import (
+    MAGIC,
+    NAMESPACE_FILE,
+    SUFFIX,
+    block_entries,
+    is_real_dir,
+    is_temp_name,
+    namespace_record,
+    remove_owned,
+    shards,
+    subfolders,
+)
+
 log = logging.getLogger("macbatch.disk_cache")
 
 FORMAT_VERSION = 3  # 3: XXH3-64 instead of CRC-32
-MAGIC = b"MBKV"
 _HEADER = struct.Struct("<4sHH16sQQ24x")  # magic, version, reserved, key, length, XXH3-64
 HEADER_BYTES = _HEADER.size
-SUFFIX = ".kvb"
+# new files: never through a link, never over a file already there
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 # buffers per ``readv`` (POSIX guarantees at least 16; Linux and macOS take 1,024)
 _IOV_MAX = 512
 # a temporary file this old is a crashed writer's, whichever process it was
@@ -125,16 +139,27 @@ class _Entry:
 
 class BlockFiles:
     """The files under one cache directory: this model's namespace to read and write, every
-    namespace counted against the byte cap (the least recently used evicted first)."""
+    namespace counted against the byte cap (the least recently used evicted first).
+    ``description``: the namespace's ``namespace.json`` fields (written when missing, again
+    after a ``macbatch cache clear`` removed it)."""
 
-    def __init__(self, root: Path, namespace: str, cap_bytes: int) -> None:
-        self.root = root
-        self.directory = root / namespace
+    def __init__(
+        self,
+        root: Path,
+        namespace: str,
+        cap_bytes: int,
+        description: dict[str, object] | None = None,
+    ) -> None:
+        self.root = root.resolve()
+        self.directory = self.root / namespace
         self.cap_bytes = cap_bytes
+        self.description = description
         self._lock = threading.Lock()
         # every block file under the root, least recently used first
         self._lru: OrderedDict[Path, _Entry] = OrderedDict()
         self._mine: dict[bytes, Path] = {}  # this namespace's blocks
+        # each namespace's mark as listed (its namespace.json's inode): a clear changes it
+        self._marks: dict[Path, _Mark | None] = {}
         self.total_bytes = 0
         self.bytes_written = 0
         self.blocks_written = 0
@@ -144,22 +169,58 @@ class BlockFiles:
 
     def open(self) -> None:
         """Create the namespace directory and prove it writable (``OSError`` if not), then list
-        every block file under the root (sizes and modification times: checksums are checked
-        when a file is read, not here)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        every block file of every namespace under the root (sizes and modification times:
+        checksums are checked when a file is read, not here)."""
+        self._ensure_namespace()
         probe = self.directory / f".probe.{os.getpid()}"
-        probe.write_bytes(b"")
+        os.close(os.open(probe, _CREATE))
         probe.unlink()
         found: list[tuple[float, Path, int, bytes | None]] = []
         now = time.time()
-        for namespace in _subdirs(self.root):
+        for namespace in subfolders(self.root):
             mine = namespace == self.directory
-            for shard in _subdirs(namespace):
-                for entry in os.scandir(shard):
-                    found.extend(_listed(entry, mine, now))
+            if not mine and namespace_record(namespace) is None:
+                continue  # not a cache's folder: left alone
+            self._marks[namespace] = _mark(namespace)
+            _remove_stale_temps(namespace, now)
+            for path, found_stat in block_entries(namespace):
+                found.append(_listed(path, found_stat, mine))
         found.sort(key=lambda item: item[0])
         for _, path, size, digest in found:
             self._add(path, size, digest)
+
+    def _ensure_namespace(self) -> None:
+        """The namespace folder and its ``namespace.json``, made again when a clear removed
+        them (its blocks then forgotten); ``OSError`` when it is a link or not a folder."""
+        mark = _mark(self.directory)
+        described = mark is not None and (self.description is None or mark[1] is not None)
+        if described and mark == self._marks.get(self.directory):
+            return
+        with self._lock:
+            self._forget_namespace(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not is_real_dir(self.directory):
+            raise OSError(errno.ENOTDIR, f"{self.directory} is a link or not a folder")
+        if self.description is not None and not os.path.lexists(self.directory / NAMESPACE_FILE):
+            text = json.dumps(self.description, indent=1).encode()
+            temp = self.directory / f"{NAMESPACE_FILE}.{os.getpid()}.{id(self)}.tmp"
+            _create(temp, text)
+            os.replace(temp, self.directory / NAMESPACE_FILE)
+        self._marks[self.directory] = _mark(self.directory)
+
+    def refresh(self) -> None:
+        """Forget the blocks of every namespace a ``macbatch cache clear`` removed since it was
+        listed (a few ``lstat``: the byte counts follow what is on disk)."""
+        for namespace, mark in list(self._marks.items()):
+            if _mark(namespace) != mark:
+                with self._lock:
+                    self._forget_namespace(namespace)
+                if namespace != self.directory:
+                    self._marks.pop(namespace, None)
+
+    def _forget_namespace(self, namespace: Path) -> None:
+        for path in [p for p in self._lru if p.parent.parent == namespace]:
+            self._forget(path)
 
     def _add(self, path: Path, size: int, digest: bytes | None) -> None:
         old = self._lru.pop(path, None)
@@ -210,12 +271,12 @@ class BlockFiles:
             self._counter += 1
             temp = path.with_name(f"{path.name}.{os.getpid()}.{self._counter}.tmp")
         try:
-            path.parent.mkdir(exist_ok=True)
-            with open(temp, "wb") as f:
-                f.write(encode(digest, payload))
+            self._ensure_namespace()
+            _real_folder(path.parent)
+            _create(temp, encode(digest, payload))
             os.replace(temp, path)
         except OSError as error:
-            _remove(temp)
+            remove_owned(temp, temporary=True)
             if error.errno in DiskFull.ERRNOS:
                 raise DiskFull(error.errno, str(error)) from error
             raise
@@ -225,7 +286,7 @@ class BlockFiles:
             self.blocks_written += 1
             victims = self._over_cap()
         for victim in victims:
-            _remove(victim)
+            remove_owned(victim)
         return True
 
     def _over_cap(self) -> list[Path]:
@@ -261,7 +322,7 @@ class BlockFiles:
         header = bytearray(HEADER_BYTES)
         expected = HEADER_BYTES + sum(part.nbytes for part in parts)
         try:
-            with open(path, "rb", buffering=0) as f:
+            with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb", buffering=0) as f:
                 size = os.fstat(f.fileno()).st_size
                 buffers = [memoryview(header), *parts]
                 got = _read_all(f.fileno(), buffers) if size == expected else -1
@@ -279,48 +340,63 @@ class BlockFiles:
             with self._lock:
                 self._forget(path)
                 self.corrupt += 1
-            _remove(path)
+            remove_owned(path)
             return False
         with self._lock:
             if path in self._lru:
                 self._lru.move_to_end(path)
-        with contextlib.suppress(OSError):
-            os.utime(path)
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(path, follow_symlinks=False)
         return True
 
 
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        return [Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
+_Mark = tuple[int, tuple[int, int] | None]
 
 
-def _listed(
-    entry: os.DirEntry[str], mine: bool, now: float
-) -> list[tuple[float, Path, int, bytes | None]]:
-    """The index's record of one directory entry (none for what is not a block file; a crashed
-    writer's stale temporary file is deleted)."""
+def _mark(namespace: Path) -> _Mark | None:
+    """What changes when a namespace is cleared: its folder's inode and its
+    ``namespace.json``'s inode and time (None: no folder; None in it: no ``namespace.json``)."""
     try:
-        stat = entry.stat(follow_symlinks=False)
+        folder = os.lstat(namespace).st_ino
     except OSError:
-        return []
-    name = entry.name
-    if name.endswith(".tmp"):
-        if now - stat.st_mtime > _STALE_TEMP_S:
-            _remove(Path(entry.path))
-        return []
-    if not name.endswith(SUFFIX):
-        return []
-    digest = None
-    if mine:
+        return None
+    try:
+        described = os.lstat(namespace / NAMESPACE_FILE)
+    except OSError:
+        return (folder, None)
+    return (folder, (described.st_ino, described.st_mtime_ns))
+
+
+def _real_folder(path: Path) -> None:
+    """Make the shard folder ``path``; ``OSError`` when it is a link or not a folder (a block
+    is never written through a link out of the cache directory)."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir()
+    if not is_real_dir(path):
+        raise OSError(errno.ENOTDIR, f"{path} is a link or not a folder the cache made")
+
+
+def _create(path: Path, data: bytes) -> None:
+    """Write a new file (never through a link, never over another)."""
+    fd = os.open(path, _CREATE, 0o644)
+    with open(fd, "wb") as f:
+        f.write(data)
+
+
+def _remove_stale_temps(namespace: Path, now: float) -> None:
+    """Delete a crashed writer's temporary files (its own names, older than an hour)."""
+    for folder in [namespace, *shards(namespace)]:
         try:
-            digest = bytes.fromhex(name[: -len(SUFFIX)])
-        except ValueError:
-            return []
-    return [(stat.st_mtime, Path(entry.path), stat.st_size, digest)]
+            entries = [e for e in os.scandir(folder) if is_temp_name(e.name)]
+        except OSError:
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime > _STALE_TEMP_S:
+                    remove_owned(Path(entry.path), temporary=True)
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.unlink()
+def _listed(path: Path, found: os.stat_result, mine: bool) -> tuple[float, Path, int, bytes | None]:
+    """The index's record of one block file (its digest when it is this namespace's)."""
+    digest = bytes.fromhex(path.name[: -len(SUFFIX)]) if mine else None
+    return (found.st_mtime, path, found.st_size, digest)

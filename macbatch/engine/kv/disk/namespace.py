@@ -16,7 +16,6 @@ modification times).
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from macbatch.engine.kv.disk.files import FORMAT_VERSION
+from macbatch.engine.kv.disk.owned import namespace_key
 
 _SAMPLE_ELEMENTS = 256  # of each parameter array, hashed
 
@@ -53,18 +53,11 @@ class Namespace:
 
     @property
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.blake2b(blob, digest_size=10).hexdigest()
+        return namespace_key(asdict(self))
 
-    def describe(self, directory: Path) -> None:
-        """Write ``namespace.json`` (once: the first engine over it)."""
-        path = directory / "namespace.json"
-        if path.exists():
-            return
-        record = {**asdict(self), "created": time.time()}
-        temp = path.with_name(f"namespace.json.{id(self)}.tmp")
-        temp.write_text(json.dumps(record, indent=1))
-        temp.replace(path)
+    def record(self) -> dict[str, object]:
+        """What ``namespace.json`` holds: the fields, and when the namespace was made."""
+        return {**asdict(self), "created": time.time()}
 
 
 def weights_fingerprint(model: nn.Module, name: str) -> str:

@@ -94,10 +94,9 @@ def open_disk_tier(
     the full group's pool at its cap, which bounds the blocks read ahead."""
     root = Path(directory).expanduser()
     cap = default_cap_bytes(root) if cap_bytes is None else cap_bytes
-    files = BlockFiles(root, namespace.key, cap)
+    files = BlockFiles(root, namespace.key, cap, namespace.record())
     try:
         files.open()
-        namespace.describe(files.directory)
     except OSError as error:
         log.warning(
             "disk KV cache off: %s is not writable (%s); serving from RAM only", root, error

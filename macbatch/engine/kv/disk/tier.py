@@ -209,8 +209,10 @@ class DiskTier:
     # -- the rest ----------------------------------------------------------------------------
 
     def counts(self) -> DiskCounts:
-        """The counts now (safe from any thread: the server reads them while the engine idles)."""
+        """The counts now (safe from any thread: the server reads them while the engine idles),
+        of what is on disk (a namespace cleared since is forgotten)."""
         files = self.files
+        files.refresh()
         with self._lock:
             return DiskCounts(
                 bytes_written=files.bytes_written,

@@ -36,6 +36,14 @@ _ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "
                  "electra", "mpnet", "deberta-v2", "new")  # fmt: skip
 
 
+class Library(Enum):
+    """Whose code a family's text model is: mlx-lm's ``models/<type>.py``, or the language model
+    of mlx-vlm's ``models/<type>/`` where mlx-lm has none (the loader reads it from here)."""
+
+    MLX_LM = "mlx-lm"
+    MLX_VLM = "mlx-vlm"
+
+
 class ImageFeatures(Enum):
     """Which of mlx-vlm's calls encodes one image into its rows (``VisionEncoder``)."""
 
@@ -98,6 +106,7 @@ class Family:
     """What the engine does differently for one ``model_type`` (the defaults: nothing)."""
 
     refusal: str | None = None  # why the paged engine refuses it, before loading it
+    library: Library = Library.MLX_LM  # whose code its text model is
     # the attribute of each decoder layer holding a recurrent mixer that runs beside the layer's
     # attention (one mlx-lm ``CacheList`` per layer): the mixer runs its sequences apart while
     # the attention reads its pages with every row together
@@ -135,6 +144,8 @@ FAMILIES: dict[str, Family] = {
     ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
+    # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
+    "minimax_m3": Family(library=Library.MLX_VLM),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image

@@ -146,6 +146,8 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     "minimax_m3": Family(library=Library.MLX_VLM),
+    "step3p7": Family(library=Library.MLX_VLM),
+    "mistral_large3": Family(library=Library.MLX_VLM),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image

@@ -32,8 +32,9 @@ _ENCODER_REASON = (
     "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
     "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
 )
-_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
-                 "electra", "mpnet", "deberta-v2", "new")  # fmt: skip
+_ENCODER_ONLY = ("roberta", "xlm-roberta", "nomic_bert", "distilbert", "electra", "mpnet",
+                 "deberta-v2", "new")  # fmt: skip
+_VLM_ENCODERS = ("bert", "modernbert")
 
 
 class Library(Enum):
@@ -118,6 +119,65 @@ class Family:
     mtp: MtpNaming | None = None
 
 
+# What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
+_SPARSE = (
+    "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
+    "does not select yet (the sparse attention issue)"
+)
+_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "hy_v4", "longcat_flash_sparse")
+_NOT_TEXT = "not a text generator"
+_VLM_NOT_TEXT = {
+    f"{_NOT_TEXT}: it makes images or video": (
+        "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
+        "ming_image", "minimax_h3", "moss_image", "qwen_image", "z_image",
+    ),
+    f"{_NOT_TEXT}: it detects, segments, or estimates depth, pose or shape": (
+        "rfdetr", "rt_detr_v2", "sam3", "sam3_1", "sam3d_body", "sam3d_objects", "sapiens2",
+        "video_depth_anything", "yolo11", "moge3", "pp_doclayout_v3", "falcon_perception",
+    ),
+    f"{_NOT_TEXT}: an encoder, embedding, retrieval or classification model (macbatch embeds "
+    "with decoder models, docs/embeddings.md)": (
+        "clef", "siglip", "dinov2", "laya", "gliner2_5", "xlm_roberta", "colidefics3", "colqwen2_5",
+        "embedding_gemma2", "gemma3_embedding", "lfm2_colbert", "lfm2_embedding",
+        "lfm2_encoder", "llama_bidirec", "llama_nemotron_vl_embedding", "ministral3_embedding",
+        "qwen3_embedding", "qwen3_vl_embedding", "openai_privacy_filter",
+    ),
+    "a diffusion language model (it denoises a block of tokens at once), not autoregressive "
+    "decoding": ("diffusion_gemma", "llada2_moe", "nemotron_labs_diffusion", "d1", "d1_omni"),
+    "an encoder-decoder or cross-attention model (its decoder attends to an encoder's states, "
+    "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
+    "a speech (duplex voice) model": ("nemotron_voicechat",),
+}  # fmt: skip
+# Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
+# of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
+_UNCHECKED = (
+    "its language model is mlx-vlm's own code (mlx-lm has none) and not yet checked against "
+    "mlx-vlm's generation here"
+)
+_VLM_UNCHECKED = (
+    "aya_vision", "cohere2_moe", "cohere_compass", "decider2", "deepseek_vl_v2", "deepseekocr",
+    "deepseekocr_2", "dots_ocr", "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "flint", "glm4v",
+    "glm4v_moe", "glm_ocr", "got", "granite4_vision", "granite_vision", "hrm_text", "hunyuan_vl",
+    "idefics2", "idefics3", "indic_ocr", "inkling", "internvl", "internvl_chat", "jina_vlm",
+    "k2_horizon", "klear", "kolibri1", "limite", "llava_bunny", "llava_next", "llava_onevision",
+    "llmjpvl", "locateanything", "mage_vl", "mimo_v2", "minicpmo", "minicpmv4_6", "minicpmv4_7",
+    "molmo", "molmo2", "molmo_point", "moondream2", "moondream3", "multi_modality",
+    "nemotron_h_nano_omni", "paddleocr_vl", "paligemma", "phi3_v", "phi4_siglip", "phi4mm",
+    "plamo2vl", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_omni_moe", "smolvlm",
+    "unlimited_ocr", "xing4_0", "youtu_vl", "z1t", "zaya1_vl",
+)  # fmt: skip
+
+
+def _mlx_vlm_refused() -> dict[str, Family]:
+    """The refused families only mlx-vlm has, by model type (each with its reason)."""
+    groups = {_SPARSE: _VLM_SPARSE, _UNCHECKED: _VLM_UNCHECKED, **_VLM_NOT_TEXT}
+    return {
+        name: Family(refusal=reason, library=Library.MLX_VLM)
+        for reason, names in groups.items()
+        for name in names
+    }
+
+
 FAMILIES: dict[str, Family] = {
     # Architectures known not to route attention through mlx-lm's scaled_dot_product_attention
     # (the name the attention hook replaces), or to keep a cache or recurrent state the engine
@@ -143,11 +203,14 @@ FAMILIES: dict[str, Family] = {
         refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
     ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
+    # of these, mlx-vlm has bert and modernbert (for its retrieval models)
+    **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     "minimax_m3": Family(library=Library.MLX_VLM),
     "step3p7": Family(library=Library.MLX_VLM),
     "mistral_large3": Family(library=Library.MLX_VLM),
+    **_mlx_vlm_refused(),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image

@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, build_tokenizer_json
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
 
 _ROUTED = dict(hidden_size=64, num_attention_heads=4, vocab_size=VOCAB_SIZE)
 
@@ -128,12 +128,5 @@ def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    (path / "tokenizer.json").write_text(build_tokenizer_json())
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "bos_token": None,
-    }
-    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    save_tokenizer(path)
     return path

@@ -48,7 +48,9 @@ def mlx_vlm_text_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[
 
     steps = []
     ids = mx.array([prompt])
-    for token, logprobs in generate_step(ids, model, None, None, max_tokens=max_tokens, temperature=0.0):
+    for token, logprobs in generate_step(
+        ids, model, None, None, max_tokens=max_tokens, temperature=0.0
+    ):
         steps.append((int(token), float(logprobs.reshape(-1)[int(token)])))
     return steps
 

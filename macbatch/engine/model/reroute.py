@@ -2,10 +2,11 @@
 
 mlx-lm's model modules import shared functions by name (``from .base import
 scaled_dot_product_attention``), so patching the defining module changes nothing: each importer
-holds its own reference (mlx-vlm's language models do the same with their own ``models`` package,
-which a family whose code is mlx-vlm's reroutes the same way). ``reroute`` replaces that reference in every loaded model module that
-still holds the original; a module patched already, or one loaded after, is left as it is until
-the next call (``hooks.install`` runs once per loaded model).
+holds its own reference (mlx-vlm's language models do the same within their own ``models``
+package, rerouted the same way for the families whose code is mlx-vlm's). ``reroute`` replaces
+that reference in every loaded model module that still holds the original; a module patched
+already, or one loaded after, is left as it is until the next call (``hooks.install`` runs once
+per loaded model).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     import mlx.nn as nn
 
 
-def load_vlm_checkpoint(path: Path, model_type: str, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
+def load_vlm_checkpoint(
+    path: Path, model_type: str, lazy: bool
+) -> tuple[nn.Module, dict[str, Any]]:
     """mlx-vlm's model of the checkpoint at ``path`` and its config, or why it cannot load."""
     from macbatch.engine.model.adapter import UnsupportedModelError
 

@@ -17,6 +17,17 @@ from mlx.utils import tree_flatten
 from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
 
 _ROUTED = dict(hidden_size=64, num_attention_heads=4, vocab_size=VOCAB_SIZE)
+# the text-only families' common sizes
+_TEXT = dict(
+    _ROUTED,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2)
+_ALTERNATING = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2)
 
 # family -> its config.json (each small enough to run in a test, each exercising what its real
 # checkpoints have: MoE layers beside dense ones, sliding-window layers, MLA)
@@ -39,6 +50,57 @@ CONFIGS: dict[str, dict[str, Any]] = {
         sparse_attention_config={"use_sparse_attention": False},
         max_position_embeddings=4096,
         rope_theta=10000.0,
+    ),
+    # a plain decoder (K2 Think's)
+    "k2_horizon": dict(_TEXT, model_type="k2_horizon", num_hidden_layers=2, intermediate_size=96),
+    # Cohere's MoE: every second layer sliding (window 8), sigmoid-gated experts and a shared one
+    "cohere2_moe": dict(
+        _TEXT,
+        **_EXPERTS,
+        model_type="cohere2_moe",
+        num_hidden_layers=4,
+        intermediate_size=96,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        moe_num_shared_experts=1,
+        layer_norm_eps=1e-5,
+    ),
+    # a dense first layer, then routed experts beside a shared one
+    "klear": dict(
+        _TEXT,
+        **_EXPERTS,
+        model_type="klear",
+        num_hidden_layers=2,
+        intermediate_size=96,
+        attention_bias=False,
+        mlp_only_layers=[0],
+        decoder_sparse_step=1,
+        n_shared_experts=1,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+    # MoE, sliding and full layers alternating
+    "kolibri1": dict(
+        _TEXT,
+        **_EXPERTS,
+        **_ALTERNATING,
+        model_type="kolibri1",
+        num_hidden_layers=4,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
+    # sliding and full layers, learnable attention sinks, a NoPE layer, a dense first layer
+    "flint": dict(
+        _TEXT,
+        **_EXPERTS,
+        **_ALTERNATING,
+        model_type="flint",
+        num_hidden_layers=4,
+        intermediate_size=96,
+        no_rope_layer_indices=[3],
+        mlp_only_layers=[0],
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
     ),
     # a VLM: sliding-window layers (window 8, shorter than most prompts) of their own head
     # count between full ones, per-layer rope bases and partial rotary factors, head-wise

@@ -148,6 +148,9 @@ _VLM_NOT_TEXT = {
     "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
     "a speech (duplex voice) model": ("nemotron_voicechat",),
 }  # fmt: skip
+# checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
+_VLM_SERVED = ("minimax_m3", "step3p7", "mistral_large3", "k2_horizon", "cohere2_moe", "klear",
+               "kolibri1", "flint")  # fmt: skip
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _UNCHECKED = (
@@ -155,15 +158,14 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "aya_vision", "cohere2_moe", "cohere_compass", "decider2", "deepseek_vl_v2", "deepseekocr",
-    "deepseekocr_2", "dots_ocr", "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "flint", "glm4v",
-    "glm4v_moe", "glm_ocr", "got", "granite4_vision", "granite_vision", "hrm_text", "hunyuan_vl",
-    "idefics2", "idefics3", "indic_ocr", "inkling", "internvl", "internvl_chat", "jina_vlm",
-    "k2_horizon", "klear", "kolibri1", "limite", "llava_bunny", "llava_next", "llava_onevision",
-    "llmjpvl", "locateanything", "mage_vl", "mimo_v2", "minicpmo", "minicpmv4_6", "minicpmv4_7",
-    "molmo", "molmo2", "molmo_point", "moondream2", "moondream3", "multi_modality",
-    "nemotron_h_nano_omni", "paddleocr_vl", "paligemma", "phi3_v", "phi4_siglip", "phi4mm",
-    "plamo2vl", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_omni_moe", "smolvlm",
+    "aya_vision", "cohere_compass", "decider2", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2",
+    "dots_ocr", "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
+    "granite4_vision", "granite_vision", "hrm_text", "hunyuan_vl", "idefics2", "idefics3",
+    "indic_ocr", "inkling", "internvl", "internvl_chat", "jina_vlm", "limite", "llava_bunny",
+    "llava_next", "llava_onevision", "llmjpvl", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
+    "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2", "moondream3",
+    "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "paligemma", "phi3_v", "phi4_siglip",
+    "phi4mm", "plamo2vl", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_omni_moe", "smolvlm",
     "unlimited_ocr", "xing4_0", "youtu_vl", "z1t", "zaya1_vl",
 )  # fmt: skip
 
@@ -207,9 +209,7 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
-    "minimax_m3": Family(library=Library.MLX_VLM),
-    "step3p7": Family(library=Library.MLX_VLM),
-    "mistral_large3": Family(library=Library.MLX_VLM),
+    **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
     **_mlx_vlm_refused(),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and

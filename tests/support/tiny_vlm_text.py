@@ -102,6 +102,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
         moe_intermediate_size=32,
         shared_expert_intermediate_size=32,
     ),
+    # DeepSeek V3's MLA and experts inside hyper-connections (two residual streams per token,
+    # mixed by Sinkhorn-normalised weights around each attention and MLP)
+    "xing4_0": dict(
+        _TEXT,
+        model_type="xing4_0",
+        num_hidden_layers=2,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=32,
+        q_lora_rank=32,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        qk_nope_head_dim=16,
+        first_k_dense_replace=1,
+        hc_mult=2,
+        hc_sinkhorn_iters=3,
+    ),
+    # a hierarchical reasoning model: its layer stacks run H x L cycles per token, each cycle's
+    # layers with caches of their own
+    "hrm_text": dict(
+        _TEXT,
+        model_type="hrm_text",
+        num_hidden_layers=4,
+        intermediate_size=96,
+        num_key_value_heads=4,
+        H_cycles=2,
+        L_cycles=2,
+    ),
     # a VLM: sliding-window layers (window 8, shorter than most prompts) of their own head
     # count between full ones, per-layer rope bases and partial rotary factors, head-wise
     # attention gates, MoE with a shared expert on layers 2 and 3

@@ -147,10 +147,18 @@ _VLM_NOT_TEXT = {
     "an encoder-decoder or cross-attention model (its decoder attends to an encoder's states, "
     "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
     "a speech (duplex voice) model": ("nemotron_voicechat",),
+    "its Gated DeltaNet layers keep their state through mlx-vlm's own recurrent cache calls "
+    "(update_window, update_recurrent), which the engine's paged recurrent state does not offer "
+    "yet; Qwen3.5 checkpoints (qwen3_5, qwen3_5_moe) are served": (
+        "qwen3_5_text", "qwen3_5_moe_text", "decider2",
+    ),
+    "attention-free (AFT) layers that keep a cache kind of their own (Z1TCache), which the "
+    "engine does not page": ("z1t",),
 }  # fmt: skip
-# checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
-_VLM_SERVED = ("minimax_m3", "step3p7", "mistral_large3", "k2_horizon", "cohere2_moe", "klear",
-               "kolibri1", "flint")  # fmt: skip
+# text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py);
+# the VLMs among them (text served, images refused) have entries of their own in FAMILIES
+_VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear",
+               "kolibri1", "flint", "xing4_0", "hrm_text")  # fmt: skip
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _UNCHECKED = (
@@ -158,15 +166,14 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "aya_vision", "cohere_compass", "decider2", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2",
-    "dots_ocr", "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
-    "granite4_vision", "granite_vision", "hrm_text", "hunyuan_vl", "idefics2", "idefics3",
-    "indic_ocr", "inkling", "internvl", "internvl_chat", "jina_vlm", "limite", "llava_bunny",
-    "llava_next", "llava_onevision", "llmjpvl", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
+    "aya_vision", "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr",
+    "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
+    "granite4_vision", "granite_vision", "hunyuan_vl", "idefics2", "idefics3", "indic_ocr",
+    "inkling", "internvl", "internvl_chat", "jina_vlm", "limite", "llava_bunny", "llava_next",
+    "llava_onevision", "llmjpvl", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
     "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2", "moondream3",
     "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "paligemma", "phi3_v", "phi4_siglip",
-    "phi4mm", "plamo2vl", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_omni_moe", "smolvlm",
-    "unlimited_ocr", "xing4_0", "youtu_vl", "z1t", "zaya1_vl",
+    "phi4mm", "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl", "zaya1_vl",
 )  # fmt: skip
 
 
@@ -210,6 +217,16 @@ FAMILIES: dict[str, Family] = {
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
+    "step3p7": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
+        "packed step does not hand it yet (text is served)",
+    ),
+    "mistral_large3": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its text model (mlx-vlm's DeepSeek V3) takes no input embeddings, so "
+        "image rows cannot enter the packed step yet (text is served)",
+    ),
     **_mlx_vlm_refused(),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and

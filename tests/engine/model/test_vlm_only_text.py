@@ -77,13 +77,19 @@ def test_preemption_recomputes_identically(saved) -> None:
 
 def test_each_family_pages_its_own_attention_kind(saved) -> None:
     """The table says mlx-vlm's code; MLA layers (Mistral Large 3's) are in latent pages,
-    sliding-window layers in a window group."""
+    sliding-window layers in a window group; a VLM's images are refused with the table's
+    reason."""
     name, path, _ = saved
     assert family(name).library is Library.MLX_VLM
     text = CONFIGS[name].get("text_config", CONFIGS[name])
     engine = Engine.load(str(path), EngineConfig(num_blocks=32))
     assert isinstance(engine.kv.full, LatentGroup) == ("kv_lora_rank" in text)
     assert (engine.kv.group(SlidingWindowGroup) is not None) == ("sliding_window" in text)
+    vision = engine.runner.vision
+    assert vision.encoder is None
+    assert vision.refusal is not None
+    if "vision_config" in CONFIGS[name]:  # a VLM served as text: images refused with the reason
+        assert (family(name).vision_refusal or "?") in vision.refusal
 
 
 def test_sparse_minimax_layers_are_refused_at_load(tmp_path) -> None:
@@ -129,7 +135,7 @@ def test_every_model_type_only_mlx_vlm_has_is_in_the_table() -> None:
     assert vlm_families <= only, f"not in mlx-vlm alone: {sorted(vlm_families - only)}"
 
 
-@pytest.mark.parametrize("model_type", ["flux2", "deepseek_v4", "llava_next"])
+@pytest.mark.parametrize("model_type", ["flux2", "deepseek_v4", "llava_next", "z1t"])
 def test_refused_families_are_refused_before_loading(tmp_path, model_type) -> None:
     """A refused mlx-vlm family (an image generator, a sparse-attention model, a VLM whose
     language model is not yet checked) fails at load with its reason, weights unread."""

@@ -29,6 +29,27 @@ _TEXT = dict(
 _EXPERTS = dict(num_experts=4, num_experts_per_tok=2)
 _ALTERNATING = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2)
 
+
+def _vlm(model_type: str, text: str, vision: str) -> dict[str, Any]:
+    """A VLM's config: a two-layer text model of mlx-vlm's ``text`` and a one-layer tower."""
+    return dict(
+        model_type=model_type,
+        vocab_size=VOCAB_SIZE,
+        image_token_index=5,
+        text_config=dict(_TEXT, model_type=text, num_hidden_layers=2, intermediate_size=96),
+        vision_config=dict(
+            model_type=vision,
+            hidden_size=32,
+            num_hidden_layers=1,
+            intermediate_size=64,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+            projection_dim=32,
+        ),
+    )
+
+
 # family -> its config.json (each small enough to run in a test, each exercising what its real
 # checkpoints have: MoE layers beside dense ones, sliding-window layers, MLA)
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -134,6 +155,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
         H_cycles=2,
         L_cycles=2,
     ),
+    # VLMs of a plain decoder (LLaVA-NeXT's Llama, LLaVA-OneVision's and InternVL's Qwen2) under
+    # their towers (CLIP, SigLIP, InternViT), one 28-pixel image of four patches each
+    "llava_next": _vlm("llava_next", "llama", "clip_vision_model"),
+    "llava_onevision": _vlm("llava_onevision", "qwen2", "siglip_vision_model"),
+    "internvl_chat": _vlm("internvl_chat", "qwen2", "intern_vit_6b"),
     # a VLM: sliding-window layers (window 8, shorter than most prompts) of their own head
     # count between full ones, per-layer rope bases and partial rotary factors, head-wise
     # attention gates, MoE with a shared expert on layers 2 and 3
@@ -197,23 +223,27 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-# families saved under the names mlx-vlm's model holds its weights (Mistral Large 3: an mlx-vlm
-# conversion's, which its ``sanitize`` takes as they are; its other form is Mistral's consolidated
-# layout); the others under their Hugging Face names (``model.layers...``, ``lm_head``), which
-# their ``sanitize`` moves under ``language_model``
-_HELD_NAMES = frozenset({"mistral_large3"})
+# families saved under the names mlx-vlm's model holds its weights (an mlx-vlm conversion's, which
+# their ``sanitize`` takes as they are; the LLaVA and InternVL ones: their Hugging Face names too;
+# Mistral Large 3's other form is Mistral's consolidated layout); the others under their Hugging
+# Face names (``model.layers...``, ``lm_head``), which their ``sanitize`` moves under
+# ``language_model``
+_HELD_NAMES = frozenset({"mistral_large3", "llava_next", "llava_onevision", "internvl_chat"})
 
 
 def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
     """The tiny ``family`` checkpoint in ``path`` (float32), ``overrides`` merged into its
     config.json (for a VLM: into its text config)."""
-    from mlx_vlm.utils import get_model_and_args
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     config = copy.deepcopy(CONFIGS[family])
     config.get("text_config", config).update(overrides)
     module, _ = get_model_and_args(copy.deepcopy(config))
     mx.random.seed(seed)
-    model = module.Model(module.ModelConfig.from_dict(copy.deepcopy(config)))
+    # its config objects as mlx-vlm's loader makes them (the parts' own classes)
+    model_config = module.ModelConfig.from_dict(copy.deepcopy(config))
+    parts = ["text", "vision", "perceiver", "projector", "audio"]
+    model = module.Model(update_module_configs(model_config, module, copy.deepcopy(config), parts))
     model.set_dtype(mx.float32)
     weights = dict(tree_flatten(model.parameters()))
     if family not in _HELD_NAMES:

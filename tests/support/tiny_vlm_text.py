@@ -156,10 +156,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
         L_cycles=2,
     ),
     # VLMs of a plain decoder (LLaVA-NeXT's Llama, LLaVA-OneVision's and InternVL's Qwen2) under
-    # their towers (CLIP, SigLIP, InternViT), one 28-pixel image of four patches each
+    # their towers (CLIP, SigLIP, InternViT): tiny towers, never run (text only)
     "llava_next": _vlm("llava_next", "llama", "clip_vision_model"),
     "llava_onevision": _vlm("llava_onevision", "qwen2", "siglip_vision_model"),
     "internvl_chat": _vlm("internvl_chat", "qwen2", "intern_vit_6b"),
+    # LLM-jp-VL's Llama and Granite Vision's Granite under SigLIP towers
+    "llmjpvl": _vlm("llmjpvl", "llama", "siglip_vision_model"),
+    "granite_vision": _vlm("granite_vision", "granite", "siglip_vision_model"),
     # a VLM: sliding-window layers (window 8, shorter than most prompts) of their own head
     # count between full ones, per-layer rope bases and partial rotary factors, head-wise
     # attention gates, MoE with a shared expert on layers 2 and 3
@@ -224,11 +227,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 # families saved under the names mlx-vlm's model holds its weights (an mlx-vlm conversion's, which
-# their ``sanitize`` takes as they are; the LLaVA and InternVL ones: their Hugging Face names too;
+# their ``sanitize`` takes as they are; the VLMs of a plain decoder: their Hugging Face names too;
 # Mistral Large 3's other form is Mistral's consolidated layout); the others under their Hugging
 # Face names (``model.layers...``, ``lm_head``), which their ``sanitize`` moves under
 # ``language_model``
-_HELD_NAMES = frozenset({"mistral_large3", "llava_next", "llava_onevision", "internvl_chat"})
+_HELD_NAMES = frozenset(
+    {"mistral_large3", "llava_next", "llava_onevision", "internvl_chat", "llmjpvl",
+     "granite_vision"}
+)  # fmt: skip
 
 
 def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:

@@ -147,6 +147,8 @@ _VLM_NOT_TEXT = {
     "an encoder-decoder or cross-attention model (its decoder attends to an encoder's states, "
     "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
     "a speech (duplex voice) model": ("nemotron_voicechat",),
+    "on a tiny model its greedy tokens equal mlx-vlm's but their log-probabilities differ by up "
+    "to 7e-3 (1e-4 for every served family): not served until that is explained": ("paligemma",),
     "its Gated DeltaNet layers keep their state through mlx-vlm's own recurrent cache calls "
     "(update_window, update_recurrent), which the engine's paged recurrent state does not offer "
     "yet; Qwen3.5 checkpoints (qwen3_5, qwen3_5_moe) are served": (
@@ -160,7 +162,7 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "hrm_text")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat")
+_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
@@ -171,12 +173,11 @@ _UNCHECKED = (
 _VLM_UNCHECKED = (
     "aya_vision", "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr",
     "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
-    "granite4_vision", "granite_vision", "hunyuan_vl", "idefics2", "idefics3", "indic_ocr",
-    "inkling", "internvl", "jina_vlm", "limite", "llava_bunny", "llmjpvl", "locateanything",
-    "mage_vl", "mimo_v2", "minicpmo", "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2",
-    "molmo_point", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
-    "paddleocr_vl", "paligemma", "phi3_v", "phi4_siglip", "phi4mm", "plamo2vl", "qwen3_omni_moe",
-    "smolvlm", "unlimited_ocr", "youtu_vl", "zaya1_vl",
+    "granite4_vision", "hunyuan_vl", "idefics2", "idefics3", "indic_ocr", "inkling", "internvl",
+    "jina_vlm", "limite", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
+    "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2", "moondream3",
+    "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "phi3_v", "phi4_siglip", "phi4mm",
+    "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl", "zaya1_vl",
 )  # fmt: skip
 
 

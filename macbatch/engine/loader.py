@@ -117,9 +117,17 @@ def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
     ``num_hidden_layers`` on: ``mtp_weights.py``) dropped before mlx-lm's strict load: no
     mlx-lm model holds them (``mtp_weights.py`` reads them itself), and mlx-lm's qwen3_next
     ``sanitize`` drops them only from checkpoints whose experts are not stacked yet, so every
-    converted one that keeps them was refused."""
+    converted one that keeps them was refused. A family whose text model only mlx-vlm has is
+    mlx-vlm's loader's (``model/vlm_text.py``)."""
     from mlx_lm.utils import load_model
 
+    from macbatch.engine.model.families import Library, family
+
+    model_type = str(json.loads((path / "config.json").read_text()).get("model_type"))
+    if family(model_type).library is Library.MLX_VLM:
+        from macbatch.engine.model.vlm_text import load_vlm_checkpoint
+
+        return load_vlm_checkpoint(path, model_type, lazy)
     return load_model(path, lazy=lazy, get_model_classes=_classes_without_mtp)
 
 

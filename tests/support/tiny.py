@@ -400,6 +400,12 @@ def save_model(
     if drop_lm_head:
         weights = {k: v for k, v in weights.items() if not k.endswith("lm_head.weight")}
     mx.save_safetensors(str(path / "model.safetensors"), weights)
+    save_tokenizer(path, chat_template)
+    return path
+
+
+def save_tokenizer(path: Path, chat_template: str = CHAT_TEMPLATE) -> None:
+    """The tiny tokenizer's files in ``path`` (EOS ``<|im_end|>``, no BOS)."""
     (path / "tokenizer.json").write_text(build_tokenizer_json())
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -410,7 +416,6 @@ def save_model(
         "model_max_length": 4096,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-    return path
 
 
 def save_two_models(root: Path) -> dict[str, Path]:

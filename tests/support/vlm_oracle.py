@@ -40,6 +40,21 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
     )
 
 
+def mlx_vlm_text_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[tuple[int, float]]:
+    """mlx-vlm's own ``generate_step`` (its language model, its own cache) at temperature 0 on
+    token ids alone: each greedy token with its log-probability."""
+    import mlx.core as mx
+    from mlx_vlm.generate.ar import generate_step
+
+    steps = []
+    ids = mx.array([prompt])
+    for token, logprobs in generate_step(
+        ids, model, None, None, max_tokens=max_tokens, temperature=0.0
+    ):
+        steps.append((int(token), float(logprobs.reshape(-1)[int(token)])))
+    return steps
+
+
 def _one_bos(processor: Any, text: str) -> str:
     """``text`` without the BOS its template wrote. mlx-vlm deviates from the reference here:
     it has most processors tokenize the rendered template (which begins with BOS) with the

@@ -19,6 +19,7 @@ the pool holds one set of pages per layer mlx-lm keeps a cache for.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import mlx.core as mx
@@ -256,19 +257,17 @@ class ModelAdapter:
         number per part (a ``CacheList`` has several; Falcon-H1's: the SSM's, then attention's):
         0 for attention (K/V), the number of state arrays for a recurrent layer's (a hybrid
         model's list is mlx-lm's ``make_cache()``); refuses any other kind with the reason."""
-        from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
-
         attention_only: list[tuple[int, ...]] = [(0,)] * len(self.layers)
         if not hasattr(self.model, "make_cache"):
             return attention_only
         entries = []
         for cache in self.model.make_cache():
-            parts = cache.caches if type(cache) is CacheList else (cache,)
+            parts = cache.caches if type(cache) in _kinds("CacheList") else (cache,)
             sizes = []
             for part in parts:
-                if type(part) in (KVCache, RotatingKVCache):
+                if type(part) in _kinds("KVCache", "RotatingKVCache"):
                     sizes.append(0)
-                elif type(part) is ArraysCache:
+                elif type(part) in _kinds("ArraysCache"):
                     sizes.append(len(part.cache))
                 else:
                     raise UnsupportedModelError(
@@ -412,7 +411,9 @@ class ModelAdapter:
         own ``__call__`` (tied embeddings, logit scaling and softcaps stay the architecture's)."""
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
         inputs = mx.zeros(hidden.shape[:2], dtype=mx.int32)  # unread
-        logits = type(self.model).__call__(stand_in, inputs)[:, -1, :]
+        out = type(self.model).__call__(stand_in, inputs)
+        # mlx-vlm's language models return their logits in an output record
+        logits = getattr(out, "logits", out)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
 
 
@@ -433,6 +434,15 @@ def cache_groups(
         counts[windowed] += 1
     window = max((w for w, s in zip(windows, sliding) if s and w is not None), default=None)
     return window, slots
+
+
+def _kinds(*names: str) -> tuple[type, ...]:
+    """mlx-lm's cache classes ``names``, and mlx-vlm's of those names once it is loaded (the
+    families whose text model is its make its caches)."""
+    from mlx_lm.models import cache
+
+    homes = (cache, sys.modules.get("mlx_vlm.models.cache"))
+    return tuple(getattr(home, name) for home in homes if home is not None for name in names)
 
 
 def _nested(entries: list[tuple[int, ...]], caches: list[Any]) -> list[Any]:

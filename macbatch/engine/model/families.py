@@ -32,8 +32,17 @@ _ENCODER_REASON = (
     "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
     "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
 )
-_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
-                 "electra", "mpnet", "deberta-v2", "new")  # fmt: skip
+_ENCODER_ONLY = ("roberta", "xlm-roberta", "nomic_bert", "distilbert", "electra", "mpnet",
+                 "deberta-v2", "new")  # fmt: skip
+_VLM_ENCODERS = ("bert", "modernbert")
+
+
+class Library(Enum):
+    """Whose code a family's text model is: mlx-lm's ``models/<type>.py``, or the language model
+    of mlx-vlm's ``models/<type>/`` where mlx-lm has none (the loader reads it from here)."""
+
+    MLX_LM = "mlx-lm"
+    MLX_VLM = "mlx-vlm"
 
 
 class ImageFeatures(Enum):
@@ -98,6 +107,7 @@ class Family:
     """What the engine does differently for one ``model_type`` (the defaults: nothing)."""
 
     refusal: str | None = None  # why the paged engine refuses it, before loading it
+    library: Library = Library.MLX_LM  # whose code its text model is
     # the attribute of each decoder layer holding a recurrent mixer that runs beside the layer's
     # attention (one mlx-lm ``CacheList`` per layer): the mixer runs its sequences apart while
     # the attention reads its pages with every row together
@@ -107,6 +117,78 @@ class Family:
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
+
+
+# What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
+_SPARSE = (
+    "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
+    "does not select yet (the sparse attention issue)"
+)
+_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "hy_v4", "longcat_flash_sparse")
+_NOT_TEXT = "not a text generator"
+_VLM_NOT_TEXT = {
+    f"{_NOT_TEXT}: it makes images or video": (
+        "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
+        "ming_image", "minimax_h3", "moss_image", "qwen_image", "z_image",
+    ),
+    f"{_NOT_TEXT}: it detects, segments, or estimates depth, pose or shape": (
+        "rfdetr", "rt_detr_v2", "sam3", "sam3_1", "sam3d_body", "sam3d_objects", "sapiens2",
+        "video_depth_anything", "yolo11", "moge3", "pp_doclayout_v3", "falcon_perception",
+    ),
+    f"{_NOT_TEXT}: an encoder, embedding, retrieval or classification model (macbatch embeds "
+    "with decoder models, docs/embeddings.md)": (
+        "clef", "siglip", "dinov2", "laya", "gliner2_5", "xlm_roberta", "colidefics3", "colqwen2_5",
+        "embedding_gemma2", "gemma3_embedding", "lfm2_colbert", "lfm2_embedding",
+        "lfm2_encoder", "llama_bidirec", "llama_nemotron_vl_embedding", "ministral3_embedding",
+        "qwen3_embedding", "qwen3_vl_embedding", "openai_privacy_filter",
+    ),
+    "a diffusion language model (it denoises a block of tokens at once), not autoregressive "
+    "decoding": ("diffusion_gemma", "llada2_moe", "nemotron_labs_diffusion", "d1", "d1_omni"),
+    "an encoder-decoder or cross-attention model (its decoder attends to an encoder's states, "
+    "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
+    "a speech (duplex voice) model": ("nemotron_voicechat",),
+    "on a tiny model its greedy tokens equal mlx-vlm's but their log-probabilities differ by up "
+    "to 7e-3 (1e-4 for every served family): not served until that is explained": ("paligemma",),
+    "its Gated DeltaNet layers keep their state through mlx-vlm's own recurrent cache calls "
+    "(update_window, update_recurrent), which the engine's paged recurrent state does not offer "
+    "yet; Qwen3.5 checkpoints (qwen3_5, qwen3_5_moe) are served": (
+        "qwen3_5_text", "qwen3_5_moe_text", "decider2",
+    ),
+    "attention-free (AFT) layers that keep a cache kind of their own (Z1TCache), which the "
+    "engine does not page": ("z1t",),
+}  # fmt: skip
+# text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
+_VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
+               "hrm_text")  # fmt: skip
+# VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
+# and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
+_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
+_IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
+# Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
+# of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
+_UNCHECKED = (
+    "its language model is mlx-vlm's own code (mlx-lm has none) and not yet checked against "
+    "mlx-vlm's generation here"
+)
+_VLM_UNCHECKED = (
+    "aya_vision", "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr",
+    "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
+    "granite4_vision", "hunyuan_vl", "idefics2", "idefics3", "indic_ocr", "inkling", "internvl",
+    "jina_vlm", "limite", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
+    "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2", "moondream3",
+    "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "phi3_v", "phi4_siglip", "phi4mm",
+    "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl", "zaya1_vl",
+)  # fmt: skip
+
+
+def _mlx_vlm_refused() -> dict[str, Family]:
+    """The refused families only mlx-vlm has, by model type (each with its reason)."""
+    groups = {_SPARSE: _VLM_SPARSE, _UNCHECKED: _VLM_UNCHECKED, **_VLM_NOT_TEXT}
+    return {
+        name: Family(refusal=reason, library=Library.MLX_VLM)
+        for reason, names in groups.items()
+        for name in names
+    }
 
 
 FAMILIES: dict[str, Family] = {
@@ -134,7 +216,25 @@ FAMILIES: dict[str, Family] = {
         refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
     ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
+    # of these, mlx-vlm has bert and modernbert (for its retrieval models)
+    **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
+    # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
+    **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
+    **dict.fromkeys(
+        _VLM_TEXT_SERVED, Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED)
+    ),
+    "step3p7": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
+        "packed step does not hand it yet (text is served)",
+    ),
+    "mistral_large3": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its text model (mlx-vlm's DeepSeek V3) takes no input embeddings, so "
+        "image rows cannot enter the packed step yet (text is served)",
+    ),
+    **_mlx_vlm_refused(),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image
     # span, but mlx-vlm's (the oracle here) runs its language model with the causal and
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image

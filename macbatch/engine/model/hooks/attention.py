@@ -10,6 +10,8 @@ it through the cache's ``make_mask``, which returns an ``AttentionWindow``.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +35,11 @@ class EngineAttention:
 
     def make_mask(
         self, n: int, return_array: bool = False, window_size: int | None = None
-    ) -> AttentionWindow:
-        """Called by mlx-lm's attention layers in place of their mask: the window alone."""
-        return AttentionWindow(window_size)
+    ) -> AttentionWindow | None:
+        """Called by mlx-lm's attention layers in place of their mask: the window alone (None
+        without one, as a one-token mask is: mlx-vlm's MiniMax M3 reads any other mask as an
+        array)."""
+        return None if window_size is None else AttentionWindow(window_size)
 
     def attend(
         self,
@@ -59,14 +63,23 @@ class EngineAttention:
         raise NotImplementedError
 
 
-def _dispatch(queries, keys, values, cache, scale, mask, sinks=None):
-    if isinstance(cache, EngineAttention):
-        window = mask.size if isinstance(mask, AttentionWindow) else None
-        return cache.attend(queries, keys, values, scale, window, sinks)
-    return base.scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)
+def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    """``original`` (mlx-lm's function, or mlx-vlm's) for every cache but the engine's."""
+
+    def dispatch(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(cache, EngineAttention):
+            window = mask.size if isinstance(mask, AttentionWindow) else None
+            return cache.attend(queries, keys, values, scale, window, sinks)
+        return original(queries, keys, values, cache, scale, mask, sinks)
+
+    return dispatch
 
 
 def install() -> None:
-    """Route ``scaled_dot_product_attention`` in every loaded mlx-lm model module through
-    ``_dispatch`` (a module patched already, or ``base`` itself, is left as it is)."""
-    reroute(base, "scaled_dot_product_attention", lambda _: _dispatch)
+    """Route ``scaled_dot_product_attention`` in every loaded mlx-lm model module (and mlx-vlm
+    model module, once mlx-vlm is loaded: the families whose code is its) through the
+    dispatcher (a module patched already, or ``base`` itself, is left as it is)."""
+    reroute(base, "scaled_dot_product_attention", _dispatcher)
+    vlm_base = sys.modules.get("mlx_vlm.models.base")
+    if vlm_base is not None:
+        reroute(vlm_base, "scaled_dot_product_attention", _dispatcher)

@@ -1,0 +1,147 @@
+"""The families whose text model only mlx-vlm has, served as text models through the same packed
+paged step: greedy tokens (and their log-probabilities) equal mlx-vlm's own generation on its own
+language model and cache, with requests joining a running batch, chunked prefill, preemption
+and a second pass through the prefix cache; every mlx-vlm model type mlx-lm cannot load is in
+the families table, served or refused at load with its reason (docs/models.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.latent import LatentGroup
+from macbatch.engine.kv.window import SlidingWindowGroup
+from macbatch.engine.model.adapter import UnsupportedModelError
+from macbatch.engine.model.families import FAMILIES, Library, family
+from tests.support.oracle import assert_pool_idle
+from tests.support.staggered import STAGGERED, random_prompts, run_staggered
+from tests.support.tiny_vlm_text import CONFIGS, save_vlm_text_model
+from tests.support.vlm_oracle import mlx_vlm_text_greedy
+
+pytest.importorskip("mlx_vlm")
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def saved(request, tmp_path_factory) -> tuple[str, Path, object]:
+    """(family, its tiny checkpoint, mlx-vlm's own model of it)."""
+    from mlx_vlm.utils import load_model
+
+    path = save_vlm_text_model(tmp_path_factory.mktemp(request.param), request.param)
+    return request.param, path, load_model(path)
+
+
+def _assert_matches_mlx_vlm(model, prompt: list[int], out) -> None:
+    want = mlx_vlm_text_greedy(model, prompt, len(out.token_ids))
+    assert out.token_ids == [token for token, _ in want]
+    assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
+
+
+def test_staggered_batch_with_chunked_prefill_and_prefix_hits(saved) -> None:
+    """Nine requests join at different steps; a 24-token budget chunks the longer prompts; the
+    two longest asked again read their prefixes from the prefix cache, and every token and its
+    log-probability is mlx-vlm's."""
+    name, path, oracle = saved
+    engine = Engine.load(str(path), EngineConfig(**STAGGERED))
+    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
+    results = run_staggered(engine, prompts, GREEDY)
+    for i, prompt in enumerate(prompts):
+        want = [token for token, _ in mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens)]
+        assert results[i] == want, f"{name}: request {i}"
+    again = engine.generate([prompts[2], prompts[5]], GREEDY)
+    for prompt, out in zip([prompts[2], prompts[5]], again):
+        assert out.metrics.cached_tokens > 0
+        _assert_matches_mlx_vlm(oracle, prompt, out)
+    assert_pool_idle(engine)
+
+
+def test_preemption_recomputes_identically(saved) -> None:
+    """A pool too small for five requests preempts and recomputes; every token and its
+    log-probability is still mlx-vlm's."""
+    _, path, oracle = saved
+    config = EngineConfig(num_blocks=12, block_size=8, max_num_batched_tokens=64)
+    engine = Engine.load(str(path), config)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=0)
+    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        _assert_matches_mlx_vlm(oracle, prompt, out)
+    assert_pool_idle(engine)
+
+
+def test_each_family_pages_its_own_attention_kind(saved) -> None:
+    """The table says mlx-vlm's code; MLA layers (Mistral Large 3's) are in latent pages,
+    sliding-window layers in a window group; a VLM's images are refused with the table's
+    reason."""
+    name, path, _ = saved
+    assert family(name).library is Library.MLX_VLM
+    text = CONFIGS[name].get("text_config", CONFIGS[name])
+    engine = Engine.load(str(path), EngineConfig(num_blocks=32))
+    assert isinstance(engine.kv.full, LatentGroup) == ("kv_lora_rank" in text)
+    assert (engine.kv.group(SlidingWindowGroup) is not None) == ("sliding_window" in text)
+    vision = engine.runner.vision
+    assert vision.encoder is None
+    assert vision.refusal is not None
+    if "vision_config" in CONFIGS[name]:  # a VLM served as text: images refused with the reason
+        assert (family(name).vision_refusal or "?") in vision.refusal
+
+
+def test_sparse_minimax_layers_are_refused_at_load(tmp_path) -> None:
+    """A MiniMax M3 checkpoint with sparse (indexed) layers, as its real ones have, is refused
+    at load naming the cache kind, not served densely (its top-k selection is the sparse
+    attention issue's)."""
+    sparse = {"use_sparse_attention": True, "sparse_attention_freq": [0, 0, 1]}
+    path = save_vlm_text_model(tmp_path, "minimax_m3", sparse_attention_config=sparse)
+    with pytest.raises(UnsupportedModelError, match="MiniMaxM3KVCache"):
+        Engine.load(str(path), EngineConfig(num_blocks=32))
+
+
+def _vlm_only_model_types() -> set[str]:
+    """mlx-vlm's model packages that no model type mlx-lm loads reaches (mlx-vlm's name, or one
+    it remaps to it, e.g. ``nemotron-nas``, resolved through mlx-lm's own remapping)."""
+    import mlx_vlm.models
+    from mlx_lm.utils import MODEL_REMAPPING as LM_REMAPPING
+    from mlx_vlm.utils import MODEL_REMAPPING as VLM_REMAPPING
+
+    root = Path(mlx_vlm.models.__file__).parent
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+
+    def in_mlx_lm(model_type: str) -> bool:
+        name = LM_REMAPPING.get(model_type, model_type)
+        return "." not in name and importlib.util.find_spec(f"mlx_lm.models.{name}") is not None
+
+    def names(package: str) -> set[str]:
+        return {package} | {alias for alias, to in VLM_REMAPPING.items() if to == package}
+
+    return {p for p in packages if not any(in_mlx_lm(name) for name in names(p))}
+
+
+def test_every_model_type_only_mlx_vlm_has_is_in_the_table() -> None:
+    """An upgrade of mlx-vlm that brings a model package mlx-lm cannot load fails here until
+    the table serves or refuses it; the table names no mlx-vlm family that is gone."""
+    only = _vlm_only_model_types()
+    assert only, "mlx-vlm has no model type mlx-lm lacks: the comparison is broken"
+    missing = sorted(only - set(FAMILIES))
+    assert not missing, f"mlx-vlm model types in no families entry: {missing}"
+    for name in only:
+        assert FAMILIES[name].library is Library.MLX_VLM, name
+    vlm_families = {n for n, f in FAMILIES.items() if f.library is Library.MLX_VLM}
+    assert vlm_families <= only, f"not in mlx-vlm alone: {sorted(vlm_families - only)}"
+
+
+@pytest.mark.parametrize("model_type", ["flux2", "deepseek_v4", "smolvlm", "z1t"])
+def test_refused_families_are_refused_before_loading(tmp_path, model_type) -> None:
+    """A refused mlx-vlm family (an image generator, a sparse-attention model, a VLM whose
+    language model is not yet checked) fails at load with its reason, weights unread."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    reason = FAMILIES[model_type].refusal
+    assert reason
+    with pytest.raises(UnsupportedModelError, match="is not supported") as caught:
+        Engine.load(str(tmp_path), EngineConfig(num_blocks=32))
+    assert reason in str(caught.value)

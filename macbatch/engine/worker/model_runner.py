@@ -310,14 +310,20 @@ class ModelRunner:
 
 
 def model_vocab_size(model: nn.Module) -> int:
+    """``args.vocab_size``, else the rows of the model's token embedding (Phixtral's
+    ``transformer.embd.wte``, Gemma 3n's ``embed_tokens`` inside its wrapper)."""
     args = getattr(model, "args", None)
     size = getattr(args, "vocab_size", None)
     if size:
         return int(size)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if embed is not None:
-        return int(embed.weight.shape[0])
+    for name, module in model.named_modules():
+        named = name.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
+        if named and isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            return int(getattr(module, "num_embeddings", 0) or module.weight.shape[0])
     raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+_EMBEDDING_NAMES = ("embed_tokens", "wte", "word_embeddings", "embeddings", "embedding")
 
 
 def cache_specs(

@@ -10,6 +10,9 @@ it through the cache's ``make_mask``, which returns an ``AttentionWindow``.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +66,30 @@ def _dispatch(queries, keys, values, cache, scale, mask, sinks=None):
     if isinstance(cache, EngineAttention):
         window = mask.size if isinstance(mask, AttentionWindow) else None
         return cache.attend(queries, keys, values, scale, window, sinks)
+    watches = getattr(_WATCHES, "open", None)
+    if watches:
+        watches[-1].append(type(cache).__name__)
     return base.scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)
+
+
+# per thread, the lists of the probes running on it (the adapter's, loading a model): mlx-lm's
+# own generation on another thread meanwhile is none of theirs
+_WATCHES = threading.local()
+
+
+@contextmanager
+def unpaged_calls() -> Iterator[list[str]]:
+    """The cache types of the attention calls made, while it is open, with a cache not the
+    engine's: a layer attending over K/V its cache does not hold, which the probe refuses."""
+    calls: list[str] = []
+    watches = getattr(_WATCHES, "open", None)
+    if watches is None:
+        watches = _WATCHES.open = []
+    watches.append(calls)
+    try:
+        yield calls
+    finally:
+        watches.remove(calls)
 
 
 def install() -> None:

@@ -44,10 +44,29 @@ def install(layers: Sequence[Any]) -> None:
 
 
 def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
-    cache = kwargs.get("cache")
     original = super(type(self), self).__call__
+    bound = _signature(original).bind_partial(*args, **kwargs)
+    cache = bound.arguments.get("cache")
     if isinstance(cache, SequenceRunner):
-        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
-            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
-        return cache.run(original, args[0], args[1:], kwargs)
+        # every argument by name but the input (handed by name too: Falcon-H1's mixer's
+        # ``input_states=``), so the runner can hand each call its own cache
+        named = dict(bound.arguments)
+        for name, parameter in _signature(original).parameters.items():
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in named:
+                named.update(named.pop(name))
+        first = next(iter(named))
+        x = named.pop(first)
+        named.pop("cache")
+        return cache.run(original, x, (), named)
     return original(*args, **kwargs)
+
+
+def _signature(call: Callable[..., Any]) -> inspect.Signature:
+    """The parameters of a layer class's own ``__call__`` (read once per class)."""
+    function = getattr(call, "__func__", call)
+    if function not in _SIGNATURES:
+        _SIGNATURES[function] = inspect.signature(call)
+    return _SIGNATURES[function]
+
+
+_SIGNATURES: dict[Any, inspect.Signature] = {}

@@ -69,8 +69,9 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
-        model_type = str(json.loads((target / "config.json").read_text()).get("model_type"))
-        reason = unsupported_reason(model_type)
+        declared = json.loads((target / "config.json").read_text())
+        model_type = str(declared.get("model_type"))
+        reason = unsupported_reason(model_type, declared.get("architectures"))
         if reason:
             raise UnsupportedModelError(
                 f"model '{name}' (model type '{model_type}') is not supported: {reason}"

@@ -29,7 +29,7 @@ import numpy as np
 import macbatch.metal
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.families import family, unsupported_reason
+from macbatch.engine.model.families import family, remapped_types, unsupported_reason
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.kv_probe import (
@@ -39,6 +39,7 @@ from macbatch.engine.model.kv_probe import (
     layout_of,
     owner_of,
     probing,
+    refused_if_unreadable,
 )
 from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape
@@ -178,11 +179,14 @@ def text_model(model: nn.Module) -> nn.Module:
 
 
 def model_type_of(model: nn.Module) -> str:
-    """The checkpoint's ``model_type`` (a wrapper's own, e.g. gemma3, not its text model's)."""
+    """The checkpoint's ``model_type`` (a wrapper's own, e.g. gemma3, not its text model's), or
+    the mlx-lm module that runs it where mlx-lm chose that by its architecture
+    (``families.checkpoint_type``)."""
+    module = type(model).__module__.rsplit(".", 1)[-1]
     model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
-        model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
+        model, "model_type", module
     )
-    return str(model_type)
+    return module if module in remapped_types(str(model_type)) else str(model_type)
 
 
 class ModelAdapter:
@@ -210,11 +214,12 @@ class ModelAdapter:
                 f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
             )
         self.inner_name: str = inner_name
-        self.recurrent, self.cache_lists = self._recurrent_caches()
-        hooks.install(self.layers, self._recurrent_modules())
-        layout, self.state_shapes = self._probe()
-        self.layer_shapes, self.kv_layers, self.kv_dtype = layout.shapes, layout.kv_layers, layout.dtype
-        self.head_orders = layout.head_orders
+        with refused_if_unreadable(self.model_type):
+            self.recurrent, self.cache_lists = self._recurrent_caches()
+            hooks.install(self.layers, self._recurrent_modules())
+            layout, self.state_shapes = self._probe()
+        self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
+        self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
         store_windows = layout.windows
         # A hybrid model keeps every attention layer in the full group: its prefix cache resumes
         # at recurrent checkpoints, which a window group's cache would have to match as well.
@@ -319,12 +324,14 @@ class ModelAdapter:
         attention = [c for c in caches if isinstance(c, ProbeCache)]
         self.kv_used = [c.shape is not None or bool(c.reads) for c in attention]
         attention = [c for c, used in zip(attention, self.kv_used) if used]
-        if not attention:
-            raise UnsupportedModelError(
-                f"model type '{self.model_type}' is recurrent only (no attention layer); "
-                "macbatch runs attention models and hybrids of attention and recurrent layers"
-            )
         states = [_state_shape(c) for c in caches if isinstance(c, ArraysCache)]
+        if not attention:  # recurrent only (Mamba, RWKV-7): the full group holds no pages
+            if not states:
+                raise UnsupportedModelError(
+                    f"model type '{self.model_type}' showed neither an attention layer nor "
+                    "recurrent state in a one-token forward; macbatch cannot cache it"
+                )
+            return Layout([], [], states[0].dtypes[0], [], []), states
         return layout_of(attention, self.model_type), states
 
     def run_inner(self, inputs: mx.array, **kwargs: Any) -> mx.array:

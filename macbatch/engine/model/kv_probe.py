@@ -111,21 +111,29 @@ class Layout:
 
 
 @contextmanager
-def probing(model_type: str) -> Iterator[list[ProbeCache]]:
-    """The probe caches' list, while the forward runs: any error is refused with its reason,
-    and so is attention that bypasses the caches (a cache of None: AFM 7's KV-reuse layers)."""
-    peers: list[ProbeCache] = []
+def refused_if_unreadable(model_type: str) -> Iterator[None]:
+    """Any error while reading the model's structure (its caches, its layers, the probe) as a
+    refusal with its reason: a model the engine cannot read is refused, never a crash."""
     try:
-        with unpaged_calls() as bypasses:
-            yield peers
-    except UnsupportedModelError as exc:  # a probe cache's own finding
-        raise UnsupportedModelError(f"model type '{model_type}': {exc}") from exc
+        yield
+    except UnsupportedModelError as exc:
+        prefix = f"model type '{model_type}'"
+        raise (exc if str(exc).startswith(prefix) else UnsupportedModelError(f"{prefix}: {exc}"))
     except Exception as exc:  # whatever the model's code assumed of its cache
         raise UnsupportedModelError(
             f"model type '{model_type}': its forward failed on the engine's paged cache "
             f"({type(exc).__name__}: {exc}); macbatch runs layers that use their cache as "
             "mlx-lm's KVCache and ArraysCache do"
         ) from exc
+
+
+@contextmanager
+def probing(model_type: str) -> Iterator[list[ProbeCache]]:
+    """The probe caches' list, while the forward runs (in ``refused_if_unreadable``): attention
+    that bypasses the caches (handed a cache of None: AFM 7's KV-reuse layers) is refused."""
+    peers: list[ProbeCache] = []
+    with unpaged_calls() as bypasses:
+        yield peers
     if bypasses:
         raise UnsupportedModelError(
             f"model type '{model_type}' has {len(bypasses)} attention call(s) handed no cache "

@@ -333,7 +333,8 @@ def cache_specs(
     MLA model's latent rows: ``LatentSpec``), the sliding-window layers' (None: no window
     group), the recurrent layers' states (None: not a hybrid model)."""
     full_shapes, window_shapes = adapter.group_shapes
-    latent = all(s.value_dim is not None for s in full_shapes)
+    # (a recurrent-only model's full group holds no pages: its blocks only count positions)
+    latent = bool(full_shapes) and all(s.value_dim is not None for s in full_shapes)
     full = (LatentSpec if latent else FullAttentionSpec)(
         fmt.bytes_per_block(full_shapes, block_size)
     )
@@ -393,7 +394,7 @@ def blocks_for_memory(
     weights = sum(array.nbytes for array in parameter_arrays(model))
     budget = max(0, int(total * config.memory_fraction) - weights - reserved)
     most_useful = config.max_num_seqs * ceil_div(context_length, config.block_size)
-    blocks = min(budget // per_block, most_useful)
+    blocks = min(budget // per_block, most_useful) if per_block else most_useful
     if blocks < 1:
         raise ValueError(
             f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "

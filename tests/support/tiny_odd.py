@@ -1,6 +1,10 @@
-"""Tiny configs of the mlx-lm families whose layers are built unlike the usual decoder: layers
-that share another's K/V, chunked attention, layers that read their cache as ``cache[0]``,
-models with only recurrent layers, position ids from the cache's offset (issue 60's list)."""
+"""Tiny configs of the mlx-lm families whose layers are built unlike the usual decoder: K/V heads
+tiled rather than grouped (PLaMo), a cache several layers share (Gemma 3n), a second loop over
+the layers attending over the first's K/V (IQuest-Loop-Coder), a model that takes its mask by
+position (Phixtral), position ids counted from the cache's offset (GPT-BigCode), cache lists of
+one part (MiniMax M3), layers that read their state as ``cache[0]`` (Bailing's GLA layers,
+RecurrentGemma), models with only recurrent layers (Mamba, Mamba 2, RWKV-7); and the ones the
+engine refuses with a reason (AFM 7, Llama 4's chunked attention, Baichuan-M1)."""
 
 from __future__ import annotations
 
@@ -20,17 +24,9 @@ _C = dict(
     rope_theta=10000.0,
 )
 
+# served: greedy tokens identical to mlx-lm's
 ODD_CONFIGS: dict[str, dict[str, Any]] = {
     "plamo": dict(_C, model_type="plamo", n_shared_head=2),
-    "afm7": dict(
-        model_type="afm7",
-        vocab_size=VOCAB_SIZE,
-        hidden_dim=64,
-        num_layers=4,
-        num_kv_reuse_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-    ),
     "iquestloopcoder": dict(_C, model_type="iquestloopcoder", head_dim=16, loop_window_size=8),
     "phixtral": dict(
         model_type="phixtral",
@@ -41,14 +37,6 @@ ODD_CONFIGS: dict[str, dict[str, Any]] = {
         rotary_dim=8,
         num_local_experts=4,
         num_experts_per_tok=2,
-    ),
-    "baichuan_m1": dict(
-        _C,
-        model_type="baichuan_m1",
-        num_hidden_layers=3,
-        sliding_window=8,
-        sliding_window_layers=[1],
-        conv_window=2,
     ),
     "gpt_bigcode": dict(
         model_type="gpt_bigcode",
@@ -162,6 +150,27 @@ ODD_CONFIGS: dict[str, dict[str, Any]] = {
         group_norm_size=1,
         head_dim=16,
         topk_group=1,
+    ),
+}
+
+# refused at load, each with its reason (families.py)
+REFUSED_ODD_CONFIGS: dict[str, dict[str, Any]] = {
+    "afm7": dict(
+        model_type="afm7",
+        vocab_size=VOCAB_SIZE,
+        hidden_dim=64,
+        num_layers=4,
+        num_kv_reuse_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+    ),
+    "baichuan_m1": dict(
+        _C,
+        model_type="baichuan_m1",
+        num_hidden_layers=3,
+        sliding_window=8,
+        sliding_window_layers=[1],
+        conv_window=2,
     ),
     "llama4": dict(
         model_type="llama4",

@@ -10,19 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.support.tiny import _COMMON as _C
 from tests.support.tiny import VOCAB_SIZE
-
-_C = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    rms_norm_eps=1e-5,
-    vocab_size=VOCAB_SIZE,
-    max_position_embeddings=4096,
-    rope_theta=10000.0,
-)
 
 # served: greedy tokens identical to mlx-lm's
 ODD_CONFIGS: dict[str, dict[str, Any]] = {

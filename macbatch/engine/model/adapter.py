@@ -264,7 +264,7 @@ class ModelAdapter:
         # attention only: a cache for each layer (Gemma 4's KV-shared layers get one too,
         # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
         # makes more (IQuest-Loop-Coder's second loop has its own)
-        attention_only = [(0,)] * max(len(self.layers), len(made))
+        attention_only: list[tuple[int, ...]] = [(0,)] * max(len(self.layers), len(made))
         entries, lists = [], []
         for cache in made:
             listed = type(cache) is CacheList

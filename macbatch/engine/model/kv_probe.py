@@ -88,7 +88,7 @@ class ProbeCache(EngineAttention):
         return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
 
 
-def owner_of(peers: list[Any], keys: mx.array, default: Any) -> Any:
+def owner_of(peers: list[Any], keys: mx.array | None, default: Any) -> Any:
     """The cache among ``peers`` whose K/V ``keys`` is (handed in or back), else ``default``."""
     for peer in peers:
         fetched = peer.fetched
@@ -118,7 +118,9 @@ def refused_if_unreadable(model_type: str) -> Iterator[None]:
         yield
     except UnsupportedModelError as exc:
         prefix = f"model type '{model_type}'"
-        raise (exc if str(exc).startswith(prefix) else UnsupportedModelError(f"{prefix}: {exc}"))
+        if str(exc).startswith(prefix):
+            raise
+        raise UnsupportedModelError(f"{prefix}: {exc}") from exc
     except Exception as exc:  # whatever the model's code assumed of its cache
         raise UnsupportedModelError(
             f"model type '{model_type}': its forward failed on the engine's paged cache "
@@ -196,7 +198,7 @@ def _head_order(cache: ProbeCache, index: int, model_type: str) -> tuple[int, ..
     maps = set(cache.head_maps)
     if maps == {None}:
         return None
-    heads = next(iter(maps - {None}))
+    heads = next(h for h in maps if h is not None)
     counts = np.bincount(heads)
     if len(maps) > 1 or len(set(counts.tolist())) != 1:
         raise UnsupportedModelError(

@@ -313,7 +313,7 @@ class PagedStateCache(SequenceRunner):
         RWKV-7's first values) those rows."""
         out = {}
         for name, value in kwargs.items():
-            if value is not None and value is self.positions:
+            if self.positions is not None and value is self.positions:
                 value = take(value)[:, lo]
             elif isinstance(value, mx.array) and value.ndim > 1 and value.shape[:2] == (n, 1):
                 value = take(value[:, 0])[:, lo:hi]

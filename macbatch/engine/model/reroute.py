@@ -15,12 +15,11 @@ from types import ModuleType
 from typing import Any
 
 
-def reroute(
-    home: ModuleType, name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> list[str]:
-    """Replace ``home.name`` by ``replacement(original)`` in every loaded ``mlx_lm.models``
-    module that imported it; returns those modules' names."""
-    original: Callable[..., Any] = getattr(home, name)
+def reroute(home: ModuleType, name: str, replacement: Callable[[Any], Any]) -> list[str]:
+    """Replace ``home.name`` (a function, or a module such as numpy) by
+    ``replacement(original)`` in every loaded ``mlx_lm.models`` module that imported it;
+    returns those modules' names."""
+    original: Any = getattr(home, name)
     patched = []
     for module_name, module in list(sys.modules.items()):
         ours = module_name.startswith("mlx_lm.models.") and module is not home

@@ -37,6 +37,13 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     assert_staggered_batch_matches_mlx_lm(engine, model)
 
 
+@pytest.mark.parametrize("arch", ["bailing_moe_linear", "recurrent_gemma", "iquestloopcoder"])
+def test_preemption_recomputes_identically(arch, tiny_tokenizer):
+    """A pool too small for everyone preempts; the recomputed requests give mlx-lm's tokens
+    (GLA and RG-LRU layers from a fresh state, the second loop's window pages anew)."""
+    assert_preemption_recomputes_identically(build_model(arch), tiny_tokenizer)
+
+
 def test_tiled_kv_heads_are_read_in_their_order(tiny_tokenizer):
     """PLaMo tiles its K/V heads (query head h reads K/V head h % 2), where the kernels group
     them (h // 2): the probe finds the order, and the step reorders the queries by it."""
@@ -110,3 +117,21 @@ def test_a_model_whose_layers_use_their_cache_oddly_is_refused_by_load_and_docto
     assert not report.servable
     assert report.problem is not None and why in report.problem
     assert "is_trimmable" in report.problem
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "rwkv7"])
+def test_a_recurrent_only_conversation_resumes_from_state_checkpoints(arch, tiny_tokenizer):
+    """Each turn's prompt is the last turn's prompt and reply plus new tokens: from turn 2 on
+    the request resumes at a state checkpoint of the prefix cache (its blocks hold no pages),
+    and its tokens stay mlx-lm's."""
+    model = build_model(arch)
+    engine = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8))
+    prompt: list[int] = []
+    cached = []
+    for new in random_prompts([30, 9, 17], seed=7):
+        prompt = prompt + new
+        [out] = engine.generate([prompt], GREEDY)
+        assert out.token_ids == mlx_lm_greedy(model, prompt, GREEDY.max_tokens)
+        cached.append(out.metrics.cached_tokens)
+        prompt = prompt + out.token_ids
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached

@@ -61,6 +61,14 @@ def test_a_recurrent_only_model_pages_nothing_and_survives_preemption(arch, tiny
     assert_preemption_recomputes_identically(model, tiny_tokenizer)
 
 
+def test_doctor_shows_a_recurrent_only_model(tmp_path: Path):
+    report = check_model(str(save_model(tmp_path / "mamba2", "mamba2")))
+    rows = dict(report.rows)
+    assert report.servable, report.problem
+    assert rows["layers"] == "2 (2 recurrent, no KV pages)"
+    assert rows["KV bytes/token"].startswith("0 ")
+
+
 def test_a_ling_checkpoint_is_read_by_its_architecture(tmp_path: Path):
     """Ling 2.5's checkpoints say ``model_type: bailing_hybrid`` with the architecture
     ``BailingMoeV3ForCausalLM``, which mlx-lm runs as ``bailing_moe_v3``: the table reads it so,

@@ -250,8 +250,8 @@ class PagedStateCache(SequenceRunner):
                 return a[rows.singles[start:stop]]
             return a if stop - start == a.shape[0] else a[start:stop]
 
-        named = self._per_call(kwargs, x.shape[0], lambda a: take(a)[:, None], 0, 1)
-        out = call(take(x), *args, **dict(named, cache=cache))
+        rest, named = self._per_call(args, kwargs, x.shape[0], lambda a: take(a)[:, None], 0, 1)
+        out = call(take(x), *rest, **dict(named, cache=cache))
         return out, list(cache.cache)
 
     def _batch(
@@ -281,12 +281,13 @@ class PagedStateCache(SequenceRunner):
             part = batch.inputs(a.reshape(a.shape[0], 1, -1), start, stop)
             return part.reshape(*part.shape[:2], *a.shape[1:])
 
-        def named(lo: int, hi: int) -> dict:
-            return self._per_call(kwargs, x.shape[0], take, lo, hi)
+        def part(inputs: mx.array, lo: int, hi: int) -> Any:
+            rest, named = self._per_call(args, kwargs, x.shape[0], take, lo, hi)
+            return call(inputs, *rest, **dict(named, cache=cache))
 
         if batch.checkpointed and batch.cut < batch.length and _cuts_in_one_call(call, arrays):
             with gated_delta.prefill(), state_cut.cut_at(batch.cut) as cut:
-                out = call(inputs, *args, **dict(named(0, batch.length), cache=cache))
+                out = part(inputs, 0, batch.length)
             final = list(cache.cache)
             return _rows(out, rows), final, cut.after_cut(final)
         outs, checkpoint = [], None
@@ -296,29 +297,35 @@ class PagedStateCache(SequenceRunner):
                 # long enough (mlx-lm's own steps below that)
                 mode = gated_delta.decode() if hi - lo == 1 else gated_delta.prefill()
                 with mode:
-                    part = inputs[:, lo:hi]
-                    outs.append(call(part, *args, **dict(named(lo, hi), cache=cache)))
+                    outs.append(part(inputs[:, lo:hi], lo, hi))
             if batch.checkpointed and hi == batch.cut:
                 checkpoint = list(cache.cache)
         out = outs[0] if len(outs) == 1 else _joined(outs, axis=1)
         return _rows(out, rows), list(cache.cache), checkpoint
 
     def _per_call(
-        self, kwargs: dict, n: int, take: Callable[[mx.array], mx.array], lo: int, hi: int
-    ) -> dict:
-        """``kwargs`` for one call over tokens ``lo`` to ``hi - 1`` of some sequences, whose
-        rows ``take`` gathers from ``[n, ...]`` as ``[sequences, tokens, ...]``: the step's
-        positions become each sequence's first position there, any other array of the step's
-        ``n`` rows as ``x`` has them (``[n, 1, ...]``: a residual passed from layer to layer,
-        RWKV-7's first values) those rows."""
-        out = {}
-        for name, value in kwargs.items():
+        self,
+        args: tuple,
+        kwargs: dict,
+        n: int,
+        take: Callable[[mx.array], mx.array],
+        lo: int,
+        hi: int,
+    ) -> tuple[tuple, dict]:
+        """``args`` and ``kwargs`` for one call over tokens ``lo`` to ``hi - 1`` of some
+        sequences, whose rows ``take`` gathers from ``[n, ...]`` as ``[sequences, tokens,
+        ...]``: the step's positions become each sequence's first position there, any other
+        array of the step's ``n`` rows as ``x`` has them (``[n, 1, ...]``: a residual passed
+        from layer to layer, RWKV-7's first values) those rows."""
+
+        def one(value: Any) -> Any:
             if self.positions is not None and value is self.positions:
-                value = take(value)[:, lo]
-            elif isinstance(value, mx.array) and value.ndim > 1 and value.shape[:2] == (n, 1):
-                value = take(value[:, 0])[:, lo:hi]
-            out[name] = value
-        return out
+                return take(value)[:, lo]
+            if isinstance(value, mx.array) and value.ndim > 1 and value.shape[:2] == (n, 1):
+                return take(value[:, 0])[:, lo:hi]
+            return value
+
+        return tuple(one(a) for a in args), {name: one(v) for name, v in kwargs.items()}
 
     def _write_back(self, pieces: list[Piece]) -> None:
         """Every new state to its slot, per stretch of consecutive slots within a group: the

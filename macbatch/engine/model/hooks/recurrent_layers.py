@@ -45,19 +45,18 @@ def install(layers: Sequence[Any]) -> None:
 
 def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
     original = super(type(self), self).__call__
-    bound = _signature(original).bind_partial(*args, **kwargs)
-    cache = bound.arguments.get("cache")
+    cache = kwargs.get("cache")
     if isinstance(cache, SequenceRunner):
-        # every argument by name but the input (handed by name too: Falcon-H1's mixer's
-        # ``input_states=``), so the runner can hand each call its own cache
-        named = dict(bound.arguments)
-        for name, parameter in _signature(original).parameters.items():
-            if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in named:
-                named.update(named.pop(name))
-        first = next(iter(named))
-        x = named.pop(first)
-        named.pop("cache")
-        return cache.run(original, x, (), named)
+        if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
+            args = (kwargs.pop(next(iter(_signature(original).parameters))),)
+        return cache.run(original, args[0], args[1:], kwargs)
+    if any(isinstance(a, SequenceRunner) for a in args):
+        # the cache handed by position (Bailing's and RWKV-7's decoder layers): every argument
+        # by the name the layer gives it, so the runner can hand each call its own cache
+        named = dict(_signature(original).bind(*args, **kwargs).arguments)
+        x = named.pop(next(iter(named)))
+        runner = named.pop("cache")
+        return runner.run(original, x, (), named)
     return original(*args, **kwargs)
 
 

@@ -14,10 +14,11 @@ from mlx_lm import load as mlx_lm_load
 
 from macbatch.engine import Engine, EngineConfig, UnsupportedModelError
 from macbatch.engine.model import families
-from macbatch.engine.model.families import checkpoint_type, unsupported_reason
+from macbatch.engine.model.families import checkpoint_type
 from macbatch.models.check import check_model
 from tests.support.odd_model import ODD_TYPE, save_odd_model
 from tests.support.oracle import mlx_lm_greedy
+from tests.support.refusals import assert_refused_at_load
 from tests.support.staggered import (
     GREEDY,
     STAGGERED,
@@ -87,13 +88,7 @@ def test_a_ling_checkpoint_is_read_by_its_architecture(tmp_path: Path):
 
 @pytest.mark.parametrize("arch", list(REFUSED_ODD_CONFIGS))
 def test_refused_at_load_with_its_reason(arch, tiny_tokenizer):
-    reason = unsupported_reason(arch)
-    assert reason
-    with pytest.raises(
-        UnsupportedModelError,
-        match=re.escape(f"'{arch}' is not supported by macbatch's paged engine: {reason}"),
-    ):
-        Engine(build_model(arch), tiny_tokenizer, EngineConfig(num_blocks=16))
+    assert_refused_at_load(arch, tiny_tokenizer)
 
 
 @pytest.mark.parametrize(

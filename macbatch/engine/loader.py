@@ -69,8 +69,9 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
-        model_type = str(read_model_config(target).get("model_type"))
-        reason = unsupported_reason(model_type)
+        declared = read_model_config(target)
+        model_type = str(declared.get("model_type"))
+        reason = unsupported_reason(model_type, declared.get("architectures"))
         if reason:
             raise UnsupportedModelError(
                 f"model '{name}' (model type '{model_type}') is not supported: {reason}"
@@ -123,7 +124,7 @@ def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
 
     from macbatch.engine.model.families import Library, family
 
-    model_type = str(json.loads((path / "config.json").read_text()).get("model_type"))
+    model_type = str(read_model_config(path).get("model_type"))
     if family(model_type).library is Library.MLX_VLM:
         from macbatch.engine.model.vlm_text import load_vlm_checkpoint
 

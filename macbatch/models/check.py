@@ -42,7 +42,7 @@ def check_model(name: str) -> ModelReport:
         report.rows.append(("path", str(path)))
         config = json.loads((path / "config.json").read_text())
         report.rows.append(("quantization", describe_quantization(config)))
-        reason = unsupported_reason(str(config.get("model_type")))
+        reason = unsupported_reason(str(config.get("model_type")), config.get("architectures"))
         if reason:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report

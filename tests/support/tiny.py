@@ -203,10 +203,11 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
     # Ling 2.5 (bailing_moe_v3): Kimi Delta Attention layers, then an MLA layer with a gate per
     # head, in groups of 2 here
     "bailing_moe_v3": dict(_BAILING, model_type="bailing_moe_v3", short_conv_kernel_size=4),
+    # Bailing hybrid: linear-attention (GLA) layers that read their state as cache[0]
+    "bailing_hybrid": dict(_BAILING, model_type="bailing_hybrid", group_norm_size=1),
 }
 # MLA families mlx-lm has that the engine refuses at load (families.py says why)
 REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
-    "bailing_hybrid": dict(_BAILING, model_type="bailing_hybrid", group_norm_size=1),
     "kimi_k3": dict(model_type="kimi_k3", text_config=dict(_KIMI_LINEAR, mla_use_output_gate=True)),
 }
 
@@ -428,7 +429,9 @@ def save_two_models(root: Path) -> dict[str, Path]:
 
 
 def _config(arch: str) -> dict[str, Any]:
-    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS):
+    from tests.support.tiny_odd import ODD_CONFIGS, REFUSED_ODD_CONFIGS  # they import this one
+
+    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS, ODD_CONFIGS):
         if arch in configs:
             return configs[arch]
-    return HYBRID_CONFIGS[arch]
+    return HYBRID_CONFIGS[arch] if arch in HYBRID_CONFIGS else REFUSED_ODD_CONFIGS[arch]

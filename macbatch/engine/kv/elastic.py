@@ -45,7 +45,7 @@ class PoolSize:
 def pool_size(cap: int, bytes_per_block: int, config: EngineConfig, fixed: bool) -> PoolSize:
     """``fixed``: the pool keeps ``cap`` blocks from the start. Otherwise it starts with
     ``config.kv_start_mib`` of blocks, and at least one per sequence that may run at once."""
-    if fixed:
+    if fixed or not bytes_per_block:  # blocks of no pages (a recurrent-only model) cost nothing
         return PoolSize(cap, cap)
     start = int(config.kv_start_mib * 2**20) // bytes_per_block
     return PoolSize(min(cap, max(config.max_num_seqs, start)), cap)

@@ -13,27 +13,35 @@ entering after the input scaling) is read from its record in ``families.py``.
 
 Multimodal checkpoints (gemma3, mistral3, gemma4) keep a complete text model at
 ``model.language_model``; the adapter serves that text model. Layers that reuse another layer's
-K/V (Gemma 4's KV-shared layers) are found during the probe and read the source layer's pages, so
-the pool holds one set of pages per layer mlx-lm keeps a cache for.
+K/V (Gemma 4's KV-shared layers) are found by the probe (``kv_probe.py``) and read the source
+layer's pages, so the pool holds one set of pages per layer mlx-lm keeps a cache for; each step's
+per-layer cache objects are ``paged_cache.PagedLayerCache`` (attention) and
+``recurrent.PagedStateCache`` (recurrent state).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import base as mlx_base
 
-import macbatch.metal
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.families import family, unsupported_reason
-from macbatch.engine.model.hooks.attention import EngineAttention
-from macbatch.engine.model.image_blocks import attend_blocks
+from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.kv_probe import (
+    Layout,
+    ProbeCache,
+    UnsupportedModelError,
+    layout_of,
+    probing,
+    refused_if_unreadable,
+)
+from macbatch.engine.model.paged_cache import PagedLayerCache
 from macbatch.engine.model.recurrent import PagedStateCache
-from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape
+from macbatch.engine.stores.pages import KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore
 
 _INNER_NAMES = ("model", "transformer", "backbone")
@@ -44,113 +52,6 @@ _TEXT_MODEL_NAME = "language_model"
 IMAGE_ROW_TOKEN = 0
 
 
-class UnsupportedModelError(ValueError):
-    """The model's architecture cannot be served through the paged engine."""
-
-
-class PagedLayerCache(EngineAttention):
-    """The per-layer cache object a model sees during a packed forward: its cache group's pages,
-    write rows and block tables (a sliding-window layer's group holds only the window)."""
-
-    def __init__(self, stores: KVStores, layer: int, batch: PackedBatch, writes: bool) -> None:
-        windowed, self.layer = stores.slots[layer]  # the group's layer whose pages it reads
-        store = stores.window if windowed else stores.full
-        assert store is not None
-        self.store: KVStore = store
-        self.rows = batch.window_write_rows if windowed else batch.kv_write_rows
-        self.batch = batch
-        self.windowed = windowed
-        self.writes = writes  # False for a layer that reuses an earlier layer's K/V
-        self.offset = batch.positions if batch.rope_positions is None else batch.rope_positions
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.writes:
-            assert self.rows is not None
-            rows = self.rows[self.store.shapes[self.layer].num_kv_heads]
-            self.store.write(self.layer, rows, keys, values)
-        return keys, values
-
-    def attend(
-        self,
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        scale: float,
-        window: int | None,
-        sinks: Any,
-    ) -> mx.array:
-        """The layer's paged attention (its K/V are in the pages by now)."""
-        k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
-        meta = self.batch.window_attention if self.windowed else self.batch.attention
-        out = macbatch.metal.paged_attention(queries[:, :, 0, :], k_pages, v_pages, meta, layer)
-        if self.batch.image_blocks is not None:  # Gemma 4: image rows attend both ways
-            pages = (k_pages, v_pages)
-            blocks = self.batch.image_blocks
-            out = attend_blocks(out, queries[:, :, 0, :], pages, meta.block_tables, blocks, layer)
-        return out[:, :, None, :]
-
-    def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
-    ) -> mx.array:
-        """An MLA layer's attention over its latent pages, this step's rows written first."""
-        if self.writes:
-            assert self.rows is not None
-            self.store.write(self.layer, self.rows[1], row, None)
-        k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim)
-        out = macbatch.metal.paged_attention(
-            queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
-        )
-        return out[:, :, None, :]
-
-
-class _ProbeCache(EngineAttention):
-    """Records what one layer does during a one-token forward, to learn the cache shapes and to
-    prove attention goes through the patched name."""
-
-    def __init__(self) -> None:
-        self.offset = mx.array([0], dtype=mx.int32)
-        self.shape: LayerShape | None = None
-        self.dtype: mx.Dtype | None = None
-        self.keys: mx.array | None = None  # the very object handed in: shared K/V is the same one
-        self.attended = 0
-        self.window: int | None = None  # the sliding window its attention was handed
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
-        self.keys = keys
-        self.dtype = keys.dtype
-        return keys, values
-
-    def attend(
-        self,
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        scale: float,
-        window: int | None,
-        sinks: Any,
-    ) -> mx.array:
-        """Counts the call (each layer must attend once, through the hook) and its window."""
-        self.attended += 1
-        self.window = window
-        return mlx_base.scaled_dot_product_attention(
-            queries, keys, values, None, scale, None, sinks
-        )
-
-    def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
-    ) -> mx.array:
-        """Records a latent layer's one-row pages; a lone token attends to itself alone, so
-        every head's output is its row's values."""
-        self.update_and_fetch(row, row)
-        self.shape = LayerShape(1, row.shape[-1], value_dim=value_dim)
-        self.attended += 1
-        n, heads = queries.shape[:2]
-        return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
-
-
 class _Delegate:
     """Answers every attribute from ``target`` except the ones it overrides."""
 
@@ -159,6 +60,9 @@ class _Delegate:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
+
+    def __contains__(self, name: str) -> bool:  # RecurrentGemma asks ``"lm_head" in self``
+        return name in self._target
 
 
 class _PrecomputedInner(_Delegate):
@@ -188,11 +92,14 @@ def text_model(model: nn.Module) -> nn.Module:
 
 
 def model_type_of(model: nn.Module) -> str:
-    """The checkpoint's ``model_type`` (a wrapper's own, e.g. gemma3, not its text model's)."""
+    """The checkpoint's ``model_type`` (a wrapper's own, e.g. gemma3, not its text model's), or
+    the mlx-lm module that runs it where mlx-lm chose that by its architecture
+    (``families.checkpoint_type``)."""
+    module = type(model).__module__.rsplit(".", 1)[-1]
     model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
-        model, "model_type", type(model).__module__.rsplit(".", 1)[-1]
+        model, "model_type", module
     )
-    return str(model_type)
+    return module if module in remapped_types(str(model_type)) else str(model_type)
 
 
 class ModelAdapter:
@@ -209,6 +116,7 @@ class ModelAdapter:
                 f"model type '{self.model_type}' is not supported by macbatch's paged engine: "
                 f"{reason}"
             )
+        self.wrapper = model
         self.model = model = text_model(model)
         inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
@@ -219,11 +127,13 @@ class ModelAdapter:
                 f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
             )
         self.inner_name: str = inner_name
-        self.recurrent = self._recurrent_caches()
-        hooks.install(self.layers, self._recurrent_modules())
-        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
-            self._probe()
-        )
+        with refused_if_unreadable(self.model_type):
+            self.recurrent, self.cache_lists = self._recurrent_caches()
+            hooks.install(self.layers, self._recurrent_modules())
+            layout, self.state_shapes = self._probe()
+        self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
+        self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
+        store_windows = layout.windows
         # A hybrid model keeps every attention layer in the full group: its prefix cache resumes
         # at recurrent checkpoints, which a window group's cache would have to match as well.
         self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
@@ -252,17 +162,24 @@ class ModelAdapter:
         """Whether some layers keep recurrent state (Gated DeltaNet, Mamba, short convolutions)."""
         return bool(self.state_shapes)
 
-    def _recurrent_caches(self) -> list[tuple[int, ...]]:
+    def _recurrent_caches(self) -> tuple[list[tuple[int, ...]], list[bool]]:
         """What the model's forward is handed as its cache list, one tuple per entry with one
         number per part (a ``CacheList`` has several; Falcon-H1's: the SSM's, then attention's):
         0 for attention (K/V), the number of state arrays for a recurrent layer's (a hybrid
-        model's list is mlx-lm's ``make_cache()``); refuses any other kind with the reason."""
-        attention_only: list[tuple[int, ...]] = [(0,)] * len(self.layers)
-        if not hasattr(self.model, "make_cache"):
-            return attention_only
-        entries = []
-        for cache in self.model.make_cache():
-            parts = cache.caches if type(cache) in _kinds("CacheList") else (cache,)
+        model's list is mlx-lm's ``make_cache()``), and whether each entry is a ``CacheList``
+        (the layer indexes it, even with one part: MiniMax M3's); refuses any other kind with
+        the reason."""
+        # the text model's caches, or its wrapper's where only the wrapper makes them (MiniMax M3)
+        maker = next((m for m in (self.model, self.wrapper) if hasattr(m, "make_cache")), None)
+        made = [] if maker is None else maker.make_cache()
+        # attention only: a cache for each layer (Gemma 4's KV-shared layers get one too,
+        # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
+        # makes more (IQuest-Loop-Coder's second loop has its own)
+        attention_only: list[tuple[int, ...]] = [(0,)] * max(len(self.layers), len(made))
+        entries, lists = [], []
+        for cache in made:
+            listed = type(cache) in _kinds("CacheList")
+            parts = cache.caches if listed else (cache,)
             sizes = []
             for part in parts:
                 if type(part) in _kinds("KVCache", "RotatingKVCache"):
@@ -275,10 +192,22 @@ class ModelAdapter:
                         "macbatch pages attention K/V and keeps recurrent (ArraysCache) state "
                         "per request"
                     )
+            if sizes.count(0) > 1:
+                raise UnsupportedModelError(
+                    f"model type '{self.model_type}' keeps {sizes.count(0)} K/V caches in one "
+                    "layer (an indexer's keys, or two attentions); macbatch pages one per layer"
+                )
+            if len(sizes) > 1 and 0 in sizes and not self.family.side_by_side_mixer:
+                raise UnsupportedModelError(
+                    f"model type '{self.model_type}' keeps recurrent state inside its attention "
+                    "layers (an ArraysCache beside the K/V in one CacheList) with no mixer the "
+                    "engine runs apart; macbatch's packed rows do not carry that state"
+                )
             entries.append(tuple(sizes))
-        if not any(any(e) for e in entries):  # attention only: one cache per layer
-            return attention_only
-        return entries
+            lists.append(listed)
+        if not any(any(e) for e in entries) and not any(lists):
+            return attention_only, [False] * len(attention_only)
+        return entries, lists
 
     def _recurrent_modules(self) -> list[nn.Module]:
         """The modules handed a recurrent state cache: every decoder layer of a hybrid model, or
@@ -290,52 +219,51 @@ class ModelAdapter:
         layers = self.layers
         return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
-    def _probe(
-        self,
-    ) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape], list[int | None]]:
-        """Page shapes (one per layer that computes its own K/V), the store layer each attention
-        layer reads, the K/V dtype, each recurrent layer's state shapes, and each store layer's
-        sliding window (None: some layer reading it sees the whole sequence). A layer handed the
-        very K/V array an earlier layer was handed reuses that layer's K/V, so it reads that
-        layer's pages."""
+    def _probe(self) -> tuple[Layout, list[StateShape]]:
+        """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from
+        one forward that is never evaluated; marks the attention caches the forward never
+        touches (``kv_used``: a cache list longer than the layers that use it)."""
         from mlx_lm.models.cache import ArraysCache
 
-        caches: list[_ProbeCache | ArraysCache] = [
-            ArraysCache(size) if size else _ProbeCache() for e in self.recurrent for size in e
-        ]
-        # shapes only: the graph is never evaluated
-        self.inner(mx.array([[0]]), cache=_nested(self.recurrent, caches))
-        attention = [c for c in caches if isinstance(c, _ProbeCache)]
-        if not attention:
-            raise UnsupportedModelError(
-                f"model type '{self.model_type}' is recurrent only (no attention layer); "
-                "macbatch runs attention models and hybrids of attention and recurrent layers"
-            )
-        if not all(c.shape is not None and c.attended == 1 for c in attention):
-            raise UnsupportedModelError(
-                f"model type '{self.model_type}' does not route every layer's attention through "
-                "mlx-lm's scaled_dot_product_attention; macbatch cannot page its KV cache"
-            )
+        with probing(self.model_type) as peers:
+            caches: list[ProbeCache | ArraysCache] = [
+                ArraysCache(size) if size else ProbeCache(peers)
+                for e in self.recurrent
+                for size in e
+            ]
+            self.run_inner(mx.array([[0]]), cache=self._nested(caches))
+        attention = [c for c in caches if isinstance(c, ProbeCache)]
+        self.kv_used = [c.shape is not None or bool(c.reads) for c in attention]
+        attention = [c for c, used in zip(attention, self.kv_used) if used]
         states = [_state_shape(c) for c in caches if isinstance(c, ArraysCache)]
-        shapes: list[LayerShape] = []
-        kv_layers: list[int] = []
-        owners: list[tuple[mx.array, int]] = []  # (K/V array, store layer) of computing layers
-        windows: list[int | None] = []
-        for cache in attention:
-            assert cache.shape is not None and cache.keys is not None  # every layer attended
-            store_layer = next((i for keys, i in owners if keys is cache.keys), None)
-            if store_layer is None:
-                store_layer = len(shapes)
-                shapes.append(cache.shape)
-                owners.append((cache.keys, store_layer))
-                windows.append(cache.window)
-            seen = windows[store_layer]
-            windows[store_layer] = (
-                None if seen is None or cache.window is None else max(seen, cache.window)
-            )
-            kv_layers.append(store_layer)
-        assert attention[0].dtype is not None
-        return shapes, kv_layers, attention[0].dtype, states, windows
+        if not attention:  # recurrent only (Mamba, RWKV-7): the full group holds no pages
+            if not states:
+                raise UnsupportedModelError(
+                    f"model type '{self.model_type}' showed neither an attention layer nor "
+                    "recurrent state in a one-token forward; macbatch cannot cache it"
+                )
+            return Layout([], [], states[0].dtypes[0], [], []), states
+        return layout_of(attention, self.model_type), states
+
+    def run_inner(self, inputs: mx.array, **kwargs: Any) -> mx.array:
+        """The inner transformer on ``inputs``, handed a mask where it asks for one by name
+        without a default (Phixtral's, whose model makes it from the first cache: for the
+        engine's caches that is the whole causal sequence, the kernels' own rule)."""
+        if self._needs_mask is None:
+            parameter = inspect.signature(self.inner).parameters.get("mask")
+            self._needs_mask = parameter is not None and parameter.default is parameter.empty
+        if self._needs_mask:
+            kwargs.setdefault("mask", None)
+        return self.inner(inputs, **kwargs)
+
+    _needs_mask: bool | None = None
+
+    def _nested(self, caches: list[Any]) -> list[Any]:
+        """The flat per-part ``caches`` regrouped as the model's cache list: a ``CacheList``
+        entry as a list the layer indexes."""
+        parts = iter(caches)
+        grouped = [[next(parts) for _ in entry] for entry in self.recurrent]
+        return [g if listed else g[0] for g, listed in zip(grouped, self.cache_lists)]
 
     @property
     def group_shapes(self) -> tuple[list[LayerShape], list[LayerShape]]:
@@ -351,20 +279,26 @@ class ModelAdapter:
         """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
         into ``stores`` (and a hybrid model's recurrent state into ``states``): every layer and
         every collective of a step, without the LM head."""
-        attention = iter(zip(self.kv_layers, self.kv_writes))
+        attention = iter(zip(self.kv_layers, self.kv_writes, self.head_orders))
+        used = iter(self.kv_used)
         state_layers = iter(range(len(self.state_shapes)))
-        caches: list[PagedLayerCache | PagedStateCache] = []
+        positions = batch.positions if batch.rope_positions is None else batch.rope_positions
+        peers: list[PagedLayerCache] = []
+        caches: list[PagedLayerCache | PagedStateCache | None] = []
         for size in (size for entry in self.recurrent for size in entry):
             if size:
                 assert states is not None and batch.state_rows is not None
-                caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
+                layer = next(state_layers)
+                caches.append(PagedStateCache(states, layer, batch.state_rows, positions))
+            elif next(used):
+                kv, writes, order = next(attention)
+                caches.append(PagedLayerCache(stores, kv, batch, writes, peers, order))
             else:
-                kv, writes = next(attention)
-                caches.append(PagedLayerCache(stores, kv, batch, writes))
-        nested = _nested(self.recurrent, caches)
+                caches.append(None)  # an entry no layer touches
+        nested = self._nested(caches)
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
-            return self.inner(inputs, cache=nested)
+            return self.run_inner(inputs, cache=nested)
         return self._with_images(inputs, nested, batch.image_rows, batch.image_embeddings)
 
     def _with_images(
@@ -443,14 +377,6 @@ def _kinds(*names: str) -> tuple[type, ...]:
 
     homes = (cache, sys.modules.get("mlx_vlm.models.cache"))
     return tuple(getattr(home, name) for home in homes if home is not None for name in names)
-
-
-def _nested(entries: list[tuple[int, ...]], caches: list[Any]) -> list[Any]:
-    """The flat per-part ``caches`` regrouped as the model's cache list: an entry of several
-    parts (mlx-lm's ``CacheList``) as a list the layer indexes."""
-    parts = iter(caches)
-    grouped = [[next(parts) for _ in entry] for entry in entries]
-    return [group[0] if len(group) == 1 else group for group in grouped]
 
 
 def _state_shape(cache: Any) -> StateShape:

@@ -11,6 +11,7 @@ branches on the capability, never on the name: no other module of the engine nam
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -201,13 +202,24 @@ FAMILIES: dict[str, Family] = {
     "glm_moe_dsa": Family(refusal=_SPARSE_MLA),
     "longcat_flash": Family(refusal=_TWO_MLA),
     "longcat_flash_ngram": Family(refusal=_TWO_MLA),
-    "bailing_hybrid": Family(
-        refusal="its linear-attention (GLA) layers read their state as cache[0], which the "
-        "engine's paged recurrent state does not offer yet"
-    ),
     "kimi_k3": Family(
         refusal="its decoder layers pass attention-residual blocks from layer to layer (a "
         "tuple beside the hidden states), which the engine's recurrent step does not carry"
+    ),
+    "afm7": Family(
+        refusal="its KV-reuse layers attend over the last layer's K/V outside any cache "
+        "(scaled_dot_product_attention with no cache) and take their RoPE position from the "
+        "number of keys, which the packed step's one-token rows do not carry"
+    ),
+    "llama4": Family(
+        refusal="chunked attention (attention_chunk_size, mlx-lm's ChunkedKVCache): three "
+        "layers in four attend only within fixed chunks of positions, a mask the paged "
+        "kernels do not have; Llama 4 text checkpoints without it (llama4_text) are served"
+    ),
+    "baichuan_m1": Family(
+        refusal="its attention convolves each key and value with the previous token's (an "
+        "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "
+        "the packed step's rows do not carry"
     ),
     "deepseek_v41": Family(refusal=_FAST_ATTENTION),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
@@ -277,9 +289,34 @@ def family(model_type: str) -> Family:
     return FAMILIES.get(model_type, _PLAIN)
 
 
-def unsupported_reason(model_type: str) -> str | None:
-    """Why an architecture is refused before even loading it, or None if it may be served."""
-    return family(model_type).refusal
+def checkpoint_type(model_type: str, architectures: Sequence[str] | str | None = None) -> str:
+    """The table's key for a checkpoint's config: its ``model_type``, or the mlx-lm module its
+    architecture selects where mlx-lm decides on both (``MODEL_ARCHITECTURE_REMAPPING``: Ling
+    2.5's checkpoints say ``bailing_hybrid`` with ``BailingMoeV3ForCausalLM``, which mlx-lm runs
+    as ``bailing_moe_v3``)."""
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING
+
+    names = (architectures,) if isinstance(architectures, str) else architectures or ()
+    for name in names:
+        remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, name))
+        if remapped is not None:
+            return str(remapped)
+    return model_type
+
+
+def remapped_types(model_type: str) -> set[str]:
+    """The mlx-lm modules some architecture of ``model_type`` is run by instead of its own."""
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING
+
+    return {str(m) for (t, _), m in MODEL_ARCHITECTURE_REMAPPING.items() if t == model_type}
+
+
+def unsupported_reason(
+    model_type: str, architectures: Sequence[str] | str | None = None
+) -> str | None:
+    """Why an architecture is refused before even loading it, or None if it may be served
+    (``architectures``: the config's, for ``checkpoint_type``)."""
+    return family(checkpoint_type(model_type, architectures)).refusal
 
 
 def vision_families() -> tuple[str, ...]:

@@ -44,10 +44,12 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
     recurrent = len(adapter.state_shapes)
     both = sum(len(entry) > 1 for entry in adapter.recurrent)  # attention and state side by side
     latent = sum(shape.value_dim is not None for shape in adapter.layer_shapes)
-    pages = "latent pages (MLA: one row per token)" if latent == paged else "KV pages"
+    pages = "latent pages (MLA: one row per token)" if paged and latent == paged else "KV pages"
     kinds = f"{paged} with {pages}{shared}"
     if recurrent:
-        kinds += f", {recurrent} recurrent"
+        kinds = (
+            f"{kinds}, {recurrent} recurrent" if paged else f"{recurrent} recurrent, no KV pages"
+        )
     if both:
         kinds += f"; {both} run both side by side"
     rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))

@@ -163,10 +163,16 @@ class PagedStateCache(SequenceRunner):
     """What a recurrent layer is handed during a packed forward in place of an ``ArraysCache``:
     the store layer whose slots hold its state, and the step's rows."""
 
-    def __init__(self, store: StateStore, layer: int, rows: StateRows) -> None:
+    def __init__(
+        self, store: StateStore, layer: int, rows: StateRows, positions: mx.array | None = None
+    ) -> None:
         self.store = store
         self.layer = layer
         self.rows = rows
+        # the step's per-row positions (the attention caches' ``offset``): a layer handed them
+        # (Bailing's GLA layers rotate by the attention layer's offset) gets each of its
+        # sequences' first position instead
+        self.positions = positions
 
     def make_mask(self, n: int, *args: Any, **kwargs: Any) -> None:
         """No padding anywhere: every sequence a recurrent layer sees is whole."""
@@ -207,8 +213,8 @@ class PagedStateCache(SequenceRunner):
             if cuts:
                 checkpoints.append(cuts)
         self._write_back(finals + checkpoints)
-        out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
-        return out if rows.restore is None else out[rows.restore]
+        out = outs[0] if len(outs) == 1 else _joined(outs, axis=0)
+        return out if rows.restore is None else _each(out, lambda a: a[rows.restore])
 
     def _groups(self, n: int) -> list[tuple[int, int]]:
         """``n`` sequences cut into groups whose state arrays stay under ``GROUP_BYTES``."""
@@ -238,11 +244,14 @@ class PagedStateCache(SequenceRunner):
         """One-token chunks ``start`` to ``stop - 1`` as a batch of length-1 sequences, each
         from its read slot (zeroed where the chunk starts its request)."""
         rows, cache = self.rows, self._read(self.rows.single_reads, start, stop)
-        if rows.singles is not None:
-            part = x[rows.singles[start:stop]]
-        else:
-            part = x if stop - start == x.shape[0] else x[start:stop]
-        out = call(part, *args, **dict(kwargs, cache=cache))
+
+        def take(a: mx.array) -> mx.array:
+            if rows.singles is not None:
+                return a[rows.singles[start:stop]]
+            return a if stop - start == a.shape[0] else a[start:stop]
+
+        rest, named = self._per_call(args, kwargs, x.shape[0], lambda a: take(a)[:, None], 0, 1)
+        out = call(take(x), *rest, **dict(named, cache=cache))
         return out, list(cache.cache)
 
     def _batch(
@@ -267,11 +276,20 @@ class PagedStateCache(SequenceRunner):
         inputs = batch.inputs(x, start, stop)
         rows = (stop - start) * batch.length
         arrays = len(self.store.states[self.layer])
+
+        def take(a: mx.array) -> mx.array:
+            part = batch.inputs(a.reshape(a.shape[0], 1, -1), start, stop)
+            return part.reshape(*part.shape[:2], *a.shape[1:])
+
+        def part(inputs: mx.array, lo: int, hi: int) -> Any:
+            rest, named = self._per_call(args, kwargs, x.shape[0], take, lo, hi)
+            return call(inputs, *rest, **dict(named, cache=cache))
+
         if batch.checkpointed and batch.cut < batch.length and _cuts_in_one_call(call, arrays):
             with gated_delta.prefill(), state_cut.cut_at(batch.cut) as cut:
-                out = call(inputs, *args, **dict(kwargs, cache=cache))
+                out = part(inputs, 0, batch.length)
             final = list(cache.cache)
-            return out.reshape(rows, 1, -1), final, cut.after_cut(final)
+            return _rows(out, rows), final, cut.after_cut(final)
         outs, checkpoint = [], None
         for lo, hi in ((0, batch.cut), (batch.cut, batch.length)):
             if hi > lo:
@@ -279,11 +297,35 @@ class PagedStateCache(SequenceRunner):
                 # long enough (mlx-lm's own steps below that)
                 mode = gated_delta.decode() if hi - lo == 1 else gated_delta.prefill()
                 with mode:
-                    outs.append(call(inputs[:, lo:hi], *args, **dict(kwargs, cache=cache)))
+                    outs.append(part(inputs[:, lo:hi], lo, hi))
             if batch.checkpointed and hi == batch.cut:
                 checkpoint = list(cache.cache)
-        out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
-        return out.reshape(rows, 1, -1), list(cache.cache), checkpoint
+        out = outs[0] if len(outs) == 1 else _joined(outs, axis=1)
+        return _rows(out, rows), list(cache.cache), checkpoint
+
+    def _per_call(
+        self,
+        args: tuple,
+        kwargs: dict,
+        n: int,
+        take: Callable[[mx.array], mx.array],
+        lo: int,
+        hi: int,
+    ) -> tuple[tuple, dict]:
+        """``args`` and ``kwargs`` for one call over tokens ``lo`` to ``hi - 1`` of some
+        sequences, whose rows ``take`` gathers from ``[n, ...]`` as ``[sequences, tokens,
+        ...]``: the step's positions become each sequence's first position there, any other
+        array of the step's ``n`` rows as ``x`` has them (``[n, 1, ...]``: a residual passed
+        from layer to layer, RWKV-7's first values) those rows."""
+
+        def one(value: Any) -> Any:
+            if self.positions is not None and value is self.positions:
+                return take(value)[:, lo]
+            if isinstance(value, mx.array) and value.ndim > 1 and value.shape[:2] == (n, 1):
+                return take(value[:, 0])[:, lo:hi]
+            return value
+
+        return tuple(one(a) for a in args), {name: one(v) for name, v in kwargs.items()}
 
     def _write_back(self, pieces: list[Piece]) -> None:
         """Every new state to its slot, per stretch of consecutive slots within a group: the
@@ -386,6 +428,29 @@ def _cuts_in_one_call(call: LayerCall, arrays: int) -> bool:
 
 # by layer class and state arrays (its recurrent instances are alike)
 _ONE_CALL_CUTS: dict[tuple[type, int], bool] = {}
+
+
+def _each(out: Any, f: Callable[[mx.array], mx.array]) -> Any:
+    """``f`` of a layer's output, or of each array of a layer's tuple of outputs (RWKV-7's
+    hidden states and first values)."""
+    if isinstance(out, tuple):
+        return tuple(None if a is None else f(a) for a in out)
+    return f(out)
+
+
+def _rows(out: Any, rows: int) -> Any:
+    """A call's ``[sequences, tokens, ...]`` output as the step's ``rows`` rows."""
+    return _each(out, lambda a: a.reshape(rows, 1, *a.shape[2:]))
+
+
+def _joined(outs: list[Any], axis: int) -> Any:
+    """Outputs of several calls joined along ``axis``, a tuple's each part apart."""
+    if isinstance(outs[0], tuple):
+        return tuple(
+            None if parts[0] is None else mx.concatenate(list(parts), axis=axis)
+            for parts in zip(*outs)
+        )
+    return mx.concatenate(outs, axis=axis)
 
 
 def _new_cache(size: int) -> Any:

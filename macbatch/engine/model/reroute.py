@@ -17,12 +17,11 @@ from types import ModuleType
 from typing import Any
 
 
-def reroute(
-    home: ModuleType, name: str, replacement: Callable[[Callable[..., Any]], Callable[..., Any]]
-) -> list[str]:
-    """Replace ``home.name`` by ``replacement(original)`` in every loaded module of ``home``'s
-    package (``mlx_lm.models``, or mlx-vlm's) that imported it; returns those modules' names."""
-    original: Callable[..., Any] = getattr(home, name)
+def reroute(home: ModuleType, name: str, replacement: Callable[[Any], Any]) -> list[str]:
+    """Replace ``home.name`` (a function, or a module such as numpy) by
+    ``replacement(original)`` in every loaded module of ``home``'s package (``mlx_lm.models``,
+    or mlx-vlm's) that imported it; returns those modules' names."""
+    original: Any = getattr(home, name)
     package = home.__name__.rsplit(".", 1)[0] + "."
     patched = []
     for module_name, module in list(sys.modules.items()):

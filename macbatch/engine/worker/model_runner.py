@@ -310,14 +310,20 @@ class ModelRunner:
 
 
 def model_vocab_size(model: nn.Module) -> int:
+    """``args.vocab_size``, else the rows of the model's token embedding (Phixtral's
+    ``transformer.embd.wte``, Gemma 3n's ``embed_tokens`` inside its wrapper)."""
     args = getattr(model, "args", None)
     size = getattr(args, "vocab_size", None)
     if size:
         return int(size)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if embed is not None:
-        return int(embed.weight.shape[0])
+    for name, module in model.named_modules():
+        named = name.rsplit(".", 1)[-1] in _EMBEDDING_NAMES
+        if named and isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+            return int(getattr(module, "num_embeddings", 0) or module.weight.shape[0])
     raise ValueError("cannot tell the model's vocabulary size (no args.vocab_size)")
+
+
+_EMBEDDING_NAMES = ("embed_tokens", "wte", "word_embeddings", "embeddings", "embedding")
 
 
 def cache_specs(
@@ -327,7 +333,8 @@ def cache_specs(
     MLA model's latent rows: ``LatentSpec``), the sliding-window layers' (None: no window
     group), the recurrent layers' states (None: not a hybrid model)."""
     full_shapes, window_shapes = adapter.group_shapes
-    latent = all(s.value_dim is not None for s in full_shapes)
+    # (a recurrent-only model's full group holds no pages: its blocks only count positions)
+    latent = bool(full_shapes) and all(s.value_dim is not None for s in full_shapes)
     full = (LatentSpec if latent else FullAttentionSpec)(
         fmt.bytes_per_block(full_shapes, block_size)
     )
@@ -387,7 +394,7 @@ def blocks_for_memory(
     weights = sum(array.nbytes for array in parameter_arrays(model))
     budget = max(0, int(total * config.memory_fraction) - weights - reserved)
     most_useful = config.max_num_seqs * ceil_div(context_length, config.block_size)
-    blocks = min(budget // per_block, most_useful)
+    blocks = min(budget // per_block, most_useful) if per_block else most_useful
     if blocks < 1:
         raise ValueError(
             f"no memory left for the KV cache: weights take {weights / 2**30:.1f} GiB of "

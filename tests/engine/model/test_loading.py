@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedModelError
@@ -46,30 +44,6 @@ def test_broken_weights_name_the_model(tmp_path):
     (path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="could not load model"):
         Engine.load(str(path))
-
-
-def test_recurrent_architecture_is_refused(tiny_tokenizer):
-    from mlx_lm.utils import _get_classes
-
-    config = json.loads(
-        json.dumps(
-            {
-                "model_type": "mamba",
-                "vocab_size": 384,
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "state_size": 4,
-                "num_hidden_layers": 1,
-                "conv_kernel": 2,
-                "use_bias": False,
-                "use_conv_bias": True,
-                "time_step_rank": 4,
-            }
-        )
-    )
-    model_class, args_class = _get_classes(config)
-    with pytest.raises(UnsupportedModelError, match="recurrent only"):
-        Engine(model_class(args_class.from_dict(config)), tiny_tokenizer)
 
 
 def test_sparse_mla_architecture_is_refused(tiny_tokenizer):

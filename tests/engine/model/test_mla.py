@@ -7,7 +7,6 @@ speculative decoding and structured output; the pool holds one latent row per to
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import jsonschema
@@ -17,9 +16,9 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams, StructuredOutput
 from macbatch.engine.kv.latent import LatentGroup
-from macbatch.engine.model.adapter import UnsupportedModelError
 from macbatch.engine.model.families import unsupported_reason
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.refusals import assert_refused_at_load
 from tests.support.staggered import (
     GREEDY,
     STAGGERED,
@@ -188,10 +187,4 @@ def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():
 @pytest.mark.parametrize("arch", list(REFUSED_MLA_CONFIGS))
 def test_a_refused_mla_family_is_refused_at_load_with_its_reason(arch, tiny_tokenizer):
     """Refused before its forward runs (it would fail inside mlx-lm's code, unexplained)."""
-    reason = unsupported_reason(arch)
-    assert reason
-    with pytest.raises(
-        UnsupportedModelError,
-        match=re.escape(f"'{arch}' is not supported by macbatch's paged engine: {reason}"),
-    ):
-        Engine(build_model(arch), tiny_tokenizer, EngineConfig(num_blocks=16))
+    assert_refused_at_load(arch, tiny_tokenizer)

@@ -20,6 +20,7 @@ from macbatch.engine.model.hooks import (
     gated_delta,
     latent_attention,
     recurrent_layers,
+    row_positions,
     ssm_cut,
 )
 
@@ -55,6 +56,12 @@ HOOKS: tuple[Hook, ...] = (
         "cache their latent and attend through a score mask or per-head keys; the packed step "
         "writes one latent row per token and attends over the latent pages, absorbed",
         lambda target: latent_attention.install(target.layers),
+    ),
+    Hook(
+        "row_positions",
+        "GPT-BigCode counts its position ids with numpy from the cache's offset, a number to "
+        "mlx-lm but every row's own position in the packed step",
+        lambda _: row_positions.install(),
     ),
     Hook(
         "recurrent_layers",

@@ -11,7 +11,9 @@ it through the cache's ``make_mask``, which returns an ``AttentionWindow``.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,15 +66,39 @@ class EngineAttention:
 
 
 def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
-    """``original`` (mlx-lm's function, or mlx-vlm's) for every cache but the engine's."""
+    """``original`` (mlx-lm's function, or mlx-vlm's) for every cache but the engine's; a call
+    with another cache is noted for the probes watching this thread (``unpaged_calls``)."""
 
     def dispatch(queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, EngineAttention):
             window = mask.size if isinstance(mask, AttentionWindow) else None
             return cache.attend(queries, keys, values, scale, window, sinks)
+        watches = getattr(_WATCHES, "open", None)
+        if watches:
+            watches[-1].append(type(cache).__name__)
         return original(queries, keys, values, cache, scale, mask, sinks)
 
     return dispatch
+
+
+# per thread, the lists of the probes running on it (the adapter's, loading a model): mlx-lm's
+# own generation on another thread meanwhile is none of theirs
+_WATCHES = threading.local()
+
+
+@contextmanager
+def unpaged_calls() -> Iterator[list[str]]:
+    """The cache types of the attention calls made, while it is open, with a cache not the
+    engine's: a layer attending over K/V its cache does not hold, which the probe refuses."""
+    calls: list[str] = []
+    watches = getattr(_WATCHES, "open", None)
+    if watches is None:
+        watches = _WATCHES.open = []
+    watches.append(calls)
+    try:
+        yield calls
+    finally:
+        watches.remove(calls)
 
 
 def install() -> None:

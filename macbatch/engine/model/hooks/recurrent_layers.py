@@ -44,10 +44,28 @@ def install(layers: Sequence[Any]) -> None:
 
 
 def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
-    cache = kwargs.get("cache")
     original = super(type(self), self).__call__
+    cache = kwargs.get("cache")
     if isinstance(cache, SequenceRunner):
         if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)
-            args = (kwargs.pop(next(iter(inspect.signature(original).parameters))),)
+            args = (kwargs.pop(next(iter(_signature(original).parameters))),)
         return cache.run(original, args[0], args[1:], kwargs)
+    if any(isinstance(a, SequenceRunner) for a in args):
+        # the cache handed by position (Bailing's and RWKV-7's decoder layers): every argument
+        # by the name the layer gives it, so the runner can hand each call its own cache
+        named = dict(_signature(original).bind(*args, **kwargs).arguments)
+        x = named.pop(next(iter(named)))
+        runner = named.pop("cache")
+        return runner.run(original, x, (), named)
     return original(*args, **kwargs)
+
+
+def _signature(call: Callable[..., Any]) -> inspect.Signature:
+    """The parameters of a layer class's own ``__call__`` (read once per class)."""
+    function = getattr(call, "__func__", call)
+    if function not in _SIGNATURES:
+        _SIGNATURES[function] = inspect.signature(call)
+    return _SIGNATURES[function]
+
+
+_SIGNATURES: dict[Any, inspect.Signature] = {}

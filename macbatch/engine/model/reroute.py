@@ -17,12 +17,14 @@ from types import ModuleType
 from typing import Any
 
 
-def reroute(home: ModuleType, name: str, replacement: Callable[[Any], Any]) -> list[str]:
+def reroute(
+    home: ModuleType, name: str, replacement: Callable[[Any], Any], package: str | None = None
+) -> list[str]:
     """Replace ``home.name`` (a function, or a module such as numpy) by
-    ``replacement(original)`` in every loaded module of ``home``'s package (``mlx_lm.models``,
-    or mlx-vlm's) that imported it; returns those modules' names."""
+    ``replacement(original)`` in every loaded module of ``package`` (by default ``home``'s:
+    ``mlx_lm.models``, or mlx-vlm's) that imported it; returns those modules' names."""
     original: Any = getattr(home, name)
-    package = home.__name__.rsplit(".", 1)[0] + "."
+    package = (package or home.__name__.rsplit(".", 1)[0]) + "."
     patched = []
     for module_name, module in list(sys.modules.items()):
         ours = module_name.startswith(package) and module is not home

@@ -40,4 +40,4 @@ def install() -> None:
     """Hand every loaded mlx-lm model module that imported numpy as ``np`` the stand-in."""
     home = sys.modules[__name__]
     assert isinstance(home, ModuleType)
-    reroute(home, "np", lambda _: _STAND_IN)
+    reroute(home, "np", lambda _: _STAND_IN, package="mlx_lm.models")

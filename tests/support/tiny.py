@@ -204,6 +204,31 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
     # head, in groups of 2 here
     "bailing_moe_v3": dict(_BAILING, model_type="bailing_moe_v3", short_conv_kernel_size=4),
 }
+# DeepSeek Sparse Attention: MLA with a lightning indexer, its fields and weight names as
+# DeepSeek-V3.2's and GLM-5's config.json have them (``index_head_dim``, ``index_n_heads``,
+# ``index_topk``; GLM's rope under ``rope_parameters``, its indexer rope interleaved), cut to a
+# top-12 selection of 32-wide keys (16 of them roped) over 8 heads, so prompts past 12 tokens
+# drop positions.
+_DSA = dict(
+    _MLA_MOE,
+    qk_rope_head_dim=16,
+    index_head_dim=32,
+    index_n_heads=8,
+    index_topk=12,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    moe_layer_freq=1,
+    attention_bias=False,
+)
+SPARSE_MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "deepseek_v32": dict(_DSA, model_type="deepseek_v32", rope_scaling=_YARN),
+    "glm_moe_dsa": dict(
+        _DSA,
+        model_type="glm_moe_dsa",
+        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
+        indexer_rope_interleave=True,
+    ),
+}
 # MLA families mlx-lm has that the engine refuses at load (families.py says why)
 REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
     "bailing_hybrid": dict(_BAILING, model_type="bailing_hybrid", group_norm_size=1),
@@ -423,7 +448,7 @@ def save_two_models(root: Path) -> dict[str, Path]:
 
 
 def _config(arch: str) -> dict[str, Any]:
-    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS):
+    for configs in (ARCH_CONFIGS, MLA_CONFIGS, SPARSE_MLA_CONFIGS, REFUSED_MLA_CONFIGS):
         if arch in configs:
             return configs[arch]
     return HYBRID_CONFIGS[arch]

@@ -19,7 +19,7 @@ the pool holds one set of pages per layer mlx-lm keeps a cache for.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -32,6 +32,7 @@ from macbatch.engine.model.families import family, unsupported_reason
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.recurrent import PagedStateCache
+from macbatch.engine.model.sparse_indexer import SelectionPlan, indexer_rows, select
 from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore
 
@@ -49,9 +50,18 @@ class UnsupportedModelError(ValueError):
 
 class PagedLayerCache(EngineAttention):
     """The per-layer cache object a model sees during a packed forward: its cache group's pages,
-    write rows and block tables (a sliding-window layer's group holds only the window)."""
+    write rows and block tables (a sliding-window layer's group holds only the window); a sparse
+    MLA layer's also its indexer keys' store layer and the step's ``SelectionPlan``."""
 
-    def __init__(self, stores: KVStores, layer: int, batch: PackedBatch, writes: bool) -> None:
+    def __init__(
+        self,
+        stores: KVStores,
+        layer: int,
+        batch: PackedBatch,
+        writes: bool,
+        index_layer: int | None = None,
+        plan: SelectionPlan | None = None,
+    ) -> None:
         windowed, self.layer = stores.slots[layer]  # the group's layer whose pages it reads
         store = stores.window if windowed else stores.full
         assert store is not None
@@ -61,6 +71,8 @@ class PagedLayerCache(EngineAttention):
         self.windowed = windowed
         self.writes = writes  # False for a layer that reuses an earlier layer's K/V
         self.offset = batch.positions if batch.rope_positions is None else batch.rope_positions
+        self.index_layer = index_layer
+        self.plan = plan
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:
@@ -90,18 +102,31 @@ class PagedLayerCache(EngineAttention):
         return out[:, :, None, :]
 
     def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+        self,
+        queries: mx.array,
+        row: mx.array,
+        scale: float,
+        value_dim: int,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """An MLA layer's attention over its latent pages, this step's rows written first."""
         if self.writes:
             assert self.rows is not None
             self.store.write(self.layer, self.rows[1], row, None)
         k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim)
+        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim, selected=selected)
         out = macbatch.metal.paged_attention(
             queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
         )
         return out[:, :, None, :]
+
+    def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """The indexer's keys of this step's rows written to their pages, then each row's top-k
+        positions over its sequence's keys (None: the step attends densely)."""
+        assert self.index_layer is not None and self.plan is not None and self.rows is not None
+        rows = indexer_rows(indexer, x, qr, self.offset)
+        self.store.write(self.index_layer, self.rows[1], rows.keys, None)
+        return select(rows, self.store.pages(self.index_layer)[0], self.plan)
 
 
 class _ProbeCache(EngineAttention):
@@ -115,6 +140,7 @@ class _ProbeCache(EngineAttention):
         self.keys: mx.array | None = None  # the very object handed in: shared K/V is the same one
         self.attended = 0
         self.window: int | None = None  # the sliding window its attention was handed
+        self.indexer: Any = None  # a sparse MLA layer's lightning indexer
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
@@ -139,7 +165,12 @@ class _ProbeCache(EngineAttention):
         )
 
     def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+        self,
+        queries: mx.array,
+        row: mx.array,
+        scale: float,
+        value_dim: int,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """Records a latent layer's one-row pages; a lone token attends to itself alone, so
         every head's output is its row's values."""
@@ -148,6 +179,24 @@ class _ProbeCache(EngineAttention):
         self.attended += 1
         n, heads = queries.shape[:2]
         return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
+
+    def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """Records the layer's indexer (its keys get pages of their own); a lone token's one
+        position needs no selection."""
+        self.indexer = indexer
+        return None
+
+
+class _Probed(NamedTuple):
+    """What the probe learns of the model's caches (``ModelAdapter._probe``)."""
+
+    shapes: list[LayerShape]
+    kv_layers: list[int]
+    dtype: mx.Dtype
+    states: list[StateShape]
+    windows: list[int | None]
+    index_layers: list[int | None]
+    indexer: Any
 
 
 class _Delegate:
@@ -220,9 +269,12 @@ class ModelAdapter:
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
         hooks.install(self.layers, self._recurrent_modules())
-        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
-            self._probe()
-        )
+        probed = self._probe()
+        self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes = probed[:4]
+        store_windows = probed.windows
+        # a sparse MLA model's (DeepSeek V3.2, GLM-5): each attention layer's store layer of
+        # indexer keys (None: dense attention), and one of the indexers (their top-k and heads)
+        self.index_layers, self.indexer = probed.index_layers, probed.indexer
         # A hybrid model keeps every attention layer in the full group: its prefix cache resumes
         # at recurrent checkpoints, which a window group's cache would have to match as well.
         self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
@@ -291,14 +343,12 @@ class ModelAdapter:
         layers = self.layers
         return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
 
-    def _probe(
-        self,
-    ) -> tuple[list[LayerShape], list[int], mx.Dtype, list[StateShape], list[int | None]]:
-        """Page shapes (one per layer that computes its own K/V), the store layer each attention
-        layer reads, the K/V dtype, each recurrent layer's state shapes, and each store layer's
-        sliding window (None: some layer reading it sees the whole sequence). A layer handed the
-        very K/V array an earlier layer was handed reuses that layer's K/V, so it reads that
-        layer's pages."""
+    def _probe(self) -> _Probed:
+        """Page shapes (one per layer that computes its own K/V, then one per lightning
+        indexer's keys), the store layer each attention layer reads, the K/V dtype, each
+        recurrent layer's state shapes, and each store layer's sliding window (None: some layer
+        reading it sees the whole sequence). A layer handed the very K/V array an earlier layer
+        was handed reuses that layer's K/V, so it reads that layer's pages."""
         from mlx_lm.models.cache import ArraysCache
 
         caches: list[_ProbeCache | ArraysCache] = [
@@ -336,7 +386,23 @@ class ModelAdapter:
             )
             kv_layers.append(store_layer)
         assert attention[0].dtype is not None
-        return shapes, kv_layers, attention[0].dtype, states, windows
+        # after the attention layers' pages, a store layer of key rows (value_dim 0) for each
+        # layer with a lightning indexer, in the same blocks (kv/indexer_keys.py)
+        index_layers: list[int | None] = []
+        for cache in attention:
+            index_layers.append(None if cache.indexer is None else len(shapes))
+            if cache.indexer is not None:
+                shapes.append(LayerShape(1, int(cache.indexer.head_dim), value_dim=0))
+                windows.append(None)
+        indexer = next((c.indexer for c in attention if c.indexer is not None), None)
+        return _Probed(
+            shapes, kv_layers, attention[0].dtype, states, windows, index_layers, indexer
+        )
+
+    @property
+    def sparse(self) -> bool:
+        """Whether some layers select their rows with a lightning indexer (DeepSeek V3.2)."""
+        return self.indexer is not None
 
     @property
     def group_shapes(self) -> tuple[list[LayerShape], list[LayerShape]]:
@@ -352,16 +418,20 @@ class ModelAdapter:
         """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
         into ``stores`` (and a hybrid model's recurrent state into ``states``): every layer and
         every collective of a step, without the LM head."""
-        attention = iter(zip(self.kv_layers, self.kv_writes))
+        attention = iter(zip(self.kv_layers, self.kv_writes, self.index_layers))
         state_layers = iter(range(len(self.state_shapes)))
+        plan = None
+        if self.sparse:
+            top_k, heads = int(self.indexer.index_topk), int(self.indexer.n_heads)
+            plan = SelectionPlan(batch.attention, top_k, heads, stores.full.block_size)
         caches: list[PagedLayerCache | PagedStateCache] = []
         for size in (size for entry in self.recurrent for size in entry):
             if size:
                 assert states is not None and batch.state_rows is not None
                 caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
             else:
-                kv, writes = next(attention)
-                caches.append(PagedLayerCache(stores, kv, batch, writes))
+                kv, writes, index_layer = next(attention)
+                caches.append(PagedLayerCache(stores, kv, batch, writes, index_layer, plan))
         nested = _nested(self.recurrent, caches)
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:

@@ -80,3 +80,13 @@ def _gaps(indexer, x: mx.array, qr: mx.array) -> list[float]:
         scale = max(abs(seen).max(), 1e-30)
         gaps.append(float((seen[k - 1] - seen[k]) / scale))
     return gaps
+
+
+def assert_sparse_greedy(model: nn.Module, prompt: list[int], tokens: list[int]) -> None:
+    """``tokens`` are mlx-lm's greedy ones for ``prompt``, every selection on the way untied
+    (checked first, so a tie fails with its own message rather than as a token mismatch)."""
+    from tests.support.oracle import mlx_lm_greedy
+
+    if len(prompt) + len(tokens) - 1 > model.args.index_topk:
+        assert_selection_untied(model, prompt + tokens[:-1])
+    assert tokens == mlx_lm_greedy(model, prompt, len(tokens))

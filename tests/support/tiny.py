@@ -207,13 +207,13 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
 # DeepSeek Sparse Attention: MLA with a lightning indexer, its fields and weight names as
 # DeepSeek-V3.2's and GLM-5's config.json have them (``index_head_dim``, ``index_n_heads``,
 # ``index_topk``; GLM's rope under ``rope_parameters``, its indexer rope interleaved), cut to a
-# top-12 selection of 32-wide keys (16 of them roped) over 8 heads, so prompts past 12 tokens
-# drop positions.
+# top-12 selection of 64-wide keys (32 of them roped, in quantization groups of 32 as the latent
+# rows') over 16 heads (so two positions whose ReLUs are all zero, an exact tie, are rare):
+# prompts past 12 tokens drop positions.
 _DSA = dict(
     _MLA_MOE,
-    qk_rope_head_dim=16,
-    index_head_dim=32,
-    index_n_heads=8,
+    index_head_dim=64,
+    index_n_heads=16,
     index_topk=12,
     topk_method="noaux_tc",
     scoring_func="sigmoid",

@@ -29,7 +29,7 @@ from tests.support.staggered import (
     random_prompts,
 )
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
-from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, build_model
+from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, SPARSE_MLA_CONFIGS, build_model
 
 # the families whose mlx-lm code caches the latent itself (the others expand keys per head, so
 # no cache of theirs holds what latent pages hold)
@@ -173,15 +173,16 @@ def test_loaded_from_the_hugging_face_layout(arch, quantized, tmp_path: Path):
 
 def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():
     """Each mlx-lm model module with a compressed latent (``kv_lora_rank``) is served (a tiny
-    model of it runs every test above) or refused at load with a reason: a new one in a later
+    model of it runs every test above, or the sparse ones') or refused at load with a reason: a new one in a later
     mlx-lm fails here until it is decided."""
     import mlx_lm.models
 
     folder = Path(mlx_lm.models.__file__).parent
     mla = {path.stem for path in folder.glob("*.py") if "kv_lora_rank" in path.read_text()}
     refused = {name for name in mla if unsupported_reason(name)}
-    assert not refused & set(MLA_CONFIGS)
-    assert mla - refused - set(MLA_CONFIGS) == set()
+    served = set(MLA_CONFIGS) | set(SPARSE_MLA_CONFIGS)  # sparse: test_sparse_attention_models
+    assert not refused & served
+    assert mla - refused - served == set()
     assert set(REFUSED_MLA_CONFIGS) <= refused
 
 

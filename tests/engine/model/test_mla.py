@@ -173,8 +173,8 @@ def test_loaded_from_the_hugging_face_layout(arch, quantized, tmp_path: Path):
 
 def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():
     """Each mlx-lm model module with a compressed latent (``kv_lora_rank``) is served (a tiny
-    model of it runs every test above, or the sparse ones') or refused at load with a reason: a new one in a later
-    mlx-lm fails here until it is decided."""
+    model of it runs every test above, or test_sparse_attention_models.py's) or refused at load
+    with a reason: a new one in a later mlx-lm fails here until it is decided."""
     import mlx_lm.models
 
     folder = Path(mlx_lm.models.__file__).parent

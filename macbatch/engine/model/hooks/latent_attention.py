@@ -13,8 +13,8 @@ attention over those rows (``EngineAttention.attend_latent``: values are their l
 (``unembed_out``, or the value half of ``kv_b_proj``) maps it to the head's value. So decode and
 prefill read only the latent. A layer with a lightning indexer (DeepSeek V3.2, GLM-5) first has
 its cache select each row's top-k positions from the query latent (``EngineAttention.select``),
-and the attention reads those rows alone. With any other cache (mlx-lm's own generation in the same process)
-the module runs exactly as before.
+and the attention reads those rows alone. With any other cache (mlx-lm's own generation in the
+same process) the module runs exactly as before.
 """
 
 from __future__ import annotations
@@ -108,7 +108,10 @@ def absorbed_attention(
     queries = mx.concatenate([up.absorb_query(q_nope), q_pe], axis=-1)
     row = mx.concatenate([latent, k_pe], axis=-1)
     indexer = getattr(attn, "indexer", None)  # DeepSeek Sparse Attention's lightning indexer
-    selected = None if indexer is None else cache.select(indexer, x, qr)
+    selected = None
+    if indexer is not None:  # it reads the query latent (every DSA layer has one)
+        assert qr is not None
+        selected = cache.select(indexer, x, qr)
     out = cache.attend_latent(queries, row, _softmax_scale(attn), rank, selected)
     return _output(attn, up.values(out).transpose(0, 2, 1, 3), x)
 

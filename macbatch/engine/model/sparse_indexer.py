@@ -71,11 +71,19 @@ class SelectionPlan:
     """What every sparse layer of one step shares: the host-side row layout (made once per
     step, on first use) from the step's ``AttentionMetadata``."""
 
-    def __init__(self, meta: AttentionMetadata, top_k: int, heads: int, block_size: int) -> None:
+    def __init__(
+        self,
+        meta: AttentionMetadata,
+        top_k: int,
+        heads: int,
+        block_size: int,
+        tile_scores: int = _TILE_SCORES,
+    ) -> None:
         self.meta = meta
         self.top_k = top_k
         self.heads = heads
         self.block_size = block_size
+        self.tile_scores = tile_scores  # the most scores one tile holds
 
     @functools.cached_property
     def dense(self) -> bool:
@@ -94,7 +102,7 @@ class SelectionPlan:
         lens = self.meta.host_seq_lens.astype(np.int64)
         q_lens = cu[1:] - cu[:-1]
         keys = self.num_blocks * self.block_size
-        step = max(1, _TILE_SCORES // max(1, len(q_lens) * self.heads * keys))
+        step = max(1, self.tile_scores // max(1, len(q_lens) * self.heads * keys))
         tiles = []
         for first in range(0, int(q_lens.max(initial=0)), step):
             sequences = np.flatnonzero(q_lens > first)

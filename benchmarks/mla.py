@@ -263,13 +263,17 @@ def decode_run(model, tokenizer, count: int, args: argparse.Namespace) -> None:
         caches = mlx_lm_caches(rows)
         peer = mlx_lm_decode(model, prompts, caches, args.context - 1, args.warmup, args.decode)
         print(peer.line("mlx-lm"), flush=True)
-    if ours is None or peer is None:
-        return
+    if ours is not None and peer is not None:
+        print_ratios(ours, peer, count, args.context)
+
+
+def print_ratios(ours: Timed, peer: Timed, count: int, context: int) -> None:
+    """Decode tok/s of both sides and their ratio, by wall and by CPU time."""
     for kind in ("wall", "cpu"):
         mine, theirs = ours.tokens / getattr(ours, kind), peer.tokens / getattr(peer, kind)
         print(
-            f"decode, {count} request(s) at {args.context} tokens, {kind}: macbatch "
-            f"{mine:.1f} tok/s, mlx-lm BatchGenerator {theirs:.1f} tok/s: x{mine / theirs:.2f}",
+            f"decode, {count} request(s) at {context} tokens, {kind}: macbatch "
+            f"{mine:.2f} tok/s, mlx-lm BatchGenerator {theirs:.2f} tok/s: x{mine / theirs:.2f}",
             flush=True,
         )
 

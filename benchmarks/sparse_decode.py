@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 from benchmarks.common import bench_tokenizer, build_bench_model, warn_without_openblas
-from benchmarks.mla import Timed, fill_engine, macbatch_decode, mlx_lm_decode
+from benchmarks.mla import Timed, fill_engine, macbatch_decode, mlx_lm_decode, print_ratios
 from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig
 
@@ -153,15 +153,8 @@ def decode_run(model, tokenizer, context: int, count: int, args, first: bool) ->
         caches = mlx_lm_caches(rows)
         peer = mlx_lm_decode(model, prompts, caches, context - 1, args.warmup, args.decode)
         print(peer.line(f"mlx-lm, {count} x {context}"), flush=True)
-    if ours is None or peer is None:
-        return
-    for kind in ("wall", "cpu"):
-        mine, theirs = ours.tokens / getattr(ours, kind), peer.tokens / getattr(peer, kind)
-        print(
-            f"decode, {count} request(s) at {context} tokens, {kind}: macbatch {mine:.2f} "
-            f"tok/s, mlx-lm BatchGenerator {theirs:.2f} tok/s: x{mine / theirs:.2f}",
-            flush=True,
-        )
+    if ours is not None and peer is not None:
+        print_ratios(ours, peer, count, context)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from tests.support.staggered import (
     STAGGERED,
     assert_loading_matches_mlx_lm,
     assert_preemption_recomputes_identically,
+    assert_restart_reads_the_prefix_from_disk,
     assert_staggered_batch_matches_mlx_lm,
     random_prompts,
 )
@@ -106,18 +107,9 @@ def test_quantized_latent_pages_are_mlx_lms_cache_rounded(arch, bits, tiny_token
 def test_a_restart_reads_the_latent_rows_from_disk(bits, tiny_tokenizer, tmp_path):
     """The disk tier keeps an MLA model's prompt blocks (the latent pages are the full group's
     blocks): a fresh engine reads them back and its tokens stay mlx-lm's."""
-    model = build_model("deepseek_v3")
-    config = dict(num_blocks=64, block_size=8, disk_cache_dir=str(tmp_path), kv_bits=bits)
-    prompt = random_prompts([70], seed=1)[0]
-    first = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    first.generate([prompt], GREEDY)
-    first.close()
-    engine = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    [out] = engine.generate([prompt + [5, 6, 7]], GREEDY)
-    assert out.metrics.disk_cached_tokens == 64
-    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], GREEDY.max_tokens, bits, 32)
-    assert out.token_ids == expected
-    engine.close()
+    assert_restart_reads_the_prefix_from_disk(
+        build_model("deepseek_v3"), tiny_tokenizer, tmp_path, bits
+    )
 
 
 @pytest.mark.usefixtures("eager_speculation")

@@ -26,6 +26,7 @@ from tests.support.staggered import (
     STAGGERED,
     assert_loading_matches_mlx_lm,
     assert_preemption_recomputes_identically,
+    assert_restart_reads_the_prefix_from_disk,
     random_prompts,
     run_staggered,
 )
@@ -116,22 +117,8 @@ def test_a_restart_reads_the_indexer_keys_from_disk(bits, tiny_tokenizer, tmp_pa
     """The disk tier keeps a block's latent rows and indexer keys together: a fresh engine
     reads a 64-token prefix back and its tokens stay mlx-lm's (a lost or stale key changes the
     selection)."""
-    from tests.support.oracle import mlx_lm_greedy
-
     model = build_model("glm_moe_dsa")
-    config = dict(
-        num_blocks=64, block_size=8, disk_cache_dir=str(tmp_path), kv_bits=bits, kv_group_size=32
-    )
-    prompt = random_prompts([70], seed=1)[0]
-    first = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    first.generate([prompt], GREEDY)
-    first.close()
-    engine = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    [out] = engine.generate([prompt + [5, 6, 7]], GREEDY)
-    assert out.metrics.disk_cached_tokens == 64
-    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], GREEDY.max_tokens, bits, 32)
-    assert out.token_ids == expected
-    engine.close()
+    assert_restart_reads_the_prefix_from_disk(model, tiny_tokenizer, tmp_path, bits)
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "4-bit"])

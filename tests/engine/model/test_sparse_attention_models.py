@@ -143,3 +143,24 @@ def test_kv_bytes_per_token_are_the_latent_and_the_indexer_keys(arch, tiny_token
     assert isinstance(spec, IndexerKeysSpec)
     assert spec.index_bytes_per_block == keys * 8
     assert spec.bytes_per_block == (latent + keys) * 8
+
+
+@pytest.mark.usefixtures("eager_speculation")
+def test_prompt_lookup_drafts_keep_mlx_lms_tokens(tiny_tokenizer):
+    """Verified drafts are chunk rows of their own: each selects over the keys before it,
+    rejected drafts' latent rows and indexer keys are given back."""
+    model = build_model("deepseek_v32")
+    config = EngineConfig(
+        num_blocks=64,
+        block_size=8,
+        max_num_batched_tokens=16,
+        speculative="ngram",
+        num_speculative_tokens=4,
+    )
+    engine = Engine(model, tiny_tokenizer, config)
+    prompts = [[40, 41, 42, 43, 44, 45] * 4, random_prompts([7], seed=2)[0] * 3]
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    for prompt, out in zip(prompts, engine.generate(prompts, params)):
+        assert_sparse_greedy(model, prompt, out.token_ids)
+    assert engine.stats().speculation.verifications > 0
+    assert_pool_idle(engine)

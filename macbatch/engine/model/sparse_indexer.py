@@ -31,8 +31,8 @@ import numpy as np
 from macbatch.metal import AttentionMetadata
 from macbatch.metal.quant import QuantizedPages, dequantize
 
-# scores held at once by one tile: sequences x heads x rows x keys (float32: 512 MiB)
-_TILE_SCORES = 1 << 27
+# scores held at once by one tile: sequences x heads x rows x keys (float32: 256 MiB)
+_TILE_SCORES = 1 << 26
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,14 +107,16 @@ def latent_rows(count: int, cached: int, layers: int, seed: int) -> list[mx.arra
     return rows
 
 
-def fill_engine(engine: Engine, prompts: list[list[int]], rows: list[mx.array]) -> None:
-    """Write each prompt's cached rows into the latent pages and name their blocks in the prefix
-    cache, as a finished request with that prompt would have left them: the requests added next
-    find them there and prefill only their last block."""
+def fill_engine(
+    engine: Engine, prompts: list[list[int]], rows: Sequence[Sequence[mx.array]]
+) -> None:
+    """Write each prompt's cached rows (per store layer ``[cached, width]``) into the pages and
+    name their blocks in the prefix cache, as a finished request with that prompt would have
+    left them: the requests added next find them there and prefill only their last block."""
     block = engine.config.block_size
     for index, (prompt, request_rows) in enumerate(zip(prompts, rows, strict=True)):
         request = engine.prepare_request(prompt, SamplingParams(max_tokens=1), f"fill-{index}")
-        cached = request_rows.shape[1]
+        cached = request_rows[0].shape[0]
         assert engine.kv.allocate_slots(request.request_id, 0, cached), "pool too small"
         table = np.asarray(engine.kv.block_table(request.request_id))
         flat = (table[:, None] * block + np.arange(block)).reshape(-1)[:cached]
@@ -165,13 +168,17 @@ def macbatch_decode(engine: Engine, prompts: list[list[int]], warmup: int, decod
 
 
 def mlx_lm_decode(
-    model, prompts: list[list[int]], caches: list[list[Any]], warmup: int, decode: int
+    model,
+    prompts: list[list[int]],
+    caches: list[list[Any]],
+    cached: int,
+    warmup: int,
+    decode: int,
 ) -> Timed:
-    """The same through mlx-lm's ``BatchGenerator``, each request's cache handed in filled and
-    its prompt the tokens after it."""
+    """The same through mlx-lm's ``BatchGenerator``, each request's cache handed in filled with
+    its first ``cached`` tokens and its prompt the tokens after them."""
     from mlx_lm.generate import BatchGenerator
 
-    cached = caches[0][0].offset
     total = warmup + decode + 2
     gen = BatchGenerator(model, max_tokens=total, stop_tokens=None)
     uids = gen.insert([p[cached:] for p in prompts], [total] * len(prompts), caches=caches)
@@ -253,15 +260,20 @@ def decode_run(model, tokenizer, count: int, args: argparse.Namespace) -> None:
     if args.side != "macbatch" and not mlx_lm_attention_runs(count, args.context):
         print("  mlx-lm: not run (its CPU attention segfaults at this size)", flush=True)
     elif args.side in ("both", "mlx-lm"):
-        peer = mlx_lm_decode(model, prompts, mlx_lm_caches(rows), args.warmup, args.decode)
+        caches = mlx_lm_caches(rows)
+        peer = mlx_lm_decode(model, prompts, caches, args.context - 1, args.warmup, args.decode)
         print(peer.line("mlx-lm"), flush=True)
-    if ours is None or peer is None:
-        return
+    if ours is not None and peer is not None:
+        print_ratios(ours, peer, count, args.context)
+
+
+def print_ratios(ours: Timed, peer: Timed, count: int, context: int) -> None:
+    """Decode tok/s of both sides and their ratio, by wall and by CPU time."""
     for kind in ("wall", "cpu"):
         mine, theirs = ours.tokens / getattr(ours, kind), peer.tokens / getattr(peer, kind)
         print(
-            f"decode, {count} request(s) at {args.context} tokens, {kind}: macbatch "
-            f"{mine:.1f} tok/s, mlx-lm BatchGenerator {theirs:.1f} tok/s: x{mine / theirs:.2f}",
+            f"decode, {count} request(s) at {context} tokens, {kind}: macbatch "
+            f"{mine:.2f} tok/s, mlx-lm BatchGenerator {theirs:.2f} tok/s: x{mine / theirs:.2f}",
             flush=True,
         )
 

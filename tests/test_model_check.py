@@ -82,6 +82,30 @@ def test_doctor_model_reports_an_mla_models_latent_bytes(arch, tmp_path):
     assert rows["servable"] == "yes"
 
 
+@pytest.mark.parametrize("arch", ["deepseek_v32", "glm_moe_dsa"])
+def test_doctor_model_reports_the_indexer_keys_of_a_sparse_model(arch, tmp_path):
+    """DeepSeek V3.2- and GLM-5-shaped: each layer keeps a latent row and one indexer key
+    (``index_head_dim``) per token, as the config says (4-byte floats here)."""
+    import json
+
+    path = save_model(tmp_path / arch, arch)
+    config = json.loads((path / "config.json").read_text())
+    result = CliRunner().invoke(app, ["doctor", str(path)])
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    layers = config["num_hidden_layers"]
+    latent = layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 4
+    keys = layers * config["index_head_dim"] * 4
+    assert rows["KV bytes/token"] == (
+        f"{latent + keys:,} (float32, {keys:,} of them the indexer's keys)"
+    )
+    assert rows["layers"] == (
+        f"{layers} ({layers} with latent pages (MLA: one row per token), "
+        f"{layers} with a sparse-attention indexer's keys)"
+    )
+    assert rows["servable"] == "yes"
+
+
 def test_doctor_model_says_why_not(tmp_path):
     path = save_model(tmp_path / "qwen3", "qwen3", model_type="gemma2")  # refused by type
     result = CliRunner().invoke(app, ["doctor", str(path)])

@@ -37,8 +37,10 @@ def mlx_lm_greedy_logprobs(
     cache = make_prompt_cache(model)
     if kv_bits is not None:
         for layer_cache in cache:  # a recurrent layer's state is never paged: not rounded
-            if hasattr(layer_cache, "update_and_fetch"):
-                _round_writes(layer_cache, kv_bits, kv_group_size)
+            # a CacheList's parts each (DeepSeek V3.2's latent and indexer-key caches)
+            for part in getattr(layer_cache, "caches", (layer_cache,)):
+                if hasattr(part, "update_and_fetch"):
+                    _round_writes(part, kv_bits, kv_group_size)
     steps = []
     for token, logprobs in generate_step(
         mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache

@@ -89,3 +89,31 @@ def assert_staggered_batch_matches_mlx_lm(engine: Engine, model) -> None:
     for i, prompt in enumerate(prompts):
         assert results[i] == mlx_lm_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
     assert_pool_idle(engine)
+
+
+def assert_restart_reads_the_prefix_from_disk(
+    model, tokenizer, folder, kv_bits: int | None, kv_group_size: int = 32
+) -> None:
+    """A 70-token prompt's blocks go to the disk tier in ``folder``; a fresh engine reads its
+    64 tokens of full blocks back for a longer prompt and its tokens stay mlx-lm's (over its
+    own caches rounded through the page format when ``kv_bits`` is set)."""
+    from macbatch.engine import EngineConfig
+    from tests.support.oracle import mlx_lm_greedy
+
+    config = EngineConfig(
+        num_blocks=64,
+        block_size=8,
+        disk_cache_dir=str(folder),
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+    )
+    prompt = random_prompts([70], seed=1)[0]
+    first = Engine(model, tokenizer, config)
+    first.generate([prompt], GREEDY)
+    first.close()
+    engine = Engine(model, tokenizer, config)
+    [out] = engine.generate([prompt + [5, 6, 7]], GREEDY)
+    assert out.metrics.disk_cached_tokens == 64
+    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], GREEDY.max_tokens, kv_bits, kv_group_size)
+    assert out.token_ids == expected
+    engine.close()

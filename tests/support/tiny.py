@@ -206,6 +206,31 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
     # Bailing hybrid: linear-attention (GLA) layers that read their state as cache[0]
     "bailing_hybrid": dict(_BAILING, model_type="bailing_hybrid", group_norm_size=1),
 }
+# DeepSeek Sparse Attention: MLA with a lightning indexer, its fields and weight names as
+# DeepSeek-V3.2's and GLM-5's config.json have them (``index_head_dim``, ``index_n_heads``,
+# ``index_topk``; GLM's rope under ``rope_parameters``, its indexer rope interleaved), cut to a
+# top-12 selection of 64-wide keys (32 of them roped, in quantization groups of 32 as the latent
+# rows') over 16 heads (so two positions whose ReLUs are all zero, an exact tie, are rare):
+# prompts past 12 tokens drop positions.
+_DSA = dict(
+    _MLA_MOE,
+    index_head_dim=64,
+    index_n_heads=16,
+    index_topk=12,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    moe_layer_freq=1,
+    attention_bias=False,
+)
+SPARSE_MLA_CONFIGS: dict[str, dict[str, Any]] = {
+    "deepseek_v32": dict(_DSA, model_type="deepseek_v32", rope_scaling=_YARN),
+    "glm_moe_dsa": dict(
+        _DSA,
+        model_type="glm_moe_dsa",
+        rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"},
+        indexer_rope_interleave=True,
+    ),
+}
 # MLA families mlx-lm has that the engine refuses at load (families.py says why)
 REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
     "kimi_k3": dict(model_type="kimi_k3", text_config=dict(_KIMI_LINEAR, mla_use_output_gate=True)),
@@ -431,7 +456,13 @@ def save_two_models(root: Path) -> dict[str, Path]:
 def _config(arch: str) -> dict[str, Any]:
     from tests.support.tiny_odd import ODD_CONFIGS, REFUSED_ODD_CONFIGS  # they import this one
 
-    for configs in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS, ODD_CONFIGS):
+    for configs in (
+        ARCH_CONFIGS,
+        MLA_CONFIGS,
+        SPARSE_MLA_CONFIGS,
+        REFUSED_MLA_CONFIGS,
+        ODD_CONFIGS,
+    ):
         if arch in configs:
             return configs[arch]
     return HYBRID_CONFIGS[arch] if arch in HYBRID_CONFIGS else REFUSED_ODD_CONFIGS[arch]

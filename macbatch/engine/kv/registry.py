@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from macbatch.engine.kv.full import FullAttentionGroup, FullAttentionSpec
 from macbatch.engine.kv.group import CacheGroup, CacheSpec
+from macbatch.engine.kv.indexer_keys import IndexerKeysGroup, IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentGroup, LatentSpec
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup, RecurrentStateSpec
@@ -16,6 +17,7 @@ from macbatch.engine.kv.window import SlidingWindowGroup, SlidingWindowSpec
 CACHE_GROUPS: dict[type[CacheSpec], Callable[..., CacheGroup]] = {
     FullAttentionSpec: FullAttentionGroup,
     LatentSpec: LatentGroup,
+    IndexerKeysSpec: IndexerKeysGroup,
     SlidingWindowSpec: SlidingWindowGroup,
     RecurrentStateSpec: RecurrentStateGroup,
 }

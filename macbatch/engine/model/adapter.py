@@ -41,6 +41,7 @@ from macbatch.engine.model.kv_probe import (
 )
 from macbatch.engine.model.paged_cache import PagedLayerCache
 from macbatch.engine.model.recurrent import PagedStateCache
+from macbatch.engine.model.sparse_indexer import SelectionPlan
 from macbatch.engine.stores.pages import KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore
 
@@ -133,6 +134,8 @@ class ModelAdapter:
             layout, self.state_shapes = self._probe()
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
+        self.index_layers = layout.index_layers or [None] * len(self.kv_layers)
+        self.indexer = layout.indexer
         store_windows = layout.windows
         # A hybrid model keeps every attention layer in the full group: its prefix cache resumes
         # at recurrent checkpoints, which a window group's cache would have to match as well.
@@ -176,11 +179,12 @@ class ModelAdapter:
         # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
         # makes more (IQuest-Loop-Coder's second loop has its own)
         attention_only: list[tuple[int, ...]] = [(0,)] * max(len(self.layers), len(made))
-        entries, lists = [], []
+        entries: list[tuple[int, ...]] = []
+        lists: list[bool] = []
         for cache in made:
             listed = type(cache) in _kinds("CacheList")
             parts = cache.caches if listed else (cache,)
-            sizes = []
+            sizes: list[int] = []
             for part in parts:
                 if type(part) in _kinds("KVCache", "RotatingKVCache"):
                     sizes.append(0)
@@ -192,6 +196,10 @@ class ModelAdapter:
                         "macbatch pages attention K/V and keeps recurrent (ArraysCache) state "
                         "per request"
                     )
+            if listed and sizes == [0, 0] and self._indexed(len(entries)):
+                # a sparse MLA layer's (latent, indexer keys): one engine cache is both parts
+                # (``EngineAttention.__getitem__``), the keys its own store layer
+                sizes, listed = [0], False
             if sizes.count(0) > 1:
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps {sizes.count(0)} K/V caches in one "
@@ -245,6 +253,18 @@ class ModelAdapter:
             return Layout([], [], states[0].dtypes[0], [], []), states
         return layout_of(attention, self.model_type), states
 
+    def _indexed(self, entry: int) -> bool:
+        """Whether layer ``entry``'s attention selects its rows with a lightning indexer."""
+        attention = (
+            getattr(self.layers[entry], "self_attn", None) if entry < len(self.layers) else None
+        )
+        return getattr(attention, "indexer", None) is not None
+
+    @property
+    def sparse(self) -> bool:
+        """Whether some layers select their rows with a lightning indexer (DeepSeek V3.2)."""
+        return self.indexer is not None
+
     def run_inner(self, inputs: mx.array, **kwargs: Any) -> mx.array:
         """The inner transformer on ``inputs``, handed a mask where it asks for one by name
         without a default (Phixtral's, whose model makes it from the first cache: for the
@@ -279,7 +299,11 @@ class ModelAdapter:
         """The last layer's normed hidden states ``[N, 1, H]`` of one packed step, its K/V written
         into ``stores`` (and a hybrid model's recurrent state into ``states``): every layer and
         every collective of a step, without the LM head."""
-        attention = iter(zip(self.kv_layers, self.kv_writes, self.head_orders))
+        attention = iter(zip(self.kv_layers, self.kv_writes, self.head_orders, self.index_layers))
+        plan = None
+        if self.sparse:
+            top_k, heads = int(self.indexer.index_topk), int(self.indexer.n_heads)
+            plan = SelectionPlan(batch.attention, top_k, heads, stores.full.block_size)
         used = iter(self.kv_used)
         state_layers = iter(range(len(self.state_shapes)))
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions
@@ -291,8 +315,9 @@ class ModelAdapter:
                 layer = next(state_layers)
                 caches.append(PagedStateCache(states, layer, batch.state_rows, positions))
             elif next(used):
-                kv, writes, order = next(attention)
-                caches.append(PagedLayerCache(stores, kv, batch, writes, peers, order))
+                kv, writes, order, index = next(attention)
+                cache = PagedLayerCache(stores, kv, batch, writes, peers, order, index, plan)
+                caches.append(cache)
             else:
                 caches.append(None)  # an entry no layer touches
         nested = self._nested(caches)

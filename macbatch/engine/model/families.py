@@ -15,12 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-# MLA families the latent pages serve that mlx-lm also has in a form the engine does not run
-_SPARSE_MLA = (
-    "DeepSeek sparse attention: a lightning indexer keeps keys of its own and picks each "
-    "query's top-k latent rows, which the paged step does not (yet) page or select; "
-    "DeepSeek V3 and V3.1 checkpoints (deepseek_v3) are served"
-)
 _TWO_MLA = (
     "two MLA attentions per decoder layer (one mlx-lm CacheList of two caches), which the "
     "adapter does not pair with two latent pages yet"
@@ -198,8 +192,10 @@ FAMILIES: dict[str, Family] = {
     # does not page. MLA models (deepseek_v2/v3, glm4_moe_lite, minicpm3, mistral4, youtu_llm,
     # kimi_k25, kimi_vl, kimi_linear, bailing_moe_v3) need no entry: their attention modules are
     # found by shape (hooks/latent_attention.py) and cached in latent pages (kv/latent.py).
-    "deepseek_v32": Family(refusal=_SPARSE_MLA),
-    "glm_moe_dsa": Family(refusal=_SPARSE_MLA),
+    # DeepSeek Sparse Attention (deepseek_v32, glm_moe_dsa) needs none either: its lightning
+    # indexer is found on the MLA module, its keys kept beside the latent pages
+    # (kv/indexer_keys.py) and each row's top-k positions selected in the step
+    # (model/sparse_indexer.py).
     "longcat_flash": Family(refusal=_TWO_MLA),
     "longcat_flash_ngram": Family(refusal=_TWO_MLA),
     "kimi_k3": Family(

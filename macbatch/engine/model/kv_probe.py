@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -44,6 +44,7 @@ class ProbeCache(EngineAttention):
         self.fetched: tuple[mx.array, mx.array] | None = None  # what it handed back
         self.reads: list[tuple[ProbeCache, int | None]] = []  # per attention: whose K/V, window
         self.head_maps: list[tuple[int, ...] | None] = []  # per attention: K/V head per query head
+        self.indexer: Any = None  # a sparse MLA layer's lightning indexer
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         self.shape = LayerShape(num_kv_heads=keys.shape[1], head_dim=keys.shape[-1])
@@ -76,7 +77,12 @@ class ProbeCache(EngineAttention):
         )
 
     def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+        self,
+        queries: mx.array,
+        row: mx.array,
+        scale: float,
+        value_dim: int,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """Records a latent layer's one-row pages; a lone token attends to itself alone, so
         every head's output is its row's values."""
@@ -86,6 +92,12 @@ class ProbeCache(EngineAttention):
         self.head_maps.append(None)
         n, heads = queries.shape[:2]
         return mx.broadcast_to(row[..., :value_dim], (n, heads, 1, value_dim))
+
+    def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """Records the layer's indexer (its keys get pages of their own); a lone token's one
+        position needs no selection."""
+        self.indexer = indexer
+        return None
 
 
 def owner_of(peers: list[Any], keys: mx.array | None, default: Any) -> Any:
@@ -108,6 +120,10 @@ class Layout:
     # per attention cache: the order of its query heads that groups them by K/V head as the
     # kernels do (None: they are grouped so already)
     head_orders: list[tuple[int, ...] | None]
+    # per attention cache: the store layer of its lightning indexer's keys (None: it attends
+    # densely; DeepSeek V3.2, GLM-5), and one of the indexers (their top-k and heads)
+    index_layers: list[int | None] = field(default_factory=list)
+    indexer: Any = None
 
 
 @contextmanager
@@ -171,8 +187,18 @@ def layout_of(attention: list[ProbeCache], model_type: str) -> Layout:
             seen[store_of[id(owner)]].append(window)
     windows = [None if None in w or not w else max(w) for w in seen]  # type: ignore[type-var]
     orders = [_head_order(cache, i, model_type) for i, cache in enumerate(attention)]
+    # after the attention layers' pages, a store layer of key rows (value_dim 0) for each
+    # layer with a lightning indexer, in the same blocks (kv/indexer_keys.py)
+    index_layers: list[int | None] = []
+    for cache in attention:
+        index_layers.append(None if cache.indexer is None else len(shapes))
+        if cache.indexer is not None:
+            shapes.append(LayerShape(1, int(cache.indexer.head_dim), value_dim=0))
+            windows.append(None)
+    indexer = next((c.indexer for c in attention if c.indexer is not None), None)
     assert attention[0].dtype is not None
-    return Layout(shapes, kv_layers, attention[0].dtype, windows, orders)
+    dtype = attention[0].dtype
+    return Layout(shapes, kv_layers, dtype, windows, orders, index_layers, indexer)
 
 
 def _numbered(x: mx.array) -> mx.array:

@@ -16,12 +16,14 @@ from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.kv_probe import owner_of
+from macbatch.engine.model.sparse_indexer import SelectionPlan, indexer_rows, select
 from macbatch.engine.stores.pages import KVStore, KVStores
 
 
 class PagedLayerCache(EngineAttention):
     """The per-layer cache object a model sees during a packed forward: its cache group's pages,
-    write rows and block tables (a sliding-window layer's group holds only the window)."""
+    write rows and block tables (a sliding-window layer's group holds only the window); a sparse
+    MLA layer's also its indexer keys' store layer and the step's ``SelectionPlan``."""
 
     def __init__(
         self,
@@ -31,6 +33,8 @@ class PagedLayerCache(EngineAttention):
         writes: bool,
         peers: list[PagedLayerCache] | None = None,
         head_order: tuple[int, ...] | None = None,
+        index_layer: int | None = None,
+        plan: SelectionPlan | None = None,
     ) -> None:
         windowed, self.layer = stores.slots[layer]  # the group's layer whose pages it reads
         store = stores.window if windowed else stores.full
@@ -50,6 +54,8 @@ class PagedLayerCache(EngineAttention):
         # heads itself in another order (PLaMo tiles them), with its inverse
         self.head_order = None if head_order is None else mx.array(head_order)
         self.head_restore = None if head_order is None else mx.array(np.argsort(head_order))
+        self.index_layer = index_layer
+        self.plan = plan
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:
@@ -91,15 +97,28 @@ class PagedLayerCache(EngineAttention):
         return out[:, :, None, :]
 
     def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+        self,
+        queries: mx.array,
+        row: mx.array,
+        scale: float,
+        value_dim: int,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """An MLA layer's attention over its latent pages, this step's rows written first."""
         if self.writes:
             assert self.rows is not None
             self.store.write(self.layer, self.rows[1], row, None)
         k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim)
+        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim, selected=selected)
         out = macbatch.metal.paged_attention(
             queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
         )
         return out[:, :, None, :]
+
+    def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """The indexer's keys of this step's rows written to their pages, then each row's top-k
+        positions over its sequence's keys (None: the step attends densely)."""
+        assert self.index_layer is not None and self.plan is not None and self.rows is not None
+        rows = indexer_rows(indexer, x, qr, self.offset)
+        self.store.write(self.index_layer, self.rows[1], rows.keys, None)
+        return select(rows, self.store.pages(self.index_layer)[0], self.plan)

@@ -39,13 +39,19 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
         adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
     except Exception as exc:  # an architecture whose forward fails on the probe: same answer
         raise ValueError(f"the paged engine cannot run it: {exc}") from exc
-    attention, paged = len(adapter.kv_layers), len(adapter.layer_shapes)
+    # a lightning indexer's keys are store layers of their own (value_dim 0), not attention's
+    index_shapes = [shape for shape in adapter.layer_shapes if shape.value_dim == 0]
+    attention = len(adapter.kv_layers)
+    paged = len(adapter.layer_shapes) - len(index_shapes)
     shared = f", {attention - paged} reuse another layer's K/V" if paged < attention else ""
     recurrent = len(adapter.state_shapes)
     both = sum(len(entry) > 1 for entry in adapter.recurrent)  # attention and state side by side
     latent = sum(shape.value_dim is not None for shape in adapter.layer_shapes)
-    pages = "latent pages (MLA: one row per token)" if paged and latent == paged else "KV pages"
+    every = bool(adapter.layer_shapes) and latent == len(adapter.layer_shapes)
+    pages = "latent pages (MLA: one row per token)" if every else "KV pages"
     kinds = f"{paged} with {pages}{shared}"
+    if index_shapes:
+        kinds += f", {len(index_shapes)} with a sparse-attention indexer's keys"
     if recurrent:
         kinds = (
             f"{kinds}, {recurrent} recurrent" if paged else f"{recurrent} recurrent, no KV pages"
@@ -55,7 +61,11 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
     rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))
     per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
-    rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))
+    indexed = ""
+    if index_shapes:
+        keys = PageFormat(adapter.kv_dtype).bytes_per_block(index_shapes, 1)
+        indexed = f", {keys:,} of them the indexer's keys"
+    rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype}{indexed})"))
     if recurrent:
         state = sum(s.nbytes for s in adapter.state_shapes)
         rows.append(("state bytes/request", f"{state:,} (recurrent layers, fixed size)"))

@@ -39,7 +39,8 @@ class LayerShape:
     num_kv_heads: int
     head_dim: int
     # latent pages (MLA): the values are the leading ``value_dim`` columns of the key rows, and
-    # the layer keeps no value pages; None: K and V pages of ``head_dim`` each
+    # the layer keeps no value pages (0: key rows whose values no attention reads, a lightning
+    # indexer's keys, kv/indexer_keys.py); None: K and V pages of ``head_dim`` each
     value_dim: int | None = None
 
     @property

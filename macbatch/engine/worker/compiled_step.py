@@ -202,9 +202,10 @@ def compiled_decode(
     keeps_hidden: bool = False,
 ) -> CompiledDecode | None:
     """The runner's compiled decode step, or None where none is used: turned off (``after``
-    None), a distributed group (followers run their own forward), or a model with recurrent
-    layers (their state rows are gathered and scattered by host-planned slots).
+    None), a distributed group (followers run their own forward), a model with recurrent
+    layers (their state rows are gathered and scattered by host-planned slots), or a sparse one
+    (its indexer's selection is planned on the host from the step's lengths).
     ``keeps_hidden``: each step's hidden states are returned too (an MTP layer reads them)."""
-    if after is None or distributed or adapter.hybrid:
+    if after is None or distributed or adapter.hybrid or adapter.sparse:
         return None
     return CompiledDecode(adapter, stores, after, keeps_hidden)

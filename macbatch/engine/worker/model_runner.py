@@ -28,6 +28,7 @@ from macbatch.engine.core.packing import pack
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.indexer_keys import IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
@@ -330,14 +331,19 @@ def cache_specs(
     adapter: ModelAdapter, fmt: PageFormat, block_size: int
 ) -> tuple[FullAttentionSpec, SlidingWindowSpec | None, RecurrentStateSpec | None]:
     """What the model's layers need of each cache group: the full-attention layers' pages (an
-    MLA model's latent rows: ``LatentSpec``), the sliding-window layers' (None: no window
-    group), the recurrent layers' states (None: not a hybrid model)."""
+    MLA model's latent rows: ``LatentSpec``; a sparse one's with its indexer's keys:
+    ``IndexerKeysSpec``), the sliding-window layers' (None: no window group), the recurrent
+    layers' states (None: not a hybrid model)."""
     full_shapes, window_shapes = adapter.group_shapes
     # (a recurrent-only model's full group holds no pages: its blocks only count positions)
     latent = bool(full_shapes) and all(s.value_dim is not None for s in full_shapes)
-    full = (LatentSpec if latent else FullAttentionSpec)(
-        fmt.bytes_per_block(full_shapes, block_size)
-    )
+    per_block = fmt.bytes_per_block(full_shapes, block_size)
+    full: FullAttentionSpec
+    if adapter.sparse:
+        index_shapes = [s for s in full_shapes if s.value_dim == 0]
+        full = IndexerKeysSpec(per_block, fmt.bytes_per_block(index_shapes, block_size))
+    else:
+        full = (LatentSpec if latent else FullAttentionSpec)(per_block)
     window = None
     if adapter.window is not None:
         window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)

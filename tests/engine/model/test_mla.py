@@ -24,11 +24,12 @@ from tests.support.staggered import (
     STAGGERED,
     assert_loading_matches_mlx_lm,
     assert_preemption_recomputes_identically,
+    assert_restart_reads_the_prefix_from_disk,
     assert_staggered_batch_matches_mlx_lm,
     random_prompts,
 )
 from tests.support.structured import QWEN3_VOCAB, real_tokenizer, schema_family
-from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, build_model
+from tests.support.tiny import MLA_CONFIGS, REFUSED_MLA_CONFIGS, SPARSE_MLA_CONFIGS, build_model
 
 # the families whose mlx-lm code caches the latent itself (the others expand keys per head, so
 # no cache of theirs holds what latent pages hold)
@@ -105,18 +106,9 @@ def test_quantized_latent_pages_are_mlx_lms_cache_rounded(arch, bits, tiny_token
 def test_a_restart_reads_the_latent_rows_from_disk(bits, tiny_tokenizer, tmp_path):
     """The disk tier keeps an MLA model's prompt blocks (the latent pages are the full group's
     blocks): a fresh engine reads them back and its tokens stay mlx-lm's."""
-    model = build_model("deepseek_v3")
-    config = dict(num_blocks=64, block_size=8, disk_cache_dir=str(tmp_path), kv_bits=bits)
-    prompt = random_prompts([70], seed=1)[0]
-    first = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    first.generate([prompt], GREEDY)
-    first.close()
-    engine = Engine(model, tiny_tokenizer, EngineConfig(**config))
-    [out] = engine.generate([prompt + [5, 6, 7]], GREEDY)
-    assert out.metrics.disk_cached_tokens == 64
-    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], GREEDY.max_tokens, bits, 32)
-    assert out.token_ids == expected
-    engine.close()
+    assert_restart_reads_the_prefix_from_disk(
+        build_model("deepseek_v3"), tiny_tokenizer, tmp_path, bits
+    )
 
 
 @pytest.mark.usefixtures("eager_speculation")
@@ -172,15 +164,16 @@ def test_loaded_from_the_hugging_face_layout(arch, quantized, tmp_path: Path):
 
 def test_every_mla_family_of_the_installed_mlx_lm_is_served_or_refused():
     """Each mlx-lm model module with a compressed latent (``kv_lora_rank``) is served (a tiny
-    model of it runs every test above) or refused at load with a reason: a new one in a later
-    mlx-lm fails here until it is decided."""
+    model of it runs every test above, or test_sparse_attention_models.py's) or refused at load
+    with a reason: a new one in a later mlx-lm fails here until it is decided."""
     import mlx_lm.models
 
     folder = Path(mlx_lm.models.__file__).parent
     mla = {path.stem for path in folder.glob("*.py") if "kv_lora_rank" in path.read_text()}
     refused = {name for name in mla if unsupported_reason(name)}
-    assert not refused & set(MLA_CONFIGS)
-    assert mla - refused - set(MLA_CONFIGS) == set()
+    served = set(MLA_CONFIGS) | set(SPARSE_MLA_CONFIGS)  # sparse: test_sparse_attention_models
+    assert not refused & served
+    assert mla - refused - served == set()
     assert set(REFUSED_MLA_CONFIGS) <= refused
 
 

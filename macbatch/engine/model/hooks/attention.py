@@ -55,14 +55,29 @@ class EngineAttention:
         raise NotImplementedError
 
     def attend_latent(
-        self, queries: mx.array, row: mx.array, scale: float, value_dim: int
+        self,
+        queries: mx.array,
+        row: mx.array,
+        scale: float,
+        value_dim: int,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """An MLA layer's attention over its latent rows (``latent_attention.py``): ``queries``
         ``[N, H, 1, Dk]`` (each head's absorbed query, then its roped part), ``row``
         ``[N, 1, 1, Dk]`` (each token's latent then its roped shared key); returns each head's
         latent output ``[N, H, 1, value_dim]`` (the softmax over the rows' leading
-        ``value_dim`` columns)."""
+        ``value_dim`` columns). ``selected``: the positions each row reads (``select``)."""
         raise NotImplementedError
+
+    def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """A sparse MLA layer's lightning indexer (``model/sparse_indexer.py``): this step's
+        indexer keys written, each row's top-k positions ``[N, K]`` (None: all attend densely)."""
+        raise NotImplementedError
+
+    def __getitem__(self, part: int) -> EngineAttention:
+        """mlx-lm's sparse MLA models keep a ``CacheList`` (latent, indexer keys) per layer and
+        read its first part's mask; the engine's one cache per layer is both parts."""
+        return self
 
 
 def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:

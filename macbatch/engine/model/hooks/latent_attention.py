@@ -11,8 +11,10 @@ latent row (the normed latent, then the roped shared key) is written to the late
 attention over those rows (``EngineAttention.attend_latent``: values are their leading
 ``kv_lora_rank`` columns) gives each head a latent output, and the value up-projection
 (``unembed_out``, or the value half of ``kv_b_proj``) maps it to the head's value. So decode and
-prefill read only the latent. With any other cache (mlx-lm's own generation in the same process)
-the module runs exactly as before.
+prefill read only the latent. A layer with a lightning indexer (DeepSeek V3.2, GLM-5) first has
+its cache select each row's top-k positions from the query latent (``EngineAttention.select``),
+and the attention reads those rows alone. With any other cache (mlx-lm's own generation in the
+same process) the module runs exactly as before.
 """
 
 from __future__ import annotations
@@ -86,10 +88,12 @@ def absorbed_attention(
     n, length, _ = x.shape
     heads, nope = attn.num_heads, attn.qk_nope_head_dim
     rank, rope_dim = attn.kv_lora_rank, attn.qk_rope_head_dim
+    qr = None  # the normed query latent, when the layer has one
     if getattr(attn, "q_proj", None) is not None:
         q = attn.q_proj(x)
     else:
-        q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(x)))
+        qr = attn.q_a_layernorm(attn.q_a_proj(x))
+        q = attn.q_b_proj(qr)
     q = q.reshape(n, length, heads, -1).transpose(0, 2, 1, 3)
     q_nope, q_pe = mx.split(q, [nope], axis=-1)
     latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [rank], axis=-1)
@@ -103,7 +107,12 @@ def absorbed_attention(
     up = _up_projections(attn)
     queries = mx.concatenate([up.absorb_query(q_nope), q_pe], axis=-1)
     row = mx.concatenate([latent, k_pe], axis=-1)
-    out = cache.attend_latent(queries, row, _softmax_scale(attn), rank)
+    indexer = getattr(attn, "indexer", None)  # DeepSeek Sparse Attention's lightning indexer
+    selected = None
+    if indexer is not None:  # it reads the query latent (every DSA layer has one)
+        assert qr is not None
+        selected = cache.select(indexer, x, qr)
+    out = cache.attend_latent(queries, row, _softmax_scale(attn), rank, selected)
     return _output(attn, up.values(out).transpose(0, 2, 1, 3), x)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedModelError
+from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.oracle import mlx_lm_greedy
-from tests.support.tiny import build_model, save_model
+from tests.support.tiny import save_model
 
 
 def test_load_from_disk_matches_mlx_lm(tiny_model_path):
@@ -44,12 +44,3 @@ def test_broken_weights_name_the_model(tmp_path):
     (path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError, match="could not load model"):
         Engine.load(str(path))
-
-
-def test_sparse_mla_architecture_is_refused(tiny_tokenizer):
-    """DeepSeek sparse attention is refused by its type before any probe (MLA models are served:
-    test_mla.py)."""
-    model = build_model("qwen3")
-    model.args.model_type = "deepseek_v32"
-    with pytest.raises(UnsupportedModelError, match="sparse attention"):
-        Engine(model, tiny_tokenizer)

@@ -277,8 +277,10 @@ class ModelAdapter:
                         "per request"
                     )
             entries.append(tuple(sizes))
-        if not any(any(e) for e in entries):  # attention only: one cache per layer
-            return attention_only
+        if not any(any(e) for e in entries):
+            # attention only: one cache per entry of the model's list, which has fewer entries
+            # than layers where some layers' attention is off (Nemotron-NAS)
+            return [(0,)] * len(entries)
         return entries
 
     def _recurrent_modules(self) -> list[nn.Module]:
@@ -306,7 +308,11 @@ class ModelAdapter:
         ]
         # shapes only: the graph is never evaluated
         self.inner(mx.array([[0]]), cache=_nested(self.recurrent, caches))
-        attention = [c for c in caches if isinstance(c, _ProbeCache)]
+        probes = [c for c in caches if isinstance(c, _ProbeCache)]
+        # a cache its layer never touched: the layer's attention is off or a linear map
+        # (Nemotron-NAS), so it gets no pages, and a stand-in at run time (``hidden_states``)
+        self.idle = {i for i, c in enumerate(probes) if c.shape is None and not c.attended}
+        attention = [c for i, c in enumerate(probes) if i not in self.idle]
         if not attention:
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' is recurrent only (no attention layer); "
@@ -355,13 +361,17 @@ class ModelAdapter:
         attention = iter(zip(self.kv_layers, self.kv_writes))
         state_layers = iter(range(len(self.state_shapes)))
         caches: list[PagedLayerCache | PagedStateCache] = []
+        slots = 0
         for size in (size for entry in self.recurrent for size in entry):
             if size:
                 assert states is not None and batch.state_rows is not None
                 caches.append(PagedStateCache(states, next(state_layers), batch.state_rows))
+            elif slots in self.idle:  # never read or written (the probe saw to it): its mask
+                caches.append(PagedLayerCache(stores, self.kv_layers[0], batch, False))
             else:
                 kv, writes = next(attention)
                 caches.append(PagedLayerCache(stores, kv, batch, writes))
+            slots += not size
         nested = _nested(self.recurrent, caches)
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:

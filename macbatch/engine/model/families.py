@@ -133,6 +133,15 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(
         refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
     ),
+    "phi3small": Family(
+        refusal="its block-sparse attention layers (local blocks and vertical strides) compute "
+        "attention inline over a mask of their own, which the paged step does not select"
+    ),
+    "plamo3": Family(
+        refusal="mlx-lm's plamo3 disagrees with itself past its sliding window: a forward over a "
+        "whole prompt attends to window + 1 keys, its RotatingKVCache keeps window keys in "
+        "decoding, so there is no one window the paged step could reproduce"
+    ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image

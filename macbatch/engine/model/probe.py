@@ -50,7 +50,9 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
         kinds += f", {recurrent} recurrent"
     if both:
         kinds += f"; {both} run both side by side"
-    rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))
+    if adapter.idle:  # attention off, or a linear map in its place (Nemotron-NAS)
+        kinds += f"; {len(adapter.idle)} without attention"
+    rows.append(("layers", f"{attention + len(adapter.idle) + recurrent - both} ({kinds})"))
     per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype})"))

@@ -125,6 +125,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                    rope_parameters={"sliding_attention": {"rope_theta": 10000.0},
                                     "full_attention": {"rope_theta": 10000.0}}),  # fmt: skip
     "plamo": dict(n_shared_head=2),
+    # a cap the tiny model's scores reach (Gemma 2's own, 50, would leave them as they are)
+    "gemma2": dict(attn_logit_softcapping=0.5, final_logit_softcapping=5.0),
     "hunyuan": dict(moe_topk=2, num_shared_expert=1, use_mixed_mlp_moe=True, use_cla=False,
                     cla_share_factor=2,
                     rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"}),  # fmt: skip

@@ -77,10 +77,11 @@ class PagedLayerCache(EngineAttention):
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
         """The layer's paged attention (its K/V are in the pages by now)."""
         k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
+        layer = macbatch.metal.LayerParams(scale, window, softcap, sinks)
         meta = self.batch.window_attention if self.windowed else self.batch.attention
         out = macbatch.metal.paged_attention(queries[:, :, 0, :], k_pages, v_pages, meta, layer)
         if self.batch.image_blocks is not None:  # Gemma 4: image rows attend both ways
@@ -130,6 +131,7 @@ class _ProbeCache(EngineAttention):
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
         """Counts the call (each layer must attend once, through the hook) and its window."""
         self.attended += 1
@@ -219,7 +221,9 @@ class ModelAdapter:
             )
         self.inner_name: str = inner_name
         self.recurrent = self._recurrent_caches()
-        hooks.install(self.layers, self._recurrent_modules())
+        softcapped = self.family.inline_softcap_attention
+        capped = [getattr(layer, softcapped) for layer in self.layers] if softcapped else []
+        hooks.install(self.layers, self._recurrent_modules(), capped)
         self.layer_shapes, self.kv_layers, self.kv_dtype, self.state_shapes, store_windows = (
             self._probe()
         )

@@ -45,7 +45,10 @@ class EngineAttention:
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
+        """The layer's attention; ``softcap``: its scores become ``tanh(s / cap) * cap``
+        (a layer that caps them inline, ``softcap_attention.py``)."""
         raise NotImplementedError
 
     def attend_latent(

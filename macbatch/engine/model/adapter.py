@@ -281,10 +281,8 @@ class ModelAdapter:
                         "per request"
                     )
             entries.append(tuple(sizes))
-        if not any(any(e) for e in entries):
-            # attention only: one cache per entry of the model's list, which has fewer entries
-            # than layers where some layers' attention is off (Nemotron-NAS)
-            return [(0,)] * len(entries)
+        if not any(any(e) for e in entries):  # attention only: one cache per layer
+            return attention_only
         return entries
 
     def _recurrent_modules(self) -> list[nn.Module]:

@@ -26,7 +26,6 @@ ASK_KNOBS = Pick(EngineKnobs, LOAD_ONLY)  # otherwise the engine's defaults
 
 
 @takes(knobs=ASK_KNOBS)
-
 def ask_command(
     prompt: Annotated[
         str | None,

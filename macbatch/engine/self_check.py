@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,7 +31,27 @@ from macbatch.engine.inputs.prompt import PromptInput
 from macbatch.engine.sample.params import SamplingParams
 
 if TYPE_CHECKING:
-    from macbatch.engine.engine import Engine
+    from collections.abc import Sequence
+
+    from macbatch.engine.config import EngineConfig
+    from macbatch.engine.core.outputs import RequestOutput
+    from macbatch.engine.kv.manager import KVManager
+    from macbatch.engine.worker.model_runner import ModelRunner
+
+
+class CheckedEngine(Protocol):
+    """What the check needs of the engine (``engine.Engine``, which imports this module)."""
+
+    runner: ModelRunner
+    config: EngineConfig
+    kv: KVManager
+
+    def generate(
+        self, prompts: Sequence[PromptInput], params: SamplingParams
+    ) -> list[RequestOutput]: ...
+
+    def reset_counts(self) -> None: ...
+
 
 PROMPT_TOKENS = 12
 STEPS = 4  # greedy tokens compared: the prefill's, then three decode steps'
@@ -75,7 +95,7 @@ def tolerance(dtype: mx.Dtype, kv_bits: int | None) -> float:
     return _DTYPE_TOLERANCE.get(dtype, _DTYPE_TOLERANCE[mx.bfloat16]) + _KV_BITS_TOLERANCE[kv_bits]
 
 
-def self_check(engine: Engine) -> SelfCheck:
+def self_check(engine: CheckedEngine) -> SelfCheck:
     """Run the check on a freshly built engine (no request queued); the engine is left as it
     was: its counts are zeroed, and nothing the check computed enters the prefix cache."""
     started = time.perf_counter()
@@ -84,13 +104,13 @@ def self_check(engine: Engine) -> SelfCheck:
     tol = tolerance(runner.adapter.kv_dtype, engine.config.kv_bits)
     prompt = check_prompt(runner.vocab_size)
     worst, problem = 0.0, None
-    try:
-        with _prefix_cache_off(engine):
+    with _prefix_cache_off(engine):
+        try:
             worst, problem = _compare(engine, model, prompt, tol)
-            if problem is not None:
-                problem += _first_layer(engine, model, prompt, runner.adapter.kv_dtype)
-    except Exception as exc:  # a forward that raises is a refusal with its reason, not a crash
-        problem = f"the packed step or the library's forward raised {type(exc).__name__}: {exc}"
+        except Exception as exc:  # a forward that raises: a refusal with its reason, no crash
+            problem = f"the packed step or the library's forward raised {type(exc).__name__}: {exc}"
+        if problem is not None:
+            problem += _first_layer(engine, model, runner.adapter.kv_dtype)
     engine.reset_counts()
     return SelfCheck(worst, tol, time.perf_counter() - started, problem)
 
@@ -100,7 +120,9 @@ def check_prompt(vocab_size: int, shift: int = 0) -> list[int]:
     return [(i * 7919 + 17 + shift) % vocab_size for i in range(PROMPT_TOKENS)]
 
 
-def _compare(engine: Engine, model: nn.Module, prompt: list[int], tol: float) -> tuple[float, Any]:
+def _compare(
+    engine: CheckedEngine, model: nn.Module, prompt: list[int], tol: float
+) -> tuple[float, str | None]:
     """The largest log-probability difference, and the mismatch (None: none)."""
     params = SamplingParams(
         max_tokens=STEPS, temperature=0, ignore_eos=True, logprobs=TOP, speculative=False
@@ -141,7 +163,7 @@ def library_logprobs(model: nn.Module, prompt: list[int]) -> Iterator[mx.array]:
 
 
 @contextlib.contextmanager
-def _prefix_cache_off(engine: Engine) -> Iterator[None]:
+def _prefix_cache_off(engine: CheckedEngine) -> Iterator[None]:
     """No prefix-cache reads or names (nor disk-tier copies) while the check runs: its prompt
     must run through the step, and leave nothing a user's request could hit."""
     kv = engine.kv
@@ -181,8 +203,9 @@ def _recording(layers: list[Any]) -> Iterator[list[list[mx.array]]]:
         layers[:] = originals
 
 
-def _first_layer(engine: Engine, model: nn.Module, prompt: list[int], dtype: mx.Dtype) -> str:
-    """``; the first layer whose output differs is N (Class)``, or why none was named."""
+def _first_layer(engine: CheckedEngine, model: nn.Module, dtype: mx.Dtype) -> str:
+    """``; the first layer whose output differs is layer N (Class)``, or why none was named
+    (recorded on another prompt as long, with one token sampled: the prefill alone)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     adapter = engine.runner.adapter
@@ -192,10 +215,13 @@ def _first_layer(engine: Engine, model: nn.Module, prompt: list[int], dtype: mx.
         return ""
     other = check_prompt(engine.runner.vocab_size, 1)
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, speculative=False)
-    with _recording(layers) as paged:
-        engine.generate([PromptInput(other)], once)
-    with _recording(layers) as library:
-        model(mx.array([other]), cache=make_prompt_cache(model))
+    try:
+        with _recording(layers) as paged:
+            engine.generate([PromptInput(other)], once)
+        with _recording(layers) as library:
+            model(mx.array([other]), cache=make_prompt_cache(model))
+    except Exception:  # a model that will not run with its layers wrapped: the reason stands
+        return ""
     limit = _LAYER_TOLERANCE.get(dtype, _LAYER_TOLERANCE[mx.bfloat16])
     for index, (mine, want) in enumerate(zip(paged, library)):
         if not mine or len(want) != 1:  # a layer called more than once per forward: not told

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 import mlx_lm.models
@@ -89,71 +90,164 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
     ),
     "exaone_moe": dict(layer_types=_SLIDING_FULL, is_moe_layer=[False, True]),
-    "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1,
-                  expert_layer_period=2, mamba_d_conv=4, mamba_d_state=16, mamba_expand=2),  # fmt: skip
+    "jamba": dict(
+        attn_layer_offset=1,
+        attn_layer_period=2,
+        expert_layer_offset=1,
+        expert_layer_period=2,
+        mamba_d_conv=4,
+        mamba_d_state=16,
+        mamba_expand=2,
+    ),  # fmt: skip
     "lfm2_moe": dict(num_dense_layers=1, conv_L_cache=3, layer_types=["conv", "full_attention"]),
     "olmo3": dict(layer_types=_SLIDING_FULL),
-    "openelm": dict(num_transformer_layers=2, num_query_heads=[4, 4], num_kv_heads=[2, 2],
-                    ffn_multipliers=[2.0, 2.0], ffn_dim_divisor=16),  # fmt: skip
-    "spark2_5": dict(rope_parameters={"full_attention": {"rope_theta": 10000.0},
-                                      "sliding_attention": {"rope_theta": 10000.0}},
-                     layer_types=_SLIDING_FULL, hidden_act="gelu"),  # fmt: skip
-    "recurrent_gemma": dict(conv1d_width=4, logits_soft_cap=30.0, attention_window_size=8,
-                            block_types=["recurrent", "attention"]),  # fmt: skip
-    "mimo_v2_flash": dict(hybrid_layer_pattern=[1, 0], moe_layer_freq=[0, 1],
-                          add_swa_attention_sink_bias=True, add_full_attention_sink_bias=False,
-                          sliding_window_size=8, topk_method="noaux_tc", scoring_func="sigmoid",
-                          layernorm_epsilon=1e-5, swa_rope_theta=10000.0,
-                          swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16,
-                          swa_v_head_dim=16),  # fmt: skip
-    "llama4_text": dict(intermediate_size_mlp=128, no_rope_layers=[1, 0], use_qk_norm=True,
-                        interleave_moe_layer_step=1),  # fmt: skip
+    "openelm": dict(
+        num_transformer_layers=2,
+        num_query_heads=[4, 4],
+        num_kv_heads=[2, 2],
+        ffn_multipliers=[2.0, 2.0],
+        ffn_dim_divisor=16,
+    ),  # fmt: skip
+    "spark2_5": dict(
+        rope_parameters={
+            "full_attention": {"rope_theta": 10000.0},
+            "sliding_attention": {"rope_theta": 10000.0},
+        },
+        layer_types=_SLIDING_FULL,
+        hidden_act="gelu",
+    ),  # fmt: skip
+    "recurrent_gemma": dict(
+        conv1d_width=4,
+        logits_soft_cap=30.0,
+        attention_window_size=8,
+        block_types=["recurrent", "attention"],
+    ),  # fmt: skip
+    "mimo_v2_flash": dict(
+        hybrid_layer_pattern=[1, 0],
+        moe_layer_freq=[0, 1],
+        add_swa_attention_sink_bias=True,
+        add_full_attention_sink_bias=False,
+        sliding_window_size=8,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        layernorm_epsilon=1e-5,
+        swa_rope_theta=10000.0,
+        swa_num_attention_heads=4,
+        swa_num_key_value_heads=2,
+        swa_head_dim=16,
+        swa_v_head_dim=16,
+    ),  # fmt: skip
+    "llama4_text": dict(
+        intermediate_size_mlp=128,
+        no_rope_layers=[1, 0],
+        use_qk_norm=True,
+        interleave_moe_layer_step=1,
+    ),  # fmt: skip
     "mamba": dict(state_size=16, conv_kernel=4, time_step_rank=4, intermediate_size=128),
-    "mamba2": dict(num_heads=4, head_dim=32, state_size=16, conv_kernel=4, n_groups=1,
-                   time_step_limit=(0.0, float("inf")), time_step_rank=4, expand=2),  # fmt: skip
+    "mamba2": dict(
+        num_heads=4,
+        head_dim=32,
+        state_size=16,
+        conv_kernel=4,
+        n_groups=1,
+        time_step_limit=(0.0, float("inf")),
+        time_step_rank=4,
+        expand=2,
+    ),  # fmt: skip
     "qwen2_vl": dict(text_config=dict(_MROPE_TEXT, model_type="qwen2_vl")),
     "qwen3_vl": dict(text_config=dict(_MROPE_TEXT, model_type="qwen3_vl")),
-    "qwen3_vl_moe": dict(text_config=dict(_MROPE_TEXT, model_type="qwen3_vl_moe",
-                                          decoder_sparse_step=1, mlp_only_layers=[])),  # fmt: skip
-    "qwen3_5_moe": dict(text_config=dict(HYBRID_CONFIGS["qwen3_5"], model_type="qwen3_5_moe",
-                                         shared_expert_intermediate_size=32,
-                                         **_MOE)),  # fmt: skip
-    "llama4": dict(text_config=dict(_COMMON, model_type="llama4_text", intermediate_size_mlp=128,
-                                    no_rope_layers=[1, 0], use_qk_norm=True,
-                                    interleave_moe_layer_step=1, attention_chunk_size=8)),  # fmt: skip
-    "mellum": dict(layer_types=_SLIDING_FULL,
-                   rope_parameters={"sliding_attention": {"rope_theta": 10000.0},
-                                    "full_attention": {"rope_theta": 10000.0}}),  # fmt: skip
+    "qwen3_vl_moe": dict(
+        text_config=dict(
+            _MROPE_TEXT, model_type="qwen3_vl_moe", decoder_sparse_step=1, mlp_only_layers=[]
+        )
+    ),  # fmt: skip
+    "qwen3_5_moe": dict(
+        text_config=dict(
+            HYBRID_CONFIGS["qwen3_5"],
+            model_type="qwen3_5_moe",
+            shared_expert_intermediate_size=32,
+            **_MOE,
+        )
+    ),  # fmt: skip
+    "llama4": dict(
+        text_config=dict(
+            _COMMON,
+            model_type="llama4_text",
+            intermediate_size_mlp=128,
+            no_rope_layers=[1, 0],
+            use_qk_norm=True,
+            interleave_moe_layer_step=1,
+            attention_chunk_size=8,
+        )
+    ),  # fmt: skip
+    "mellum": dict(
+        layer_types=_SLIDING_FULL,
+        rope_parameters={
+            "sliding_attention": {"rope_theta": 10000.0},
+            "full_attention": {"rope_theta": 10000.0},
+        },
+    ),  # fmt: skip
     "plamo": dict(n_shared_head=2),
     # a cap the tiny model's scores reach (Gemma 2's own, 50, would leave them as they are)
     "gemma2": dict(attn_logit_softcapping=0.5, final_logit_softcapping=5.0),
-    "hunyuan": dict(moe_topk=2, num_shared_expert=1, use_mixed_mlp_moe=True, use_cla=False,
-                    cla_share_factor=2,
-                    rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"}),  # fmt: skip
-    "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"],
-                        linear_num_key_heads=2, linear_num_value_heads=4,
-                        linear_key_head_dim=16, linear_value_head_dim=16,
-                        linear_conv_kernel_dim=4),  # fmt: skip
+    "hunyuan": dict(
+        moe_topk=2,
+        num_shared_expert=1,
+        use_mixed_mlp_moe=True,
+        use_cla=False,
+        cla_share_factor=2,
+        rope_scaling={"alpha": 1.0, "factor": 1.0, "type": "dynamic"},
+    ),  # fmt: skip
+    "olmo_hybrid": dict(
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+    ),  # fmt: skip
     # as its real checkpoints: a layer with attention and MLP, one whose attention is off, one
     # whose attention and MLP are each one linear layer, one whose MLP is off
-    "nemotron-nas": dict(num_hidden_layers=4, hidden_act="silu", block_configs=[
-        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 2.0}},
-        {"attention": {"no_op": True}, "ffn": {"ffn_mult": 2.0}},
-        {"attention": {"replace_with_linear": True}, "ffn": {"replace_with_linear": True}},
-        {"attention": {"n_heads_in_group": 2}, "ffn": {"no_op": True}},
-    ]),  # fmt: skip
+    "nemotron-nas": dict(
+        num_hidden_layers=4,
+        hidden_act="silu",
+        block_configs=[
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 2.0}},
+            {"attention": {"no_op": True}, "ffn": {"ffn_mult": 2.0}},
+            {"attention": {"replace_with_linear": True}, "ffn": {"replace_with_linear": True}},
+            {"attention": {"n_heads_in_group": 2}, "ffn": {"no_op": True}},
+        ],
+    ),  # fmt: skip
     # one 2-bit Hadamard-packed projection (128 wide, as packs must be) in a Qwen3.5 text model
     "prism_hadamard_qwen35": dict(
-        text_config=HYBRID_CONFIGS["qwen3_5"], schema_version=1, tensor_namespace="mlx-lm-text",
+        text_config=HYBRID_CONFIGS["qwen3_5"],
+        schema_version=1,
+        tensor_namespace="mlx-lm-text",
         quantization={"bits": 2, "group_size": 128, "mode": "affine"},
-        modules=[{"path": "model.layers.0.mlp.down_proj", "embedding": False,
-                  "dtype": "float16", "block": 0}],
+        modules=[
+            {
+                "path": "model.layers.0.mlp.down_proj",
+                "embedding": False,
+                "dtype": "float16",
+                "block": 0,
+            }
+        ],
     ),  # fmt: skip
     "pixtral": dict(text_config=dict(_COMMON, model_type="mistral")),
-    "lfm2-vl": dict(text_config=dict(_COMMON, model_type="lfm2", conv_L_cache=3,
-                                     full_attn_idxs=[1], block_dim=64, block_ff_dim=128,
-                                     block_multiple_of=16, block_ffn_dim_multiplier=1.0,
-                                     block_auto_adjust_ff_dim=False, conv_bias=False)),  # fmt: skip
+    "lfm2-vl": dict(
+        text_config=dict(
+            _COMMON,
+            model_type="lfm2",
+            conv_L_cache=3,
+            full_attn_idxs=[1],
+            block_dim=64,
+            block_ff_dim=128,
+            block_multiple_of=16,
+            block_ffn_dim_multiplier=1.0,
+            block_auto_adjust_ff_dim=False,
+            conv_bias=False,
+        )
+    ),  # fmt: skip
 }
 
 
@@ -178,6 +272,17 @@ def import_problem(name: str) -> str | None:
     except SystemExit:  # olmo asks for a package it lacks and exits
         return "it exits on import, asking for a package that is not installed"
     return None
+
+
+def vlm_language_models() -> list[str]:
+    """mlx-vlm's model packages with a language model (a ``language.py``) whose name no module
+    of mlx-lm's has: the families mlx-vlm alone runs (read from the files, nothing imported)."""
+    import mlx_vlm.models
+
+    ours = set(_module_names())
+    folder = Path(mlx_vlm.models.__path__[0])
+    packages = (m.name for m in pkgutil.iter_modules(mlx_vlm.models.__path__) if m.ispkg)
+    return sorted(p for p in packages if p not in ours and (folder / p / "language.py").exists())
 
 
 def _module_names() -> list[str]:
@@ -210,4 +315,3 @@ def tiny_config(name: str) -> dict[str, Any]:
             config[field.name] = _BY_TYPE.get(getattr(field.type, "__name__", ""))
     config.update(OVERRIDES.get(name, {}))
     return config
-

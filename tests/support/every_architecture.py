@@ -52,4 +52,3 @@ def assert_refused_at_load(name: str, folder: Path) -> None:
     with pytest.raises(ValueError, match="is not supported") as refusal:
         Engine.load(str(folder))
     assert reason in str(refusal.value)
-

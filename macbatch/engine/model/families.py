@@ -131,7 +131,11 @@ FAMILIES: dict[str, Family] = {
         refusal="its decoder layers pass attention-residual blocks from layer to layer (a "
         "tuple beside the hidden states), which the engine's recurrent step does not carry"
     ),
-    "deepseek_v41": Family(refusal=_FAST_ATTENTION),
+    "deepseek_v41": Family(
+        refusal="DeepSeek V4's compressed sparse attention: each layer keeps a cache of its own "
+        "(a sliding window, compressed KV rows, an indexer's keys) and calls mx.fast attention "
+        "directly, which the paged step does not page or select yet"
+    ),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
     # attention computed inline with a logit softcap: hooks/softcap_attention.py

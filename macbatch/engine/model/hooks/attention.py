@@ -37,6 +37,10 @@ class EngineAttention:
         """Called by mlx-lm's attention layers in place of their mask: the window alone."""
         return AttentionWindow(window_size)
 
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The layer's K/V of this step written (as mlx-lm's caches do), then handed back."""
+        raise NotImplementedError
+
     def attend(
         self,
         queries: mx.array,

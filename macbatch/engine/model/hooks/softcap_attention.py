@@ -32,9 +32,7 @@ def install(modules: Sequence[Any]) -> None:
         module.__class__ = _SOFTCAPPED[cls]
 
 
-def _softcapped_call(
-    self: Any, x: mx.array, mask: Any = None, cache: Any = None
-) -> mx.array:
+def _softcapped_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     if not isinstance(cache, EngineAttention):
         return super(type(self), self).__call__(x, mask, cache)
     n, length, _ = x.shape

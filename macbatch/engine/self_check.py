@@ -62,7 +62,8 @@ TOP = 8  # the engine's top tokens compared at each step
 # 30 * 2^-8 (bfloat16) at each of the last ops alone, so a few roundings' worth; a broken
 # layer moves log-probabilities by whole units.
 _DTYPE_TOLERANCE = {mx.float32: 1e-3, mx.float16: 0.05, mx.bfloat16: 0.25}
-# quantized pages: the engine attends over rounded K/V, the library over exact ones
+# quantized pages: the engine attends over rounded K/V, the library over exact ones (the demo
+# model measures 0.039 with 8-bit pages, 0.46 with 4-bit ones)
 _KV_BITS_TOLERANCE = {None: 0.0, 8: 0.1, 4: 1.0}
 # a layer's output differs when its largest difference passes this share of its largest value
 _LAYER_TOLERANCE = {mx.float32: 1e-3, mx.float16: 2e-2, mx.bfloat16: 1e-1}

@@ -19,22 +19,24 @@ from macbatch.engine import EngineConfig
 from macbatch.server.command import ServeSettings
 
 KNOBS = {f.name: f for f in dataclasses.fields(EngineKnobs)}
-# the engine knobs each command offers (ask runs the engine at its defaults)
+# the engine knobs each command offers (ask and doctor run the engine at its defaults)
 OFFERED = {
     "serve": {
         "max_num_seqs", "kv_blocks", "kv_bits", "speculative", "draft_model",
         "num_speculative_tokens", "cache_dir", "cache_disk_gb", "no_disk_cache", "reranker",
+        "no_self_check",
     },
     "run": {
         "max_num_seqs", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",
-        "cache_dir", "cache_disk_gb", "no_disk_cache",
+        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check",
     },
     "chat": {
         "kv_blocks", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",
-        "cache_dir", "cache_disk_gb", "no_disk_cache",
+        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check",
     },
     "bench": {"max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens"},
-    "ask": set(),
+    "ask": {"no_self_check"},
+    "doctor": {"no_self_check"},
 }  # fmt: skip
 RENAMED = {("run", "max_num_seqs"): "--max-seqs", ("bench", "max_num_batched_tokens"): "--budget"}
 

@@ -24,7 +24,7 @@ MAX_IN_FLIGHT = 256
 # run's engine knobs; those left unset (None) are the job file's
 RUN_KNOBS = Pick(
     EngineKnobs,
-    ("max_num_seqs", "kv_bits", *SPECULATIVE, *DISK_CACHE),
+    ("max_num_seqs", "kv_bits", *SPECULATIVE, *DISK_CACHE, "no_self_check"),
     names={"max_num_seqs": "--max-seqs"},  # its name since run began
     defaults={"speculative": None},
 )
@@ -247,7 +247,13 @@ def _run(
         bits = knobs.kv_bits if knobs.kv_bits is not None else job_file.kv_bits  # --kv-bits wins
         # neither an option nor the job file's section: MTP where the checkpoint has heads
         speculative = spec or job_file.speculative or {"speculative": "auto"}
-        return EngineConfig(kv_bits=bits, max_num_seqs=knobs.max_num_seqs, **speculative, **disk)
+        return EngineConfig(
+            kv_bits=bits,
+            max_num_seqs=knobs.max_num_seqs,
+            self_check=not knobs.no_self_check,
+            **speculative,
+            **disk,
+        )
 
     try:
         job_file = load_job_file(file, model_override=model)

@@ -14,15 +14,18 @@ from typing import TYPE_CHECKING, Annotated, NoReturn, TextIO
 
 import typer
 
-from macbatch.commands.options import model_problem
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import LOAD_ONLY, EngineKnobs, model_problem
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from macbatch.engine import Engine, SamplingParams
 
 EXIT_INTERRUPTED = 130
+ASK_KNOBS = Pick(EngineKnobs, LOAD_ONLY)  # otherwise the engine's defaults
 
 
+@takes(knobs=ASK_KNOBS)
 def ask_command(
     prompt: Annotated[
         str | None,
@@ -57,6 +60,8 @@ def ask_command(
             show_default=False,
         ),
     ] = None,
+    *,
+    knobs: EngineKnobs,
 ) -> None:
     """Ask a model one question and stream its reply to stdout (text piped in is added).
 
@@ -82,7 +87,7 @@ def ask_command(
         raise typer.BadParameter(str(error)) from None
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
-    engine = load(model)
+    engine = load(model, knobs)
     try:
         stream(engine, messages, params, settings.template_kwargs())
     except KeyboardInterrupt:
@@ -106,11 +111,11 @@ def question(prompt: str | None, stdin: TextIO) -> str:
     return text
 
 
-def load(model: str) -> Engine:
-    from macbatch.engine import Engine
+def load(model: str, knobs: EngineKnobs) -> Engine:
+    from macbatch.engine import Engine, EngineConfig
 
     try:
-        return Engine.load(model)
+        return Engine.load(model, EngineConfig(self_check=not knobs.no_self_check))
     except Exception as error:  # load errors come in many types; all mean "cannot answer"
         fail(f"cannot load model '{model}': {error}")
 

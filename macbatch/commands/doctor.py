@@ -9,14 +9,22 @@ import sys
 
 import typer
 
+from macbatch.commands.fields import Pick, takes
+from macbatch.commands.options import LOAD_ONLY, EngineKnobs
 from macbatch.config import OPENBLAS
 
+DOCTOR_KNOBS = Pick(EngineKnobs, LOAD_ONLY)
 
+
+@takes(knobs=DOCTOR_KNOBS)
 def doctor_command(
     model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+    *,
+    knobs: EngineKnobs,
 ) -> None:
     """Print what macbatch sees: platform, MLX device, attention path, data directory, models;
-    with MODEL, whether it can be served and how (without loading its weights)."""
+    with MODEL, whether it can be served and how (its weights loaded for the self-check,
+    unless --no-self-check)."""
     from importlib.metadata import version
 
     import mlx.core as mx
@@ -56,7 +64,7 @@ def doctor_command(
     if model is not None:
         from macbatch.models.check import check_model
 
-        report = check_model(model)
+        report = check_model(model, self_check=not knobs.no_self_check)
         rows += [("model", model), *report.rows]
         rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
     width = max(len(k) for k, _ in rows)

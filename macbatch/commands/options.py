@@ -172,6 +172,13 @@ class EngineKnobs:
         "--no-disk-cache",
         help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
     )
+    no_self_check: bool = option(
+        False,
+        "--no-self-check",
+        help="Skip the load-time self-check, which runs a short prompt through macbatch's "
+        "batched step and through the model library's own forward and refuses a model whose "
+        "answers differ (docs/models.md, 'The self-check').",
+    )
     reranker: bool = option(
         False,
         "--reranker",
@@ -198,6 +205,7 @@ class EngineKnobs:
             "num_blocks": self.kv_blocks,
             "kv_bits": self.kv_bits,
             "reranker": self.reranker or None,  # None: recognised by its name
+            "self_check": not self.no_self_check,
             **self.speculative_fields(),
             **self.disk_fields(),
         }
@@ -205,6 +213,8 @@ class EngineKnobs:
 
 # the knobs that go together into EngineConfig (speculative_fields, disk_fields)
 SPECULATIVE = ("speculative", "draft_model", "num_speculative_tokens")
+# the knobs of a command that loads a model and offers nothing else: ask, doctor
+LOAD_ONLY = ("no_self_check",)
 DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
 
 BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself

@@ -76,6 +76,12 @@ class EngineConfig:
     reranker: bool | None = knob(
         None, 'The model is a yes/no cross-encoder (None: its name says "rerank").'
     )
+    self_check: bool = knob(
+        True,
+        "``Engine.load`` runs a short prompt through the packed step and through the model "
+        "library's own forward and refuses the model when their log-probabilities differ "
+        "(self_check.py); False skips it (``--no-self-check``).",
+    )
     compile_decode_after: int | None = knob(
         64,
         "Small decode steps run compiled once this many of them ran uncompiled "

@@ -35,10 +35,12 @@ from macbatch.engine.core.stats import EngineStats
 from macbatch.engine.distributed.ranks import ranks_of
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
+from macbatch.engine.model.adapter import UnsupportedModelError
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.participants import participants_of
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
+from macbatch.engine.self_check import SelfCheck, self_check
 from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
 from macbatch.engine.speculative.methods import resolved_mode
 from macbatch.engine.speculative.mtp_model import MtpHead, mtp_head_for
@@ -113,15 +115,21 @@ class Engine(PromptEncoder):
         self._pending: list[RequestOutput] = []  # outputs for the next ``step()`` to return
         self._touched: list[Request] = []  # the requests of the step running (``_contain``)
         self._in_flight: InFlightStep | None = None
+        self.reset_counts()
+        # what ``load``'s self-check found (None: not run: a model object, or switched off)
+        self.self_check: SelfCheck | None = None
+        # Rank 0 of a group steps synchronously: a step's broadcast carries its input tokens
+        # from the host, and its collectives must finish before the next step's broadcast.
+        self._pipelined = config.pipelined and group is None
+
+    def reset_counts(self) -> None:
+        """Zero what ``stats`` counts (the self-check's request is nobody's)."""
         self._steps = 0
         self._tokens_last_step = 0
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generated_tokens = 0
         self._device_wait_s = 0.0
-        # Rank 0 of a group steps synchronously: a step's broadcast carries its input tokens
-        # from the host, and its collectives must finish before the next step's broadcast.
-        self._pipelined = config.pipelined and group is None
 
     def _processor(self) -> InputProcessor:
         return self.processor
@@ -145,7 +153,7 @@ class Engine(PromptEncoder):
             settle_drafting(None, group)
             raise
         settle_drafting(resolved_mode(config.speculative, isinstance(draft, MtpHead)), group)
-        return cls(
+        engine = cls(
             model,
             tokenizer,
             config,
@@ -155,6 +163,18 @@ class Engine(PromptEncoder):
             draft_model=draft,
             vision_from=name,
         )
+        if config.self_check and group is None:  # a group's followers step with rank 0 only
+            engine.self_check = check = self_check(engine)
+            log.info("self-check of '%s': %s", name, check.describe())
+            if check.problem is not None:
+                engine.close()
+                raise UnsupportedModelError(
+                    f"model '{name}' is refused: its packed paged step does not reproduce "
+                    f"{engine.runner.model_type}'s own forward in the model library: "
+                    f"{check.problem} (macbatch's adapter does not run this architecture "
+                    "right; --no-self-check serves it anyway)"
+                )
+        return engine
 
     # -- requests --------------------------------------------------------------------------
 

@@ -35,7 +35,9 @@ class ModelReport:
         return self.problem is None
 
 
-def check_model(name: str) -> ModelReport:
+def check_model(name: str, self_check: bool = False) -> ModelReport:
+    """``self_check``: also load the model and run the engine's self-check (its result and
+    time, beside the load's)."""
     report = ModelReport(name)
     try:
         path = _local_path(name)
@@ -53,9 +55,32 @@ def check_model(name: str) -> ModelReport:
             ("images", "yes (docs/vision.md)" if no_images is None else f"no: {no_images}")
         )
         report.rows.append(("MTP heads", describe_mtp_heads(path)))
+        if self_check and report.problem is None:
+            report.problem = _self_check(name, report.rows)
     except (ValueError, OSError) as exc:
         report.problem = str(exc)
     return report
+
+
+def _self_check(name: str, rows: list[tuple[str, str]]) -> str | None:
+    """Load the model as serving it would and append the self-check's row; why it is refused
+    (None: it passed)."""
+    import time
+
+    from macbatch.engine import Engine, EngineConfig
+
+    started = time.perf_counter()
+    try:
+        engine = Engine.load(name, EngineConfig(self_check=True))
+    except ValueError as exc:  # the check's refusal (UnsupportedModelError) or a load error
+        rows.append(("self-check", "failed"))
+        return str(exc)
+    check = engine.self_check
+    assert check is not None
+    load_s = time.perf_counter() - started - check.seconds
+    engine.close()
+    rows.append(("self-check", f"{check.describe()}; the load took {load_s:.2f} s"))
+    return None
 
 
 def _local_path(name: str) -> Path:

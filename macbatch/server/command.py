@@ -164,7 +164,15 @@ class ServeSettings:
 # serve's engine knobs: all but the step's token budget, which serve leaves at the engine's
 SERVE_KNOBS = Pick(
     EngineKnobs,
-    ("max_num_seqs", "kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE, "reranker"),
+    (
+        "max_num_seqs",
+        "kv_blocks",
+        "kv_bits",
+        *SPECULATIVE,
+        *DISK_CACHE,
+        "reranker",
+        "no_self_check",
+    ),
 )
 
 

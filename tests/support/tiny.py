@@ -379,7 +379,12 @@ ARCH_CONFIGS.update(WRAPPER_CONFIGS)
 
 def build_model(arch: str = "qwen3", seed: int = 0, **overrides: Any) -> nn.Module:
     """A float32 random-weight model of `arch`, evaluated and ready to run."""
-    config = copy.deepcopy(dict(_config(arch), **overrides))
+    return model_of(dict(_config(arch), **overrides), seed)
+
+
+def model_of(config: dict[str, Any], seed: int = 0) -> nn.Module:
+    """A float32 random-weight model of a config.json's fields, evaluated and ready to run."""
+    config = copy.deepcopy(config)
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -451,6 +456,18 @@ def save_two_models(root: Path) -> dict[str, Path]:
         "alpha": save_model(root / "alpha", arch="qwen3", seed=0),
         "beta": save_model(root / "beta", arch="llama", seed=1),
     }
+
+
+def tiny_configs() -> dict[str, dict[str, Any]]:
+    """Every tiny config here, by its model type (the first of a type where several share one)."""
+    configs: dict[str, dict[str, Any]] = {}
+    for table in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS, HYBRID_CONFIGS):
+        for config in table.values():
+            configs.setdefault(config["model_type"], config)
+            text = config.get("text_config")
+            if text is not None and "model_type" in text:  # a wrapper's text model
+                configs.setdefault(text["model_type"], text)
+    return configs
 
 
 def _config(arch: str) -> dict[str, Any]:

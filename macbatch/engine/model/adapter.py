@@ -130,7 +130,9 @@ class ModelAdapter:
         self.inner_name: str = inner_name
         with refused_if_unreadable(self.model_type):
             self.recurrent, self.cache_lists = self._recurrent_caches()
-            hooks.install(self.layers, self._recurrent_modules())
+            softcapped = self.family.inline_softcap_attention
+            capped = [getattr(layer, softcapped) for layer in self.layers] if softcapped else []
+            hooks.install(self.layers, self._recurrent_modules(), capped)
             layout, self.state_shapes = self._probe()
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders

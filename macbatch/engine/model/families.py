@@ -107,6 +107,10 @@ class Family:
     # attention (one mlx-lm ``CacheList`` per layer): the mixer runs its sequences apart while
     # the attention reads its pages with every row together
     side_by_side_mixer: str | None = None
+    # the attribute of each decoder layer holding an attention module that multiplies queries
+    # and keys itself and caps the scores inline (Gemma 2), which hooks/softcap_attention.py
+    # routes to the kernel's softcap
+    inline_softcap_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -217,11 +221,23 @@ FAMILIES: dict[str, Family] = {
         "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "
         "the packed step's rows do not carry"
     ),
-    "deepseek_v41": Family(refusal=_FAST_ATTENTION),
+    "deepseek_v41": Family(
+        refusal="DeepSeek V4's compressed sparse attention: each layer keeps a cache of its own "
+        "(a sliding window, compressed KV rows, an indexer's keys) and calls mx.fast attention "
+        "directly, which the paged step does not page or select yet"
+    ),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
-    "gemma2": Family(
-        refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
+    # attention computed inline with a logit softcap: hooks/softcap_attention.py
+    "gemma2": Family(inline_softcap_attention="self_attn"),
+    "phi3small": Family(
+        refusal="its block-sparse attention layers (local blocks and vertical strides) compute "
+        "attention inline over a mask of their own, which the paged step does not select"
+    ),
+    "plamo3": Family(
+        refusal="mlx-lm's plamo3 disagrees with itself past its sliding window: a forward over a "
+        "whole prompt attends to window + 1 keys, its RotatingKVCache keeps window keys in "
+        "decoding, so there is no one window the paged step could reproduce"
     ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     # of these, mlx-vlm has bert and modernbert (for its retrieval models)

@@ -67,6 +67,7 @@ class ProbeCache(EngineAttention):
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
         """Records whose K/V the call reads, its window and its heads' K/V heads."""
         owner = owner_of(self.peers, keys, self)

@@ -79,12 +79,13 @@ class PagedLayerCache(EngineAttention):
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
         """The layer's paged attention over the pages of the layer whose K/V it is handed (its
         own, usually; they are in the pages by now)."""
         source = self if keys is self.keys else owner_of(self.peers, keys, self)
         k_pages, v_pages = source.store.pages(source.layer)
-        layer = macbatch.metal.LayerParams(scale, sliding_window=window, sinks=sinks)
+        layer = macbatch.metal.LayerParams(scale, window, softcap, sinks)
         meta = self.batch.window_attention if source.windowed else self.batch.attention
         q = queries[:, :, 0, :] if self.head_order is None else queries[:, self.head_order, 0, :]
         out = macbatch.metal.paged_attention(q, k_pages, v_pages, meta, layer)

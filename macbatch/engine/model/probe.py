@@ -58,7 +58,10 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
         )
     if both:
         kinds += f"; {both} run both side by side"
-    rows.append(("layers", f"{attention + recurrent - both} ({kinds})"))
+    idle = adapter.kv_used.count(False)  # attention off, or a linear map in its place
+    if idle:  # (Nemotron-NAS)
+        kinds += f"; {idle} without attention"
+    rows.append(("layers", f"{attention + idle + recurrent - both} ({kinds})"))
     per_token = PageFormat(adapter.kv_dtype).bytes_per_block(adapter.layer_shapes, 1)
     kv_dtype = str(adapter.kv_dtype).removeprefix("mlx.core.")
     indexed = ""

@@ -21,6 +21,7 @@ from macbatch.engine.model.hooks import (
     latent_attention,
     recurrent_layers,
     row_positions,
+    softcap_attention,
     ssm_cut,
 )
 
@@ -33,6 +34,8 @@ class Target:
     # the modules handed a recurrent state cache: a hybrid's decoder layers, or the mixer beside
     # each layer's attention (Falcon-H1's); empty for an attention-only model
     recurrent: Sequence[Any]
+    # the attention modules that cap their scores inline (the family's record names them)
+    softcapped: Sequence[Any] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,12 @@ HOOKS: tuple[Hook, ...] = (
         "GPT-BigCode counts its position ids with numpy from the cache's offset, a number to "
         "mlx-lm but every row's own position in the packed step",
         lambda _: row_positions.install(),
+    ),
+    Hook(
+        "softcap_attention",
+        "Gemma 2's attention caps its scores inline instead of calling "
+        "scaled_dot_product_attention; the packed step attends with the kernel's softcap",
+        lambda target: softcap_attention.install(target.softcapped),
     ),
     Hook(
         "recurrent_layers",
@@ -101,10 +110,13 @@ HOOKS: tuple[Hook, ...] = (
 )
 
 
-def install(layers: Sequence[Any], recurrent: Sequence[Any] = ()) -> None:
+def install(
+    layers: Sequence[Any], recurrent: Sequence[Any] = (), softcapped: Sequence[Any] = ()
+) -> None:
     """Install every hook a loaded model needs: ``layers``, its decoder layers; ``recurrent``,
-    the modules handed a recurrent state cache (``Target``; empty: attention only)."""
-    target = Target(layers, recurrent)
+    the modules handed a recurrent state cache (``Target``; empty: attention only);
+    ``softcapped``, the attention modules that cap their scores inline."""
+    target = Target(layers, recurrent, softcapped)
     for hook in HOOKS:
         if target.recurrent or not hook.recurrent:
             hook.install(target)

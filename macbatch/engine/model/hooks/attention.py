@@ -43,6 +43,10 @@ class EngineAttention:
         array)."""
         return None if window_size is None else AttentionWindow(window_size)
 
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The layer's K/V of this step written (as mlx-lm's caches do), then handed back."""
+        raise NotImplementedError
+
     def attend(
         self,
         queries: mx.array,
@@ -51,7 +55,10 @@ class EngineAttention:
         scale: float,
         window: int | None,
         sinks: Any,
+        softcap: float | None = None,
     ) -> mx.array:
+        """The layer's attention; ``softcap``: its scores become ``tanh(s / cap) * cap``
+        (a layer that caps them inline, ``softcap_attention.py``)."""
         raise NotImplementedError
 
     def attend_latent(

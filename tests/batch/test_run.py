@@ -18,7 +18,7 @@ from macbatch.batch.report import HeadlessReporter
 from macbatch.batch.runner import RunOptions, run_jobs
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams
-from tests.support.job_files import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, read_table, write_job
 
 SYSTEM = "You are concise."
 QUESTIONS = [
@@ -270,6 +270,13 @@ def test_scoring_reports_accuracy_per_task(tmp_path: Path, tiny_model_path: Path
         "r2": (False, "math"),
         "r3": (True, "words"),
         "r4": (None, None),
+    }
+    table = read_table(tmp_path / "out" / "qa.csv")  # the table says the same, row by row
+    assert {r["custom_id"]: r["correct"] for r in table} == {
+        "r1": "true",
+        "r2": "false",
+        "r3": "true",
+        "r4": "",
     }
     accuracy = json.loads((tmp_path / "out" / "summary.json").read_text())["jobs"]["qa"]["accuracy"]
     assert accuracy == {

@@ -102,3 +102,16 @@ def test_models_lists_a_pulled_model_and_rm_removes_it(source: Path, tmp_path: P
         assert removed.returncode == 0 and not snapshot(home).exists()
         listed = json.loads(macbatch(url, home, "models", "--json").stdout)
         assert REPO not in [r["name"] for r in listed]
+
+
+@pytest.mark.parametrize("model", ["demo", REPO])
+def test_rm_before_any_download_says_so_in_its_own_words(tmp_path: Path, model: str) -> None:
+    """Issue 65: with no hub cache yet `rm` passed on huggingface-hub's advice about its
+    `cache_dir` argument and HF_HUB_CACHE; the demo model, bundled, is never in that cache."""
+    done = macbatch("http://127.0.0.1:9", tmp_path / "home", "rm", model, "--yes")
+    assert done.returncode == 1
+    assert "cache_dir" not in done.stderr and "HF_HUB_CACHE" not in done.stderr
+    if model == "demo":
+        assert "part of macbatch" in done.stderr
+    else:
+        assert f"{model!r} is not downloaded" in done.stderr

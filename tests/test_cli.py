@@ -252,3 +252,14 @@ def test_the_command_line_works_in_a_folder_holding_a_macbatch_directory(tmp_pat
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"macbatch {macbatch.__version__}"
+
+
+def test_shared_options_say_nothing_of_another_command():
+    """Issue 65: --kv-bits is declared once for chat, serve, bench and run; its help talked of
+    `run`'s job file in chat --help."""
+    from macbatch.cli import command
+
+    for name, sub in command().commands.items():
+        for param in sub.params:
+            if "--kv-bits" in getattr(param, "opts", []) and name != "run":
+                assert "`run`" not in (param.help or ""), (name, param.help)

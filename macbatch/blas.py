@@ -65,7 +65,7 @@ def wheel_openblas() -> Path | None:
     return path if path.exists() else None
 
 
-def probe(path: Path) -> str | None:
+def probe(path: Path | str) -> str | None:
     """Why the library at `path` cannot be used on this machine (None: it can)."""
     done = subprocess.run(
         [sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=120

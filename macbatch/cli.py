@@ -14,13 +14,14 @@ import typer
 import typer.core
 
 from macbatch.batch.command import run_command
+from macbatch.blas import choose as choose_blas
+from macbatch.blas import preloaded
 from macbatch.commands.ask import ask_command
 from macbatch.commands.bench import bench_command
 from macbatch.commands.cache import cache_app
 from macbatch.commands.doctor import doctor_command
 from macbatch.commands.launch import LaunchError, follower_exit_status
 from macbatch.commands.models import models_command, pull_command, rm_command
-from macbatch.config import OPENBLAS
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -121,16 +122,25 @@ def command() -> Callable[..., Any]:
 _METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
 
 
+# The re-executed interpreter's program: `python -m macbatch` would put the current directory
+# first on the import path, so a folder holding a `macbatch/` directory (the one above a clone)
+# would shadow the package; `-c` puts it there too, as '', and the program drops it first.
+REEXEC = (
+    "import sys\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+    "from macbatch.cli import command\n"
+    "command()(prog_name='macbatch')\n"
+)
+
+
 def main() -> None:
-    """Console entry point. On Linux, re-executes once with OpenBLAS preloaded when the machine
-    has it: MLX's CPU wheel links a reference BLAS about 40x slower for float32 matmuls."""
-    if (
-        sys.platform == "linux"
-        and OPENBLAS.exists()
-        and "openblas" not in os.environ.get("LD_PRELOAD", "")
-        and not os.environ.get("MACBATCH_NO_REEXEC")
-    ):
-        env = dict(os.environ, MACBATCH_NO_REEXEC="1")
-        env["LD_PRELOAD"] = ":".join(p for p in (str(OPENBLAS), env.get("LD_PRELOAD")) if p)
-        os.execve(sys.executable, [sys.executable, "-m", "macbatch", *sys.argv[1:]], env)
+    """Console entry point. On Linux, re-executes once with OpenBLAS preloaded (macbatch.blas
+    says which: the system's, else the cmeel-openblas wheel's): MLX's CPU wheel links a
+    reference BLAS about 12x slower for float32 matmuls."""
+    if sys.platform == "linux" and not preloaded() and not os.environ.get("MACBATCH_NO_REEXEC"):
+        chosen = choose_blas().path
+        if chosen is not None:
+            env = dict(os.environ, MACBATCH_NO_REEXEC="1")
+            env["LD_PRELOAD"] = ":".join(p for p in (str(chosen), env.get("LD_PRELOAD")) if p)
+            os.execve(sys.executable, [sys.executable, "-c", REEXEC, *sys.argv[1:]], env)
     command()(prog_name="macbatch")

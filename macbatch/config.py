@@ -12,11 +12,6 @@ from pathlib import Path
 
 DEFAULT_MODEL = os.environ.get("MACBATCH_MODEL", "demo")
 
-# The system's OpenBLAS on Debian / Ubuntu: MLX's Linux CPU wheel links a reference BLAS about 40x
-# slower for float32 matmuls, so `macbatch` re-executes with this preloaded (cli.main) and
-# `macbatch doctor` reports whether it is.
-OPENBLAS = Path("/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3")
-
 
 def data_dir() -> Path:
     """The app's data directory (history, ledgers), created on first use."""

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The test command (README and CI): the suite, with OpenBLAS preloaded when the machine has it,
+# The test command (README and CI): the suite, with OpenBLAS preloaded (the system's, else the
+# cmeel-openblas wheel's: macbatch/blas.py),
 # in parallel (pytest-xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-openblas=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
-if [ "$(uname -s)" = Linux ] && [ -e "$openblas" ]; then
-  export LD_PRELOAD="$openblas${LD_PRELOAD:+:$LD_PRELOAD}"
+# The OpenBLAS the CLI would preload (macbatch/blas.py: the system's, else the wheel's).
+if [ "$(uname -s)" = Linux ] && [[ "${LD_PRELOAD:-}" != *openblas* ]]; then
+  openblas=$(python3 -m macbatch.blas)
+  if [ -n "$openblas" ]; then
+    export LD_PRELOAD="$openblas${LD_PRELOAD:+:$LD_PRELOAD}"
+  fi
 fi
 # One worker per core, each test file on one worker (its module fixtures built once);
 # MACBATCH_TEST_WORKERS=0, or -n 0 after the command, runs everything in this process.

@@ -49,7 +49,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helper modules, when imported
 
-from fast_training_ops import fast_cross_entropy, fast_training_ops  # noqa: E402
 from shared_memory_sum import (  # noqa: E402
     SHARED_FILE_VARIABLE,
     SharedMemorySum,
@@ -75,7 +74,8 @@ TASK_WEIGHTS = "add=2,subtract=2,reverse=1,sort=2,count=2"
 # at turn 5 when every other task was above 0.99), so it starts with twice the weight there.
 CHAT_TASK_WEIGHTS = "add=2,subtract=2,reverse=1,sort=2,count=4"
 # Replies of the evaluations: a JSON reply runs to about 90 tokens (a plain one to 30; a longer
-# reply is wrong at any limit, so the limit changes no plain score).
+# reply is wrong at any limit, so the limit changes no plain score). --eval-max-tokens lowers it
+# for runs whose scores say nothing (a few steps, as tests/demo/test_training.py runs).
 EVAL_MAX_TOKENS = 96
 MODEL_CONFIG = {
     "model_type": "llama",
@@ -274,12 +274,14 @@ def loss_fn(
     return (losses * mask).sum() / tokens
 
 
-def evaluate_first_turns(model, tokenizer_wrapper, examples: list[Example]) -> dict[str, float]:
+def evaluate_first_turns(
+    model, tokenizer_wrapper, examples: list[Example], max_tokens: int
+) -> dict[str, float]:
     """Phase 1: greedy accuracy per task of questions asked alone (mlx-lm's batch_generate)."""
     from mlx_lm.generate import batch_generate
 
     prompts = [tokenizer_wrapper.encode(chat_text(e.question)) for e in examples]
-    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=EVAL_MAX_TOKENS).texts
+    replies = batch_generate(model, tokenizer_wrapper, prompts, max_tokens=max_tokens).texts
     return accuracy_by_task(examples, replies)
 
 
@@ -289,6 +291,7 @@ def evaluate_conversations(
     examples: list[Example],
     histories: list[list[Example]],
     with_json: bool,
+    max_tokens: int,
 ) -> dict[str, float]:
     """Phase 2: greedy accuracy per task through mlx-lm's batch_generate, each task's worst of
     asked as the first turn and asked after its history (and, `with_json`, the same two asked
@@ -308,9 +311,7 @@ def evaluate_conversations(
         for _, _, chats in asked
         for chat in chats
     ]
-    replies = iter(
-        batch_generate(model, tokenizer_wrapper, prompts, max_tokens=EVAL_MAX_TOKENS).texts
-    )
+    replies = iter(batch_generate(model, tokenizer_wrapper, prompts, max_tokens=max_tokens).texts)
     worst: dict[str, float] = {}
     for label, questions, chats in asked:
         accuracy = accuracy_by_task(questions, [next(replies) for _ in chats])
@@ -348,6 +349,10 @@ def make_train_step(
     this process's rows of the step's batch; with more than one process the gradients are
     summed over them first (scripts/shared_memory_sum.py). With `fast_ops` the forward pass
     uses the stand-ins of scripts/fast_training_ops.py."""
+    # imported here: it imports mlx-lm (and transformers, seconds of CPU), which the process that
+    # only starts the training processes never needs
+    from fast_training_ops import fast_cross_entropy, fast_training_ops
+
     warmup = max(1, min(200, steps // 10))
     schedule = optim.join_schedules(
         [
@@ -550,6 +555,13 @@ def main() -> None:
         help="turns per conversation: 1 to this, fewer if they overflow the context",
     )
     parser.add_argument("--eval-per-task", type=int, default=30)
+    parser.add_argument(
+        "--eval-max-tokens",
+        type=int,
+        default=EVAL_MAX_TOKENS,
+        help="reply tokens of each evaluation question (fewer: faster evaluations of runs whose"
+        " scores do not matter, cut replies count as wrong)",
+    )
     parser.add_argument("--minutes", type=float, default=0, help="end a phase after this long")
     parser.add_argument("--stop-at", type=int, default=0, help="end a phase at this step")
     parser.add_argument(
@@ -660,7 +672,7 @@ def main() -> None:
             args.eval_every,
             args.weights,
             lambda weights: make_single_turn_batches(tokenizer, rng, args.batch_size, 8, weights),
-            lambda: evaluate_first_turns(model, wrapper, eval_set),
+            lambda: evaluate_first_turns(model, wrapper, eval_set, args.eval_max_tokens),
             save_model,
         )
     for cycle, (steps, lr, json_share) in enumerate(
@@ -686,7 +698,9 @@ def main() -> None:
                 tokenizer, rng, args.chat_batch_size, 8, weights, args.max_turns, max_len, share
             ),
             lambda eval_set=chat_eval, histories=histories, share=json_share: (
-                evaluate_conversations(model, wrapper, eval_set, histories, share > 0)
+                evaluate_conversations(
+                    model, wrapper, eval_set, histories, share > 0, args.eval_max_tokens
+                )
             ),
             save_model,
         )

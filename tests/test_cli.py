@@ -6,7 +6,9 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from macbatch.cli import app
@@ -218,3 +220,46 @@ def test_pooling_workload_accounting(tiny_model_path):
     result, vectors = run_pooling_workload(engine, prompts)
     assert len(vectors) == 2 and result.succeeded == 2 and len(result.failures) == 1
     assert result.prompt_tokens == 22 == sum(result.step_tokens)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS re-exec is Linux's")
+def test_the_command_line_works_in_a_folder_holding_a_macbatch_directory(tmp_path):
+    """Issue 65: the re-exec ran `python -m macbatch`, which puts the current directory first on
+    the import path, so an empty `macbatch/` there (the folder above a clone) shadowed the
+    package. Run as the console script runs, from such a folder, with the re-exec on."""
+    from macbatch.blas import choose
+
+    if choose().path is None:
+        pytest.skip("no OpenBLAS to preload here: the command line does not re-execute")
+    folder = tmp_path / "x"
+    (folder / "macbatch").mkdir(parents=True)
+    # a package of that name (an empty folder shadows an editable install the same way: its
+    # finder comes after the path's, which takes the folder as a namespace package)
+    (folder / "macbatch" / "__init__.py").write_text("")
+    script = tmp_path / "bin" / "macbatch"  # what pip writes for [project.scripts]
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom macbatch.cli import main\nsys.exit(main())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MACBATCH_NO_REEXEC", "LD_PRELOAD")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, str(script), "--version"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    import macbatch
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"macbatch {macbatch.__version__}"
+
+
+def test_shared_options_say_nothing_of_another_command():
+    """Issue 65: --kv-bits is declared once for chat, serve, bench and run; its help talked of
+    `run`'s job file in chat --help."""
+    from macbatch.cli import command
+
+    for name, sub in command().commands.items():
+        for param in sub.params:
+            if "--kv-bits" in getattr(param, "opts", []) and name != "run":
+                assert "`run`" not in (param.help or ""), (name, param.help)

@@ -178,9 +178,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("macbatch.engine",)),
     ("kernels", ("macbatch.metal",)),
     # below them all: the demo models (the engine's loader resolves "demo" and builds
-    # "demo-vision"), the data directory and the machine's paths, ceiling division, and the
-    # package's own facts
-    ("leaves", ("macbatch.demo", "macbatch.config", "macbatch.arithmetic", PACKAGE)),
+    # "demo-vision"), the data directory and the machine's paths, the BLAS the command line
+    # preloads, ceiling division, and the package's own facts
+    (
+        "leaves",
+        ("macbatch.demo", "macbatch.config", "macbatch.blas", "macbatch.arithmetic", PACKAGE),
+    ),
 ]
 
 ENGINE = "macbatch.engine"

@@ -139,3 +139,16 @@ def test_an_unreachable_hub_fails_at_once_with_what_to_check(tmp_path: Path) -> 
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"cannot reach the hub at {endpoint}" in done.stderr
     assert "Retrying" not in done.stderr  # no round of retries first
+
+
+@pytest.mark.parametrize("model", ["demo", REPO])
+def test_rm_before_any_download_says_so_in_its_own_words(tmp_path: Path, model: str) -> None:
+    """Issue 65: with no hub cache yet `rm` passed on huggingface-hub's advice about its
+    `cache_dir` argument and HF_HUB_CACHE; the demo model, bundled, is never in that cache."""
+    done = macbatch("http://127.0.0.1:9", tmp_path / "home", "rm", model, "--yes")
+    assert done.returncode == 1
+    assert "cache_dir" not in done.stderr and "HF_HUB_CACHE" not in done.stderr
+    if model == "demo":
+        assert "part of macbatch" in done.stderr
+    else:
+        assert f"{model!r} is not downloaded" in done.stderr

@@ -122,7 +122,10 @@ def run_command(
     progress_interval: Annotated[
         float,
         typer.Option(
-            "--progress-interval", min=0.0, help="Seconds between --headless progress events."
+            "--progress-interval",
+            min=0.0,
+            help="Seconds between progress lines when the output is not a terminal (a file, a "
+            "pipe, CI logs), and between --headless progress events.",
         ),
     ] = 2.0,
 ) -> None:
@@ -137,7 +140,7 @@ def run_command(
     from macbatch.batch.report import HeadlessReporter, RichReporter
     from macbatch.batch.runner import RunOptions
 
-    reporter = HeadlessReporter(progress_interval) if headless else RichReporter()
+    reporter = HeadlessReporter(progress_interval) if headless else RichReporter(progress_interval)
     if force and fresh:
         _fail(headless, "--force and --fresh contradict each other; choose one")
     if redo_changed and (force or fresh):

@@ -56,6 +56,19 @@ def temporary(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
+def rebuilt_files(directory: Path, job: JobSpec, parquet: bool = False) -> list[Path]:
+    """A job's files rebuilt from its result lines when a run ends (tables, vectors and their
+    ids): a run deletes them as it starts, so they never describe another run than the lines."""
+    files = []
+    if job.task == "generate":
+        files.append(table_path(directory, job.name))
+        if parquet:
+            files.append(parquet_path(directory, job.name))
+    if job.vectors is not None:
+        files += [job.vectors, ids_path(job.vectors)]
+    return files
+
+
 def written_files(directory: Path, jobs: Iterable[JobSpec], parquet: bool = False) -> list[Written]:
     """Every file a run of ``jobs`` into output directory ``directory`` may write (`parquet`:
     the job file asks for Parquet tables too)."""

@@ -146,15 +146,19 @@ class HeadlessReporter:
 
 
 class RichReporter:
-    """A live display (a bar per job and a line of rates) for an interactive terminal."""
+    """A live display (a bar per job and a line of rates) for an interactive terminal; to a
+    pipe or a file, one plain line every `interval_s` instead (done / total, rates, time left):
+    a log shows a long run is moving without a redraw per frame."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 2.0) -> None:
         from rich.console import Console
 
         self.console = Console(stderr=False)
+        self.interval_s = interval_s
         self._progress: Any = None
         self._tasks: dict[str, Any] = {}
         self._last = 0.0
+        self._plain = False
 
     def note(self, text: str) -> None:
         # soft_wrap: a path or message is one line whatever the width, so a log piped to a file
@@ -162,8 +166,9 @@ class RichReporter:
         self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def start(self, progress: RunProgress) -> None:
-        if not self.console.is_terminal:
-            return  # a pipe or a file gets the notes and the summary, not bar redraws
+        if not self.console.is_terminal:  # a pipe or a file: lines, not bar redraws
+            self._plain, self._last = True, time.monotonic()
+            return
         from rich.markup import escape
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -185,6 +190,9 @@ class RichReporter:
         self._progress.start()
 
     def update(self, progress: RunProgress, force: bool = False) -> None:
+        if self._plain:
+            self._line(progress, force)
+            return
         if self._progress is None or (not force and time.monotonic() - self._last < 0.25):
             return
         self._last = time.monotonic()
@@ -204,6 +212,22 @@ class RichReporter:
         if progress.stopping:
             info += " · [yellow]stopping (Ctrl-C again: stop now)"
         self._progress.update(self._tasks[""], completed=progress.finished, info=info)
+
+    def _line(self, progress: RunProgress, force: bool) -> None:
+        """The plain progress line, at most every `interval_s` (or when the runner forces it)."""
+        if not force and time.monotonic() - self._last < self.interval_s:
+            return
+        self._last = time.monotonic()
+        rates = progress.rates()
+        eta = progress.eta_s(rates.rows_per_s)
+        failed = sum(job.failed for job in progress.jobs.values())
+        self.note(
+            f"{progress.finished:,} / {progress.total:,} done"
+            + (f" ({failed:,} failed)" if failed else "")
+            + f" · {rates.rows_per_s:,.1f} rows/s · {rates.generated_tok_per_s:,.0f} tok/s"
+            + f" · {_clock(eta)} left"
+            + (" · stopping" if progress.stopping else "")
+        )
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self._progress is not None:

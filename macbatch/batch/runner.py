@@ -22,7 +22,14 @@ from typing import Any
 from macbatch.batch.inputs import InputFile
 from macbatch.batch.ledger import Ledger
 from macbatch.batch.outputs import JsonlAppender, drop_results, error_line, recover, write_result
-from macbatch.batch.paths import LEDGER_NAME, SUMMARY_NAME, errors_path, output_path, temporary
+from macbatch.batch.paths import (
+    LEDGER_NAME,
+    SUMMARY_NAME,
+    errors_path,
+    output_path,
+    rebuilt_files,
+    temporary,
+)
 from macbatch.batch.pending import Pending
 from macbatch.batch.plan import Planned, Rejected, plan_job, prepare
 from macbatch.batch.preparing import Preparing
@@ -162,9 +169,15 @@ def _survey(
             "lines are removed), --force to keep every completed line as it is and run only the "
             "missing ones, or --fresh to discard this job file's results and start over."
         )
+    # From here the results change: what described the last run goes (rewritten when this one
+    # ends), so a kill leaves no summary saying "complete" beside a partial file, nor the old
+    # run's table beside the new run's lines.
+    (directory / SUMMARY_NAME).unlink(missing_ok=True)
     for job in job_file.jobs:
         ledger.save_settings(job.name, job.settings())
         errors_path(directory, job.name).unlink(missing_ok=True)
+        for path in rebuilt_files(directory, job, job_file.parquet):
+            path.unlink(missing_ok=True)
     return jobs
 
 

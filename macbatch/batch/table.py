@@ -1,6 +1,7 @@
 """A generating job's flat table, ``<job>.csv`` beside its JSONL: one row per result in input
 order, with the input's columns, the reply (and a column per field of a ``json_schema`` reply),
-the finish reason and the error (and ``<job>.parquet``, the same rows, when the job file asks).
+the finish reason and the error, and for a scored job whether the reply was ``correct`` (and
+``<job>.parquet``, the same rows, when the job file asks).
 
 The JSONL is the record (OpenAI's batch shape, written as requests finish, in completion order,
 the answer deep in ``response.body``); a spreadsheet or ``pandas.read_csv`` wants this instead.
@@ -28,6 +29,7 @@ from macbatch.batch.spec import JobFile
 from macbatch.batch.table_files import CsvTable, ParquetTable, TableFile, TableFiles
 
 REPLY_COLUMNS = ("reply", "finish_reason", "error")
+SCORE_COLUMN = "correct"  # the result line's macbatch.correct, for a job with score:
 NOT_RUN = "not run yet: the run was interrupted; run the same command again to resume"
 
 # Where a result's line starts: which file (RESULT or ERROR) and the byte offset in it.
@@ -55,6 +57,7 @@ def write_job_tables(
                 output_path(directory, job.name),
                 errors_path(directory, job.name),
                 sources[job.name],
+                scored=job.score is not None,
             )
         except (OSError, ValueError, ImportError) as exc:
             note(f"{job.name}: no table: {exc}")
@@ -64,11 +67,19 @@ def write_job_tables(
             outputs[job.name]["parquet"] = str(paths[1])
 
 
-def write_table(paths: list[Path], results: Path, errors: Path, source: InputFile | None) -> None:
+def write_table(
+    paths: list[Path],
+    results: Path,
+    errors: Path,
+    source: InputFile | None,
+    scored: bool = False,
+) -> None:
     """The table, from a job's result and error lines and its input (None: a job of prompts),
-    into each of `paths` (``.csv``, ``.parquet``)."""
+    into each of `paths` (``.csv``, ``.parquet``); `scored`: the job has ``score:``, and the
+    table a ``correct`` column (true / false, empty where the row has no expected answer)."""
     where, parsed = _index(results, errors)
     columns = ["custom_id", *_input_columns(source), "sample", *REPLY_COLUMNS]
+    columns += [SCORE_COLUMN] if scored else []
     columns += [f"reply.{name}" for name in parsed]
     for path in paths:
         temporary(path).parent.mkdir(parents=True, exist_ok=True)
@@ -153,6 +164,9 @@ def _result_cells(line: dict[str, Any]) -> dict[str, Any]:
         "finish_reason": line["macbatch"]["finish_reason"],
         "error": "",
     }
+    correct = line["macbatch"].get(SCORE_COLUMN)
+    if correct is not None:
+        cells[SCORE_COLUMN] = _cell(correct)
     if isinstance(line.get("parsed"), dict):
         cells["parsed"] = line["parsed"]
     return cells

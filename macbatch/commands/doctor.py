@@ -3,7 +3,6 @@ kernel, default KV pool, BLAS, data directory) and, with MODEL, whether it can b
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 
@@ -11,7 +10,6 @@ import typer
 
 from macbatch.commands.fields import Pick, takes
 from macbatch.commands.options import LOAD_ONLY, EngineKnobs
-from macbatch.config import OPENBLAS
 
 DOCTOR_KNOBS = Pick(EngineKnobs, LOAD_ONLY)
 
@@ -49,17 +47,7 @@ def doctor_command(
         ("demo model", str(MODEL_DIR) if (MODEL_DIR / "config.json").exists() else "missing"),
     ]
     if sys.platform == "linux":
-        preloaded = "openblas" in os.environ.get("LD_PRELOAD", "")
-        blas = (
-            "OpenBLAS preloaded"
-            if preloaded
-            else (
-                "reference BLAS (slow): apt-get install libopenblas0-pthread"
-                if not OPENBLAS.exists()
-                else "OpenBLAS present but not preloaded"
-            )
-        )
-        rows.append(("cpu blas", blas))
+        rows.append(("cpu blas", _blas()))
     report = None
     if model is not None:
         from macbatch.models.check import check_model
@@ -96,3 +84,17 @@ def _demo_kv_pool() -> str:
         f"({grows}: {config.max_num_seqs} sequences x {engine.info.max_model_len:,}-token "
         f"context, at most {config.memory_fraction:.0%} of memory)"
     )
+
+
+def _blas() -> str:
+    """The BLAS this process runs on: the OpenBLAS it was started with (cli.main preloads the
+    one macbatch.blas chooses), else the reference BLAS and what would make it fast."""
+    from macbatch.blas import choose, preloaded
+
+    found = preloaded()
+    if found is not None:
+        return f"OpenBLAS preloaded ({found})"
+    chosen = choose()
+    if chosen.path is None:
+        return chosen.description
+    return f"MLX's reference BLAS (slow): {chosen.description} is there but not preloaded"

@@ -120,8 +120,7 @@ class EngineKnobs:
         show_default=False,
         metavar=f"[{KV_BITS_CHOICES}]",
         help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
-        "cache (default: float pages, or for `run` the job file's kv_bits; see docs/kernel.md "
-        "for accuracy).",
+        "cache (default: float pages; see docs/kernel.md for accuracy).",
     )
     speculative: str | None = option(  # None: run's job file decides
         "auto",

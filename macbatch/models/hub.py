@@ -204,7 +204,12 @@ class Cached:
 def cached(repo: str) -> Cached:
     """A model in the hub cache and how to remove it (huggingface-hub's own deletion)."""
     from huggingface_hub import scan_cache_dir
+    from huggingface_hub.constants import HF_HUB_CACHE
 
+    if repo == "demo":
+        raise PullError("the demo model is part of macbatch (no download): nothing to remove")
+    if not Path(HF_HUB_CACHE).is_dir():  # scanning would fail with advice for its API's callers
+        raise PullError(f"{repo!r} is not downloaded: no Hugging Face cache at {HF_HUB_CACHE} yet")
     try:
         cache = scan_cache_dir()
     except Exception as exc:  # no cache yet, or unreadable

@@ -6,6 +6,7 @@ Heavy imports (mlx, Textual, the engine) happen inside the function so `macbatch
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -100,6 +101,11 @@ def chat_command(
     except HistoryError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    if (problem := terminal_problem()) is not None:
+        store.close()
+        lock.release()
+        typer.echo(f"macbatch chat: {problem}", err=True)
+        raise typer.Exit(2)
     progress = LoadProgress()
     engine = EngineThread(make_loader(model, config, progress))
     app = ChatApp(
@@ -141,6 +147,20 @@ def open_history(path: Path) -> HistoryStore:
         moved = set_aside(path)
         typer.echo(f"Moved the damaged history to {moved}; starting a fresh one.", err=True)
         return HistoryStore(path)
+
+
+def terminal_problem() -> str | None:
+    """Why chat cannot run here (None: it can). Without a terminal on both ends the app has no
+    keys to read and draws into a pipe for ever (`macbatch chat </dev/null | tail` spun at 90%
+    CPU), so it is refused, after every option and the history are checked."""
+    streams = {"input": sys.stdin, "output": sys.stdout}
+    missing = [name for name, stream in streams.items() if stream is None or not stream.isatty()]
+    if not missing:
+        return None
+    return (
+        f"needs a terminal, and there is none on its {' and '.join(missing)}: for a question "
+        'from a script or a pipe use macbatch ask "..." (or macbatch serve for an API)'
+    )
 
 
 def size_from_the_terminal() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from macbatch.batch.report import HeadlessReporter
 from macbatch.batch.runner import RunOptions, run_jobs
 from macbatch.batch.spec import load_job_file
 from macbatch.engine import Engine, SamplingParams
-from tests.support.job_files import read_jsonl, write_job
+from tests.support.job_files import read_jsonl, read_table, write_job
 
 SYSTEM = "You are concise."
 QUESTIONS = [
@@ -271,6 +272,13 @@ def test_scoring_reports_accuracy_per_task(tmp_path: Path, tiny_model_path: Path
         "r3": (True, "words"),
         "r4": (None, None),
     }
+    table = read_table(tmp_path / "out" / "qa.csv")  # the table says the same, row by row
+    assert {r["custom_id"]: r["correct"] for r in table} == {
+        "r1": "true",
+        "r2": "false",
+        "r3": "true",
+        "r4": "",
+    }
     accuracy = json.loads((tmp_path / "out" / "summary.json").read_text())["jobs"]["qa"]["accuracy"]
     assert accuracy == {
         "scored": 3,
@@ -282,6 +290,19 @@ def test_scoring_reports_accuracy_per_task(tmp_path: Path, tiny_model_path: Path
         },
     }
     assert "accuracy 66.7% (2/3)" in result.stdout and "math: 50.0% (1/2)" in result.stdout
+
+
+def test_progress_lines_when_the_output_is_not_a_terminal(project: Path, macbatch_run) -> None:
+    """Issue 65: to a file or a pipe (the test runner's output is neither a terminal) run prints
+    a plain line every --progress-interval (0 here: one per loop pass, bounded by the work, not
+    a clock), done / total, rates and time left, without --headless."""
+    result = macbatch_run(project / "jobs.yaml", "--progress-interval", "0", "-j", "inline")
+    assert result.exit_code == 0, result.output
+    shape = re.compile(r"(\d+) / 2 done · [\d.,]+ rows/s · [\d,]+ tok/s · [\d:-]+ left")
+    lines = [m for line in result.stdout.splitlines() if (m := shape.fullmatch(line))]
+    assert lines and lines[-1].group(1) == "2", result.stdout
+    assert [int(m.group(1)) for m in lines] == sorted(int(m.group(1)) for m in lines)
+    assert "\x1b[" not in result.stdout  # no redraws
 
 
 def test_headless_prints_json_events_on_stderr(project: Path, macbatch_run) -> None:

@@ -27,14 +27,16 @@ def start_training(out: Path, seed: int, processes: int, fast_ops: bool) -> subp
     command += ["--batch-size", "4", "--chat-steps", "3,2", "--chat-lr", "2e-4,1e-4"]
     command += ["--chat-json", "0,0.5"]
     command += ["--chat-weights", "add=1,subtract=1,reverse=1,sort=1,count=0"]  # no counting
-    command += ["--eval-per-task", "1"]
+    command += ["--eval-per-task", "1", "--eval-max-tokens", "2"]  # the scores say nothing here
     command += ["--out", str(out)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def trained(run: subprocess.Popen, out: Path) -> dict[str, mx.array]:
-    """The weights a started run wrote, once its output says it ran every phase."""
-    stdout, stderr = run.communicate(timeout=300)
+    """The weights a started run wrote, once its output says it ran every phase. The wait has
+    no time limit: the runs are a few optimizer steps and evaluations of two-token replies,
+    bounded by that work, however busy the machine (a hung run is the suite's timeout's)."""
+    stdout, stderr = run.communicate()
     assert run.returncode == 0, stderr
     assert "phase 1 step 3 held-out accuracy" in stdout
     assert "phase 2.1 step 3 held-out accuracy" in stdout
@@ -50,15 +52,15 @@ def trained(run: subprocess.Popen, out: Path) -> dict[str, mx.array]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[Path, dict[str, mx.array]]]:
-    """Two runs with seed 0, two processes each; one with seed 1 and one with seed 0 in one
-    process each; one with seed 0 and the fast ops."""
+    """Two runs with seed 0, two processes each; one with seed 1, one with seed 0 and one with
+    seed 0 and the fast ops, in one process each (seven processes, as few as the claims need)."""
     root = tmp_path_factory.mktemp("train")
     runs = {
         "a": (0, 2, False),
         "b": (0, 2, False),
         "c": (1, 1, False),  # another seed: one process is enough to tell
         "alone": (0, 1, False),
-        "fast": (0, 2, True),
+        "fast": (0, 1, True),  # held to "alone": the ops, not the split, differ
     }
     # run side by side: each spends much of its time starting up and waiting on its peers
     started = {name: start_training(root / name, *run) for name, run in runs.items()}
@@ -86,7 +88,7 @@ def test_processes_together_take_one_process_steps(runs):
 def test_fast_ops_take_the_steps_of_mlx_ops(runs):
     """--fast-ops computes the same functions to float32 rounding: after eight steps the weights
     are those of MLX's own ops up to that rounding (6e-7 apart when measured)."""
-    (_, exact), (_, fast) = runs["a"], runs["fast"]
+    (_, exact), (_, fast) = runs["alone"], runs["fast"]
     assert all(mx.allclose(fast[k], exact[k], rtol=1e-4, atol=1e-5).item() for k in exact)
     assert not all(mx.array_equal(fast[k], exact[k]).item() for k in exact)  # other arithmetic
 

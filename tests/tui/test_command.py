@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from tests.support.chat_app import cli
@@ -46,3 +50,20 @@ def test_a_broken_history_file_is_reported_without_a_traceback(home):
     result = CliRunner().invoke(cli(), ["chat", "--history", str(broken)])
     assert result.exit_code == 1
     assert str(broken) in result.output and "Move the file away" in result.output
+
+
+def test_without_a_terminal_chat_refuses_and_exits(home):
+    """Issue 65: `macbatch chat </dev/null | tail` drew into the pipe for ever; now it says why
+    and exits non-zero, as the command line runs it (no terminal on either end)."""
+    env = {**os.environ, "MACBATCH_HOME": str(home), "MACBATCH_NO_REEXEC": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "macbatch", "chat"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,  # a hang guard: the refusal comes before any model loads
+    )
+    assert done.returncode == 2, done.stderr
+    assert "needs a terminal, and there is none on its input and output" in done.stderr
+    assert "macbatch ask" in done.stderr

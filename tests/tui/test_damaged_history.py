@@ -31,6 +31,8 @@ def no_app(monkeypatch: pytest.MonkeyPatch) -> list[HistoryStore]:
         self.chats.store.sessions()  # what crashed on a damaged page
 
     monkeypatch.setattr(ChatApp, "run", run)
+    # CliRunner is no terminal: let the command past its terminal check to the app
+    monkeypatch.setattr("macbatch.tui.command.terminal_problem", lambda: None)
     return started
 
 

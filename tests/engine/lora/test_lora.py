@@ -1,0 +1,130 @@
+"""Adapters per request: every request's greedy tokens equal mlx-lm's own generation with its
+adapter loaded (``mlx_lm.tuner.utils.load_adapters``), in batches that mix adapters and the
+base model, over float and 4-bit base weights, with chunked prefill, preemption and prefix hits."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, PromptInput, SamplingParams
+from macbatch.engine.lora.files import AdapterError
+from tests.support.lora import ATTENTION, MLP, adapted_model, base_model, save_adapter, to_peft
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.staggered import random_prompts, run_staggered
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def _adapters(root, arch: str = "qwen3") -> dict[str, object]:
+    """Three adapters of different ranks and targets (None: the base model)."""
+    return {
+        "attn": save_adapter(root / "attn", arch, seed=1, keys=ATTENTION, rank=4),
+        "mlp": save_adapter(root / "mlp", arch, seed=2, keys=MLP, rank=8, num_layers=1),
+        "all": save_adapter(root / "all", arch, seed=3, rank=2, scale=4.0),
+    }
+
+
+def _engine(arch, tokenizer, adapters, quantized=False, **config) -> Engine:
+    pairs = tuple((name, str(path)) for name, path in adapters.items())
+    settings = dict(num_blocks=96, block_size=8, max_num_batched_tokens=24) | config
+    return Engine(base_model(arch, quantized), tokenizer, EngineConfig(adapters=pairs, **settings))
+
+
+def _oracle(arch, adapters, names, prompts, max_tokens, quantized=False) -> list[list[int]]:
+    models = {n: adapted_model(arch, adapters.get(n), quantized) for n in set(names)}
+    return [mlx_lm_greedy(models[n], p, max_tokens) for n, p in zip(names, prompts)]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "4-bit"])
+def test_a_batch_mixing_three_adapters_and_the_base(tmp_path, tiny_tokenizer, quantized):
+    """Twelve requests, three adapters and the base, join at different steps; the 24-token
+    budget chunks the longer prompts."""
+    adapters = _adapters(tmp_path)
+    engine = _engine("qwen3", tiny_tokenizer, adapters, quantized)
+    names = [None, "attn", "mlp", "all"] * 3
+    prompts = random_prompts([5, 30, 9, 41, 3, 17, 26, 8, 12, 35, 6, 20])
+    inputs = [PromptInput(p, adapter=n) for p, n in zip(prompts, names)]
+    got = run_staggered(engine, inputs, GREEDY)
+    want = _oracle("qwen3", adapters, names, prompts, GREEDY.max_tokens, quantized)
+    assert [got[i] for i in range(len(prompts))] == want
+    assert len({tuple(w) for w in want[:4]}) > 1  # the adapters change the tokens
+    assert_pool_idle(engine)
+
+
+def test_dora_adapter(tmp_path, tiny_tokenizer):
+    adapters = {"dora": save_adapter(tmp_path / "dora", "llama", seed=4, keys=ATTENTION, dora=True)}
+    engine = _engine("llama", tiny_tokenizer, adapters)
+    names = ["dora", None]
+    prompts = random_prompts([7, 19], seed=3)
+    outs = engine.generate([PromptInput(p, adapter=n) for p, n in zip(prompts, names)], GREEDY)
+    assert [o.token_ids for o in outs] == _oracle("llama", adapters, names, prompts, 8)
+
+
+def test_preemption_recomputes_each_adapter(tmp_path, tiny_tokenizer):
+    """A pool of 12 blocks for six prompts forces preemption; tokens are unchanged."""
+    adapters = _adapters(tmp_path)
+    engine = _engine("qwen3", tiny_tokenizer, adapters, num_blocks=12, max_num_batched_tokens=64)
+    names = ["attn", None, "mlp", "all", "attn", "mlp"]
+    prompts = random_prompts([20, 18, 22, 19, 21, 17], seed=5)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    outs = engine.generate([PromptInput(p, adapter=n) for p, n in zip(prompts, names)], params)
+    assert engine.stats().preemptions > 0
+    assert [o.token_ids for o in outs] == _oracle("qwen3", adapters, names, prompts, 24)
+
+
+def test_a_prefix_cached_under_one_adapter_is_never_served_to_another(tmp_path, tiny_tokenizer):
+    """The same 40-token prompt under each adapter and the base: none reads another's blocks,
+    and the same adapter's second request reads its own."""
+    adapters = _adapters(tmp_path)
+    engine = _engine("qwen3", tiny_tokenizer, adapters)
+    prompt = random_prompts([40], seed=7)[0]
+    names = [None, "attn", "mlp", "all"]
+    for name, want in zip(names, _oracle("qwen3", adapters, names, [prompt] * 4, 8)):
+        (first,) = engine.generate([PromptInput(prompt, adapter=name)], GREEDY)
+        assert first.metrics.cached_tokens == 0 and first.token_ids == want
+        (again,) = engine.generate([PromptInput(prompt, adapter=name)], GREEDY)
+        assert again.metrics.cached_tokens > 0 and again.token_ids == want
+
+
+def test_peft_adapter_equals_its_mlx_lm_twin(tmp_path, tiny_tokenizer):
+    mlx_dir = save_adapter(tmp_path / "mlx", seed=6, keys=ATTENTION + MLP, rank=4)
+    engine = _engine("qwen3", tiny_tokenizer, {"peft": to_peft(mlx_dir, tmp_path / "peft")})
+    prompts = random_prompts([11, 28], seed=8)
+    outs = engine.generate([PromptInput(p, adapter="peft") for p in prompts], GREEDY)
+    want = _oracle("qwen3", {"peft": mlx_dir}, ["peft"] * 2, prompts, 8)
+    assert [o.token_ids for o in outs] == want
+
+
+def test_an_moe_model_with_dense_targets_and_its_experts_refused(tmp_path, tiny_tokenizer):
+    """gpt_oss: adapters of its attention match mlx-lm; one of its experts is refused, naming
+    the layer."""
+    adapters = {"attn": save_adapter(tmp_path / "attn", "gpt_oss", seed=9, keys=ATTENTION)}
+    engine = _engine("gpt_oss", tiny_tokenizer, adapters)
+    prompts = random_prompts([13, 30], seed=10)
+    names = ["attn", None]
+    outs = engine.generate([PromptInput(p, adapter=n) for p, n in zip(prompts, names)], GREEDY)
+    assert [o.token_ids for o in outs] == _oracle("gpt_oss", adapters, names, prompts, 8)
+    experts = save_adapter(tmp_path / "experts", "gpt_oss", seed=9, keys=["mlp.experts.up_proj"])
+    with pytest.raises(AdapterError, match=r"layers\.1\.mlp\.experts\.up_proj"):
+        _engine("gpt_oss", tiny_tokenizer, {"experts": experts})
+
+
+def test_shapes_checked_at_load_naming_the_layer(tmp_path, tiny_tokenizer):
+    """An adapter of another model (a wider down_proj) and one with no rank are refused."""
+    adapter = save_adapter(tmp_path / "wide", seed=1, keys=["mlp.down_proj"])
+    weights = mx.load(str(adapter / "adapters.safetensors"))
+    name = "model.layers.1.mlp.down_proj.lora_a"
+    weights[name] = mx.zeros((256, weights[name].shape[1]))
+    mx.save_safetensors(str(adapter / "adapters.safetensors"), weights)
+    with pytest.raises(AdapterError, match=r"layer model\.layers\.1\.mlp\.down_proj.*256"):
+        _engine("qwen3", tiny_tokenizer, {"wide": adapter})
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(AdapterError, match="has no 'rank'"):
+        _engine("qwen3", tiny_tokenizer, {"wide": adapter})
+
+
+def test_an_unknown_adapter_is_refused(tmp_path, tiny_tokenizer):
+    engine = _engine("qwen3", tiny_tokenizer, _adapters(tmp_path))
+    with pytest.raises(ValueError, match="no adapter 'nope'.*attn"):
+        engine.add_request(PromptInput("hello", adapter="nope"), GREEDY)

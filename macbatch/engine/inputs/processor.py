@@ -235,9 +235,8 @@ class InputProcessor:
         ref = self.info.model.adapters.get(prompt.adapter)
         if ref is None:
             known = ", ".join(sorted(self.info.model.adapters)) or "none"
-            raise ValueError(
-                f"model '{self.info.model_name}' has no adapter '{prompt.adapter}' (loaded: {known})"
-            )
+            name = self.info.model_name
+            raise ValueError(f"model '{name}' has no adapter '{prompt.adapter}' (loaded: {known})")
         return {"adapter_slot": ref.slot, "cache_scope": ref.cache_scope}
 
 

@@ -25,7 +25,6 @@ import macbatch.metal
 from macbatch.arithmetic import ceil_div
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.core.packing import pack
-from macbatch.engine.lora.bank import AdapterBank
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
@@ -33,6 +32,7 @@ from macbatch.engine.kv.latent import LatentSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
+from macbatch.engine.lora.bank import AdapterBank
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype

@@ -117,9 +117,12 @@ class ModelPool:
         memory: Callable[[], Memory] | None = None,
     ) -> None:
         self.catalog = {entry.name: entry for entry in catalog}
-        self._names = {alias: e.name for e in catalog for alias in (e.name, *e.aliases)}
-        self._adapters = {s: (e.name, a) for e in catalog for s, a in e.adapter_names().items()}
-        self._names |= {said: name for said, (name, _) in self._adapters.items()}
+        models = {alias: e.name for e in catalog for alias in (e.name, *e.aliases)}
+        # a model's own name wins over an adapter named the same
+        self._adapters = {
+            s: (e.name, a) for e in catalog for s, a in e.adapter_names().items() if s not in models
+        }
+        self._names = {said: name for said, (name, _) in self._adapters.items()} | models
         self.default = catalog[0].name
         self.loaded: dict[str, Loaded] = {}
         self._starter = starter

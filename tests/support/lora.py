@@ -38,11 +38,13 @@ def save_adapter(
     scale: float = 2.0,
     num_layers: int = 2,
     dora: bool = False,
+    model: nn.Module | None = None,
 ) -> Path:
     """An adapter of ``arch`` trained by nobody: mlx-lm's LoRA (or DoRA) layers on its
     ``keys`` (None: every linear layer, mlx-lm's default) of the last ``num_layers`` layers,
-    ``lora_b`` (and DoRA's magnitude) random and non-zero, saved as ``mlx_lm.lora`` saves."""
-    model = build_model(arch)
+    ``lora_b`` (and DoRA's magnitude) random and non-zero, saved as ``mlx_lm.lora`` saves
+    (``model``: a fresh base model of another shape to adapt instead of the tiny ``arch``)."""
+    model = model if model is not None else build_model(arch)
     params = {"rank": rank, "scale": scale, "dropout": 0.0, "keys": keys}
     linear_to_lora_layers(model, num_layers, params, use_dora=dora)
     mx.random.seed(seed)

@@ -128,3 +128,21 @@ def test_an_unknown_adapter_is_refused(tmp_path, tiny_tokenizer):
     engine = _engine("qwen3", tiny_tokenizer, _adapters(tmp_path))
     with pytest.raises(ValueError, match="no adapter 'nope'.*attn"):
         engine.add_request(PromptInput("hello", adapter="nope"), GREEDY)
+
+
+def test_the_disk_tier_keeps_each_adapters_blocks_apart(tmp_path, tiny_tokenizer):
+    """An engine writes a prompt's blocks under one adapter and exits; after a restart the base
+    and another adapter read none of them from disk, the same adapter reads them all, and its
+    tokens are still mlx-lm's."""
+    adapters = _adapters(tmp_path / "adapters")
+    prompt = random_prompts([41], seed=11)[0]  # 5 full blocks of 8 before its last token
+    disk = dict(disk_cache_dir=str(tmp_path / "kv"))
+    first = _engine("qwen3", tiny_tokenizer, adapters, **disk)
+    first.generate([PromptInput(prompt, adapter="attn")], GREEDY)
+    first.close()
+    names = [None, "mlp", "attn"]
+    again = _engine("qwen3", tiny_tokenizer, adapters, **disk)
+    outs = [again.generate([PromptInput(prompt, adapter=n)], GREEDY)[0] for n in names]
+    assert [o.metrics.disk_cached_tokens for o in outs] == [0, 0, 40]
+    assert [o.token_ids for o in outs] == _oracle("qwen3", adapters, names, [prompt] * 3, 8)
+    again.close()

@@ -14,7 +14,15 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from macbatch.engine.lora.files import AdapterError, AdapterFiles, LowRank, read_adapter
-from macbatch.engine.lora.layers import PackedLoRALinear, StepAdapters, base_dims, base_weight
+from macbatch.engine.lora.layers import (
+    PackedExperts,
+    PackedLoRALinear,
+    PackedLoRASwitch,
+    StepAdapters,
+    base_dims,
+    base_weight,
+    is_switch,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,12 @@ class AdapterBank:
         wrapped = [(p, self._wrap(modules[p], p, files)) for p in paths]
         if wrapped:
             model.update_modules(tree_unflatten(wrapped))
+        # the MoE blocks whose experts are adapted tell them each index's slot
+        blocks = sorted({p.rsplit(".", 1)[0] for p in paths if is_switch(modules[p])})
+        if blocks:
+            current = dict(model.named_modules())
+            experts = [(b, PackedExperts(current[b], self.step)) for b in blocks]
+            model.update_modules(tree_unflatten(experts))
         self.refs = {
             name: AdapterRef(
                 name=name,
@@ -73,29 +87,38 @@ class AdapterBank:
         """The next forward's rows' slots (None: a step of the base model alone)."""
         self.step.rows = rows
 
-    def _wrap(self, base: nn.Module, path: str, files: list[AdapterFiles]) -> PackedLoRALinear:
+    def _wrap(
+        self, base: nn.Module, path: str, files: list[AdapterFiles]
+    ) -> PackedLoRALinear | PackedLoRASwitch:
         """``base`` wrapped, with every adapter's low rank of it in its slot (zeros where an
-        adapter leaves it alone), padded to the largest rank (zero columns add nothing)."""
-        layer = PackedLoRALinear(base, self.step)
+        adapter leaves it alone), padded to the largest rank (zero columns add nothing); an MoE
+        block's experts get one per (slot, expert), slot-major."""
+        switch = is_switch(base)
+        layer = PackedLoRASwitch(base, self.step) if switch else PackedLoRALinear(base, self.step)
         dims_in, dims_out = base_dims(base)
-        dtype = base.scales.dtype if isinstance(base, nn.QuantizedLinear) else base.weight.dtype
-        rank = max(f.layers[path].a.shape[1] for f in files if path in f.layers)
-        a = mx.zeros((len(files) + 1, dims_in, rank), dtype)
-        b = mx.zeros((len(files) + 1, rank, dims_out), dtype)
-        factor = mx.ones((len(files) + 1, dims_out), mx.float32)
+        quantized = hasattr(base, "scales")
+        dtype = base.scales.dtype if quantized else base.weight.dtype
+        rank = max(f.layers[path].a.shape[-1] for f in files if path in f.layers)
+        experts = (base.num_experts,) if switch else ()
+        slots = len(files) + 1
+        a = mx.zeros((slots, *experts, dims_in, rank), dtype)
+        b = mx.zeros((slots, *experts, rank, dims_out), dtype)
+        factor = mx.ones((slots, dims_out), mx.float32)
         dora = False
         for slot, adapter in enumerate(files, start=1):
             low = adapter.layers.get(path)
             if low is None:
                 continue
-            r = low.a.shape[1]
-            a[slot, :, :r] = low.a.astype(dtype)
-            b[slot, :r, :] = low.b.astype(dtype)
+            r = low.a.shape[-1]
+            a[slot, ..., :r] = low.a.astype(dtype)
+            b[slot, ..., :r, :] = low.b.astype(dtype)
             if low.magnitude is not None:
                 factor[slot] = _dora_factor(base, low)
                 dora = True
+        if switch:  # (slot, expert) pairs on one axis, as gather_mm indexes them
+            a, b = a.reshape(-1, dims_in, rank), b.reshape(-1, rank, dims_out)
         layer.lora_a, layer.lora_b = a, b
-        if dora:
+        if dora and isinstance(layer, PackedLoRALinear):
             layer.dora_factor = factor
         mx.eval(layer.parameters())
         return layer
@@ -117,16 +140,25 @@ def _check(name: str, adapter: AdapterFiles, modules: dict[str, nn.Module]) -> N
         where = f"adapter '{name}' ({adapter.path}), layer {path}"
         if module is None:
             raise AdapterError(f"{where}: the base model has no such layer")
-        if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        switch = is_switch(module)
+        if not switch and not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
             raise AdapterError(
-                f"{where}: a {type(module).__name__}; adapters of linear layers are served "
-                "(not of MoE experts or embeddings yet)"
+                f"{where}: a {type(module).__name__}; adapters of linear layers and MoE experts "
+                "are served (not of embeddings yet)"
             )
+        if switch and low.magnitude is not None:
+            raise AdapterError(f"{where}: DoRA of MoE experts (mlx-lm has none either)")
         dims_in, dims_out = base_dims(module)
-        if low.a.ndim != 2 or low.b.ndim != 2 or low.a.shape[1] != low.b.shape[0]:
+        ndim = 3 if switch else 2
+        if low.a.ndim != ndim or low.b.ndim != ndim or low.a.shape[-1] != low.b.shape[-2]:
             raise AdapterError(f"{where}: lora_a {low.a.shape} and lora_b {low.b.shape}")
-        if (low.a.shape[0], low.b.shape[1]) != (dims_in, dims_out):
+        if switch and low.a.shape[0] != module.num_experts:
             raise AdapterError(
-                f"{where}: the adapter maps {low.a.shape[0]} -> {low.b.shape[1]} features, "
+                f"{where}: the adapter has {low.a.shape[0]} experts, the base layer "
+                f"{module.num_experts}"
+            )
+        if (low.a.shape[-2], low.b.shape[-1]) != (dims_in, dims_out):
+            raise AdapterError(
+                f"{where}: the adapter maps {low.a.shape[-2]} -> {low.b.shape[-1]} features, "
                 f"the base layer {dims_in} -> {dims_out} (an adapter of another model?)"
             )

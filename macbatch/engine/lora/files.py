@@ -34,10 +34,11 @@ class AdapterError(ValueError):
 @dataclass(frozen=True)
 class LowRank:
     """One adapted layer: ``x @ a @ b`` is added to its output (``b`` carries the scale);
-    ``magnitude`` is DoRA's learned row norm (None: plain LoRA)."""
+    ``magnitude`` is DoRA's learned row norm (None: plain LoRA). An MoE layer's experts have one
+    each: a leading axis of experts."""
 
-    a: mx.array  # [in, r]
-    b: mx.array  # [r, out], times the adapter's scale
+    a: mx.array  # [in, r] ([E, in, r]: an MoE layer's experts)
+    b: mx.array  # [r, out] ([E, r, out]), times the adapter's scale
     magnitude: mx.array | None = None  # [out]
 
 
@@ -95,6 +96,8 @@ def _mlx_lm(folder: Path, config: dict[str, Any]) -> AdapterFiles:
         module, _, leaf = name.rpartition(".")
         if leaf == "lora_a":
             a, b = weights[name], _weight(weights, f"{module}.lora_b", folder)
+            if a.ndim == 3:  # LoRASwitchLinear's experts: [E, r, in] and [E, out, r]
+                a, b = a.swapaxes(-1, -2), b.swapaxes(-1, -2)
             magnitude = weights.get(f"{module}.m") if kind == "dora" else None
             layers[_text_path(module)] = _low_rank(a, b, float(scale), magnitude)
         elif leaf not in ("lora_b", "m"):

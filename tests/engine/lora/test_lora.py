@@ -96,18 +96,25 @@ def test_peft_adapter_equals_its_mlx_lm_twin(tmp_path, tiny_tokenizer):
     assert [o.token_ids for o in outs] == want
 
 
-def test_an_moe_model_with_dense_targets_and_its_experts_refused(tmp_path, tiny_tokenizer):
-    """gpt_oss: adapters of its attention match mlx-lm; one of its experts is refused, naming
-    the layer."""
-    adapters = {"attn": save_adapter(tmp_path / "attn", "gpt_oss", seed=9, keys=ATTENTION)}
-    engine = _engine("gpt_oss", tiny_tokenizer, adapters)
-    prompts = random_prompts([13, 30], seed=10)
-    names = ["attn", None]
+EXPERTS = ["mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj"]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float", "4-bit"])
+def test_an_moe_model_with_its_experts_and_attention_adapted(tmp_path, tiny_tokenizer, quantized):
+    """gpt_oss: one adapter of its experts (mlx-lm's LoRASwitchLinear), one of its attention and
+    router, and the base, in one batch; prompts of 40 tokens in a 64-token budget make steps of
+    64 rows, whose (row, expert) pairs mlx-lm's SwitchGLU sorts, and decode steps it does not."""
+    adapters = {
+        "experts": save_adapter(tmp_path / "experts", "gpt_oss", seed=9, keys=EXPERTS),
+        "attn": save_adapter(tmp_path / "attn", "gpt_oss", seed=8, keys=ATTENTION + ["mlp.router"]),
+    }
+    engine = _engine("gpt_oss", tiny_tokenizer, adapters, quantized, max_num_batched_tokens=64)
+    names = ["experts", "attn", None, "experts"]
+    prompts = random_prompts([40, 40, 33, 45], seed=10)
     outs = engine.generate([PromptInput(p, adapter=n) for p, n in zip(prompts, names)], GREEDY)
-    assert [o.token_ids for o in outs] == _oracle("gpt_oss", adapters, names, prompts, 8)
-    experts = save_adapter(tmp_path / "experts", "gpt_oss", seed=9, keys=["mlp.experts.up_proj"])
-    with pytest.raises(AdapterError, match=r"layers\.1\.mlp\.experts\.up_proj"):
-        _engine("gpt_oss", tiny_tokenizer, {"experts": experts})
+    want = _oracle("gpt_oss", adapters, names, prompts, 8, quantized)
+    assert [o.token_ids for o in outs] == want
+    assert want[0] != _oracle("gpt_oss", adapters, [None], prompts[:1], 8, quantized)[0]
 
 
 def test_shapes_checked_at_load_naming_the_layer(tmp_path, tiny_tokenizer):

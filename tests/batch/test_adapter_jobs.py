@@ -84,6 +84,13 @@ def test_two_adapters_and_the_base_in_one_run(
     assert "adapter" not in jobs["base"]
     assert jobs["attn"]["accuracy"]["accuracy"] == 1.0
     assert "side by side on" in result.output and "attn (attn) 100.0% (3/3)" in result.output
+    # the attn job's adapter changed: a rerun refuses it as changed until --redo-changed
+    job.write_text(job.read_text().replace(str(adapters["attn"]), str(adapters["mlp"]), 1))
+    rerun = macbatch_run(job)
+    assert rerun.exit_code != 0 and "--redo-changed" in rerun.output
+    assert macbatch_run(job, "--redo-changed").exit_code == 0
+    lines = sorted(read_jsonl(out / "attn.jsonl"), key=lambda line: line["custom_id"])
+    assert [line["response"]["body"]["choices"][0]["text"] for line in lines] == want["mlp"]
 
 
 def test_a_missing_adapter_is_refused_before_anything_runs(

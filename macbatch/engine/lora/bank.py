@@ -140,6 +140,8 @@ def _check(name: str, adapter: AdapterFiles, modules: dict[str, nn.Module]) -> N
         where = f"adapter '{name}' ({adapter.path}), layer {path}"
         if module is None:
             raise AdapterError(f"{where}: the base model has no such layer")
+        if ".layers." not in f".{path}":  # the LM head sees the sampled rows only, not every row
+            raise AdapterError(f"{where}: outside the decoder layers (not served yet)")
         switch = is_switch(module)
         if not switch and not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
             raise AdapterError(

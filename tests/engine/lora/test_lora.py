@@ -126,6 +126,10 @@ def test_shapes_checked_at_load_naming_the_layer(tmp_path, tiny_tokenizer):
     mx.save_safetensors(str(adapter / "adapters.safetensors"), weights)
     with pytest.raises(AdapterError, match=r"layer model\.layers\.1\.mlp\.down_proj.*256"):
         _engine("qwen3", tiny_tokenizer, {"wide": adapter})
+    weights = {"lm_head.lora_a": mx.zeros((64, 4)), "lm_head.lora_b": mx.zeros((4, 384))}
+    mx.save_safetensors(str(adapter / "adapters.safetensors"), weights)
+    with pytest.raises(AdapterError, match="layer lm_head: outside the decoder layers"):
+        _engine("llama", tiny_tokenizer, {"head": adapter})
     (adapter / "adapter_config.json").write_text("{}")
     with pytest.raises(AdapterError, match="has no 'rank'"):
         _engine("qwen3", tiny_tokenizer, {"wide": adapter})

@@ -157,3 +157,25 @@ def test_the_disk_tier_keeps_each_adapters_blocks_apart(tmp_path, tiny_tokenizer
     assert [o.metrics.disk_cached_tokens for o in outs] == [0, 0, 40]
     assert [o.token_ids for o in outs] == _oracle("qwen3", adapters, names, [prompt] * 3, 8)
     again.close()
+
+
+def test_speculative_verification_and_compiled_steps_keep_each_adapter(
+    tmp_path, tiny_tokenizer, eager_speculation
+):
+    """ngram drafts verified under each request's adapter, and decode steps compiled from the
+    first (those of the base alone: a step with adapter rows runs uncompiled); tokens unchanged."""
+    adapters = _adapters(tmp_path)
+    names = ["attn", None, "all", None]
+    prompts = [p * 3 for p in random_prompts([6, 5, 7, 4], seed=12)]  # repeats: drafts found
+    want = _oracle("qwen3", adapters, names, prompts, 12)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    inputs = [PromptInput(p, adapter=n) for p, n in zip(prompts, names)]
+    ngram = dict(speculative="ngram", num_speculative_tokens=3)
+    for extra in (ngram, dict(compile_decode_after=0)):
+        engine = _engine("qwen3", tiny_tokenizer, adapters, **extra)
+        outs = engine.generate(inputs, params) + engine.generate(inputs[1:2], params)
+        assert [o.token_ids for o in outs] == want + want[1:2]
+        if "speculative" in extra:
+            assert engine.stats().speculation.drafted > 0
+        else:
+            assert engine.runner.compiled.compiled_shapes > 0

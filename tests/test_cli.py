@@ -263,3 +263,21 @@ def test_shared_options_say_nothing_of_another_command():
         for param in sub.params:
             if "--kv-bits" in getattr(param, "opts", []) and name != "run":
                 assert "`run`" not in (param.help or ""), (name, param.help)
+
+
+def test_doctor_describes_an_adapter(tmp_path):
+    """Rank, targets and bytes of an adapter mlx-lm's tuner made; a folder of none fails."""
+    from tests.support.lora import ATTENTION, save_adapter
+
+    adapter = save_adapter(tmp_path / "attn", seed=1, keys=ATTENTION, rank=4)
+    result = runner.invoke(app, ["doctor", "--adapter", str(adapter)])
+    assert result.exit_code == 0, result.output
+    lines = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.output.splitlines()
+    )
+    assert lines["format"] == "mlx-lm lora, rank 4, scale 2"
+    assert lines["targets"] == "k_proj, o_proj, q_proj, v_proj (8 layers)"
+    # 2 layers x (q: 64x4 + 4x64, k: 64x4 + 4x32, v: the same, o: 64x4 + 4x64) float32
+    assert lines["bytes"] == f"{2 * 4 * (512 + 384 + 384 + 512):,}"
+    missing = runner.invoke(app, ["doctor", "--adapter", str(tmp_path / "none")])
+    assert missing.exit_code == 1 and "no adapter_config.json" in missing.output

@@ -236,7 +236,7 @@ def _run(
 
     def load_engine(name: str) -> object:
         hand_back_memory()
-        config = engine_config()
+        config = dataclasses.replace(engine_config(), adapters=adapters_of.get(name, ()))
         if (too_large := run_fits(name, config.kv_start_mib)) is not None:
             raise JobFileError(f"{too_large} (the model of {', '.join(jobs_of[name])})")
         try:
@@ -266,6 +266,10 @@ def _run(
             output_dir=output_dir or job_file.output_dir,
         )
         jobs_of = {m: [j.name for j in group] for m, group in job_file.by_model().items()}
+        adapters_of = {  # each model's engine holds every adapter its jobs name
+            m: tuple((a, a) for a in dict.fromkeys(j.adapter for j in group if j.adapter))
+            for m, group in job_file.by_model().items()
+        }
         for name, named in jobs_of.items():  # before any file is made
             if (problem := model_problem(name)) is not None:
                 raise JobFileError(

@@ -65,15 +65,23 @@ class Planned:
     generation: Generation | None  # the request, as the request layer read it
     pooled: PooledRow | None = None  # instead of ``generation``: an embedding or scoring row
     responses: ResponsesRequest | None = None  # a /v1/responses row: its reply is a response
+    adapter: str | None = None  # its job's fine-tune (None: the base model)
 
     def bind(self, model: ModelInfo, tokenizer: Tokenizer) -> BoundItem:
         """The engine requests for this model, and how a generated reply is read back."""
         if self.pooled is not None:
-            return BoundItem(self.pooled.bind(model.embedding, tokenizer), None)
+            return BoundItem(self._adapted(self.pooled.bind(model.embedding, tokenizer)), None)
         assert self.generation is not None
         bound = self.generation.bind(model.tool_format, tokenizer)
         structured = bound.requests[0][1].structured  # the body's: one for every choice
-        return BoundItem(bound.requests, ReplyShape(structured, bound.parse_with))
+        shape = ReplyShape(structured, bound.parse_with)
+        return BoundItem(self._adapted(bound.requests), shape)
+
+    def _adapted(self, requests: tuple[Request, ...]) -> tuple[Request, ...]:
+        """The requests, each naming this line's adapter."""
+        if self.adapter is None:
+            return requests
+        return tuple((dataclasses.replace(q, adapter=self.adapter), p) for q, p in requests)
 
     def reply_body(
         self, outs: list[RequestOutput], shape: ReplyShape | None, model: str, decoder: Tokenizer
@@ -169,7 +177,7 @@ def _plan_row(
             prompt, settings, work = pooled
             key = request_key(model, job, custom_id, 0, prompt, settings)
             return [Planned(job.name, custom_id, 0, line, prompt, settings, key, False, None,
-                            None, None, work)]  # fmt: skip
+                            None, None, work, adapter=job.adapter)]  # fmt: skip
         request = _request(job, source, row.fields, images)
     except (KeyError, ValueError, TypeError) as exc:
         return [Rejected(job.name, line, custom_id, _reason(exc, "template"))]
@@ -194,6 +202,7 @@ def _plan_row(
                 group=group,
                 generation=generation,
                 responses=request.responses,
+                adapter=job.adapter,
             )
         )
     return items
@@ -231,6 +240,8 @@ def request_key(
         parts.append(job.chat_template_kwargs)
     if options:
         parts.append(options)
+    if job.adapter:
+        parts.append({"adapter": job.adapter})
     blob = json.dumps(
         parts,
         sort_keys=True,

@@ -9,6 +9,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TextIO
 
 from macbatch.engine import SpeculationCounts
@@ -379,7 +380,22 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
             lines.append(f"    accuracy {_acc(accuracy)}")
             for group, stats in accuracy.get("groups", {}).items():
                 lines.append(f"      {group}: {_acc(stats)}")
-    return lines
+    return lines + _side_by_side(summary["jobs"])
+
+
+def _side_by_side(jobs: dict[str, Any]) -> list[str]:
+    """One line per model whose scored jobs name adapters: each job's accuracy, its adapter's
+    folder (or "base") beside it, so fine-tunes are compared at a glance (docs/jobs.md)."""
+    scored: dict[str, list[str]] = {}
+    for name, job in jobs.items():
+        if job.get("accuracy") and "model" in job:
+            adapter = job.get("adapter")
+            tuned = "base" if adapter is None else Path(adapter).name
+            scored.setdefault(job["model"], []).append(f"{name} ({tuned}) {_acc(job['accuracy'])}")
+    compared = {m: entries for m, entries in scored.items() if len(entries) > 1}
+    if not any(job.get("adapter") for job in jobs.values()):
+        return []
+    return [f"  side by side on {m}: " + " | ".join(entries) for m, entries in compared.items()]
 
 
 def _job_counts(progress: RunProgress) -> dict[str, dict[str, int]]:

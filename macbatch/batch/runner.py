@@ -396,6 +396,8 @@ def _job_outputs(job_file: JobFile, ledger: Ledger) -> dict[str, dict[str, Any]]
             "model": job.model,  # the summary's top-level "model" is the file's
             "output": str(output_path(job_file.output_dir, job.name)),
         }
+        if job.adapter:
+            entry["adapter"] = job.adapter
         errors = errors_path(job_file.output_dir, job.name)
         if errors.exists():
             entry["errors"] = str(errors)

@@ -48,7 +48,7 @@ SETTING_KEYS = (
     "images",
     *STRUCTURED_KEYS,
 )
-JOB_KEYS = ("name", "model", "input", "prompts", "vectors", *SETTING_KEYS)
+JOB_KEYS = ("name", "model", "adapter", "input", "prompts", "vectors", *SETTING_KEYS)
 OUTPUT_KEYS = ("dir", "parquet")
 MAX_SAMPLES = 10_000  # a job's n: samples per row (n: 1e9 would plan for days before one ran)
 DEFAULT_SAMPLING: dict[str, Any] = {
@@ -83,6 +83,9 @@ class JobSpec:
     image_dir: Path | None = None
     # the model that runs it: its own `model:`, else the file's (the Batch API's: the server's)
     model: str = ""
+    # its fine-tune: an adapter directory (mlx-lm's or PEFT's), None: the base model; the jobs of
+    # one model run in the same batches whichever adapter each names (docs/jobs.md)
+    adapter: str | None = None
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -116,6 +119,7 @@ class JobSpec:
             | ({"options": self.options} if self.options else {})
             | self._pooling_settings()
             | ({"images": list(self.images)} if self.images else {})
+            | ({"adapter": self.adapter} if self.adapter else {})
         )
 
     def _pooling_settings(self) -> dict[str, Any]:
@@ -351,8 +355,23 @@ def _job(
         images=images,
         image_dir=base if images else None,
         model=model,
+        adapter=_job_adapter(check, job, key, base),
         **pooling,
     )
+
+
+def _job_adapter(check: YamlChecker, job: dict[str, Any], key: PathKey, base: Path) -> str | None:
+    """The job's ``adapter:`` directory, relative to the job file, checked to exist now."""
+    if "adapter" not in job:
+        return None
+    given = check.text(job["adapter"], (*key, "adapter"))
+    path = (base / Path(given).expanduser()).resolve()
+    if not (path / "adapter_config.json").is_file():
+        raise check.fail(
+            (*key, "adapter"),
+            f"adapter {given!r} is not an adapter directory (no adapter_config.json in {path})",
+        )
+    return str(path)
 
 
 def _job_model(

@@ -17,6 +17,13 @@ DOCTOR_KNOBS = Pick(EngineKnobs, LOAD_ONLY)
 @takes(knobs=DOCTOR_KNOBS)
 def doctor_command(
     model: str = typer.Argument(None, help="A local model (path, cached hub id, demo) to check."),
+    adapter: list[str] | None = typer.Option(  # noqa: B008 (typer's way)
+        None,
+        "--adapter",
+        metavar="PATH",
+        help="A LoRA / DoRA adapter directory (mlx-lm's or PEFT's) to describe: its format, "
+        "rank, targets and bytes (repeatable; docs/models.md, 'Fine-tunes').",
+    ),
     *,
     knobs: EngineKnobs,
 ) -> None:
@@ -55,11 +62,32 @@ def doctor_command(
         report = check_model(model, self_check=not knobs.no_self_check)
         rows += [("model", model), *report.rows]
         rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))
+    bad_adapter = False
+    for path in adapter or ():
+        described = _adapter_rows(path)
+        bad_adapter |= described[-1][0] == "adapter error"
+        rows += described
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
-    if report is not None and not report.servable:
+    if bad_adapter or (report is not None and not report.servable):
         raise typer.Exit(1)
+
+
+def _adapter_rows(path: str) -> list[tuple[str, str]]:
+    """What an adapter's files say of it (its weights read, no model loaded)."""
+    from macbatch.engine import AdapterError, read_adapter
+
+    try:
+        files = read_adapter(path)
+    except AdapterError as exc:
+        return [("adapter", path), ("adapter error", str(exc))]
+    return [
+        ("adapter", path),
+        ("  format", f"{files.format} {files.kind}, rank {files.rank}, scale {files.scale:g}"),
+        ("  targets", f"{', '.join(files.targets)} ({len(files.layers)} layers)"),
+        ("  bytes", f"{files.nbytes:,}"),
+    ]
 
 
 def _demo_kv_pool() -> str:

@@ -77,6 +77,7 @@ def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -
         thinking_default=thinking_default(tokenizer),
         kv_bytes_per_token=runner.kv_bytes_per_token,
         embedding=profile_of(tokenizer, name, runner.hidden_size, runner.config.reranker),
+        adapters={} if runner.adapters is None else runner.adapters.refs,
     )
 
 

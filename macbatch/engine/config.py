@@ -110,6 +110,12 @@ class EngineConfig:
     disk_cache_bytes: int | None = knob(
         None, "The disk tier's byte cap (None: 20 GiB or a tenth of the free space, if smaller)."
     )
+    adapters: tuple[tuple[str, str], ...] = knob(
+        (),
+        "LoRA / DoRA adapters a request may name, as (name, directory) pairs in mlx-lm's or "
+        'PEFT\'s format (engine/lora/; docs/models.md, "Fine-tunes"): each step adds every '
+        "row's adapter to the base weights' output, never fused into them.",
+    )
 
     @property
     def draft_length(self) -> int:
@@ -148,5 +154,8 @@ class EngineConfig:
             raise ValueError(f"compile_decode_after must be at least 0 (or None), got {after}")
         if self.disk_cache_bytes is not None and self.disk_cache_bytes < 0:
             raise ValueError(f"disk_cache_bytes must be at least 0, got {self.disk_cache_bytes}")
+        names = [name for name, _ in self.adapters]
+        if len(set(names)) < len(names) or not all(names):
+            raise ValueError(f"adapter names must be distinct and non-empty, got {names}")
         check_kv_quantization(self.kv_bits, self.kv_group_size)
         check_speculative(self.speculative, self.num_speculative_tokens)

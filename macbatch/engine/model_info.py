@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
 
 if TYPE_CHECKING:
+    from macbatch.engine.lora.bank import AdapterRef
     from macbatch.engine.parsers.reasoning import ReasoningFormat
     from macbatch.engine.parsers.tool_calls import ToolFormat
 
@@ -54,6 +55,8 @@ class ModelInfo:
     kv_bytes_per_token: int  # K and V of every layer, scales of quantized pages included
     # how it pools and scores (pooling requests: engine/pooling/methods.py)
     embedding: EmbeddingProfile = field(default_factory=EmbeddingProfile)
+    # the fine-tunes a request may name (engine/lora/bank.py), by name
+    adapters: Mapping[str, AdapterRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ taking turns of the one device (docs/models.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,9 +15,13 @@ if TYPE_CHECKING:
     from macbatch.engine import Engine, EngineConfig, Turns
 
 
-def catalog(given: tuple[str, ...], models_dirs: tuple[Path, ...]) -> list[Servable]:
+def catalog(
+    given: tuple[str, ...],
+    models_dirs: tuple[Path, ...],
+    adapters: tuple[tuple[str, str], ...] = (),
+) -> list[Servable]:
     """The ``given`` models in their order (by the name given, and their folder's name), then
-    every local model not among them."""
+    every local model not among them; ``adapters`` are the first given model's."""
     from macbatch.engine import resolve_model_path
     from macbatch.models.local import local_models
 
@@ -29,7 +34,8 @@ def catalog(given: tuple[str, ...], models_dirs: tuple[Path, ...]) -> list[Serva
         except ValueError:
             where = name  # the load says why
         path = where if isinstance(where, Path) else paths.get(name)
-        entries.append(Servable(name, name, path, (Path(name).name,)))
+        entries.append(Servable(name, name, path, (Path(name).name,), adapters))
+        adapters = ()
     names = {alias for e in entries for alias in (e.name, *e.aliases)}
     folders = {e.path.resolve() for e in entries if e.path is not None}
     for model in local:
@@ -49,7 +55,7 @@ def starter(config: EngineConfig, turns: Turns, loader_of: LoaderOf | None = Non
     from macbatch.engine import Engine, EngineThread
 
     def default_loader(entry: Servable) -> Callable[[], Engine]:
-        return lambda: Engine.load(entry.source, config)
+        return lambda: Engine.load(entry.source, replace(config, adapters=entry.adapters))
 
     build = loader_of or default_loader
 

@@ -60,6 +60,15 @@ class Servable:
     source: str
     path: Path | None
     aliases: tuple[str, ...] = ()
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, directory): its fine-tunes (engine/lora)
+
+    def adapter_names(self) -> dict[str, str]:
+        """What a request's ``model`` may say to name one of its adapters -> the adapter:
+        ``base:adapter`` (by any of the model's names) or the adapter's own name."""
+        names = {name: name for name, _ in self.adapters}
+        for alias in (self.name, *self.aliases):
+            names |= {f"{alias}:{name}": name for name, _ in self.adapters}
+        return names
 
 
 @dataclass
@@ -108,7 +117,12 @@ class ModelPool:
         memory: Callable[[], Memory] | None = None,
     ) -> None:
         self.catalog = {entry.name: entry for entry in catalog}
-        self._names = {alias: e.name for e in catalog for alias in (e.name, *e.aliases)}
+        models = {alias: e.name for e in catalog for alias in (e.name, *e.aliases)}
+        # a model's own name wins over an adapter named the same
+        self._adapters = {
+            s: (e.name, a) for e in catalog for s, a in e.adapter_names().items() if s not in models
+        }
+        self._names = {said: name for said, (name, _) in self._adapters.items()} | models
         self.default = catalog[0].name
         self.loaded: dict[str, Loaded] = {}
         self._starter = starter
@@ -135,6 +149,11 @@ class ModelPool:
                 "model_not_found",
             )
         return name
+
+    def adapter_of(self, requested: str | None) -> str | None:
+        """The adapter a request's ``model`` names (None: the base model)."""
+        found = None if requested is None else self._adapters.get(requested)
+        return None if found is None else found[1]
 
     async def lease(self, requested: str | None) -> Loaded:
         """The loaded model, held until ``give_back``; loads it first if needed (waiting for a

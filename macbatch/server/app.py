@@ -30,7 +30,7 @@ from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, refused, speaks_anthropic, within
 from macbatch.server.generation import served_request
-from macbatch.server.model_cards import model_card, render_metrics
+from macbatch.server.model_cards import adapter_cards, model_card, render_metrics
 from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
 from macbatch.server.serving import ServerOptions, ServerState, read_json, state_of
@@ -51,7 +51,8 @@ def create_app(
     model's tokenizer) renders logprob tokens as text."""
     options = options or ServerOptions()
     name = model_id or thread.info.model_name
-    entry = Servable(name, name, None, options.model_aliases)
+    adapters = tuple((a, ref.path) for a, ref in thread.info.model.adapters.items())
+    entry = Servable(name, name, None, options.model_aliases, adapters)
     pool = ModelPool([entry], None, options.images, PoolLimits(keep_alive_s=None))
     pool.add_loaded(pool.loaded_model(thread, name, Need(0, 0), decoder))
     return create_pool_app(pool, options)
@@ -178,7 +179,10 @@ async def metrics(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     models = state_of(request).models
-    return JSONResponse({"object": "list", "data": [model_card(models, n) for n in models.catalog]})
+    cards = [
+        card for n in models.catalog for card in (model_card(models, n), *adapter_cards(models, n))
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def get_model(request: Request) -> Response:

@@ -34,6 +34,16 @@ def _directories(*, help: str) -> Any:
     )
 
 
+def adapter_pair(given: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> (name, absolute path); a bad one is refused naming the option."""
+    name, sep, path = given.partition("=")
+    if not sep or not name or not path or ":" in name:
+        raise typer.BadParameter(
+            f"{given!r}: give NAME=PATH (NAME without ':')", param_hint="--adapter"
+        )
+    return name, str(Path(path).expanduser().resolve())
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """The command's own options, each declared here once (the engine's are ``EngineKnobs``; the
@@ -53,6 +63,15 @@ class ServeSettings:
     )
     models_dir: tuple[str, ...] = _directories(
         help="Also serve the model directories under DIR, by folder name (repeatable)."
+    )
+    adapter: tuple[str, ...] = option(  # NAME=PATH, the path absolute (a plist repeats it)
+        (),
+        metavar="NAME=PATH",
+        cli_type=list[str] | None,
+        convert=lambda given: tuple("=".join(adapter_pair(a)) for a in given or ()),
+        help="A LoRA / DoRA adapter of the first --model (mlx-lm's or PEFT's files in PATH), "
+        "served beside it in the same batches: clients name it as 'model': 'BASE:NAME' or "
+        "'NAME' (repeatable; docs/models.md, 'Fine-tunes').",
     )
     keep_alive: float = option(  # -1: never unload for idleness
         300.0,
@@ -285,7 +304,8 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
         kv_start_mib=config.kv_start_mib,
     )
     dirs = tuple(Path(d) for d in settings.models_dir)
-    pool = model_pool(settings.model, dirs, loading, config, image_access(settings))
+    adapters = tuple(adapter_pair(a) for a in settings.adapter)
+    pool = model_pool(settings.model, dirs, loading, config, image_access(settings), adapters)
     try:
         options = ServerOptions(
             api_key=api_key,

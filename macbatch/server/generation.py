@@ -16,6 +16,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -52,7 +53,8 @@ async def served_request(request: Request, requested: Any) -> AsyncIterator[Serv
         model = await state.models.lease(requested if isinstance(requested, str) else None)
     except ModelRefused as exc:
         raise refused(exc) from None
-    served = ServedRequest(request, state, model)
+    adapter = state.models.adapter_of(requested if isinstance(requested, str) else None)
+    served = ServedRequest(request, state, model, adapter)
     try:
         if not model.thread.alive:
             raise engine_unavailable(_describe(model.thread.error))
@@ -65,10 +67,13 @@ async def served_request(request: Request, requested: Any) -> AsyncIterator[Serv
 class ServedRequest:
     """A leased model, the admission slots taken for it and the engine stream, closed once."""
 
-    def __init__(self, request: Request, state: ServerState, model: Loaded) -> None:
+    def __init__(
+        self, request: Request, state: ServerState, model: Loaded, adapter: str | None = None
+    ) -> None:
         self.request = request
         self.state = state
         self.model = model
+        self.adapter = adapter  # the fine-tune the body's ``model`` named (None: the base)
         self.streaming = False  # an EventStream owns the close
         self._slots = 0
         self._jobs = 0
@@ -79,7 +84,11 @@ class ServedRequest:
 
     def bind(self, generation: Generation) -> Bound:
         """The engine requests of a parsed body, for this model (400)."""
-        return generation.bind(self.model.tool_format, self.model.decoder)
+        bound = generation.bind(self.model.tool_format, self.model.decoder)
+        if self.adapter is None:
+            return bound
+        adapted = tuple((replace(p, adapter=self.adapter), s) for p, s in bound.requests)
+        return replace(bound, requests=adapted)
 
     async def generate(
         self,

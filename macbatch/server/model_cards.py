@@ -34,6 +34,23 @@ def model_card(models: ModelPool, name: str) -> dict[str, Any]:
     return card | {"macbatch": about}
 
 
+def adapter_cards(models: ModelPool, name: str) -> list[dict[str, Any]]:
+    """One card per adapter of model ``name``, as ``name:adapter`` (docs/models.md,
+    "Fine-tunes"): rank, kind and targets once the model is loaded."""
+    loaded = models.loaded.get(name)
+    refs = {} if loaded is None else loaded.thread.info.model.adapters
+    cards = []
+    for adapter, path in models.catalog[name].adapters:
+        about: dict[str, Any] = {"base": name, "adapter": adapter, "path": path}
+        ref = refs.get(adapter)
+        if ref is not None:
+            about |= {"kind": ref.kind, "rank": ref.rank, "targets": list(ref.targets)}
+            about["bytes"] = ref.nbytes
+        card = {"id": f"{name}:{adapter}", "object": "model", "created": 0, "owned_by": "macbatch"}
+        cards.append(card | {"macbatch": about})
+    return cards
+
+
 def render_metrics(
     server: ServerMetrics,
     per_model: dict[str, ServerMetrics],

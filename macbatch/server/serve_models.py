@@ -24,12 +24,13 @@ def model_pool(
     limits: PoolLimits,
     config: EngineConfig,
     images: ImageAccess,
+    adapters: tuple[tuple[str, str], ...] = (),
 ) -> ModelPool:
     """The pool with the ``given`` models loaded (as many as ``limits.max_loaded`` allows); a
     model that does not fit or fails to load ends the command with the reason."""
     from macbatch.engine import Turns
 
-    entries = catalog(given, models_dirs)
+    entries = catalog(given, models_dirs, adapters)
     pool = ModelPool(entries, starter(config, Turns()), images, limits, read_memory)
     for entry in entries[: min(limits.max_loaded or len(given), len(given))]:
         _load_now(pool, entry)

@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from macbatch.engine.core.scheduler import StepPlan
+from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.recurrent import StateChunk, StateRows
 
@@ -79,6 +79,7 @@ def pack(
         pending_rows=pending_rows,
         pending_chunks=pending_chunks,
         state_rows=None if states is None else StateRows.build(lengths, states),
+        adapter_rows=_adapter_rows(chunks, lengths),
         window_block_tables=window_tables,
         window_write_rows=window_rows,
     )
@@ -113,9 +114,21 @@ def _pack_small_decode(
         num_tokens=len(chunks),
         pending_rows=pending,
         pending_chunks=list(pending),
+        adapter_rows=_adapter_rows(chunks, None),
         window_block_tables=window_tables,
         window_write_rows=window_rows,
     )
+
+
+def _adapter_rows(chunks: Sequence[ScheduledChunk], lengths: np.ndarray | None) -> mx.array | None:
+    """Each row's adapter slot (``lengths``: rows per chunk; None: one each), or None when no
+    chunk's request names an adapter (the adapted layers then run their base alone)."""
+    slots = [c.request.adapter_slot for c in chunks]
+    if not any(slots):
+        return None
+    if lengths is None:
+        return mx.array(slots, mx.uint32)
+    return mx.array(np.repeat(np.array(slots, np.uint32), lengths))
 
 
 def _listed_write_rows(

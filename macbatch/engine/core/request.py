@@ -61,6 +61,10 @@ class Request:
     # ``_contain``); ``step_failed``: it was finished because steps failed on it.
     failed_steps: int = 0
     step_failed: bool = False
+    # Its adapter's slot in the adapted layers (0: the base model) and the prefix cache's scope
+    # of its blocks (b"": the base model's), from ``ModelInfo.adapters`` (engine/lora/bank.py).
+    adapter_slot: int = 0
+    cache_scope: bytes = b""
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 

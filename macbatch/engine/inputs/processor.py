@@ -171,6 +171,7 @@ class InputProcessor:
             reasoning=reasoning,
             constraint=constraint,
             images=images,
+            **self._adapter_fields(prompt),
         )
 
     def _refuse_beyond_characters(self, prompt: PromptInput, limit: int, what: str) -> None:
@@ -224,7 +225,19 @@ class InputProcessor:
             detokenizer=self.tokenizer.detokenizer,
             metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
             pooling=params,
+            **self._adapter_fields(prompt),
         )
+
+    def _adapter_fields(self, prompt: PromptInput) -> dict[str, Any]:
+        """The request's adapter slot and prefix-cache scope; unknown names refused."""
+        if prompt.adapter is None:
+            return {}
+        ref = self.info.model.adapters.get(prompt.adapter)
+        if ref is None:
+            known = ", ".join(sorted(self.info.model.adapters)) or "none"
+            name = self.info.model_name
+            raise ValueError(f"model '{name}' has no adapter '{prompt.adapter}' (loaded: {known})")
+        return {"adapter_slot": ref.slot, "cache_scope": ref.cache_scope}
 
 
 # What a pooling request carries as its sampling parameters: it never samples.

@@ -22,6 +22,7 @@ class PromptInput:
     prompt: Prompt
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    adapter: str | None = None  # the fine-tune that answers (engine/lora/), None: the base model
 
     @property
     def is_chat(self) -> bool:

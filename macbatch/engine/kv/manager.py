@@ -29,6 +29,7 @@ class HasTokens(Protocol):
     """What the KV manager reads of a request."""
 
     request_id: str
+    cache_scope: bytes  # what its chain starts from beside the root (an adapter's blocks)
 
     @property
     def num_prompt_tokens(self) -> int: ...
@@ -114,7 +115,8 @@ class KVManager:
             return queued[1]
         usable = (num_tokens - 1) // self.block_size
         tokens = request.hash_slice(0, usable * self.block_size)
-        return chain_block_hashes(self.prefix_root or b"", tokens, self.block_size)
+        root = (self.prefix_root or b"") + request.cache_scope
+        return chain_block_hashes(root, tokens, self.block_size)
 
     def _in_ram(self, request: HasTokens, chain: list[bytes]) -> list[bytes]:
         """The leading digests of ``chain`` the full group has cached, up to a point the
@@ -198,7 +200,7 @@ class KVManager:
         done = len(hashes)
         if full <= done:
             return
-        previous = hashes[-1] if done else self.prefix_root
+        previous = hashes[-1] if done else self.prefix_root + request.cache_scope
         tokens = request.hash_slice(done * self.block_size, full * self.block_size)
         hashes.extend(chain_block_hashes(previous, tokens, self.block_size))
         for group in self.groups:

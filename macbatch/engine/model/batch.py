@@ -34,6 +34,8 @@ class PackedBatch:
     # 1 when rank 0 reads every row's last hidden state (an MTP layer drafts from them): then
     # every rank runs the last layer's collectives, even in a step that samples no row.
     reads_hidden: int = 0
+    # [N] uint32: each row's adapter slot (engine/lora/), None when every row is the base model's
+    adapter_rows: mx.array | None = field(default=None, metadata={"rank_local": True})
     # The window group's (sliding-window layers) block tables and write rows, when the model has
     # one: its own block ids, block 0 where a block left every window (never read). Rank 0's
     # alone (a distributed engine keeps every layer in the full group).

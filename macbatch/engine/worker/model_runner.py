@@ -33,6 +33,7 @@ from macbatch.engine.kv.latent import LatentSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
+from macbatch.engine.lora.bank import AdapterBank
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
@@ -88,6 +89,7 @@ class ModelRunner:
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
+        self.adapters = adapter_bank(model, config, ranks)  # fine-tunes beside the base weights
         self.model_type = self.adapter.model_type
         macbatch.metal.ensure_selftest()  # on Metal: prove the kernel before serving with it
         self.vocab_size = model_vocab_size(model)
@@ -225,7 +227,11 @@ class ModelRunner:
         if self._followers is not None:
             batch.reads_hidden = int(keep)  # ``launch`` evaluates them: so must the followers
             self._followers.send_step(batch)
-        compiled = None if spans or self.compiled is None else self.compiled.forward(batch)
+        if self.adapters is not None:
+            self.adapters.use(batch.adapter_rows)
+        # a step with adapter rows is never compiled (its graph has the adapters' products)
+        plain = not spans and batch.adapter_rows is None
+        compiled = None if not plain or self.compiled is None else self.compiled.forward(batch)
         if compiled is not None:  # a small decode step: its hidden states returned when kept
             self.hidden = compiled.hidden
             return compiled.logits, {}
@@ -308,6 +314,15 @@ class ModelRunner:
         # unless rank 0 reads its hidden states (``reads_hidden``), so the last layer's
         # collectives after it are not run there, and must not be run here.
         mx.eval(*computed, *self.kv_stores.arrays(), *self._state_arrays())
+
+
+def adapter_bank(model: nn.Module, config: EngineConfig, ranks: Ranks | None) -> AdapterBank | None:
+    """The adapters of ``config.adapters`` installed in ``model`` (None: it names none)."""
+    if not config.adapters:
+        return None
+    if ranks is not None:
+        raise ValueError("adapters are served by one process (not a launched group yet)")
+    return AdapterBank(model, config.adapters)
 
 
 def model_vocab_size(model: nn.Module) -> int:

@@ -242,12 +242,15 @@ def _command_line(settings: ServeSettings, knobs: EngineKnobs) -> list[str]:
 
 
 def _plist(arguments: list[str], api_key: str | None) -> str:
-    from macbatch.config import data_dir
+    from macbatch.config import data_dir, data_dir_environment
     from macbatch.server.launchd import launchd_plist
 
-    log_dir = data_dir() / "logs"
+    log_dir = data_dir().resolve() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
+    environment = data_dir_environment()
+    if api_key:
+        environment["MACBATCH_API_KEY"] = api_key
+    return launchd_plist(arguments, log_dir / "serve.log", environment, working_dir=Path.cwd())
 
 
 def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> None:

@@ -79,6 +79,7 @@ _EXPORTS: dict[str, str] = {
     "unsupported_reason": "macbatch.engine.model.families",
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
+    "check_checkpoint": "macbatch.engine.loader",
     "probe_model": "macbatch.engine.model.probe",
     # the disk KV cache's contents (macbatch cache)
     "StoredModel": "macbatch.engine.kv.disk.listing",

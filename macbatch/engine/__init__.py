@@ -133,7 +133,7 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
     from macbatch.engine.kv.disk.listing import StoredModel, clear_stored, stored_models
-    from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.loader import check_checkpoint, resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.families import unsupported_reason

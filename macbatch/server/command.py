@@ -121,8 +121,9 @@ class ServeSettings:
     max_connections: int | None = option(
         None,
         min=1,
-        help="Connections open at once; more are closed as they arrive (default: half the "
-        "process's file descriptors, at most 1024).",
+        help="Connections open at once; past it a new one takes the place of the oldest idle "
+        "one (default: half the process's file descriptors, at most 1024; never more than "
+        "the descriptors less 96).",
     )
     allowed_hosts: str | None = option(  # comma-separated, as given
         None,
@@ -261,7 +262,7 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
         ConnectionLimits,
         ListenError,
         bind_socket,
-        default_max_connections,
+        connection_cap,
         run,
     )
     from macbatch.server.serve_models import model_pool
@@ -299,7 +300,7 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
         bound_port = sock.getsockname()[1]
         limits = ConnectionLimits(
             settings.header_timeout,
-            settings.max_connections or default_max_connections(),
+            connection_cap(settings.max_connections),
             settings.body_timeout,
             settings.write_timeout,
         )

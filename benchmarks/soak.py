@@ -106,7 +106,7 @@ def serve(home: Path) -> tuple[str, Callable[[], None]]:
     return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
 
 
-def kinds(client: httpx.Client, url: str) -> list[Callable[[str, int], None]]:
+def kinds(client: httpx.Client, url: str) -> list[Callable[[str, int], object]]:
     """One function per kind of request: (model, index) -> None."""
 
     def chat(model: str, i: int, **more: object) -> None:
@@ -154,8 +154,8 @@ def main() -> None:
                 models = itertools.cycle(["demo", "demo-b"])
                 model, done, rows = next(models), 0, []
                 started = time.monotonic()
-                for block in range(args.blocks + 1):
-                    for _ in range(args.warmup):
+                for _ in range(args.blocks + 1):
+                    for _request in range(args.warmup):
                         if done and done % args.switch_every == 0:
                             model = next(models)
                         next(order)(model, done)
@@ -180,9 +180,8 @@ def _check(rows: list[tuple[int, float, dict[str, int]]]) -> None:
     for name in ("rss", "active"):
         growth = last[name] / base[name] - 1 if base[name] else 0.0
         verdict = "ok" if growth <= 0.10 else "GROWS"
-        print(
-            f"{name}: {base[name] / MIB:,.1f} -> {last[name] / MIB:,.1f} MiB ({growth:+.1%}) {verdict}"
-        )
+        before, after = base[name] / MIB, last[name] / MIB
+        print(f"{name}: {before:,.1f} -> {after:,.1f} MiB ({growth:+.1%}) {verdict}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ from pathlib import Path
 DEFAULT_MODEL = os.environ.get("MACBATCH_MODEL", "demo")
 
 
+def data_dir_environment() -> dict[str, str]:
+    """The environment that gives a process started elsewhere (launchd, in /) this same data
+    directory: ``MACBATCH_HOME``, made absolute, when it is set; nothing when the default holds."""
+    if not os.environ.get("MACBATCH_HOME"):
+        return {}
+    return {"MACBATCH_HOME": str(data_dir().resolve())}
+
+
 def data_dir() -> Path:
     """The app's data directory (history, ledgers), created on first use."""
     override = os.environ.get("MACBATCH_HOME")

@@ -135,7 +135,8 @@ def run_command(
     OpenAI's batch output shape), `<job>.csv` (a flat table in input order: the input's columns,
     the reply, finish reason, error) and `<job>.errors.jsonl` (failures).
 
-    Exit status: 0 all done, 1 could not run, 3 some requests failed, 130 interrupted.
+    Exit status: 0 all done, 1 could not run (or a job's model could not load: the other
+    jobs ran), 3 some requests failed, 130 interrupted.
     """
     from macbatch.batch.report import HeadlessReporter, RichReporter
     from macbatch.batch.runner import RunOptions
@@ -162,12 +163,24 @@ def run_command(
         headless,
         replicas,
     )
-    if summary["status"] == "interrupted":
+    if summary["status"] in ("interrupted", "incomplete"):
         again = resume_command(
             file, model, jobs or [], output_dir, (knobs.kv_bits, spec), headless, max_in_flight
         )
         if replicas is not None:  # the launcher's own arguments are not known here
             again += f" --replicas {replicas} (under mlx.launch, as before; or alone, without it)"
+    if summary["status"] == "incomplete":
+        skipped = [
+            f"job {name} was not run: {job['not_run']}"
+            for name, job in summary["jobs"].items()
+            if job.get("not_run")
+        ]
+        _fail(
+            headless,
+            "\n".join(skipped) + "\nThe other jobs ran and their lines are saved; mend the model "
+            "(or name another for those jobs) and run the same command again to run them: " + again,
+        )
+    if summary["status"] == "interrupted":
         reporter.note(
             f"Interrupted: {summary['remaining']} requests not done. Completed lines are saved; "
             f"run the same command again to resume: {again}"

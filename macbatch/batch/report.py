@@ -27,6 +27,7 @@ class JobProgress:
     capped: int = 0  # ok replies whose max_tokens shrank to the room the prompt left
     constrained: int = 0  # replies of this run that had to follow a schema, choices or tools
     parsed: int = 0  # ... and parsed as such
+    not_run: str | None = None  # why its model could not load (the other models' jobs ran)
 
     @property
     def finished(self) -> int:
@@ -280,6 +281,7 @@ def build_summary(
                 "skipped": job.skipped,
                 "capped": job.capped,
                 **_parsed_counts(job),
+                **({"not_run": job.not_run} if job.not_run else {}),
                 **outputs.get(name, {}),
             }
             for name, job in progress.jobs.items()
@@ -370,6 +372,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if job.get("vectors"):
             line += f"; {job['vectors_rows']:,} vectors -> {job['vectors']}"
         lines.append(line)
+        if job.get("not_run"):
+            lines.append(f"    not run: {job['not_run']}")
         if job.get("capped"):
             lines.append(
                 f"    {job['capped']} replies capped: the prompt left less room in the context "

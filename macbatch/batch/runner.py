@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +72,12 @@ def run_jobs(
     close_engine: Callable[[Any], None] = lambda engine: None,
 ) -> dict[str, Any]:
     """Run (or resume) every job of `job_file`; returns the summary (also written to disk).
-    ``load_engine(model)`` loads each model once; ``close_engine`` frees one before the next.
+    ``load_engine(model)`` loads each model once (JobFileError: it cannot; its jobs are
+    skipped, the others run, and the summary's status is "incomplete"); ``close_engine`` frees
+    one before the next.
 
-    Raises JobFileError, before a model loads, for any problem with the file or its inputs.
+    Raises JobFileError, before a model loads, for any problem with the file or its inputs, and
+    when no job's model loads.
     """
     refuse_inputs_among_outputs(job_file)
     sources = {job.name: prepare(job) for job in job_file.jobs}
@@ -89,27 +94,24 @@ def run_jobs(
             if done:
                 total = sum(job.total for job in jobs.values())
                 reporter.note(f"resuming: {done:,} of {total:,} requests done before")
-            groups = list(job_file.by_model().items())
-            reporter.note(f"Loading model {groups[0][0]} ...")
-            engine = load_engine(groups[0][0])  # Ctrl-C until here: nothing ran
-            with caught_signals() as interrupts:  # from here, it only stops the loop
+            loaded = _loaded(job_file, load_engine, close_engine, reporter, jobs)
+            first = next(loaded, None)  # Ctrl-C until here: nothing ran
+            if first is None:
+                raise JobFileError("\n".join(_not_run(jobs)))
+            with caught_signals() as interrupts, closing(loaded):  # Ctrl-C stops the loop only
                 progress = RunProgress(model=job_file.model, jobs=jobs)
                 reporter.start(progress)
-                for index, (model, group) in enumerate(groups):
-                    if index:
-                        close_engine(engine)
-                        engine = None  # its memory goes before the next model loads
-                        reporter.note(f"Loading model {model} ...")
-                        engine = load_engine(model)
+                engines, first = chain([first], loaded), None  # the loop holds the one engine
+                for model, group, engine in engines:
                     progress.model = model  # the one the display shows as running
                     _Loop(group, sources, ledger, engine, options, reporter, progress).run(
                         interrupts
                     )
+                    del engine  # its memory goes before the next model loads
                     if interrupts.count:
                         break
-                close_engine(engine)
                 progress.model = job_file.model
-                status = "interrupted" if progress.finished < progress.total else "complete"
+                status = _status(progress, interrupts.count > 0)
                 outputs = _job_outputs(job_file, ledger)
                 write_job_vectors(job_file, outputs, reporter.note)
                 write_job_tables(job_file, sources, outputs, reporter.note)
@@ -119,6 +121,44 @@ def run_jobs(
         finally:
             ledger.close()
     return summary
+
+
+def _loaded(
+    job_file: JobFile,
+    load_engine: Callable[[str], Any],
+    close_engine: Callable[[Any], None],
+    reporter: Reporter,
+    jobs: dict[str, JobProgress],
+) -> Generator[tuple[str, tuple[JobSpec, ...], Any], None, None]:
+    """Each model's jobs with its engine, one model loaded at a time and closed before the next.
+    A model that cannot load (``load_engine`` raises JobFileError) skips only its own jobs, each
+    marked with why: one broken model must not stop the others' jobs."""
+    for model, group in job_file.by_model().items():
+        reporter.note(f"Loading model {model} ...")
+        try:
+            engine = load_engine(model)
+        except JobFileError as exc:
+            for job in group:
+                jobs[job.name].not_run = str(exc)
+            reporter.note(f"{', '.join(job.name for job in group)}: not run: {exc}")
+            continue
+        try:
+            yield model, group, engine
+        finally:
+            close_engine(engine)
+            del engine  # before the next model loads
+
+
+def _not_run(jobs: dict[str, JobProgress]) -> list[str]:
+    """A line per job whose model could not load: the job, and why (which names the model)."""
+    return [f"job {job.name} was not run: {job.not_run}" for job in jobs.values() if job.not_run]
+
+
+def _status(progress: RunProgress, interrupted: bool) -> str:
+    """complete; interrupted (Ctrl-C before the end); incomplete (a job's model did not load)."""
+    if progress.finished == progress.total:
+        return "complete"
+    return "interrupted" if interrupted else "incomplete"
 
 
 def _survey(

@@ -81,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "unsupported_reason": "macbatch.engine.model.families",
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
+    "check_checkpoint": "macbatch.engine.loader",
     "probe_model": "macbatch.engine.model.probe",
     # the disk KV cache's contents (macbatch cache)
     "StoredModel": "macbatch.engine.kv.disk.listing",
@@ -143,7 +144,7 @@ if TYPE_CHECKING:
         not_caches,
         stored_models,
     )
-    from macbatch.engine.loader import resolve_model_path
+    from macbatch.engine.loader import check_checkpoint, resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.lora.files import AdapterError, read_adapter
     from macbatch.engine.model.adapter import UnsupportedModelError

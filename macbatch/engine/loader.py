@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,62 @@ from macbatch.engine.speculative.mtp_weights import MtpNames, mtp_names
 if TYPE_CHECKING:
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+# A config.json is a few KiB (the largest known, with long chat templates or quantization tables,
+# well under a MiB): past this it is refused unread, before parsing it stalls or swells the load.
+# A safetensors file's JSON header (names, dtypes, shapes): a MiB or two for the largest models.
+MAX_HEADER_BYTES = 64 * 2**20
+LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def weight_shapes(path: Path) -> dict[str, list[int]]:
+    """Every tensor's shape, by name, from the headers of a checkpoint's safetensors files (the
+    weights themselves are not read)."""
+    shapes: dict[str, list[int]] = {}
+    for weights in sorted(path.glob("*.safetensors")):
+        with weights.open("rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            if not 0 < length <= min(MAX_HEADER_BYTES, weights.stat().st_size - 8):
+                raise ValueError(f"{weights.name} is not a safetensors file (its header is cut)")
+            try:
+                header = json.loads(file.read(length))
+            except ValueError:
+                raise ValueError(f"{weights.name} is not a safetensors file") from None
+        if not isinstance(header, dict):
+            raise ValueError(f"{weights.name} is not a safetensors file")
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                shapes[name] = list(entry.get("shape") or [])
+    return shapes
+
+
+def check_checkpoint(path: Path) -> None:
+    """Refuse (ValueError, a short reason) a local checkpoint whose config its weights cannot
+    back, BEFORE any model is built: mlx-lm builds every declared layer before it compares the
+    weights, so a config declaring 10^9 layers over four never finishes loading, and 12,000
+    take seconds and a GiB. Compared: the decoder layers declared and those the weight names
+    hold (at least as many: DeepSeek's MTP layers come after them), the vocabulary and the
+    embedding's rows."""
+    config = read_model_config(path)
+    text = config.get("text_config", config)
+    shapes = weight_shapes(path)
+    if not shapes or not isinstance(text, dict):
+        return  # nothing to compare (mlx-lm says what is missing)
+    declared = text.get("num_hidden_layers")
+    held = {int(m.group(1)) for name in shapes if (m := LAYER_NAME.search(name))}
+    if isinstance(declared, int) and held and declared > max(held) + 1:
+        raise ValueError(
+            f"its config.json declares {declared:,} layers (num_hidden_layers) and its weights "
+            f"hold {max(held) + 1:,}: refused before building the model"
+        )
+    vocab = text.get("vocab_size")
+    rows = [s[0] for n, s in shapes.items() if n.endswith("embed_tokens.weight") and s]
+    if isinstance(vocab, int) and rows and vocab > max(rows):
+        raise ValueError(
+            f"its config.json declares a vocabulary of {vocab:,} tokens (vocab_size) and its "
+            f"embedding has {max(rows):,} rows: refused before building the model"
+        )
 
 
 def resolve_model_path(name: str) -> Path | str:
@@ -69,6 +127,10 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
+        try:
+            check_checkpoint(target)
+        except ValueError as exc:
+            raise ValueError(f"could not load model '{name}' from {target}: {exc}") from None
         declared = read_model_config(target)
         model_type = str(declared.get("model_type"))
         reason = unsupported_reason(model_type, declared.get("architectures"))

@@ -27,6 +27,7 @@ from macbatch.engine import EngineThread, Tokenizer, ToolFormat
 from macbatch.models.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
 
+MAX_REASON = 500  # characters of a load error a refusal carries (a 12,000-layer one was 4.7 MB)
 log = logging.getLogger("macbatch.models.local")
 PRESSURE_FRACTION = 0.05  # under this much of the machine free, idle models give memory back
 REAP_EVERY_S = 1.0  # how often keep-alive and memory pressure are looked at
@@ -256,17 +257,24 @@ class ModelPool:
             del self._loading[name]
 
     def _start(self, entry: Servable, need: Need) -> Loaded:
-        """On a worker thread: start the engine and wait for it (a refusal names the model)."""
+        """On a worker thread: check a local checkpoint's config against its weights (before
+        the engine thread takes a turn of the device: the models serving meanwhile go on), then
+        start the engine and wait for it. A refusal names the model, its reason cut short."""
+        from macbatch.engine import check_checkpoint
+
         assert self._starter is not None, "this pool has no way to load models"
         log.info("loading model %s", entry.name)
-        thread = self._starter(entry)
         try:
+            if entry.path is not None:
+                check_checkpoint(entry.path)
+            thread = self._starter(entry)
             thread.wait_ready()
         except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if len(reason) > MAX_REASON:
+                reason = reason[: MAX_REASON - 1] + "…"
             raise ModelRefused(
-                400,
-                f"cannot load model {entry.name!r}: {type(exc).__name__}: {exc}",
-                "model_unavailable",
+                400, f"cannot load model {entry.name!r}: {reason}", "model_unavailable"
             ) from None
         return self.loaded_model(thread, entry.name, need)
 

@@ -7,6 +7,7 @@ demand; docs/models.md).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from pathlib import Path
@@ -191,7 +192,8 @@ async def get_model(request: Request) -> Response:
         name = models.name_of(request.path_params["model"])
     except ModelRefused as exc:
         raise refused(exc) from None
-    return JSONResponse(model_card(models, name))
+    # a model not loaded has its card read from its files: off the event loop, which streams
+    return JSONResponse(await asyncio.to_thread(model_card, models, name))
 
 
 async def chat_completions(request: Request) -> Response:

@@ -140,8 +140,9 @@ class ServeSettings:
     max_connections: int | None = option(
         None,
         min=1,
-        help="Connections open at once; more are closed as they arrive (default: half the "
-        "process's file descriptors, at most 1024).",
+        help="Connections open at once; past it a new one takes the place of the oldest idle "
+        "one (default: half the process's file descriptors, at most 1024; never more than "
+        "the descriptors less 96).",
     )
     allowed_hosts: str | None = option(  # comma-separated, as given
         None,
@@ -269,12 +270,15 @@ def _command_line(settings: ServeSettings, knobs: EngineKnobs) -> list[str]:
 
 
 def _plist(arguments: list[str], api_key: str | None) -> str:
-    from macbatch.config import data_dir
+    from macbatch.config import data_dir, data_dir_environment
     from macbatch.server.launchd import launchd_plist
 
-    log_dir = data_dir() / "logs"
+    log_dir = data_dir().resolve() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
+    environment = data_dir_environment()
+    if api_key:
+        environment["MACBATCH_API_KEY"] = api_key
+    return launchd_plist(arguments, log_dir / "serve.log", environment, working_dir=Path.cwd())
 
 
 def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> None:
@@ -285,7 +289,7 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
         ConnectionLimits,
         ListenError,
         bind_socket,
-        default_max_connections,
+        connection_cap,
         run,
     )
     from macbatch.server.serve_models import model_pool
@@ -324,7 +328,7 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
         bound_port = sock.getsockname()[1]
         limits = ConnectionLimits(
             settings.header_timeout,
-            settings.max_connections or default_max_connections(),
+            connection_cap(settings.max_connections),
             settings.body_timeout,
             settings.write_timeout,
         )

@@ -9,13 +9,14 @@ LABEL = "com.macbatch.serve"
 
 
 def launchd_plist(
-    arguments: list[str], log_file: Path, api_key: str | None, working_dir: Path
+    arguments: list[str], log_file: Path, environment: dict[str, str], working_dir: Path
 ) -> str:
     """The plist text: start at login, restart after a crash (not after a clean stop), in
     ``working_dir`` (launchd's default is /, where relative paths mean nothing).
 
-    The API key goes into the job's environment, not its arguments, so `ps` does not show it;
-    keep the installed file private (chmod 600).
+    ``environment`` is the job's (launchd gives it none of the shell's): the data directory when
+    it is not the default, and the API key, there and not in the arguments so `ps` does not show
+    it; keep the installed file private (chmod 600).
     """
     job: dict[str, object] = {
         "Label": LABEL,
@@ -27,6 +28,6 @@ def launchd_plist(
         "StandardOutPath": str(log_file),
         "StandardErrorPath": str(log_file),
     }
-    if api_key:
-        job["EnvironmentVariables"] = {"MACBATCH_API_KEY": api_key}
+    if environment:
+        job["EnvironmentVariables"] = environment
     return plistlib.dumps(job, sort_keys=False).decode()

@@ -119,6 +119,42 @@ def default_max_connections() -> int:
     return max(16, min(1024, (4096 if soft == resource.RLIM_INFINITY else soft) // 2))
 
 
+# Descriptors never given to connections, whatever --max-connections says: the model's files, the
+# disk tier, the data directory's databases and the logs need them, and the connections accepted
+# in one go need room before the oldest idle ones are shed for them. accept() failing with EMFILE
+# must never happen: asyncio then retries accept() for the rest of its backlog in a loop, logging
+# a traceback each time and scheduling a retry each time, and serves no one.
+FD_RESERVE = 96
+FD_FILES = 32  # of the reserve, what the process's own files may hold
+
+
+def connection_cap(requested: int | None) -> int:
+    """The connections open at once: ``requested`` (--max-connections) or the default, and
+    never more than the descriptor limit less ``FD_RESERVE``."""
+    default = default_max_connections()  # raises the soft limit as far as it may go first
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if requested is None or soft == resource.RLIM_INFINITY:
+        return requested or default
+    room = max(1, soft - FD_RESERVE)
+    if requested > room:
+        _log.warning(
+            "--max-connections %d is past this process's %d file descriptors less %d kept for "
+            "files: at most %d connections",
+            requested, soft, FD_RESERVE, room,
+        )  # fmt: skip
+    return min(requested, room)
+
+
+def accept_backlog(max_connections: int) -> int:
+    """How many connections the listening socket queues, and asyncio accepts in one go: the
+    descriptors left beyond the cap and the files, over three (a burst accepted before the
+    oldest idle ones' close, the next, and one more), between 16 and uvicorn's 2048."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2048
+    return max(16, min(2048, (soft - max_connections - FD_FILES) // 3))
+
+
 def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's HTTP/1.1 protocol (h11, or httptools where installed) with a deadline for each
     request's headers and a cap on open connections.
@@ -130,8 +166,11 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     and such connections never complete them. Both protocols keep the request in progress in
     ``self.cycle`` and call ``on_response_complete`` after each response, so the guard arms a
     timer when a connection opens and after each response, and closes the connection if the
-    timer fires while no new request has finished its headers. A connection past the cap is
-    closed as it is accepted, before it can hold a descriptor for long.
+    timer fires while no new request has finished its headers. At the cap, a new connection
+    takes the place of the oldest idle one (its headers not begun or not finished: a slow client,
+    or a keep-alive connection between requests), so a new client is always answered however
+    many connections hang; only when every connection has a request in progress is the new one
+    closed as it is accepted.
 
     A request whose body has not ended ``body_timeout_s`` after its headers (a client that
     trickles it) is cut, as is a connection whose send buffer stays full for
@@ -143,6 +182,13 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
     base: Any = AutoHTTPProtocol
     refused_log = [0.0]
+    idle: dict[Any, None] = {}  # connections waiting for a request's headers, oldest first
+
+    def warn(text: str) -> None:
+        now = time.monotonic()
+        if now - refused_log[0] > 10:
+            refused_log[0] = now
+            _log.warning(text, limits.max_connections)
 
     class Guarded(base):
         _header_timer: asyncio.TimerHandle | None = None
@@ -152,20 +198,22 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
-                now = time.monotonic()
-                if now - refused_log[0] > 10:
-                    refused_log[0] = now
-                    _log.warning(
-                        "%d connections open, the most allowed (serve --max-connections): "
-                        "closing new ones",
-                        limits.max_connections,
-                    )
-                transport.abort()
-                return
+                if not idle:
+                    warn("%d connections open, each with a request (serve --max-connections): "
+                         "closing new ones")  # fmt: skip
+                    transport.abort()
+                    return
+                warn("%d connections open, the most allowed (serve --max-connections): "
+                     "closing the oldest idle ones for new ones")  # fmt: skip
+                oldest = next(iter(idle))
+                del idle[oldest]
+                oldest.transport.abort()
             self._arm()
 
         def _arm(self) -> None:
             self._disarm()
+            idle.pop(self, None)
+            idle[self] = None  # the newest idle one
             waiting = self.cycle
             self._header_timer = self.loop.call_later(
                 limits.header_timeout_s, self._headers_late, waiting
@@ -190,6 +238,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             before = self.cycle
             super().data_received(data)
             cycle = self.cycle
+            if cycle is not before and cycle is not None:
+                idle.pop(self, None)  # its request's headers are in: no longer idle
             if cycle is not before and cycle is not None and cycle.more_body:
                 if self._body_timer is not None:
                     self._body_timer.cancel()
@@ -225,6 +275,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            idle.pop(self, None)
             for timer in (self._body_timer, self._write_timer):
                 if timer is not None:
                     timer.cancel()
@@ -238,7 +289,12 @@ def server_config(
 ) -> uvicorn.Config:
     """uvicorn's settings for macbatch: the guarded protocol, no lifespan."""
     return uvicorn.Config(
-        app, lifespan="off", log_level=log_level, http=guarded_protocol(limits), **more
+        app,
+        lifespan="off",
+        log_level=log_level,
+        http=guarded_protocol(limits),
+        backlog=accept_backlog(limits.max_connections),
+        **more,
     )
 
 

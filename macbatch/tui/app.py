@@ -21,6 +21,7 @@ from macbatch.engine import EngineConfig, EngineThread
 from macbatch.session_settings import SessionSettings
 from macbatch.tui.chat_models import ChatModels
 from macbatch.tui.chats import ChatService
+from macbatch.tui.history_file import HistoryBusy
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.chat import ChatScreen
 from macbatch.tui.store import HistoryStore
@@ -60,6 +61,7 @@ class ChatApp(App[None]):
         self.model_label = model_label
         self.model_requested = model_label  # as the user named it; model_label follows the load
         self.load_started = time.monotonic()
+        self.unwritten: str | None = None  # why the history's last saves were lost at exit
 
     async def on_event(self, event: events.Event) -> None:
         # A key from the terminal, before it is delivered to the focused widget (bubbled keys
@@ -89,4 +91,7 @@ class ChatApp(App[None]):
             self.chats.failed(event.worker.error)  # the loading panel says why, once
 
     def on_unmount(self) -> None:
-        self.chats.close()
+        try:
+            self.chats.close()
+        except HistoryBusy as busy:  # the command says it once the terminal is back
+            self.unwritten = f"{busy}: the last changes to the history could not be written"

@@ -85,7 +85,7 @@ def chat_command(
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.session_settings import SessionSettings
     from macbatch.tui.app import ChatApp
-    from macbatch.tui.history_file import HistoryError, HistoryLock
+    from macbatch.tui.history_file import HistoryBusy, HistoryError, HistoryLock
     from macbatch.tui.loading import LoadProgress, make_loader
 
     try:
@@ -98,6 +98,13 @@ def chat_command(
     try:
         lock = HistoryLock(path)
         store = open_history(path)
+    except HistoryBusy as busy:
+        typer.echo(
+            f"error: {busy}. The history itself is sound: wait until that process is done "
+            "with it (or end it), then start macbatch chat again.",
+            err=True,
+        )
+        raise typer.Exit(1) from None
     except HistoryError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
@@ -123,6 +130,10 @@ def chat_command(
         app.run()
     finally:
         lock.release()
+    if app.unwritten:
+        typer.echo(f"error: {app.unwritten}", err=True)
+    if app.return_code or app.unwritten:  # Textual printed a crash and returned: not success
+        raise typer.Exit(app.return_code or 1)
 
 
 def open_history(path: Path) -> HistoryStore:

@@ -7,18 +7,24 @@ seconds, and which version of a regenerated reply is shown), versions (a regener
 other versions, kept to flip back to), attachments (a message's images, their bytes: see
 ``tui/attachments.py``) and app_state (which chat was open last). The UI thread is the only
 user; every write commits at once, so a crash loses at most the last streamed tokens.
+
+Another process may lock the file (``BEGIN EXCLUSIVE`` in a shell, a backup): an action is then
+refused with ``HistoryBusy`` (nothing half done, the caller keeps what the user typed), and the
+saves that only bring a row up to date (a reply as it streams, app state) are kept and written
+with the next write that gets through (``flush``): a lock never loses a reply.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from macbatch.session_settings import SessionSettings
 from macbatch.tui.attachments import Attachment
-from macbatch.tui.history_file import CorruptHistory, HistoryError
+from macbatch.tui.history_file import BusyGuard, CorruptHistory, HistoryBusy, HistoryError, is_busy
 
 SESSIONS = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -99,6 +105,11 @@ VERSION_FIELDS = (
 )
 VERSION_COLUMNS = ", ".join(VERSION_FIELDS)
 
+# How long the UI thread waits for another process's lock on the history before an action is
+# refused (HistoryBusy) or a save is kept for later; at close, what is still kept waits longer.
+BUSY_WAIT_S = 1.0
+CLOSE_WAIT_MS = 10_000
+
 # Message status values. A reply is "streaming" while the engine produces it; the others are final.
 DONE = "done"
 STREAMING = "streaming"
@@ -164,8 +175,10 @@ class HistoryStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        # what a lock held back: one write per row, the latest wins (flush writes them)
+        self._kept: dict[tuple[str, object], Callable[[], object]] = {}
+        self._db = BusyGuard(path, BUSY_WAIT_S)
         try:
-            self._db = sqlite3.connect(path)
             self._check_intact()
             self._move_settings_to_json()  # before foreign keys are on: it rebuilds sessions
             self._db.executescript(SCHEMA)
@@ -176,11 +189,13 @@ class HistoryStore:
                 "UPDATE messages SET status = ? WHERE status = ?", (INTERRUPTED, STREAMING)
             )
             self._db.commit()
-        except CorruptHistory:
+        except (CorruptHistory, HistoryBusy):
             self._db.close()
             raise
         except sqlite3.DatabaseError as error:
             self._db.close()
+            if is_busy(error):
+                raise HistoryBusy(path) from error
             if type(error) is sqlite3.DatabaseError:  # not a database, or a malformed one
                 raise CorruptHistory(path, str(error)) from error
             raise HistoryError(
@@ -238,7 +253,43 @@ class HistoryStore:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
-        self._db.close()
+        """Raises HistoryBusy (closed all the same) when a lock still holds back saves."""
+        try:
+            if self._kept:  # the last chance to write them: wait longer for the lock
+                self._db.execute(f"PRAGMA busy_timeout = {CLOSE_WAIT_MS}")
+                with self._db:
+                    for write in self._kept.values():
+                        write()
+        finally:
+            self._db.close()
+
+    @property
+    def kept(self) -> int:
+        """How many saves a lock holds back (written by the next ``flush`` that gets through)."""
+        return len(self._kept)
+
+    def flush(self, wait: bool = True) -> bool:
+        """Write the saves a lock held back, in one transaction; False while it still holds.
+        ``wait=False``: try without waiting for the lock (the app's timer: the UI stays live)."""
+        if not self._kept:
+            return True
+        if not wait:
+            self._db.execute("PRAGMA busy_timeout = 0")
+        try:
+            with self._db:
+                for write in self._kept.values():
+                    write()
+        except HistoryBusy:
+            return False
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_WAIT_S * 1000)}")
+        self._kept.clear()
+        return True
+
+    def _keep(self, key: tuple[str, object], write: Callable[[], object]) -> None:
+        """Write now if the file is free, else keep ``write`` for the next flush."""
+        self._kept[key] = write
+        self.flush()
 
     # Sessions
 
@@ -299,10 +350,13 @@ class HistoryStore:
         return None if row is None else str(row[0])
 
     def set_state(self, key: str, value: str) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO app_state (key, value) VALUES (?, ?)", (key, value)
+        """Kept for later when another process locks the file (it is no action to refuse)."""
+        self._keep(
+            ("state", key),
+            lambda: self._db.execute(
+                "INSERT OR REPLACE INTO app_state (key, value) VALUES (?, ?)", (key, value)
+            ),
         )
-        self._db.commit()
 
     def last_opened(self) -> int | None:
         """The chat open when the app was last used (it may have been deleted since)."""
@@ -315,6 +369,7 @@ class HistoryStore:
     # Messages
 
     def messages(self, session_id: int) -> list[Message]:
+        self.flush()  # a kept save first: a prompt built from these must see it
         rows = self._db.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY id",
             (session_id,),
@@ -353,7 +408,10 @@ class HistoryStore:
 
     def save_message(self, message: Message) -> None:
         """Write a message's text, status, error, metrics and reasoning back (after edits or
-        streaming)."""
+        streaming); kept, as it stands when written, while another process locks the file."""
+        self._keep(("message", message.id), lambda: self._update_message(message))
+
+    def _update_message(self, message: Message) -> None:
         metrics, reasoning = message.metrics, message.reasoning
         self._db.execute(
             "UPDATE messages SET content = ?, status = ?, error = ?, tokens = ?, ttft_s = ?, "
@@ -371,7 +429,6 @@ class HistoryStore:
                 message.id,
             ),
         )
-        self._db.commit()
 
     def new_version(self, message: Message) -> Message:
         """Regenerate: keep the reply shown now as one of `message`'s versions, and start the
@@ -418,6 +475,7 @@ class HistoryStore:
     def message(self, message_id: int) -> Message:
         """One message as stored now (without its images: replies, the ones that change, have
         none)."""
+        self.flush()
         row = self._db.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)
         ).fetchone()

@@ -192,3 +192,50 @@ def test_a_model_too_large_is_refused_before_it_loads(
     assert not (tmp_path / "out" / "a.jsonl").exists() or not read_jsonl(
         tmp_path / "out" / "a.jsonl"
     )
+
+
+def test_a_model_that_fails_to_load_skips_only_its_jobs(
+    tmp_path: Path, two_models: dict[str, Path], oracle: dict[str, list[str]], macbatch_run: Any
+) -> None:
+    """Issue 61, item 10: the first job's model fails to load (its weights are not a
+    safetensors file); the second job's model still runs, the error names the job skipped, its
+    model and why, the run exits non-zero and says how to run the rest."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(two_models["alpha"], broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not a safetensors file")
+    path = write_job(
+        tmp_path,
+        f"""
+        model: {broken}
+        defaults:
+          chat: false
+          sampling: {{temperature: 0, max_tokens: {MAX_TOKENS}, ignore_eos: true}}
+        jobs:
+          - name: first
+            prompts: {json.dumps(PROMPTS)}
+          - name: second
+            model: {two_models["beta"]}
+            prompts: {json.dumps(PROMPTS)}
+        """,
+    )
+    result = macbatch_run(path)
+    assert result.exit_code == 1, result.output
+    out = tmp_path / "out"
+    assert replies(out / "second.jsonl") == expected(two_models, oracle, "beta", 3)
+    assert f"job first was not run: cannot load model '{broken}'" in result.stderr
+    assert "safetensors" in result.stderr.lower()  # why
+    assert f"macbatch run {path}" in result.stderr  # how to run the rest
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "incomplete"
+    assert summary["jobs"]["first"]["not_run"].startswith(f"cannot load model '{broken}'")
+    assert summary["jobs"]["second"]["ok"] == 3
+    # once the model is mended, the same command runs the job left and keeps the other's lines
+    shutil.rmtree(broken)
+    shutil.copytree(two_models["alpha"], broken)
+    again = macbatch_run(path)
+    assert again.exit_code == 0, again.output
+    assert len(read_jsonl(out / "first.jsonl")) == 3
+    assert replies(out / "second.jsonl") == expected(two_models, oracle, "beta", 3)

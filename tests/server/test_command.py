@@ -47,7 +47,7 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     job = plistlib.loads(result.stdout.encode())
     assert job["Label"] == "com.macbatch.serve"
     assert job["RunAtLoad"] is True
-    assert job["EnvironmentVariables"] == {"MACBATCH_API_KEY": "s3cret"}
+    assert job["EnvironmentVariables"]["MACBATCH_API_KEY"] == "s3cret"
     assert "s3cret" not in job["ProgramArguments"]  # not visible in `ps`
     assert Path(job["StandardErrorPath"]).parent == tmp_path / "logs"
     program, command, *options = job["ProgramArguments"]
@@ -58,6 +58,31 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
     assert again.exit_code == 0, again.output
     assert again.stdout == result.stdout
+
+
+def test_launchd_plist_sets_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service logs under MACBATCH_HOME, so it must also keep its data there: launchd starts
+    it without the shell's environment (issue 61, item 13)."""
+    monkeypatch.chdir(tmp_path)
+    env = {"MACBATCH_HOME": "home", "MACBATCH_API_KEY": ""}  # relative: launchd starts in /
+    result = _invoke(["--print-launchd-plist"], env=env)
+    assert result.exit_code == 0, result.output
+    job = plistlib.loads(result.stdout.encode())
+    assert job["EnvironmentVariables"] == {"MACBATCH_HOME": str(tmp_path / "home")}
+    assert Path(job["StandardErrorPath"]).parent == tmp_path / "home" / "logs"
+
+
+def test_launchd_plist_without_data_directory_sets_no_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("MACBATCH_HOME", raising=False)
+    result = _invoke(["--print-launchd-plist"], env={"MACBATCH_API_KEY": ""})
+    assert result.exit_code == 0, result.output
+    assert "EnvironmentVariables" not in plistlib.loads(result.stdout.encode())
 
 
 def test_launchd_plist_has_absolute_paths(

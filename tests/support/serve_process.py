@@ -26,15 +26,23 @@ def free_port() -> int:
 
 
 def start_server(
-    model: Path, *args: str, env: dict[str, str] | None = None
+    model: Path, *args: str, env: dict[str, str] | None = None, nofile: int | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """The process and its base URL; ``env`` adds to this process's environment."""
+    """The process and its base URL; ``env`` adds to this process's environment; ``nofile``:
+    its file descriptor limit (soft and hard), so a test reaches it with few sockets."""
     port = free_port()
+    limited = (  # after mlx-lm's import, which sets its own limit (2048, 4096)
+        "import resource, mlx_lm.utils; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
+        if nofile is not None
+        else ""
+    )
+
     process = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            RUN_SERVE,
+            limited + RUN_SERVE,
             "--model",
             str(model),
             "--port",

@@ -23,6 +23,7 @@ from textual.worker import Worker
 
 from macbatch.session_settings import SessionSettings
 from macbatch.tui.chats import ChatRefused, ChatService
+from macbatch.tui.history_file import HistoryBusy
 from macbatch.tui.loading import LoadProgress
 from macbatch.tui.screens.attach import AttachScreen
 from macbatch.tui.screens.confirm import ConfirmScreen
@@ -55,6 +56,11 @@ class ChatHost(Protocol):
 
 
 STATUS_EVERY_S = 0.5
+NOTHING_CHANGED = "nothing was changed; try again once it is free."
+MESSAGE_KEPT = (
+    "your message was not sent and is still in the box; press Enter to send it once the "
+    "history is free."
+)
 
 
 class ChatScreen(Screen[None]):
@@ -120,6 +126,7 @@ class ChatScreen(Screen[None]):
     def __init__(self) -> None:
         super().__init__()
         self.current: int | None = None
+        self.kept_said: str | None = None  # saves a lock holds back, as the notice said them
         self.editing: Message | None = None  # the user message being edited, if any
 
     @property
@@ -149,6 +156,7 @@ class ChatScreen(Screen[None]):
         self.message_box.focus()
         self.refresh_status()
         self.set_interval(STATUS_EVERY_S, self.refresh_status)
+        self.set_interval(STATUS_EVERY_S, self.watch_kept_saves)
 
     @property
     def session_list(self) -> SessionList:
@@ -182,12 +190,32 @@ class ChatScreen(Screen[None]):
             self.set_focus(self.message_box)
 
     @contextmanager
-    def refusals_shown(self) -> Iterator[None]:
-        """Around an action: when the service refuses it, say why instead."""
+    def refusals_shown(self, kept: str = NOTHING_CHANGED) -> Iterator[None]:
+        """Around an action: when the service refuses it, or another process holds the history
+        (``kept`` says what became of the action then), say why instead."""
         try:
             yield
         except ChatRefused as refusal:
             self.notify(str(refusal), severity=refusal.severity)
+        except HistoryBusy as busy:
+            self.notify(f"The history is locked by {busy.holder}: {kept}", severity="warning")
+
+    def watch_kept_saves(self) -> None:
+        """Say once when a lock holds back saves (a reply streamed meanwhile), and when they
+        are written."""
+        store = self.chats.store
+        if store.flush(wait=False) == (self.kept_said is None):
+            return
+        if self.kept_said is None:
+            self.kept_said = f"{store.kept} changes to the history"
+            self.notify(
+                f"The history is locked by another process: {self.kept_said} wait in memory "
+                "and are written once it is free (keep the app open).",
+                severity="warning",
+            )
+        else:
+            self.notify(f"The history is free again: {self.kept_said} were written.", timeout=3)
+            self.kept_said = None
 
     def refresh_status(self) -> None:
         """Status bar and loading panel from the open chat's engine's latest numbers, with
@@ -250,7 +278,11 @@ class ChatScreen(Screen[None]):
         self.message_box.focus()
 
     async def action_new_session(self) -> None:
-        session = self.chats.create()
+        session = None
+        with self.refusals_shown():
+            session = self.chats.create()
+        if session is None:
+            return
         await self.session_list.append(SessionItem(session.id, session.title))
         await self.open_session(session.id)
         self.message_box.focus()
@@ -280,8 +312,9 @@ class ChatScreen(Screen[None]):
             self.ask(RenameScreen(self.chats.sessions[self.current].title), self.rename)
 
     async def rename(self, session_id: int, title: str) -> None:
-        self.chats.rename(session_id, title)
-        self.show_title(session_id)
+        with self.refusals_shown():
+            self.chats.rename(session_id, title)
+            self.show_title(session_id)
 
     def action_delete(self) -> None:
         if self.current is None:
@@ -293,7 +326,11 @@ class ChatScreen(Screen[None]):
 
     async def delete_session(self, session_id: int) -> None:
         """Forget it, take it off the screen, and open a neighbour."""
-        neighbour = self.chats.delete(session_id)
+        try:
+            neighbour = self.chats.delete(session_id)
+        except HistoryBusy as busy:
+            self.notify(f"The history is locked by {busy.holder}: {NOTHING_CHANGED}")
+            return
         await self.session_list.item_for(session_id).remove()
         await self.transcript(session_id).remove()
         self.current = None
@@ -310,7 +347,10 @@ class ChatScreen(Screen[None]):
         self.ask(dialog, self.save_settings)
 
     async def save_settings(self, session_id: int, settings: SessionSettings) -> None:
-        self.chats.save_settings(session_id, settings)
+        with self.refusals_shown():
+            self.chats.save_settings(session_id, settings)
+        if self.chats.sessions[session_id].settings is not settings:
+            return  # refused
         if session_id == self.current:
             self.show_chat_facts(session_id)
         self.notify("Settings saved; they apply to the next reply.", timeout=3)
@@ -426,7 +466,7 @@ class ChatScreen(Screen[None]):
             return  # nothing to send
         if session_id is None or await self.slash_command(text):
             return
-        with self.refusals_shown():
+        with self.refusals_shown(MESSAGE_KEPT):
             message = self.chats.send(session_id, text, editing, tuple(self.chips.attached))
             self.chips.clear()
             self.cancel_edit()

@@ -460,8 +460,11 @@ def save_two_models(root: Path) -> dict[str, Path]:
 
 def tiny_configs() -> dict[str, dict[str, Any]]:
     """Every tiny config here, by its model type (the first of a type where several share one)."""
+    from tests.support.tiny_odd import ODD_CONFIGS  # it imports this module
+
     configs: dict[str, dict[str, Any]] = {}
-    for table in (ARCH_CONFIGS, MLA_CONFIGS, REFUSED_MLA_CONFIGS, HYBRID_CONFIGS):
+    tables = (ARCH_CONFIGS, MLA_CONFIGS, SPARSE_MLA_CONFIGS, REFUSED_MLA_CONFIGS, HYBRID_CONFIGS)
+    for table in (*tables, ODD_CONFIGS):
         for config in table.values():
             configs.setdefault(config["model_type"], config)
             text = config.get("text_config")

@@ -1,0 +1,78 @@
+"""An encoder checkpoint's architecture, read once from its config.json (Hugging Face's field
+names), with the facts each family decides differently: where positions start and which head
+scores a pair."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# model_type -> the weight prefix its base model sits under in a task checkpoint
+# (``bert.encoder...`` in BertForSequenceClassification, ``roberta.`` in XLM-R's)
+ENCODER_PREFIXES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}
+# RoBERTa's position ids count from padding_idx + 1 (HF's create_position_ids_from_input_ids)
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta")
+# the classification head's shape: BERT's reads the pooler's tanh(dense(CLS)), RoBERTa's has
+# its own dense + tanh before ``out_proj``
+_ROBERTA_HEAD = ("roberta", "xlm-roberta")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    hidden_act: str
+    max_positions: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    pad_token_id: int
+    # ``*ForSequenceClassification``: the checkpoint scores a (query, document) pair
+    classifier: bool
+    num_labels: int
+
+    @property
+    def position_offset(self) -> int:
+        """The position id of a sequence's first token."""
+        return self.pad_token_id + 1 if self.model_type in _OFFSET_POSITIONS else 0
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence its position table holds."""
+        return self.max_positions - self.position_offset
+
+    @property
+    def roberta_head(self) -> bool:
+        return self.model_type in _ROBERTA_HEAD
+
+    @property
+    def prefix(self) -> str:
+        return ENCODER_PREFIXES[self.model_type]
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> EncoderConfig:
+        model_type = str(config["model_type"])
+        if model_type not in ENCODER_PREFIXES:
+            raise ValueError(f"model type '{model_type}' is not an encoder macbatch runs")
+        architectures = config.get("architectures") or []
+        classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
+        labels = config.get("id2label")
+        return cls(
+            model_type=model_type,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=int(config["num_attention_heads"]),
+            intermediate_size=int(config["intermediate_size"]),
+            hidden_act=str(config.get("hidden_act", "gelu")),
+            max_positions=int(config.get("max_position_embeddings", 512)),
+            type_vocab_size=int(config.get("type_vocab_size", 2)),
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            pad_token_id=int(config.get("pad_token_id") or 0),
+            classifier=classifier,
+            num_labels=int(config.get("num_labels") or (len(labels) if labels else 1)),
+        )

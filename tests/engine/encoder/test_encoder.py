@@ -1,0 +1,123 @@
+"""The packed MLX encoder against the float64 numpy oracle on the same HF-layout weights: every
+row of a long-tailed batch, each pooling, prompts, max_seq_length, and cross-encoder scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from macbatch.engine.encoder.model import EncoderModel
+from tests.support.encoder_checkpoints import write_encoder
+from tests.support.encoder_oracle import oracle_hidden, oracle_pooled, oracle_score
+from tests.support.sentence_transformers import write_sentence_transformers
+
+WORDS = (Path(__file__).parents[3] / "docs" / "engine.md").read_text().split()
+
+
+def long_tailed_texts(count: int, seed: int = 1) -> list[str]:
+    """Texts of log-normal word counts (median ~12, a few in the hundreds)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.5, 1.0, count).astype(int), 1, 400)
+    return [" ".join(WORDS[s : s + n]) for s, n in zip(rng.integers(0, 1000, count), lengths)]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def oracle_vectors(model: EncoderModel, weights: dict, config: dict, inputs: list) -> np.ndarray:
+    return np.stack(
+        [
+            oracle_pooled(
+                oracle_hidden(weights, config, list(i.ids), list(i.types)),
+                model.profile.pooling,
+                model.profile.normalize,
+            )
+            for i in inputs
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_type", "prefixed", "mode"),
+    [("bert", True, "cls_token"), ("bert", False, "mean_tokens"), ("xlm-roberta", False, "mean_tokens"),
+     ("xlm-roberta", True, "cls_token"), ("roberta", False, "lasttoken")],
+)  # fmt: skip
+def test_packed_rows_equal_the_oracle(
+    tmp_path: Path, model_type: str, prefixed: bool, mode: str
+) -> None:
+    path, weights, config = write_encoder(tmp_path / "enc", model_type, prefixed=prefixed)
+    write_sentence_transformers(path, (mode,), normalize=mode != "lasttoken", prompts={})
+    model = EncoderModel.load(str(path))
+    inputs = [model.tokenize(t) for t in long_tailed_texts(40)]
+    lengths = [len(i.ids) for i in inputs]
+    assert max(lengths) > 8 * int(np.median(lengths))  # long-tailed, packed several passes
+    got = model.embed(inputs, max_batch_tokens=600)
+    want = oracle_vectors(model, weights, config, inputs)
+    assert cosines(got, want).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(want, axis=-1), rtol=1e-4)
+    first = inputs[0].ids
+    if model_type == "bert":
+        assert first[0] == model.tokenizer.token_to_id("[CLS]")
+    else:
+        assert first[0] == model.tokenizer.token_to_id("<s>")
+        assert first[-1] == model.tokenizer.token_to_id("</s>")
+
+
+def test_packing_does_not_change_a_row(tmp_path: Path) -> None:
+    path, _, _ = write_encoder(tmp_path / "enc", "bert")
+    model = EncoderModel.load(str(path))
+    inputs = [model.tokenize(t) for t in long_tailed_texts(24, seed=3)]
+    together = model.embed(inputs)
+    alone = np.concatenate([model.embed([i]) for i in inputs])
+    assert cosines(together, alone).min() >= 0.999999
+
+
+def test_profile_prompts_max_seq_length_and_dimensions(tmp_path: Path) -> None:
+    path, weights, config = write_encoder(tmp_path / "e5", "xlm-roberta")
+    write_sentence_transformers(path, ("mean_tokens",), prompts={"query": "query: ", "passage": "passage: "})
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
+    model = EncoderModel.load(str(path))
+    assert (model.profile.pooling, model.profile.normalize, model.max_tokens) == ("mean", True, 32)
+    query = model.tokenize("what is paging", prompt_name="query")
+    assert query.ids == model.tokenize("query: what is paging").ids
+    long = model.tokenize(" ".join(WORDS[:300]))
+    assert len(long.ids) == 32 and long.ids[-1] == model.tokenizer.token_to_id("</s>")
+    got = model.embed([query, long], dimensions=16)
+    assert got.shape == (2, 16)
+    want = [oracle_hidden(weights, config, list(i.ids), list(i.types)).mean(0)[:16] for i in (query, long)]
+    want = np.stack([w / np.linalg.norm(w) for w in want])
+    assert cosines(got, want).min() >= 0.99999
+    with pytest.raises(ValueError, match="prompt_name"):
+        model.tokenize("x", prompt_name="nope")
+
+
+def test_encoder_without_sentence_transformers_pools_cls(tmp_path: Path) -> None:
+    path, _, _ = write_encoder(tmp_path / "plain", "bert")
+    profile = EncoderModel.load(str(path)).profile
+    assert (profile.pooling, profile.normalize) == ("cls", True)
+    assert "encoder" in profile.source
+
+
+@pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
+def test_cross_encoder_scores_equal_the_oracle(tmp_path: Path, model_type: str) -> None:
+    path, weights, config = write_encoder(tmp_path / "rerank", model_type, classifier=True)
+    model = EncoderModel.load(str(path))
+    docs = long_tailed_texts(12, seed=5)
+    pairs = [model.tokenize_pair("how are blocks freed", d) for d in docs]
+    if model_type == "bert":  # the document's tokens are segment 1
+        assert pairs[0].types[-1] == 1 and pairs[0].types[0] == 0
+    got = model.score(pairs, max_batch_tokens=300)
+    want = [oracle_score(weights, config, list(p.ids), list(p.types)) for p in pairs]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert list(np.argsort(got)) == list(np.argsort(want))
+
+
+def test_an_embedding_model_does_not_score(tmp_path: Path) -> None:
+    path, _, _ = write_encoder(tmp_path / "enc", "bert")
+    model = EncoderModel.load(str(path))
+    with pytest.raises(ValueError, match="cross-encoder"):
+        model.score([model.tokenize_pair("a", "b")])

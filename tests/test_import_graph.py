@@ -302,6 +302,7 @@ ENGINE_FOLDERS: dict[str, set[str]] = {
     "core": {"kv", "model", "multimodal", "parsers", "pooling", "sample", "structured_output"},
     "kv": {"model", "stores"},
     "multimodal": {"model"},
+    "encoder": {"model", "pooling"},
     "model": {"stores"},
     "sample": {"structured_output"},
     "structured_output": {"parsers"},

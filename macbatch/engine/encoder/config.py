@@ -8,19 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# model_type -> the weight prefix its base model sits under in a task checkpoint
-# (``bert.encoder...`` in BertForSequenceClassification, ``roberta.`` in XLM-R's)
-ENCODER_PREFIXES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}
-# RoBERTa's position ids count from padding_idx + 1 (HF's create_position_ids_from_input_ids)
-_OFFSET_POSITIONS = ("roberta", "xlm-roberta")
-# the classification head's shape: BERT's reads the pooler's tanh(dense(CLS)), RoBERTa's has
-# its own dense + tanh before ``out_proj``
-_ROBERTA_HEAD = ("roberta", "xlm-roberta")
+from macbatch.engine.model.families import EncoderLayout, family
 
 
 @dataclass(frozen=True)
 class EncoderConfig:
     model_type: str
+    layout: EncoderLayout
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -38,31 +32,25 @@ class EncoderConfig:
     @property
     def position_offset(self) -> int:
         """The position id of a sequence's first token."""
-        return self.pad_token_id + 1 if self.model_type in _OFFSET_POSITIONS else 0
+        return self.pad_token_id + 1 if self.layout.offset_positions else 0
 
     @property
     def max_tokens(self) -> int:
         """The longest sequence its position table holds."""
         return self.max_positions - self.position_offset
 
-    @property
-    def roberta_head(self) -> bool:
-        return self.model_type in _ROBERTA_HEAD
-
-    @property
-    def prefix(self) -> str:
-        return ENCODER_PREFIXES[self.model_type]
-
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> EncoderConfig:
         model_type = str(config["model_type"])
-        if model_type not in ENCODER_PREFIXES:
+        layout = family(model_type).encoder
+        if layout is None:
             raise ValueError(f"model type '{model_type}' is not an encoder macbatch runs")
         architectures = config.get("architectures") or []
         classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
         labels = config.get("id2label")
         return cls(
             model_type=model_type,
+            layout=layout,
             vocab_size=int(config["vocab_size"]),
             hidden_size=int(config["hidden_size"]),
             num_layers=int(config["num_hidden_layers"]),

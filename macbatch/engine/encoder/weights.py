@@ -49,10 +49,10 @@ def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict
     (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
     renames = _RENAMES
     if config.classifier:
-        renames += _ROBERTA_HEAD if config.roberta_head else _BERT_HEAD
+        renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
     out = {}
     for name, value in weights.items():
-        name = name.removeprefix(config.prefix)
+        name = name.removeprefix(config.layout.prefix)
         head, _, param = name.rpartition(".")
         name = f"{head}.{_NORM_PARAMS.get(param, param)}"
         for pattern, target in renames:

@@ -26,14 +26,23 @@ _TWO_MLA = (
 )
 _FAST_ATTENTION = "calls mx.fast attention directly"
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
-# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
-_ENCODER_REASON = (
-    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
-    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
+# BERT, RoBERTa and XLM-RoBERTa run in macbatch's own encoder (engine/encoder/: packed varlen
+# bidirectional passes, no KV), not yet in the paged engine's step or serve; the rest are not
+# built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
+_DECODERS_EMBED = (
+    "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
 )
-_ENCODER_ONLY = ("bert", "roberta", "xlm-roberta", "modernbert", "nomic_bert", "distilbert",
-                 "electra", "mpnet", "deberta-v2", "new")  # fmt: skip
+_ENCODER_REASON = (
+    f"an encoder-only (bidirectional) embedding model the engine has no code for; "
+    f"{_DECODERS_EMBED}, see docs/embeddings.md"
+)
+_ENCODER_API = (
+    "an encoder-only (bidirectional) model: the paged engine and serve do not run it yet; "
+    f"macbatch.engine.encoder.model.EncoderModel embeds and scores with it, and {_DECODERS_EMBED}, "
+    "see docs/embeddings.md"
+)
+_ENCODER_ONLY = ("modernbert", "nomic_bert", "distilbert", "electra", "mpnet", "deberta-v2",
+                 "new")  # fmt: skip
 
 
 class ImageFeatures(Enum):
@@ -94,6 +103,21 @@ class Vision:
 
 
 @dataclass(frozen=True)
+class EncoderLayout:
+    """How an encoder family's checkpoint differs (engine/encoder/: HF's names and rules)."""
+
+    prefix: str  # where a task checkpoint puts the base model's weights ("bert.", "roberta.")
+    # position ids count from padding_idx + 1 (HF's RoBERTa create_position_ids_from_input_ids)
+    offset_positions: bool = False
+    # the classification head has its own dense + tanh before ``out_proj`` (RoBERTa's), where
+    # BERT's reads its pooler's tanh(dense(CLS)) into ``classifier``
+    dense_head: bool = False
+
+
+_ROBERTA = EncoderLayout("roberta.", offset_positions=True, dense_head=True)
+
+
+@dataclass(frozen=True)
 class Family:
     """What the engine does differently for one ``model_type`` (the defaults: nothing)."""
 
@@ -107,6 +131,7 @@ class Family:
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
+    encoder: EncoderLayout | None = None  # an encoder engine/encoder/ runs (None: not one)
 
 
 FAMILIES: dict[str, Family] = {
@@ -133,6 +158,9 @@ FAMILIES: dict[str, Family] = {
     "gemma2": Family(
         refusal="computes attention inline (logit softcap) instead of through mlx-lm's SDPA"
     ),
+    "bert": Family(refusal=_ENCODER_API, encoder=EncoderLayout("bert.")),
+    "roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
+    "xlm-roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image

@@ -48,6 +48,32 @@ def padded_forward(model: nn.Module, docs: list[list[int]], batch: int) -> list[
     return vectors
 
 
+def describe_corpus(lengths: list[int], batch: int) -> int:
+    """Print the corpus and what padded batches of ``batch`` compute; its token count."""
+    tokens = sum(lengths)
+    padded = sum(
+        max(lengths[i : i + batch]) * len(lengths[i : i + batch])
+        for i in range(0, len(lengths), batch)
+    )
+    print(
+        f"{len(lengths)} documents, {tokens:,} tokens (median {int(np.median(lengths))}, longest "
+        f"{max(lengths)}); padded batches of {batch} compute {padded:,} positions"
+    )
+    return tokens
+
+
+def report(
+    side: str, tokens: int, packed: tuple[float, float], padded: tuple[float, float], worst: float
+) -> None:
+    """Both sides' tok/s (wall and CPU time) and their ratio."""
+    print(f"packed {side}: {tokens / packed[0]:,.0f} tok/s wall, {tokens / packed[1]:,.0f} CPU")
+    print(f"padded batches: {tokens / padded[0]:,.0f} tok/s wall, {tokens / padded[1]:,.0f} CPU")
+    print(
+        f"ratio ({side} / padded): {padded[0] / packed[0]:.2f}x wall, "
+        f"{padded[1] / packed[1]:.2f}x CPU; lowest cosine between the two sides {worst:.6f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=192)
@@ -61,15 +87,7 @@ def main() -> None:
     rng = np.random.default_rng(1)
     lengths = long_tailed_lengths(args.docs, args.median, args.longest)
     docs = [rng.integers(10, 32000, size=n).tolist() for n in lengths]
-    tokens = sum(lengths)
-    padded_tokens = sum(
-        max(lengths[i : i + args.batch]) * len(lengths[i : i + args.batch])
-        for i in range(0, len(lengths), args.batch)
-    )
-    print(
-        f"{args.docs} documents, {tokens:,} tokens (median {int(np.median(lengths))}, longest "
-        f"{max(lengths)}); padded batches of {args.batch} compute {padded_tokens:,} positions"
-    )
+    tokens = describe_corpus(lengths, args.batch)
     config = EngineConfig(max_num_batched_tokens=args.budget, max_num_seqs=256)
     engine = Engine(model, bench_tokenizer(), config)
     run_pooling_workload(engine, docs[:4])  # warm up: kernels, the pool's first growth
@@ -80,13 +98,7 @@ def main() -> None:
     plain = padded_forward(model, docs, args.batch)
     padded_wall, padded_cpu = clock.read()
     worst = min(float(np.dot(a, b)) for a, b in zip(packed, plain))
-    engine_wall, engine_cpu = result.elapsed
-    print(f"packed engine: {tokens / engine_wall:,.0f} tok/s wall, {tokens / engine_cpu:,.0f} CPU")
-    print(f"padded batches: {tokens / padded_wall:,.0f} tok/s wall, {tokens / padded_cpu:,.0f} CPU")
-    print(
-        f"ratio (engine / padded): {padded_wall / engine_wall:.2f}x wall, "
-        f"{padded_cpu / engine_cpu:.2f}x CPU; lowest cosine between the two sides {worst:.6f}"
-    )
+    report("engine", tokens, result.elapsed, (padded_wall, padded_cpu), worst)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer, models
 
 from benchmarks.common import warn_without_openblas
-from benchmarks.embeddings import long_tailed_lengths
+from benchmarks.embeddings import describe_corpus, long_tailed_lengths, report
 from macbatch.commands.workload import Clock
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
@@ -89,15 +89,7 @@ def main() -> None:
     lengths = [max(16, n) for n in long_tailed_lengths(args.docs, args.median, 2048)]
     docs = [rng.integers(1000, 30000, size=n).tolist() for n in lengths]
     inputs = [EncoderInput(tuple(d), (0,) * len(d)) for d in docs]
-    tokens = sum(lengths)
-    padded_tokens = sum(
-        max(lengths[i : i + args.batch]) * len(lengths[i : i + args.batch])
-        for i in range(0, len(lengths), args.batch)
-    )
-    print(
-        f"{args.docs} documents, {tokens:,} tokens (median {int(np.median(lengths))}, longest "
-        f"{max(lengths)}); padded batches of {args.batch} compute {padded_tokens:,} positions"
-    )
+    tokens = describe_corpus(lengths, args.batch)
     encoder.embed(inputs[:4])  # warm up
     padded_embed(model, docs[:4], 4)
     clock = Clock()
@@ -107,12 +99,7 @@ def main() -> None:
     plain = padded_embed(model, docs, args.batch)
     padded_wall, padded_cpu = clock.read()
     worst = float((packed * plain).sum(-1).min())
-    print(f"packed encoder: {tokens / packed_wall:,.0f} tok/s wall, {tokens / packed_cpu:,.0f} CPU")
-    print(f"padded batches: {tokens / padded_wall:,.0f} tok/s wall, {tokens / padded_cpu:,.0f} CPU")
-    print(
-        f"ratio (packed / padded): {padded_wall / packed_wall:.2f}x wall, "
-        f"{padded_cpu / packed_cpu:.2f}x CPU; lowest cosine between the two sides {worst:.6f}"
-    )
+    report("encoder", tokens, (packed_wall, packed_cpu), (padded_wall, padded_cpu), worst)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,15 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from tokenizers import trainers
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 DOCS = Path(__file__).parents[2] / "docs"
 VOCAB = 1500
@@ -58,9 +65,7 @@ def unigram_tokenizer() -> str:
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(
         _corpus(4000),  # Unigram's EM is slow: a fifth of the docs make its 1,500 pieces
-        trainers.UnigramTrainer(
-            vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"
-        ),
+        trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"),
     )
     tok.post_processor = processors.RobertaProcessing(
         ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))

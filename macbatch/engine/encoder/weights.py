@@ -47,7 +47,7 @@ def read_weights(directory: Path) -> dict[str, mx.array]:
 def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict[str, mx.array]:
     """Our names for the weights the encoder (and its head, when it has one) holds; the rest
     (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
-    renames = _RENAMES
+    renames: tuple[tuple[str, str], ...] = _RENAMES
     if config.classifier:
         renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
     out = {}

@@ -43,8 +43,9 @@ def oracle_vectors(model: EncoderModel, weights: dict, config: dict, inputs: lis
 
 @pytest.mark.parametrize(
     ("model_type", "prefixed", "mode"),
-    [("bert", True, "cls_token"), ("bert", False, "mean_tokens"), ("xlm-roberta", False, "mean_tokens"),
-     ("xlm-roberta", True, "cls_token"), ("roberta", False, "lasttoken")],
+    [("bert", True, "cls_token"), ("bert", False, "mean_tokens"),
+     ("xlm-roberta", False, "mean_tokens"), ("xlm-roberta", True, "cls_token"),
+     ("roberta", False, "lasttoken")],
 )  # fmt: skip
 def test_packed_rows_equal_the_oracle(
     tmp_path: Path, model_type: str, prefixed: bool, mode: str
@@ -58,7 +59,9 @@ def test_packed_rows_equal_the_oracle(
     got = model.embed(inputs, max_batch_tokens=600)
     want = oracle_vectors(model, weights, config, inputs)
     assert cosines(got, want).min() >= 0.99999
-    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), np.linalg.norm(want, axis=-1), rtol=1e-4)
+    np.testing.assert_allclose(
+        np.linalg.norm(got, axis=-1), np.linalg.norm(want, axis=-1), rtol=1e-4
+    )
     first = inputs[0].ids
     if model_type == "bert":
         assert first[0] == model.tokenizer.token_to_id("[CLS]")
@@ -78,7 +81,9 @@ def test_packing_does_not_change_a_row(tmp_path: Path) -> None:
 
 def test_profile_prompts_max_seq_length_and_dimensions(tmp_path: Path) -> None:
     path, weights, config = write_encoder(tmp_path / "e5", "xlm-roberta")
-    write_sentence_transformers(path, ("mean_tokens",), prompts={"query": "query: ", "passage": "passage: "})
+    write_sentence_transformers(
+        path, ("mean_tokens",), prompts={"query": "query: ", "passage": "passage: "}
+    )
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
     model = EncoderModel.load(str(path))
     assert (model.profile.pooling, model.profile.normalize, model.max_tokens) == ("mean", True, 32)
@@ -88,7 +93,10 @@ def test_profile_prompts_max_seq_length_and_dimensions(tmp_path: Path) -> None:
     assert len(long.ids) == 32 and long.ids[-1] == model.tokenizer.token_to_id("</s>")
     got = model.embed([query, long], dimensions=16)
     assert got.shape == (2, 16)
-    want = [oracle_hidden(weights, config, list(i.ids), list(i.types)).mean(0)[:16] for i in (query, long)]
+    want = [
+        oracle_hidden(weights, config, list(i.ids), list(i.types)).mean(0)[:16]
+        for i in (query, long)
+    ]
     want = np.stack([w / np.linalg.norm(w) for w in want])
     assert cosines(got, want).min() >= 0.99999
     with pytest.raises(ValueError, match="prompt_name"):

@@ -36,6 +36,8 @@ class ModelReport:
 
 
 def check_model(name: str) -> ModelReport:
+    from macbatch.engine import encoder_facts
+
     report = ModelReport(name)
     try:
         path = _local_path(name)
@@ -43,6 +45,9 @@ def check_model(name: str) -> ModelReport:
         config = json.loads((path / "config.json").read_text())
         report.rows.append(("quantization", describe_quantization(config)))
         reason = unsupported_reason(str(config.get("model_type")))
+        encoder = encoder_facts(path)
+        if encoder is not None:
+            report.rows.append(("encoder", f"{','.join(encoder.tasks)}: {encoder.describe()}"))
         if reason:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report

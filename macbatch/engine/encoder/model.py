@@ -5,7 +5,6 @@ pairs with a cross-encoder's classification head. Inputs are packed into passes 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,17 +15,12 @@ import numpy as np
 
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.encoder.facts import EncoderFacts, profile_for
 from macbatch.engine.encoder.packing import passes
 from macbatch.engine.encoder.varlen import VarlenLayout, mean_rows
-from macbatch.engine.pooling.embedding_profile import (
-    EmbeddingProfile,
-    sentence_transformers_profile,
-)
+from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
 
 DEFAULT_BATCH_TOKENS = 8192
-# an encoder checkpoint without a sentence-transformers config pools its CLS row, as BERT's
-# pretraining and its classification heads read it
-_ENCODER_DEFAULT = "the default for encoder models (no sentence-transformers config): cls"
 
 
 @dataclass(frozen=True)
@@ -51,8 +45,7 @@ class EncoderModel:
         self.tokenizer = tokenizer
         self.profile = profile
         self.name = name
-        limit = self.config.max_tokens
-        self.max_tokens = min(profile.max_seq_length or limit, limit)
+        self.max_tokens = EncoderFacts(self.config, profile).max_tokens
         tokenizer.enable_truncation(self.max_tokens)
         tokenizer.no_padding()
 
@@ -67,10 +60,7 @@ class EncoderModel:
         model = Encoder(config)
         model.load_weights(list(encoder_weights(read_weights(directory), config).items()))
         mx.eval(model.parameters())
-        base = EmbeddingProfile(pooling="cls", hidden_size=config.hidden_size)
-        profile = sentence_transformers_profile(directory, base)
-        if profile is base:
-            profile = dataclasses.replace(base, source=_ENCODER_DEFAULT)
+        profile = profile_for(directory, config)
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         return cls(model, tokenizer, profile, name)
 

@@ -129,3 +129,20 @@ def test_an_embedding_model_does_not_score(tmp_path: Path) -> None:
     model = EncoderModel.load(str(path))
     with pytest.raises(ValueError, match="cross-encoder"):
         model.score([model.tokenize_pair("a", "b")])
+
+
+def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_path: Path) -> None:
+    from macbatch.models.check import check_model
+    from macbatch.models.local import tasks_of
+
+    path, _, _ = write_encoder(tmp_path / "bge-small", "bert")
+    write_sentence_transformers(path, ("cls_token",), prompts={})
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    reranker, _, _ = write_encoder(tmp_path / "bge-reranker", "xlm-roberta", classifier=True)
+    assert tasks_of(path) == ["embed", "score"]
+    assert tasks_of(reranker) == ["score", "rerank"]
+    rows = dict(check_model(str(path)).rows)
+    assert rows["encoder"] == "embed,score: cls pooling, 64 dimensions, normalized, 256 tokens"
+    report = check_model(str(reranker))
+    assert dict(report.rows)["encoder"] == "score,rerank: cross-encoder (1 label), 512 tokens"
+    assert "EncoderModel" in (report.problem or "")  # the paged engine still refuses it

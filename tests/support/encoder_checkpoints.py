@@ -96,6 +96,46 @@ def encoder_config(model_type: str, classifier: bool = False, **over: object) ->
     return config
 
 
+# DistilBERT's config names for BERT's fields, and its weight names for BERT's (one layer's)
+_DISTIL_FIELDS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",
+                  "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
+                  "hidden_act": "activation"}  # fmt: skip
+DISTIL_NAMES = {
+    "encoder.layer.": "transformer.layer.",
+    ".attention.self.query.": ".attention.q_lin.",
+    ".attention.self.key.": ".attention.k_lin.",
+    ".attention.self.value.": ".attention.v_lin.",
+    ".attention.output.dense.": ".attention.out_lin.",
+    ".attention.output.LayerNorm.": ".sa_layer_norm.",
+    ".intermediate.dense.": ".ffn.lin1.",
+    ".output.dense.": ".ffn.lin2.",
+    ".output.LayerNorm.": ".output_layer_norm.",
+}
+
+
+def distilbert_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict]:
+    """A DistilBertModel checkpoint (its config and weight names, no token types, under
+    ``distilbert.``), with BERT's weights and config for the oracle."""
+    path.mkdir(parents=True, exist_ok=True)
+    bert = encoder_config("bert", type_vocab_size=1)
+    weights = {k: v for k, v in random_weights(bert, prefixed=False).items()
+               if not k.startswith(("pooler", "embeddings.token_type"))}  # fmt: skip
+    weights["embeddings.token_type_embeddings.weight"] = np.zeros((1, 64), np.float32)
+    distil = {}
+    for name, value in weights.items():
+        if name.startswith("embeddings.token_type"):
+            continue
+        for old, new in DISTIL_NAMES.items():
+            name = name.replace(old, new)
+        distil["distilbert." + name] = value
+    config = {_DISTIL_FIELDS.get(k, k): v for k, v in bert.items() if k != "type_vocab_size"}
+    config |= {"model_type": "distilbert", "architectures": ["DistilBertModel"]}
+    save_file(distil, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text(wordpiece_tokenizer())
+    return path, weights, bert
+
+
 def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.ndarray]:
     """HF-named float32 weights, LayerNorm scales near 1."""
     rng = np.random.default_rng(seed)

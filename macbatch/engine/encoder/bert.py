@@ -31,11 +31,15 @@ class Embeddings(nn.Module):
         super().__init__()
         self.word = nn.Embedding(c.vocab_size, c.hidden_size)
         self.position = nn.Embedding(c.max_positions, c.hidden_size)
-        self.token_type = nn.Embedding(max(c.type_vocab_size, 1), c.hidden_size)
+        if c.type_vocab_size > 0:
+            self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def __call__(self, ids: mx.array, positions: mx.array, types: mx.array) -> mx.array:
-        return self.norm(self.word(ids) + self.position(positions) + self.token_type(types))
+        rows = self.word(ids) + self.position(positions)
+        if "token_type" in self:
+            rows = rows + self.token_type(types)
+        return self.norm(rows)
 
 
 class Layer(nn.Module):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from macbatch.engine.model.families import EncoderLayout, family
+from macbatch.engine.model.families import EncoderLayout, EncoderNaming, family
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,27 @@ class EncoderConfig:
         architectures = config.get("architectures") or []
         classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
         labels = config.get("id2label")
+        if classifier and layout.naming is not EncoderNaming.BERT:
+            raise ValueError(f"a {model_type} sequence classifier's head is not built")
+
+        def field(*names: str, default: Any = None) -> Any:
+            """The first of ``names`` the config has (DistilBERT's own names come second)."""
+            return next((config[n] for n in names if n in config), default)
+
         return cls(
             model_type=model_type,
             layout=layout,
             vocab_size=int(config["vocab_size"]),
-            hidden_size=int(config["hidden_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=int(config["num_attention_heads"]),
-            intermediate_size=int(config["intermediate_size"]),
-            hidden_act=str(config.get("hidden_act", "gelu")),
+            hidden_size=int(field("hidden_size", "dim")),
+            num_layers=int(field("num_hidden_layers", "n_layers")),
+            num_heads=int(field("num_attention_heads", "n_heads")),
+            intermediate_size=int(field("intermediate_size", "hidden_dim")),
+            hidden_act=str(field("hidden_act", "activation", default="gelu")),
             max_positions=int(config.get("max_position_embeddings", 512)),
-            type_vocab_size=int(config.get("type_vocab_size", 2)),
+            # DistilBERT has no token types
+            type_vocab_size=int(
+                config.get("type_vocab_size", 2 if layout.naming is EncoderNaming.BERT else 0)
+            ),
             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             pad_token_id=int(config.get("pad_token_id") or 0),
             classifier=classifier,

@@ -9,9 +9,10 @@ from pathlib import Path
 import mlx.core as mx
 
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.model.families import EncoderNaming
 
 # HF name (prefix stripped) -> ours; the first pattern that matches wins
-_RENAMES = (
+_BERT = (
     (r"^embeddings\.word_embeddings\.", "embeddings.word."),
     (r"^embeddings\.position_embeddings\.", "embeddings.position."),
     (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
@@ -23,6 +24,19 @@ _RENAMES = (
     (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.down."),
     (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.out_norm."),
 )
+_DISTILBERT = (
+    *_BERT[:2],
+    *_BERT[3:4],
+    (r"^transformer\.layer\.(\d+)\.attention\.q_lin\.", r"layers.\1.query."),
+    (r"^transformer\.layer\.(\d+)\.attention\.k_lin\.", r"layers.\1.key."),
+    (r"^transformer\.layer\.(\d+)\.attention\.v_lin\.", r"layers.\1.value."),
+    (r"^transformer\.layer\.(\d+)\.attention\.out_lin\.", r"layers.\1.attn_out."),
+    (r"^transformer\.layer\.(\d+)\.sa_layer_norm\.", r"layers.\1.attn_norm."),
+    (r"^transformer\.layer\.(\d+)\.ffn\.lin1\.", r"layers.\1.up."),
+    (r"^transformer\.layer\.(\d+)\.ffn\.lin2\.", r"layers.\1.down."),
+    (r"^transformer\.layer\.(\d+)\.output_layer_norm\.", r"layers.\1.out_norm."),
+)
+_TABLES = {EncoderNaming.BERT: _BERT, EncoderNaming.DISTILBERT: _DISTILBERT}
 # the classification heads: BERT's pooler + ``classifier``, RoBERTa's ``classifier.dense`` +
 # ``classifier.out_proj``
 _BERT_HEAD = ((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.", "classifier.out."))
@@ -47,7 +61,7 @@ def read_weights(directory: Path) -> dict[str, mx.array]:
 def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict[str, mx.array]:
     """Our names for the weights the encoder (and its head, when it has one) holds; the rest
     (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
-    renames: tuple[tuple[str, str], ...] = _RENAMES
+    renames: tuple[tuple[str, str], ...] = _TABLES[config.layout.naming]
     if config.classifier:
         renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
     out = {}

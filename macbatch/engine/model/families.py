@@ -41,8 +41,7 @@ _ENCODER_API = (
     f"macbatch.engine.encoder.model.EncoderModel embeds and scores with it, and {_DECODERS_EMBED}, "
     "see docs/embeddings.md"
 )
-_ENCODER_ONLY = ("modernbert", "nomic_bert", "distilbert", "electra", "mpnet", "deberta-v2",
-                 "new")  # fmt: skip
+_ENCODER_ONLY = ("modernbert", "nomic_bert", "electra", "mpnet", "deberta-v2", "new")
 
 
 class ImageFeatures(Enum):
@@ -102,6 +101,13 @@ class Vision:
     scaled_rows: bool = False
 
 
+class EncoderNaming(Enum):
+    """How an encoder checkpoint names its weights (encoder/weights.py holds each table)."""
+
+    BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
+    DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...
+
+
 @dataclass(frozen=True)
 class EncoderLayout:
     """How an encoder family's checkpoint differs (engine/encoder/: HF's names and rules)."""
@@ -112,6 +118,7 @@ class EncoderLayout:
     # the classification head has its own dense + tanh before ``out_proj`` (RoBERTa's), where
     # BERT's reads its pooler's tanh(dense(CLS)) into ``classifier``
     dense_head: bool = False
+    naming: EncoderNaming = EncoderNaming.BERT
 
 
 _ROBERTA = EncoderLayout("roberta.", offset_positions=True, dense_head=True)
@@ -161,6 +168,9 @@ FAMILIES: dict[str, Family] = {
     "bert": Family(refusal=_ENCODER_API, encoder=EncoderLayout("bert.")),
     "roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
     "xlm-roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
+    "distilbert": Family(
+        refusal=_ENCODER_API, encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)
+    ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # Image rows at 1-D RoPE positions, causal. Gemma 3: HF's attends both ways within an image

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from macbatch.engine.encoder.model import EncoderModel
-from tests.support.encoder_checkpoints import write_encoder
+from tests.support.encoder_checkpoints import distilbert_checkpoint, write_encoder
 from tests.support.encoder_oracle import oracle_hidden, oracle_pooled, oracle_score
 from tests.support.sentence_transformers import write_sentence_transformers
 
@@ -68,6 +68,18 @@ def test_packed_rows_equal_the_oracle(
     else:
         assert first[0] == model.tokenizer.token_to_id("<s>")
         assert first[-1] == model.tokenizer.token_to_id("</s>")
+
+
+def test_distilbert_equals_bert_without_token_types(tmp_path: Path) -> None:
+    """DistilBERT is BERT's block without token types under its own names: the oracle runs the
+    same weights under BERT's names with a zero token-type row."""
+    path, weights, config = distilbert_checkpoint(tmp_path / "distil")
+    write_sentence_transformers(path, ("mean_tokens",), prompts={})
+    model = EncoderModel.load(str(path))
+    assert "token_type" not in model.model.embeddings
+    inputs = [model.tokenize(t) for t in long_tailed_texts(16, seed=7)]
+    got = model.embed(inputs, max_batch_tokens=400)
+    assert cosines(got, oracle_vectors(model, weights, config, inputs)).min() >= 0.99999
 
 
 def test_packing_does_not_change_a_row(tmp_path: Path) -> None:

@@ -75,3 +75,18 @@ def oracle_score(weights: dict, config: dict, ids: list[int], types: list[int]) 
     else:
         logit = _linear(np.tanh(_linear(cls, w, "classifier.dense")), w, "classifier.out_proj")[0]
     return float(1 / (1 + np.exp(-logit)))
+
+
+def oracle_lexical(hidden: np.ndarray, ids: list[int], sparse: dict, special: set) -> dict:
+    """BGE-M3's sparse weights from the float64 rows: relu(linear) per token, max per id."""
+    weights = np.maximum(hidden @ sparse["weight"].astype(np.float64).T + sparse["bias"], 0)[:, 0]
+    out: dict[int, float] = {}
+    for token, weight in zip(ids, weights):
+        if token not in special and weight > out.get(token, 0.0):
+            out[token] = float(weight)
+    return out
+
+
+def oracle_colbert(hidden: np.ndarray, colbert: dict) -> np.ndarray:
+    vectors = hidden[1:] @ colbert["weight"].astype(np.float64).T + colbert["bias"]
+    return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)

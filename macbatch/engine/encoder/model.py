@@ -16,6 +16,7 @@ import numpy as np
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.encoder.facts import EncoderFacts, profile_for
+from macbatch.engine.encoder.lexical import M3Heads
 from macbatch.engine.encoder.packing import passes
 from macbatch.engine.encoder.varlen import VarlenLayout, mean_rows
 from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
@@ -35,8 +36,14 @@ class EncoderModel:
     """Not thread-safe: MLX work runs on the calling thread."""
 
     def __init__(
-        self, model: Encoder, tokenizer: object, profile: EmbeddingProfile, name: str
+        self,
+        model: Encoder,
+        tokenizer: object,
+        profile: EmbeddingProfile,
+        name: str,
+        m3: M3Heads | None = None,
     ) -> None:
+        """``m3``: BGE-M3's sparse and ColBERT heads, when the checkpoint ships them."""
         from tokenizers import Tokenizer
 
         assert isinstance(tokenizer, Tokenizer)
@@ -45,6 +52,9 @@ class EncoderModel:
         self.tokenizer = tokenizer
         self.profile = profile
         self.name = name
+        self.m3 = m3
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, token in added.items() if token.special)
         self.max_tokens = EncoderFacts(self.config, profile).max_tokens
         tokenizer.enable_truncation(self.max_tokens)
         tokenizer.no_padding()
@@ -62,7 +72,8 @@ class EncoderModel:
         mx.eval(model.parameters())
         profile = profile_for(directory, config)
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        return cls(model, tokenizer, profile, name)
+        m3 = M3Heads(directory) if M3Heads.present(directory) else None
+        return cls(model, tokenizer, profile, name, m3)
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -121,6 +132,43 @@ class EncoderModel:
                 vectors = vectors / mx.linalg.norm(vectors, axis=-1, keepdims=True)
             out[members] = np.array(vectors)
         return out
+
+    def lexical_weights(
+        self, inputs: Sequence[EncoderInput], max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    ) -> list[dict[int, float]]:
+        """BGE-M3's sparse output per input: token id -> weight (``lexical.py``)."""
+        heads = self._m3()
+        return [
+            heads.lexical_weights(rows, inputs[i].ids, self.special_ids)
+            for i, rows in self._sequence_rows(inputs, max_batch_tokens)
+        ]
+
+    def colbert_vectors(
+        self, inputs: Sequence[EncoderInput], max_batch_tokens: int = DEFAULT_BATCH_TOKENS
+    ) -> list[np.ndarray]:
+        """BGE-M3's multi-vector output per input: float32 [tokens - 1, D] (``lexical.py``)."""
+        heads = self._m3()
+        return [
+            heads.colbert_vectors(rows) for _, rows in self._sequence_rows(inputs, max_batch_tokens)
+        ]
+
+    def _m3(self) -> M3Heads:
+        if self.m3 is None:
+            raise ValueError(f"model '{self.name}' ships no sparse_linear.pt / colbert_linear.pt")
+        return self.m3
+
+    def _sequence_rows(
+        self, inputs: Sequence[EncoderInput], max_batch_tokens: int
+    ) -> list[tuple[int, mx.array]]:
+        """Each input's last-layer rows, in input order."""
+        out: list[tuple[int, mx.array]] = []
+        for members in passes([len(i.ids) for i in inputs], max_batch_tokens):
+            hidden, _ = self.hidden_states([inputs[m] for m in members])
+            start = 0
+            for m in members:
+                out.append((m, hidden[start : start + len(inputs[m].ids)]))
+                start += len(inputs[m].ids)
+        return sorted(out, key=lambda pair: pair[0])
 
     def score(
         self, pairs: Sequence[EncoderInput], max_batch_tokens: int = DEFAULT_BATCH_TOKENS

@@ -11,8 +11,15 @@ import pytest
 
 from macbatch.engine.encoder.model import EncoderModel
 from tests.support.encoder_checkpoints import distilbert_checkpoint, write_encoder
-from tests.support.encoder_oracle import oracle_hidden, oracle_pooled, oracle_score
+from tests.support.encoder_oracle import (
+    oracle_colbert,
+    oracle_hidden,
+    oracle_lexical,
+    oracle_pooled,
+    oracle_score,
+)
 from tests.support.sentence_transformers import write_sentence_transformers
+from tests.support.torch_files import write_torch_state_dict
 
 WORDS = (Path(__file__).parents[3] / "docs" / "engine.md").read_text().split()
 
@@ -158,3 +165,38 @@ def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_pat
     report = check_model(str(reranker))
     assert dict(report.rows)["encoder"] == "score,rerank: cross-encoder (1 label), 512 tokens"
     assert "EncoderModel" in (report.problem or "")  # the paged engine still refuses it
+
+
+def test_bge_m3_sparse_and_colbert_outputs_equal_the_oracle(tmp_path: Path) -> None:
+    path, weights, config = write_encoder(tmp_path / "bge-m3", "xlm-roberta")
+    rng = np.random.default_rng(9)
+    sparse = {"weight": rng.standard_normal((1, 64)) * 0.3, "bias": np.array([0.1])}
+    colbert = {"weight": rng.standard_normal((64, 64)) * 0.1, "bias": rng.standard_normal(64) * 0.1}
+    write_torch_state_dict(path / "sparse_linear.pt", sparse)
+    write_torch_state_dict(path / "colbert_linear.pt", colbert)
+    model = EncoderModel.load(str(path))
+    inputs = [model.tokenize(t) for t in long_tailed_texts(12, seed=11)]
+    lexical = model.lexical_weights(inputs, max_batch_tokens=300)
+    vectors = model.colbert_vectors(inputs, max_batch_tokens=300)
+    special = {model.tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<pad>", "<unk>", "<mask>")}
+    assert special <= model.special_ids
+    for item, got_weights, got_vectors in zip(inputs, lexical, vectors):
+        hidden = oracle_hidden(weights, config, list(item.ids), list(item.types))
+        want = oracle_lexical(hidden, list(item.ids), sparse, special)
+        assert got_weights.keys() == want.keys() and not special & got_weights.keys()
+        np.testing.assert_allclose([got_weights[k] for k in want], list(want.values()), atol=1e-4)
+        assert got_vectors.shape == (len(item.ids) - 1, 64)  # CLS dropped
+        assert cosines(got_vectors, oracle_colbert(hidden, colbert)).min() >= 0.99999
+
+
+def test_a_torch_file_naming_other_globals_is_refused(tmp_path: Path) -> None:
+    import pickle
+    import zipfile
+
+    from macbatch.engine.encoder.torch_file import read_torch_state_dict
+
+    path = tmp_path / "sparse_linear.pt"
+    with zipfile.ZipFile(path, "w") as archive:  # a pickle that would call os.getcwd
+        archive.writestr("archive/data.pkl", b"cos\ngetcwd\n(tR.")
+    with pytest.raises(pickle.UnpicklingError, match="os.getcwd"):
+        read_torch_state_dict(path)

@@ -67,9 +67,9 @@ def unigram_tokenizer() -> str:
         _corpus(4000),  # Unigram's EM is slow: a fifth of the docs make its 1,500 pieces
         trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"),
     )
-    tok.post_processor = processors.RobertaProcessing(
-        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>"))
-    )
+    # the trainer gives the special tokens the first ids, in order: <s> 0, <pad> 1, </s> 2
+    ids = {token: _XLMR_SPECIALS.index(token) for token in ("<s>", "</s>")}
+    tok.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
     return tok.to_str()
 
 

@@ -5,8 +5,11 @@ the oracle for macbatch's packed MLX encoder."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from scipy.special import erf
+
+_erf = np.vectorize(math.erf)
 
 
 def _layer_norm(x: np.ndarray, w: dict, name: str, eps: float) -> np.ndarray:
@@ -55,7 +58,7 @@ def oracle_hidden(weights: dict, config: dict, ids: list[int], types: list[int])
         x = _layer_norm(x + _linear(context, w, f"{p}.attention.output.dense"), w,
                         f"{p}.attention.output.LayerNorm", eps)  # fmt: skip
         up = _linear(x, w, f"{p}.intermediate.dense")
-        up = 0.5 * up * (1 + erf(up / np.sqrt(2)))
+        up = 0.5 * up * (1 + _erf(up / np.sqrt(2)))
         x = _layer_norm(x + _linear(up, w, f"{p}.output.dense"), w, f"{p}.output.LayerNorm", eps)
     return x
 

@@ -25,7 +25,7 @@ class _Tensor:
     def __reduce__(self) -> tuple:
         strides = tuple(s // self.array.itemsize for s in self.array.strides)
         storage = _StorageRef(self.key, self.array.size)
-        rebuild = sys.modules["torch._utils"]._rebuild_tensor_v2  # type: ignore[attr-defined]
+        rebuild = sys.modules["torch._utils"]._rebuild_tensor_v2
         return (rebuild, (storage, 0, self.array.shape, strides, False, collections.OrderedDict()))
 
 
@@ -37,7 +37,7 @@ class _StorageRef:
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, _StorageRef):
-            storage = sys.modules["torch"].FloatStorage  # type: ignore[attr-defined]
+            storage = sys.modules["torch"].FloatStorage
             return ("storage", storage, obj.key, "cpu", obj.numel)
         return None
 

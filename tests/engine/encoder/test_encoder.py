@@ -112,11 +112,11 @@ def test_profile_prompts_max_seq_length_and_dimensions(tmp_path: Path) -> None:
     assert len(long.ids) == 32 and long.ids[-1] == model.tokenizer.token_to_id("</s>")
     got = model.embed([query, long], dimensions=16)
     assert got.shape == (2, 16)
-    want = [
+    means = [
         oracle_hidden(weights, config, list(i.ids), list(i.types)).mean(0)[:16]
         for i in (query, long)
     ]
-    want = np.stack([w / np.linalg.norm(w) for w in want])
+    want = np.stack([m / np.linalg.norm(m) for m in means])
     assert cosines(got, want).min() >= 0.99999
     with pytest.raises(ValueError, match="prompt_name"):
         model.tokenize("x", prompt_name="nope")

@@ -10,6 +10,7 @@ Qwen3-shaped float32 model, last-token pooling; both sides' vectors are checked 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,17 +29,25 @@ def long_tailed_lengths(count: int, median: int, longest: int, seed: int = 0) ->
     return [int(n) for n in np.clip(lengths, 8, longest)]
 
 
+def padded_batches(
+    docs: list[list[int]], batch: int
+) -> Iterator[tuple[list[list[int]], np.ndarray]]:
+    """Batches of ``batch`` documents in arrival order, each with its ids right-padded (0) to
+    its longest document, [B, width]."""
+    for start in range(0, len(docs), batch):
+        group = docs[start : start + batch]
+        ids = np.zeros((len(group), max(map(len, group))), dtype=np.int32)
+        for i, doc in enumerate(group):
+            ids[i, : len(doc)] = doc
+        yield group, ids
+
+
 def padded_forward(model: nn.Module, docs: list[list[int]], batch: int) -> list[np.ndarray]:
     """Batches in arrival order, each right-padded to its longest document: with causal
     attention padding after a document never reaches its tokens, so its last token's state is
     exact, and no mask is needed. Normalized like the engine's."""
     vectors = []
-    for start in range(0, len(docs), batch):
-        group = docs[start : start + batch]
-        width = max(map(len, group))
-        ids = np.zeros((len(group), width), dtype=np.int32)
-        for i, doc in enumerate(group):
-            ids[i, : len(doc)] = doc
+    for group, ids in padded_batches(docs, batch):
         hidden = model.model(mx.array(ids))
         last = hidden[mx.arange(len(group)), mx.array([len(d) - 1 for d in group])]
         last = last.astype(mx.float32)
@@ -74,14 +83,21 @@ def report(
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=192)
-    parser.add_argument("--median", type=int, default=48, help="median document tokens")
-    parser.add_argument("--longest", type=int, default=1024)
+def corpus_arguments(
+    description: str, docs: int, median: int, longest: int, budget: int
+) -> argparse.ArgumentParser:
+    """The options both embedding benchmarks take, with their defaults."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--docs", type=int, default=docs)
+    parser.add_argument("--median", type=int, default=median, help="median document tokens")
+    parser.add_argument("--longest", type=int, default=longest)
     parser.add_argument("--batch", type=int, default=32, help="the padded side's batch size")
-    parser.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
-    args = parser.parse_args()
+    parser.add_argument("--budget", type=int, default=budget, help="packed tokens per step")
+    return parser
+
+
+def main() -> None:
+    args = corpus_arguments(__doc__.splitlines()[0], 192, 48, 1024, 2048).parse_args()
     warn_without_openblas()
     model = build_bench_model()
     rng = np.random.default_rng(1)

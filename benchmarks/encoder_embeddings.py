@@ -11,14 +11,18 @@ pooling, normalized; both sides' vectors are checked to agree.
 
 from __future__ import annotations
 
-import argparse
-
 import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer, models
 
 from benchmarks.common import warn_without_openblas
-from benchmarks.embeddings import describe_corpus, long_tailed_lengths, report
+from benchmarks.embeddings import (
+    corpus_arguments,
+    describe_corpus,
+    long_tailed_lengths,
+    padded_batches,
+    report,
+)
 from macbatch.commands.workload import Clock
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
@@ -56,12 +60,8 @@ def padded_layout(lengths: list[int]) -> VarlenLayout:
 
 def padded_embed(model: Encoder, docs: list[list[int]], batch: int) -> np.ndarray:
     vectors = []
-    for start in range(0, len(docs), batch):
-        group = docs[start : start + batch]
-        width = max(map(len, group))
-        ids = np.zeros((len(group), width), dtype=np.int32)
-        for i, doc in enumerate(group):
-            ids[i, : len(doc)] = doc
+    for group, ids in padded_batches(docs, batch):
+        width = ids.shape[1]
         positions = np.tile(np.arange(width, dtype=np.int32), len(group))
         layout = padded_layout([len(d) for d in group])
         hidden = model(mx.array(ids.reshape(-1)), mx.array(positions),
@@ -73,12 +73,8 @@ def padded_embed(model: Encoder, docs: list[list[int]], batch: int) -> np.ndarra
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=64)
-    parser.add_argument("--median", type=int, default=128, help="median document tokens")
+    parser = corpus_arguments(__doc__.splitlines()[0], 64, 128, 2048, 8192)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=32, help="the padded side's batch size")
-    parser.add_argument("--budget", type=int, default=8192, help="packed tokens per pass")
     args = parser.parse_args()
     warn_without_openblas()
     model = Encoder(bert_base(args.layers))
@@ -86,7 +82,7 @@ def main() -> None:
     blank = Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
     encoder = EncoderModel(model, blank, EmbeddingProfile(pooling="cls", hidden_size=768), "bench")
     rng = np.random.default_rng(1)
-    lengths = [max(16, n) for n in long_tailed_lengths(args.docs, args.median, 2048)]
+    lengths = [max(16, n) for n in long_tailed_lengths(args.docs, args.median, args.longest)]
     docs = [rng.integers(1000, 30000, size=n).tolist() for n in lengths]
     inputs = [EncoderInput(tuple(d), (0,) * len(d)) for d in docs]
     tokens = describe_corpus(lengths, args.batch)

@@ -24,19 +24,18 @@ _BERT = (
     (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.down."),
     (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.out_norm."),
 )
-_DISTILBERT = (
-    *_BERT[:2],
-    *_BERT[3:4],
-    (r"^transformer\.layer\.(\d+)\.attention\.q_lin\.", r"layers.\1.query."),
-    (r"^transformer\.layer\.(\d+)\.attention\.k_lin\.", r"layers.\1.key."),
-    (r"^transformer\.layer\.(\d+)\.attention\.v_lin\.", r"layers.\1.value."),
-    (r"^transformer\.layer\.(\d+)\.attention\.out_lin\.", r"layers.\1.attn_out."),
-    (r"^transformer\.layer\.(\d+)\.sa_layer_norm\.", r"layers.\1.attn_norm."),
-    (r"^transformer\.layer\.(\d+)\.ffn\.lin1\.", r"layers.\1.up."),
-    (r"^transformer\.layer\.(\d+)\.ffn\.lin2\.", r"layers.\1.down."),
-    (r"^transformer\.layer\.(\d+)\.output_layer_norm\.", r"layers.\1.out_norm."),
-)
-_TABLES = {EncoderNaming.BERT: _BERT, EncoderNaming.DISTILBERT: _DISTILBERT}
+# DistilBERT's names -> BERT's (it is BERT's block without token types), then BERT's table
+_DISTILBERT_AS_BERT = {
+    "transformer.layer.": "encoder.layer.",
+    ".attention.q_lin.": ".attention.self.query.",
+    ".attention.k_lin.": ".attention.self.key.",
+    ".attention.v_lin.": ".attention.self.value.",
+    ".attention.out_lin.": ".attention.output.dense.",
+    ".sa_layer_norm.": ".attention.output.LayerNorm.",
+    ".ffn.lin1.": ".intermediate.dense.",
+    ".ffn.lin2.": ".output.dense.",
+    ".output_layer_norm.": ".output.LayerNorm.",
+}
 # the classification heads: BERT's pooler + ``classifier``, RoBERTa's ``classifier.dense`` +
 # ``classifier.out_proj``
 _BERT_HEAD = ((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.", "classifier.out."))
@@ -61,12 +60,15 @@ def read_weights(directory: Path) -> dict[str, mx.array]:
 def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict[str, mx.array]:
     """Our names for the weights the encoder (and its head, when it has one) holds; the rest
     (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
-    renames: tuple[tuple[str, str], ...] = _TABLES[config.layout.naming]
+    renames: tuple[tuple[str, str], ...] = _BERT
     if config.classifier:
         renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
     out = {}
     for name, value in weights.items():
         name = name.removeprefix(config.layout.prefix)
+        if config.layout.naming is EncoderNaming.DISTILBERT:
+            for theirs, bert in _DISTILBERT_AS_BERT.items():
+                name = name.replace(theirs, bert)
         head, _, param = name.rpartition(".")
         name = f"{head}.{_NORM_PARAMS.get(param, param)}"
         for pattern, target in renames:

@@ -102,7 +102,7 @@ class Vision:
 
 
 class EncoderNaming(Enum):
-    """How an encoder checkpoint names its weights (encoder/weights.py holds each table)."""
+    """How an encoder checkpoint names its weights (encoder/weights.py maps each to ours)."""
 
     BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
     DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...

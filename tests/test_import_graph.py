@@ -306,6 +306,7 @@ ENGINE_FOLDERS: dict[str, set[str]] = {
     "core": {"kv", "model", "multimodal", "parsers", "pooling", "sample", "structured_output"},
     "kv": {"model", "stores"},
     "multimodal": {"model"},
+    "encoder": {"model", "pooling"},
     "model": {"stores"},
     "lora": set(),
     "sample": {"structured_output"},

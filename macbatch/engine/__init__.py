@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "PoolingParams": "macbatch.engine.pooling.methods",
     "POOLING_METHODS": "macbatch.engine.pooling.methods",
     "EmbeddingProfile": "macbatch.engine.pooling.embedding_profile",
+    "EncoderModel": "macbatch.engine.encoder.model",  # BERT / XLM-R embedders, cross-encoders
+    "encoder_facts": "macbatch.engine.encoder.facts",
     "FinishReason": "macbatch.engine.core.outputs",
     "PromptTooLongError": "macbatch.engine.core.outputs",
     "RequestMetrics": "macbatch.engine.core.outputs",
@@ -130,6 +132,8 @@ if TYPE_CHECKING:
         replicas_problem,
         serve_replica,
     )
+    from macbatch.engine.encoder.facts import encoder_facts
+    from macbatch.engine.encoder.model import EncoderModel
     from macbatch.engine.engine import Engine
     from macbatch.engine.inputs.chat_template import (
         THINKING_SWITCH,

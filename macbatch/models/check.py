@@ -38,6 +38,8 @@ class ModelReport:
 def check_model(name: str, self_check: bool = False) -> ModelReport:
     """``self_check``: also load the model and run the engine's self-check (its result and
     time, beside the load's)."""
+    from macbatch.engine import encoder_facts
+
     report = ModelReport(name)
     try:
         path = _local_path(name)
@@ -45,6 +47,9 @@ def check_model(name: str, self_check: bool = False) -> ModelReport:
         config = json.loads((path / "config.json").read_text())
         report.rows.append(("quantization", describe_quantization(config)))
         reason = unsupported_reason(str(config.get("model_type")), config.get("architectures"))
+        encoder = encoder_facts(path)
+        if encoder is not None:
+            report.rows.append(("encoder", f"{','.join(encoder.tasks)}: {encoder.describe()}"))
         if reason:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report

@@ -102,7 +102,12 @@ def tasks_of(path: Path) -> list[str]:
     """What a model would do once loaded, read from its files (the loaded engine decides the
     same from its checkpoint): every model generates, embeds and scores; a model whose name says
     "rerank" is a reranker (as ``EngineConfig.reranker`` None decides); one that reads images
-    here adds "vision"."""
+    here adds "vision". An encoder embeds and scores, or (a cross-encoder) scores and reranks."""
+    from macbatch.engine import encoder_facts
+
+    encoder = encoder_facts(path)
+    if encoder is not None:
+        return encoder.tasks
     tasks = ["generate", "embed", "score"]
     if "rerank" in path.name.lower() or "rerank" in str(path.parent.parent.name).lower():
         tasks.append("rerank")

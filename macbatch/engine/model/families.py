@@ -21,15 +21,23 @@ _TWO_MLA = (
 )
 _FAST_ATTENTION = "calls mx.fast attention directly"
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# mlx-embeddings runs them, but it is GPL-3.0 and pulls in mlx-vlm (opencv, datasets, mlx-audio,
-# fastapi): not an extra macbatch takes on (docs/embeddings.md, "Encoder-only models").
-_ENCODER_REASON = (
-    "an encoder-only (bidirectional) embedding model; macbatch embeds with decoder models "
-    "(Qwen3-Embedding, gte-Qwen2, or any generation model), see docs/embeddings.md"
+# BERT, RoBERTa and XLM-RoBERTa run in macbatch's own encoder (engine/encoder/: packed varlen
+# bidirectional passes, no KV), not yet in the paged engine's step or serve; the rest are not
+# built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
+_DECODERS_EMBED = (
+    "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
 )
-_ENCODER_ONLY = ("roberta", "xlm-roberta", "nomic_bert", "distilbert", "electra", "mpnet",
-                 "deberta-v2", "new")  # fmt: skip
-_VLM_ENCODERS = ("bert", "modernbert")
+_ENCODER_REASON = (
+    f"an encoder-only (bidirectional) embedding model the engine has no code for; "
+    f"{_DECODERS_EMBED}, see docs/embeddings.md"
+)
+_ENCODER_API = (
+    "an encoder-only (bidirectional) model: the paged engine and serve do not run it yet; "
+    f"macbatch.engine.encoder.model.EncoderModel embeds and scores with it, and {_DECODERS_EMBED}, "
+    "see docs/embeddings.md"
+)
+_ENCODER_ONLY = ("nomic_bert", "electra", "mpnet", "deberta-v2", "new")
+_VLM_ENCODERS = ("modernbert",)  # mlx-vlm has it (for its retrieval models)
 
 
 class Library(Enum):
@@ -97,6 +105,29 @@ class Vision:
     scaled_rows: bool = False
 
 
+class EncoderNaming(Enum):
+    """How an encoder checkpoint names its weights (encoder/weights.py maps each to ours)."""
+
+    BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
+    DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...
+
+
+@dataclass(frozen=True)
+class EncoderLayout:
+    """How an encoder family's checkpoint differs (engine/encoder/: HF's names and rules)."""
+
+    prefix: str  # where a task checkpoint puts the base model's weights ("bert.", "roberta.")
+    # position ids count from padding_idx + 1 (HF's RoBERTa create_position_ids_from_input_ids)
+    offset_positions: bool = False
+    # the classification head has its own dense + tanh before ``out_proj`` (RoBERTa's), where
+    # BERT's reads its pooler's tanh(dense(CLS)) into ``classifier``
+    dense_head: bool = False
+    naming: EncoderNaming = EncoderNaming.BERT
+
+
+_ROBERTA = EncoderLayout("roberta.", offset_positions=True, dense_head=True)
+
+
 @dataclass(frozen=True)
 class Family:
     """What the engine does differently for one ``model_type`` (the defaults: nothing)."""
@@ -116,6 +147,7 @@ class Family:
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
+    encoder: EncoderLayout | None = None  # an encoder engine/encoder/ runs (None: not one)
 
 
 # What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
@@ -239,8 +271,13 @@ FAMILIES: dict[str, Family] = {
         "whole prompt attends to window + 1 keys, its RotatingKVCache keeps window keys in "
         "decoding, so there is no one window the paged step could reproduce"
     ),
+    "bert": Family(refusal=_ENCODER_API, encoder=EncoderLayout("bert.")),
+    "roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
+    "xlm-roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
+    "distilbert": Family(
+        refusal=_ENCODER_API, encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)
+    ),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
-    # of these, mlx-vlm has bert and modernbert (for its retrieval models)
     **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")

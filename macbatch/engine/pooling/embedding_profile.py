@@ -74,6 +74,9 @@ class EmbeddingProfile:
     hidden_size: int = 0
     source: str = "the default for decoder models (no sentence-transformers config)"
     rerank: RerankFormat | None = None
+    # sentence_bert_config.json's ``max_seq_length``: the longest input the checkpoint embeds
+    # (longer ones are cut to it, as sentence-transformers does)
+    max_seq_length: int | None = None
 
     @property
     def embedding_model(self) -> bool:
@@ -94,7 +97,7 @@ def profile_of(
         reranker = "rerank" in names
     rerank = _rerank_format(hf) if reranker else None
     base = EmbeddingProfile(hidden_size=hidden_size, rerank=rerank)
-    return _sentence_transformers(directory, base) if directory else base
+    return sentence_transformers_profile(directory, base) if directory else base
 
 
 def _rerank_format(hf: Any) -> RerankFormat:
@@ -105,7 +108,9 @@ def _rerank_format(hf: Any) -> RerankFormat:
     return RerankFormat(yes=int(ids[0]), no=int(ids[1]))
 
 
-def _sentence_transformers(directory: Path, base: EmbeddingProfile) -> EmbeddingProfile:
+def sentence_transformers_profile(directory: Path, base: EmbeddingProfile) -> EmbeddingProfile:
+    """``base`` with the sentence-transformers config the checkpoint in ``directory`` ships
+    (``base`` itself when it ships none)."""
     modules = _read_json(directory / "modules.json")
     if not isinstance(modules, list):
         return base
@@ -131,7 +136,13 @@ def _sentence_transformers(directory: Path, base: EmbeddingProfile) -> Embedding
         hidden_size=base.hidden_size,
         source=f"sentence-transformers config ({directory.name}/modules.json)",
         rerank=base.rerank,
+        max_seq_length=_max_seq_length(directory),
     )
+
+
+def _max_seq_length(directory: Path) -> int | None:
+    value = (_read_json(directory / "sentence_bert_config.json") or {}).get("max_seq_length")
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _read_json(path: Path) -> Any:

@@ -1,0 +1,1 @@
+"""Encoder-only (bidirectional) embedding and cross-encoder models: BERT, RoBERTa, XLM-RoBERTa."""

@@ -1,0 +1,99 @@
+"""The BERT / RoBERTa / XLM-RoBERTa encoder in MLX over packed rows (macbatch's own code, from
+the architecture: post-LayerNorm blocks, learned absolute positions and token types), and its
+sequence-classification heads."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.encoder.varlen import VarlenLayout, varlen_attention
+
+_ACTIVATIONS = {
+    "gelu": nn.gelu,  # the exact (erf) GELU
+    "gelu_new": nn.gelu_approx,
+    "gelu_pytorch_tanh": nn.gelu_approx,
+    "relu": nn.relu,
+}
+
+
+def activation(name: str) -> nn.Module | object:
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"hidden_act '{name}' is not one macbatch's encoder runs")
+    return _ACTIVATIONS[name]
+
+
+class Embeddings(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.word = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position = nn.Embedding(c.max_positions, c.hidden_size)
+        if c.type_vocab_size > 0:
+            self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
+        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def __call__(self, ids: mx.array, positions: mx.array, types: mx.array) -> mx.array:
+        rows = self.word(ids) + self.position(positions)
+        if "token_type" in self:
+            rows = rows + self.token_type(types)
+        return self.norm(rows)
+
+
+class Layer(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        h = c.hidden_size
+        self.heads = c.num_heads
+        self.scale = 1.0 / math.sqrt(h // c.num_heads)
+        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self.attn_out = nn.Linear(h, h)
+        self.attn_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.up = nn.Linear(h, c.intermediate_size)
+        self.down = nn.Linear(c.intermediate_size, h)
+        self.out_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
+        self.act = activation(c.hidden_act)
+
+    def __call__(self, x: mx.array, layout: VarlenLayout) -> mx.array:
+        rows = x.shape[0]
+
+        def split(t: mx.array) -> mx.array:
+            return t.reshape(rows, self.heads, -1)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        x = self.attn_norm(x + self.attn_out(varlen_attention(q, k, v, layout, self.scale)))
+        return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
+
+
+class Classifier(nn.Module):
+    """The head of a ``*ForSequenceClassification`` checkpoint over each sequence's CLS row:
+    BERT's ``classifier(tanh(pooler(cls)))``, RoBERTa's ``out_proj(tanh(dense(cls)))``."""
+
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.out = nn.Linear(c.hidden_size, c.num_labels)
+
+    def __call__(self, cls_rows: mx.array) -> mx.array:
+        return self.out(mx.tanh(self.dense(cls_rows)))
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.embeddings = Embeddings(c)
+        self.layers = [Layer(c) for _ in range(c.num_layers)]
+        if c.classifier:
+            self.classifier = Classifier(c)
+
+    def __call__(
+        self, ids: mx.array, positions: mx.array, types: mx.array, layout: VarlenLayout
+    ) -> mx.array:
+        """The last layer's hidden states of the packed rows, [T, hidden]."""
+        x = self.embeddings(ids, positions, types)
+        for layer in self.layers:
+            x = layer(x, layout)
+        return x

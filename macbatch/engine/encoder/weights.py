@@ -1,0 +1,78 @@
+"""Hugging Face encoder weights (``BertModel`` / ``XLMRobertaModel`` names, with or without the
+``bert.`` / ``roberta.`` prefix a task checkpoint puts them under) -> ``bert.Encoder``'s."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlx.core as mx
+
+from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.model.families import EncoderNaming
+
+# HF name (prefix stripped) -> ours; the first pattern that matches wins
+_BERT = (
+    (r"^embeddings\.word_embeddings\.", "embeddings.word."),
+    (r"^embeddings\.position_embeddings\.", "embeddings.position."),
+    (r"^embeddings\.token_type_embeddings\.", "embeddings.token_type."),
+    (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+    (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"layers.\1.\2."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attn_out."),
+    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.attn_norm."),
+    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.up."),
+    (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.down."),
+    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.out_norm."),
+)
+# DistilBERT's names -> BERT's (it is BERT's block without token types), then BERT's table
+_DISTILBERT_AS_BERT = {
+    "transformer.layer.": "encoder.layer.",
+    ".attention.q_lin.": ".attention.self.query.",
+    ".attention.k_lin.": ".attention.self.key.",
+    ".attention.v_lin.": ".attention.self.value.",
+    ".attention.out_lin.": ".attention.output.dense.",
+    ".sa_layer_norm.": ".attention.output.LayerNorm.",
+    ".ffn.lin1.": ".intermediate.dense.",
+    ".ffn.lin2.": ".output.dense.",
+    ".output_layer_norm.": ".output.LayerNorm.",
+}
+# the classification heads: BERT's pooler + ``classifier``, RoBERTa's ``classifier.dense`` +
+# ``classifier.out_proj``
+_BERT_HEAD = ((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.", "classifier.out."))
+_ROBERTA_HEAD = (
+    (r"^classifier\.dense\.", "classifier.dense."),
+    (r"^classifier\.out_proj\.", "classifier.out."),
+)
+# old TensorFlow-converted checkpoints name LayerNorm's parameters gamma and beta
+_NORM_PARAMS = {"gamma": "weight", "beta": "bias"}
+
+
+def read_weights(directory: Path) -> dict[str, mx.array]:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{directory} has no .safetensors weights (PyTorch .bin is not read)")
+    weights: dict[str, mx.array] = {}
+    for file in files:
+        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
+    return weights
+
+
+def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict[str, mx.array]:
+    """Our names for the weights the encoder (and its head, when it has one) holds; the rest
+    (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
+    renames: tuple[tuple[str, str], ...] = _BERT
+    if config.classifier:
+        renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
+    out = {}
+    for name, value in weights.items():
+        name = name.removeprefix(config.layout.prefix)
+        if config.layout.naming is EncoderNaming.DISTILBERT:
+            for theirs, bert in _DISTILBERT_AS_BERT.items():
+                name = name.replace(theirs, bert)
+        head, _, param = name.rpartition(".")
+        name = f"{head}.{_NORM_PARAMS.get(param, param)}"
+        for pattern, target in renames:
+            if re.match(pattern, name):
+                out[re.sub(pattern, target, name)] = value
+                break
+    return out

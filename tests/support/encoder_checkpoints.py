@@ -1,0 +1,195 @@
+"""Tiny random encoder checkpoints in the Hugging Face layout (``BertModel`` /
+``XLMRobertaModel`` config fields and weight names, with or without the ``bert.`` / ``roberta.``
+prefix a task checkpoint has, and the classification heads), with real tokenizers.
+
+No BERT or XLM-R tokenizer is cached on this machine and the hub is unreachable, so the
+tokenizers are trained here with the ``tokenizers`` library's own trainers (the real
+algorithms: BERT's WordPiece with its normalizer, pre-tokenizer and ``[CLS] A [SEP] B [SEP]``
+template; XLM-R's SentencePiece Unigram with Metaspace and ``<s> A </s></s> B </s>``) on the
+project's docs/*.md, a real English corpus.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+DOCS = Path(__file__).parents[2] / "docs"
+VOCAB = 1500
+_BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+_XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+
+def _corpus(lines: int | None = None) -> list[str]:
+    text = [line for f in sorted(DOCS.glob("*.md")) for line in f.read_text().splitlines()]
+    return text[:lines]
+
+
+@cache
+def wordpiece_tokenizer() -> str:
+    """A BERT WordPiece tokenizer.json (uncased), as a JSON string."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(
+        _corpus(), trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=_BERT_SPECIALS)
+    )
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok.to_str()
+
+
+@cache
+def unigram_tokenizer() -> str:
+    """An XLM-R SentencePiece-Unigram tokenizer.json, as a JSON string."""
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        _corpus(4000),  # Unigram's EM is slow: a fifth of the docs make its 1,500 pieces
+        trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"),
+    )
+    # the trainer gives the special tokens the first ids, in order: <s> 0, <pad> 1, </s> 2
+    ids = {token: _XLMR_SPECIALS.index(token) for token in ("<s>", "</s>")}
+    tok.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
+    return tok.to_str()
+
+
+def encoder_config(model_type: str, classifier: bool = False, **over: object) -> dict:
+    roberta = model_type != "bert"
+    name = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[model_type]
+    config = {
+        "model_type": model_type,
+        "architectures": [f"{name}ForSequenceClassification" if classifier else f"{name}Model"],
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "hidden_act": "gelu",
+        "max_position_embeddings": 514 if roberta else 512,
+        "type_vocab_size": 1 if roberta else 2,
+        "layer_norm_eps": 1e-5 if roberta else 1e-12,
+        "pad_token_id": 1 if roberta else 0,
+    }
+    if classifier:
+        config["id2label"] = {"0": "LABEL_0"}
+    config.update(over)
+    return config
+
+
+# DistilBERT's config names for BERT's fields, and its weight names for BERT's (one layer's)
+_DISTIL_FIELDS = {"hidden_size": "dim", "num_hidden_layers": "n_layers",
+                  "num_attention_heads": "n_heads", "intermediate_size": "hidden_dim",
+                  "hidden_act": "activation"}  # fmt: skip
+DISTIL_NAMES = {
+    "encoder.layer.": "transformer.layer.",
+    ".attention.self.query.": ".attention.q_lin.",
+    ".attention.self.key.": ".attention.k_lin.",
+    ".attention.self.value.": ".attention.v_lin.",
+    ".attention.output.dense.": ".attention.out_lin.",
+    ".attention.output.LayerNorm.": ".sa_layer_norm.",
+    ".intermediate.dense.": ".ffn.lin1.",
+    ".output.dense.": ".ffn.lin2.",
+    ".output.LayerNorm.": ".output_layer_norm.",
+}
+
+
+def distilbert_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict]:
+    """A DistilBertModel checkpoint (its config and weight names, no token types, under
+    ``distilbert.``), with BERT's weights and config for the oracle."""
+    path.mkdir(parents=True, exist_ok=True)
+    bert = encoder_config("bert", type_vocab_size=1)
+    weights = {k: v for k, v in random_weights(bert, prefixed=False).items()
+               if not k.startswith(("pooler", "embeddings.token_type"))}  # fmt: skip
+    weights["embeddings.token_type_embeddings.weight"] = np.zeros((1, 64), np.float32)
+    distil = {}
+    for name, value in weights.items():
+        if name.startswith("embeddings.token_type"):
+            continue
+        for old, new in DISTIL_NAMES.items():
+            name = name.replace(old, new)
+        distil["distilbert." + name] = value
+    config = {_DISTIL_FIELDS.get(k, k): v for k, v in bert.items() if k != "type_vocab_size"}
+    config |= {"model_type": "distilbert", "architectures": ["DistilBertModel"]}
+    save_file(distil, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text(wordpiece_tokenizer())
+    return path, weights, bert
+
+
+def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF-named float32 weights, LayerNorm scales near 1."""
+    rng = np.random.default_rng(seed)
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    roberta = config["model_type"] != "bert"
+    base = "roberta." if roberta else "bert."
+    prefix = base if prefixed else ""
+
+    def mat(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    def norm(name: str) -> dict[str, np.ndarray]:
+        return {f"{name}.weight": 1 + mat(h), f"{name}.bias": mat(h)}
+
+    def linear(name: str, out: int, inp: int) -> dict[str, np.ndarray]:
+        return {f"{name}.weight": mat(out, inp), f"{name}.bias": mat(out)}
+
+    w: dict[str, np.ndarray] = {
+        "embeddings.word_embeddings.weight": mat(config["vocab_size"], h) * 10,
+        "embeddings.position_embeddings.weight": mat(config["max_position_embeddings"], h) * 5,
+        "embeddings.token_type_embeddings.weight": mat(config["type_vocab_size"], h) * 5,
+        "embeddings.position_ids": np.arange(config["max_position_embeddings"])[None],
+        **norm("embeddings.LayerNorm"),
+    }
+    for n in range(config["num_hidden_layers"]):
+        layer = f"encoder.layer.{n}"
+        for part in ("query", "key", "value"):
+            w |= linear(f"{layer}.attention.self.{part}", h, h)
+        w |= linear(f"{layer}.attention.output.dense", h, h)
+        w |= norm(f"{layer}.attention.output.LayerNorm")
+        w |= linear(f"{layer}.intermediate.dense", inter, h)
+        w |= linear(f"{layer}.output.dense", h, inter)
+        w |= norm(f"{layer}.output.LayerNorm")
+    classifier = config["architectures"][0].endswith("ForSequenceClassification")
+    if not roberta:
+        w |= linear("pooler.dense", h, h)
+    w = {prefix + k: v for k, v in w.items()}
+    if classifier:
+        if roberta:
+            w |= linear("classifier.dense", h, h) | linear("classifier.out_proj", 1, h)
+        else:
+            w |= linear("classifier", 1, h)
+    return w
+
+
+def write_encoder(
+    path: Path, model_type: str, classifier: bool = False, prefixed: bool = True, **over: object
+) -> tuple[Path, dict[str, np.ndarray], dict]:
+    """The checkpoint directory, its weights and its config."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = encoder_config(model_type, classifier, **over)
+    weights = random_weights(config, prefixed)
+    save_file(weights, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    text = wordpiece_tokenizer() if model_type == "bert" else unigram_tokenizer()
+    (path / "tokenizer.json").write_text(text)
+    return path, weights, config

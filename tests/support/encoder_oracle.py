@@ -1,0 +1,95 @@
+"""The BERT / RoBERTa / XLM-RoBERTa encoder in float64 numpy, written from the architecture
+(Devlin et al. 2019; HF's ``BertModel``: post-LayerNorm blocks, exact GELU; RoBERTa's position
+ids from padding_idx + 1) over one unpadded sequence, read straight from the HF-named weights:
+the oracle for macbatch's packed MLX encoder."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_erf = np.vectorize(math.erf)
+
+
+def _layer_norm(x: np.ndarray, w: dict, name: str, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w[f"{name}.weight"] + w[f"{name}.bias"]
+
+
+def _linear(x: np.ndarray, w: dict, name: str) -> np.ndarray:
+    return x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+
+def _base(weights: dict, config: dict) -> dict[str, np.ndarray]:
+    prefix = "bert." if config["model_type"] == "bert" else "roberta."
+    return {
+        k.removeprefix(prefix): np.asarray(v, np.float64)
+        for k, v in weights.items()
+        if not k.startswith("classifier")
+    }
+
+
+def oracle_hidden(weights: dict, config: dict, ids: list[int], types: list[int]) -> np.ndarray:
+    """The last layer's hidden states of one sequence, float64 [L, hidden]."""
+    w = _base(weights, config)
+    eps, heads = config["layer_norm_eps"], config["num_attention_heads"]
+    start = config["pad_token_id"] + 1 if config["model_type"] != "bert" else 0
+    positions = start + np.arange(len(ids))
+    x = (
+        w["embeddings.word_embeddings.weight"][ids]
+        + w["embeddings.position_embeddings.weight"][positions]
+        + w["embeddings.token_type_embeddings.weight"][types]
+    )
+    x = _layer_norm(x, w, "embeddings.LayerNorm", eps)
+    length, hidden = x.shape
+    dim = hidden // heads
+    for n in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{n}"
+        q, k, v = (
+            _linear(x, w, f"{p}.attention.self.{part}").reshape(length, heads, dim)
+            for part in ("query", "key", "value")
+        )
+        scores = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dim)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = np.einsum("hij,jhd->ihd", probs, v).reshape(length, hidden)
+        x = _layer_norm(x + _linear(context, w, f"{p}.attention.output.dense"), w,
+                        f"{p}.attention.output.LayerNorm", eps)  # fmt: skip
+        up = _linear(x, w, f"{p}.intermediate.dense")
+        up = 0.5 * up * (1 + _erf(up / np.sqrt(2)))
+        x = _layer_norm(x + _linear(up, w, f"{p}.output.dense"), w, f"{p}.output.LayerNorm", eps)
+    return x
+
+
+def oracle_pooled(hidden: np.ndarray, method: str, normalize: bool) -> np.ndarray:
+    vector = {"cls": hidden[0], "mean": hidden.mean(0), "last": hidden[-1]}[method]
+    return vector / np.linalg.norm(vector) if normalize else vector
+
+
+def oracle_score(weights: dict, config: dict, ids: list[int], types: list[int]) -> float:
+    """A one-label sequence classifier's sigmoid(logit) over the CLS row."""
+    cls = oracle_hidden(weights, config, ids, types)[0]
+    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    if config["model_type"] == "bert":
+        pooled = np.tanh(_linear(cls, w, "bert.pooler.dense"))
+        logit = _linear(pooled, w, "classifier")[0]
+    else:
+        logit = _linear(np.tanh(_linear(cls, w, "classifier.dense")), w, "classifier.out_proj")[0]
+    return float(1 / (1 + np.exp(-logit)))
+
+
+def oracle_lexical(hidden: np.ndarray, ids: list[int], sparse: dict, special: set) -> dict:
+    """BGE-M3's sparse weights from the float64 rows: relu(linear) per token, max per id."""
+    weights = np.maximum(hidden @ sparse["weight"].astype(np.float64).T + sparse["bias"], 0)[:, 0]
+    out: dict[int, float] = {}
+    for token, weight in zip(ids, weights):
+        if token not in special and weight > out.get(token, 0.0):
+            out[token] = float(weight)
+    return out
+
+
+def oracle_colbert(hidden: np.ndarray, colbert: dict) -> np.ndarray:
+    vectors = hidden[1:] @ colbert["weight"].astype(np.float64).T + colbert["bias"]
+    return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)

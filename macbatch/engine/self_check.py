@@ -163,11 +163,12 @@ def library_logprobs(model: nn.Module, prompt: list[int]) -> Iterator[mx.array]:
         yield logprobs.astype(mx.float32)
 
 
-class _Logits:
+class _Logits(nn.Module):
     """A model whose forward returns its logits, where mlx-vlm's return them in an output
     record (``LanguageModelOutput``: Hunyuan V4's), for mlx-lm's ``generate_step``."""
 
     def __init__(self, model: nn.Module) -> None:
+        super().__init__()
         self.model = model
 
     def __call__(self, *args: Any, **kwargs: Any) -> mx.array:

@@ -66,7 +66,9 @@ def install(layers: Sequence[Any]) -> None:
             module.__class__ = _LATENT_CLASSES[cls]
 
 
-def _latent_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
+def _latent_call(
+    self: Any, *args: Any, **kwargs: Any
+) -> mx.array | tuple[mx.array, mx.array | None]:
     cls = type(self)
     original = super(cls, self).__call__
     bound = _signature(cls.__bases__[0]).bind(self, *args, **kwargs).arguments
@@ -75,7 +77,7 @@ def _latent_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
         return original(*args, **kwargs)
     x = list(bound.values())[1]  # after self
     out, selected = absorbed_attention(
-        self, x, cache, bound.get("attn_scale"), bound.get("prev_topk_indices")
+        self, x, cache, bound.get("attn_scale"), bound.get(_HANDS_ON)
     )
     if _HANDS_ON in _signature(cls.__bases__[0]).parameters:
         return out, selected  # what mlx-vlm's Hunyuan V4 decoder loop hands the next layer
@@ -137,7 +139,8 @@ def _output(attn: Any, out: mx.array, x: mx.array) -> mx.array:
     sigmoid of ``g_proj(x)``: one per head, Ling 2.5's, or one per value, Kimi K3's; Hunyuan
     V4's ``linear_gate``, one per value), and its output projection."""
     n, length, heads, _ = out.shape
-    gate = next((getattr(attn, n) for n in _GATE_NAMES if getattr(attn, n, None) is not None), None)
+    gates = (getattr(attn, name, None) for name in _GATE_NAMES)
+    gate = next((g for g in gates if g is not None), None)
     if gate is not None:
         g = mx.sigmoid(gate(x).astype(mx.float32)).astype(out.dtype)
         out = out * (g[..., None] if g.shape[-1] == heads else g.reshape(out.shape))

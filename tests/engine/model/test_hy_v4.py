@@ -16,9 +16,13 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.indexer_keys import IndexerKeysGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
 from tests.support.oracle import assert_pool_idle
-from tests.support.staggered import STAGGERED, random_prompts, run_staggered
+from tests.support.staggered import STAGGERED, random_prompts
 from tests.support.tiny_hy_v4 import INDEX_TOPK, partition_per_call, save_hy_v4
-from tests.support.vlm_oracle import mlx_vlm_text_greedy
+from tests.support.vlm_oracle import (
+    assert_matches_mlx_vlm_text,
+    assert_staggered_matches_mlx_vlm,
+    mlx_vlm_text_greedy,
+)
 
 pytest.importorskip("mlx_vlm")
 
@@ -40,12 +44,6 @@ def saved(tmp_path_factory) -> tuple[Path, object]:
     return path, load_model(path)
 
 
-def _assert_matches_mlx_vlm(model, prompt: list[int], out) -> None:
-    want = mlx_vlm_text_greedy(model, prompt, len(out.token_ids))
-    assert out.token_ids == [token for token, _ in want]
-    assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
-
-
 def test_served() -> None:
     assert unsupported_reason("hy_v4") is None
     assert family("hy_v4").library is Library.MLX_VLM
@@ -58,15 +56,7 @@ def test_staggered_batch_with_chunked_prefill_and_prefix_hits(saved) -> None:
     path, oracle = saved
     engine = Engine.load(str(path), EngineConfig(**STAGGERED))
     assert isinstance(engine.kv.full, IndexerKeysGroup)
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        want = [token for token, _ in mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens)]
-        assert results[i] == want, f"request {i}"
-    again = engine.generate([prompts[2], prompts[5]], GREEDY)
-    for prompt, out in zip([prompts[2], prompts[5]], again):
-        assert out.metrics.cached_tokens > 0
-        _assert_matches_mlx_vlm(oracle, prompt, out)
+    assert_staggered_matches_mlx_vlm(engine, oracle, GREEDY, "hy_v4")
     assert_pool_idle(engine)
 
 
@@ -81,7 +71,7 @@ def test_attention_reads_the_selected_rows_only(saved, tmp_path: Path) -> None:
     long, short = random_prompts([40, 3], seed=4)
     outs = engine.generate([long, short], GREEDY)
     for prompt, out in zip([long, short], outs):
-        _assert_matches_mlx_vlm(oracle, prompt, out)
+        assert_matches_mlx_vlm_text(oracle, prompt, out)
     assert len(long) > INDEX_TOPK
     dense = load_model(save_hy_v4(tmp_path / "dense", index_topk=1 << 30))
     [(_, dense_first)] = mlx_vlm_text_greedy(dense, long, 1)

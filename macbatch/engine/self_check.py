@@ -158,9 +158,22 @@ def library_logprobs(model: nn.Module, prompt: list[int]) -> Iterator[mx.array]:
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    steps = generate_step(mx.array(prompt), model, max_tokens=STEPS, prompt_cache=cache)
+    steps = generate_step(mx.array(prompt), _Logits(model), max_tokens=STEPS, prompt_cache=cache)
     for _, logprobs in steps:
         yield logprobs.astype(mx.float32)
+
+
+class _Logits(nn.Module):
+    """A model whose forward returns its logits, where mlx-vlm's return them in an output
+    record (``LanguageModelOutput``: Hunyuan V4's), for mlx-lm's ``generate_step``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        out = self.model(*args, **kwargs)
+        return getattr(out, "logits", out)
 
 
 @contextlib.contextmanager

@@ -63,3 +63,30 @@ def _one_bos(processor: Any, text: str) -> str:
     the text after it, the processor's own BOS is the one."""
     bos = getattr(processor.tokenizer, "bos_token", None)
     return text[len(bos) :] if bos and text.startswith(bos) else text
+
+
+def assert_matches_mlx_vlm_text(model: Any, prompt: list[int], out: Any) -> None:
+    """The engine's output ``out`` for ``prompt``: mlx-vlm's greedy tokens and their
+    log-probabilities (``mlx_vlm_text_greedy``)."""
+    import pytest
+
+    want = mlx_vlm_text_greedy(model, prompt, len(out.token_ids))
+    assert out.token_ids == [token for token, _ in want]
+    assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
+
+
+def assert_staggered_matches_mlx_vlm(engine: Any, model: Any, params: Any, label: str) -> None:
+    """Nine requests joining ``engine``'s batch at different steps (its config chunks the longer
+    prompts), then the two longest again from the prefix cache: every token is mlx-vlm's, and
+    the second pass's log-probabilities too."""
+    from tests.support.staggered import random_prompts, run_staggered
+
+    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
+    results = run_staggered(engine, prompts, params)
+    for i, prompt in enumerate(prompts):
+        want = [token for token, _ in mlx_vlm_text_greedy(model, prompt, params.max_tokens)]
+        assert results[i] == want, f"{label}: request {i}"
+    again = engine.generate([prompts[2], prompts[5]], params)
+    for prompt, out in zip([prompts[2], prompts[5]], again):
+        assert out.metrics.cached_tokens > 0
+        assert_matches_mlx_vlm_text(model, prompt, out)

@@ -188,7 +188,7 @@ class ModelAdapter:
             parts = cache.caches if listed else (cache,)
             sizes: list[int] = []
             for part in parts:
-                if type(part) in _kinds("KVCache", "RotatingKVCache"):
+                if type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds():
                     sizes.append(0)
                 elif type(part) in _kinds("ArraysCache"):
                     sizes.append(len(part.cache))
@@ -198,9 +198,10 @@ class ModelAdapter:
                         "macbatch pages attention K/V and keeps recurrent (ArraysCache) state "
                         "per request"
                     )
-            if listed and sizes == [0, 0] and self._indexed(len(entries)):
-                # a sparse MLA layer's (latent, indexer keys): one engine cache is both parts
-                # (``EngineAttention.__getitem__``), the keys its own store layer
+            if listed and self._latent_list(len(entries), sizes):
+                # a sparse MLA layer's (latent, indexer keys), or Hunyuan V4's shared layer's
+                # (latent alone): one engine cache is every part (``EngineAttention.__getitem__``),
+                # the keys its own store layer
                 sizes, listed = [0], False
             if sizes.count(0) > 1:
                 raise UnsupportedModelError(
@@ -255,12 +256,20 @@ class ModelAdapter:
             return Layout([], [], states[0].dtypes[0], [], []), states
         return layout_of(attention, self.model_type), states
 
+    def _attention(self, entry: int) -> Any:
+        return getattr(self.layers[entry], "self_attn", None) if entry < len(self.layers) else None
+
     def _indexed(self, entry: int) -> bool:
         """Whether layer ``entry``'s attention selects its rows with a lightning indexer."""
-        attention = (
-            getattr(self.layers[entry], "self_attn", None) if entry < len(self.layers) else None
-        )
-        return getattr(attention, "indexer", None) is not None
+        return getattr(self._attention(entry), "indexer", None) is not None
+
+    def _latent_list(self, entry: int, sizes: list[int]) -> bool:
+        """Whether layer ``entry``'s ``CacheList`` of K/V parts ``sizes`` is one sparse MLA
+        layer's: its latent and its indexer's keys, or its latent alone (a layer that reads the
+        selection of the one before it, Hunyuan V4's "shared" layers)."""
+        if sizes == [0, 0]:
+            return self._indexed(entry)
+        return sizes == [0] and getattr(self._attention(entry), "skip_topk", False)
 
     @property
     def sparse(self) -> bool:
@@ -404,6 +413,13 @@ def _kinds(*names: str) -> tuple[type, ...]:
 
     homes = (cache, sys.modules.get("mlx_vlm.models.cache"))
     return tuple(getattr(home, name) for home in homes if home is not None for name in names)
+
+
+def _plain_kv_kinds() -> tuple[type, ...]:
+    """mlx-vlm's ``KVCache`` subclasses that keep plain K/V (loaded ones only): Hunyuan V4's,
+    which only allocates its indexer keys' zero-width values and sizes its memory apart."""
+    home = sys.modules.get("mlx_vlm.models.hy_v4.cache")
+    return () if home is None else (home.HyV4KVCache,)
 
 
 def _state_shape(cache: Any) -> StateShape:

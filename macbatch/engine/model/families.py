@@ -155,7 +155,7 @@ _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
 )
-_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "hy_v4", "longcat_flash_sparse")
+_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "longcat_flash_sparse")
 _NOT_TEXT = "not a text generator"
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
@@ -190,7 +190,7 @@ _VLM_NOT_TEXT = {
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text")  # fmt: skip
+               "hrm_text", "hy_v4")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
 _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")

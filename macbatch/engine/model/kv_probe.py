@@ -84,6 +84,7 @@ class ProbeCache(EngineAttention):
         scale: float,
         value_dim: int,
         selected: mx.array | None = None,
+        sinks: mx.array | None = None,
     ) -> mx.array:
         """Records a latent layer's one-row pages; a lone token attends to itself alone, so
         every head's output is its row's values."""

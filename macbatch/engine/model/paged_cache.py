@@ -104,13 +104,16 @@ class PagedLayerCache(EngineAttention):
         scale: float,
         value_dim: int,
         selected: mx.array | None = None,
+        sinks: mx.array | None = None,
     ) -> mx.array:
         """An MLA layer's attention over its latent pages, this step's rows written first."""
         if self.writes:
             assert self.rows is not None
             self.store.write(self.layer, self.rows[1], row, None)
         k_pages, v_pages = self.store.pages(self.layer)
-        layer = macbatch.metal.LayerParams(scale, value_dim=value_dim, selected=selected)
+        layer = macbatch.metal.LayerParams(
+            scale, sinks=sinks, value_dim=value_dim, selected=selected
+        )
         out = macbatch.metal.paged_attention(
             queries[:, :, 0, :], k_pages, v_pages, self.batch.attention, layer
         )

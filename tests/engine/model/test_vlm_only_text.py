@@ -18,9 +18,12 @@ from macbatch.engine.kv.window import SlidingWindowGroup
 from macbatch.engine.model.adapter import UnsupportedModelError
 from macbatch.engine.model.families import FAMILIES, Library, family
 from tests.support.oracle import assert_pool_idle
-from tests.support.staggered import STAGGERED, random_prompts, run_staggered
+from tests.support.staggered import STAGGERED, random_prompts
 from tests.support.tiny_vlm_text import CONFIGS, save_vlm_text_model
-from tests.support.vlm_oracle import mlx_vlm_text_greedy
+from tests.support.vlm_oracle import (
+    assert_matches_mlx_vlm_text,
+    assert_staggered_matches_mlx_vlm,
+)
 
 pytest.importorskip("mlx_vlm")
 
@@ -36,27 +39,13 @@ def saved(request, tmp_path_factory) -> tuple[str, Path, object]:
     return request.param, path, load_model(path)
 
 
-def _assert_matches_mlx_vlm(model, prompt: list[int], out) -> None:
-    want = mlx_vlm_text_greedy(model, prompt, len(out.token_ids))
-    assert out.token_ids == [token for token, _ in want]
-    assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
-
-
 def test_staggered_batch_with_chunked_prefill_and_prefix_hits(saved) -> None:
     """Nine requests join at different steps; a 24-token budget chunks the longer prompts; the
     two longest asked again read their prefixes from the prefix cache, and every token and its
     log-probability is mlx-vlm's."""
     name, path, oracle = saved
     engine = Engine.load(str(path), EngineConfig(**STAGGERED))
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        want = [token for token, _ in mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens)]
-        assert results[i] == want, f"{name}: request {i}"
-    again = engine.generate([prompts[2], prompts[5]], GREEDY)
-    for prompt, out in zip([prompts[2], prompts[5]], again):
-        assert out.metrics.cached_tokens > 0
-        _assert_matches_mlx_vlm(oracle, prompt, out)
+    assert_staggered_matches_mlx_vlm(engine, oracle, GREEDY, name)
     assert_pool_idle(engine)
 
 
@@ -71,7 +60,7 @@ def test_preemption_recomputes_identically(saved) -> None:
     outs = engine.generate(prompts, params)
     assert engine.stats().preemptions > 0
     for prompt, out in zip(prompts, outs):
-        _assert_matches_mlx_vlm(oracle, prompt, out)
+        assert_matches_mlx_vlm_text(oracle, prompt, out)
     assert_pool_idle(engine)
 
 

@@ -68,12 +68,14 @@ class EngineAttention:
         scale: float,
         value_dim: int,
         selected: mx.array | None = None,
+        sinks: mx.array | None = None,
     ) -> mx.array:
         """An MLA layer's attention over its latent rows (``latent_attention.py``): ``queries``
         ``[N, H, 1, Dk]`` (each head's absorbed query, then its roped part), ``row``
         ``[N, 1, 1, Dk]`` (each token's latent then its roped shared key); returns each head's
         latent output ``[N, H, 1, value_dim]`` (the softmax over the rows' leading
-        ``value_dim`` columns). ``selected``: the positions each row reads (``select``)."""
+        ``value_dim`` columns). ``selected``: the positions each row reads (``select``);
+        ``sinks``: each head's extra softmax logit (Hunyuan V4's)."""
         raise NotImplementedError
 
     def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:

@@ -34,8 +34,12 @@ from macbatch.engine.model.hooks.attention import EngineAttention
 # projection under one of these names
 _MARKS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_lora_rank", "qk_rope_head_dim")
 _OUTPUT_NAMES = ("o_proj", "dense")
+_GATE_NAMES = ("g_proj", "linear_gate")  # a sigmoid output gate (Hunyuan V4's: linear_gate)
 
 _LATENT_CLASSES: dict[type, type] = {}
+# the argument of Hunyuan V4's attention holding the selection of the last layer that indexed
+# (its "shared" layers have no indexer), which it returns beside its output
+_HANDS_ON = "prev_topk_indices"
 
 
 def is_latent_attention(module: Any) -> bool:
@@ -62,7 +66,9 @@ def install(layers: Sequence[Any]) -> None:
             module.__class__ = _LATENT_CLASSES[cls]
 
 
-def _latent_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
+def _latent_call(
+    self: Any, *args: Any, **kwargs: Any
+) -> mx.array | tuple[mx.array, mx.array | None]:
     cls = type(self)
     original = super(cls, self).__call__
     bound = _signature(cls.__bases__[0]).bind(self, *args, **kwargs).arguments
@@ -70,7 +76,12 @@ def _latent_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
     if not isinstance(cache, EngineAttention):
         return original(*args, **kwargs)
     x = list(bound.values())[1]  # after self
-    return absorbed_attention(self, x, cache, bound.get("attn_scale"))
+    out, selected = absorbed_attention(
+        self, x, cache, bound.get("attn_scale"), bound.get(_HANDS_ON)
+    )
+    if _HANDS_ON in _signature(cls.__bases__[0]).parameters:
+        return out, selected  # what mlx-vlm's Hunyuan V4 decoder loop hands the next layer
+    return out
 
 
 @functools.cache
@@ -80,11 +91,17 @@ def _signature(cls: type) -> inspect.Signature:
 
 
 def absorbed_attention(
-    attn: Any, x: mx.array, cache: EngineAttention, query_scale: mx.array | None
-) -> mx.array:
+    attn: Any,
+    x: mx.array,
+    cache: EngineAttention,
+    query_scale: mx.array | None,
+    shared: mx.array | None = None,
+) -> tuple[mx.array, mx.array | None]:
     """One MLA layer over packed rows ``x [N, 1, hidden]`` (one token each, at
     ``cache.offset``): the latent row written, attention over the latent pages, the output
-    projected. ``query_scale``: Mistral Small 4's per-position query scaling (llama 4's)."""
+    projected. ``query_scale``: Mistral Small 4's per-position query scaling (llama 4's);
+    ``shared``: the selection a layer without an indexer reads (Hunyuan V4's). Returns the
+    output and the positions the rows read (None: every visible one)."""
     n, length, _ = x.shape
     heads, nope = attn.num_heads, attn.qk_nope_head_dim
     rank, rope_dim = attn.kv_lora_rank, attn.qk_rope_head_dim
@@ -108,20 +125,22 @@ def absorbed_attention(
     queries = mx.concatenate([up.absorb_query(q_nope), q_pe], axis=-1)
     row = mx.concatenate([latent, k_pe], axis=-1)
     indexer = getattr(attn, "indexer", None)  # DeepSeek Sparse Attention's lightning indexer
-    selected = None
+    selected = shared
     if indexer is not None:  # it reads the query latent (every DSA layer has one)
         assert qr is not None
         selected = cache.select(indexer, x, qr)
-    out = cache.attend_latent(queries, row, _softmax_scale(attn), rank, selected)
-    return _output(attn, up.values(out).transpose(0, 2, 1, 3), x)
+    sinks = getattr(attn, "learnable_sink_param", None)  # Hunyuan V4's per-head sink logits
+    out = cache.attend_latent(queries, row, _softmax_scale(attn), rank, selected, sinks)
+    return _output(attn, up.values(out).transpose(0, 2, 1, 3), x), selected
 
 
 def _output(attn: Any, out: mx.array, x: mx.array) -> mx.array:
     """Each head's value ``[N, 1, H, v]`` through the layer's output gate, when it has one (a
-    sigmoid of ``g_proj(x)``: one per head, Ling 2.5's, or one per value, Kimi K3's), and its
-    output projection."""
+    sigmoid of ``g_proj(x)``: one per head, Ling 2.5's, or one per value, Kimi K3's; Hunyuan
+    V4's ``linear_gate``, one per value), and its output projection."""
     n, length, heads, _ = out.shape
-    gate = getattr(attn, "g_proj", None)
+    gates = (getattr(attn, name, None) for name in _GATE_NAMES)
+    gate = next((g for g in gates if g is not None), None)
     if gate is not None:
         g = mx.sigmoid(gate(x).astype(mx.float32)).astype(out.dtype)
         out = out * (g[..., None] if g.shape[-1] == heads else g.reshape(out.shape))

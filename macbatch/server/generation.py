@@ -141,7 +141,7 @@ class ServedRequest:
                 metrics.record_abort()
         finally:
             self.state.admission.give_back(self._slots, self.model.model_id)
-            self.state.models.give_back(self.model)
+            self.state.models.give_back(self.model, self.adapter)
 
     async def _admit(self, jobs: Jobs, prompt_param: str, slots: int | None = None) -> None:
         """Take ``slots`` admission slots (one per job unless given), then template and

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,8 @@ class ModelPool:
         future = self._loading.get(name)
         if future is None:
             future = self._loading[name] = asyncio.get_running_loop().create_future()
-            asyncio.ensure_future(self._load(name, future))
+            forget = partial(self._loading.pop, name)
+            asyncio.ensure_future(_settle(future, self._load(name), forget))
         return await self._waited(future)
 
     async def _wait_for_adapter(self, loaded: Loaded, adapter: str) -> AdapterUse:
@@ -254,7 +256,8 @@ class ModelPool:
         future = self._adapter_loads.get(key)
         if future is None:
             future = self._adapter_loads[key] = asyncio.get_running_loop().create_future()
-            asyncio.ensure_future(self._load_adapter(loaded, adapter, future))
+            work = self._load_adapter(loaded, adapter)
+            asyncio.ensure_future(_settle(future, work, partial(self._adapter_loads.pop, key)))
         return await self._waited(future)
 
     async def _waited(self, future: asyncio.Future[Any]) -> Any:
@@ -273,53 +276,32 @@ class ModelPool:
         finally:
             self._waiting -= 1
 
-    async def _load(self, name: str, future: asyncio.Future[Loaded]) -> None:
-        try:
-            entry = self.catalog[name]
-            stale = self.loaded.pop(name, None)  # a crashed engine: its memory goes first
-            if stale is not None:
-                await self._unload(stale)
-            need = self._need(entry)
-            async with self._one_load:
-                await self._make_room(name, need)
-                loaded = await asyncio.to_thread(self._start, entry, need)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a load nobody waits for any more logs nothing
-        else:
-            self.loaded[name] = loaded
-            future.set_result(loaded)
-        finally:
-            del self._loading[name]
+    async def _load(self, name: str) -> Loaded:
+        entry = self.catalog[name]
+        stale = self.loaded.pop(name, None)  # a crashed engine: its memory goes first
+        if stale is not None:
+            await self._unload(stale)
+        need = self._need(entry)
+        async with self._one_load:
+            await self._make_room(name, need)
+            loaded = await asyncio.to_thread(self._start, entry, need)
+        self.loaded[name] = loaded
+        return loaded
 
-    async def _load_adapter(
-        self, loaded: Loaded, adapter: str, future: asyncio.Future[AdapterUse]
-    ) -> None:
+    async def _load_adapter(self, loaded: Loaded, adapter: str) -> AdapterUse:
         label = f"{loaded.model_id}:{adapter}"
-        try:
-            path = self.catalog[loaded.model_id].adapter_paths[adapter]
-            need = need_of_adapter(path)
-            async with self._one_load:
-                await self._room_for_adapter(label, need)
-                log.info("loading adapter %s", label)
+        path = self.catalog[loaded.model_id].adapter_paths[adapter]
+        need = need_of_adapter(path)
+        async with self._one_load:
+            await self._room_for_adapter(label, need)
+            log.info("loading adapter %s", label)
+            try:
                 use = await asyncio.to_thread(adapter_uses.load, loaded.thread, adapter, path)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:
-            if not isinstance(exc, ModelRefused):
+            except Exception as exc:
                 reason = f"cannot load adapter {label!r}: {type(exc).__name__}: {exc}"
-                exc = ModelRefused(400, reason, "model_unavailable")
-            future.set_exception(exc)
-            future.exception()  # retrieved: a load nobody waits for any more logs nothing
-        else:
-            loaded.adapters[adapter] = use
-            future.set_result(use)
-        finally:
-            del self._adapter_loads[(loaded.model_id, adapter)]
+                raise ModelRefused(400, reason, "model_unavailable") from None
+        loaded.adapters[adapter] = use
+        return use
 
     def _start(self, entry: Servable, need: Need) -> Loaded:
         """On a worker thread: start the engine and wait for it (a refusal names the model)."""
@@ -491,6 +473,25 @@ class ModelPool:
         assert self.memory is not None
         memory = await asyncio.to_thread(self.memory)
         return memory.available < memory.total * PRESSURE_FRACTION
+
+
+async def _settle(
+    future: asyncio.Future[Any], work: Awaitable[Any], forget: Callable[[], object]
+) -> None:
+    """Run a load for its waiters: its result, or what it raised, in ``future``; then
+    ``forget`` it (a later request starts another)."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    except Exception as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: a load nobody waits for any more logs nothing
+    else:
+        future.set_result(result)
+    finally:
+        forget()
 
 
 def _shrink(loaded: Loaded) -> None:

@@ -59,6 +59,14 @@ async def reply_to(pilot: Any, app: ChatApp, text: str) -> str:
     return app.chats.store.messages(screen.current)[-1].content
 
 
+def both_streaming(app: ChatApp, first: int, second: int) -> bool:
+    """Both chats' replies are in flight, each past its first 20 characters."""
+    replies = app.chats.replies
+    if not (first in replies and second in replies):
+        return False
+    return all(len(replies[s][0].message.content) > 20 for s in (first, second))
+
+
 def status(app: ChatApp) -> str:
     return str(app.screen.query_one(StatusBar).render())
 
@@ -132,13 +140,8 @@ async def test_two_chats_on_two_models_stream_at_once(home: Path, models_dir: Pa
         await screen.open_session(second)
         await send(pilot, screen, "hello world")
 
-        def both_streaming() -> bool:
-            replies = app.chats.replies
-            if not (first in replies and second in replies):
-                return False
-            return all(len(replies[s][0].message.content) > 20 for s in (first, second))
-
-        await wait_for(pilot, both_streaming)  # each model's reply grows while the other's does
+        # each model's reply grows while the other's does
+        await wait_for(pilot, lambda: both_streaming(app, first, second))
         engines = {app.chats.held[s][0].thread for s in (first, second)}
         assert len(engines) == 2
         app.chats.stop(first)
@@ -220,13 +223,7 @@ async def test_two_fine_tunes_stream_at_once_in_one_engine(home: Path, models_di
         await wait_for(pilot, lambda: app.chats.ready, timeout=60)
         await send(pilot, screen, "hello world")
 
-        def both_streaming() -> bool:
-            replies = app.chats.replies
-            if not (first in replies and second in replies):
-                return False
-            return all(len(replies[s][0].message.content) > 20 for s in (first, second))
-
-        await wait_for(pilot, both_streaming)
+        await wait_for(pilot, lambda: both_streaming(app, first, second))
         held = [app.chats.held[s] for s in (first, second)]
         assert held[0][0] is held[1][0]  # one engine, two adapters
         assert {name for _, name in held} == {f"{models_dir / 'alpha'}:tune{n}" for n in ("", "2")}

@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "EngineConfig": "macbatch.engine.config",
     "read_adapter": "macbatch.engine.lora.files",  # a fine-tune's files (doctor)
     "AdapterError": "macbatch.engine.lora.files",
+    "base_model_of": "macbatch.engine.lora.files",  # which model an adapter folder adapts
     "EngineStats": "macbatch.engine.core.stats",
     "EngineInfo": "macbatch.engine.model_info",
     "ModelInfo": "macbatch.engine.model_info",
@@ -150,7 +151,7 @@ if TYPE_CHECKING:
     )
     from macbatch.engine.loader import check_checkpoint, resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
-    from macbatch.engine.lora.files import AdapterError, read_adapter
+    from macbatch.engine.lora.files import AdapterError, base_model_of, read_adapter
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.config_file import BadConfig, read_model_config
     from macbatch.engine.model.families import unsupported_reason

@@ -35,6 +35,8 @@ from macbatch.engine.core.stats import EngineStats
 from macbatch.engine.distributed.ranks import ranks_of
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
+from macbatch.engine.lora.bank import AdapterRef
+from macbatch.engine.lora.files import AdapterError
 from macbatch.engine.model.adapter import UnsupportedModelError
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.participants import participants_of
@@ -266,6 +268,25 @@ class Engine(PromptEncoder):
             self.runner.draft.shrink()
         host_memory.release()  # and the heap's free step buffers (engine/worker/host_memory.py)
         return given_back
+
+    def load_adapter(self, name: str, path: str) -> AdapterRef:
+        """Install one more fine-tune while serving (between steps): requests may name it once
+        this returns (an ``AdapterError`` says why not)."""
+        if self.runner.adapters is None:
+            raise AdapterError("adapters are served by one process (not a launched group yet)")
+        return self.runner.adapters.add(name, path)
+
+    def unload_adapter(self, name: str) -> bool:
+        """Uninstall a fine-tune no unfinished request names (False, and nothing done, while
+        one does: its slot is still read)."""
+        bank = self.runner.adapters
+        ref = None if bank is None else bank.refs.get(name)
+        if bank is None or ref is None:
+            return False
+        if any(r.adapter_slot == ref.slot for r in self._requests.values()):
+            return False
+        bank.remove(name)
+        return True
 
     # -- the step ----------------------------------------------------------------------------
 

@@ -41,7 +41,38 @@ def catalog(
     for model in local:
         if model.name not in names and model.path.resolve() not in folders:
             entries.append(Servable(model.name, str(model.path), model.path))
-    return entries
+    return with_found_adapters(entries, models_dirs)
+
+
+def with_found_adapters(entries: list[Servable], models_dirs: tuple[Path, ...]) -> list[Servable]:
+    """``entries`` with the adapter folders under ``models_dirs`` (an ``adapter_config.json``,
+    named by their folder) each given to the model its config names (by that model's name, its
+    folder's name or its path; the first such entry): loaded on first use. An adapter whose base
+    is served under no name is left out, as is one named like an adapter given already."""
+    from macbatch.engine import base_model_of
+
+    found: dict[str, dict[str, str]] = {}
+    for directory in models_dirs:
+        folder = directory.expanduser()
+        for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+            base = base_model_of(path) if (path / "adapter_config.json").is_file() else None
+            entry = None if base is None else _base_entry(entries, base)
+            if entry is not None and path.name not in dict(entry.adapters):
+                found.setdefault(entry.name, {}).setdefault(path.name, str(path))
+    return [replace(e, found=tuple(found.get(e.name, {}).items())) for e in entries]
+
+
+def _base_entry(entries: list[Servable], base: str) -> Servable | None:
+    where = Path(base).expanduser()
+    folder = where.resolve() if where.exists() else None
+    for entry in entries:
+        names = (entry.name, *entry.aliases)
+        by_name = base in names or where.name in {Path(n).name for n in names}
+        if by_name or (
+            folder is not None and entry.path is not None and entry.path.resolve() == folder
+        ):
+            return entry
+    return None
 
 
 # the function an engine thread runs to build a servable model's engine

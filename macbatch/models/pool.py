@@ -8,7 +8,9 @@ now plus what unloading would give back, the least recently used idle models unl
 is idle when nothing holds it (``lease``: serve's request holds its model until its response ends,
 streams included; chat's reply until it ends). An idle model unloads ``keep_alive_s`` after its last
 use, and under memory pressure (less than ``PRESSURE_FRACTION`` of the machine free) idle models
-give their KV pools back and then unload, least recently used first.
+give their KV pools back and then unload, least recently used first. A model's fine-tunes
+(``adapter_uses.py``) load into its engine when a request first names one, and unload the same
+ways, before any model does (they are the cheapest to load again).
 
 The pool's state lives on the front end's event loop (no locks): loading, unloading and shrinking
 run on worker threads, and waiters await the load's future.
@@ -19,11 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from macbatch.engine import EngineThread, Tokenizer, ToolFormat
+from macbatch.models import adapter_uses
+from macbatch.models.adapter_uses import AdapterUse, need_of_adapter, uses_of
 from macbatch.models.memory import SERVE_UNLOAD, Memory, Need, need_of, refusal_now, too_large
 from macbatch.openai import ImageAccess
 
@@ -61,14 +67,20 @@ class Servable:
     source: str
     path: Path | None
     aliases: tuple[str, ...] = ()
-    adapters: tuple[tuple[str, str], ...] = ()  # (name, directory): its fine-tunes (engine/lora)
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, directory): loaded with it (engine/lora)
+    found: tuple[tuple[str, str], ...] = ()  # its fine-tunes under --models-dir: on first use
+
+    @property
+    def adapter_paths(self) -> dict[str, str]:
+        """Every adapter a request may name with it -> its directory."""
+        return dict(self.found) | dict(self.adapters)
 
     def adapter_names(self) -> dict[str, str]:
         """What a request's ``model`` may say to name one of its adapters -> the adapter:
         ``base:adapter`` (by any of the model's names) or the adapter's own name."""
-        names = {name: name for name, _ in self.adapters}
+        names = {name: name for name in self.adapter_paths}
         for alias in (self.name, *self.aliases):
-            names |= {f"{alias}:{name}": name for name, _ in self.adapters}
+            names |= {f"{alias}:{name}": name for name in self.adapter_paths}
         return names
 
 
@@ -84,6 +96,7 @@ class Loaded:
     leases: int = 0  # requests (and serve's Batch API) holding it
     last_used: float = field(default_factory=time.monotonic)
     pinned: bool = False  # never unloaded (the Batch API's model)
+    adapters: dict[str, AdapterUse] = field(default_factory=dict)  # its fine-tunes loaded now
 
     @property
     def tool_format(self) -> ToolFormat | None:
@@ -131,6 +144,7 @@ class ModelPool:
         self.limits = limits
         self.memory = memory  # reads the machine's memory (None: no guard)
         self._loading: dict[str, asyncio.Future[Loaded]] = {}
+        self._adapter_loads: dict[tuple[str, str], asyncio.Future[AdapterUse]] = {}
         self._waiting = 0
         self._reaper: asyncio.Task[None] | None = None
         self._one_load = asyncio.Lock()  # one load at a time decides what room there is
@@ -157,8 +171,8 @@ class ModelPool:
         return None if found is None else found[1]
 
     async def lease(self, requested: str | None) -> Loaded:
-        """The loaded model, held until ``give_back``; loads it first if needed (waiting for a
-        load in progress)."""
+        """The loaded model (and the adapter ``requested`` names, in it), held until
+        ``give_back``; loads them first if needed (waiting for a load in progress)."""
         self._start_reaper()
         name = self.name_of(requested)
         while True:  # until it is loaded when this task runs (no await before the lease)
@@ -169,11 +183,26 @@ class ModelPool:
             await self._wait_for_load(name)
         loaded.leases += 1
         loaded.last_used = time.monotonic()
+        adapter = self.adapter_of(requested)
+        if adapter is not None:
+            try:
+                while (use := loaded.adapters.get(adapter)) is None:
+                    await self._wait_for_adapter(loaded, adapter)
+            except BaseException:
+                self.give_back(loaded)
+                raise
+            use.leases += 1
+            use.last_used = loaded.last_used
         return loaded
 
-    def give_back(self, loaded: Loaded) -> None:
+    def give_back(self, loaded: Loaded, adapter: str | None = None) -> None:
+        """End a lease (``adapter``: the one its ``lease`` named)."""
         loaded.leases -= 1
         loaded.last_used = time.monotonic()
+        use = None if adapter is None else loaded.adapters.get(adapter)
+        if use is not None:
+            use.leases -= 1
+            use.last_used = loaded.last_used
 
     def add_loaded(self, loaded: Loaded) -> None:
         """A model the caller loaded itself (a test's engine, chat's first model)."""
@@ -192,7 +221,7 @@ class ModelPool:
             decoder = thread.call(lambda engine: engine.tokenizer).result(timeout=60)
         refused = thread.images_refused()
         images = replace(self._images, refused=refused)
-        return Loaded(name, thread, decoder, images, need)
+        return Loaded(name, thread, decoder, images, need, adapters=uses_of(thread))
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -219,7 +248,21 @@ class ModelPool:
         future = self._loading.get(name)
         if future is None:
             future = self._loading[name] = asyncio.get_running_loop().create_future()
-            asyncio.ensure_future(self._load(name, future))
+            forget = partial(self._loading.pop, name)
+            asyncio.ensure_future(_settle(future, self._load(name), forget))
+        return await self._waited(future)
+
+    async def _wait_for_adapter(self, loaded: Loaded, adapter: str) -> AdapterUse:
+        key = (loaded.model_id, adapter)
+        future = self._adapter_loads.get(key)
+        if future is None:
+            future = self._adapter_loads[key] = asyncio.get_running_loop().create_future()
+            work = self._load_adapter(loaded, adapter)
+            asyncio.ensure_future(_settle(future, work, partial(self._adapter_loads.pop, key)))
+        return await self._waited(future)
+
+    async def _waited(self, future: asyncio.Future[Any]) -> Any:
+        """A load's result, counted among the waiters (429 past ``max_waiting``)."""
         if self._waiting >= self.limits.max_waiting:
             raise ModelRefused(
                 429,
@@ -234,27 +277,32 @@ class ModelPool:
         finally:
             self._waiting -= 1
 
-    async def _load(self, name: str, future: asyncio.Future[Loaded]) -> None:
-        try:
-            entry = self.catalog[name]
-            stale = self.loaded.pop(name, None)  # a crashed engine: its memory goes first
-            if stale is not None:
-                await self._unload(stale)
-            need = self._need(entry)
-            async with self._one_load:
-                await self._make_room(name, need)
-                loaded = await asyncio.to_thread(self._start, entry, need)
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except Exception as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: a load nobody waits for any more logs nothing
-        else:
-            self.loaded[name] = loaded
-            future.set_result(loaded)
-        finally:
-            del self._loading[name]
+    async def _load(self, name: str) -> Loaded:
+        entry = self.catalog[name]
+        stale = self.loaded.pop(name, None)  # a crashed engine: its memory goes first
+        if stale is not None:
+            await self._unload(stale)
+        need = self._need(entry)
+        async with self._one_load:
+            await self._make_room(name, need)
+            loaded = await asyncio.to_thread(self._start, entry, need)
+        self.loaded[name] = loaded
+        return loaded
+
+    async def _load_adapter(self, loaded: Loaded, adapter: str) -> AdapterUse:
+        label = f"{loaded.model_id}:{adapter}"
+        path = self.catalog[loaded.model_id].adapter_paths[adapter]
+        need = need_of_adapter(path)
+        async with self._one_load:
+            await self._room_for_adapter(label, need)
+            log.info("loading adapter %s", label)
+            try:
+                use = await asyncio.to_thread(adapter_uses.load, loaded.thread, adapter, path)
+            except Exception as exc:
+                reason = f"cannot load adapter {label!r}: {type(exc).__name__}: {exc}"
+                raise ModelRefused(400, reason, "model_unavailable") from None
+        loaded.adapters[adapter] = use
+        return use
 
     def _start(self, entry: Servable, need: Need) -> Loaded:
         """On a worker thread: check a local checkpoint's config against its weights (before
@@ -284,6 +332,26 @@ class ModelPool:
         most = self.limits.max_loaded
         while most is not None and sum(not m.pinned for m in self.loaded.values()) >= most:
             await self._unload(self._least_recent_idle(name, f"--max-loaded-models {most}"))
+        await self._free_memory(name, need)
+
+    async def _room_for_adapter(self, label: str, need: Need) -> None:
+        """Unload idle adapters, least recently used first, until ``need`` fits in the memory
+        free now; then idle models, if it still does not."""
+        if self.memory is None or need.total == 0:
+            return
+        memory = await asyncio.to_thread(self.memory)
+        freed, unload = 0, self.limits.unload
+        for loaded, name, use in self._idle_adapters():
+            if not too_large(label, need, memory.available + freed, memory, unload):
+                return
+            if await self._unload_adapter_if_idle(loaded, name):
+                freed += use.nbytes
+        if too_large(label, need, memory.available + freed, memory, unload):
+            await self._free_memory(label, need)
+
+    async def _free_memory(self, name: str, need: Need) -> None:
+        """Unload idle models, least recently used first, until ``need`` fits in the memory
+        free now plus what they held."""
         if self.memory is None or need.total == 0:
             return
         memory = await asyncio.to_thread(self.memory)
@@ -329,6 +397,29 @@ class ModelPool:
         if loaded.idle and self.loaded.get(loaded.model_id) is loaded:
             await self._unload(loaded)
 
+    def _idle_adapters(self) -> list[tuple[Loaded, str, AdapterUse]]:
+        """Every loaded adapter no request holds, least recently used first."""
+        idle = [
+            (m, name, use)
+            for m in self.loaded.values()
+            for name, use in m.adapters.items()
+            if not use.leases
+        ]
+        return sorted(idle, key=lambda found: found[2].last_used)
+
+    async def _unload_adapter_if_idle(self, loaded: Loaded, name: str) -> bool:
+        """Unload an adapter unless a request holds it (a request naming it later loads it
+        again: its engine runs the unload first)."""
+        use = loaded.adapters.get(name)
+        if use is None or use.leases:
+            return False
+        del loaded.adapters[name]
+        log.info("unloading adapter %s:%s", loaded.model_id, name)
+        if await asyncio.to_thread(adapter_uses.unload, loaded.thread, name):
+            return True
+        loaded.adapters.setdefault(name, use)
+        return False
+
     async def _unload(self, loaded: Loaded) -> None:
         """Stop its engine thread (on a worker thread; the thread frees its engine)."""
         self.loaded.pop(loaded.model_id, None)
@@ -363,11 +454,18 @@ class ModelPool:
         ones' KV pools, then unload them least recently used first until the pressure ends."""
         keep = self.limits.keep_alive_s
         now = time.monotonic()
+        for loaded, name, use in self._idle_adapters():
+            if keep is not None and now - use.last_used >= keep:
+                await self._unload_adapter_if_idle(loaded, name)
         for loaded in list(self.loaded.values()):
             if keep is not None and now - loaded.last_used >= keep:
                 await self._unload_if_idle(loaded)
         if self.memory is None:
             return
+        for loaded, name, _ in self._idle_adapters():  # the cheapest to load again go first
+            if not await self._pressed():
+                return
+            await self._unload_adapter_if_idle(loaded, name)
         idle = sorted((m for m in self.loaded.values() if m.idle), key=lambda m: m.last_used)
         for loaded in idle:
             if not await self._pressed():
@@ -383,6 +481,25 @@ class ModelPool:
         assert self.memory is not None
         memory = await asyncio.to_thread(self.memory)
         return memory.available < memory.total * PRESSURE_FRACTION
+
+
+async def _settle(
+    future: asyncio.Future[Any], work: Awaitable[Any], forget: Callable[[], object]
+) -> None:
+    """Run a load for its waiters: its result, or what it raised, in ``future``; then
+    ``forget`` it (a later request starts another)."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        future.cancel()
+        raise
+    except Exception as exc:
+        future.set_exception(exc)
+        future.exception()  # retrieved: a load nobody waits for any more logs nothing
+    else:
+        future.set_result(result)
+    finally:
+        forget()
 
 
 def _shrink(loaded: Loaded) -> None:

@@ -35,7 +35,7 @@ async def create_response(request: Request) -> Response:
             body, lambda: parse_responses(body, history, lines, images)
         )
         bound = served.bind(parsed.generation)
-        renderer = ResponsesRenderer(parsed, bound.parse_with, served.model.model_id)
+        renderer = ResponsesRenderer(parsed, bound.parse_with, served.name)
 
         def keep(finals: list) -> None:
             if parsed.store:
@@ -82,7 +82,7 @@ async def create_message(request: Request) -> Response:
         images = model.images
         parsed = await parse_body_off_loop(body, lambda: parse_messages(body, False, lines, images))
         bound = served.bind(parsed.generation)
-        renderer = MessagesRenderer(parsed, bound.parse_with, model.model_id, model.decoder)
+        renderer = MessagesRenderer(parsed, bound.parse_with, served.name, model.decoder)
         return await served.generate(bound, renderer, parsed.generation.stream)
 
 

@@ -215,7 +215,7 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
         )
         bound = served.bind(generation)
         model = served.model
-        formatter = openai_formatter(generation, bound.parse_with, model.model_id, model.decoder)
+        formatter = openai_formatter(generation, bound.parse_with, served.name, model.decoder)
         return await served.generate(bound, formatter, generation.stream)
 
 

@@ -49,12 +49,15 @@ async def served_request(request: Request, requested: Any) -> AsyncIterator[Serv
     refuse), loaded if it was not, held until the request's one close: here, unless a stream
     took the request over."""
     state = state_of(request)
+    said = requested if isinstance(requested, str) else None
     try:
-        model = await state.models.lease(requested if isinstance(requested, str) else None)
+        model = await state.models.lease(said)
     except ModelRefused as exc:
         raise refused(exc) from None
-    adapter = state.models.adapter_of(requested if isinstance(requested, str) else None)
-    served = ServedRequest(request, state, model, adapter)
+    adapter = state.models.adapter_of(said)
+    # a fine-tune answers by the name the client gave it, the base by its model's
+    name = model.model_id if adapter is None or said is None else said
+    served = ServedRequest(request, state, model, adapter, name)
     try:
         if not model.thread.alive:
             raise engine_unavailable(_describe(model.thread.error))
@@ -68,12 +71,18 @@ class ServedRequest:
     """A leased model, the admission slots taken for it and the engine stream, closed once."""
 
     def __init__(
-        self, request: Request, state: ServerState, model: Loaded, adapter: str | None = None
+        self,
+        request: Request,
+        state: ServerState,
+        model: Loaded,
+        adapter: str | None = None,
+        name: str | None = None,
     ) -> None:
         self.request = request
         self.state = state
         self.model = model
         self.adapter = adapter  # the fine-tune the body's ``model`` named (None: the base)
+        self.name = name or model.model_id  # what a response's ``model`` says
         self.streaming = False  # an EventStream owns the close
         self._slots = 0
         self._jobs = 0
@@ -132,7 +141,7 @@ class ServedRequest:
                 metrics.record_abort()
         finally:
             self.state.admission.give_back(self._slots, self.model.model_id)
-            self.state.models.give_back(self.model)
+            self.state.models.give_back(self.model, self.adapter)
 
     async def _admit(self, jobs: Jobs, prompt_param: str, slots: int | None = None) -> None:
         """Take ``slots`` admission slots (one per job unless given), then template and

@@ -36,13 +36,14 @@ def model_card(models: ModelPool, name: str) -> dict[str, Any]:
 
 def adapter_cards(models: ModelPool, name: str) -> list[dict[str, Any]]:
     """One card per adapter of model ``name``, as ``name:adapter`` (docs/models.md,
-    "Fine-tunes"): rank, kind and targets once the model is loaded."""
+    "Fine-tunes"): rank, kind and targets while it is loaded."""
     loaded = models.loaded.get(name)
     refs = {} if loaded is None else loaded.thread.info.model.adapters
     cards = []
-    for adapter, path in models.catalog[name].adapters:
-        about: dict[str, Any] = {"base": name, "adapter": adapter, "path": path}
+    for adapter, path in models.catalog[name].adapter_paths.items():
         ref = refs.get(adapter)
+        about: dict[str, Any] = {"base": name, "adapter": adapter, "path": path}
+        about["loaded"] = ref is not None
         if ref is not None:
             about |= {"kind": ref.kind, "rank": ref.rank, "targets": list(ref.targets)}
             about["bytes"] = ref.nbytes

@@ -5,7 +5,9 @@ model macbatch finds locally (``/model NAME`` or F4), which then loads on demand
 chat stays usable, each load's progress kept here for the loading panel. All engines take turns
 of the one device, as serve's do, so two chats on two models stream at the same time. A model
 stays loaded while the app runs, unless the memory guard needs its room for another (least
-recently used first) or memory runs short (docs/chat.md, "A model per chat").
+recently used first) or memory runs short (docs/chat.md, "A model per chat"). A chat's model may
+be a fine-tune, ``BASE:ADAPTER`` (an adapter under a ``--models-dir``): it runs in its base
+model's engine, beside the base and the base's other adapters, loaded when a chat first picks it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from macbatch.engine import EngineConfig, EngineThread, Turns
+from macbatch.models.adapter_uses import need_of_adapter
 from macbatch.models.catalog import catalog, starter
 from macbatch.models.memory import MIB, Need, need_of, read_memory, weights_bytes
 from macbatch.models.pool import Loaded, ModelPool, ModelRefused, PoolLimits, Servable
@@ -65,15 +68,17 @@ class ChatModels:
         self._first_settled = False  # the app's load of the first model ended (either way)
 
     def _loader_of(self, entry: Servable) -> Callable[[], Engine]:
-        return make_loader(entry.source, self.config, self.loads[entry.name].progress)
+        progress = self.loads.setdefault(entry.name, ModelLoad()).progress  # an adapter's base
+        return make_loader(entry.source, self.config, progress)
 
     # -- names -------------------------------------------------------------------------------
 
     def name_of(self, requested: str) -> str:
         """The catalog's name for ``requested`` (a name, a folder's name, a path given to
-        ``--model``); ``ModelRefused`` with what to do when no local model has it."""
+        ``--model``; ``BASE:ADAPTER`` or ``ADAPTER`` for a fine-tune, named ``BASE:ADAPTER``);
+        ``ModelRefused`` with what to do when no local model has it."""
         try:
-            return self.pool.name_of(requested)
+            base = self.pool.name_of(requested)
         except ModelRefused:
             raise ModelRefused(
                 404,
@@ -81,14 +86,34 @@ class ChatModels:
                 "too; `macbatch pull OWNER/NAME` downloads one)",
                 "model_not_found",
             ) from None
+        adapter = self.pool.adapter_of(requested)
+        return base if adapter is None else f"{base}:{adapter}"
+
+    def adapter_of(self, name: str) -> str | None:
+        """The fine-tune a chat's model names (None: a base model)."""
+        return self.pool.adapter_of(name)
+
+    def _base(self, name: str) -> str:
+        """The model whose engine runs ``name`` (a name no longer served: itself)."""
+        try:
+            return self.pool.name_of(name)
+        except ModelRefused:
+            return name
 
     def names(self) -> list[str]:
-        return list(self.pool.catalog)
+        """Every model, each followed by its fine-tunes."""
+        return [
+            name
+            for base, entry in self.pool.catalog.items()
+            for name in (base, *(f"{base}:{a}" for a in entry.adapter_paths))
+        ]
 
-    @staticmethod
-    def label(name: str) -> str:
-        """How a model is shown: a local folder by its name."""
-        return Path(name).name if Path(name).is_dir() else name
+    def label(self, name: str) -> str:
+        """How a model is shown: a local folder by its name (a fine-tune: its base's, then
+        ``:ADAPTER``)."""
+        adapter, base = self.adapter_of(name), self._base(name)
+        shown = Path(base).name if Path(base).is_dir() else base
+        return shown if adapter is None else f"{shown}:{adapter}"
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -103,9 +128,18 @@ class ChatModels:
         self.loads[self.first_name].error = reason
         self._first_settled = True
 
+    def present(self, name: str) -> Loaded | None:
+        """The model's engine while it (and the fine-tune ``name`` names) is loaded, running or
+        stopped since."""
+        loaded = self.pool.loaded.get(self._base(name))
+        adapter = self.adapter_of(name)
+        if loaded is None or (adapter is not None and adapter not in loaded.adapters):
+            return None
+        return loaded
+
     def loaded(self, name: str) -> Loaded | None:
         """The model's engine, if it is loaded and running."""
-        loaded = self.pool.loaded.get(name)
+        loaded = self.present(name)
         return loaded if loaded is not None and loaded.thread.alive else None
 
     def loading(self, name: str) -> bool:
@@ -144,27 +178,34 @@ class ChatModels:
         except ModelRefused as refused:
             self.loads[name].error = refused.message
         else:
-            self.pool.give_back(loaded)
+            self.pool.give_back(loaded, self.adapter_of(name))
 
     async def hold(self, name: str) -> Loaded:
-        """The loaded model, held (never unloaded) until ``release``: a reply's."""
+        """The loaded model (and fine-tune), held (never unloaded) until ``release``: a
+        reply's."""
         return await self.pool.lease(name)
 
-    def release(self, loaded: Loaded) -> None:
-        self.pool.give_back(loaded)
+    def release(self, loaded: Loaded, name: str) -> None:
+        self.pool.give_back(loaded, self.adapter_of(name))
 
     def describe(self, name: str) -> str:
         """A model's line in the picker: loaded (and its memory), loading, failed, or its size
         on disk."""
-        loaded = self.pool.loaded.get(name)
+        loaded = self.present(name)
         load = self.loads.get(name)
+        adapter = self.adapter_of(name)
         if loaded is not None:
-            return f"loaded, {self._memory(loaded) / MIB:,.0f} MiB"
+            memory = self._memory(loaded) if adapter is None else loaded.adapters[adapter].nbytes
+            return f"loaded, {memory / MIB:,.0f} MiB"
         if load is not None and load.error is not None:
             return f"failed: {load.error}"
         if load is not None and name in self._pending():
             return "loading"
-        path = self.pool.catalog[name].path
+        entry = self.pool.catalog[self._base(name)]
+        if adapter is not None:
+            size = need_of_adapter(entry.adapter_paths[adapter]).total
+            return f"fine-tune of {self.label(entry.name)}, {size / MIB:,.0f} MiB on disk"
+        path = entry.path
         return "not loaded" if path is None else f"{weights_bytes(path) / MIB:,.0f} MiB on disk"
 
     @staticmethod

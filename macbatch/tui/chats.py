@@ -88,7 +88,8 @@ class ChatService:
         self.export_dir = export_dir
         self.sessions: dict[int, Session] = {s.id: s for s in store.sessions()}
         self.replies: dict[int, tuple[Reply, Worker[None]]] = {}
-        self.held: dict[int, Loaded] = {}  # the model each reply in flight runs on
+        # the model each reply in flight runs on, and the name the chat gave it
+        self.held: dict[int, tuple[Loaded, str]] = {}
         self.open_id: int | None = None  # the chat on screen
         self.last_reply: ReplyMetrics | None = None  # the numbers of the reply that ended last
         self.context_used: dict[int, int] = {}  # a chat's last prompt and reply, in tokens
@@ -127,7 +128,7 @@ class ChatService:
     @property
     def ready(self) -> bool:
         """The open chat's model has loaded (its engine may have stopped since)."""
-        return self.model_of(self.open_id) in self.models.pool.loaded
+        return self.models.present(self.model_of(self.open_id)) is not None
 
     @property
     def load_error(self) -> str | None:
@@ -140,7 +141,7 @@ class ChatService:
         return self._engine_for(self.open_id)
 
     def _engine_for(self, session_id: int | None) -> EngineThread:
-        loaded = self.models.pool.loaded.get(self.model_of(session_id))
+        loaded = self.models.present(self.model_of(session_id))
         return self.models.first if loaded is None else loaded.thread
 
     def set_model(self, session_id: int, requested: str) -> str:
@@ -262,7 +263,7 @@ class ChatService:
         error = self.model_load(session_id).error
         if error is not None:
             raise ChatRefused(f"The model failed to load: {error}", "error")
-        loaded = self.models.pool.loaded.get(name)
+        loaded = self.models.present(name)
         if loaded is None:
             raise ChatRefused("The model is still loading; try again in a moment.", "warning")
         if not loaded.thread.alive:
@@ -429,13 +430,18 @@ class ChatService:
         show: ShowReply,
         host: Widget,
     ) -> None:
-        held = await self.models.hold(self.model_of(session_id))  # not unloaded meanwhile
+        name = self.model_of(session_id)
+        held = await self.models.hold(name)  # not unloaded meanwhile
         self._let_go(session_id)
-        self.held[session_id] = held
+        self.held[session_id] = (held, name)
         view = await show(message)
         settings, engine = self.sessions[session_id].settings, held.thread
+        adapter = self.models.adapter_of(name)
         reply = Reply(
-            lambda: self._stream(engine, prompt, settings, host), self.store, message, view
+            lambda: self._stream(engine, prompt, settings, host, adapter),
+            self.store,
+            message,
+            view,
         )
         worker = host.run_worker(
             reply.run(), name=f"reply {message.id}", group="replies", exit_on_error=False
@@ -448,10 +454,11 @@ class ChatService:
         prompt: list[dict[str, Any]],
         settings: SessionSettings,
         host: Widget,
+        adapter: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """The chat's engine's stream for a reply, the oldest turns left out if the chat
-        outgrew the context (max_tokens is a cap the engine shrinks to the room the chat
-        leaves)."""
+        """The chat's engine's stream for a reply (``adapter``: the chat's fine-tune), the
+        oldest turns left out if the chat outgrew the context (max_tokens is a cap the engine
+        shrinks to the room the chat leaves)."""
         params = settings.sampling_params()
         kwargs = settings.template_kwargs()
         context = engine.context_limit()
@@ -465,7 +472,7 @@ class ChatService:
                 f" {left_out} messages were left out of this prompt.",
                 timeout=4,
             )
-        stream = engine.stream(PromptInput(prompt, kwargs), params)
+        stream = engine.stream(PromptInput(prompt, kwargs, adapter=adapter), params)
         return cast("AsyncGenerator[RequestOutput, None]", stream)  # it is one; typed as less
 
     def stop(self, session_id: int) -> None:
@@ -499,7 +506,7 @@ class ChatService:
         """The chat's reply no longer holds its model."""
         held = self.held.pop(session_id, None)
         if held is not None:
-            self.models.release(held)
+            self.models.release(*held)
 
     def interrupt_replies(self) -> None:
         """Quitting mid-reply: keep what streamed so far, marked interrupted."""

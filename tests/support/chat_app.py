@@ -8,12 +8,14 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import mlx_lm
 import typer
 from textual import events
 
 from macbatch.engine import Engine, EngineConfig, EngineThread, RequestOutput, SamplingParams
 from macbatch.session_settings import SessionSettings
 from macbatch.tui.command import chat_command
+from tests.support.oracle import mlx_lm_greedy
 
 # Greedy decoding of the tiny model never emits EOS for these prompts, so a long limit, with engine
 # steps paced to at least STEP_SECONDS, keeps a reply streaming until the test stops it.
@@ -73,6 +75,25 @@ def type_ahead(app, *keys: str) -> None:
     hides any race between them."""
     for key in keys:
         app.post_message(events.Key(key, key if len(key) == 1 else None))
+
+
+def mlx_lm_reply(
+    path: Path, text: str, max_tokens: int = GREEDY.max_tokens, adapter: Path | None = None
+) -> str:
+    """The oracle: mlx-lm's greedy tokens for the one-message chat (with ``adapter`` loaded by
+    mlx-lm itself), up to its first EOS, as the text they add after the prompt's (the reply's
+    leading spaces left out, as a reply's text starts at its first character)."""
+    model, tokenizer = mlx_lm.load(
+        str(path), adapter_path=None if adapter is None else str(adapter)
+    )
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    tokens = mlx_lm_greedy(model, ids, max_tokens)
+    ends = [i for i, token in enumerate(tokens) if token in tokenizer.eos_token_ids]
+    tokens = tokens[: ends[0]] if ends else tokens
+    whole = tokenizer.decode(ids + tokens)
+    return whole[len(tokenizer.decode(ids)) :].lstrip(" ")
 
 
 def greedy_texts(model_path: Path, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:

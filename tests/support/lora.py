@@ -102,3 +102,13 @@ def to_peft(mlx_adapter: Path, path: Path) -> Path:
     }
     (path / "adapter_config.json").write_text(json.dumps(peft_config))
     return path
+
+
+def name_base(adapter: Path, base: str) -> Path:
+    """Write the base model into the adapter's config, where its format keeps it (mlx-lm's
+    ``model``, PEFT's ``base_model_name_or_path``), as their trainers write it."""
+    config_file = adapter / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path" if "peft_type" in config else "model"] = base
+    config_file.write_text(json.dumps(config))
+    return adapter

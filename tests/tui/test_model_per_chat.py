@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import mlx_lm
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, EngineThread
@@ -20,8 +19,8 @@ from macbatch.tui.app import ChatApp
 from macbatch.tui.screens.help import help_rows
 from macbatch.tui.store import HistoryStore
 from macbatch.tui.widgets.status_bar import StatusBar
-from tests.support.chat_app import GREEDY, LONG, send, wait_for
-from tests.support.oracle import mlx_lm_greedy
+from tests.support.chat_app import GREEDY, LONG, mlx_lm_reply, send, wait_for
+from tests.support.lora import ATTENTION, MLP, name_base, save_adapter
 from tests.support.tiny import save_two_models
 
 CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
@@ -31,22 +30,10 @@ CONFIG = EngineConfig(num_blocks=256, max_num_seqs=8)
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("chat-models")
     save_two_models(root)
+    # two fine-tunes of alpha beside it, each naming alpha as its trainer wrote it
+    name_base(save_adapter(root / "tune", seed=1, keys=ATTENTION + MLP), "alpha")
+    name_base(save_adapter(root / "tune2", seed=2, keys=MLP, rank=8), "someone/alpha")
     return root
-
-
-def mlx_lm_reply(path: Path, text: str, max_tokens: int = GREEDY.max_tokens) -> str:
-    """The oracle: mlx-lm's greedy tokens for the one-message chat, up to its first EOS, as the
-    text they add after the prompt's (the reply's leading spaces left out, as a reply's text
-    starts at its first character)."""
-    model, tokenizer = mlx_lm.load(str(path))
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True
-    )
-    tokens = mlx_lm_greedy(model, ids, max_tokens)
-    ends = [i for i, token in enumerate(tokens) if token in tokenizer.eos_token_ids]
-    tokens = tokens[: ends[0]] if ends else tokens
-    whole = tokenizer.decode(ids + tokens)
-    return whole[len(tokenizer.decode(ids)) :].lstrip(" ")
 
 
 def chat_app(home: Path, models_dir: Path, defaults: SessionSettings = GREEDY) -> ChatApp:
@@ -70,6 +57,14 @@ async def reply_to(pilot: Any, app: ChatApp, text: str) -> str:
     await send(pilot, screen, text)
     await wait_for(pilot, lambda: screen.current not in app.chats.replies)
     return app.chats.store.messages(screen.current)[-1].content
+
+
+def both_streaming(app: ChatApp, first: int, second: int) -> bool:
+    """Both chats' replies are in flight, each past its first 20 characters."""
+    replies = app.chats.replies
+    if not (first in replies and second in replies):
+        return False
+    return all(len(replies[s][0].message.content) > 20 for s in (first, second))
 
 
 def status(app: ChatApp) -> str:
@@ -145,14 +140,9 @@ async def test_two_chats_on_two_models_stream_at_once(home: Path, models_dir: Pa
         await screen.open_session(second)
         await send(pilot, screen, "hello world")
 
-        def both_streaming() -> bool:
-            replies = app.chats.replies
-            if not (first in replies and second in replies):
-                return False
-            return all(len(replies[s][0].message.content) > 20 for s in (first, second))
-
-        await wait_for(pilot, both_streaming)  # each model's reply grows while the other's does
-        engines = {app.chats.held[s].thread for s in (first, second)}
+        # each model's reply grows while the other's does
+        await wait_for(pilot, lambda: both_streaming(app, first, second))
+        engines = {app.chats.held[s][0].thread for s in (first, second)}
         assert len(engines) == 2
         app.chats.stop(first)
         app.chats.stop(second)
@@ -189,3 +179,54 @@ async def test_a_model_that_fails_to_load_leaves_the_app_running(
         assert "model failed to load" in status(app)
         await send(pilot, screen, "/model alpha")  # the app goes on: back to a model that runs
         assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(first, "hello world")
+
+
+async def test_two_chats_on_two_fine_tunes_of_one_model(home: Path, models_dir: Path) -> None:
+    """Two chats on two adapters of alpha, picked with `/model` (loaded into alpha's running
+    engine on first use): each reply equals mlx-lm's with that adapter loaded, the two replies
+    stream at once in one engine, and the picker lists each fine-tune after its model."""
+    app = chat_app(home, models_dir)
+    alpha = models_dir / "alpha"
+    async with app.run_test() as pilot:
+        screen = app.screen
+        first = screen.current
+        await send(pilot, screen, "/model alpha:tune")
+        assert app.chats.sessions[first].model == f"{alpha}:tune"
+        assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(
+            alpha, "hello world", adapter=models_dir / "tune"
+        )
+        await pilot.press("ctrl+n")
+        second = screen.current
+        await send(pilot, screen, "/model tune2")
+        assert app.chats.sessions[second].model == f"{alpha}:tune2"
+        assert await reply_to(pilot, app, "hello world") == mlx_lm_reply(
+            alpha, "hello world", adapter=models_dir / "tune2"
+        )
+        assert status(app).startswith("alpha:tune2 · ")
+        names = app.chats.models.names()
+        assert names[names.index(str(alpha)) + 1 :][:2] == [f"{alpha}:tune", f"{alpha}:tune2"]
+        assert app.chats.models.describe(f"{alpha}:tune").startswith("loaded, ")
+        assert list(app.chats.models.pool.loaded) == [str(alpha)]  # one engine
+
+
+async def test_two_fine_tunes_stream_at_once_in_one_engine(home: Path, models_dir: Path) -> None:
+    app = chat_app(home, models_dir, defaults=LONG)
+    async with app.run_test() as pilot:
+        screen = app.screen
+        first = screen.current
+        await send(pilot, screen, "/model alpha:tune")
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        await send(pilot, screen, "hello world")
+        await pilot.press("ctrl+n")
+        second = screen.current
+        await send(pilot, screen, "/model alpha:tune2")
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)
+        await send(pilot, screen, "hello world")
+
+        await wait_for(pilot, lambda: both_streaming(app, first, second))
+        held = [app.chats.held[s] for s in (first, second)]
+        assert held[0][0] is held[1][0]  # one engine, two adapters
+        assert {name for _, name in held} == {f"{models_dir / 'alpha'}:tune{n}" for n in ("", "2")}
+        app.chats.stop(first)
+        app.chats.stop(second)
+        await wait_for(pilot, lambda: not app.chats.replies)

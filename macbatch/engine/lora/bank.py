@@ -49,66 +49,125 @@ class AdapterRef:
 
 
 class AdapterBank:
-    """Reads ``adapters`` (name, directory) and installs them into ``model`` (the text model)."""
+    """The adapters installed in ``model`` (the text model), read from ``adapters`` (name,
+    directory) and added or removed while the runner serves (``add``, ``remove``, between
+    steps). An adapter keeps its slot while it is loaded (a queued request holds it); a freed
+    slot is the next adapter's, and the stacks shrink when their last slots go."""
 
-    def __init__(self, model: nn.Module, adapters: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, model: nn.Module, adapters: Sequence[tuple[str, str]] = ()) -> None:
         self.step = StepAdapters()
-        files = [read_adapter(path) for _, path in adapters]
-        modules = dict(model.named_modules())
-        for (name, _), adapter in zip(adapters, files):
-            _check(name, adapter, modules)
-        paths = sorted({p for adapter in files for p in adapter.layers})
-        wrapped = [(p, self._wrap(modules[p], p, files)) for p in paths]
-        if wrapped:
-            model.update_modules(tree_unflatten(wrapped))
-        # the MoE blocks whose experts are adapted tell them each index's slot
-        blocks = sorted({p.rsplit(".", 1)[0] for p in paths if is_switch(modules[p])})
-        if blocks:
-            current = dict(model.named_modules())
-            experts = [(b, PackedExperts(current[b], self.step)) for b in blocks]
-            model.update_modules(tree_unflatten(experts))
-        self.refs = {
-            name: AdapterRef(
-                name=name,
-                slot=slot,
-                path=str(adapter.path),
-                format=adapter.format,
-                kind=adapter.kind,
-                rank=adapter.rank,
-                targets=tuple(adapter.targets),
-                num_layers=len(adapter.layers),
-                nbytes=adapter.nbytes,
-                digest=adapter.digest,
-            )
-            for slot, ((name, _), adapter) in enumerate(zip(adapters, files), start=1)
-        }
+        self.refs: dict[str, AdapterRef] = {}  # ModelInfo.adapters: the same dict, kept live
+        self._model = model
+        self._bases = dict(model.named_modules())  # the base layers, as loaded
+        self._layers: dict[str, PackedLoRALinear | PackedLoRASwitch] = {}  # wrapped, by path
+        self._files: dict[int, AdapterFiles] = {}  # by slot
+        read = [(name, read_adapter(path)) for name, path in adapters]
+        for name, files in read:
+            self._check_new(name, files)
+        for name, files in read:
+            self._place(name, files)
+        self._install(set().union(*(f.layers for _, f in read)))
+
+    def add(self, name: str, path: str) -> AdapterRef:
+        """Read and install one more adapter (an ``AdapterError`` says why not)."""
+        files = read_adapter(path)
+        self._check_new(name, files)
+        ref = self._place(name, files)
+        self._install(set(files.layers))
+        return ref
+
+    def remove(self, name: str) -> None:
+        """Uninstall an adapter no request names any more (its memory goes back)."""
+        ref = self.refs.pop(name)
+        files = self._files.pop(ref.slot)
+        self._install(set(files.layers))
 
     def use(self, rows: mx.array | None) -> None:
         """The next forward's rows' slots (None: a step of the base model alone)."""
         self.step.rows = rows
 
-    def _wrap(
-        self, base: nn.Module, path: str, files: list[AdapterFiles]
-    ) -> PackedLoRALinear | PackedLoRASwitch:
-        """``base`` wrapped, with every adapter's low rank of it in its slot (zeros where an
-        adapter leaves it alone), padded to the largest rank (zero columns add nothing); an MoE
-        block's experts get one per (slot, expert), slot-major."""
+    def _check_new(self, name: str, files: AdapterFiles) -> None:
+        if name in self.refs:
+            raise AdapterError(f"adapter {name!r} is loaded already")
+        _check(name, files, self._bases)
+
+    def _place(self, name: str, adapter: AdapterFiles) -> AdapterRef:
+        """Give the adapter the lowest free slot."""
+        slot = next(s for s in range(1, len(self._files) + 2) if s not in self._files)
+        self._files[slot] = adapter
+        ref = self.refs[name] = AdapterRef(
+            name=name,
+            slot=slot,
+            path=str(adapter.path),
+            format=adapter.format,
+            kind=adapter.kind,
+            rank=adapter.rank,
+            targets=tuple(adapter.targets),
+            num_layers=len(adapter.layers),
+            nbytes=adapter.nbytes,
+            digest=adapter.digest,
+        )
+        return ref
+
+    def _install(self, changed: set[str]) -> None:
+        """Wrap the layers first adapted now, then restack every layer ``changed`` names or
+        whose stacks no longer have one slot per slot in use."""
+        self._wrap(sorted(changed - set(self._layers)))
+        slots = max(self._files, default=0) + 1
+        for path, layer in self._layers.items():
+            held = None if layer.lora_a is None else layer.lora_a.shape[0]
+            wanted = slots * (self._bases[path].num_experts if is_switch(self._bases[path]) else 1)
+            if path in changed or (held is not None and held != wanted):
+                self._stack(layer, path, slots)
+
+    def _wrap(self, paths: list[str]) -> None:
+        """Wrap ``paths`` (and, in an MoE block, its other experts' projections, so that the
+        block is wrapped once, whatever a later adapter adapts of it)."""
+        blocks = sorted({p.rsplit(".", 1)[0] for p in paths if is_switch(self._bases[p])})
+        experts = [
+            p
+            for p, m in self._bases.items()
+            if is_switch(m) and p.rsplit(".", 1)[0] in blocks and p not in self._layers
+        ]
+        wrapped = []
+        for path in sorted(set(paths) | set(experts)):
+            base = self._bases[path]
+            switch = is_switch(base)
+            layer = (
+                PackedLoRASwitch(base, self.step) if switch else PackedLoRALinear(base, self.step)
+            )
+            self._layers[path] = layer
+            wrapped.append((path, layer))
+        if wrapped:
+            self._model.update_modules(tree_unflatten(wrapped))
+        if blocks:  # the MoE blocks whose experts are adapted tell them each index's slot
+            current = dict(self._model.named_modules())
+            packed = [(b, PackedExperts(current[b], self.step)) for b in blocks]
+            self._model.update_modules(tree_unflatten(packed))
+
+    def _stack(self, layer: PackedLoRALinear | PackedLoRASwitch, path: str, slots: int) -> None:
+        """``layer``'s stacks: every adapter's low rank of it in its slot (zeros where an
+        adapter leaves it alone, or a slot is free), padded to the largest rank (zero columns
+        add nothing); an MoE block's experts get one per (slot, expert), slot-major. None when
+        no adapter adapts it: the base layer alone."""
+        held = {slot: f.layers[path] for slot, f in self._files.items() if path in f.layers}
+        layer.lora_a = layer.lora_b = None
+        if isinstance(layer, PackedLoRALinear):
+            layer.dora_factor = None
+        if not held:
+            return
+        base = self._bases[path]
         switch = is_switch(base)
-        layer = PackedLoRASwitch(base, self.step) if switch else PackedLoRALinear(base, self.step)
         dims_in, dims_out = base_dims(base)
         quantized = hasattr(base, "scales")
         dtype = base.scales.dtype if quantized else base.weight.dtype
-        rank = max(f.layers[path].a.shape[-1] for f in files if path in f.layers)
+        rank = max(low.a.shape[-1] for low in held.values())
         experts = (base.num_experts,) if switch else ()
-        slots = len(files) + 1
         a = mx.zeros((slots, *experts, dims_in, rank), dtype)
         b = mx.zeros((slots, *experts, rank, dims_out), dtype)
         factor = mx.ones((slots, dims_out), mx.float32)
         dora = False
-        for slot, adapter in enumerate(files, start=1):
-            low = adapter.layers.get(path)
-            if low is None:
-                continue
+        for slot, low in held.items():
             r = low.a.shape[-1]
             a[slot, ..., :r] = low.a.astype(dtype)
             b[slot, ..., :r, :] = low.b.astype(dtype)
@@ -121,7 +180,6 @@ class AdapterBank:
         if dora and isinstance(layer, PackedLoRALinear):
             layer.dora_factor = factor
         mx.eval(layer.parameters())
-        return layer
 
 
 def _dora_factor(base: nn.Module, low: LowRank) -> mx.array:

@@ -84,6 +84,20 @@ def read_adapter(path: str | Path) -> AdapterFiles:
     raise AdapterError(f"adapter {folder}: neither {MLX_WEIGHTS} nor {PEFT_WEIGHTS}")
 
 
+def base_model_of(path: Path) -> str | None:
+    """The base model an adapter's config names, as it was trained (mlx-lm's ``model``,
+    PEFT's ``base_model_name_or_path``: a hub id or a path); None when it names none or the
+    directory holds no readable adapter config."""
+    try:
+        config = json.loads((path / CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    base = config.get("model") or config.get("base_model_name_or_path")
+    return base if isinstance(base, str) and base else None
+
+
 def _mlx_lm(folder: Path, config: dict[str, Any]) -> AdapterFiles:
     kind = config.get("fine_tune_type", "lora")
     if kind not in ("lora", "dora"):

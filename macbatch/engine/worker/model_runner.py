@@ -317,12 +317,13 @@ class ModelRunner:
 
 
 def adapter_bank(model: nn.Module, config: EngineConfig, ranks: Ranks | None) -> AdapterBank | None:
-    """The adapters of ``config.adapters`` installed in ``model`` (None: it names none)."""
-    if not config.adapters:
-        return None
-    if ranks is not None:
+    """The adapters of ``config.adapters`` installed in ``model``, more added while it serves
+    (None: a launched group, which serves none)."""
+    if ranks is None:
+        return AdapterBank(model, config.adapters)
+    if config.adapters:
         raise ValueError("adapters are served by one process (not a launched group yet)")
-    return AdapterBank(model, config.adapters)
+    return None
 
 
 def model_vocab_size(model: nn.Module) -> int:

@@ -221,13 +221,15 @@ class ModelAdapter:
 
     def _recurrent_modules(self) -> list[nn.Module]:
         """The modules handed a recurrent state cache: every decoder layer of a hybrid model, or
-        the mixer beside each layer's attention where the family has one (none: attention
-        only)."""
+        the mixer of each layer that keeps state where the family names one (Falcon-H1's beside
+        its attention, Kimi K3's in place of it; none: attention only)."""
         if not any(any(entry) for entry in self.recurrent):
             return []
         mixer = self.family.side_by_side_mixer
         layers = self.layers
-        return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
+        if not mixer:
+            return list(layers)
+        return [getattr(layer, mixer) for layer, entry in zip(layers, self.recurrent) if any(entry)]
 
     def _probe(self) -> tuple[Layout, list[StateShape]]:
         """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from

@@ -31,6 +31,7 @@ import mlx.nn as nn
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.kv_probe import (
     Layout,
     ProbeCache,
@@ -202,12 +203,12 @@ class ModelAdapter:
                 # a sparse MLA layer's (latent, indexer keys): one engine cache is both parts
                 # (``EngineAttention.__getitem__``), the keys its own store layer
                 sizes, listed = [0], False
-            if sizes.count(0) > 1:
+            if sizes.count(0) > 1 and not self._attentions_in(len(entries), sizes.count(0)):
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps {sizes.count(0)} K/V caches in one "
                     "layer (an indexer's keys, or two attentions); macbatch pages one per layer"
                 )
-            if len(sizes) > 1 and 0 in sizes and not self.family.side_by_side_mixer:
+            if 0 in sizes and any(sizes) and not self.family.side_by_side_mixer:
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps recurrent state inside its attention "
                     "layers (an ArraysCache beside the K/V in one CacheList) with no mixer the "
@@ -256,6 +257,12 @@ class ModelAdapter:
                 )
             return Layout([], [], states[0].dtypes[0], [], []), states
         return layout_of(attention, self.model_type), states
+
+    def _attentions_in(self, entry: int, parts: int) -> bool:
+        """Whether layer ``entry`` has ``parts`` MLA attentions, one for each K/V part of its
+        ``CacheList`` (LongCat Flash's two): each part is a store layer of its own."""
+        layers = self.layers
+        return entry < len(layers) and len(latent_modules(layers[entry])) == parts
 
     def _indexed(self, entry: int) -> bool:
         """Whether layer ``entry``'s attention selects its rows with a lightning indexer."""

@@ -200,6 +200,30 @@ MLA_CONFIGS: dict[str, dict[str, Any]] = {
     "kimi_k25": dict(model_type="kimi_k25", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
     "kimi_vl": dict(model_type="kimi_vl", text_config=dict(_MLA_MOE, model_type="deepseek_v3")),
     "kimi_linear": _KIMI_LINEAR,
+    # LongCat Flash: two MLA attentions per layer (a CacheList of two caches), a MoE with zero
+    # (identity) experts beside its two MLPs
+    "longcat_flash": dict(
+        _MLA,
+        model_type="longcat_flash",
+        attention_method="MLA",
+        zero_expert_type="identity",
+        ffn_hidden_size=128,
+        moe_topk=2,
+        expert_ffn_hidden_size=32,
+        n_routed_experts=4,
+        zero_expert_num=2,
+        num_layers=2,
+        routed_scaling_factor=1.0,
+        mla_scale_q_lora=True,
+        mla_scale_kv_lora=True,
+        attention_bias=False,
+    ),
+    # Kimi K3: Kimi Linear's layers, each token's hidden states mixed with the attention-residual
+    # blocks of every 2 layers before (a tuple the layers pass on)
+    "kimi_k3": dict(
+        model_type="kimi_k3",
+        text_config=dict(_KIMI_LINEAR, mla_use_output_gate=True, attn_res_block_size=2),
+    ),
     # Ling 2.5 (bailing_moe_v3): Kimi Delta Attention layers, then an MLA layer with a gate per
     # head, in groups of 2 here
     "bailing_moe_v3": dict(_BAILING, model_type="bailing_moe_v3", short_conv_kernel_size=4),
@@ -233,7 +257,7 @@ SPARSE_MLA_CONFIGS: dict[str, dict[str, Any]] = {
 }
 # MLA families mlx-lm has that the engine refuses at load (families.py says why)
 REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
-    "kimi_k3": dict(model_type="kimi_k3", text_config=dict(_KIMI_LINEAR, mla_use_output_gate=True)),
+    "longcat_flash_ngram": dict(MLA_CONFIGS["longcat_flash"], model_type="longcat_flash_ngram"),
 }
 
 

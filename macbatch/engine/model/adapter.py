@@ -31,6 +31,7 @@ import mlx.nn as nn
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.kv_probe import (
     Layout,
     ProbeCache,
@@ -203,12 +204,12 @@ class ModelAdapter:
                 # (latent alone): one engine cache is every part (``EngineAttention.__getitem__``),
                 # the keys its own store layer
                 sizes, listed = [0], False
-            if sizes.count(0) > 1:
+            if sizes.count(0) > 1 and not self._attentions_in(len(entries), sizes.count(0)):
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps {sizes.count(0)} K/V caches in one "
                     "layer (an indexer's keys, or two attentions); macbatch pages one per layer"
                 )
-            if len(sizes) > 1 and 0 in sizes and not self.family.side_by_side_mixer:
+            if 0 in sizes and any(sizes) and not self.family.side_by_side_mixer:
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps recurrent state inside its attention "
                     "layers (an ArraysCache beside the K/V in one CacheList) with no mixer the "
@@ -222,13 +223,15 @@ class ModelAdapter:
 
     def _recurrent_modules(self) -> list[nn.Module]:
         """The modules handed a recurrent state cache: every decoder layer of a hybrid model, or
-        the mixer beside each layer's attention where the family has one (none: attention
-        only)."""
+        the mixer of each layer that keeps state where the family names one (Falcon-H1's beside
+        its attention, Kimi K3's in place of it; none: attention only)."""
         if not any(any(entry) for entry in self.recurrent):
             return []
         mixer = self.family.side_by_side_mixer
         layers = self.layers
-        return [getattr(layer, mixer) for layer in layers] if mixer else list(layers)
+        if not mixer:
+            return list(layers)
+        return [getattr(layer, mixer) for layer, entry in zip(layers, self.recurrent) if any(entry)]
 
     def _probe(self) -> tuple[Layout, list[StateShape]]:
         """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from
@@ -258,6 +261,12 @@ class ModelAdapter:
 
     def _attention(self, entry: int) -> Any:
         return getattr(self.layers[entry], "self_attn", None) if entry < len(self.layers) else None
+
+    def _attentions_in(self, entry: int, parts: int) -> bool:
+        """Whether layer ``entry`` has ``parts`` MLA attentions, one for each K/V part of its
+        ``CacheList`` (LongCat Flash's two): each part is a store layer of its own."""
+        layers = self.layers
+        return entry < len(layers) and len(latent_modules(layers[entry])) == parts
 
     def _indexed(self, entry: int) -> bool:
         """Whether layer ``entry``'s attention selects its rows with a lightning indexer."""

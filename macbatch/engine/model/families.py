@@ -15,10 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-_TWO_MLA = (
-    "two MLA attentions per decoder layer (one mlx-lm CacheList of two caches), which the "
-    "adapter does not pair with two latent pages yet"
-)
 _FAST_ATTENTION = "calls mx.fast attention directly"
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
 # BERT, RoBERTa and XLM-RoBERTa run in macbatch's own encoder (engine/encoder/: packed varlen
@@ -134,9 +130,9 @@ class Family:
 
     refusal: str | None = None  # why the paged engine refuses it, before loading it
     library: Library = Library.MLX_LM  # whose code its text model is
-    # the attribute of each decoder layer holding a recurrent mixer that runs beside the layer's
-    # attention (one mlx-lm ``CacheList`` per layer): the mixer runs its sequences apart while
-    # the attention reads its pages with every row together
+    # the attribute of each decoder layer holding its recurrent mixer, beside the layer's
+    # attention (Falcon-H1: one mlx-lm ``CacheList`` per layer) or in its place (Kimi K3): the
+    # mixer runs its sequences apart while the rest of the layer runs every row together
     side_by_side_mixer: str | None = None
     # the attribute of each decoder layer holding an attention module that multiplies queries
     # and keys itself and caps the scores inline (Gemma 2), which hooks/softcap_attention.py
@@ -232,12 +228,17 @@ FAMILIES: dict[str, Family] = {
     # indexer is found on the MLA module, its keys kept beside the latent pages
     # (kv/indexer_keys.py) and each row's top-k positions selected in the step
     # (model/sparse_indexer.py).
-    "longcat_flash": Family(refusal=_TWO_MLA),
-    "longcat_flash_ngram": Family(refusal=_TWO_MLA),
-    "kimi_k3": Family(
-        refusal="its decoder layers pass attention-residual blocks from layer to layer (a "
-        "tuple beside the hidden states), which the engine's recurrent step does not carry"
+    # Kimi K3's decoder layers mix each token's attention-residual blocks (a tuple beside the
+    # hidden states, rebuilt by every forward: no state across steps); only its Kimi Delta
+    # Attention mixers run the step's sequences apart
+    # LongCat Flash's two MLA attentions per layer need none: each part of its CacheList is a
+    # store layer of its own (``ModelAdapter._attentions_in``)
+    "longcat_flash_ngram": Family(
+        refusal="its n-gram embedding keeps each request's last tokens as state (an ArraysCache "
+        "before the layers' caches) read outside any layer, which the packed step's rows do not "
+        "carry; longcat_flash, its layers without the n-gram embedding, is served"
     ),
+    "kimi_k3": Family(side_by_side_mixer="self_attn"),
     "afm7": Family(
         refusal="its KV-reuse layers attend over the last layer's K/V outside any cache "
         "(scaled_dot_product_attention with no cache) and take their RoPE position from the "

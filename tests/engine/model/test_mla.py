@@ -38,13 +38,19 @@ LATENT_IN_MLX_LM = ["deepseek_v3", "glm4_moe_lite", "mistral4"]
 
 def _quantized(arch: str) -> nn.Module:
     """``arch``'s tiny model with 4-bit weights wherever a layer's input width allows groups of
-    32 (every projection, the absorbed ``embed_q`` / ``unembed_out`` or ``kv_b_proj`` too)."""
+    32 (every projection, the absorbed ``embed_q`` / ``unembed_out`` or ``kv_b_proj`` too) and
+    the model does not keep the layer unquantized (Kimi K3's residual projections)."""
     model = build_model(arch)
+    keeps = getattr(model, "quant_predicate", lambda *_: True)
     nn.quantize(
         model,
         group_size=32,
         bits=4,
-        class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % 32 == 0,
+        class_predicate=lambda path, m: (
+            hasattr(m, "to_quantized")
+            and m.weight.shape[-1] % 32 == 0
+            and keeps(path, m) is not False
+        ),
     )
     mx.eval(model.parameters())
     return model

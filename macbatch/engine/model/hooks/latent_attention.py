@@ -51,13 +51,19 @@ def is_latent_attention(module: Any) -> bool:
     )
 
 
+def latent_modules(layer: nn.Module) -> list[Any]:
+    """``layer``'s MLA attention modules among its children, a list of them included (LongCat
+    Flash's two attentions per layer, ``self_attn[0]`` and ``self_attn[1]``)."""
+    children = layer.children().values()
+    found = [m for c in children for m in (c if isinstance(c, list | tuple) else [c])]
+    return [m for m in found if is_latent_attention(m)]
+
+
 def install(layers: Sequence[Any]) -> None:
     """Swap the class of every MLA attention module among ``layers``' children for one that runs
     the absorbed form when handed an engine cache (parameters and their names untouched)."""
     for layer in layers:
-        for _, module in layer.children().items():
-            if not is_latent_attention(module):
-                continue
+        for module in latent_modules(layer):
             cls = type(module)
             if cls in _LATENT_CLASSES.values():
                 continue
@@ -103,7 +109,7 @@ def absorbed_attention(
     ``shared``: the selection a layer without an indexer reads (Hunyuan V4's). Returns the
     output and the positions the rows read (None: every visible one)."""
     n, length, _ = x.shape
-    heads, nope = attn.num_heads, attn.qk_nope_head_dim
+    heads, nope = _heads(attn), attn.qk_nope_head_dim
     rank, rope_dim = attn.kv_lora_rank, attn.qk_rope_head_dim
     qr = None  # the normed query latent, when the layer has one
     if getattr(attn, "q_proj", None) is not None:
@@ -112,9 +118,16 @@ def absorbed_attention(
         qr = attn.q_a_layernorm(attn.q_a_proj(x))
         q = attn.q_b_proj(qr)
     q = q.reshape(n, length, heads, -1).transpose(0, 2, 1, 3)
+    # LongCat Flash scales its query and its normed latent by the LoRA ranks' width ratios
+    q_lora, kv_lora = (getattr(attn, f"mla_scale_{n}_lora", None) for n in ("q", "kv"))
+    if q_lora is not None:
+        q = q * q_lora
     q_nope, q_pe = mx.split(q, [nope], axis=-1)
     latent, k_pe = mx.split(attn.kv_a_proj_with_mqa(x), [rank], axis=-1)
-    latent = mx.expand_dims(attn.kv_a_layernorm(latent), axis=1)
+    latent = attn.kv_a_layernorm(latent)
+    if kv_lora is not None:
+        latent = latent * kv_lora
+    latent = mx.expand_dims(latent, axis=1)
     k_pe = k_pe.reshape(n, length, 1, rope_dim).transpose(0, 2, 1, 3)
     rope = getattr(attn, "rope", None)  # None: positions unrotated (Kimi Linear's NoPE layers)
     if rope is not None:
@@ -132,6 +145,12 @@ def absorbed_attention(
     sinks = getattr(attn, "learnable_sink_param", None)  # Hunyuan V4's per-head sink logits
     out = cache.attend_latent(queries, row, _softmax_scale(attn), rank, selected, sinks)
     return _output(attn, up.values(out).transpose(0, 2, 1, 3), x), selected
+
+
+def _heads(attn: Any) -> int:
+    """The layer's query heads (LongCat Flash names them ``num_attention_heads``)."""
+    heads = getattr(attn, "num_heads", None)
+    return int(heads if heads is not None else attn.num_attention_heads)
 
 
 def _output(attn: Any, out: mx.array, x: mx.array) -> mx.array:
@@ -203,6 +222,6 @@ def _split_kv_b(attn: Any) -> _FromKvB:
         weight = mx.dequantize(
             weight, proj.scales, proj.get("biases"), proj.group_size, proj.bits, mode=proj.mode
         )
-    weight = weight.reshape(attn.num_heads, -1, attn.kv_lora_rank)
+    weight = weight.reshape(_heads(attn), -1, attn.kv_lora_rank)
     keys, values = mx.split(weight, [attn.qk_nope_head_dim], axis=1)
     return _FromKvB(keys, values)  # evaluated once, by the first step that reads them

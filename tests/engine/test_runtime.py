@@ -185,7 +185,8 @@ async def test_crash_fails_in_flight_requests(thread, model):
 
 def test_process_exits_cleanly_after_shutdown(tiny_model_path, tmp_path):
     """MLX 0.32 on CPU aborts the process at exit if a thread that used MLX has ended; an
-    engine's host thread never ends (engine/host_threads.py), so a front end that shuts the engine down exits with 0."""
+    engine's host thread never ends (engine/host_threads.py), so a front end that shuts the
+    engine down exits with 0."""
     import subprocess
     import sys
     import textwrap

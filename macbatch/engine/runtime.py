@@ -1,5 +1,6 @@
-"""EngineThread: the engine loop on its own thread, so UIs on asyncio (or any other thread) can
-submit, stream and cancel requests while every MLX call stays on one thread.
+"""EngineThread: the engine loop on a thread of its own (reused by the next engine once the loop
+ends: host_threads.py), so UIs on asyncio (or any other thread) can submit, stream and cancel
+requests while every MLX call stays on one thread.
 """
 
 from __future__ import annotations

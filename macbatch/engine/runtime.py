@@ -1,5 +1,6 @@
-"""EngineThread: the engine loop on its own thread, so UIs on asyncio (or any other thread) can
-submit, stream and cancel requests while every MLX call stays on one thread.
+"""EngineThread: the engine loop on a thread of its own (reused by the next engine once the loop
+ends: host_threads.py), so UIs on asyncio (or any other thread) can submit, stream and cancel
+requests while every MLX call stays on one thread.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from macbatch.engine.core.request import Request
 from macbatch.engine.core.stats import EngineStats
 from macbatch.engine.device import OwnDevice, Turns
 from macbatch.engine.engine import Engine
+from macbatch.engine.host_threads import run_loop
 from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.loop_handoff import held_posts, post_to_loop
@@ -104,18 +106,27 @@ class EngineThread(PromptEncoder):
         self._shrink_at: float | None = None
         self.error: BaseException | None = None
         self._info: EngineInfo | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> EngineThread:
-        self._thread.start()
+        """Start the loop on a host thread another engine's ended loop left idle, or a new one
+        (engine/host_threads.py: why threads are reused)."""
+        if self._started:
+            raise RuntimeError("an engine thread starts once")
+        self._started = True
+        run_loop(self._run, self._name, self._loop_done)
         return self
+
+    @property
+    def _running(self) -> bool:
+        return self._started and not self._loop_done.is_set()
 
     def share_device(self, device: Turns) -> EngineThread:
         """Take turns of ``device`` with the engines already on it; before ``start`` only (a
         front end handed a thread built elsewhere, such as chat's first model)."""
-        if self._thread.is_alive() or self._ready.is_set():
+        if self._running or self._ready.is_set():
             raise RuntimeError("an engine thread shares a device from its start only")
         self._device = device
         return self
@@ -138,7 +149,7 @@ class EngineThread(PromptEncoder):
 
     def shutdown(self, timeout: float | None = 5.0) -> None:
         """Abort whatever is in flight and stop the loop."""
-        if self._thread.is_alive():
+        if self._running:
             self._commands.put(_Stop())
             self._loop_done.wait(timeout)
         self._stopped = True
@@ -259,15 +270,10 @@ class EngineThread(PromptEncoder):
 
     def _run(self) -> None:
         self._serve()
-        if self._stopped:  # shut down: the weights and pages go now, not when the thread does
+        if self._stopped:  # shut down: the weights and pages go now, not with the next loop
             self._engine = None
             with self._turn():
                 _hand_back_buffers()
-        self._loop_done.set()
-        # Park instead of returning: with MLX 0.32 on CPU, a thread that used MLX and then ends
-        # makes the process abort at exit ("terminate called without an active exception").
-        # The thread is a daemon, so parking it never blocks the process from exiting.
-        threading.Event().wait()
 
     def _serve(self) -> None:
         try:

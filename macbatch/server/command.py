@@ -214,6 +214,18 @@ def serve_command(
         help="Print a macOS launchd plist of this command, and exit.",
         rich_help_panel=SERVICE,
     ),
+    print_systemd_unit: bool = typer.Option(
+        False,
+        "--print-systemd-unit",
+        help="Print a systemd user unit of it, and exit.",
+        rich_help_panel=SERVICE,
+    ),
+    install_service: bool = typer.Option(
+        False,
+        "--install-service",
+        help="Write that unit to ~/.config/systemd/user/, and exit.",
+        rich_help_panel=SERVICE,
+    ),
 ) -> None:
     """Serve the model over a local OpenAI-compatible HTTP API, with no UI.
 
@@ -237,11 +249,14 @@ def serve_command(
         settings = dataclasses.replace(settings, allow_remote_images=is_loopback(host))
     # --draft-model alone means --speculative draft: the plist says so
     knobs = dataclasses.replace(knobs, speculative=knobs.speculative_fields()["speculative"])
-    if print_launchd_plist:
+    if print_launchd_plist or print_systemd_unit or install_service:
         local = dataclasses.replace(settings, model=tuple(map(_absolute_if_local, settings.model)))
         drafter = knobs.draft_model and _absolute_if_local(knobs.draft_model)
         argv = _command_line(local, dataclasses.replace(knobs, draft_model=drafter))
-        typer.echo(_plist(argv, api_key), nl=False)
+        if print_launchd_plist:
+            typer.echo(_plist(argv, api_key), nl=False)
+        else:
+            _systemd(argv, api_key, install=install_service)
         return
     _serve(settings, knobs, api_key)
 
@@ -276,6 +291,26 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
     log_dir = data_dir() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     return launchd_plist(arguments, log_dir / "serve.log", api_key, working_dir=Path.cwd())
+
+
+def _systemd(arguments: list[str], api_key: str | None, *, install: bool) -> None:
+    """Print the systemd user unit, or install it (docs/serve.md, "Run at login")."""
+    import os
+
+    from macbatch.server.systemd import install_unit, systemd_unit, unit_path
+
+    names = [("MACBATCH_HOME", os.environ.get("MACBATCH_HOME")), ("MACBATCH_API_KEY", api_key)]
+    text = systemd_unit(arguments, Path.cwd(), {k: v for k, v in names if v})
+    if not install:
+        typer.echo(text, nl=False)
+        return
+    path = unit_path()
+    try:
+        install_unit(text, path)
+    except FileExistsError as error:
+        typer.echo(f"macbatch serve: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path}; start it with: systemctl --user enable --now {path.name}")
 
 
 def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> None:

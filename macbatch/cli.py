@@ -99,6 +99,9 @@ def command() -> Callable[..., Any]:
         sub.context_settings.setdefault("help_option_names", HELP_OPTIONS)
         help_option = sub.get_help_option(typer.Context(sub, **sub.context_settings))  # cached
         for param in [*sub.params, *([help_option] if help_option else [])]:
+            # "[x>=1]" beside each number would leave an 80-column help's descriptions no
+            # room; an out-of-range value is refused with the range all the same
+            param._get_number_range_help_str = lambda: ""
             if param.metavar is not None:
                 continue
             if isinstance(param, typer.core.TyperArgument):

@@ -23,6 +23,11 @@ from macbatch.engine import (  # MLX-free: --help
 # The values --kv-bits takes, as `metal.quant.KV_BITS` (which imports MLX) checks them.
 KV_BITS_CHOICES = "8|4"
 
+# --help's groups of the engine's knobs (one line each there; docs/serve.md says the rest)
+ENGINE = "Engine"
+SPECULATIVE_PANEL = "Speculative decoding"
+DISK_PANEL = "Disk KV cache"
+
 
 def _check_kv_bits(value: int | None) -> int | None:
     from macbatch.metal.quant import check_kv_quantization  # MLX: not on `macbatch --help`
@@ -101,17 +106,22 @@ class EngineKnobs:
         64,
         "--max-num-seqs",
         min=1,
-        help="Requests generating at once (the engine's running batch).",
+        help="Requests generating at once (the running batch).",
+        rich_help_panel=ENGINE,
     )
     max_num_batched_tokens: int = option(
-        1024, "--max-num-batched-tokens", min=1, help="Tokens per engine step (chunked prefill)."
+        1024,
+        "--max-num-batched-tokens",
+        min=1,
+        help="Tokens per engine step (chunked prefill).",
+        rich_help_panel=ENGINE,
     )
     kv_blocks: int | None = option(
         None,
         "--kv-blocks",
         min=1,
-        help="KV cache blocks of 16 tokens, fixed (default: it grows with use, up to half the "
-        "memory left after the weights).",
+        help="KV cache blocks of 16 tokens, fixed (default: grows with use).",
+        rich_help_panel=ENGINE,
     )
     kv_bits: int | None = option(
         None,
@@ -119,70 +129,67 @@ class EngineKnobs:
         callback=_check_kv_bits,
         show_default=False,
         metavar=f"[{KV_BITS_CHOICES}]",
-        help="Store the KV cache in 8 or 4 bits: about 1.9x or 3.5x the context per GiB of "
-        "cache (default: float pages; see docs/kernel.md for accuracy).",
+        help="KV cache in 8 or 4 bits: 1.9x / 3.5x the context (docs/kernel.md).",
+        rich_help_panel=ENGINE,
     )
     speculative: str | None = option(  # None: run's job file decides
         "auto",
         "--speculative",
         callback=_check_speculative,
-        metavar=f"[{'|'.join(SPECULATIVE_MODES)}]",
-        help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
-        "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
-        "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
-        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
-        "docs/speculative.md.",
+        metavar="MODE",
+        help=f"{'|'.join(SPECULATIVE_MODES)} (docs/speculative.md).",
+        rich_help_panel=SPECULATIVE_PANEL,
     )
     draft_model: str | None = option(
         None,
         "--draft-model",
         show_default=False,
-        help="A small model with the same tokenizer that drafts tokens (a local directory or a "
-        "Hugging Face id); implies --speculative draft.",
+        help="A small model with the same tokenizer; implies --speculative draft.",
+        rich_help_panel=SPECULATIVE_PANEL,
     )
     num_speculative_tokens: int | None = option(
         None,
         "--num-speculative-tokens",
         callback=_check_num_speculative_tokens,
         show_default=False,
-        help="The most tokens drafted per request per step (each request's length adapts to "
-        "how many of its drafts are accepted). Default: "
-        f"{DEFAULT_SPECULATIVE_TOKENS['ngram']} for ngram, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['draft']} for draft, "
-        f"{DEFAULT_SPECULATIVE_TOKENS['mtp']} for mtp.",
+        help="Most tokens drafted per request per step (default: "
+        f"ngram {DEFAULT_SPECULATIVE_TOKENS['ngram']}, "
+        f"draft {DEFAULT_SPECULATIVE_TOKENS['draft']}, "
+        f"mtp {DEFAULT_SPECULATIVE_TOKENS['mtp']}).",
+        rich_help_panel=SPECULATIVE_PANEL,
     )
     cache_dir: str | None = option(
         None,
         "--cache-dir",
         show_default=False,
-        help="Where prompt KV blocks are kept on disk across restarts (default: kv-cache/ in the "
-        "data directory; see docs/engine.md, 'The disk tier').",
+        help="Where prompt KV blocks persist (default: kv-cache/ in the data directory).",
+        rich_help_panel=DISK_PANEL,
     )
     cache_disk_gb: float | None = option(
         None,
         "--cache-disk-gb",
         min=0.0,
         show_default=False,
-        help="GiB of disk the KV block cache may use, least recently used evicted first "
-        "(default: 20, or a tenth of the free space if smaller).",
+        help="GiB of disk it may use (default: docs/engine.md, 'The disk tier').",
+        rich_help_panel=DISK_PANEL,
     )
     no_disk_cache: bool = option(
         False,
         "--no-disk-cache",
-        help="Keep the prefix cache in RAM only: write no KV blocks to disk.",
+        help="Keep the prefix cache in RAM only.",
+        rich_help_panel=DISK_PANEL,
     )
     no_self_check: bool = option(
         False,
         "--no-self-check",
-        help="Skip the load-time self-check, which runs a short prompt through macbatch's "
-        "batched step and through the model library's own forward and refuses a model whose "
-        "answers differ (docs/models.md, 'The self-check').",
+        help="Skip the load-time check against mlx-lm (docs/models.md, 'The self-check').",
+        rich_help_panel=ENGINE,
     )
     reranker: bool = option(
         False,
         "--reranker",
-        help="The model is a yes/no cross-encoder reranker (as Qwen3-Reranker) whatever its "
-        "name; a checkpoint named *rerank* is one already (docs/embeddings.md).",
+        help="The model is a yes/no reranker whatever its name (docs/embeddings.md).",
+        rich_help_panel=ENGINE,
     )
 
     def speculative_fields(self) -> dict[str, Any]:

@@ -22,8 +22,15 @@ if TYPE_CHECKING:
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
+# --help's groups of serve's own options (one line each there; docs/serve.md says the rest)
+MODELS = "Models"
+NETWORK = "Network and clients"
+LIMITS = "Limits and timeouts"
+IMAGES = "Images"
+SERVICE = "Run at login"
 
-def _directories(*, help: str) -> Any:
+
+def _directories(*, help: str, panel: str) -> Any:
     """A repeatable ``--name DIR`` option whose field holds the absolute directories."""
     return option(
         (),
@@ -31,6 +38,7 @@ def _directories(*, help: str) -> Any:
         cli_type=list[Path] | None,
         convert=lambda given: tuple(str(d.expanduser().resolve()) for d in given or ()),
         help=help,
+        rich_help_panel=panel,
     )
 
 
@@ -56,128 +64,121 @@ class ServeSettings:
         "-m",
         cli_type=list[str] | None,
         convert=lambda given: tuple(given or [DEFAULT_MODEL]),
-        help=f"Model to load at start (repeatable; default {DEFAULT_MODEL}): 'demo', a local MLX "
-        "model directory, or a Hugging Face id (e.g. mlx-community/Qwen3-0.6B-4bit). Clients "
-        "name it in the 'model' field; requests may also name any local model (macbatch "
-        "models), which then loads on demand. The first one runs the Batch API.",
+        help=f"Model to load at start: {DEFAULT_MODEL}, a directory or a hub id (repeatable).",
+        rich_help_panel=MODELS,
     )
     models_dir: tuple[str, ...] = _directories(
-        help="Also serve the model directories under DIR, by folder name (repeatable)."
+        help="Also serve the model directories under DIR (repeatable).", panel=MODELS
     )
     adapter: tuple[str, ...] = option(  # NAME=PATH, the path absolute (a plist repeats it)
         (),
         metavar="NAME=PATH",
         cli_type=list[str] | None,
         convert=lambda given: tuple("=".join(adapter_pair(a)) for a in given or ()),
-        help="A LoRA / DoRA adapter of the first --model (mlx-lm's or PEFT's files in PATH), "
-        "served beside it in the same batches: clients name it as 'model': 'BASE:NAME' or "
-        "'NAME' (repeatable; docs/models.md, 'Fine-tunes').",
+        help="A LoRA / DoRA adapter of the first --model (repeatable).",
+        rich_help_panel=MODELS,
     )
     keep_alive: float = option(  # -1: never unload for idleness
         300.0,
         "--keep-alive",
         min=-1,
-        help="Seconds a model stays loaded with no request before it unloads; -1: never.",
+        help="Idle seconds before a model unloads; -1: never.",
+        rich_help_panel=MODELS,
     )
     max_loaded_models: int | None = option(
         None,
         "--max-loaded-models",
         min=1,
-        help="Models loaded at once (default: as many as memory allows); past it the least "
-        "recently used idle model unloads.",
+        help="Models loaded at once (default: as memory allows).",
+        rich_help_panel=MODELS,
     )
     host: str = option(
         "127.0.0.1",
-        help="Address to listen on. Anything but loopback needs --api-key (or --insecure).",
+        help="Address to listen on; not loopback: needs --api-key.",
+        rich_help_panel=NETWORK,
     )
-    port: int = option(8000, min=0, max=65535, help="TCP port to listen on.")
+    port: int = option(8000, min=0, max=65535, help="TCP port.", rich_help_panel=NETWORK)
     insecure: bool = option(
         False,
         "--insecure",
-        help="Allow a non-loopback --host without an API key (anyone on the network can use it).",
+        help="Allow a non-loopback --host without an API key.",
+        rich_help_panel=NETWORK,
     )
     max_queue: int = option(
         256,
         min=0,
-        help="Requests allowed to wait beyond the running batch; more get 429 with Retry-After.",
+        help="Requests waiting beyond the batch; more get 429.",
+        rich_help_panel=LIMITS,
     )
-    log_level: str = option("info", metavar=f"[{'|'.join(LOG_LEVELS)}]", help="Server log level.")
+    log_level: str = option(
+        "info",
+        metavar="LEVEL",
+        help=f"Server log level: {', '.join(LOG_LEVELS)}.",
+        rich_help_panel=NETWORK,
+    )
     max_body_mb: float = option(
-        4.0, min=0.001, help="Largest request body in MiB; larger ones get 413."
+        4.0, min=0.001, help="Largest request body in MiB (413).", rich_help_panel=LIMITS
     )
     max_file_mb: float = option(
-        200.0, min=0.001, help="Largest /v1/files upload (a batch's input) in MiB; larger: 413."
+        200.0, min=0.001, help="Largest /v1/files upload in MiB (413).", rich_help_panel=LIMITS
     )
     batch_max_in_flight: int | None = option(
         None,
         min=1,
-        help="Requests of a /v1/batches batch in the engine at once (default: half of "
-        "--max-num-seqs); live requests always come first.",
+        help="A /v1/batches batch's requests at once.",
+        rich_help_panel=LIMITS,
     )
     shutdown_timeout: float = option(
-        10.0,
-        min=0,
-        help="On SIGINT/SIGTERM, seconds to let in-flight requests finish before aborting them.",
+        10.0, min=0, help="Seconds to finish requests on stop.", rich_help_panel=LIMITS
     )
     header_timeout: float = option(
-        10.0,
-        min=0.1,
-        help="Seconds a connection may take to send a request's headers (from its opening, or "
-        "its previous response's end); slower ones are closed.",
+        10.0, min=0.1, help="Seconds to send a request's headers.", rich_help_panel=LIMITS
     )
     body_timeout: float = option(
-        60.0,
-        min=0.1,
-        help="Seconds a request's body may take to arrive after its headers; slower ones (a "
-        "client that trickles it) are closed.",
+        60.0, min=0.1, help="Seconds to send a body after them.", rich_help_panel=LIMITS
     )
     write_timeout: float = option(
-        60.0,
-        min=0.1,
-        help="Seconds a response may wait on a client that stopped reading (its send buffer "
-        "full); then the connection is closed and its request cancelled.",
+        60.0, min=0.1, help="Seconds a reply waits on a stalled client.", rich_help_panel=LIMITS
     )
     max_connections: int | None = option(
         None,
         min=1,
-        help="Connections open at once; past it a new one takes the place of the oldest idle "
-        "one (default: half the process's file descriptors, at most 1024; never more than "
-        "the descriptors less 96).",
+        help="Connections open at once; past it the oldest idle one makes room (default: up to "
+        "1024).",
+        rich_help_panel=LIMITS,
     )
     allowed_hosts: str | None = option(  # comma-separated, as given
         None,
         "--allowed-hosts",
-        help="More names clients may reach the server by (the Host header), comma-separated; "
-        "'*': any. Loopback names, addresses and the bound host always work.",
+        help="More Host names clients may use, comma-separated; '*': any.",
+        rich_help_panel=NETWORK,
     )
     allowed_origins: str | None = option(
         None,
         "--allowed-origins",
-        help="Web pages allowed to call the server (Origin, e.g. http://localhost:3000), "
-        "comma-separated; '*': any. Others get 403.",
+        help="Web origins allowed to call it, comma-separated; '*': any.",
+        rich_help_panel=NETWORK,
     )
     keep_volatile_prompt_lines: bool = option(
         False,
         "--keep-volatile-prompt-lines",
-        help="Leave in the prompt the lines agent clients change on every request (Claude "
-        "Code's billing line), which are otherwise taken out so the prefix cache can serve "
-        "the rest (docs/serve.md).",
+        help="Keep agents' per-request lines (Claude Code's billing line).",
+        rich_help_panel=NETWORK,
     )
     allow_remote_images: bool | None = option(  # None: serve_command decides it from --host
         None,
         "--allow-remote-images/--no-remote-images",
-        help="Fetch http(s) image URLs in requests (default: yes with a loopback --host, no "
-        "otherwise). Never from loopback, private or link-local addresses unless "
-        "--allow-private-image-urls.",
+        help="Fetch http(s) image URLs (default: on at loopback).",
+        rich_help_panel=IMAGES,
     )
     allow_private_image_urls: bool = option(
         False,
         "--allow-private-image-urls",
-        help="Let fetched image URLs reach loopback, private and link-local addresses too "
-        "(this machine and its network: only for clients you trust).",
+        help="Let image URL fetches reach private addresses.",
+        rich_help_panel=NETWORK,  # beside --no-remote-images its name would be cut at 80 columns
     )
     allow_local_images: tuple[str, ...] = _directories(
-        help="Read file:// image URLs under DIR (repeatable); no file:// URL is read otherwise."
+        help="Read file:// URLs under DIR.", panel=IMAGES
     )
 
 
@@ -205,14 +206,26 @@ def serve_command(
         "--api-key",
         envvar="MACBATCH_API_KEY",
         show_envvar=True,
-        help="Require 'Authorization: Bearer KEY' on every endpoint but /health.",
+        help="Require 'Authorization: Bearer KEY' (all but /health).",
+        rich_help_panel=NETWORK,
     ),
     print_launchd_plist: bool = typer.Option(
         False,
         "--print-launchd-plist",
-        help="Print a launchd plist that runs this same command at login, and exit. Save it as "
-        "~/Library/LaunchAgents/com.macbatch.serve.plist, then "
-        "`launchctl load` it.",
+        help="Print a macOS launchd plist of this command, and exit.",
+        rich_help_panel=SERVICE,
+    ),
+    print_systemd_unit: bool = typer.Option(
+        False,
+        "--print-systemd-unit",
+        help="Print a systemd user unit of it, and exit.",
+        rich_help_panel=SERVICE,
+    ),
+    install_service: bool = typer.Option(
+        False,
+        "--install-service",
+        help="Write that unit to ~/.config/systemd/user/, and exit.",
+        rich_help_panel=SERVICE,
     ),
 ) -> None:
     """Serve the model over a local OpenAI-compatible HTTP API, with no UI.
@@ -237,11 +250,14 @@ def serve_command(
         settings = dataclasses.replace(settings, allow_remote_images=is_loopback(host))
     # --draft-model alone means --speculative draft: the plist says so
     knobs = dataclasses.replace(knobs, speculative=knobs.speculative_fields()["speculative"])
-    if print_launchd_plist:
+    if print_launchd_plist or print_systemd_unit or install_service:
         local = dataclasses.replace(settings, model=tuple(map(_absolute_if_local, settings.model)))
         drafter = knobs.draft_model and _absolute_if_local(knobs.draft_model)
         argv = _command_line(local, dataclasses.replace(knobs, draft_model=drafter))
-        typer.echo(_plist(argv, api_key), nl=False)
+        if print_launchd_plist:
+            typer.echo(_plist(argv, api_key), nl=False)
+        else:
+            _systemd(argv, api_key, install=install_service)
         return
     _serve(settings, knobs, api_key)
 
@@ -279,6 +295,26 @@ def _plist(arguments: list[str], api_key: str | None) -> str:
     if api_key:
         environment["MACBATCH_API_KEY"] = api_key
     return launchd_plist(arguments, log_dir / "serve.log", environment, working_dir=Path.cwd())
+
+
+def _systemd(arguments: list[str], api_key: str | None, *, install: bool) -> None:
+    """Print the systemd user unit, or install it (docs/serve.md, "Run at login")."""
+    import os
+
+    from macbatch.server.systemd import install_unit, systemd_unit, unit_path
+
+    names = [("MACBATCH_HOME", os.environ.get("MACBATCH_HOME")), ("MACBATCH_API_KEY", api_key)]
+    text = systemd_unit(arguments, Path.cwd(), {k: v for k, v in names if v})
+    if not install:
+        typer.echo(text, nl=False)
+        return
+    path = unit_path()
+    try:
+        install_unit(text, path)
+    except FileExistsError as error:
+        typer.echo(f"macbatch serve: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {path}; start it with: systemctl --user enable --now {path.name}")
 
 
 def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> None:

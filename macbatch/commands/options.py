@@ -59,14 +59,14 @@ def speculative_config(
     mode) is refused."""
     if draft_model and mode in ("off", "auto"):
         mode = "draft"
-    if draft_model and mode != "draft":
+    if draft_model and mode not in ("draft", "dflash"):
         raise typer.BadParameter(
-            f"a draft model drafts only for --speculative draft, not {mode}",
+            f"a draft model drafts only for --speculative draft or dflash, not {mode}",
             param_hint="--draft-model",
         )
-    if mode == "draft" and not draft_model:
+    if mode in ("draft", "dflash") and not draft_model:
         raise typer.BadParameter(
-            "--speculative draft needs a draft model: --draft-model PATH",
+            f"--speculative {mode} needs a draft model: --draft-model PATH",
             param_hint="--speculative",
         )
     return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}

@@ -64,6 +64,10 @@ class MtpRunner:
     def arrays(self) -> list[mx.array]:
         return self.store.arrays()
 
+    def features(self, hidden: mx.array) -> mx.array:
+        """What the MTP layer keeps of a target forward: its last hidden states."""
+        return hidden
+
     def step(self, batch: PackedBatch, hidden: mx.array) -> tuple[mx.array, mx.array]:
         """One packed forward of the MTP layer over rows of next tokens (``batch.token_ids``)
         and hidden states ``[N, 1, H]``, its K/V written into its pages: the output rows of the

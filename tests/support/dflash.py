@@ -47,10 +47,18 @@ def dflash_config(target: nn.Module, layers: int = 2, block_size: int = BLOCK_SI
     }
 
 
-def random_dflash(target: nn.Module, seed: int = 3, **config: Any) -> DFlashModel:
-    """A DFlash drafter for ``target`` with random weights: its drafts mostly fail."""
+def random_dflash(
+    target: nn.Module, seed: int = 3, gain: float = 1.0, **config: Any
+) -> DFlashModel:
+    """A DFlash drafter for ``target`` with random weights: its drafts mostly fail. ``gain``
+    scales its layers' output projections: at 1 the mask token's embedding outweighs what they
+    add (every draft is the mask token); larger, its drafts depend on the context and the
+    block."""
     mx.random.seed(seed)
     model = DFlashModel(DFlashConfig.from_dict(dflash_config(target, **config)))
+    for layer in model.layers:
+        layer.self_attn.o_proj.weight = gain * layer.self_attn.o_proj.weight
+        layer.mlp.down_proj.weight = gain * layer.mlp.down_proj.weight
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
@@ -101,3 +109,31 @@ def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) ->
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
+
+
+def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> list[int]:
+    """mlx-vlm 0.7.10's own DFlash drafter, loaded from the checkpoint at ``path``, drafting
+    ``k`` tokens after ``tokens`` greedily: its context the outputs of ``target``'s layers (run
+    here layer by layer over mlx-lm's causal mask) at positions ``0..len-2``, its cache its own."""
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig as VlmConfig
+    from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
+
+    raw = json.loads((path / "config.json").read_text())
+    drafter = DFlashDraftModel(VlmConfig.from_dict(raw))
+    weights = drafter.sanitize(dict(mx.load(str(path / "model.safetensors"))))  # type: ignore[arg-type]
+    drafter.load_weights(list(weights.items()))
+    cache = drafter.reset(target)
+    inner = text_model(target).model
+    h = inner.embed_tokens(mx.array([tokens[:-1]]))
+    mask = create_attention_mask(h, None)
+    outputs = []
+    for layer in inner.layers:
+        h = layer(h, mask, None)
+        outputs.append(h)
+    ids = raw["dflash_config"]["target_layer_ids"]
+    hidden = mx.concatenate([outputs[i] for i in ids], axis=-1)
+    drafts = drafter.draft_block(
+        tokens[-1], hidden, cache, k + 1, lambda logits: mx.argmax(logits, axis=-1)
+    )
+    return [int(t) for t in drafts.reshape(-1).tolist()]

@@ -64,7 +64,7 @@ def random_dflash(
     return model
 
 
-def agreeing_dflash(target: nn.Module, **config: Any) -> DFlashModel:
+def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DFlashModel:
     """Scales ``target``'s layers' output projections down (in place: its next token is then
     nearly a function of the current one, as tests/support/mtp.py's predicting MTP layer
     makes it) and returns a drafter whose every block row computes that function of the block's
@@ -73,7 +73,7 @@ def agreeing_dflash(target: nn.Module, **config: Any) -> DFlashModel:
     one), a large output projection outweighs the residual, the MLP adds nothing and the last
     norm is the target's. So its first draft mostly holds, and all of them where the target
     repeats its token."""
-    text = scale_outputs(target)
+    text = scale_outputs(target, scale)
     model = random_dflash(target, **config)
     embed = text.model.embed_tokens.weight
     mask = embed[model.config.mask_token_id]

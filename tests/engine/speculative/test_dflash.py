@@ -19,6 +19,7 @@ from tests.support.dflash import (
 )
 from tests.support.mtp import PROMPTS, mtp_target, recorded_proposals
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.sampling_oracle import assert_second_tokens_follow
 from tests.support.tiny import build_model, save_model
 
 MAX_TOKENS = 16
@@ -106,6 +107,41 @@ def test_mixed_batch_preemption_and_prefix_hits(arch, tiny_tokenizer, eager_spec
     assert stats.speculation.accepted > 0
     assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
     assert_pool_idle(engine)
+
+
+def test_sampled_tokens_after_a_verified_block_follow_the_target(
+    tiny_tokenizer, eager_speculation
+):
+    """400 seeded requests at temperature 1 whose second token is verified against a DFlash
+    block: given the first token, the second follows the target's distribution."""
+    model = build_model("qwen3")
+    drafter = agreeing_dflash(model, scale=0.3)  # a spread-out target, drafts often held
+    prompt = [40, 41, 42, 43, 44]
+    engine = _engine(model, tiny_tokenizer, drafter, num_blocks=256, max_num_seqs=8)
+    params = [
+        SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, seed=seed)
+        for seed in range(400)
+    ]
+    outputs = [o.token_ids for o in engine.generate([prompt] * len(params), params)]
+    assert engine.stats().speculation.verifications >= len(params)  # every second token
+    assert_second_tokens_follow(model, prompt, outputs)
+
+
+def test_seeded_samples_are_the_same_with_and_without_dflash(tiny_tokenizer):
+    """Row j of a verification samples with the key of the reply's token j: a seeded request's
+    tokens are the ones it gets without speculation."""
+    model = build_model("qwen3")
+    drafter = agreeing_dflash(model, scale=0.3)
+    prompt = [90 + (i % 5) for i in range(17)]
+    params = [
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=t, seed=s)
+        for s, t in [(1, 0.9), (2, 0.7), (3, 1.2), (4, 0.0)]
+    ]
+    off = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8))
+    expected = [o.token_ids for o in off.generate([prompt] * len(params), params)]
+    engine = _engine(model, tiny_tokenizer, drafter)
+    assert [o.token_ids for o in engine.generate([prompt] * len(params), params)] == expected
+    assert engine.stats().speculation.accepted > 0
 
 
 def test_draft_model_option_detects_dflash(tmp_path):

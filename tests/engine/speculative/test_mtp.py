@@ -27,6 +27,7 @@ from tests.support.mtp import (
     unpaged_drafts,
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.sampling_oracle import assert_second_tokens_follow
 
 MAX_TOKENS = 16
 
@@ -144,14 +145,4 @@ def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer,
     ]
     outputs = [o.token_ids for o in engine.generate([prompt] * len(params), params)]
     assert engine.stats().speculation.verifications >= len(params)  # every second token
-    firsts = [o[0] for o in outputs]
-    first = max(set(firsts), key=firsts.count)
-    seconds = [o[1] for o in outputs if o[0] == first]
-    logits = model(mx.array([prompt + [first]]))[0, -1].astype(mx.float32)
-    probs = np.array(mx.softmax(logits)).astype(np.float64)
-    probs /= probs.sum()
-    counts = np.bincount(seconds, minlength=len(probs)).astype(float)
-    keep = probs * len(seconds) >= 5  # chi-square's cells; the rest pooled into one
-    observed = np.append(counts[keep], counts[~keep].sum())
-    expected = np.append(probs[keep], probs[~keep].sum()) * len(seconds)
-    assert chisquare(observed, expected).pvalue > 0.001
+    assert_second_tokens_follow(model, prompt, outputs)

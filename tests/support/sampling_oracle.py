@@ -1,0 +1,24 @@
+"""The chi-square oracle of speculative sampling: the second tokens of many seeded replies to one
+prompt, given the most common first token, follow the target's own distribution (mlx-lm's
+forward at temperature 1, scipy's chi-square at significance 0.001)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from scipy.stats import chisquare
+
+
+def assert_second_tokens_follow(model: nn.Module, prompt: list[int], outputs: list[list[int]]):
+    firsts = [o[0] for o in outputs]
+    first = max(set(firsts), key=firsts.count)
+    seconds = [o[1] for o in outputs if o[0] == first]
+    logits = model(mx.array([prompt + [first]]))[0, -1].astype(mx.float32)
+    probs = np.array(mx.softmax(logits)).astype(np.float64)
+    probs /= probs.sum()
+    counts = np.bincount(seconds, minlength=len(probs)).astype(float)
+    keep = probs * len(seconds) >= 5  # chi-square's cells; the rest pooled into one
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(probs[keep], probs[~keep].sum()) * len(seconds)
+    assert chisquare(observed, expected).pvalue > 0.001

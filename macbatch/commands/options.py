@@ -131,7 +131,8 @@ class EngineKnobs:
         help="Speculative decoding: auto (mtp where the checkpoint has MTP heads, else off), "
         "mtp (the checkpoint's own multi-token-prediction heads: Qwen3.5, Qwen3.6, Qwen3-Next), "
         "ngram (drafts copied from the prompt and reply: extraction, summaries, code edits), "
-        "draft (a small model, --draft-model), off. Outputs are the same either way; see "
+        "draft (a small model, --draft-model; a DFlash drafter there drafts as dflash: "
+        "blocks from the target's layers), off. Outputs are the same either way; see "
         "docs/speculative.md.",
     )
     draft_model: str | None = option(

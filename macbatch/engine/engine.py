@@ -80,8 +80,9 @@ class Engine(PromptEncoder):
         this model (tensor parallel); every rank builds its runner at the same point, and only
         rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
         ``config.speculative == "draft"`` (a ``DFlashModel`` makes it "dflash"), or the
-        checkpoint's MTP layer (an ``MtpHead``) for "mtp" and "auto" (docs/speculative.md). ``vision_from``: the model name whose vision
-        tower encodes images (``Engine.load``'s; None: images are refused)."""
+        checkpoint's MTP layer (an ``MtpHead``) for "mtp" and "auto" (docs/speculative.md).
+        ``vision_from``: the model name whose vision tower encodes images (``Engine.load``'s;
+        None: images are refused)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         config = config or EngineConfig()

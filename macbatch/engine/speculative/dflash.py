@@ -13,8 +13,8 @@ positions ``n-1..n-1+k``, attending to that context causally and to the block bo
 features overwrite it in that step; a verification's rows past the accepted drafts (features of
 rejected tokens) are overwritten the same way when the target computes those positions again. A
 position whose features the request never computed (a prefix-cache hit) or whose prompt pass a
-request not expected to draft skipped keeps whatever its block holds. Drafts are greedy (a point mass:
-verify.py), so what the drafter attends to changes how many drafts hold, never the output."""
+request not expected to draft skipped keeps whatever its block holds. Drafts are greedy (a point
+mass: verify.py), so what the drafter attends to changes how many drafts hold, never the output."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ class DFlashDrafter:
         batch.token_ids = mx.array(
             [x for _, t, k in live for x in [t[-1]] + [mask] * k], dtype=mx.int32
         )
-        blocks, rows, offset = [], [], 0
+        blocks: list[StepBlock] = []
+        rows: list[int] = []
+        offset = 0
         for seq, (chunk, (_, _, k)) in enumerate(zip(chunks, live)):
             blocks.append(StepBlock(seq, offset, chunk.start, chunk.start + k + 1))
             rows.extend(range(offset + 1, offset + k + 1))

@@ -191,6 +191,18 @@ def load_dflash(path: str | Path) -> DFlashModel:
     return model
 
 
+def describe_dflash(raw: Mapping[str, Any]) -> str:
+    """What ``macbatch doctor`` says of a DFlash checkpoint (its config ``raw``): what drafts
+    with it, and how."""
+    config = DFlashConfig.from_dict(raw)
+    return (
+        f"DFlash (block diffusion): {config.num_hidden_layers} layer(s), blocks of "
+        f"{config.block_size} (up to {config.block_size - 1} drafts a step), reading target "
+        f"layers {config.target_layer_ids}; --draft-model PATH beside its target drafts with it "
+        "(--speculative auto or dflash; docs/speculative.md)"
+    )
+
+
 def read_dflash_config(path: str) -> dict[str, Any] | None:
     """A local checkpoint's config when it is a DFlash drafter's (None: not one, or not local:
     a hub id is read when loaded)."""

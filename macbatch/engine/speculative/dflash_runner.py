@@ -114,7 +114,9 @@ class DFlashRunner:
         batch's positions, written into the pages (lazy)."""
         context = self.model.context(features.astype(self.format.dtype))
         for layer, cache in zip(self.model.layers, self._caches(batch)):
-            cache.update_and_fetch(*layer.self_attn.keys_values(context, self.model.rope, cache.offset))
+            cache.update_and_fetch(
+                *layer.self_attn.keys_values(context, self.model.rope, cache.offset)
+            )
 
     def draft(self, batch: PackedBatch, rows: mx.array) -> mx.array:
         """The argmax tokens of a packed forward of blocks (``batch.image_blocks``: each block

@@ -85,9 +85,7 @@ def load_draft_model(path: str | None) -> nn.Module:
         ) from None
 
 
-def speculator_for(
-    config: EngineConfig, draft: Draft, kv: KVManager
-) -> Speculator | None:
+def speculator_for(config: EngineConfig, draft: Draft, kv: KVManager) -> Speculator | None:
     """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
     saying why when it cannot run. ``draft``: the model runner's draft (draft_runner.py)."""
     if config.speculative == "off":

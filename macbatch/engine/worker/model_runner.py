@@ -39,9 +39,9 @@ from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
-from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
+from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat

@@ -11,6 +11,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.drafters import load_draft_model
 from macbatch.engine.speculative.policy import SpeculationPolicy
+from macbatch.models.check import check_model
 from tests.support.dflash import (
     agreeing_dflash,
     mlx_vlm_drafts,
@@ -34,7 +35,9 @@ def _target(arch: str):
 def _engine(model, tokenizer, drafter, **config) -> Engine:
     settings = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
     settings.update(config)
-    return Engine(model, tokenizer, EngineConfig(speculative="dflash", **settings), draft_model=drafter)
+    return Engine(
+        model, tokenizer, EngineConfig(speculative="dflash", **settings), draft_model=drafter
+    )
 
 
 def _greedy(engine: Engine, prompts=PROMPTS, params=None) -> list[list[int]]:
@@ -73,7 +76,9 @@ def test_drafts_are_mlx_vlms(tmp_path, tiny_tokenizer, eager_speculation, monkey
     soon, so no prompt pass is skipped; its layers are loud enough that the drafts depend on the
     context and the block, not only the mask token.)"""
     monkeypatch.setattr(
-        SpeculationPolicy, "drafting_soon", lambda self, requests, batch: {r.request_id for r in requests}
+        SpeculationPolicy,
+        "drafting_soon",
+        lambda self, requests, batch: {r.request_id for r in requests},
     )
     model = build_model("qwen3")
     drafter = random_dflash(model, gain=5.0)
@@ -109,9 +114,7 @@ def test_mixed_batch_preemption_and_prefix_hits(arch, tiny_tokenizer, eager_spec
     assert_pool_idle(engine)
 
 
-def test_sampled_tokens_after_a_verified_block_follow_the_target(
-    tiny_tokenizer, eager_speculation
-):
+def test_sampled_tokens_after_a_verified_block_follow_the_target(tiny_tokenizer, eager_speculation):
     """400 seeded requests at temperature 1 whose second token is verified against a DFlash
     block: given the first token, the second follows the target's distribution."""
     model = build_model("qwen3")
@@ -154,3 +157,9 @@ def test_draft_model_option_detects_dflash(tmp_path):
     engine = Engine.load(str(target), config)
     assert engine.config.speculative == "dflash"
     assert engine.config.draft_length == 15
+    assert engine.runner.draft.max_drafts == 7  # its checkpoint's block of 8, less one
+    report = check_model(str(path))  # macbatch doctor: what it is and what drafts with it
+    assert report.problem is None
+    assert (
+        "DFlash" in dict(report.rows)["drafter"] and "--draft-model" in dict(report.rows)["drafter"]
+    )

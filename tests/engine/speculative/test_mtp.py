@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.adapter import text_model

@@ -29,7 +29,7 @@ import mlx.nn as nn
 from mlx_lm.utils import _get_classes
 
 from benchmarks.common import warn_without_openblas
-from benchmarks.mtp import compare, one_request
+from benchmarks.mtp import compare, one_request, parsed
 from benchmarks.speculative import QWEN3_06B
 from tests.support.dflash import agreeing_dflash, random_dflash
 
@@ -49,12 +49,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--residual-scale", type=float, default=0.01)
-    parser.add_argument("--batches", default="16", help="concurrent requests, comma-separated")
-    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
-    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds of each comparison's arms")
-    args = parser.parse_args()
+    args = parsed(parser, "16")
     warn_without_openblas()
     print("load average before: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
     skip = {int(p) for p in args.skip.split(",") if p}

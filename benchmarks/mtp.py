@@ -224,6 +224,16 @@ def one_request(
     ratio("macbatch without / mlx-lm generate", generate, off)
 
 
+def parsed(parser: argparse.ArgumentParser, batches: str) -> argparse.Namespace:
+    """The arguments every drafter's benchmark of these parts takes, then ``parser``'s own."""
+    parser.add_argument("--residual-scale", type=float, default=0.01)
+    parser.add_argument("--batches", default=batches, help="concurrent requests, comma-separated")
+    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
+    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of each comparison's arms")
+    return parser.parse_args()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=24)
@@ -231,12 +241,7 @@ def main() -> None:
     parser.add_argument(
         "--vocab", type=int, default=VOCAB, help="the vocabulary: the LM head's share of a token"
     )
-    parser.add_argument("--residual-scale", type=float, default=0.01)
-    parser.add_argument("--batches", default="8", help="concurrent requests, comma-separated")
-    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
-    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds of each comparison's arms")
-    args = parser.parse_args()
+    args = parsed(parser, "8")
     warn_without_openblas()
     print("load average before: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
     skip = {int(p) for p in args.skip.split(",") if p}

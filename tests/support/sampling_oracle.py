@@ -4,13 +4,32 @@ forward at temperature 1, scipy's chi-square at significance 0.001)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from scipy.stats import chisquare
 
 
-def assert_second_tokens_follow(model: nn.Module, prompt: list[int], outputs: list[list[int]]):
+def assert_sampled_after_a_draft_follow(engine: Any, model: nn.Module, prompt: list[int]) -> None:
+    """400 seeded requests of ``prompt`` at temperature 1 through a speculating ``engine``
+    (``model``: its target), each second token verified against a draft: given the first
+    token, the second follows the target's distribution."""
+    from macbatch.engine import SamplingParams
+
+    params = [
+        SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, seed=seed)
+        for seed in range(400)
+    ]
+    outputs = [o.token_ids for o in engine.generate([prompt] * len(params), params)]
+    assert engine.stats().speculation.verifications >= len(params)  # every second token
+    assert_second_tokens_follow(model, prompt, outputs)
+
+
+def assert_second_tokens_follow(
+    model: nn.Module, prompt: list[int], outputs: list[list[int]]
+) -> None:
     firsts = [o[0] for o in outputs]
     first = max(set(firsts), key=firsts.count)
     seconds = [o[1] for o in outputs if o[0] == first]

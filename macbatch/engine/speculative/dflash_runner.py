@@ -1,10 +1,8 @@
 """The DFlash drafter's paged forward beside the target (docs/speculative.md, "DFlash").
 
-Its K/V pages live in the target's blocks, as an MTP layer's do (mtp_runner.py): one more
-``KVStore`` of the drafter's layers, indexed by the full group's block ids, so the pool counts,
-caps, grows and gives back its rows with the target's. A position's page holds the context K/V
-of the target's features there; a block's rows write theirs over the positions they draft at,
-which the target's features overwrite when it computes those positions.
+Its K/V pages live in the target's blocks, as an MTP layer's do (drafter_pages.py). A position's
+page holds the context K/V of the target's features there; a block's rows write theirs over the
+positions they draft at, which the target's features overwrite when it computes those positions.
 
 The target's features are its decoder layers' outputs at ``target_layer_ids``, recorded as the
 target's forward runs (``_Taps``: those layer objects' class gains a recording ``__call__``), so
@@ -23,7 +21,8 @@ from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.speculative.dflash_model import DFlashModel
-from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape, PageFormat
+from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.stores.pages import LayerShape
 
 
 class _Taps:
@@ -53,61 +52,35 @@ def _record(layer: nn.Module, index: int, sink: dict[int, mx.array]) -> None:
     layer.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
 
 
-class DFlashRunner:
-    """The drafter beside the target's ``adapter``; ``allocate`` gives it its pages once the
-    pool's size is known. Offers what the model runner asks of a draft (draft_runner.py)."""
-
-    slots = None  # no recurrent state
-    state_bytes_most = 0
-    state_bytes_used = 0
+class DFlashRunner(DrafterPages):
+    """The drafter beside the target's ``adapter``, its pages in the target's blocks
+    (drafter_pages.py). Offers what the model runner asks of a draft (draft_runner.py)."""
 
     def __init__(self, model: DFlashModel, adapter: ModelAdapter, config: EngineConfig) -> None:
         dtype = adapter.kv_dtype
         model.set_dtype(dtype)
         self.model = model
         self.target = adapter
-        self.mask_token_id = model.config.mask_token_id
-        self.max_drafts = model.config.block_size - 1  # a block: the known token, then these
+        cfg = model.config
+        self.mask_token_id = cfg.mask_token_id
+        self.max_drafts = cfg.block_size - 1  # a block: the known token, then these
         num_layers = len(adapter.layers)
-        bad = [i for i in model.config.target_layer_ids if not 0 <= i < num_layers]
+        bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_layers]
         if bad:
             raise ValueError(
                 f"the DFlash drafter reads target layers {bad}; the target has {num_layers}"
             )
-        self.taps = _Taps(adapter.layers, model.config.target_layer_ids)
-        cfg = model.config
+        self.taps = _Taps(adapter.layers, cfg.target_layer_ids)
         shape = LayerShape(num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        self.shapes = [shape] * cfg.num_hidden_layers
-        self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
-        self.block_size = config.block_size
-        self.bytes_per_block = self.format.bytes_per_block(self.shapes, config.block_size)
-        self.head_counts = {cfg.num_key_value_heads}
+        super().__init__([shape] * cfg.num_hidden_layers, dtype, config)
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(model))
-        self._stores: KVStores | None = None
-
-    def allocate(self, num_blocks: int) -> KVStore:
-        store = KVStore(self.shapes, num_blocks, self.block_size, self.format)
-        self._stores = KVStores(store, None, [(False, i) for i in range(len(self.shapes))])
-        return store
-
-    def shrink(self) -> int:
-        return 0  # nothing beside its pages, which shrink with the pool
-
-    @property
-    def store(self) -> KVStore:
-        assert self._stores is not None, "the drafter's pages are allocated with the pool"
-        return self._stores.full
-
-    def arrays(self) -> list[mx.array]:
-        return self.store.arrays()
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs."""
         return self.taps.features()
 
     def _caches(self, batch: PackedBatch) -> list[PagedLayerCache]:
-        assert self._stores is not None
-        return [PagedLayerCache(self._stores, i, batch, True) for i in range(len(self.shapes))]
+        return [PagedLayerCache(self.stores, i, batch, True) for i in range(len(self.shapes))]
 
     def write_context(self, batch: PackedBatch, features: mx.array) -> None:
         """Every layer's context K/V of the target's ``features`` ``[N, 1, k*H]`` at the

@@ -52,6 +52,7 @@ from benchmarks.common import bench_tokenizer, warn_without_openblas
 from benchmarks.speculative import request_seconds
 from macbatch.commands.workload import synthetic_prompts
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.model.adapter import text_model
 from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
 
 VOCAB = 151936  # Qwen3's; --vocab sets another
@@ -106,18 +107,19 @@ def mtp_layer(model: nn.Module, predicts: bool) -> MtpHead:
 
 
 def vocab_of(target: nn.Module) -> int:
-    return int(target.language_model.args.vocab_size)
+    return int(text_model(target).args.vocab_size)
 
 
 def engines(
-    target: nn.Module, head: MtpHead, seqs: int, prefix_cache: bool = True
+    target: nn.Module, head: nn.Module, seqs: int, prefix_cache: bool = True, method: str = "mtp"
 ) -> tuple[Engine, Engine]:
-    """macbatch without speculation, and with the MTP layer (``prefix_cache`` False: each
-    round prefills its whole prompt again, as mlx-lm's ``generate_step`` does)."""
+    """macbatch without speculation, and with the drafter ``head`` of ``method`` (the MTP
+    layer; benchmarks/dflash.py's DFlash drafter) (``prefix_cache`` False: each round
+    prefills its whole prompt again, as mlx-lm's ``generate_step`` does)."""
     tokenizer = bench_tokenizer(vocab_of(target))
     config = dict(num_blocks=256, max_num_seqs=max(seqs, 8), enable_prefix_caching=prefix_cache)
     plain = Engine(target, tokenizer, EngineConfig(**config))
-    spec = Engine(target, tokenizer, EngineConfig(speculative="mtp", **config), draft_model=head)
+    spec = Engine(target, tokenizer, EngineConfig(speculative=method, **config), draft_model=head)
     return plain, spec
 
 
@@ -156,17 +158,18 @@ def counts(engine: Engine) -> tuple[int, int, int]:
 
 def compare(
     target: nn.Module,
-    head: MtpHead,
+    head: nn.Module,
     sizes: list[int],
     tokens: int,
     warm: int,
     repeat: int,
     title: str,
+    method: str = "mtp",
 ) -> None:
     """Each batch size's two arms in ``repeat`` rounds, their order alternating, seconds
     summed (as ``one_request``)."""
     print(title)
-    plain, spec = engines(target, head, max(sizes))
+    plain, spec = engines(target, head, max(sizes), method=method)
     first = synthetic_prompts(2, 16, 16, vocab_of(target), seed=9)
     timed(plain, first, 4), timed(spec, first, 4)  # MLX's first compiles, in both arms
     for size in sizes:
@@ -180,22 +183,24 @@ def compare(
             for engine in (plain, spec)[:: 1 if round_ % 2 == 0 else -1]:
                 replies[engine], (wall, cpu) = timed(engine, prompts, tokens)
                 sums[engine] = (sums[engine][0] + wall, sums[engine][1] + cpu)
-        assert replies[spec] == replies[plain], "MTP changed a greedy reply"
+        assert replies[spec] == replies[plain], f"{method} changed a greedy reply"
         report(f"{size} request(s)", sums[plain], sums[spec], spec, before)
 
 
-def one_request(target: nn.Module, head: MtpHead, tokens: int, repeat: int) -> None:
+def one_request(
+    target: nn.Module, head: nn.Module, tokens: int, repeat: int, method: str = "mtp"
+) -> None:
     """The three arms in rounds, their order reversed each round (so the machine's load,
     which moves a lot on a shared one, falls on all three alike), seconds summed."""
     prompt = synthetic_prompts(1, 32, 32, vocab_of(target), seed=3)[0]
-    plain, spec = engines(target, head, 1, prefix_cache=False)
+    plain, spec = engines(target, head, 1, prefix_cache=False, method=method)
     timed(plain, [prompt], 4), timed(spec, [prompt], 4)
     arms = {
         "generate": lambda: request_seconds(
             lambda: list(generate_step(mx.array(prompt), target, max_tokens=tokens))
         ),
         "without": lambda: timed(plain, [prompt], tokens)[1],
-        "mtp": lambda: timed(spec, [prompt], tokens)[1],
+        method: lambda: timed(spec, [prompt], tokens)[1],
     }
     sums = {name: (0.0, 0.0) for name in arms}
     before = counts(spec)
@@ -203,7 +208,8 @@ def one_request(target: nn.Module, head: MtpHead, tokens: int, repeat: int) -> N
         for name in list(arms)[:: 1 if round_ % 2 == 0 else -1]:
             wall, cpu = arms[name]()
             sums[name] = (sums[name][0] + wall, sums[name][1] + cpu)
-    generate, off, on = sums["generate"], sums["without"], sums["mtp"]
+    generate, off, on = sums["generate"], sums["without"], sums[method]
+    name = method.upper() if method == "mtp" else "DFlash"
     total = tokens * repeat
     print(
         f"1. one request, {tokens} new tokens after 32 (whole request, prefill included), "
@@ -211,11 +217,21 @@ def one_request(target: nn.Module, head: MtpHead, tokens: int, repeat: int) -> N
     )
     print(
         f"   mlx-lm generate {total / generate[0]:.2f} tok/s, macbatch without "
-        f"{total / off[0]:.2f} tok/s, macbatch MTP {total / on[0]:.2f} tok/s (wall)"
+        f"{total / off[0]:.2f} tok/s, macbatch {name} {total / on[0]:.2f} tok/s (wall)"
     )
-    report("MTP / mlx-lm generate", generate, on, spec, before)
-    ratio("MTP / macbatch without", off, on)
+    report(f"{name} / mlx-lm generate", generate, on, spec, before)
+    ratio(f"{name} / macbatch without", off, on)
     ratio("macbatch without / mlx-lm generate", generate, off)
+
+
+def parsed(parser: argparse.ArgumentParser, batches: str) -> argparse.Namespace:
+    """The arguments every drafter's benchmark of these parts takes, then ``parser``'s own."""
+    parser.add_argument("--residual-scale", type=float, default=0.01)
+    parser.add_argument("--batches", default=batches, help="concurrent requests, comma-separated")
+    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
+    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of each comparison's arms")
+    return parser.parse_args()
 
 
 def main() -> None:
@@ -225,12 +241,7 @@ def main() -> None:
     parser.add_argument(
         "--vocab", type=int, default=VOCAB, help="the vocabulary: the LM head's share of a token"
     )
-    parser.add_argument("--residual-scale", type=float, default=0.01)
-    parser.add_argument("--batches", default="8", help="concurrent requests, comma-separated")
-    parser.add_argument("--skip", default="", help="parts to skip, comma-separated")
-    parser.add_argument("--warm", type=int, default=1, help="untimed rounds per batch size")
-    parser.add_argument("--repeat", type=int, default=2, help="rounds of each comparison's arms")
-    args = parser.parse_args()
+    args = parsed(parser, "8")
     warn_without_openblas()
     print("load average before: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
     skip = {int(p) for p in args.skip.split(",") if p}

@@ -64,14 +64,14 @@ def speculative_config(
     mode) is refused."""
     if draft_model and mode in ("off", "auto"):
         mode = "draft"
-    if draft_model and mode != "draft":
+    if draft_model and mode not in ("draft", "dflash"):
         raise typer.BadParameter(
-            f"a draft model drafts only for --speculative draft, not {mode}",
+            f"a draft model drafts only for --speculative draft or dflash, not {mode}",
             param_hint="--draft-model",
         )
-    if mode == "draft" and not draft_model:
+    if mode in ("draft", "dflash") and not draft_model:
         raise typer.BadParameter(
-            "--speculative draft needs a draft model: --draft-model PATH",
+            f"--speculative {mode} needs a draft model: --draft-model PATH",
             param_hint="--speculative",
         )
     return {"speculative": mode, "draft_model": draft_model, "num_speculative_tokens": num_tokens}
@@ -137,7 +137,8 @@ class EngineKnobs:
         "--speculative",
         callback=_check_speculative,
         metavar="MODE",
-        help=f"{'|'.join(SPECULATIVE_MODES)} (docs/speculative.md).",
+        help=f"{'|'.join(SPECULATIVE_MODES)}; a DFlash drafter as --draft-model drafts as "
+        "dflash (docs/speculative.md).",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     draft_model: str | None = option(

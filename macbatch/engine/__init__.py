@@ -79,6 +79,8 @@ _EXPORTS: dict[str, str] = {
     "SPECULATIVE_MODES": "macbatch.engine.speculative.methods",
     "check_speculative": "macbatch.engine.speculative.methods",
     "describe_mtp_heads": "macbatch.engine.speculative.mtp_weights",
+    "describe_dflash": "macbatch.engine.speculative.dflash_model",
+    "is_dflash_config": "macbatch.engine.speculative.dflash_model",
     # which models run, and what loading one would find (macbatch models, macbatch doctor)
     "UnsupportedModelError": "macbatch.engine.model.adapter",
     "unsupported_reason": "macbatch.engine.model.families",
@@ -165,6 +167,7 @@ if TYPE_CHECKING:
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
     from macbatch.engine.runtime import EngineDeadError, EngineThread, OutputStream
     from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams
+    from macbatch.engine.speculative.dflash_model import describe_dflash, is_dflash_config
     from macbatch.engine.speculative.methods import (
         DEFAULT_SPECULATIVE_TOKENS,
         SPECULATIVE_MODES,

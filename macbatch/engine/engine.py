@@ -43,9 +43,9 @@ from macbatch.engine.participants import participants_of
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.self_check import SelfCheck, self_check
-from macbatch.engine.speculative.drafters import load_draft_model, speculator_for
+from macbatch.engine.speculative.drafters import drafter_kind, load_draft_model, speculator_for
 from macbatch.engine.speculative.methods import resolved_mode
-from macbatch.engine.speculative.mtp_model import MtpHead, mtp_head_for
+from macbatch.engine.speculative.mtp_model import mtp_head_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
 from macbatch.engine.tokenizer import Tokenizer
@@ -83,18 +83,18 @@ class Engine(PromptEncoder):
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
         rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
-        ``config.speculative == "draft"``, or the checkpoint's MTP layer (an ``MtpHead``) for
-        "mtp" and "auto" (docs/speculative.md). ``vision_from``: the model name whose vision
-        tower encodes images (``Engine.load``'s; None: images are refused)."""
+        ``config.speculative == "draft"`` (a ``DFlashModel`` makes it "dflash"), or the
+        checkpoint's MTP layer (an ``MtpHead``) for "mtp" and "auto" (docs/speculative.md).
+        ``vision_from``: the model name whose vision tower encodes images (``Engine.load``'s;
+        None: images are refused)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         config = config or EngineConfig()
-        has_mtp = isinstance(draft_model, MtpHead)
         self.config = config = dataclasses.replace(
-            config, speculative=resolved_mode(config.speculative, has_mtp)
+            config, speculative=resolved_mode(config.speculative, drafter_kind(draft_model))
         )
         self.model_name = model_name
-        draft = draft_model if config.speculative in ("draft", "mtp") else None
+        draft = draft_model if config.speculative in ("draft", "mtp", "dflash") else None
         self.runner = runner = ModelRunner(
             model, config, owns_model, ranks_of(group), draft, vision_from
         )
@@ -146,7 +146,7 @@ class Engine(PromptEncoder):
         model, tokenizer, group = load(name, config)
         draft: nn.Module | None = None
         try:
-            if config.speculative == "draft":
+            if config.speculative in ("draft", "dflash"):
                 draft = load_draft_model(config.draft_model)
             elif config.speculative in ("mtp", "auto"):
                 required = config.speculative == "mtp"
@@ -154,7 +154,7 @@ class Engine(PromptEncoder):
         except Exception:
             settle_drafting(None, group)
             raise
-        settle_drafting(resolved_mode(config.speculative, isinstance(draft, MtpHead)), group)
+        settle_drafting(resolved_mode(config.speculative, drafter_kind(draft)), group)
         engine = cls(
             model,
             tokenizer,

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from macbatch.engine import (
+    describe_dflash,
     describe_mtp_heads,
+    is_dflash_config,
     probe_model,
     resolve_model_path,
     unavailable_reason,
@@ -46,6 +48,9 @@ def check_model(name: str, self_check: bool = False) -> ModelReport:
         report.rows.append(("path", str(path)))
         config = json.loads((path / "config.json").read_text())
         report.rows.append(("quantization", describe_quantization(config)))
+        if is_dflash_config(config):  # a drafter, not a model to serve: nothing to probe
+            report.rows.append(("drafter", describe_dflash(config)))
+            return report
         reason = unsupported_reason(str(config.get("model_type")), config.get("architectures"))
         encoder = encoder_facts(path)
         if encoder is not None:

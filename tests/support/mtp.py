@@ -99,13 +99,9 @@ def random_mtp_head(model: nn.Module, seed: int = 1) -> MtpHead:
     return head
 
 
-def predicting_mtp_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
-    """Scales every layer's output projections of ``model`` by ``scale`` (in place), so that its
-    next token is nearly a function of the current token alone (the residual stream is mostly
-    that token's embedding), and returns an MTP layer computing that function of the token it is
-    fed: fc passes the normed embedding and drops the hidden state, its decoder layer adds
-    nothing (all its projections zero), and its last norm is the target's final norm. Most of
-    its drafts hold; some do not (the scaled layers still move the target's choice)."""
+def scale_outputs(model: nn.Module, scale: float = 0.05) -> nn.Module:
+    """Scales every layer's output projections of ``model`` by ``scale`` (in place): its next
+    token is then nearly a function of the current token alone. Returns its text model."""
     text = text_model(model)
     scaled = [
         (k, v * scale)
@@ -113,6 +109,17 @@ def predicting_mtp_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
         if k.startswith("model.layers.") and k.endswith(_OUTPUTS)
     ]
     text.load_weights(scaled, strict=False)
+    return text
+
+
+def predicting_mtp_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
+    """Scales every layer's output projections of ``model`` by ``scale`` (in place), so that its
+    next token is nearly a function of the current token alone (the residual stream is mostly
+    that token's embedding), and returns an MTP layer computing that function of the token it is
+    fed: fc passes the normed embedding and drops the hidden state, its decoder layer adds
+    nothing (all its projections zero), and its last norm is the target's final norm. Most of
+    its drafts hold; some do not (the scaled layers still move the target's choice)."""
+    text = scale_outputs(model, scale)
     head = random_mtp_head(model)
     hidden = text.args.hidden_size
     zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(head.layers[0].parameters())]

@@ -9,22 +9,30 @@ import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.speculative.dflash import DFlashDrafter
+from macbatch.engine.speculative.dflash_model import DFlashModel, load_dflash, read_dflash_config
+from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.draft_runner import DraftRunner
 from macbatch.engine.speculative.mtp import MtpDrafter
+from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.speculator import Speculator
 
+# what the model runner holds beside the target: a draft model's, an MTP layer's or a DFlash
+# drafter's runner (None: none)
+Draft = DraftRunner | MtpRunner | DFlashRunner | None
 
-def _draft(draft: DraftRunner | MtpRunner | None, kv: KVManager) -> Drafter:
+
+def _draft(draft: Draft, kv: KVManager) -> Drafter:
     if not isinstance(draft, DraftRunner):
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
     return DraftModelDrafter(draft, kv)
 
 
-def _mtp(draft: DraftRunner | MtpRunner | None, kv: KVManager) -> Drafter:
+def _mtp(draft: Draft, kv: KVManager) -> Drafter:
     if not isinstance(draft, MtpRunner):
         raise ValueError(
             "speculative 'mtp' needs the checkpoint's MTP layer (Engine.load reads it; "
@@ -33,17 +41,33 @@ def _mtp(draft: DraftRunner | MtpRunner | None, kv: KVManager) -> Drafter:
     return MtpDrafter(draft, kv)
 
 
+def _dflash(draft: Draft, kv: KVManager) -> Drafter:
+    if not isinstance(draft, DFlashRunner):
+        raise ValueError("speculative 'dflash' needs a DFlash drafter (--draft-model PATH)")
+    return DFlashDrafter(draft, kv)
+
+
 # each method's drafter (keys: methods.SPECULATIVE_METHODS), from the runner of the draft model
 # or the MTP layer (None without one) and the KV manager
-DRAFTERS: dict[str, Callable[[DraftRunner | MtpRunner | None, KVManager], Drafter]] = {
+DRAFTERS: dict[str, Callable[[Draft, KVManager], Drafter]] = {
     "ngram": lambda _draft, _kv: NgramDrafter(),
     "draft": _draft,
     "mtp": _mtp,
+    "dflash": _dflash,
 }
 
 
+def drafter_kind(draft: object) -> str | None:
+    """The method a drafting model given to the engine drafts by, where its kind decides it
+    (``methods.resolved_mode``): "mtp", "dflash", or None (a draft model, or none)."""
+    if isinstance(draft, MtpHead):
+        return "mtp"
+    return "dflash" if isinstance(draft, DFlashModel) else None
+
+
 def load_draft_model(path: str | None) -> nn.Module:
-    """The draft model at ``path`` (a local directory or a hub id), as mlx-lm loads it."""
+    """The draft model at ``path`` (a local directory or a hub id): a DFlash drafter where its
+    config is one (dflash_model.py), else as mlx-lm loads it."""
     if not path:
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
     from mlx_lm import load
@@ -51,6 +75,8 @@ def load_draft_model(path: str | None) -> nn.Module:
     from macbatch.engine.loader import failure_reason
 
     try:
+        if read_dflash_config(path) is not None:
+            return load_dflash(path)
         return load(path)[0]
     except Exception as error:  # mlx-lm's errors come in many types: all name the draft
         reason = failure_reason(error)
@@ -59,9 +85,7 @@ def load_draft_model(path: str | None) -> nn.Module:
         ) from None
 
 
-def speculator_for(
-    config: EngineConfig, draft: DraftRunner | MtpRunner | None, kv: KVManager
-) -> Speculator | None:
+def speculator_for(config: EngineConfig, draft: Draft, kv: KVManager) -> Speculator | None:
     """The engine's speculator (None when ``config.speculative`` is "off"); ``ValueError``
     saying why when it cannot run. ``draft``: the model runner's draft (draft_runner.py)."""
     if config.speculative == "off":

@@ -8,19 +8,26 @@ its ``--help`` without loading it."""
 # benchmarks/speculative.py (100% accepted) 4 gave x1.56 the job without speculation, and 16
 # decoded in 3.1 to 5.0 s where 8 took 5.7 s (docs/speculative.md); the policy's slow start
 # begins at 4 either way. A draft model runs one forward per draft, so it drafts fewer.
-DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4}
+# A DFlash drafter proposes a whole block in one forward: up to its checkpoint's block size
+# less one (the known token), capped there by the drafter.
+DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4, "dflash": 15}
 SPECULATIVE_METHODS = tuple(DEFAULT_SPECULATIVE_TOKENS)
 # what ``EngineConfig.speculative`` may be; "auto" is resolved when the engine loads
 SPECULATIVE_MODES = ("off", "auto", *SPECULATIVE_METHODS)
 MAX_SPECULATIVE_TOKENS = 16
 
 
-def resolved_mode(mode: str, has_mtp: bool) -> str:
-    """What a mode means for a checkpoint: "auto" drafts with its MTP layer where it has one
-    (``has_mtp``: it was loaded), and does not speculate otherwise; other modes are themselves."""
-    if mode != "auto":
-        return mode
-    return "mtp" if has_mtp else "off"
+def resolved_mode(mode: str, loaded: str | None) -> str:
+    """What a mode means given the drafting model loaded beside the checkpoint (``loaded``:
+    "mtp" for its own MTP layer, "dflash" for a DFlash drafter named as the draft model, None
+    for neither): "auto" drafts with either where one was loaded, and does not speculate
+    otherwise; "draft" with a DFlash drafter is "dflash" (its config says what it is); other
+    modes are themselves."""
+    if mode == "auto":
+        return loaded or "off"
+    if mode == "draft" and loaded == "dflash":
+        return "dflash"
+    return mode
 
 
 def check_speculative(mode: str, num_tokens: int | None) -> None:

@@ -20,17 +20,14 @@ from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
+from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.mtp_model import MtpHead
-from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape, PageFormat
+from macbatch.engine.stores.pages import LayerShape
 
 
-class MtpRunner:
-    """The MTP layer beside the target's ``adapter``; ``allocate`` gives it its pages once the
-    pool's size is known. Offers what the model runner asks of a draft (draft_runner.py)."""
-
-    slots = None  # no recurrent state: the MTP layer is full attention
-    state_bytes_most = 0
-    state_bytes_used = 0
+class MtpRunner(DrafterPages):
+    """The MTP layer beside the target's ``adapter``, its pages in the target's blocks
+    (drafter_pages.py). Offers what the model runner asks of a draft (draft_runner.py)."""
 
     def __init__(self, head: MtpHead, adapter: ModelAdapter, config: EngineConfig) -> None:
         dtype = adapter.kv_dtype  # the target's compute dtype (cast already: compute_dtype.py)
@@ -38,40 +35,21 @@ class MtpRunner:
         self.head = head
         self.target = adapter
         hooks.install(head.layers)  # the paged attention; an MLA layer's absorbed form
-        self.shapes = [page_shape(head.layers[0], adapter.model.args)]
-        self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
-        self.block_size = config.block_size
+        super().__init__([page_shape(head.layers[0], adapter.model.args)], dtype, config)
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
-        self.bytes_per_block = self.format.bytes_per_block(self.shapes, config.block_size)
-        self.head_counts = {s.num_kv_heads for s in self.shapes}
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
-        self._stores: KVStores | None = None
 
-    def allocate(self, num_blocks: int) -> KVStore:
-        """Its pages for ``num_blocks`` blocks (the target's full group's size)."""
-        store = KVStore(self.shapes, num_blocks, self.block_size, self.format)
-        self._stores = KVStores(store, None, [(False, 0)])
-        return store
-
-    def shrink(self) -> int:
-        return 0  # nothing beside its pages, which shrink with the pool
-
-    @property
-    def store(self) -> KVStore:
-        assert self._stores is not None, "the MTP layer's pages are allocated with the pool"
-        return self._stores.full
-
-    def arrays(self) -> list[mx.array]:
-        return self.store.arrays()
+    def features(self, hidden: mx.array) -> mx.array:
+        """What the MTP layer keeps of a target forward: its last hidden states."""
+        return hidden
 
     def step(self, batch: PackedBatch, hidden: mx.array) -> tuple[mx.array, mx.array]:
         """One packed forward of the MTP layer over rows of next tokens (``batch.token_ids``)
         and hidden states ``[N, 1, H]``, its K/V written into its pages: the output rows of the
         sampled rows (the next draft's hidden states) and their argmax tokens (lazy)."""
-        assert self._stores is not None
         tokens = batch.token_ids[:, None]
         embed = getattr(self.head, "embed_tokens", None) or self.target.inner.embed_tokens
-        cache = PagedLayerCache(self._stores, 0, batch, True)
+        cache = PagedLayerCache(self.stores, 0, batch, True)
         out = self.head(embed(tokens), hidden.astype(self.format.dtype), cache)
         if batch.sample_rows.size < batch.num_tokens:
             out = out[batch.sample_rows]

@@ -41,6 +41,8 @@ from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
+from macbatch.engine.speculative.dflash_model import DFlashModel
+from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
@@ -100,9 +102,11 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        self.draft: DraftRunner | MtpRunner | None = None
+        self.draft: DraftRunner | MtpRunner | DFlashRunner | None = None
         if isinstance(draft, MtpHead):
             self.draft = MtpRunner(draft, self.adapter, config)
+        elif isinstance(draft, DFlashModel):
+            self.draft = DFlashRunner(draft, self.adapter, config)
         elif draft is not None:
             self.draft = DraftRunner(draft, config, self.vocab_size, owns_model)
         # the last forward's hidden states, kept for an MTP layer (None: not kept)
@@ -112,7 +116,8 @@ class ModelRunner:
         self.compiled = compiled_decode(
             self.adapter,
             self.kv_stores,
-            config.compile_decode_after,
+            # a DFlash drafter records target layers' outputs: a side effect no graph replays
+            None if isinstance(self.draft, DFlashRunner) else config.compile_decode_after,
             group is not None,
             keeps_hidden=isinstance(self.draft, MtpRunner),
         )
@@ -223,7 +228,8 @@ class ModelRunner:
         the pooling requests whose last chunk this step computes (``spans``: the pooling
         requests' rows, folded into ``self.pools``); the other ranks of a group run the same
         forward on their shard."""
-        keep = isinstance(self.draft, MtpRunner)  # an MTP layer reads the hidden states
+        # an MTP layer reads the hidden states, a DFlash drafter its target layers' outputs
+        keep = isinstance(self.draft, (MtpRunner, DFlashRunner))
         if self._followers is not None:
             batch.reads_hidden = int(keep)  # ``launch`` evaluates them: so must the followers
             self._followers.send_step(batch)
@@ -238,7 +244,7 @@ class ModelRunner:
         if not spans and not keep:
             return self.adapter.forward(batch, self.kv_stores, self.states), {}
         hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
-        self.hidden = hidden if keep else None
+        self.hidden = self.draft.features(hidden) if keep else None  # type: ignore[union-attr]
         pooled = self.pools.take(hidden, spans, self.adapter.head) if spans else {}
         return self.adapter.sampled_logits(hidden, batch), pooled
 

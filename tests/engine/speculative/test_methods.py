@@ -19,10 +19,13 @@ def test_the_registry_holds_a_drafter_under_each_method_name():
     assert sorted(DRAFTERS) == sorted(SPECULATIVE_METHODS)
 
 
-def test_auto_is_mtp_where_the_checkpoint_has_heads_and_off_elsewhere():
-    assert resolved_mode("auto", has_mtp=True) == "mtp"
-    assert resolved_mode("auto", has_mtp=False) == "off"
-    assert [resolved_mode(m, True) for m in SPECULATIVE_METHODS] == list(SPECULATIVE_METHODS)
+def test_auto_drafts_with_what_was_loaded_and_is_off_elsewhere():
+    """The checkpoint's MTP heads, or a DFlash drafter named as the draft model."""
+    assert resolved_mode("auto", "mtp") == "mtp"
+    assert resolved_mode("auto", "dflash") == "dflash"
+    assert resolved_mode("auto", None) == "off"
+    assert resolved_mode("draft", "dflash") == "dflash"  # its config says what it is
+    assert [resolved_mode(m, "mtp") for m in SPECULATIVE_METHODS] == list(SPECULATIVE_METHODS)
 
 
 def test_the_config_accepts_off_auto_and_the_methods_only():

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 import pytest
-from scipy.stats import chisquare
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.adapter import text_model
@@ -27,6 +24,7 @@ from tests.support.mtp import (
     unpaged_drafts,
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 
 MAX_TOKENS = 16
 
@@ -138,20 +136,4 @@ def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer,
     head = predicting_mtp_head(model, scale=0.3)  # a spread-out target, drafts often held
     prompt = [40, 41, 42, 43, 44]
     engine = _engine(model, tiny_tokenizer, head, num_blocks=256, max_num_seqs=8)
-    params = [
-        SamplingParams(max_tokens=3, ignore_eos=True, temperature=1.0, seed=seed)
-        for seed in range(400)
-    ]
-    outputs = [o.token_ids for o in engine.generate([prompt] * len(params), params)]
-    assert engine.stats().speculation.verifications >= len(params)  # every second token
-    firsts = [o[0] for o in outputs]
-    first = max(set(firsts), key=firsts.count)
-    seconds = [o[1] for o in outputs if o[0] == first]
-    logits = model(mx.array([prompt + [first]]))[0, -1].astype(mx.float32)
-    probs = np.array(mx.softmax(logits)).astype(np.float64)
-    probs /= probs.sum()
-    counts = np.bincount(seconds, minlength=len(probs)).astype(float)
-    keep = probs * len(seconds) >= 5  # chi-square's cells; the rest pooled into one
-    observed = np.append(counts[keep], counts[~keep].sum())
-    expected = np.append(probs[keep], probs[~keep].sum()) * len(seconds)
-    assert chisquare(observed, expected).pvalue > 0.001
+    assert_sampled_after_a_draft_follow(engine, model, prompt)

@@ -39,12 +39,21 @@ def install(layers: Sequence[Any]) -> None:
         if cls in _PACKED_CLASSES.values():
             continue
         if cls not in _PACKED_CLASSES:
-            _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _packed_call})
+            _PACKED_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _packed_call(cls)})
         layer.__class__ = _PACKED_CLASSES[cls]
 
 
-def _packed_call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
-    original = super(type(self), self).__call__
+def _packed_call(base: type) -> Callable[..., mx.array]:
+    """The swapped class's ``__call__`` over ``base``'s (named, not ``super(type(self))``: a
+    further subclass, such as a DFlash drafter's recording of a layer, must not recurse)."""
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> mx.array:
+        return _run_packed(base.__call__.__get__(self), *args, **kwargs)
+
+    return call
+
+
+def _run_packed(original: Callable[..., mx.array], *args: Any, **kwargs: Any) -> mx.array:
     cache = kwargs.get("cache")
     if isinstance(cache, SequenceRunner):
         if not args:  # the input handed by name (Falcon-H1's mixer: ``input_states=``)

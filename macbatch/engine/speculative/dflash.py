@@ -1,0 +1,112 @@
+"""DFlash drafting: a block-diffusion drafter proposes a whole block of tokens in one packed
+forward over every speculating request, from the target's features at several of its layers
+(docs/speculative.md, "DFlash").
+
+The context K/V is written in the step that computes the target's features (``observe``): every
+row of a request that may draft, prompt chunks (of a request expected to draft soon), decodes and
+verifications alike, in one packed pass of ``fc``, ``hidden_norm`` and each layer's K/V
+projections. So when a request holds
+tokens ``0..n-1`` (the last not yet run by the target), its pages hold the context at positions
+``0..n-2`` and the proposal is one forward of the block: token ``n-1`` then ``k`` mask tokens at
+positions ``n-1..n-1+k``, attending to that context causally and to the block both ways; its rows
+``1..k`` are the drafts. The block's own K/V lands on positions the target computes next, whose
+features overwrite it in that step; a verification's rows past the accepted drafts (features of
+rejected tokens) are overwritten the same way when the target computes those positions again. A
+position whose features the request never computed (a prefix-cache hit) or whose prompt pass a
+request not expected to draft skipped keeps whatever its block holds. Drafts are greedy (a point
+mass: verify.py), so what the drafter attends to changes how many drafts hold, never the output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence, Set
+from typing import TYPE_CHECKING, cast
+
+import mlx.core as mx
+
+from macbatch.engine.core.packing import pack
+from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
+from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.model.image_blocks import StepBlock, StepBlocks
+from macbatch.engine.speculative.dflash_runner import DFlashRunner
+from macbatch.engine.speculative.policy import may_draft
+
+if TYPE_CHECKING:
+    from macbatch.engine.core.request import Request
+
+
+class DFlashDrafter:
+    def __init__(self, runner: DFlashRunner, kv: KVManager) -> None:
+        self.runner = runner
+        self.kv = kv
+
+    def observe(
+        self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
+    ) -> list[mx.array]:
+        """Write the context K/V of the step's rows (``hidden``: the target's features) of the
+        requests that may draft; a prompt chunk's only where the request is in ``drafting``
+        (expected to draft soon: that pass would cost every prompt step and pay only if it
+        drafts). A decode's or verification's rows are written even for a resting request (a
+        few projections a row), so that its next probe drafts over the whole context. Returns
+        the pages to evaluate with the step."""
+        index: list[int] = []
+        wanted: list[ScheduledChunk] = []
+        row = 0
+        for chunk in chunks:
+            request = chunk.request
+            prompt = chunk.start < len(request.prompt_token_ids)
+            wanted_rows = request.request_id in drafting or not prompt
+            if wanted_rows and may_draft(request) and request.pooling is None:
+                wanted.append(ScheduledChunk(request, chunk.start, chunk.num_tokens))
+                index.extend(range(row, row + chunk.num_tokens))
+            row += chunk.num_tokens
+        if not wanted:
+            return []
+        batch = self._pack(wanted)
+        self.runner.write_context(batch, hidden[mx.array(index)])
+        return self.runner.arrays()
+
+    def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
+        proposals: list[list[int]] = [[] for _ in requests]
+        live: list[tuple[int, list[int], int]] = []  # index, tokens, drafts
+        for index, (request, k) in enumerate(zip(requests, ks)):
+            k = min(k, self.runner.max_drafts)
+            tokens = request.all_token_ids
+            # the block's positions n-1..n-1+k: n - 1 computed, k + 1 more
+            if k > 0 and self.kv.allocate_slots(request.request_id, len(tokens) - 1, k + 1):
+                live.append((index, tokens, k))
+        if not live:
+            return proposals
+        chunks = [ScheduledChunk(requests[i], len(t) - 1, k + 1) for i, t, k in live]
+        batch = self._pack(chunks)
+        mask = self.runner.mask_token_id
+        batch.token_ids = mx.array(
+            [x for _, t, k in live for x in [t[-1]] + [mask] * k], dtype=mx.int32
+        )
+        blocks: list[StepBlock] = []
+        rows: list[int] = []
+        offset = 0
+        for seq, (chunk, (_, _, k)) in enumerate(zip(chunks, live)):
+            blocks.append(StepBlock(seq, offset, chunk.start, chunk.start + k + 1))
+            rows.extend(range(offset + 1, offset + k + 1))
+            offset += k + 1
+        batch.image_blocks = StepBlocks(blocks)  # each block's rows attend both ways
+        drafted = self.runner.draft(batch, mx.array(rows))
+        mx.eval(drafted, *self.runner.arrays())
+        tokens = cast(list[int], drafted.tolist())
+        at = 0
+        for index, _, k in live:
+            proposals[index] = tokens[at : at + k]
+            at += k
+        return proposals
+
+    def _pack(self, chunks: list[ScheduledChunk]) -> PackedBatch:
+        tables = [self.kv.block_table(c.request.request_id) for c in chunks]
+        runner = self.runner
+        return pack(StepPlan(chunks), tables, runner.block_size, runner.head_counts)
+
+    def truncated(self, request_id: str, num_tokens: int) -> None:
+        """Nothing to do: positions past ``num_tokens`` are written again when computed."""
+
+    def forget(self, request_id: str) -> None:
+        """Nothing kept per request: the context lives in its blocks."""

@@ -1,0 +1,213 @@
+"""The DFlash drafter (block diffusion, z-lab's ``*-DFlash-b16`` checkpoints) as a module of our
+own, in the layout those checkpoints store (mlx-vlm 0.7.10's ``qwen3_dflash`` reads the same).
+
+A few Qwen3 decoder layers read the target's hidden states at several of its layers
+(``target_layer_ids``: the outputs of those decoder layers, concatenated in that order), fused by
+``fc`` and ``hidden_norm`` into one context feature per position. Every layer's context K/V is
+its own ``k_proj`` / ``v_proj`` of that one feature (no input norm; keys through ``k_norm`` and
+RoPE at the context's positions). A block is the last known token then ``block_size - 1`` mask
+tokens (``mask_token_id``) at the next positions, embedded by the target's embedding; its rows
+attend to the whole context and to each other both ways, and the target's LM head over rows 1..
+of the block proposes the whole block at once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.rope_utils import initialize_rope
+
+
+@dataclass
+class DFlashConfig:
+    """The fields a DFlash checkpoint's ``config.json`` declares (its ``dflash_config`` section
+    holds the mask token and the target's layers)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 40960
+    layer_types: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DFlashConfig:
+        flat = dict(raw)
+        flat.update(flat.pop("dflash_config", None) or {})
+        rope = flat.pop("rope_parameters", None)
+        if isinstance(rope, Mapping):  # newer transformers nest the base here
+            rope = dict(rope)
+            flat.setdefault("rope_theta", rope.pop("rope_theta", 1_000_000.0))
+            flat["rope_scaling"] = rope or None
+        flat.setdefault("head_dim", flat["hidden_size"] // flat["num_attention_heads"])
+        known = cls.__dataclass_fields__
+        config = cls(**{k: v for k, v in flat.items() if k in known})
+        if any(t != "full_attention" for t in config.layer_types):
+            raise ValueError("a DFlash drafter with sliding-window layers is not supported")
+        return config
+
+
+def is_dflash_config(raw: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's config is a DFlash drafter's (its ``dflash_config``, or the
+    fields it flattens to)."""
+    architectures = " ".join(raw.get("architectures") or ())
+    return (
+        "dflash_config" in raw
+        or "DFlash" in architectures
+        or ("target_layer_ids" in raw and "mask_token_id" in raw)
+    )
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        dim, heads, kv_heads, head_dim = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.num_heads, self.num_kv_heads, self.scale = heads, kv_heads, head_dim**-0.5
+        self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, dim, bias=False)
+        self.q_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
+
+    def keys_values(self, x: mx.array, rope: Any, positions: mx.array) -> tuple[mx.array, ...]:
+        """K and V ``[N, kv_heads, 1, D]`` of rows ``[N, 1, dim]`` at ``positions [N]``."""
+        n = x.shape[0]
+        keys = self.k_norm(self.k_proj(x).reshape(n, 1, self.num_kv_heads, -1))
+        values = self.v_proj(x).reshape(n, 1, self.num_kv_heads, -1)
+        keys = rope(keys.transpose(0, 2, 1, 3), offset=positions)
+        return keys, values.transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, rope: Any, cache: Any) -> mx.array:
+        """A block's rows ``[N, 1, dim]``: their K/V written to ``cache``'s pages, then its
+        paged attention (context causally, the block both ways: the batch's blocks)."""
+        n = x.shape[0]
+        queries = self.q_norm(self.q_proj(x).reshape(n, 1, self.num_heads, -1))
+        queries = rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
+        keys, values = cache.update_and_fetch(*self.keys_values(x, rope, cache.offset))
+        out = cache.attend(queries, keys, values, self.scale, None, None)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, 1, -1))
+
+
+class _MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__()
+        self.self_attn = _Attention(config)
+        self.mlp = _MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def __call__(self, x: mx.array, rope: Any, cache: Any) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), rope, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashModel(nn.Module):
+    """The drafter's weights: ``fc`` (all target layers' features to one), ``hidden_norm``, the
+    decoder ``layers`` and the final ``norm``; ``embed_tokens`` only where the checkpoint has
+    one (else the target's). The LM head is always the target's."""
+
+    def __init__(self, config: DFlashConfig, target_hidden: int | None = None) -> None:
+        super().__init__()
+        self.config = config
+        width = len(config.target_layer_ids) * (target_hidden or config.hidden_size)
+        self.fc = nn.Linear(width, config.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = [_Layer(config) for _ in range(config.num_hidden_layers)]
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rope = initialize_rope(
+            config.head_dim,
+            config.rope_theta,
+            False,
+            config.rope_scaling,
+            config.max_position_embeddings,
+        )
+
+    def context(self, features: mx.array) -> mx.array:
+        """The context feature ``[N, 1, dim]`` of the target's concatenated layer outputs."""
+        return self.hidden_norm(self.fc(features))
+
+    def __call__(self, embeddings: mx.array, caches: list[Any]) -> mx.array:
+        """The normed output rows of a packed set of blocks (``caches``: one paged cache per
+        layer, over the blocks' positions)."""
+        h = embeddings
+        for layer, cache in zip(self.layers, caches):
+            h = layer(h, self.rope, cache)
+        return self.norm(h)
+
+
+def load_dflash(path: str | Path) -> DFlashModel:
+    """A DFlash checkpoint from a local directory or a hub id, its weights as stored (the
+    ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
+    root = Path(path)
+    if not root.is_dir():
+        from huggingface_hub import snapshot_download
+
+        root = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+    raw = json.loads((root / "config.json").read_text())
+    config = DFlashConfig.from_dict(raw)
+    weights: dict[str, mx.array] = {}
+    for file in sorted(root.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
+    weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    target_hidden = weights["fc.weight"].shape[1] // len(config.target_layer_ids)
+    model = DFlashModel(config, target_hidden)
+    if "embed_tokens.weight" in weights:
+        vocab, dim = weights["embed_tokens.weight"].shape
+        model.embed_tokens = nn.Embedding(vocab, dim)
+    quantization = raw.get("quantization")
+    if quantization:
+        nn.quantize(model, quantization["group_size"], quantization["bits"])
+    model.load_weights(list(weights.items()))
+    return model
+
+
+def describe_dflash(raw: Mapping[str, Any]) -> str:
+    """What ``macbatch doctor`` says of a DFlash checkpoint (its config ``raw``): what drafts
+    with it, and how."""
+    config = DFlashConfig.from_dict(raw)
+    return (
+        f"DFlash (block diffusion): {config.num_hidden_layers} layer(s), blocks of "
+        f"{config.block_size} (up to {config.block_size - 1} drafts a step), reading target "
+        f"layers {config.target_layer_ids}; --draft-model PATH beside its target drafts with it "
+        "(--speculative auto or dflash; docs/speculative.md)"
+    )
+
+
+def read_dflash_config(path: str) -> dict[str, Any] | None:
+    """A local checkpoint's config when it is a DFlash drafter's (None: not one, or not local:
+    a hub id is read when loaded)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    raw = json.loads(config.read_text())
+    return raw if is_dflash_config(raw) else None

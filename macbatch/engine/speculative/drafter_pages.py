@@ -1,0 +1,48 @@
+"""The pages of a drafter that reads the target's states (an MTP layer, a DFlash drafter): one
+more ``KVStore`` of its layers, indexed by the target's full group's block ids, so the pool
+counts, caps, grows and gives back its rows with the target's (draft_runner.py's ``JointPages``).
+No recurrent state. What the model runner asks of a draft beside its forward."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from macbatch.engine.config import EngineConfig
+from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape, PageFormat
+
+
+class DrafterPages:
+    """``allocate`` gives the drafter its pages once the pool's size is known."""
+
+    slots = None  # no recurrent state
+    state_bytes_most = 0
+    state_bytes_used = 0
+
+    def __init__(self, shapes: list[LayerShape], dtype: mx.Dtype, config: EngineConfig) -> None:
+        self.shapes = shapes
+        self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
+        self.block_size = config.block_size
+        self.bytes_per_block = self.format.bytes_per_block(shapes, config.block_size)
+        self.head_counts = {s.num_kv_heads for s in shapes}
+        self._stores: KVStores | None = None
+
+    def allocate(self, num_blocks: int) -> KVStore:
+        """Its pages for ``num_blocks`` blocks (the target's full group's size)."""
+        store = KVStore(self.shapes, num_blocks, self.block_size, self.format)
+        self._stores = KVStores(store, None, [(False, i) for i in range(len(self.shapes))])
+        return store
+
+    def shrink(self) -> int:
+        return 0  # nothing beside its pages, which shrink with the pool
+
+    @property
+    def stores(self) -> KVStores:
+        assert self._stores is not None, "the drafter's pages are allocated with the pool"
+        return self._stores
+
+    @property
+    def store(self) -> KVStore:
+        return self.stores.full
+
+    def arrays(self) -> list[mx.array]:
+        return self.store.arrays()

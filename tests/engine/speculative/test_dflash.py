@@ -1,0 +1,159 @@
+"""DFlash drafting: a block-diffusion drafter proposes a block per request in one packed forward
+from the target's layer features, its context K/V in the request's blocks. Oracles: mlx-lm's
+greedy generation of the target (the output never changes), and mlx-vlm's own DFlash drafter
+loaded from the same Hugging Face checkpoint (the drafts themselves)."""
+
+from __future__ import annotations
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.speculative.dflash_model import DFlashModel
+from macbatch.engine.speculative.drafters import load_draft_model
+from macbatch.engine.speculative.policy import SpeculationPolicy
+from macbatch.models.check import check_model
+from tests.support.dflash import (
+    agreeing_dflash,
+    mlx_vlm_drafts,
+    random_dflash,
+    save_dflash_checkpoint,
+)
+from tests.support.mtp import PROMPTS, mtp_target, recorded_proposals
+from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
+from tests.support.tiny import build_model, save_model
+
+MAX_TOKENS = 16
+# a dense target, a hybrid (Gated DeltaNet) one and an MLA one
+ARCHS = ["qwen3", "qwen3_5", "deepseek_v3"]
+
+
+def _target(arch: str):
+    return build_model(arch) if arch == "qwen3" else mtp_target(arch)
+
+
+def _engine(model, tokenizer, drafter, **config) -> Engine:
+    settings = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    settings.update(config)
+    return Engine(
+        model, tokenizer, EngineConfig(speculative="dflash", **settings), draft_model=drafter
+    )
+
+
+def _greedy(engine: Engine, prompts=PROMPTS, params=None) -> list[list[int]]:
+    params = params or SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_agreeing_drafter_is_accepted_and_exact(arch, tiny_tokenizer):
+    """Five requests in flight, prompts chunked by a 16-token budget: the drafter built to agree
+    with the target has a draft of most blocks accepted (all of them where the tied target
+    repeats its token; the first where an untied one does not), and the replies are mlx-lm's."""
+    model = _target(arch)
+    engine = _engine(model, tiny_tokenizer, agreeing_dflash(model))
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert_pool_idle(engine)
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted >= spec.verifications / 2
+    assert spec.drafted > spec.verifications  # blocks, not single drafts
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rejected_blocks_leave_outputs_unchanged(arch, tiny_tokenizer, eager_speculation):
+    model = _target(arch)
+    engine = _engine(model, tiny_tokenizer, random_dflash(model))
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    spec = engine.stats().speculation
+    assert spec.verifications > 0 and spec.accepted < spec.drafted / 2
+
+
+def test_drafts_are_mlx_vlms(tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
+    """A random drafter saved in z-lab's checkpoint layout and loaded by the engine's draft
+    loader proposes, at every proposal, exactly what mlx-vlm's DFlash drafter loaded from the
+    same files proposes over mlx-lm's layer outputs: the paged context, positions, the block's
+    two-way attention and the packing are the drafter's. (Every request is expected to draft
+    soon, so no prompt pass is skipped; its layers are loud enough that the drafts depend on the
+    context and the block, not only the mask token.)"""
+    monkeypatch.setattr(
+        SpeculationPolicy,
+        "drafting_soon",
+        lambda self, requests, batch: {r.request_id for r in requests},
+    )
+    model = build_model("qwen3")
+    drafter = random_dflash(model, gain=5.0)
+    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
+    drafter = load_draft_model(str(path))
+    assert isinstance(drafter, DFlashModel)
+    engine = _engine(model, tiny_tokenizer, drafter)
+    proposals = recorded_proposals(engine)
+    _greedy(engine)
+    assert len(proposals) >= len(PROMPTS)
+    assert len({d for _, drafts in proposals for d in drafts}) > 3  # not all the mask token
+    for tokens, drafts in proposals:
+        assert drafts == mlx_vlm_drafts(path, model, tokens, len(drafts))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_mixed_batch_preemption_and_prefix_hits(arch, tiny_tokenizer, eager_speculation):
+    """Requests that opt out beside ones that speculate, a pool small enough to preempt, and
+    prompts that repeat (prefix-cache hits, their blocks' context K/V written by another
+    request): every reply is mlx-lm's."""
+    model = _target(arch)
+    prompts = PROMPTS + PROMPTS[:3]
+    engine = _engine(model, tiny_tokenizer, agreeing_dflash(model), num_blocks=14)
+    requests = [
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, speculative=i % 3 != 1)
+        for i in range(len(prompts))
+    ]
+    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    assert outputs == [mlx_lm_greedy(model, p, 24) for p in prompts]
+    stats = engine.stats()
+    assert stats.speculation.accepted > 0
+    assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
+    assert_pool_idle(engine)
+
+
+def test_sampled_tokens_after_a_verified_block_follow_the_target(tiny_tokenizer, eager_speculation):
+    """400 seeded requests at temperature 1 whose second token is verified against a DFlash
+    block: given the first token, the second follows the target's distribution."""
+    model = build_model("qwen3")
+    drafter = agreeing_dflash(model, scale=0.3)  # a spread-out target, drafts often held
+    prompt = [40, 41, 42, 43, 44]
+    engine = _engine(model, tiny_tokenizer, drafter, num_blocks=256, max_num_seqs=8)
+    assert_sampled_after_a_draft_follow(engine, model, prompt)
+
+
+def test_seeded_samples_are_the_same_with_and_without_dflash(tiny_tokenizer):
+    """Row j of a verification samples with the key of the reply's token j: a seeded request's
+    tokens are the ones it gets without speculation."""
+    model = build_model("qwen3")
+    drafter = agreeing_dflash(model, scale=0.3)
+    prompt = [90 + (i % 5) for i in range(17)]
+    params = [
+        SamplingParams(max_tokens=24, ignore_eos=True, temperature=t, seed=s)
+        for s, t in [(1, 0.9), (2, 0.7), (3, 1.2), (4, 0.0)]
+    ]
+    off = Engine(model, tiny_tokenizer, EngineConfig(num_blocks=64, block_size=8))
+    expected = [o.token_ids for o in off.generate([prompt] * len(params), params)]
+    engine = _engine(model, tiny_tokenizer, drafter)
+    assert [o.token_ids for o in engine.generate([prompt] * len(params), params)] == expected
+    assert engine.stats().speculation.accepted > 0
+
+
+def test_draft_model_option_detects_dflash(tmp_path):
+    """``--draft-model`` naming a DFlash checkpoint (``--speculative auto`` with it means
+    ``draft``) drafts with DFlash: the loader reads its config."""
+    model = build_model("qwen3")
+    target = save_model(tmp_path / "target", "qwen3")
+    path = save_dflash_checkpoint(tmp_path / "dflash", random_dflash(model), model)
+    config = EngineConfig(speculative="draft", draft_model=str(path))
+    engine = Engine.load(str(target), config)
+    assert engine.config.speculative == "dflash"
+    assert engine.config.draft_length == 15
+    assert engine.runner.draft.max_drafts == 7  # its checkpoint's block of 8, less one
+    report = check_model(str(path))  # macbatch doctor: what it is and what drafts with it
+    assert report.problem is None
+    assert (
+        "DFlash" in dict(report.rows)["drafter"] and "--draft-model" in dict(report.rows)["drafter"]
+    )

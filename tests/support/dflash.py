@@ -1,0 +1,139 @@
+"""DFlash drafters for the tiny targets: random ones, ones built to agree with the target, and
+checkpoints in the Hugging Face layout of z-lab's ``*-DFlash-b16`` (config fields and weight
+names as mlx-vlm 0.7.10's ``qwen3_dflash`` loader reads them), written here by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from macbatch.engine.model.adapter import text_model
+from macbatch.engine.speculative.dflash_model import DFlashConfig, DFlashModel
+from tests.support.mtp import scale_outputs
+
+BLOCK_SIZE = 8
+
+
+def dflash_config(target: nn.Module, layers: int = 2, block_size: int = BLOCK_SIZE) -> dict:
+    """A DFlash checkpoint's ``config.json`` for ``target`` (as z-lab's: Qwen3 fields, with the
+    mask token and the target's layers under ``dflash_config``)."""
+    args = text_model(target).args
+    num_target = int(args.num_hidden_layers)
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": int(args.hidden_size),
+        "intermediate_size": 2 * int(args.hidden_size),
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": int(args.hidden_size) // 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "vocab_size": int(args.vocab_size),
+        "block_size": block_size,
+        "num_target_layers": num_target,
+        "dflash_config": {
+            "mask_token_id": int(args.vocab_size) - 1,
+            "target_layer_ids": sorted({0, num_target // 2, num_target - 1}),
+        },
+    }
+
+
+def random_dflash(
+    target: nn.Module, seed: int = 3, gain: float = 1.0, **config: Any
+) -> DFlashModel:
+    """A DFlash drafter for ``target`` with random weights: its drafts mostly fail. ``gain``
+    scales its layers' output projections: at 1 the mask token's embedding outweighs what they
+    add (every draft is the mask token); larger, its drafts depend on the context and the
+    block."""
+    mx.random.seed(seed)
+    model = DFlashModel(DFlashConfig.from_dict(dflash_config(target, **config)))
+    for layer in model.layers:
+        layer.self_attn.o_proj.weight = gain * layer.self_attn.o_proj.weight
+        layer.mlp.down_proj.weight = gain * layer.mlp.down_proj.weight
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DFlashModel:
+    """Scales ``target``'s layers' output projections down (in place: its next token is then
+    nearly a function of the current one, as tests/support/mtp.py's predicting MTP layer
+    makes it) and returns a drafter whose every block row computes that function of the block's
+    known token: the context feature is zero (``fc`` zero), queries are zero (attention
+    uniform), the values drop the mask token's direction (so only the known token's row adds
+    one), a large output projection outweighs the residual, the MLP adds nothing and the last
+    norm is the target's. So its first draft mostly holds, and all of them where the target
+    repeats its token."""
+    text = scale_outputs(target, scale)
+    model = random_dflash(target, **config)
+    embed = text.model.embed_tokens.weight
+    mask = embed[model.config.mask_token_id]
+    unit = mask / mx.linalg.norm(mask)
+    dim = embed.shape[1]
+    drop_mask = mx.eye(dim) - unit[:, None] * unit[None, :]
+    model.fc.weight = mx.zeros_like(model.fc.weight)
+    heads = model.config.num_attention_heads
+    kv_heads, head_dim = model.config.num_key_value_heads, model.config.head_dim
+    assert kv_heads * head_dim == dim and heads * head_dim == 2 * dim
+    for layer in model.layers:
+        attention = layer.self_attn
+        attention.q_proj.weight = mx.zeros_like(attention.q_proj.weight)
+        attention.k_proj.weight = mx.zeros_like(attention.k_proj.weight)
+        attention.v_proj.weight = drop_mask
+        # each KV head's values go out through the query heads that read it (two each)
+        spread = mx.repeat(mx.eye(dim).reshape(kv_heads, head_dim, dim), 2, axis=0)
+        attention.o_proj.weight = 1e4 * spread.reshape(heads * head_dim, dim).T / 2
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    model.norm.weight = text.model.norm.weight
+    mx.eval(model.parameters())
+    return model
+
+
+def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) -> Path:
+    """``model`` as a Hugging Face DFlash checkpoint at ``path``: z-lab's names (no prefix,
+    ``fc``, ``hidden_norm``, ``layers.*``, ``norm``) and config."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = dflash_config(
+        target, layers=model.config.num_hidden_layers, block_size=model.config.block_size
+    )
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    return path
+
+
+def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> list[int]:
+    """mlx-vlm 0.7.10's own DFlash drafter, loaded from the checkpoint at ``path``, drafting
+    ``k`` tokens after ``tokens`` greedily: its context the outputs of ``target``'s layers (run
+    here layer by layer over mlx-lm's causal mask) at positions ``0..len-2``, its cache its own."""
+    from mlx_lm.models.base import create_attention_mask
+    from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig as VlmConfig
+    from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
+
+    raw = json.loads((path / "config.json").read_text())
+    drafter = DFlashDraftModel(VlmConfig.from_dict(raw))
+    weights = drafter.sanitize(dict(mx.load(str(path / "model.safetensors"))))  # type: ignore[arg-type]
+    drafter.load_weights(list(weights.items()))
+    cache = drafter.reset(target)
+    inner = text_model(target).model
+    h = inner.embed_tokens(mx.array([tokens[:-1]]))
+    mask = create_attention_mask(h, None)
+    outputs = []
+    for layer in inner.layers:
+        h = layer(h, mask, None)
+        outputs.append(h)
+    ids = raw["dflash_config"]["target_layer_ids"]
+    hidden = mx.concatenate([outputs[i] for i in ids], axis=-1)
+    drafts = drafter.draft_block(
+        tokens[-1], hidden, cache, k + 1, lambda logits: mx.argmax(logits, axis=-1)
+    )
+    return [int(t) for t in drafts.reshape(-1).tolist()]

@@ -193,8 +193,10 @@ def test_help_states_the_engines_draft_lengths_without_loading_mlx():
     from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS
 
     text = " ".join(_macbatch("serve", "--help").stdout.replace("│", " ").split())
-    ngram, draft, mtp = (DEFAULT_SPECULATIVE_TOKENS[m] for m in ("ngram", "draft", "mtp"))
-    assert f"Default: {ngram} for ngram, {draft} for draft, {mtp} for mtp." in text
+    ngram, draft, mtp, dflash = (
+        DEFAULT_SPECULATIVE_TOKENS[m] for m in ("ngram", "draft", "mtp", "dflash")
+    )
+    assert f"(default: ngram {ngram}, draft {draft}, mtp {mtp}, dflash {dflash})." in text
     probe = "import sys, macbatch.cli; print('mlx.core' in sys.modules)"
     assert (
         subprocess.run(

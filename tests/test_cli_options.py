@@ -68,7 +68,7 @@ def test_every_engine_option_comes_from_the_table(name: str) -> None:
 
 
 def test_serve_options_are_its_settings_and_the_knobs() -> None:
-    own = {"api_key", "print_launchd_plist"}
+    own = {"api_key", "print_launchd_plist", "print_systemd_unit", "install_service"}
     settings = {f.name: f for f in dataclasses.fields(ServeSettings)}
     for option in _options("serve"):
         if option.name in own or option.name in KNOBS:

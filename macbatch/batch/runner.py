@@ -111,7 +111,7 @@ def run_jobs(
                     if interrupts.count:
                         break
                 progress.model = job_file.model
-                status = _status(progress, interrupts.count > 0)
+                status = _status(progress, any(job.not_run for job in jobs.values()))
                 outputs = _job_outputs(job_file, ledger)
                 write_job_vectors(job_file, outputs, reporter.note)
                 write_job_tables(job_file, sources, outputs, reporter.note)
@@ -154,11 +154,12 @@ def _not_run(jobs: dict[str, JobProgress]) -> list[str]:
     return [f"job {job.name} was not run: {job.not_run}" for job in jobs.values() if job.not_run]
 
 
-def _status(progress: RunProgress, interrupted: bool) -> str:
-    """complete; interrupted (Ctrl-C before the end); incomplete (a job's model did not load)."""
+def _status(progress: RunProgress, skipped: bool) -> str:
+    """complete; incomplete (a job's model did not load); else interrupted (Ctrl-C, a lost
+    replica: stopped before the end, resumable)."""
     if progress.finished == progress.total:
         return "complete"
-    return "interrupted" if interrupted else "incomplete"
+    return "incomplete" if skipped else "interrupted"
 
 
 def _survey(

@@ -156,7 +156,8 @@ class EngineKnobs:
         help="Most tokens drafted per request per step (default: "
         f"ngram {DEFAULT_SPECULATIVE_TOKENS['ngram']}, "
         f"draft {DEFAULT_SPECULATIVE_TOKENS['draft']}, "
-        f"mtp {DEFAULT_SPECULATIVE_TOKENS['mtp']}).",
+        f"mtp {DEFAULT_SPECULATIVE_TOKENS['mtp']}, "
+        f"dflash {DEFAULT_SPECULATIVE_TOKENS['dflash']}).",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     cache_dir: str | None = option(

@@ -91,5 +91,6 @@ def test_a_crash_of_the_app_exits_non_zero(home: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ChatApp, "on_mount", crash)
     monkeypatch.setattr(ChatApp, "run", lambda self: App.run(self, headless=True))
+    monkeypatch.setattr("macbatch.tui.command.terminal_problem", lambda: None)  # headless here
     result = CliRunner().invoke(cli(), ["chat", "--history", str(home / "chat.sqlite3")])
     assert result.exit_code == 1, result.output

@@ -44,7 +44,7 @@ def test_causal_image_blocks_differ_from_mlx_vlm(
     gemma4: TinyVlm, image_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the kernel's causal rows left as they are
-    monkeypatch.setattr("macbatch.engine.model.adapter.attend_blocks", lambda out, *rest: out)
+    monkeypatch.setattr("macbatch.engine.model.paged_cache.attend_blocks", lambda out, *rest: out)
     assert _mismatches(gemma4, image_files) > 0
 
 
@@ -113,7 +113,7 @@ def test_image_rows_on_window_layers_keep_their_window_outside_the_block(
             out, queries, pages, tables, blocks, layer._replace(sliding_window=None)
         )
 
-    monkeypatch.setattr("macbatch.engine.model.adapter.attend_blocks", windowless)
+    monkeypatch.setattr("macbatch.engine.model.paged_cache.attend_blocks", windowless)
     assert _mismatches(gemma4, image_files) > 0
 
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.model.config_file import read_model_config
 from macbatch.engine.pooling.embedding_profile import (
     EmbeddingProfile,
     sentence_transformers_profile,
@@ -51,8 +51,7 @@ def profile_for(directory: Path, config: EncoderConfig) -> EmbeddingProfile:
 def encoder_facts(directory: Path) -> EncoderFacts | None:
     """The facts of the encoder checkpoint in ``directory`` (None: not an encoder it runs)."""
     try:
-        raw = json.loads((directory / "config.json").read_text())
-        config = EncoderConfig.from_dict(raw)
+        config = EncoderConfig.from_dict(read_model_config(directory))
     except (OSError, ValueError, KeyError):
         return None
     return EncoderFacts(config, profile_for(directory, config))

@@ -62,7 +62,8 @@ def test_packed_rows_equal_the_oracle(
     model = EncoderModel.load(str(path))
     inputs = [model.tokenize(t) for t in long_tailed_texts(40)]
     lengths = [len(i.ids) for i in inputs]
-    assert max(lengths) > 8 * int(np.median(lengths))  # long-tailed, packed several passes
+    # long-tailed (the words come from docs/, so exact lengths move with them), several passes
+    assert max(lengths) > 4 * int(np.median(lengths)) and sum(lengths) > 3 * 600
     got = model.embed(inputs, max_batch_tokens=600)
     want = oracle_vectors(model, weights, config, inputs)
     assert cosines(got, want).min() >= 0.99999

@@ -17,22 +17,11 @@ from typing import Any
 
 import mlx_lm.models
 
-from tests.support.tiny import HYBRID_CONFIGS, VOCAB_SIZE, tiny_configs
+from tests.support.tiny import HYBRID_CONFIGS, TINY_COMMON, VOCAB_SIZE, tiny_configs
 
+# the parity tests' tiny sizes, with the other names modules give the same fields
 _COMMON: dict[str, Any] = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    layer_norm_eps=1e-5,
-    norm_eps=1e-5,
-    vocab_size=VOCAB_SIZE,
-    max_position_embeddings=4096,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
+    TINY_COMMON, head_dim=16, layer_norm_eps=1e-5, norm_eps=1e-5, tie_word_embeddings=False
 )
 # MoE modules: four small experts
 _MOE: dict[str, Any] = dict(

@@ -36,7 +36,7 @@ _CORPUS = [
     "Summarize the following article in one sentence.",
 ] * 20
 
-_COMMON = dict(
+TINY_COMMON = dict(
     hidden_size=64,
     num_hidden_layers=2,
     intermediate_size=128,
@@ -49,11 +49,11 @@ _COMMON = dict(
 )
 
 ARCH_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": dict(_COMMON, model_type="llama", tie_word_embeddings=False),
-    "qwen2": dict(_COMMON, model_type="qwen2", tie_word_embeddings=True),
-    "qwen3": dict(_COMMON, model_type="qwen3", head_dim=16, tie_word_embeddings=True),
+    "llama": dict(TINY_COMMON, model_type="llama", tie_word_embeddings=False),
+    "qwen2": dict(TINY_COMMON, model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(TINY_COMMON, model_type="qwen3", head_dim=16, tie_word_embeddings=True),
     "gemma3_text": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="gemma3_text",
         num_hidden_layers=3,
         head_dim=16,
@@ -62,7 +62,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         sliding_window_pattern=3,
     ),
     "ministral3": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="ministral3",
         head_dim=16,
         tie_word_embeddings=False,
@@ -79,7 +79,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
         },
     ),
     "gpt_oss": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="gpt_oss",
         head_dim=16,
         num_local_experts=4,
@@ -96,7 +96,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 # cache does, is the pages' rounding; the MoE ones with 4 experts, the first layer dense. The
 # yarn settings make DeepSeek's softmax scale carry mscale (factor > 1).
 _MLA = dict(
-    _COMMON,
+    TINY_COMMON,
     num_hidden_layers=3,
     num_key_value_heads=4,
     kv_lora_rank=64,
@@ -264,7 +264,7 @@ REFUSED_MLA_CONFIGS: dict[str, dict[str, Any]] = {
 # Hybrid models: a few attention layers among recurrent ones (docs/models.md, "Hybrid models").
 HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3_5": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="qwen3_5",
         num_hidden_layers=4,
         head_dim=16,
@@ -283,7 +283,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         },
     ),
     "qwen3_next": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="qwen3_next",
         num_hidden_layers=4,
         head_dim=16,
@@ -302,7 +302,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         partial_rotary_factor=0.5,
     ),
     "lfm2": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="lfm2",
         num_hidden_layers=4,
         norm_eps=1e-5,
@@ -316,7 +316,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         full_attn_idxs=[1, 3],
     ),
     "nemotron_h": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="nemotron_h",
         attention_bias=False,
         head_dim=16,
@@ -334,7 +334,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
         time_step_limit=[0.0, 1e9],
     ),
     "granitemoehybrid": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="granitemoehybrid",
         num_hidden_layers=4,
         attention_bias=False,
@@ -355,7 +355,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
     # Attention and a Mamba 2 mixer side by side in every layer (one CacheList each). The
     # multipliers are mlx-lm's defaults (its sanitize folds them into the weights at load).
     "falcon_h1": dict(
-        _COMMON,
+        TINY_COMMON,
         model_type="falcon_h1",
         num_hidden_layers=3,
         head_dim=16,
@@ -371,7 +371,7 @@ HYBRID_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 _GEMMA4_TEXT = dict(
-    _COMMON,
+    TINY_COMMON,
     model_type="gemma4_text",
     num_hidden_layers=4,
     head_dim=16,

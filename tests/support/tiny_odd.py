@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.tiny import _COMMON as _C
+from tests.support.tiny import TINY_COMMON as _C
 from tests.support.tiny import VOCAB_SIZE
 
 # served: greedy tokens identical to mlx-lm's

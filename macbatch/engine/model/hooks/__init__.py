@@ -15,6 +15,7 @@ from typing import Any
 
 from macbatch.engine.model.hooks import (
     attention,
+    block_sparse_attention,
     cpu_activations,
     depthwise_conv,
     gated_delta,
@@ -59,6 +60,13 @@ HOOKS: tuple[Hook, ...] = (
         "cache their latent and attend through a score mask or per-head keys; the packed step "
         "writes one latent row per token and attends over the latent pages, absorbed",
         lambda target: latent_attention.install(target.layers),
+    ),
+    Hook(
+        "block_sparse_attention",
+        "Qwen4-exp's attention has its indexer append its keys to mlx-vlm's own cache and attends "
+        "through its QSA kernel or a mask; the packed step pages the keys, selects each row's "
+        "positions and attends over the pages reading those alone",
+        lambda target: block_sparse_attention.install(target.layers),
     ),
     Hook(
         "row_positions",

@@ -24,6 +24,7 @@ from macbatch.engine.model.hooks import (
     row_positions,
     softcap_attention,
     ssm_cut,
+    token_history,
 )
 
 
@@ -106,6 +107,13 @@ HOOKS: tuple[Hook, ...] = (
         "a Mamba 2 layer's verification leaves its state after the first token inside one "
         "call of the layer (its weights read once), the scan run in two parts",
         lambda _: ssm_cut.install(),
+        recurrent=True,
+    ),
+    Hook(
+        "token_history",
+        "Qwen4-exp's n-gram embedding keeps its context's token ids as layer state and reads a "
+        "fresh one as EOS; the engine's fresh state slots are zeros, so they keep each id plus one",
+        lambda target: token_history.install(target.layers),
         recurrent=True,
     ),
     Hook(

@@ -2,7 +2,7 @@
 checkpoints are (config.json with ``text_config`` and ``vision_config``, the weights under the
 model's own names, the tiny byte-level tokenizer): Gated DeltaNet layers with Qwen Sparse
 Attention (QSA) layers between them, MoE feed-forwards, two residual streams (hyper-connections)
-and an n-gram per-layer embedding (PLE) on the first linear layer. QSA scores blocks of
+and an n-gram per-layer embedding (PLE) on its linear layer. QSA scores blocks of
 ``COMPRESS_RATIO`` keys and attends to the best ``BUDGET // COMPRESS_RATIO`` of them and the
 tokens after the last whole block: contexts past ``SPARSE_FROM`` tokens drop positions."""
 
@@ -26,8 +26,8 @@ TEXT_CONFIG: dict[str, Any] = dict(
     model_type="qwen4_exp",
     vocab_size=VOCAB_SIZE,
     hidden_size=64,
-    num_hidden_layers=4,
-    full_attention_interval=2,  # linear, sparse, linear, sparse
+    num_hidden_layers=2,
+    full_attention_interval=2,  # a linear layer, then a sparse one
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,

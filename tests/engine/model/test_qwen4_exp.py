@@ -21,7 +21,7 @@ from tests.support.vlm_oracle import assert_matches_mlx_vlm_text, mlx_vlm_text_g
 
 pytest.importorskip("mlx_vlm")
 
-GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
 
 
 @pytest.fixture(scope="module")
@@ -33,35 +33,39 @@ def saved(tmp_path_factory) -> tuple[Path, object]:
     return path, load_model(path)
 
 
+@pytest.fixture(scope="module")
+def engine(saved) -> Engine:
+    """The engine of the tiny checkpoint, a 24-token budget chunking the longer prompts."""
+    engine = Engine.load(str(saved[0]), EngineConfig(**STAGGERED))
+    assert isinstance(engine.kv.full, IndexerKeysGroup)
+    return engine
+
+
 def test_served_text_only() -> None:
     assert unsupported_reason("qwen4_exp") is None
     assert family("qwen4_exp").library is Library.MLX_VLM
     assert family("qwen4_exp").vision is None and family("qwen4_exp").vision_refusal
 
 
-def test_staggered_batch_with_chunked_prefill(saved) -> None:
-    """Nine requests join at different steps; a 24-token budget chunks the longer prompts
-    (contexts up to 70 tokens, sparse from 16); every token is mlx-vlm's."""
-    path, oracle = saved
-    engine = Engine.load(str(path), EngineConfig(**STAGGERED))
-    assert isinstance(engine.kv.full, IndexerKeysGroup)
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
+def test_staggered_batch_with_chunked_prefill(saved, engine: Engine) -> None:
+    """Six requests join at different steps, the longer prompts in chunks (contexts up to 66
+    tokens, sparse from 16); every token is mlx-vlm's."""
+    prompts = random_prompts([1, 5, 37, 12, 60, 3])
     results = run_staggered(engine, prompts, GREEDY)
     for i, prompt in enumerate(prompts):
-        want = [token for token, _ in mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens)]
+        want = [token for token, _ in mlx_vlm_text_greedy(saved[1], prompt, GREEDY.max_tokens)]
         assert results[i] == want, f"request {i}"
     assert_pool_idle(engine)
 
 
-def test_attention_reads_the_selected_positions_only(saved, tmp_path: Path) -> None:
+def test_attention_reads_the_selected_positions_only(saved, engine: Engine, tmp_path) -> None:
     """Log-probabilities are mlx-vlm's sparse ones, and far from those of the same weights
     attending to every position (a budget past the context): an attention that read every
     token fails here, and one that read other tokens than the selection's too; the long prompt
     then resumes from the prefix cache."""
     from mlx_vlm.utils import load_model
 
-    path, oracle = saved
-    engine = Engine.load(str(path), EngineConfig(num_blocks=64, block_size=8))
+    oracle = saved[1]
     long, short = random_prompts([40, 3], seed=4)
     outs = engine.generate([long, short], GREEDY)
     for prompt, out in zip([long, short], outs):
@@ -78,19 +82,19 @@ def test_attention_reads_the_selected_positions_only(saved, tmp_path: Path) -> N
 
 
 def test_preemption_then_a_restart_from_the_disk_tier(saved, tmp_path: Path) -> None:
-    """A pool too small for five requests preempts some (they recompute: the same tokens); a
-    fresh engine over the same disk tier reads a prompt's blocks (raw indexer keys, K/V and the
-    recurrent state at their end) back for a longer prompt, and its tokens stay mlx-vlm's."""
+    """A pool too small for three requests preempts one (it recomputes: the same tokens); a
+    fresh engine over the same disk tier reads a prompt's blocks (K/V, raw indexer keys, and
+    the recurrent state at their end) back for a longer prompt, and its tokens stay mlx-vlm's."""
     path, oracle = saved
     config = dict(block_size=8, max_num_batched_tokens=64, disk_cache_dir=str(tmp_path / "kv"))
-    engine = Engine.load(str(path), EngineConfig(num_blocks=12, **config))
-    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=8, **config))
+    prompts = random_prompts([20, 18, 22], seed=3)
     outs = engine.generate(prompts, GREEDY)
     assert engine.stats().preemptions > 0
     for prompt, out in zip(prompts, outs):
         assert_matches_mlx_vlm_text(oracle, prompt, out)
     engine.close()
-    restarted = Engine.load(str(path), EngineConfig(num_blocks=64, **config))
+    restarted = Engine.load(str(path), EngineConfig(num_blocks=32, **config))
     [out] = restarted.generate([prompts[2] + [5, 6, 7]], GREEDY)
     assert out.metrics.disk_cached_tokens == 16
     assert_matches_mlx_vlm_text(oracle, prompts[2] + [5, 6, 7], out)

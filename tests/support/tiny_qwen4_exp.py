@@ -9,14 +9,12 @@ tokens after the last whole block: contexts past ``SPARSE_FROM`` tokens drop pos
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, randomize, save_checkpoint
 
 BUDGET, COMPRESS_RATIO = 12, 4
 # the first context a row reads sparsely: more whole blocks than the selection holds
@@ -108,19 +106,10 @@ def qwen4_exp_model(seed: int = 0, **text: Any) -> Any:
     mx.random.seed(seed)
     model = Model(ModelConfig.from_dict(_config(**text)))
     model.set_dtype(mx.float32)
-    params = tree_flatten(model.parameters())
-    model.load_weights(
-        [(k, mx.random.normal(v.shape) * 0.3) for k, v in params if k.endswith(_RANDOMIZED)],
-        strict=False,
-    )
+    randomize(model, _RANDOMIZED, 0.3)
     return model
 
 
 def save_qwen4_exp(path: Path, seed: int = 0, **text: Any) -> Path:
     """The tiny checkpoint in ``path``; ``text``: text config fields replaced."""
-    model = qwen4_exp_model(seed, **text)
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (path / "config.json").write_text(json.dumps(_config(**text), indent=2))
-    save_tokenizer(path)
-    return path
+    return save_checkpoint(path, qwen4_exp_model(seed, **text), _config(**text))

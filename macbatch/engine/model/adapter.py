@@ -43,8 +43,8 @@ from macbatch.engine.model.kv_probe import (
     refused_if_unreadable,
 )
 from macbatch.engine.model.paged_cache import PagedLayerCache
-from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.model.qsa_indexer import selection_plan
+from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.model.state_calls import StateCache
 from macbatch.engine.stores.pages import KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore

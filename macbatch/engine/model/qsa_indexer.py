@@ -69,11 +69,14 @@ def block_indexer_rows(indexer: Any, x: mx.array, positions: mx.array) -> BlockI
     return BlockIndexerRows(queries[:, :, 0], qk[:, 0, heads])
 
 
-def select_blocks(rows: BlockIndexerRows, key_pages: Any, indexer: Any, plan: SelectionPlan) -> mx.array | None:
+def select_blocks(
+    rows: BlockIndexerRows, key_pages: Any, indexer: Any, plan: SelectionPlan
+) -> mx.array | None:
     """Each packed row's positions ``[N, width]`` int32 (-1: unused), from its sequence's paged
     raw keys ``key_pages [blocks, 1, block_size, D]``; None when every row attends densely."""
     if plan.dense:
         return None
+    # not dense: the longest sequence holds more than ``width`` keys, so more than ``top`` blocks
     ratio, top = int(indexer.compress_ratio), int(indexer.block_topk)
     raw = gather_keys(key_pages, plan.meta.block_tables[:, : plan.num_blocks])
     summaries = _summaries(indexer, raw.astype(rows.keys.dtype))  # [S, B, D]
@@ -91,8 +94,6 @@ def select_blocks(rows: BlockIndexerRows, key_pages: Any, indexer: Any, plan: Se
         whole = (mx.array(tile.positions) + 1) // ratio  # [S_t, L_t] whole blocks each row sees
         visible = mx.arange(scores.shape[-1]) < whole[..., None]
         scores = mx.where(visible, scores, -float("inf"))
-        if scores.shape[-1] < top:
-            scores = mx.pad(scores, [(0, 0), (0, 0), (0, top - scores.shape[-1])], -float("inf"))
         blocks = mx.argpartition(scores, kth=-top, axis=-1)[..., -top:].astype(mx.int32)
         blocks = mx.where(blocks < whole[..., None], blocks, -1)
         positions = _positions(blocks, whole, mx.array(tile.positions), ratio)

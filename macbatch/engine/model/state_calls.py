@@ -28,7 +28,7 @@ class StateCache(ArraysCache):
         never set)."""
         assert lengths is None, "the engine's sequences are never padded"
         state = source[:, source.shape[1] - int(width) :]
-        self.cache[index] = state
+        self[index] = state
         return state
 
     def update_recurrent(
@@ -37,5 +37,5 @@ class StateCache(ArraysCache):
         """Run ``update`` (the recurrence over ``length`` tokens) from array ``index``, which
         then holds the state it leaves; returns its output and that state."""
         output, state = update(self.cache[index], None)[:2]
-        self.cache[index] = state
+        self[index] = state
         return output, state

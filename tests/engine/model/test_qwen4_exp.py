@@ -17,7 +17,11 @@ from macbatch.engine.model.families import Library, family, unsupported_reason
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import STAGGERED, random_prompts, run_staggered
 from tests.support.tiny_qwen4_exp import SPARSE_FROM, save_qwen4_exp
-from tests.support.vlm_oracle import assert_matches_mlx_vlm_text, mlx_vlm_text_greedy
+from tests.support.vlm_oracle import (
+    assert_matches_mlx_vlm_text,
+    assert_sparse_not_dense,
+    mlx_vlm_text_greedy,
+)
 
 pytest.importorskip("mlx_vlm")
 
@@ -63,21 +67,12 @@ def test_attention_reads_the_selected_positions_only(saved, engine: Engine, tmp_
     attending to every position (a budget past the context): an attention that read every
     token fails here, and one that read other tokens than the selection's too; the long prompt
     then resumes from the prefix cache."""
-    from mlx_vlm.utils import load_model
-
-    oracle = saved[1]
-    long, short = random_prompts([40, 3], seed=4)
-    outs = engine.generate([long, short], GREEDY)
-    for prompt, out in zip([long, short], outs):
-        assert_matches_mlx_vlm_text(oracle, prompt, out)
-    assert len(long) > SPARSE_FROM
-    dense = load_model(save_qwen4_exp(tmp_path / "dense", indexer_budget=1 << 12))
-    [(_, dense_first)] = mlx_vlm_text_greedy(dense, long, 1)
-    assert abs(dense_first - outs[0].logprobs[0]) > 1e-3
+    dense = save_qwen4_exp(tmp_path / "dense", indexer_budget=1 << 12)
+    long = assert_sparse_not_dense(engine, saved[1], GREEDY, dense, SPARSE_FROM)
     # the long prompt's blocks (K/V, raw indexer keys) and a recurrent checkpoint resumed
     [again] = engine.generate([long + [5, 6, 7]], GREEDY)
     assert again.metrics.cached_tokens == 32
-    assert_matches_mlx_vlm_text(oracle, long + [5, 6, 7], again)
+    assert_matches_mlx_vlm_text(saved[1], long + [5, 6, 7], again)
     assert_pool_idle(engine)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 
 from macbatch.engine.model.hooks.attention import EngineAttention
+from macbatch.engine.model.class_swap import swap_call
 from macbatch.engine.model.qsa_indexer import is_block_indexer
 
 _SPARSE_CLASSES: dict[type, type] = {}
@@ -31,14 +32,8 @@ def install(layers: Sequence[Any]) -> None:
     (parameters and their names untouched)."""
     for layer in layers:
         attention = getattr(layer, "self_attn", None)
-        if not is_block_indexer(getattr(attention, "indexer", None)):
-            continue
-        cls = type(attention)
-        if cls in _SPARSE_CLASSES.values():
-            continue
-        if cls not in _SPARSE_CLASSES:
-            _SPARSE_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _sparse_call(cls)})
-        attention.__class__ = _SPARSE_CLASSES[cls]
+        if is_block_indexer(getattr(attention, "indexer", None)):
+            swap_call(attention, _SPARSE_CLASSES, _sparse_call)
 
 
 def _sparse_call(base: type) -> Callable[..., mx.array]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from macbatch.engine.model.class_swap import swap_call
 from macbatch.engine.model.state_calls import StateCache
 
 # what marks a module as an n-gram embedding keeping its context's ids (Qwen4-exp's)
@@ -29,14 +30,8 @@ def install(layers: Sequence[Any]) -> None:
     """Swap the class of every n-gram embedding among ``layers``' modules."""
     for layer in layers:
         for _, module in layer.named_modules():
-            if not all(hasattr(module, name) for name in _MARKS):
-                continue
-            cls = type(module)
-            if cls in _HISTORY_CLASSES.values():
-                continue
-            if cls not in _HISTORY_CLASSES:
-                _HISTORY_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _shifted(cls)})
-            module.__class__ = _HISTORY_CLASSES[cls]
+            if all(hasattr(module, name) for name in _MARKS):
+                swap_call(module, _HISTORY_CLASSES, _shifted)
 
 
 def _shifted(base: type) -> Callable[..., mx.array]:

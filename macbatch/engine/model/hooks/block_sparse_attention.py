@@ -20,8 +20,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.class_swap import swap_call
+from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.qsa_indexer import is_block_indexer
 
 _SPARSE_CLASSES: dict[type, type] = {}

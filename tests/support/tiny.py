@@ -459,6 +459,26 @@ def save_model(
     return path
 
 
+def randomize(model: nn.Module, suffixes: tuple[str, ...], scale: float) -> None:
+    """``model``'s parameters named with one of ``suffixes`` (the ones its classes create as
+    zeros or ones) drawn at random, so a test sees each of them act."""
+    params = tree_flatten(model.parameters())
+    model.load_weights(
+        [(k, mx.random.normal(v.shape) * scale) for k, v in params if k.endswith(suffixes)],
+        strict=False,
+    )
+
+
+def save_checkpoint(path: Path, model: nn.Module, config: dict[str, Any]) -> Path:
+    """``model``'s weights under its own names, ``config`` as config.json and the tiny
+    tokenizer in ``path`` (an mlx-vlm family's tiny checkpoint)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    save_tokenizer(path)
+    return path
+
+
 def save_tokenizer(path: Path, chat_template: str = CHAT_TEMPLATE) -> None:
     """The tiny tokenizer's files in ``path`` (EOS ``<|im_end|>``, no BOS)."""
     (path / "tokenizer.json").write_text(build_tokenizer_json())

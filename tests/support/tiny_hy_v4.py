@@ -7,16 +7,14 @@ layer's top-k, per-head attention sinks, a per-value output gate and four residu
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, randomize, save_checkpoint
 
 INDEX_TOPK = 12
 CONFIG: dict[str, Any] = dict(
@@ -59,23 +57,14 @@ def hy_v4_model(seed: int = 0, **overrides: Any) -> Any:
     config = hy_v4.ModelConfig.from_dict({**copy.deepcopy(CONFIG), **overrides})
     model = hy_v4.Model(config)
     model.set_dtype(mx.float32)
-    params = tree_flatten(model.parameters())
-    model.load_weights(
-        [(k, mx.random.normal(v.shape) * 0.5) for k, v in params if k.endswith(_RANDOMIZED)],
-        strict=False,
-    )
+    randomize(model, _RANDOMIZED, 0.5)
     return model
 
 
 def save_hy_v4(path: Path, seed: int = 0, **overrides: Any) -> Path:
     """The tiny checkpoint in ``path``; ``overrides`` merged into its config.json."""
-    model = hy_v4_model(seed, **overrides)
-    path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     config = {**CONFIG, **overrides, "eos_token_id": SPECIAL_TOKENS.index("<|im_end|>")}
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    save_tokenizer(path)
-    return path
+    return save_checkpoint(path, hy_v4_model(seed, **overrides), config)
 
 
 @contextmanager

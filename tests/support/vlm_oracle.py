@@ -75,6 +75,29 @@ def assert_matches_mlx_vlm_text(model: Any, prompt: list[int], out: Any) -> None
     assert out.logprobs == pytest.approx([lp for _, lp in want], abs=1e-4)
 
 
+def assert_sparse_not_dense(
+    engine: Any, model: Any, params: Any, dense_path: Path, past: int
+) -> list[int]:
+    """A long prompt (more than ``past`` tokens: its rows read a selection) and a short one
+    through ``engine`` (``params``: greedy, with log-probabilities): mlx-vlm's tokens and
+    log-probabilities, the long one's first far from
+    those of the checkpoint at ``dense_path`` (the same weights attending to every position), so
+    an attention that read every token fails, and one that read others than the selection's.
+    Returns the long prompt."""
+    from mlx_vlm.utils import load_model
+
+    from tests.support.staggered import random_prompts
+
+    long, short = random_prompts([40, 3], seed=4)
+    assert len(long) > past
+    outs = engine.generate([long, short], params)
+    for prompt, out in zip([long, short], outs):
+        assert_matches_mlx_vlm_text(model, prompt, out)
+    [(_, dense_first)] = mlx_vlm_text_greedy(load_model(dense_path), long, 1)
+    assert abs(dense_first - outs[0].logprobs[0]) > 1e-3
+    return long
+
+
 def assert_staggered_matches_mlx_vlm(engine: Any, model: Any, params: Any, label: str) -> None:
     """Nine requests joining ``engine``'s batch at different steps (its config chunks the longer
     prompts), then the two longest again from the prefix cache: every token is mlx-vlm's, and

@@ -21,8 +21,10 @@ per-layer cache objects are ``paged_cache.PagedLayerCache`` (attention) and
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -41,8 +43,9 @@ from macbatch.engine.model.kv_probe import (
     refused_if_unreadable,
 )
 from macbatch.engine.model.paged_cache import PagedLayerCache
+from macbatch.engine.model.qsa_indexer import selection_plan
 from macbatch.engine.model.recurrent import PagedStateCache
-from macbatch.engine.model.sparse_indexer import SelectionPlan
+from macbatch.engine.model.state_calls import StateCache
 from macbatch.engine.stores.pages import KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore
 
@@ -237,11 +240,9 @@ class ModelAdapter:
         """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from
         one forward that is never evaluated; marks the attention caches the forward never
         touches (``kv_used``: a cache list longer than the layers that use it)."""
-        from mlx_lm.models.cache import ArraysCache
-
         with probing(self.model_type) as peers:
-            caches: list[ProbeCache | ArraysCache] = [
-                ArraysCache(size) if size else ProbeCache(peers)
+            caches: list[ProbeCache | StateCache] = [
+                StateCache(size) if size else ProbeCache(peers)
                 for e in self.recurrent
                 for size in e
             ]
@@ -249,7 +250,7 @@ class ModelAdapter:
         attention = [c for c in caches if isinstance(c, ProbeCache)]
         self.kv_used = [c.shape is not None or bool(c.reads) for c in attention]
         attention = [c for c, used in zip(attention, self.kv_used) if used]
-        states = [_state_shape(c) for c in caches if isinstance(c, ArraysCache)]
+        states = [_state_shape(c) for c in caches if isinstance(c, StateCache)]
         if not attention:  # recurrent only (Mamba, RWKV-7): the full group holds no pages
             if not states:
                 raise UnsupportedModelError(
@@ -322,8 +323,7 @@ class ModelAdapter:
         attention = iter(zip(self.kv_layers, self.kv_writes, self.head_orders, self.index_layers))
         plan = None
         if self.sparse:
-            top_k, heads = int(self.indexer.index_topk), int(self.indexer.n_heads)
-            plan = SelectionPlan(batch.attention, top_k, heads, stores.full.block_size)
+            plan = selection_plan(self.indexer, batch.attention, stores.full.block_size)
         used = iter(self.kv_used)
         state_layers = iter(range(len(self.state_shapes)))
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions
@@ -390,7 +390,7 @@ class ModelAdapter:
         own ``__call__`` (tied embeddings, logit scaling and softcaps stay the architecture's)."""
         stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
         inputs = mx.zeros(hidden.shape[:2], dtype=mx.int32)  # unread
-        out = type(self.model).__call__(stand_in, inputs)
+        out = _head_call(type(self.model))(stand_in, inputs)
         # mlx-vlm's language models return their logits in an output record
         logits = getattr(out, "logits", out)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
@@ -415,6 +415,15 @@ def cache_groups(
     return window, slots
 
 
+@functools.cache
+def _head_call(cls: type) -> Callable[..., Any]:
+    """``cls.__call__``, or where it calls ``super()`` (which needs a real instance, not the
+    head's stand-in: Qwen4-exp's, adding hidden-state keywords to Qwen3.5's) the first of its
+    bases' that does not."""
+    calls = (klass.__dict__.get("__call__") for klass in cls.__mro__)
+    return next(c for c in calls if c is not None and "__class__" not in c.__code__.co_freevars)
+
+
 def _kinds(*names: str) -> tuple[type, ...]:
     """mlx-lm's cache classes ``names``, and mlx-vlm's of those names once it is loaded (the
     families whose text model is its make its caches)."""
@@ -426,9 +435,13 @@ def _kinds(*names: str) -> tuple[type, ...]:
 
 def _plain_kv_kinds() -> tuple[type, ...]:
     """mlx-vlm's ``KVCache`` subclasses that keep plain K/V (loaded ones only): Hunyuan V4's,
-    which only allocates its indexer keys' zero-width values and sizes its memory apart."""
-    home = sys.modules.get("mlx_vlm.models.hy_v4.cache")
-    return () if home is None else (home.HyV4KVCache,)
+    which only allocates its indexer keys' zero-width values and sizes its memory apart, and
+    Qwen4-exp's, which keeps its block indexer's keys beside them (the engine pages those as a
+    store layer of their own, ``hooks/block_sparse_attention.py``)."""
+    homes = (("mlx_vlm.models.hy_v4.cache", "HyV4KVCache"),
+             ("mlx_vlm.models.qwen4_exp.language", "QSAKVCache"))  # fmt: skip
+    loaded = ((sys.modules.get(module), name) for module, name in homes)
+    return tuple(getattr(home, name) for home, name in loaded if home is not None)
 
 
 def _state_shape(cache: Any) -> StateShape:

@@ -151,7 +151,7 @@ _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
 )
-_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "longcat_flash_sparse")
+_VLM_SPARSE = ("deepseek_v4", "glm5_next", "longcat_flash_sparse")
 _NOT_TEXT = "not a text generator"
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
@@ -290,6 +290,12 @@ FAMILIES: dict[str, Family] = {
         library=Library.MLX_VLM,
         vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
         "packed step does not hand it yet (text is served)",
+    ),
+    # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
+    "qwen4_exp": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
+        "(text is served)",
     ),
     "mistral_large3": Family(
         library=Library.MLX_VLM,

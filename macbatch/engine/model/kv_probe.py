@@ -68,6 +68,7 @@ class ProbeCache(EngineAttention):
         window: int | None,
         sinks: Any,
         softcap: float | None = None,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """Records whose K/V the call reads, its window and its heads' K/V heads."""
         owner = owner_of(self.peers, keys, self)
@@ -98,6 +99,11 @@ class ProbeCache(EngineAttention):
     def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
         """Records the layer's indexer (its keys get pages of their own); a lone token's one
         position needs no selection."""
+        self.indexer = indexer
+        return None
+
+    def select_blocks(self, indexer: Any, x: mx.array) -> mx.array | None:
+        """Records a block-sparse layer's indexer, as ``select`` does."""
         self.indexer = indexer
         return None
 

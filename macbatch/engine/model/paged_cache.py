@@ -16,6 +16,7 @@ from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.kv_probe import owner_of
+from macbatch.engine.model.qsa_indexer import block_indexer_rows, select_blocks
 from macbatch.engine.model.sparse_indexer import SelectionPlan, indexer_rows, select
 from macbatch.engine.stores.pages import KVStore, KVStores
 
@@ -80,12 +81,13 @@ class PagedLayerCache(EngineAttention):
         window: int | None,
         sinks: Any,
         softcap: float | None = None,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """The layer's paged attention over the pages of the layer whose K/V it is handed (its
         own, usually; they are in the pages by now)."""
         source = self if keys is self.keys else owner_of(self.peers, keys, self)
         k_pages, v_pages = source.store.pages(source.layer)
-        layer = macbatch.metal.LayerParams(scale, window, softcap, sinks)
+        layer = macbatch.metal.LayerParams(scale, window, softcap, sinks, selected=selected)
         meta = self.batch.window_attention if source.windowed else self.batch.attention
         q = queries[:, :, 0, :] if self.head_order is None else queries[:, self.head_order, 0, :]
         out = macbatch.metal.paged_attention(q, k_pages, v_pages, meta, layer)
@@ -126,3 +128,11 @@ class PagedLayerCache(EngineAttention):
         rows = indexer_rows(indexer, x, qr, self.offset)
         self.store.write(self.index_layer, self.rows[1], rows.keys, None)
         return select(rows, self.store.pages(self.index_layer)[0], self.plan)
+
+    def select_blocks(self, indexer: Any, x: mx.array) -> mx.array | None:
+        """The indexer's raw keys of this step's rows written to their pages, then each row's
+        positions by its best blocks (None: the step attends densely)."""
+        assert self.index_layer is not None and self.plan is not None and self.rows is not None
+        rows = block_indexer_rows(indexer, x, self.offset)
+        self.store.write(self.index_layer, self.rows[1], rows.keys, None)
+        return select_blocks(rows, self.store.pages(self.index_layer)[0], indexer, self.plan)

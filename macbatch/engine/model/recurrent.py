@@ -454,7 +454,8 @@ def _joined(outs: list[Any], axis: int) -> Any:
 
 
 def _new_cache(size: int) -> Any:
-    """An empty mlx-lm ``ArraysCache`` of ``size`` arrays, as the layer's own code expects."""
-    from mlx_lm.models.cache import ArraysCache
+    """An empty ``ArraysCache`` of ``size`` arrays, as the layer's own code expects (mlx-lm's,
+    answering mlx-vlm's calls too: ``state_calls.py``)."""
+    from macbatch.engine.model.state_calls import StateCache
 
-    return ArraysCache(size)
+    return StateCache(size)

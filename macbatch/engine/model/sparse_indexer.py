@@ -127,7 +127,7 @@ def select(rows: IndexerRows, key_pages: Any, plan: SelectionPlan) -> mx.array |
     keys ``key_pages [blocks, 1, block_size, D]``; None when every row attends densely."""
     if plan.dense:
         return None
-    keys = _gather_keys(key_pages, plan.meta.block_tables[:, : plan.num_blocks])
+    keys = gather_keys(key_pages, plan.meta.block_tables[:, : plan.num_blocks])
     keys = keys.astype(rows.queries.dtype)
     parts = []
     for tile in plan.tiles:
@@ -151,7 +151,7 @@ def select(rows: IndexerRows, key_pages: Any, plan: SelectionPlan) -> mx.array |
     return mx.concatenate(parts, axis=0)[plan.order]
 
 
-def _gather_keys(pages: Any, blocks: mx.array) -> mx.array:
+def gather_keys(pages: Any, blocks: mx.array) -> mx.array:
     """The key rows of each sequence's ``blocks [S, n]`` as ``[S, n * block_size, D]`` (quantized
     pages dequantized)."""
     if isinstance(pages, QuantizedPages):

@@ -15,6 +15,7 @@ from typing import Any
 
 from macbatch.engine.model.hooks import (
     attention,
+    block_sparse_attention,
     cpu_activations,
     depthwise_conv,
     gated_delta,
@@ -23,6 +24,7 @@ from macbatch.engine.model.hooks import (
     row_positions,
     softcap_attention,
     ssm_cut,
+    token_history,
 )
 
 
@@ -59,6 +61,13 @@ HOOKS: tuple[Hook, ...] = (
         "cache their latent and attend through a score mask or per-head keys; the packed step "
         "writes one latent row per token and attends over the latent pages, absorbed",
         lambda target: latent_attention.install(target.layers),
+    ),
+    Hook(
+        "block_sparse_attention",
+        "Qwen4-exp's attention has its indexer append its keys to mlx-vlm's own cache and attends "
+        "through its QSA kernel or a mask; the packed step pages the keys, selects each row's "
+        "positions and attends over the pages reading those alone",
+        lambda target: block_sparse_attention.install(target.layers),
     ),
     Hook(
         "row_positions",
@@ -98,6 +107,13 @@ HOOKS: tuple[Hook, ...] = (
         "a Mamba 2 layer's verification leaves its state after the first token inside one "
         "call of the layer (its weights read once), the scan run in two parts",
         lambda _: ssm_cut.install(),
+        recurrent=True,
+    ),
+    Hook(
+        "token_history",
+        "Qwen4-exp's n-gram embedding keeps its context's token ids as layer state and reads a "
+        "fresh one as EOS; the engine's fresh state slots are zeros, so they keep each id plus one",
+        lambda target: token_history.install(target.layers),
         recurrent=True,
     ),
     Hook(

@@ -56,9 +56,11 @@ class EngineAttention:
         window: int | None,
         sinks: Any,
         softcap: float | None = None,
+        selected: mx.array | None = None,
     ) -> mx.array:
         """The layer's attention; ``softcap``: its scores become ``tanh(s / cap) * cap``
-        (a layer that caps them inline, ``softcap_attention.py``)."""
+        (a layer that caps them inline, ``softcap_attention.py``); ``selected``: the positions
+        each row reads (``select_blocks``)."""
         raise NotImplementedError
 
     def attend_latent(
@@ -81,6 +83,12 @@ class EngineAttention:
     def select(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
         """A sparse MLA layer's lightning indexer (``model/sparse_indexer.py``): this step's
         indexer keys written, each row's top-k positions ``[N, K]`` (None: all attend densely)."""
+        raise NotImplementedError
+
+    def select_blocks(self, indexer: Any, x: mx.array) -> mx.array | None:
+        """A block-sparse layer's indexer (Qwen Sparse Attention, ``model/qsa_indexer.py``):
+        this step's raw indexer keys written, each row's positions ``[N, K]`` (None: all attend
+        densely)."""
         raise NotImplementedError
 
     def __getitem__(self, part: int) -> EngineAttention:

@@ -1,5 +1,6 @@
 """The adapters one runner holds: read, checked against the base model's layers, and installed
-as one ``PackedLoRALinear`` per adapted layer, stacked by slot (slot 0: the base model).
+as one ``PackedLoRALinear`` per adapted layer, stacked by slot (slot 0: the base model), the
+``A`` of projections that read the same input stacked together (``SharedInput``).
 
 What a request needs of its adapter (its slot, its prefix-cache scope) and what the front ends
 show of it (rank, targets, bytes) is an ``AdapterRef``, read from ``ModelInfo.adapters``."""
@@ -18,11 +19,11 @@ from macbatch.engine.lora.layers import (
     PackedExperts,
     PackedLoRALinear,
     PackedLoRASwitch,
-    StepAdapters,
     base_dims,
     base_weight,
     is_switch,
 )
+from macbatch.engine.lora.shared_input import SharedInput, StepAdapters, group_key
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ class AdapterBank:
         self._model = model
         self._bases = dict(model.named_modules())  # the base layers, as loaded
         self._layers: dict[str, PackedLoRALinear | PackedLoRASwitch] = {}  # wrapped, by path
+        self._groups: dict[str, tuple[SharedInput, list[str]]] = {}  # by key: wrapped paths
         self._files: dict[int, AdapterFiles] = {}  # by slot
+        self._slots = 1  # the slots the stacks hold (0 and every adapter's)
         read = [(name, read_adapter(path)) for name, path in adapters]
         for name, files in read:
             self._check_new(name, files)
@@ -84,7 +87,7 @@ class AdapterBank:
 
     def use(self, rows: mx.array | None) -> None:
         """The next forward's rows' slots (None: a step of the base model alone)."""
-        self.step.rows = rows
+        self.step.use(rows, self._slots - 1)
 
     def _check_new(self, name: str, files: AdapterFiles) -> None:
         if name in self.refs:
@@ -110,15 +113,21 @@ class AdapterBank:
         return ref
 
     def _install(self, changed: set[str]) -> None:
-        """Wrap the layers first adapted now, then restack every layer ``changed`` names or
-        whose stacks no longer have one slot per slot in use."""
+        """Wrap the layers first adapted now, then restack every layer ``changed`` names (every
+        layer, when the number of slots changed)."""
         self._wrap(sorted(changed - set(self._layers)))
         slots = max(self._files, default=0) + 1
-        for path, layer in self._layers.items():
-            held = None if layer.lora_a is None else layer.lora_a.shape[0]
-            wanted = slots * (self._bases[path].num_experts if is_switch(self._bases[path]) else 1)
-            if path in changed or (held is not None and held != wanted):
-                self._stack(layer, path, slots)
+        if slots != self._slots:
+            changed, self._slots = set(self._layers), slots
+        for path in sorted(changed):
+            layer = self._layers[path]
+            if isinstance(layer, PackedLoRASwitch):
+                self._stack_experts(layer, path)
+        for key in sorted({self._group_of(p) for p in changed if not is_switch(self._bases[p])}):
+            self._stack_group(*self._groups[key])
+
+    def _group_of(self, path: str) -> str:
+        return group_key(path, base_dims(self._bases[path])[0])
 
     def _wrap(self, paths: list[str]) -> None:
         """Wrap ``paths`` (and, in an MoE block, its other experts' projections, so that the
@@ -132,10 +141,14 @@ class AdapterBank:
         wrapped = []
         for path in sorted(set(paths) | set(experts)):
             base = self._bases[path]
-            switch = is_switch(base)
-            layer = (
-                PackedLoRASwitch(base, self.step) if switch else PackedLoRALinear(base, self.step)
-            )
+            layer: PackedLoRALinear | PackedLoRASwitch
+            if is_switch(base):
+                layer = PackedLoRASwitch(base, self.step)
+            else:
+                key = self._group_of(path)
+                shared, members = self._groups.setdefault(key, (SharedInput(self.step), []))
+                members.append(path)
+                layer = PackedLoRALinear(base, shared)
             self._layers[path] = layer
             wrapped.append((path, layer))
         if wrapped:
@@ -145,41 +158,73 @@ class AdapterBank:
             packed = [(b, PackedExperts(current[b], self.step)) for b in blocks]
             self._model.update_modules(tree_unflatten(packed))
 
-    def _stack(self, layer: PackedLoRALinear | PackedLoRASwitch, path: str, slots: int) -> None:
-        """``layer``'s stacks: every adapter's low rank of it in its slot (zeros where an
-        adapter leaves it alone, or a slot is free), padded to the largest rank (zero columns
-        add nothing); an MoE block's experts get one per (slot, expert), slot-major. None when
-        no adapter adapts it: the base layer alone."""
-        held = {slot: f.layers[path] for slot, f in self._files.items() if path in f.layers}
+    def _held(self, path: str) -> dict[int, LowRank]:
+        """Each adapter's low rank of ``path``, by slot (those that adapt it)."""
+        return {slot: f.layers[path] for slot, f in self._files.items() if path in f.layers}
+
+    def _stack_group(self, shared: SharedInput, paths: list[str]) -> None:
+        """A group's stacks: its members' ``A`` side by side in ``shared``, each member's ``B``
+        in its layer, every adapter in its column (slot - 1; zeros where an adapter leaves a
+        member alone), ranks padded to the group's largest (zero columns add nothing). A
+        member no adapter adapts has none: its base layer alone."""
+        held = {path: self._held(path) for path in paths}
+        active = [path for path in paths if held[path]]
+        for path in paths:
+            layer = self._layers[path]
+            assert isinstance(layer, PackedLoRALinear)
+            layer.member = layer.lora_b = layer.dora_factor = None
+        shared.lora_a = None
+        if not active:
+            return
+        dims_in = base_dims(self._bases[active[0]])[0]
+        dtype = _dtype(self._bases[active[0]])
+        rank = max(low.a.shape[-1] for path in active for low in held[path].values())
+        columns = self._slots - 1
+        a = mx.zeros((dims_in, len(active), columns, rank), dtype)
+        for member, path in enumerate(active):
+            base = self._bases[path]
+            b = mx.zeros((columns, rank, base_dims(base)[1]), dtype)
+            factor = mx.ones((self._slots, b.shape[-1]), mx.float32)
+            for slot, low in held[path].items():
+                r = low.a.shape[-1]
+                a[:, member, slot - 1, :r] = low.a.astype(dtype)
+                b[slot - 1, :r, :] = low.b.astype(dtype)
+                if low.magnitude is not None:
+                    factor[slot] = _dora_factor(base, low)
+            layer = self._layers[path]
+            assert isinstance(layer, PackedLoRALinear)
+            layer.member, layer.lora_b = member, b
+            dora = any(low.magnitude is not None for low in held[path].values())
+            layer.dora_factor = factor if dora else None
+        shared.lora_a = a
+        mx.eval(a, [self._layers[path].parameters() for path in active])
+
+    def _stack_experts(self, layer: PackedLoRASwitch, path: str) -> None:
+        """An MoE block's experts' stacks: one low rank per (slot, expert), slot-major, as
+        ``gather_mm`` indexes them (zeros where an adapter leaves them alone, or a slot is
+        free), padded to the largest rank. None when no adapter adapts them."""
+        held = self._held(path)
         layer.lora_a = layer.lora_b = None
-        if isinstance(layer, PackedLoRALinear):
-            layer.dora_factor = None
         if not held:
             return
         base = self._bases[path]
-        switch = is_switch(base)
         dims_in, dims_out = base_dims(base)
-        quantized = hasattr(base, "scales")
-        dtype = base.scales.dtype if quantized else base.weight.dtype
+        dtype = _dtype(base)
         rank = max(low.a.shape[-1] for low in held.values())
-        experts = (base.num_experts,) if switch else ()
-        a = mx.zeros((slots, *experts, dims_in, rank), dtype)
-        b = mx.zeros((slots, *experts, rank, dims_out), dtype)
-        factor = mx.ones((slots, dims_out), mx.float32)
-        dora = False
+        shape = (self._slots, base.num_experts)
+        a = mx.zeros((*shape, dims_in, rank), dtype)
+        b = mx.zeros((*shape, rank, dims_out), dtype)
         for slot, low in held.items():
             r = low.a.shape[-1]
             a[slot, ..., :r] = low.a.astype(dtype)
             b[slot, ..., :r, :] = low.b.astype(dtype)
-            if low.magnitude is not None:
-                factor[slot] = _dora_factor(base, low)
-                dora = True
-        if switch:  # (slot, expert) pairs on one axis, as gather_mm indexes them
-            a, b = a.reshape(-1, dims_in, rank), b.reshape(-1, rank, dims_out)
-        layer.lora_a, layer.lora_b = a, b
-        if dora and isinstance(layer, PackedLoRALinear):
-            layer.dora_factor = factor
+        layer.lora_a, layer.lora_b = a.reshape(-1, dims_in, rank), b.reshape(-1, rank, dims_out)
         mx.eval(layer.parameters())
+
+
+def _dtype(base: nn.Module) -> mx.Dtype:
+    """The dtype a base layer computes in (a quantized one's: its scales')."""
+    return base.scales.dtype if hasattr(base, "scales") else base.weight.dtype
 
 
 def _dora_factor(base: nn.Module, low: LowRank) -> mx.array:

@@ -1,13 +1,12 @@
-"""An adapted linear layer of a packed step: the base layer (float or quantized) as it is, plus
-each row's adapter's low-rank product.
+"""The adapted layers of a packed step: the base layer (float or quantized) as it is, plus each
+row's adapter's low-rank product.
 
-Every adapter the runner holds has a slot in the layer's stacked ``lora_a`` ``[S, in, r]`` and
-``lora_b`` ``[S, r, out]`` (slot 0, the base model, and any adapter that leaves this layer
-alone, are zeros), and the step's rows name their slots (``StepAdapters.rows``). Two
-``mx.gather_mm`` calls add every row's product at once: no sorting, no per-adapter loop, one
-graph whatever mix of adapters the step holds (measured against a matmul per adapter segment
-and a masked concatenation of every adapter on CPU: docs/models.md, "Fine-tunes"). A step
-without adapter rows runs the base layer alone."""
+A linear layer's ``x A`` comes from its group's ``SharedInput`` (dense, one matmul for the
+projections that read the same input, each row masked to its own adapter); its ``B`` stack
+``[C, r, out]`` (one per adapter slot 1.., zeros where an adapter leaves it alone) flattened
+to ``[C * r, out]`` sums just that adapter's part. A step without adapter rows runs the base
+layer alone. An MoE block's experts keep one low rank per (slot, expert), indexed per pair
+with ``mx.gather_mm``, which the block's own expert matmuls already are."""
 
 from __future__ import annotations
 
@@ -16,37 +15,31 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-
-class StepAdapters:
-    """The step's row -> adapter slot, ``[N]`` uint32 (None: every row is the base model's), set
-    by the runner before each forward and read by every adapted layer as the graph is built;
-    ``expert_slots``: inside an MoE block, the slot of each of its expert indices (as given, and
-    as mlx-lm's ``SwitchGLU`` / ``SwitchMLP`` sort them), set by ``PackedExperts``."""
-
-    rows: mx.array | None = None
-    expert_slots: tuple[mx.array, mx.array] | None = None
+from macbatch.engine.lora.shared_input import SharedInput, StepAdapters
 
 
 class PackedLoRALinear(nn.Module):
-    """Wraps a ``nn.Linear`` / ``nn.QuantizedLinear``; the weights are the bank's."""
+    """Wraps a ``nn.Linear`` / ``nn.QuantizedLinear``; the weights are the bank's: its member
+    index in ``shared`` (None: no adapter adapts it) and its ``B`` stack."""
 
-    def __init__(self, base: nn.Module, step: StepAdapters) -> None:
+    def __init__(self, base: nn.Module, shared: SharedInput) -> None:
         super().__init__()
         self.base = base
-        self.step = step
-        self.lora_a: mx.array | None = None  # [S, in, r]
-        self.lora_b: mx.array | None = None  # [S, r, out]
+        self.shared = shared
+        self.member: int | None = None
+        self.lora_b: mx.array | None = None  # [C, r, out]
         # DoRA: per slot, the learned norm over the adapted weight's norm (ones for LoRA slots)
         self.dora_factor: mx.array | None = None  # [S, out]
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self.base(x)
-        rows = self.step.rows
-        if rows is None or self.lora_a is None or self.lora_b is None:
+        step = self.shared.step
+        rows = step.rows
+        if rows is None or self.lora_b is None or self.member is None:
             return y
-        flat = x.reshape(rows.shape[0], -1, x.shape[-1])  # [N, M, in]: M inputs of each row
-        z = mx.gather_mm(flat, self.lora_a, rhs_indices=rows)
-        delta = mx.gather_mm(z, self.lora_b, rhs_indices=rows).reshape(y.shape)
+        z = self.shared.product(x, self.member)
+        b = self.lora_b if step.present is None else mx.take(self.lora_b, step.present, axis=0)
+        delta = (z @ b.reshape(-1, b.shape[-1])).reshape(y.shape)
         if self.dora_factor is None:
             return y + delta.astype(y.dtype)
         factor = self.dora_factor[rows].reshape(rows.shape[0], *([1] * (y.ndim - 2)), -1)

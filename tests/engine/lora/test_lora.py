@@ -1,6 +1,7 @@
 """Adapters per request: every request's greedy tokens equal mlx-lm's own generation with its
 adapter loaded (``mlx_lm.tuner.utils.load_adapters``), in batches that mix adapters and the
-base model, over float and 4-bit base weights, with chunked prefill, preemption and prefix hits."""
+base model, over float and 4-bit base weights, dense, MoE and MLA targets, with chunked prefill,
+preemption and prefix hits."""
 
 from __future__ import annotations
 
@@ -115,6 +116,23 @@ def test_an_moe_model_with_its_experts_and_attention_adapted(tmp_path, tiny_toke
     want = _oracle("gpt_oss", adapters, names, prompts, 8, quantized)
     assert [o.token_ids for o in outs] == want
     assert want[0] != _oracle("gpt_oss", adapters, [None], prompts[:1], 8, quantized)[0]
+
+
+MLA = ["self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa"]
+
+
+def test_mla_projections_adapted(tmp_path, tiny_tokenizer):
+    """deepseek_v3: an adapter of its MLA projections (the two down-projections read the same
+    input: one product for both) and its output projection, beside the base in one batch."""
+    keys = MLA + ["self_attn.o_proj"]
+    adapters = {"mla": save_adapter(tmp_path / "mla", "deepseek_v3", seed=13, keys=keys)}
+    engine = _engine("deepseek_v3", tiny_tokenizer, adapters)
+    names = ["mla", None, "mla"]
+    prompts = random_prompts([21, 14, 30], seed=14)
+    outs = engine.generate([PromptInput(p, adapter=n) for p, n in zip(prompts, names)], GREEDY)
+    want = _oracle("deepseek_v3", adapters, names, prompts, 8)
+    assert [o.token_ids for o in outs] == want
+    assert want[0] != _oracle("deepseek_v3", adapters, [None], prompts[:1], 8)[0]
 
 
 def test_shapes_checked_at_load_naming_the_layer(tmp_path, tiny_tokenizer):

@@ -144,6 +144,11 @@ class Family:
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
     encoder: EncoderLayout | None = None  # an encoder engine/encoder/ runs (None: not one)
+    # the attribute of each decoder layer holding an attention module whose cache is the
+    # library's own kind, neither pages nor a fixed-size state (DeepSeek V4's LayerCache): its
+    # caches are held per request slot and it runs the step's sequences apart
+    # (model/held_attention.py)
+    held_cache_attention: str | None = None
 
 
 # What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
@@ -254,11 +259,10 @@ FAMILIES: dict[str, Family] = {
         "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "
         "the packed step's rows do not carry"
     ),
-    "deepseek_v41": Family(
-        refusal="DeepSeek V4's compressed sparse attention: each layer keeps a cache of its own "
-        "(a sliding window, compressed KV rows, an indexer's keys) and calls mx.fast attention "
-        "directly, which the paged step does not page or select yet"
-    ),
+    # DeepSeek V4's attention keeps mlx-lm's own LayerCache per layer (a window, compressed rows
+    # and their indexer keys, the open group's projections), held per request slot and run per
+    # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
+    "deepseek_v41": Family(held_cache_attention="self_attn"),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
     # attention computed inline with a logit softcap: hooks/softcap_attention.py

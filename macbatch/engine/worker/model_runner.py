@@ -30,6 +30,7 @@ from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
 from macbatch.engine.kv.indexer_keys import IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentSpec
+from macbatch.engine.kv.held_state import HeldStateSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
@@ -47,6 +48,7 @@ from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
+from macbatch.engine.stores.held_caches import HeldCaches
 from macbatch.engine.stores.state_store import StateStore, slot_stride
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode
@@ -179,7 +181,8 @@ class ModelRunner:
             sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
             snapshots = verifies_drafts(config)
             rows = sizes.slots * slot_stride(snapshots) + sizes.checkpoints
-            self.states = StateStore(self.adapter.state_shapes, rows, snapshots)
+            store = HeldCaches if self.adapter.holds_caches else StateStore
+            self.states = store(self.adapter.state_shapes, rows, snapshots)
             self.cache_groups.append((states, StateMemory(self.states, sizes)))
 
     def _caps(
@@ -371,7 +374,8 @@ def cache_specs(
         window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)
     states = None
     if adapter.state_shapes:
-        states = RecurrentStateSpec(sum(s.nbytes for s in adapter.state_shapes))
+        spec = HeldStateSpec if adapter.holds_caches else RecurrentStateSpec
+        states = spec(sum(s.nbytes for s in adapter.state_shapes))
     return full, window, states
 
 

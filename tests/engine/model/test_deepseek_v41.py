@@ -1,0 +1,70 @@
+"""DeepSeek V4 (mlx-lm's ``deepseek_v41``) through the packed step: its attention's own caches
+(window, compressed rows, indexer keys, open group) held per request slot and run per sequence,
+its hyper-connections and MoE over every row. Greedy tokens and log-probabilities equal
+mlx-lm's own generation on a tiny random checkpoint in the Hugging Face layout whose window (8)
+and top-3 selection of ratio-4 rows both drop context (preemption and a prefix hit on another
+tiny config: the every-architecture test)."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm import load as mlx_lm_load
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.held_state import HeldStateGroup
+from macbatch.engine.model.families import unsupported_reason
+from macbatch.engine.stores.held_caches import HeldCaches
+from tests.support.deepseek_v4 import V41_CONFIG, save_v41
+from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy_logprobs
+from tests.support.staggered import random_prompts
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+LONG = 44  # past the window (8) and past 3 ratio-4 rows (12 tokens)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The tiny checkpoint's engine (a 16-token step budget chunks the long prompts) and mlx-lm's
+    own model of the same files."""
+    path = save_v41(tmp_path_factory.mktemp("deepseek_v41"))
+    config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    return Engine.load(str(path), config), mlx_lm_load(str(path))[0]
+
+
+def test_served() -> None:
+    assert unsupported_reason("deepseek_v41") is None
+
+
+def test_batched_chunked_prefill_and_a_prefix_hit_match_mlx_lm(served) -> None:
+    """Four requests batched (two prefilled in chunks over several steps), then a prompt that
+    extends the longest one and resumes from its cached caches; every token and log-probability
+    is mlx-lm's."""
+    engine, oracle = served
+    prompts = random_prompts([LONG, 5, 27, 1], seed=3)
+    outs = engine.generate(prompts, GREEDY)
+    resumed = prompts[0] + random_prompts([6], seed=4)[0]
+    [again] = engine.generate([resumed], GREEDY)
+    assert again.metrics is not None and again.metrics.cached_tokens >= 40
+    for prompt, out in zip([*prompts, resumed], [*outs, again]):
+        assert_matches_mlx_lm(oracle, prompt, out)
+    assert_pool_idle(engine)
+    group = engine.kv.group(HeldStateGroup)
+    assert group is not None and group.disk_part() is None  # the disk tier stays off
+    store = group.slots.store
+    assert isinstance(store, HeldCaches)
+    assert group.checkpoints is not None  # only checkpoints still hold caches
+    assert set(store.held) <= set(group.checkpoints.most_recent(len(store.held)))
+
+
+def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:
+    """The same weights reading every window row, or every compressed row, give another first
+    log-probability for the long prompt: the parity above is over attention that drops both."""
+    engine, _ = served
+    [prompt] = random_prompts([LONG], seed=3)
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0, logprobs=0))
+    wide = {"sliding_window": 1 << 20, "index_topk": 1 << 20}
+    for field, value in wide.items():
+        assert V41_CONFIG[field] < LONG
+        dense = mlx_lm_load(str(save_v41(tmp_path / field, **{field: value})))[0]
+        [(_, logprob)] = mlx_lm_greedy_logprobs(dense, prompt, 1)
+        assert abs(logprob - out.logprobs[0]) > 1e-3, field

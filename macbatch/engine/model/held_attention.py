@@ -80,7 +80,9 @@ class HeldAttentionCache(SequenceRunner):
         self.step = step
         self.layer = layer
 
-    def run(self, call: Callable[..., mx.array], x: mx.array, args: tuple, kwargs: dict) -> mx.array:
+    def run(
+        self, call: Callable[..., mx.array], x: mx.array, args: tuple, kwargs: dict
+    ) -> mx.array:
         """``call`` (the module's own ``__call__``) once per piece, each on its rows of ``x``
         (``[N, 1, H]``) with its sequence's cache, position and window rows."""
         window_rows = inspect.getmodule(call)._window_indices  # type: ignore[union-attr]

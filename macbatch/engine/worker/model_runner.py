@@ -28,9 +28,9 @@ from macbatch.engine.core.packing import pack
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.held_state import HeldStateSpec
 from macbatch.engine.kv.indexer_keys import IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentSpec
-from macbatch.engine.kv.held_state import HeldStateSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
 from macbatch.engine.kv.state_slots import StateMemory, state_sizes
 from macbatch.engine.kv.window import SlidingWindowSpec
@@ -47,8 +47,8 @@ from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
-from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
 from macbatch.engine.stores.held_caches import HeldCaches
+from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
 from macbatch.engine.stores.state_store import StateStore, slot_stride
 from macbatch.engine.worker import host_memory
 from macbatch.engine.worker.compiled_step import compiled_decode

@@ -74,15 +74,18 @@ def row_gaps(a: mx.array, b: mx.array) -> np.ndarray:
 
 
 # mlx-lm's V4.1 as a tiny checkpoint in the Hugging Face layout (config.json, the weights under
-# mlx-lm's names, the tiny tokenizer): a window of 8, ratio-4 compression on layers 1 to 3
-# (sources 1 and 3; layer 2 reads layer 1's rows and top-k) and a top-3 selection, so a context
-# past 12 tokens drops compressed rows and past 8 drops window rows
+# mlx-lm's names, the tiny tokenizer), laid out as the released V4.1 is (window-only first
+# layers, then ratio 2, then ratio 1; only some layers compress or index; a candidate filter):
+# layer 1 compresses at ratio 2 and indexes, layer 2 compresses at ratio 1, indexes and picks
+# 2 candidate blocks of 2 rows for layer 3, which indexes layer 2's keys among them. A window of
+# 8 and a top-3 selection: a context past 8 tokens drops both window rows and compressed rows
 V41_CONFIG: dict[str, Any] = dict(
     model_type="deepseek_v41", vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=4,
     num_attention_heads=2, head_dim=32, q_lora_rank=16, qk_rope_head_dim=8, o_groups=2,
     o_lora_rank=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
-    sliding_window=8, compress_ratios=[0, 4, 4, 4], kv_source_layer_ids=[1, 3],
-    index_source_layer_ids=[1, 3], index_n_heads=2, index_head_dim=32, index_topk=3,
+    sliding_window=8, compress_ratios=[0, 2, 1, 1], kv_source_layer_ids=[1, 2],
+    index_source_layer_ids=[1, 2, 3], candidate_source_layer_id=2, candidate_topk_blocks=2,
+    candidate_block_size=2, index_n_heads=2, index_head_dim=32, index_topk=3,
     hc_sinkhorn_iters=3, rms_norm_eps=1e-6,
 )  # fmt: skip
 

@@ -122,6 +122,13 @@ class ModelAdapter:
             )
         self.wrapper = model
         self.model = model = text_model(model)
+        judge = self.family.config_refusal
+        reason = None if judge is None else judge(getattr(model, "args", None))
+        if reason:
+            raise UnsupportedModelError(
+                f"this '{self.model_type}' config is not supported by macbatch's paged engine: "
+                f"{reason}"
+            )
         inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
         )

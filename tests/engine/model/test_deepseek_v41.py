@@ -1,17 +1,19 @@
 """DeepSeek V4 (mlx-lm's ``deepseek_v41``) through the packed step: its attention's own caches
 (window, compressed rows, indexer keys, open group) held per request slot and run per sequence,
 its hyper-connections and MoE over every row. Greedy tokens and log-probabilities equal
-mlx-lm's own generation on a tiny random checkpoint in the Hugging Face layout whose window (8)
-and top-3 selection of ratio-4 rows both drop context (preemption and a prefix hit on another
-tiny config: the every-architecture test)."""
+mlx-lm's own generation on a tiny random checkpoint in the Hugging Face layout, laid out as the
+released V4.1 (ratio-2 and ratio-1 rows, a candidate filter), whose window (8) and top-3
+selection both drop context (preemption on another tiny config, ratio 4: the every-architecture
+test)."""
 
 from __future__ import annotations
 
 import pytest
 from mlx_lm import load as mlx_lm_load
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedModelError
 from macbatch.engine.kv.held_state import HeldStateGroup
+from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.families import unsupported_reason
 from macbatch.engine.stores.held_caches import HeldCaches
 from tests.support.deepseek_v4 import V41_CONFIG, save_v41
@@ -19,7 +21,7 @@ from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm
 from tests.support.staggered import random_prompts
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
-LONG = 44  # past the window (8) and past 3 ratio-4 rows (12 tokens)
+LONG = 44  # past the window (8) and the top-3 rows
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +70,17 @@ def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:
         dense = mlx_lm_load(str(save_v41(tmp_path / field, **{field: value})))[0]
         [(_, logprob)] = mlx_lm_greedy_logprobs(dense, prompt, 1)
         assert abs(logprob - out.logprobs[0]) > 1e-3, field
+
+
+def test_a_config_mlx_lm_gets_wrong_is_refused() -> None:
+    """Layer 2 compresses at ratio 8 but reuses layer 1's ratio-4 top-k (mlx-lm gathers past its
+    rows: NaN at random), so there is no output to match."""
+    from mlx_lm.models import deepseek_v41
+
+    config = dict(
+        V41_CONFIG, compress_ratios=[0, 4, 8, 4], kv_source_layer_ids=[1, 2, 3],
+        index_source_layer_ids=[1, 3], candidate_source_layer_id=-1,
+    )  # fmt: skip
+    model = deepseek_v41.Model(deepseek_v41.ModelArgs.from_dict(config))
+    with pytest.raises(UnsupportedModelError, match="selects among the ratio-4 rows of layer 1"):
+        ModelAdapter(model)

@@ -183,8 +183,13 @@ _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
 )
-_VLM_SPARSE = ("deepseek_v4", "qwen4_exp", "glm5_next", "longcat_flash_sparse")
+_VLM_SPARSE = ("qwen4_exp", "glm5_next", "longcat_flash_sparse")
 _NOT_TEXT = "not a text generator"
+_VLM_DEEPSEEK_V4 = (
+    "mlx-vlm's DeepSeek V4 compresses overlapping groups whose previous group is zeros at the "
+    "start of every call, so its rows change with where calls are cut and no chunked step can "
+    "match it; mlx-lm's deepseek_v41 is served"
+)
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
         "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
@@ -242,7 +247,12 @@ _VLM_UNCHECKED = (
 
 def _mlx_vlm_refused() -> dict[str, Family]:
     """The refused families only mlx-vlm has, by model type (each with its reason)."""
-    groups = {_SPARSE: _VLM_SPARSE, _UNCHECKED: _VLM_UNCHECKED, **_VLM_NOT_TEXT}
+    groups = {
+        _SPARSE: _VLM_SPARSE,
+        _VLM_DEEPSEEK_V4: ("deepseek_v4",),
+        _UNCHECKED: _VLM_UNCHECKED,
+        **_VLM_NOT_TEXT,
+    }
     return {
         name: Family(refusal=reason, library=Library.MLX_VLM)
         for reason, names in groups.items()

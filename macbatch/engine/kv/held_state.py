@@ -31,6 +31,13 @@ class HeldStateGroup(RecurrentStateGroup):
             assert isinstance(store, HeldCaches)
             store.release(slot)
 
+    @property
+    def bytes_used(self) -> int:
+        """What the held caches reference (their rows' placeholders are next to nothing)."""
+        store = self.slots.store
+        assert isinstance(store, HeldCaches)
+        return store.held_bytes()
+
     def disk_part(self) -> CheckpointPart | None:
         """None: the disk tier cannot write the library's cache objects."""
         return None

@@ -8,8 +8,8 @@ snapshot, a prefix-cache checkpoint) also names the library's cache objects of e
 the library made them. The library replaces a cache's arrays on every call and never writes one
 in place, so a shallow copy of each object is a snapshot of the row: a checkpoint costs no
 copy of its arrays. The rows' own arrays are one placeholder number per layer (the sizing and
-slot machinery of the recurrent state are reused as they are); the held arrays are not counted
-in the KV pool's bytes.
+slot machinery of the recurrent state are reused as they are); the engine's stats count the
+held arrays (``held_bytes``), the KV pool's sizing does not.
 """
 
 from __future__ import annotations
@@ -44,6 +44,19 @@ class HeldCaches(StateStore):
     def release(self, row: int) -> None:
         """A request slot given back: its caches go (a checkpoint's stay until compacted)."""
         self.held.pop(row, None)
+
+    def held_bytes(self) -> int:
+        """The bytes of the arrays the held caches reference, each once (a checkpoint shares most
+        of its arrays with the slot it was copied from)."""
+        arrays = {
+            id(a): a
+            for caches in self.held.values()
+            for cache in caches
+            if cache is not None
+            for a in vars(cache).values()
+            if isinstance(a, mx.array)
+        }
+        return sum(a.nbytes for a in arrays.values())
 
     def compact(self, fresh: int, kept: Sequence[int]) -> None:
         """The rows ``kept`` move after ``fresh`` new ones (``StateStore.compact``); the request

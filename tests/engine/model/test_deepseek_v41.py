@@ -8,6 +8,8 @@ test)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlx_lm import load as mlx_lm_load
 
@@ -25,12 +27,16 @@ LONG = 44  # past the window (8) and the top-3 rows
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def checkpoint(tmp_path_factory) -> Path:
+    return save_v41(tmp_path_factory.mktemp("deepseek_v41"))
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
     """The tiny checkpoint's engine (a 16-token step budget chunks the long prompts) and mlx-lm's
     own model of the same files."""
-    path = save_v41(tmp_path_factory.mktemp("deepseek_v41"))
     config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
-    return Engine.load(str(path), config), mlx_lm_load(str(path))[0]
+    return Engine.load(str(checkpoint), config), mlx_lm_load(str(checkpoint))[0]
 
 
 def test_served() -> None:
@@ -56,6 +62,7 @@ def test_batched_chunked_prefill_and_a_prefix_hit_match_mlx_lm(served) -> None:
     assert isinstance(store, HeldCaches)
     assert group.checkpoints is not None  # only checkpoints still hold caches
     assert set(store.held) <= set(group.checkpoints.most_recent(len(store.held)))
+    assert engine.stats().kv_bytes_used == store.held_bytes() > 0
 
 
 def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:
@@ -84,3 +91,21 @@ def test_a_config_mlx_lm_gets_wrong_is_refused() -> None:
     model = deepseek_v41.Model(deepseek_v41.ModelArgs.from_dict(config))
     with pytest.raises(UnsupportedModelError, match="selects among the ratio-4 rows of layer 1"):
         ModelAdapter(model)
+
+
+def test_rejected_drafts_resume_from_the_snapshot(checkpoint, served) -> None:
+    """Prompt-lookup drafts on a repeating prompt are verified and rejected (the tiny model does
+    not repeat it): the step after resumes from the caches after the verification's first token
+    (the slot's snapshot), and every token and log-probability is still mlx-lm's."""
+    _, oracle = served
+    config = EngineConfig(
+        num_blocks=64, block_size=8, speculative="ngram", num_speculative_tokens=3
+    )
+    engine = Engine.load(str(checkpoint), config)
+    prompts = [random_prompts([6], seed=1)[0] * 4, random_prompts([20], seed=2)[0] * 2]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+    for prompt, out in zip(prompts, engine.generate(prompts, params)):
+        assert_matches_mlx_lm(oracle, prompt, out)
+    counts = engine.stats().speculation
+    assert counts.verifications > 0 and counts.accepted < counts.drafted
+    assert_pool_idle(engine)

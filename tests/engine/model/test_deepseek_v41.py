@@ -109,3 +109,13 @@ def test_rejected_drafts_resume_from_the_snapshot(checkpoint, served) -> None:
     counts = engine.stats().speculation
     assert counts.verifications > 0 and counts.accepted < counts.drafted
     assert_pool_idle(engine)
+
+
+def test_doctor_says_the_caches_are_not_paged(checkpoint) -> None:
+    from macbatch.engine.model.probe import probe_model
+
+    rows: list[tuple[str, str]] = []
+    assert probe_model(checkpoint, rows) is None
+    found = dict(rows)
+    assert "not paged" in found["layers"]
+    assert found["KV bytes/token"].startswith("not counted")

@@ -17,7 +17,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedMod
 from macbatch.engine.kv.held_state import HeldStateGroup
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.families import unsupported_reason
-from macbatch.engine.stores.held_caches import HeldCaches
+from macbatch.engine.stores.held_caches import PLACEHOLDER, HeldCaches
 from tests.support.deepseek_v4 import V41_CONFIG, save_v41
 from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy_logprobs
 from tests.support.staggered import random_prompts
@@ -119,3 +119,14 @@ def test_doctor_says_the_caches_are_not_paged(checkpoint) -> None:
     found = dict(rows)
     assert "not paged" in found["layers"]
     assert found["KV bytes/token"].startswith("not counted")
+
+
+def test_compacting_the_store_moves_the_kept_checkpoints_caches() -> None:
+    """``StateSlots.shrink`` compacts the store to fresh slots and the kept checkpoints (renumbered
+    after them): the caches they name move with them, the request slots' go."""
+    store = HeldCaches([PLACEHOLDER], rows=8)
+    for row in (1, 5, 6):
+        store.hold(row, [f"caches of row {row}"])
+    store.compact(fresh=2, kept=[6, 5])
+    assert store.held == {2: ["caches of row 6"], 3: ["caches of row 5"]}
+    assert store.rows == 4

@@ -39,6 +39,9 @@ class _Piece:
     shared: dict[str, Any] = field(default_factory=dict)
     # every layer's caches after this piece, for a checkpoint row (None: it leaves none)
     snapshot: list[Any] | None = None
+    # the window rows each of its queries reads, the same in every layer (every layer's window
+    # holds the same positions): made by its first layer
+    window: mx.array | None = None
 
 
 class HeldStep:
@@ -90,10 +93,14 @@ class HeldAttentionCache(SequenceRunner):
         for piece in self.step.pieces:
             cache = self.step.caches[piece.chunk][self.layer]
             rows = x[piece.first : piece.first + piece.length].reshape(1, piece.length, -1)
-            previous = 0 if cache.window is None else cache.window.shape[1]
-            window = window_rows(previous=previous, length=piece.length, window=cache.window_size)
+            if piece.window is None:
+                previous = 0 if cache.window is None else cache.window.shape[1]
+                rows_read = window_rows(
+                    previous=previous, length=piece.length, window=cache.window_size
+                )
+                piece.window = rows_read[None]
             named = dict(
-                kwargs, start_pos=cache.offset, window_idx=window[None], cache=cache,
+                kwargs, start_pos=cache.offset, window_idx=piece.window, cache=cache,
                 shared=piece.shared,
             )  # fmt: skip
             out = call(rows, *args, **named)

@@ -38,6 +38,7 @@ from macbatch.engine.lora.bank import AdapterBank
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.model.kv_probe import UnsupportedModelError
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
@@ -92,6 +93,11 @@ class ModelRunner:
             ranks.shard(model)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
+        if group is not None and self.adapter.holds_caches:
+            raise UnsupportedModelError(
+                f"model type '{self.adapter.model_type}' keeps the library's own caches per "
+                'request (docs/engine.md, "DeepSeek V4"), not yet run across a distributed group'
+            )
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.adapters = adapter_bank(model, config, ranks)  # fine-tunes beside the base weights
         self.model_type = self.adapter.model_type

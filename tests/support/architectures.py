@@ -73,6 +73,19 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "afmoe": dict(layer_types=_SLIDING_FULL, num_dense_layers=1, mup_enabled=False),
     "baichuan_m1": dict(sliding_window_layers=[0], conv_window=2),
     "cohere2": dict(sliding_window_pattern=2),
+    # ratio-4 rows on layer 1 with a top-2 selection and a window of 8: the workload drops both
+    "deepseek_v41": dict(
+        head_dim=32,
+        qk_rope_head_dim=8,
+        o_groups=2,
+        compress_ratios=[0, 4],
+        kv_source_layer_ids=[1],
+        index_source_layer_ids=[1],
+        index_topk=2,
+        index_n_heads=2,
+        index_head_dim=16,
+        hc_sinkhorn_iters=3,
+    ),  # fmt: skip
     "dbrx": dict(
         ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
         attn_config={"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},

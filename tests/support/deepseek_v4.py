@@ -3,14 +3,20 @@ them ("What DeepSeek V4 ... needs"): which library's output a paged step could m
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import deepseek_v41
 from mlx_vlm.models.cache import PoolingCache
 from mlx_vlm.models.deepseek_v4.config import ModelConfig
 from mlx_vlm.models.deepseek_v4.language import Compressor
+
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
 
 HIDDEN = 32
 
@@ -65,3 +71,33 @@ def row_gaps(a: mx.array, b: mx.array) -> np.ndarray:
     """The largest absolute difference of each row (the last axis), in float64."""
     diff = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
     return diff.max(axis=-1).reshape(-1)
+
+
+# mlx-lm's V4.1 as a tiny checkpoint in the Hugging Face layout (config.json, the weights under
+# mlx-lm's names, the tiny tokenizer), laid out as the released V4.1 is (window-only first
+# layers, then ratio 2, then ratio 1; only some layers compress or index; a candidate filter):
+# layer 1 compresses at ratio 2 and indexes, layer 2 compresses at ratio 1, indexes and picks
+# 2 candidate blocks of 2 rows for layer 3, which indexes layer 2's keys among them. A window of
+# 8 and a top-3 selection: a context past 8 tokens drops both window rows and compressed rows
+V41_CONFIG: dict[str, Any] = dict(
+    model_type="deepseek_v41", vocab_size=VOCAB_SIZE, hidden_size=HIDDEN, num_hidden_layers=4,
+    num_attention_heads=2, head_dim=32, q_lora_rank=16, qk_rope_head_dim=8, o_groups=2,
+    o_lora_rank=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+    sliding_window=8, compress_ratios=[0, 2, 1, 1], kv_source_layer_ids=[1, 2],
+    index_source_layer_ids=[1, 2, 3], candidate_source_layer_id=2, candidate_topk_blocks=2,
+    candidate_block_size=2, index_n_heads=2, index_head_dim=32, index_topk=3,
+    hc_sinkhorn_iters=3, rms_norm_eps=1e-6,
+)  # fmt: skip
+
+
+def save_v41(path: Path, seed: int = 0, **overrides: Any) -> Path:
+    """The tiny V4.1 checkpoint in ``path`` (``overrides``: more config.json fields)."""
+    config = {**V41_CONFIG, **overrides}
+    model = deepseek_v41.Model(deepseek_v41.ModelArgs.from_dict(config))
+    _randomize(model, seed)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    save_tokenizer(path)
+    return path

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from macbatch.engine.kv.full import FullAttentionGroup, FullAttentionSpec
 from macbatch.engine.kv.group import CacheGroup, CacheSpec
+from macbatch.engine.kv.held_state import HeldStateGroup, HeldStateSpec
 from macbatch.engine.kv.indexer_keys import IndexerKeysGroup, IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentGroup, LatentSpec
 from macbatch.engine.kv.manager import KVManager
@@ -20,6 +21,7 @@ CACHE_GROUPS: dict[type[CacheSpec], Callable[..., CacheGroup]] = {
     IndexerKeysSpec: IndexerKeysGroup,
     SlidingWindowSpec: SlidingWindowGroup,
     RecurrentStateSpec: RecurrentStateGroup,
+    HeldStateSpec: HeldStateGroup,
 }
 
 

@@ -33,6 +33,7 @@ import mlx.nn as nn
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
 from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.kv_probe import (
     Layout,
@@ -46,6 +47,7 @@ from macbatch.engine.model.paged_cache import PagedLayerCache
 from macbatch.engine.model.qsa_indexer import selection_plan
 from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.model.state_calls import StateCache
+from macbatch.engine.stores.held_caches import PLACEHOLDER, HeldCaches
 from macbatch.engine.stores.pages import KVStores, LayerShape
 from macbatch.engine.stores.state_store import StateShape, StateStore
 
@@ -123,6 +125,13 @@ class ModelAdapter:
             )
         self.wrapper = model
         self.model = model = text_model(model)
+        judge = self.family.config_refusal
+        reason = None if judge is None else judge(getattr(model, "args", None))
+        if reason:
+            raise UnsupportedModelError(
+                f"this '{self.model_type}' config is not supported by macbatch's paged engine: "
+                f"{reason}"
+            )
         inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
         )
@@ -181,6 +190,8 @@ class ModelAdapter:
         # the text model's caches, or its wrapper's where only the wrapper makes them (MiniMax M3)
         maker = next((m for m in (self.model, self.wrapper) if hasattr(m, "make_cache")), None)
         made = [] if maker is None else maker.make_cache()
+        if self.holds_caches:  # one placeholder per layer: the caches are held beside it
+            return [(len(PLACEHOLDER.shapes),)] * len(made), [False] * len(made)
         # attention only: a cache for each layer (Gemma 4's KV-shared layers get one too,
         # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
         # makes more (IQuest-Loop-Coder's second loop has its own)
@@ -230,7 +241,7 @@ class ModelAdapter:
         its attention, Kimi K3's in place of it; none: attention only)."""
         if not any(any(entry) for entry in self.recurrent):
             return []
-        mixer = self.family.side_by_side_mixer
+        mixer = self.family.side_by_side_mixer or self.family.held_cache_attention
         layers = self.layers
         if not mixer:
             return list(layers)
@@ -240,6 +251,10 @@ class ModelAdapter:
         """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from
         one forward that is never evaluated; marks the attention caches the forward never
         touches (``kv_used``: a cache list longer than the layers that use it)."""
+        if self.holds_caches:  # no pages: every layer's cache is held (``HeldCaches``)
+            self.kv_used = []
+            dtype = self.inner.embed_tokens.weight.dtype
+            return Layout([], [], dtype, [], []), [PLACEHOLDER] * len(self.recurrent)
         with probing(self.model_type) as peers:
             caches: list[ProbeCache | StateCache] = [
                 StateCache(size) if size else ProbeCache(peers)
@@ -280,6 +295,12 @@ class ModelAdapter:
         if sizes == [0, 0]:
             return self._indexed(entry)
         return sizes == [0] and getattr(self._attention(entry), "skip_topk", False)
+
+    @property
+    def holds_caches(self) -> bool:
+        """Whether its attention keeps the library's own caches, held per request slot
+        (``HeldCaches``: DeepSeek V4)."""
+        return self.family.held_cache_attention is not None
 
     @property
     def sparse(self) -> bool:
@@ -328,9 +349,15 @@ class ModelAdapter:
         state_layers = iter(range(len(self.state_shapes)))
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions
         peers: list[PagedLayerCache] = []
-        caches: list[PagedLayerCache | PagedStateCache | None] = []
+        caches: list[PagedLayerCache | PagedStateCache | HeldAttentionCache | None] = []
+        held = None
+        if self.holds_caches:
+            assert isinstance(states, HeldCaches) and batch.state_rows is not None
+            held = HeldStep(states, batch.state_rows, self.model.make_cache)
         for size in (size for entry in self.recurrent for size in entry):
-            if size:
+            if held is not None:
+                caches.append(HeldAttentionCache(held, next(state_layers)))
+            elif size:
                 assert states is not None and batch.state_rows is not None
                 layer = next(state_layers)
                 caches.append(PagedStateCache(states, layer, batch.state_rows, positions))

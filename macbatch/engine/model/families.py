@@ -11,11 +11,35 @@ branches on the capability, never on the name: no other module of the engine nam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 _FAST_ATTENTION = "calls mx.fast attention directly"
+
+
+def _v41_mixed_ratios(args: Any) -> str | None:
+    """A DeepSeek V4.1 layer that selects among one compression ratio's rows (its indexer's keys,
+    or the top-k of the index layer it reuses) but reads another ratio's compressed rows: mlx-lm
+    gathers past its rows there (NaN at random, docs/engine.md, "DeepSeek V4")."""
+    from mlx_lm.models.deepseek_v41 import _shared_reads
+
+    ratios = args.compress_ratios
+    for layer in range(args.num_hidden_layers):
+        reads = _shared_reads(args, layer)
+        rows, keys = reads.get("compress_kv"), reads.get("index_k")
+        if "topk_idx" in reads:
+            keys = _shared_reads(args, reads["topk_idx"]).get("index_k")
+        if rows is not None and keys is not None and ratios[rows] != ratios[keys]:
+            return (
+                f"layer {layer} selects among the ratio-{ratios[keys]} rows of layer {keys} but "
+                f"reads the ratio-{ratios[rows]} rows of layer {rows}, where mlx-lm itself "
+                "gathers past its rows (NaN at random): there is no output to match"
+            )
+    return None
+
+
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
 # BERT, RoBERTa and XLM-RoBERTa run in macbatch's own encoder (engine/encoder/: packed varlen
 # bidirectional passes, no KV), not yet in the paged engine's step or serve; the rest are not
@@ -144,6 +168,14 @@ class Family:
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
     encoder: EncoderLayout | None = None  # an encoder engine/encoder/ runs (None: not one)
+    # the attribute of each decoder layer holding an attention module whose cache is the
+    # library's own kind, neither pages nor a fixed-size state (DeepSeek V4's LayerCache): its
+    # caches are held per request slot and it runs the step's sequences apart
+    # (model/held_attention.py)
+    held_cache_attention: str | None = None
+    # why a loaded model of the family is refused for its config (its ``args``), or None: what
+    # the family's library itself computes wrongly has no output to match
+    config_refusal: Callable[[Any], str | None] | None = None
 
 
 # What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
@@ -151,8 +183,13 @@ _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
 )
-_VLM_SPARSE = ("deepseek_v4", "glm5_next", "longcat_flash_sparse")
+_VLM_SPARSE = ("glm5_next", "longcat_flash_sparse")
 _NOT_TEXT = "not a text generator"
+_VLM_DEEPSEEK_V4 = (
+    "mlx-vlm's DeepSeek V4 compresses overlapping groups whose previous group is zeros at the "
+    "start of every call, so its rows change with where calls are cut and no chunked step can "
+    "match it; mlx-lm's deepseek_v41 is served"
+)
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
         "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
@@ -210,7 +247,12 @@ _VLM_UNCHECKED = (
 
 def _mlx_vlm_refused() -> dict[str, Family]:
     """The refused families only mlx-vlm has, by model type (each with its reason)."""
-    groups = {_SPARSE: _VLM_SPARSE, _UNCHECKED: _VLM_UNCHECKED, **_VLM_NOT_TEXT}
+    groups = {
+        _SPARSE: _VLM_SPARSE,
+        _VLM_DEEPSEEK_V4: ("deepseek_v4",),
+        _UNCHECKED: _VLM_UNCHECKED,
+        **_VLM_NOT_TEXT,
+    }
     return {
         name: Family(refusal=reason, library=Library.MLX_VLM)
         for reason, names in groups.items()
@@ -254,11 +296,10 @@ FAMILIES: dict[str, Family] = {
         "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "
         "the packed step's rows do not carry"
     ),
-    "deepseek_v41": Family(
-        refusal="DeepSeek V4's compressed sparse attention: each layer keeps a cache of its own "
-        "(a sliding window, compressed KV rows, an indexer's keys) and calls mx.fast attention "
-        "directly, which the paged step does not page or select yet"
-    ),
+    # DeepSeek V4's attention keeps mlx-lm's own LayerCache per layer (a window, compressed rows
+    # and their indexer keys, the open group's projections), held per request slot and run per
+    # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
+    "deepseek_v41": Family(held_cache_attention="self_attn", config_refusal=_v41_mixed_ratios),
     "muse_spark": Family(refusal=_FAST_ATTENTION),
     "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
     # attention computed inline with a logit softcap: hooks/softcap_attention.py

@@ -39,6 +39,28 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
         adapter = ModelAdapter(model)  # UnsupportedModelError (a ValueError) says why not
     except Exception as exc:  # an architecture whose forward fails on the probe: same answer
         raise ValueError(f"the paged engine cannot run it: {exc}") from exc
+    if adapter.holds_caches:  # DeepSeek V4: nothing paged
+        rows.append(("layers", f"{len(adapter.state_shapes)} (attention over the library's own "
+                     "caches, held per request, not paged)"))  # fmt: skip
+        rows.append(("KV bytes/token", "not counted: its window and compressed rows stay in the "
+                     "library's own caches (docs/engine.md, \"DeepSeek V4\")"))  # fmt: skip
+    else:
+        _cache_rows(adapter, rows)
+    # what the weights take once loaded and cast (lazy arrays know their size unread)
+    needed = tree_reduce(lambda total, array: total + array.nbytes, model.parameters(), 0)
+    free = available_memory_bytes()
+    rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
+    if needed > free:
+        return (
+            f"its weights need {_size(needed)} and {_size(free)} is free; "
+            "free memory or pick a smaller (quantized) model"
+        )
+    return None
+
+
+def _cache_rows(adapter: ModelAdapter, rows: list[tuple[str, str]]) -> None:
+    """The layers, KV bytes per token and recurrent state of a model whose caches are pages and
+    fixed-size states."""
     # a lightning indexer's keys are store layers of their own (value_dim 0), not attention's
     index_shapes = [shape for shape in adapter.layer_shapes if shape.value_dim == 0]
     attention = len(adapter.kv_layers)
@@ -72,16 +94,6 @@ def probe_model(path: Path, rows: list[tuple[str, str]]) -> str | None:
     if recurrent:
         state = sum(s.nbytes for s in adapter.state_shapes)
         rows.append(("state bytes/request", f"{state:,} (recurrent layers, fixed size)"))
-    # what the weights take once loaded and cast (lazy arrays know their size unread)
-    needed = tree_reduce(lambda total, array: total + array.nbytes, model.parameters(), 0)
-    free = available_memory_bytes()
-    rows.append(("memory", f"{_size(needed)} of weights, {_size(free)} free"))
-    if needed > free:
-        return (
-            f"its weights need {_size(needed)} and {_size(free)} is free; "
-            "free memory or pick a smaller (quantized) model"
-        )
-    return None
 
 
 def _size(nbytes: int) -> str:

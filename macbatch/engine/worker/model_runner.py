@@ -28,6 +28,7 @@ from macbatch.engine.core.packing import pack
 from macbatch.engine.kv.elastic import PagedMemory, pool_size
 from macbatch.engine.kv.full import FullAttentionSpec
 from macbatch.engine.kv.group import CacheSpec, StepTables
+from macbatch.engine.kv.held_state import HeldStateSpec
 from macbatch.engine.kv.indexer_keys import IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateSpec
@@ -37,6 +38,7 @@ from macbatch.engine.lora.bank import AdapterBank
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays, settle_compute_dtype
+from macbatch.engine.model.kv_probe import UnsupportedModelError
 from macbatch.engine.model_info import context_length, declared_context_length
 from macbatch.engine.multimodal.vision import FROM_A_MODEL_OBJECT, VisionSupport, vision_for
 from macbatch.engine.pooling.methods import Pools, PoolSpan
@@ -46,6 +48,7 @@ from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
+from macbatch.engine.stores.held_caches import HeldCaches
 from macbatch.engine.stores.pages import KVStore, KVStores, PageFormat
 from macbatch.engine.stores.state_store import StateStore, slot_stride
 from macbatch.engine.worker import host_memory
@@ -90,6 +93,11 @@ class ModelRunner:
             ranks.shard(model)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
+        if group is not None and self.adapter.holds_caches:
+            raise UnsupportedModelError(
+                f"model type '{self.adapter.model_type}' keeps the library's own caches per "
+                'request (docs/engine.md, "DeepSeek V4"), not yet run across a distributed group'
+            )
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.adapters = adapter_bank(model, config, ranks)  # fine-tunes beside the base weights
         self.model_type = self.adapter.model_type
@@ -179,7 +187,8 @@ class ModelRunner:
             sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
             snapshots = verifies_drafts(config)
             rows = sizes.slots * slot_stride(snapshots) + sizes.checkpoints
-            self.states = StateStore(self.adapter.state_shapes, rows, snapshots)
+            store = HeldCaches if self.adapter.holds_caches else StateStore
+            self.states = store(self.adapter.state_shapes, rows, snapshots)
             self.cache_groups.append((states, StateMemory(self.states, sizes)))
 
     def _caps(
@@ -371,7 +380,8 @@ def cache_specs(
         window = SlidingWindowSpec(fmt.bytes_per_block(window_shapes, block_size), adapter.window)
     states = None
     if adapter.state_shapes:
-        states = RecurrentStateSpec(sum(s.nbytes for s in adapter.state_shapes))
+        spec = HeldStateSpec if adapter.holds_caches else RecurrentStateSpec
+        states = spec(sum(s.nbytes for s in adapter.state_shapes))
     return full, window, states
 
 

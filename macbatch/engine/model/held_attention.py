@@ -1,0 +1,110 @@
+"""The attention of a family whose layers keep the library's own caches (DeepSeek V4: mlx-lm's
+``deepseek_v41`` ``LayerCache``), run over the packed step's sequences apart.
+
+Its window, compressed rows, indexer keys and open group live in a ``HeldCaches`` row per
+request (``stores/held_caches.py``), not in pages, so each attention module (its class swapped by
+``hooks/recurrent_layers.py``, as a recurrent mixer's is) is handed a ``HeldAttentionCache`` and
+runs its own code once per sequence of the step, on that sequence's rows and caches, as mlx-lm's
+generation would call it for one request; everything else of the layer (hyper-connections, MoE)
+runs every row together. Cross-layer state the library passes in its ``shared`` dict (the
+compressed rows a source layer made, an index layer's top-k) is kept per sequence. A chunk that
+leaves a checkpoint (a prefix-cache block boundary, a verification's snapshot) is run as two
+calls cut there, which the library's caches allow: its output does not depend on where calls are
+cut (tests/engine/model/test_deepseek_v4_oracles.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from macbatch.engine.model.hooks.recurrent_layers import SequenceRunner
+from macbatch.engine.model.recurrent import StateRows
+from macbatch.engine.stores.held_caches import HeldCaches
+
+
+@dataclass
+class _Piece:
+    """Rows of one chunk that one call per layer takes."""
+
+    first: int  # its first row in the step
+    length: int
+    chunk: int  # which of the step's chunks
+    # the library's state passed from layer to layer within one call (its ``shared``)
+    shared: dict[str, Any] = field(default_factory=dict)
+    # every layer's caches after this piece, for a checkpoint row (None: it leaves none)
+    snapshot: list[Any] | None = None
+    # the window rows each of its queries reads, the same in every layer (every layer's window
+    # holds the same positions): made by its first layer
+    window: mx.array | None = None
+
+
+class HeldStep:
+    """One packed step's sequences for the held-cache layers: each chunk's caches (a copy of the
+    row it reads, or new ones for its first token) and its pieces; the rows it writes already
+    name those caches, which the step's layers extend."""
+
+    def __init__(
+        self, store: HeldCaches, rows: StateRows, make_cache: Callable[[], list[Any]]
+    ) -> None:
+        wire = [tuple(int(v) for v in row) for row in rows.wire]
+        self.caches = [store.copy_of(read) if read >= 0 else make_cache() for _, read, *_ in wire]
+        self.pieces: list[_Piece] = []
+        first = 0
+        for chunk, (length, _, write, checkpoint, at) in enumerate(wire):
+            store.hold(write, self.caches[chunk])
+            cut = at if checkpoint >= 0 and 0 < at < length else length
+            head = _Piece(first, cut, chunk)
+            self.pieces.append(head)
+            if checkpoint >= 0:
+                head.snapshot = [None] * len(self.caches[chunk])
+                store.hold(checkpoint, head.snapshot)
+            if cut < length:
+                self.pieces.append(_Piece(first + cut, length - cut, chunk))
+            first += length
+
+
+class HeldAttentionCache(SequenceRunner):
+    """What one held-cache attention module is handed in a packed step in place of its cache.
+
+    The library's text model reads its first cache's ``offset`` and ``window`` for the one
+    request it expects; the packed step has many, so those are a start of nothing here and each
+    sequence's own are read from its caches instead."""
+
+    offset = 0
+    window = None
+
+    def __init__(self, step: HeldStep, layer: int) -> None:
+        self.step = step
+        self.layer = layer
+
+    def run(
+        self, call: Callable[..., mx.array], x: mx.array, args: tuple, kwargs: dict
+    ) -> mx.array:
+        """``call`` (the module's own ``__call__``) once per piece, each on its rows of ``x``
+        (``[N, 1, H]``) with its sequence's cache, position and window rows."""
+        window_rows = inspect.getmodule(call)._window_indices  # type: ignore[union-attr]
+        outs = []
+        for piece in self.step.pieces:
+            cache = self.step.caches[piece.chunk][self.layer]
+            rows = x[piece.first : piece.first + piece.length].reshape(1, piece.length, -1)
+            if piece.window is None:
+                previous = 0 if cache.window is None else cache.window.shape[1]
+                rows_read = window_rows(
+                    previous=previous, length=piece.length, window=cache.window_size
+                )
+                piece.window = rows_read[None]
+            named = dict(
+                kwargs, start_pos=cache.offset, window_idx=piece.window, cache=cache,
+                shared=piece.shared,
+            )  # fmt: skip
+            out = call(rows, *args, **named)
+            outs.append(out.reshape(piece.length, 1, -1))
+            if piece.snapshot is not None:
+                piece.snapshot[self.layer] = copy.copy(cache)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)

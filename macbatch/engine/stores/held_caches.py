@@ -1,0 +1,65 @@
+"""Per-request caches of the model library's own kind, held beside a state store's rows.
+
+DeepSeek V4's attention (mlx-lm's ``deepseek_v41``) keeps a cache per layer that neither pages
+nor a fixed-size state hold: its sliding window, its compressed rows (one per ``m`` tokens, so
+growing with the context) with their indexer keys, and the projections of the group not closed
+yet. Until those have cache kinds of their own, each state-store row (a request slot, its
+snapshot, a prefix-cache checkpoint) also names the library's cache objects of every layer, as
+the library made them. The library replaces a cache's arrays on every call and never writes one
+in place, so a shallow copy of each object is a snapshot of the row: a checkpoint costs no
+copy of its arrays. The rows' own arrays are one placeholder number per layer (the sizing and
+slot machinery of the recurrent state are reused as they are); the engine's stats count the
+held arrays (``held_bytes``), the KV pool's sizing does not.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from macbatch.engine.stores.state_store import StateShape, StateStore
+
+# what a row keeps in the store's own arrays, per layer: nothing is read from it
+PLACEHOLDER = StateShape(((1,),), (mx.int32,))
+
+
+class HeldCaches(StateStore):
+    """A state store whose rows each also hold the library's caches of every layer (a list, one
+    object per layer; a row no step wrote holds none)."""
+
+    def __init__(self, layers: Sequence[StateShape], rows: int, snapshots: bool = False) -> None:
+        super().__init__(layers, rows, snapshots)
+        self.held: dict[int, list[Any]] = {}
+
+    def copy_of(self, row: int) -> list[Any]:
+        """A snapshot of row ``row``'s caches that a step may extend without changing the row."""
+        return [copy.copy(cache) for cache in self.held[row]]
+
+    def hold(self, row: int, caches: list[Any]) -> None:
+        self.held[row] = caches
+
+    def release(self, row: int) -> None:
+        """A request slot given back: its caches go (a checkpoint's stay until compacted)."""
+        self.held.pop(row, None)
+
+    def held_bytes(self) -> int:
+        """The bytes of the arrays the held caches reference, each once (a checkpoint shares most
+        of its arrays with the slot it was copied from)."""
+        arrays = {
+            id(a): a
+            for caches in self.held.values()
+            for cache in caches
+            if cache is not None
+            for a in vars(cache).values()
+            if isinstance(a, mx.array)
+        }
+        return sum(a.nbytes for a in arrays.values())
+
+    def compact(self, fresh: int, kept: Sequence[int]) -> None:
+        """The rows ``kept`` move after ``fresh`` new ones (``StateStore.compact``); the request
+        slots' caches go."""
+        super().compact(fresh, kept)
+        self.held = {fresh + i: self.held[row] for i, row in enumerate(kept) if row in self.held}

@@ -138,6 +138,10 @@ class Family:
     # and keys itself and caps the scores inline (Gemma 2), which hooks/softcap_attention.py
     # routes to the kernel's softcap
     inline_softcap_attention: str | None = None
+    # the attribute of each decoder layer holding an attention module that reads its cache's
+    # offset as a number, in an inner transformer that builds its masks from it too (Llama 4's
+    # query temperature and chunk masks): hooks/scalar_offsets.py swaps both classes
+    scalar_offset_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -244,11 +248,8 @@ FAMILIES: dict[str, Family] = {
         "(scaled_dot_product_attention with no cache) and take their RoPE position from the "
         "number of keys, which the packed step's one-token rows do not carry"
     ),
-    "llama4": Family(
-        refusal="chunked attention (attention_chunk_size, mlx-lm's ChunkedKVCache): three "
-        "layers in four attend only within fixed chunks of positions, a mask the paged "
-        "kernels do not have; Llama 4 text checkpoints without it (llama4_text) are served"
-    ),
+    # chunked layers (a ChunkedKVCache each) attend within their chunk: model/attention_chunks.py
+    "llama4": Family(scalar_offset_attention="self_attn"),
     "baichuan_m1": Family(
         refusal="its attention convolves each key and value with the previous token's (an "
         "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "

@@ -90,6 +90,7 @@ class ModelRunner:
             ranks.shard(model)
         # A distributed step carries no window group (followers page every layer in full).
         self.adapter = ModelAdapter(model, windows=group is None)
+        self.adapter.check_block_size(config.block_size)
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.adapters = adapter_bank(model, config, ranks)  # fine-tunes beside the base weights
         self.model_type = self.adapter.model_type

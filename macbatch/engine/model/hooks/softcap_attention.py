@@ -15,7 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from macbatch.engine.model.hooks.attention import AttentionWindow, EngineAttention
+from macbatch.engine.model.hooks.attention import AttentionWindow, EngineAttention, heads_first
 
 _SOFTCAPPED: dict[type, type] = {}
 
@@ -36,9 +36,7 @@ def _softcapped_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None
     if not isinstance(cache, EngineAttention):
         return super(type(self), self).__call__(x, mask, cache)
     n, length, _ = x.shape
-    queries = self.q_proj(x).reshape(n, length, self.n_heads, -1).transpose(0, 2, 1, 3)
-    keys = self.k_proj(x).reshape(n, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    values = self.v_proj(x).reshape(n, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    queries, keys, values = heads_first(self, x)
     queries = self.rope(queries, offset=cache.offset)
     keys = self.rope(keys, offset=cache.offset)
     keys, values = cache.update_and_fetch(keys, values)

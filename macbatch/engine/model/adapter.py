@@ -177,7 +177,8 @@ class ModelAdapter:
         model's list is mlx-lm's ``make_cache()``), whether each entry is a ``CacheList``
         (the layer indexes it, even with one part: MiniMax M3's), and each part's attention
         chunk (a ``ChunkedKVCache``'s: Llama 4's chunked layers; None: it attends to every
-        position); refuses any other kind with the reason."""
+        position); refuses any other kind with the reason. Notes the ``ArraysCache`` class of
+        the recurrent parts (``state_kind``: mlx-lm's, or mlx-vlm's for its own layers)."""
         # the text model's caches, or its wrapper's where only the wrapper makes them (MiniMax M3)
         maker = next((m for m in (self.model, self.wrapper) if hasattr(m, "make_cache")), None)
         made = [] if maker is None else maker.make_cache()
@@ -199,6 +200,7 @@ class ModelAdapter:
                     sizes.append(0)
                 elif type(part) in _kinds("ArraysCache"):
                     sizes.append(len(part.cache))
+                    self.state_kind = type(part)
                 else:
                     raise UnsupportedModelError(
                         f"model type '{self.model_type}' keeps {type(part).__name__} state; "
@@ -249,19 +251,16 @@ class ModelAdapter:
         """The pages' layout (``kv_probe.Layout``) and each recurrent layer's state shapes, from
         one forward that is never evaluated; marks the attention caches the forward never
         touches (``kv_used``: a cache list longer than the layers that use it)."""
-        from mlx_lm.models.cache import ArraysCache
-
+        kind = self.state_kind
         with probing(self.model_type) as peers:
-            caches: list[ProbeCache | ArraysCache] = [
-                ArraysCache(size) if size else ProbeCache(peers)
-                for e in self.recurrent
-                for size in e
+            caches: list[Any] = [
+                kind(size) if size else ProbeCache(peers) for e in self.recurrent for size in e
             ]
             self.run_inner(mx.array([[0]]), cache=self._nested(caches))
         attention = [c for c in caches if isinstance(c, ProbeCache)]
         self.kv_used = [c.shape is not None or bool(c.reads) for c in attention]
         attention = [c for c, used in zip(attention, self.kv_used) if used]
-        states = [_state_shape(c) for c in caches if isinstance(c, ArraysCache)]
+        states = [_state_shape(c) for c in caches if not isinstance(c, ProbeCache)]
         if not attention:  # recurrent only (Mamba, RWKV-7): the full group holds no pages
             if not states:
                 raise UnsupportedModelError(
@@ -325,6 +324,7 @@ class ModelAdapter:
         return self.inner(inputs, **kwargs)
 
     _needs_mask: bool | None = None
+    state_kind: Any = None  # the recurrent parts' ArraysCache class (``_recurrent_caches``)
 
     def _nested(self, caches: list[Any]) -> list[Any]:
         """The flat per-part ``caches`` regrouped as the model's cache list: a ``CacheList``
@@ -362,7 +362,8 @@ class ModelAdapter:
             if size:
                 assert states is not None and batch.state_rows is not None
                 layer = next(state_layers)
-                caches.append(PagedStateCache(states, layer, batch.state_rows, positions))
+                rows = batch.state_rows
+                caches.append(PagedStateCache(states, layer, rows, positions, self.state_kind))
             elif next(used):
                 kv, writes, order, index = next(attention)
                 cache = PagedLayerCache(stores, kv, batch, writes, peers, order, index, plan, chunk)

@@ -180,17 +180,14 @@ _VLM_NOT_TEXT = {
     "a speech (duplex voice) model": ("nemotron_voicechat",),
     "on a tiny model its greedy tokens equal mlx-vlm's but their log-probabilities differ by up "
     "to 7e-3 (1e-4 for every served family): not served until that is explained": ("paligemma",),
-    "its Gated DeltaNet layers keep their state through mlx-vlm's own recurrent cache calls "
-    "(update_window, update_recurrent), which the engine's paged recurrent state does not offer "
-    "yet; Qwen3.5 checkpoints (qwen3_5, qwen3_5_moe) are served": (
-        "qwen3_5_text", "qwen3_5_moe_text", "decider2",
-    ),
     "attention-free (AFT) layers that keep a cache kind of their own (Z1TCache), which the "
     "engine does not page": ("z1t",),
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text", "hy_v4")  # fmt: skip
+               "hrm_text", "hy_v4",
+               # Gated DeltaNet layers: their state in mlx-vlm's own ArraysCache (its calls)
+               "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
 _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")

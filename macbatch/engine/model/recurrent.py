@@ -164,11 +164,20 @@ class PagedStateCache(SequenceRunner):
     the store layer whose slots hold its state, and the step's rows."""
 
     def __init__(
-        self, store: StateStore, layer: int, rows: StateRows, positions: mx.array | None = None
+        self,
+        store: StateStore,
+        layer: int,
+        rows: StateRows,
+        positions: mx.array | None = None,
+        kind: type | None = None,
     ) -> None:
         self.store = store
         self.layer = layer
         self.rows = rows
+        # the library's ArraysCache class the layer's own code calls (mlx-vlm's Gated DeltaNet
+        # keeps its state through that class's update_window and update_recurrent); None:
+        # mlx-lm's
+        self.kind = kind
         # the step's per-row positions (the attention caches' ``offset``): a layer handed them
         # (Bailing's GLA layers rotate by the attention layer's offset) gets each of its
         # sequences' first position instead
@@ -216,6 +225,15 @@ class PagedStateCache(SequenceRunner):
         out = outs[0] if len(outs) == 1 else _joined(outs, axis=0)
         return out if rows.restore is None else _each(out, lambda a: a[rows.restore])
 
+    def _new_cache(self) -> Any:
+        """An empty ``ArraysCache`` of the layer's library, as its own code expects."""
+        size = len(self.store.states[self.layer])
+        if self.kind is not None:
+            return self.kind(size)
+        from mlx_lm.models.cache import ArraysCache
+
+        return ArraysCache(size)
+
     def _groups(self, n: int) -> list[tuple[int, int]]:
         """``n`` sequences cut into groups whose state arrays stay under ``GROUP_BYTES``."""
         widest = max(
@@ -227,7 +245,7 @@ class PagedStateCache(SequenceRunner):
     def _read(self, reads: Sequence[Stretch], start: int, stop: int) -> Any:
         """A new cache holding the states of sequences ``start`` to ``stop - 1`` of ``reads``
         (zeros where a sequence starts its request)."""
-        cache = _new_cache(len(self.store.states[self.layer]))
+        cache = self._new_cache()
         picked = [
             self.store.read(self.layer, slot + lo - first if slot >= 0 else -1, hi - lo)
             for first, slot, n in reads
@@ -272,7 +290,7 @@ class PagedStateCache(SequenceRunner):
         if any(plan.read >= 0 for _, plan in plans):
             cache = self._read(batch.reads, start, stop)
         else:
-            cache = _new_cache(len(self.store.states[self.layer]))
+            cache = self._new_cache()
         inputs = batch.inputs(x, start, stop)
         rows = (stop - start) * batch.length
         arrays = len(self.store.states[self.layer])
@@ -451,10 +469,3 @@ def _joined(outs: list[Any], axis: int) -> Any:
             for parts in zip(*outs)
         )
     return mx.concatenate(outs, axis=axis)
-
-
-def _new_cache(size: int) -> Any:
-    """An empty mlx-lm ``ArraysCache`` of ``size`` arrays, as the layer's own code expects."""
-    from mlx_lm.models.cache import ArraysCache
-
-    return ArraysCache(size)

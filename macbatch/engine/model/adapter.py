@@ -196,7 +196,10 @@ class ModelAdapter:
             for part in parts:
                 chunked = type(part) in _kinds("ChunkedKVCache")
                 chunks.append(int(part.chunk_size) if chunked else None)
-                if chunked or type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds():
+                if (
+                    chunked
+                    or type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds()
+                ):
                     sizes.append(0)
                 elif type(part) in _kinds("ArraysCache"):
                     sizes.append(len(part.cache))

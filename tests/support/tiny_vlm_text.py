@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
+from tests.support.tiny import HYBRID_CONFIGS, SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
 
 _ROUTED = dict(hidden_size=64, num_attention_heads=4, vocab_size=VOCAB_SIZE)
 # the text-only families' common sizes
@@ -52,24 +52,7 @@ def _vlm(model_type: str, text: str, vision: str) -> dict[str, Any]:
 
 # Qwen3.5's text-only layout: Gated DeltaNet layers (mlx-vlm's, keeping their state through its
 # ArraysCache's update_window and update_recurrent) between full-attention ones
-_QWEN3_5_TEXT = dict(
-    _TEXT,
-    num_hidden_layers=4,
-    intermediate_size=96,
-    linear_num_value_heads=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    full_attention_interval=2,
-    tie_word_embeddings=True,
-    rope_parameters={
-        "type": "default",
-        "rope_theta": 10000.0,
-        "partial_rotary_factor": 0.5,
-        "mrope_section": [2, 1, 1],
-    },
-)
+_QWEN3_5_TEXT = HYBRID_CONFIGS["qwen3_5"]  # mlx-lm's tiny qwen3_5, each model_type its own
 
 # family -> its config.json (each small enough to run in a test, each exercising what its real
 # checkpoints have: MoE layers beside dense ones, sliding-window layers, MLA)

@@ -95,7 +95,7 @@ def heads_first(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]
     n, length, _ = x.shape
     heads = (module.n_heads, module.n_kv_heads, module.n_kv_heads)
     projections = (module.q_proj, module.k_proj, module.v_proj)
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         p(x).reshape(n, length, h, -1).transpose(0, 2, 1, 3) for p, h in zip(projections, heads)
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from macbatch.engine.model.hooks.attention import EngineAttention, heads_first
+from macbatch.engine.model.hooks.class_swap import swap_call
 
 _SWAPPED: dict[type, type] = {}
 
@@ -28,18 +29,9 @@ def install(inner: Any, attentions: Sequence[Any]) -> None:
     layer's attention, as the family's record names them); nothing when ``attentions`` is
     empty (another family)."""
     if attentions:
-        _swap(inner, _inner_call)
+        swap_call(inner, _SWAPPED, _inner_call)
     for module in attentions:
-        _swap(module, _attention_call)
-
-
-def _swap(module: Any, call: Any) -> None:
-    cls = type(module)
-    if cls in _SWAPPED.values():
-        return
-    if cls not in _SWAPPED:
-        _SWAPPED[cls] = type(cls.__name__, (cls,), {"__call__": call})
-    module.__class__ = _SWAPPED[cls]
+        swap_call(module, _SWAPPED, _attention_call)
 
 
 def _inner_call(self: Any, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:

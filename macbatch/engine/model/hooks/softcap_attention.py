@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from macbatch.engine.model.hooks.attention import AttentionWindow, EngineAttention, heads_first
+from macbatch.engine.model.hooks.class_swap import swap_call
 
 _SOFTCAPPED: dict[type, type] = {}
 
@@ -24,12 +25,7 @@ def install(modules: Sequence[Any]) -> None:
     """Swap the class of each of ``modules`` (attention modules with an inline softcap, as the
     family's record names them) for one that attends through an engine cache."""
     for module in modules:
-        cls = type(module)
-        if cls in _SOFTCAPPED.values():
-            continue
-        if cls not in _SOFTCAPPED:
-            _SOFTCAPPED[cls] = type(cls.__name__, (cls,), {"__call__": _softcapped_call})
-        module.__class__ = _SOFTCAPPED[cls]
+        swap_call(module, _SOFTCAPPED, _softcapped_call)
 
 
 def _softcapped_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:

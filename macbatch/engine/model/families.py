@@ -271,7 +271,8 @@ FAMILIES: dict[str, Family] = {
     "plamo2": Family(
         refusal="its attention layers call mx.fast.scaled_dot_product_attention themselves "
         "(with a mask of their own, not mlx-lm's attention function the engine routes to the "
-        f"pages), between Mamba layers. {_MEANWHILE}"
+        "pages), between Mamba layers, and its decoder layers sit in a container module "
+        f"(model.layers.layers) rather than a list the adapter walks. {_MEANWHILE}"
     ),
     # attention computed inline with a logit softcap: hooks/softcap_attention.py
     "gemma2": Family(inline_softcap_attention="self_attn"),

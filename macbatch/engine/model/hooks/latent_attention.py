@@ -28,8 +28,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from macbatch.engine.model.class_swap import swap_call
 from macbatch.engine.model.hooks.attention import EngineAttention
-from macbatch.engine.model.hooks.class_swap import swap_call
 
 # what marks a module as MLA attention: its latent projection and its size, and an output
 # projection under one of these names

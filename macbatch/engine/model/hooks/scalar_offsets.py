@@ -18,8 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from macbatch.engine.model.class_swap import swap_call
 from macbatch.engine.model.hooks.attention import EngineAttention, heads_first
-from macbatch.engine.model.hooks.class_swap import swap_call
 
 _SWAPPED: dict[type, type] = {}
 

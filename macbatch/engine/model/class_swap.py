@@ -1,5 +1,6 @@
-"""The other way the hooks patch mlx-lm: a loaded module's class swapped for a subclass with one
-``__call__`` of the engine's, which runs the library's own for any cache but the engine's."""
+"""The other way the hooks (``hooks/``) patch mlx-lm: a loaded module's class swapped for a
+subclass with one ``__call__`` of the engine's, which runs the library's own for any cache but
+the engine's (``reroute.py`` is the first way)."""
 
 from __future__ import annotations
 

@@ -30,9 +30,13 @@ pytest.importorskip("mlx_vlm")
 # a pool whose eighth (the recurrent state checkpoints' share) keeps a hybrid's checkpoints of
 # the two longest prompts past the nine requests (96 blocks keep 8, which they evict)
 STAGGERED_WITH_CHECKPOINTS = dict(STAGGERED, num_blocks=400)
-# families whose language model is another family's code under other weight names: loaded (and
-# self-checked against mlx-vlm's own forward) by the cheap test, not run through the workloads
-SAME_CODE = {"decider2": "its language model is qwen3_5_text's (its Model subclasses it)"}
+# families whose layers another family here runs through the workloads: loaded (and self-checked
+# against mlx-vlm's own forward: a prompt, decode steps, log-probabilities) by the cheap test
+SAME_CODE = {
+    "decider2": "its language model is qwen3_5_text's (its Model subclasses it)",
+    "qwen3_5_text": "its Gated DeltaNet and attention layers are qwen3_5_moe_text's (their MLPs "
+    "differ)",
+}
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
 
 

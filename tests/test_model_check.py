@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from macbatch.cli import app
 from macbatch.engine import Engine, EngineConfig
+from macbatch.engine.model.families import unsupported_reason
 from tests.support.tiny import save_model
 
 
@@ -112,10 +113,8 @@ def test_doctor_model_says_why_not(tmp_path):
     path = save_model(tmp_path / "qwen3", "qwen3", model_type="plamo2")  # refused by type
     result = CliRunner().invoke(app, ["doctor", str(path)])
     assert result.exit_code == 1
-    assert _rows(result.output)["servable"] == (
-        "no: model type 'plamo2' is not supported: calls mx.fast attention directly and keeps "
-        "SSM state"
-    )
+    reason = unsupported_reason("plamo2")
+    assert _rows(result.output)["servable"] == f"no: model type 'plamo2' is not supported: {reason}"
     missing = CliRunner().invoke(app, ["doctor", "nobody/not-downloaded"])
     assert missing.exit_code == 1
     assert "'nobody/not-downloaded' is not downloaded yet" in missing.output

@@ -170,15 +170,23 @@ OVERRIDES: dict[str, dict[str, Any]] = {
             **_MOE,
         )
     ),  # fmt: skip
+    # four layers: three chunked (chunks of one block), then one without RoPE whose query
+    # temperature changes every 4 positions
     "llama4": dict(
         text_config=dict(
             _COMMON,
             model_type="llama4_text",
+            num_hidden_layers=4,
             intermediate_size_mlp=128,
             no_rope_layers=[1, 0],
             use_qk_norm=True,
             interleave_moe_layer_step=1,
             attention_chunk_size=8,
+            floor_scale=4,
+            attn_scale=2.0,
+            num_experts_per_tok=1,
+            attention_bias=False,
+            rope_scaling=None,
         )
     ),  # fmt: skip
     "mellum": dict(

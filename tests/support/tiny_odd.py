@@ -142,7 +142,8 @@ ODD_CONFIGS: dict[str, dict[str, Any]] = {
     ),
 }
 
-# refused at load, each with its reason (families.py)
+# refused at load, each with its reason (families.py), or by the probe without its table entry
+# (llama4: served through its entry)
 REFUSED_ODD_CONFIGS: dict[str, dict[str, Any]] = {
     "afm7": dict(
         model_type="afm7",

@@ -14,7 +14,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
+from tests.support.tiny import HYBRID_CONFIGS, SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
 
 _ROUTED = dict(hidden_size=64, num_attention_heads=4, vocab_size=VOCAB_SIZE)
 # the text-only families' common sizes
@@ -50,6 +50,10 @@ def _vlm(model_type: str, text: str, vision: str) -> dict[str, Any]:
     )
 
 
+# Qwen3.5's text-only layout: Gated DeltaNet layers (mlx-vlm's, keeping their state through its
+# ArraysCache's update_window and update_recurrent) between full-attention ones
+_QWEN3_5_TEXT = HYBRID_CONFIGS["qwen3_5"]  # mlx-lm's tiny qwen3_5, each model_type its own
+
 # family -> its config.json (each small enough to run in a test, each exercising what its real
 # checkpoints have: MoE layers beside dense ones, sliding-window layers, MLA)
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -72,6 +76,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096,
         rope_theta=10000.0,
     ),
+    "qwen3_5_text": dict(_QWEN3_5_TEXT, model_type="qwen3_5_text"),
+    # its experts and shared expert in every layer
+    "qwen3_5_moe_text": dict(
+        _QWEN3_5_TEXT,
+        **_EXPERTS,
+        model_type="qwen3_5_moe_text",
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
+    # Qwen3.5's text model under another checkpoint layout (a decision model's)
+    "decider2": dict(_QWEN3_5_TEXT, model_type="decider2"),
     # a plain decoder (K2 Think's)
     "k2_horizon": dict(_TEXT, model_type="k2_horizon", num_hidden_layers=2, intermediate_size=96),
     # Cohere's MoE: every second layer sliding (window 8), sigmoid-gated experts and a shared one

@@ -142,10 +142,10 @@ class ModelAdapter:
             )
         self.inner_name: str = inner_name
         with refused_if_unreadable(self.model_type):
-            self.recurrent, self.cache_lists = self._recurrent_caches()
-            softcapped = self.family.inline_softcap_attention
-            capped = [getattr(layer, softcapped) for layer in self.layers] if softcapped else []
-            hooks.install(self.layers, self._recurrent_modules(), capped)
+            self.recurrent, self.cache_lists, self.chunks = self._recurrent_caches()
+            capped = self._named_modules(self.family.inline_softcap_attention)
+            offsets = self._named_modules(self.family.scalar_offset_attention)
+            hooks.install(self.layers, self._recurrent_modules(), capped, self.inner, offsets)
             layout, self.state_shapes = self._probe()
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
@@ -180,30 +180,39 @@ class ModelAdapter:
         """Whether some layers keep recurrent state (Gated DeltaNet, Mamba, short convolutions)."""
         return bool(self.state_shapes)
 
-    def _recurrent_caches(self) -> tuple[list[tuple[int, ...]], list[bool]]:
+    def _recurrent_caches(
+        self,
+    ) -> tuple[list[tuple[int, ...]], list[bool], list[int | None]]:
         """What the model's forward is handed as its cache list, one tuple per entry with one
         number per part (a ``CacheList`` has several; Falcon-H1's: the SSM's, then attention's):
         0 for attention (K/V), the number of state arrays for a recurrent layer's (a hybrid
-        model's list is mlx-lm's ``make_cache()``), and whether each entry is a ``CacheList``
-        (the layer indexes it, even with one part: MiniMax M3's); refuses any other kind with
-        the reason."""
+        model's list is mlx-lm's ``make_cache()``), whether each entry is a ``CacheList``
+        (the layer indexes it, even with one part: MiniMax M3's), and each part's attention
+        chunk (a ``ChunkedKVCache``'s: Llama 4's chunked layers; None: it attends to every
+        position); refuses any other kind with the reason."""
         # the text model's caches, or its wrapper's where only the wrapper makes them (MiniMax M3)
         maker = next((m for m in (self.model, self.wrapper) if hasattr(m, "make_cache")), None)
         made = [] if maker is None else maker.make_cache()
         if self.holds_caches:  # one placeholder per layer: the caches are held beside it
-            return [(len(PLACEHOLDER.shapes),)] * len(made), [False] * len(made)
+            return [(len(PLACEHOLDER.shapes),)] * len(made), [False] * len(made), [None] * len(made)
         # attention only: a cache for each layer (Gemma 4's KV-shared layers get one too,
         # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
         # makes more (IQuest-Loop-Coder's second loop has its own)
         attention_only: list[tuple[int, ...]] = [(0,)] * max(len(self.layers), len(made))
         entries: list[tuple[int, ...]] = []
         lists: list[bool] = []
+        chunks: list[int | None] = []
         for cache in made:
             listed = type(cache) in _kinds("CacheList")
             parts = cache.caches if listed else (cache,)
             sizes: list[int] = []
             for part in parts:
-                if type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds():
+                chunked = type(part) in _kinds("ChunkedKVCache")
+                chunks.append(int(part.chunk_size) if chunked else None)
+                if (
+                    chunked
+                    or type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds()
+                ):
                     sizes.append(0)
                 elif type(part) in _kinds("ArraysCache"):
                     sizes.append(len(part.cache))
@@ -218,6 +227,7 @@ class ModelAdapter:
                 # (latent alone): one engine cache is every part (``EngineAttention.__getitem__``),
                 # the keys its own store layer
                 sizes, listed = [0], False
+                del chunks[len(chunks) - len(parts) + 1 :]
             if sizes.count(0) > 1 and not self._attentions_in(len(entries), sizes.count(0)):
                 raise UnsupportedModelError(
                     f"model type '{self.model_type}' keeps {sizes.count(0)} K/V caches in one "
@@ -232,8 +242,13 @@ class ModelAdapter:
             entries.append(tuple(sizes))
             lists.append(listed)
         if not any(any(e) for e in entries) and not any(lists):
-            return attention_only, [False] * len(attention_only)
-        return entries, lists
+            padded = chunks + [None] * (len(attention_only) - len(chunks))
+            return attention_only, [False] * len(attention_only), padded
+        return entries, lists, chunks
+
+    def _named_modules(self, name: str | None) -> list[nn.Module]:
+        """Each decoder layer's module ``name`` (a family record's), none without a name."""
+        return [getattr(layer, name) for layer in self.layers] if name else []
 
     def _recurrent_modules(self) -> list[nn.Module]:
         """The modules handed a recurrent state cache: every decoder layer of a hybrid model, or
@@ -303,6 +318,22 @@ class ModelAdapter:
         return self.family.held_cache_attention is not None
 
     @property
+    def chunked(self) -> bool:
+        """Whether some layers attend within fixed chunks of positions (Llama 4)."""
+        return any(chunk is not None for chunk in self.chunks)
+
+    def check_block_size(self, block_size: int) -> None:
+        """Refuses pages of ``block_size`` tokens that a chunk of a chunked layer does not fill
+        whole (a chunk starts a block table: ``attention_chunks.py``)."""
+        uneven = sorted({c for c in self.chunks if c is not None and c % block_size})
+        if uneven:
+            raise UnsupportedModelError(
+                f"model type '{self.model_type}' attends in chunks of {uneven[0]} positions, not "
+                f"a whole number of {block_size}-token KV blocks; choose a block size that "
+                "divides it (EngineConfig.block_size)"
+            )
+
+    @property
     def sparse(self) -> bool:
         """Whether some layers select their rows with a lightning indexer (DeepSeek V3.2)."""
         return self.indexer is not None
@@ -354,7 +385,8 @@ class ModelAdapter:
         if self.holds_caches:
             assert isinstance(states, HeldCaches) and batch.state_rows is not None
             held = HeldStep(states, batch.state_rows, self.model.make_cache)
-        for size in (size for entry in self.recurrent for size in entry):
+        sizes = (size for entry in self.recurrent for size in entry)
+        for size, chunk in zip(sizes, self.chunks, strict=True):
             if held is not None:
                 caches.append(HeldAttentionCache(held, next(state_layers)))
             elif size:
@@ -363,7 +395,7 @@ class ModelAdapter:
                 caches.append(PagedStateCache(states, layer, batch.state_rows, positions))
             elif next(used):
                 kv, writes, order, index = next(attention)
-                cache = PagedLayerCache(stores, kv, batch, writes, peers, order, index, plan)
+                cache = PagedLayerCache(stores, kv, batch, writes, peers, order, index, plan, chunk)
                 caches.append(cache)
             else:
                 caches.append(None)  # an entry no layer touches

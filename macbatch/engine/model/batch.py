@@ -9,6 +9,7 @@ from functools import cached_property
 
 import mlx.core as mx
 
+from macbatch.engine.model.attention_chunks import chunked
 from macbatch.engine.model.image_blocks import StepBlocks
 from macbatch.engine.model.recurrent import StateRows
 from macbatch.metal import AttentionMetadata
@@ -66,3 +67,16 @@ class PackedBatch:
         """What every sliding-window layer reads of this step: the window group's tables."""
         assert self.window_block_tables is not None
         return AttentionMetadata.build(self.window_block_tables, self.seq_lens, self.cu_seqlens_q)
+
+    @cached_property
+    def _chunked_attention(self) -> dict[int, AttentionMetadata]:
+        return {}
+
+    def chunk_attention(self, chunk: int, block_size: int) -> AttentionMetadata:
+        """What a chunked-attention layer (Llama 4's) reads of this step: the full group's
+        sequences cut at every multiple of ``chunk`` (``attention_chunks.py``), made once per
+        step and chunk size."""
+        made = self._chunked_attention
+        if chunk not in made:
+            made[chunk] = chunked(self.attention, chunk, block_size)
+        return made[chunk]

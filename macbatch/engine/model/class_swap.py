@@ -1,6 +1,6 @@
-"""Swapping a loaded module's class for a subclass with one ``__call__`` of the engine's, the way
-the hooks patch a layer (parameters and their names untouched); here beside ``reroute.py``, the
-hooks' other helper, since every module of ``hooks/`` is a hook."""
+"""The other way the hooks (``hooks/``) patch mlx-lm: a loaded module's class swapped for a
+subclass with one ``__call__`` of the engine's, which runs the library's own for any cache but
+the engine's (``reroute.py`` is the first way)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 
-def swap_call(module: Any, made: dict[type, type], call_over: Callable[[type], Callable]) -> None:
-    """Give ``module`` the subclass of its class whose ``__call__`` is ``call_over(its class)``,
-    made once per class into ``made`` (a module swapped already is left as it is)."""
+def swap_call(module: Any, swapped: dict[type, type], call: Callable[..., Any]) -> None:
+    """Swap ``module``'s class for a subclass whose ``__call__`` is ``call`` (made once per
+    class, kept in ``swapped``: a hook's own table); a module swapped already is left as it is.
+    Parameters and their names are untouched."""
     cls = type(module)
-    if cls in made.values():
+    if cls in swapped.values():
         return
-    if cls not in made:
-        made[cls] = type(cls.__name__, (cls,), {"__call__": call_over(cls)})
-    module.__class__ = made[cls]
+    if cls not in swapped:
+        swapped[cls] = type(cls.__name__, (cls,), {"__call__": call})
+    module.__class__ = swapped[cls]

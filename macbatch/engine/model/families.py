@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-_FAST_ATTENTION = "calls mx.fast attention directly"
+# what a user of a family refused below can do meanwhile
+_MEANWHILE = "Until it is served here, mlx-lm's own generation (mlx_lm.generate) runs it"
+_MEANWHILE_VLM = "Until it is served here, mlx-vlm's own generation (mlx_vlm.generate) runs it"
 
 
 def _v41_mixed_ratios(args: Any) -> str | None:
@@ -162,6 +164,10 @@ class Family:
     # and keys itself and caps the scores inline (Gemma 2), which hooks/softcap_attention.py
     # routes to the kernel's softcap
     inline_softcap_attention: str | None = None
+    # the attribute of each decoder layer holding an attention module that reads its cache's
+    # offset as a number, in an inner transformer that builds its masks from it too (Llama 4's
+    # query temperature and chunk masks): hooks/scalar_offsets.py swaps both classes
+    scalar_offset_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -212,18 +218,16 @@ _VLM_NOT_TEXT = {
     "which the paged step does not keep)": ("florence2", "nemotron_parse", "mllama"),
     "a speech (duplex voice) model": ("nemotron_voicechat",),
     "on a tiny model its greedy tokens equal mlx-vlm's but their log-probabilities differ by up "
-    "to 7e-3 (1e-4 for every served family): not served until that is explained": ("paligemma",),
-    "its Gated DeltaNet layers keep their state through mlx-vlm's own recurrent cache calls "
-    "(update_window, update_recurrent), which the engine's paged recurrent state does not offer "
-    "yet; Qwen3.5 checkpoints (qwen3_5, qwen3_5_moe) are served": (
-        "qwen3_5_text", "qwen3_5_moe_text", "decider2",
-    ),
+    "to 7e-3 (1e-4 for every served family): not served until that is explained. "
+    f"{_MEANWHILE_VLM}": ("paligemma",),
     "attention-free (AFT) layers that keep a cache kind of their own (Z1TCache), which the "
-    "engine does not page": ("z1t",),
+    f"engine does not page. {_MEANWHILE_VLM}": ("z1t",),
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text", "hy_v4")  # fmt: skip
+               "hrm_text", "hy_v4",
+               # Gated DeltaNet layers: their state in mlx-vlm's own ArraysCache (its calls)
+               "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
 _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
@@ -278,40 +282,51 @@ FAMILIES: dict[str, Family] = {
     "longcat_flash_ngram": Family(
         refusal="its n-gram embedding keeps each request's last tokens as state (an ArraysCache "
         "before the layers' caches) read outside any layer, which the packed step's rows do not "
-        "carry; longcat_flash, its layers without the n-gram embedding, is served"
+        "carry; longcat_flash, its layers without the n-gram embedding, is served. "
+        f"{_MEANWHILE}"
     ),
     "kimi_k3": Family(side_by_side_mixer="self_attn"),
     "afm7": Family(
         refusal="its KV-reuse layers attend over the last layer's K/V outside any cache "
         "(scaled_dot_product_attention with no cache) and take their RoPE position from the "
-        "number of keys, which the packed step's one-token rows do not carry"
+        f"number of keys, which the packed step's one-token rows do not carry. {_MEANWHILE}"
     ),
-    "llama4": Family(
-        refusal="chunked attention (attention_chunk_size, mlx-lm's ChunkedKVCache): three "
-        "layers in four attend only within fixed chunks of positions, a mask the paged "
-        "kernels do not have; Llama 4 text checkpoints without it (llama4_text) are served"
-    ),
+    # chunked layers (a ChunkedKVCache each) attend within their chunk: model/attention_chunks.py
+    "llama4": Family(scalar_offset_attention="self_attn"),
     "baichuan_m1": Family(
-        refusal="its attention convolves each key and value with the previous token's (an "
-        "ArraysCache beside the K/V in one CacheList): state inside the attention layer that "
-        "the packed step's rows do not carry"
+        refusal="its attention convolves each key and value with the previous token's raw "
+        "key and value (conv_window 2; that token's kept in an ArraysCache beside the KVCache in "
+        "one CacheList): the packed step would have to carry each request's last raw K/V per "
+        f"layer beside its pages, which it does not yet. {_MEANWHILE}"
     ),
     # DeepSeek V4's attention keeps mlx-lm's own LayerCache per layer (a window, compressed rows
     # and their indexer keys, the open group's projections), held per request slot and run per
     # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
     "deepseek_v41": Family(held_cache_attention="self_attn", config_refusal=_v41_mixed_ratios),
-    "muse_spark": Family(refusal=_FAST_ATTENTION),
-    "plamo2": Family(refusal=f"{_FAST_ATTENTION} and keeps SSM state"),
+    "muse_spark": Family(
+        refusal="its text model sits two levels down (model.model.language_model, in a container "
+        "with no forward of its own), where the adapter finds the transformer it packs one level "
+        "down; its layers (attention through scaled_dot_product_attention, experts) are not what "
+        f"stops it. {_MEANWHILE}"
+    ),
+    "plamo2": Family(
+        refusal="its attention layers call mx.fast.scaled_dot_product_attention themselves "
+        "(with a mask of their own, not mlx-lm's attention function the engine routes to the "
+        "pages), between Mamba layers, and its decoder layers sit in a container module "
+        f"(model.layers.layers) rather than a list the adapter walks. {_MEANWHILE}"
+    ),
     # attention computed inline with a logit softcap: hooks/softcap_attention.py
     "gemma2": Family(inline_softcap_attention="self_attn"),
     "phi3small": Family(
         refusal="its block-sparse attention layers (local blocks and vertical strides) compute "
-        "attention inline over a mask of their own, which the paged step does not select"
+        "attention inline over a mask of their own, which the paged step does not select. "
+        f"{_MEANWHILE}"
     ),
     "plamo3": Family(
         refusal="mlx-lm's plamo3 disagrees with itself past its sliding window: a forward over a "
         "whole prompt attends to window + 1 keys, its RotatingKVCache keeps window keys in "
-        "decoding, so there is no one window the paged step could reproduce"
+        "decoding, so there is no one window the paged step could reproduce (prompts and "
+        f"replies within the window agree). {_MEANWHILE}, with that disagreement"
     ),
     "bert": Family(refusal=_ENCODER_API, encoder=EncoderLayout("bert.")),
     "roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),

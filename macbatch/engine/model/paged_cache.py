@@ -36,6 +36,7 @@ class PagedLayerCache(EngineAttention):
         head_order: tuple[int, ...] | None = None,
         index_layer: int | None = None,
         plan: SelectionPlan | None = None,
+        chunk: int | None = None,
     ) -> None:
         windowed, self.layer = stores.slots[layer]  # the group's layer whose pages it reads
         store = stores.window if windowed else stores.full
@@ -57,6 +58,7 @@ class PagedLayerCache(EngineAttention):
         self.head_restore = None if head_order is None else mx.array(np.argsort(head_order))
         self.index_layer = index_layer
         self.plan = plan
+        self.chunk = chunk  # a chunked layer attends within its chunk of positions (Llama 4)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.writes:
@@ -89,6 +91,8 @@ class PagedLayerCache(EngineAttention):
         k_pages, v_pages = source.store.pages(source.layer)
         layer = macbatch.metal.LayerParams(scale, window, softcap, sinks, selected=selected)
         meta = self.batch.window_attention if source.windowed else self.batch.attention
+        if self.chunk is not None:
+            meta = self.batch.chunk_attention(self.chunk, source.store.block_size)
         q = queries[:, :, 0, :] if self.head_order is None else queries[:, self.head_order, 0, :]
         out = macbatch.metal.paged_attention(q, k_pages, v_pages, meta, layer)
         if self.batch.image_blocks is not None:  # Gemma 4: image rows attend both ways

@@ -164,7 +164,11 @@ class PagedStateCache(SequenceRunner):
     the store layer whose slots hold its state, and the step's rows."""
 
     def __init__(
-        self, store: StateStore, layer: int, rows: StateRows, positions: mx.array | None = None
+        self,
+        store: StateStore,
+        layer: int,
+        rows: StateRows,
+        positions: mx.array | None = None,
     ) -> None:
         self.store = store
         self.layer = layer

@@ -203,9 +203,10 @@ def compiled_decode(
 ) -> CompiledDecode | None:
     """The runner's compiled decode step, or None where none is used: turned off (``after``
     None), a distributed group (followers run their own forward), a model with recurrent
-    layers (their state rows are gathered and scattered by host-planned slots), or a sparse one
-    (its indexer's selection is planned on the host from the step's lengths).
+    layers (their state rows are gathered and scattered by host-planned slots), a sparse one
+    (its indexer's selection is planned on the host from the step's lengths) or a chunked one
+    (its chunks' sequences are too, model/attention_chunks.py).
     ``keeps_hidden``: each step's hidden states are returned too (an MTP layer reads them)."""
-    if after is None or distributed or adapter.hybrid or adapter.sparse:
+    if after is None or distributed or adapter.hybrid or adapter.sparse or adapter.chunked:
         return None
     return CompiledDecode(adapter, stores, after, keeps_hidden)

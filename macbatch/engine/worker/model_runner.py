@@ -98,6 +98,7 @@ class ModelRunner:
                 f"model type '{self.adapter.model_type}' keeps the library's own caches per "
                 'request (docs/engine.md, "DeepSeek V4"), not yet run across a distributed group'
             )
+        self.adapter.check_block_size(config.block_size)
         self.model = model = self.adapter.model  # a multimodal wrapper's: its language_model
         self.adapters = adapter_bank(model, config, ranks)  # fine-tunes beside the base weights
         self.model_type = self.adapter.model_type

@@ -22,6 +22,7 @@ from macbatch.engine.model.hooks import (
     latent_attention,
     recurrent_layers,
     row_positions,
+    scalar_offsets,
     softcap_attention,
     ssm_cut,
     token_history,
@@ -38,6 +39,10 @@ class Target:
     recurrent: Sequence[Any]
     # the attention modules that cap their scores inline (the family's record names them)
     softcapped: Sequence[Any] = ()
+    inner: Any = None  # the inner transformer
+    # the attention modules that read their cache's offset as a number, in an inner transformer
+    # that does too (Llama 4; the family's record names them)
+    scalar_offsets: Sequence[Any] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,12 @@ HOOKS: tuple[Hook, ...] = (
         "Gemma 2's attention caps its scores inline instead of calling "
         "scaled_dot_product_attention; the packed step attends with the kernel's softcap",
         lambda target: softcap_attention.install(target.softcapped),
+    ),
+    Hook(
+        "scalar_offsets",
+        "Llama 4 builds its chunk masks and its query temperatures with mx.arange from the "
+        "cache's offset, a number to mlx-lm but every row's own position in the packed step",
+        lambda target: scalar_offsets.install(target.inner, target.scalar_offsets),
     ),
     Hook(
         "recurrent_layers",
@@ -127,12 +138,18 @@ HOOKS: tuple[Hook, ...] = (
 
 
 def install(
-    layers: Sequence[Any], recurrent: Sequence[Any] = (), softcapped: Sequence[Any] = ()
+    layers: Sequence[Any],
+    recurrent: Sequence[Any] = (),
+    softcapped: Sequence[Any] = (),
+    inner: Any = None,
+    scalar_offsets: Sequence[Any] = (),
 ) -> None:
     """Install every hook a loaded model needs: ``layers``, its decoder layers; ``recurrent``,
     the modules handed a recurrent state cache (``Target``; empty: attention only);
-    ``softcapped``, the attention modules that cap their scores inline."""
-    target = Target(layers, recurrent, softcapped)
+    ``softcapped``, the attention modules that cap their scores inline; ``inner`` and
+    ``scalar_offsets``, the inner transformer and the attention modules that read a cache's
+    offset as a number."""
+    target = Target(layers, recurrent, softcapped, inner, scalar_offsets)
     for hook in HOOKS:
         if target.recurrent or not hook.recurrent:
             hook.install(target)

@@ -97,6 +97,17 @@ class EngineAttention:
         return self
 
 
+def heads_first(module: Any, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """An mlx-lm attention module's queries, keys and values of ``x`` ``[N, L, H]``, each
+    ``[N, heads, L, head_dim]``: what the hooks that swap an attention's class project first."""
+    n, length, _ = x.shape
+    heads = (module.n_heads, module.n_kv_heads, module.n_kv_heads)
+    projections = (module.q_proj, module.k_proj, module.v_proj)
+    return tuple(
+        p(x).reshape(n, length, h, -1).transpose(0, 2, 1, 3) for p, h in zip(projections, heads)
+    )
+
+
 def _dispatcher(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     """``original`` (mlx-lm's function, or mlx-vlm's) for every cache but the engine's; a call
     with another cache is noted for the probes watching this thread (``unpaged_calls``)."""

@@ -15,7 +15,7 @@ With any other cache (mlx-vlm's own generation in the same process) it runs exac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -36,17 +36,11 @@ def install(layers: Sequence[Any]) -> None:
             swap_call(attention, _SPARSE_CLASSES, _sparse_call)
 
 
-def _sparse_call(base: type) -> Callable[..., mx.array]:
-    """The swapped class's ``__call__`` over ``base``'s (named: a further subclass must not
-    recurse)."""
-
-    def call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
-        if not isinstance(cache, EngineAttention):
-            return base.__call__(self, x, *args, **kwargs)
-        return _attend(self, x, cache)
-
-    return call
+def _sparse_call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+    cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
+    if not isinstance(cache, EngineAttention):
+        return super(type(self), self).__call__(x, *args, **kwargs)
+    return _attend(self, x, cache)
 
 
 def _attend(attention: Any, x: mx.array, cache: EngineAttention) -> mx.array:

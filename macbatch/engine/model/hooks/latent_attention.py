@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from macbatch.engine.model.class_swap import swap_call
 from macbatch.engine.model.hooks.attention import EngineAttention
 
 # what marks a module as MLA attention: its latent projection and its size, and an output
@@ -64,12 +65,7 @@ def install(layers: Sequence[Any]) -> None:
     the absorbed form when handed an engine cache (parameters and their names untouched)."""
     for layer in layers:
         for module in latent_modules(layer):
-            cls = type(module)
-            if cls in _LATENT_CLASSES.values():
-                continue
-            if cls not in _LATENT_CLASSES:
-                _LATENT_CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _latent_call})
-            module.__class__ = _LATENT_CLASSES[cls]
+            swap_call(module, _LATENT_CLASSES, _latent_call)
 
 
 def _latent_call(

@@ -15,7 +15,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from macbatch.engine.model.hooks.attention import AttentionWindow, EngineAttention
+from macbatch.engine.model.class_swap import swap_call
+from macbatch.engine.model.hooks.attention import AttentionWindow, EngineAttention, heads_first
 
 _SOFTCAPPED: dict[type, type] = {}
 
@@ -24,21 +25,14 @@ def install(modules: Sequence[Any]) -> None:
     """Swap the class of each of ``modules`` (attention modules with an inline softcap, as the
     family's record names them) for one that attends through an engine cache."""
     for module in modules:
-        cls = type(module)
-        if cls in _SOFTCAPPED.values():
-            continue
-        if cls not in _SOFTCAPPED:
-            _SOFTCAPPED[cls] = type(cls.__name__, (cls,), {"__call__": _softcapped_call})
-        module.__class__ = _SOFTCAPPED[cls]
+        swap_call(module, _SOFTCAPPED, _softcapped_call)
 
 
 def _softcapped_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     if not isinstance(cache, EngineAttention):
         return super(type(self), self).__call__(x, mask, cache)
     n, length, _ = x.shape
-    queries = self.q_proj(x).reshape(n, length, self.n_heads, -1).transpose(0, 2, 1, 3)
-    keys = self.k_proj(x).reshape(n, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    values = self.v_proj(x).reshape(n, length, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    queries, keys, values = heads_first(self, x)
     queries = self.rope(queries, offset=cache.offset)
     keys = self.rope(keys, offset=cache.offset)
     keys, values = cache.update_and_fetch(keys, values)

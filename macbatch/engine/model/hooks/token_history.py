@@ -13,7 +13,7 @@ cache (mlx-vlm's own generation in the same process) it runs exactly as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -34,21 +34,16 @@ def install(layers: Sequence[Any]) -> None:
                 swap_call(module, _HISTORY_CLASSES, _shifted)
 
 
-def _shifted(base: type) -> Callable[..., mx.array]:
-    """The swapped class's ``__call__`` over ``base``'s (named: a further subclass must not
-    recurse)."""
-
-    def call(self: Any, input_ids: mx.array, cache: Any) -> mx.array:
-        if not isinstance(cache, StateCache):
-            return base.__call__(self, input_ids, cache)
-        for i in _ids(cache):
-            cache[i] = mx.where(cache[i] == 0, self.eos_token_id, cache[i] - 1)
-        out = base.__call__(self, input_ids, cache)
-        for i in _ids(cache):
-            cache[i] = cache[i] + 1
-        return out
-
-    return call
+def _shifted(self: Any, input_ids: mx.array, cache: Any) -> mx.array:
+    original = super(type(self), self).__call__
+    if not isinstance(cache, StateCache):
+        return original(input_ids, cache)
+    for i in _ids(cache):
+        cache[i] = mx.where(cache[i] == 0, self.eos_token_id, cache[i] - 1)
+    out = original(input_ids, cache)
+    for i in _ids(cache):
+        cache[i] = cache[i] + 1
+    return out
 
 
 def _ids(cache: StateCache) -> list[int]:

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from macbatch.engine.core.outputs import PromptTooLongError, RequestMetrics
 from macbatch.engine.core.request import Request
@@ -196,6 +196,8 @@ class InputProcessor:
     ) -> Request:
         if images_of(prompt.prompt):
             raise ValueError("embeddings and scores of images are not supported yet; send text")
+        if params.lexical or params.colbert:
+            raise ValueError(M3_ONLY)
         limit, what = self.info.context_limit, self.info.context_limit_reason
         if not params.truncate:
             self._refuse_beyond_characters(prompt, limit - 1, f"is longer than {what}")
@@ -219,7 +221,7 @@ class InputProcessor:
         return Request(
             request_id=request_id or uuid.uuid4().hex,
             prompt_token_ids=ids,
-            params=_POOLING_SAMPLING,
+            params=POOLING_SAMPLING,
             seed=0,
             eos_token_ids=self._eos_token_ids,
             detokenizer=self.tokenizer.detokenizer,
@@ -240,14 +242,34 @@ class InputProcessor:
         return {"adapter_slot": ref.slot, "cache_scope": ref.cache_scope}
 
 
+M3_ONLY = (
+    "sparse lexical weights and ColBERT vectors come from an encoder that ships BGE-M3's heads "
+    "(sparse_linear.pt, colbert_linear.pt)"
+)
 # What a pooling request carries as its sampling parameters: it never samples.
-_POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+class Processor(Protocol):
+    """What turns a model's prompts into requests: ``InputProcessor``, or an encoder's
+    (engine/encoder/requests.py). Safe from any thread."""
+
+    vision: VisionSupport
+
+    def encode(self, prompt: PromptInput) -> list[int]: ...
+
+    def process(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | PoolingParams,
+        request_id: str | None = None,
+    ) -> Request: ...
 
 
 class PromptEncoder:
     """``encode_prompt``, for the engine and its thread alike (each gives its processor)."""
 
-    def _processor(self) -> InputProcessor:
+    def _processor(self) -> Processor:
         raise NotImplementedError
 
     def encode_prompt(

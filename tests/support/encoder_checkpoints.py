@@ -193,3 +193,26 @@ def write_encoder(
     text = wordpiece_tokenizer() if model_type == "bert" else unigram_tokenizer()
     (path / "tokenizer.json").write_text(text)
     return path, weights, config
+
+
+def long_tailed_texts(count: int, seed: int = 1) -> list[str]:
+    """Texts of log-normal word counts (median ~12, a few in the hundreds), from docs/engine.md."""
+    words = (DOCS / "engine.md").read_text().split()
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.5, 1.0, count).astype(int), 1, 400)
+    return [" ".join(words[s : s + n]) for s, n in zip(rng.integers(0, 1000, count), lengths)]
+
+
+def write_m3_heads(path: Path, hidden: int = 64) -> tuple[dict, dict]:
+    """BGE-M3's sparse and ColBERT heads (random) beside a checkpoint, as torch writes them."""
+    from tests.support.torch_files import write_torch_state_dict
+
+    rng = np.random.default_rng(9)
+    sparse = {"weight": rng.standard_normal((1, hidden)) * 0.3, "bias": np.array([0.1])}
+    colbert = {
+        "weight": rng.standard_normal((hidden, hidden)) * 0.1,
+        "bias": rng.standard_normal(hidden) * 0.1,
+    }
+    write_torch_state_dict(path / "sparse_linear.pt", sparse)
+    write_torch_state_dict(path / "colbert_linear.pt", colbert)
+    return sparse, colbert

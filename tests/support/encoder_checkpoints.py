@@ -3,10 +3,11 @@
 prefix a task checkpoint has, and the classification heads), with real tokenizers.
 
 No BERT or XLM-R tokenizer is cached on this machine and the hub is unreachable, so the
-tokenizers are trained here with the ``tokenizers`` library's own trainers (the real
-algorithms: BERT's WordPiece with its normalizer, pre-tokenizer and ``[CLS] A [SEP] B [SEP]``
-template; XLM-R's SentencePiece Unigram with Metaspace and ``<s> A </s></s> B </s>``) on the
-project's docs/*.md, a real English corpus.
+tokenizers were trained with the ``tokenizers`` library's own trainers (the real algorithms:
+BERT's WordPiece with its normalizer, pre-tokenizer and ``[CLS] A [SEP] B [SEP]`` template;
+XLM-R's SentencePiece Unigram with Metaspace and ``<s> A </s></s> B </s>``) on the project's
+docs/*.md, a real English corpus, by ``scripts/train_encoder_tokenizers.py``, and vendored in
+``tests/support/tokenizers/`` (training the Unigram took ~18 s in every test process).
 """
 
 from __future__ import annotations
@@ -17,60 +18,24 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import (
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
 
 DOCS = Path(__file__).parents[2] / "docs"
 VOCAB = 1500
-_BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-_XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
-def _corpus(lines: int | None = None) -> list[str]:
-    text = [line for f in sorted(DOCS.glob("*.md")) for line in f.read_text().splitlines()]
-    return text[:lines]
+TOKENIZERS = Path(__file__).parent / "tokenizers"
 
 
 @cache
 def wordpiece_tokenizer() -> str:
     """A BERT WordPiece tokenizer.json (uncased), as a JSON string."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(
-        _corpus(), trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=_BERT_SPECIALS)
-    )
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return tok.to_str()
+    return (TOKENIZERS / "bert-wordpiece" / "tokenizer.json").read_text()
 
 
 @cache
 def unigram_tokenizer() -> str:
     """An XLM-R SentencePiece-Unigram tokenizer.json, as a JSON string."""
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        _corpus(4000),  # Unigram's EM is slow: a fifth of the docs make its 1,500 pieces
-        trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"),
-    )
-    # the trainer gives the special tokens the first ids, in order: <s> 0, <pad> 1, </s> 2
-    ids = {token: _XLMR_SPECIALS.index(token) for token in ("<s>", "</s>")}
-    tok.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
-    return tok.to_str()
+    return (TOKENIZERS / "xlmr-unigram" / "tokenizer.json").read_text()
 
 
 def encoder_config(model_type: str, classifier: bool = False, **over: object) -> dict:

@@ -96,7 +96,7 @@ def _params(i: int) -> PoolingParams:
 
 def test_packed_passes_equal_the_oracle(embedder) -> None:
     thread, weights, config, _ = embedder
-    texts = long_tailed_texts(24)
+    texts = long_tailed_texts(24, seed=4)
     before = thread.stats().steps
     outputs = _finals(thread, [(t, _params(i)) for i, t in enumerate(texts)])
     steps = thread.stats().steps - before

@@ -31,7 +31,8 @@ def load_engine(name: str, config: EngineConfig | None = None) -> Engine | Encod
 
 def encoder_directory(name: str) -> Path | None:
     """The directory of ``name`` when it is an encoder checkpoint (a hub id's config is read
-    first, and the rest fetched only for an encoder)."""
+    first, and the rest fetched only for an encoder; a config that cannot be fetched leaves
+    the paged engine's load to say why)."""
     from macbatch.engine.encoder.facts import encoder_facts
 
     target = resolve_model_path(name)
@@ -39,7 +40,10 @@ def encoder_directory(name: str) -> Path | None:
         return target if encoder_facts(target) is not None else None
     from huggingface_hub import hf_hub_download, snapshot_download
 
-    config = Path(hf_hub_download(target, "config.json"))
+    try:
+        config = Path(hf_hub_download(target, "config.json"))
+    except Exception:  # hub errors come in many types; Engine.load reports them in words
+        return None
     if encoder_facts(config.parent) is None:
         return None
     return Path(snapshot_download(target, allow_patterns=ENCODER_FILES))

@@ -55,7 +55,7 @@ _EXPORTS: dict[str, str] = {
     "EmbeddingProfile": "macbatch.engine.pooling.embedding_profile",
     "EncoderModel": "macbatch.engine.encoder.model",  # BERT / XLM-R embedders, cross-encoders
     "encoder_facts": "macbatch.engine.encoder.facts",
-    "EncoderEngine": "macbatch.engine.encoder.engine",  # an encoder's engine (no KV, one pass a step)
+    "EncoderEngine": "macbatch.engine.encoder.engine",  # one packed pass a step, no KV
     "load_engine": "macbatch.engine.engines",  # the engine a model name gets (encoder or paged)
     "TextPair": "macbatch.engine.pooling.embedding_profile",  # a cross-encoder's input
     "FinishReason": "macbatch.engine.core.outputs",

@@ -26,6 +26,7 @@ from tests.support.encoder_oracle import (
 )
 from tests.support.sentence_transformers import write_sentence_transformers
 
+
 def oracle_vectors(model: EncoderModel, weights: dict, config: dict, inputs: list) -> np.ndarray:
     return np.stack(
         [

@@ -59,16 +59,6 @@ class EncoderEngine(PromptEncoder):
 
     # -- requests, as Engine's ---------------------------------------------------------------
 
-    def add_request(
-        self,
-        prompt: Prompt | PromptInput,
-        params: SamplingParams | PoolingParams | None = None,
-        request_id: str | None = None,
-    ) -> str:
-        request = self.prepare_request(prompt, params or PoolingParams(), request_id)
-        self.enqueue(request)
-        return request.request_id
-
     def prepare_request(
         self,
         prompt: Prompt | PromptInput,

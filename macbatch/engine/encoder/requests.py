@@ -5,15 +5,11 @@ load fixed and the tokenizer, so any thread may call it."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from dataclasses import replace
 from typing import Any
 
-from macbatch.engine.core.outputs import PromptTooLongError, RequestMetrics
 from macbatch.engine.core.request import Request
 from macbatch.engine.encoder.model import EncoderInput, EncoderModel
-from macbatch.engine.inputs.processor import M3_ONLY, POOLING_SAMPLING
+from macbatch.engine.inputs.processor import M3_ONLY, fit_pooled, pooling_request
 from macbatch.engine.inputs.prompt import PromptInput
 from macbatch.engine.model_info import EngineInfo
 from macbatch.engine.multimodal.vision import VisionSupport
@@ -58,23 +54,11 @@ class EncoderProcessor:
             raise ValueError(f"model '{name}' is an encoder: it embeds and scores, not generates")
         self._check(prompt, params)
         encoded = self._input(prompt, params.truncate)
-        hidden, profile = self.model.config.hidden_size, self.model.profile
-        if params.dimensions is not None and params.dimensions > hidden:
-            raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
-        params = replace(
+        return pooling_request(
+            list(encoded.ids),
             params,
-            method=params.method or profile.pooling,
-            normalize=profile.normalize if params.normalize is None else params.normalize,
-        )
-        return Request(
-            request_id=request_id or uuid.uuid4().hex,
-            prompt_token_ids=list(encoded.ids),
-            params=POOLING_SAMPLING,
-            seed=0,
-            eos_token_ids=frozenset(),
-            detokenizer=None,  # nothing is generated, nothing detokenized
-            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(encoded.ids)),
-            pooling=params,
+            self.model.profile,
+            request_id,
             token_types=list(encoded.types),
         )
 
@@ -109,12 +93,6 @@ class EncoderProcessor:
         vocab = self.model.config.vocab_size
         if not all(0 <= t < vocab for t in ids):
             raise ValueError(f"token ids must lie in 0..{vocab - 1}")
-        limit = self.info.context_limit
-        if len(ids) > limit:
-            if not truncate:
-                raise PromptTooLongError(
-                    f"input ({len(ids)} tokens) is longer than {self.info.context_limit_reason} "
-                    f"({limit} tokens); ask for truncation to embed its first tokens"
-                )
-            ids = ids[:limit]
+        info = self.info
+        ids = fit_pooled(ids, truncate, info.context_limit, info.context_limit_reason)
         return EncoderInput(tuple(ids), (0,) * len(ids))

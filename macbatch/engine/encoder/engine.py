@@ -178,22 +178,25 @@ class EncoderEngine(PromptEncoder):
 def _embeddings(
     batch: Sequence[Request], hidden: mx.array, layout: VarlenLayout, lengths: list[int]
 ) -> mx.array:
-    """[S, hidden] float32: each request's vector as it asks (its pooling; cut to its
-    dimensions and normalized; the cut rows are zero past them), in batch order."""
-    by_method: dict[str, mx.array] = {}
-    rows = []
+    """[S, hidden] float32: each request's vector as it asks (its pooling, cut to its
+    dimensions and normalized; zero past them), in batch order: one pooling per method and
+    one cut per kind of request, however many requests."""
+    kinds = []
     for request in batch:
         params = request.pooling
         assert params is not None and params.method is not None
-        if params.method not in by_method:
-            by_method[params.method] = pooled(hidden, layout, lengths, params.method)
-        rows.append((by_method[params.method], params))
+        kinds.append((params.method, params.dimensions, bool(params.normalize)))
     width = hidden.shape[-1]
-    out = []
-    for i, (vectors, params) in enumerate(rows):
-        vector = shaped(vectors[i : i + 1], params.dimensions, bool(params.normalize))
-        out.append(mx.pad(vector, [(0, 0), (0, width - vector.shape[-1])]))
-    return mx.concatenate(out, axis=0)
+    by_method: dict[str, mx.array] = {}
+    parts, order = [], []
+    for method, dimensions, normalize in dict.fromkeys(kinds):
+        members = [i for i, kind in enumerate(kinds) if kind == (method, dimensions, normalize)]
+        if method not in by_method:
+            by_method[method] = pooled(hidden, layout, lengths, method)
+        vectors = shaped(by_method[method][mx.array(members)], dimensions, normalize)
+        parts.append(mx.pad(vectors, [(0, 0), (0, width - vectors.shape[-1])]))
+        order.extend(members)
+    return mx.concatenate(parts, axis=0)[mx.array(np.argsort(order))]
 
 
 def encoder_info(model: EncoderModel, name: str, config: EngineConfig) -> EngineInfo:

@@ -145,7 +145,7 @@ def test_an_embedding_model_does_not_score(tmp_path: Path) -> None:
 
 def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_path: Path) -> None:
     from macbatch.models.check import check_model
-    from macbatch.models.local import tasks_of
+    from macbatch.models.local import encoder_summary, tasks_of
 
     path, _, _ = write_encoder(tmp_path / "bge-small", "bert")
     write_sentence_transformers(path, ("cls_token",), prompts={})
@@ -153,6 +153,7 @@ def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_pat
     reranker, _, _ = write_encoder(tmp_path / "bge-reranker", "xlm-roberta", classifier=True)
     assert tasks_of(path) == ["embed", "score"]
     assert tasks_of(reranker) == ["score", "rerank"]
+    assert encoder_summary(path) == "cls pooling, 64 dimensions, normalized, 256 tokens"
     rows = dict(check_model(str(path)).rows)
     assert rows["encoder"] == "embed,score: cls pooling, 64 dimensions, normalized, 256 tokens"
     report = check_model(str(reranker))

@@ -3,7 +3,9 @@ attention per group of similar lengths) against padded batches of the same model
 mlx-embeddings and sentence-transformers do: batches in arrival order, each padded to its
 longest input, a key mask), on long-tailed lengths from 16 to 2,048 tokens. A random
 BERT-base-shaped float32 model (hidden 768, 12 heads, FFN 3072) cut to a few layers; CLS
-pooling, normalized; both sides' vectors are checked to agree.
+pooling, normalized; both sides' vectors are checked to agree. ``--engine`` also runs the same
+corpus as requests through the encoder engine (what serve and run drive: one pass of
+``--budget`` rows a step, picked by length from a window of the waiting requests).
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
         python -m benchmarks.encoder_embeddings [--docs 64] [--layers 2]
@@ -24,8 +26,10 @@ from benchmarks.embeddings import (
     report,
 )
 from macbatch.commands.workload import Clock
+from macbatch.engine import EngineConfig, PoolingParams
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.encoder.engine import EncoderEngine
 from macbatch.engine.encoder.model import EncoderInput, EncoderModel
 from macbatch.engine.encoder.varlen import Group, VarlenLayout
 from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
@@ -72,9 +76,22 @@ def padded_embed(model: Encoder, docs: list[list[int]], batch: int) -> np.ndarra
     return np.concatenate(vectors)
 
 
+def engine_embed(encoder: EncoderModel, docs: list[list[int]], budget: int) -> np.ndarray:
+    """The corpus as requests through the encoder engine, every one queued at once."""
+    engine = EncoderEngine(encoder, EngineConfig(max_num_batched_tokens=budget), "bench")
+    requests = [engine.prepare_request(d, PoolingParams(), None) for d in docs]
+    for request in requests:
+        engine.enqueue(request)
+    vectors = {}
+    while engine.has_unfinished():
+        vectors.update((out.request_id, out.embedding) for out in engine.step())
+    return np.stack([vectors[r.request_id] for r in requests])
+
+
 def main() -> None:
     parser = corpus_arguments(__doc__.splitlines()[0], 64, 128, 2048, 8192)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--engine", action="store_true", help="also through the encoder engine")
     args = parser.parse_args()
     warn_without_openblas()
     model = Encoder(bert_base(args.layers))
@@ -96,6 +113,12 @@ def main() -> None:
     padded_wall, padded_cpu = clock.read()
     worst = float((packed * plain).sum(-1).min())
     report("encoder", tokens, (packed_wall, packed_cpu), (padded_wall, padded_cpu), worst)
+    if args.engine:
+        clock = Clock()
+        served = engine_embed(encoder, docs, args.budget)
+        wall, cpu = clock.read()
+        report("engine", tokens, (wall, cpu), (padded_wall, padded_cpu),
+               float((served * plain).sum(-1).min()))  # fmt: skip
 
 
 if __name__ == "__main__":

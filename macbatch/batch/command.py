@@ -239,10 +239,11 @@ def _run(
     """Load, validate and run; every failure a user can cause ends as one clear message."""
     import dataclasses
 
+    from macbatch import engine as engines
     from macbatch.batch.runner import jobs_by_name, run_jobs
     from macbatch.batch.spec import load_job_file
     from macbatch.batch.yamlfile import JobFileError
-    from macbatch.engine import Engine, EngineConfig, load_replicas, replicas_problem
+    from macbatch.engine import EngineConfig, load_replicas, replicas_problem
 
     engine_options = (knobs.kv_bits, spec)
     disk = knobs.disk_fields()  # never changes results: not in the resume hint
@@ -255,7 +256,7 @@ def _run(
         try:
             if replicas is not None:  # whole-model replicas, one per rank of mlx.launch
                 return load_replicas(name, config, replicas)
-            return Engine.load(name, config)
+            return engines.load_engine(name, config)
         except Exception as exc:  # load errors come in many types; all mean "cannot run"
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 

@@ -34,6 +34,8 @@ EMBEDDING_KEYS = (
     "truncate",
     "prompt_name",
     "encoding_format",
+    "return_sparse",  # BGE-M3's sparse weights and ColBERT vectors, in the result lines
+    "return_colbert_vecs",
 )
 INPUT_KEYS = ("path", "format", "id", "folder", "glob")
 SCORE_KEYS = ("field", "group", "parsed")

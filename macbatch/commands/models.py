@@ -25,7 +25,7 @@ def models_command(
     folders and the Hugging Face hub cache, with their size, tasks and whether each fits in
     this machine's memory now. `macbatch pull` downloads more."""
     from macbatch.engine import EngineConfig, unsupported_reason
-    from macbatch.models.local import local_models, tasks_of
+    from macbatch.models.local import encoder_summary, local_models, tasks_of
     from macbatch.models.memory import need_of, read_memory, too_large
 
     memory = read_memory()
@@ -44,6 +44,7 @@ def models_command(
                 "size_bytes": m.size_bytes,
                 "context": m.context,
                 "tasks": tasks_of(m.path),
+                "encoder": encoder_summary(m.path),  # pooling, dimensions (None: not one)
                 "fits_in_memory": too_big is None,
                 "supported": why is None and m.problem is None,
                 "problem": m.problem or (f"not supported: {why}" if why else too_big),
@@ -70,7 +71,7 @@ def _table(rows: list[dict]) -> None:
                 f"{r['context']:,}" if r["context"] else "?",
                 ",".join(r["tasks"]),
                 "yes" if r["fits_in_memory"] else "no",
-                r["problem"] if not r["supported"] else "",
+                r["problem"] if not r["supported"] else r["encoder"] or "",
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]

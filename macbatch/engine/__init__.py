@@ -55,6 +55,9 @@ _EXPORTS: dict[str, str] = {
     "EmbeddingProfile": "macbatch.engine.pooling.embedding_profile",
     "EncoderModel": "macbatch.engine.encoder.model",  # BERT / XLM-R embedders, cross-encoders
     "encoder_facts": "macbatch.engine.encoder.facts",
+    "EncoderEngine": "macbatch.engine.encoder.engine",  # one packed pass a step, no KV
+    "load_engine": "macbatch.engine.engines",  # the engine a model name gets (encoder or paged)
+    "TextPair": "macbatch.engine.pooling.embedding_profile",  # a cross-encoder's input
     "FinishReason": "macbatch.engine.core.outputs",
     "PromptTooLongError": "macbatch.engine.core.outputs",
     "RequestMetrics": "macbatch.engine.core.outputs",
@@ -135,9 +138,11 @@ if TYPE_CHECKING:
         replicas_problem,
         serve_replica,
     )
+    from macbatch.engine.encoder.engine import EncoderEngine
     from macbatch.engine.encoder.facts import encoder_facts
     from macbatch.engine.encoder.model import EncoderModel
     from macbatch.engine.engine import Engine
+    from macbatch.engine.engines import load_engine
     from macbatch.engine.inputs.chat_template import (
         THINKING_SWITCH,
         check_chat_template_kwargs,
@@ -163,7 +168,7 @@ if TYPE_CHECKING:
     from macbatch.engine.multimodal.vision import unavailable_reason
     from macbatch.engine.parsers.tool_calls import ToolCall, ToolFormat, check_tools, chosen_tools
     from macbatch.engine.parsers.tool_formats.detect import detect_tool_format
-    from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
+    from macbatch.engine.pooling.embedding_profile import EmbeddingProfile, TextPair
     from macbatch.engine.pooling.methods import POOLING_METHODS, PoolingParams
     from macbatch.engine.runtime import EngineDeadError, EngineThread, OutputStream
     from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams

@@ -123,7 +123,11 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
     from mlx_lm.utils import load_tokenizer
 
     from macbatch.engine.model.adapter import UnsupportedModelError
-    from macbatch.engine.model.families import unsupported_reason
+    from macbatch.engine.model.families import (
+        ENCODER_DOES_NOT_GENERATE,
+        family,
+        unsupported_reason,
+    )
 
     target = resolve_model_path(name)
     if not isinstance(target, str):  # a local checkpoint: refuse what cannot run before loading
@@ -134,6 +138,8 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
         declared = read_model_config(target)
         model_type = str(declared.get("model_type"))
         reason = unsupported_reason(model_type, declared.get("architectures"))
+        if family(model_type).encoder is not None:
+            reason = ENCODER_DOES_NOT_GENERATE
         if reason:
             raise UnsupportedModelError(
                 f"model '{name}' (model type '{model_type}') is not supported: {reason}"

@@ -57,6 +57,9 @@ class ModelInfo:
     embedding: EmbeddingProfile = field(default_factory=EmbeddingProfile)
     # the fine-tunes a request may name (engine/lora/bank.py), by name
     adapters: Mapping[str, AdapterRef] = field(default_factory=dict)
+    # what it does, when not a decoder's (generate, embed, score, and rerank for a reranker):
+    # an encoder's, engine/encoder/facts.py
+    tasks: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

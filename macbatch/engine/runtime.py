@@ -21,9 +21,11 @@ from macbatch.engine.core.outputs import FinishReason, RequestMetrics, RequestOu
 from macbatch.engine.core.request import Request
 from macbatch.engine.core.stats import EngineStats
 from macbatch.engine.device import OwnDevice, Turns
+from macbatch.engine.encoder.engine import EncoderEngine
+from macbatch.engine.encoder.requests import EncoderTokenizer
 from macbatch.engine.engine import Engine
 from macbatch.engine.host_threads import run_loop
-from macbatch.engine.inputs.processor import InputProcessor, PromptEncoder, prompt_input
+from macbatch.engine.inputs.processor import Processor, PromptEncoder, prompt_input
 from macbatch.engine.inputs.prompt import Prompt, PromptInput
 from macbatch.engine.loop_handoff import held_posts, post_to_loop
 from macbatch.engine.model_info import EngineInfo
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
+# what a thread drives: the paged engine, or an encoder's (engine/encoder/engine.py)
+AnyEngine = Engine | EncoderEngine
 LIVENESS_CHECK_S = 0.5  # how often a waiting stream checks that the engine thread is alive
 
 
@@ -64,7 +68,7 @@ class _Cancel:
 class _Call:
     """Run `fn` on the engine between steps; its result or exception goes to `future`."""
 
-    fn: Callable[[Engine], Any]
+    fn: Callable[[Any], Any]  # given the engine: its caller knows which kind it loaded
     future: Future[Any]
 
 
@@ -87,7 +91,7 @@ class EngineThread(PromptEncoder):
 
     def __init__(
         self,
-        loader: Callable[[], Engine],
+        loader: Callable[[], AnyEngine],
         name: str = "macbatch-engine",
         device: Turns | None = None,
     ) -> None:
@@ -98,7 +102,7 @@ class EngineThread(PromptEncoder):
         self._callbacks: dict[str, OutputCallback] = {}
         self._ready = threading.Event()
         self._loop_done = threading.Event()
-        self._engine: Engine | None = None
+        self._engine: AnyEngine | None = None
         self._stats: EngineStats | None = None
         self._stopped = False
         # When an idle elastic pool shrinks: kv_shrink_after_s after the last step (None: no
@@ -163,13 +167,13 @@ class EngineThread(PromptEncoder):
         return self._info
 
     @property
-    def tokenizer(self) -> TokenizerWrapper:
+    def tokenizer(self) -> TokenizerWrapper | EncoderTokenizer:
         """The model's tokenizer (plain Python, safe to use from any thread)."""
         return self._live_engine().tokenizer
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _processor(self) -> InputProcessor:
+    def _processor(self) -> Processor:
         return self._live_engine().processor  # plain Python: safe from any thread
 
     def images_refused(self) -> str | None:
@@ -183,7 +187,10 @@ class EngineThread(PromptEncoder):
     async def prepare_constraints(self) -> None:
         """Build the engine's grammar index (1-3 s, once) on a worker thread before a first
         constrained request is submitted, so the caller's event loop keeps answering."""
-        compiler = self._live_engine().constraints
+        engine = self._live_engine()
+        if isinstance(engine, EncoderEngine):
+            return  # an encoder's requests are never constrained: it does not generate
+        compiler = engine.constraints
         if not compiler.ready:
             await asyncio.to_thread(compiler.prepare)
 
@@ -243,7 +250,7 @@ class EngineThread(PromptEncoder):
         (finish_reason ABORT), so a server can end its responses properly. The loop goes on."""
         self._commands.put(_AbortAll())
 
-    def call(self, fn: Callable[[Engine], Any]) -> Future[Any]:
+    def call(self, fn: Callable[[Any], Any]) -> Future[Any]:
         """Run ``fn(engine)`` on the engine thread between steps; its result comes in a Future."""
         self._live_engine()
         future: Future[Any] = Future()
@@ -255,11 +262,11 @@ class EngineThread(PromptEncoder):
         disk tier's counts as they are now: its writer and readers work between steps, and
         the last blocks of a reply are written after the engine's last step, while it idles."""
         stats, engine = self._stats, self._engine
-        if stats is None or engine is None or engine.kv.disk is None:
+        if stats is None or not isinstance(engine, Engine) or engine.kv.disk is None:
             return stats
         return dataclasses.replace(stats, disk=engine.kv.disk.counts())
 
-    def _live_engine(self) -> Engine:
+    def _live_engine(self) -> AnyEngine:
         if not self.alive:
             why = f": {self.error}" if self.error else ""
             raise EngineDeadError(f"the engine is not running{why}")
@@ -305,7 +312,7 @@ class EngineThread(PromptEncoder):
             self.error = exc
             self._fail_everything(f"the engine failed: {exc!r}")
 
-    def _idle_wait(self, engine: Engine) -> float | None:
+    def _idle_wait(self, engine: AnyEngine) -> float | None:
         """How long to wait for a command: not at all while there is work; while idle, until
         the pool is due to shrink, then for as long as it takes (None)."""
         if engine.has_unfinished():
@@ -314,7 +321,7 @@ class EngineThread(PromptEncoder):
             return None
         return max(0.0, self._shrink_at - time.monotonic())
 
-    def _handle_commands(self, engine: Engine, wait: float | None) -> bool:
+    def _handle_commands(self, engine: AnyEngine, wait: float | None) -> bool:
         """Apply queued commands, waiting up to ``wait`` seconds for the first (None: for as
         long as it takes); False once asked to stop."""
         block = wait != 0.0
@@ -345,7 +352,7 @@ class EngineThread(PromptEncoder):
                 self._stopped = True
                 return False
 
-    def _add(self, engine: Engine, command: _Add) -> None:
+    def _add(self, engine: AnyEngine, command: _Add) -> None:
         rid = command.request.request_id
         try:
             engine.enqueue(command.request)
@@ -356,7 +363,7 @@ class EngineThread(PromptEncoder):
         if command.on_output is not None:
             self._callbacks[rid] = command.on_output
 
-    def _abort_all(self, engine: Engine) -> None:
+    def _abort_all(self, engine: AnyEngine) -> None:
         """Abort every request that has a listener and hand each its final (ABORT) output."""
         for rid in list(self._callbacks):
             engine.abort(rid)
@@ -466,7 +473,7 @@ def _hand_back_buffers() -> None:
     mx.clear_cache()
 
 
-def _shrink_deadline(engine: Engine) -> float | None:
+def _shrink_deadline(engine: AnyEngine) -> float | None:
     after = engine.config.kv_shrink_after_s
     if after is None:  # a fixed pool does not shrink, but the heap's free buffers go back
         return None

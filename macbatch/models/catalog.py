@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from macbatch.models.pool import Servable, Starter
 
 if TYPE_CHECKING:
-    from macbatch.engine import Engine, EngineConfig, Turns
+    from macbatch.engine import EncoderEngine, Engine, EngineConfig, Turns
 
 
 def catalog(
@@ -76,17 +76,17 @@ def _base_entry(entries: list[Servable], base: str) -> Servable | None:
 
 
 # the function an engine thread runs to build a servable model's engine
-LoaderOf = Callable[[Servable], Callable[[], "Engine"]]
+LoaderOf = Callable[[Servable], Callable[[], "Engine | EncoderEngine"]]
 
 
 def starter(config: EngineConfig, turns: Turns, loader_of: LoaderOf | None = None) -> Starter:
     """Starts a model's engine thread, its load and steps in turns of the device (``loader_of``:
     how its engine is built, ``Engine.load`` of its source by default; chat's reports the
     download's progress)."""
-    from macbatch.engine import Engine, EngineThread
+    from macbatch.engine import EngineThread, load_engine
 
-    def default_loader(entry: Servable) -> Callable[[], Engine]:
-        return lambda: Engine.load(entry.source, replace(config, adapters=entry.adapters))
+    def default_loader(entry: Servable) -> Callable[[], Engine | EncoderEngine]:
+        return lambda: load_engine(entry.source, replace(config, adapters=entry.adapters))
 
     build = loader_of or default_loader
 

@@ -53,8 +53,9 @@ def check_model(name: str, self_check: bool = False) -> ModelReport:
             return report
         reason = unsupported_reason(str(config.get("model_type")), config.get("architectures"))
         encoder = encoder_facts(path)
-        if encoder is not None:
+        if encoder is not None:  # its own engine serves it; the decoder's probe has no say
             report.rows.append(("encoder", f"{','.join(encoder.tasks)}: {encoder.describe()}"))
+            return report
         if reason:
             report.problem = f"model type '{config.get('model_type')}' is not supported: {reason}"
             return report

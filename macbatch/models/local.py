@@ -98,6 +98,15 @@ def describe_quantization(config: dict[str, Any]) -> str:
     return f"{words}, {mixed} layers with their own settings" if mixed else words
 
 
+def encoder_summary(path: Path) -> str | None:
+    """An encoder's pooling, dimensions and longest input (or its head), read from its files;
+    None for any other model."""
+    from macbatch.engine import encoder_facts
+
+    encoder = encoder_facts(path)
+    return None if encoder is None else encoder.describe()
+
+
 def tasks_of(path: Path) -> list[str]:
     """What a model would do once loaded, read from its files (the loaded engine decides the
     same from its checkpoint): every model generates, embeds and scores; a model whose name says

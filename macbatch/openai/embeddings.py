@@ -5,7 +5,9 @@ as a string, a list of strings, a list of token ids or a list of such lists; ``e
 float or base64; ``dimensions`` (Matryoshka truncation). macbatch's extras: ``truncate`` (embed
 the first tokens of an input longer than the context instead of refusing it), ``normalize``,
 ``pooling`` (last, mean, cls) and ``prompt_name`` (one of the model's sentence-transformers
-prompts, e.g. Qwen3-Embedding's "query", prepended to every text input).
+prompts, e.g. Qwen3-Embedding's "query", prepended to every text input); and, for an encoder
+that ships BGE-M3's heads, FlagEmbedding's ``return_sparse`` and ``return_colbert_vecs``: each
+embedding object then carries ``lexical_weights`` (token id -> weight) and ``colbert_vecs``.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def parse_embeddings(body: Any) -> Embedding:
         normalize=_optional(body, "normalize", bool),
         dimensions=dimensions,
         truncate=bool(_optional(body, "truncate", bool)),
+        lexical=bool(_optional(body, "return_sparse", bool)),
+        colbert=bool(_optional(body, "return_colbert_vecs", bool)),
     )
     return Embedding(
         inputs=parse_inputs(body.get("input"), "input"),
@@ -153,14 +157,20 @@ def embeddings_response(
     tokens = sum(o.metrics.prompt_tokens for o in outputs)
     return {
         "object": "list",
-        "data": [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": encode_vector(o.embedding, encoding_format),
-            }
-            for i, o in enumerate(outputs)
-        ],
+        "data": [_embedding_object(i, o, encoding_format) for i, o in enumerate(outputs)],
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+def _embedding_object(index: int, output: RequestOutput, encoding_format: str) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "object": "embedding",
+        "index": index,
+        "embedding": encode_vector(output.embedding, encoding_format),
+    }
+    if output.lexical_weights is not None:  # FlagEmbedding's shape: token id (a string) -> weight
+        item["lexical_weights"] = {str(t): w for t, w in output.lexical_weights.items()}
+    if output.colbert_vectors is not None:
+        item["colbert_vecs"] = [encode_vector(v, encoding_format) for v in output.colbert_vectors]
+    return item

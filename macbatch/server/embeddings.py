@@ -36,7 +36,8 @@ async def rerank(request: Request) -> Response:
         if served.model.thread.info.model.embedding.rerank is None:
             raise invalid(
                 f"model {model_id!r} is not a reranker (a yes/no cross-encoder such as "
-                "Qwen3-Reranker, recognised by 'rerank' in its name or by serve --reranker); it "
+                "Qwen3-Reranker, recognised by 'rerank' in its name or by serve --reranker, or "
+                "an encoder's *ForSequenceClassification checkpoint such as bge-reranker); it "
                 "can embed (/v1/embeddings) and score by cosine similarity (/v1/score)",
                 "model",
             )
@@ -63,10 +64,13 @@ def _tokens(outputs: list[RequestOutput]) -> int:
 
 
 def model_capabilities(model: Loaded) -> dict[str, Any]:
-    """What ``/v1/models`` says the model does besides generating: it embeds (every model: its
-    pooling and dimensions), and scores pairs as a reranker when it is one."""
-    profile = model.thread.info.model.embedding
-    tasks = ["generate", "embed", "score"] + (["rerank"] if profile.rerank else [])
+    """What ``/v1/models`` says the model does: a decoder generates, embeds (its pooling and
+    dimensions) and scores pairs, as a reranker when it is one; an encoder its own tasks."""
+    info = model.thread.info.model
+    profile = info.embedding
+    tasks = list(
+        info.tasks or ["generate", "embed", "score"] + (["rerank"] if profile.rerank else [])
+    )
     return {
         "tasks": tasks,
         "embedding": {

@@ -3,10 +3,11 @@
 prefix a task checkpoint has, and the classification heads), with real tokenizers.
 
 No BERT or XLM-R tokenizer is cached on this machine and the hub is unreachable, so the
-tokenizers are trained here with the ``tokenizers`` library's own trainers (the real
-algorithms: BERT's WordPiece with its normalizer, pre-tokenizer and ``[CLS] A [SEP] B [SEP]``
-template; XLM-R's SentencePiece Unigram with Metaspace and ``<s> A </s></s> B </s>``) on the
-project's docs/*.md, a real English corpus.
+tokenizers were trained with the ``tokenizers`` library's own trainers (the real algorithms:
+BERT's WordPiece with its normalizer, pre-tokenizer and ``[CLS] A [SEP] B [SEP]`` template;
+XLM-R's SentencePiece Unigram with Metaspace and ``<s> A </s></s> B </s>``) on the project's
+docs/*.md, a real English corpus, by ``scripts/train_encoder_tokenizers.py``, and vendored in
+``tests/support/tokenizers/`` (training the Unigram took ~18 s in every test process).
 """
 
 from __future__ import annotations
@@ -17,60 +18,24 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from tokenizers import (
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
 
 DOCS = Path(__file__).parents[2] / "docs"
 VOCAB = 1500
-_BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-_XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
-def _corpus(lines: int | None = None) -> list[str]:
-    text = [line for f in sorted(DOCS.glob("*.md")) for line in f.read_text().splitlines()]
-    return text[:lines]
+TOKENIZERS = Path(__file__).parent / "tokenizers"
 
 
 @cache
 def wordpiece_tokenizer() -> str:
     """A BERT WordPiece tokenizer.json (uncased), as a JSON string."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(
-        _corpus(), trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=_BERT_SPECIALS)
-    )
-    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return tok.to_str()
+    return (TOKENIZERS / "bert-wordpiece" / "tokenizer.json").read_text()
 
 
 @cache
 def unigram_tokenizer() -> str:
     """An XLM-R SentencePiece-Unigram tokenizer.json, as a JSON string."""
-    tok = Tokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        _corpus(4000),  # Unigram's EM is slow: a fifth of the docs make its 1,500 pieces
-        trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=_XLMR_SPECIALS, unk_token="<unk>"),
-    )
-    # the trainer gives the special tokens the first ids, in order: <s> 0, <pad> 1, </s> 2
-    ids = {token: _XLMR_SPECIALS.index(token) for token in ("<s>", "</s>")}
-    tok.post_processor = processors.RobertaProcessing(("</s>", ids["</s>"]), ("<s>", ids["<s>"]))
-    return tok.to_str()
+    return (TOKENIZERS / "xlmr-unigram" / "tokenizer.json").read_text()
 
 
 def encoder_config(model_type: str, classifier: bool = False, **over: object) -> dict:
@@ -193,3 +158,26 @@ def write_encoder(
     text = wordpiece_tokenizer() if model_type == "bert" else unigram_tokenizer()
     (path / "tokenizer.json").write_text(text)
     return path, weights, config
+
+
+def long_tailed_texts(count: int, seed: int = 1) -> list[str]:
+    """Texts of log-normal word counts (median ~12, a few in the hundreds), from docs/engine.md."""
+    words = (DOCS / "engine.md").read_text().split()
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.5, 1.0, count).astype(int), 1, 400)
+    return [" ".join(words[s : s + n]) for s, n in zip(rng.integers(0, 1000, count), lengths)]
+
+
+def write_m3_heads(path: Path, hidden: int = 64) -> tuple[dict, dict]:
+    """BGE-M3's sparse and ColBERT heads (random) beside a checkpoint, as torch writes them."""
+    from tests.support.torch_files import write_torch_state_dict
+
+    rng = np.random.default_rng(9)
+    sparse = {"weight": rng.standard_normal((1, hidden)) * 0.3, "bias": np.array([0.1])}
+    colbert = {
+        "weight": rng.standard_normal((hidden, hidden)) * 0.1,
+        "bias": rng.standard_normal(hidden) * 0.1,
+    }
+    write_torch_state_dict(path / "sparse_linear.pt", sparse)
+    write_torch_state_dict(path / "colbert_linear.pt", colbert)
+    return sparse, colbert

@@ -93,3 +93,17 @@ def oracle_lexical(hidden: np.ndarray, ids: list[int], sparse: dict, special: se
 def oracle_colbert(hidden: np.ndarray, colbert: dict) -> np.ndarray:
     vectors = hidden[1:] @ colbert["weight"].astype(np.float64).T + colbert["bias"]
     return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+
+def oracle_embedding(
+    weights: dict, config: dict, ids: list[int], method: str, normalize: bool,
+    dimensions: int | None = None,
+) -> np.ndarray:  # fmt: skip
+    """One text's vector: pooled, cut to ``dimensions``, then normalized (token types 0)."""
+    vector = oracle_pooled(oracle_hidden(weights, config, ids, [0] * len(ids)), method, False)
+    vector = vector[:dimensions] if dimensions else vector
+    return vector / np.linalg.norm(vector) if normalize else vector
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)

@@ -127,7 +127,7 @@ class RequestOutput:
     __slots__ = (
         "request_id", "_token_ids", "new_token_ids", "finished", "finish_reason", "metrics",
         "step", "error", "_logprobs", "_top_logprobs", "capped_max_tokens", "text_view",
-        "embedding", "score", "step_failed",
+        "embedding", "score", "lexical_weights", "colbert_vectors", "step_failed",
     )  # fmt: skip
 
     def __init__(
@@ -163,6 +163,10 @@ class RequestOutput:
         # cross-encoder's relevance score; None for generation requests.
         self.embedding: Any = None
         self.score: float | None = None
+        # BGE-M3's other outputs, when asked for (PoolingParams.lexical / colbert): token id ->
+        # weight, and float32 [tokens - 1, D]
+        self.lexical_weights: dict[int, float] | None = None
+        self.colbert_vectors: Any = None
         # An ERROR finish because a step failed on this request (the engine's fault: a 500);
         # without it, ``error`` is why its input cannot run (a 400).
         self.step_failed = False

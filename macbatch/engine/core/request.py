@@ -55,6 +55,8 @@ class Request:
     constraint: ConstraintState | None = None
     images: PromptImages | None = None  # where its images' rows are (vision models only)
     pooling: PoolingParams | None = None  # a pooling request: a vector out, never sampled
+    # an encoder's token type of each prompt token (1: a pair's second text; engine/encoder/)
+    token_types: list[int] | None = None
     # Speculative decoding: the tokens drafted to verify in the next step (engine/speculative).
     drafts: list[int] = field(default_factory=list)
     # Steps that failed with it among their requests and no culprit found (engine.py,

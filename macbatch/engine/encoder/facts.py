@@ -10,6 +10,7 @@ from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.model.config_file import read_model_config
 from macbatch.engine.pooling.embedding_profile import (
     EmbeddingProfile,
+    PairFormat,
     sentence_transformers_profile,
 )
 
@@ -44,7 +45,12 @@ class EncoderFacts:
 
 
 def profile_for(directory: Path, config: EncoderConfig) -> EmbeddingProfile:
-    base = EmbeddingProfile(pooling="cls", hidden_size=config.hidden_size, source=ENCODER_DEFAULT)
+    base = EmbeddingProfile(
+        pooling="cls",
+        hidden_size=config.hidden_size,
+        source=ENCODER_DEFAULT,
+        rerank=PairFormat() if config.classifier else None,
+    )
     return sentence_transformers_profile(directory, base)
 
 

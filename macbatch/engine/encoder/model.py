@@ -85,6 +85,10 @@ class EncoderModel:
             if prompt_name not in self.profile.prompts:
                 raise ValueError(f"unknown prompt_name '{prompt_name}'")
             text = self.profile.prompts[prompt_name] + text
+        return self.tokenize_text(text)
+
+    def tokenize_text(self, text: str) -> EncoderInput:
+        """``text`` as it is (a caller that prepended its prompt already)."""
         encoding = self.tokenizer.encode(text)
         return EncoderInput(tuple(encoding.ids), tuple(encoding.type_ids))
 
@@ -126,11 +130,8 @@ class EncoderModel:
         out = np.zeros((len(inputs), dimensions or self.config.hidden_size), np.float32)
         for members in passes([len(i.ids) for i in inputs], max_batch_tokens):
             hidden, layout = self.hidden_states([inputs[m] for m in members])
-            vectors = _pooled(hidden, layout, [len(inputs[m].ids) for m in members], pooling)
-            vectors = vectors[:, :dimensions] if dimensions else vectors
-            if normalize:
-                vectors = vectors / mx.linalg.norm(vectors, axis=-1, keepdims=True)
-            out[members] = np.array(vectors)
+            vectors = pooled(hidden, layout, [len(inputs[m].ids) for m in members], pooling)
+            out[members] = np.array(shaped(vectors, dimensions, normalize))
         return out
 
     def lexical_weights(
@@ -175,27 +176,40 @@ class EncoderModel:
     ) -> np.ndarray:
         """A cross-encoder's relevance of each tokenized pair: the sigmoid of its one logit
         (sentence-transformers' ``CrossEncoder`` default for a one-label head), float32 [N]."""
+        out = np.zeros(len(pairs), np.float32)
+        for members in passes([len(p.ids) for p in pairs], max_batch_tokens):
+            hidden, layout = self.hidden_states([pairs[m] for m in members])
+            out[members] = np.array(self.relevance(hidden, [len(pairs[m].ids) for m in members]))
+        return out
+
+    def relevance(self, hidden: mx.array, lengths: list[int]) -> mx.array:
+        """Each packed pair's score [S] from its CLS row (``score``, one pass)."""
         if not self.config.classifier or self.config.num_labels != 1:
             raise ValueError(
                 f"model '{self.name}' is not a one-label cross-encoder "
                 "(a *ForSequenceClassification checkpoint with num_labels 1)"
             )
-        out = np.zeros(len(pairs), np.float32)
-        for members in passes([len(p.ids) for p in pairs], max_batch_tokens):
-            hidden, layout = self.hidden_states([pairs[m] for m in members])
-            cls_rows = _pooled(hidden, layout, [len(pairs[m].ids) for m in members], "cls")
-            logits = self.model.classifier(cls_rows)[:, 0]
-            out[members] = np.array(mx.sigmoid(logits.astype(mx.float32)))
-        return out
+        logits = self.model.classifier(pooled(hidden, None, lengths, "cls"))[:, 0]
+        return mx.sigmoid(logits.astype(mx.float32))
 
 
-def _pooled(hidden: mx.array, layout: VarlenLayout, lengths: list[int], method: str) -> mx.array:
-    """[S, hidden] float32: each sequence's first row, last row or mean row."""
+def pooled(
+    hidden: mx.array, layout: VarlenLayout | None, lengths: list[int], method: str
+) -> mx.array:
+    """[S, hidden] float32: each sequence's first row, last row or mean row (``layout``: the
+    pass's, which mean pooling needs)."""
     ends = np.cumsum(lengths)
     if method == "cls":
         return hidden[mx.array((ends - np.array(lengths)).astype(np.int32))].astype(mx.float32)
     if method == "last":
         return hidden[mx.array((ends - 1).astype(np.int32))].astype(mx.float32)
-    if method == "mean":
+    if method == "mean" and layout is not None:
         return mean_rows(hidden, layout)
     raise ValueError(f"unknown pooling '{method}' (cls, mean, last)")
+
+
+def shaped(vectors: mx.array, dimensions: int | None, normalize: bool) -> mx.array:
+    """Pooled vectors [S, hidden] cut to their first ``dimensions`` (Matryoshka), then
+    L2-normalized when asked."""
+    vectors = vectors[:, :dimensions] if dimensions else vectors
+    return vectors / mx.linalg.norm(vectors, axis=-1, keepdims=True) if normalize else vectors

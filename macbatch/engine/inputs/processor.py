@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from macbatch.engine.core.outputs import PromptTooLongError, RequestMetrics
 from macbatch.engine.core.request import Request
@@ -27,6 +27,7 @@ from macbatch.engine.multimodal.prompt_images import PromptImages
 from macbatch.engine.multimodal.vision import VisionSupport
 from macbatch.engine.parsers.reasoning import ReasoningTracker
 from macbatch.engine.parsers.tool_calls import check_tools, template_messages
+from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
 from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.structured_output.constraints import ConstraintCompiler, ConstraintState
@@ -196,35 +197,19 @@ class InputProcessor:
     ) -> Request:
         if images_of(prompt.prompt):
             raise ValueError("embeddings and scores of images are not supported yet; send text")
+        if params.lexical or params.colbert:
+            raise ValueError(M3_ONLY)
         limit, what = self.info.context_limit, self.info.context_limit_reason
         if not params.truncate:
             self._refuse_beyond_characters(prompt, limit - 1, f"is longer than {what}")
-        ids = self.encode(prompt)
-        if len(ids) > limit:
-            if not params.truncate:
-                raise PromptTooLongError(
-                    f"input ({len(ids)} tokens) is longer than {what} ({limit} tokens); "
-                    "ask for truncation to embed its first tokens"
-                )
-            ids = ids[:limit]
-        profile = self.info.model.embedding
-        hidden = profile.hidden_size
-        if params.dimensions is not None and hidden and params.dimensions > hidden:
-            raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
-        params = replace(
+        ids = fit_pooled(self.encode(prompt), params.truncate, limit, what)
+        return pooling_request(
+            ids,
             params,
-            method=params.method or profile.pooling,
-            normalize=profile.normalize if params.normalize is None else params.normalize,
-        )
-        return Request(
-            request_id=request_id or uuid.uuid4().hex,
-            prompt_token_ids=ids,
-            params=_POOLING_SAMPLING,
-            seed=0,
+            self.info.model.embedding,
+            request_id,
             eos_token_ids=self._eos_token_ids,
             detokenizer=self.tokenizer.detokenizer,
-            metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
-            pooling=params,
             **self._adapter_fields(prompt),
         )
 
@@ -240,14 +225,76 @@ class InputProcessor:
         return {"adapter_slot": ref.slot, "cache_scope": ref.cache_scope}
 
 
+M3_ONLY = (
+    "sparse lexical weights and ColBERT vectors come from an encoder that ships BGE-M3's heads "
+    "(sparse_linear.pt, colbert_linear.pt)"
+)
 # What a pooling request carries as its sampling parameters: it never samples.
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def fit_pooled(ids: list[int], truncate: bool, limit: int, what: str) -> list[int]:
+    """A pooling input's ``ids`` within ``limit`` tokens (``what`` sets it, in words): cut to
+    it when the request asks for truncation, else refused."""
+    if len(ids) <= limit:
+        return ids
+    if not truncate:
+        raise PromptTooLongError(
+            f"input ({len(ids)} tokens) is longer than {what} ({limit} tokens); "
+            "ask for truncation to embed its first tokens"
+        )
+    return ids[:limit]
+
+
+def pooling_request(
+    ids: list[int],
+    params: PoolingParams,
+    profile: EmbeddingProfile,
+    request_id: str | None,
+    **fields: Any,
+) -> Request:
+    """A pooling request of ``ids``, the model's pooling and normalizing filled in where the
+    request leaves them (``dimensions`` past its hidden size refused); ``fields``: the
+    request's others (its tokenizer's, its adapter's, its token types)."""
+    hidden = profile.hidden_size
+    if params.dimensions is not None and hidden and params.dimensions > hidden:
+        raise ValueError(f"dimensions ({params.dimensions}) is more than the model's {hidden}")
+    params = replace(
+        params,
+        method=params.method or profile.pooling,
+        normalize=profile.normalize if params.normalize is None else params.normalize,
+    )
+    return Request(
+        request_id=request_id or uuid.uuid4().hex,
+        prompt_token_ids=ids,
+        params=_POOLING_SAMPLING,
+        seed=0,
+        metrics=RequestMetrics(arrival_time=time.monotonic(), prompt_tokens=len(ids)),
+        pooling=params,
+        **{"eos_token_ids": frozenset(), "detokenizer": None, **fields},
+    )
+
+
+class Processor(Protocol):
+    """What turns a model's prompts into requests: ``InputProcessor``, or an encoder's
+    (engine/encoder/requests.py). Safe from any thread."""
+
+    vision: VisionSupport
+
+    def encode(self, prompt: PromptInput) -> list[int]: ...
+
+    def process(
+        self,
+        prompt: PromptInput,
+        params: SamplingParams | PoolingParams,
+        request_id: str | None = None,
+    ) -> Request: ...
 
 
 class PromptEncoder:
     """``encode_prompt``, for the engine and its thread alike (each gives its processor)."""
 
-    def _processor(self) -> InputProcessor:
+    def _processor(self) -> Processor:
         raise NotImplementedError
 
     def encode_prompt(

@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# token ids | raw text (no template) | chat messages ({"role": ..., "content": ...})
-Prompt = Sequence[int] | str | Sequence[dict[str, Any]]
+from macbatch.engine.pooling.embedding_profile import TextPair
+
+# token ids | raw text (no template) | chat messages ({"role": ..., "content": ...}) | a pair
+Prompt = Sequence[int] | str | Sequence[dict[str, Any]] | TextPair
 
 
 @dataclass(frozen=True)

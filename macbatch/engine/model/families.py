@@ -43,8 +43,8 @@ def _v41_mixed_ratios(args: Any) -> str | None:
 
 
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# BERT, RoBERTa and XLM-RoBERTa run in macbatch's own encoder (engine/encoder/: packed varlen
-# bidirectional passes, no KV), not yet in the paged engine's step or serve; the rest are not
+# BERT, RoBERTa, XLM-RoBERTa and DistilBERT run in macbatch's own encoder (engine/encoder/:
+# packed varlen bidirectional passes, no KV, in an engine of their own); the rest are not
 # built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
 _DECODERS_EMBED = (
     "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
@@ -53,10 +53,10 @@ _ENCODER_REASON = (
     f"an encoder-only (bidirectional) embedding model the engine has no code for; "
     f"{_DECODERS_EMBED}, see docs/embeddings.md"
 )
-_ENCODER_API = (
-    "an encoder-only (bidirectional) model: the paged engine and serve do not run it yet; "
-    f"macbatch.engine.encoder.model.EncoderModel embeds and scores with it, and {_DECODERS_EMBED}, "
-    "see docs/embeddings.md"
+# why an encoder the encoder engine serves does not load as a generation model
+ENCODER_DOES_NOT_GENERATE = (
+    "an encoder model: it embeds and scores (serve's /v1/embeddings, /v1/rerank, /v1/score; "
+    "run's embed and rerank jobs; docs/embeddings.md) and does not generate"
 )
 _ENCODER_ONLY = ("nomic_bert", "electra", "mpnet", "deberta-v2", "new")
 _VLM_ENCODERS = ("modernbert",)  # mlx-vlm has it (for its retrieval models)
@@ -328,12 +328,10 @@ FAMILIES: dict[str, Family] = {
         "decoding, so there is no one window the paged step could reproduce (prompts and "
         f"replies within the window agree). {_MEANWHILE}, with that disagreement"
     ),
-    "bert": Family(refusal=_ENCODER_API, encoder=EncoderLayout("bert.")),
-    "roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
-    "xlm-roberta": Family(refusal=_ENCODER_API, encoder=_ROBERTA),
-    "distilbert": Family(
-        refusal=_ENCODER_API, encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)
-    ),
+    "bert": Family(encoder=EncoderLayout("bert.")),
+    "roberta": Family(encoder=_ROBERTA),
+    "xlm-roberta": Family(encoder=_ROBERTA),
+    "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),

@@ -12,10 +12,10 @@ and scores with its own template: P("yes") against P("no") at the last position.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from macbatch.engine.tokenizer import Tokenizer
 
@@ -35,6 +35,41 @@ _RERANK_PREFIX = (
 )
 _RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+class TextPair(NamedTuple):
+    """Two texts a cross-encoder reads as one input (a query and a document): its tokenizer
+    joins them with its separators and gives the second its token type."""
+
+    first: str
+    second: str
+
+
+class Reranking(Protocol):
+    """How a reranker reads a (query, document) pair, and what scores it."""
+
+    @property
+    def score_tokens(self) -> tuple[int, int] | None:
+        """A yes/no reranker's answer tokens (None: a classification head scores)."""
+        ...
+
+    def prompt_ids(
+        self, tokenizer: Tokenizer, query: str, document: str, instruction: str | None = None
+    ) -> Sequence[int] | TextPair: ...
+
+
+@dataclass(frozen=True)
+class PairFormat:
+    """A cross-encoder with a classification head (bge-reranker, ms-marco MiniLM): the pair
+    goes in as two texts and its head's logit scores it (engine/encoder/)."""
+
+    score_tokens: tuple[int, int] | None = None
+
+    def prompt_ids(
+        self, tokenizer: Tokenizer, query: str, document: str, instruction: str | None = None
+    ) -> TextPair:
+        """The pair itself (its checkpoint has no instruction)."""
+        return TextPair(query, document)
 
 
 @dataclass(frozen=True)
@@ -73,7 +108,7 @@ class EmbeddingProfile:
     default_prompt: str | None = None
     hidden_size: int = 0
     source: str = "the default for decoder models (no sentence-transformers config)"
-    rerank: RerankFormat | None = None
+    rerank: Reranking | None = None
     # sentence_bert_config.json's ``max_seq_length``: the longest input the checkpoint embeds
     # (longer ones are cut to it, as sentence-transformers does)
     max_seq_length: int | None = None

@@ -81,13 +81,16 @@ class PoolingParams:
     defaults in from the model's ``EmbeddingProfile``. ``dimensions``: keep the first n
     (Matryoshka), before normalizing. ``truncate``: cut a prompt longer than the context to
     its first tokens instead of refusing it. ``score_tokens`` (yes, no): a cross-encoder's
-    relevance, P(yes) of the softmax over those two logits at the last position."""
+    relevance, P(yes) of the softmax over those two logits at the last position. ``lexical``
+    and ``colbert``: BGE-M3's sparse weights and multi-vectors too (an encoder with its heads)."""
 
     method: str | None = None
     normalize: bool | None = None  # None: as the model does (a Normalize module), else True
     dimensions: int | None = None
     truncate: bool = False
     score_tokens: tuple[int, int] | None = None
+    lexical: bool = False
+    colbert: bool = False
 
     def __post_init__(self) -> None:
         if self.method is not None and self.method not in POOLING_METHODS:

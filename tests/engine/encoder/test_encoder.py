@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from macbatch.engine.encoder.model import EncoderModel
-from tests.support.encoder_checkpoints import distilbert_checkpoint, write_encoder
+from tests.support.encoder_checkpoints import (
+    distilbert_checkpoint,
+    long_tailed_texts,
+    write_encoder,
+    write_m3_heads,
+)
 from tests.support.encoder_oracle import (
+    cosines,
     oracle_colbert,
     oracle_hidden,
     oracle_lexical,
@@ -19,20 +25,6 @@ from tests.support.encoder_oracle import (
     oracle_score,
 )
 from tests.support.sentence_transformers import write_sentence_transformers
-from tests.support.torch_files import write_torch_state_dict
-
-WORDS = (Path(__file__).parents[3] / "docs" / "engine.md").read_text().split()
-
-
-def long_tailed_texts(count: int, seed: int = 1) -> list[str]:
-    """Texts of log-normal word counts (median ~12, a few in the hundreds)."""
-    rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(2.5, 1.0, count).astype(int), 1, 400)
-    return [" ".join(WORDS[s : s + n]) for s, n in zip(rng.integers(0, 1000, count), lengths)]
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
 def oracle_vectors(model: EncoderModel, weights: dict, config: dict, inputs: list) -> np.ndarray:
@@ -109,7 +101,7 @@ def test_profile_prompts_max_seq_length_and_dimensions(tmp_path: Path) -> None:
     assert (model.profile.pooling, model.profile.normalize, model.max_tokens) == ("mean", True, 32)
     query = model.tokenize("what is paging", prompt_name="query")
     assert query.ids == model.tokenize("query: what is paging").ids
-    long = model.tokenize(" ".join(WORDS[:300]))
+    long = model.tokenize(" ".join(long_tailed_texts(30, seed=3)))
     assert len(long.ids) == 32 and long.ids[-1] == model.tokenizer.token_to_id("</s>")
     got = model.embed([query, long], dimensions=16)
     assert got.shape == (2, 16)
@@ -153,7 +145,7 @@ def test_an_embedding_model_does_not_score(tmp_path: Path) -> None:
 
 def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_path: Path) -> None:
     from macbatch.models.check import check_model
-    from macbatch.models.local import tasks_of
+    from macbatch.models.local import encoder_summary, tasks_of
 
     path, _, _ = write_encoder(tmp_path / "bge-small", "bert")
     write_sentence_transformers(path, ("cls_token",), prompts={})
@@ -161,20 +153,17 @@ def test_models_and_doctor_show_an_encoders_tasks_pooling_and_dimensions(tmp_pat
     reranker, _, _ = write_encoder(tmp_path / "bge-reranker", "xlm-roberta", classifier=True)
     assert tasks_of(path) == ["embed", "score"]
     assert tasks_of(reranker) == ["score", "rerank"]
+    assert encoder_summary(path) == "cls pooling, 64 dimensions, normalized, 256 tokens"
     rows = dict(check_model(str(path)).rows)
     assert rows["encoder"] == "embed,score: cls pooling, 64 dimensions, normalized, 256 tokens"
     report = check_model(str(reranker))
     assert dict(report.rows)["encoder"] == "score,rerank: cross-encoder (1 label), 512 tokens"
-    assert "EncoderModel" in (report.problem or "")  # the paged engine still refuses it
+    assert report.problem is None  # served by its encoder engine
 
 
 def test_bge_m3_sparse_and_colbert_outputs_equal_the_oracle(tmp_path: Path) -> None:
     path, weights, config = write_encoder(tmp_path / "bge-m3", "xlm-roberta")
-    rng = np.random.default_rng(9)
-    sparse = {"weight": rng.standard_normal((1, 64)) * 0.3, "bias": np.array([0.1])}
-    colbert = {"weight": rng.standard_normal((64, 64)) * 0.1, "bias": rng.standard_normal(64) * 0.1}
-    write_torch_state_dict(path / "sparse_linear.pt", sparse)
-    write_torch_state_dict(path / "colbert_linear.pt", colbert)
+    sparse, colbert = write_m3_heads(path)
     model = EncoderModel.load(str(path))
     inputs = [model.tokenize(t) for t in long_tailed_texts(12, seed=11)]
     lexical = model.lexical_weights(inputs, max_batch_tokens=300)

@@ -193,12 +193,13 @@ def test_profile_from_sentence_transformers_files(tmp_path, tiny_tokenizer):
     assert plain.pooling == "last" and plain.normalize and not plain.embedding_model
 
 
-def test_encoder_only_checkpoints_are_refused_with_the_reason(tmp_path):
-    """A BERT-family checkpoint is refused before its weights load, saying why and what to use."""
+def test_encoder_checkpoints_do_not_load_as_generation_models(tmp_path):
+    """A BERT-family checkpoint is refused by the paged engine before its weights load, saying
+    what serves it (its own engine: ``load_engine``)."""
     path = save_model(tmp_path / "bge-tiny")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(dict(config, model_type="bert")))
-    with pytest.raises(UnsupportedModelError, match="encoder-only .*Qwen3-Embedding"):
+    with pytest.raises(UnsupportedModelError, match="an encoder model: it embeds and scores"):
         Engine.load(str(path))
 
 

@@ -2,8 +2,9 @@
 model, and shows `ChatScreen`.
 
 The first model's engine is injected (an `EngineThread` that has not been started) so tests can
-hand in one built from a tiny model. The app has the service start it and load the model off the
-UI thread, and shut it down on exit; the other models a chat picks load through `ChatModels`.
+hand in one built from a tiny model; ``start_on_model`` (`chat -m MODEL`) opens a chat on it.
+The app has the service start it and load the model off the UI thread, and shut it down on
+exit; the other models a chat picks load through `ChatModels`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ChatApp(App[None]):
         load_progress: LoadProgress | None = None,
         engine_config: EngineConfig | None = None,
         models_dirs: tuple[Path, ...] = (),
+        start_on_model: bool = False,
     ) -> None:
         super().__init__()
         self.load_progress = load_progress or LoadProgress()
@@ -56,7 +58,11 @@ class ChatApp(App[None]):
             engine, model_label, engine_config or EngineConfig(), self.load_progress, models_dirs
         )
         self.chats = ChatService(
-            models, store, defaults=defaults or SessionSettings(), export_dir=export_dir
+            models,
+            store,
+            defaults=defaults or SessionSettings(),
+            export_dir=export_dir,
+            start_on_model=start_on_model,
         )
         self.model_label = model_label
         self.model_requested = model_label  # as the user named it; model_label follows the load
@@ -87,8 +93,9 @@ class ChatApp(App[None]):
             name = self.chats.loaded() or self.model_label
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
-        elif event.state == WorkerState.ERROR:
-            self.chats.failed(event.worker.error)  # the loading panel says why, once
+        elif event.state == WorkerState.ERROR:  # said at once, wherever the chat open runs
+            reason = self.chats.failed(event.worker.error)  # and kept for the loading panel
+            self.notify(f"Could not load {self.model_label}: {reason}", severity="error")
 
     def on_unmount(self) -> None:
         try:

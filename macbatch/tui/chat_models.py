@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 # what frees another model's memory in chat (memory.too_large): idle models already went
 UNLOAD = "stop the replies of chats on other models, so their models can unload"
+# why a chat's model is not in this run's catalog (serve's 404 text speaks of GET /v1/models)
+NOT_HERE = (
+    "it is not available in this run of chat (a model under a --models-dir this run was not "
+    "given, or one removed since): pick another with F4 or /model NAME"
+)
 
 
 @dataclass
@@ -176,7 +181,7 @@ class ChatModels:
         try:
             loaded = await self.pool.lease(name)
         except ModelRefused as refused:
-            self.loads[name].error = refused.message
+            self.loads[name].error = NOT_HERE if refused.status == 404 else refused.message
         else:
             self.pool.give_back(loaded, self.adapter_of(name))
 

@@ -363,6 +363,15 @@ class HistoryStore:
         value = self.state("last_opened")
         return None if value is None else int(value)
 
+    def reopened(self) -> Session | None:
+        """The chat to reopen: the one open when the app was last used, else the newest (None:
+        no chats)."""
+        sessions = {session.id: session for session in self.sessions()}
+        last = self.last_opened()
+        if last in sessions:
+            return sessions[last]
+        return sessions[max(sessions)] if sessions else None
+
     def set_last_opened(self, session_id: int) -> None:
         self.set_state("last_opened", str(session_id))
 

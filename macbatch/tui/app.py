@@ -93,9 +93,11 @@ class ChatApp(App[None]):
             name = self.chats.loaded() or self.model_label
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
-        elif event.state == WorkerState.ERROR:  # said at once, wherever the chat open runs
-            reason = self.chats.failed(event.worker.error)  # and kept for the loading panel
-            self.notify(f"Could not load {self.model_label}: {reason}", severity="error")
+        elif event.state == WorkerState.ERROR:
+            reason = self.chats.failed(event.worker.error)  # the loading panel says why
+            if self.chats.model_of(self.chats.open_id) != self.chats.models.first_name:
+                # the chat open runs on another model, whose load the panel shows: say it here
+                self.notify(f"Could not load {self.model_label}: {reason}", severity="error")
 
     def on_unmount(self) -> None:
         try:

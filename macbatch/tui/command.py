@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-import click
 import typer
-from click.core import ParameterSource
 
 from macbatch.commands.fields import Pick, takes
 from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
@@ -31,14 +29,16 @@ CHAT_KNOBS = Pick(
 @takes(knobs=CHAT_KNOBS)
 def chat_command(
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--model",
             "-m",
+            show_default=False,
             help="Model to chat with: 'demo' (bundled, works offline), a local MLX model "
-            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit.",
+            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit. "
+            f"Given, a chat on it opens; else the chat used last [default: {DEFAULT_MODEL}].",
         ),
-    ] = DEFAULT_MODEL,
+    ] = None,
     system: Annotated[
         str,
         typer.Option(help="System prompt for new chats (each chat can change it: ctrl+s)."),
@@ -79,6 +79,8 @@ def chat_command(
     scroll, F1 for all keys.
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
+    named = model is not None  # a chat on it opens, whichever chat was used last
+    model = model or DEFAULT_MODEL
     if (problem := model_problem(model)) is not None:
         raise typer.BadParameter(problem, param_hint="--model")
     from macbatch.config import data_dir
@@ -106,7 +108,6 @@ def chat_command(
     except HistoryError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
-    named = click.get_current_context().get_parameter_source("model") is ParameterSource.COMMANDLINE
     # the terminal is blank until the app draws (imports, the engine thread): say what comes
     typer.echo(f"Starting macbatch chat with {start_model(store, model, named)}…", err=True)
     if (problem := terminal_problem()) is not None:

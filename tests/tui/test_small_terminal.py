@@ -42,7 +42,7 @@ async def test_keys_help_at_60x20_shows_every_action_whole_by_place(make_app):
         help_screen = app.screen
         text = drawn_text(help_screen.query_one("#help-table"))
         for _, keys, action in help_screen.rows:
-            assert " ".join(action.split()) in text, action
+            assert f"{keys} {' '.join(action.split())}" in text, (keys, action)
         places = {where for where, _, _ in help_screen.rows}
         assert {"Anywhere", "Message box", "Mouse"} <= places
         for place in places:  # a heading each, not a column repeating it

@@ -57,7 +57,7 @@ class HelpScreen(ModalScreen[None]):
 def keys_table(rows: list[tuple[str, str, str]]) -> Table:
     """Each place's heading, then its keys and actions; the action column wraps to the width."""
     table = Table(box=None, show_header=False, expand=True, padding=(0, 1))
-    table.add_column("Keys", no_wrap=True, style="bold", max_width=24)
+    table.add_column("Keys", no_wrap=True, style="bold")
     table.add_column("Action", ratio=1)
     for place, group in groupby(rows, key=lambda row: row[0]):
         table.add_row(Text(place, style="bold underline"), "", end_section=False)

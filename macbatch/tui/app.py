@@ -54,8 +54,14 @@ class ChatApp(App[None]):
         super().__init__()
         self.load_progress = load_progress or LoadProgress()
         # the other models load with the first's settings (engine_config: the command's)
+        folders = {s.model for s in store.sessions() if s.model and Path(s.model).is_dir()}
         models = ChatModels(
-            engine, model_label, engine_config or EngineConfig(), self.load_progress, models_dirs
+            engine,
+            model_label,
+            engine_config or EngineConfig(),
+            self.load_progress,
+            models_dirs,
+            tuple(sorted(folders)),
         )
         self.chats = ChatService(
             models,

@@ -60,7 +60,10 @@ class ChatModels:
         config: EngineConfig,
         progress: LoadProgress,
         models_dirs: tuple[Path, ...] = (),
+        folders: tuple[str, ...] = (),
     ) -> None:
+        """``folders``: the model folders the history's chats run on (a path given to ``-m``
+        in an earlier run), served too, after ``name``."""
         self.turns = Turns()
         self.first = first.share_device(self.turns)
         self.first_name = name
@@ -68,7 +71,8 @@ class ChatModels:
         self.loads: dict[str, ModelLoad] = {name: ModelLoad(progress)}
         start = starter(config, self.turns, self._loader_of)
         limits = PoolLimits(keep_alive_s=None, kv_start_mib=config.kv_start_mib, unload=UNLOAD)
-        self.pool = ModelPool(catalog((name,), models_dirs), start, DATA_ONLY, limits, read_memory)
+        given = (name, *(f for f in folders if f != name))
+        self.pool = ModelPool(catalog(given, models_dirs), start, DATA_ONLY, limits, read_memory)
         self._tasks: set[asyncio.Task[None]] = set()
         self._first_settled = False  # the app's load of the first model ended (either way)
 

@@ -203,9 +203,10 @@ class ChatService:
 
     def create(self) -> Session:
         """A new chat with the default settings, titled "Chat <n>" until its first message
-        gives it a title."""
+        gives it a title, on the model the app started with: it keeps it, so a restart on
+        another ``-m`` reopens it on its own."""
         number = max(self.sessions, default=0) + 1
-        session = self.store.create_session(f"Chat {number}", self.defaults)
+        session = self.store.create_session(f"Chat {number}", self.defaults, self.models.first_name)
         self.sessions[session.id] = session
         return session
 

@@ -305,14 +305,16 @@ class HistoryStore:
             raise KeyError(session_id)
         return _session(row)
 
-    def create_session(self, title: str, settings: SessionSettings) -> Session:
+    def create_session(
+        self, title: str, settings: SessionSettings, model: str | None = None
+    ) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, created, settings) VALUES (?, ?, ?)",
-            (title, now, settings.to_json()),
+            "INSERT INTO sessions (title, created, settings, model) VALUES (?, ?, ?, ?)",
+            (title, now, settings.to_json(), model),
         )
         self._db.commit()
-        return Session(int(cursor.lastrowid or 0), title, settings, now)
+        return Session(int(cursor.lastrowid or 0), title, settings, now, model=model)
 
     def rename_session(self, session_id: int, title: str) -> None:
         """The user's title: from now on the chat keeps it."""

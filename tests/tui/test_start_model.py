@@ -69,19 +69,26 @@ async def test_dash_m_opens_a_chat_on_its_model_and_a_failed_load_says_why(home,
     app = chat_app(home, HUB_MODEL, offline, (models_dir,), start_on_model=True)
     async with app.run_test(size=(120, 30)) as pilot:
         screen = app.screen
-        assert screen.current != on_beta and app.chats.model_of(screen.current) == HUB_MODEL
+        assert screen.current != on_beta
+        assert app.chats.store.session(screen.current).model == HUB_MODEL  # kept with it
         assert on_beta in app.chats.sessions  # kept, on its own model
         await wait_for(pilot, lambda: app.chats.load_error is not None)
         await wait_for(pilot, lambda: "Could not load" in panel_text(app), timeout=10)
         said = f"Could not load {HUB_MODEL}: could not download it from the Hugging Face hub"
         assert panel_text(app).startswith(f"{said} (ConnectError: [Errno -3] Temporary")
 
-    again = chat_app(home, HUB_MODEL, offline, (models_dir,))  # no -m: the chat used last
-    async with again.run_test(size=(120, 30)) as pilot:
-        assert again.screen.current != on_beta  # the one -m opened
-        await again.screen.open_session(on_beta)
-        await wait_for(pilot, lambda: again.chats.models.first_name in again.chats.models.loads)
-        assert again.chats.model_of(on_beta) == "beta"
+
+async def test_a_chat_on_a_folder_reopens_on_it_and_the_first_models_failure_is_said(
+    home, models_dir
+):
+    alpha = str(models_dir / "alpha")
+    on_alpha = a_chat_on(home, alpha)  # made by `chat -m FOLDER`, which it keeps
+    app = chat_app(home, HUB_MODEL, offline)  # no -m: the chat used last, on its own model
+    async with app.run_test(size=(120, 30)) as pilot:
+        assert app.screen.current == on_alpha
+        await wait_for(pilot, lambda: app.chats.ready, timeout=60)  # loaded from its folder
+        said = f"Could not load {HUB_MODEL}: could not download it from the Hugging Face hub"
+        await wait_for(pilot, lambda: any(said in n.message for n in app._notifications))
 
 
 async def test_a_chat_whose_model_is_gone_says_so_and_f4_picks_another(home, models_dir):

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from textual import events
 from textual._xterm_parser import XTermParser
+from textual.message import Message
 
 from tests.support.chat_app import wait_for
 
 PASTE_GAP = 0.001  # a terminal reads a paste's keys this close together
 TYPING_GAP = 0.2  # a fast typist's keys
+
+
+class Unrelated(Message):
+    """A message to the app that is no key."""
 
 
 def no_model():
@@ -79,3 +84,8 @@ async def test_a_pasted_enter_is_a_line_break_and_a_typed_one_sends(make_app):
         for key in timed_keys("\n", PASTE_GAP, start=2000.0 + 4 * TYPING_GAP + PASTE_GAP):
             app.post_message(key)  # an Enter right behind a letter, and nothing behind it
         await wait_for(pilot, lambda: sent == ["hi", "ok"])
+
+        for key in timed_keys("yes\n", PASTE_GAP, start=3000.0):
+            app.post_message(key)
+        app.post_message(Unrelated())  # waiting behind the Enter, and no key: it sends, later
+        await wait_for(pilot, lambda: sent == ["hi", "ok", "yes"])

@@ -102,7 +102,7 @@ class MessageBox(TextArea):
             event.prevent_default()
             if self._in_burst(event, previous):
                 self._held_enter = event.time
-                self.set_timer(RUN_WAIT_S, lambda: self.post_message(self.EnterAlone(event.time)))
+                self._wait_for_key(event.time)
             else:
                 await self.action_submit()
         elif event.key in ("ctrl+j", "shift+enter"):
@@ -128,11 +128,15 @@ class MessageBox(TextArea):
         else:
             await self.action_submit()
 
+    def _wait_for_key(self, enter_at: float) -> None:
+        """Give the key behind the held Enter time to come; then it sends, if none did."""
+        self.set_timer(RUN_WAIT_S, lambda: self.post_message(self.EnterAlone(enter_at)))
+
     async def on_message_box_enter_alone(self, message: EnterAlone) -> None:
         if self._held_enter != message.at:
             return  # a key came and settled it
         if self.app.message_queue_size:  # keys may wait there still: they settle it
-            self.set_timer(RUN_WAIT_S, lambda: self.post_message(self.EnterAlone(message.at)))
+            self._wait_for_key(message.at)
         else:
             await self._settle_enter(pasted=False)
 

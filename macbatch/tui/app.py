@@ -2,8 +2,9 @@
 model, and shows `ChatScreen`.
 
 The first model's engine is injected (an `EngineThread` that has not been started) so tests can
-hand in one built from a tiny model. The app has the service start it and load the model off the
-UI thread, and shut it down on exit; the other models a chat picks load through `ChatModels`.
+hand in one built from a tiny model; ``start_on_model`` (`chat -m MODEL`) opens a chat on it.
+The app has the service start it and load the model off the UI thread, and shut it down on
+exit; the other models a chat picks load through `ChatModels`.
 """
 
 from __future__ import annotations
@@ -48,15 +49,26 @@ class ChatApp(App[None]):
         load_progress: LoadProgress | None = None,
         engine_config: EngineConfig | None = None,
         models_dirs: tuple[Path, ...] = (),
+        start_on_model: bool = False,
     ) -> None:
         super().__init__()
         self.load_progress = load_progress or LoadProgress()
         # the other models load with the first's settings (engine_config: the command's)
+        folders = {s.model for s in store.sessions() if s.model and Path(s.model).is_dir()}
         models = ChatModels(
-            engine, model_label, engine_config or EngineConfig(), self.load_progress, models_dirs
+            engine,
+            model_label,
+            engine_config or EngineConfig(),
+            self.load_progress,
+            models_dirs,
+            tuple(sorted(folders)),
         )
         self.chats = ChatService(
-            models, store, defaults=defaults or SessionSettings(), export_dir=export_dir
+            models,
+            store,
+            defaults=defaults or SessionSettings(),
+            export_dir=export_dir,
+            start_on_model=start_on_model,
         )
         self.model_label = model_label
         self.model_requested = model_label  # as the user named it; model_label follows the load
@@ -88,7 +100,10 @@ class ChatApp(App[None]):
             self.model_label = Path(name).name if Path(name).is_dir() else name
             self.notify(f"{self.model_label} is ready.", timeout=3)
         elif event.state == WorkerState.ERROR:
-            self.chats.failed(event.worker.error)  # the loading panel says why, once
+            reason = self.chats.failed(event.worker.error)  # the loading panel says why
+            if self.chats.model_of(self.chats.open_id) != self.chats.models.first_name:
+                # the chat open runs on another model, whose load the panel shows: say it here
+                self.notify(f"Could not load {self.model_label}: {reason}", severity="error")
 
     def on_unmount(self) -> None:
         try:

@@ -34,6 +34,11 @@ if TYPE_CHECKING:
 
 # what frees another model's memory in chat (memory.too_large): idle models already went
 UNLOAD = "stop the replies of chats on other models, so their models can unload"
+# why a chat's model is not in this run's catalog (serve's 404 text speaks of GET /v1/models)
+NOT_HERE = (
+    "it is not available in this run of chat (a model under a --models-dir this run was not "
+    "given, or one removed since): pick another with F4 or /model NAME"
+)
 
 
 @dataclass
@@ -55,7 +60,10 @@ class ChatModels:
         config: EngineConfig,
         progress: LoadProgress,
         models_dirs: tuple[Path, ...] = (),
+        folders: tuple[str, ...] = (),
     ) -> None:
+        """``folders``: the model folders the history's chats run on (a path given to ``-m``
+        in an earlier run), served too, after ``name``."""
         self.turns = Turns()
         self.first = first.share_device(self.turns)
         self.first_name = name
@@ -63,7 +71,8 @@ class ChatModels:
         self.loads: dict[str, ModelLoad] = {name: ModelLoad(progress)}
         start = starter(config, self.turns, self._loader_of)
         limits = PoolLimits(keep_alive_s=None, kv_start_mib=config.kv_start_mib, unload=UNLOAD)
-        self.pool = ModelPool(catalog((name,), models_dirs), start, DATA_ONLY, limits, read_memory)
+        given = (name, *(f for f in folders if f != name))
+        self.pool = ModelPool(catalog(given, models_dirs), start, DATA_ONLY, limits, read_memory)
         self._tasks: set[asyncio.Task[None]] = set()
         self._first_settled = False  # the app's load of the first model ended (either way)
 
@@ -176,7 +185,7 @@ class ChatModels:
         try:
             loaded = await self.pool.lease(name)
         except ModelRefused as refused:
-            self.loads[name].error = refused.message
+            self.loads[name].error = NOT_HERE if refused.status == 404 else refused.message
         else:
             self.pool.give_back(loaded, self.adapter_of(name))
 

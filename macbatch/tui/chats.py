@@ -27,6 +27,7 @@ from macbatch.tui.attachments import Attachment, AttachmentError, export_images,
 from macbatch.tui.chat_models import ChatModels, ModelLoad
 from macbatch.tui.context_window import fit_to_context, reply_room
 from macbatch.tui.conversation import prompt_messages, title_from, to_markdown
+from macbatch.tui.loading import load_failure
 from macbatch.tui.reply import Reply, ReplyView
 from macbatch.tui.store import ERROR, STREAMING, HistoryStore, Message, ReplyMetrics, Session
 
@@ -61,13 +62,15 @@ class EngineStatus(NamedTuple):
     """What the status bar shows of the engine; `problem` replaces the numbers when set.
     `last_reply`: the numbers of the reply that ended last (its prompt's cached tokens).
     `tokens_per_s`: how fast the replies streaming now generate, together (the last reply's
-    speed once none streams; None: no reply yet)."""
+    speed once none streams; None: no reply yet). `replies`: the chat's replies in flight on
+    the engine, which its numbers may not count yet (a reply just started)."""
 
     stats: EngineStats | None
     problem: str | None
     block_size: int = 0
     last_reply: ReplyMetrics | None = None
     tokens_per_s: float | None = None
+    replies: int = 0
 
 
 class ChatService:
@@ -81,8 +84,10 @@ class ChatService:
         *,
         defaults: SessionSettings,
         export_dir: Path,
+        start_on_model: bool = False,
     ) -> None:
         self.models = models
+        self.start_on_model = start_on_model  # `chat -m MODEL`: open a chat on it at start
         self.store = store
         self.defaults = defaults
         self.export_dir = export_dir
@@ -108,12 +113,12 @@ class ChatService:
         name = self.models.first.info.model_name
         return None if name is None else str(name)
 
-    def failed(self, error: BaseException | None) -> None:
-        """Keep the load error's first line: a hub error goes on with its raw HTTP text."""
-        text = str(error).strip().splitlines()
-        reason = text[0] if text else type(error).__name__
+    def failed(self, error: BaseException | None) -> str:
+        """Keep why the first model failed to load, on one line; that line."""
+        reason = load_failure(self.models.first_name, error)
         reason = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 1] + "…"
         self.models.first_failed(reason)
+        return reason
 
     def model_of(self, session_id: int | None) -> str:
         """The model a chat runs on (a chat from before chats had models: the first)."""
@@ -165,8 +170,14 @@ class ChatService:
             return EngineStatus(None, "loading")
         engine = self.engine
         problem = None if engine.alive else f"engine stopped: {engine.error}"
+        replies = sum(held.thread is engine for held, _ in self.held.values())
         return EngineStatus(
-            engine.stats(), problem, engine.info.block_size, self.last_reply, self.tokens_per_s()
+            engine.stats(),
+            problem,
+            engine.info.block_size,
+            self.last_reply,
+            self.tokens_per_s(),
+            replies,
         )
 
     def tokens_per_s(self) -> float | None:
@@ -192,18 +203,22 @@ class ChatService:
 
     def create(self) -> Session:
         """A new chat with the default settings, titled "Chat <n>" until its first message
-        gives it a title."""
+        gives it a title, on the model the app started with: it keeps it, so a restart on
+        another ``-m`` reopens it on its own."""
         number = max(self.sessions, default=0) + 1
-        session = self.store.create_session(f"Chat {number}", self.defaults)
+        session = self.store.create_session(f"Chat {number}", self.defaults, self.models.first_name)
         self.sessions[session.id] = session
         return session
 
     def opened_last(self) -> int:
-        """The chat to open at start: the one used last, else the newest (made if none)."""
-        if not self.sessions:
-            self.create()
-        last = self.store.last_opened()
-        return last if last in self.sessions else max(self.sessions)
+        """The chat to open at start: the one used last, else the newest; a new one if there
+        is none, or if ``chat -m MODEL`` named a model that chat does not run on (it reopened on
+        its own model, and ``-m`` was ignored)."""
+        session = self.store.reopened()
+        on_model = session is not None and session.model in (None, self.models.first_name)
+        if session is None or (self.start_on_model and not on_model):
+            session = self.create()
+        return session.id
 
     def opened(self, session_id: int) -> None:
         self.open_id = session_id

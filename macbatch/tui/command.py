@@ -29,14 +29,16 @@ CHAT_KNOBS = Pick(
 @takes(knobs=CHAT_KNOBS)
 def chat_command(
     model: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--model",
             "-m",
+            show_default=False,
             help="Model to chat with: 'demo' (bundled, works offline), a local MLX model "
-            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit.",
+            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit. "
+            f"Given, a chat on it opens; else the chat used last [default: {DEFAULT_MODEL}].",
         ),
-    ] = DEFAULT_MODEL,
+    ] = None,
     system: Annotated[
         str,
         typer.Option(help="System prompt for new chats (each chat can change it: ctrl+s)."),
@@ -77,16 +79,14 @@ def chat_command(
     scroll, F1 for all keys.
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
+    named = model is not None  # a chat on it opens, whichever chat was used last
+    model = model or DEFAULT_MODEL
     if (problem := model_problem(model)) is not None:
         raise typer.BadParameter(problem, param_hint="--model")
-    # the terminal is blank until the app draws (imports, the engine thread): say what comes
-    typer.echo(f"Starting macbatch chat with {model}…", err=True)
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
     from macbatch.session_settings import SessionSettings
-    from macbatch.tui.app import ChatApp
     from macbatch.tui.history_file import HistoryBusy, HistoryError, HistoryLock
-    from macbatch.tui.loading import LoadProgress, make_loader
 
     try:
         defaults = SessionSettings(system, temperature, top_p, max_tokens)
@@ -108,11 +108,16 @@ def chat_command(
     except HistoryError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    # the terminal is blank until the app draws (imports, the engine thread): say what comes
+    typer.echo(f"Starting macbatch chat with {start_model(store, model, named)}…", err=True)
     if (problem := terminal_problem()) is not None:
         store.close()
         lock.release()
         typer.echo(f"macbatch chat: {problem}", err=True)
         raise typer.Exit(2)
+    from macbatch.tui.app import ChatApp
+    from macbatch.tui.loading import LoadProgress, make_loader
+
     progress = LoadProgress()
     engine = EngineThread(make_loader(model, config, progress))
     app = ChatApp(
@@ -124,6 +129,7 @@ def chat_command(
         load_progress=progress,
         engine_config=config,
         models_dirs=tuple(d.expanduser().resolve() for d in models_dir or ()),
+        start_on_model=named,
     )
     size_from_the_terminal()
     try:
@@ -134,6 +140,13 @@ def chat_command(
         typer.echo(f"error: {app.unwritten}", err=True)
     if app.return_code or app.unwritten:  # Textual printed a crash and returned: not success
         raise typer.Exit(app.return_code or 1)
+
+
+def start_model(store: HistoryStore, model: str, named: bool) -> str:
+    """The model of the chat the app opens: ``-m MODEL``'s when given (a chat on it), else the
+    chat reopened's (its own, when it picked one)."""
+    reopened = None if named else store.reopened()
+    return (reopened.model if reopened else None) or model
 
 
 def open_history(path: Path) -> HistoryStore:

@@ -71,6 +71,22 @@ def download(repo_id: str, progress: LoadProgress) -> Path:
     return Path(path)
 
 
+def load_failure(model: str, error: BaseException | None) -> str:
+    """Why loading ``model`` failed, on one line (a hub error goes on with its raw HTTP text).
+    A hub model that could not be fetched says so: the network's own error (httpx's
+    `ConnectError`, a DNS failure) named neither the hub nor what to do."""
+    lines = str(error).strip().splitlines()
+    reason = lines[0] if lines else type(error).__name__
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if is_hub_id(model) and names & {"OSError", "TransportError", "TimeoutException"}:
+        return (
+            f"could not download it from the Hugging Face hub ({type(error).__name__}: "
+            f"{reason}); check the network, or pick a model on this machine (F4; "
+            "`macbatch models` lists them)"
+        )
+    return reason
+
+
 def make_loader(model: str, config: EngineConfig, progress: LoadProgress) -> Callable[[], Engine]:
     """The function EngineThread runs on its own thread to build the engine for `model`."""
 

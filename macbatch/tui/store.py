@@ -305,14 +305,16 @@ class HistoryStore:
             raise KeyError(session_id)
         return _session(row)
 
-    def create_session(self, title: str, settings: SessionSettings) -> Session:
+    def create_session(
+        self, title: str, settings: SessionSettings, model: str | None = None
+    ) -> Session:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO sessions (title, created, settings) VALUES (?, ?, ?)",
-            (title, now, settings.to_json()),
+            "INSERT INTO sessions (title, created, settings, model) VALUES (?, ?, ?, ?)",
+            (title, now, settings.to_json(), model),
         )
         self._db.commit()
-        return Session(int(cursor.lastrowid or 0), title, settings, now)
+        return Session(int(cursor.lastrowid or 0), title, settings, now, model=model)
 
     def rename_session(self, session_id: int, title: str) -> None:
         """The user's title: from now on the chat keeps it."""
@@ -362,6 +364,15 @@ class HistoryStore:
         """The chat open when the app was last used (it may have been deleted since)."""
         value = self.state("last_opened")
         return None if value is None else int(value)
+
+    def reopened(self) -> Session | None:
+        """The chat to reopen: the one open when the app was last used, else the newest (None:
+        no chats)."""
+        sessions = {session.id: session for session in self.sessions()}
+        last = self.last_opened()
+        if last in sessions:
+            return sessions[last]
+        return sessions[max(sessions)] if sessions else None
 
     def set_last_opened(self, session_id: int) -> None:
         self.set_state("last_opened", str(session_id))

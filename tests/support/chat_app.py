@@ -108,3 +108,21 @@ def cli() -> typer.Typer:
     app.command("chat")(chat_command)
     app.command("other")(lambda: None)  # two commands, so "chat" is a subcommand as in macbatch
     return app
+
+
+def shown_whole(screen, widget) -> bool:
+    """Whether every cell of `widget` is on the screen: inside its containers' clip (not cut or
+    scrolled away) and inside the terminal."""
+    geometry = screen.find_widget(widget)
+    size = screen.app.size
+    on_terminal = geometry.region.right <= size.width and geometry.region.bottom <= size.height
+    return on_terminal and geometry.clip.contains_region(geometry.region)
+
+
+def drawn_text(widget) -> str:
+    """Everything `widget` draws (all of its height, scrolled or not), whitespace collapsed: a
+    text cut at the widget's edge is missing its end here."""
+    from textual.geometry import Region
+
+    lines = widget.render_lines(Region(0, 0, widget.size.width, widget.virtual_size.height))
+    return " ".join(" ".join(line.text for line in lines).split())

@@ -96,7 +96,7 @@ async def test_each_chat_answers_on_its_model(home: Path, models_dir: Path) -> N
         assert await reply_to(pilot, app, "the quick brown fox") == mlx_lm_reply(
             models_dir / "alpha", "the quick brown fox"
         )
-        assert app.chats.sessions[first].model is None  # the model chat started with
+        assert app.chats.sessions[first].model == str(models_dir / "alpha")  # chat started on
 
     again = chat_app(home, models_dir)  # the history remembers each chat's model
     async with again.run_test() as pilot:

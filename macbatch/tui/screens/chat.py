@@ -32,6 +32,7 @@ from macbatch.tui.screens.models import ModelScreen
 from macbatch.tui.screens.rename import RenameScreen
 from macbatch.tui.screens.search import SearchScreen
 from macbatch.tui.screens.settings import SettingsScreen
+from macbatch.tui.slash_commands import command_word, commands_text, find
 from macbatch.tui.store import Message
 from macbatch.tui.widgets.attachment_chips import AttachmentChips
 from macbatch.tui.widgets.display import displayable
@@ -66,7 +67,8 @@ MESSAGE_KEPT = (
 class ChatScreen(Screen[None]):
     """Sessions, their transcripts and replies; every action acts on the open session."""
 
-    # The footer shows the short description; help shows the tooltip, which says what it does.
+    # The footer shows the short description of the keys used most (show=False: F1 only, so the
+    # footer fits 140 columns); help shows every key's tooltip, which says what it does.
     # No printable key: typed anywhere, a letter (or ?) goes into the message box.
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f1", "help", "Help", tooltip="All keys"),  # first: narrow footers still show it
@@ -93,6 +95,7 @@ class ChatScreen(Screen[None]):
             "alt+left",
             "flip(-1)",
             "Older",
+            show=False,
             tooltip="Previous version of the selected (else last) reply; the next turn sends the "
             "one shown",
         ),
@@ -100,6 +103,7 @@ class ChatScreen(Screen[None]):
             "alt+right",
             "flip(1)",
             "Newer",
+            show=False,
             tooltip="Next version of the selected (else last) reply; the next turn sends the one "
             "shown",
         ),
@@ -110,13 +114,21 @@ class ChatScreen(Screen[None]):
             tooltip="Edit and resend your selected (else last) message",
         ),
         Binding("ctrl+s", "settings", "Settings", tooltip="This chat's system prompt and sampling"),
-        Binding("ctrl+o", "export", "Export", tooltip="Export the chat to Markdown"),
-        Binding("f3", "attach", "Attach", tooltip="Attach an image to the next message"),
-        Binding("f2", "rename", "Rename", tooltip="Rename the chat"),
-        Binding("f8", "delete", "Delete", tooltip="Delete the chat (asks first)"),
-        Binding("ctrl+l", "copy_reply", "Copy", tooltip="Copy the last reply"),
-        Binding("ctrl+t", "copy_code", "Code", tooltip="Copy the last reply's last code block"),
-        Binding("f9", "toggle_sidebar", "Chats", tooltip="Hide or show the chat list"),
+        Binding("ctrl+o", "export", "Export", show=False, tooltip="Export the chat to Markdown"),
+        Binding(
+            "f3", "attach", "Attach", show=False, tooltip="Attach an image to the next message"
+        ),
+        Binding("f2", "rename", "Rename", show=False, tooltip="Rename the chat"),
+        Binding("f8", "delete", "Delete", show=False, tooltip="Delete the chat (asks first)"),
+        Binding("ctrl+l", "copy_reply", "Copy", show=False, tooltip="Copy the last reply"),
+        Binding(
+            "ctrl+t",
+            "copy_code",
+            "Code",
+            show=False,
+            tooltip="Copy the last reply's last code block",
+        ),
+        Binding("f9", "toggle_sidebar", "Chats", show=False, tooltip="Hide or show the chat list"),
         Binding("f4", "pick_model", "Model", tooltip="Pick this chat's model (/model NAME too)"),
         Binding("ctrl+f", "search", "Search", tooltip="Search every chat's messages"),
     ]
@@ -441,19 +453,30 @@ class ChatScreen(Screen[None]):
         self.message_box.focus()
 
     async def slash_command(self, text: str) -> bool:
-        """Run `text` if it is a command (`/image PATH`, `/detach`, `/model [NAME]`); False: it
-        is a message."""
-        name, _, argument = text.strip().partition(" ")
-        if name in ("/image", "/attach"):
+        """Run `text` if it is a command (`slash_commands.py`); False: it is a message. An
+        unknown command is said, and stays in the box to be corrected."""
+        word = command_word(text)
+        if word is None:
+            return False
+        command, argument = find(word[0]), word[1]
+        if command is None:
+            self.notify(
+                f"Unknown command {word[0]}; nothing was sent. The commands:\n{commands_text()}",
+                severity="warning",
+                timeout=10,
+            )
+            return True
+        name = command.names[0]
+        if name == "/image":
             await self.attach(argument)
-        elif name == "/model" and argument.strip():
-            self.choose_model(argument.strip())
+        elif name == "/model" and argument:
+            self.choose_model(argument)
         elif name == "/model":
             self.action_pick_model()
         elif name == "/detach":
             self.chips.clear()
         else:
-            return False
+            self.notify(commands_text(), title="Commands (F1: every key)", timeout=10)
         self.message_box.clear()
         return True
 

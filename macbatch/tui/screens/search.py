@@ -37,7 +37,9 @@ class SearchScreen(ModalScreen[tuple[int, int] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog search"):
-            yield Label("Search every chat (Enter opens the first, ↓ to choose, Esc to cancel)")
+            yield Label(
+                "Search every chat: Enter opens the newest hit, ↓ picks another, Esc cancels"
+            )
             yield OrderedInput(placeholder="Text to find", id="search-text")
             yield OptionList(id="search-results")
 

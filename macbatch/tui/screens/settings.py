@@ -1,13 +1,15 @@
 """Dialog: the open session's system prompt and sampling settings, checked before saving.
 
 Its inputs are generated from `SAMPLING_FIELDS`, so a new sampling setting appears here without
-an edit to this file."""
+an edit to this file. It fits a 60x20 terminal: a setting a line, compact inputs and buttons,
+a shorter system prompt box below 30 rows, and a scroll bar for whatever a smaller one cuts (it
+used to hide Max tokens and both buttons there)."""
 
 from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
@@ -23,6 +25,7 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
         Binding("ctrl+s", "save", "Save"),
         Binding("escape", "dismiss(None)", "Cancel"),
     ]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]  # app.tcss: the prompt box's height
 
     def __init__(
         self, title: str, settings: SessionSettings, thinking_default: bool | None = None
@@ -34,24 +37,24 @@ class SettingsScreen(ModalScreen[SessionSettings | None]):
 
     def compose(self) -> ComposeResult:
         settings = self.settings
-        with Vertical(classes="dialog settings"):
+        with VerticalScroll(classes="dialog settings"):
             yield Label(f"Settings for {self.session_title}", markup=False)
             yield Label("System prompt")
             yield TextArea(settings.system_prompt, id="system-prompt", soft_wrap=True)
-            with Horizontal(classes="numbers"):
-                for field in SAMPLING_FIELDS:
+            for field in SAMPLING_FIELDS:
+                with Horizontal(classes="setting"):
                     yield Label(field.label)
                     value = field.text(getattr(settings, field.name))
-                    yield OrderedInput(value, id=field.input_id)
+                    yield OrderedInput(value, id=field.input_id, compact=True)
             if self.thinking_default is not None:
-                with Horizontal(classes="numbers"):
+                with Horizontal(classes="setting"):
                     yield Label("Thinking")
                     chosen = settings.thinking
                     yield Switch(self.thinking_default if chosen is None else chosen, id="thinking")
             yield Static("", id="settings-error", markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Save (ctrl+s)", variant="primary", id="save")
-                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Save (ctrl+s)", variant="primary", id="save", compact=True)
+                yield Button("Cancel (esc)", id="cancel", compact=True)
 
     def action_save(self) -> None:
         try:

@@ -17,8 +17,10 @@ class LoadingPanel(Vertical):
         yield ProgressBar(total=None, show_eta=False, show_percentage=False)
 
     def show(self, state: LoadState, elapsed_s: float) -> None:
+        self.remove_class("-failed")  # another chat's model loading, after one that failed
         self.query_one(".phase", Static).update(f"{state.phase.capitalize()}… {elapsed_s:.0f} s")
         bar = self.query_one(ProgressBar)
+        bar.display = True
         bar.update(total=state.total, progress=state.done)
         bar.show_percentage = state.total is not None  # no "--%" while nothing is counted
 

@@ -18,6 +18,13 @@ characters took minutes). So a printable key that has more messages waiting behi
 app's queue or this box's) is kept, and the run is inserted at the first key with none behind it,
 before anything that acts on the text or the cursor (any other key, a paste, a click), or at
 the latest `RUN_WAIT_S` after its first key.
+
+Such a terminal also sends each line break of a paste as Enter, which sent the paste line by
+line. An Enter is a pasted line break when it comes in a burst: a letter just before it and a key
+right behind it, each at most `PASTE_GAP_S` apart (the times the terminal's keys were read, not
+when they are handled), the next key already waiting when the Enter is handled. Nobody types
+that fast; an Enter with nothing waiting behind it (typed, or the last key typed ahead) sends at
+once, as before.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from typing import Literal
 
 from textual import events
 from textual.binding import Binding
+from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import TextArea
 
 RUN_WAIT_S = 0.05  # the longest a kept key waits to be shown, when no other key comes
+PASTE_GAP_S = 0.005  # keys read closer together than this are a paste, not typing
 
 # Where a scroll key takes the transcript.
 Scroll = Literal["page_up", "page_down", "home", "end"]
@@ -51,6 +60,13 @@ class MessageBox(TextArea):
         Binding("end", "end", "Chat end (empty box), else line end", show=False),
     ]
 
+    class EnterAlone(Message):
+        """No key followed the held Enter (read at ``at``) in time: it sends."""
+
+        def __init__(self, at: float) -> None:
+            super().__init__()
+            self.at = at
+
     def __init__(
         self,
         on_submit: Callable[[str], Awaitable[None]],
@@ -62,8 +78,15 @@ class MessageBox(TextArea):
         self.on_scroll = on_scroll
         self._typed: list[str] = []  # printable keys read, not inserted yet
         self._run_timer: Timer | None = None
+        # when the last printable key (or pasted line break) was read
+        self._last_printable: float | None = None
+        self._held_enter: float | None = None  # an Enter in a burst (when it was read)
 
     async def _on_key(self, event: events.Key) -> None:
+        if self._held_enter is not None:  # a key right behind it: the Enter was a line break
+            await self._settle_enter(pasted=event.time - self._held_enter <= PASTE_GAP_S)
+        previous = self._last_printable
+        self._last_printable = event.time if event.is_printable else None
         if event.is_printable and event.character is not None and not self.read_only:
             event.stop()
             event.prevent_default()
@@ -77,7 +100,11 @@ class MessageBox(TextArea):
         if event.key == "enter":  # TextArea would insert a newline before bindings are looked at
             event.stop()
             event.prevent_default()
-            await self.action_submit()
+            if self._in_burst(event, previous):
+                self._held_enter = event.time
+                self._wait_for_key(event.time)
+            else:
+                await self.action_submit()
         elif event.key in ("ctrl+j", "shift+enter"):
             event.stop()
             event.prevent_default()
@@ -85,6 +112,33 @@ class MessageBox(TextArea):
         elif await self._run_binding(event.key):
             event.stop()
             event.prevent_default()
+
+    def _in_burst(self, enter: events.Key, previous: float | None) -> bool:
+        """Whether ``enter`` may be a pasted line break: a letter read just before it, and more
+        messages already waiting behind it (the next key decides)."""
+        waiting = self.app.message_queue_size or self.message_queue_size
+        return bool(waiting) and previous is not None and enter.time - previous <= PASTE_GAP_S
+
+    async def _settle_enter(self, pasted: bool) -> None:
+        """The held Enter is a line break (``pasted``), else it sends now."""
+        held, self._held_enter = self._held_enter, None
+        if pasted:
+            self._typed.append("\n")  # with the paste's run of keys
+            self._last_printable = held  # a blank line of the paste is in the burst too
+        else:
+            await self.action_submit()
+
+    def _wait_for_key(self, enter_at: float) -> None:
+        """Give the key behind the held Enter time to come; then it sends, if none did."""
+        self.set_timer(RUN_WAIT_S, lambda: self.post_message(self.EnterAlone(enter_at)))
+
+    async def on_message_box_enter_alone(self, message: EnterAlone) -> None:
+        if self._held_enter != message.at:
+            return  # a key came and settled it
+        if self.app.message_queue_size:  # keys may wait there still: they settle it
+            self._wait_for_key(message.at)
+        else:
+            await self._settle_enter(pasted=False)
 
     def insert_typed(self) -> None:
         """Insert the printable keys read so far, as typing them one by one would."""
@@ -97,10 +151,17 @@ class MessageBox(TextArea):
             self._replace_via_keyboard(text, *self.selection)
 
     async def _on_paste(self, event: events.Paste) -> None:
+        await self._settle_held()
         self.insert_typed()  # then TextArea inserts the paste, after the keys typed before it
 
     async def _on_mouse_down(self, event: events.MouseDown) -> None:
+        await self._settle_held()
         self.insert_typed()  # then TextArea moves the cursor
+
+    async def _settle_held(self) -> None:
+        """Anything but a key after a held Enter: it was typed, and sends."""
+        if self._held_enter is not None:
+            await self._settle_enter(pasted=False)
 
     async def _run_binding(self, key: str) -> bool:
         """Run `key`'s binding now, looked up as the app does once a key has bubbled up to it
@@ -130,8 +191,10 @@ class MessageBox(TextArea):
             self.on_scroll("end")
 
     def start_editing(self, text: str) -> None:
-        """Show `text` (a message already sent) marked as being edited, to resend with Enter."""
+        """Show `text` (a message already sent) marked as being edited, to resend with Enter;
+        the cursor at its end, where an edit most often goes on."""
         self.text = text
+        self.move_cursor(self.document.end)
         self.border_title = "Editing your last message: Enter resends, Esc cancels"
         self.add_class("-editing")
         self.focus()

@@ -22,19 +22,23 @@ def status_text(
     block_size: int = 0,
     last_reply: ReplyMetrics | None = None,
     tokens_per_s: float | None = None,
+    replies: int = 0,
 ) -> str:
     """Plain text for the bar; `problem` (loading, failed, stopped) replaces the engine numbers.
     `block_size` (tokens per KV block) turns the pool's blocks into the tokens it holds;
     `last_reply` adds its prompt tokens the prefix cache held (the rest were computed);
-    `tokens_per_s`, the replies' speed (live while they stream)."""
+    `tokens_per_s`, the replies' speed (live while they stream). `replies` in flight count as
+    running before the engine's last step has seen them: the bar said "0 running" for up to
+    half a second after a reply started."""
     if problem is not None or stats is None:
         return f"{model} · {problem or 'starting'}"
     pool_tokens = stats.kv_blocks_total * block_size
     # the speed early, where a narrow terminal still shows it
     speed = "" if tokens_per_s is None else f"{tokens_per_s:.1f} tok/s · "
     # short enough for an 80-column terminal to show the step numbers too
+    running = max(stats.running, replies - stats.waiting)
     text = (
-        f"{model} · {stats.running} running · {stats.waiting} waiting · {speed}"
+        f"{model} · {running} running · {stats.waiting} waiting · {speed}"
         f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} ({pool_tokens:,} tok) "
         f"{stats.kv_bytes_used / 2**20:,.1f}/{stats.kv_cache_bytes / 2**20:,.1f} MiB · "
         f"{stats.tokens_last_step} tok/step · prefix hits {stats.prefix_cache_hit_rate:.0%}"

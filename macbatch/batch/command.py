@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
+from macbatch.commands.options import (
+    DISK_CACHE,
+    SPECULATIVE,
+    EngineKnobs,
+    disk_cache_line,
+    model_problem,
+)
 
 if TYPE_CHECKING:
     from macbatch.batch.runner import RunOptions
@@ -245,7 +251,7 @@ def _run(
     from macbatch.engine import Engine, EngineConfig, load_replicas, replicas_problem
 
     engine_options = (knobs.kv_bits, spec)
-    disk = knobs.disk_fields()  # never changes results: not in the resume hint
+    disk: dict[str, Any] = {}  # never changes results: not in the resume hint
 
     def load_engine(name: str) -> object:
         hand_back_memory()
@@ -288,6 +294,8 @@ def _run(
                 raise JobFileError(
                     f"{problem} (the model of {file}'s {', '.join(named)}, or --model)"
                 )
+        disk.update(knobs.disk_fields(tuple(jobs_of)))  # the cap follows the largest model
+        typer.echo(disk_cache_line(disk), err=True)
         if replicas is not None and (problem := replicas_problem(replicas)) is not None:
             raise JobFileError(problem)
         if (replicas or 1) > 1 and len(jobs_of) > 1:  # the replicas end with their model

@@ -40,7 +40,7 @@ class Known:
     @property
     def weights_bytes(self) -> int:
         """The weights' memory, from the parameter count and the bits (not read from the hub)."""
-        return int(self.params_b * 1e9 * (self.bits + SCALE_BITS) / 8)
+        return int(round(self.params_b * 1e9) * (self.bits + SCALE_BITS) / 8)
 
 
 class UnknownModel(ValueError):

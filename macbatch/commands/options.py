@@ -265,9 +265,10 @@ def model_problem(name: str) -> str | None:
     return None
 
 
-def resolve_model(name: str, param_hint: str = "--model") -> Resolved:
+def resolve_model(name: str, param_hint: str = "--model", check: bool = True) -> Resolved:
     """What a command's model option means (``models/names.resolve``: a preset, a short name,
-    a path or hub id), refused as a bad value of ``param_hint`` when it means nothing."""
+    a path or hub id), refused as a bad value of ``param_hint`` when it means nothing (and,
+    with ``check``, when ``model_problem`` finds it cannot name a model)."""
     from macbatch.models.names import resolve
     from macbatch.models.presets import PresetError
 
@@ -275,11 +276,12 @@ def resolve_model(name: str, param_hint: str = "--model") -> Resolved:
         resolved = resolve(name)
     except (ValueError, PresetError) as error:
         raise typer.BadParameter(str(error), param_hint=param_hint) from None
-    if (problem := model_problem(resolved.model)) is not None:
+    if check and (problem := model_problem(resolved.model)) is not None:
         raise typer.BadParameter(problem, param_hint=param_hint)
     return resolved
 
 
 def resolved_models(given: list[str] | None, default: str) -> tuple[str, ...]:
-    """A repeatable model option's models, each resolved (serve's ``--model``)."""
-    return tuple(resolve_model(name).model for name in given or [default])
+    """A repeatable model option's models, each resolved (serve's ``--model``, whose pool says
+    itself why a model it cannot load does not load)."""
+    return tuple(resolve_model(name, check=False).model for name in given or [default])

@@ -19,12 +19,12 @@ import typer
 from macbatch.commands.fields import Pick, takes
 from macbatch.commands.options import LOAD_ONLY, EngineKnobs, resolve_model
 from macbatch.config import DEFAULT_MODEL
-from macbatch.session_settings import SessionSettings
 
 if TYPE_CHECKING:
     from macbatch.commands.ask_history import Conversation
     from macbatch.engine import Engine, RequestOutput, SamplingParams
     from macbatch.models.presets import Preset
+    from macbatch.session_settings import SessionSettings
 
 EXIT_INTERRUPTED = 130
 ASK_KNOBS = Pick(EngineKnobs, LOAD_ONLY)  # otherwise the engine's defaults
@@ -119,6 +119,7 @@ def ask_settings(
     """A new chat's settings, under the continued conversation's, under the preset's, under
     the options given."""
     from macbatch.models.presets import layered
+    from macbatch.session_settings import SessionSettings
 
     try:
         return layered(before.settings if before else SessionSettings(), preset, given)

@@ -10,17 +10,23 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from macbatch.session_settings import SAMPLING_FIELDS, SessionSettings
+if TYPE_CHECKING:  # the settings import the engine's sampling (MLX): not on `macbatch --help`
+    from macbatch.session_settings import SessionSettings
 
 PRESETS_FILE = "presets.yaml"
-# a preset's keys beside `model`, each the SessionSettings field it sets
-SETTING_KEYS = {
-    "system": "system_prompt",
-    "thinking": "thinking",
-    **{f.name: f.name for f in SAMPLING_FIELDS},
-}
+
+
+def setting_keys() -> dict[str, str]:
+    """A preset's keys beside ``model``, each the ``SessionSettings`` field it sets."""
+    from macbatch.session_settings import SAMPLING_FIELDS
+
+    return {
+        "system": "system_prompt",
+        "thinking": "thinking",
+        **{f.name: f.name for f in SAMPLING_FIELDS},
+    }
 
 
 class PresetError(ValueError):
@@ -39,8 +45,7 @@ class Preset:
 
     def sampling(self) -> dict[str, Any]:
         """The sampling settings it sets, by their engine names (a job's ``sampling:``)."""
-        names = {f.name for f in SAMPLING_FIELDS}
-        return {k: v for k, v in self.values.items() if k in names}
+        return {k: v for k, v in self.values.items() if k not in ("system_prompt", "thinking")}
 
     @property
     def system(self) -> str | None:
@@ -92,11 +97,14 @@ def _preset(path: Path, name: str, given: Any) -> Preset:
         raise PresetError(f"{where}: a preset's name has no '/' nor ':' (those are models')")
     if not isinstance(given, dict) or not isinstance(given.get("model"), str):
         raise PresetError(f"{where}: give at least `model: NAME`")
-    unknown = set(given) - {"model", *SETTING_KEYS}
+    keys = setting_keys()
+    unknown = set(given) - {"model", *keys}
     if unknown:
-        known = ", ".join(["model", *SETTING_KEYS])
+        known = ", ".join(["model", *keys])
         raise PresetError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {known})")
-    values = {SETTING_KEYS[k]: v for k, v in given.items() if k != "model"}
+    values = {keys[k]: v for k, v in given.items() if k != "model"}
+    from macbatch.session_settings import SessionSettings
+
     try:
         SessionSettings(**values)
     except (TypeError, ValueError) as error:

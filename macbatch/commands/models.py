@@ -137,6 +137,24 @@ def _table(rows: list[dict]) -> None:
     echo_columns(lines)
 
 
+def _hub_id(model: str) -> str:
+    """The hub id a short name or a preset means; another name as given, for the hub's own
+    rule to refuse (OWNER/NAME), unless it looks like a short name (NAME:SIZE): then the
+    closest short names are said."""
+    from macbatch.commands.options import resolve_model
+    from macbatch.models.names import UnknownModel, resolve
+    from macbatch.models.presets import PresetError
+
+    try:
+        return resolve(model).model
+    except UnknownModel:
+        if ":" not in model:
+            return model
+    except PresetError:
+        pass
+    return resolve_model(model, param_hint="MODEL").model  # refused, saying why
+
+
 def pull_command(
     model: str = typer.Argument(
         ...,
@@ -147,10 +165,9 @@ def pull_command(
 ) -> None:
     """Download a model into the Hugging Face cache, with progress; an interrupted pull resumes
     where it stopped."""
-    from macbatch.commands.options import resolve_model
     from macbatch.models.hub import PullError, pull, usage
 
-    model = resolve_model(model, param_hint="MODEL").model
+    model = _hub_id(model)
 
     try:
         folder = pull(model, revision, say=lambda line: typer.echo(line, err=True))
@@ -166,11 +183,10 @@ def rm_command(
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
 ) -> None:
     """Remove a downloaded model from the Hugging Face cache."""
-    from macbatch.commands.options import resolve_model
     from macbatch.models.hub import PullError, cached
     from macbatch.models.memory import gib
 
-    model = resolve_model(model, param_hint="MODEL").model
+    model = _hub_id(model)
 
     try:
         found = cached(model)

@@ -1,7 +1,7 @@
 """`macbatch ps` against a real serve (issue 65, item 14): `/macbatch/ps` lists each loaded
 model with its memory, the requests it holds and has answered and its idle time, and the
 command prints them (or the JSON) from `--url`, or says no serve answered. serve says its disk
-cache's cap at start (item 10)."""
+cache's cap at start (item 10), and takes a preset as a model name, at start and in requests."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ from tests.support.serve_process import start_server
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``macbatch serve`` itself, a child process; its stderr checked once it stops."""
-    cache = tmp_path_factory.mktemp("ps-cache")
-    process, url = start_server(tiny_model_path, "--cache-dir", str(cache))
+    """``macbatch serve -m tiny`` itself, a child process, ``tiny`` a preset naming the tiny
+    model (item 16: serve takes a preset as a model name); its stderr checked once it stops."""
+    cache, home = tmp_path_factory.mktemp("ps-cache"), tmp_path_factory.mktemp("ps-home")
+    (home / "presets.yaml").write_text(f"tiny:\n  model: {tiny_model_path}\n")
+    env = {"MACBATCH_HOME": str(home)}
+    process, url = start_server(Path("tiny"), "--cache-dir", str(cache), env=env)
     yield url
     process.terminate()
     _, said = process.communicate(timeout=60)
@@ -44,7 +47,8 @@ def test_ps_lists_the_loaded_model_and_its_requests(served: str, tiny_model_path
     assert before["active_requests"] == 0 and before["weights_bytes"] == weights
     assert before["idle_s"] >= 0
     assert before["unloads_in_s"] is None  # the first model runs the Batch API: never unloads
-    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    # a client may name it by the preset too
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     assert httpx.post(served + "/v1/chat/completions", json=body).status_code == 200
     (after,) = _rows(served)
     assert after["requests"] == 1 and after["active_requests"] == 0

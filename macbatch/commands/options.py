@@ -251,6 +251,13 @@ LOAD_ONLY = ("no_self_check",)
 DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
 
 
+def api_key_option(help: str, **options: Any) -> Any:
+    """``--api-key``, also read from ``MACBATCH_API_KEY``: serve's, and ps's for such a serve."""
+    return typer.Option(
+        None, "--api-key", envvar="MACBATCH_API_KEY", show_default=False, help=help, **options
+    )
+
+
 def model_problem(name: str) -> str | None:
     """Why a resolved model ``name`` cannot name a model (None: it can), checked before a
     command creates anything: a typo such as ``dmeo`` must not leave an output directory, a

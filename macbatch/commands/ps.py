@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from macbatch.commands.columns import echo_columns
+from macbatch.commands.options import api_key_option
 
 DEFAULT_URL = "http://127.0.0.1:8000"  # serve's default --host and --port
 TIMEOUT_S = 10
@@ -19,13 +20,7 @@ TIMEOUT_S = 10
 
 def ps_command(
     url: str = typer.Option(DEFAULT_URL, "--url", help="The serve to ask (its address)."),
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="MACBATCH_API_KEY",
-        show_default=False,
-        help="The serve's API key, if it has one.",
-    ),
+    api_key: str | None = api_key_option("The serve's API key, if it has one."),
     as_json: bool = typer.Option(False, "--json", help="The serve's JSON, as it answered."),
 ) -> None:
     """List the models a running serve has loaded: memory, idle time, requests."""

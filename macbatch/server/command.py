@@ -17,6 +17,7 @@ from macbatch.commands.options import (
     DISK_CACHE,
     SPECULATIVE,
     EngineKnobs,
+    api_key_option,
     disk_cache_line,
     resolved_models,
 )
@@ -208,12 +209,9 @@ SERVE_KNOBS = Pick(
 def serve_command(
     settings: ServeSettings,
     knobs: EngineKnobs,
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="MACBATCH_API_KEY",
+    api_key: str | None = api_key_option(
+        "Require 'Authorization: Bearer KEY' (all but /health).",
         show_envvar=True,
-        help="Require 'Authorization: Bearer KEY' (all but /health).",
         rich_help_panel=NETWORK,
     ),
     print_launchd_plist: bool = typer.Option(

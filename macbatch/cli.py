@@ -20,8 +20,10 @@ from macbatch.commands.ask import ask_command
 from macbatch.commands.bench import bench_command
 from macbatch.commands.cache import cache_app
 from macbatch.commands.doctor import doctor_command
+from macbatch.commands.history import history_command
 from macbatch.commands.launch import LaunchError, follower_exit_status
-from macbatch.commands.models import models_command, pull_command, rm_command
+from macbatch.commands.models import models_command, presets_command, pull_command, rm_command
+from macbatch.commands.ps import ps_command
 from macbatch.server.command import serve_command
 from macbatch.tui.command import chat_command
 
@@ -47,6 +49,9 @@ app.command("serve")(serve_command)
 app.command("models")(models_command)
 app.command("pull")(pull_command)
 app.command("rm")(rm_command)
+app.command("presets")(presets_command)
+app.command("ps")(ps_command)
+app.command("history")(history_command)
 app.command("doctor")(doctor_command)
 app.command("bench")(bench_command)
 app.add_typer(cache_app, name="cache")

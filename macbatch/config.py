@@ -33,3 +33,13 @@ def data_dir() -> Path:
         path = Path(xdg) / "macbatch"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def config_dir() -> Path:
+    """Where the user's own settings live (``presets.yaml``): ``MACBATCH_HOME`` when set, the data
+    directory on macOS (Application Support holds both), else $XDG_CONFIG_HOME/macbatch
+    (~/.config). Not created: only read."""
+    if os.environ.get("MACBATCH_HOME") or sys.platform == "darwin":
+        return data_dir()
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(xdg) / "macbatch"

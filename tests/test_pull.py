@@ -152,3 +152,19 @@ def test_rm_before_any_download_says_so_in_its_own_words(tmp_path: Path, model: 
         assert "part of macbatch" in done.stderr
     else:
         assert f"{model!r} is not downloaded" in done.stderr
+
+
+def test_pull_takes_a_short_name(tmp_path: Path) -> None:
+    """``pull qwen3:0.6b`` fetches the catalogue's repo (issue 65, item 13); a misspelled short
+    name gets the closest ones and fetches nothing."""
+    repo = "mlx-community/Qwen3-0.6B-4bit"
+    source = save_model(tmp_path / "source", arch="qwen3")
+    with running(Hub(repo, source)) as url:
+        done = macbatch(url, tmp_path / "home", "pull", "qwen3:0.6b")
+        typo = macbatch(url, tmp_path / "home2", "pull", "qwen3:0.7b")
+    assert done.returncode == 0, done.stderr
+    folder = tmp_path / "home" / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots"
+    assert (folder / COMMIT / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    said = " ".join(re.sub("[│╭╮╰╯─]", " ", typo.stderr).split())  # at any wrapping width
+    assert typo.returncode == 2 and "did you mean 'qwen3:1.7b' or 'qwen3:0.6b'" in said
+    assert not (tmp_path / "home2" / "hub").exists()

@@ -11,9 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
+from macbatch.commands.options import (
+    DISK_CACHE,
+    SPECULATIVE,
+    EngineKnobs,
+    disk_cache_line,
+    model_problem,
+)
 
 if TYPE_CHECKING:
+    from macbatch.batch.report import Reporter
     from macbatch.batch.runner import RunOptions
 
 # --kv-bits and the speculative options' EngineConfig fields (None: the job file's)
@@ -232,7 +239,7 @@ def _run(
     output_dir: Path | None,
     knobs: EngineKnobs,
     spec: dict[str, Any] | None,
-    reporter: object,
+    reporter: "Reporter",
     headless: bool,
     replicas: int | None = None,
 ) -> dict:
@@ -246,10 +253,13 @@ def _run(
     from macbatch.engine import EngineConfig, load_replicas, replicas_problem
 
     engine_options = (knobs.kv_bits, spec)
-    disk = knobs.disk_fields()  # never changes results: not in the resume hint
+    disk: dict[str, Any] = {}  # never changes results: not in the resume hint
+    untold: list[str] = []  # the disk cache's line, said once, as the first model loads
 
     def load_engine(name: str) -> object:
         hand_back_memory()
+        while untold:
+            reporter.note(untold.pop())  # headless: a note event
         config = dataclasses.replace(engine_config(), adapters=adapters_of.get(name, ()))
         if (too_large := run_fits(name, config.kv_start_mib)) is not None:
             raise JobFileError(f"{too_large} (the model of {', '.join(jobs_of[name])})")
@@ -289,6 +299,8 @@ def _run(
                 raise JobFileError(
                     f"{problem} (the model of {file}'s {', '.join(named)}, or --model)"
                 )
+        disk.update(knobs.disk_fields(tuple(jobs_of)))  # the cap follows the largest model
+        untold.append(disk_cache_line(disk))
         if replicas is not None and (problem := replicas_problem(replicas)) is not None:
             raise JobFileError(problem)
         if (replicas or 1) > 1 and len(jobs_of) > 1:  # the replicas end with their model
@@ -296,7 +308,7 @@ def _run(
                 f"--replicas runs one model, and the jobs of {file} name {len(jobs_of)}; run "
                 "each model's jobs on their own (--job NAME ...)"
             )
-        return run_jobs(job_file, options, reporter, load_engine, close_engine)  # type: ignore[arg-type]
+        return run_jobs(job_file, options, reporter, load_engine, close_engine)
     except JobFileError as exc:
         _fail(headless, str(exc))
     except KeyboardInterrupt:

@@ -31,6 +31,8 @@ from macbatch.batch.yaml_checks import YamlChecker, dotted
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
 from macbatch.engine import check_speculative
 from macbatch.metal.quant import check_kv_quantization
+from macbatch.models.names import UnknownModel, resolve
+from macbatch.models.presets import Preset, PresetError, read_presets
 
 TOP_KEYS = ("version", "model", "kv_bits", "speculative", "defaults", "output", "jobs")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_tokens")
@@ -162,11 +164,13 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
     if version != 1:
         raise check.fail(("version",), f"unsupported version {version!r}; this macbatch reads 1")
     base = path.parent
+    presets = _presets()
     model: str | None = None
+    file_preset: Preset | None = None
     if model_override:
-        model = _resolve_model(model_override, Path.cwd())
+        model, file_preset = _resolve_model(model_override, Path.cwd(), presets)
     elif "model" in top:
-        model = _resolve_model(check.text(top["model"], ("model",)), base)
+        model, file_preset = _resolve_model(check.text(top["model"], ("model",)), base, presets)
     kv_bits = top.get("kv_bits")
     try:
         check_kv_quantization(kv_bits, None)
@@ -190,7 +194,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
     specs: list[JobSpec] = []
     seen: dict[str, int] = {}
     for index, raw in enumerate(jobs):
-        spec = _job(check, raw, index, defaults, base, model)
+        spec = _job(check, raw, index, defaults, base, (model, file_preset), presets)
         if spec.name in seen:
             raise check.fail(
                 ("jobs", index, "name"),
@@ -227,18 +231,34 @@ def _speculative(check: YamlChecker, raw: Any, base: Path) -> dict[str, Any]:
     if (method == "draft") != (draft is not None):
         raise check.fail(key, "a draft_model goes with method draft, and method draft needs one")
     if draft is not None:
-        draft = _resolve_model(check.text(draft, (*key, "draft_model")), base)
+        draft = _resolve_model(check.text(draft, (*key, "draft_model")), base, {})[0]
     return {"speculative": method, "draft_model": draft, "num_speculative_tokens": num_tokens}
 
 
-def _resolve_model(model: str, base: Path) -> str:
-    """A relative path in the job file is relative to the file; hub ids and 'demo' pass through."""
+def _presets() -> dict[str, Preset]:
+    """The user's presets (``model: PRESET`` in a job file, docs/jobs.md)."""
+    try:
+        return read_presets()
+    except PresetError as error:
+        raise JobFileError(str(error)) from None
+
+
+def _resolve_model(model: str, base: Path, presets: dict[str, Preset]) -> tuple[str, Preset | None]:
+    """A relative path in the job file is relative to the file; hub ids and 'demo' pass
+    through; a preset or a short name is the model it names (``models/names.py``; a name
+    that is none of these is left for the model check to refuse), with the preset."""
     if model == "demo":
-        return model
+        return model, None
     if model.startswith(("/", "./", "../", "~")):
-        return str((base / Path(model).expanduser()).resolve())
+        return str((base / Path(model).expanduser()).resolve()), None
     candidate = base / model
-    return str(candidate.resolve()) if candidate.exists() else model
+    if candidate.exists():
+        return str(candidate.resolve()), None
+    try:
+        resolved = resolve(model, presets)
+    except UnknownModel:
+        return model, None
+    return resolved.model, resolved.preset
 
 
 def _job(
@@ -247,14 +267,15 @@ def _job(
     index: int,
     defaults: dict[str, Any],
     base: Path,
-    file_model: str | None,
+    file_model: tuple[str | None, Preset | None],
+    presets: dict[str, Preset],
 ) -> JobSpec:
     key: PathKey = ("jobs", index)
     job = check.mapping(raw, key, JOB_KEYS)
     if "name" not in job:
         raise check.fail(key, f"jobs[{index}] has no 'name'")
     name = check.text(job["name"], (*key, "name"))
-    model = _job_model(check, job, key, base, file_model)
+    model, preset = _job_model(check, job, key, base, file_model, presets)
     if any(c in name for c in "/\\\0") or name.startswith("."):
         raise check.fail(
             (*key, "name"),
@@ -272,7 +293,8 @@ def _job(
             return defaults[field], ("defaults", field)
         return None
 
-    given_sampling: dict[str, Any] = {}
+    # a preset's settings sit under the file's defaults and the job's own
+    given_sampling: dict[str, Any] = {} if preset is None else preset.sampling()
     seed_at: PathKey = ()  # where the seed the job samples with is written
     for source, where in (
         (defaults.get("sampling"), ("defaults", "sampling")),
@@ -288,6 +310,8 @@ def _job(
         template = check.template(*found)
     if (found := setting("system")) is not None:
         system = check.text(*found, empty_ok=True)
+    elif preset is not None:
+        system = preset.system
     if (found := setting("n")) is not None:
         n = check.integer(
             *found,
@@ -375,16 +399,21 @@ def _job_adapter(check: YamlChecker, job: dict[str, Any], key: PathKey, base: Pa
 
 
 def _job_model(
-    check: YamlChecker, job: dict[str, Any], key: PathKey, base: Path, file_model: str | None
-) -> str:
-    """The job's own ``model:`` (resolved like the file's), else the file's."""
+    check: YamlChecker,
+    job: dict[str, Any],
+    key: PathKey,
+    base: Path,
+    file_model: tuple[str | None, Preset | None],
+    presets: dict[str, Preset],
+) -> tuple[str, Preset | None]:
+    """The job's own ``model:`` (resolved like the file's), else the file's; with its preset."""
     if "model" in job:
-        return _resolve_model(check.text(job["model"], (*key, "model")), base)
-    if file_model is None:
+        return _resolve_model(check.text(job["model"], (*key, "model")), base, presets)
+    if file_model[0] is None:
         raise check.fail(
             key,
             f"missing 'model': job '{job['name']}' names none and neither does the file; give "
             "the file a 'model:' (a Hugging Face id, a local path, or demo) for every job, or "
             "this job its own",
         )
-    return file_model
+    return file_model[0], file_model[1]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import SPECULATIVE, EngineKnobs
+from macbatch.commands.options import SPECULATIVE, EngineKnobs, resolve_model
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -24,7 +24,9 @@ BENCH_KNOBS = Pick(
 
 @takes(knobs=BENCH_KNOBS)
 def bench_command(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Model name, path or hub id."),
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", "-m", help="Model name, short name, preset, path or hub id."
+    ),
     requests: int = typer.Option(32, min=1, help="Requests, all arriving at once."),
     min_prompt: int = typer.Option(32, min=1, help="Shortest prompt, in tokens."),
     max_prompt: int = typer.Option(512, min=1, help="Longest prompt, in tokens."),
@@ -43,6 +45,7 @@ def bench_command(
 
     if min_prompt > max_prompt:
         raise typer.BadParameter("--min-prompt must not exceed --max-prompt")
+    model = resolve_model(model, check=False).model  # the load says why one cannot load
     config = EngineConfig(
         max_num_batched_tokens=knobs.max_num_batched_tokens, **knobs.speculative_fields()
     )

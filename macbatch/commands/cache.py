@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from macbatch.commands.columns import echo_columns
 from macbatch.commands.fields import Pick, takes
 from macbatch.commands.options import EngineKnobs, disk_cache_config
 
@@ -35,24 +36,29 @@ def cache_list(
     """List what the disk KV cache holds, per model and page format."""
     if ctx.invoked_subcommand is not None:
         return
-    from macbatch.engine import stored_models
+    from macbatch.engine import cap_rule, default_cap_bytes, stored_models
+    from macbatch.models.names import expected_weights_bytes
 
     root = _root(knobs)
     models = stored_models(root)
     _say_not_caches(root)
     if not models:
         typer.echo(f"nothing cached on disk in {root}")
-        return
-    rows = [("MODEL", "FORMAT", "BLOCK", "BLOCKS", "SIZE", "LAST USE")]
-    for m in models:
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_use)) if m.last_use else "-"
-        size = f"{m.bytes / 2**20:,.1f} MiB"
-        rows.append((m.model, m.page_format, str(m.block_size), f"{m.blocks:,}", size, used))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    total = sum(m.bytes for m in models)
-    typer.echo(f"{total / 2**20:,.1f} MiB in {root}")
+    else:
+        rows = [("MODEL", "FORMAT", "BLOCK", "BLOCKS", "SIZE", "LAST USE", "CAP")]
+        for m in models:
+            used = time.localtime(m.last_use) if m.last_use else None
+            cap = default_cap_bytes(root, expected_weights_bytes(m.model))
+            cells = (m.model, m.page_format, str(m.block_size), f"{m.blocks:,}", _mib(m.bytes))
+            rows.append((*cells, time.strftime("%Y-%m-%d %H:%M", used) if used else "-", _mib(cap)))
+        echo_columns(rows)
+        typer.echo(f"{_mib(sum(m.bytes for m in models))} in {root}")
+    typer.echo(f"default cap (serve, run and chat say theirs at start): {cap_rule(root)}")
+    typer.echo("--cache-disk-gb sets it" + ("; CAP: that model's alone" if models else ""))
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 @cache_app.command("clear")

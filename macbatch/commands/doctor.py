@@ -3,6 +3,7 @@ kernel, default KV pool, BLAS, data directory) and, with MODEL, whether it can b
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import sys
 
@@ -58,7 +59,10 @@ def doctor_command(
     report = None
     if model is not None:
         from macbatch.models.check import check_model
+        from macbatch.models.names import resolve
 
+        with contextlib.suppress(ValueError):  # a name that means nothing: the check says why
+            model = resolve(model).model
         report = check_model(model, self_check=not knobs.no_self_check)
         rows += [("model", model), *report.rows]
         rows.append(("servable", "yes" if report.servable else f"no: {report.problem}"))

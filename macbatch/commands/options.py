@@ -5,11 +5,10 @@ they offer (``fields.Pick``) and turn them into ``EngineConfig`` fields the same
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -19,6 +18,9 @@ from macbatch.engine import (  # MLX-free: --help
     SPECULATIVE_MODES,
     check_speculative,
 )
+
+if TYPE_CHECKING:
+    from macbatch.models.names import Resolved
 
 # The values --kv-bits takes, as `metal.quant.KV_BITS` (which imports MLX) checks them.
 KV_BITS_CHOICES = "8|4"
@@ -78,13 +80,19 @@ def speculative_config(
 
 
 def disk_cache_config(
-    cache_dir: Path | str | None, cache_disk_gb: float | None, no_disk_cache: bool
+    cache_dir: Path | str | None,
+    cache_disk_gb: float | None,
+    no_disk_cache: bool,
+    models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The ``EngineConfig`` fields of the disk-cache options: on by default, under the data
-    directory."""
+    directory, its cap the default for the largest of ``models`` (``default_cap_bytes``: the
+    cap covers the whole directory) unless --cache-disk-gb gives one."""
     if no_disk_cache:
         return {"disk_cache_dir": None, "disk_cache_bytes": None}
     from macbatch.config import data_dir
+    from macbatch.engine import default_cap_bytes
+    from macbatch.models.names import expected_weights_bytes
 
     directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
     if cache_disk_gb is not None and not math.isfinite(cache_disk_gb):
@@ -92,8 +100,23 @@ def disk_cache_config(
             f"{cache_disk_gb} is not a size: give the GiB the cache may use, e.g. 20",
             param_hint="--cache-disk-gb",
         )
-    size = None if cache_disk_gb is None else int(cache_disk_gb * 2**30)
+    if cache_disk_gb is not None:
+        size = int(cache_disk_gb * 2**30)
+    else:
+        known = [w for w in map(expected_weights_bytes, models) if w is not None]
+        size = default_cap_bytes(directory, max(known) if known else None)
     return {"disk_cache_dir": str(directory), "disk_cache_bytes": size}
+
+
+def disk_cache_line(fields: dict[str, Any]) -> str:
+    """The one line serve, run and chat say at start about the disk tier (``disk_cache_config``'s
+    fields)."""
+    if fields["disk_cache_dir"] is None:
+        return "disk KV cache: off (--no-disk-cache)"
+    return (
+        f"disk KV cache: up to {fields['disk_cache_bytes'] / 2**30:,.2f} GiB in "
+        f"{fields['disk_cache_dir']} (--cache-disk-gb, --no-disk-cache)"
+    )
 
 
 @dataclass(frozen=True)
@@ -200,13 +223,15 @@ class EngineKnobs:
             self.speculative or "auto", self.draft_model, self.num_speculative_tokens
         )
 
-    def disk_fields(self) -> dict[str, Any]:
-        """The disk-cache options' ``EngineConfig`` fields (``disk_cache_config``)."""
-        return disk_cache_config(self.cache_dir, self.cache_disk_gb, self.no_disk_cache)
+    def disk_fields(self, models: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The disk-cache options' ``EngineConfig`` fields (``disk_cache_config``) for a command
+        running ``models``."""
+        return disk_cache_config(self.cache_dir, self.cache_disk_gb, self.no_disk_cache, models)
 
-    def engine_fields(self) -> dict[str, Any]:
+    def engine_fields(self, models: tuple[str, ...] = ()) -> dict[str, Any]:
         """Every ``EngineConfig`` field these knobs give, for a command that offers them all the
-        front ends' way (run, whose job file has its say, picks its own)."""
+        front ends' way (run, whose job file has its say, picks its own); ``models``: those it
+        starts with (the disk cap follows them)."""
         return {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
@@ -215,7 +240,7 @@ class EngineKnobs:
             "reranker": self.reranker or None,  # None: recognised by its name
             "self_check": not self.no_self_check,
             **self.speculative_fields(),
-            **self.disk_fields(),
+            **self.disk_fields(models),
         }
 
 
@@ -225,18 +250,45 @@ SPECULATIVE = ("speculative", "draft_model", "num_speculative_tokens")
 LOAD_ONLY = ("no_self_check",)
 DISK_CACHE = ("cache_dir", "cache_disk_gb", "no_disk_cache")
 
-BUNDLED_MODELS = ("demo", "demo-vision")  # the names the engine's loader resolves itself
+
+def api_key_option(help: str, **options: Any) -> Any:
+    """``--api-key``, also read from ``MACBATCH_API_KEY``: serve's, and ps's for such a serve."""
+    return typer.Option(
+        None, "--api-key", envvar="MACBATCH_API_KEY", show_default=False, help=help, **options
+    )
 
 
 def model_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a model (None: it can), with a did-you-mean for a misspelled
-    bundled model, checked before a command creates anything: a typo such as ``dmeo`` must not
-    leave an output directory, a ledger or a history behind, nor wait for a hub lookup."""
+    """Why a resolved model ``name`` cannot name a model (None: it can), checked before a
+    command creates anything: a typo such as ``dmeo`` must not leave an output directory, a
+    ledger or a history behind, nor wait for a hub lookup."""
     from macbatch.engine import resolve_model_path
+    from macbatch.models.names import UnknownModel, resolve
 
     try:
-        resolve_model_path(name)
-    except ValueError as error:
-        close = difflib.get_close_matches(name, BUNDLED_MODELS, n=1, cutoff=0.6)
-        return str(error) + (f"; did you mean '{close[0]}'?" if close else "")
+        resolve_model_path(resolve(name, presets={}).model)
+    except (ValueError, UnknownModel) as error:
+        return str(error)
     return None
+
+
+def resolve_model(name: str, param_hint: str = "--model", check: bool = True) -> Resolved:
+    """What a command's model option means (``models/names.resolve``: a preset, a short name,
+    a path or hub id), refused as a bad value of ``param_hint`` when it means nothing (and,
+    with ``check``, when ``model_problem`` finds it cannot name a model)."""
+    from macbatch.models.names import resolve
+    from macbatch.models.presets import PresetError
+
+    try:
+        resolved = resolve(name)
+    except (ValueError, PresetError) as error:
+        raise typer.BadParameter(str(error), param_hint=param_hint) from None
+    if check and (problem := model_problem(resolved.model)) is not None:
+        raise typer.BadParameter(problem, param_hint=param_hint)
+    return resolved
+
+
+def resolved_models(given: list[str] | None, default: str) -> tuple[str, ...]:
+    """A repeatable model option's models, each resolved (serve's ``--model``, whose pool says
+    itself why a model it cannot load does not load)."""
+    return tuple(resolve_model(name, check=False).model for name in given or [default])

@@ -96,6 +96,8 @@ _EXPORTS: dict[str, str] = {
     "stored_models": "macbatch.engine.kv.disk.listing",
     "clear_stored": "macbatch.engine.kv.disk.listing",
     "not_caches": "macbatch.engine.kv.disk.listing",
+    "default_cap_bytes": "macbatch.engine.kv.disk.cap",
+    "cap_rule": "macbatch.engine.kv.disk.cap",
     # a model folder's config.json, read one way (a bad one is that model's problem)
     "BadConfig": "macbatch.engine.model.config_file",
     "read_model_config": "macbatch.engine.model.config_file",
@@ -150,6 +152,10 @@ if TYPE_CHECKING:
         thinking_default,
     )
     from macbatch.engine.inputs.prompt import Prompt, PromptInput
+    from macbatch.engine.kv.disk.cap import (
+        cap_rule,
+        default_cap_bytes,
+    )
     from macbatch.engine.kv.disk.listing import (
         StoredModel,
         clear_stored,

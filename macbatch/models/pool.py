@@ -39,6 +39,17 @@ PRESSURE_FRACTION = 0.05  # under this much of the machine free, idle models giv
 REAP_EVERY_S = 1.0  # how often keep-alive and memory pressure are looked at
 
 
+def resolved_or_none(requested: str) -> str:
+    """The model a short name or a preset means (``models/names.py``), or "" when none: a
+    client may name a served model as the command line does."""
+    from macbatch.models.names import resolve
+
+    try:
+        return resolve(requested).model
+    except ValueError:  # UnknownModel, PresetError: no servable name
+        return ""
+
+
 class ModelRefused(Exception):
     """A model the pool cannot give now, and why; ``status`` is the HTTP status serve answers
     (404 unknown, 400 cannot load, 429 too many waiting, 503 busy: retry after
@@ -155,7 +166,7 @@ class ModelPool:
         """The servable name a request's ``model`` means (None: the first model); 404 if none."""
         if requested is None:
             return self.default
-        name = self._names.get(requested)
+        name = self._names.get(requested) or self._names.get(resolved_or_none(requested))
         if name is None:
             raise ModelRefused(
                 404,

@@ -26,7 +26,7 @@ from macbatch.models.memory import Need
 from macbatch.models.pool import ModelPool, ModelRefused, PoolLimits, Servable
 from macbatch.openai import Endpoint, InvalidRequest, parse_body
 from macbatch.openai import formatter_for as openai_formatter
-from macbatch.server import agents, embeddings
+from macbatch.server import agents, embeddings, ps
 from macbatch.server.batchapi import routes as batch_routes
 from macbatch.server.batchapi.service import BatchAPI, BatchAPIUnavailable, open_batch_api
 from macbatch.server.errors import APIError, invalid, refused, speaks_anthropic, within
@@ -72,6 +72,7 @@ def create_pool_app(models: ModelPool, options: ServerOptions) -> Starlette:
         *agents.ROUTES,
         *batch_routes.ROUTES,
         *embeddings.ROUTES,
+        *ps.ROUTES,
     ]
     app = Starlette(
         routes=routes,

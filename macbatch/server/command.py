@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from macbatch.commands.fields import Pick, option, takes
-from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs
+from macbatch.commands.options import (
+    DISK_CACHE,
+    SPECULATIVE,
+    EngineKnobs,
+    api_key_option,
+    disk_cache_line,
+    resolved_models,
+)
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -63,8 +70,9 @@ class ServeSettings:
         "--model",
         "-m",
         cli_type=list[str] | None,
-        convert=lambda given: tuple(given or [DEFAULT_MODEL]),
-        help=f"Model to load at start: {DEFAULT_MODEL}, a directory or a hub id (repeatable).",
+        convert=lambda given: resolved_models(given, DEFAULT_MODEL),
+        help=f"Model to load at start: {DEFAULT_MODEL}, a short name, a preset's model, a "
+        "directory or a hub id (repeatable).",
         rich_help_panel=MODELS,
     )
     models_dir: tuple[str, ...] = _directories(
@@ -201,12 +209,9 @@ SERVE_KNOBS = Pick(
 def serve_command(
     settings: ServeSettings,
     knobs: EngineKnobs,
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="MACBATCH_API_KEY",
+    api_key: str | None = api_key_option(
+        "Require 'Authorization: Bearer KEY' (all but /health).",
         show_envvar=True,
-        help="Require 'Authorization: Bearer KEY' (all but /health).",
         rich_help_panel=NETWORK,
     ),
     print_launchd_plist: bool = typer.Option(
@@ -336,7 +341,7 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
     except ListenError as exc:
         typer.echo(f"macbatch serve: {exc}", err=True)
         raise typer.Exit(1) from None
-    config = _engine_config(knobs)
+    config = _engine_config(knobs, settings.model)
     loading = PoolLimits(
         keep_alive_s=None if settings.keep_alive < 0 else settings.keep_alive,
         max_loaded=settings.max_loaded_models,
@@ -387,11 +392,14 @@ def _serve(settings: ServeSettings, knobs: EngineKnobs, api_key: str | None) -> 
     _exit_now()
 
 
-def _engine_config(knobs: EngineKnobs) -> EngineConfig:
-    """Every model's engine settings (each model sizes its own pool from them)."""
+def _engine_config(knobs: EngineKnobs, models: tuple[str, ...]) -> EngineConfig:
+    """Every model's engine settings (each model sizes its own pool from them; the disk cap
+    follows the largest of those served from the start), its disk cache said on stderr."""
     from macbatch.engine import EngineConfig
 
-    return EngineConfig(**knobs.engine_fields())
+    fields = knobs.engine_fields(models)
+    typer.echo(f"macbatch serve: {disk_cache_line(fields)}", err=True)
+    return EngineConfig(**fields)
 
 
 def _exit_now() -> None:

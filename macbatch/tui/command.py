@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from macbatch.commands.fields import Pick, takes
-from macbatch.commands.options import DISK_CACHE, SPECULATIVE, EngineKnobs, model_problem
+from macbatch.commands.options import (
+    DISK_CACHE,
+    SPECULATIVE,
+    EngineKnobs,
+    disk_cache_line,
+    resolve_model,
+)
 from macbatch.config import DEFAULT_MODEL
 
 if TYPE_CHECKING:
@@ -34,20 +40,33 @@ def chat_command(
             "--model",
             "-m",
             show_default=False,
-            help="Model to chat with: 'demo' (bundled, works offline), a local MLX model "
-            "directory, or a Hugging Face hub id such as mlx-community/Qwen3-0.6B-4bit. "
+            help="Model to chat with: 'demo' (bundled, works offline), a short name such as "
+            "qwen3:0.6b (macbatch models --available), a preset (macbatch presets), a local MLX "
+            "model directory, or a Hugging Face hub id. "
             f"Given, a chat on it opens; else the chat used last [default: {DEFAULT_MODEL}].",
         ),
     ] = None,
     system: Annotated[
-        str,
-        typer.Option(help="System prompt for new chats (each chat can change it: ctrl+s)."),
-    ] = "",
+        str | None,
+        typer.Option(
+            help="System prompt for new chats (each chat can change it: ctrl+s).",
+            show_default=False,
+        ),
+    ] = None,
     temperature: Annotated[
-        float, typer.Option(help="Sampling temperature for new chats (0 = greedy).")
-    ] = 0.7,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling top_p for new chats.")] = 1.0,
-    max_tokens: Annotated[int, typer.Option(help="Longest reply, in tokens, for new chats.")] = 512,
+        float | None,
+        typer.Option(
+            help="Sampling temperature for new chats (0 = greedy; 0.7).", show_default=False
+        ),
+    ] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option(help="Nucleus sampling top_p for new chats (1.0).", show_default=False),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(help="Longest reply, in tokens, for new chats (512).", show_default=False),
+    ] = None,
     *,
     knobs: EngineKnobs,
     history: Annotated[
@@ -80,21 +99,24 @@ def chat_command(
     History is kept in the data directory (MACBATCH_HOME overrides it); see docs/chat.md.
     """
     named = model is not None  # a chat on it opens, whichever chat was used last
-    model = model or DEFAULT_MODEL
-    if (problem := model_problem(model)) is not None:
-        raise typer.BadParameter(problem, param_hint="--model")
+    resolved = resolve_model(model or DEFAULT_MODEL)
+    model = resolved.model
     from macbatch.config import data_dir
     from macbatch.engine import EngineConfig, EngineThread
+    from macbatch.models.presets import layered
     from macbatch.session_settings import SessionSettings
-    from macbatch.tui.history_file import HistoryBusy, HistoryError, HistoryLock
+    from macbatch.tui.history_file import HistoryBusy, HistoryError, HistoryLock, history_path
 
     try:
-        defaults = SessionSettings(system, temperature, top_p, max_tokens)
-        config = EngineConfig(**knobs.engine_fields())
+        given = {"system_prompt": system, "temperature": temperature, "top_p": top_p}
+        defaults = layered(SessionSettings(), resolved.preset, given | {"max_tokens": max_tokens})
+        fields = knobs.engine_fields((model,))
+        config = EngineConfig(**fields)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    typer.echo(disk_cache_line(fields), err=True)
     home = data_dir()
-    path = history or home / "chat.sqlite3"
+    path = history or history_path()
     try:
         lock = HistoryLock(path)
         store = open_history(path)

@@ -18,6 +18,13 @@ BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (named in sqlite3 from Python 
 COMMAND_SHOWN = 60  # characters of a holder's command line
 
 
+def history_path() -> Path:
+    """The default history (``chat --history`` changes chat's): chat's and ask's, one file."""
+    from macbatch.config import data_dir
+
+    return data_dir() / "chat.sqlite3"
+
+
 class HistoryError(RuntimeError):
     """The history database cannot be opened or is not a macbatch history."""
 

@@ -312,7 +312,9 @@ def test_headless_prints_json_events_on_stderr(project: Path, macbatch_run) -> N
     assert result.exit_code == 0 and result.stdout == ""
     events = [json.loads(line) for line in result.stderr.splitlines()]
     kinds = [e["event"] for e in events]
-    assert kinds[0] == "note" and kinds[1] == "start" and kinds[-1] == "summary"
+    start = kinds.index("start")  # after the notes (loading the model, the disk cache's cap)
+    assert start > 0 and set(kinds[:start]) == {"note"} and kinds[-1] == "summary"
+    assert any(e["message"].startswith("disk KV cache: up to ") for e in events[:start])
     assert "progress" in kinds
     last = [e for e in events if e["event"] == "progress"][-1]
     assert last["done"] == last["total"] == 2 and last["jobs"]["inline"]["done"] == 2

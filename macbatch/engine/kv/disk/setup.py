@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from macbatch.engine.kv.disk.cap import default_cap_bytes
 from macbatch.engine.kv.disk.files import BlockFiles
 from macbatch.engine.kv.disk.namespace import Namespace, weights_fingerprint
 from macbatch.engine.kv.disk.tier import DiskTier
@@ -20,22 +20,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("macbatch.disk_cache")
 
-DEFAULT_CAP_BYTES = 20 * 2**30
 MAX_QUEUED_BYTES = 1 * 2**30  # captured blocks waiting for the writer, at most
 # blocks read ahead for requests not scheduled yet, at most: this fraction of the pool's cap
 READ_AHEAD_FRACTION = 0.25
-
-
-def default_cap_bytes(directory: Path) -> int:
-    """20 GiB or a tenth of the free space, whichever is smaller."""
-    probe = directory
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:
-        return DEFAULT_CAP_BYTES
-    return min(DEFAULT_CAP_BYTES, free // 10)
 
 
 def namespace_of(
@@ -93,7 +80,7 @@ def open_disk_tier(
     warning, when it cannot be written: the engine serves from RAM alone). ``pool_cap_bytes``:
     the full group's pool at its cap, which bounds the blocks read ahead."""
     root = Path(directory).expanduser()
-    cap = default_cap_bytes(root) if cap_bytes is None else cap_bytes
+    cap = default_cap_bytes(root, None) if cap_bytes is None else cap_bytes
     files = BlockFiles(root, namespace.key, cap, namespace.record())
     try:
         files.open()

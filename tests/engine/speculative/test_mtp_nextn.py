@@ -100,6 +100,28 @@ def test_preempted_requests_still_reply_as_mlx_lm(arch, tiny_tokenizer):
     assert_pool_idle(engine)
 
 
+def test_a_sparse_targets_mixed_batch_preempted_and_from_the_prefix_cache(tiny_tokenizer):
+    """GLM-5's layout: requests that opt out beside ones that speculate, a pool small enough to
+    preempt, and prompts that repeat (prefix-cache hits: their latent and indexer-key rows, the
+    MTP layer's rewritten by its catch-up); prompts past ``index_topk`` (12), so the MTP layer
+    selects positions. Every reply is mlx-lm's."""
+    model = mtp_target("glm_moe_dsa")
+    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
+    prompts = PROMPTS + PROMPTS[:2]
+    requests = [
+        SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+        )
+        for i in range(len(prompts))
+    ]
+    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    assert outputs == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    stats = engine.stats()
+    assert stats.speculation.accepted > 0
+    assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
+    assert_pool_idle(engine)
+
+
 @pytest.mark.parametrize("arch", [*ARCHS, "glm_moe_dsa"])
 def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer, eager_speculation):
     """Every proposal equals the MTP layer run unpaged (mlx-lm's KV cache and its own attention

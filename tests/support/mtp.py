@@ -310,7 +310,7 @@ def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -
         return head.norm(head.layers[0](x, mask=mask, cache=cache))
 
     # a sparse MLA layer (DeepSeek V3.2, GLM-5) keeps its indexer's keys in a second cache
-    sparse = getattr(head.layers[0].self_attn, "indexer", None) is not None
+    sparse = getattr(getattr(head.layers[0], "self_attn", None), "indexer", None) is not None
     cache = CacheList(KVCache(), KVCache()) if sparse else KVCache()
     out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
     drafts = [int(mx.argmax(logits(out)[0, -1]))]

@@ -59,6 +59,9 @@ NEXTN_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseek_v3": ("deepseek_v3", {}),
     "glm4_moe": ("qwen3", _GLM4_MOE),
     "glm4_moe_lite": ("glm4_moe_lite", {}),
+    # DeepSeek Sparse Attention: the MTP layer's attention has a lightning indexer too
+    "deepseek_v32": ("deepseek_v32", {}),
+    "glm_moe_dsa": ("glm_moe_dsa", {}),
 }
 # five prompts of the MTP tests: repeating ones (drafts hold), a random one, a long run
 PROMPTS = [
@@ -288,7 +291,7 @@ def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -
     its own attention path (an array causal mask, which MLA's score mask takes too) over
     mlx-lm's normed hidden states of ``tokens``, then its own outputs and drafts."""
     from mlx_lm.models.base import create_attention_mask
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import CacheList, KVCache
 
     text = text_model(model)
     inner = text.model
@@ -299,13 +302,16 @@ def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -
             return inner.embed_tokens.as_linear(out)
         return text.lm_head(out)
 
-    def mtp(next_tokens: list[int], states: mx.array, cache: KVCache) -> mx.array:
+    def mtp(next_tokens: list[int], states: mx.array, cache: Any) -> mx.array:
         embedded = head.pre_fc_norm_embedding(inner.embed_tokens(mx.array([next_tokens])))
         x = head.fc(mx.concatenate([embedded, head.pre_fc_norm_hidden(states)], axis=-1))
-        mask = create_attention_mask(x, cache, return_array=True) if x.shape[1] > 1 else None
+        kv = cache[0] if isinstance(cache, CacheList) else cache
+        mask = create_attention_mask(x, kv, return_array=True) if x.shape[1] > 1 else None
         return head.norm(head.layers[0](x, mask=mask, cache=cache))
 
-    cache = KVCache()
+    # a sparse MLA layer (DeepSeek V3.2, GLM-5) keeps its indexer's keys in a second cache
+    sparse = getattr(getattr(head.layers[0], "self_attn", None), "indexer", None) is not None
+    cache = CacheList(KVCache(), KVCache()) if sparse else KVCache()
     out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
     drafts = [int(mx.argmax(logits(out)[0, -1]))]
     while len(drafts) < k:

@@ -89,8 +89,8 @@ class MtpNaming(Enum):
     # Qwen3.5, Qwen3-Next: under ``mtp.`` (``fc``, ``pre_fc_norm_embedding``,
     # ``pre_fc_norm_hidden``, ``layers.N.*``, ``norm``)
     QWEN = "qwen"
-    # DeepSeek V3, GLM-4.5: decoder layer ``num_hidden_layers`` of the checkpoint (``eh_proj``,
-    # ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
+    # DeepSeek V3 / V3.2, GLM-4.5 / 5: decoder layer ``num_hidden_layers`` of the checkpoint
+    # (``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
     NEXTN = "nextn"
 
 
@@ -386,8 +386,11 @@ FAMILIES: dict[str, Family] = {
     ),
     "qwen3_5_moe": Family(mtp=MtpNaming.QWEN),
     "qwen3_next": Family(mtp=MtpNaming.QWEN),
-    # the MTP layer of an MLA family (deepseek_v3, glm4_moe_lite) pages its latent rows
+    # the MTP layer of an MLA family (deepseek_v3, glm4_moe_lite) pages its latent rows; a sparse
+    # one's (deepseek_v32, glm_moe_dsa) its indexer's keys beside them (speculative/mtp_runner.py)
     "deepseek_v3": Family(mtp=MtpNaming.NEXTN),
+    "deepseek_v32": Family(mtp=MtpNaming.NEXTN),
+    "glm_moe_dsa": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe_lite": Family(mtp=MtpNaming.NEXTN),
 }

@@ -3,7 +3,10 @@
 the pool counts, caps, grows and gives back the MTP layer's rows with the target's. An MLA
 layer's (DeepSeek V3, GLM-4.7-Flash) pages are latent pages, one row per token of
 ``kv_lora_rank + qk_rope_head_dim`` and no values (kv/latent.py), written and read by the
-absorbed attention the latent hook installs on it, as on the target's layers. Its inputs are the
+absorbed attention the latent hook installs on it, as on the target's layers; a sparse MLA
+layer's (DeepSeek V3.2, GLM-5: its attention has a lightning indexer) keeps its indexer's keys as
+a second store layer beside its latent rows, and selects each row's top-k positions over them as
+the target's sparse layers do (model/sparse_indexer.py). Its inputs are the
 next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden states: the
 target's, then its own output for the drafts after the first."""
 
@@ -20,6 +23,7 @@ from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
+from macbatch.engine.model.qsa_indexer import selection_plan
 from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.stores.pages import LayerShape
@@ -35,7 +39,9 @@ class MtpRunner(DrafterPages):
         self.head = head
         self.target = adapter
         hooks.install(head.layers)  # the paged attention; an MLA layer's absorbed form
-        super().__init__([page_shape(head.layers[0], adapter.model.args)], dtype, config)
+        layer = head.layers[0]
+        self.indexer = getattr(getattr(layer, "self_attn", None), "indexer", None)
+        super().__init__(page_shapes(layer, adapter.model.args, self.indexer), dtype, config)
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
 
@@ -49,13 +55,30 @@ class MtpRunner(DrafterPages):
         sampled rows (the next draft's hidden states) and their argmax tokens (lazy)."""
         tokens = batch.token_ids[:, None]
         embed = getattr(self.head, "embed_tokens", None) or self.target.inner.embed_tokens
-        cache = PagedLayerCache(self.stores, 0, batch, True)
+        cache = self._cache(batch)
         out = self.head(embed(tokens), hidden.astype(self.format.dtype), cache)
         if batch.sample_rows.size < batch.num_tokens:
             out = out[batch.sample_rows]
         own = getattr(self.head, "lm_head", None)
         logits = own(out)[:, -1, :] if own is not None else self.target.head(out)
         return out, mx.argmax(logits, axis=-1)
+
+    def _cache(self, batch: PackedBatch) -> PagedLayerCache:
+        """The layer's paged cache for ``batch``: its latent (or K/V) pages, and a sparse
+        layer's indexer keys (store layer 1) with the step's selection plan."""
+        if self.indexer is None:
+            return PagedLayerCache(self.stores, 0, batch, True)
+        plan = selection_plan(self.indexer, batch.attention, self.block_size)
+        return PagedLayerCache(self.stores, 0, batch, True, index_layer=1, plan=plan)
+
+
+def page_shapes(layer: nn.Module, args: Any, indexer: Any) -> list[LayerShape]:
+    """The store layers of the MTP layer ``layer``: its pages, then its lightning ``indexer``'s
+    key rows when it has one (one ``head_dim`` row per token, no values: kv/indexer_keys.py)."""
+    shapes = [page_shape(layer, args)]
+    if indexer is not None:
+        shapes.append(LayerShape(1, int(indexer.head_dim), value_dim=0))
+    return shapes
 
 
 def page_shape(layer: nn.Module, args: Any) -> LayerShape:

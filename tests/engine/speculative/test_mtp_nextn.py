@@ -1,9 +1,10 @@
 """MTP for the families that store their MTP layer as decoder layer ``num_hidden_layers``
-(DeepSeek V3 and GLM-4.7-Flash, whose layer attends with MLA over latent pages, and GLM-4.5,
-whose layer is GQA). Oracles: mlx-lm's greedy generation of the target (the output never
-changes), the MTP layer run unpaged through mlx-lm's own cache path over mlx-lm's hidden
-states (the drafts themselves), the config's latent sizes (the pages), and the weights the
-test wrote (loading)."""
+(DeepSeek V3 and GLM-4.7-Flash, whose layer attends with MLA over latent pages; DeepSeek V3.2
+and GLM-5, whose MLA layer selects its top-k positions with a lightning indexer over its own
+indexer-key pages; and GLM-4.5, whose layer is GQA). Oracles: mlx-lm's greedy generation of
+the target (the output never changes), the MTP layer run unpaged through mlx-lm's own cache
+path over mlx-lm's hidden states (the drafts themselves), the config's latent sizes (the pages),
+and the weights the test wrote (loading)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ from tests.support.mtp import (
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
-ARCHS = sorted(NEXTN_ARCHS)
+# the sparse families (deepseek_v32, glm_moe_dsa) differ only in their layers' lightning
+# indexer, so each test runs the one case of them that shows it (the tests stay cheap)
+SPARSE = ("deepseek_v32", "glm_moe_dsa")
+ARCHS = sorted(set(NEXTN_ARCHS) - set(SPARSE))
 MAX_TOKENS = 16
 CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
 
@@ -48,17 +52,21 @@ def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list
     return [o.token_ids for o in engine.generate(prompts, params)]
 
 
-def _expected_shape(model: nn.Module) -> LayerShape:
-    """The MTP layer's pages from the config alone: MLA's latent row, else K and V per head."""
+def _expected_shapes(model: nn.Module) -> list[LayerShape]:
+    """The MTP layer's pages from the config alone: MLA's latent row (and a sparse layer's
+    indexer key row beside it), else K and V per head."""
     args = model.args
     rank = getattr(args, "kv_lora_rank", None)
-    if rank is not None:
-        return LayerShape(1, rank + args.qk_rope_head_dim, value_dim=rank)
-    return LayerShape(args.num_key_value_heads, args.head_dim)
+    if rank is None:
+        return [LayerShape(args.num_key_value_heads, args.head_dim)]
+    latent = LayerShape(1, rank + args.qk_rope_head_dim, value_dim=rank)
+    index = getattr(args, "index_head_dim", None)
+    return [latent] if index is None else [latent, LayerShape(1, index, value_dim=0)]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("bits", [None, 4])
+@pytest.mark.parametrize(
+    ("arch", "bits"), [(a, b) for a in ARCHS for b in (None, 4)] + [("deepseek_v32", None)]
+)
 def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tokenizer):
     """Five requests in flight, prompts chunked by a 16-token budget, drafts mostly accepted;
     then the same prompts again, their blocks from the prefix cache."""
@@ -70,7 +78,7 @@ def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tok
         quantize_for_mtp(model, head, bits)
     engine = _engine(model, tiny_tokenizer, head)
     runner = engine.runner.draft
-    assert runner is not None and runner.store.shapes == [_expected_shape(model)]
+    assert runner is not None and runner.store.shapes == _expected_shapes(model)
     expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert _greedy(engine) == expected
     spec = engine.stats().speculation
@@ -92,7 +100,29 @@ def test_preempted_requests_still_reply_as_mlx_lm(arch, tiny_tokenizer):
     assert_pool_idle(engine)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+def test_a_sparse_targets_mixed_batch_preempted_and_from_the_prefix_cache(tiny_tokenizer):
+    """GLM-5's layout: requests that opt out beside ones that speculate, a pool small enough to
+    preempt, and prompts that repeat (prefix-cache hits: their latent and indexer-key rows, the
+    MTP layer's rewritten by its catch-up); prompts past ``index_topk`` (12), so the MTP layer
+    selects positions. Every reply is mlx-lm's."""
+    model = mtp_target("glm_moe_dsa")
+    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
+    prompts = PROMPTS + PROMPTS[:2]
+    requests = [
+        SamplingParams(
+            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+        )
+        for i in range(len(prompts))
+    ]
+    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    assert outputs == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    stats = engine.stats()
+    assert stats.speculation.accepted > 0
+    assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("arch", [*ARCHS, "glm_moe_dsa"])
 def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer, eager_speculation):
     """Every proposal equals the MTP layer run unpaged (mlx-lm's KV cache and its own attention
     path: an MLA layer's expanded keys, not the absorbed latent pages) over mlx-lm's hidden
@@ -113,8 +143,9 @@ def _load(path: Path, speculative: str) -> Engine:
     return Engine.load(str(path), EngineConfig(speculative=speculative, **CONFIG))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("bits", [None, 4])
+@pytest.mark.parametrize(
+    ("arch", "bits"), [(a, b) for a in ARCHS for b in (None, 4)] + [("glm_moe_dsa", None)]
+)
 def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(arch, bits, tmp_path):
     """Float: the MTP layer in Hugging Face's layout (experts unstacked, DeepSeek's
     ``kv_b_proj`` whole, ``embed_tokens`` and ``shared_head.head`` copies of the target's);

@@ -112,7 +112,7 @@ def test_speculative_options_are_checked_before_loading():
     for extra, message in [
         (["--speculative", "eagle"], "speculative must be one of"),
         (["--speculative", "draft"], "needs a draft model"),
-        (["--speculative", "ngram", "--draft-model", "x"], "drafts only for --speculative draft"),
+        (["--speculative", "ngram", "--draft-model", "x"], "drafts only for --speculative auto"),
         (["--num-speculative-tokens", "0"], "num_speculative_tokens must be an integer"),
     ]:
         result = runner.invoke(app, ["bench", "--model", "/no/such/model", *extra])

@@ -107,7 +107,9 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, 1, -1))
 
 
-class _MLP(nn.Module):
+class MLP(nn.Module):
+    """A Llama / Qwen3 gated MLP (the Eagle-3 drafter's too)."""
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
@@ -122,7 +124,7 @@ class _Layer(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
         self.self_attn = _Attention(config)
-        self.mlp = _MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -165,14 +167,21 @@ class DFlashModel(nn.Module):
         return self.norm(h)
 
 
+def checkpoint_dir(path: str | Path) -> Path:
+    """A drafter checkpoint's directory: ``path``, or a hub id's snapshot (its configs and
+    safetensors)."""
+    root = Path(path)
+    if root.is_dir():
+        return root
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+
+
 def load_dflash(path: str | Path) -> DFlashModel:
     """A DFlash checkpoint from a local directory or a hub id, its weights as stored (the
     ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
-    root = Path(path)
-    if not root.is_dir():
-        from huggingface_hub import snapshot_download
-
-        root = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+    root = checkpoint_dir(path)
     raw = json.loads((root / "config.json").read_text())
     config = DFlashConfig.from_dict(raw)
     weights: dict[str, mx.array] = {}
@@ -203,11 +212,7 @@ def describe_dflash(raw: Mapping[str, Any]) -> str:
     )
 
 
-def read_dflash_config(path: str) -> dict[str, Any] | None:
-    """A local checkpoint's config when it is a DFlash drafter's (None: not one, or not local:
-    a hub id is read when loaded)."""
+def read_local_config(path: str) -> dict[str, Any] | None:
+    """A local checkpoint's config (None: not local: a hub id is read when loaded)."""
     config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    raw = json.loads(config.read_text())
-    return raw if is_dflash_config(raw) else None
+    return json.loads(config.read_text()) if config.is_file() else None

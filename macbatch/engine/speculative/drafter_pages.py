@@ -15,6 +15,7 @@ class DrafterPages:
     """``allocate`` gives the drafter its pages once the pool's size is known."""
 
     slots = None  # no recurrent state
+    records_layers = False  # True: the target's layer outputs are recorded (layer_taps.py)
     state_bytes_most = 0
     state_bytes_used = 0
 

@@ -140,15 +140,15 @@ class EngineKnobs:
         "--speculative",
         callback=_check_speculative,
         metavar="MODE",
-        help=f"{'|'.join(SPECULATIVE_MODES)}; auto: MTP heads, else --draft-model (DFlash, "
-        "Eagle-3 or a plain model: its config says), else prompt lookup (docs/speculative.md).",
+        help=f"{', '.join(SPECULATIVE_MODES)}; auto: MTP heads, else --draft-model, else "
+        "prompt lookup (docs/speculative.md).",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     draft_model: str | None = option(
         None,
         "--draft-model",
         show_default=False,
-        help="A drafter (a small model with the same tokenizer, DFlash or Eagle-3) for auto.",
+        help="A small model with the same tokenizer, or a DFlash or Eagle-3 drafter.",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     num_speculative_tokens: int | None = option(

@@ -66,10 +66,10 @@ def speculative_config(
     without a model, or a model for another mode, is refused."""
     if draft_model and mode == "off":
         mode = "draft"
-    if draft_model and mode not in ("auto", *DRAFT_MODEL_METHODS):
+    drafting = ("auto", *DRAFT_MODEL_METHODS)
+    if draft_model and mode not in drafting:
         raise typer.BadParameter(
-            f"a draft model drafts only for --speculative {', '.join(('auto', *DRAFT_MODEL_METHODS))}"
-            f", not {mode}",
+            f"a draft model drafts only for --speculative {', '.join(drafting)}, not {mode}",
             param_hint="--draft-model",
         )
     if mode in DRAFT_MODEL_METHODS and not draft_model:

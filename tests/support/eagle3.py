@@ -93,7 +93,8 @@ def agreeing_eagle3(target: nn.Module, scale: float = 0.05, attention: float = 6
     repeat = HEADS // KV_HEADS
     layer = model.midlayer
     layer.self_attn.k_proj.weight = attention * embedding_part
-    layer.self_attn.q_proj.weight = attention * mx.repeat(per_kv, repeat, axis=0).reshape(-1, 2 * dim)
+    queries = mx.repeat(per_kv, repeat, axis=0).reshape(-1, 2 * dim)  # each head its KV head's
+    layer.self_attn.q_proj.weight = attention * queries
     layer.self_attn.v_proj.weight = embedding_part
     # each KV head's values go out through the query heads that read it
     spread = mx.repeat(mx.eye(dim).reshape(KV_HEADS, dim // KV_HEADS, dim), repeat, axis=0)

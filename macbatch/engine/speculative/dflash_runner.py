@@ -11,7 +11,6 @@ the compiled decode step is off for a DFlash engine (``records_layers``)."""
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache

@@ -43,8 +43,8 @@ from macbatch.engine.pooling.methods import Pools, PoolSpan
 from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
-from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
+from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.eagle3_model import Eagle3Model
 from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp_model import MtpHead

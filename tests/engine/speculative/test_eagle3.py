@@ -100,7 +100,8 @@ def test_rejected_drafts_on_a_hybrid_leave_outputs_unchanged(
     and the replies are mlx-lm's."""
     model, _ = hybrid
     engine = _engine(model, tiny_tokenizer, random_eagle3(model))
-    assert _greedy(engine, PROMPTS[:3]) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS[:3]]
+    prompts = PROMPTS[:3]
+    assert _greedy(engine, prompts) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
     spec = engine.stats().speculation
     assert spec.verifications > 0 and spec.accepted < spec.drafted
 

@@ -12,7 +12,6 @@ of the block proposes the whole block at once."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
+
+from macbatch.engine.speculative.drafter_checkpoint import load_into, read_checkpoint
 
 
 @dataclass
@@ -167,37 +168,13 @@ class DFlashModel(nn.Module):
         return self.norm(h)
 
 
-def checkpoint_dir(path: str | Path) -> Path:
-    """A drafter checkpoint's directory: ``path``, or a hub id's snapshot (its configs and
-    safetensors)."""
-    root = Path(path)
-    if root.is_dir():
-        return root
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-
-
 def load_dflash(path: str | Path) -> DFlashModel:
     """A DFlash checkpoint from a local directory or a hub id, its weights as stored (the
     ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
-    root = checkpoint_dir(path)
-    raw = json.loads((root / "config.json").read_text())
+    raw, weights = read_checkpoint(path, "DFlash")
     config = DFlashConfig.from_dict(raw)
-    weights: dict[str, mx.array] = {}
-    for file in sorted(root.glob("*.safetensors")):
-        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
-    weights = {k.removeprefix("model."): v for k, v in weights.items()}
     target_hidden = weights["fc.weight"].shape[1] // len(config.target_layer_ids)
-    model = DFlashModel(config, target_hidden)
-    if "embed_tokens.weight" in weights:
-        vocab, dim = weights["embed_tokens.weight"].shape
-        model.embed_tokens = nn.Embedding(vocab, dim)
-    quantization = raw.get("quantization")
-    if quantization:
-        nn.quantize(model, quantization["group_size"], quantization["bits"])
-    model.load_weights(list(weights.items()))
-    return model
+    return load_into(DFlashModel(config, target_hidden), weights, raw)
 
 
 def describe_dflash(raw: Mapping[str, Any]) -> str:
@@ -210,9 +187,3 @@ def describe_dflash(raw: Mapping[str, Any]) -> str:
         f"layers {config.target_layer_ids}; --draft-model PATH beside its target drafts with it "
         "(--speculative auto or dflash; docs/speculative.md)"
     )
-
-
-def read_local_config(path: str) -> dict[str, Any] | None:
-    """A local checkpoint's config (None: not local: a hub id is read when loaded)."""
-    config = Path(path) / "config.json"
-    return json.loads(config.read_text()) if config.is_file() else None

@@ -15,31 +15,22 @@ import mlx.core as mx
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.speculative.dflash_model import DFlashModel
-from macbatch.engine.speculative.drafter_pages import DrafterPages
-from macbatch.engine.speculative.layer_taps import LayerTaps
-from macbatch.engine.stores.pages import LayerShape
+from macbatch.engine.speculative.drafter_pages import TappedDrafter
 
 
-class DFlashRunner(DrafterPages):
+class DFlashRunner(TappedDrafter):
     """The drafter beside the target's ``adapter``, its pages in the target's blocks
     (drafter_pages.py). Offers what the model runner asks of a draft (draft_runner.py)."""
 
-    records_layers = True
-
     def __init__(self, model: DFlashModel, adapter: ModelAdapter, config: EngineConfig) -> None:
-        dtype = adapter.kv_dtype
-        model.set_dtype(dtype)
-        self.model = model
-        self.target = adapter
         cfg = model.config
+        pages = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+        ids = cfg.target_layer_ids
+        super().__init__(model, adapter, config, ids, "the DFlash drafter", pages)
+        self.model = model
         self.mask_token_id = cfg.mask_token_id
         self.max_drafts = cfg.block_size - 1  # a block: the known token, then these
-        self.taps = LayerTaps(adapter.layers, cfg.target_layer_ids, "the DFlash drafter")
-        shape = LayerShape(num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        super().__init__([shape] * cfg.num_hidden_layers, dtype, config)
-        self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(model))
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs."""

@@ -10,15 +10,11 @@ import mlx.nn as nn
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.speculative.dflash import DFlashDrafter
-from macbatch.engine.speculative.dflash_model import (
-    DFlashModel,
-    is_dflash_config,
-    load_dflash,
-    read_local_config,
-)
+from macbatch.engine.speculative.dflash_model import DFlashModel, is_dflash_config, load_dflash
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.draft_runner import DraftRunner
+from macbatch.engine.speculative.drafter_checkpoint import read_local_config
 from macbatch.engine.speculative.eagle3_model import Eagle3Model, is_eagle3_config, load_eagle3
 from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp import MtpDrafter

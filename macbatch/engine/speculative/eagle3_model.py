@@ -18,7 +18,6 @@ default, the inputs of layers 2, N/2 and N-3 (the outputs of layers 1, N/2-1 and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
-from macbatch.engine.speculative.dflash_model import MLP, checkpoint_dir
+from macbatch.engine.speculative.dflash_model import MLP
+from macbatch.engine.speculative.drafter_checkpoint import load_into, read_checkpoint
 
 
 @dataclass
@@ -157,33 +157,15 @@ class Eagle3Model(nn.Module):
 
 
 def load_eagle3(path: str | Path) -> Eagle3Model:
-    """An Eagle-3 checkpoint from a local directory or a hub id, its safetensors as stored
-    (a ``model.`` prefix dropped; ``t2d``, the reverse map, unused; a quantized one quantized
-    as its config says)."""
-    root = checkpoint_dir(path)
-    raw = json.loads((root / "config.json").read_text())
+    """An Eagle-3 checkpoint from a local directory or a hub id (drafter_checkpoint.py; ``t2d``,
+    the reverse map, unused)."""
+    raw, weights = read_checkpoint(path, "Eagle-3")
     config = Eagle3Config.from_dict(raw)
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise ValueError(
-            f"the Eagle-3 checkpoint at {root} has no safetensors (a pytorch_model.bin is not "
-            "read here: convert it, e.g. with safetensors' save_file, beside its config.json)"
-        )
-    weights: dict[str, mx.array] = {}
-    for file in files:
-        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
-    weights = {k.removeprefix("model."): v for k, v in weights.items() if k != "t2d"}
+    weights.pop("t2d", None)
     num_features = len(config.aux_layer_ids or (0, 0, 0))
     model = Eagle3Model(config, weights["fc.weight"].shape[1] // num_features, num_features)
     weights["d2t"] = weights.get("d2t", model.d2t).astype(mx.int32)
-    if "embed_tokens.weight" in weights:
-        vocab, dim = weights["embed_tokens.weight"].shape
-        model.embed_tokens = nn.Embedding(vocab, dim)
-    quantization = raw.get("quantization")
-    if quantization:
-        nn.quantize(model, quantization["group_size"], quantization["bits"])
-    model.load_weights(list(weights.items()))
-    return model
+    return load_into(model, weights, raw)
 
 
 def describe_eagle3(raw: Mapping[str, Any]) -> str:

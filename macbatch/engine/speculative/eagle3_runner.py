@@ -14,31 +14,21 @@ import mlx.core as mx
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.compute_dtype import parameter_arrays
-from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.speculative.drafter_pages import TappedDrafter
 from macbatch.engine.speculative.eagle3_model import Eagle3Model
-from macbatch.engine.speculative.layer_taps import LayerTaps
-from macbatch.engine.stores.pages import LayerShape
 
 
-class Eagle3Runner(DrafterPages):
+class Eagle3Runner(TappedDrafter):
     """The drafter beside the target's ``adapter``. Offers what the model runner asks of a
     draft (draft_runner.py) and what ``MtpDrafter`` asks of its runner (``step``)."""
 
-    records_layers = True
-
     def __init__(self, model: Eagle3Model, adapter: ModelAdapter, config: EngineConfig) -> None:
-        dtype = adapter.kv_dtype
-        model.set_dtype(dtype)
-        self.model = model
-        self.target = adapter
         cfg = model.config
         ids = cfg.target_layers(len(adapter.layers))
-        self.taps = LayerTaps(adapter.layers, ids, "the Eagle-3 drafter")
-        shape = LayerShape(num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        super().__init__([shape], dtype, config)
+        pages = (1, cfg.num_key_value_heads, cfg.head_dim)
+        super().__init__(model, adapter, config, ids, "the Eagle-3 drafter", pages)
+        self.model = model
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
-        self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(model))
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs through

@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten
 from macbatch.engine.model.adapter import text_model
 from macbatch.engine.speculative.eagle3_model import Eagle3Config, Eagle3Model
 from tests.support.mtp import scale_outputs
+from tests.support.oracle import layer_outputs
 
 HEADS, KV_HEADS = 4, 2
 
@@ -126,7 +127,6 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     (``midlayer`` is its ``layers.0``), drafting ``k`` tokens after ``tokens`` greedily: its
     context the outputs of ``target``'s layers at the checkpoint's aux layer ids (run here layer
     by layer over mlx-lm's causal mask) at positions ``0..len-2``, its cache its own."""
-    from mlx_lm.models.base import create_attention_mask
     from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel, ModelConfig, TextConfig
 
     raw = json.loads((path / "config.json").read_text())
@@ -137,16 +137,10 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     )
     stored = dict(mx.load(str(path / "model.safetensors")))  # type: ignore[arg-type]
     weights = {k.replace("midlayer.", "layers.0."): v for k, v in stored.items()}
-    inner = text_model(target).model
-    weights["embed_tokens.weight"] = inner.embed_tokens.weight
+    weights["embed_tokens.weight"] = text_model(target).model.embed_tokens.weight
     drafter.load_weights(list(drafter.sanitize(weights).items()))
     drafter.reset(target)
-    h = inner.embed_tokens(mx.array([tokens[:-1]]))
-    mask = create_attention_mask(h, None)
-    outputs = []
-    for layer in inner.layers:
-        h = layer(h, mask, None)
-        outputs.append(h)
+    outputs = layer_outputs(target, tokens[:-1])
     ids = raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     hidden = mx.concatenate([outputs[i] for i in ids], axis=-1)
     prompt = mx.array([tokens[:-1]])

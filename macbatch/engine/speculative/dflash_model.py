@@ -21,7 +21,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
-from macbatch.engine.speculative.drafter_checkpoint import load_into, read_checkpoint
+from macbatch.engine.speculative.drafter_checkpoint import (
+    input_width,
+    load_into,
+    read_checkpoint,
+)
 
 
 @dataclass
@@ -173,7 +177,7 @@ def load_dflash(path: str | Path) -> DFlashModel:
     ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
     raw, weights = read_checkpoint(path, "DFlash")
     config = DFlashConfig.from_dict(raw)
-    target_hidden = weights["fc.weight"].shape[1] // len(config.target_layer_ids)
+    target_hidden = input_width(weights, "fc", raw) // len(config.target_layer_ids)
     return load_into(DFlashModel(config, target_hidden), weights, raw)
 
 

@@ -42,6 +42,16 @@ def read_checkpoint(path: str | Path, kind: str) -> tuple[dict[str, Any], dict[s
     return raw, {k.removeprefix("model."): v for k, v in weights.items()}
 
 
+def input_width(weights: dict[str, mx.array], layer: str, raw: dict[str, Any]) -> int:
+    """The inputs of the linear ``layer`` as stored: a quantized one's packed weight holds
+    ``32 / bits`` of them per element."""
+    width = int(weights[f"{layer}.weight"].shape[1])
+    quantization = raw.get("quantization")
+    if quantization and f"{layer}.scales" in weights:
+        width = width * 32 // int(quantization["bits"])
+    return width
+
+
 def load_into(model: Module, weights: dict[str, mx.array], raw: dict[str, Any]) -> Module:
     """``model`` with ``weights``: an ``embed_tokens`` of its own where they hold one (else it
     uses the target's), quantized first where the config ``raw`` says it was."""

@@ -28,7 +28,11 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
 from macbatch.engine.speculative.dflash_model import MLP
-from macbatch.engine.speculative.drafter_checkpoint import load_into, read_checkpoint
+from macbatch.engine.speculative.drafter_checkpoint import (
+    input_width,
+    load_into,
+    read_checkpoint,
+)
 
 
 @dataclass
@@ -163,7 +167,7 @@ def load_eagle3(path: str | Path) -> Eagle3Model:
     config = Eagle3Config.from_dict(raw)
     weights.pop("t2d", None)
     num_features = len(config.aux_layer_ids or (0, 0, 0))
-    model = Eagle3Model(config, weights["fc.weight"].shape[1] // num_features, num_features)
+    model = Eagle3Model(config, input_width(weights, "fc", raw) // num_features, num_features)
     weights["d2t"] = weights.get("d2t", model.d2t).astype(mx.int32)
     return load_into(model, weights, raw)
 

@@ -5,6 +5,7 @@ given the same weights (the drafts themselves)."""
 
 from __future__ import annotations
 
+import mlx.nn as nn
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
@@ -104,6 +105,21 @@ def test_rejected_drafts_on_a_hybrid_leave_outputs_unchanged(
     assert _greedy(engine, prompts) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
     spec = engine.stats().speculation
     assert spec.verifications > 0 and spec.accepted < spec.drafted
+
+
+def test_a_4bit_checkpoint_loads_quantized_and_keeps_outputs(tmp_path, tiny_tokenizer):
+    """An MLX-converted (4-bit) drafter: its config's ``quantization`` quantizes the module
+    before its weights load, and the replies stay mlx-lm's."""
+    model = build_model("qwen3")
+    drafter = random_eagle3(model)
+    nn.quantize(drafter, 32, 4)
+    quantization = {"group_size": 32, "bits": 4}
+    path = save_eagle3_checkpoint(tmp_path / "q4", drafter, model, quantization=quantization)
+    loaded = load_draft_model(str(path))
+    assert isinstance(loaded.midlayer.self_attn.q_proj, nn.QuantizedLinear)
+    engine = _engine(model, tiny_tokenizer, loaded)
+    prompts = PROMPTS[:2]
+    assert _greedy(engine, prompts) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
 
 
 def test_mixed_batch_preemption_and_prefix_hits(hybrid, tiny_tokenizer, eager_speculation):

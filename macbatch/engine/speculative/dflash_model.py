@@ -76,20 +76,28 @@ def is_dflash_config(raw: Mapping[str, Any]) -> bool:
     )
 
 
+def add_projections(attention: nn.Module, config: Any, inputs: int, bias: bool = False) -> None:
+    """Give ``attention`` a drafter layer's ``q_proj`` / ``k_proj`` / ``v_proj`` from ``inputs``
+    features and its ``o_proj`` back to the hidden size, with the head counts and the scale
+    (``config``: its hidden size, heads, KV heads and head size; DFlash's, Eagle-3's)."""
+    heads, kv_heads, head_dim = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    attention.num_heads, attention.num_kv_heads = heads, kv_heads
+    attention.scale = head_dim**-0.5
+    attention.q_proj = nn.Linear(inputs, heads * head_dim, bias=bias)
+    attention.k_proj = nn.Linear(inputs, kv_heads * head_dim, bias=bias)
+    attention.v_proj = nn.Linear(inputs, kv_heads * head_dim, bias=bias)
+    attention.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+
+
 class _Attention(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
-        dim, heads, kv_heads, head_dim = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        self.num_heads, self.num_kv_heads, self.scale = heads, kv_heads, head_dim**-0.5
-        self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, dim, bias=False)
+        head_dim = config.head_dim
+        add_projections(self, config, config.hidden_size)
         self.q_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
 

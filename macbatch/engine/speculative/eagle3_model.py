@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
-from macbatch.engine.speculative.dflash_model import MLP
+from macbatch.engine.speculative.dflash_model import MLP, add_projections
 from macbatch.engine.speculative.drafter_checkpoint import (
     input_width,
     load_into,
@@ -80,18 +80,8 @@ def is_eagle3_config(raw: Mapping[str, Any]) -> bool:
 class _Attention(nn.Module):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__()
-        dim, heads, kv_heads, head_dim = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        bias = config.attention_bias
-        self.num_heads, self.num_kv_heads, self.scale = heads, kv_heads, head_dim**-0.5
-        self.q_proj = nn.Linear(2 * dim, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(2 * dim, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(2 * dim, kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, dim, bias=bias)
+        # the token's embedding and the feature, side by side
+        add_projections(self, config, 2 * config.hidden_size, config.attention_bias)
 
     def __call__(self, x: mx.array, rope: Any, cache: Any) -> mx.array:
         """Rows ``[N, 1, 2*dim]``: their K/V written to ``cache``'s pages at its positions, then

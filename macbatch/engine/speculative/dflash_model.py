@@ -76,6 +76,18 @@ def is_dflash_config(raw: Mapping[str, Any]) -> bool:
     )
 
 
+def drafter_rope(config: Any) -> nn.Module:
+    """A drafter layer's RoPE (``config``: its head size, base, scaling and context; DFlash's,
+    Eagle-3's), as mlx-lm builds a model's (llama3 and YaRN scaling included)."""
+    return initialize_rope(
+        config.head_dim,
+        config.rope_theta,
+        False,
+        config.rope_scaling,
+        config.max_position_embeddings,
+    )
+
+
 def add_projections(attention: nn.Module, config: Any, inputs: int, bias: bool = False) -> None:
     """Give ``attention`` a drafter layer's ``q_proj`` / ``k_proj`` / ``v_proj`` from ``inputs``
     features and its ``o_proj`` back to the hidden size, with the head counts and the scale
@@ -159,13 +171,7 @@ class DFlashModel(nn.Module):
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = [_Layer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rope = initialize_rope(
-            config.head_dim,
-            config.rope_theta,
-            False,
-            config.rope_scaling,
-            config.max_position_embeddings,
-        )
+        self.rope = drafter_rope(config)
 
     def context(self, features: mx.array) -> mx.array:
         """The context feature ``[N, 1, dim]`` of the target's concatenated layer outputs."""

@@ -25,9 +25,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import initialize_rope
 
-from macbatch.engine.speculative.dflash_model import MLP, add_projections
+from macbatch.engine.speculative.dflash_model import MLP, add_projections, drafter_rope
 from macbatch.engine.speculative.drafter_checkpoint import (
     input_width,
     load_into,
@@ -131,13 +130,7 @@ class Eagle3Model(nn.Module):
         self.norm = nn.RMSNorm(dim, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(dim, config.draft_vocab_size, bias=False)
         self.d2t = mx.zeros((config.draft_vocab_size,), dtype=mx.int32)
-        self.rope = initialize_rope(
-            config.head_dim,
-            config.rope_theta,
-            False,
-            config.rope_scaling,
-            config.max_position_embeddings,
-        )
+        self.rope = drafter_rope(config)
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: Any) -> mx.array:
         """The layer's output ``[N, 1, dim]`` (before ``norm``: the next draft's feature) for

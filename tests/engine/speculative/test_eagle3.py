@@ -19,7 +19,7 @@ from tests.support.eagle3 import (
     random_eagle3,
     save_eagle3_checkpoint,
 )
-from tests.support.mtp import PROMPTS, mtp_target, recorded_proposals
+from tests.support.mtp import PROMPTS, mtp_target, recorded_proposals, save_hf_checkpoint
 from tests.support.oracle import assert_mixed_batch_exact, assert_pool_idle, mlx_lm_greedy
 from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 from tests.support.tiny import build_model, save_model
@@ -144,7 +144,8 @@ def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer,
 def test_auto_detects_an_eagle3_draft_model(tmp_path):
     """``--speculative auto`` with ``--draft-model`` naming an Eagle-3 checkpoint, on a target
     without MTP heads, drafts with Eagle-3 (its config says what it is); stats (and /metrics)
-    name the drafter; doctor says what the checkpoint is."""
+    name the drafter; doctor says what the checkpoint is. On a target with MTP heads, they
+    draft."""
     model = build_model("qwen3")
     target = save_model(tmp_path / "target", "qwen3")
     path = save_eagle3_checkpoint(tmp_path / "eagle3", random_eagle3(model), model)
@@ -154,3 +155,10 @@ def test_auto_detects_an_eagle3_draft_model(tmp_path):
     report = check_model(str(path))
     assert report.problem is None
     assert "Eagle-3" in dict(report.rows)["drafter"]
+    # a checkpoint's own MTP heads come first
+    heads = tmp_path / "heads"
+    save_hf_checkpoint(heads, "qwen3_5")
+    hybrid = mtp_target("qwen3_5")
+    drafter = save_eagle3_checkpoint(tmp_path / "e3", random_eagle3(hybrid), hybrid)
+    config = EngineConfig(speculative="auto", draft_model=str(drafter))
+    assert Engine.load(str(heads), config).config.speculative == "mtp"

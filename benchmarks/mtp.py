@@ -209,7 +209,7 @@ def one_request(
             wall, cpu = arms[name]()
             sums[name] = (sums[name][0] + wall, sums[name][1] + cpu)
     generate, off, on = sums["generate"], sums["without"], sums[method]
-    name = method.upper() if method == "mtp" else "DFlash"
+    name = {"mtp": "MTP", "dflash": "DFlash", "eagle3": "Eagle-3"}[method]
     total = tokens * repeat
     print(
         f"1. one request, {tokens} new tokens after 32 (whole request, prefill included), "

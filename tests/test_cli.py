@@ -112,7 +112,7 @@ def test_speculative_options_are_checked_before_loading():
     for extra, message in [
         (["--speculative", "eagle"], "speculative must be one of"),
         (["--speculative", "draft"], "needs a draft model"),
-        (["--speculative", "ngram", "--draft-model", "x"], "drafts only for --speculative draft"),
+        (["--speculative", "ngram", "--draft-model", "x"], "drafts only for --speculative auto"),
         (["--num-speculative-tokens", "0"], "num_speculative_tokens must be an integer"),
     ]:
         result = runner.invoke(app, ["bench", "--model", "/no/such/model", *extra])
@@ -193,10 +193,8 @@ def test_help_states_the_engines_draft_lengths_without_loading_mlx():
     from macbatch.engine import DEFAULT_SPECULATIVE_TOKENS
 
     text = " ".join(_macbatch("serve", "--help").stdout.replace("│", " ").split())
-    ngram, draft, mtp, dflash = (
-        DEFAULT_SPECULATIVE_TOKENS[m] for m in ("ngram", "draft", "mtp", "dflash")
-    )
-    assert f"(default: ngram {ngram}, draft {draft}, mtp {mtp}, dflash {dflash})." in text
+    quoted = ", ".join(f"{m} {n}" for m, n in DEFAULT_SPECULATIVE_TOKENS.items())
+    assert f"(default: {quoted})." in text
     probe = "import sys, macbatch.cli; print('mlx.core' in sys.modules)"
     assert (
         subprocess.run(

@@ -15,6 +15,7 @@ import typer
 from macbatch.commands.fields import option
 from macbatch.engine import (  # MLX-free: --help
     DEFAULT_SPECULATIVE_TOKENS,
+    DRAFT_MODEL_METHODS,
     SPECULATIVE_MODES,
     check_speculative,
 )
@@ -61,17 +62,19 @@ def _check_num_speculative_tokens(value: int | None) -> int | None:
 def speculative_config(
     mode: str, draft_model: str | None, num_tokens: int | None
 ) -> dict[str, Any]:
-    """The ``EngineConfig`` fields of the three speculative options; ``--draft-model`` alone
-    means ``--speculative draft``, and a draft mode without a model (or a model for another
-    mode) is refused."""
-    if draft_model and mode in ("off", "auto"):
+    """The ``EngineConfig`` fields of the three speculative options. ``--draft-model`` drafts
+    for ``auto`` (where the checkpoint has no MTP heads: ``Engine.load``) and the methods that
+    draft with it (its config says which); ``off`` with one means ``draft``; a draft mode
+    without a model, or a model for another mode, is refused."""
+    if draft_model and mode == "off":
         mode = "draft"
-    if draft_model and mode not in ("draft", "dflash"):
+    drafting = ("auto", *DRAFT_MODEL_METHODS)
+    if draft_model and mode not in drafting:
         raise typer.BadParameter(
-            f"a draft model drafts only for --speculative draft or dflash, not {mode}",
+            f"a draft model drafts only for --speculative {', '.join(drafting)}, not {mode}",
             param_hint="--draft-model",
         )
-    if mode in ("draft", "dflash") and not draft_model:
+    if mode in DRAFT_MODEL_METHODS and not draft_model:
         raise typer.BadParameter(
             f"--speculative {mode} needs a draft model: --draft-model PATH",
             param_hint="--speculative",
@@ -160,15 +163,15 @@ class EngineKnobs:
         "--speculative",
         callback=_check_speculative,
         metavar="MODE",
-        help=f"{'|'.join(SPECULATIVE_MODES)}; a DFlash drafter as --draft-model drafts as "
-        "dflash (docs/speculative.md).",
+        help=f"{', '.join(SPECULATIVE_MODES)}; auto: MTP heads, else --draft-model, else "
+        "prompt lookup (docs/speculative.md).",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     draft_model: str | None = option(
         None,
         "--draft-model",
         show_default=False,
-        help="A small model with the same tokenizer; implies --speculative draft.",
+        help="A small model with the same tokenizer, or a DFlash or Eagle-3 drafter.",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     num_speculative_tokens: int | None = option(
@@ -180,7 +183,8 @@ class EngineKnobs:
         f"ngram {DEFAULT_SPECULATIVE_TOKENS['ngram']}, "
         f"draft {DEFAULT_SPECULATIVE_TOKENS['draft']}, "
         f"mtp {DEFAULT_SPECULATIVE_TOKENS['mtp']}, "
-        f"dflash {DEFAULT_SPECULATIVE_TOKENS['dflash']}).",
+        f"dflash {DEFAULT_SPECULATIVE_TOKENS['dflash']}, "
+        f"eagle3 {DEFAULT_SPECULATIVE_TOKENS['eagle3']}).",
         rich_help_panel=SPECULATIVE_PANEL,
     )
     cache_dir: str | None = option(

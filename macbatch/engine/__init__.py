@@ -79,11 +79,14 @@ _EXPORTS: dict[str, str] = {
     "load_image": "macbatch.engine.multimodal.images",
     # speculative decoding's methods, checked before a model loads
     "DEFAULT_SPECULATIVE_TOKENS": "macbatch.engine.speculative.methods",
+    "DRAFT_MODEL_METHODS": "macbatch.engine.speculative.methods",
     "SPECULATIVE_MODES": "macbatch.engine.speculative.methods",
     "check_speculative": "macbatch.engine.speculative.methods",
     "describe_mtp_heads": "macbatch.engine.speculative.mtp_weights",
     "describe_dflash": "macbatch.engine.speculative.dflash_model",
     "is_dflash_config": "macbatch.engine.speculative.dflash_model",
+    "describe_eagle3": "macbatch.engine.speculative.eagle3_model",
+    "is_eagle3_config": "macbatch.engine.speculative.eagle3_model",
     # which models run, and what loading one would find (macbatch models, macbatch doctor)
     "UnsupportedModelError": "macbatch.engine.model.adapter",
     "unsupported_reason": "macbatch.engine.model.families",
@@ -179,8 +182,10 @@ if TYPE_CHECKING:
     from macbatch.engine.runtime import EngineDeadError, EngineThread, OutputStream
     from macbatch.engine.sample.params import MAX_LOGPROBS, InvalidSamplingParam, SamplingParams
     from macbatch.engine.speculative.dflash_model import describe_dflash, is_dflash_config
+    from macbatch.engine.speculative.eagle3_model import describe_eagle3, is_eagle3_config
     from macbatch.engine.speculative.methods import (
         DEFAULT_SPECULATIVE_TOKENS,
+        DRAFT_MODEL_METHODS,
         SPECULATIVE_MODES,
         check_speculative,
     )

@@ -44,7 +44,7 @@ from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.self_check import SelfCheck, self_check
 from macbatch.engine.speculative.drafters import drafter_kind, load_draft_model, speculator_for
-from macbatch.engine.speculative.methods import resolved_mode
+from macbatch.engine.speculative.methods import DRAFT_MODEL_METHODS, resolved_mode
 from macbatch.engine.speculative.mtp_model import mtp_head_for
 from macbatch.engine.speculative.verify import DraftRow
 from macbatch.engine.structured_output.constraints import ConstraintCompiler
@@ -83,8 +83,9 @@ class Engine(PromptEncoder):
         caller's model is cast only when ``config.dtype`` asks). ``group``: the ranks that share
         this model (tensor parallel); every rank builds its runner at the same point, and only
         rank 0 builds an Engine (docs/distributed.md). ``draft_model``: the drafter of
-        ``config.speculative == "draft"`` (a ``DFlashModel`` makes it "dflash"), or the
-        checkpoint's MTP layer (an ``MtpHead``) for "mtp" and "auto" (docs/speculative.md).
+        ``config.speculative == "draft"`` (a ``DFlashModel`` makes it "dflash", an
+        ``Eagle3Model`` "eagle3"), or the checkpoint's MTP layer (an ``MtpHead``) for "mtp";
+        "auto" drafts with whichever is given, else by prompt lookup (docs/speculative.md).
         ``vision_from``: the model name whose vision tower encodes images (``Engine.load``'s;
         None: images are refused)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -94,7 +95,7 @@ class Engine(PromptEncoder):
             config, speculative=resolved_mode(config.speculative, drafter_kind(draft_model))
         )
         self.model_name = model_name
-        draft = draft_model if config.speculative in ("draft", "mtp", "dflash") else None
+        draft = draft_model if config.speculative in (*DRAFT_MODEL_METHODS, "mtp") else None
         self.runner = runner = ModelRunner(
             model, config, owns_model, ranks_of(group), draft, vision_from
         )
@@ -146,11 +147,13 @@ class Engine(PromptEncoder):
         model, tokenizer, group = load(name, config)
         draft: nn.Module | None = None
         try:
-            if config.speculative in ("draft", "dflash"):
+            if config.speculative in DRAFT_MODEL_METHODS:
                 draft = load_draft_model(config.draft_model)
             elif config.speculative in ("mtp", "auto"):
                 required = config.speculative == "mtp"
                 draft = mtp_head_for(name, model, required, distributed=group is not None)
+                if draft is None and config.draft_model:  # auto: the named drafter next
+                    draft = load_draft_model(config.draft_model)
         except Exception:
             settle_drafting(None, group)
             raise
@@ -600,4 +603,5 @@ class Engine(PromptEncoder):
         return {
             "speculation": dataclasses.replace(self.speculator.counts),  # a snapshot
             "draft_kv_bytes": self.runner.draft_bytes_used(self.kv.pool),
+            "drafter": self.config.speculative,
         }

@@ -17,8 +17,7 @@ from macbatch.engine.kv.disk.tier import DiskTier
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.multimodal.vision import VisionEncoder
-from macbatch.engine.speculative.dflash_runner import DFlashRunner
-from macbatch.engine.speculative.mtp_runner import MtpRunner
+from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.speculator import Speculator
 from macbatch.engine.worker.model_runner import ModelRunner
 
@@ -106,7 +105,7 @@ def participants_of(
     encoder = runner.vision.encoder
     if encoder is not None:
         found.append(VisionRows(encoder))
-    if speculator is not None and isinstance(runner.draft, (MtpRunner, DFlashRunner)):
+    if speculator is not None and isinstance(runner.draft, DrafterPages):
         found.append(DrafterObservation(speculator, runner, scheduler))
     if kv.disk is not None:
         found.append(DiskCopies(kv.disk, scheduler))

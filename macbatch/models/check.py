@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from macbatch.engine import (
     describe_dflash,
+    describe_eagle3,
     describe_mtp_heads,
     is_dflash_config,
+    is_eagle3_config,
     probe_model,
     resolve_model_path,
     unavailable_reason,
@@ -37,6 +40,13 @@ class ModelReport:
         return self.problem is None
 
 
+def _drafter(config: dict[str, Any]) -> str | None:
+    """What a drafter checkpoint's config says it is (None: not a drafter's)."""
+    if is_dflash_config(config):
+        return describe_dflash(config)
+    return describe_eagle3(config) if is_eagle3_config(config) else None
+
+
 def check_model(name: str, self_check: bool = False) -> ModelReport:
     """``self_check``: also load the model and run the engine's self-check (its result and
     time, beside the load's)."""
@@ -48,8 +58,9 @@ def check_model(name: str, self_check: bool = False) -> ModelReport:
         report.rows.append(("path", str(path)))
         config = json.loads((path / "config.json").read_text())
         report.rows.append(("quantization", describe_quantization(config)))
-        if is_dflash_config(config):  # a drafter, not a model to serve: nothing to probe
-            report.rows.append(("drafter", describe_dflash(config)))
+        drafter = _drafter(config)
+        if drafter:  # a drafter, not a model to serve: nothing to probe
+            report.rows.append(("drafter", drafter))
             return report
         reason = unsupported_reason(str(config.get("model_type")), config.get("architectures"))
         encoder = encoder_facts(path)

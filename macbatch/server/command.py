@@ -253,7 +253,8 @@ def serve_command(
         )
     if settings.allow_remote_images is None:
         settings = dataclasses.replace(settings, allow_remote_images=is_loopback(host))
-    # --draft-model alone means --speculative draft: the plist says so
+    # the speculative mode as the options settle it (off with --draft-model: draft): the plist
+    # says so
     knobs = dataclasses.replace(knobs, speculative=knobs.speculative_fields()["speculative"])
     if print_launchd_plist or print_systemd_unit or install_service:
         local = dataclasses.replace(settings, model=tuple(map(_absolute_if_local, settings.model)))

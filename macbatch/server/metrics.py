@@ -219,6 +219,13 @@ class ServerMetrics:
             ):
                 counter = f"macbatch_spec_{name}_tokens_total"
                 metric(counter, "counter", help_text, [f"{counter} {value}"])
+            metric(
+                "macbatch_spec_drafter",
+                "gauge",
+                "What drafts for speculative decoding (1 on its method; off: none); each "
+                "request's acceptance is in macbatch_spec_request_acceptance_rate.",
+                [f'macbatch_spec_drafter{{method="{stats.drafter}"}} 1'],
+            )
         if stats is not None:
             for name, kind, help_text, value in _disk_samples(stats):
                 metric(name, kind, help_text, [f"{name} {value}"])

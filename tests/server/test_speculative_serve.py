@@ -46,6 +46,7 @@ def test_replies_match_the_engine_without_speculation_and_metrics_count(
     assert drafted > 0
     assert 0 < metrics["macbatch_spec_acceptance_rate"] <= 1
     assert metrics["macbatch_spec_mean_accepted_length"] >= 1
+    assert metrics['macbatch_spec_drafter{method="ngram"}'] == 1  # what drafts
     # one finished request that verified drafts: the per-request histograms hold its numbers,
     # which for a lone request are the engine's totals
     rate, length = "macbatch_spec_request_acceptance_rate", "macbatch_spec_request_accepted_length"

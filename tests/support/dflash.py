@@ -15,6 +15,7 @@ from mlx.utils import tree_flatten
 from macbatch.engine.model.adapter import text_model
 from macbatch.engine.speculative.dflash_model import DFlashConfig, DFlashModel
 from tests.support.mtp import scale_outputs
+from tests.support.oracle import layer_outputs
 
 BLOCK_SIZE = 8
 
@@ -115,7 +116,6 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     """mlx-vlm 0.7.10's own DFlash drafter, loaded from the checkpoint at ``path``, drafting
     ``k`` tokens after ``tokens`` greedily: its context the outputs of ``target``'s layers (run
     here layer by layer over mlx-lm's causal mask) at positions ``0..len-2``, its cache its own."""
-    from mlx_lm.models.base import create_attention_mask
     from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig as VlmConfig
     from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
 
@@ -124,13 +124,7 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     weights = drafter.sanitize(dict(mx.load(str(path / "model.safetensors"))))  # type: ignore[arg-type]
     drafter.load_weights(list(weights.items()))
     cache = drafter.reset(target)
-    inner = text_model(target).model
-    h = inner.embed_tokens(mx.array([tokens[:-1]]))
-    mask = create_attention_mask(h, None)
-    outputs = []
-    for layer in inner.layers:
-        h = layer(h, mask, None)
-        outputs.append(h)
+    outputs = layer_outputs(target, tokens[:-1])
     ids = raw["dflash_config"]["target_layer_ids"]
     hidden = mx.concatenate([outputs[i] for i in ids], axis=-1)
     drafts = drafter.draft_block(

@@ -90,3 +90,40 @@ def assert_pool_idle(engine) -> None:
     state = engine.kv.group(RecurrentStateGroup)
     assert state is None or state.slots_in_use == 0, "recurrent-state slots still held"
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def assert_mixed_batch_exact(engine, model: nn.Module, prompts: list, max_tokens: int) -> None:
+    """Every third request opts out of speculation beside ones that speculate; every reply is
+    mlx-lm's, some drafts held, and ``engine``'s pool (sized by the caller) preempted and hit
+    its prefix cache."""
+    from macbatch.engine import SamplingParams
+
+    requests = [
+        SamplingParams(
+            max_tokens=max_tokens, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+        )
+        for i in range(len(prompts))
+    ]
+    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    assert outputs == [mlx_lm_greedy(model, p, max_tokens) for p in prompts]
+    stats = engine.stats()
+    assert stats.speculation.accepted > 0
+    assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
+    assert_pool_idle(engine)
+
+
+def layer_outputs(model: nn.Module, tokens: list[int]) -> list[mx.array]:
+    """The outputs ``[1, len, H]`` of each decoder layer of a dense ``model`` over ``tokens``,
+    run layer by layer over mlx-lm's causal mask (what a feature-reading drafter fuses)."""
+    from mlx_lm.models.base import create_attention_mask
+
+    from macbatch.engine.model.adapter import text_model
+
+    inner = text_model(model).model
+    h = inner.embed_tokens(mx.array([tokens]))
+    mask = create_attention_mask(h, None)
+    outputs = []
+    for layer in inner.layers:
+        h = layer(h, mask, None)
+        outputs.append(h)
+    return outputs

@@ -4,12 +4,12 @@ and reuses cached prefixes, and writes what it generated; the other ranks follow
 
     python -m tests.support.tp_worker MODEL_DIR OUT.json [SPECULATIVE [DRAFT_MODEL_DIR]]
 
-SPECULATIVE is ``auto`` unless given, as in the front ends: rank 0 does not speculate unless
-the checkpoint has MTP heads. With ``ngram``, ``draft``, ``mtp`` (or ``auto`` and heads) it
-speculates (docs/speculative.md): the verification chunks travel in the broadcast step like
-any other chunk. Drafting with an MTP layer, it also writes the target's hidden states that
-layer was handed (``hidden``: per request, position -> row), so a test can hold them against
-the whole model's.
+SPECULATIVE is ``auto`` unless given, as in the front ends: rank 0 drafts with the
+checkpoint's MTP heads where it has them, else by prompt lookup; ``off`` does not speculate.
+With ``ngram``, ``draft``, ``mtp`` or ``auto`` it speculates (docs/speculative.md): the
+verification chunks travel in the broadcast step like any other chunk. Drafting with an MTP
+layer, it also writes the target's hidden states that layer was handed (``hidden``: per
+request, position -> row), so a test can hold them against the whole model's.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ class EngineStats:
     # The disk tier's counts since the start (bytes written: what the SSD wears), None: off.
     disk: DiskCounts | None = None
     draft_kv_bytes: int = 0
+    # what drafts (the speculative mode "auto" resolved to: "mtp", "eagle3", "ngram" ...)
+    drafter: str = "off"
 
     @property
     def kv_usage(self) -> float:

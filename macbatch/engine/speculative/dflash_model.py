@@ -12,7 +12,6 @@ of the block proposes the whole block at once."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
+
+from macbatch.engine.speculative.drafter_checkpoint import (
+    input_width,
+    load_into,
+    read_checkpoint,
+)
 
 
 @dataclass
@@ -71,20 +76,40 @@ def is_dflash_config(raw: Mapping[str, Any]) -> bool:
     )
 
 
+def drafter_rope(config: Any) -> nn.Module:
+    """A drafter layer's RoPE (``config``: its head size, base, scaling and context; DFlash's,
+    Eagle-3's), as mlx-lm builds a model's (llama3 and YaRN scaling included)."""
+    return initialize_rope(
+        config.head_dim,
+        config.rope_theta,
+        False,
+        config.rope_scaling,
+        config.max_position_embeddings,
+    )
+
+
+def add_projections(attention: nn.Module, config: Any, inputs: int, bias: bool = False) -> None:
+    """Give ``attention`` a drafter layer's ``q_proj`` / ``k_proj`` / ``v_proj`` from ``inputs``
+    features and its ``o_proj`` back to the hidden size, with the head counts and the scale
+    (``config``: its hidden size, heads, KV heads and head size; DFlash's, Eagle-3's)."""
+    heads, kv_heads, head_dim = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    attention.num_heads, attention.num_kv_heads = heads, kv_heads
+    attention.scale = head_dim**-0.5
+    attention.q_proj = nn.Linear(inputs, heads * head_dim, bias=bias)
+    attention.k_proj = nn.Linear(inputs, kv_heads * head_dim, bias=bias)
+    attention.v_proj = nn.Linear(inputs, kv_heads * head_dim, bias=bias)
+    attention.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+
+
 class _Attention(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
-        dim, heads, kv_heads, head_dim = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        self.num_heads, self.num_kv_heads, self.scale = heads, kv_heads, head_dim**-0.5
-        self.q_proj = nn.Linear(dim, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, dim, bias=False)
+        head_dim = config.head_dim
+        add_projections(self, config, config.hidden_size)
         self.q_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
 
@@ -107,7 +132,9 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, 1, -1))
 
 
-class _MLP(nn.Module):
+class MLP(nn.Module):
+    """A Llama / Qwen3 gated MLP (the Eagle-3 drafter's too)."""
+
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
@@ -122,7 +149,7 @@ class _Layer(nn.Module):
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
         self.self_attn = _Attention(config)
-        self.mlp = _MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -144,13 +171,7 @@ class DFlashModel(nn.Module):
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = [_Layer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rope = initialize_rope(
-            config.head_dim,
-            config.rope_theta,
-            False,
-            config.rope_scaling,
-            config.max_position_embeddings,
-        )
+        self.rope = drafter_rope(config)
 
     def context(self, features: mx.array) -> mx.array:
         """The context feature ``[N, 1, dim]`` of the target's concatenated layer outputs."""
@@ -168,27 +189,10 @@ class DFlashModel(nn.Module):
 def load_dflash(path: str | Path) -> DFlashModel:
     """A DFlash checkpoint from a local directory or a hub id, its weights as stored (the
     ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
-    root = Path(path)
-    if not root.is_dir():
-        from huggingface_hub import snapshot_download
-
-        root = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-    raw = json.loads((root / "config.json").read_text())
+    raw, weights = read_checkpoint(path, "DFlash")
     config = DFlashConfig.from_dict(raw)
-    weights: dict[str, mx.array] = {}
-    for file in sorted(root.glob("*.safetensors")):
-        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
-    weights = {k.removeprefix("model."): v for k, v in weights.items()}
-    target_hidden = weights["fc.weight"].shape[1] // len(config.target_layer_ids)
-    model = DFlashModel(config, target_hidden)
-    if "embed_tokens.weight" in weights:
-        vocab, dim = weights["embed_tokens.weight"].shape
-        model.embed_tokens = nn.Embedding(vocab, dim)
-    quantization = raw.get("quantization")
-    if quantization:
-        nn.quantize(model, quantization["group_size"], quantization["bits"])
-    model.load_weights(list(weights.items()))
-    return model
+    target_hidden = input_width(weights, "fc", raw) // len(config.target_layer_ids)
+    return load_into(DFlashModel(config, target_hidden), weights, raw)
 
 
 def describe_dflash(raw: Mapping[str, Any]) -> str:
@@ -201,13 +205,3 @@ def describe_dflash(raw: Mapping[str, Any]) -> str:
         f"layers {config.target_layer_ids}; --draft-model PATH beside its target drafts with it "
         "(--speculative auto or dflash; docs/speculative.md)"
     )
-
-
-def read_dflash_config(path: str) -> dict[str, Any] | None:
-    """A local checkpoint's config when it is a DFlash drafter's (None: not one, or not local:
-    a hub id is read when loaded)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    raw = json.loads(config.read_text())
-    return raw if is_dflash_config(raw) else None

@@ -5,75 +5,32 @@ page holds the context K/V of the target's features there; a block's rows write 
 positions they draft at, which the target's features overwrite when it computes those positions.
 
 The target's features are its decoder layers' outputs at ``target_layer_ids``, recorded as the
-target's forward runs (``_Taps``: those layer objects' class gains a recording ``__call__``), so
-the target runs as it always does, in one call; the compiled decode step is off for a DFlash
-engine (a recording is a side effect, which ``mx.compile`` would not replay)."""
+target's forward runs (layer_taps.py): the target runs as it always does, in one call, and
+the compiled decode step is off for a DFlash engine (``records_layers``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import mlx.core as mx
-import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.speculative.dflash_model import DFlashModel
-from macbatch.engine.speculative.drafter_pages import DrafterPages
-from macbatch.engine.stores.pages import LayerShape
+from macbatch.engine.speculative.drafter_pages import TappedDrafter
 
 
-class _Taps:
-    """Records the outputs of the target's decoder layers ``ids`` in each forward."""
-
-    def __init__(self, layers: Sequence[nn.Module], ids: Sequence[int]) -> None:
-        self.ids = list(ids)
-        self.outputs: dict[int, mx.array] = {}
-        for index in set(self.ids):
-            _record(layers[index], index, self.outputs)
-
-    def features(self) -> mx.array:
-        """The last forward's recorded outputs, concatenated in ``ids`` order ``[N, 1, k*H]``."""
-        found = [self.outputs[i] for i in self.ids]
-        self.outputs.clear()
-        return mx.concatenate(found, axis=-1)
-
-
-def _record(layer: nn.Module, index: int, sink: dict[int, mx.array]) -> None:
-    base = type(layer)
-
-    def call(self: nn.Module, *args: object, **kwargs: object) -> mx.array:
-        out = base.__call__(self, *args, **kwargs)
-        sink[index] = out
-        return out
-
-    layer.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
-
-
-class DFlashRunner(DrafterPages):
+class DFlashRunner(TappedDrafter):
     """The drafter beside the target's ``adapter``, its pages in the target's blocks
     (drafter_pages.py). Offers what the model runner asks of a draft (draft_runner.py)."""
 
     def __init__(self, model: DFlashModel, adapter: ModelAdapter, config: EngineConfig) -> None:
-        dtype = adapter.kv_dtype
-        model.set_dtype(dtype)
-        self.model = model
-        self.target = adapter
         cfg = model.config
+        pages = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+        ids = cfg.target_layer_ids
+        super().__init__(model, adapter, config, ids, "the DFlash drafter", pages)
+        self.model = model
         self.mask_token_id = cfg.mask_token_id
         self.max_drafts = cfg.block_size - 1  # a block: the known token, then these
-        num_layers = len(adapter.layers)
-        bad = [i for i in cfg.target_layer_ids if not 0 <= i < num_layers]
-        if bad:
-            raise ValueError(
-                f"the DFlash drafter reads target layers {bad}; the target has {num_layers}"
-            )
-        self.taps = _Taps(adapter.layers, cfg.target_layer_ids)
-        shape = LayerShape(num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-        super().__init__([shape] * cfg.num_hidden_layers, dtype, config)
-        self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(model))
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs."""

@@ -5,16 +5,26 @@ No recurrent state. What the model runner asks of a draft beside its forward."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
+import mlx.nn as nn
 
 from macbatch.engine.config import EngineConfig
+from macbatch.engine.model.compute_dtype import parameter_arrays
+from macbatch.engine.speculative.layer_taps import LayerTaps
 from macbatch.engine.stores.pages import KVStore, KVStores, LayerShape, PageFormat
+
+if TYPE_CHECKING:
+    from macbatch.engine.model.adapter import ModelAdapter
 
 
 class DrafterPages:
     """``allocate`` gives the drafter its pages once the pool's size is known."""
 
     slots = None  # no recurrent state
+    records_layers = False  # True: the target's layer outputs are recorded (layer_taps.py)
     state_bytes_most = 0
     state_bytes_used = 0
 
@@ -46,3 +56,31 @@ class DrafterPages:
 
     def arrays(self) -> list[mx.array]:
         return self.store.arrays()
+
+
+class TappedDrafter(DrafterPages):
+    """A drafter module that reads the target's layer outputs (DFlash, Eagle-3) beside the
+    target's ``adapter``: cast to the target's compute dtype, the target's layers ``ids``
+    recorded (layer_taps.py, named ``reader`` in its refusal), its pages ``layers`` layers of
+    ``kv_heads`` x ``head_dim``."""
+
+    records_layers = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        adapter: ModelAdapter,
+        config: EngineConfig,
+        ids: Sequence[int],
+        reader: str,
+        pages: tuple[int, int, int],
+    ) -> None:
+        """``pages``: the drafter's layers, KV heads and head size."""
+        dtype = adapter.kv_dtype
+        model.set_dtype(dtype)
+        self.target = adapter
+        self.taps = LayerTaps(adapter.layers, ids, reader)
+        layers, kv_heads, head_dim = pages
+        shape = LayerShape(num_kv_heads=kv_heads, head_dim=head_dim)
+        super().__init__([shape] * layers, dtype, config)
+        self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(model))

@@ -10,10 +10,13 @@ import mlx.nn as nn
 from macbatch.engine.config import EngineConfig
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.speculative.dflash import DFlashDrafter
-from macbatch.engine.speculative.dflash_model import DFlashModel, load_dflash, read_dflash_config
+from macbatch.engine.speculative.dflash_model import DFlashModel, is_dflash_config, load_dflash
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_model import DraftModelDrafter
 from macbatch.engine.speculative.draft_runner import DraftRunner
+from macbatch.engine.speculative.drafter_checkpoint import read_local_config
+from macbatch.engine.speculative.eagle3_model import Eagle3Model, is_eagle3_config, load_eagle3
+from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp import MtpDrafter
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
@@ -21,9 +24,9 @@ from macbatch.engine.speculative.ngram import NgramDrafter
 from macbatch.engine.speculative.protocol import Drafter
 from macbatch.engine.speculative.speculator import Speculator
 
-# what the model runner holds beside the target: a draft model's, an MTP layer's or a DFlash
-# drafter's runner (None: none)
-Draft = DraftRunner | MtpRunner | DFlashRunner | None
+# what the model runner holds beside the target: a draft model's, an MTP layer's, a DFlash or
+# an Eagle-3 drafter's runner (None: none)
+Draft = DraftRunner | MtpRunner | DFlashRunner | Eagle3Runner | None
 
 
 def _draft(draft: Draft, kv: KVManager) -> Drafter:
@@ -47,6 +50,12 @@ def _dflash(draft: Draft, kv: KVManager) -> Drafter:
     return DFlashDrafter(draft, kv)
 
 
+def _eagle3(draft: Draft, kv: KVManager) -> Drafter:
+    if not isinstance(draft, Eagle3Runner):
+        raise ValueError("speculative 'eagle3' needs an Eagle-3 drafter (--draft-model PATH)")
+    return MtpDrafter(draft, kv)  # it drafts as an MTP layer does (eagle3_runner.py)
+
+
 # each method's drafter (keys: methods.SPECULATIVE_METHODS), from the runner of the draft model
 # or the MTP layer (None without one) and the KV manager
 DRAFTERS: dict[str, Callable[[Draft, KVManager], Drafter]] = {
@@ -54,20 +63,23 @@ DRAFTERS: dict[str, Callable[[Draft, KVManager], Drafter]] = {
     "draft": _draft,
     "mtp": _mtp,
     "dflash": _dflash,
+    "eagle3": _eagle3,
 }
 
 
 def drafter_kind(draft: object) -> str | None:
-    """The method a drafting model given to the engine drafts by, where its kind decides it
-    (``methods.resolved_mode``): "mtp", "dflash", or None (a draft model, or none)."""
-    if isinstance(draft, MtpHead):
-        return "mtp"
-    return "dflash" if isinstance(draft, DFlashModel) else None
+    """The method a drafting model given to the engine drafts by (``methods.resolved_mode``):
+    "mtp", "dflash", "eagle3", "draft" (any other model: a plain draft model), or None (none)."""
+    if draft is None:
+        return None
+    kinds = {MtpHead: "mtp", DFlashModel: "dflash", Eagle3Model: "eagle3"}
+    return next((kind for cls, kind in kinds.items() if isinstance(draft, cls)), "draft")
 
 
 def load_draft_model(path: str | None) -> nn.Module:
-    """The draft model at ``path`` (a local directory or a hub id): a DFlash drafter where its
-    config is one (dflash_model.py), else as mlx-lm loads it."""
+    """The draft model at ``path`` (a local directory or a hub id): a DFlash or an Eagle-3
+    drafter where its config is one (dflash_model.py, eagle3_model.py), else as mlx-lm loads
+    it."""
     if not path:
         raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
     from mlx_lm import load
@@ -75,8 +87,11 @@ def load_draft_model(path: str | None) -> nn.Module:
     from macbatch.engine.loader import failure_reason
 
     try:
-        if read_dflash_config(path) is not None:
+        raw = read_local_config(path) or {}
+        if is_dflash_config(raw):
             return load_dflash(path)
+        if is_eagle3_config(raw):
+            return load_eagle3(path)
         return load(path)[0]
     except Exception as error:  # mlx-lm's errors come in many types: all name the draft
         reason = failure_reason(error)

@@ -9,9 +9,12 @@ its ``--help`` without loading it."""
 # decoded in 3.1 to 5.0 s where 8 took 5.7 s (docs/speculative.md); the policy's slow start
 # begins at 4 either way. A draft model runs one forward per draft, so it drafts fewer.
 # A DFlash drafter proposes a whole block in one forward: up to its checkpoint's block size
-# less one (the known token), capped there by the drafter.
-DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4, "dflash": 15}
+# less one (the known token), capped there by the drafter. An Eagle-3 drafter runs one forward
+# of its one layer per draft, as an MTP layer does.
+DEFAULT_SPECULATIVE_TOKENS = {"ngram": 16, "draft": 4, "mtp": 4, "dflash": 15, "eagle3": 4}
 SPECULATIVE_METHODS = tuple(DEFAULT_SPECULATIVE_TOKENS)
+# the methods that draft with the model ``--draft-model`` names (its config says which)
+DRAFT_MODEL_METHODS = ("draft", "dflash", "eagle3")
 # what ``EngineConfig.speculative`` may be; "auto" is resolved when the engine loads
 SPECULATIVE_MODES = ("off", "auto", *SPECULATIVE_METHODS)
 MAX_SPECULATIVE_TOKENS = 16
@@ -19,14 +22,16 @@ MAX_SPECULATIVE_TOKENS = 16
 
 def resolved_mode(mode: str, loaded: str | None) -> str:
     """What a mode means given the drafting model loaded beside the checkpoint (``loaded``:
-    "mtp" for its own MTP layer, "dflash" for a DFlash drafter named as the draft model, None
-    for neither): "auto" drafts with either where one was loaded, and does not speculate
-    otherwise; "draft" with a DFlash drafter is "dflash" (its config says what it is); other
+    "mtp" for its own MTP layer, "dflash" / "eagle3" for such a drafter named as the draft
+    model, "draft" for a plain draft model, None for none). "auto" drafts with the one loaded
+    (``Engine.load`` tries the checkpoint's MTP heads first, then ``--draft-model``), else by
+    prompt lookup (free drafts, which the policy's measured break-even keeps to where they
+    pay); "draft" with a DFlash or Eagle-3 drafter is that (its config says what it is); other
     modes are themselves."""
     if mode == "auto":
-        return loaded or "off"
-    if mode == "draft" and loaded == "dflash":
-        return "dflash"
+        return loaded or "ngram"
+    if mode == "draft" and loaded in ("dflash", "eagle3"):
+        return loaded
     return mode
 
 

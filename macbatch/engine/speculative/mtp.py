@@ -39,6 +39,7 @@ from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
 from macbatch.engine.kv.manager import KVManager
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.speculative.draft_model import Written, shared_prefix, truncate_written
+from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.speculative.policy import may_draft
 
@@ -77,7 +78,8 @@ class _Row:
 
 
 class MtpDrafter:
-    def __init__(self, runner: MtpRunner, kv: KVManager) -> None:
+    def __init__(self, runner: MtpRunner | Eagle3Runner, kv: KVManager) -> None:
+        """``runner``: an MTP layer's, or an Eagle-3 drafter's (which drafts the same way)."""
         self.runner = runner
         self.kv = kv
         self._hidden: dict[str, list[_Segment]] = {}

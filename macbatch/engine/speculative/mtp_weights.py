@@ -143,18 +143,26 @@ def mtp_refusal(model_type: str) -> str | None:
     return f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
 
 
+# what ``--speculative auto`` drafts with on a checkpoint without MTP heads (``Engine.load``)
+AUTO_WITHOUT_HEADS = (
+    "--speculative auto drafts with --draft-model's drafter where one is named, else by prompt "
+    "lookup where its measured break-even pays"
+)
+
+
 def describe_mtp_heads(path: Path) -> str:
     """What ``macbatch doctor`` says of a checkpoint's MTP heads: whether it has them and
     whether ``--speculative auto`` drafts with them."""
     model_type = str(read_config(path).get("model_type"))
     declared, stored = mtp_layer_count(path)
     if not stored:
-        if declared:
-            return (
-                f"none: the config declares {declared} MTP layer(s) but the weights were "
-                "dropped (mlx-lm's convert drops them); --speculative auto does not speculate"
-            )
-        return "none"
+        dropped = (
+            f": the config declares {declared} MTP layer(s) but the weights were dropped "
+            "(mlx-lm's convert drops them)"
+            if declared
+            else ""
+        )
+        return f"none{dropped}; {AUTO_WITHOUT_HEADS}"
     reason = mtp_refusal(model_type)
     if reason:
         return f"{stored} MTP layer(s), not used: {reason}"

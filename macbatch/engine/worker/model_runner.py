@@ -46,6 +46,9 @@ from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
+from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.speculative.eagle3_model import Eagle3Model
+from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.speculative.mtp_runner import MtpRunner
 from macbatch.engine.stores.held_caches import HeldCaches
@@ -111,11 +114,13 @@ class ModelRunner:
         shapes = self.adapter.layer_shapes
         fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
-        self.draft: DraftRunner | MtpRunner | DFlashRunner | None = None
+        self.draft: DraftRunner | MtpRunner | DFlashRunner | Eagle3Runner | None = None
         if isinstance(draft, MtpHead):
             self.draft = MtpRunner(draft, self.adapter, config)
         elif isinstance(draft, DFlashModel):
             self.draft = DFlashRunner(draft, self.adapter, config)
+        elif isinstance(draft, Eagle3Model):
+            self.draft = Eagle3Runner(draft, self.adapter, config)
         elif draft is not None:
             self.draft = DraftRunner(draft, config, self.vocab_size, owns_model)
         # the last forward's hidden states, kept for an MTP layer (None: not kept)
@@ -125,8 +130,8 @@ class ModelRunner:
         self.compiled = compiled_decode(
             self.adapter,
             self.kv_stores,
-            # a DFlash drafter records target layers' outputs: a side effect no graph replays
-            None if isinstance(self.draft, DFlashRunner) else config.compile_decode_after,
+            # a drafter that records target layers' outputs: a side effect no graph replays
+            None if getattr(self.draft, "records_layers", False) else config.compile_decode_after,
             group is not None,
             keeps_hidden=isinstance(self.draft, MtpRunner),
         )
@@ -238,8 +243,8 @@ class ModelRunner:
         the pooling requests whose last chunk this step computes (``spans``: the pooling
         requests' rows, folded into ``self.pools``); the other ranks of a group run the same
         forward on their shard."""
-        # an MTP layer reads the hidden states, a DFlash drafter its target layers' outputs
-        keep = isinstance(self.draft, (MtpRunner, DFlashRunner))
+        # an MTP layer reads the hidden states, a DFlash or Eagle-3 drafter its target layers'
+        keep = isinstance(self.draft, DrafterPages)
         if self._followers is not None:
             batch.reads_hidden = int(keep)  # ``launch`` evaluates them: so must the followers
             self._followers.send_step(batch)

@@ -19,7 +19,7 @@ from tests.support.dflash import (
     save_dflash_checkpoint,
 )
 from tests.support.mtp import PROMPTS, mtp_target, recorded_proposals
-from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.oracle import assert_mixed_batch_exact, assert_pool_idle, mlx_lm_greedy
 from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 from tests.support.tiny import build_model, save_model
 
@@ -102,16 +102,7 @@ def test_mixed_batch_preemption_and_prefix_hits(arch, tiny_tokenizer, eager_spec
     model = _target(arch)
     prompts = PROMPTS + PROMPTS[:3]
     engine = _engine(model, tiny_tokenizer, agreeing_dflash(model), num_blocks=14)
-    requests = [
-        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, speculative=i % 3 != 1)
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
-    assert outputs == [mlx_lm_greedy(model, p, 24) for p in prompts]
-    stats = engine.stats()
-    assert stats.speculation.accepted > 0
-    assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
-    assert_pool_idle(engine)
+    assert_mixed_batch_exact(engine, model, prompts, 24)
 
 
 def test_sampled_tokens_after_a_verified_block_follow_the_target(tiny_tokenizer, eager_speculation):

@@ -19,12 +19,14 @@ def test_the_registry_holds_a_drafter_under_each_method_name():
     assert sorted(DRAFTERS) == sorted(SPECULATIVE_METHODS)
 
 
-def test_auto_drafts_with_what_was_loaded_and_is_off_elsewhere():
-    """The checkpoint's MTP heads, or a DFlash drafter named as the draft model."""
-    assert resolved_mode("auto", "mtp") == "mtp"
-    assert resolved_mode("auto", "dflash") == "dflash"
-    assert resolved_mode("auto", None) == "off"
+def test_auto_drafts_with_what_was_loaded_else_by_prompt_lookup():
+    """The checkpoint's MTP heads, or the drafter named as the draft model (DFlash, Eagle-3 or
+    a plain model), else prompt lookup (the policy keeps it to where it pays)."""
+    for loaded in ("mtp", "dflash", "eagle3", "draft"):
+        assert resolved_mode("auto", loaded) == loaded
+    assert resolved_mode("auto", None) == "ngram"
     assert resolved_mode("draft", "dflash") == "dflash"  # its config says what it is
+    assert resolved_mode("draft", "eagle3") == "eagle3"
     assert [resolved_mode(m, "mtp") for m in SPECULATIVE_METHODS] == list(SPECULATIVE_METHODS)
 
 

@@ -62,16 +62,16 @@ def test_mlx_community_converted_layout(arch, bits, tmp_path):
     _assert_loaded(_load(tmp_path / arch, "auto"), expected, tmp_path / arch)
 
 
-def test_auto_without_heads_does_not_speculate_and_mtp_says_why(tmp_path):
+def test_auto_without_heads_looks_up_the_prompt_and_mtp_says_why(tmp_path):
     save_hf_checkpoint(tmp_path / "plain", "qwen3_5", head_seed=None)
     engine = _load(tmp_path / "plain", "auto")
-    assert engine.config.speculative == "off" and engine.speculator is None
+    assert engine.config.speculative == "ngram" and engine.stats().drafter == "ngram"
     with pytest.raises(ValueError, match="has no MTP weights"):
         _load(tmp_path / "plain", "mtp")
     save_model(tmp_path / "llama", "llama")
     with pytest.raises(ValueError, match="has no MTP layer"):
         _load(tmp_path / "llama", "mtp")
-    assert _load(tmp_path / "llama", "auto").speculator is None
+    assert _load(tmp_path / "llama", "auto").config.speculative == "ngram"
 
 
 def test_doctor_reports_mtp_heads(tmp_path):
@@ -86,4 +86,4 @@ def test_doctor_reports_mtp_heads(tmp_path):
     }
     assert rows["heads"]["MTP heads"].startswith("1 MTP layer(s): --speculative auto drafts")
     assert "weights were dropped" in rows["dropped"]["MTP heads"]
-    assert rows["llama"]["MTP heads"] == "none"
+    assert rows["llama"]["MTP heads"].startswith("none; --speculative auto drafts with")

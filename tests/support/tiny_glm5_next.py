@@ -8,13 +8,10 @@ whole one: contexts past ``SPARSE_FROM`` tokens drop positions."""
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, randomize, save_checkpoint
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE
+from tests.support.tiny_vlm_family import TinyVlmFamily
 
 TOPK, KPOOL = 8, 4
 # the first context a row reads sparsely: more whole pools than the selection holds
@@ -74,25 +71,5 @@ CONFIG: dict[str, Any] = dict(
 _RANDOMIZED = ("index_kpool_compress_ape", "index_kpool_compress_gate", "A_log", "dt_bias",
                "e_score_correction_bias", "gate.weight")  # fmt: skip
 
-
-def _config(**text: Any) -> dict[str, Any]:
-    config = copy.deepcopy(CONFIG)
-    config["text_config"].update(text)
-    return config
-
-
-def glm5_next_model(seed: int = 0, **text: Any) -> Any:
-    """mlx-vlm's own GLM5-next of ``CONFIG`` (float32, random weights); ``text``: text config
-    fields replaced."""
-    from mlx_vlm.models.glm5_next import Model, ModelConfig
-
-    mx.random.seed(seed)
-    model = Model(ModelConfig.from_dict(_config(**text)))
-    model.set_dtype(mx.float32)
-    randomize(model, _RANDOMIZED, 0.3)
-    return model
-
-
-def save_glm5_next(path: Path, seed: int = 0, **text: Any) -> Path:
-    """The tiny checkpoint in ``path``; ``text``: text config fields replaced."""
-    return save_checkpoint(path, glm5_next_model(seed, **text), _config(**text))
+GLM5_NEXT = TinyVlmFamily("glm5_next", CONFIG, _RANDOMIZED)
+save_glm5_next = GLM5_NEXT.save  # the tiny checkpoint in a folder; text config fields replaceable

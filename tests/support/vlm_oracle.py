@@ -137,7 +137,7 @@ def assert_preemption_then_disk_restart(path: Path, model: Any, params: Any, dis
     from macbatch.engine import Engine, EngineConfig
     from tests.support.staggered import random_prompts
 
-    config = dict(block_size=8, max_num_batched_tokens=64, disk_cache_dir=str(disk))
+    config: dict[str, Any] = dict(block_size=8, max_num_batched_tokens=64, disk_cache_dir=str(disk))
     engine = Engine.load(str(path), EngineConfig(num_blocks=8, **config))
     prompts = random_prompts([20, 18, 22], seed=3)
     outs = engine.generate(prompts, params)

@@ -8,13 +8,10 @@ tokens after the last whole block: contexts past ``SPARSE_FROM`` tokens drop pos
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE, randomize, save_checkpoint
+from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE
+from tests.support.tiny_vlm_family import TinyVlmFamily
 
 BUDGET, COMPRESS_RATIO = 12, 4
 # the first context a row reads sparsely: more whole blocks than the selection holds
@@ -91,25 +88,5 @@ CONFIG: dict[str, Any] = dict(
 _RANDOMIZED = ("norm.weight", "layernorm.weight", "norm_key.weight", "norm_query.weight",
                "norm_conv.weight", "hc_norm.weight")  # fmt: skip
 
-
-def _config(**text: Any) -> dict[str, Any]:
-    config = copy.deepcopy(CONFIG)
-    config["text_config"].update(text)
-    return config
-
-
-def qwen4_exp_model(seed: int = 0, **text: Any) -> Any:
-    """mlx-vlm's own Qwen4-exp of ``CONFIG`` (float32, random weights); ``text``: text config
-    fields replaced."""
-    from mlx_vlm.models.qwen4_exp import Model, ModelConfig
-
-    mx.random.seed(seed)
-    model = Model(ModelConfig.from_dict(_config(**text)))
-    model.set_dtype(mx.float32)
-    randomize(model, _RANDOMIZED, 0.3)
-    return model
-
-
-def save_qwen4_exp(path: Path, seed: int = 0, **text: Any) -> Path:
-    """The tiny checkpoint in ``path``; ``text``: text config fields replaced."""
-    return save_checkpoint(path, qwen4_exp_model(seed, **text), _config(**text))
+QWEN4_EXP = TinyVlmFamily("qwen4_exp", CONFIG, _RANDOMIZED)
+save_qwen4_exp = QWEN4_EXP.save  # the tiny checkpoint in a folder; text config fields replaceable

@@ -113,3 +113,40 @@ def assert_staggered_matches_mlx_vlm(engine: Any, model: Any, params: Any, label
     for prompt, out in zip([prompts[2], prompts[5]], again):
         assert out.metrics.cached_tokens > 0
         assert_matches_mlx_vlm_text(model, prompt, out)
+
+
+def assert_staggered_text_matches(engine: Any, model: Any, lengths: list[int], params: Any) -> None:
+    """Random prompts of ``lengths`` joining ``engine``'s batch at different steps (its config
+    chunks the longer ones): every greedy token is mlx-vlm's, and the pool ends idle."""
+    from tests.support.oracle import assert_pool_idle
+    from tests.support.staggered import random_prompts, run_staggered
+
+    prompts = random_prompts(lengths)
+    results = run_staggered(engine, prompts, params)
+    for i, prompt in enumerate(prompts):
+        want = [token for token, _ in mlx_vlm_text_greedy(model, prompt, params.max_tokens)]
+        assert results[i] == want, f"request {i}"
+    assert_pool_idle(engine)
+
+
+def assert_preemption_then_disk_restart(path: Path, model: Any, params: Any, disk: Path) -> None:
+    """A pool too small for three requests preempts one (it recomputes: the same tokens); a
+    fresh engine over the same disk tier ``disk`` reads a prompt's blocks (K/V or latent, the
+    indexer's pages, the recurrent state at their end) back for a longer prompt, and its tokens
+    stay mlx-vlm's."""
+    from macbatch.engine import Engine, EngineConfig
+    from tests.support.staggered import random_prompts
+
+    config: dict[str, Any] = dict(block_size=8, max_num_batched_tokens=64, disk_cache_dir=str(disk))
+    engine = Engine.load(str(path), EngineConfig(num_blocks=8, **config))
+    prompts = random_prompts([20, 18, 22], seed=3)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        assert_matches_mlx_vlm_text(model, prompt, out)
+    engine.close()
+    restarted = Engine.load(str(path), EngineConfig(num_blocks=32, **config))
+    [out] = restarted.generate([prompts[2] + [5, 6, 7]], params)
+    assert out.metrics.disk_cached_tokens == 16
+    assert_matches_mlx_vlm_text(model, prompts[2] + [5, 6, 7], out)
+    restarted.close()

@@ -35,6 +35,7 @@ from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, remapped_types, unsupported_reason
 from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
 from macbatch.engine.model.hooks.latent_attention import latent_modules
+from macbatch.engine.model.hooks.pooled_sparse_attention import is_pooled_attention
 from macbatch.engine.model.kv_probe import (
     Layout,
     ProbeCache,
@@ -44,7 +45,7 @@ from macbatch.engine.model.kv_probe import (
     refused_if_unreadable,
 )
 from macbatch.engine.model.paged_cache import PagedLayerCache
-from macbatch.engine.model.qsa_indexer import selection_plan
+from macbatch.engine.model.pool_indexer import selection_plan
 from macbatch.engine.model.recurrent import PagedStateCache
 from macbatch.engine.model.state_calls import StateCache
 from macbatch.engine.stores.held_caches import PLACEHOLDER, HeldCaches
@@ -206,11 +207,14 @@ class ModelAdapter:
             listed = type(cache) in _kinds("CacheList")
             parts = cache.caches if listed else (cache,)
             sizes: list[int] = []
+            # GLM5-next's sparse layer: its parts (a PoolingCache among them) are one engine cache
+            pooled = is_pooled_attention(self._attention(len(entries)))
             for part in parts:
                 chunked = type(part) in _kinds("ChunkedKVCache")
                 chunks.append(int(part.chunk_size) if chunked else None)
                 if (
                     chunked
+                    or pooled
                     or type(part) in _kinds("KVCache", "RotatingKVCache") + _plain_kv_kinds()
                 ):
                     sizes.append(0)
@@ -307,6 +311,8 @@ class ModelAdapter:
         """Whether layer ``entry``'s ``CacheList`` of K/V parts ``sizes`` is one sparse MLA
         layer's: its latent and its indexer's keys, or its latent alone (a layer that reads the
         selection of the one before it, Hunyuan V4's "shared" layers)."""
+        if is_pooled_attention(self._attention(entry)):
+            return True
         if sizes == [0, 0]:
             return self._indexed(entry)
         return sizes == [0] and getattr(self._attention(entry), "skip_topk", False)

@@ -189,7 +189,7 @@ _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
 )
-_VLM_SPARSE = ("glm5_next", "longcat_flash_sparse")
+_VLM_SPARSE = ("longcat_flash_sparse",)
 _NOT_TEXT = "not a text generator"
 _VLM_DEEPSEEK_V4 = (
     "mlx-vlm's DeepSeek V4 compresses overlapping groups whose previous group is zeros at the "
@@ -347,6 +347,13 @@ FAMILIES: dict[str, Family] = {
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
     "qwen4_exp": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
+        "(text is served)",
+    ),
+    # GLM5-next's pooling indexer (shared by the layers after it): hooks/pooled_sparse_attention.py,
+    # model/pool_indexer.py
+    "glm5_next": Family(
         library=Library.MLX_VLM,
         vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
         "(text is served)",

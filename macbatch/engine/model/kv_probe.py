@@ -24,6 +24,7 @@ import numpy as np
 from mlx_lm.models import base as mlx_base
 
 from macbatch.engine.model.hooks.attention import EngineAttention, unpaged_calls
+from macbatch.engine.model.pool_indexer import page_width
 from macbatch.engine.stores.pages import LayerShape
 
 
@@ -104,6 +105,11 @@ class ProbeCache(EngineAttention):
 
     def select_blocks(self, indexer: Any, x: mx.array) -> mx.array | None:
         """Records a block-sparse layer's indexer, as ``select`` does."""
+        self.indexer = indexer
+        return None
+
+    def select_pools(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """Records a pooling indexer, as ``select`` does."""
         self.indexer = indexer
         return None
 
@@ -201,7 +207,7 @@ def layout_of(attention: list[ProbeCache], model_type: str) -> Layout:
     for cache in attention:
         index_layers.append(None if cache.indexer is None else len(shapes))
         if cache.indexer is not None:
-            shapes.append(LayerShape(1, int(cache.indexer.head_dim), value_dim=0))
+            shapes.append(LayerShape(1, page_width(cache.indexer), value_dim=0))
             windows.append(None)
     indexer = next((c.indexer for c in attention if c.indexer is not None), None)
     assert attention[0].dtype is not None

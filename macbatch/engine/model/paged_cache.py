@@ -16,6 +16,7 @@ from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.kv_probe import owner_of
+from macbatch.engine.model.pool_indexer import pool_indexer_rows, select_pools
 from macbatch.engine.model.qsa_indexer import block_indexer_rows, select_blocks
 from macbatch.engine.model.sparse_indexer import SelectionPlan, indexer_rows, select
 from macbatch.engine.stores.pages import KVStore, KVStores
@@ -140,3 +141,11 @@ class PagedLayerCache(EngineAttention):
         rows = block_indexer_rows(indexer, x, self.offset)
         self.store.write(self.index_layer, self.rows[1], rows.keys, None)
         return select_blocks(rows, self.store.pages(self.index_layer)[0], indexer, self.plan)
+
+    def select_pools(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """The pooling indexer's keys and gates of this step's rows written to their pages, then
+        each row's positions by its best pools (None: the step attends densely)."""
+        assert self.index_layer is not None and self.plan is not None and self.rows is not None
+        rows = pool_indexer_rows(indexer, x, qr)
+        self.store.write(self.index_layer, self.rows[1], rows.pages, None)
+        return select_pools(rows, self.store.pages(self.index_layer)[0], indexer, self.plan)

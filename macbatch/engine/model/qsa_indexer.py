@@ -96,7 +96,7 @@ def select_blocks(
         scores = mx.where(visible, scores, -float("inf"))
         blocks = mx.argpartition(scores, kth=-top, axis=-1)[..., -top:].astype(mx.int32)
         blocks = mx.where(blocks < whole[..., None], blocks, -1)
-        positions = _positions(blocks, whole, mx.array(tile.positions), ratio)
+        positions = block_positions(blocks, whole, mx.array(tile.positions), ratio)
         parts.append(positions.reshape(-1, positions.shape[-1])[mx.array(tile.real)])
     return mx.concatenate(parts, axis=0)[plan.order]
 
@@ -113,9 +113,10 @@ def _summaries(indexer: Any, raw: mx.array) -> mx.array:
     return _rope(indexer, pooled, starts)[:, 0]
 
 
-def _positions(blocks: mx.array, whole: mx.array, at: mx.array, ratio: int) -> mx.array:
-    """The positions rows read: the tokens of their ``blocks [..., top]`` (-1: none), then the
-    tail after their ``whole`` blocks up to their own position ``at``."""
+def block_positions(blocks: mx.array, whole: mx.array, at: mx.array, ratio: int) -> mx.array:
+    """The positions rows read (GLM5-next's pools too, ``pool_indexer.py``): the tokens of their
+    ``blocks [..., top]`` (-1: none), then the tail after their ``whole`` blocks up to their own
+    position ``at``."""
     offsets = mx.arange(ratio, dtype=mx.int32)
     tokens = blocks[..., None] * ratio + offsets
     tokens = mx.where(blocks[..., None] >= 0, tokens, -1).reshape(*blocks.shape[:-1], -1)

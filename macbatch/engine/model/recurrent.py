@@ -77,14 +77,15 @@ class ChunkBatch:
         )
 
     def inputs(self, x: mx.array, start: int, stop: int) -> mx.array:
-        """Chunks ``start`` to ``stop - 1`` of ``x`` (``[N, 1, H]`` rows) as ``[n, length, H]``."""
+        """Chunks ``start`` to ``stop - 1`` of ``x`` (``[N, 1, ...]`` rows: GLM5-next's hold each
+        of their residual streams) as ``[n, length, ...]``."""
         n, length = stop - start, self.length
         if self.rows is None:
             first = self.chunks[0][0] + start * length
             part = x[first : first + n * length]
         else:
             part = x[self.rows[start * length : stop * length]]
-        return part.reshape(n, length, -1)
+        return part.reshape(n, length, *x.shape[2:])
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.indexer_keys import IndexerKeysGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
 from tests.support.oracle import assert_pool_idle
-from tests.support.staggered import STAGGERED, random_prompts, run_staggered
+from tests.support.staggered import STAGGERED
 from tests.support.tiny_qwen4_exp import SPARSE_FROM, save_qwen4_exp
 from tests.support.vlm_oracle import (
     assert_matches_mlx_vlm_text,
+    assert_preemption_then_disk_restart,
     assert_sparse_not_dense,
-    mlx_vlm_text_greedy,
+    assert_staggered_text_matches,
 )
 
 pytest.importorskip("mlx_vlm")
@@ -54,12 +55,7 @@ def test_served_text_only() -> None:
 def test_staggered_batch_with_chunked_prefill(saved, engine: Engine) -> None:
     """Six requests join at different steps, the longer prompts in chunks (contexts up to 66
     tokens, sparse from 16); every token is mlx-vlm's."""
-    prompts = random_prompts([1, 5, 37, 12, 60, 3])
-    results = run_staggered(engine, prompts, GREEDY)
-    for i, prompt in enumerate(prompts):
-        want = [token for token, _ in mlx_vlm_text_greedy(saved[1], prompt, GREEDY.max_tokens)]
-        assert results[i] == want, f"request {i}"
-    assert_pool_idle(engine)
+    assert_staggered_text_matches(engine, saved[1], [1, 5, 37, 12, 60, 3], GREEDY)
 
 
 def test_attention_reads_the_selected_positions_only(saved, engine: Engine, tmp_path) -> None:
@@ -80,17 +76,4 @@ def test_preemption_then_a_restart_from_the_disk_tier(saved, tmp_path: Path) -> 
     """A pool too small for three requests preempts one (it recomputes: the same tokens); a
     fresh engine over the same disk tier reads a prompt's blocks (K/V, raw indexer keys, and
     the recurrent state at their end) back for a longer prompt, and its tokens stay mlx-vlm's."""
-    path, oracle = saved
-    config = dict(block_size=8, max_num_batched_tokens=64, disk_cache_dir=str(tmp_path / "kv"))
-    engine = Engine.load(str(path), EngineConfig(num_blocks=8, **config))
-    prompts = random_prompts([20, 18, 22], seed=3)
-    outs = engine.generate(prompts, GREEDY)
-    assert engine.stats().preemptions > 0
-    for prompt, out in zip(prompts, outs):
-        assert_matches_mlx_vlm_text(oracle, prompt, out)
-    engine.close()
-    restarted = Engine.load(str(path), EngineConfig(num_blocks=32, **config))
-    [out] = restarted.generate([prompts[2] + [5, 6, 7]], GREEDY)
-    assert out.metrics.disk_cached_tokens == 16
-    assert_matches_mlx_vlm_text(oracle, prompts[2] + [5, 6, 7], out)
-    restarted.close()
+    assert_preemption_then_disk_restart(*saved, GREEDY, tmp_path / "kv")

@@ -20,6 +20,7 @@ from macbatch.engine.model.hooks import (
     depthwise_conv,
     gated_delta,
     latent_attention,
+    pooled_sparse_attention,
     recurrent_layers,
     row_positions,
     scalar_offsets,
@@ -73,6 +74,13 @@ HOOKS: tuple[Hook, ...] = (
         "through its QSA kernel or a mask; the packed step pages the keys, selects each row's "
         "positions and attends over the pages reading those alone",
         lambda target: block_sparse_attention.install(target.layers),
+    ),
+    Hook(
+        "pooled_sparse_attention",
+        "GLM5-next's attention keeps its latent and its pooling indexer's keys in mlx-vlm's own "
+        "caches (a PoolingCache among them); the packed step pages both, selects each row's "
+        "positions and attends over the latent pages reading those alone",
+        lambda target: pooled_sparse_attention.install(target.layers),
     ),
     Hook(
         "row_positions",

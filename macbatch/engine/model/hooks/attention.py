@@ -91,6 +91,11 @@ class EngineAttention:
         densely)."""
         raise NotImplementedError
 
+    def select_pools(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
+        """A pooling indexer (GLM5-next's, ``model/pool_indexer.py``): this step's indexer keys
+        and gates written, each row's positions ``[N, K]`` (None: all attend densely)."""
+        raise NotImplementedError
+
     def __getitem__(self, part: int) -> EngineAttention:
         """mlx-lm's sparse MLA models keep a ``CacheList`` (latent, indexer keys) per layer and
         read its first part's mask; the engine's one cache per layer is both parts."""

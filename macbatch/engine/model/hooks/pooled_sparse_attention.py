@@ -17,7 +17,7 @@ With any other cache (mlx-vlm's own generation in the same process) it runs exac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -46,18 +46,12 @@ def install(layers: Sequence[Any]) -> None:
             swap_call(attention, _POOLED_CLASSES, _pooled_call)
 
 
-def _pooled_call(base: type) -> Callable[..., Any]:
-    """The swapped class's ``__call__`` over ``base``'s (named: a further subclass must not
-    recurse)."""
-
-    def call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> Any:
-        cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
-        if not isinstance(cache, EngineAttention):
-            return base.__call__(self, x, *args, **kwargs)
-        shared = kwargs.get("prev_topk_indices", args[2] if len(args) > 2 else None)
-        return _attend(self, x, cache, shared)
-
-    return call
+def _pooled_call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> Any:
+    cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
+    if not isinstance(cache, EngineAttention):
+        return super(type(self), self).__call__(x, *args, **kwargs)
+    shared = kwargs.get("prev_topk_indices", args[2] if len(args) > 2 else None)
+    return _attend(self, x, cache, shared)
 
 
 def _attend(

@@ -79,7 +79,7 @@ def test_help_reads_well() -> None:
     assert "Usage: macbatch doctor [OPTIONS] [MODEL]" in doctor.stdout
     for command in ("chat", "run", "serve"):
         text = macbatch(command, "--help").stdout
-        assert "[8|4]" in text and "off|auto|ngram|draft|mtp" in text, command
+        assert "[8|4]" in text and "off, auto, ngram, draft, mtp, dflash, eagle3" in text, command
         assert "not available" not in text and "``" not in text, command
     serve = macbatch("serve", "--help").stdout
     assert "critical, error, warning, info, debug, trace" in serve

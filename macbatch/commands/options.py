@@ -42,6 +42,13 @@ def _check_kv_bits(value: int | None) -> int | None:
     return value
 
 
+def _check_disk_size(value: float | None) -> float | None:
+    """Parse time, before any job file is read: inf and 1e400 pass typer's float and min."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a size: give the GiB the cache may use, e.g. 20")
+    return value
+
+
 def _check_speculative(value: str | None) -> str | None:
     try:
         if value is not None:
@@ -98,11 +105,6 @@ def disk_cache_config(
     from macbatch.models.names import expected_weights_bytes
 
     directory = Path(cache_dir).expanduser() if cache_dir else data_dir() / "kv-cache"
-    if cache_disk_gb is not None and not math.isfinite(cache_disk_gb):
-        raise typer.BadParameter(
-            f"{cache_disk_gb} is not a size: give the GiB the cache may use, e.g. 20",
-            param_hint="--cache-disk-gb",
-        )
     if cache_disk_gb is not None:
         size = int(cache_disk_gb * 2**30)
     else:
@@ -198,6 +200,7 @@ class EngineKnobs:
         None,
         "--cache-disk-gb",
         min=0.0,
+        callback=_check_disk_size,
         show_default=False,
         help="GiB of disk it may use (default: docs/engine.md, 'The disk tier').",
         rich_help_panel=DISK_PANEL,

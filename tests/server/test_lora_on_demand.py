@@ -24,6 +24,7 @@ from macbatch.openai import DATA_ONLY
 from macbatch.server.app import ServerOptions, create_pool_app
 from tests.support.live_server import ENGINE_CONFIG, Served, engine_generate, serving_app
 from tests.support.lora import ATTENTION, MLP, name_base, save_adapter, to_peft
+from tests.support.polling import wait_until
 
 PROMPT = "the quick brown fox"
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -121,7 +122,8 @@ def test_listed_loaded_on_first_use_and_named_as_asked(served, oracle, tiny_mode
     )
     assert {chunk.model for chunk in stream} == {"tiny-qwen3:peft"}
     [loaded] = pool.loaded.values()
-    assert all(use.leases == 0 for use in loaded.adapters.values())
+    # the stream's lease goes when the server's handler ends, just after the client's last chunk
+    assert wait_until(lambda: all(use.leases == 0 for use in loaded.adapters.values()))
 
 
 def test_the_least_recently_used_adapter_unloads_for_another(served, oracle, tiny_model_path):

@@ -22,6 +22,8 @@ from tests.support.mtp import (
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
 MAX_TOKENS = 40
+# DeepSeek Sparse Attention plans its selection on the host: those steps never run compiled
+COMPILED_ARCHS = sorted(set(NEXTN_ARCHS) - {"deepseek_v32", "glm_moe_dsa"})
 CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16, compile_decode_after=0)
 
 
@@ -47,7 +49,7 @@ def _compiled_counts(engine: Engine) -> list[int]:
     return count
 
 
-@pytest.mark.parametrize("arch", sorted(NEXTN_ARCHS))
+@pytest.mark.parametrize("arch", COMPILED_ARCHS)
 def test_plain_decode_steps_run_compiled_and_drafts_stay_the_mtp_layers(arch, tiny_tokenizer):
     """A random MTP layer's drafts are rejected, so its requests rest and decode plainly between
     probes: those steps run compiled, the replies are mlx-lm's, and each probe after compiled

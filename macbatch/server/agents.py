@@ -18,6 +18,7 @@ from macbatch.openai.responses_output import ResponsesRenderer
 from macbatch.server.errors import APIError, invalid
 from macbatch.server.generation import served_request
 from macbatch.server.parsing import parse_body_off_loop
+from macbatch.server.presets import MESSAGES, RESPONSES, with_preset
 from macbatch.server.serving import ServerState, read_json, route_table, state_of
 from macbatch.server.stored import MAX_STORED, Stored
 
@@ -25,6 +26,7 @@ from macbatch.server.stored import MAX_STORED, Stored
 async def create_response(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    body = with_preset(body, RESPONSES)
     check_value(body)  # echoed and stored whole (metadata too): every field, not just the chat's
     previous = previous_response_id(body)
     history = None if previous is None else _stored(state, previous).conversation
@@ -76,6 +78,7 @@ def _not_found(response_id: str) -> APIError:
 async def create_message(request: Request) -> Response:
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    body = with_preset(body, MESSAGES)
     lines = state.options.keep_volatile_prompt_lines
     async with served_request(request, body.get("model")) as served:
         model = served.model
@@ -90,6 +93,7 @@ async def count_tokens(request: Request) -> Response:
     """The prompt's tokens, templated as /v1/messages would (tools and thinking included)."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    body = with_preset(body, MESSAGES)
     lines = state.options.keep_volatile_prompt_lines
     async with served_request(request, body.get("model")) as served:
         images = served.model.images

@@ -34,6 +34,7 @@ from macbatch.server.generation import served_request
 from macbatch.server.model_cards import adapter_cards, model_card, render_metrics
 from macbatch.server.origins import HostOriginGuard, allowed_host_names, normalized_origins
 from macbatch.server.parsing import parse_body_off_loop
+from macbatch.server.presets import CHAT, COMPLETION, with_preset
 from macbatch.server.serving import ServerOptions, ServerState, read_json, state_of
 
 __all__ = ["ServerOptions", "create_app", "create_pool_app", "stop_batches", "stop_generating"]
@@ -209,6 +210,7 @@ async def _generate(request: Request, endpoint: Endpoint) -> Response:
     """Chat and legacy completions: parse, then serve with the OpenAI chunk renderer."""
     state = state_of(request)
     body = await read_json(request, state.options.max_body_bytes)
+    body = with_preset(body, CHAT if endpoint is Endpoint.CHAT else COMPLETION)
     async with served_request(request, body.get("model")) as served:
         keep, images = state.options.keep_volatile_prompt_lines, served.model.images
         generation = await parse_body_off_loop(

@@ -57,7 +57,8 @@ def test_engine_death_is_reported_not_hung(tiny_model_path: Path) -> None:
                 response = client.post(path, json={**fields, "max_tokens": 4})
                 assert response.status_code == 503
                 assert response.json()["error"]["type"] == "service_unavailable"
-                assert time.monotonic() - started < 1
+                # at once, not after a timeout (generous: a loaded 2-core machine is slow)
+                assert time.monotonic() - started < 10
             metrics = client.get("/metrics").text
             assert "macbatch_engine_up 0" in metrics
     finally:

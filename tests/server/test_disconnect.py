@@ -71,7 +71,7 @@ def test_stream_disconnect_frees_blocks(recorded: tuple[Served, Recorder]) -> No
         assert server.thread.stats().kv_blocks_used > 0
         closed_at = time.monotonic()
     _freed_on_next_step(recorder)
-    assert time.monotonic() - closed_at < 2
+    assert time.monotonic() - closed_at < 10  # generous; the step count below is the bound
     assert len(recorder.after_step) < LONG["max_tokens"] / 2  # it did not run to the end
     assert scrape(server)['macbatch_requests_total{finish_reason="abort"}'] == 1
     assert scrape(server)["macbatch_requests_pending"] == 0

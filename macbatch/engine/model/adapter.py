@@ -33,6 +33,7 @@ import mlx.nn as nn
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.flat_model import FlatTransformer, is_flat
 from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
 from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.hooks.pooled_sparse_attention import is_pooled_attention
@@ -136,12 +137,15 @@ class ModelAdapter:
         inner_name = next(
             (n for n in _INNER_NAMES if isinstance(getattr(model, n, None), nn.Module)), None
         )
-        if inner_name is None:
+        if inner_name is None and not is_flat(model):
             raise UnsupportedModelError(
                 f"model type '{self.model_type}' has no inner transformer named "
-                f"{' / '.join(_INNER_NAMES)}; macbatch cannot pack its forward"
+                f"{' / '.join(_INNER_NAMES)} and no decoder layers and LM head of its own; "
+                "macbatch cannot pack its forward"
             )
-        self.inner_name: str = inner_name
+        # None: a flat model, its own forward without its head packed (``flat_model.py``)
+        self.inner_name: str | None = inner_name
+        self._flat = None if inner_name else FlatTransformer(model, _head_call(type(model)))
         with refused_if_unreadable(self.model_type):
             self.recurrent, self.cache_lists, self.chunks = self._recurrent_caches()
             capped = self._named_modules(self.family.inline_softcap_attention)
@@ -160,8 +164,9 @@ class ModelAdapter:
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
 
     @property
-    def inner(self) -> nn.Module:
-        return getattr(self.model, self.inner_name)
+    def inner(self) -> Any:
+        """What the adapter packs: the inner transformer, or a flat model without its head."""
+        return self._flat if self.inner_name is None else getattr(self.model, self.inner_name)
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -280,7 +285,7 @@ class ModelAdapter:
                 for e in self.recurrent
                 for size in e
             ]
-            self.run_inner(mx.array([[0]]), cache=self._nested(caches))
+            self.run_inner(mx.array([[0]]), mx.array([0]), cache=self._nested(caches))
         attention = [c for c in caches if isinstance(c, ProbeCache)]
         self.kv_used = [c.shape is not None or bool(c.reads) for c in attention]
         attention = [c for c, used in zip(attention, self.kv_used) if used]
@@ -344,10 +349,14 @@ class ModelAdapter:
         """Whether some layers select their rows with a lightning indexer (DeepSeek V3.2)."""
         return self.indexer is not None
 
-    def run_inner(self, inputs: mx.array, **kwargs: Any) -> mx.array:
-        """The inner transformer on ``inputs``, handed a mask where it asks for one by name
-        without a default (Phixtral's, whose model makes it from the first cache: for the
-        engine's caches that is the whole causal sequence, the kernels' own rule)."""
+    def run_inner(self, inputs: mx.array, positions: mx.array, **kwargs: Any) -> mx.array:
+        """The inner transformer on ``inputs`` (their ``positions``: ``[N]``, or ``[N, 3]``
+        M-RoPE ones), handed a mask where it asks for one by name without a default
+        (Phixtral's, whose model makes it from the first cache: for the engine's caches that is
+        the whole causal sequence, the kernels' own rule), and M-RoPE position ids where its
+        family takes them (``Family.mrope_position_ids``)."""
+        if self.family.mrope_position_ids:
+            kwargs["position_ids"] = _mrope_position_ids(positions)
         if self._needs_mask is None:
             parameter = inspect.signature(self.inner).parameters.get("mask")
             self._needs_mask = parameter is not None and parameter.default is parameter.empty
@@ -408,7 +417,7 @@ class ModelAdapter:
         nested = self._nested(caches)
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
-            return self.run_inner(inputs, cache=nested)
+            return self.run_inner(inputs, positions, cache=nested)
         return self._with_images(inputs, nested, batch.image_rows, batch.image_embeddings)
 
     def _with_images(
@@ -452,10 +461,14 @@ class ModelAdapter:
 
     def head(self, hidden: mx.array) -> mx.array:
         """Logits ``[R, V]`` (float32) of normed hidden states ``[R, 1, H]``, through the model's
-        own ``__call__`` (tied embeddings, logit scaling and softcaps stay the architecture's)."""
-        stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
-        inputs = mx.zeros(hidden.shape[:2], dtype=mx.int32)  # unread
-        out = _head_call(type(self.model))(stand_in, inputs)
+        own ``__call__`` (tied embeddings, logit scaling and softcaps stay the architecture's),
+        or a flat model's LM head."""
+        if self.inner_name is None:
+            out = self.model.lm_head(hidden)
+        else:
+            stand_in = _HiddenStatesOnly(self.model, self.inner_name, hidden)
+            inputs = mx.zeros(hidden.shape[:2], dtype=mx.int32)  # unread
+            out = _head_call(type(self.model))(stand_in, inputs)
         # mlx-vlm's language models return their logits in an output record
         logits = getattr(out, "logits", out)[:, -1, :]
         return logits if logits.dtype == mx.float32 else logits.astype(mx.float32)
@@ -487,6 +500,13 @@ def _head_call(cls: type) -> Callable[..., Any]:
     bases' that does not."""
     calls = (klass.__dict__.get("__call__") for klass in cls.__mro__)
     return next(c for c in calls if c is not None and "__class__" not in c.__code__.co_freevars)
+
+
+def _mrope_position_ids(positions: mx.array) -> mx.array:
+    """Rows' ``positions`` (``[N]``, or ``[N, 3]`` M-RoPE ones) as the ``[3, N, 1]`` position ids
+    of N one-token rows (a text row's three parts are its position)."""
+    parts = positions.T if positions.ndim == 2 else mx.broadcast_to(positions, (3, positions.size))
+    return parts[:, :, None]
 
 
 def _kinds(*names: str) -> tuple[type, ...]:

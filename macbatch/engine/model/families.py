@@ -179,6 +179,10 @@ class Family:
     # caches are held per request slot and it runs the step's sequences apart
     # (model/held_attention.py)
     held_cache_attention: str | None = None
+    # its inner transformer takes M-RoPE ``position_ids`` (``[3, B, L]``), where without them it
+    # reads its first cache's offset as one number (GLM-4V's ``mx.arange(cache[0].offset, ...)``):
+    # the adapter hands it each row's position
+    mrope_position_ids: bool = False
     # why a loaded model of the family is refused for its config (its ``args``), or None: what
     # the family's library itself computes wrongly has no output to match
     config_refusal: Callable[[Any], str | None] | None = None

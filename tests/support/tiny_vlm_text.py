@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from tests.support.tiny import HYBRID_CONFIGS, SPECIAL_TOKENS, VOCAB_SIZE, save_tokenizer
+from tests.support.vlm_architectures import vlm_config
 
 _ROUTED = dict(hidden_size=64, num_attention_heads=4, vocab_size=VOCAB_SIZE)
 # the text-only families' common sizes
@@ -254,10 +255,11 @@ _HELD_NAMES = frozenset(
 
 def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
     """The tiny ``family`` checkpoint in ``path`` (float32), ``overrides`` merged into its
-    config.json (for a VLM: into its text config)."""
+    config.json (for a VLM: into its text config); a family not in ``CONFIGS`` gets its derived
+    config (``vlm_architectures.py``), saved under mlx-vlm's names."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
-    config = copy.deepcopy(CONFIGS[family])
+    config = copy.deepcopy(CONFIGS[family]) if family in CONFIGS else vlm_config(family)
     config.get("text_config", config).update(overrides)
     module, _ = get_model_and_args(copy.deepcopy(config))
     mx.random.seed(seed)
@@ -267,7 +269,7 @@ def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any
     model = module.Model(update_module_configs(model_config, module, copy.deepcopy(config), parts))
     model.set_dtype(mx.float32)
     weights = dict(tree_flatten(model.parameters()))
-    if family not in _HELD_NAMES:
+    if family in CONFIGS and family not in _HELD_NAMES:
         weights = {key.removeprefix("language_model."): v for key, v in weights.items()}
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), weights)

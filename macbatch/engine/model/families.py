@@ -236,6 +236,11 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
 _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
+# VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
+# configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
+_VLM_TEXT_CHECKED = ("aya_vision", "dots_ocr", "fastvlm", "idefics3", "locateanything")
+# those of them whose inner transformer takes M-RoPE position ids (``mrope_position_ids``)
+_VLM_MROPE_TEXT = ("glm4v",)
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _UNCHECKED = (
@@ -243,13 +248,13 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "aya_vision", "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr",
-    "ernie4_5_moe_vl", "falcon_ocr", "fastvlm", "glm4v", "glm4v_moe", "glm_ocr", "got",
-    "granite4_vision", "hunyuan_vl", "idefics2", "idefics3", "indic_ocr", "inkling", "internvl",
-    "jina_vlm", "limite", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmo",
-    "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2", "moondream3",
-    "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "phi3_v", "phi4_siglip", "phi4mm",
-    "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl", "zaya1_vl",
+    "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "ernie4_5_moe_vl",
+    "falcon_ocr", "glm4v_moe", "glm_ocr", "got", "granite4_vision", "hunyuan_vl", "idefics2",
+    "indic_ocr", "inkling", "internvl", "jina_vlm", "limite", "llava_bunny", "mage_vl", "mimo_v2",
+    "minicpmo", "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2",
+    "moondream3", "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "phi3_v",
+    "phi4_siglip", "phi4mm", "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl",
+    "zaya1_vl",
 )  # fmt: skip
 
 
@@ -342,7 +347,12 @@ FAMILIES: dict[str, Family] = {
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
     **dict.fromkeys(
-        _VLM_TEXT_SERVED, Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED)
+        _VLM_TEXT_SERVED + _VLM_TEXT_CHECKED,
+        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED),
+    ),
+    **dict.fromkeys(
+        _VLM_MROPE_TEXT,
+        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, mrope_position_ids=True),
     ),
     "step3p7": Family(
         library=Library.MLX_VLM,

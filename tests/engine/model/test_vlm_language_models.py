@@ -1,0 +1,43 @@
+"""The VLMs whose language model is mlx-vlm's own code, served as text through the packed paged
+step: on a tiny random model of each (its config derived, tests/support/vlm_architectures.py),
+three prompts batched with chunked prefill give mlx-vlm's own greedy tokens and their
+log-probabilities, and a request with an image is refused with the table's reason
+(docs/models.md, "Families only mlx-vlm has")."""
+
+from __future__ import annotations
+
+import pytest
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.model.families import Library, family
+from tests.support.oracle import assert_pool_idle
+from tests.support.staggered import random_prompts
+from tests.support.tiny_vlm_text import save_vlm_text_model
+from tests.support.vlm_architectures import OVERRIDES
+from tests.support.vlm_oracle import assert_matches_mlx_vlm_text
+
+pytest.importorskip("mlx_vlm")
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+# a 16-token step budget chunks the 37- and 20-token prompts over several steps
+CHUNKED = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDES))
+def test_batched_chunked_text_matches_mlx_vlm(tmp_path, name) -> None:
+    """Three prompts batched, the longer two prefilled in chunks: every token and its
+    log-probability is mlx-vlm's own generation's; images are refused with the reason."""
+    from mlx_vlm.utils import load_model
+
+    assert family(name).library is Library.MLX_VLM
+    path = save_vlm_text_model(tmp_path, name)
+    engine = Engine.load(str(path), CHUNKED)
+    prompts = random_prompts([5, 37, 20], seed=1)
+    outs = engine.generate(prompts, GREEDY)
+    oracle = load_model(path)
+    for prompt, out in zip(prompts, outs):
+        assert_matches_mlx_vlm_text(oracle, prompt, out)
+    assert_pool_idle(engine)
+    vision = engine.runner.vision
+    assert vision.encoder is None
+    assert (family(name).vision_refusal or "?") in (vision.refusal or "")

@@ -10,7 +10,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from tests.support.tiny import SPECIAL_TOKENS, VOCAB_SIZE
+from tests.support.tiny import HYBRID_CONFIGS, SPECIAL_TOKENS, VOCAB_SIZE
 
 # the text model: two layers of the parity tests' sizes, four small experts, small MLA rows
 _TEXT: dict[str, Any] = dict(
@@ -36,6 +36,14 @@ _TOWER: dict[str, Any] = dict(
 _BRIDGE: dict[str, Any] = dict(_TOWER, input_dim=32, n_embed=64, mm_hidden_size=32)
 _RULES = {"text": _TEXT, "vision": _TOWER}
 
+_PADDLE_TEXT: dict[str, Any] = dict(
+    {k: _TEXT[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                           "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                           "rms_norm_eps", "rope_theta")},
+    hidden_act="silu", use_bias=False, pad_token_id=0, bos_token_id=1, vision_end_token_id=7,
+    rope_scaling={"rope_type": "default", "type": "default", "mrope_section": [2, 3, 3]},
+)  # fmt: skip
+
 # family -> part ("text", "vision", another ``<part>_config``, or "top": the config itself) ->
 # fields no rule gives
 OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
@@ -44,7 +52,39 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
         "text": {"num_hidden_layers": 4},
         "vision": {"model_type": "siglip_vision_model"},
     },
+    "cohere_compass": {"vision": {"model_type": "cohere_compass_vision"}},
     "dots_ocr": {},
+    "glm4v_moe": {},
+    "glm_ocr": {},
+    "internvl": {"text": {"tie_word_embeddings": False}},
+    "llava_bunny": {
+        "top": {"auto_map": {}, "hidden_size": 64, "mm_hidden_size": 32},
+        "vision": {"model_type": "siglip_vision_model"},
+    },
+    # its tower's rotary halves split 4:6:6 in multiples of 16: heads of 64
+    "mage_vl": {"vision": {"hidden_size": 128, "text_hidden_size": 64}},
+    # its text model reads the config's top level, whose defaults are tuples where numbers
+    # belong; M-RoPE sections of a 16-wide head
+    "paddleocr_vl": {"top": _PADDLE_TEXT, "text": _PADDLE_TEXT},
+    # the text model's fields sit in the config itself
+    "phi3_v": {"top": {k: _TEXT[k] for k in ("hidden_size", "num_hidden_layers",
+        "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")}},
+    "plamo2vl": {"text": {"model_type": "plamo2"}},
+    "smolvlm": {},
+    "moondream2": {},
+    "phi4_siglip": {"vision": {"model_type": "siglip2_vision_model"}},
+    "phi4mm": {},
+    # Qwen3.5's Gated DeltaNet between attention layers (mlx-lm's tiny qwen3_5), dense or MoE
+    "minicpmv4_6": {"text": HYBRID_CONFIGS["qwen3_5"]},
+    # its image and video placeholders: ids its prompts never hold
+    "minicpmv4_7": {
+        "text": dict(HYBRID_CONFIGS["qwen3_5"], model_type="qwen3_5_moe_text", num_experts=4,
+                     num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=32, image_token_id=1, video_token_id=2),
+        "top": {"image_token_id": 1, "video_token_id": 2},
+    },
+    "idefics2": {},
+    "jina_vlm": {},
     "fastvlm": {},
     "glm4v": {},
     "idefics3": {},
@@ -77,6 +117,16 @@ def _filled(cls: type, rules: dict[str, Any], given: dict[str, Any]) -> dict[str
     return {**{n: rules[n] for n in names if n in rules}, **given}
 
 
+def _model_type(cls: type, family: str) -> dict[str, str]:
+    """The family's name as the ``model_type`` of a config class that requires one."""
+    required = [
+        f for f in dataclasses.fields(cls)
+        if f.name == "model_type" and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]  # fmt: skip
+    return {"model_type": family} if required else {}
+
+
 def vlm_config(family: str) -> dict[str, Any]:
     """The tiny config.json of ``family`` (a key of ``OVERRIDES``)."""
     from mlx_vlm.utils import get_model_and_args
@@ -86,12 +136,8 @@ def vlm_config(family: str) -> dict[str, Any]:
     config: dict[str, Any] = dict(model_type=family, vocab_size=VOCAB_SIZE)
     for field, cls in _config_classes(module).items():
         part = field.removesuffix("_config")
-        typed = (
-            {"model_type": family}
-            if "model_type" in {f.name for f in dataclasses.fields(cls)}
-            else {}
-        )
-        config[field] = _filled(cls, _RULES.get(part, _BRIDGE), {**typed, **rows.get(part, {})})
+        given = {**_model_type(cls, family), **rows.get(part, {})}
+        config[field] = _filled(cls, _RULES.get(part, _BRIDGE), given)
     config.update(rows.get("top", {}))
     config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
     return config

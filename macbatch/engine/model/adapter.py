@@ -353,10 +353,11 @@ class ModelAdapter:
         """The inner transformer on ``inputs`` (their ``positions``: ``[N]``, or ``[N, 3]``
         M-RoPE ones), handed a mask where it asks for one by name without a default
         (Phixtral's, whose model makes it from the first cache: for the engine's caches that is
-        the whole causal sequence, the kernels' own rule), and M-RoPE position ids where its
-        family takes them (``Family.mrope_position_ids``)."""
-        if self.family.mrope_position_ids:
-            kwargs["position_ids"] = _mrope_position_ids(positions)
+        the whole causal sequence, the kernels' own rule), and position ids where its family
+        takes them (``Family.position_id_axes``)."""
+        axes = self.family.position_id_axes
+        if axes is not None:
+            kwargs["position_ids"] = _position_ids(positions, axes)
         if self._needs_mask is None:
             parameter = inspect.signature(self.inner).parameters.get("mask")
             self._needs_mask = parameter is not None and parameter.default is parameter.empty
@@ -502,9 +503,12 @@ def _head_call(cls: type) -> Callable[..., Any]:
     return next(c for c in calls if c is not None and "__class__" not in c.__code__.co_freevars)
 
 
-def _mrope_position_ids(positions: mx.array) -> mx.array:
-    """Rows' ``positions`` (``[N]``, or ``[N, 3]`` M-RoPE ones) as the ``[3, N, 1]`` position ids
-    of N one-token rows (a text row's three parts are its position)."""
+def _position_ids(positions: mx.array, axes: int) -> mx.array:
+    """Rows' ``positions`` (``[N]``, or ``[N, 3]`` M-RoPE ones) as the position ids of N
+    one-token rows: ``[N, 1]`` (one axis), or ``[3, N, 1]`` (M-RoPE's, a text row's three parts
+    its position)."""
+    if axes == 1:
+        return positions.reshape(-1, 1)
     parts = positions.T if positions.ndim == 2 else mx.broadcast_to(positions, (3, positions.size))
     return parts[:, :, None]
 

@@ -179,10 +179,11 @@ class Family:
     # caches are held per request slot and it runs the step's sequences apart
     # (model/held_attention.py)
     held_cache_attention: str | None = None
-    # its inner transformer takes M-RoPE ``position_ids`` (``[3, B, L]``), where without them it
-    # reads its first cache's offset as one number (GLM-4V's ``mx.arange(cache[0].offset, ...)``):
-    # the adapter hands it each row's position
-    mrope_position_ids: bool = False
+    # the axes of the ``position_ids`` its inner transformer takes where without them it reads
+    # its first cache's offset as one number (GLM-4V's ``mx.arange(cache[0].offset, ...)``) or
+    # counts from 0 (Command A Vision's): 1 (``[B, L]``) or 3 (M-RoPE's ``[3, B, L]``); the
+    # adapter hands it each row's position (None: it takes none)
+    position_id_axes: int | None = None
     # why a loaded model of the family is refused for its config (its ``args``), or None: what
     # the family's library itself computes wrongly has no output to match
     config_refusal: Callable[[Any], str | None] | None = None
@@ -238,9 +239,13 @@ _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl",
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
-_VLM_TEXT_CHECKED = ("aya_vision", "dots_ocr", "fastvlm", "idefics3", "locateanything")
-# those of them whose inner transformer takes M-RoPE position ids (``mrope_position_ids``)
-_VLM_MROPE_TEXT = ("glm4v",)
+_VLM_TEXT_CHECKED = (
+    "aya_vision", "dots_ocr", "fastvlm", "idefics2", "idefics3", "internvl", "jina_vlm",
+    "llava_bunny", "locateanything", "mage_vl", "minicpmv4_6", "minicpmv4_7", "moondream2",
+    "phi3_v", "phi4_siglip", "plamo2vl", "smolvlm",
+)  # fmt: skip
+# those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
+_VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl")
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _UNCHECKED = (
@@ -249,13 +254,19 @@ _UNCHECKED = (
 )
 _VLM_UNCHECKED = (
     "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "ernie4_5_moe_vl",
-    "falcon_ocr", "glm4v_moe", "glm_ocr", "got", "granite4_vision", "hunyuan_vl", "idefics2",
-    "indic_ocr", "inkling", "internvl", "jina_vlm", "limite", "llava_bunny", "mage_vl", "mimo_v2",
-    "minicpmo", "minicpmv4_6", "minicpmv4_7", "molmo", "molmo2", "molmo_point", "moondream2",
-    "moondream3", "multi_modality", "nemotron_h_nano_omni", "paddleocr_vl", "phi3_v",
-    "phi4_siglip", "phi4mm", "plamo2vl", "qwen3_omni_moe", "smolvlm", "unlimited_ocr", "youtu_vl",
-    "zaya1_vl",
+    "falcon_ocr", "got", "granite4_vision", "indic_ocr", "inkling", "limite", "mimo_v2",
+    "minicpmo", "molmo", "molmo2", "molmo_point", "moondream3", "multi_modality",
+    "nemotron_h_nano_omni", "phi4mm", "qwen3_omni_moe", "unlimited_ocr", "youtu_vl", "zaya1_vl",
 )  # fmt: skip
+
+
+# VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
+# (tests/support/vlm_architectures.py) and refused for what their layers do
+_VLM_REFUSED_LAYERS = {
+    "its attention takes its rotary positions from its cache's offset as one number "
+    "(cache_position_offset: the largest of a batch's), where each row of the packed step has a "
+    f"position of its own. {_MEANWHILE_VLM}": ("hunyuan_vl",),
+}
 
 
 def _mlx_vlm_refused() -> dict[str, Family]:
@@ -264,6 +275,7 @@ def _mlx_vlm_refused() -> dict[str, Family]:
         _SPARSE: _VLM_SPARSE,
         _VLM_DEEPSEEK_V4: ("deepseek_v4",),
         _UNCHECKED: _VLM_UNCHECKED,
+        **_VLM_REFUSED_LAYERS,
         **_VLM_NOT_TEXT,
     }
     return {
@@ -352,7 +364,7 @@ FAMILIES: dict[str, Family] = {
     ),
     **dict.fromkeys(
         _VLM_MROPE_TEXT,
-        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, mrope_position_ids=True),
+        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=3),
     ),
     "step3p7": Family(
         library=Library.MLX_VLM,

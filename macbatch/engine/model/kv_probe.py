@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
+from macbatch.engine.model.hooks import direct_attention
 from macbatch.engine.model.hooks.attention import EngineAttention, unpaged_calls
 from macbatch.engine.model.pool_indexer import page_width
 from macbatch.engine.stores.pages import LayerShape
@@ -52,6 +53,7 @@ class ProbeCache(EngineAttention):
         self.keys = keys
         self.dtype = keys.dtype
         self.fetched = (_numbered(keys), _numbered(values))
+        direct_attention.fetched(self)
         return self.fetched
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:

@@ -13,6 +13,7 @@ import numpy as np
 
 import macbatch.metal
 from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.model.hooks import direct_attention
 from macbatch.engine.model.hooks.attention import EngineAttention
 from macbatch.engine.model.image_blocks import attend_blocks
 from macbatch.engine.model.kv_probe import owner_of
@@ -67,6 +68,7 @@ class PagedLayerCache(EngineAttention):
             rows = self.rows[self.store.shapes[self.layer].num_kv_heads]
             self.store.write(self.layer, rows, keys, values)
         self.keys, self.fetched = keys, (keys, values)
+        direct_attention.fetched(self)
         return keys, values
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:

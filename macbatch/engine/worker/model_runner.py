@@ -348,9 +348,10 @@ def adapter_bank(model: nn.Module, config: EngineConfig, ranks: Ranks | None) ->
 
 
 def model_vocab_size(model: nn.Module) -> int:
-    """``args.vocab_size``, else the rows of the model's token embedding (Phixtral's
-    ``transformer.embd.wte``, Gemma 3n's ``embed_tokens`` inside its wrapper)."""
-    args = getattr(model, "args", None)
+    """``args.vocab_size`` (mlx-vlm's language models: ``config.vocab_size``), else the rows of
+    the model's token embedding (Phixtral's ``transformer.embd.wte``, Gemma 3n's
+    ``embed_tokens`` inside its wrapper)."""
+    args = getattr(model, "args", None) or getattr(model, "config", None)
     size = getattr(args, "vocab_size", None)
     if size:
         return int(size)

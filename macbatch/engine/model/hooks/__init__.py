@@ -18,6 +18,7 @@ from macbatch.engine.model.hooks import (
     block_sparse_attention,
     cpu_activations,
     depthwise_conv,
+    direct_attention,
     gated_delta,
     latent_attention,
     pooled_sparse_attention,
@@ -60,6 +61,13 @@ HOOKS: tuple[Hook, ...] = (
         "every layer's attention reaches the engine's paged K/V through the name each model "
         "module imports, scaled_dot_product_attention",
         lambda _: attention.install(),
+    ),
+    Hook(
+        "direct_attention",
+        "some layers (mlx-vlm's Phi-3-Vision, Moondream 2, Phi-4) call "
+        "mx.fast.scaled_dot_product_attention themselves, with no cache; their module's mx is "
+        "given a view whose attention knows the K/V the engine's cache just fetched",
+        lambda target: direct_attention.install(target.layers),
     ),
     Hook(
         "latent_attention",

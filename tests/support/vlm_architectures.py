@@ -33,15 +33,29 @@ _TOWER: dict[str, Any] = dict(
     num_layers=1, width=32, layers=1, heads=2, out_hidden_size=64, mlp_ratio=2.0,
 )  # fmt: skip
 # the parts between them (projectors, resamplers): the tower's width in, the text's out
-_BRIDGE: dict[str, Any] = dict(_TOWER, input_dim=32, n_embed=64, mm_hidden_size=32)
+_BRIDGE: dict[str, Any] = dict(_TOWER, input_dim=32, n_embed=64, mm_hidden_size=32, mlp_ratio=2)
 _RULES = {"text": _TEXT, "vision": _TOWER}
 
+# the text model's fields, for the families whose config holds them at its top level
+_FLAT: dict[str, Any] = {
+    k: _TEXT[k]
+    for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size", "rms_norm_eps", "rope_theta")
+}  # fmt: skip
 _PADDLE_TEXT: dict[str, Any] = dict(
-    {k: _TEXT[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size",
-                           "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-                           "rms_norm_eps", "rope_theta")},
-    hidden_act="silu", use_bias=False, pad_token_id=0, bos_token_id=1, vision_end_token_id=7,
+    _FLAT, hidden_act="silu", use_bias=False, pad_token_id=0, bos_token_id=1,
+    vision_end_token_id=7,
     rope_scaling={"rope_type": "default", "type": "default", "mrope_section": [2, 3, 3]},
+)  # fmt: skip
+
+# Molmo 2's tower and the adapter that pools its layers' features into the text model's rows
+_MOLMO2_VIT: dict[str, Any] = dict(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=16, image_num_pos=4, image_default_input_size=[28, 28],
+)  # fmt: skip
+_MOLMO2_ADAPTER: dict[str, Any] = dict(
+    hidden_size=32, intermediate_size=64, text_hidden_size=64, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=16, vit_layers=[-1],
 )  # fmt: skip
 
 # family -> part ("text", "vision", another ``<part>_config``, or "top": the config itself) ->
@@ -54,6 +68,26 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     },
     "cohere_compass": {"vision": {"model_type": "cohere_compass_vision"}},
     "dots_ocr": {},
+    "deepseekocr": {"vision": {"model_type": "vision"}},
+    "deepseek_vl_v2": {"vision": {"model_type": "vision"}},
+    "molmo2": {"vision": {"vit_config": _MOLMO2_VIT, "adapter_config": _MOLMO2_ADAPTER}},
+    # its rotary dims are 32: heads of 32
+    "moondream3": {"text": {"num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32}},
+    # Janus: a one-tower SigLIP and a two-layer MLP projector
+    "multi_modality": {
+        "text": {"model_type": "llama"},
+        "vision": {"model_type": "vision", "cls": "CLIPVisionTower", "params": {}},
+        "projector": {"model_type": "mlp", "cls": "MlpProjector",
+                      "params": {"projector_type": "mlp_gelu", "depth": 2}},
+    },
+    "got": {"top": _FLAT},
+    # Nemotron-H's Mamba 2, attention and MLP layers (mlx-lm's tiny nemotron_h)
+    "nemotron_h_nano_omni": {"text": HYBRID_CONFIGS["nemotron_h"], "top": {"vit_hidden_size": 32,
+                             "projector_hidden_size": 64}},
+    # Qwen3.5's Gated DeltaNet and attention layers under a document-layout model
+    "indic_ocr": {"text": HYBRID_CONFIGS["qwen3_5"]},
+    # its Q-Former's heads are 64 wide
+    "granite4_vision": {"vision": {"hidden_size": 64}},
     "glm4v_moe": {},
     "glm_ocr": {},
     "internvl": {"text": {"tie_word_embeddings": False}},
@@ -67,13 +101,11 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     # belong; M-RoPE sections of a 16-wide head
     "paddleocr_vl": {"top": _PADDLE_TEXT, "text": _PADDLE_TEXT},
     # the text model's fields sit in the config itself
-    "phi3_v": {"top": {k: _TEXT[k] for k in ("hidden_size", "num_hidden_layers",
-        "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")}},
+    "phi3_v": {"top": _FLAT},
     "plamo2vl": {"text": {"model_type": "plamo2"}},
     "smolvlm": {},
     "moondream2": {},
     "phi4_siglip": {"vision": {"model_type": "siglip2_vision_model"}},
-    "phi4mm": {},
     # Qwen3.5's Gated DeltaNet between attention layers (mlx-lm's tiny qwen3_5), dense or MoE
     "minicpmv4_6": {"text": HYBRID_CONFIGS["qwen3_5"]},
     # its image and video placeholders: ids its prompts never hold

@@ -240,9 +240,10 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "dots_ocr", "fastvlm", "idefics2", "idefics3", "internvl", "jina_vlm",
-    "llava_bunny", "locateanything", "mage_vl", "minicpmv4_6", "minicpmv4_7", "moondream2",
-    "phi3_v", "phi4_siglip", "plamo2vl", "smolvlm",
+    "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "fastvlm", "got", "granite4_vision",
+    "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny", "locateanything",
+    "mage_vl", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2", "moondream3",
+    "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl", "smolvlm",
 )  # fmt: skip
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
 _VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl")
@@ -253,10 +254,8 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "cohere_compass", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "ernie4_5_moe_vl",
-    "falcon_ocr", "got", "granite4_vision", "indic_ocr", "inkling", "limite", "mimo_v2",
-    "minicpmo", "molmo", "molmo2", "molmo_point", "moondream3", "multi_modality",
-    "nemotron_h_nano_omni", "phi4mm", "qwen3_omni_moe", "unlimited_ocr", "youtu_vl", "zaya1_vl",
+    "deepseekocr_2", "ernie4_5_moe_vl", "falcon_ocr", "mimo_v2", "minicpmo", "phi4mm",
+    "qwen3_omni_moe", "youtu_vl", "zaya1_vl",
 )  # fmt: skip
 
 
@@ -266,6 +265,21 @@ _VLM_REFUSED_LAYERS = {
     "its attention takes its rotary positions from its cache's offset as one number "
     "(cache_position_offset: the largest of a batch's), where each row of the packed step has a "
     f"position of its own. {_MEANWHILE_VLM}": ("hunyuan_vl",),
+    "its inner transformer applies the LM head itself and returns every row's logits, where the "
+    f"packed step takes its normed hidden states. {_MEANWHILE_VLM}": ("molmo",),
+    "its text generation runs through the whole model (its language_model is the model itself: "
+    "point prediction over image patches, a logit processor that keeps the generated ids), not "
+    f"a text model the packed step can run. {_MEANWHILE_VLM}": ("molmo_point",),
+    "its attention builds its sliding-window mask from its cache's offset as one number, and its "
+    "inner transformer its positions likewise, where each row of the packed step has a position "
+    f"of its own. {_MEANWHILE_VLM}": ("limite",),
+    "its layers keep a RingSlidingKVCache (the whole prompt's K/V, then a ring of the last "
+    "window of generated tokens'), a cache kind the engine does not page. "
+    f"{_MEANWHILE_VLM}": ("unlimited_ocr",),
+    "its attention convolves its keys and values (and each layer its attention and MLP outputs) "
+    "over the previous tokens' (short convolutions whose last inputs it keeps in an ArraysCache "
+    "beside the K/V, one CacheList per layer, and reads inside the attention), a state the "
+    f"packed step's rows do not carry. {_MEANWHILE_VLM}": ("inkling",),
 }
 
 
@@ -361,6 +375,10 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_TEXT_SERVED + _VLM_TEXT_CHECKED,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED),
+    ),
+    # Command A Vision's inner transformer counts its positions from 0 without them
+    "cohere_compass": Family(
+        library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=1
     ),
     **dict.fromkeys(
         _VLM_MROPE_TEXT,

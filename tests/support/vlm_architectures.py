@@ -81,6 +81,9 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
                       "params": {"projector_type": "mlp_gelu", "depth": 2}},
     },
     "got": {"top": _FLAT},
+    # their text fields at the top level (Youtu-VL's experts among them)
+    "youtu_vl": {"top": _TEXT},
+    "falcon_ocr": {"top": _FLAT},
     # Nemotron-H's Mamba 2, attention and MLP layers (mlx-lm's tiny nemotron_h)
     "nemotron_h_nano_omni": {"text": HYBRID_CONFIGS["nemotron_h"], "top": {"vit_hidden_size": 32,
                              "projector_hidden_size": 64}},

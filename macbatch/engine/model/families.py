@@ -240,10 +240,11 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "fastvlm", "got", "granite4_vision",
-    "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny", "locateanything",
-    "mage_vl", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2", "moondream3",
-    "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl", "smolvlm",
+    "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "falcon_ocr", "fastvlm", "got",
+    "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny",
+    "locateanything", "mage_vl", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
+    "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
+    "smolvlm", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
 _VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl")
@@ -254,8 +255,8 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "ernie4_5_moe_vl", "falcon_ocr", "mimo_v2", "minicpmo", "phi4mm",
-    "qwen3_omni_moe", "youtu_vl", "zaya1_vl",
+    "deepseekocr_2", "ernie4_5_moe_vl", "mimo_v2", "minicpmo", "phi4mm", "qwen3_omni_moe",
+    "zaya1_vl",
 )  # fmt: skip
 
 

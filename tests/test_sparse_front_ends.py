@@ -2,11 +2,13 @@
 ``deepseek_v32`` and GLM-5 ``glm_moe_dsa`` (mlx-lm), DeepSeek V4 ``deepseek_v41`` (mlx-lm), and
 Hunyuan V4 ``hy_v4``, Qwen4-exp ``qwen4_exp`` and GLM5-next ``glm5_next`` (mlx-vlm), each a tiny
 random checkpoint in its Hugging Face layout with the tiny byte-level tokenizer and its ChatML
-template. ``macbatch serve`` (a child process, the front ends' defaults: prompt-lookup drafts,
-the disk tier) answers concurrent chat completions through the official openai client, ``macbatch
-run`` writes a three-row job, and ``macbatch chat`` (Textual's pilot) replies; every reply's
-tokens are the library's own greedy generation of the same templated prompt, whose contexts are
-longer than each family's selection (so the sparse read is what is matched)."""
+template, on the front ends' own engine settings (speculative "auto", prompt lookup here; the
+disk tier on). ``macbatch serve`` (one child process of all six) answers concurrent chat
+completions through the official openai client, ``macbatch run`` writes a three-row job, and
+``macbatch chat`` (Textual's pilot) replies to two turns; every reply is the library's own
+greedy generation of the same templated prompt, whose context is longer than each family's
+selection (the same weights attending to every position answer otherwise: docs/engine.md,
+"Through the front ends")."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from tests.support.tiny_qwen4_exp import save_qwen4_exp
 pytest.importorskip("mlx_vlm")
 
 MAX_TOKENS = 8
-# user messages whose templated prompts (30 to 60 tokens) pass every family's selection: a
+# user messages whose templated prompts (39 to 53 tokens) pass every family's selection: a
 # top-12 (DSA, Hunyuan V4), 3 blocks of 4 and the tail (Qwen4-exp), 2 pools of 4 and the tail
 # (GLM5-next), a window of 8 and a top-3 (DeepSeek V4)
 MESSAGES = [
@@ -256,5 +258,8 @@ async def test_chat_replies_as_the_library(
         for message in MESSAGES[:2]:
             await send(pilot, app.screen, message)
             await wait_for(pilot, lambda: chat not in app.chats.replies, timeout=120)
-            turns += [message, app.chats.store.messages(chat)[-1].content]
-            assert turns[-1] == library_reply(path, *turns[:-1]).text, message
+            reply = app.chats.store.messages(chat)[-1]
+            want = library_reply(path, *turns, message)
+            assert reply.content == want.text, message
+            assert reply.metrics is not None and reply.metrics.tokens == len(want.token_ids)
+            turns += [message, reply.content]

@@ -17,6 +17,7 @@ _ACTIVATIONS = {
     "gelu_new": nn.gelu_approx,
     "gelu_pytorch_tanh": nn.gelu_approx,
     "relu": nn.relu,
+    "silu": nn.silu,
 }
 
 

@@ -1,6 +1,8 @@
 """An encoder checkpoint's architecture, read once from its config.json (Hugging Face's field
-names), with the facts each family decides differently: where positions start and which head
-scores a pair."""
+names, and the names each family's published checkpoints use: DistilBERT's ``dim``, Nomic's
+GPT-2-style ``n_embd``, ModernBERT's ``norm_eps``), with the facts each family decides
+differently: where positions start, rotary frequencies, local attention, which head scores a
+pair."""
 
 from __future__ import annotations
 
@@ -28,6 +30,16 @@ class EncoderConfig:
     # ``*ForSequenceClassification``: the checkpoint scores a (query, document) pair
     classifier: bool
     num_labels: int
+    # rotary families (``rotary.py``; None: learned absolute positions, BERT's)
+    rope_theta: float | None = None
+    rope_ntk_factor: float = 1.0  # gte's fixed NTK scaling (``rope_scaling`` type ntk)
+    # ModernBERT's local layers: their rotary base and how far each row sees (None: global)
+    local_rope_theta: float | None = None
+    windows: tuple[int | None, ...] = ()
+    attention_bias: bool = True
+    mlp_in_bias: bool = True  # the gated MLP's up / gate projections
+    mlp_out_bias: bool = True
+    norm_bias: bool = True
 
     @property
     def position_offset(self) -> int:
@@ -52,25 +64,92 @@ class EncoderConfig:
             raise ValueError(f"a {model_type} sequence classifier's head is not built")
 
         def field(*names: str, default: Any = None) -> Any:
-            """The first of ``names`` the config has (DistilBERT's own names come second)."""
-            return next((config[n] for n in names if n in config), default)
+            """The first of ``names`` the config has (BERT's name first, then the families')."""
+            return next((config[n] for n in names if config.get(n) is not None), default)
 
+        num_layers = int(field("num_hidden_layers", "n_layers", "n_layer"))
         return cls(
             model_type=model_type,
             layout=layout,
             vocab_size=int(config["vocab_size"]),
-            hidden_size=int(field("hidden_size", "dim")),
-            num_layers=int(field("num_hidden_layers", "n_layers")),
-            num_heads=int(field("num_attention_heads", "n_heads")),
-            intermediate_size=int(field("intermediate_size", "hidden_dim")),
-            hidden_act=str(field("hidden_act", "activation", default="gelu")),
-            max_positions=int(config.get("max_position_embeddings", 512)),
-            # DistilBERT has no token types
+            hidden_size=int(field("hidden_size", "dim", "n_embd")),
+            num_layers=num_layers,
+            num_heads=int(field("num_attention_heads", "n_heads", "n_head")),
+            intermediate_size=int(field("intermediate_size", "hidden_dim", "n_inner")),
+            hidden_act=str(field(*_ACTIVATION_FIELDS, default="gelu")),
+            max_positions=int(field("max_position_embeddings", "n_positions", default=512)),
+            # DistilBERT and ModernBERT have no token types
             type_vocab_size=int(
                 config.get("type_vocab_size", 2 if layout.naming is EncoderNaming.BERT else 0)
             ),
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            layer_norm_eps=float(
+                field("layer_norm_eps", "norm_eps", "layer_norm_epsilon", default=1e-12)
+            ),
             pad_token_id=int(config.get("pad_token_id") or 0),
             classifier=classifier,
             num_labels=int(config.get("num_labels") or (len(labels) if labels else 1)),
+            **_family_fields(layout.naming, config, num_layers),
         )
+
+
+# BERT's, DistilBERT's, ModernBERT's and Nomic's names for the hidden activation
+_ACTIVATION_FIELDS = ("hidden_act", "activation", "hidden_activation", "activation_function")
+
+
+def _family_fields(naming: EncoderNaming, config: Mapping[str, Any], layers: int) -> dict:
+    """The rotary, local-attention and bias fields of the families that have them, each read
+    under its published checkpoints' names; a variant the encoder does not run is refused."""
+    if naming is EncoderNaming.GTE:
+        _refuse_variants(config, _GTE_BUILT)
+        return {"rope_theta": float(config.get("rope_theta") or 10000.0),
+                "rope_ntk_factor": _gte_ntk_factor(config), "mlp_in_bias": False,
+                "attention_bias": True, "mlp_out_bias": True}  # fmt: skip
+    if naming is EncoderNaming.NOMIC:
+        _refuse_variants(config, _NOMIC_BUILT)
+        return {
+            "rope_theta": float(config.get("rotary_emb_base") or 10000.0),
+            "attention_bias": bool(config.get("qkv_proj_bias", False)),
+            "mlp_in_bias": bool(config.get("mlp_fc1_bias", False)),
+            "mlp_out_bias": bool(config.get("mlp_fc2_bias", False)),
+        }
+    if naming is EncoderNaming.MODERNBERT:
+        every = int(config.get("global_attn_every_n_layers") or 1)
+        half = int(config.get("local_attention") or 128) // 2  # sees keys within half of it
+        global_theta = float(config.get("global_rope_theta") or 160000.0)
+        return {
+            "rope_theta": global_theta,
+            "local_rope_theta": float(config.get("local_rope_theta") or global_theta),
+            "windows": tuple(None if n % every == 0 else half for n in range(layers)),
+            "attention_bias": bool(config.get("attention_bias", False)),
+            "mlp_in_bias": bool(config.get("mlp_bias", False)),
+            "mlp_out_bias": bool(config.get("mlp_bias", False)),
+            "norm_bias": bool(config.get("norm_bias", False)),
+        }
+    return {}
+
+
+def _gte_ntk_factor(config: Mapping[str, Any]) -> float:
+    scaling = config.get("rope_scaling")
+    if not scaling:
+        return 1.0
+    kind = scaling.get("type") or scaling.get("rope_type")
+    if kind != "ntk" or scaling.get("mixed_b") is not None:
+        raise ValueError(f"gte rope_scaling {dict(scaling)} is not one macbatch runs (fixed ntk)")
+    return float(scaling["factor"])
+
+
+# the switches of gte's and Nomic BERT's configs, at the value their embedding checkpoints
+# have: another value is a layout the encoder does not run
+_GTE_BUILT = {"position_embedding_type": "rope", "layer_norm_type": "layer_norm",
+              "logn_attention_scale": False}  # fmt: skip
+_NOMIC_BUILT = {"rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "prenorm": False,
+                "rotary_scaling_factor": None, "use_rms_norm": False, "moe_every_n_layers": 0,
+                "parallel_block": False}  # fmt: skip
+
+
+def _refuse_variants(config: Mapping[str, Any], built: Mapping[str, Any]) -> None:
+    for name, value in built.items():
+        if config.get(name) not in (None, value):
+            raise ValueError(
+                f"a {config['model_type']} checkpoint with {name}={config[name]!r} is not built"
+            )

@@ -84,13 +84,24 @@ class VarlenLayout:
 
 
 def varlen_attention(
-    q: mx.array, k: mx.array, v: mx.array, layout: VarlenLayout, scale: float
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    layout: VarlenLayout,
+    scale: float,
+    window: int | None = None,
 ) -> mx.array:
-    """``q``, ``k``, ``v``: [T, H, D] packed rows; the attention output as [T, H * D]."""
+    """``q``, ``k``, ``v``: [T, H, D] packed rows; the attention output as [T, H * D].
+    ``window``: each row sees only the keys of its sequence at most that many positions away
+    (ModernBERT's local layers; a group's slots are its members' positions)."""
     outputs = []
     for group in layout.groups:
         q_, k_, v_ = (group.padded(x).transpose(0, 2, 1, 3) for x in (q, k, v))
-        out = mx.fast.scaled_dot_product_attention(q_, k_, v_, scale=scale, mask=group.keys)
+        mask = group.keys
+        if window is not None:
+            slots = mx.arange(group.length)
+            mask = mask & (mx.abs(slots[:, None] - slots[None, :]) <= window)
+        out = mx.fast.scaled_dot_product_attention(q_, k_, v_, scale=scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(group.batch * group.length, -1)
         outputs.append(out[group.valid])
     return mx.concatenate(outputs, axis=0)[layout.restore]

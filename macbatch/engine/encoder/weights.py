@@ -1,5 +1,6 @@
 """Hugging Face encoder weights (``BertModel`` / ``XLMRobertaModel`` names, with or without the
-``bert.`` / ``roberta.`` prefix a task checkpoint puts them under) -> ``bert.Encoder``'s."""
+``bert.`` / ``roberta.`` prefix a task checkpoint puts them under) -> ``bert.Encoder``'s, and
+the renaming by table the other families' modules map theirs with."""
 
 from __future__ import annotations
 
@@ -63,15 +64,25 @@ def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict
     renames: tuple[tuple[str, str], ...] = _BERT
     if config.classifier:
         renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
-    out = {}
+    bert_named = {}
     for name, value in weights.items():
-        name = name.removeprefix(config.layout.prefix)
         if config.layout.naming is EncoderNaming.DISTILBERT:
             for theirs, bert in _DISTILBERT_AS_BERT.items():
                 name = name.replace(theirs, bert)
         head, _, param = name.rpartition(".")
-        name = f"{head}.{_NORM_PARAMS.get(param, param)}"
-        for pattern, target in renames:
+        bert_named[f"{head}.{_NORM_PARAMS.get(param, param)}"] = value
+    return renamed(bert_named, config.layout.prefix, renames)
+
+
+def renamed(
+    weights: dict[str, mx.array], prefix: str, table: tuple[tuple[str, str], ...]
+) -> dict[str, mx.array]:
+    """Each weight under the first of ``table``'s (pattern, target) its name (``prefix``
+    stripped) matches; a weight no pattern matches (an MLM head, a buffer) is dropped."""
+    out = {}
+    for name, value in weights.items():
+        name = name.removeprefix(prefix)
+        for pattern, target in table:
             if re.match(pattern, name):
                 out[re.sub(pattern, target, name)] = value
                 break

@@ -43,9 +43,10 @@ def _v41_mixed_ratios(args: Any) -> str | None:
 
 
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# BERT, RoBERTa, XLM-RoBERTa and DistilBERT run in macbatch's own encoder (engine/encoder/:
-# packed varlen bidirectional passes, no KV, in an engine of their own); the rest are not
-# built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
+# BERT, RoBERTa, XLM-RoBERTa, DistilBERT, gte (``new``), Nomic BERT and ModernBERT run in
+# macbatch's own encoder (engine/encoder/: packed varlen bidirectional passes, no KV, in an
+# engine of their own); the rest are not built. mlx-embeddings is GPL-3.0: not a dependency
+# (docs/embeddings.md, "Encoder models").
 _DECODERS_EMBED = (
     "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
 )
@@ -58,8 +59,7 @@ ENCODER_DOES_NOT_GENERATE = (
     "an encoder model: it embeds and scores (serve's /v1/embeddings, /v1/rerank, /v1/score; "
     "run's embed and rerank jobs; docs/embeddings.md) and does not generate"
 )
-_ENCODER_ONLY = ("nomic_bert", "electra", "mpnet", "deberta-v2", "new")
-_VLM_ENCODERS = ("modernbert",)  # mlx-vlm has it (for its retrieval models)
+_ENCODER_ONLY = ("electra", "mpnet", "deberta-v2")
 
 
 class Library(Enum):
@@ -132,6 +132,11 @@ class EncoderNaming(Enum):
 
     BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
     DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...
+    # Alibaba's gte ``NewModel``: rotary, encoder.layer.N.attention.qkv_proj, mlp.up_gate_proj
+    GTE = "gte"
+    NOMIC = "nomic"  # Nomic BERT: rotary, encoder.layers.N.attn.Wqkv, mlp.fc11 / fc12, no biases
+    # ModernBERT: pre-norm, layers.N.attn.Wqkv, mlp.Wi, local and global attention layers
+    MODERNBERT = "modernbert"
 
 
 @dataclass(frozen=True)
@@ -332,8 +337,12 @@ FAMILIES: dict[str, Family] = {
     "roberta": Family(encoder=_ROBERTA),
     "xlm-roberta": Family(encoder=_ROBERTA),
     "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
+    # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
+    # ModernBertForMaskedLM's ``model.`` (their base models save none)
+    "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
+    "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
+    "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
-    **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),

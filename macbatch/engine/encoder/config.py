@@ -141,10 +141,10 @@ def _gte_ntk_factor(config: Mapping[str, Any]) -> float:
 # the switches of gte's and Nomic BERT's configs, at the value their embedding checkpoints
 # have: another value is a layout the encoder does not run
 _GTE_BUILT = {"position_embedding_type": "rope", "layer_norm_type": "layer_norm",
-              "logn_attention_scale": False}  # fmt: skip
+              "logn_attention_scale": False, "pack_qkv": True}  # fmt: skip
 _NOMIC_BUILT = {"rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "prenorm": False,
                 "rotary_scaling_factor": None, "use_rms_norm": False, "moe_every_n_layers": 0,
-                "parallel_block": False}  # fmt: skip
+                "parallel_block": False, "causal": False}  # fmt: skip
 
 
 def _refuse_variants(config: Mapping[str, Any], built: Mapping[str, Any]) -> None:

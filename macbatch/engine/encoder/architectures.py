@@ -20,6 +20,8 @@ _ARCHITECTURES: dict[EncoderNaming, tuple[Callable[[EncoderConfig], nn.Module],
                                           Callable[[Weights, EncoderConfig], Weights]]] = {
     EncoderNaming.BERT: (Encoder, encoder_weights),
     EncoderNaming.DISTILBERT: (Encoder, encoder_weights),
+    EncoderNaming.MPNET: (Encoder, encoder_weights),
+    EncoderNaming.ELECTRA: (Encoder, encoder_weights),
     EncoderNaming.GTE: (RotaryEncoder, rotary_weights),
     EncoderNaming.NOMIC: (RotaryEncoder, rotary_weights),
     EncoderNaming.MODERNBERT: (ModernBert, modernbert_weights),

@@ -40,6 +40,8 @@ class EncoderConfig:
     mlp_in_bias: bool = True  # the gated MLP's up / gate projections
     mlp_out_bias: bool = True
     norm_bias: bool = True
+    embedding_size: int | None = None  # ELECTRA's, below the hidden size (None: the same)
+    relative_buckets: int = 0  # MPNet's relative-position buckets (0: none)
 
     @property
     def position_offset(self) -> int:
@@ -112,6 +114,11 @@ def _family_fields(naming: EncoderNaming, config: Mapping[str, Any], layers: int
             "mlp_in_bias": bool(config.get("mlp_fc1_bias", False)),
             "mlp_out_bias": bool(config.get("mlp_fc2_bias", False)),
         }
+    if naming is EncoderNaming.MPNET:
+        _refuse_variants(config, _MPNET_BUILT)
+        return {"relative_buckets": 32}
+    if naming is EncoderNaming.ELECTRA:
+        return {"embedding_size": int(config.get("embedding_size") or config["hidden_size"])}
     if naming is EncoderNaming.MODERNBERT:
         every = int(config.get("global_attn_every_n_layers") or 1)
         half = int(config.get("local_attention") or 128) // 2  # sees keys within half of it
@@ -142,6 +149,8 @@ def _gte_ntk_factor(config: Mapping[str, Any]) -> float:
 # have: another value is a layout the encoder does not run
 _GTE_BUILT = {"position_embedding_type": "rope", "layer_norm_type": "layer_norm",
               "logn_attention_scale": False, "pack_qkv": True}  # fmt: skip
+# MPNet computes 32 buckets whatever its config says: a table of another size does not fit
+_MPNET_BUILT = {"relative_attention_num_buckets": 32}
 _NOMIC_BUILT = {"rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "prenorm": False,
                 "rotary_scaling_factor": None, "use_rms_norm": False, "moe_every_n_layers": 0,
                 "parallel_block": False, "causal": False}  # fmt: skip

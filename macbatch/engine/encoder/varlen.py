@@ -90,17 +90,21 @@ def varlen_attention(
     layout: VarlenLayout,
     scale: float,
     window: int | None = None,
+    biases: Sequence[mx.array] | None = None,
 ) -> mx.array:
     """``q``, ``k``, ``v``: [T, H, D] packed rows; the attention output as [T, H * D].
     ``window``: each row sees only the keys of its sequence at most that many positions away
-    (ModernBERT's local layers; a group's slots are its members' positions)."""
+    (ModernBERT's local layers; a group's slots are its members' positions). ``biases``: per
+    group, [H, L, L] added to the scores (MPNet's relative positions)."""
     outputs = []
-    for group in layout.groups:
+    for n, group in enumerate(layout.groups):
         q_, k_, v_ = (group.padded(x).transpose(0, 2, 1, 3) for x in (q, k, v))
         mask = group.keys
         if window is not None:
             slots = mx.arange(group.length)
             mask = mask & (mx.abs(slots[:, None] - slots[None, :]) <= window)
+        if biases is not None:
+            mask = mx.where(mask, biases[n].astype(q.dtype), mx.array(-mx.inf, q.dtype))
         out = mx.fast.scaled_dot_product_attention(q_, k_, v_, scale=scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(group.batch * group.length, -1)
         outputs.append(out[group.valid])

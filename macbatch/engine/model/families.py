@@ -43,10 +43,10 @@ def _v41_mixed_ratios(args: Any) -> str | None:
 
 
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# BERT, RoBERTa, XLM-RoBERTa, DistilBERT, gte (``new``), Nomic BERT and ModernBERT run in
-# macbatch's own encoder (engine/encoder/: packed varlen bidirectional passes, no KV, in an
-# engine of their own); the rest are not built. mlx-embeddings is GPL-3.0: not a dependency
-# (docs/embeddings.md, "Encoder models").
+# BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ELECTRA, gte (``new``), Nomic BERT and
+# ModernBERT run in macbatch's own encoder (engine/encoder/: packed varlen bidirectional
+# passes, no KV, in an engine of their own); DeBERTa-v2 is not built. mlx-embeddings is
+# GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
 _DECODERS_EMBED = (
     "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
 )
@@ -59,7 +59,7 @@ ENCODER_DOES_NOT_GENERATE = (
     "an encoder model: it embeds and scores (serve's /v1/embeddings, /v1/rerank, /v1/score; "
     "run's embed and rerank jobs; docs/embeddings.md) and does not generate"
 )
-_ENCODER_ONLY = ("electra", "mpnet", "deberta-v2")
+_ENCODER_ONLY = ("deberta-v2",)
 
 
 class Library(Enum):
@@ -137,6 +137,9 @@ class EncoderNaming(Enum):
     NOMIC = "nomic"  # Nomic BERT: rotary, encoder.layers.N.attn.Wqkv, mlp.fc11 / fc12, no biases
     # ModernBERT: pre-norm, layers.N.attn.Wqkv, mlp.Wi, local and global attention layers
     MODERNBERT = "modernbert"
+    # MPNet: BERT's block as attention.attn.q / k / v / o, a relative-position bias, no types
+    MPNET = "mpnet"
+    ELECTRA = "electra"  # BERT's names, narrower embeddings and ``embeddings_project``
 
 
 @dataclass(frozen=True)
@@ -338,10 +341,15 @@ FAMILIES: dict[str, Family] = {
     "xlm-roberta": Family(encoder=_ROBERTA),
     "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
     # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
-    # ModernBertForMaskedLM's ``model.`` (their base models save none)
+    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet and ELECTRA
+    # count positions and name their task heads as RoBERTa and BERT do
     "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
     "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
     "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
+    "mpnet": Family(
+        encoder=EncoderLayout("mpnet.", offset_positions=True, naming=EncoderNaming.MPNET)
+    ),
+    "electra": Family(encoder=EncoderLayout("electra.", naming=EncoderNaming.ELECTRA)),
     **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")

@@ -4,6 +4,7 @@ passes, and the published switches the encoder does not run refused by name."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -100,3 +101,37 @@ def test_models_show_a_rotary_encoders_pooling_and_length(tmp_path: Path) -> Non
     (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8192}))
     assert tasks_of(path) == ["embed", "score"]
     assert encoder_summary(path) == "mean pooling, 64 dimensions, normalized, 8192 tokens"
+
+
+def test_modernbert_through_the_encoder_engine(tmp_path: Path) -> None:
+    """``load_engine`` serves a ModernBERT checkpoint: long-tailed requests with mixed pooling
+    packed into shared passes, each equal to the oracle."""
+    from macbatch.engine import EngineConfig, EngineThread, PoolingParams, PromptInput, load_engine
+
+    path, weights, config = write_family(tmp_path / "gte-modernbert", modernbert_config())
+    write_sentence_transformers(path, ("cls_token",), prompts={})
+    thread = EngineThread(
+        lambda: load_engine(str(path), EngineConfig(max_num_batched_tokens=400))
+    ).start()
+    thread.wait_ready(120)
+    texts = long_tailed_texts(16, seed=6)
+    params = [PoolingParams(method="mean") if i % 2 else PoolingParams() for i in range(16)]
+
+    async def run() -> list:
+        requests = [thread.prepare(PromptInput(t), p) for t, p in zip(texts, params)]
+        outputs: list = [None] * len(requests)
+        async for index, out in thread.stream_prepared(requests):
+            outputs[index] = out
+        return outputs
+
+    try:
+        before = thread.stats().steps
+        outputs = asyncio.run(run())
+        assert 2 <= thread.stats().steps - before < len(texts)  # passes shared by requests
+        for text, p, out in zip(texts, params, outputs):
+            ids = thread.encode_prompt(text)
+            hidden = family_hidden(weights, config, ids, [0] * len(ids))
+            want = oracle_pooled(hidden, p.method or "cls", True)
+            assert cosines(out.embedding, want) >= 0.99999
+    finally:
+        thread.shutdown()

@@ -120,19 +120,42 @@ def _family_fields(naming: EncoderNaming, config: Mapping[str, Any], layers: int
     if naming is EncoderNaming.ELECTRA:
         return {"embedding_size": int(config.get("embedding_size") or config["hidden_size"])}
     if naming is EncoderNaming.MODERNBERT:
-        every = int(config.get("global_attn_every_n_layers") or 1)
-        half = int(config.get("local_attention") or 128) // 2  # sees keys within half of it
-        global_theta = float(config.get("global_rope_theta") or 160000.0)
-        return {
-            "rope_theta": global_theta,
-            "local_rope_theta": float(config.get("local_rope_theta") or global_theta),
-            "windows": tuple(None if n % every == 0 else half for n in range(layers)),
-            "attention_bias": bool(config.get("attention_bias", False)),
-            "mlp_in_bias": bool(config.get("mlp_bias", False)),
-            "mlp_out_bias": bool(config.get("mlp_bias", False)),
-            "norm_bias": bool(config.get("norm_bias", False)),
-        }
+        return _modernbert_fields(config, layers)
     return {}
+
+
+def _modernbert_fields(config: Mapping[str, Any], layers: int) -> dict:
+    """Its layer kinds and rotary bases as the published configs give them
+    (``global_attn_every_n_layers``, ``global_rope_theta``, ``local_rope_theta``, transformers'
+    defaults 3, 160,000, 10,000; a null local base is the global one, as ModernBERT's own code
+    reads it) or as transformers 5 writes them (``layer_types``, ``rope_parameters``)."""
+    every = int(config.get("global_attn_every_n_layers") or 3)
+    kinds = config.get("layer_types") or [
+        "full_attention" if n % every == 0 else "sliding_attention" for n in range(layers)
+    ]
+    if len(kinds) != layers:
+        raise ValueError(f"layer_types names {len(kinds)} layers of {layers}")
+    rope = config.get("rope_parameters") or {}
+    for kind, parameters in rope.items():
+        if parameters.get("rope_type", "default") != "default":
+            raise ValueError(f"a {kind} rope_type {parameters['rope_type']!r} is not built")
+    global_theta = float(
+        rope.get("full_attention", {}).get("rope_theta")
+        or config.get("global_rope_theta")
+        or 160000.0
+    )
+    local_theta = rope.get("sliding_attention", {}).get("rope_theta")
+    local_theta = local_theta or config.get("local_rope_theta", 10000.0) or global_theta
+    half = int(config.get("local_attention") or 128) // 2  # sees keys within half of it
+    return {
+        "rope_theta": global_theta,
+        "local_rope_theta": float(local_theta),
+        "windows": tuple(None if kind == "full_attention" else half for kind in kinds),
+        "attention_bias": bool(config.get("attention_bias", False)),
+        "mlp_in_bias": bool(config.get("mlp_bias", False)),
+        "mlp_out_bias": bool(config.get("mlp_bias", False)),
+        "norm_bias": bool(config.get("norm_bias", False)),
+    }
 
 
 def _gte_ntk_factor(config: Mapping[str, Any]) -> float:

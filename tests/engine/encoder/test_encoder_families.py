@@ -55,6 +55,30 @@ def test_packed_rows_equal_the_oracle(tmp_path: Path, case: str) -> None:
     )
 
 
+_OLD_FIELDS = ("global_attn_every_n_layers", "global_rope_theta", "local_rope_theta")
+
+
+def test_modernbert_config_as_transformers_5_writes_it(tmp_path: Path) -> None:
+    """``layer_types`` and ``rope_parameters`` in place of the published fields: the same
+    layers and bases."""
+    path, weights, config = write_family(tmp_path / "mb", modernbert_config())
+    kinds = ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
+    written = {k: v for k, v in config.items() if k not in _OLD_FIELDS}
+    (path / "config.json").write_text(
+        json.dumps(written | {"layer_types": kinds, "rope_parameters": rope})
+    )
+    model = EncoderModel.load(str(path))
+    longest = max(
+        (model.tokenize(t) for t in long_tailed_texts(8, seed=12)), key=lambda i: len(i.ids)
+    )
+    assert len(longest.ids) > 40  # the local layers' band matters
+    got, _ = model.hidden_states([longest])
+    want = family_hidden(weights, config, list(longest.ids), list(longest.types))
+    assert cosines(np.array(got), want).min() >= 0.99999
+
+
 def test_nomic_pairs_carry_their_token_types(tmp_path: Path) -> None:
     """Nomic BERT keeps BERT's two token types: a pair's second text reads the second row."""
     path, weights, config = write_family(tmp_path / "nomic", nomic_config())
@@ -74,7 +98,10 @@ def test_nomic_pairs_carry_their_token_types(tmp_path: Path) -> None:
      (nomic_config() | {"rotary_emb_fraction": 0.5}, "rotary_emb_fraction"),
      (nomic_config() | {"moe_every_n_layers": 2}, "moe_every_n_layers"),
      (modernbert_config() | {"architectures": ["ModernBertForSequenceClassification"]},
-      "sequence classifier")],
+      "sequence classifier"),
+     (modernbert_config() | {"rope_parameters": {"full_attention": {"rope_type": "yarn"}}},
+      "rope_type"),
+     (modernbert_config() | {"layer_types": ["full_attention"]}, "layer_types")],
 )  # fmt: skip
 def test_a_variant_not_built_is_refused_by_name(tmp_path: Path, config: dict, field: str) -> None:
     path, _, _ = write_family(tmp_path / "variant", config)

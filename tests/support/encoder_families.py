@@ -4,7 +4,9 @@ gte-multilingual-base ship it), Nomic BERT (nomic-embed-text-v1.5's GPT-2-style 
 ``Wqkv`` / ``fc11`` names) and ModernBERT (answerdotai/ModernBERT-base's ``ModernBertForMaskedLM``
 with its MLM head, or a bare ``ModernBertModel`` as gte-modernbert ships it), with real-format
 tokenizers (``encoder_checkpoints.py``; ModernBERT's byte-level BPE in
-``tokenizers/modernbert-bpe``)."""
+``tokenizers/modernbert-bpe``), and DeBERTa-v2 / v3 (``DebertaV2ForMaskedLM``'s names under
+``deberta.``, with BERT's WordPiece standing in for its SentencePiece: the same
+``[CLS] A [SEP]`` template)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,30 @@ def modernbert_config(biases: bool = False, masked_lm: bool = True) -> dict:
         "attention_bias": biases, "mlp_bias": biases, "pad_token_id": 4, "cls_token_id": 2,
         "sep_token_id": 3, "classifier_pooling": "mean",
     }  # fmt: skip
+
+
+def deberta_config(v3: bool = True) -> dict:
+    """deberta-v3's switches (shared key projections, both terms, LayerNorm'd relative
+    embeddings, no absolute positions or token types), with 32 log buckets to 128 so short
+    texts reach past them; or the other branches: own ``pos_key_proj``, content-to-position
+    only, positions clipped to 64 without buckets, absolute positions, two token types, 32-wide
+    embeddings projected up."""
+    config = {
+        "architectures": ["DebertaV2ForMaskedLM"], "model_type": "deberta-v2",
+        "vocab_size": VOCAB, "hidden_size": H, "num_hidden_layers": 2,
+        "num_attention_heads": HEADS, "intermediate_size": INTER, "hidden_act": "gelu",
+        "max_position_embeddings": 512, "layer_norm_eps": 1e-7, "relative_attention": True,
+        "pad_token_id": 0,
+    }  # fmt: skip
+    if v3:
+        return config | {"position_buckets": 32, "max_relative_positions": 128,
+                         "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                         "pos_att_type": "p2c|c2p", "position_biased_input": False,
+                         "type_vocab_size": 0}  # fmt: skip
+    return config | {"position_buckets": -1, "max_relative_positions": 64,
+                     "share_att_key": False, "pos_att_type": ["c2p"],
+                     "position_biased_input": True, "type_vocab_size": 2,
+                     "embedding_size": 32, "architectures": ["DebertaV2Model"]}  # fmt: skip
 
 
 class _Weights:
@@ -151,12 +177,50 @@ def modernbert_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
     return weights | r.w
 
 
+def deberta_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Under ``deberta.`` with an MLM head when the config is a ``DebertaV2ForMaskedLM``'s."""
+    r = _Weights(seed)
+    size = config.get("embedding_size", H)
+    r.w["embeddings.word_embeddings.weight"] = r.mat(VOCAB, size, scale=1.0)
+    if config["position_biased_input"]:
+        r.w["embeddings.position_embeddings.weight"] = r.mat(512, size, scale=0.5)
+    if config["type_vocab_size"]:
+        r.w["embeddings.token_type_embeddings.weight"] = r.mat(2, size, scale=0.5)
+    if size != H:
+        r.linear("embeddings.embed_proj", H, size, bias=False)
+    r.norm("embeddings.LayerNorm")
+    span = (
+        config["position_buckets"]
+        if config["position_buckets"] > 0
+        else config["max_relative_positions"]
+    )
+    r.w["encoder.rel_embeddings.weight"] = r.mat(2 * span, H, scale=1.0)
+    if config.get("norm_rel_ebd") == "layer_norm":
+        r.norm("encoder.LayerNorm")
+    for n in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{n}.attention"
+        for part in ("query_proj", "key_proj", "value_proj"):
+            r.linear(f"{p}.self.{part}", H, H, bias=True)
+        if not config["share_att_key"]:
+            r.linear(f"{p}.self.pos_key_proj", H, H, bias=True)
+        r.linear(f"{p}.output.dense", H, H, bias=True)
+        r.norm(f"{p}.output.LayerNorm")
+        r.linear(f"encoder.layer.{n}.intermediate.dense", INTER, H, bias=True)
+        r.linear(f"encoder.layer.{n}.output.dense", H, INTER, bias=True)
+        r.norm(f"encoder.layer.{n}.output.LayerNorm")
+    if config["architectures"][0] != "DebertaV2ForMaskedLM":
+        return r.w
+    weights = {f"deberta.{k}": v for k, v in r.w.items()}
+    return weights | {"lm_predictions.lm_head.bias": r.mat(VOCAB)}
+
+
 def modernbert_tokenizer() -> str:
     return (TOKENIZERS / "modernbert-bpe" / "tokenizer.json").read_text()
 
 
 _WEIGHTS: dict[str, Callable[[dict], dict[str, np.ndarray]]] = {
     "new": gte_weights, "nomic_bert": nomic_weights, "modernbert": modernbert_weights,
+    "deberta-v2": deberta_weights,
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import mlx.nn as nn
 
 from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.encoder.deberta import Deberta, deberta_weights
 from macbatch.engine.encoder.modernbert import ModernBert, modernbert_weights
 from macbatch.engine.encoder.rotary_bert import RotaryEncoder, rotary_weights
 from macbatch.engine.encoder.weights import encoder_weights
@@ -25,6 +26,7 @@ _ARCHITECTURES: dict[EncoderNaming, tuple[Callable[[EncoderConfig], nn.Module],
     EncoderNaming.GTE: (RotaryEncoder, rotary_weights),
     EncoderNaming.NOMIC: (RotaryEncoder, rotary_weights),
     EncoderNaming.MODERNBERT: (ModernBert, modernbert_weights),
+    EncoderNaming.DEBERTA: (Deberta, deberta_weights),
 }  # fmt: skip
 
 

@@ -72,7 +72,8 @@ class Layer(nn.Module):
             return t.reshape(rows, self.heads, -1)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        attended = varlen_attention(q, k, v, layout, self.scale, biases=biases)
+        bias = None if biases is None else lambda n, _q, _k: biases[n]
+        attended = varlen_attention(q, k, v, layout, self.scale, score_bias=bias)
         x = self.attn_norm(x + self.attn_out(attended))
         return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
 

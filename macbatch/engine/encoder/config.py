@@ -14,6 +14,20 @@ from macbatch.engine.model.families import EncoderLayout, EncoderNaming, family
 
 
 @dataclass(frozen=True)
+class Disentangled:
+    """DeBERTa-v2's relative attention (``deberta.py``)."""
+
+    span: int  # the relative embeddings hold 2 * span rows
+    buckets: int  # log buckets of the relative positions (0: none, clipped to the span)
+    max_relative: int
+    c2p: bool  # content-to-position term
+    p2c: bool  # position-to-content term
+    share_keys: bool  # the layer's own query / key project the relative embeddings
+    norm: bool  # a LayerNorm over the relative embeddings
+    position_biased_input: bool  # absolute position embeddings added to the tokens too
+
+
+@dataclass(frozen=True)
 class EncoderConfig:
     model_type: str
     layout: EncoderLayout
@@ -42,6 +56,7 @@ class EncoderConfig:
     norm_bias: bool = True
     embedding_size: int | None = None  # ELECTRA's, below the hidden size (None: the same)
     relative_buckets: int = 0  # MPNet's relative-position buckets (0: none)
+    disentangled: Disentangled | None = None  # DeBERTa-v2's
 
     @property
     def position_offset(self) -> int:
@@ -117,6 +132,8 @@ def _family_fields(naming: EncoderNaming, config: Mapping[str, Any], layers: int
     if naming is EncoderNaming.MPNET:
         _refuse_variants(config, _MPNET_BUILT)
         return {"relative_buckets": 32}
+    if naming is EncoderNaming.DEBERTA:
+        return _deberta_fields(config)
     if naming is EncoderNaming.ELECTRA:
         return {"embedding_size": int(config.get("embedding_size") or config["hidden_size"])}
     if naming is EncoderNaming.MODERNBERT:
@@ -156,6 +173,34 @@ def _modernbert_fields(config: Mapping[str, Any], layers: int) -> dict:
         "mlp_out_bias": bool(config.get("mlp_bias", False)),
         "norm_bias": bool(config.get("norm_bias", False)),
     }
+
+
+def _deberta_fields(config: Mapping[str, Any]) -> dict:
+    """DeBERTa-v2's switches under its config's names (``pos_att_type`` a list or a
+    ``"p2c|c2p"`` string); its convolution layer (deberta-v2-xlarge's) is not built."""
+    if not config.get("relative_attention", False):
+        raise ValueError("a deberta-v2 checkpoint without relative_attention is not built")
+    if int(config.get("conv_kernel_size") or 0) > 0:
+        raise ValueError("a deberta-v2 checkpoint with conv_kernel_size > 0 is not built")
+    terms = config.get("pos_att_type") or []
+    terms = terms.lower().split("|") if isinstance(terms, str) else [str(t).lower() for t in terms]
+    buckets = int(config.get("position_buckets") or -1)
+    max_relative = int(config.get("max_relative_positions") or -1)
+    if max_relative < 1:
+        max_relative = int(config.get("max_position_embeddings", 512))
+    norms = str(config.get("norm_rel_ebd") or "none").lower().split("|")
+    disentangled = Disentangled(
+        span=buckets if buckets > 0 else max_relative,
+        buckets=max(buckets, 0),
+        max_relative=max_relative,
+        c2p="c2p" in [t.strip() for t in terms],
+        p2c="p2c" in [t.strip() for t in terms],
+        share_keys=bool(config.get("share_att_key", False)),
+        norm="layer_norm" in [n.strip() for n in norms],
+        position_biased_input=bool(config.get("position_biased_input", True)),
+    )
+    embedding = config.get("embedding_size")
+    return {"disentangled": disentangled, "embedding_size": int(embedding) if embedding else None}
 
 
 def _gte_ntk_factor(config: Mapping[str, Any]) -> float:

@@ -1,6 +1,7 @@
-"""The rotary encoder families (gte, Nomic BERT, ModernBERT) packed in MLX against the float64
-numpy oracle on the same HF-layout weights: every row of a long-tailed batch over several
-passes, and the published switches the encoder does not run refused by name."""
+"""The rotary encoder families (gte, Nomic BERT, ModernBERT) and DeBERTa-v2 packed in MLX
+against the float64 numpy oracle on the same HF-layout weights: every row of a long-tailed
+batch over several passes, and the published switches the encoder does not run refused by
+name."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import pytest
 from macbatch.engine.encoder.model import EncoderModel
 from tests.support.encoder_checkpoints import long_tailed_texts
 from tests.support.encoder_families import (
+    deberta_config,
     gte_config,
     modernbert_config,
     nomic_config,
     write_family,
 )
+from tests.support.encoder_family_oracle import family_hidden
 from tests.support.encoder_oracle import cosines, oracle_pooled
-from tests.support.rotary_encoder_oracle import family_hidden
 from tests.support.sentence_transformers import write_sentence_transformers
 
 CASES = {
@@ -29,6 +31,8 @@ CASES = {
     "nomic": (nomic_config(), "mean_tokens"),
     "modernbert-mlm": (modernbert_config(), "mean_tokens"),
     "modernbert-biases": (modernbert_config(biases=True, masked_lm=False), "cls_token"),
+    "deberta-v3": (deberta_config(), "mean_tokens"),
+    "deberta-v2-branches": (deberta_config(v3=False), "cls_token"),
 }
 
 
@@ -101,7 +105,9 @@ def test_nomic_pairs_carry_their_token_types(tmp_path: Path) -> None:
       "sequence classifier"),
      (modernbert_config() | {"rope_parameters": {"full_attention": {"rope_type": "yarn"}}},
       "rope_type"),
-     (modernbert_config() | {"layer_types": ["full_attention"]}, "layer_types")],
+     (modernbert_config() | {"layer_types": ["full_attention"]}, "layer_types"),
+     (deberta_config() | {"conv_kernel_size": 3}, "conv_kernel_size"),
+     (deberta_config() | {"relative_attention": False}, "relative_attention")],
 )  # fmt: skip
 def test_a_variant_not_built_is_refused_by_name(tmp_path: Path, config: dict, field: str) -> None:
     path, _, _ = write_family(tmp_path / "variant", config)

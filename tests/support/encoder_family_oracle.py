@@ -1,7 +1,8 @@
-"""gte, Nomic BERT and ModernBERT in float64 numpy over one unpadded sequence, read straight from
-the HF-named weights of ``encoder_families.py``'s checkpoints, written from transformers'
-``GteModel`` / ``NomicBertModel`` / ``ModernBertModel`` math (with their weight conversions from
-the published names): the oracle for macbatch's packed MLX encoders.
+"""gte, Nomic BERT, ModernBERT and DeBERTa-v2 in float64 numpy over one unpadded sequence, read
+straight from the HF-named weights of ``encoder_families.py``'s checkpoints, written from
+transformers' ``GteModel`` / ``NomicBertModel`` / ``ModernBertModel`` / ``DebertaV2Model`` math
+(with their weight conversions from the published names): the oracle for macbatch's packed MLX
+encoders.
 
 RoPE here is the complex rotation of each (x_i, x_{i + D/2}) pair by position * frequency;
 ModernBERT's local layers mask the keys farther than ``local_attention // 2`` positions."""
@@ -127,7 +128,81 @@ def modernbert_hidden(weights: dict, config: dict, ids: list[int], types: list[i
     return _norm(x, w, "final_norm", eps)
 
 
-ORACLES = {"new": gte_hidden, "nomic_bert": nomic_hidden, "modernbert": modernbert_hidden}
+def _deberta_bucket(relative: int, buckets: int, max_position: int) -> int:
+    """``make_log_bucket_position`` of one i - j: itself within half of ``buckets``, else
+    ceil(log(|r| / mid) / log((max - 1) / mid) * (mid - 1)) + mid with its sign."""
+    mid = buckets // 2
+    if buckets <= 0 or abs(relative) <= mid:
+        return relative
+    far = math.ceil(math.log(abs(relative) / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+    return int(math.copysign(far + mid, relative))
+
+
+def deberta_hidden(weights: dict, config: dict, ids: list[int], types: list[int]) -> np.ndarray:
+    """``DebertaV2Model``: BERT's post-norm block, disentangled attention as
+    ``DisentangledSelfAttention`` computes it (its gathers and the p2c transpose literally)."""
+    w, eps, heads = (
+        _float64(weights, "deberta."),
+        config["layer_norm_eps"],
+        config["num_attention_heads"],
+    )
+    length = len(ids)
+    x = w["embeddings.word_embeddings.weight"][ids]
+    if config["position_biased_input"]:
+        x = x + w["embeddings.position_embeddings.weight"][np.arange(length)]
+    if config["type_vocab_size"]:
+        x = x + w["embeddings.token_type_embeddings.weight"][types]
+    if "embeddings.embed_proj.weight" in w:
+        x = x @ w["embeddings.embed_proj.weight"].T
+    x = _norm(x, w, "embeddings.LayerNorm", eps)
+    buckets, max_rel = config["position_buckets"], config["max_relative_positions"]
+    span = buckets if buckets > 0 else max_rel
+    rel = w["encoder.rel_embeddings.weight"][: 2 * span]
+    if config.get("norm_rel_ebd") == "layer_norm":
+        rel = _norm(rel, w, "encoder.LayerNorm", eps)
+    terms = config["pos_att_type"]
+    terms = terms.split("|") if isinstance(terms, str) else terms
+    rel_pos = np.array([[_deberta_bucket(i - j, buckets, max_rel) for j in range(length)]
+                        for i in range(length)])  # fmt: skip
+    dim = config["hidden_size"] // heads
+    scale = np.sqrt(dim * (1 + len(terms)))
+    for n in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{n}.attention"
+        q, k, v = (
+            _dense(x, w, f"{p}.self.{part}_proj").reshape(length, heads, dim).transpose(1, 0, 2)
+            for part in ("query", "key", "value")
+        )
+        shared = config["share_att_key"]
+        scores = q @ k.transpose(0, 2, 1) / scale
+        if "c2p" in terms:
+            pos_k = _dense(rel, w, f"{p}.self.{'key_proj' if shared else 'pos_key_proj'}")
+            c2p = q @ pos_k.reshape(-1, heads, dim).transpose(1, 2, 0)  # [H, L, 2 span]
+            c2p_pos = np.clip(rel_pos + span, 0, 2 * span - 1)
+            scores = (
+                scores
+                + np.take_along_axis(c2p, np.broadcast_to(c2p_pos, (heads, length, length)), -1)
+                / scale
+            )
+        if "p2c" in terms:
+            pos_q = _dense(rel, w, f"{p}.self.{'query_proj' if shared else 'pos_query_proj'}")
+            p2c = k @ pos_q.reshape(-1, heads, dim).transpose(1, 2, 0)  # [H, L (keys), 2 span]
+            p2c_pos = np.clip(-rel_pos + span, 0, 2 * span - 1)
+            gathered = np.take_along_axis(
+                p2c, np.broadcast_to(p2c_pos, (heads, length, length)), -1
+            )
+            scores = scores + gathered.transpose(0, 2, 1) / scale
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(1, 0, 2).reshape(length, -1)
+        x = _norm(x + _dense(context, w, f"{p}.output.dense"), w, f"{p}.output.LayerNorm", eps)
+        up = _gelu(_dense(x, w, f"encoder.layer.{n}.intermediate.dense"))
+        x = _norm(x + _dense(up, w, f"encoder.layer.{n}.output.dense"), w,
+                  f"encoder.layer.{n}.output.LayerNorm", eps)  # fmt: skip
+    return x
+
+
+ORACLES = {"new": gte_hidden, "nomic_bert": nomic_hidden, "modernbert": modernbert_hidden,
+           "deberta-v2": deberta_hidden}  # fmt: skip
 
 
 def family_hidden(weights: dict, config: dict, ids: list[int], types: list[int]) -> np.ndarray:

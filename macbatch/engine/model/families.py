@@ -43,23 +43,15 @@ def _v41_mixed_ratios(args: Any) -> str | None:
 
 
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# BERT, RoBERTa, XLM-RoBERTa and DistilBERT run in macbatch's own encoder (engine/encoder/:
-# packed varlen bidirectional passes, no KV, in an engine of their own); the rest are not
-# built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
-_DECODERS_EMBED = (
-    "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
-)
-_ENCODER_REASON = (
-    f"an encoder-only (bidirectional) embedding model the engine has no code for; "
-    f"{_DECODERS_EMBED}, see docs/embeddings.md"
-)
+# BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ELECTRA, DeBERTa-v2, gte (``new``), Nomic BERT
+# and ModernBERT run in macbatch's own encoder (engine/encoder/: packed varlen bidirectional
+# passes, no KV, in an engine of their own). mlx-embeddings is GPL-3.0: not a dependency
+# (docs/embeddings.md, "Encoder models").
 # why an encoder the encoder engine serves does not load as a generation model
 ENCODER_DOES_NOT_GENERATE = (
     "an encoder model: it embeds and scores (serve's /v1/embeddings, /v1/rerank, /v1/score; "
     "run's embed and rerank jobs; docs/embeddings.md) and does not generate"
 )
-_ENCODER_ONLY = ("nomic_bert", "electra", "mpnet", "deberta-v2", "new")
-_VLM_ENCODERS = ("modernbert",)  # mlx-vlm has it (for its retrieval models)
 
 
 class Library(Enum):
@@ -132,6 +124,16 @@ class EncoderNaming(Enum):
 
     BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
     DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...
+    # Alibaba's gte ``NewModel``: rotary, encoder.layer.N.attention.qkv_proj, mlp.up_gate_proj
+    GTE = "gte"
+    NOMIC = "nomic"  # Nomic BERT: rotary, encoder.layers.N.attn.Wqkv, mlp.fc11 / fc12, no biases
+    # ModernBERT: pre-norm, layers.N.attn.Wqkv, mlp.Wi, local and global attention layers
+    MODERNBERT = "modernbert"
+    # MPNet: BERT's block as attention.attn.q / k / v / o, a relative-position bias, no types
+    MPNET = "mpnet"
+    ELECTRA = "electra"  # BERT's names, narrower embeddings and ``embeddings_project``
+    # DeBERTa-v2 / v3: query_proj / key_proj / value_proj, rel_embeddings, disentangled attention
+    DEBERTA = "deberta"
 
 
 @dataclass(frozen=True)
@@ -332,8 +334,17 @@ FAMILIES: dict[str, Family] = {
     "roberta": Family(encoder=_ROBERTA),
     "xlm-roberta": Family(encoder=_ROBERTA),
     "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
-    **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
-    **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
+    # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
+    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet and ELECTRA
+    # count positions and name their task heads as RoBERTa and BERT do
+    "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
+    "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
+    "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
+    "mpnet": Family(
+        encoder=EncoderLayout("mpnet.", offset_positions=True, naming=EncoderNaming.MPNET)
+    ),
+    "electra": Family(encoder=EncoderLayout("electra.", naming=EncoderNaming.ELECTRA)),
+    "deberta-v2": Family(encoder=EncoderLayout("deberta.", naming=EncoderNaming.DEBERTA)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),

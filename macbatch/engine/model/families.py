@@ -92,6 +92,10 @@ class MtpNaming(Enum):
     # DeepSeek V3 / V3.2, GLM-4.5 / 5: decoder layer ``num_hidden_layers`` of the checkpoint
     # (``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
     NEXTN = "nextn"
+    # Nemotron-H: one MTP module of several blocks under ``mtp.layers.N.`` (the config's
+    # ``mtp_hybrid_override_pattern``: attention and MoE blocks), ``enorm``, ``hnorm`` and
+    # ``eh_proj`` on its first block, ``final_layernorm`` on its last
+    NEMOTRON = "nemotron"
 
 
 @dataclass(frozen=True)
@@ -400,6 +404,8 @@ FAMILIES: dict[str, Family] = {
     "glm_moe_dsa": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe_lite": Family(mtp=MtpNaming.NEXTN),
+    # its MTP blocks' attention pages in the request's blocks, its MoE blocks keep nothing
+    "nemotron_h": Family(mtp=MtpNaming.NEMOTRON),
 }
 _PLAIN = Family()
 

@@ -493,3 +493,30 @@ def _nemotron_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
             proj = projections[rest.split(".")[0]]
             out.update({f"{mixer}.experts.{e}.{proj}.weight": value[e] for e in range(len(value))})
     return out
+
+
+# MtpHead's parts by Hunyuan V4's checkpoint names (relative to ``model.mtp_layers.0.``)
+_HY_V4_PARTS = {**_NEXTN_PARTS, "norm": "final_layernorm"}
+
+
+def save_hy_v4_checkpoint(path: Path) -> dict[str, mx.array]:
+    """The tiny Hunyuan V4 (tests/support/tiny_hy_v4.py) under Hugging Face's names (``model.*``,
+    ``lm_head``: mlx-vlm's ``sanitize`` of them drops ``model.mtp_layers``) with a random MTP
+    layer at ``model.mtp_layers.0.`` (its own weights as mlx-vlm holds them: ``embed_q`` /
+    ``unembed_out``, fused ``gate_up_proj`` experts) and ``num_nextn_predict_layers: 1``; returns
+    the MTP layer's weights (the loader's expected result)."""
+    from tests.support.tiny_hy_v4 import hy_v4_model, save_hy_v4
+
+    save_hy_v4(path)
+    saved = mx.load(str(path / "model.safetensors"))
+    weights = {k.removeprefix("language_model."): v for k, v in saved.items()}
+    expected = dict(tree_flatten(random_mtp_head(hy_v4_model()).parameters()))
+    for name, value in expected.items():
+        part, _, rest = name.partition(".")
+        rest = rest.removeprefix("0.") if part == "layers" else f"{_HY_V4_PARTS[part]}.{rest}"
+        weights[f"model.mtp_layers.0.{rest}"] = value
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    config = json.loads((path / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected

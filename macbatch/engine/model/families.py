@@ -96,6 +96,9 @@ class MtpNaming(Enum):
     # ``mtp_hybrid_override_pattern``: attention and MoE blocks), ``enorm``, ``hnorm`` and
     # ``eh_proj`` on its first block, ``final_layernorm`` on its last
     NEMOTRON = "nemotron"
+    # Hunyuan V4: under ``model.mtp_layers.N.`` (``eh_proj``, ``enorm``, ``hnorm``,
+    # ``final_layernorm``, and the layer's own weights), a layer without hyper-connections
+    HY_V4 = "hy_v4"
 
 
 @dataclass(frozen=True)
@@ -229,7 +232,7 @@ _VLM_NOT_TEXT = {
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text", "hy_v4",
+               "hrm_text",
                # Gated DeltaNet layers: their state in mlx-vlm's own ArraysCache (its calls)
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
@@ -344,6 +347,9 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_TEXT_SERVED, Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED)
     ),
+    # its MTP layer (mlx-vlm's own class: one stream, no hyper-connections) pages its latent rows
+    # and its indexer's keys, as DeepSeek V3.2's does
+    "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
     "step3p7": Family(
         library=Library.MLX_VLM,
         vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "

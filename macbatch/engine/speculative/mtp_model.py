@@ -6,7 +6,8 @@ token and that hidden state, each RMS-normed, are concatenated (embedding first)
 back to the hidden size (Qwen's ``fc``, DeepSeek's ``eh_proj`` over ``enorm`` and ``hnorm``),
 run through one decoder layer of the target's own class (full attention: GQA, or MLA in
 DeepSeek V3 and GLM-4.7-Flash; a sparse-MoE layer in the MoE variants; Nemotron-H's blocks of
-the target's class, an attention block then a MoE block, each with its residual), and normed
+the target's class, an attention block then a MoE block, each with its residual; Hunyuan V4's
+the layer mlx-vlm's drafter builds, without the target's hyper-connections), and normed
 (DeepSeek's ``shared_head.norm``, Nemotron-H's ``final_layernorm``); the target's LM head (and
 its embedding) are shared unless a Qwen checkpoint has its own (DeepSeek's and GLM's copies are
 the target's: mtp_weights.py). The hidden state it reads is the target's output, after the
@@ -97,9 +98,21 @@ def new_mtp_head(
         block = type(text.layers[0])
         layers = [block(args, kind) for kind in names.pattern]
         return MtpHead(layers, args.hidden_size, eps, [_NEMOTRON_BLOCKS[k] for k in names.pattern])
+    if names.naming is MtpNaming.HY_V4:
+        return MtpHead([_hy_v4_layer(args)], args.hidden_size, eps)
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
     index = names.layer_index(args)
     return MtpHead([type(attention)(args, index)], args.hidden_size, eps)
+
+
+def _hy_v4_layer(args: Any) -> nn.Module:
+    """Hunyuan V4's MTP decoder layer as mlx-vlm's own drafter builds it from the target's config
+    (its ``hy_v4_mtp``: one residual stream where the target's layers keep four, an indexer of
+    its own, a MoE MLP)."""
+    from mlx_vlm.speculative.drafters.hy_v4_mtp import HyV4MTPDraftModel, ModelConfig
+
+    layer: nn.Module = HyV4MTPDraftModel(ModelConfig(text_config=args)).decoder
+    return layer
 
 
 def build_mtp_head(

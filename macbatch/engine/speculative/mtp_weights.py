@@ -2,7 +2,7 @@
 
 mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
 files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
-file is never read). Three naming schemes (``MtpNaming``, the families table says which a family
+file is never read). Four naming schemes (``MtpNaming``, the families table says which a family
 uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 
 - Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
@@ -12,6 +12,8 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
   the checkpoint, its own weights beside ``eh_proj``, ``enorm``, ``hnorm`` and
   ``shared_head.norm``; its ``embed_tokens`` and ``shared_head.head`` are copies of the target's
   (DeepSeek-V3's report shares them, as vLLM does), so the target's serve and they are not read.
+- Hunyuan V4: under ``model.mtp_layers.N.``, DeepSeek's parts but ``final_layernorm`` for its
+  norm (mlx-vlm's ``hy_v4_mtp`` drafter reads the same names).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
   ``*E``: attention, then MoE) under ``mtp.layers.N.``, the first's ``enorm``, ``hnorm`` and
   ``eh_proj`` and the last's ``final_layernorm`` beside them (mlx-vlm's ``nemotron_h_mtp``
@@ -20,9 +22,9 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 Names are made relative to ``MtpHead`` (``fc.weight``, ``layers.0.self_attn.q_proj.weight``
 ...). A Hugging Face-layout Qwen checkpoint (its recurrent convolutions not yet moved to MLX's
 axis order) stores its RMSNorm weights zero-centred and its experts unstacked; both are
-converted here as mlx-lm's ``sanitize`` converts the target's. A DeepSeek/GLM layer (and
-Nemotron-H's blocks) goes through the target's own ``sanitize`` (experts stacked, ``kv_b_proj``
-split, fp8 dequantized). No MLX at import: the doctor reads the headers only.
+converted here as mlx-lm's ``sanitize`` converts the target's. A DeepSeek/GLM or Hunyuan V4
+layer (and Nemotron-H's blocks) goes through the target's own ``sanitize`` (experts stacked,
+``kv_b_proj`` split, fp8 dequantized). No MLX at import: the doctor reads the headers only.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ _PARTS: dict[MtpNaming, dict[str, str | None]] = {
         "shared_head.head": None,
         "embed_tokens": None,
     },
+    MtpNaming.HY_V4: {
+        "eh_proj": "fc",
+        "enorm": "pre_fc_norm_embedding",
+        "hnorm": "pre_fc_norm_hidden",
+        "final_layernorm": "norm",
+    },
 }
 # Nemotron-H's head parts on its blocks (``layers.N.<part>``), by MtpHead's names
 _NEMOTRON_PARTS = {
@@ -70,7 +78,12 @@ _NEMOTRON_PARTS = {
     "final_layernorm": "norm",
 }
 _NEMOTRON_BLOCK = re.compile(r"^layers\.\d+\.([a-z_]+)(\..+)$")
-_NEXTN_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# where the schemes that number their MTP layers among the checkpoint's put them: DeepSeek's
+# after the target's (from num_hidden_layers), Hunyuan V4's in a list of their own
+_LAYER_KEYS = {
+    MtpNaming.NEXTN: re.compile(r"^model\.layers\.(\d+)\.(.+)$"),
+    MtpNaming.HY_V4: re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$"),
+}
 # the norms a Hugging Face checkpoint stores as (weight - 1): Qwen3-Next's RMSNorm scales by
 # (1 + weight); MLX's by weight
 _CENTRED_NORMS = (
@@ -98,11 +111,12 @@ class MtpNames:
     def split(self, key: str) -> tuple[int, str] | None:
         """``key``'s MTP layer and its name relative to that layer (Qwen's parts besides the
         decoder layers: layer 0); None: not an MTP weight."""
-        if self.naming is MtpNaming.NEXTN:
-            match = _NEXTN_LAYER.match(key)
-            if match is None or int(match[1]) < self.first_layer:
+        if self.naming in _LAYER_KEYS:
+            match = _LAYER_KEYS[self.naming].match(key)
+            first = self.first_layer if self.naming is MtpNaming.NEXTN else 0
+            if match is None or int(match[1]) < first:
                 return None
-            return int(match[1]) - self.first_layer, match[2]
+            return int(match[1]) - first, match[2]
         for prefix in _PREFIXES:
             if key.startswith(prefix):
                 rest = key[len(prefix) :]
@@ -273,13 +287,22 @@ def _sanitized_by_target(weights: dict[str, mx.array], text: nn.Module) -> dict[
     target's layer of its index (indices its conversions cover): a Hugging Face checkpoint's
     experts stacked, DeepSeek's ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8
     weights (``eh_proj`` too) dequantized; a converted layer passes unchanged. The names go in
-    under the target's inner transformer (``model.``; Nemotron-H's ``backbone.``)."""
+    under the target's inner transformer (``model.``; Nemotron-H's ``backbone.``). A part
+    beside the layers that the target's ``sanitize`` drops whole (Hunyuan V4's keeps only the
+    names its model has: ``eh_proj`` is not one) is kept as read."""
     sanitize = getattr(text, "sanitize", None)
     if sanitize is None:
         return weights
     inner = "backbone." if hasattr(text, "backbone") else "model."
     converted = sanitize({inner + k: v for k, v in weights.items()})
-    return {k.removeprefix(inner): v for k, v in converted.items()}
+    out = {k.removeprefix(inner): v for k, v in converted.items()}
+    modules = {k.rsplit(".", 1)[0] for k in out}
+    dropped = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith("layers.") and k.rsplit(".", 1)[0] not in modules
+    }
+    return {**out, **dropped}
 
 
 def _is_centred_norm(name: str, value: mx.array) -> bool:

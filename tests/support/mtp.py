@@ -458,10 +458,7 @@ def save_nemotron_checkpoint(path: Path, bits: int | None) -> dict[str, mx.array
         nn.quantize(head, 32, bits, class_predicate=_quantizable)
         mx.eval(head.parameters())
     expected = dict(tree_flatten(head.parameters()))
-    last = len(head.layers) - 1
-    written = {_nemotron_name(k, last): v for k, v in expected.items()}
-    if bits is None:
-        written = _nemotron_experts(written)
+    written = nemotron_checkpoint_weights(head, hugging_face=bits is None)
     file = path / "model.safetensors"
     weights = dict(mx.load(str(file)))
     weights.update({f"mtp.{k}": v for k, v in written.items()})
@@ -471,6 +468,14 @@ def save_nemotron_checkpoint(path: Path, bits: int | None) -> dict[str, mx.array
     config["num_nextn_predict_layers"] = 1
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return expected
+
+
+def nemotron_checkpoint_weights(head: MtpHead, hugging_face: bool) -> dict[str, mx.array]:
+    """The Nemotron-H MTP module ``head``'s weights by the checkpoint's names after ``mtp.``
+    (``layers.0.eh_proj.weight`` ...), its experts unstacked where ``hugging_face``."""
+    last = len(head.layers) - 1
+    weights = {_nemotron_name(k, last): v for k, v in tree_flatten(head.parameters())}
+    return _nemotron_experts(weights) if hugging_face else weights
 
 
 def _nemotron_name(name: str, last: int) -> str:

@@ -6,13 +6,14 @@ request's own blocks. The target is a hybrid (Mamba-2 layers beside attention an
 rejected draft resumes its recurrent state. Oracles: mlx-lm's greedy generation of the target
 (the output never changes), the MTP module run unpaged through mlx-lm's own KV cache over
 mlx-lm's hidden states (the drafts themselves), the config's sizes (the pages), and the weights
-the test wrote (loading)."""
+the test wrote (loading); mlx-vlm's own drafter with the same weights (the module)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import mlx.core as mx
 import mlx_lm
 import pytest
 
@@ -20,9 +21,12 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.stores.pages import LayerShape
 from macbatch.models.check import check_model
 from tests.support.mtp import (
+    NEMOTRON_H,
+    NEMOTRON_PATTERN,
     PROMPTS,
     assert_mtp_weights,
     mtp_target,
+    nemotron_checkpoint_weights,
     predicting_mtp_head,
     quantize_for_mtp,
     random_mtp_head,
@@ -31,6 +35,7 @@ from tests.support.mtp import (
     unpaged_drafts,
 )
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
+from tests.support.tiny import HYBRID_CONFIGS
 
 MAX_TOKENS = 16
 CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
@@ -142,3 +147,26 @@ def test_doctor_counts_the_module_and_a_bad_pattern_is_refused(tmp_path):
     with pytest.raises(ValueError, match="MTP block pattern 'M\\*'"):
         _load(path, "mtp")
     assert _load(path, "auto").runner.draft is None
+
+
+def test_the_module_is_mlx_vlms_drafters():
+    """The MTP module with random weights computes, at the last of 20 positions, what mlx-vlm's own
+    ``NemotronHMTPDraftModel`` computes with the checkpoint's weights (``mtp.`` stripped, its
+    ``sanitize`` stacking the experts) from the same config."""
+    from mlx_lm.models.cache import KVCache
+    from mlx_vlm.speculative.drafters.nemotron_h_mtp import ModelConfig, NemotronHMTPDraftModel
+
+    model = mtp_target("nemotron_h")
+    head = random_mtp_head(model)
+    config = dict(HYBRID_CONFIGS["nemotron_h"], **NEMOTRON_H, num_nextn_predict_layers=1)
+    config["mtp_hybrid_override_pattern"] = "".join(NEMOTRON_PATTERN)
+    theirs = NemotronHMTPDraftModel(ModelConfig.from_dict({"text_config": config}))
+    written = nemotron_checkpoint_weights(head, hugging_face=True)
+    theirs.load_weights(list(theirs.sanitize(written).items()), strict=True)
+    tokens = mx.array([[(11 * i) % 300 + 3 for i in range(20)]])
+    inner = model.backbone
+    embedded, hidden = inner.embeddings(tokens), inner(tokens)
+    ours = head(embedded, hidden, [KVCache() if pages else None for pages in head.paged])
+    want, _ = theirs._forward_hidden(embedded, hidden, tokens, theirs.make_cache())
+    # unmasked here (as in the step, whose attention masks itself): the last row sees all
+    assert mx.allclose(ours[:, -1], want[:, -1], atol=1e-4)

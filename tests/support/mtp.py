@@ -525,3 +525,62 @@ def save_hy_v4_checkpoint(path: Path) -> dict[str, mx.array]:
     config["num_nextn_predict_layers"] = 1
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return expected
+
+
+def predicting_streams_head(model: nn.Module) -> MtpHead:
+    """Qwen4-exp's ``predicting_mtp_head``: the target's layer outputs scaled down (its streams
+    stay near the tiled embedding, so its next token is nearly a function of the current one; a
+    target without the n-gram embedding, which adds the tokens before), and an MTP layer
+    computing that function: ``fc_embedding`` passes the normed embedding into every stream,
+    ``fc_hidden`` and its decoder layer's projections are zero (the layer adds nothing), and its
+    mixer is the target's final one."""
+    text = scale_outputs(model)
+    head = random_mtp_head(model)
+    for layer in head.layers:
+        zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(layer.parameters())]
+        layer.load_weights([(k, v) for k, v in zeros if "norm" not in k], strict=False)
+    width = text.args.hidden_size
+    head.fc_embedding.weight = mx.eye(width)
+    head.fc_hidden.weight = mx.zeros((width, width))
+    mixer = tree_flatten(text.model.hyper_connection_mixer.parameters())
+    head.hyper_connection_mixer.load_weights(mixer, strict=True)
+    mx.eval(model.parameters(), head.parameters())
+    return head
+
+
+def mlx_vlm_qwen4_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
+    """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's own ``Qwen4ExpMTPDraftModel`` with
+    ``head``'s weights, bound to the Qwen4-exp ``model``: its prefill over mlx-vlm's pre-mixer
+    streams of all but the last token (that one its bonus), then its draft block."""
+    from mlx_vlm.speculative.drafters.qwen4_exp_mtp import ModelConfig, Qwen4ExpMTPDraftModel
+
+    text = model.language_model
+    drafter = Qwen4ExpMTPDraftModel(ModelConfig(text_config=text.args))
+    drafter.load_weights(tree_flatten(head.parameters()), strict=True)
+    drafter.reset(model)
+    ids = mx.array([tokens[:-1]])
+    streams = text(ids, return_hidden=True).hidden_states[0]
+    drafter.prefill_from_target_hidden(ids, streams, tokens[-1], None, greedy=True)
+    drafts = drafter.draft_block(tokens[-1], streams[:, -1:], None, k + 1, None, greedy=True)
+    return [int(t) for t in drafts[0].tolist()]
+
+
+def save_qwen4_checkpoint(path: Path) -> dict[str, mx.array]:
+    """The tiny Qwen4-exp (tests/support/tiny_qwen4_exp.py) with a random MTP layer under
+    ``mtp.`` as Qwen's checkpoints keep it (its experts fused as ``gate_up_proj``) and
+    ``mtp_num_hidden_layers: 1``; returns the MTP layer's weights as mlx-vlm holds them (the
+    loader's expected result)."""
+    from tests.support.tiny_qwen4_exp import QWEN4_EXP
+
+    model = QWEN4_EXP.model()
+    QWEN4_EXP.save(path)
+    expected = dict(tree_flatten(random_mtp_head(model).parameters()))
+    file = path / "model.safetensors"
+    weights = dict(mx.load(str(file)))
+    stored = _hf_experts(expected, fused=True)
+    weights.update({f"mtp.{k}": v for k, v in stored.items()})
+    mx.save_safetensors(str(file), weights)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected

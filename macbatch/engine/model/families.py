@@ -99,6 +99,10 @@ class MtpNaming(Enum):
     # Hunyuan V4: under ``model.mtp_layers.N.`` (``eh_proj``, ``enorm``, ``hnorm``,
     # ``final_layernorm``, and the layer's own weights), a layer without hyper-connections
     HY_V4 = "hy_v4"
+    # Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
+    # ``pre_fc_norm_*`` and ``hyper_connection_mixer``: it reads the target's hyper-connection
+    # streams before their final mixer
+    QWEN4 = "qwen4"
 
 
 @dataclass(frozen=True)
@@ -356,8 +360,10 @@ FAMILIES: dict[str, Family] = {
         "packed step does not hand it yet (text is served)",
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
+    # its MTP layer (mlx-vlm's classes) reads the target's last layer's streams (layer_taps.py)
     "qwen4_exp": Family(
         library=Library.MLX_VLM,
+        mtp=MtpNaming.QWEN4,
         vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
         "(text is served)",
     ),

@@ -53,26 +53,88 @@ class MtpHead(nn.Module):
         paged: Sequence[bool] | None = None,
     ) -> None:
         super().__init__()
-        self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
-        self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_embedding: nn.Module = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_hidden: nn.Module = nn.RMSNorm(hidden_size, eps=eps)
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
         self.layers = layers
         self.norm = nn.RMSNorm(hidden_size, eps=eps)
         self._paged = tuple(paged) if paged is not None else (True,) * len(layers)
 
+    # whether it reads the target's last layer's output (hyper-connection streams) rather than
+    # the target's normed output
+    reads_streams = False
+
     @property
     def paged(self) -> tuple[bool, ...]:
         return self._paged
 
-    def __call__(self, embeddings: mx.array, hidden: mx.array, caches: Sequence[Any]) -> mx.array:
+    def __call__(
+        self,
+        embeddings: mx.array,
+        hidden: mx.array,
+        caches: Sequence[Any],
+        tokens: mx.array | None = None,
+    ) -> mx.array:
         """The layer's normed output ``[N, 1, H]`` for rows ``[N, 1, H]`` of next-token embeddings
         and the hidden states before them; ``caches``: each layer's (paged) attention cache (None
-        for a layer that keeps none)."""
+        for a layer that keeps none); ``tokens``: the next tokens (read by Qwen4-exp's)."""
         both = [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)]
         x = self.fc(mx.concatenate(both, axis=-1))
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, mask=None, cache=cache)
         return self.norm(x)
+
+    def readout(self, out: mx.array) -> mx.array:
+        """What the LM head reads of the layer's output ``out`` (the output itself)."""
+        return out
+
+
+class StreamsMtpHead(MtpHead):
+    """Qwen4-exp's MTP layer (mlx-vlm's ``qwen4_exp_mtp`` modules, built from the target's config):
+    it reads the target's hyper-connection streams before their final mixer (``[N, 1, hc*H]``,
+    its last decoder layer's output), normed across all streams; the next token's normed
+    embedding (``fc_embedding``) is added to each stream's own projection (``fc_hidden``); one
+    Qwen Sparse Attention decoder layer of the target's class runs over the streams, and its own
+    mixer (``hyper_connection_mixer``) gives what the LM head reads, while its next draft reads
+    the unmixed streams."""
+
+    reads_streams = True
+
+    def __init__(self, args: Any) -> None:
+        from mlx_vlm.speculative.drafters.qwen4_exp_mtp import ModelConfig, Qwen4ExpMTPDraftModel
+
+        nn.Module.__init__(self)
+        built = Qwen4ExpMTPDraftModel(ModelConfig(text_config=args))
+        self.streams, self.width = int(args.hc_count), int(args.hidden_size)
+        self.pre_fc_norm_embedding = built.pre_fc_norm_embedding
+        self.pre_fc_norm_hidden = built.pre_fc_norm_hidden
+        self.fc_embedding = built.fc_embedding
+        self.fc_hidden = built.fc_hidden
+        layers: list[nn.Module] = [*built.layers]
+        self.layers = layers
+        self.hyper_connection_mixer = built.hyper_connection_mixer
+        self._paged = (True,)
+
+    def __call__(
+        self,
+        embeddings: mx.array,
+        hidden: mx.array,
+        caches: Sequence[Any],
+        tokens: mx.array | None = None,
+    ) -> mx.array:
+        """The layer's streams ``[N, 1, hc*H]`` for next-token embeddings ``[N, 1, H]`` and the
+        streams before them."""
+        split = self.pre_fc_norm_hidden(hidden).reshape(*hidden.shape[:-1], self.streams, -1)
+        embedded = self.fc_embedding(self.pre_fc_norm_embedding(embeddings))
+        x = (embedded[..., None, :] + self.fc_hidden(split)).reshape(hidden.shape)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, tokens, mask=None, cache=cache, position_ids=None)
+        return x
+
+    def readout(self, out: mx.array) -> mx.array:
+        """The streams mixed into one row ``[N, 1, H]``, as the LM head reads them."""
+        mixed: mx.array = self.hyper_connection_mixer(out)
+        return mixed
 
 
 # the block types a Nemotron-H MTP module may have: attention (paged), MoE and MLP (no cache)
@@ -100,6 +162,8 @@ def new_mtp_head(
         return MtpHead(layers, args.hidden_size, eps, [_NEMOTRON_BLOCKS[k] for k in names.pattern])
     if names.naming is MtpNaming.HY_V4:
         return MtpHead([_hy_v4_layer(args)], args.hidden_size, eps)
+    if names.naming is MtpNaming.QWEN4:
+        return StreamsMtpHead(args)
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
     index = names.layer_index(args)
     return MtpHead([type(attention)(args, index)], args.hidden_size, eps)

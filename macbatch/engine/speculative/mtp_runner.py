@@ -27,6 +27,7 @@ from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
 from macbatch.engine.model.qsa_indexer import selection_plan
 from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.speculative.layer_taps import LayerTaps
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.stores.pages import LayerShape
 
@@ -45,12 +46,20 @@ class MtpRunner(DrafterPages):
         # a sparse MLA layer's lightning indexer (the families with one ship one MTP layer)
         self.indexer = getattr(getattr(head.layers[0], "self_attn", None), "indexer", None)
         super().__init__(page_shapes(paged, adapter.model.args, self.indexer), dtype, config)
+        # Qwen4-exp's reads the target's last layer's output (its unmixed streams)
+        self.taps = (
+            LayerTaps(adapter.layers, [len(adapter.layers) - 1], "the MTP layer")
+            if head.reads_streams
+            else None
+        )
+        self.records_layers = self.taps is not None
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
 
     def features(self, hidden: mx.array) -> mx.array:
-        """What the MTP layer keeps of a target forward: its last hidden states."""
-        return hidden
+        """What the MTP layer keeps of a target forward: its last hidden states (Qwen4-exp's:
+        its last layer's streams, before the final mixer)."""
+        return hidden if self.taps is None else self.taps.features()
 
     def step(self, batch: PackedBatch, hidden: mx.array) -> tuple[mx.array, mx.array]:
         """One packed forward of the MTP layer over rows of next tokens (``batch.token_ids``)
@@ -58,11 +67,13 @@ class MtpRunner(DrafterPages):
         sampled rows (the next draft's hidden states) and their argmax tokens (lazy)."""
         tokens = batch.token_ids[:, None]
         embed = getattr(self.head, "embed_tokens", None) or token_embedding(self.target.inner)
-        out = self.head(embed(tokens), hidden.astype(self.format.dtype), self._caches(batch))
+        caches = self._caches(batch)
+        out = self.head(embed(tokens), hidden.astype(self.format.dtype), caches, tokens)
         if batch.sample_rows.size < batch.num_tokens:
             out = out[batch.sample_rows]
+        read = self.head.readout(out)
         own = getattr(self.head, "lm_head", None)
-        logits = own(out)[:, -1, :] if own is not None else self.target.head(out)
+        logits = own(read)[:, -1, :] if own is not None else self.target.head(read)
         return out, mx.argmax(logits, axis=-1)
 
     def _caches(self, batch: PackedBatch) -> list[PagedLayerCache | None]:

@@ -2,7 +2,7 @@
 
 mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
 files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
-file is never read). Four naming schemes (``MtpNaming``, the families table says which a family
+file is never read). Five naming schemes (``MtpNaming``, the families table says which a family
 uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 
 - Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
@@ -12,6 +12,9 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
   the checkpoint, its own weights beside ``eh_proj``, ``enorm``, ``hnorm`` and
   ``shared_head.norm``; its ``embed_tokens`` and ``shared_head.head`` are copies of the target's
   (DeepSeek-V3's report shares them, as vLLM does), so the target's serve and they are not read.
+- Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
+  ``pre_fc_norm_*`` and ``hyper_connection_mixer`` (mlx-vlm's ``qwen4_exp_mtp`` names); its
+  norms stay zero-centred (its own RMSNorm scales by 1 + w), its fused experts are split.
 - Hunyuan V4: under ``model.mtp_layers.N.``, DeepSeek's parts but ``final_layernorm`` for its
   norm (mlx-vlm's ``hy_v4_mtp`` drafter reads the same names).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
@@ -62,6 +65,16 @@ _PARTS: dict[MtpNaming, dict[str, str | None]] = {
         "shared_head.norm": "norm",
         "shared_head.head": None,
         "embed_tokens": None,
+    },
+    MtpNaming.QWEN4: {
+        name: name
+        for name in (
+            "fc_embedding",
+            "fc_hidden",
+            "pre_fc_norm_embedding",
+            "pre_fc_norm_hidden",
+            "hyper_connection_mixer",
+        )
     },
     MtpNaming.HY_V4: {
         "eh_proj": "fc",
@@ -274,6 +287,8 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             name = names.name(key)
             if name is not None:
                 weights[name] = value
+    if names.naming is MtpNaming.QWEN4:  # its norms are zero-centred in its own classes too
+        return _stacked_experts(weights)
     if names.naming is not MtpNaming.QWEN:
         return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):

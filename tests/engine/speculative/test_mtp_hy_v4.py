@@ -20,6 +20,7 @@ from tests.support.mtp import (
     PROMPTS,
     assert_mtp_weights,
     predicting_mtp_head,
+    quantize_for_mtp,
     random_mtp_head,
     recorded_proposals,
     save_hy_v4_checkpoint,
@@ -55,12 +56,15 @@ def _mlx_vlm(model, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
     return [[t for t, _ in mlx_vlm_text_greedy(model, p, max_tokens)] for p in prompts]
 
 
-def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(tiny_tokenizer):
+@pytest.mark.parametrize("bits", [None, 4])
+def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(bits, tiny_tokenizer):
     """Five requests of staggered lengths in flight (contexts past ``index_topk``: the MTP layer
     selects positions), prompts chunked by a 16-token budget, drafts mostly accepted; then the
     same prompts again from the prefix cache. Its pages: a latent row and an indexer-key row."""
     model = hy_v4_model()
     head = predicting_mtp_head(model)
+    if bits:
+        quantize_for_mtp(model, head, bits)
     expected = _mlx_vlm(model)
     engine = _engine(model, tiny_tokenizer, head)
     rank, rope = CONFIG["kv_lora_rank"], CONFIG["qk_rope_head_dim"]
@@ -70,7 +74,8 @@ def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(tiny_tokenizer):
     ]
     assert _greedy(engine) == expected
     spec = engine.stats().speculation
-    assert spec.drafted > 0 and spec.accepted > spec.drafted / 2
+    # 4-bit rounding moves the tiny target's choices off what the layer predicts more often
+    assert spec.drafted > 0 and spec.accepted > (spec.drafted / 2 if bits is None else 0)
     assert _greedy(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)

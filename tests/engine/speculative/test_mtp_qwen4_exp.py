@@ -18,6 +18,7 @@ from tests.support.mtp import (
     assert_mtp_weights,
     mlx_vlm_qwen4_drafts,
     predicting_streams_head,
+    quantize_for_mtp,
     random_mtp_head,
     recorded_proposals,
     save_qwen4_checkpoint,
@@ -46,7 +47,8 @@ def _mlx_vlm(model, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
     return [[t for t, _ in mlx_vlm_text_greedy(model, p, max_tokens)] for p in prompts]
 
 
-def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(tiny_tokenizer):
+@pytest.mark.parametrize("bits", [None, 4])
+def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(bits, tiny_tokenizer):
     """Five requests of staggered lengths in flight (contexts past the selection's budget: the
     MTP layer reads selected blocks), prompts chunked by a 16-token budget, drafts mostly
     accepted (a target without the n-gram embedding, whose next token the layer predicts);
@@ -54,6 +56,8 @@ def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(tiny_tokenizer):
     indexer's raw key row."""
     model = QWEN4_EXP.model(ple_layer_ids=[])
     head = predicting_streams_head(model)
+    if bits:
+        quantize_for_mtp(model, head, bits)
     expected = _mlx_vlm(model)
     engine = _engine(model, tiny_tokenizer, head)
     text = TEXT_CONFIG
@@ -63,7 +67,8 @@ def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(tiny_tokenizer):
     ]
     assert _greedy(engine) == expected
     spec = engine.stats().speculation
-    assert spec.drafted > 0 and spec.accepted > spec.drafted / 2
+    # 4-bit rounding moves the tiny target's choices off what the layer predicts more often
+    assert spec.drafted > 0 and spec.accepted > (spec.drafted / 2 if bits is None else 0)
     assert _greedy(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)

@@ -84,6 +84,17 @@ class MtpNaming(Enum):
     # DeepSeek V3 / V3.2, GLM-4.5 / 5: decoder layer ``num_hidden_layers`` of the checkpoint
     # (``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
     NEXTN = "nextn"
+    # Nemotron-H: one MTP module of several blocks under ``mtp.layers.N.`` (the config's
+    # ``mtp_hybrid_override_pattern``: attention and MoE blocks), ``enorm``, ``hnorm`` and
+    # ``eh_proj`` on its first block, ``final_layernorm`` on its last
+    NEMOTRON = "nemotron"
+    # Hunyuan V4: under ``model.mtp_layers.N.`` (``eh_proj``, ``enorm``, ``hnorm``,
+    # ``final_layernorm``, and the layer's own weights), a layer without hyper-connections
+    HY_V4 = "hy_v4"
+    # Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
+    # ``pre_fc_norm_*`` and ``hyper_connection_mixer``: it reads the target's hyper-connection
+    # streams before their final mixer
+    QWEN4 = "qwen4"
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,7 @@ _VLM_NOT_TEXT = {
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text", "hy_v4",
+               "hrm_text",
                # Gated DeltaNet layers: their state in mlx-vlm's own ArraysCache (its calls)
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
@@ -351,14 +362,19 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_TEXT_SERVED, Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED)
     ),
+    # its MTP layer (mlx-vlm's own class: one stream, no hyper-connections) pages its latent rows
+    # and its indexer's keys, as DeepSeek V3.2's does
+    "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
     "step3p7": Family(
         library=Library.MLX_VLM,
         vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
         "packed step does not hand it yet (text is served)",
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
+    # its MTP layer (mlx-vlm's classes) reads the target's last layer's streams (layer_taps.py)
     "qwen4_exp": Family(
         library=Library.MLX_VLM,
+        mtp=MtpNaming.QWEN4,
         vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
         "(text is served)",
     ),
@@ -411,6 +427,8 @@ FAMILIES: dict[str, Family] = {
     "glm_moe_dsa": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe_lite": Family(mtp=MtpNaming.NEXTN),
+    # its MTP blocks' attention pages in the request's blocks, its MoE blocks keep nothing
+    "nemotron_h": Family(mtp=MtpNaming.NEMOTRON),
 }
 _PLAIN = Family()
 

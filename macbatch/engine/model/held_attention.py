@@ -30,6 +30,8 @@ from macbatch.engine.model.hooks.recurrent_layers import SequenceRunner
 from macbatch.engine.model.recurrent import StateRows
 from macbatch.engine.stores.held_caches import HeldCaches, snapshot
 
+_Call = Callable[..., mx.array]
+
 
 @dataclass
 class _Piece:
@@ -91,7 +93,7 @@ class HeldAttentionCache(SequenceRunner):
     ) -> mx.array:
         """``call`` (the module's own ``__call__``) once per piece, each on its rows of ``x``
         (``[N, 1, H]``) with its sequence's cache and what its queries read."""
-        arguments = _v41_arguments if "shared" in _parameters(call) else _vlm_arguments
+        arguments = _convention(call)
         outs = []
         for piece in self.step.pieces:
             cache = self.step.caches[piece.chunk][self.layer]
@@ -103,16 +105,18 @@ class HeldAttentionCache(SequenceRunner):
         return outs[0] if len(outs) == 1 else mx.concatenate(outs)
 
 
-_Call = Callable[..., mx.array]
+def _convention(call: _Call) -> Callable[[_Call, _Piece, mx.array, Any], dict]:
+    """What ``call``'s library hands its attention besides the rows: mlx-lm's V4.1 takes a
+    ``shared`` dict (``_v41_arguments``), mlx-vlm's V4 a mask (``_vlm_arguments``); read once
+    per class."""
+    function = getattr(call, "__func__", call)
+    if function not in _CONVENTIONS:
+        shared = "shared" in inspect.signature(call).parameters
+        _CONVENTIONS[function] = _v41_arguments if shared else _vlm_arguments
+    return _CONVENTIONS[function]
 
 
-def _parameters(call: _Call) -> Any:
-    return inspect.signature(call).parameters
-
-
-def _v41_arguments(
-    call: Callable[..., mx.array], piece: _Piece, rows: mx.array, cache: Any
-) -> dict:
+def _v41_arguments(call: _Call, piece: _Piece, rows: mx.array, cache: Any) -> dict:
     """mlx-lm's ``deepseek_v41`` attention: its position, window rows (its module's
     ``_window_indices``), cache and ``shared`` dict."""
     if piece.reads is None:
@@ -123,9 +127,7 @@ def _v41_arguments(
     return dict(start_pos=cache.offset, window_idx=piece.reads, cache=cache, shared=piece.shared)
 
 
-def _vlm_arguments(
-    call: Callable[..., mx.array], piece: _Piece, rows: mx.array, cache: Any
-) -> dict:
+def _vlm_arguments(call: _Call, piece: _Piece, rows: mx.array, cache: Any) -> dict:
     """mlx-vlm's ``deepseek_v4`` attention: its cache and the window's mask, which its text
     model makes from the first layer's window cache (its module's ``create_attention_mask``)."""
     if piece.reads is None:
@@ -134,3 +136,6 @@ def _vlm_arguments(
         size = call.__self__.config.sliding_window  # type: ignore[attr-defined]
         piece.reads = make_mask(rows, window, window_size=size, return_array=True)
     return dict(mask=piece.reads, cache=cache)
+
+
+_CONVENTIONS: dict[Any, Callable[[_Call, _Piece, mx.array, Any], dict]] = {}

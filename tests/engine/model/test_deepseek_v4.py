@@ -127,3 +127,19 @@ def test_preemption_recomputes_the_reference(checkpoint, served) -> None:
     for prompt, out in zip(prompts, outs):
         assert out.token_ids == reference_greedy(model, prompt, params.max_tokens)
     assert_pool_idle(engine)
+
+
+def test_the_indexer_takes_the_flat_top_k_where_mlx_vlm_takes_hisa(tmp_path) -> None:
+    """A checkpoint whose HISA selection starts at 4 compressed rows (blocks of 2, the best 2;
+    mlx-vlm's default starts at 1,024): the engine's tokens and log-probabilities are the
+    reference's flat top-k (the same weights with ``index_block`` 0, mlx-vlm's own flat path),
+    which mlx-vlm's HISA leaves."""
+    path = save_deepseek_v4(tmp_path / "hisa", index_block=2, index_keep=2)
+    flat = load_model(save_deepseek_v4(tmp_path / "flat", index_block=0))
+    config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    engine = Engine.load(str(path), config)
+    prompts = random_prompts([60, 33], seed=8)
+    for prompt, out in zip(prompts, engine.generate(prompts, GREEDY)):
+        assert_matches_reference(flat, prompt, out)
+    hisa = reference_logprobs(load_model(path), prompts[0])
+    assert abs(hisa - reference_logprobs(flat, prompts[0])).max() > 1e-3

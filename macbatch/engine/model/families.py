@@ -42,6 +42,13 @@ def _v41_mixed_ratios(args: Any) -> str | None:
     return None
 
 
+def _reference_caches(language_model: Any) -> list[Any]:
+    """DeepSeek V4's held caches as its reference keeps them (model/overlap_pooling.py)."""
+    from macbatch.engine.model.overlap_pooling import reference_caches
+
+    return reference_caches(language_model)
+
+
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
 # BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ELECTRA, DeBERTa-v2, gte (``new``), Nomic BERT
 # and ModernBERT run in macbatch's own encoder (engine/encoder/: packed varlen bidirectional
@@ -192,6 +199,8 @@ class Family:
     # caches are held per request slot and it runs the step's sequences apart
     # (model/held_attention.py)
     held_cache_attention: str | None = None
+    # a new request's held caches, made from the text model (None: its own ``make_cache``)
+    held_caches: Callable[[Any], list[Any]] | None = None
     # why a loaded model of the family is refused for its config (its ``args``), or None: what
     # the family's library itself computes wrongly has no output to match
     config_refusal: Callable[[Any], str | None] | None = None
@@ -204,11 +213,6 @@ _SPARSE = (
 )
 _VLM_SPARSE = ("longcat_flash_sparse",)
 _NOT_TEXT = "not a text generator"
-_VLM_DEEPSEEK_V4 = (
-    "mlx-vlm's DeepSeek V4 compresses overlapping groups whose previous group is zeros at the "
-    "start of every call, so its rows change with where calls are cut and no chunked step can "
-    "match it; mlx-lm's deepseek_v41 is served"
-)
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
         "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
@@ -266,7 +270,6 @@ def _mlx_vlm_refused() -> dict[str, Family]:
     """The refused families only mlx-vlm has, by model type (each with its reason)."""
     groups = {
         _SPARSE: _VLM_SPARSE,
-        _VLM_DEEPSEEK_V4: ("deepseek_v4",),
         _UNCHECKED: _VLM_UNCHECKED,
         **_VLM_NOT_TEXT,
     }
@@ -316,6 +319,13 @@ FAMILIES: dict[str, Family] = {
     # and their indexer keys, the open group's projections), held per request slot and run per
     # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
     "deepseek_v41": Family(held_cache_attention="self_attn", config_refusal=_v41_mixed_ratios),
+    # DeepSeek V4 as released (mlx-vlm's deepseek_v4: overlapping ratio-4 compression, an indexer
+    # with a compressor of its own, hash-routed first layers, a hyper-connection head), held the
+    # same way; its overlapping compressors' pooling caches keep the previous group as DeepSeek's
+    # reference does, where mlx-vlm's own zero it at every call (model/overlap_pooling.py)
+    "deepseek_v4": Family(
+        library=Library.MLX_VLM, held_cache_attention="attn", held_caches=_reference_caches
+    ),
     "muse_spark": Family(
         refusal="its text model sits two levels down (model.model.language_model, in a container "
         "with no forward of its own), where the adapter finds the transformer it packs one level "

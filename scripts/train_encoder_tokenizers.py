@@ -1,12 +1,14 @@
-"""Trains the BERT WordPiece and XLM-R Unigram tokenizers the encoder tests read
-(tests/support/tokenizers/bert-wordpiece, xlmr-unigram) with the ``tokenizers`` library's own
-trainers on docs/*.md, and writes them there: run it to rebuild them.
+"""Trains the BERT WordPiece, XLM-R Unigram and ModernBERT byte-level BPE tokenizers the
+encoder tests read (tests/support/tokenizers/bert-wordpiece, xlmr-unigram, modernbert-bpe) with
+the ``tokenizers`` library's own trainers on docs/*.md, and writes them there: run it to rebuild
+them (all, or the ones named).
 
-    python scripts/train_encoder_tokenizers.py
+    python scripts/train_encoder_tokenizers.py [modernbert-bpe ...]
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tokenizers import (
@@ -25,6 +27,7 @@ OUT = ROOT / "tests" / "support" / "tokenizers"
 VOCAB = 1500
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+MODERNBERT_SPECIALS = ["<|endoftext|>", "[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
 
 def _corpus(lines: int | None = None) -> list[str]:
@@ -65,14 +68,41 @@ def unigram_tokenizer() -> str:
     return tok.to_str()
 
 
-def main() -> None:
-    for name, text in (
-        ("bert-wordpiece", wordpiece_tokenizer()),
-        ("xlmr-unigram", unigram_tokenizer()),
-    ):
+def bpe_tokenizer() -> str:
+    """A ModernBERT byte-level BPE tokenizer.json (OLMo's kind: no prefix space, ``[CLS] A
+    [SEP]``), as a JSON string."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        _corpus(),
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=MODERNBERT_SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tok.to_str()
+
+
+TRAINERS = {
+    "bert-wordpiece": wordpiece_tokenizer,
+    "xlmr-unigram": unigram_tokenizer,
+    "modernbert-bpe": bpe_tokenizer,
+}
+
+
+def main(names: list[str]) -> None:
+    for name in names or list(TRAINERS):
         (OUT / name).mkdir(parents=True, exist_ok=True)
-        (OUT / name / "tokenizer.json").write_text(text)
+        (OUT / name / "tokenizer.json").write_text(TRAINERS[name]())
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

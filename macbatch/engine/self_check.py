@@ -133,7 +133,8 @@ def _compare(
         return 0.0, f"the packed step failed: {out.error}"
     assert out.top_logprobs is not None
     worst = 0.0
-    steps = zip(library_logprobs(model, prompt), out.token_ids, out.top_logprobs)
+    library = library_logprobs(model, prompt, engine.runner.adapter.library_caches())
+    steps = zip(library, out.token_ids, out.top_logprobs)
     for step, (want, token, mine) in enumerate(steps):
         diffs = [abs(lp - float(want[t])) for t, lp in mine.items()]
         worst = max(worst, *diffs)
@@ -151,13 +152,12 @@ def _compare(
     return worst, None
 
 
-def library_logprobs(model: nn.Module, prompt: list[int]) -> Iterator[mx.array]:
+def library_logprobs(model: nn.Module, prompt: list[int], cache: list[Any]) -> Iterator[mx.array]:
     """The library's own greedy generation: each step's log-probabilities (mlx-lm's
-    ``generate_step`` on a fresh cache of its own)."""
+    ``generate_step`` on ``cache``, a fresh one of the library's own: the adapter's
+    ``library_caches``, DeepSeek V4's kept as its reference keeps them)."""
     from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import make_prompt_cache
 
-    cache = make_prompt_cache(model)
     steps = generate_step(mx.array(prompt), _Logits(model), max_tokens=STEPS, prompt_cache=cache)
     for _, logprobs in steps:
         yield logprobs.astype(mx.float32)
@@ -220,8 +220,6 @@ def _recording(layers: list[Any]) -> Iterator[list[list[mx.array]]]:
 def _first_layer(engine: CheckedEngine, model: nn.Module, dtype: mx.Dtype) -> str:
     """``; the first layer whose output differs is layer N (Class)``, or why none was named
     (recorded on another prompt as long, with one token sampled: the prefill alone)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     adapter = engine.runner.adapter
     layers = getattr(model, "layers", None)
     layers = layers if isinstance(layers, list) else getattr(adapter.inner, "layers", None)
@@ -233,7 +231,7 @@ def _first_layer(engine: CheckedEngine, model: nn.Module, dtype: mx.Dtype) -> st
         with _recording(layers) as paged:
             engine.generate([PromptInput(other)], once)
         with _recording(layers) as library:
-            model(mx.array([other]), cache=make_prompt_cache(model))
+            model(mx.array([other]), cache=adapter.library_caches())
     except Exception:  # a model that will not run with its layers wrapped: the reason stands
         return ""
     limit = _LAYER_TOLERANCE.get(dtype, _LAYER_TOLERANCE[mx.bfloat16])

@@ -50,15 +50,18 @@ def v41_logits(model: deepseek_v41.Model, tokens: mx.array, cuts: list[int]) -> 
     return mx.concatenate(parts, axis=1)
 
 
-def vlm_compressed_rows(ratio: int, tokens: int, cuts: list[int], seed: int = 0) -> mx.array:
+def vlm_compressed_rows(
+    ratio: int, tokens: int, cuts: list[int], seed: int = 0, cache_kind: type = PoolingCache
+) -> mx.array:
     """mlx-vlm's compressed rows of ``tokens`` random hidden states fed in calls cut at
-    ``cuts``, through its own ``PoolingCache``."""
+    ``cuts``, through a pooling cache of ``cache_kind`` (its own ``PoolingCache``, or one that
+    takes its calls)."""
     config = ModelConfig(hidden_size=HIDDEN, num_hidden_layers=4, head_dim=16,
                          qk_rope_head_dim=8, q_lora_rank=16)  # fmt: skip
     compressor = Compressor(config, ratio, 16)
     _randomize(compressor, seed)
     x = mx.random.normal((1, tokens, HIDDEN), key=mx.random.key(seed + 1))
-    cache = PoolingCache(ratio)
+    cache = cache_kind(ratio)
     bounds = [0, *cuts, tokens]
     rows = None
     for a, b in zip(bounds, bounds[1:], strict=False):

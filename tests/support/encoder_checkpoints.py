@@ -86,19 +86,87 @@ def distilbert_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict
     weights = {k: v for k, v in random_weights(bert, prefixed=False).items()
                if not k.startswith(("pooler", "embeddings.token_type"))}  # fmt: skip
     weights["embeddings.token_type_embeddings.weight"] = np.zeros((1, 64), np.float32)
-    distil = {}
-    for name, value in weights.items():
-        if name.startswith("embeddings.token_type"):
-            continue
-        for old, new in DISTIL_NAMES.items():
-            name = name.replace(old, new)
-        distil["distilbert." + name] = value
+    distil = _renamed(
+        {k: v for k, v in weights.items() if not k.startswith("embeddings.token_type")},
+        DISTIL_NAMES,
+        "distilbert.",
+    )
     config = {_DISTIL_FIELDS.get(k, k): v for k, v in bert.items() if k != "type_vocab_size"}
     config |= {"model_type": "distilbert", "architectures": ["DistilBertModel"]}
     save_file(distil, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(config))
     (path / "tokenizer.json").write_text(wordpiece_tokenizer())
     return path, weights, bert
+
+
+# MPNet's weight names for BERT's (one layer's attention)
+MPNET_NAMES = {
+    ".attention.self.query.": ".attention.attn.q.",
+    ".attention.self.key.": ".attention.attn.k.",
+    ".attention.self.value.": ".attention.attn.v.",
+    ".attention.output.dense.": ".attention.attn.o.",
+    ".attention.output.LayerNorm.": ".attention.LayerNorm.",
+}
+
+
+def _renamed(weights: dict[str, np.ndarray], names: dict[str, str], prefix: str) -> dict:
+    out = {}
+    for name, value in weights.items():
+        for old, new in names.items():
+            name = name.replace(old, new)
+        out[prefix + name] = value
+    return out
+
+
+def mpnet_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict]:
+    """An MPNetForMaskedLM checkpoint (its names under ``mpnet.``, the shared
+    ``encoder.relative_attention_bias`` [32, heads], no token types, RoBERTa's positions from
+    padding_idx + 1, an MLM head to drop), with BERT-named weights and a config for the oracle
+    (the bias kept under its MPNet name, a zero token-type row). Its tokenizer: the XLM-R
+    Unigram's, whose ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2 and ``<s> A </s></s> B </s>`` template
+    are MPNet's own."""
+    path.mkdir(parents=True, exist_ok=True)
+    bert = encoder_config("roberta") | {"model_type": "mpnet"}
+    weights = {k: v for k, v in random_weights(bert, prefixed=False).items()
+               if not k.startswith(("pooler", "embeddings.token_type"))}  # fmt: skip
+    weights["encoder.relative_attention_bias.weight"] = (
+        np.random.default_rng(4).standard_normal((32, 4)).astype(np.float32)
+    )
+    mpnet = _renamed(weights, MPNET_NAMES, "mpnet.")
+    mpnet["lm_head.dense.weight"] = np.zeros((64, 64), np.float32)
+    weights["embeddings.token_type_embeddings.weight"] = np.zeros((1, 64), np.float32)
+    config = {k: v for k, v in bert.items() if k != "type_vocab_size"}
+    config |= {"architectures": ["MPNetForMaskedLM"], "relative_attention_num_buckets": 32}
+    save_file(mpnet, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text(unigram_tokenizer())
+    return path, weights, config | {"type_vocab_size": 1}
+
+
+def electra_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict]:
+    """An ElectraForPreTraining (discriminator) checkpoint: BERT's names under ``electra.`` with
+    32-wide embeddings and ``embeddings_project`` up to the hidden 64, and the discriminator
+    head to drop; the oracle reads the same weights unprefixed."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = encoder_config("bert") | {"model_type": "electra", "embedding_size": 32,
+                                       "architectures": ["ElectraForPreTraining"]}  # fmt: skip
+    weights = {k: v for k, v in random_weights(config, prefixed=False).items()
+               if not k.startswith(("pooler", "embeddings."))}  # fmt: skip
+    rng = np.random.default_rng(5)
+    for name, rows in (("word", VOCAB), ("position", 512), ("token_type", 2)):
+        weights[f"embeddings.{name}_embeddings.weight"] = rng.standard_normal((rows, 32)).astype(
+            np.float32
+        )
+    weights["embeddings.LayerNorm.weight"] = (1 + rng.standard_normal(32) * 0.1).astype(np.float32)
+    weights["embeddings.LayerNorm.bias"] = (rng.standard_normal(32) * 0.1).astype(np.float32)
+    weights["embeddings_project.weight"] = (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)
+    weights["embeddings_project.bias"] = (rng.standard_normal(64) * 0.1).astype(np.float32)
+    electra = {f"electra.{k}": v for k, v in weights.items()}
+    electra["discriminator_predictions.dense.weight"] = np.zeros((64, 64), np.float32)
+    save_file(electra, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text(wordpiece_tokenizer())
+    return path, weights, config
 
 
 def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.ndarray]:

@@ -1,7 +1,9 @@
 """The BERT / RoBERTa / XLM-RoBERTa encoder in float64 numpy, written from the architecture
 (Devlin et al. 2019; HF's ``BertModel``: post-LayerNorm blocks, exact GELU; RoBERTa's position
 ids from padding_idx + 1) over one unpadded sequence, read straight from the HF-named weights:
-the oracle for macbatch's packed MLX encoder."""
+the oracle for macbatch's packed MLX encoder. With ELECTRA's ``embeddings_project`` and MPNet's
+relative-position bias (HF's ``MPNetEncoder.compute_position_bias``) when the weights hold
+them."""
 
 from __future__ import annotations
 
@@ -31,11 +33,30 @@ def _base(weights: dict, config: dict) -> dict[str, np.ndarray]:
     }
 
 
+def _mpnet_bucket(query: int, key: int) -> int:
+    """MPNet's ``relative_position_bucket`` of one pair (32 buckets, max distance 128)."""
+    n = query - key
+    bucket = 16 if n < 0 else 0
+    n = abs(n)
+    if n < 8:
+        return bucket + n
+    return bucket + min(15, 8 + int(math.log(n / 8) / math.log(128 / 8) * 8))
+
+
+def _relative_bias(w: dict, length: int) -> np.ndarray | float:
+    """[heads, L, L] MPNet's bias on the scores (0 for the other families)."""
+    table = w.get("encoder.relative_attention_bias.weight")
+    if table is None:
+        return 0.0
+    buckets = [[_mpnet_bucket(i, j) for j in range(length)] for i in range(length)]
+    return table[np.array(buckets)].transpose(2, 0, 1)
+
+
 def oracle_hidden(weights: dict, config: dict, ids: list[int], types: list[int]) -> np.ndarray:
     """The last layer's hidden states of one sequence, float64 [L, hidden]."""
     w = _base(weights, config)
     eps, heads = config["layer_norm_eps"], config["num_attention_heads"]
-    start = config["pad_token_id"] + 1 if config["model_type"] != "bert" else 0
+    start = config["pad_token_id"] + 1 if config["model_type"] not in ("bert", "electra") else 0
     positions = start + np.arange(len(ids))
     x = (
         w["embeddings.word_embeddings.weight"][ids]
@@ -43,15 +64,18 @@ def oracle_hidden(weights: dict, config: dict, ids: list[int], types: list[int])
         + w["embeddings.token_type_embeddings.weight"][types]
     )
     x = _layer_norm(x, w, "embeddings.LayerNorm", eps)
+    if "embeddings_project.weight" in w:
+        x = _linear(x, w, "embeddings_project")
     length, hidden = x.shape
     dim = hidden // heads
+    bias = _relative_bias(w, length)
     for n in range(config["num_hidden_layers"]):
         p = f"encoder.layer.{n}"
         q, k, v = (
             _linear(x, w, f"{p}.attention.self.{part}").reshape(length, heads, dim)
             for part in ("query", "key", "value")
         )
-        scores = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dim)
+        scores = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(dim) + bias
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         context = np.einsum("hij,jhd->ihd", probs, v).reshape(length, hidden)

@@ -63,6 +63,21 @@ NEXTN_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseek_v32": ("deepseek_v32", {}),
     "glm_moe_dsa": ("glm_moe_dsa", {}),
 }
+# Nemotron-H with MoE blocks (Nemotron 3's), its MTP module an attention then a MoE block
+NEMOTRON_PATTERN = ("*", "E")
+NEMOTRON_H = dict(
+    hybrid_override_pattern=["M", "*", "E", "M", "-"],
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=64,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.5,
+)
+OTHER_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {"nemotron_h": ("nemotron_h", NEMOTRON_H)}
 # five prompts of the MTP tests: repeating ones (drafts hold), a random one, a long run
 PROMPTS = [
     [40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41],
@@ -81,13 +96,13 @@ _NORMS = (
     "pre_fc_norm_hidden.weight",
     "mtp.norm.weight",
 )
-# the projections that write a layer's output into the residual stream
-_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+# the projections that write a layer's output into the residual stream (Nemotron-H's experts: fc2)
+_OUTPUTS = ("o_proj.weight", "out_proj.weight", "down_proj.weight", "fc2.weight")
 
 
 def mtp_target(arch: str, seed: int = 0) -> nn.Module:
     """The tiny model of one of ``MTP_ARCHS``."""
-    base, overrides = {**MTP_ARCHS, **NEXTN_ARCHS}[arch]
+    base, overrides = {**MTP_ARCHS, **NEXTN_ARCHS, **OTHER_ARCHS}[arch]
     return build_model(base, seed, **overrides)
 
 
@@ -96,7 +111,8 @@ def random_mtp_head(model: nn.Module, seed: int = 1) -> MtpHead:
     the index its family's checkpoints store it at."""
     mx.random.seed(seed)
     naming = family(model_type_of(model)).mtp or MtpNaming.QWEN
-    head = new_mtp_head(text_model(model), naming)
+    pattern = NEMOTRON_PATTERN if naming is MtpNaming.NEMOTRON else ()
+    head = new_mtp_head(text_model(model), naming, pattern)
     head.set_dtype(mx.float32)
     mx.eval(head.parameters())
     return head
@@ -109,7 +125,7 @@ def scale_outputs(model: nn.Module, scale: float = 0.05) -> nn.Module:
     scaled = [
         (k, v * scale)
         for k, v in tree_flatten(text.parameters())
-        if k.startswith("model.layers.") and k.endswith(_OUTPUTS)
+        if k.startswith(("model.layers.", "backbone.layers.")) and k.endswith(_OUTPUTS)
     ]
     text.load_weights(scaled, strict=False)
     return text
@@ -119,19 +135,26 @@ def predicting_mtp_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
     """Scales every layer's output projections of ``model`` by ``scale`` (in place), so that its
     next token is nearly a function of the current token alone (the residual stream is mostly
     that token's embedding), and returns an MTP layer computing that function of the token it is
-    fed: fc passes the normed embedding and drops the hidden state, its decoder layer adds
-    nothing (all its projections zero), and its last norm is the target's final norm. Most of
+    fed: fc passes the normed embedding and drops the hidden state, its decoder layers add
+    nothing (all their projections zero), and its last norm is the target's final norm. Most of
     its drafts hold; some do not (the scaled layers still move the target's choice)."""
     text = scale_outputs(model, scale)
     head = random_mtp_head(model)
     hidden = text.args.hidden_size
-    zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(head.layers[0].parameters())]
-    head.layers[0].load_weights([(k, v) for k, v in zeros if "norm" not in k], strict=False)
+    for layer in head.layers:
+        zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(layer.parameters())]
+        layer.load_weights([(k, v) for k, v in zeros if "norm" not in k], strict=False)
     eye = mx.concatenate([mx.eye(hidden), mx.zeros((hidden, hidden))], axis=1)
     head.fc.weight = eye
-    head.norm.weight = text.model.norm.weight
+    head.norm.weight = _final_norm(text).weight
     mx.eval(model.parameters(), head.parameters())
     return head
+
+
+def _final_norm(text: nn.Module) -> nn.Module:
+    """The text model's final norm (Nemotron-H's ``backbone.norm_f``)."""
+    inner = getattr(text, "model", None) or text.backbone
+    return getattr(inner, "norm", None) or inner.norm_f
 
 
 def save_hf_checkpoint(path: Path, arch: str, head_seed: int | None = 1) -> dict[str, mx.array]:
@@ -289,33 +312,41 @@ def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
 def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
     """The MTP layer's ``k`` greedy drafts after ``tokens``, run unpaged: mlx-lm's KV cache and
     its own attention path (an array causal mask, which MLA's score mask takes too) over
-    mlx-lm's normed hidden states of ``tokens``, then its own outputs and drafts."""
+    mlx-lm's normed hidden states of ``tokens``, then its own outputs and drafts (each of its
+    layers with pages here has a cache of its own, the rest none)."""
     from mlx_lm.models.base import create_attention_mask
     from mlx_lm.models.cache import CacheList, KVCache
 
     text = text_model(model)
-    inner = text.model
+    inner = getattr(text, "model", None) or text.backbone
+    embed = getattr(inner, "embed_tokens", None) or inner.embeddings
     hidden = inner(mx.array([tokens]))  # the target's normed hidden states, mlx-lm's forward
 
     def logits(out: mx.array) -> mx.array:
         if getattr(text.args, "tie_word_embeddings", False):
-            return inner.embed_tokens.as_linear(out)
+            return embed.as_linear(out)
         return text.lm_head(out)
 
-    def mtp(next_tokens: list[int], states: mx.array, cache: Any) -> mx.array:
-        embedded = head.pre_fc_norm_embedding(inner.embed_tokens(mx.array([next_tokens])))
+    def mtp(next_tokens: list[int], states: mx.array, caches: list[Any]) -> mx.array:
+        embedded = head.pre_fc_norm_embedding(embed(mx.array([next_tokens])))
         x = head.fc(mx.concatenate([embedded, head.pre_fc_norm_hidden(states)], axis=-1))
-        kv = cache[0] if isinstance(cache, CacheList) else cache
+        kv = next(c for c in caches if c is not None)
+        kv = kv[0] if isinstance(kv, CacheList) else kv
         mask = create_attention_mask(x, kv, return_array=True) if x.shape[1] > 1 else None
-        return head.norm(head.layers[0](x, mask=mask, cache=cache))
+        for layer, cache in zip(head.layers, caches):
+            x = layer(x, mask=mask, cache=cache)
+        return head.norm(x)
 
     # a sparse MLA layer (DeepSeek V3.2, GLM-5) keeps its indexer's keys in a second cache
     sparse = getattr(getattr(head.layers[0], "self_attn", None), "indexer", None) is not None
-    cache = CacheList(KVCache(), KVCache()) if sparse else KVCache()
-    out = mtp(tokens[1:], hidden[:, :-1], cache)[:, -1:]
+    caches = [
+        (CacheList(KVCache(), KVCache()) if sparse else KVCache()) if pages else None
+        for pages in head.paged
+    ]
+    out = mtp(tokens[1:], hidden[:, :-1], caches)[:, -1:]
     drafts = [int(mx.argmax(logits(out)[0, -1]))]
     while len(drafts) < k:
-        out = mtp([drafts[-1]], out, cache)
+        out = mtp([drafts[-1]], out, caches)
         drafts.append(int(mx.argmax(logits(out)[0, -1])))
     return drafts
 
@@ -401,3 +432,155 @@ def _hf_layer(weights: dict[str, mx.array], args: Any) -> dict[str, mx.array]:
         both = mx.concatenate([key.swapaxes(-1, -2), value], axis=1)
         out["self_attn.kv_b_proj.weight"] = both.reshape(-1, args.kv_lora_rank)
     return out
+
+
+# MtpHead's parts by Nemotron-H's checkpoint names: on its first block, and (norm) its last
+_NEMOTRON_FIRST = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm"}
+
+
+def save_nemotron_checkpoint(path: Path, bits: int | None) -> dict[str, mx.array]:
+    """A tiny Nemotron-H checkpoint with its MTP module under ``mtp.layers.N.`` (its blocks of
+    ``NEMOTRON_PATTERN``, the config's ``mtp_hybrid_override_pattern``, and
+    ``num_nextn_predict_layers: 1``): float, the module in Hugging Face's layout (experts one
+    ``up_proj`` / ``down_proj`` each); ``bits``: mlx-lm's own conversion of the target, the module
+    quantized (groups of 32) in MLX's layout beside it. Returns the MTP weights as MLX holds them
+    (the loader's expected result)."""
+    from mlx_lm import convert
+
+    base, overrides = OTHER_ARCHS["nemotron_h"]
+    model = mtp_target("nemotron_h")
+    head = random_mtp_head(model)
+    if bits is None:
+        save_model(path, base, **overrides)
+    else:
+        float_path = save_model(path.with_name(path.name + "-float"), base, **overrides)
+        convert(str(float_path), str(path), quantize=True, q_bits=bits, q_group_size=32)
+        nn.quantize(head, 32, bits, class_predicate=_quantizable)
+        mx.eval(head.parameters())
+    expected = dict(tree_flatten(head.parameters()))
+    written = nemotron_checkpoint_weights(head, hugging_face=bits is None)
+    file = path / "model.safetensors"
+    weights = dict(mx.load(str(file)))
+    weights.update({f"mtp.{k}": v for k, v in written.items()})
+    mx.save_safetensors(str(file), weights)
+    config = json.loads((path / "config.json").read_text())
+    config["mtp_hybrid_override_pattern"] = "".join(NEMOTRON_PATTERN)
+    config["num_nextn_predict_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected
+
+
+def nemotron_checkpoint_weights(head: MtpHead, hugging_face: bool) -> dict[str, mx.array]:
+    """The Nemotron-H MTP module ``head``'s weights by the checkpoint's names after ``mtp.``
+    (``layers.0.eh_proj.weight`` ...), its experts unstacked where ``hugging_face``."""
+    last = len(head.layers) - 1
+    weights = {_nemotron_name(k, last): v for k, v in tree_flatten(head.parameters())}
+    return _nemotron_experts(weights) if hugging_face else weights
+
+
+def _nemotron_name(name: str, last: int) -> str:
+    part, _, rest = name.partition(".")
+    if part in _NEMOTRON_FIRST:
+        return f"layers.0.{_NEMOTRON_FIRST[part]}.{rest}"
+    if part == "norm":
+        return f"layers.{last}.final_layernorm.{rest}"
+    return name
+
+
+def _nemotron_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Stacked experts (``switch_mlp.fc1`` / ``fc2``) as Hugging Face's Nemotron-H stores them:
+    ``experts.E.up_proj`` / ``down_proj``."""
+    out = {k: v for k, v in weights.items() if ".switch_mlp." not in k}
+    projections = {"fc1": "up_proj", "fc2": "down_proj"}
+    for key, value in weights.items():
+        if ".switch_mlp." in key:
+            mixer, rest = key.split(".switch_mlp.")
+            proj = projections[rest.split(".")[0]]
+            out.update({f"{mixer}.experts.{e}.{proj}.weight": value[e] for e in range(len(value))})
+    return out
+
+
+# MtpHead's parts by Hunyuan V4's checkpoint names (relative to ``model.mtp_layers.0.``)
+_HY_V4_PARTS = {**_NEXTN_PARTS, "norm": "final_layernorm"}
+
+
+def save_hy_v4_checkpoint(path: Path) -> dict[str, mx.array]:
+    """The tiny Hunyuan V4 (tests/support/tiny_hy_v4.py) under Hugging Face's names (``model.*``,
+    ``lm_head``: mlx-vlm's ``sanitize`` of them drops ``model.mtp_layers``) with a random MTP
+    layer at ``model.mtp_layers.0.`` (its own weights as mlx-vlm holds them: ``embed_q`` /
+    ``unembed_out``, fused ``gate_up_proj`` experts) and ``num_nextn_predict_layers: 1``; returns
+    the MTP layer's weights (the loader's expected result)."""
+    from tests.support.tiny_hy_v4 import hy_v4_model, save_hy_v4
+
+    save_hy_v4(path)
+    saved = mx.load(str(path / "model.safetensors"))
+    weights = {k.removeprefix("language_model."): v for k, v in saved.items()}
+    expected = dict(tree_flatten(random_mtp_head(hy_v4_model()).parameters()))
+    for name, value in expected.items():
+        part, _, rest = name.partition(".")
+        rest = rest.removeprefix("0.") if part == "layers" else f"{_HY_V4_PARTS[part]}.{rest}"
+        weights[f"model.mtp_layers.0.{rest}"] = value
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    config = json.loads((path / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected
+
+
+def predicting_streams_head(model: nn.Module) -> MtpHead:
+    """Qwen4-exp's ``predicting_mtp_head``: the target's layer outputs scaled down (its streams
+    stay near the tiled embedding, so its next token is nearly a function of the current one; a
+    target without the n-gram embedding, which adds the tokens before), and an MTP layer
+    computing that function: ``fc_embedding`` passes the normed embedding into every stream,
+    ``fc_hidden`` and its decoder layer's projections are zero (the layer adds nothing), and its
+    mixer is the target's final one."""
+    text = scale_outputs(model)
+    head = random_mtp_head(model)
+    for layer in head.layers:
+        zeros = [(k, mx.zeros_like(v)) for k, v in tree_flatten(layer.parameters())]
+        layer.load_weights([(k, v) for k, v in zeros if "norm" not in k], strict=False)
+    width = text.args.hidden_size
+    head.fc_embedding.weight = mx.eye(width)
+    head.fc_hidden.weight = mx.zeros((width, width))
+    mixer = tree_flatten(text.model.hyper_connection_mixer.parameters())
+    head.hyper_connection_mixer.load_weights(mixer, strict=True)
+    mx.eval(model.parameters(), head.parameters())
+    return head
+
+
+def mlx_vlm_qwen4_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
+    """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's own ``Qwen4ExpMTPDraftModel`` with
+    ``head``'s weights, bound to the Qwen4-exp ``model``: its prefill over mlx-vlm's pre-mixer
+    streams of all but the last token (that one its bonus), then its draft block."""
+    from mlx_vlm.speculative.drafters.qwen4_exp_mtp import ModelConfig, Qwen4ExpMTPDraftModel
+
+    text = model.language_model
+    drafter = Qwen4ExpMTPDraftModel(ModelConfig(text_config=text.args))
+    drafter.load_weights(tree_flatten(head.parameters()), strict=True)
+    drafter.reset(model)
+    ids = mx.array([tokens[:-1]])
+    streams = text(ids, return_hidden=True).hidden_states[0]
+    drafter.prefill_from_target_hidden(ids, streams, tokens[-1], None, greedy=True)
+    drafts = drafter.draft_block(tokens[-1], streams[:, -1:], None, k + 1, None, greedy=True)
+    return [int(t) for t in drafts[0].tolist()]
+
+
+def save_qwen4_checkpoint(path: Path) -> dict[str, mx.array]:
+    """The tiny Qwen4-exp (tests/support/tiny_qwen4_exp.py) with a random MTP layer under
+    ``mtp.`` as Qwen's checkpoints keep it (its experts fused as ``gate_up_proj``) and
+    ``mtp_num_hidden_layers: 1``; returns the MTP layer's weights as mlx-vlm holds them (the
+    loader's expected result)."""
+    from tests.support.tiny_qwen4_exp import QWEN4_EXP
+
+    model = QWEN4_EXP.model()
+    QWEN4_EXP.save(path)
+    expected = dict(tree_flatten(random_mtp_head(model).parameters()))
+    file = path / "model.safetensors"
+    weights = dict(mx.load(str(file)))
+    stored = _hf_experts(expected, fused=True)
+    weights.update({f"mtp.{k}": v for k, v in stored.items()})
+    mx.save_safetensors(str(file), weights)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return expected

@@ -1,6 +1,7 @@
 """The BERT / RoBERTa / XLM-RoBERTa encoder in MLX over packed rows (macbatch's own code, from
 the architecture: post-LayerNorm blocks, learned absolute positions and token types), and its
-sequence-classification heads."""
+sequence-classification heads; with ELECTRA's narrower embeddings projected up to the hidden
+size, and MPNet's relative-position attention bias (``relative.py``), shared by every layer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macbatch.engine.encoder.config import EncoderConfig
+from macbatch.engine.encoder.relative import relative_buckets
 from macbatch.engine.encoder.varlen import VarlenLayout, varlen_attention
 
 _ACTIVATIONS = {
@@ -17,6 +19,7 @@ _ACTIVATIONS = {
     "gelu_new": nn.gelu_approx,
     "gelu_pytorch_tanh": nn.gelu_approx,
     "relu": nn.relu,
+    "silu": nn.silu,
 }
 
 
@@ -29,17 +32,21 @@ def activation(name: str) -> nn.Module | object:
 class Embeddings(nn.Module):
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
-        self.word = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position = nn.Embedding(c.max_positions, c.hidden_size)
+        size = c.embedding_size or c.hidden_size
+        self.word = nn.Embedding(c.vocab_size, size)
+        self.position = nn.Embedding(c.max_positions, size)
         if c.type_vocab_size > 0:
-            self.token_type = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+            self.token_type = nn.Embedding(c.type_vocab_size, size)
+        self.norm = nn.LayerNorm(size, eps=c.layer_norm_eps)
+        if size != c.hidden_size:  # ELECTRA's ``embeddings_project``
+            self.project = nn.Linear(size, c.hidden_size)
 
     def __call__(self, ids: mx.array, positions: mx.array, types: mx.array) -> mx.array:
         rows = self.word(ids) + self.position(positions)
         if "token_type" in self:
             rows = rows + self.token_type(types)
-        return self.norm(rows)
+        rows = self.norm(rows)
+        return self.project(rows) if "project" in self else rows
 
 
 class Layer(nn.Module):
@@ -56,14 +63,18 @@ class Layer(nn.Module):
         self.out_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
         self.act = activation(c.hidden_act)
 
-    def __call__(self, x: mx.array, layout: VarlenLayout) -> mx.array:
+    def __call__(
+        self, x: mx.array, layout: VarlenLayout, biases: list[mx.array] | None = None
+    ) -> mx.array:
         rows = x.shape[0]
 
         def split(t: mx.array) -> mx.array:
             return t.reshape(rows, self.heads, -1)
 
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        x = self.attn_norm(x + self.attn_out(varlen_attention(q, k, v, layout, self.scale)))
+        bias = None if biases is None else lambda n, _q, _k: biases[n]
+        attended = varlen_attention(q, k, v, layout, self.scale, score_bias=bias)
+        x = self.attn_norm(x + self.attn_out(attended))
         return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
 
 
@@ -86,6 +97,8 @@ class Encoder(nn.Module):
         self.config = c
         self.embeddings = Embeddings(c)
         self.layers = [Layer(c) for _ in range(c.num_layers)]
+        if c.relative_buckets:
+            self.relative_bias = nn.Embedding(c.relative_buckets, c.num_heads)
         if c.classifier:
             self.classifier = Classifier(c)
 
@@ -94,6 +107,14 @@ class Encoder(nn.Module):
     ) -> mx.array:
         """The last layer's hidden states of the packed rows, [T, hidden]."""
         x = self.embeddings(ids, positions, types)
+        biases = None
+        if "relative_bias" in self:  # [H, L, L] per attention group, for every layer
+            biases = [
+                self.relative_bias(
+                    relative_buckets(g.length, self.config.relative_buckets)
+                ).transpose(2, 0, 1)
+                for g in layout.groups
+            ]
         for layer in self.layers:
-            x = layer(x, layout)
+            x = layer(x, layout, biases)
         return x

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine.encoder.bert import Encoder
 from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.encoder.facts import EncoderFacts, profile_for
 from macbatch.engine.encoder.lexical import M3Heads
@@ -37,7 +37,7 @@ class EncoderModel:
 
     def __init__(
         self,
-        model: Encoder,
+        model: nn.Module,
         tokenizer: object,
         profile: EmbeddingProfile,
         name: str,
@@ -63,13 +63,12 @@ class EncoderModel:
     def load(cls, name: str) -> EncoderModel:
         from tokenizers import Tokenizer
 
-        from macbatch.engine.encoder.weights import encoder_weights, read_weights
+        from macbatch.engine.encoder.architectures import load_encoder
+        from macbatch.engine.encoder.weights import read_weights
 
         directory = Path(name).expanduser()
         config = EncoderConfig.from_dict(json.loads((directory / "config.json").read_text()))
-        model = Encoder(config)
-        model.load_weights(list(encoder_weights(read_weights(directory), config).items()))
-        mx.eval(model.parameters())
+        model = load_encoder(read_weights(directory), config)
         profile = profile_for(directory, config)
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         m3 = M3Heads(directory) if M3Heads.present(directory) else None

@@ -10,12 +10,14 @@ short rows masked out as keys: a block-diagonal mask over the whole step would c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
+# (group index, its queries [B, H, L, D], its keys) -> [B or 1, H, L, L] added to the scores
+ScoreBias = Callable[[int, mx.array, mx.array], mx.array]
 # a group holds sequences at least this fraction of its longest (padding below 1/4 of the
 # longest's length, in attention only)
 _GROUP_FILL = 0.75
@@ -84,13 +86,30 @@ class VarlenLayout:
 
 
 def varlen_attention(
-    q: mx.array, k: mx.array, v: mx.array, layout: VarlenLayout, scale: float
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    layout: VarlenLayout,
+    scale: float,
+    window: int | None = None,
+    score_bias: ScoreBias | None = None,
 ) -> mx.array:
-    """``q``, ``k``, ``v``: [T, H, D] packed rows; the attention output as [T, H * D]."""
+    """``q``, ``k``, ``v``: [T, H, D] packed rows; the attention output as [T, H * D].
+    ``window``: each row sees only the keys of its sequence at most that many positions away
+    (ModernBERT's local layers; a group's slots are its members' positions). ``score_bias``:
+    what is added to each group's scaled scores, from the group's index and its padded
+    queries and keys (MPNet's and DeBERTa's relative positions)."""
     outputs = []
-    for group in layout.groups:
+    for n, group in enumerate(layout.groups):
         q_, k_, v_ = (group.padded(x).transpose(0, 2, 1, 3) for x in (q, k, v))
-        out = mx.fast.scaled_dot_product_attention(q_, k_, v_, scale=scale, mask=group.keys)
+        mask = group.keys
+        if window is not None:
+            slots = mx.arange(group.length)
+            mask = mask & (mx.abs(slots[:, None] - slots[None, :]) <= window)
+        if score_bias is not None:
+            bias = score_bias(n, q_, k_).astype(q.dtype)
+            mask = mx.where(mask, bias, mx.array(-mx.inf, q.dtype))
+        out = mx.fast.scaled_dot_product_attention(q_, k_, v_, scale=scale, mask=mask)
         out = out.transpose(0, 2, 1, 3).reshape(group.batch * group.length, -1)
         outputs.append(out[group.valid])
     return mx.concatenate(outputs, axis=0)[layout.restore]

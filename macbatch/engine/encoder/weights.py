@@ -1,5 +1,6 @@
 """Hugging Face encoder weights (``BertModel`` / ``XLMRobertaModel`` names, with or without the
-``bert.`` / ``roberta.`` prefix a task checkpoint puts them under) -> ``bert.Encoder``'s."""
+``bert.`` / ``roberta.`` prefix a task checkpoint puts them under) -> ``bert.Encoder``'s, and
+the renaming by table the other families' modules map theirs with."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ _BERT = (
     (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.up."),
     (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.down."),
     (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.out_norm."),
+    (r"^embeddings_project\.", "embeddings.project."),  # ELECTRA's
+    (r"^encoder\.relative_attention_bias\.", "relative_bias."),  # MPNet's
 )
 # DistilBERT's names -> BERT's (it is BERT's block without token types), then BERT's table
 _DISTILBERT_AS_BERT = {
@@ -36,6 +39,15 @@ _DISTILBERT_AS_BERT = {
     ".ffn.lin2.": ".output.dense.",
     ".output_layer_norm.": ".output.LayerNorm.",
 }
+# MPNet's names -> BERT's (BERT's block with relative-position biases, no token types)
+_MPNET_AS_BERT = {
+    ".attention.attn.q.": ".attention.self.query.",
+    ".attention.attn.k.": ".attention.self.key.",
+    ".attention.attn.v.": ".attention.self.value.",
+    ".attention.attn.o.": ".attention.output.dense.",
+    ".attention.LayerNorm.": ".attention.output.LayerNorm.",
+}
+_AS_BERT = {EncoderNaming.DISTILBERT: _DISTILBERT_AS_BERT, EncoderNaming.MPNET: _MPNET_AS_BERT}
 # the classification heads: BERT's pooler + ``classifier``, RoBERTa's ``classifier.dense`` +
 # ``classifier.out_proj``
 _BERT_HEAD = ((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.", "classifier.out."))
@@ -63,15 +75,24 @@ def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict
     renames: tuple[tuple[str, str], ...] = _BERT
     if config.classifier:
         renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
+    bert_named = {}
+    for name, value in weights.items():
+        for theirs, bert in _AS_BERT.get(config.layout.naming, {}).items():
+            name = name.replace(theirs, bert)
+        head, _, param = name.rpartition(".")
+        bert_named[f"{head}.{_NORM_PARAMS.get(param, param)}"] = value
+    return renamed(bert_named, config.layout.prefix, renames)
+
+
+def renamed(
+    weights: dict[str, mx.array], prefix: str, table: tuple[tuple[str, str], ...]
+) -> dict[str, mx.array]:
+    """Each weight under the first of ``table``'s (pattern, target) its name (``prefix``
+    stripped) matches; a weight no pattern matches (an MLM head, a buffer) is dropped."""
     out = {}
     for name, value in weights.items():
-        name = name.removeprefix(config.layout.prefix)
-        if config.layout.naming is EncoderNaming.DISTILBERT:
-            for theirs, bert in _DISTILBERT_AS_BERT.items():
-                name = name.replace(theirs, bert)
-        head, _, param = name.rpartition(".")
-        name = f"{head}.{_NORM_PARAMS.get(param, param)}"
-        for pattern, target in renames:
+        name = name.removeprefix(prefix)
+        for pattern, target in table:
             if re.match(pattern, name):
                 out[re.sub(pattern, target, name)] = value
                 break

@@ -328,6 +328,16 @@ class ModelAdapter:
         (``HeldCaches``: DeepSeek V4)."""
         return self.family.held_cache_attention is not None
 
+    def library_caches(self) -> list[Any]:
+        """The library's caches for one new request: the family's kind (DeepSeek V4's, kept as
+        its reference keeps them), else the model's own (mlx-lm's ``make_prompt_cache``)."""
+        make = self.family.held_caches
+        if make is not None:
+            return make(self.model)
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
     @property
     def chunked(self) -> bool:
         """Whether some layers attend within fixed chunks of positions (Llama 4)."""
@@ -400,7 +410,7 @@ class ModelAdapter:
         held = None
         if self.holds_caches:
             assert isinstance(states, HeldCaches) and batch.state_rows is not None
-            held = HeldStep(states, batch.state_rows, self.model.make_cache)
+            held = HeldStep(states, batch.state_rows, self.library_caches)
         sizes = (size for entry in self.recurrent for size in entry)
         for size, chunk in zip(sizes, self.chunks, strict=True):
             if held is not None:

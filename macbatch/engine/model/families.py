@@ -42,24 +42,23 @@ def _v41_mixed_ratios(args: Any) -> str | None:
     return None
 
 
+def _reference_caches(language_model: Any) -> list[Any]:
+    """DeepSeek V4's held caches as its reference keeps them (model/overlap_pooling.py)."""
+    from macbatch.engine.model.overlap_pooling import reference_caches
+
+    return reference_caches(language_model)
+
+
 # Encoder-only embedding models attend both ways; the engine's paged attention is causal.
-# BERT, RoBERTa, XLM-RoBERTa and DistilBERT run in macbatch's own encoder (engine/encoder/:
-# packed varlen bidirectional passes, no KV, in an engine of their own); the rest are not
-# built. mlx-embeddings is GPL-3.0: not a dependency (docs/embeddings.md, "Encoder models").
-_DECODERS_EMBED = (
-    "macbatch embeds with decoder models (Qwen3-Embedding, gte-Qwen2, or any generation model)"
-)
-_ENCODER_REASON = (
-    f"an encoder-only (bidirectional) embedding model the engine has no code for; "
-    f"{_DECODERS_EMBED}, see docs/embeddings.md"
-)
+# BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet, ELECTRA, DeBERTa-v2, gte (``new``), Nomic BERT
+# and ModernBERT run in macbatch's own encoder (engine/encoder/: packed varlen bidirectional
+# passes, no KV, in an engine of their own). mlx-embeddings is GPL-3.0: not a dependency
+# (docs/embeddings.md, "Encoder models").
 # why an encoder the encoder engine serves does not load as a generation model
 ENCODER_DOES_NOT_GENERATE = (
     "an encoder model: it embeds and scores (serve's /v1/embeddings, /v1/rerank, /v1/score; "
     "run's embed and rerank jobs; docs/embeddings.md) and does not generate"
 )
-_ENCODER_ONLY = ("nomic_bert", "electra", "mpnet", "deberta-v2", "new")
-_VLM_ENCODERS = ("modernbert",)  # mlx-vlm has it (for its retrieval models)
 
 
 class Library(Enum):
@@ -92,6 +91,17 @@ class MtpNaming(Enum):
     # DeepSeek V3 / V3.2, GLM-4.5 / 5: decoder layer ``num_hidden_layers`` of the checkpoint
     # (``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm``, and the layer's own weights)
     NEXTN = "nextn"
+    # Nemotron-H: one MTP module of several blocks under ``mtp.layers.N.`` (the config's
+    # ``mtp_hybrid_override_pattern``: attention and MoE blocks), ``enorm``, ``hnorm`` and
+    # ``eh_proj`` on its first block, ``final_layernorm`` on its last
+    NEMOTRON = "nemotron"
+    # Hunyuan V4: under ``model.mtp_layers.N.`` (``eh_proj``, ``enorm``, ``hnorm``,
+    # ``final_layernorm``, and the layer's own weights), a layer without hyper-connections
+    HY_V4 = "hy_v4"
+    # Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
+    # ``pre_fc_norm_*`` and ``hyper_connection_mixer``: it reads the target's hyper-connection
+    # streams before their final mixer
+    QWEN4 = "qwen4"
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,16 @@ class EncoderNaming(Enum):
 
     BERT = "bert"  # HF's BertModel: encoder.layer.N.attention.self.query ...
     DISTILBERT = "distilbert"  # transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1 ...
+    # Alibaba's gte ``NewModel``: rotary, encoder.layer.N.attention.qkv_proj, mlp.up_gate_proj
+    GTE = "gte"
+    NOMIC = "nomic"  # Nomic BERT: rotary, encoder.layers.N.attn.Wqkv, mlp.fc11 / fc12, no biases
+    # ModernBERT: pre-norm, layers.N.attn.Wqkv, mlp.Wi, local and global attention layers
+    MODERNBERT = "modernbert"
+    # MPNet: BERT's block as attention.attn.q / k / v / o, a relative-position bias, no types
+    MPNET = "mpnet"
+    ELECTRA = "electra"  # BERT's names, narrower embeddings and ``embeddings_project``
+    # DeBERTa-v2 / v3: query_proj / key_proj / value_proj, rel_embeddings, disentangled attention
+    DEBERTA = "deberta"
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,8 @@ class Family:
     # caches are held per request slot and it runs the step's sequences apart
     # (model/held_attention.py)
     held_cache_attention: str | None = None
+    # a new request's held caches, made from the text model (None: its own ``make_cache``)
+    held_caches: Callable[[Any], list[Any]] | None = None
     # the axes of the ``position_ids`` its inner transformer takes where without them it reads
     # its first cache's offset as one number (GLM-4V's ``mx.arange(cache[0].offset, ...)``) or
     # counts from 0 (Command A Vision's): 1 (``[B, L]``) or 3 (M-RoPE's ``[3, B, L]``); the
@@ -196,11 +218,6 @@ _SPARSE = (
 )
 _VLM_SPARSE = ("longcat_flash_sparse",)
 _NOT_TEXT = "not a text generator"
-_VLM_DEEPSEEK_V4 = (
-    "mlx-vlm's DeepSeek V4 compresses overlapping groups whose previous group is zeros at the "
-    "start of every call, so its rows change with where calls are cut and no chunked step can "
-    "match it; mlx-lm's deepseek_v41 is served"
-)
 _VLM_NOT_TEXT = {
     f"{_NOT_TEXT}: it makes images or video": (
         "bonsai", "ernie_image", "flux2", "flux3", "ideogram4", "llada_image", "mage_flow",
@@ -230,7 +247,7 @@ _VLM_NOT_TEXT = {
 }  # fmt: skip
 # text models checked against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "flint", "xing4_0",
-               "hrm_text", "hy_v4",
+               "hrm_text",
                # Gated DeltaNet layers: their state in mlx-vlm's own ArraysCache (its calls)
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
@@ -288,7 +305,6 @@ def _mlx_vlm_refused() -> dict[str, Family]:
     """The refused families only mlx-vlm has, by model type (each with its reason)."""
     groups = {
         _SPARSE: _VLM_SPARSE,
-        _VLM_DEEPSEEK_V4: ("deepseek_v4",),
         _UNCHECKED: _VLM_UNCHECKED,
         **_VLM_REFUSED_LAYERS,
         **_VLM_NOT_TEXT,
@@ -339,6 +355,13 @@ FAMILIES: dict[str, Family] = {
     # and their indexer keys, the open group's projections), held per request slot and run per
     # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
     "deepseek_v41": Family(held_cache_attention="self_attn", config_refusal=_v41_mixed_ratios),
+    # DeepSeek V4 as released (mlx-vlm's deepseek_v4: overlapping ratio-4 compression, an indexer
+    # with a compressor of its own, hash-routed first layers, a hyper-connection head), held the
+    # same way; its overlapping compressors' pooling caches keep the previous group as DeepSeek's
+    # reference does, where mlx-vlm's own zero it at every call (model/overlap_pooling.py)
+    "deepseek_v4": Family(
+        library=Library.MLX_VLM, held_cache_attention="attn", held_caches=_reference_caches
+    ),
     "muse_spark": Family(
         refusal="its text model sits two levels down (model.model.language_model, in a container "
         "with no forward of its own), where the adapter finds the transformer it packs one level "
@@ -368,8 +391,17 @@ FAMILIES: dict[str, Family] = {
     "roberta": Family(encoder=_ROBERTA),
     "xlm-roberta": Family(encoder=_ROBERTA),
     "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
-    **dict.fromkeys(_ENCODER_ONLY, Family(refusal=_ENCODER_REASON)),
-    **dict.fromkeys(_VLM_ENCODERS, Family(refusal=_ENCODER_REASON, library=Library.MLX_VLM)),
+    # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
+    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet and ELECTRA
+    # count positions and name their task heads as RoBERTa and BERT do
+    "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
+    "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
+    "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
+    "mpnet": Family(
+        encoder=EncoderLayout("mpnet.", offset_positions=True, naming=EncoderNaming.MPNET)
+    ),
+    "electra": Family(encoder=EncoderLayout("electra.", naming=EncoderNaming.ELECTRA)),
+    "deberta-v2": Family(encoder=EncoderLayout("deberta.", naming=EncoderNaming.DEBERTA)),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
@@ -385,14 +417,19 @@ FAMILIES: dict[str, Family] = {
         _VLM_MROPE_TEXT,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=3),
     ),
+    # its MTP layer (mlx-vlm's own class: one stream, no hyper-connections) pages its latent rows
+    # and its indexer's keys, as DeepSeek V3.2's does
+    "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
     "step3p7": Family(
         library=Library.MLX_VLM,
         vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
         "packed step does not hand it yet (text is served)",
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
+    # its MTP layer (mlx-vlm's classes) reads the target's last layer's streams (layer_taps.py)
     "qwen4_exp": Family(
         library=Library.MLX_VLM,
+        mtp=MtpNaming.QWEN4,
         vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
         "(text is served)",
     ),
@@ -445,6 +482,8 @@ FAMILIES: dict[str, Family] = {
     "glm_moe_dsa": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe": Family(mtp=MtpNaming.NEXTN),
     "glm4_moe_lite": Family(mtp=MtpNaming.NEXTN),
+    # its MTP blocks' attention pages in the request's blocks, its MoE blocks keep nothing
+    "nemotron_h": Family(mtp=MtpNaming.NEMOTRON),
 }
 _PLAIN = Family()
 

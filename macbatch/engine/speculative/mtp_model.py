@@ -1,22 +1,27 @@
-"""The multi-token-prediction (MTP) layer Qwen3.5, Qwen3-Next, DeepSeek V3 and GLM-4.5 checkpoints
-ship, as a module of our own (mlx-lm has none: its ``sanitize`` drops the weights).
+"""The multi-token-prediction (MTP) layer Qwen3.5, Qwen3-Next, DeepSeek V3, GLM-4.5 and Nemotron-H
+checkpoints ship, as a module of our own (mlx-lm has none: its ``sanitize`` drops the weights).
 
 It predicts the token after next from the target's last hidden state: the embedding of the next
 token and that hidden state, each RMS-normed, are concatenated (embedding first) and projected
 back to the hidden size (Qwen's ``fc``, DeepSeek's ``eh_proj`` over ``enorm`` and ``hnorm``),
 run through one decoder layer of the target's own class (full attention: GQA, or MLA in
-DeepSeek V3 and GLM-4.7-Flash; a sparse-MoE layer in the MoE variants), and normed (DeepSeek's
-``shared_head.norm``); the target's LM head (and its embedding) are shared unless a Qwen
-checkpoint has its own (DeepSeek's and GLM's copies are the target's: mtp_weights.py). The
-hidden state it reads is the target's output, after the target's final norm, as vLLM's
-``qwen3_next_mtp`` and ``deepseek_mtp`` feed it (vLLM's DeepSeek layer also zeroes the embedding
-at position 0; this one does not, which changes a draft, never an output). The MTP layer's own
-output is what its next draft reads (docs/speculative.md, "MTP").
+DeepSeek V3 and GLM-4.7-Flash; a sparse-MoE layer in the MoE variants; Nemotron-H's blocks of
+the target's class, an attention block then a MoE block, each with its residual; Hunyuan V4's
+the layer mlx-vlm's drafter builds, without the target's hyper-connections), and normed
+(DeepSeek's ``shared_head.norm``, Nemotron-H's ``final_layernorm``); the target's LM head (and
+its embedding) are shared unless a Qwen checkpoint has its own (DeepSeek's and GLM's copies are
+the target's: mtp_weights.py). The hidden state it reads is the target's output, after the
+target's final norm, as vLLM's ``qwen3_next_mtp`` and ``deepseek_mtp`` feed it (vLLM's DeepSeek
+layer also zeroes the embedding at position 0; this one does not, which changes a draft, never
+an output), and mlx-vlm's ``nemotron_h_mtp`` too; Qwen4-exp's (``StreamsMtpHead``) reads the
+target's hyper-connection streams instead. The MTP layer's own output is what its next draft
+reads (docs/speculative.md, "MTP").
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,33 +41,143 @@ log = logging.getLogger(__name__)
 
 
 class MtpHead(nn.Module):
-    """The MTP layer: ``fc`` over [norm(embedding), norm(hidden)], the decoder layer, the norm.
-    ``embed_tokens`` / ``lm_head``: the checkpoint's own, when it has them (else the target's)."""
+    """The MTP layer: ``fc`` over [norm(embedding), norm(hidden)], the decoder layer (Nemotron-H:
+    its blocks, in order), the norm. ``embed_tokens`` / ``lm_head``: the checkpoint's own, when
+    it has them (else the target's). ``paged``: which layers attend over pages (Nemotron-H's MoE
+    blocks keep none)."""
 
-    def __init__(self, layer: nn.Module, hidden_size: int, eps: float) -> None:
+    def __init__(
+        self,
+        layers: list[nn.Module],
+        hidden_size: int,
+        eps: float,
+        paged: Sequence[bool] | None = None,
+    ) -> None:
         super().__init__()
-        self.pre_fc_norm_embedding = nn.RMSNorm(hidden_size, eps=eps)
-        self.pre_fc_norm_hidden = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_embedding: nn.Module = nn.RMSNorm(hidden_size, eps=eps)
+        self.pre_fc_norm_hidden: nn.Module = nn.RMSNorm(hidden_size, eps=eps)
         self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
-        self.layers = [layer]
+        self.layers = layers
         self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self._paged = tuple(paged) if paged is not None else (True,) * len(layers)
 
-    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: Any) -> mx.array:
+    # whether it reads the target's last layer's output (hyper-connection streams) rather than
+    # the target's normed output
+    reads_streams = False
+
+    @property
+    def paged(self) -> tuple[bool, ...]:
+        return self._paged
+
+    def __call__(
+        self,
+        embeddings: mx.array,
+        hidden: mx.array,
+        caches: Sequence[Any],
+        tokens: mx.array | None = None,
+    ) -> mx.array:
         """The layer's normed output ``[N, 1, H]`` for rows ``[N, 1, H]`` of next-token embeddings
-        and the hidden states before them; ``cache``: the layer's (paged) attention cache."""
+        and the hidden states before them; ``caches``: each layer's (paged) attention cache (None
+        for a layer that keeps none); ``tokens``: the next tokens (read by Qwen4-exp's)."""
         both = [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)]
         x = self.fc(mx.concatenate(both, axis=-1))
-        return self.norm(self.layers[0](x, mask=None, cache=cache))
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, mask=None, cache=cache)
+        return self.norm(x)
+
+    def readout(self, out: mx.array) -> mx.array:
+        """What the LM head reads of the layer's output ``out`` (the output itself)."""
+        return out
 
 
-def new_mtp_head(text: nn.Module, naming: MtpNaming = MtpNaming.QWEN) -> MtpHead:
+class StreamsMtpHead(MtpHead):
+    """Qwen4-exp's MTP layer (mlx-vlm's ``qwen4_exp_mtp`` modules, built from the target's config):
+    it reads the target's hyper-connection streams before their final mixer (``[N, 1, hc*H]``,
+    its last decoder layer's output), normed across all streams; the next token's normed
+    embedding (``fc_embedding``) is added to each stream's own projection (``fc_hidden``); one
+    Qwen Sparse Attention decoder layer of the target's class runs over the streams, and its own
+    mixer (``hyper_connection_mixer``) gives what the LM head reads, while its next draft reads
+    the unmixed streams."""
+
+    reads_streams = True
+
+    def __init__(self, args: Any) -> None:
+        from mlx_vlm.speculative.drafters.qwen4_exp_mtp import ModelConfig, Qwen4ExpMTPDraftModel
+
+        nn.Module.__init__(self)
+        built = Qwen4ExpMTPDraftModel(ModelConfig(text_config=args))
+        self.streams, self.width = int(args.hc_count), int(args.hidden_size)
+        self.pre_fc_norm_embedding = built.pre_fc_norm_embedding
+        self.pre_fc_norm_hidden = built.pre_fc_norm_hidden
+        self.fc_embedding = built.fc_embedding
+        self.fc_hidden = built.fc_hidden
+        layers: list[nn.Module] = [*built.layers]
+        self.layers = layers
+        self.hyper_connection_mixer = built.hyper_connection_mixer
+        self._paged = (True,)
+
+    def __call__(
+        self,
+        embeddings: mx.array,
+        hidden: mx.array,
+        caches: Sequence[Any],
+        tokens: mx.array | None = None,
+    ) -> mx.array:
+        """The layer's streams ``[N, 1, hc*H]`` for next-token embeddings ``[N, 1, H]`` and the
+        streams before them."""
+        split = self.pre_fc_norm_hidden(hidden).reshape(*hidden.shape[:-1], self.streams, -1)
+        embedded = self.fc_embedding(self.pre_fc_norm_embedding(embeddings))
+        x = (embedded[..., None, :] + self.fc_hidden(split)).reshape(hidden.shape)
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer(x, tokens, mask=None, cache=cache, position_ids=None)
+        return x
+
+    def readout(self, out: mx.array) -> mx.array:
+        """The streams mixed into one row ``[N, 1, H]``, as the LM head reads them."""
+        mixed: mx.array = self.hyper_connection_mixer(out)
+        return mixed
+
+
+# the block types a Nemotron-H MTP module may have: attention (paged), MoE and MLP (no cache)
+_NEMOTRON_BLOCKS = {"*": True, "E": False, "-": False}
+
+
+def new_mtp_head(
+    text: nn.Module, naming: MtpNaming = MtpNaming.QWEN, pattern: Sequence[str] = ()
+) -> MtpHead:
     """An MTP layer of the text model ``text`` with freshly initialised weights: one decoder
     layer of its class, built at the index ``naming``'s checkpoints store it at (Qwen: a
-    full-attention one)."""
+    full-attention one); Nemotron-H's blocks of the ``pattern`` its config gives."""
     args = text.args
+    names = MtpNames(naming, int(args.num_hidden_layers), tuple(pattern))
+    eps = float(getattr(args, "rms_norm_eps", None) or args.layer_norm_epsilon)
+    if names.naming is MtpNaming.NEMOTRON:
+        refused = sorted(set(names.pattern) - set(_NEMOTRON_BLOCKS))
+        if not names.pattern or refused:
+            raise ValueError(
+                f"speculative 'mtp': the config's MTP block pattern {''.join(names.pattern)!r} "
+                "is not one of attention ('*'), MoE ('E') and MLP ('-') blocks"
+            )
+        block = type(text.layers[0])
+        layers = [block(args, kind) for kind in names.pattern]
+        return MtpHead(layers, args.hidden_size, eps, [_NEMOTRON_BLOCKS[k] for k in names.pattern])
+    if names.naming is MtpNaming.HY_V4:
+        return MtpHead([_hy_v4_layer(args)], args.hidden_size, eps)
+    if names.naming is MtpNaming.QWEN4:
+        return StreamsMtpHead(args)
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
-    index = MtpNames(naming, int(args.num_hidden_layers)).layer_index(args)
-    return MtpHead(type(attention)(args, index), args.hidden_size, args.rms_norm_eps)
+    index = names.layer_index(args)
+    return MtpHead([type(attention)(args, index)], args.hidden_size, eps)
+
+
+def _hy_v4_layer(args: Any) -> nn.Module:
+    """Hunyuan V4's MTP decoder layer as mlx-vlm's own drafter builds it from the target's config
+    (its ``hy_v4_mtp``: one residual stream where the target's layers keep four, an indexer of
+    its own, a MoE MLP)."""
+    from mlx_vlm.speculative.drafters.hy_v4_mtp import HyV4MTPDraftModel, ModelConfig
+
+    layer: nn.Module = HyV4MTPDraftModel(ModelConfig(text_config=args)).decoder
+    return layer
 
 
 def build_mtp_head(
@@ -74,14 +189,13 @@ def build_mtp_head(
     """The MTP layer of the text model ``text`` (mlx-lm's, its ``args`` the text config) with
     ``weights`` (``read_mtp_weights``'s names, the checkpoint's ``names``) and the checkpoint's
     ``quantization`` (its config's; None: float). Only the first MTP layer is kept (the
-    families here ship one)."""
+    families here ship one; Nemotron-H's blocks are all of it)."""
     from mlx_lm.utils import infer_quant_config
 
     args = text.args
-    head = new_mtp_head(text, names.naming)
-    weights = {
-        k: v for k, v in weights.items() if not k.startswith("layers.") or k.startswith("layers.0.")
-    }
+    head = new_mtp_head(text, names.naming, names.pattern)
+    own = tuple(f"layers.{i}." for i in range(len(head.layers)))  # a later MTP layer's: dropped
+    weights = {k: v for k, v in weights.items() if not k.startswith("layers.") or k.startswith(own)}
     if "embed_tokens.weight" in weights:
         head.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
     if "lm_head.weight" in weights:

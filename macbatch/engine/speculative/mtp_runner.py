@@ -8,7 +8,10 @@ layer's (DeepSeek V3.2, GLM-5: its attention has a lightning indexer) keeps its 
 a second store layer beside its latent rows, and selects each row's top-k positions over them as
 the target's sparse layers do (model/sparse_indexer.py). Its inputs are the
 next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden states: the
-target's, then its own output for the drafts after the first."""
+target's, then its own output for the drafts after the first. Nemotron-H's MTP module is an
+attention block then a MoE block: only the attention block has pages (one store layer per
+attention block). Qwen4-exp's reads the target's last layer's output (its hyper-connection streams
+before the final mixer), recorded in the target's forward by a layer tap (layer_taps.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
 from macbatch.engine.model.qsa_indexer import selection_plan
 from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.speculative.layer_taps import LayerTaps
 from macbatch.engine.speculative.mtp_model import MtpHead
 from macbatch.engine.stores.pages import LayerShape
 
@@ -39,43 +43,73 @@ class MtpRunner(DrafterPages):
         self.head = head
         self.target = adapter
         hooks.install(head.layers)  # the paged attention; an MLA layer's absorbed form
-        layer = head.layers[0]
-        self.indexer = getattr(getattr(layer, "self_attn", None), "indexer", None)
-        super().__init__(page_shapes(layer, adapter.model.args, self.indexer), dtype, config)
+        paged = [layer for layer, pages in zip(head.layers, head.paged) if pages]
+        # a sparse MLA layer's lightning indexer (the families with one ship one MTP layer)
+        self.indexer = getattr(getattr(head.layers[0], "self_attn", None), "indexer", None)
+        super().__init__(page_shapes(paged, adapter.model.args, self.indexer), dtype, config)
+        # Qwen4-exp's reads the target's last layer's output (its unmixed streams)
+        self.taps = (
+            LayerTaps(adapter.layers, [len(adapter.layers) - 1], "the MTP layer")
+            if head.reads_streams
+            else None
+        )
+        self.records_layers = self.taps is not None
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
 
     def features(self, hidden: mx.array) -> mx.array:
-        """What the MTP layer keeps of a target forward: its last hidden states."""
-        return hidden
+        """What the MTP layer keeps of a target forward: its last hidden states (Qwen4-exp's:
+        its last layer's streams, before the final mixer)."""
+        return hidden if self.taps is None else self.taps.features()
 
     def step(self, batch: PackedBatch, hidden: mx.array) -> tuple[mx.array, mx.array]:
         """One packed forward of the MTP layer over rows of next tokens (``batch.token_ids``)
         and hidden states ``[N, 1, H]``, its K/V written into its pages: the output rows of the
         sampled rows (the next draft's hidden states) and their argmax tokens (lazy)."""
         tokens = batch.token_ids[:, None]
-        embed = getattr(self.head, "embed_tokens", None) or self.target.inner.embed_tokens
-        cache = self._cache(batch)
-        out = self.head(embed(tokens), hidden.astype(self.format.dtype), cache)
+        embed = getattr(self.head, "embed_tokens", None) or token_embedding(self.target.inner)
+        caches = self._caches(batch)
+        out = self.head(embed(tokens), hidden.astype(self.format.dtype), caches, tokens)
         if batch.sample_rows.size < batch.num_tokens:
             out = out[batch.sample_rows]
+        read = self.head.readout(out)
         own = getattr(self.head, "lm_head", None)
-        logits = own(out)[:, -1, :] if own is not None else self.target.head(out)
+        logits = own(read)[:, -1, :] if own is not None else self.target.head(read)
         return out, mx.argmax(logits, axis=-1)
 
-    def _cache(self, batch: PackedBatch) -> PagedLayerCache:
-        """The layer's paged cache for ``batch``: its latent (or K/V) pages, and a sparse
-        layer's indexer keys (store layer 1) with the step's selection plan."""
-        if self.indexer is None:
-            return PagedLayerCache(self.stores, 0, batch, True)
-        plan = selection_plan(self.indexer, batch.attention, self.block_size)
-        return PagedLayerCache(self.stores, 0, batch, True, index_layer=1, plan=plan)
+    def _caches(self, batch: PackedBatch) -> list[PagedLayerCache | None]:
+        """Each layer's paged cache for ``batch`` (None: a layer without pages): its latent (or
+        K/V) pages, a sparse layer's also its indexer keys (the store layer after the pages)
+        with the step's selection plan."""
+        caches: list[PagedLayerCache | None] = []
+        for pages in self.head.paged:
+            if not pages:
+                caches.append(None)
+                continue
+            layer = sum(c is not None for c in caches)
+            if self.indexer is None:
+                caches.append(PagedLayerCache(self.stores, layer, batch, True))
+                continue
+            plan = selection_plan(self.indexer, batch.attention, self.block_size)
+            index = len(self.shapes) - 1
+            caches.append(
+                PagedLayerCache(self.stores, layer, batch, True, index_layer=index, plan=plan)
+            )
+        return caches
 
 
-def page_shapes(layer: nn.Module, args: Any, indexer: Any) -> list[LayerShape]:
-    """The store layers of the MTP layer ``layer``: its pages, then its lightning ``indexer``'s
-    key rows when it has one (one ``head_dim`` row per token, no values: kv/indexer_keys.py)."""
-    shapes = [page_shape(layer, args)]
+def token_embedding(inner: nn.Module) -> nn.Module:
+    """The target's token embedding: its inner transformer's ``embed_tokens`` (Nemotron-H's
+    ``embeddings``)."""
+    embedding = getattr(inner, "embed_tokens", None)
+    return embedding if embedding is not None else inner.embeddings
+
+
+def page_shapes(layers: list[nn.Module], args: Any, indexer: Any) -> list[LayerShape]:
+    """The store layers of the MTP layer's paged ``layers``: their pages, then its lightning
+    ``indexer``'s key rows when it has one (one ``head_dim`` row per token, no values:
+    kv/indexer_keys.py)."""
+    shapes = [page_shape(layer, args) for layer in layers]
     if indexer is not None:
         shapes.append(LayerShape(1, int(indexer.head_dim), value_dim=0))
     return shapes

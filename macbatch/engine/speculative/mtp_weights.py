@@ -2,8 +2,8 @@
 
 mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
 files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
-file is never read). Two naming schemes (``MtpNaming``, the families table says which a family
-uses), each decided by one table (``_PARTS``):
+file is never read). Five naming schemes (``MtpNaming``, the families table says which a family
+uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 
 - Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
   Face: none; converted wrappers: ``language_model.`` or ``model.language_model.``); the decoder
@@ -12,13 +12,22 @@ uses), each decided by one table (``_PARTS``):
   the checkpoint, its own weights beside ``eh_proj``, ``enorm``, ``hnorm`` and
   ``shared_head.norm``; its ``embed_tokens`` and ``shared_head.head`` are copies of the target's
   (DeepSeek-V3's report shares them, as vLLM does), so the target's serve and they are not read.
+- Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
+  ``pre_fc_norm_*`` and ``hyper_connection_mixer`` (mlx-vlm's ``qwen4_exp_mtp`` names); its
+  norms stay zero-centred (its own RMSNorm scales by 1 + w), its fused experts are split.
+- Hunyuan V4: under ``model.mtp_layers.N.``, DeepSeek's parts but ``final_layernorm`` for its
+  norm (mlx-vlm's ``hy_v4_mtp`` drafter reads the same names).
+- Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
+  ``*E``: attention, then MoE) under ``mtp.layers.N.``, the first's ``enorm``, ``hnorm`` and
+  ``eh_proj`` and the last's ``final_layernorm`` beside them (mlx-vlm's ``nemotron_h_mtp``
+  drafter reads the same names); the target's embedding and LM head serve.
 
 Names are made relative to ``MtpHead`` (``fc.weight``, ``layers.0.self_attn.q_proj.weight``
 ...). A Hugging Face-layout Qwen checkpoint (its recurrent convolutions not yet moved to MLX's
 axis order) stores its RMSNorm weights zero-centred and its experts unstacked; both are
-converted here as mlx-lm's ``sanitize`` converts the target's. A DeepSeek/GLM layer goes through
-the target's own ``sanitize`` (experts stacked, ``kv_b_proj`` split, fp8 dequantized). No MLX at
-import: the doctor reads the headers only.
+converted here as mlx-lm's ``sanitize`` converts the target's. A DeepSeek/GLM or Hunyuan V4
+layer (and Nemotron-H's blocks) goes through the target's own ``sanitize`` (experts stacked,
+``kv_b_proj`` split, fp8 dequantized). No MLX at import: the doctor reads the headers only.
 """
 
 from __future__ import annotations
@@ -57,8 +66,37 @@ _PARTS: dict[MtpNaming, dict[str, str | None]] = {
         "shared_head.head": None,
         "embed_tokens": None,
     },
+    MtpNaming.QWEN4: {
+        name: name
+        for name in (
+            "fc_embedding",
+            "fc_hidden",
+            "pre_fc_norm_embedding",
+            "pre_fc_norm_hidden",
+            "hyper_connection_mixer",
+        )
+    },
+    MtpNaming.HY_V4: {
+        "eh_proj": "fc",
+        "enorm": "pre_fc_norm_embedding",
+        "hnorm": "pre_fc_norm_hidden",
+        "final_layernorm": "norm",
+    },
 }
-_NEXTN_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Nemotron-H's head parts on its blocks (``layers.N.<part>``), by MtpHead's names
+_NEMOTRON_PARTS = {
+    "enorm": "pre_fc_norm_embedding",
+    "hnorm": "pre_fc_norm_hidden",
+    "eh_proj": "fc",
+    "final_layernorm": "norm",
+}
+_NEMOTRON_BLOCK = re.compile(r"^layers\.\d+\.([a-z_]+)(\..+)$")
+# where the schemes that number their MTP layers among the checkpoint's put them: DeepSeek's
+# after the target's (from num_hidden_layers), Hunyuan V4's in a list of their own
+_LAYER_KEYS = {
+    MtpNaming.NEXTN: re.compile(r"^model\.layers\.(\d+)\.(.+)$"),
+    MtpNaming.HY_V4: re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$"),
+}
 # the norms a Hugging Face checkpoint stores as (weight - 1): Qwen3-Next's RMSNorm scales by
 # (1 + weight); MLX's by weight
 _CENTRED_NORMS = (
@@ -80,18 +118,23 @@ class MtpNames:
 
     naming: MtpNaming
     first_layer: int  # NEXTN: the checkpoint's index of its first MTP layer (num_hidden_layers)
+    # NEMOTRON: the MTP module's block types (mlx-lm's characters: "*" attention, "E" MoE)
+    pattern: tuple[str, ...] = ()
 
     def split(self, key: str) -> tuple[int, str] | None:
         """``key``'s MTP layer and its name relative to that layer (Qwen's parts besides the
         decoder layers: layer 0); None: not an MTP weight."""
-        if self.naming is MtpNaming.NEXTN:
-            match = _NEXTN_LAYER.match(key)
-            if match is None or int(match[1]) < self.first_layer:
+        if self.naming in _LAYER_KEYS:
+            match = _LAYER_KEYS[self.naming].match(key)
+            first = self.first_layer if self.naming is MtpNaming.NEXTN else 0
+            if match is None or int(match[1]) < first:
                 return None
-            return int(match[1]) - self.first_layer, match[2]
+            return int(match[1]) - first, match[2]
         for prefix in _PREFIXES:
             if key.startswith(prefix):
                 rest = key[len(prefix) :]
+                if self.naming is MtpNaming.NEMOTRON:  # one MTP module: its blocks' names
+                    return 0, rest
                 if rest.startswith("layers."):
                     index, _, name = rest[len("layers.") :].partition(".")
                     if not index.isdecimal():  # not a layer of ours: the strict load says so
@@ -108,6 +151,10 @@ class MtpNames:
         if split is None:
             return None
         layer, rest = split
+        if self.naming is MtpNaming.NEMOTRON:
+            block = _NEMOTRON_BLOCK.match(rest)
+            part = None if block is None else _NEMOTRON_PARTS.get(block[1])
+            return rest if part is None or block is None else part + block[2]
         if rest.startswith("layers.0."):  # Qwen's decoder layer
             return f"layers.{layer}.{rest[len('layers.0.') :]}"
         parts = _PARTS[self.naming]
@@ -133,7 +180,26 @@ def mtp_names(config: dict[str, Any]) -> MtpNames:
     layer: Qwen's ``mtp.`` names, which no other weight has)."""
     text = config.get("text_config", config)
     naming = family(str(config.get("model_type"))).mtp or MtpNaming.QWEN
-    return MtpNames(naming, int(text.get("num_hidden_layers") or 0))
+    pattern = _nemotron_pattern(text) if naming is MtpNaming.NEMOTRON else ()
+    return MtpNames(naming, int(text.get("num_hidden_layers") or 0), pattern)
+
+
+def _nemotron_pattern(text: dict[str, Any]) -> tuple[str, ...]:
+    """A Nemotron-H config's MTP block types, as characters: ``mtp_hybrid_override_pattern``,
+    else ``mtp_layers_block_type``'s names by mlx-lm's table (``()``: the config has neither)."""
+    pattern = text.get("mtp_hybrid_override_pattern")
+    if pattern:
+        return tuple(pattern)
+    names = text.get("mtp_layers_block_type") or ()
+    if not names:
+        return ()
+    from mlx_lm.models.nemotron_h import ModelArgs
+
+    table: dict[str, str] = ModelArgs._block_type_to_char
+    unknown = sorted(set(names) - set(table))
+    if unknown:
+        raise ValueError(f"the config's mtp_layers_block_type has unknown block types {unknown}")
+    return tuple(table[name] for name in names)
 
 
 def mtp_refusal(model_type: str) -> str | None:
@@ -221,7 +287,9 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             name = names.name(key)
             if name is not None:
                 weights[name] = value
-    if names.naming is MtpNaming.NEXTN:
+    if names.naming is MtpNaming.QWEN4:  # its norms are zero-centred in its own classes too
+        return _stacked_experts(weights)
+    if names.naming is not MtpNaming.QWEN:
         return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):
         return weights
@@ -230,15 +298,26 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
 
 
 def _sanitized_by_target(weights: dict[str, mx.array], text: nn.Module) -> dict[str, mx.array]:
-    """The MTP weights through the target's own ``sanitize``, the decoder layer as its layer 0
-    (the index its conversions cover): a Hugging Face checkpoint's experts stacked, DeepSeek's
-    ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8 weights (``eh_proj`` too)
-    dequantized; a converted layer passes unchanged."""
+    """The MTP weights through the target's own ``sanitize``, each decoder layer (block) as the
+    target's layer of its index (indices its conversions cover): a Hugging Face checkpoint's
+    experts stacked, DeepSeek's ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``, fp8
+    weights (``eh_proj`` too) dequantized; a converted layer passes unchanged. The names go in
+    under the target's inner transformer (``model.``; Nemotron-H's ``backbone.``). A part
+    beside the layers that the target's ``sanitize`` drops whole (Hunyuan V4's keeps only the
+    names its model has: ``eh_proj`` is not one) is kept as read."""
     sanitize = getattr(text, "sanitize", None)
     if sanitize is None:
         return weights
-    converted = sanitize({f"model.{k}": v for k, v in weights.items()})
-    return {k.removeprefix("model."): v for k, v in converted.items()}
+    inner = "backbone." if hasattr(text, "backbone") else "model."
+    converted = sanitize({inner + k: v for k, v in weights.items()})
+    out = {k.removeprefix(inner): v for k, v in converted.items()}
+    modules = {k.rsplit(".", 1)[0] for k in out}
+    dropped = {
+        k: v
+        for k, v in weights.items()
+        if not k.startswith("layers.") and k.rsplit(".", 1)[0] not in modules
+    }
+    return {**out, **dropped}
 
 
 def _is_centred_norm(name: str, value: mx.array) -> bool:

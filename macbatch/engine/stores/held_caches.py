@@ -5,11 +5,14 @@ nor a fixed-size state hold: its sliding window, its compressed rows (one per ``
 growing with the context) with their indexer keys, and the projections of the group not closed
 yet. Until those have cache kinds of their own, each state-store row (a request slot, its
 snapshot, a prefix-cache checkpoint) also names the library's cache objects of every layer, as
-the library made them. The library replaces a cache's arrays on every call and never writes one
-in place, so a shallow copy of each object is a snapshot of the row: a checkpoint costs no
-copy of its arrays. The rows' own arrays are one placeholder number per layer (the sizing and
-slot machinery of the recurrent state are reused as they are); the engine's stats count the
-held arrays (``held_bytes``), the KV pool's sizing does not.
+the library made them (mlx-vlm's ``deepseek_v4`` too: a ``CacheList`` of a rotating window and
+pooling caches per layer). A snapshot of a row is a copy of each cache object whose arrays are
+new handles of the same data (``snapshot``): mlx-lm's cache replaces its arrays on every call,
+mlx-vlm's write some in place (a window's slots, the open group), and either way the copy keeps
+what it had, so a checkpoint costs no copy of its arrays until one is written. The rows' own
+arrays are one placeholder number per layer (the sizing and slot machinery of the recurrent
+state are reused as they are); the engine's stats count the held arrays (``held_bytes``), the
+KV pool's sizing does not.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class HeldCaches(StateStore):
 
     def copy_of(self, row: int) -> list[Any]:
         """A snapshot of row ``row``'s caches that a step may extend without changing the row."""
-        return [copy.copy(cache) for cache in self.held[row]]
+        return [snapshot(cache) for cache in self.held[row]]
 
     def hold(self, row: int, caches: list[Any]) -> None:
         self.held[row] = caches
@@ -53,7 +56,8 @@ class HeldCaches(StateStore):
             for caches in self.held.values()
             for cache in caches
             if cache is not None
-            for a in vars(cache).values()
+            for part in _parts(cache)
+            for a in vars(part).values()
             if isinstance(a, mx.array)
         }
         return sum(a.nbytes for a in arrays.values())
@@ -63,3 +67,25 @@ class HeldCaches(StateStore):
         slots' caches go."""
         super().compact(fresh, kept)
         self.held = {fresh + i: self.held[row] for i, row in enumerate(kept) if row in self.held}
+
+
+def _parts(cache: Any) -> list[Any]:
+    """The cache objects in one layer's ``cache``: its parts where it is a list of caches (an
+    mlx-vlm ``CacheList``, which keeps them in ``caches``), else itself."""
+    parts = getattr(cache, "caches", None)
+    return [p for part in parts for p in _parts(part)] if isinstance(parts, tuple) else [cache]
+
+
+def snapshot(cache: Any) -> Any:
+    """A copy of one layer's ``cache`` that later calls on either leave the other as it was:
+    each cache object copied, each of its arrays a new handle of the same data, a list of caches
+    (``caches``) copied part by part."""
+    copied = copy.copy(cache)
+    parts = getattr(cache, "caches", None)
+    if isinstance(parts, tuple):
+        copied.caches = tuple(snapshot(part) for part in parts)
+        return copied
+    for name, value in vars(cache).items():
+        if isinstance(value, mx.array):
+            setattr(copied, name, copy.copy(value))
+    return copied

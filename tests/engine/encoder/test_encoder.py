@@ -4,6 +4,7 @@ row of a long-tailed batch, each pooling, prompts, max_seq_length, and cross-enc
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,9 @@ import pytest
 from macbatch.engine.encoder.model import EncoderModel
 from tests.support.encoder_checkpoints import (
     distilbert_checkpoint,
+    electra_checkpoint,
     long_tailed_texts,
+    mpnet_checkpoint,
     write_encoder,
     write_m3_heads,
 )
@@ -79,6 +82,21 @@ def test_distilbert_equals_bert_without_token_types(tmp_path: Path) -> None:
     assert "token_type" not in model.model.embeddings
     inputs = [model.tokenize(t) for t in long_tailed_texts(16, seed=7)]
     got = model.embed(inputs, max_batch_tokens=400)
+    assert cosines(got, oracle_vectors(model, weights, config, inputs)).min() >= 0.99999
+
+
+@pytest.mark.parametrize("checkpoint", [mpnet_checkpoint, electra_checkpoint])
+def test_mpnet_and_electra_equal_the_oracle(tmp_path: Path, checkpoint: Callable) -> None:
+    """MPNet: BERT's block under its own names with a relative-position bias on every layer's
+    scores; ELECTRA: BERT with narrower embeddings projected up. Both under a task prefix, with
+    a head the encoder drops."""
+    path, weights, config = checkpoint(tmp_path / "enc")
+    write_sentence_transformers(path, ("mean_tokens",), prompts={})
+    model = EncoderModel.load(str(path))
+    inputs = [model.tokenize(t) for t in long_tailed_texts(24, seed=9)]
+    # past the exact buckets (8) and the last logarithmic one (128)
+    assert max(len(i.ids) for i in inputs) > 200
+    got = model.embed(inputs, max_batch_tokens=500)
     assert cosines(got, oracle_vectors(model, weights, config, inputs)).min() >= 0.99999
 
 

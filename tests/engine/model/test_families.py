@@ -52,7 +52,8 @@ def test_the_check_sees_a_branch_on_a_family_name() -> None:
 def test_refused_known_and_unknown_types() -> None:
     assert families.unsupported_reason("deepseek_v3") is None  # MLA: latent pages
     assert families.unsupported_reason("bert") is None  # served by the encoder engine
-    assert "encoder-only" in (families.unsupported_reason("nomic_bert") or "")
+    assert families.unsupported_reason("nomic_bert") is None  # a rotary encoder it runs
+    assert "not a text generator" in (families.unsupported_reason("siglip") or "")
     assert families.unsupported_reason("falcon_h1") is None  # a quirk, not a refusal
     assert families.family("a_type_no_one_has_made") == families.Family()
 

@@ -47,7 +47,8 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     model = build_model(arch)
     engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
     assert isinstance(engine.kv.full, IndexerKeysGroup)
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
+    # seed 0 leaves one top-k boundary tied under mlx 0.32.4 (relative gap 9.7e-6)
+    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2], seed=1)
     results = run_staggered(engine, prompts, GREEDY)
     for i, prompt in enumerate(prompts):
         assert_sparse_greedy(model, prompt, results[i])

@@ -19,6 +19,7 @@ from macbatch.engine.model.hooks import (
     cpu_activations,
     depthwise_conv,
     direct_attention,
+    flat_topk,
     gated_delta,
     latent_attention,
     pooled_sparse_attention,
@@ -89,6 +90,12 @@ HOOKS: tuple[Hook, ...] = (
         "caches (a PoolingCache among them); the packed step pages both, selects each row's "
         "positions and attends over the latent pages reading those alone",
         lambda target: pooled_sparse_attention.install(target.layers),
+    ),
+    Hook(
+        "flat_topk",
+        "mlx-vlm's DeepSeek V4 indexer selects by HISA (the top-k inside the best blocks of rows) "
+        "past 1,024 compressed rows, where DeepSeek's reference takes the top-k of every row",
+        lambda target: flat_topk.install(target.layers),
     ),
     Hook(
         "row_positions",

@@ -1,0 +1,146 @@
+"""DeepSeek V4 as released (mlx-vlm's ``deepseek_v4``) through the packed step: its attention's
+own caches (a rotating window, the compressors' pooling caches, the indexer's) held per request
+slot and run per sequence, its hyper-connections, hash-routed and scored MoE over every row.
+
+The oracle is DeepSeek's reference semantics, which mlx-vlm's forward gives in one call over a
+whole sequence (every ratio-4 group pooled with its previous group): greedy tokens and
+log-probabilities equal that forward's on a tiny random checkpoint in mlx-vlm's layout, with a
+window (8) and a top-3 selection that both drop context, and ratio-128 rows past 128 tokens.
+mlx-vlm's own generation equals it only until its first group closed after the prompt's first
+call (it pools zeros for that group's previous one); where it is exact the engine equals it
+too, and the test keeps where it is not; past mlx-vlm's HISA threshold the indexers keep the
+reference's flat top-k (docs/engine.md, "DeepSeek V4 as released")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlx_vlm.utils import load_model
+
+from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.kv.held_state import HeldStateGroup
+from macbatch.engine.model.families import Library, family, unsupported_reason
+from tests.support.oracle import assert_pool_idle
+from tests.support.staggered import random_prompts, run_staggered
+from tests.support.tiny_deepseek_v4 import (
+    CONFIG,
+    assert_matches_reference,
+    reference_greedy,
+    reference_logprobs,
+    save_deepseek_v4,
+)
+from tests.support.vlm_oracle import assert_matches_mlx_vlm_text, mlx_vlm_text_greedy
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+# past the window (8), the top-3 of the ratio-4 rows (12 tokens) and one ratio-128 row
+LENGTHS = [150, 41, 29, 6, 1, 63]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_deepseek_v4(tmp_path_factory.mktemp("deepseek_v4"))
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    """The tiny checkpoint's engine (a 16-token step budget chunks the long prompts) and
+    mlx-vlm's own model of the same files."""
+    config = EngineConfig(num_blocks=96, block_size=8, max_num_batched_tokens=16)
+    return Engine.load(str(checkpoint), config), load_model(checkpoint)
+
+
+def test_served() -> None:
+    assert unsupported_reason("deepseek_v4") is None
+    assert family("deepseek_v4").library is Library.MLX_VLM
+
+
+def test_staggered_chunked_batch_matches_the_reference(served) -> None:
+    """Six requests joining the batch at different steps, the long ones prefilled in chunks
+    cut wherever the step budget falls: every token is the reference's."""
+    engine, model = served
+    prompts = random_prompts(LENGTHS, seed=3)
+    results = run_staggered(engine, prompts, GREEDY, join_every=3)
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference_greedy(model, prompt, GREEDY.max_tokens), f"request {i}"
+    assert_pool_idle(engine)
+
+
+def test_batched_log_probabilities_and_a_prefix_hit_match_the_reference(served) -> None:
+    """Three requests batched, then the longest one's next turn (its prompt, its reply, more
+    tokens), which resumes from the caches held at the reply's last block boundary: tokens and
+    log-probabilities are the reference's."""
+    engine, model = served
+    prompts = random_prompts(LENGTHS[:3], seed=5)
+    outs = engine.generate(prompts, GREEDY)
+    resumed = prompts[0] + outs[0].token_ids + random_prompts([7], seed=6)[0]
+    [again] = engine.generate([resumed], GREEDY)
+    assert again.metrics is not None and again.metrics.cached_tokens >= 152
+    for prompt, out in zip([*prompts, resumed], [*outs, again]):
+        assert_matches_reference(model, prompt, out)
+    assert_pool_idle(engine)
+    group = engine.kv.group(HeldStateGroup)
+    assert group is not None and group.disk_part() is None  # the disk tier stays off
+
+
+def test_mlx_vlm_own_generation_where_it_is_exact(served) -> None:
+    """mlx-vlm prefills all but a prompt's last token in one call, then runs one token a call:
+    for prompts one past a group boundary its first three tokens close no group after that call,
+    and the engine's equal them; the groups its later calls close pool zeros for their previous
+    group, so its later log-probabilities leave the reference's, which the engine keeps."""
+    engine, model = served
+    prompts = random_prompts([41, 29, 5], seed=7)
+    assert all(len(p) % 4 == 1 for p in prompts)
+    exact = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=0)
+    for prompt, out in zip(prompts, engine.generate(prompts, exact)):
+        assert_matches_mlx_vlm_text(model, prompt, out)
+    own = mlx_vlm_text_greedy(model, prompts[0], 8)
+    tokens = [*prompts[0], *(token for token, _ in own)]
+    steps = reference_logprobs(model, tokens[:-1])[len(prompts[0]) - 1 :]
+    gaps = [abs(step[token] - lp) for step, (token, lp) in zip(steps, own, strict=True)]
+    assert max(gaps[:3]) < 1e-4 < max(gaps[3:])
+
+
+def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:
+    """The same weights reading every window row, or every ratio-4 row, give another first
+    log-probability for the long prompt: the parity above is over attention that drops both."""
+    engine, _ = served
+    [prompt] = random_prompts(LENGTHS[:1], seed=3)
+    [out] = engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0, logprobs=0))
+    for field in ("sliding_window", "index_topk"):
+        assert CONFIG[field] < len(prompt)
+        dense = load_model(save_deepseek_v4(tmp_path / field, **{field: 1 << 12}))
+        first = reference_logprobs(dense, prompt)[-1][out.token_ids[0]]
+        assert abs(first - out.logprobs[0]) > 1e-3, field
+
+
+def test_preemption_recomputes_the_reference(checkpoint, served) -> None:
+    """A pool of 12 blocks for five ~20-token prompts that each reply 24 tokens preempts: a
+    preempted request starts its caches again from its first token, and its tokens stay the
+    reference's."""
+    _, model = served
+    config = EngineConfig(num_blocks=12, block_size=8, enable_prefix_caching=False)
+    engine = Engine.load(str(checkpoint), config)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == reference_greedy(model, prompt, params.max_tokens)
+    assert_pool_idle(engine)
+
+
+def test_the_indexer_takes_the_flat_top_k_where_mlx_vlm_takes_hisa(tmp_path) -> None:
+    """A checkpoint whose HISA selection starts at 4 compressed rows (blocks of 2, the best 2;
+    mlx-vlm's default starts at 1,024): the engine's tokens and log-probabilities are the
+    reference's flat top-k (the same weights with ``index_block`` 0, mlx-vlm's own flat path),
+    which mlx-vlm's HISA leaves."""
+    path = save_deepseek_v4(tmp_path / "hisa", index_block=2, index_keep=2)
+    flat = load_model(save_deepseek_v4(tmp_path / "flat", index_block=0))
+    config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    engine = Engine.load(str(path), config)
+    prompts = random_prompts([60, 33], seed=8)
+    for prompt, out in zip(prompts, engine.generate(prompts, GREEDY)):
+        assert_matches_reference(flat, prompt, out)
+    hisa = reference_logprobs(load_model(path), prompts[0])
+    assert abs(hisa - reference_logprobs(flat, prompts[0])).max() > 1e-3

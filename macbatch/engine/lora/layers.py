@@ -37,11 +37,13 @@ class PackedLoRALinear(nn.Module):
         rows = step.rows
         if rows is None or self.lora_b is None or self.member is None:
             return y
-        z = self.shared.product(x, self.member)
+        z = self.shared.product(x, self.member).reshape(*y.shape[:-1], -1)
         b = self.lora_b if step.present is None else mx.take(self.lora_b, step.present, axis=0)
-        delta = (z @ b.reshape(-1, b.shape[-1])).reshape(y.shape)
-        if self.dora_factor is None:
-            return y + delta.astype(y.dtype)
+        b = b.reshape(-1, b.shape[-1])
+        if self.dora_factor is None:  # y + z b in the one matmul: a pass over y less
+            out = mx.addmm(y, z, b)
+            return out if out.dtype == y.dtype else out.astype(y.dtype)
+        delta = z @ b
         factor = self.dora_factor[rows].reshape(rows.shape[0], *([1] * (y.ndim - 2)), -1)
         bias = self.base.get("bias")
         unbiased = y if bias is None else y - bias

@@ -39,9 +39,12 @@ class PackedLoRALinear(nn.Module):
             return y
         z = self.shared.product(x, self.member)
         b = self.lora_b if step.present is None else mx.take(self.lora_b, step.present, axis=0)
-        delta = (z @ b.reshape(-1, b.shape[-1])).reshape(y.shape)
-        if self.dora_factor is None:
-            return y + delta.astype(y.dtype)
+        b = b.reshape(-1, b.shape[-1])
+        z = z.reshape(-1, b.shape[0])  # 2-D: MLX's addmm over [N, 1, .] runs N 1-row matmuls
+        if self.dora_factor is None:  # y + z b in the one matmul: a pass over y less
+            out = mx.addmm(y.reshape(-1, y.shape[-1]), z, b).reshape(y.shape)
+            return out if out.dtype == y.dtype else out.astype(y.dtype)
+        delta = (z @ b).reshape(y.shape)
         factor = self.dora_factor[rows].reshape(rows.shape[0], *([1] * (y.ndim - 2)), -1)
         bias = self.base.get("bias")
         unbiased = y if bias is None else y - bias

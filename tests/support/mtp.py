@@ -300,6 +300,23 @@ def recorded_proposals(engine: Any) -> list[tuple[list[int], list[int]]]:
     return proposals
 
 
+def compiled_counts(engine: Any) -> list[int]:
+    """A one-item list holding how many of ``engine``'s steps ran compiled from now on (kept
+    current): the compiled decode step's calls that returned outputs."""
+    compiled = engine.runner.compiled
+    assert compiled is not None  # built: a compilable target, compile_decode_after set
+    count = [0]
+    forward = compiled.forward
+
+    def counting(batch: Any) -> Any:
+        out = forward(batch)
+        count[0] += out is not None
+        return out
+
+    compiled.forward = counting
+    return count
+
+
 def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
     """``engine`` drafts with an MTP layer holding exactly the weights ``expected``."""
     head = engine.runner.draft.head

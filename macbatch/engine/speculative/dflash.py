@@ -3,8 +3,8 @@ forward over every speculating request, from the target's features at several of
 (docs/speculative.md, "DFlash").
 
 The context K/V is written in the step that computes the target's features (``observe``): every
-row of a request that may draft, prompt chunks (of a request expected to draft soon), decodes and
-verifications alike, in one packed pass of ``fc``, ``hidden_norm`` and each layer's K/V
+row of a request expected to draft soon, prompt chunks, decodes and verifications alike, in one
+packed pass of ``fc``, ``hidden_norm`` and each layer's K/V
 projections. So when a request holds
 tokens ``0..n-1`` (the last not yet run by the target), its pages hold the context at positions
 ``0..n-2`` and the proposal is one forward of the block: token ``n-1`` then ``k`` mask tokens at
@@ -12,8 +12,9 @@ positions ``n-1..n-1+k``, attending to that context causally and to the block bo
 ``1..k`` are the drafts. The block's own K/V lands on positions the target computes next, whose
 features overwrite it in that step; a verification's rows past the accepted drafts (features of
 rejected tokens) are overwritten the same way when the target computes those positions again. A
-position whose features the request never computed (a prefix-cache hit) or whose prompt pass a
-request not expected to draft skipped keeps whatever its block holds. Drafts are greedy (a point
+position whose features the request never computed (a prefix-cache hit) or whose context pass
+a request not expected to draft soon skipped (a prompt chunk, or decode rows while it rests)
+keeps whatever its block holds. Drafts are greedy (a point
 mass: verify.py), so what the drafter attends to changes how many drafts hold, never the output."""
 
 from __future__ import annotations
@@ -44,19 +45,17 @@ class DFlashDrafter:
         self, chunks: Sequence[ScheduledChunk], hidden: mx.array, drafting: Set[str]
     ) -> list[mx.array]:
         """Write the context K/V of the step's rows (``hidden``: the target's features) of the
-        requests that may draft; a prompt chunk's only where the request is in ``drafting``
-        (expected to draft soon: that pass would cost every prompt step and pay only if it
-        drafts). A decode's or verification's rows are written even for a resting request (a
-        few projections a row), so that its next probe drafts over the whole context. Returns
-        the pages to evaluate with the step."""
+        requests in ``drafting`` (expected to draft soon): that pass costs every step it runs
+        in (``fc`` and each layer's K/V projections, a twentieth of a small target's row) and
+        pays only if the request drafts. A resting request's rows are skipped, prompt or decode:
+        its probe drafts over the context written before and after its rest. Returns the pages
+        to evaluate with the step."""
         index: list[int] = []
         wanted: list[ScheduledChunk] = []
         row = 0
         for chunk in chunks:
             request = chunk.request
-            prompt = chunk.start < len(request.prompt_token_ids)
-            wanted_rows = request.request_id in drafting or not prompt
-            if wanted_rows and may_draft(request) and request.pooling is None:
+            if request.request_id in drafting and may_draft(request) and request.pooling is None:
                 wanted.append(ScheduledChunk(request, chunk.start, chunk.num_tokens))
                 index.extend(range(row, row + chunk.num_tokens))
             row += chunk.num_tokens

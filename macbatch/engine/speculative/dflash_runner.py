@@ -5,8 +5,8 @@ page holds the context K/V of the target's features there; a block's rows write 
 positions they draft at, which the target's features overwrite when it computes those positions.
 
 The target's features are its decoder layers' outputs at ``target_layer_ids``, recorded as the
-target's forward runs (layer_taps.py): the target runs as it always does, in one call, and
-the compiled decode step is off for a DFlash engine (``records_layers``)."""
+target's forward runs (layer_taps.py): the target runs as it always does, in one call, its
+small decode steps compiled (the compiled graph returns the recorded outputs)."""
 
 from __future__ import annotations
 

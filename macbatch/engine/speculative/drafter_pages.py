@@ -24,7 +24,6 @@ class DrafterPages:
     """``allocate`` gives the drafter its pages once the pool's size is known."""
 
     slots = None  # no recurrent state
-    records_layers = False  # True: the target's layer outputs are recorded (layer_taps.py)
     state_bytes_most = 0
     state_bytes_used = 0
 
@@ -57,14 +56,16 @@ class DrafterPages:
     def arrays(self) -> list[mx.array]:
         return self.store.arrays()
 
+    def features(self, hidden: mx.array) -> mx.array:
+        """What the drafter keeps of a target forward whose last hidden states are ``hidden``."""
+        raise NotImplementedError
+
 
 class TappedDrafter(DrafterPages):
     """A drafter module that reads the target's layer outputs (DFlash, Eagle-3) beside the
     target's ``adapter``: cast to the target's compute dtype, the target's layers ``ids``
     recorded (layer_taps.py, named ``reader`` in its refusal), its pages ``layers`` layers of
     ``kv_heads`` x ``head_dim``."""
-
-    records_layers = True
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 Eagle-3 drafts as an MTP layer does (one packed forward per draft token, its K/V at position
 ``t`` read from token ``t + 1`` and the feature at ``t``), so ``MtpDrafter`` (mtp.py) runs it;
 this runner is what differs: the feature it keeps of a target forward is ``fc`` over the
-target's recorded layer outputs (layer_taps.py; the compiled decode step is off), and its drafts
+target's recorded layer outputs (layer_taps.py; a compiled decode step returns them), and its drafts
 come from its own draft vocabulary mapped to the target's. Its pages live in the target's
 blocks (drafter_pages.py)."""
 

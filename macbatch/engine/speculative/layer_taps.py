@@ -1,8 +1,10 @@
 """The target's decoder-layer outputs, recorded as its forward runs, for a drafter that reads
 the target's features at several of its layers (DFlash, Eagle-3): those layer objects' class
 gains a recording ``__call__``, so the target runs as it always does, in one call. A recording
-is a side effect that ``mx.compile`` would not replay: an engine with taps runs no compiled
-decode step (``DrafterPages.records_layers``)."""
+is a side effect that ``mx.compile`` would not replay, so the compiled decode step returns the
+recorded outputs as outputs of its graph (``recorded`` while it is traced) and puts each step's
+back (``replay``): a drafting engine's plain decode steps run compiled too
+(worker/compiled_step.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ class LayerTaps:
         if bad:
             raise ValueError(f"{reader} reads target layers {bad}; the target has {len(layers)}")
         self.ids = list(ids)
+        self.layers = sorted(set(self.ids))  # each tapped layer once
         self.outputs: dict[int, mx.array] = {}
-        for index in set(self.ids):
+        for index in self.layers:
             _record(layers[index], index, self.outputs)
 
     def features(self) -> mx.array:
@@ -30,6 +33,15 @@ class LayerTaps:
         found = [self.outputs[i] for i in self.ids]
         self.outputs.clear()
         return mx.concatenate(found, axis=-1)
+
+    def recorded(self) -> list[mx.array]:
+        """The last forward's outputs, one per tapped layer in ``layers`` order, taken out (a
+        compiled graph returns them: traced, they are its arrays, not a step's)."""
+        return [self.outputs.pop(i) for i in self.layers]
+
+    def replay(self, outputs: Sequence[mx.array]) -> None:
+        """Record ``outputs`` (``recorded``'s order) as the last forward's: a compiled step's."""
+        self.outputs.update(zip(self.layers, outputs))
 
 
 def _record(layer: nn.Module, index: int, sink: dict[int, mx.array]) -> None:

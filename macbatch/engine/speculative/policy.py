@@ -30,7 +30,10 @@ miss cost ``break-even - acceptance`` of a token each, so the rest after one is 
 plain steps over ``PROBE_SHARE`` (one request at a time, 24 steps each, a drafted token costing
 half a step and never accepted: each request's rests doubled from two steps again, three or
 four probes a request, 7.9% of the time; now 3.4%, tests/engine/speculative/test_policy.py; a
-head that predicts well loses nothing on a probe, so its rests stay the doubling's). At a
+head that predicts well loses nothing on a probe, so its rests stay the doubling's). A new
+request's first rest is the one the last failing request reached (``rest``, back to two steps
+once a verification's drafts hold): a drafter that fails on this target probes once in that many
+steps across requests, not twice in each short reply (1.3% in that test). At a
 batch size where a drafted token costs more than a token is worth (a break-even above 1) nobody
 drafts, but for one probe step every ``step_costs.EXPLORE_EVERY`` that measures it again.
 """
@@ -101,6 +104,10 @@ class SpeculationPolicy:
         # model that predicts this target badly does so for the next request too)
         self.prior = 1.0
         self._verifications = 0  # that moved the prior (drafted something)
+        # a new request's first rest after failed drafts: the last failing request's next one,
+        # so a drafter that fails on this target keeps probing rarely across requests instead
+        # of doubling its rests from two steps again in each (a 32-token reply probed twice)
+        self.rest = 2
 
     def choose(
         self, running: Sequence[Request], now: float | None = None
@@ -199,7 +206,7 @@ class SpeculationPolicy:
             track.limit = min(self.max_tokens, 2 * track.limit)
         if track.acceptance >= self.floor:
             if track.acceptance >= max(RECOVERED, self.floor):
-                track.backoff = 2
+                track.backoff = self.rest = 2
             return
         self._rest_failing(track, self._probe_loss(accepted / drafted, drafted))
 
@@ -217,7 +224,7 @@ class SpeculationPolicy:
         probe."""
         bounded = math.ceil(loss / PROBE_SHARE)
         self._rest(track, max(track.backoff, 1 << max(0, bounded - 1).bit_length()))
-        track.backoff = min(2 * track.backoff, MAX_REST)
+        track.backoff = self.rest = min(2 * track.backoff, MAX_REST)
         track.limit = self.start_length
         track.probe = True
 
@@ -233,7 +240,8 @@ class SpeculationPolicy:
     def _track(self, request_id: str) -> _Track:
         track = self._tracks.get(request_id)
         if track is None:
-            track = _Track(acceptance=self.prior, limit=self._new_request_limit())
+            limit = self._new_request_limit()
+            track = _Track(acceptance=self.prior, backoff=self.rest, limit=limit)
             self._tracks[request_id] = track
         return track
 

@@ -11,9 +11,12 @@ the step is an array the graph reads at evaluation: a decode-only step (one quer
 sequence, every row sampled) of at most ``MAX_BATCH`` sequences, over an attention backend that
 plans from the metadata arrays (the CPU kernel; the Metal kernel plans on the host), for a model
 without recurrent layers, in one process. Everything else takes the uncompiled forward, which
-computes the same function with the same ops. A runner whose MTP layer reads each step's hidden
-states (speculative/mtp.py) has them returned too, as a second output of the same graph (the LM
-head's input, materialized anyway), so its plain decode steps run compiled as well.
+computes the same function with the same ops. A runner whose drafter reads each step's hidden
+states (an MTP layer: speculative/mtp.py) has them returned too, as a second output of the same
+graph (the LM head's input, materialized anyway); one whose drafter reads the target's layer
+outputs (DFlash, Eagle-3: speculative/layer_taps.py, recorded as the forward runs, a side effect a
+replay would not make) has those returned as further outputs, and recorded again after each
+call. So a drafting engine's plain decode steps run compiled as well.
 
 Shapes are buckets: the batch size is exact, the block tables' width is a power of two (the
 packer pads it; block 0 is never read), so one request's decode meets a new shape only when its
@@ -35,6 +38,7 @@ import numpy as np
 import macbatch.metal
 from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.batch import PackedBatch
+from macbatch.engine.speculative.layer_taps import LayerTaps
 from macbatch.engine.stores.pages import KVStore, KVStores
 from macbatch.metal import AttentionMetadata
 
@@ -55,12 +59,18 @@ class CompiledDecode:
     """A runner's compiled decode forwards, one per shape, over its KV pages."""
 
     def __init__(
-        self, adapter: ModelAdapter, stores: KVStores, after: int, keeps_hidden: bool
+        self,
+        adapter: ModelAdapter,
+        stores: KVStores,
+        after: int,
+        keeps_hidden: bool,
+        taps: LayerTaps | None,
     ) -> None:
         self._adapter = adapter
         self._stores = stores
         self._after = after
         self._keeps_hidden = keeps_hidden  # the step's hidden states are an output too
+        self._taps = taps  # the tapped layers' outputs are outputs too, recorded after each call
         self._steps = 0  # compilable steps so far
         self._shapes: set[Shape] = set()  # the shapes run compiled
         self._template: PackedBatch | None = None  # the batch being traced
@@ -92,15 +102,18 @@ class CompiledDecode:
         self._shapes.add(shape)
         self._template = batch
         try:
-            *hidden, logits = self._compiled(*_arrays(batch))
+            *kept, logits = self._compiled(*_arrays(batch))
         finally:
             self._template = None
+        hidden = kept.pop(0) if self._keeps_hidden else None
+        if self._taps is not None:
+            self._taps.replay(kept)
         # The step's page writes must not be encoded while the step in flight still reads the
         # pages: MLX then cannot write in place and copies every page array. The uncompiled
         # forward is never that far ahead (MLX holds evaluation back to about 100 ops in flight,
         # a layer of any real model); a compiled step of a small model is, whole.
         mx.synchronize()
-        return DecodeOutputs(logits, hidden[0] if hidden else None)
+        return DecodeOutputs(logits, hidden)
 
     def _shape(self, batch: PackedBatch) -> Shape | None:
         """The compile cache's key for ``batch``, or None when it cannot run compiled."""
@@ -130,13 +143,16 @@ class CompiledDecode:
 
     def _forward(self, *arrays: mx.array) -> list[mx.array]:
         """Traced once per shape: the uncompiled forward over a batch of the traced arrays (the
-        hidden states first when kept, then the logits)."""
+        hidden states first when kept, then the tapped layers' outputs, then the logits)."""
         assert self._template is not None
         batch = _rebuilt(self._template, list(arrays), self._windowed)
         hidden = self._adapter.hidden_states(batch, self._stores)
         logits = self._adapter.sampled_logits(hidden, batch)
         assert logits is not None  # every row is sampled
-        return [hidden, logits] if self._keeps_hidden else [logits]
+        kept = [hidden] if self._keeps_hidden else []
+        if self._taps is not None:
+            kept += self._taps.recorded()
+        return [*kept, logits]
 
 
 def _page_lists(store: KVStore) -> list[list[mx.array]]:
@@ -200,13 +216,15 @@ def compiled_decode(
     after: int | None,
     distributed: bool,
     keeps_hidden: bool = False,
+    taps: LayerTaps | None = None,
 ) -> CompiledDecode | None:
     """The runner's compiled decode step, or None where none is used: turned off (``after``
     None), a distributed group (followers run their own forward), a model with recurrent
     layers (their state rows are gathered and scattered by host-planned slots), a sparse one
     (its indexer's selection is planned on the host from the step's lengths) or a chunked one
     (its chunks' sequences are too, model/attention_chunks.py).
-    ``keeps_hidden``: each step's hidden states are returned too (an MTP layer reads them)."""
+    ``keeps_hidden``: each step's hidden states are returned too (a drafter reads them);
+    ``taps``: the target's layer outputs a drafter records, returned and recorded too."""
     if after is None or distributed or adapter.hybrid or adapter.sparse or adapter.chunked:
         return None
-    return CompiledDecode(adapter, stores, after, keeps_hidden)
+    return CompiledDecode(adapter, stores, after, keeps_hidden, taps)

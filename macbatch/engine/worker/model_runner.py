@@ -46,7 +46,7 @@ from macbatch.engine.sample.sampler import SampledBatch, sample
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.dflash_runner import DFlashRunner
 from macbatch.engine.speculative.draft_runner import DraftRunner, JointPages
-from macbatch.engine.speculative.drafter_pages import DrafterPages
+from macbatch.engine.speculative.drafter_pages import DrafterPages, TappedDrafter
 from macbatch.engine.speculative.eagle3_model import Eagle3Model
 from macbatch.engine.speculative.eagle3_runner import Eagle3Runner
 from macbatch.engine.speculative.mtp_model import MtpHead
@@ -127,13 +127,14 @@ class ModelRunner:
         self.hidden: mx.array | None = None
         self._allocate_caches(model, config, fmt, ranks)
         # small decode steps' forward, compiled once enough of them ran (compiled_step.py)
+        # (a drafter's features come from its hidden states or its tapped layers' outputs)
         self.compiled = compiled_decode(
             self.adapter,
             self.kv_stores,
-            # a drafter that records target layers' outputs: a side effect no graph replays
-            None if getattr(self.draft, "records_layers", False) else config.compile_decode_after,
+            config.compile_decode_after,
             group is not None,
-            keeps_hidden=isinstance(self.draft, MtpRunner),
+            keeps_hidden=isinstance(self.draft, DrafterPages),
+            taps=self.draft.taps if isinstance(self.draft, TappedDrafter) else None,
         )
         full_shapes, window_shapes = self.adapter.group_shapes
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}
@@ -253,15 +254,23 @@ class ModelRunner:
         # a step with adapter rows is never compiled (its graph has the adapters' products)
         plain = not spans and batch.adapter_rows is None
         compiled = None if not plain or self.compiled is None else self.compiled.forward(batch)
-        if compiled is not None:  # a small decode step: its hidden states returned when kept
-            self.hidden = compiled.hidden
+        if compiled is not None:  # a small decode step: what a drafter reads returned too
+            self.hidden = self._features(compiled.hidden)
             return compiled.logits, {}
         if not spans and not keep:
             return self.adapter.forward(batch, self.kv_stores, self.states), {}
         hidden = self.adapter.hidden_states(batch, self.kv_stores, self.states)
-        self.hidden = self.draft.features(hidden) if keep else None  # type: ignore[union-attr]
+        self.hidden = self._features(hidden)
         pooled = self.pools.take(hidden, spans, self.adapter.head) if spans else {}
         return self.adapter.sampled_logits(hidden, batch), pooled
+
+    def _features(self, hidden: mx.array | None) -> mx.array | None:
+        """What the drafter keeps of a forward whose hidden states are ``hidden`` (its tapped
+        layers' outputs are recorded already); None where no drafter reads them."""
+        draft = self.draft
+        if hidden is None or not isinstance(draft, DrafterPages):
+            return None
+        return draft.features(hidden)
 
     def sample(self, logits: mx.array, rows: Sequence[Request | DraftRow]) -> SampledBatch:
         """Mask the constrained rows' logits, then sample one token per row (``rows``: the

@@ -68,6 +68,28 @@ def test_rejected_blocks_leave_outputs_unchanged(arch, tiny_tokenizer, eager_spe
     assert spec.verifications > 0 and spec.accepted < spec.drafted / 2
 
 
+def test_no_context_pass_for_a_request_not_expected_to_draft_soon(
+    tiny_tokenizer, eager_speculation, monkeypatch
+):
+    """A policy that never expects a request to draft soon (its drafts fail, or the batch is
+    too large to speculate): none of its rows, prompt or decode, runs the drafter's context
+    pass; requests that draft anyway (every step they may) still reply as mlx-lm does."""
+    monkeypatch.setattr(SpeculationPolicy, "drafts_soon", lambda self, request, batch: False)
+    model = build_model("qwen3")
+    engine = _engine(model, tiny_tokenizer, random_dflash(model))
+    runner = engine.runner.draft
+    write = runner.write_context
+    written: list[int] = []
+
+    def recording(batch, features):
+        written.append(batch.num_tokens)
+        return write(batch, features)
+
+    runner.write_context = recording
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert engine.stats().speculation.verifications > 0 and written == []
+
+
 def test_drafts_are_mlx_vlms(tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
     """A random drafter saved in z-lab's checkpoint layout and loaded by the engine's draft
     loader proposes, at every proposal, exactly what mlx-vlm's DFlash drafter loaded from the

@@ -14,6 +14,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.mtp import (
     NEXTN_ARCHS,
     PROMPTS,
+    compiled_counts,
     mtp_target,
     random_mtp_head,
     recorded_proposals,
@@ -33,22 +34,6 @@ def _engine(model, tokenizer, **config) -> Engine:
     return Engine(model, tokenizer, config, draft_model=random_mtp_head(model))
 
 
-def _compiled_counts(engine: Engine) -> list[int]:
-    """A one-item list holding how many steps ran compiled so far (kept current)."""
-    compiled = engine.runner.compiled
-    assert compiled is not None  # built for an MTP engine of a non-hybrid model
-    count = [0]
-    forward = compiled.forward
-
-    def counting(batch):
-        out = forward(batch)
-        count[0] += out is not None
-        return out
-
-    compiled.forward = counting  # type: ignore[method-assign]
-    return count
-
-
 @pytest.mark.parametrize("arch", COMPILED_ARCHS)
 def test_plain_decode_steps_run_compiled_and_drafts_stay_the_mtp_layers(arch, tiny_tokenizer):
     """A random MTP layer's drafts are rejected, so its requests rest and decode plainly between
@@ -56,7 +41,7 @@ def test_plain_decode_steps_run_compiled_and_drafts_stay_the_mtp_layers(arch, ti
     steps (its catch-up reads their hidden states) proposes what the unpaged layer does."""
     model = mtp_target(arch)
     engine = _engine(model, tiny_tokenizer)
-    compiled = _compiled_counts(engine)
+    compiled = compiled_counts(engine)
     proposals = recorded_proposals(engine)
     at_proposal: list[int] = []  # compiled steps run before each proposal
     drafter = engine.speculator.drafter

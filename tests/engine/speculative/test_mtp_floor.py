@@ -10,11 +10,14 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative import mtp, step_costs
-from macbatch.engine.speculative.policy import MIN_ACCEPTANCE, SpeculationPolicy
+from macbatch.engine.speculative.policy import MAX_REST, MIN_ACCEPTANCE, SpeculationPolicy
 from tests.support.mtp import PROMPTS, mtp_target, predicting_mtp_head, random_mtp_head
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 
 MAX_TOKENS = 16
+# a new request's reply longer than the longest rest (a failing drafter's next request starts
+# from the rest the last one reached): it probes
+NEW_TOKENS = MAX_REST + 8
 # a prompt none of PROMPTS shares a block with, three chunks at a 16-token budget
 NEW_PROMPT = [100 + (i * 7) % 90 for i in range(40)]
 
@@ -34,8 +37,8 @@ def _engine(model, tokenizer, head, **config) -> Engine:
     return Engine(model, tokenizer, config, draft_model=head)
 
 
-def _greedy(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+def _greedy(engine: Engine, prompts: list[list[int]], tokens: int = MAX_TOKENS) -> list[list[int]]:
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     return [o.token_ids for o in engine.generate(prompts, params)]
 
 
@@ -74,7 +77,8 @@ def test_a_new_request_s_prompt_pass_runs_only_where_drafts_hold(
     assert (policy.prior < MIN_ACCEPTANCE) != predicts
     before = engine.stats().speculation
     positions = _stepped_positions(engine)
-    assert _greedy(engine, [NEW_PROMPT]) == [mlx_lm_greedy(model, NEW_PROMPT, MAX_TOKENS)]
+    new = _greedy(engine, [NEW_PROMPT], NEW_TOKENS)
+    assert new == [mlx_lm_greedy(model, NEW_PROMPT, NEW_TOKENS)]
     prompt_rows = {p for p in positions if p < len(NEW_PROMPT) - 1}
     assert prompt_rows == (set(range(len(NEW_PROMPT) - 1)) if predicts else set())
     after = engine.stats().speculation

@@ -53,7 +53,6 @@ class MtpRunner(DrafterPages):
             if head.reads_streams
             else None
         )
-        self.records_layers = self.taps is not None
         self.max_rows = config.max_num_batched_tokens  # of one catch-up forward
         self.weights_nbytes = sum(a.nbytes for a in parameter_arrays(head))
 

@@ -134,7 +134,7 @@ class ModelRunner:
             config.compile_decode_after,
             group is not None,
             keeps_hidden=isinstance(self.draft, DrafterPages),
-            taps=self.draft.taps if isinstance(self.draft, TappedDrafter) else None,
+            taps=self.draft.taps if isinstance(self.draft, TappedDrafter | MtpRunner) else None,
         )
         full_shapes, window_shapes = self.adapter.group_shapes
         self.kv_head_counts = {s.num_kv_heads for s in full_shapes}

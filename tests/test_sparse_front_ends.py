@@ -1,9 +1,10 @@
 """The sparse-attention families through the front ends (issue 59's "done when"): DeepSeek V3.2
-``deepseek_v32`` and GLM-5 ``glm_moe_dsa`` (mlx-lm), DeepSeek V4 ``deepseek_v41`` (mlx-lm), and
-Hunyuan V4 ``hy_v4``, Qwen4-exp ``qwen4_exp`` and GLM5-next ``glm5_next`` (mlx-vlm), each a tiny
+``deepseek_v32`` and GLM-5 ``glm_moe_dsa`` (mlx-lm), DeepSeek V4 ``deepseek_v41`` (mlx-lm) and
+``deepseek_v4`` (mlx-vlm), and Hunyuan V4 ``hy_v4``, Qwen4-exp ``qwen4_exp`` and GLM5-next
+``glm5_next`` (mlx-vlm), each a tiny
 random checkpoint in its Hugging Face layout with the tiny byte-level tokenizer and its ChatML
 template, on the front ends' own engine settings (speculative "auto", prompt lookup here; the
-disk tier on). ``macbatch serve`` (one child process of all six) answers concurrent chat
+disk tier on). ``macbatch serve`` (one child process of all seven) answers concurrent chat
 completions through the official openai client, ``macbatch run`` writes a three-row job, and
 ``macbatch chat`` (Textual's pilot) replies to two turns; every reply is the library's own
 greedy generation of the same templated prompt, whose context is longer than each family's
@@ -44,6 +45,12 @@ def _save_v41(path: Path) -> Path:
     return save_v41(path)
 
 
+def _save_v4(path: Path) -> Path:
+    from tests.support.tiny_deepseek_v4 import save_deepseek_v4
+
+    return save_deepseek_v4(path)
+
+
 MAX_TOKENS = 8
 # user messages whose templated prompts (39 to 53 tokens) pass every family's selection: a
 # top-12 (DSA, Hunyuan V4), 3 blocks of 4 and the tail (Qwen4-exp), 2 pools of 4 and the tail
@@ -58,6 +65,7 @@ SAVERS: dict[str, Callable[[Path], Path]] = {
     "deepseek_v32": lambda path: save_model(path, arch="deepseek_v32"),
     "glm_moe_dsa": lambda path: save_model(path, arch="glm_moe_dsa"),
     "deepseek_v41": _save_v41,
+    "deepseek_v4": _save_v4,
     "hy_v4": save_hy_v4,
     "qwen4_exp": save_qwen4_exp,
     "glm5_next": save_glm5_next,
@@ -65,7 +73,23 @@ SAVERS: dict[str, Callable[[Path], Path]] = {
 FAMILIES = list(SAVERS)
 
 # the library's own caches held per request, which the disk tier cannot write (docs/engine.md)
-NO_DISK_TIER = {"deepseek_v41"}
+NO_DISK_TIER = {"deepseek_v41", "deepseek_v4"}
+
+
+def _reference_greedy(model: Any, ids: list[int], max_tokens: int) -> list[tuple[int, float]]:
+    """DeepSeek V4's oracle: its reference's greedy tokens and log-probabilities, each from
+    mlx-vlm's forward of the whole sequence in one call (mlx-vlm's own generation pools zeros in
+    place of the previous group at every call's start, which the reference does not:
+    tests/support/tiny_deepseek_v4.py)."""
+    from tests.support.tiny_deepseek_v4 import reference_logprobs
+
+    tokens, steps = list(ids), []
+    for _ in range(max_tokens):
+        last = reference_logprobs(model, tokens)[-1]
+        token = int(last.argmax())
+        steps.append((token, float(last[token])))
+        tokens.append(token)
+    return steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -108,13 +132,17 @@ class Reply:
     text: str
 
 
+def model_type(path: Path) -> str:
+    return json.loads((path / "config.json").read_text())["model_type"]
+
+
 @cache
 def _library(path: Path) -> tuple[Any, Any, Library]:
     """The library's own model of the checkpoint, mlx-lm's tokenizer of its files, and which
     library it is."""
     from mlx_lm.utils import load_tokenizer
 
-    library = family(json.loads((path / "config.json").read_text())["model_type"]).library
+    library = family(model_type(path)).library
     if library is Library.MLX_VLM:
         from mlx_vlm.utils import load_model
 
@@ -137,7 +165,8 @@ def library_reply(path: Path, *turns: str) -> Reply:
     messages = [{"role": roles[i % 2], "content": turn} for i, turn in enumerate(turns)]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     greedy = mlx_vlm_text_greedy if library is Library.MLX_VLM else mlx_lm_greedy_logprobs
-    steps = greedy(model, ids, MAX_TOKENS)
+    reference = model_type(path) == "deepseek_v4"
+    steps = (_reference_greedy if reference else greedy)(model, ids, MAX_TOKENS)
     ends = [i for i, (token, _) in enumerate(steps) if token in tokenizer.eos_token_ids]
     steps = steps[: ends[0]] if ends else steps
     tokens = [token for token, _ in steps]

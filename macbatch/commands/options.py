@@ -42,6 +42,16 @@ def _check_kv_bits(value: int | None) -> int | None:
     return value
 
 
+def _check_indexer_keys(value: str | None) -> str | None:
+    from macbatch.engine.stores.fp8_keys import check_indexer_keys  # MLX: not on --help
+
+    try:
+        check_indexer_keys(value)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return value
+
+
 def _check_disk_size(value: float | None) -> float | None:
     """Parse time, before any job file is read: inf and 1e400 pass typer's float and min."""
     if value is not None and not math.isfinite(value):
@@ -160,6 +170,15 @@ class EngineKnobs:
         help="KV cache in 8 or 4 bits: 1.9x / 3.5x the context (docs/kernel.md).",
         rich_help_panel=ENGINE,
     )
+    indexer_keys: str | None = option(
+        None,
+        "--indexer-keys",
+        callback=_check_indexer_keys,
+        show_default=False,
+        metavar="[fp8]",
+        help="Sparse-attention indexer keys in fp8, as DeepSeek's reference (docs/engine.md).",
+        rich_help_panel=ENGINE,
+    )
     speculative: str | None = option(  # None: run's job file decides
         "auto",
         "--speculative",
@@ -244,6 +263,7 @@ class EngineKnobs:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "num_blocks": self.kv_blocks,
             "kv_bits": self.kv_bits,
+            "indexer_keys": self.indexer_keys,
             "reranker": self.reranker or None,  # None: recognised by its name
             "self_check": not self.no_self_check,
             **self.speculative_fields(),

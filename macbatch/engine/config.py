@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from macbatch.engine.speculative.methods import DEFAULT_SPECULATIVE_TOKENS, check_speculative
+from macbatch.engine.stores.fp8_keys import check_indexer_keys
 from macbatch.metal.quant import check_kv_quantization
 
 
@@ -55,6 +56,13 @@ class EngineConfig:
     )
     kv_group_size: int | None = knob(
         None, "The quantized pages' group: 64 or 32 (None: the default for ``kv_bits``)."
+    )
+    indexer_keys: str | None = knob(
+        None,
+        "A sparse-attention model's lightning-indexer keys: 'fp8' stores them as DeepSeek "
+        "V3.2's reference does (e4m3, a float32 scale per 128 columns: 132 bytes per token per "
+        "layer for 128-wide keys; ``stores/fp8_keys.py``); None keeps them in the latent pages' "
+        "format (the model's dtype, or ``kv_bits``), which mlx-lm's selection matches exactly.",
     )
     pipelined: bool = knob(
         True,
@@ -158,4 +166,5 @@ class EngineConfig:
         if len(set(names)) < len(names) or not all(names):
             raise ValueError(f"adapter names must be distinct and non-empty, got {names}")
         check_kv_quantization(self.kv_bits, self.kv_group_size)
+        check_indexer_keys(self.indexer_keys)
         check_speculative(self.speculative, self.num_speculative_tokens)

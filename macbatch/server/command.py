@@ -197,6 +197,7 @@ SERVE_KNOBS = Pick(
         "max_num_seqs",
         "kv_blocks",
         "kv_bits",
+        "indexer_keys",
         *SPECULATIVE,
         *DISK_CACHE,
         "reranker",

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # chat's engine knobs: the pool's size and page format, speculation and the disk tier
 CHAT_KNOBS = Pick(
     EngineKnobs,
-    ("kv_blocks", "kv_bits", *SPECULATIVE, *DISK_CACHE, "no_self_check"),
+    ("kv_blocks", "kv_bits", "indexer_keys", *SPECULATIVE, *DISK_CACHE, "no_self_check"),
 )
 
 

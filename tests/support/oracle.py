@@ -12,27 +12,31 @@ from mlx_lm.models.cache import make_prompt_cache
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup
 from macbatch.engine.kv.window import SlidingWindowGroup
 from tests.support.attention_numpy import dequantize_numpy, quantize_numpy
+from tests.support.fp8_numpy import round_indexer_keys
 
 
 def mlx_lm_greedy(
     model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
-    kv_group_size: int = 64,
+    kv_group_size: int = 64, indexer_keys: str | None = None,
 ) -> list[int]:  # fmt: skip
-    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially); ``kv_bits`` as in
-    ``mlx_lm_greedy_logprobs``."""
-    steps = mlx_lm_greedy_logprobs(model, prompt, max_tokens, kv_bits, kv_group_size)
+    """Greedy tokens from mlx-lm for one prompt (EOS not treated specially); ``kv_bits`` and
+    ``indexer_keys`` as in ``mlx_lm_greedy_logprobs``."""
+    steps = mlx_lm_greedy_logprobs(model, prompt, max_tokens, kv_bits, kv_group_size, indexer_keys)
     return [token for token, _ in steps]
 
 
 def mlx_lm_greedy_logprobs(
     model: nn.Module, prompt: list[int], max_tokens: int, kv_bits: int | None = None,
-    kv_group_size: int = 64,
+    kv_group_size: int = 64, indexer_keys: str | None = None,
 ) -> list[tuple[int, float]]:  # fmt: skip
     """Greedy tokens from mlx-lm for one prompt, each with its log-probability.
 
     With ``kv_bits``, every K/V row mlx-lm caches is first rounded through the page format
     (numpy quantizer and dequantizer, ``tests/support/attention_numpy.py``), so mlx-lm attends
-    over exactly the values quantized pages hold, in its own float cache and attention.
+    over exactly the values quantized pages hold, in its own float cache and attention; with
+    ``indexer_keys`` "fp8", its indexer's keys through the fp8 format
+    (``tests/support/fp8_numpy.py``; in place of ``kv_bits``' rounding there, as the engine's
+    fp8 key pages are fp8 whatever the latent's format).
     """
     cache = make_prompt_cache(model)
     if kv_bits is not None:
@@ -41,6 +45,8 @@ def mlx_lm_greedy_logprobs(
             for part in getattr(layer_cache, "caches", (layer_cache,)):
                 if hasattr(part, "update_and_fetch"):
                     _round_writes(part, kv_bits, kv_group_size)
+    if indexer_keys == "fp8":
+        round_indexer_keys(cache)
     steps = []
     for token, logprobs in generate_step(
         mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache

@@ -92,11 +92,12 @@ def assert_staggered_batch_matches_mlx_lm(engine: Engine, model) -> None:
 
 
 def assert_restart_reads_the_prefix_from_disk(
-    model, tokenizer, folder, kv_bits: int | None, kv_group_size: int = 32
-) -> None:
+    model, tokenizer, folder, kv_bits: int | None, kv_group_size: int = 32,
+    indexer_keys: str | None = None,
+) -> None:  # fmt: skip
     """A 70-token prompt's blocks go to the disk tier in ``folder``; a fresh engine reads its
     64 tokens of full blocks back for a longer prompt and its tokens stay mlx-lm's (over its
-    own caches rounded through the page format when ``kv_bits`` is set)."""
+    own caches rounded through the page format when ``kv_bits`` or ``indexer_keys`` is set)."""
     from macbatch.engine import EngineConfig
     from tests.support.oracle import mlx_lm_greedy
 
@@ -106,6 +107,7 @@ def assert_restart_reads_the_prefix_from_disk(
         disk_cache_dir=str(folder),
         kv_bits=kv_bits,
         kv_group_size=kv_group_size,
+        indexer_keys=indexer_keys,
     )
     prompt = random_prompts([70], seed=1)[0]
     first = Engine(model, tokenizer, config)
@@ -114,6 +116,8 @@ def assert_restart_reads_the_prefix_from_disk(
     engine = Engine(model, tokenizer, config)
     [out] = engine.generate([prompt + [5, 6, 7]], GREEDY)
     assert out.metrics.disk_cached_tokens == 64
-    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], GREEDY.max_tokens, kv_bits, kv_group_size)
+    expected = mlx_lm_greedy(
+        model, prompt + [5, 6, 7], GREEDY.max_tokens, kv_bits, kv_group_size, indexer_keys
+    )
     assert out.token_ids == expected
     engine.close()

@@ -134,7 +134,7 @@ class PagedLayerCache(EngineAttention):
         assert self.index_layer is not None and self.plan is not None and self.rows is not None
         rows = indexer_rows(indexer, x, qr, self.offset)
         self.store.write(self.index_layer, self.rows[1], rows.keys, None)
-        return select(rows, self.store.pages(self.index_layer)[0], self.plan)
+        return select(rows, self.store.key_pages(self.index_layer), self.plan)
 
     def select_blocks(self, indexer: Any, x: mx.array) -> mx.array | None:
         """The indexer's raw keys of this step's rows written to their pages, then each row's
@@ -142,7 +142,7 @@ class PagedLayerCache(EngineAttention):
         assert self.index_layer is not None and self.plan is not None and self.rows is not None
         rows = block_indexer_rows(indexer, x, self.offset)
         self.store.write(self.index_layer, self.rows[1], rows.keys, None)
-        return select_blocks(rows, self.store.pages(self.index_layer)[0], indexer, self.plan)
+        return select_blocks(rows, self.store.key_pages(self.index_layer), indexer, self.plan)
 
     def select_pools(self, indexer: Any, x: mx.array, qr: mx.array) -> mx.array | None:
         """The pooling indexer's keys and gates of this step's rows written to their pages, then
@@ -150,4 +150,4 @@ class PagedLayerCache(EngineAttention):
         assert self.index_layer is not None and self.plan is not None and self.rows is not None
         rows = pool_indexer_rows(indexer, x, qr)
         self.store.write(self.index_layer, self.rows[1], rows.pages, None)
-        return select_pools(rows, self.store.pages(self.index_layer)[0], indexer, self.plan)
+        return select_pools(rows, self.store.key_pages(self.index_layer), indexer, self.plan)

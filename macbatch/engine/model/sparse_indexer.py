@@ -28,6 +28,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.stores import fp8_keys
+from macbatch.engine.stores.fp8_keys import Fp8Pages
 from macbatch.metal import AttentionMetadata
 from macbatch.metal.quant import QuantizedPages, dequantize
 
@@ -153,8 +155,10 @@ def select(rows: IndexerRows, key_pages: Any, plan: SelectionPlan) -> mx.array |
 
 def gather_keys(pages: Any, blocks: mx.array) -> mx.array:
     """The key rows of each sequence's ``blocks [S, n]`` as ``[S, n * block_size, D]`` (quantized
-    pages dequantized)."""
-    if isinstance(pages, QuantizedPages):
+    and fp8 pages dequantized)."""
+    if isinstance(pages, Fp8Pages):
+        gathered = fp8_keys.dequantize(pages.codes[blocks][:, :, 0], pages.scales[blocks][:, :, 0])
+    elif isinstance(pages, QuantizedPages):
         codes, scales = pages.codes[blocks][:, :, 0], pages.scales[blocks][:, :, 0]
         gathered = dequantize(codes, scales, pages.bits, pages.group_size)
     else:

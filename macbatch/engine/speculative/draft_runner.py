@@ -44,7 +44,7 @@ class DraftRunner:
         settle_compute_dtype(model, config.dtype, owns_model)
         # every layer in one group: the draft reads the target's full-group block tables
         self.adapter = ModelAdapter(model, windows=False)
-        self.format = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
+        self.format = PageFormat.of(self.adapter.kv_dtype, config)
         self.block_size = config.block_size
         self.max_rows = config.max_num_batched_tokens  # of one draft forward (catch-ups)
         self.bytes_per_block = self.format.bytes_per_block(

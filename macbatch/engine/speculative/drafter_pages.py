@@ -29,7 +29,7 @@ class DrafterPages:
 
     def __init__(self, shapes: list[LayerShape], dtype: mx.Dtype, config: EngineConfig) -> None:
         self.shapes = shapes
-        self.format = PageFormat(dtype, config.kv_bits, config.kv_group_size)
+        self.format = PageFormat.of(dtype, config)
         self.block_size = config.block_size
         self.bytes_per_block = self.format.bytes_per_block(shapes, config.block_size)
         self.head_counts = {s.num_kv_heads for s in shapes}

@@ -25,13 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.stores import fp8_keys
+from macbatch.engine.stores.fp8_keys import Fp8Pages
 from macbatch.metal import quant
 from macbatch.metal.quant import QuantizedPages
+
+if TYPE_CHECKING:
+    from macbatch.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,38 @@ class LayerShape:
         """Page arrays per token row: K and V, or the latent row alone."""
         return 1 if self.value_dim is not None else 2
 
+    @property
+    def indexer_keys(self) -> bool:
+        """A lightning indexer's key rows (no values)."""
+        return self.value_dim == 0
+
 
 @dataclass(frozen=True)
 class PageFormat:
     """How K/V pages are stored: in the model's float dtype, or quantized to ``bits``.
 
     ``group_size`` None picks the default per head dim (``macbatch.metal.quant``).
+    ``indexer_keys`` "fp8": a lightning indexer's key layers in fp8 (``fp8_keys.py``) whatever
+    the other layers' format; None: as the other layers.
     """
 
     dtype: mx.Dtype
     bits: int | None = None
     group_size: int | None = None
+    indexer_keys: str | None = None
+
+    @classmethod
+    def of(cls, dtype: mx.Dtype, config: EngineConfig) -> PageFormat:
+        """The pages an engine's config asks for, for a model whose K/V are ``dtype``."""
+        return cls(dtype, config.kv_bits, config.kv_group_size, config.indexer_keys)
+
+    def fp8(self, shape: LayerShape) -> bool:
+        """Whether a layer's pages are the indexer keys' fp8 format."""
+        return self.indexer_keys == "fp8" and shape.indexer_keys
+
+    def scaled(self, shape: LayerShape) -> bool:
+        """Whether a layer's pages keep a scales array beside their codes."""
+        return self.bits is not None or self.fp8(shape)
 
     def group_size_for(self, head_dim: int) -> int:
         assert self.bits is not None
@@ -71,12 +97,17 @@ class PageFormat:
         g = self.group_size_for(head_dim)
         return quant.code_bytes(head_dim, self.bits) + quant.scale_bytes(head_dim, g)
 
+    def layer_row_bytes(self, shape: LayerShape) -> int:
+        """Bytes of one token's row of a layer for one head (fp8 indexer keys: codes and
+        scales)."""
+        if self.fp8(shape):
+            return fp8_keys.row_bytes(shape.head_dim)
+        return self.row_bytes(shape.head_dim)
+
     def bytes_per_block(self, shapes: list[LayerShape], block_size: int) -> int:
         """True bytes of one block over all layers, K and V (a latent layer: its one row),
         scales included."""
-        return sum(
-            s.arrays * s.num_kv_heads * block_size * self.row_bytes(s.head_dim) for s in shapes
-        )
+        return sum(s.arrays * s.num_kv_heads * block_size * self.layer_row_bytes(s) for s in shapes)
 
 
 class KVStore:
@@ -89,7 +120,9 @@ class KVStore:
     same block table. Nothing else is kept: no float copy of any page.
 
     ``values`` (and ``value_scales``) hold only the layers with value pages (a latent layer has
-    none); ``_value_index[layer]`` is a layer's place there.
+    none); ``_value_index[layer]`` is a layer's place there. ``key_scales`` hold only the
+    layers with scales (every layer when quantized; fp8 indexer keys': float32
+    ``[rows, D / 128]``); ``_scale_index[layer]`` is a layer's place there.
     """
 
     def __init__(
@@ -101,11 +134,13 @@ class KVStore:
         self.format = fmt
         valued = [layer for layer, s in enumerate(shapes) if s.value_dim is None]
         self._value_index = {layer: i for i, layer in enumerate(valued)}
+        scaled = [layer for layer, s in enumerate(shapes) if fmt.scaled(s)]
+        self._scale_index = {layer: i for i, layer in enumerate(scaled)}
         self.keys = [self._zeros(s) for s in shapes]
         self.values = [self._zeros(shapes[layer]) for layer in valued]
-        # One scales array per layer for quantized pages; none for float pages.
+        # One scales array per quantized layer; none for float pages.
         quantized = fmt.bits is not None
-        self.key_scales = [self._zero_scales(s) for s in shapes] if quantized else []
+        self.key_scales = [self._zero_scales(shapes[layer]) for layer in scaled]
         self.value_scales = [self._zero_scales(shapes[i]) for i in valued] if quantized else []
         mx.eval(self.arrays())
 
@@ -113,12 +148,17 @@ class KVStore:
         return self.num_blocks * shape.num_kv_heads * self.block_size
 
     def _zeros(self, shape: LayerShape) -> mx.array:
+        if self.format.fp8(shape):
+            return mx.zeros((self._rows(shape), shape.head_dim), dtype=mx.uint8)
         if self.format.bits is None:
             return mx.zeros((self._rows(shape), shape.head_dim), dtype=self.format.dtype)
         width = quant.code_bytes(shape.head_dim, self.format.bits)
         return mx.zeros((self._rows(shape), width), dtype=mx.uint8)
 
     def _zero_scales(self, shape: LayerShape) -> mx.array:
+        if self.format.fp8(shape):
+            blocks = shape.head_dim // fp8_keys.block_for(shape.head_dim)
+            return mx.zeros((self._rows(shape), blocks), dtype=mx.float32)
         groups = shape.head_dim // self.format.group_size_for(shape.head_dim)
         return mx.zeros((self._rows(shape), groups, 2), dtype=mx.float16)
 
@@ -150,7 +190,13 @@ class KVStore:
         """Scatter one step's K/V (``[N, Hkv, 1, D]``, as the model hands them to its cache;
         a latent layer: its rows as ``keys``, ``values`` None) into the flat rows computed by the
         batcher, quantizing them first when the pages are quantized."""
-        d = self.shapes[layer].head_dim
+        shape = self.shapes[layer]
+        d = shape.head_dim
+        if self.format.fp8(shape):
+            fp8_codes, fp8_scales = fp8_keys.quantize(keys.reshape(-1, d))
+            self.keys[layer][rows] = fp8_codes
+            self.key_scales[self._scale_index[layer]][rows] = fp8_scales
+            return
         parts = [(self.keys, self.key_scales, layer, keys)]
         if values is not None:
             index = self._value_index[layer]
@@ -168,9 +214,10 @@ class KVStore:
     def pages(self, layer: int) -> tuple[mx.array, mx.array] | tuple[QuantizedPages, ...]:
         """``[num_blocks, Hkv, block_size, D]`` views of the layer's K and V (quantized pages
         as ``QuantizedPages`` of that logical shape); a latent layer's key pages twice, as the
-        attention contract takes them."""
+        attention contract takes them. An indexer's keys: ``key_pages``."""
         s = self.shapes[layer]
-        scales = self.key_scales[layer] if self.key_scales else None
+        at = self._scale_index.get(layer)
+        scales = None if at is None else self.key_scales[at]
         k = self._view(s, self.keys[layer], scales)
         if s.value_dim is not None:
             return k, k
@@ -178,8 +225,18 @@ class KVStore:
         scales = self.value_scales[index] if self.value_scales else None
         return k, self._view(s, self.values[index], scales)
 
+    def key_pages(self, layer: int) -> mx.array | QuantizedPages | Fp8Pages:
+        """A key-only layer's (a lightning indexer's) pages, in whichever format they are (fp8
+        keys as ``Fp8Pages``): only the indexer reads them, never an attention kernel."""
+        at = self._scale_index.get(layer)
+        return self._view(
+            self.shapes[layer], self.keys[layer], None if at is None else self.key_scales[at]
+        )
+
     def _view(self, shape: LayerShape, codes: mx.array, scales: mx.array | None) -> Any:
         head = (self.num_blocks, shape.num_kv_heads, self.block_size)
+        if scales is not None and self.format.fp8(shape):
+            return Fp8Pages(codes.reshape(*head, -1), scales.reshape(*head, -1))
         if scales is None or self.format.bits is None:
             return codes.reshape(*head, shape.head_dim)
         group = self.format.group_size_for(shape.head_dim)
@@ -193,10 +250,11 @@ class KVStore:
         """Each page array's list, its index there and its layer's shape, in ``arrays()``
         order."""
         valued = [self.shapes[layer] for layer in self._value_index]
+        scaled = [self.shapes[layer] for layer in self._scale_index]
         lists = (
             (self.keys, self.shapes),
             (self.values, valued),
-            (self.key_scales, self.shapes),
+            (self.key_scales, scaled),
             (self.value_scales, valued),
         )
         return [(group, i, shapes[i]) for group, shapes in lists for i in range(len(group))]

@@ -112,7 +112,12 @@ class ModelRunner:
         declared = declared_context_length(getattr(args, "__dict__", None) or {})
         self.context_length = context_length(declared, config.max_model_len)
         shapes = self.adapter.layer_shapes
-        fmt = PageFormat(self.adapter.kv_dtype, config.kv_bits, config.kv_group_size)
+        if config.indexer_keys and not any(s.indexer_keys for s in shapes):
+            raise ValueError(
+                f"indexer_keys={config.indexer_keys!r}: model type '{self.model_type}' has no "
+                "lightning indexer whose keys it could hold"
+            )
+        fmt = PageFormat.of(self.adapter.kv_dtype, config)
         self.kv_bytes_per_token = fmt.bytes_per_block(shapes, 1)  # a bad group size fails here
         self.draft: DraftRunner | MtpRunner | DFlashRunner | Eagle3Runner | None = None
         if isinstance(draft, MtpHead):

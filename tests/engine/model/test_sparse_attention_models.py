@@ -20,6 +20,7 @@ from tests.support.sparse_attention import (
     assert_selection_untied,
     assert_sparse_greedy,
     dense_copy,
+    selection_changes,
 )
 from tests.support.staggered import (
     GREEDY,
@@ -165,3 +166,101 @@ def test_prompt_lookup_drafts_keep_mlx_lms_tokens(tiny_tokenizer):
         assert_sparse_greedy(model, prompt, out.token_ids)
     assert engine.stats().speculation.verifications > 0
     assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_fp8_indexer_keys_select_as_mlx_lms_indexer_over_rounded_keys(bits, tiny_tokenizer):
+    """``indexer_keys="fp8"``: nine staggered requests' tokens and log-probabilities are
+    mlx-lm's with its indexer's keys rounded through the fp8 format (its latent through the 8-bit
+    format too with ``kv_bits=8``), on a sequence whose selections the rounding changes, so an
+    engine that kept the keys unrounded (or rounded them otherwise) fails."""
+    model = build_model("deepseek_v32")
+    engine = Engine(
+        model, tiny_tokenizer, EngineConfig(**STAGGERED, kv_bits=bits, indexer_keys="fp8")
+    )
+    assert isinstance(engine.kv.full, IndexerKeysGroup)
+    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2], seed=2)  # seed 1: a tie
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
+    ids = {engine.add_request(prompts[0], params): 0}
+    results = {}
+    while engine.has_unfinished():  # request i joins at step i
+        for out in engine.step():
+            if out.finished:
+                results[ids[out.request_id]] = out
+        if len(ids) < len(prompts):
+            ids[engine.add_request(prompts[len(ids)], params)] = len(ids)
+    for i, prompt in enumerate(prompts):
+        out = results[i]
+        if len(prompt) + len(out.token_ids) - 1 > model.args.index_topk:
+            assert_selection_untied(model, prompt + out.token_ids[:-1], fp8_keys=True)
+        want = mlx_lm_greedy_logprobs(model, prompt, len(out.token_ids), bits, 32, "fp8")
+        assert out.token_ids == [token for token, _ in want]
+        abs_tol = 1e-4 if bits is None else 1e-3
+        assert out.logprobs == pytest.approx([lp for _, lp in want], abs=abs_tol)
+    longest = prompts[5] + results[5].token_ids[:-1]
+    assert selection_changes(model, longest), "fp8 keys select as float keys: nothing tested"
+    assert_pool_idle(engine)
+
+
+def test_fp8_indexer_keys_restart_from_their_own_disk_namespace(tiny_tokenizer, tmp_path):
+    """A restart reads fp8 key pages back from the disk tier (tokens stay mlx-lm's over rounded
+    keys), and an engine with float keys finds none of them: the namespace names the format."""
+    model = build_model("deepseek_v32")
+    assert_restart_reads_the_prefix_from_disk(
+        model, tiny_tokenizer, tmp_path, None, indexer_keys="fp8"
+    )
+    engine = Engine(
+        model,
+        tiny_tokenizer,
+        EngineConfig(num_blocks=64, block_size=8, disk_cache_dir=str(tmp_path)),
+    )
+    [out] = engine.generate([random_prompts([70], seed=1)[0] + [5, 6, 7]], GREEDY)
+    assert out.metrics.disk_cached_tokens == 0
+    engine.close()
+
+
+def test_fp8_preemption_recomputes_identically(tiny_tokenizer):
+    """Preempted requests recompute their fp8 keys: every request keeps mlx-lm's tokens over
+    rounded keys."""
+    from tests.support.oracle import mlx_lm_greedy
+
+    model = build_model("deepseek_v32")
+    config = EngineConfig(
+        num_blocks=12, block_size=8, max_num_batched_tokens=64, enable_prefix_caching=False,
+        indexer_keys="fp8",
+    )  # fmt: skip
+    engine = Engine(model, tiny_tokenizer, config)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = random_prompts([20, 18, 22, 15, 19], seed=3)
+    outs = engine.generate(prompts, params)
+    assert engine.stats().preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == mlx_lm_greedy(model, prompt, 24, indexer_keys="fp8")
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_fp8_indexer_keys_count_their_bytes(bits, tiny_tokenizer):
+    """An fp8 key is a byte per column and a float32 scale per 128 (one, for the tiny model's
+    64 columns), whatever the latent's format (groups of 32, whose 8-bit keys would be 72)."""
+    config = SPARSE_MLA_CONFIGS["deepseek_v32"]
+    group = None if bits is None else 32
+    settings = EngineConfig(
+        num_blocks=16, block_size=8, kv_bits=bits, kv_group_size=group, indexer_keys="fp8"
+    )
+    engine = Engine(build_model("deepseek_v32"), tiny_tokenizer, settings)
+    layers = config["num_hidden_layers"]
+    width = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    latent = layers * (width * 4 if bits is None else width + width // 32 * 4)
+    keys = layers * (config["index_head_dim"] + 4)
+    assert engine.info.model.kv_bytes_per_token == latent + keys
+    assert engine.kv.full.spec.index_bytes_per_block == keys * 8
+
+
+def test_fp8_indexer_keys_need_an_indexer(tiny_tokenizer):
+    with pytest.raises(ValueError, match="has no lightning indexer"):
+        Engine(
+            build_model("deepseek_v3"),
+            tiny_tokenizer,
+            EngineConfig(num_blocks=16, indexer_keys="fp8"),
+        )

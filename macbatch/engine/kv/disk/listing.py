@@ -62,10 +62,13 @@ def _stored(directory: Path, record: dict[str, Any]) -> StoredModel:
         size += found.st_size
         newest = found.st_mtime if newest is None else max(newest, found.st_mtime)
     bits = record.get("kv_bits")
+    page_format = f"{bits}-bit" if bits else str(record.get("dtype", "?")).split(".")[-1]
+    if record.get("indexer_keys"):
+        page_format += f", {record['indexer_keys']} indexer keys"
     return StoredModel(
         directory=directory,
         model=str(record.get("model", "?")),
-        page_format=f"{bits}-bit" if bits else str(record.get("dtype", "?")).split(".")[-1],
+        page_format=page_format,
         block_size=int(record.get("block_size", 0)),
         blocks=blocks,
         bytes=size,

@@ -2,9 +2,9 @@
 format, block size and layer shapes may read (every cache group's: a sliding window's size and
 layers, a hybrid's state layout; a draft model's pages are not kept, so a draft changes none). Its
 name is a hash of all of that and the files' format version, so a different model, a different
-``kv_bits`` or group size, another dtype or block size (or a newer format) never finds another's
-blocks; ``namespace.json`` beside the blocks says in words whose they are (``macbatch cache`` lists
-it).
+``kv_bits`` or group size, fp8 indexer keys or not, another dtype or block size (or a newer
+format) never finds another's blocks; ``namespace.json`` beside the blocks says in words whose
+they are (``macbatch cache`` lists it).
 
 The weights' identity is a fingerprint of the parameters themselves: every array's name, shape and
 dtype, and the first bytes of each (what differs between two checkpoints of one architecture, or
@@ -50,14 +50,23 @@ class Namespace:
     layer_slots: tuple[tuple[bool, int], ...] = ()  # model layer -> (in the window group, index)
     states: tuple[str, ...] = ()  # a hybrid's state arrays: "shape dtype", layer by layer
     format_version: int = FORMAT_VERSION
+    indexer_keys: str | None = None  # the indexer keys' own page format ("fp8"; None: as kv_bits)
 
     @property
     def key(self) -> str:
-        return namespace_key(asdict(self))
+        return namespace_key(self._fields())
 
     def record(self) -> dict[str, object]:
         """What ``namespace.json`` holds: the fields, and when the namespace was made."""
-        return {**asdict(self), "created": time.time()}
+        return {**self._fields(), "created": time.time()}
+
+    def _fields(self) -> dict[str, Any]:
+        """The fields that name it: ``indexer_keys`` only when set, so a namespace whose keys
+        are as the other pages keeps the name (and record) it always had."""
+        fields = asdict(self)
+        if self.indexer_keys is None:
+            del fields["indexer_keys"]
+        return fields
 
 
 def weights_fingerprint(model: nn.Module, name: str) -> str:

@@ -49,11 +49,16 @@ def namespace_of(
         window_layers=() if window is None else _shapes(window),
         layer_slots=tuple(adapter.kv_slots),
         states=() if states is None else _state_layout(states),
+        indexer_keys=store.format.indexer_keys if _has_indexer_keys(store) else None,
     )
 
 
 def _shapes(store: KVStore) -> tuple[tuple[int, int], ...]:
     return tuple((s.num_kv_heads, s.head_dim) for s in store.shapes)
+
+
+def _has_indexer_keys(store: KVStore) -> bool:
+    return any(s.indexer_keys for s in store.shapes)
 
 
 def _group_sizes(store: KVStore) -> tuple[int, ...]:

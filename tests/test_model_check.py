@@ -99,8 +99,10 @@ def test_doctor_model_reports_the_indexer_keys_of_a_sparse_model(arch, tmp_path)
     layers = config["num_hidden_layers"]
     latent = layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 4
     keys = layers * config["index_head_dim"] * 4
+    fp8 = latent + layers * (config["index_head_dim"] + 4)  # a byte a column, a float32 scale
     assert rows["KV bytes/token"] == (
-        f"{latent + keys:,} (float32, {keys:,} of them the indexer's keys)"
+        f"{latent + keys:,} (float32, {keys:,} of them the indexer's keys; "
+        f"{fp8:,} with --indexer-keys fp8)"
     )
     assert rows["layers"] == (
         f"{layers} ({layers} with latent pages (MLA: one row per token), "

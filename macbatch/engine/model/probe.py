@@ -12,6 +12,7 @@ from mlx.utils import tree_reduce
 
 from macbatch.engine.model.adapter import ModelAdapter, model_type_of, text_model
 from macbatch.engine.model.compute_dtype import available_memory_bytes, settle_compute_dtype
+from macbatch.engine.stores import fp8_keys
 from macbatch.engine.stores.pages import PageFormat
 
 
@@ -90,6 +91,10 @@ def _cache_rows(adapter: ModelAdapter, rows: list[tuple[str, str]]) -> None:
     if index_shapes:
         keys = PageFormat(adapter.kv_dtype).bytes_per_block(index_shapes, 1)
         indexed = f", {keys:,} of them the indexer's keys"
+        fp8 = PageFormat(adapter.kv_dtype, indexer_keys="fp8")
+        if all(fp8_keys.fits(s.head_dim) for s in index_shapes):  # --indexer-keys fp8's
+            fp8_total = fp8.bytes_per_block(adapter.layer_shapes, 1)
+            indexed += f"; {fp8_total:,} with --indexer-keys fp8"
     rows.append(("KV bytes/token", f"{per_token:,} ({kv_dtype}{indexed})"))
     if recurrent:
         state = sum(s.nbytes for s in adapter.state_shapes)

@@ -40,14 +40,17 @@ def check_indexer_keys(value: str | None) -> None:
 def block_for(width: int) -> int:
     """The columns one scale covers in a ``width``-column key: 128, or the whole key when it is
     narrower; a clear error when 128 does not divide it."""
-    if width <= FP8_BLOCK:
-        return width
-    if width % FP8_BLOCK:
+    if not fits(width):
         raise ValueError(
             f"indexer_keys='fp8' needs an indexer key width that is a multiple of {FP8_BLOCK} "
             f"(or at most {FP8_BLOCK}), got {width}"
         )
-    return FP8_BLOCK
+    return min(width, FP8_BLOCK)
+
+
+def fits(width: int) -> bool:
+    """Whether a ``width``-column key can be stored in fp8 (``block_for`` does not refuse it)."""
+    return width <= FP8_BLOCK or width % FP8_BLOCK == 0
 
 
 def row_bytes(width: int) -> int:

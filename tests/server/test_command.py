@@ -41,7 +41,7 @@ def test_non_loopback_host_with_key_or_insecure(extra: list[str], tmp_path: Path
 def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     env = {"MACBATCH_HOME": str(tmp_path), "MACBATCH_API_KEY": ""}
     args = ["--model", "some/model", "--host", "::1", "--port", "9123", "--max-queue", "7",
-            "--kv-bits", "4", "--keep-volatile-prompt-lines"]  # fmt: skip
+            "--kv-bits", "4", "--indexer-keys", "fp8", "--keep-volatile-prompt-lines"]  # fmt: skip
     result = _invoke([*args, "--api-key", "s3cret", "--print-launchd-plist"], env=env)
     assert result.exit_code == 0, result.output
     job = plistlib.loads(result.stdout.encode())
@@ -53,6 +53,7 @@ def test_launchd_plist_runs_the_same_command(tmp_path: Path) -> None:
     program, command, *options = job["ProgramArguments"]
     assert command == "serve" and Path(program).is_absolute()
     assert options[options.index("--kv-bits") + 1] == "4"
+    assert options[options.index("--indexer-keys") + 1] == "fp8"
     assert "--keep-volatile-prompt-lines" in options
     # Fixpoint: the plist's own arguments (and environment) describe the same job.
     again = _invoke([*options, "--print-launchd-plist"], env={**env, **job["EnvironmentVariables"]})
@@ -104,6 +105,12 @@ def test_bad_kv_bits_is_refused_before_loading() -> None:
     result = _invoke(["--kv-bits", "3", "--print-launchd-plist"])
     assert result.exit_code == 2
     assert "kv_bits must be 8, 4 or None" in result.output
+
+
+def test_bad_indexer_keys_is_refused_before_loading() -> None:
+    result = _invoke(["--indexer-keys", "fp4", "--print-launchd-plist"])
+    assert result.exit_code == 2
+    assert "indexer_keys must be 'fp8' or None" in result.output
 
 
 def test_bad_log_level() -> None:

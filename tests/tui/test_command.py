@@ -23,6 +23,7 @@ def test_help_lists_every_option():
         "--max-tokens",
         "--kv-blocks",
         "--kv-bits",
+        "--indexer-keys",
         "--history",
         "--export-dir",
     ]:

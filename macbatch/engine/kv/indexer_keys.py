@@ -10,8 +10,8 @@ cache names both under one chain digest, the disk tier writes and reads both in 
 bytes (``bytes_per_block``) are both, which sizes the pool and doctor's KV bytes per token. vLLM
 keeps DeepSeek V3.2's indexer cache the same way: in the MLA layers' KV cache group, on their
 block table. The pages are in the model's dtype, or the engine's 8- and 4-bit page formats
-(``EngineConfig.kv_bits``) like the latent's; DeepSeek's reference keeps them in fp8 (e4m3 with
-a scale per 128 columns), which no page format here holds yet.
+(``EngineConfig.kv_bits``) like the latent's, or fp8 as DeepSeek's reference keeps them (e4m3
+with a float32 scale per 128 columns: ``EngineConfig.indexer_keys``, ``stores/fp8_keys.py``).
 """
 
 from __future__ import annotations

@@ -196,3 +196,18 @@ def test_a_restart_from_disk_and_quantized_latent_pages(bits, tiny_tokenizer, tm
     assert out.token_ids == expected
     assert engine.stats().speculation.accepted > 0
     engine.close()
+
+
+def test_fp8_indexer_keys_page_the_mtp_layers_too(tiny_tokenizer):
+    """``indexer_keys="fp8"``: the MTP layer's own indexer keys are fp8 pages as the target's
+    are, and the verified tokens are mlx-lm's over its indexer keys rounded through the format."""
+    from macbatch.engine.stores.fp8_keys import Fp8Pages
+
+    model = mtp_target("deepseek_v32")
+    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), indexer_keys="fp8")
+    runner = engine.runner.draft
+    assert runner is not None and isinstance(runner.store.key_pages(1), Fp8Pages)
+    expected = [mlx_lm_greedy(model, p, MAX_TOKENS, indexer_keys="fp8") for p in PROMPTS]
+    assert _greedy(engine) == expected
+    assert engine.stats().speculation.accepted > 0
+    assert_pool_idle(engine)

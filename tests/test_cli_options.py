@@ -24,7 +24,7 @@ OFFERED = {
     "serve": {
         "max_num_seqs", "kv_blocks", "kv_bits", "speculative", "draft_model",
         "num_speculative_tokens", "cache_dir", "cache_disk_gb", "no_disk_cache", "reranker",
-        "no_self_check",
+        "no_self_check", "indexer_keys",
     },
     "run": {
         "max_num_seqs", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",
@@ -32,7 +32,7 @@ OFFERED = {
     },
     "chat": {
         "kv_blocks", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",
-        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check",
+        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check", "indexer_keys",
     },
     "bench": {"max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens"},
     "ask": {"no_self_check"},

@@ -368,12 +368,8 @@ FAMILIES: dict[str, Family] = {
         "down; its layers (attention through scaled_dot_product_attention, experts) are not what "
         f"stops it. {_MEANWHILE}"
     ),
-    "plamo2": Family(
-        refusal="its attention layers call mx.fast.scaled_dot_product_attention themselves "
-        "(with a mask of their own, not mlx-lm's attention function the engine routes to the "
-        "pages), between Mamba layers, and its decoder layers sit in a container module "
-        f"(model.layers.layers) rather than a list the adapter walks. {_MEANWHILE}"
-    ),
+    # PLaMo 2 needs none: its attention layers' own mx.fast calls reach the pages through
+    # hooks/direct_attention.py, its Mamba layers' state the recurrent-state group
     # attention computed inline with a logit softcap: hooks/softcap_attention.py
     "gemma2": Family(inline_softcap_attention="self_attn"),
     "phi3small": Family(

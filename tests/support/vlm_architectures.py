@@ -124,6 +124,9 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "glm4v": {},
     "idefics3": {},
     "locateanything": {"vision": {"model_type": "moonvit"}},
+    # XD-RoPE's four sections of a 16-wide head, its QK norms on
+    "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
+        "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip
 
 

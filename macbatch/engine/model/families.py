@@ -188,6 +188,10 @@ class Family:
     # offset as a number, in an inner transformer that builds its masks from it too (Llama 4's
     # query temperature and chunk masks): hooks/scalar_offsets.py swaps both classes
     scalar_offset_attention: str | None = None
+    # the attribute of each decoder layer holding an attention module that rotates by a RoPE table
+    # cut at its cache's offset as one number (HunYuan VL's): hooks/offset_rope.py swaps its
+    # class to rotate each row at its own position
+    offset_rope_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -280,9 +284,6 @@ _VLM_UNCHECKED = (
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
 # (tests/support/vlm_architectures.py) and refused for what their layers do
 _VLM_REFUSED_LAYERS = {
-    "its attention takes its rotary positions from its cache's offset as one number "
-    "(cache_position_offset: the largest of a batch's), where each row of the packed step has a "
-    f"position of its own. {_MEANWHILE_VLM}": ("hunyuan_vl",),
     "its inner transformer applies the LM head itself and returns every row's logits, where the "
     f"packed step takes its normed hidden states. {_MEANWHILE_VLM}": ("molmo",),
     "its text generation runs through the whole model (its language_model is the model itself: "
@@ -404,6 +405,10 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_TEXT_SERVED + _VLM_TEXT_CHECKED,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED),
+    ),
+    # its attention rotates by a table cut at its cache's offset as one number
+    "hunyuan_vl": Family(
+        library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, offset_rope_attention="self_attn"
     ),
     # Command A Vision's inner transformer counts its positions from 0 without them
     "cohere_compass": Family(

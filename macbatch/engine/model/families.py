@@ -263,7 +263,7 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 _VLM_TEXT_CHECKED = (
     "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "falcon_ocr", "fastvlm", "got",
     "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny",
-    "locateanything", "mage_vl", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
+    "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
     "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
     "smolvlm", "youtu_vl",
 )  # fmt: skip
@@ -276,7 +276,7 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "ernie4_5_moe_vl", "mimo_v2", "minicpmo", "phi4mm", "qwen3_omni_moe",
+    "deepseekocr_2", "ernie4_5_moe_vl", "phi4mm", "qwen3_omni_moe",
     "zaya1_vl",
 )  # fmt: skip
 
@@ -284,6 +284,10 @@ _VLM_UNCHECKED = (
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
 # (tests/support/vlm_architectures.py) and refused for what their layers do
 _VLM_REFUSED_LAYERS = {
+    "its text model (mlx-vlm's Qwen3-VL one) computes its M-RoPE positions in its __call__ from "
+    "a vision field (spatial_merge_size) its vision config lacks, unless the top model set them "
+    "first as mlx-vlm's generation does: the packed step's LM head, run through that __call__, "
+    f"raises there. {_MEANWHILE_VLM}": ("minicpmo",),
     "its inner transformer applies the LM head itself and returns every row's logits, where the "
     f"packed step takes its normed hidden states. {_MEANWHILE_VLM}": ("molmo",),
     "its text generation runs through the whole model (its language_model is the model itself: "

@@ -112,11 +112,11 @@ def test_doctor_model_reports_the_indexer_keys_of_a_sparse_model(arch, tmp_path)
 
 
 def test_doctor_model_says_why_not(tmp_path):
-    path = save_model(tmp_path / "qwen3", "qwen3", model_type="plamo2")  # refused by type
+    path = save_model(tmp_path / "qwen3", "qwen3", model_type="plamo3")  # refused by type
     result = CliRunner().invoke(app, ["doctor", str(path)])
     assert result.exit_code == 1
-    reason = unsupported_reason("plamo2")
-    assert _rows(result.output)["servable"] == f"no: model type 'plamo2' is not supported: {reason}"
+    reason = unsupported_reason("plamo3")
+    assert _rows(result.output)["servable"] == f"no: model type 'plamo3' is not supported: {reason}"
     missing = CliRunner().invoke(app, ["doctor", "nobody/not-downloaded"])
     assert missing.exit_code == 1
     assert "'nobody/not-downloaded' is not downloaded yet" in missing.output

@@ -124,6 +124,16 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "glm4v": {},
     "idefics3": {},
     "locateanything": {"vision": {"model_type": "moonvit"}},
+    # MiMo-V2-Flash's text model: a full-attention and a sliding-window layer (sinks on the
+    # window's), a dense and a MoE MLP
+    "mimo_v2": {"text": {"hybrid_layer_pattern": [0, 1], "moe_layer_freq": [0, 1],
+                         "v_head_dim": 16, "swa_head_dim": 16, "swa_v_head_dim": 16,
+                         "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
+                         "sliding_window_size": 8, "partial_rotary_factor": 0.5,
+                         "routed_scaling_factor": 1.0, "moe_router_dtype": "float32"}},
+    # XD-RoPE's four sections of a 16-wide head, its QK norms on
+    "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
+        "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip
 
 

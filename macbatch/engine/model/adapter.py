@@ -150,7 +150,9 @@ class ModelAdapter:
             self.recurrent, self.cache_lists, self.chunks = self._recurrent_caches()
             capped = self._named_modules(self.family.inline_softcap_attention)
             offsets = self._named_modules(self.family.scalar_offset_attention)
-            hooks.install(self.layers, self._recurrent_modules(), capped, self.inner, offsets)
+            ropes = self._named_modules(self.family.offset_rope_attention)
+            recurrent = self._recurrent_modules()
+            hooks.install(self.layers, recurrent, capped, self.inner, offsets, ropes)
             layout, self.state_shapes = self._probe()
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders

@@ -188,6 +188,10 @@ class Family:
     # offset as a number, in an inner transformer that builds its masks from it too (Llama 4's
     # query temperature and chunk masks): hooks/scalar_offsets.py swaps both classes
     scalar_offset_attention: str | None = None
+    # the attribute of each decoder layer holding an attention module that rotates by a RoPE table
+    # cut at its cache's offset as one number (HunYuan VL's): hooks/offset_rope.py swaps its
+    # class to rotate each row at its own position
+    offset_rope_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -259,7 +263,7 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 _VLM_TEXT_CHECKED = (
     "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "falcon_ocr", "fastvlm", "got",
     "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny",
-    "locateanything", "mage_vl", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
+    "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
     "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
     "smolvlm", "youtu_vl",
 )  # fmt: skip
@@ -272,7 +276,7 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "ernie4_5_moe_vl", "mimo_v2", "minicpmo", "phi4mm", "qwen3_omni_moe",
+    "deepseekocr_2", "ernie4_5_moe_vl", "phi4mm", "qwen3_omni_moe",
     "zaya1_vl",
 )  # fmt: skip
 
@@ -280,9 +284,10 @@ _VLM_UNCHECKED = (
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
 # (tests/support/vlm_architectures.py) and refused for what their layers do
 _VLM_REFUSED_LAYERS = {
-    "its attention takes its rotary positions from its cache's offset as one number "
-    "(cache_position_offset: the largest of a batch's), where each row of the packed step has a "
-    f"position of its own. {_MEANWHILE_VLM}": ("hunyuan_vl",),
+    "its text model (mlx-vlm's Qwen3-VL one) computes its M-RoPE positions in its __call__ from "
+    "a vision field (spatial_merge_size) its vision config lacks, unless the top model set them "
+    "first as mlx-vlm's generation does: the packed step's LM head, run through that __call__, "
+    f"raises there. {_MEANWHILE_VLM}": ("minicpmo",),
     "its inner transformer applies the LM head itself and returns every row's logits, where the "
     f"packed step takes its normed hidden states. {_MEANWHILE_VLM}": ("molmo",),
     "its text generation runs through the whole model (its language_model is the model itself: "
@@ -368,12 +373,8 @@ FAMILIES: dict[str, Family] = {
         "down; its layers (attention through scaled_dot_product_attention, experts) are not what "
         f"stops it. {_MEANWHILE}"
     ),
-    "plamo2": Family(
-        refusal="its attention layers call mx.fast.scaled_dot_product_attention themselves "
-        "(with a mask of their own, not mlx-lm's attention function the engine routes to the "
-        "pages), between Mamba layers, and its decoder layers sit in a container module "
-        f"(model.layers.layers) rather than a list the adapter walks. {_MEANWHILE}"
-    ),
+    # PLaMo 2 needs none: its attention layers' own mx.fast calls reach the pages through
+    # hooks/direct_attention.py, its Mamba layers' state the recurrent-state group
     # attention computed inline with a logit softcap: hooks/softcap_attention.py
     "gemma2": Family(inline_softcap_attention="self_attn"),
     "phi3small": Family(
@@ -408,6 +409,10 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_TEXT_SERVED + _VLM_TEXT_CHECKED,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED),
+    ),
+    # its attention rotates by a table cut at its cache's offset as one number
+    "hunyuan_vl": Family(
+        library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, offset_rope_attention="self_attn"
     ),
     # Command A Vision's inner transformer counts its positions from 0 without them
     "cohere_compass": Family(

@@ -139,11 +139,11 @@ def test_every_model_type_only_mlx_vlm_has_is_in_the_table() -> None:
     assert vlm_families <= only, f"not in mlx-vlm alone: {sorted(vlm_families - only)}"
 
 
-@pytest.mark.parametrize("model_type", ["flux2", "longcat_flash_sparse", "hunyuan_vl", "z1t"])
+@pytest.mark.parametrize("model_type", ["flux2", "longcat_flash_sparse", "limite", "z1t"])
 def test_refused_families_are_refused_before_loading(tmp_path, model_type) -> None:
     """A refused mlx-vlm family (an image generator, a sparse-attention model, a VLM whose
-    attention reads its positions as one number) fails at load with its reason, weights
-    unread."""
+    attention builds its window mask from its cache's offset as one number) fails at load with
+    its reason, weights unread."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     reason = FAMILIES[model_type].refusal
     assert reason

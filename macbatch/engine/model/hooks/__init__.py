@@ -22,6 +22,7 @@ from macbatch.engine.model.hooks import (
     flat_topk,
     gated_delta,
     latent_attention,
+    offset_rope,
     pooled_sparse_attention,
     recurrent_layers,
     row_positions,
@@ -46,6 +47,9 @@ class Target:
     # the attention modules that read their cache's offset as a number, in an inner transformer
     # that does too (Llama 4; the family's record names them)
     scalar_offsets: Sequence[Any] = ()
+    # the attention modules that rotate by a RoPE table cut at their cache's offset as one number
+    # (HunYuan VL; the family's record names them)
+    offset_ropes: Sequence[Any] = ()
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,12 @@ HOOKS: tuple[Hook, ...] = (
         lambda target: scalar_offsets.install(target.inner, target.scalar_offsets),
     ),
     Hook(
+        "offset_rope",
+        "HunYuan VL's attention rotates by a RoPE table cut at its cache's offset as one number "
+        "(the largest of a batch's), where each row of the packed step has its own position",
+        lambda target: offset_rope.install(target.offset_ropes),
+    ),
+    Hook(
         "recurrent_layers",
         "a recurrent layer must see each request's tokens in order, so it runs the step's "
         "sequences apart, each from its state slot",
@@ -166,13 +176,15 @@ def install(
     softcapped: Sequence[Any] = (),
     inner: Any = None,
     scalar_offsets: Sequence[Any] = (),
+    offset_ropes: Sequence[Any] = (),
 ) -> None:
     """Install every hook a loaded model needs: ``layers``, its decoder layers; ``recurrent``,
     the modules handed a recurrent state cache (``Target``; empty: attention only);
     ``softcapped``, the attention modules that cap their scores inline; ``inner`` and
     ``scalar_offsets``, the inner transformer and the attention modules that read a cache's
-    offset as a number."""
-    target = Target(layers, recurrent, softcapped, inner, scalar_offsets)
+    offset as a number; ``offset_ropes``, the attention modules that rotate by a RoPE table cut
+    at their cache's offset."""
+    target = Target(layers, recurrent, softcapped, inner, scalar_offsets, offset_ropes)
     for hook in HOOKS:
         if target.recurrent or not hook.recurrent:
             hook.install(target)

@@ -176,7 +176,7 @@ class EngineKnobs:
         callback=_check_indexer_keys,
         show_default=False,
         metavar="[fp8]",
-        help="Sparse-attention indexer keys in fp8, as DeepSeek's reference (docs/engine.md).",
+        help="fp8 indexer keys (docs/engine.md).",
         rich_help_panel=ENGINE,
     )
     speculative: str | None = option(  # None: run's job file decides

@@ -146,7 +146,7 @@ class ServeSettings:
         60.0, min=0.1, help="Seconds to send a body after them.", rich_help_panel=LIMITS
     )
     write_timeout: float = option(
-        60.0, min=0.1, help="Seconds a reply waits on a stalled client.", rich_help_panel=LIMITS
+        60.0, min=0.1, help="Seconds to wait on a stalled client.", rich_help_panel=LIMITS
     )
     max_connections: int | None = option(
         None,

@@ -43,7 +43,7 @@ def _check_kv_bits(value: int | None) -> int | None:
 
 
 def _check_indexer_keys(value: str | None) -> str | None:
-    from macbatch.engine.stores.fp8_keys import check_indexer_keys  # MLX: not on --help
+    from macbatch.engine import check_indexer_keys  # MLX: not on --help
 
     try:
         check_indexer_keys(value)

@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "post_to_loop": "macbatch.engine.loop_handoff",  # outputs to an event loop, batched
     "Turns": "macbatch.engine.device",  # the device's turns, shared by engines on it
     "EngineConfig": "macbatch.engine.config",
+    "check_indexer_keys": "macbatch.engine.stores.fp8_keys",  # the CLI's --indexer-keys check
     "read_adapter": "macbatch.engine.lora.files",  # a fine-tune's files (doctor)
     "AdapterError": "macbatch.engine.lora.files",
     "base_model_of": "macbatch.engine.lora.files",  # which model an adapter folder adapts
@@ -190,5 +191,6 @@ if TYPE_CHECKING:
         check_speculative,
     )
     from macbatch.engine.speculative.mtp_weights import describe_mtp_heads
+    from macbatch.engine.stores.fp8_keys import check_indexer_keys
     from macbatch.engine.structured_output.constraints import StructuredOutput
     from macbatch.engine.tokenizer import Tokenizer

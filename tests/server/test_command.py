@@ -138,7 +138,9 @@ def test_signal_stops_gracefully(tiny_model_path: Path, sig: int) -> None:
     non-streaming one gets a JSON 503; the process exits 0."""
     import openai
 
-    process, url = start_server(tiny_model_path, "--shutdown-timeout", "2")
+    # no speculation: prompt lookup on the tiny model's repetitive replies wrote all 4,000
+    # tokens within the 2 s on an idle machine; one token per step they take several times it
+    process, url = start_server(tiny_model_path, "--shutdown-timeout", "2", "--speculative", "off")
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
     body = dict(model=str(tiny_model_path), prompt="how are you today?", temperature=0)
     try:

@@ -14,6 +14,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import quantize_model
 
+from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.adapter import model_type_of, text_model
 from macbatch.engine.model.families import MtpNaming, family
 from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
@@ -86,6 +87,37 @@ PROMPTS = [
     [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29],
     [300, 301, 5, 6, 300, 301],
 ]
+
+MTP_TOKENS = 16
+# the MTP tests' small pool and step budget: 16-token chunks, blocks of 8
+MTP_SETTINGS: dict[str, Any] = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+
+
+def mtp_engine(model: nn.Module, tokenizer: Any, head: MtpHead, **config: Any) -> Engine:
+    """An engine drafting up to 3 tokens with ``head``, on ``MTP_SETTINGS`` (``config`` over
+    them)."""
+    settings = dict(MTP_SETTINGS, **config)
+    engine_config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **settings)
+    return Engine(model, tokenizer, engine_config, draft_model=head)
+
+
+def greedy_ids(
+    engine: Engine, prompts: list[list[int]] = PROMPTS, max_tokens: int = MTP_TOKENS
+) -> list[list[int]]:
+    """The engine's greedy tokens for ``prompts``, all in flight at once, EOS ignored."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in engine.generate(prompts, params)]
+
+
+def mlx_vlm_greedy_ids(
+    model: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MTP_TOKENS
+) -> list[list[int]]:
+    """mlx-vlm's own greedy tokens for each of ``prompts``, one at a time (the oracle)."""
+    from tests.support.vlm_oracle import mlx_vlm_text_greedy
+
+    return [[t for t, _ in mlx_vlm_text_greedy(model, p, max_tokens)] for p in prompts]
+
+
 _NORMS = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",

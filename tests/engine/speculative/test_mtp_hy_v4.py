@@ -17,8 +17,13 @@ from mlx.utils import tree_flatten
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
+    MTP_SETTINGS,
+    MTP_TOKENS,
     PROMPTS,
     assert_mtp_weights,
+    greedy_ids,
+    mlx_vlm_greedy_ids,
+    mtp_engine,
     predicting_mtp_head,
     quantize_for_mtp,
     random_mtp_head,
@@ -28,32 +33,14 @@ from tests.support.mtp import (
 )
 from tests.support.oracle import assert_pool_idle
 from tests.support.tiny_hy_v4 import CONFIG, hy_v4_model, partition_per_call
-from tests.support.vlm_oracle import mlx_vlm_text_greedy
 
 pytest.importorskip("mlx_vlm")
-
-MAX_TOKENS = 16
-SETTINGS = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _partition_fixed():
     with partition_per_call():
         yield
-
-
-def _engine(model, tokenizer, head, **config) -> Engine:
-    config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **dict(SETTINGS, **config))
-    return Engine(model, tokenizer, config, draft_model=head)
-
-
-def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.token_ids for o in engine.generate(prompts, params)]
-
-
-def _mlx_vlm(model, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    return [[t for t, _ in mlx_vlm_text_greedy(model, p, max_tokens)] for p in prompts]
 
 
 @pytest.mark.parametrize("bits", [None, 4])
@@ -65,18 +52,18 @@ def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(bits, tiny_tokenize
     head = predicting_mtp_head(model)
     if bits:
         quantize_for_mtp(model, head, bits)
-    expected = _mlx_vlm(model)
-    engine = _engine(model, tiny_tokenizer, head)
+    expected = mlx_vlm_greedy_ids(model)
+    engine = mtp_engine(model, tiny_tokenizer, head)
     rank, rope = CONFIG["kv_lora_rank"], CONFIG["qk_rope_head_dim"]
     assert engine.runner.draft.store.shapes == [
         LayerShape(1, rank + rope, value_dim=rank),
         LayerShape(1, CONFIG["index_head_dim"], value_dim=0),
     ]
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     spec = engine.stats().speculation
     # 4-bit rounding moves the tiny target's choices off what the layer predicts more often
     assert spec.drafted > 0 and spec.accepted > (spec.drafted / 2 if bits is None else 0)
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)
 
@@ -85,16 +72,16 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_vlm(tiny_tokenizer):
     """Requests that opt out beside ones that speculate, in 12 blocks of 8: some are preempted
     and recomputed (their MTP latent and indexer rows rewritten by the next catch-up)."""
     model = hy_v4_model()
-    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
+    engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
     prompts = PROMPTS + PROMPTS[:2]
     requests = [
         SamplingParams(
-            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
         )
         for i in range(len(prompts))
     ]
     outputs = [o.token_ids for o in engine.generate(prompts, requests)]
-    assert outputs == _mlx_vlm(model, prompts)
+    assert outputs == mlx_vlm_greedy_ids(model, prompts)
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0
     assert_pool_idle(engine)
@@ -106,9 +93,9 @@ def test_drafts_are_the_mtp_layers_own(tiny_tokenizer, eager_speculation):
     tokens, then fed its own output and drafts."""
     model = hy_v4_model()
     head = random_mtp_head(model)
-    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    engine = mtp_engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
     proposals = recorded_proposals(engine)
-    assert _greedy(engine) == _mlx_vlm(model)
+    assert greedy_ids(engine) == mlx_vlm_greedy_ids(model)
     assert len(proposals) > 10
     for tokens, drafts in proposals:
         assert drafts == unpaged_drafts(model, head, tokens, len(drafts))
@@ -149,9 +136,9 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
 
     path = tmp_path / "hy_v4"
     expected = save_hy_v4_checkpoint(path)
-    engine = Engine.load(str(path), EngineConfig(speculative="auto", **SETTINGS))
+    engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
     assert_mtp_weights(engine, expected)
     prompts = PROMPTS[:2]
-    assert _greedy(engine, prompts, 12) == _mlx_vlm(load_model(path), prompts, 12)
+    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0

@@ -21,10 +21,14 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.stores.pages import LayerShape
 from macbatch.models.check import check_model
 from tests.support.mtp import (
+    MTP_SETTINGS,
+    MTP_TOKENS,
     NEMOTRON_H,
     NEMOTRON_PATTERN,
     PROMPTS,
     assert_mtp_weights,
+    greedy_ids,
+    mtp_engine,
     mtp_target,
     nemotron_checkpoint_weights,
     predicting_mtp_head,
@@ -37,20 +41,6 @@ from tests.support.mtp import (
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import HYBRID_CONFIGS
 
-MAX_TOKENS = 16
-CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
-
-
-def _engine(model, tokenizer, head, **config) -> Engine:
-    settings = dict(CONFIG, **config)
-    config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **settings)
-    return Engine(model, tokenizer, config, draft_model=head)
-
-
-def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.token_ids for o in engine.generate(prompts, params)]
-
 
 @pytest.mark.parametrize("bits", [None, 4])
 def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(bits, tiny_tokenizer):
@@ -62,17 +52,17 @@ def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(bits, tiny_tokenizer
     assert [layer.block_type for layer in head.layers] == ["*", "E"]
     if bits:
         quantize_for_mtp(model, head, bits)
-    engine = _engine(model, tiny_tokenizer, head)
+    engine = mtp_engine(model, tiny_tokenizer, head)
     runner = engine.runner.draft
     args = model.args
     assert runner is not None
     assert runner.store.shapes == [LayerShape(args.num_key_value_heads, args.head_dim)]
-    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
-    assert _greedy(engine) == expected
+    expected = [mlx_lm_greedy(model, p, MTP_TOKENS) for p in PROMPTS]
+    assert greedy_ids(engine) == expected
     spec = engine.stats().speculation
     # 4-bit rounding moves the tiny target's choices off what the layer predicts more often
     assert spec.drafted > 0 and spec.accepted > (spec.drafted / 2 if bits is None else 0)
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)
 
@@ -82,16 +72,16 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_lm(tiny_tokenizer):
     and recomputed from their prompt (their MTP pages rewritten by the next catch-up, their
     Mamba states from the prompt), prompts that repeat hit the prefix cache."""
     model = mtp_target("nemotron_h")
-    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
+    engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
     prompts = PROMPTS + PROMPTS[:2]
     requests = [
         SamplingParams(
-            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
         )
         for i in range(len(prompts))
     ]
     outputs = [o.token_ids for o in engine.generate(prompts, requests)]
-    assert outputs == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    assert outputs == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in prompts]
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0
     assert_pool_idle(engine)
@@ -105,16 +95,16 @@ def test_drafts_are_the_mtp_modules_own(tiny_tokenizer, eager_speculation):
     unpaged module attends to.)"""
     model = mtp_target("nemotron_h")
     head = random_mtp_head(model)
-    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    engine = mtp_engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
     proposals = recorded_proposals(engine)
-    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert greedy_ids(engine) == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in PROMPTS]
     assert len(proposals) > 10
     for tokens, drafts in proposals:
         assert drafts == unpaged_drafts(model, head, tokens, len(drafts))
 
 
 def _load(path: Path, speculative: str) -> Engine:
-    return Engine.load(str(path), EngineConfig(speculative=speculative, **CONFIG))
+    return Engine.load(str(path), EngineConfig(speculative=speculative, **MTP_SETTINGS))
 
 
 @pytest.mark.parametrize("bits", [None, 4])
@@ -130,7 +120,7 @@ def test_a_checkpoint_with_its_mtp_module_loads_and_drafts(bits, tmp_path):
     assert_mtp_weights(engine, expected)
     model = mlx_lm.load(str(path))[0]
     prompts = PROMPTS[:2]
-    assert _greedy(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
+    assert greedy_ids(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
     assert engine.stats().speculation.drafted > 0
 
 

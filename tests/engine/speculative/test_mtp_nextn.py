@@ -19,9 +19,13 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.stores.pages import LayerShape
 from macbatch.models.check import check_model
 from tests.support.mtp import (
+    MTP_SETTINGS,
+    MTP_TOKENS,
     NEXTN_ARCHS,
     PROMPTS,
     assert_mtp_weights,
+    greedy_ids,
+    mtp_engine,
     mtp_target,
     predicting_mtp_head,
     quantize_for_mtp,
@@ -37,19 +41,6 @@ from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 # indexer, so each test runs the one case of them that shows it (the tests stay cheap)
 SPARSE = ("deepseek_v32", "glm_moe_dsa")
 ARCHS = sorted(set(NEXTN_ARCHS) - set(SPARSE))
-MAX_TOKENS = 16
-CONFIG = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
-
-
-def _engine(model, tokenizer, head, **config) -> Engine:
-    settings = dict(CONFIG, **config)
-    config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **settings)
-    return Engine(model, tokenizer, config, draft_model=head)
-
-
-def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.token_ids for o in engine.generate(prompts, params)]
 
 
 def _expected_shapes(model: nn.Module) -> list[LayerShape]:
@@ -76,14 +67,14 @@ def test_greedy_outputs_are_mlx_lms_with_a_prefix_cache_hit(arch, bits, tiny_tok
     assert type(head.layers[0].mlp) is type(model.layers[-1].mlp) is not type(model.layers[0].mlp)
     if bits:
         quantize_for_mtp(model, head, bits)
-    engine = _engine(model, tiny_tokenizer, head)
+    engine = mtp_engine(model, tiny_tokenizer, head)
     runner = engine.runner.draft
     assert runner is not None and runner.store.shapes == _expected_shapes(model)
-    expected = [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
-    assert _greedy(engine) == expected
+    expected = [mlx_lm_greedy(model, p, MTP_TOKENS) for p in PROMPTS]
+    assert greedy_ids(engine) == expected
     spec = engine.stats().speculation
     assert spec.drafted > 0 and spec.accepted > spec.drafted / 2
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)
 
@@ -93,8 +84,8 @@ def test_preempted_requests_still_reply_as_mlx_lm(arch, tiny_tokenizer):
     """10 blocks of 8 for five requests: some are preempted and recomputed from their prompt,
     their MTP pages (latent for MLA) rewritten by the next catch-up; outputs unchanged."""
     model = mtp_target(arch)
-    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=10)
-    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=10)
+    assert greedy_ids(engine) == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in PROMPTS]
     stats = engine.stats()
     assert stats.preemptions > 0 and stats.speculation.accepted > 0
     assert_pool_idle(engine)
@@ -106,16 +97,16 @@ def test_a_sparse_targets_mixed_batch_preempted_and_from_the_prefix_cache(tiny_t
     MTP layer's rewritten by its catch-up); prompts past ``index_topk`` (12), so the MTP layer
     selects positions. Every reply is mlx-lm's."""
     model = mtp_target("glm_moe_dsa")
-    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
+    engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
     prompts = PROMPTS + PROMPTS[:2]
     requests = [
         SamplingParams(
-            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
         )
         for i in range(len(prompts))
     ]
     outputs = [o.token_ids for o in engine.generate(prompts, requests)]
-    assert outputs == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in prompts]
+    assert outputs == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in prompts]
     stats = engine.stats()
     assert stats.speculation.accepted > 0
     assert stats.preemptions > 0 and stats.prefix_cache_hit_rate > 0
@@ -131,16 +122,16 @@ def test_drafts_are_the_mtp_layers_own(arch, tiny_tokenizer, eager_speculation):
     attends to.)"""
     model = mtp_target(arch)
     head = random_mtp_head(model)
-    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    engine = mtp_engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
     proposals = recorded_proposals(engine)
-    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+    assert greedy_ids(engine) == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in PROMPTS]
     assert len(proposals) > 10
     for tokens, drafts in proposals:
         assert drafts == unpaged_drafts(model, head, tokens, len(drafts))
 
 
 def _load(path: Path, speculative: str) -> Engine:
-    return Engine.load(str(path), EngineConfig(speculative=speculative, **CONFIG))
+    return Engine.load(str(path), EngineConfig(speculative=speculative, **MTP_SETTINGS))
 
 
 @pytest.mark.parametrize(
@@ -159,7 +150,7 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(arch, bits, tmp_path):
     assert_mtp_weights(engine, expected)
     model = mlx_lm.load(str(without_nextn_layer(path)))[0]
     prompts = PROMPTS[:2]
-    assert _greedy(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
+    assert greedy_ids(engine, prompts, 12) == [mlx_lm_greedy(model, p, 12) for p in prompts]
     assert engine.stats().speculation.drafted > 0
 
 
@@ -185,14 +176,14 @@ def test_a_restart_from_disk_and_quantized_latent_pages(bits, tiny_tokenizer, tm
     head = predicting_mtp_head(model)
     config = dict(disk_cache_dir=str(tmp_path), kv_bits=bits)
     prompt = [(7 * i) % 300 + 5 for i in range(40)]
-    first = _engine(model, tiny_tokenizer, head, **config)
-    _greedy(first, [prompt])
+    first = mtp_engine(model, tiny_tokenizer, head, **config)
+    greedy_ids(first, [prompt])
     first.close()
-    engine = _engine(model, tiny_tokenizer, head, **config)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+    engine = mtp_engine(model, tiny_tokenizer, head, **config)
+    params = SamplingParams(max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True)
     [out] = engine.generate([prompt + [5, 6, 7]], params)
     assert out.metrics.disk_cached_tokens == 40
-    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], MAX_TOKENS, bits, kv_group_size=32)
+    expected = mlx_lm_greedy(model, prompt + [5, 6, 7], MTP_TOKENS, bits, kv_group_size=32)
     assert out.token_ids == expected
     assert engine.stats().speculation.accepted > 0
     engine.close()
@@ -204,10 +195,10 @@ def test_fp8_indexer_keys_page_the_mtp_layers_too(tiny_tokenizer):
     from macbatch.engine.stores.fp8_keys import Fp8Pages
 
     model = mtp_target("deepseek_v32")
-    engine = _engine(model, tiny_tokenizer, predicting_mtp_head(model), indexer_keys="fp8")
+    engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), indexer_keys="fp8")
     runner = engine.runner.draft
     assert runner is not None and isinstance(runner.store.key_pages(1), Fp8Pages)
-    expected = [mlx_lm_greedy(model, p, MAX_TOKENS, indexer_keys="fp8") for p in PROMPTS]
-    assert _greedy(engine) == expected
+    expected = [mlx_lm_greedy(model, p, MTP_TOKENS, indexer_keys="fp8") for p in PROMPTS]
+    assert greedy_ids(engine) == expected
     assert engine.stats().speculation.accepted > 0
     assert_pool_idle(engine)

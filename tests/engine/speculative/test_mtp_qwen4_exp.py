@@ -14,9 +14,14 @@ import pytest
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
+    MTP_SETTINGS,
+    MTP_TOKENS,
     PROMPTS,
     assert_mtp_weights,
+    greedy_ids,
+    mlx_vlm_greedy_ids,
     mlx_vlm_qwen4_drafts,
+    mtp_engine,
     predicting_streams_head,
     quantize_for_mtp,
     random_mtp_head,
@@ -25,26 +30,8 @@ from tests.support.mtp import (
 )
 from tests.support.oracle import assert_pool_idle
 from tests.support.tiny_qwen4_exp import QWEN4_EXP, TEXT_CONFIG
-from tests.support.vlm_oracle import mlx_vlm_text_greedy
 
 pytest.importorskip("mlx_vlm")
-
-MAX_TOKENS = 16
-SETTINGS = dict(num_blocks=64, block_size=8, max_num_batched_tokens=16)
-
-
-def _engine(model, tokenizer, head, **config) -> Engine:
-    config = EngineConfig(speculative="mtp", num_speculative_tokens=3, **dict(SETTINGS, **config))
-    return Engine(model, tokenizer, config, draft_model=head)
-
-
-def _greedy(engine: Engine, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    return [o.token_ids for o in engine.generate(prompts, params)]
-
-
-def _mlx_vlm(model, prompts=PROMPTS, max_tokens=MAX_TOKENS) -> list[list[int]]:
-    return [[t for t, _ in mlx_vlm_text_greedy(model, p, max_tokens)] for p in prompts]
 
 
 @pytest.mark.parametrize("bits", [None, 4])
@@ -58,18 +45,18 @@ def test_greedy_outputs_are_mlx_vlms_with_a_prefix_cache_hit(bits, tiny_tokenize
     head = predicting_streams_head(model)
     if bits:
         quantize_for_mtp(model, head, bits)
-    expected = _mlx_vlm(model)
-    engine = _engine(model, tiny_tokenizer, head)
+    expected = mlx_vlm_greedy_ids(model)
+    engine = mtp_engine(model, tiny_tokenizer, head)
     text = TEXT_CONFIG
     assert engine.runner.draft.store.shapes == [
         LayerShape(text["num_key_value_heads"], text["head_dim"]),
         LayerShape(1, text["indexer_head_dim"], value_dim=0),
     ]
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     spec = engine.stats().speculation
     # 4-bit rounding moves the tiny target's choices off what the layer predicts more often
     assert spec.drafted > 0 and spec.accepted > (spec.drafted / 2 if bits is None else 0)
-    assert _greedy(engine) == expected
+    assert greedy_ids(engine) == expected
     assert engine.stats().prefix_cache_hit_rate > 0
     assert_pool_idle(engine)
 
@@ -79,16 +66,16 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_vlm(tiny_tokenizer):
     and recomputed (their Gated DeltaNet states from the prompt, their MTP rows rewritten by
     the next catch-up)."""
     model = QWEN4_EXP.model(ple_layer_ids=[])
-    engine = _engine(model, tiny_tokenizer, predicting_streams_head(model), num_blocks=12)
+    engine = mtp_engine(model, tiny_tokenizer, predicting_streams_head(model), num_blocks=12)
     prompts = PROMPTS + PROMPTS[:2]
     requests = [
         SamplingParams(
-            max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
         )
         for i in range(len(prompts))
     ]
     outputs = [o.token_ids for o in engine.generate(prompts, requests)]
-    assert outputs == _mlx_vlm(model, prompts)
+    assert outputs == mlx_vlm_greedy_ids(model, prompts)
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0
     assert_pool_idle(engine)
@@ -102,9 +89,9 @@ def test_drafts_are_mlx_vlms_drafters(predicting, tiny_tokenizer, eager_speculat
     layer's own streams). The replies stay mlx-vlm's."""
     model = QWEN4_EXP.model(**({"ple_layer_ids": []} if predicting else {}))
     head = predicting_streams_head(model) if predicting else random_mtp_head(model)
-    engine = _engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
+    engine = mtp_engine(model, tiny_tokenizer, head, enable_prefix_caching=False)
     proposals = recorded_proposals(engine)
-    assert _greedy(engine) == _mlx_vlm(model)
+    assert greedy_ids(engine) == mlx_vlm_greedy_ids(model)
     assert len(proposals) > 10
     assert max(len(d) for _, d in proposals) == (3 if predicting else 1)
     for tokens, drafts in proposals:
@@ -119,9 +106,9 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
 
     path = tmp_path / "qwen4_exp"
     expected = save_qwen4_checkpoint(path)
-    engine = Engine.load(str(path), EngineConfig(speculative="auto", **SETTINGS))
+    engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
     assert_mtp_weights(engine, expected)
     prompts = PROMPTS[:2]
-    assert _greedy(engine, prompts, 12) == _mlx_vlm(load_model(path), prompts, 12)
+    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0

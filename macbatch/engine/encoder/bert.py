@@ -12,7 +12,7 @@ import mlx.nn as nn
 
 from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.encoder.relative import relative_buckets
-from macbatch.engine.encoder.varlen import VarlenLayout, varlen_attention
+from macbatch.engine.encoder.varlen import ScoreBias, VarlenLayout, varlen_attention
 
 _ACTIVATIONS = {
     "gelu": nn.gelu,  # the exact (erf) GELU
@@ -49,7 +49,9 @@ class Embeddings(nn.Module):
         return self.project(rows) if "project" in self else rows
 
 
-class Layer(nn.Module):
+class Block(nn.Module):
+    """A post-norm encoder layer (BERT's shape): ``attend`` runs it, under any score bias."""
+
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
         h = c.hidden_size
@@ -63,19 +65,24 @@ class Layer(nn.Module):
         self.out_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
         self.act = activation(c.hidden_act)
 
+    def attend(self, x: mx.array, layout: VarlenLayout, score_bias: ScoreBias | None) -> mx.array:
+        """Post-norm attention then MLP over the packed rows ``x``, the scores of each attention
+        group plus ``score_bias`` (its group index, queries, keys) where one is given."""
+        rows = x.shape[0]
+        q, k, v = (
+            t.reshape(rows, self.heads, -1) for t in (self.query(x), self.key(x), self.value(x))
+        )
+        attended = varlen_attention(q, k, v, layout, self.scale, score_bias=score_bias)
+        x = self.attn_norm(x + self.attn_out(attended))
+        return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
+
+
+class Layer(Block):
     def __call__(
         self, x: mx.array, layout: VarlenLayout, biases: list[mx.array] | None = None
     ) -> mx.array:
-        rows = x.shape[0]
-
-        def split(t: mx.array) -> mx.array:
-            return t.reshape(rows, self.heads, -1)
-
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        bias = None if biases is None else lambda n, _q, _k: biases[n]
-        attended = varlen_attention(q, k, v, layout, self.scale, score_bias=bias)
-        x = self.attn_norm(x + self.attn_out(attended))
-        return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
+        """``biases``: each attention group's score bias (MPNet's relative positions)."""
+        return self.attend(x, layout, None if biases is None else lambda n, _q, _k: biases[n])
 
 
 class Classifier(nn.Module):

@@ -13,9 +13,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from macbatch.engine.encoder.bert import activation
+from macbatch.engine.encoder import bert
 from macbatch.engine.encoder.config import Disentangled, EncoderConfig
-from macbatch.engine.encoder.varlen import VarlenLayout, varlen_attention
+from macbatch.engine.encoder.varlen import VarlenLayout
 from macbatch.engine.encoder.weights import renamed
 
 
@@ -62,24 +62,19 @@ class Embeddings(nn.Module):
         return self.norm(self.project(rows) if "project" in self else rows)
 
 
-class Layer(nn.Module):
+class Layer(bert.Block):
+    """BERT's layer whose scores add DeBERTa's disentangled relative terms."""
+
     def __init__(self, c: EncoderConfig, d: Disentangled) -> None:
-        super().__init__()
+        super().__init__(c)
         h = c.hidden_size
-        self.heads, self.d = c.num_heads, d
+        self.d = d
         self.scale = 1.0 / math.sqrt(h // c.num_heads * (1 + d.c2p + d.p2c))
-        self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
         if not d.share_keys:
             if d.c2p:
                 self.pos_key = nn.Linear(h, h)
             if d.p2c:
                 self.pos_query = nn.Linear(h, h)
-        self.attn_out = nn.Linear(h, h)
-        self.attn_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-        self.up = nn.Linear(h, c.intermediate_size)
-        self.down = nn.Linear(c.intermediate_size, h)
-        self.out_norm = nn.LayerNorm(h, eps=c.layer_norm_eps)
-        self.act = activation(c.hidden_act)
 
     def __call__(
         self, x: mx.array, layout: VarlenLayout, relative: mx.array, index: list[mx.array]
@@ -109,13 +104,7 @@ class Layer(nn.Module):
                 total = total + by_key.swapaxes(2, 3)
             return total * self.scale
 
-        rows = x.shape[0]
-        q, k, v = (
-            t.reshape(rows, self.heads, -1) for t in (self.query(x), self.key(x), self.value(x))
-        )
-        attended = varlen_attention(q, k, v, layout, self.scale, score_bias=bias)
-        x = self.attn_norm(x + self.attn_out(attended))
-        return self.out_norm(x + self.down(self.act(self.up(x))))  # type: ignore[operator]
+        return self.attend(x, layout, bias)
 
 
 class Deberta(nn.Module):

@@ -416,18 +416,8 @@ def save_nextn_checkpoint(path: Path, arch: str, bits: int | None) -> dict[str, 
     and ``shared_head.head`` copies of the target's); ``bits``: mlx-lm's own conversion of the
     target, the MTP layer quantized (groups of 32) in MLX's layout beside it. Returns the MTP
     layer's weights as MLX holds them (the loader's expected result)."""
-    from mlx_lm import convert
-
-    base, overrides = NEXTN_ARCHS[arch]
     model = mtp_target(arch)
-    head = random_mtp_head(model)
-    if bits is None:
-        save_model(path, base, **overrides)
-    else:
-        float_path = save_model(path.with_name(path.name + "-float"), base, **overrides)
-        convert(str(float_path), str(path), quantize=True, q_bits=bits, q_group_size=32)
-        nn.quantize(head, 32, bits, class_predicate=_quantizable)
-        mx.eval(head.parameters())
+    head = _saved_target_and_head(path, NEXTN_ARCHS[arch], model, bits)
     expected = dict(tree_flatten(head.parameters()))
     config = json.loads((path / "config.json").read_text())
     layer = f"model.layers.{config['num_hidden_layers']}."
@@ -437,13 +427,36 @@ def save_nextn_checkpoint(path: Path, arch: str, bits: int | None) -> dict[str, 
         text = dict(tree_flatten(model.parameters()))
         written["embed_tokens.weight"] = text["model.embed_tokens.weight"]
         written["shared_head.head.weight"] = text["lm_head.weight"]
-    file = path / "model.safetensors"
-    weights = dict(mx.load(str(file)))
-    weights.update({layer + k: v for k, v in written.items()})
-    mx.save_safetensors(str(file), weights)
+    _add_weights(path, {layer + k: v for k, v in written.items()})
     config["num_nextn_predict_layers"] = 1
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return expected
+
+
+def _saved_target_and_head(
+    path: Path, arch: tuple[str, dict[str, Any]], model: nn.Module, bits: int | None
+) -> MtpHead:
+    """Save ``model``'s checkpoint (``arch``: its base architecture and config overrides) in
+    ``path``, float or as mlx-lm's own conversion to ``bits``; its random MTP head, quantized
+    likewise (groups of 32)."""
+    from mlx_lm import convert
+
+    base, overrides = arch
+    head = random_mtp_head(model)
+    if bits is None:
+        save_model(path, base, **overrides)
+    else:
+        float_path = save_model(path.with_name(path.name + "-float"), base, **overrides)
+        convert(str(float_path), str(path), quantize=True, q_bits=bits, q_group_size=32)
+        nn.quantize(head, 32, bits, class_predicate=_quantizable)
+        mx.eval(head.parameters())
+    return head
+
+
+def _add_weights(path: Path, weights: dict[str, mx.array]) -> None:
+    """``weights`` written into the checkpoint's one safetensors file beside its own."""
+    file = path / "model.safetensors"
+    mx.save_safetensors(str(file), {**dict(mx.load(str(file))), **weights})
 
 
 def without_nextn_layer(path: Path) -> Path:
@@ -494,24 +507,11 @@ def save_nemotron_checkpoint(path: Path, bits: int | None) -> dict[str, mx.array
     ``up_proj`` / ``down_proj`` each); ``bits``: mlx-lm's own conversion of the target, the module
     quantized (groups of 32) in MLX's layout beside it. Returns the MTP weights as MLX holds them
     (the loader's expected result)."""
-    from mlx_lm import convert
-
-    base, overrides = OTHER_ARCHS["nemotron_h"]
     model = mtp_target("nemotron_h")
-    head = random_mtp_head(model)
-    if bits is None:
-        save_model(path, base, **overrides)
-    else:
-        float_path = save_model(path.with_name(path.name + "-float"), base, **overrides)
-        convert(str(float_path), str(path), quantize=True, q_bits=bits, q_group_size=32)
-        nn.quantize(head, 32, bits, class_predicate=_quantizable)
-        mx.eval(head.parameters())
+    head = _saved_target_and_head(path, OTHER_ARCHS["nemotron_h"], model, bits)
     expected = dict(tree_flatten(head.parameters()))
     written = nemotron_checkpoint_weights(head, hugging_face=bits is None)
-    file = path / "model.safetensors"
-    weights = dict(mx.load(str(file)))
-    weights.update({f"mtp.{k}": v for k, v in written.items()})
-    mx.save_safetensors(str(file), weights)
+    _add_weights(path, {f"mtp.{k}": v for k, v in written.items()})
     config = json.loads((path / "config.json").read_text())
     config["mtp_hybrid_override_pattern"] = "".join(NEMOTRON_PATTERN)
     config["num_nextn_predict_layers"] = 1
@@ -624,11 +624,8 @@ def save_qwen4_checkpoint(path: Path) -> dict[str, mx.array]:
     model = QWEN4_EXP.model()
     QWEN4_EXP.save(path)
     expected = dict(tree_flatten(random_mtp_head(model).parameters()))
-    file = path / "model.safetensors"
-    weights = dict(mx.load(str(file)))
     stored = _hf_experts(expected, fused=True)
-    weights.update({f"mtp.{k}": v for k, v in stored.items()})
-    mx.save_safetensors(str(file), weights)
+    _add_weights(path, {f"mtp.{k}": v for k, v in stored.items()})
     config = json.loads((path / "config.json").read_text())
     config["text_config"]["mtp_num_hidden_layers"] = 1
     (path / "config.json").write_text(json.dumps(config, indent=2))

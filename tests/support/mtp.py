@@ -349,6 +349,23 @@ def compiled_counts(engine: Any) -> list[int]:
     return count
 
 
+def compiled_steps_at_proposals(engine: Any) -> tuple[list[int], list[int]]:
+    """``compiled_counts(engine)``, and a list that gets, for each of the drafter's non-empty
+    proposals from now on, how many steps had run compiled before it."""
+    compiled = compiled_counts(engine)
+    at_proposal: list[int] = []
+    drafter = engine.speculator.drafter
+    propose = drafter.propose
+
+    def noting(requests: Any, ks: Any) -> list[list[int]]:
+        out = propose(requests, ks)
+        at_proposal.extend(compiled[0] for d in out if d)
+        return out
+
+    drafter.propose = noting
+    return compiled, at_proposal
+
+
 def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
     """``engine`` drafts with an MTP layer holding exactly the weights ``expected``."""
     head = engine.runner.draft.head

@@ -14,7 +14,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.mtp import (
     NEXTN_ARCHS,
     PROMPTS,
-    compiled_counts,
+    compiled_steps_at_proposals,
     mtp_target,
     random_mtp_head,
     recorded_proposals,
@@ -41,18 +41,8 @@ def test_plain_decode_steps_run_compiled_and_drafts_stay_the_mtp_layers(arch, ti
     steps (its catch-up reads their hidden states) proposes what the unpaged layer does."""
     model = mtp_target(arch)
     engine = _engine(model, tiny_tokenizer)
-    compiled = compiled_counts(engine)
     proposals = recorded_proposals(engine)
-    at_proposal: list[int] = []  # compiled steps run before each proposal
-    drafter = engine.speculator.drafter
-    propose = drafter.propose
-
-    def noting(requests, ks):
-        out = propose(requests, ks)
-        at_proposal.extend(compiled[0] for d in out if d)
-        return out
-
-    drafter.propose = noting
+    compiled, at_proposal = compiled_steps_at_proposals(engine)  # compiled steps per proposal
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     outs = engine.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]

@@ -19,7 +19,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative.drafters import load_draft_model
 from macbatch.engine.speculative.policy import SpeculationPolicy
 from tests.support import dflash, eagle3
-from tests.support.mtp import PROMPTS, compiled_counts, recorded_proposals
+from tests.support.mtp import PROMPTS, compiled_steps_at_proposals, recorded_proposals
 from tests.support.oracle import assert_pool_idle, mlx_lm_greedy
 from tests.support.tiny import build_model
 
@@ -73,18 +73,8 @@ def test_plain_decode_steps_run_compiled_and_drafts_stay_mlx_vlms(
     )
     engine, path = _engine(method, tmp_path, tiny_tokenizer)
     model = engine.runner.model
-    compiled = compiled_counts(engine)
     proposals = recorded_proposals(engine)
-    at_proposal: list[int] = []  # compiled steps run before each proposal
-    drafter = engine.speculator.drafter
-    propose = drafter.propose
-
-    def noting(requests, ks):
-        out = propose(requests, ks)
-        at_proposal.extend(compiled[0] for d in out if d)
-        return out
-
-    drafter.propose = noting
+    compiled, at_proposal = compiled_steps_at_proposals(engine)  # compiled steps per proposal
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     outs = engine.generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]

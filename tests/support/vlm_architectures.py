@@ -47,6 +47,12 @@ _PADDLE_TEXT: dict[str, Any] = dict(
     vision_end_token_id=7,
     rope_scaling={"rope_type": "default", "type": "default", "mrope_section": [2, 3, 3]},
 )  # fmt: skip
+# ERNIE 4.5 VL's: a dense first layer, then text and multimodal expert groups beside a shared
+# expert; 3-D RoPE sections of a 16-wide head
+_ERNIE_TEXT: dict[str, Any] = dict(
+    _FLAT, moe_layer_start_index=1, moe_layer_end_index=1, moe_num_experts=[4, 4],
+    moe_intermediate_size=[32, 32], moe_k=2, moe_num_shared_experts=1, mrope_section=[3, 3, 2],
+)  # fmt: skip
 
 # Molmo 2's tower and the adapter that pools its layers' features into the text model's rows
 _MOLMO2_VIT: dict[str, Any] = dict(
@@ -132,6 +138,8 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
                          "sliding_window_size": 8, "partial_rotary_factor": 0.5,
                          "routed_scaling_factor": 1.0, "moe_router_dtype": "float32"}},
     # XD-RoPE's four sections of a 16-wide head, its QK norms on
+    # its text fields at the top level too (its from_dict reads them there)
+    "ernie4_5_moe_vl": {"top": _ERNIE_TEXT, "text": _ERNIE_TEXT},
     "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
         "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip

@@ -267,6 +267,10 @@ _VLM_TEXT_CHECKED = (
     "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
     "smolvlm", "youtu_vl",
 )  # fmt: skip
+# those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
+# Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
+# parts one position) takes mx.arange from its cache's offset, an array on the paged cache
+_VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
 _VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl")
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
@@ -276,7 +280,7 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "ernie4_5_moe_vl", "phi4mm", "qwen3_omni_moe",
+    "deepseekocr_2", "phi4mm", "qwen3_omni_moe",
     "zaya1_vl",
 )  # fmt: skip
 
@@ -414,9 +418,9 @@ FAMILIES: dict[str, Family] = {
     "hunyuan_vl": Family(
         library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, offset_rope_attention="self_attn"
     ),
-    # Command A Vision's inner transformer counts its positions from 0 without them
-    "cohere_compass": Family(
-        library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=1
+    **dict.fromkeys(
+        _VLM_POSITION_TEXT,
+        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=1),
     ),
     **dict.fromkeys(
         _VLM_MROPE_TEXT,

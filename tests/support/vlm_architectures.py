@@ -53,6 +53,19 @@ _ERNIE_TEXT: dict[str, Any] = dict(
     _FLAT, moe_layer_start_index=1, moe_layer_end_index=1, moe_num_experts=[4, 4],
     moe_intermediate_size=[32, 32], moe_k=2, moe_num_shared_experts=1, mrope_section=[3, 3, 2],
 )  # fmt: skip
+# Qwen3-Omni's thinker (and its talker, whose config it parses and leaves unbuilt): a dense
+# first layer, then experts; interleaved M-RoPE sections of a 16-wide head
+_OMNI_TEXT: dict[str, Any] = dict(
+    _TEXT, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[0],
+    rope_scaling={"type": "default", "mrope_section": [3, 3, 2], "interleaved": True},
+)  # fmt: skip
+_OMNI_THINKER: dict[str, Any] = dict(
+    text_config=_OMNI_TEXT,
+    vision_config=dict(_TOWER, out_hidden_size=64, num_position_embeddings=4,
+                       deepstack_visual_indexes=[0]),
+    audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+                      num_hidden_layers=1, output_dim=64, downsample_hidden_size=16),
+)  # fmt: skip
 
 # Molmo 2's tower and the adapter that pools its layers' features into the text model's rows
 _MOLMO2_VIT: dict[str, Any] = dict(
@@ -140,6 +153,8 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     # XD-RoPE's four sections of a 16-wide head, its QK norms on
     # its text fields at the top level too (its from_dict reads them there)
     "ernie4_5_moe_vl": {"top": _ERNIE_TEXT, "text": _ERNIE_TEXT},
+    "qwen3_omni_moe": {"thinker": _OMNI_THINKER, "talker": {"text_config": _OMNI_TEXT},
+                       "top": {"enable_audio_output": False}},
     "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
         "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip

@@ -272,7 +272,7 @@ _VLM_TEXT_CHECKED = (
 # parts one position) takes mx.arange from its cache's offset, an array on the paged cache
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
-_VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl")
+_VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl", "qwen3_omni_moe")
 # Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
 # of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
 _UNCHECKED = (
@@ -280,7 +280,7 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "phi4mm", "qwen3_omni_moe",
+    "deepseekocr_2", "phi4mm",
     "zaya1_vl",
 )  # fmt: skip
 

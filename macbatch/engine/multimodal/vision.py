@@ -45,7 +45,7 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     except BadConfig as error:
         return f"model '{model_name}' cannot be read: {error}"
     model_type = config.get("model_type", "?")
-    if "vision_config" not in config:
+    if not _has_tower(config):
         return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
     rules = family(model_type)
     if rules.vision_refusal is not None:
@@ -60,6 +60,13 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     except ImportError:
         return f"images need mlx-vlm, which is not installed: {VISION_EXTRA}"
     return None
+
+
+def _has_tower(config: dict[str, Any]) -> bool:
+    """Whether the config describes a vision tower: at its top, or in one of its parts' configs
+    (Qwen3-Omni's sits in its ``thinker_config``)."""
+    parts = [config, *(part for part in config.values() if isinstance(part, dict))]
+    return any("vision_config" in part for part in parts)
 
 
 FROM_A_MODEL_OBJECT = "this engine was built from a model object; load the model by name for images"

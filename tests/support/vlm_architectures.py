@@ -155,6 +155,10 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "ernie4_5_moe_vl": {"top": _ERNIE_TEXT, "text": _ERNIE_TEXT},
     "qwen3_omni_moe": {"thinker": _OMNI_THINKER, "talker": {"text_config": _OMNI_TEXT},
                        "top": {"enable_audio_output": False}},
+    # Phi-4-multimodal: its text fields at the top level, RoPE on three quarters of each 16-wide
+    # head (LongRoPE's factors, its real checkpoints', are left out: transformers' generic config,
+    # which the tokenizer's loader builds for a model type it does not know, fails on them)
+    "phi4mm": {"top": dict(_FLAT, partial_rotary_factor=0.75)},
     "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
         "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip

@@ -265,7 +265,7 @@ _VLM_TEXT_CHECKED = (
     "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny",
     "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
     "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
-    "smolvlm", "youtu_vl",
+    "smolvlm", "youtu_vl", "phi4mm",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -280,7 +280,7 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2", "phi4mm",
+    "deepseekocr_2",
     "zaya1_vl",
 )  # fmt: skip
 

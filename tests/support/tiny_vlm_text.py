@@ -253,10 +253,10 @@ _HELD_NAMES = frozenset(
 )  # fmt: skip
 
 
-def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
-    """The tiny ``family`` checkpoint in ``path`` (float32), ``overrides`` merged into its
-    config.json (for a VLM: into its text config); a family not in ``CONFIGS`` gets its derived
-    config (``vlm_architectures.py``), saved under mlx-vlm's names."""
+def vlm_text_model(family: str, seed: int = 0, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+    """mlx-vlm's own model of the tiny ``family`` (float32, random weights of ``seed``) and its
+    config.json, ``overrides`` merged into it (for a VLM: into its text config); a family not in
+    ``CONFIGS`` gets its derived config (``vlm_architectures.py``)."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     config = copy.deepcopy(CONFIGS[family]) if family in CONFIGS else vlm_config(family)
@@ -268,12 +268,19 @@ def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any
     parts = ["text", "vision", "perceiver", "projector", "audio"]
     model = module.Model(update_module_configs(model_config, module, copy.deepcopy(config), parts))
     model.set_dtype(mx.float32)
+    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
+    return model, config
+
+
+def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
+    """The tiny ``family`` checkpoint (``vlm_text_model``) in ``path``, saved under mlx-vlm's
+    names (or, for the families of ``CONFIGS`` not held under them, their Hugging Face ones)."""
+    model, config = vlm_text_model(family, seed, **overrides)
     weights = dict(tree_flatten(model.parameters()))
     if family in CONFIGS and family not in _HELD_NAMES:
         weights = {key.removeprefix("language_model."): v for key, v in weights.items()}
     path.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
-    config["eos_token_id"] = SPECIAL_TOKENS.index("<|im_end|>")
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_tokenizer(path)
     return path

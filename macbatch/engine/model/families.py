@@ -261,11 +261,11 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "deepseek_vl_v2", "deepseekocr", "dots_ocr", "falcon_ocr", "fastvlm", "got",
-    "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl", "jina_vlm", "llava_bunny",
-    "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6", "minicpmv4_7", "molmo2", "moondream2",
-    "moondream3", "multi_modality", "nemotron_h_nano_omni", "phi3_v", "phi4_siglip", "plamo2vl",
-    "smolvlm", "youtu_vl", "phi4mm",
+    "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
+    "fastvlm", "got", "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl",
+    "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
+    "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
+    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "smolvlm", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -280,7 +280,6 @@ _UNCHECKED = (
     "mlx-vlm's generation here"
 )
 _VLM_UNCHECKED = (
-    "deepseekocr_2",
     "zaya1_vl",
 )  # fmt: skip
 

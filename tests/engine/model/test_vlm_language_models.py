@@ -6,14 +6,18 @@ log-probabilities, and a request with an image is refused with the table's reaso
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.families import Library, family
+from macbatch.engine.multimodal.vision import unavailable_reason
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import random_prompts
-from tests.support.tiny_vlm_text import save_vlm_text_model
-from tests.support.vlm_architectures import OVERRIDES
+from tests.support.tiny_vlm_text import save_vlm_text_model, vlm_text_model
+from tests.support.vlm_architectures import BUILT_IN_MEMORY, OVERRIDES
 from tests.support.vlm_oracle import assert_matches_mlx_vlm_text
 
 pytest.importorskip("mlx_vlm")
@@ -23,21 +27,39 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0
 CHUNKED = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
 
 
-@pytest.mark.parametrize("name", sorted(OVERRIDES))
-def test_batched_chunked_text_matches_mlx_vlm(tmp_path, name) -> None:
+def _assert_batched_chunked_text(engine: Engine, oracle: Any) -> None:
     """Three prompts batched, the longer two prefilled in chunks: every token and its
-    log-probability is mlx-vlm's own generation's; images are refused with the reason."""
+    log-probability is ``oracle``'s (mlx-vlm's own model) own generation's."""
+    prompts = random_prompts([5, 37, 20], seed=1)
+    outs = engine.generate(prompts, GREEDY)
+    for prompt, out in zip(prompts, outs):
+        assert_matches_mlx_vlm_text(oracle, prompt, out)
+    assert_pool_idle(engine)
+
+
+@pytest.mark.parametrize("name", sorted(set(OVERRIDES) - set(BUILT_IN_MEMORY)))
+def test_batched_chunked_text_matches_mlx_vlm(tmp_path, name) -> None:
+    """mlx-vlm's own generation on the saved tiny checkpoint; images are refused with the
+    reason."""
     from mlx_vlm.utils import load_model
 
     assert family(name).library is Library.MLX_VLM
     path = save_vlm_text_model(tmp_path, name)
     engine = Engine.load(str(path), CHUNKED)
-    prompts = random_prompts([5, 37, 20], seed=1)
-    outs = engine.generate(prompts, GREEDY)
-    oracle = load_model(path)
-    for prompt, out in zip(prompts, outs):
-        assert_matches_mlx_vlm_text(oracle, prompt, out)
-    assert_pool_idle(engine)
+    _assert_batched_chunked_text(engine, load_model(path))
     vision = engine.runner.vision
     assert vision.encoder is None
     assert (family(name).vision_refusal or "?") in (vision.refusal or "")
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_IN_MEMORY))
+def test_text_of_a_model_built_in_memory_matches_mlx_vlm(tmp_path, tiny_tokenizer, name) -> None:
+    """A family too big to save (``BUILT_IN_MEMORY``) served from mlx-vlm's model object: its
+    own generation on a second model of the same weights, untouched by the engine; its
+    checkpoint's images are refused with the table's reason."""
+    assert family(name).library is Library.MLX_VLM
+    model, config = vlm_text_model(name)
+    engine = Engine(model, tiny_tokenizer, CHUNKED)
+    _assert_batched_chunked_text(engine, vlm_text_model(name)[0])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert (family(name).vision_refusal or "?") in (unavailable_reason(tmp_path, name) or "")

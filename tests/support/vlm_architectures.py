@@ -52,6 +52,7 @@ _PADDLE_TEXT: dict[str, Any] = dict(
 _ERNIE_TEXT: dict[str, Any] = dict(
     _FLAT, moe_layer_start_index=1, moe_layer_end_index=1, moe_num_experts=[4, 4],
     moe_intermediate_size=[32, 32], moe_k=2, moe_num_shared_experts=1, mrope_section=[3, 3, 2],
+    pixel_hidden_size=32,
 )  # fmt: skip
 # Qwen3-Omni's thinker (and its talker, whose config it parses and leaves unbuilt): a dense
 # first layer, then experts; interleaved M-RoPE sections of a 16-wide head
@@ -66,6 +67,7 @@ _OMNI_THINKER: dict[str, Any] = dict(
     audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
                       num_hidden_layers=1, output_dim=64, downsample_hidden_size=16),
 )  # fmt: skip
+_ZAYA_TEXT: dict[str, Any] = dict(_TEXT, num_query_groups=2, zaya_mlp_expansion=16)
 
 # Molmo 2's tower and the adapter that pools its layers' features into the text model's rows
 _MOLMO2_VIT: dict[str, Any] = dict(
@@ -166,7 +168,12 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     # Phi-4-multimodal: its text fields at the top level, RoPE on three quarters of each 16-wide
     # head (LongRoPE's factors, its real checkpoints', are left out: transformers' generic config,
     # which the tokenizer's loader builds for a model type it does not know, fails on them)
-    "phi4mm": {"top": dict(_FLAT, partial_rotary_factor=0.75)},
+    "phi4mm": {"top": dict(_FLAT, partial_rotary_factor=0.75, audio_processor={"config": dict(
+        attention_dim=32, attention_heads=2, num_blocks=1, linear_units=64, ext_pw_out_channel=32,
+        depthwise_seperable_out_channel=32, conv_channels=32)})},
+    # refused (its attention's short convolutions keep state beside the K/V): its text fields at
+    # the top level too, its CCA's query groups its K/V heads
+    "zaya1_vl": {"top": _ZAYA_TEXT, "text": _ZAYA_TEXT},
     "hunyuan_vl": {"text": {"use_qk_norm": True, "rope_scaling": {
         "type": "xdrope", "alpha": 1000.0, "factor": 1.0, "xdrope_section": [2, 2, 2, 2]}}},
 }  # fmt: skip

@@ -273,15 +273,6 @@ _VLM_TEXT_CHECKED = (
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
 _VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl", "qwen3_omni_moe")
-# Language models that are mlx-vlm's own code (mlx-lm has none); each is served once a tiny model
-# of it is checked here against mlx-vlm's own generation (tests/engine/model/test_vlm_only_text.py)
-_UNCHECKED = (
-    "its language model is mlx-vlm's own code (mlx-lm has none) and not yet checked against "
-    "mlx-vlm's generation here"
-)
-_VLM_UNCHECKED = (
-    "zaya1_vl",
-)  # fmt: skip
 
 
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
@@ -306,6 +297,11 @@ _VLM_REFUSED_LAYERS = {
     "over the previous tokens' (short convolutions whose last inputs it keeps in an ArraysCache "
     "beside the K/V, one CacheList per layer, and reads inside the attention), a state the "
     f"packed step's rows do not carry. {_MEANWHILE_VLM}": ("inkling",),
+    "its attention (CCA) convolves each token's queries and keys over the previous two tokens' "
+    "and projects half its values from the previous token's hidden state, keeping both in an "
+    "ArraysCache beside the K/V (one CacheList per layer) read inside the attention, a state "
+    "the packed step's rows do not carry (on a tiny model the adapter's probe refuses it so: "
+    f"no mixer it runs apart). {_MEANWHILE_VLM}": ("zaya1_vl",),
 }
 
 
@@ -313,7 +309,6 @@ def _mlx_vlm_refused() -> dict[str, Family]:
     """The refused families only mlx-vlm has, by model type (each with its reason)."""
     groups = {
         _SPARSE: _VLM_SPARSE,
-        _UNCHECKED: _VLM_UNCHECKED,
         **_VLM_REFUSED_LAYERS,
         **_VLM_NOT_TEXT,
     }

@@ -37,7 +37,11 @@ def _assert_batched_chunked_text(engine: Engine, oracle: Any) -> None:
     assert_pool_idle(engine)
 
 
-@pytest.mark.parametrize("name", sorted(set(OVERRIDES) - set(BUILT_IN_MEMORY)))
+# the served families of a tiny config saved as a checkpoint (a refused one's is for its refusal)
+SAVED = sorted(n for n in OVERRIDES if n not in BUILT_IN_MEMORY and family(n).refusal is None)
+
+
+@pytest.mark.parametrize("name", SAVED)
 def test_batched_chunked_text_matches_mlx_vlm(tmp_path, name) -> None:
     """mlx-vlm's own generation on the saved tiny checkpoint; images are refused with the
     reason."""
@@ -63,3 +67,17 @@ def test_text_of_a_model_built_in_memory_matches_mlx_vlm(tmp_path, tiny_tokenize
     _assert_batched_chunked_text(engine, vlm_text_model(name)[0])
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert (family(name).vision_refusal or "?") in (unavailable_reason(tmp_path, name) or "")
+
+
+def test_zaya_attention_state_is_what_refuses_it(tmp_path, monkeypatch) -> None:
+    """ZAYA1-VL's refusal is measured: served as any other family, its tiny model is refused by
+    the adapter's probe for the state its attention keeps beside the K/V."""
+    from macbatch.engine.model import families
+    from macbatch.engine.model.adapter import UnsupportedModelError
+
+    assert "ArraysCache beside the K/V" in (family("zaya1_vl").refusal or "")
+    path = save_vlm_text_model(tmp_path, "zaya1_vl")
+    served = families.Family(library=Library.MLX_VLM)
+    monkeypatch.setitem(families.FAMILIES, "zaya1_vl", served)
+    with pytest.raises(UnsupportedModelError, match="ArraysCache beside the K/V in one CacheList"):
+        Engine.load(str(path), CHUNKED)

@@ -20,6 +20,7 @@ from macbatch.engine.model.families import FAMILIES, Library, family
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import STAGGERED, random_prompts
 from tests.support.tiny_vlm_text import CONFIGS, save_vlm_text_model
+from tests.support.vlm_architectures import BUILT_IN_MEMORY, OVERRIDES
 from tests.support.vlm_oracle import (
     assert_matches_mlx_vlm_text,
     assert_staggered_matches_mlx_vlm,
@@ -36,6 +37,14 @@ SAME_CODE = {
     "decider2": "its language model is qwen3_5_text's (its Model subclasses it)",
     "qwen3_5_text": "its Gated DeltaNet and attention layers are qwen3_5_moe_text's (their MLPs "
     "differ)",
+}
+# served mlx-vlm families checked against mlx-vlm's own generation by a test module of their own
+# (their tiny checkpoints need weights or layouts of their own) -> that module
+OWN_TESTS = {
+    "deepseek_v4": "tests/engine/model/test_deepseek_v4.py",
+    "glm5_next": "tests/engine/model/test_glm5_next.py",
+    "hy_v4": "tests/engine/model/test_hy_v4.py",
+    "qwen4_exp": "tests/engine/model/test_qwen4_exp.py",
 }
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
 
@@ -137,6 +146,21 @@ def test_every_model_type_only_mlx_vlm_has_is_in_the_table() -> None:
             assert FAMILIES[name].library is Library.MLX_VLM, name
     vlm_families = {n for n, f in FAMILIES.items() if f.library is Library.MLX_VLM}
     assert vlm_families <= only, f"not in mlx-vlm alone: {sorted(vlm_families - only)}"
+
+
+def test_every_served_mlx_vlm_family_is_checked_here() -> None:
+    """A family whose text model is mlx-vlm's and that the table serves (no refusal) has a tiny
+    model in the parity tests: this module's ``CONFIGS``, test_vlm_language_models.py's derived
+    ``OVERRIDES`` (saved, or ``BUILT_IN_MEMORY``), or a test module of its own that names it;
+    serving a family unchecked, or dropping its tiny model, fails here."""
+    served = {n for n, f in FAMILIES.items() if f.library is Library.MLX_VLM and f.refusal is None}
+    derived = {n for n in OVERRIDES if FAMILIES[n].refusal is None} | set(BUILT_IN_MEMORY)
+    unchecked = sorted(served - set(CONFIGS) - derived - set(OWN_TESTS))
+    assert not unchecked, f"served mlx-vlm families no parity test runs: {unchecked}"
+    root = Path(__file__).parents[3]
+    for name, module in OWN_TESTS.items():
+        assert name in served, f"{name} is not a served mlx-vlm family"
+        assert f'"{name}"' in (root / module).read_text(), f"{module} does not build {name}"
 
 
 @pytest.mark.parametrize("model_type", ["flux2", "longcat_flash_sparse", "limite", "z1t"])

@@ -215,7 +215,8 @@ class Family:
     config_refusal: Callable[[Any], str | None] | None = None
 
 
-# What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is.
+# What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is;
+# each one served has a tiny model in a parity test (test_every_served_mlx_vlm_family_is_checked_here)
 _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"
@@ -259,7 +260,8 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
 _VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
-# configs (tests/engine/model/test_vlm_language_models.py); their images are not checked yet
+# configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
+# code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
     "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
     "fastvlm", "got", "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl",
@@ -271,7 +273,8 @@ _VLM_TEXT_CHECKED = (
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
 # parts one position) takes mx.arange from its cache's offset, an array on the paged cache
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
-# those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``)
+# those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``; Qwen3-Omni:
+# its thinker's)
 _VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl", "qwen3_omni_moe")
 
 

@@ -216,7 +216,8 @@ class Family:
 
 
 # What mlx-vlm alone has (docs/models.md, "Families only mlx-vlm has"), refused by what each is;
-# each one served has a tiny model in a parity test (test_every_served_mlx_vlm_family_is_checked_here)
+# each one served has a tiny model in a parity test
+# (test_vlm_only_text.py's test_every_served_mlx_vlm_family_is_checked_here)
 _SPARSE = (
     "sparse attention (an indexer picks each query's top-k key blocks), which the paged step "
     "does not select yet (the sparse attention issue)"

@@ -15,6 +15,16 @@ from tests.support.tiny import VOCAB_SIZE
 
 # served: greedy tokens identical to mlx-lm's
 ODD_CONFIGS: dict[str, dict[str, Any]] = {
+    # two cached layers, then two KV-reuse layers attending over the last one's K/V
+    "afm7": dict(
+        model_type="afm7",
+        vocab_size=VOCAB_SIZE,
+        hidden_dim=64,
+        num_layers=4,
+        num_kv_reuse_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+    ),
     "plamo": dict(_C, model_type="plamo", n_shared_head=2),
     "iquestloopcoder": dict(_C, model_type="iquestloopcoder", head_dim=16, loop_window_size=8),
     "phixtral": dict(
@@ -145,15 +155,6 @@ ODD_CONFIGS: dict[str, dict[str, Any]] = {
 # refused at load, each with its reason (families.py), or by the probe without its table entry
 # (llama4: served through its entry)
 REFUSED_ODD_CONFIGS: dict[str, dict[str, Any]] = {
-    "afm7": dict(
-        model_type="afm7",
-        vocab_size=VOCAB_SIZE,
-        hidden_dim=64,
-        num_layers=4,
-        num_kv_reuse_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-    ),
     "baichuan_m1": dict(
         _C,
         model_type="baichuan_m1",

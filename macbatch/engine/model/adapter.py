@@ -37,6 +37,7 @@ from macbatch.engine.model.flat_model import FlatTransformer, is_flat
 from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
 from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.hooks.pooled_sparse_attention import is_pooled_attention
+from macbatch.engine.model.hooks.reused_kv import handed_kv
 from macbatch.engine.model.kv_probe import (
     Layout,
     ProbeCache,
@@ -151,8 +152,9 @@ class ModelAdapter:
             capped = self._named_modules(self.family.inline_softcap_attention)
             offsets = self._named_modules(self.family.scalar_offset_attention)
             ropes = self._named_modules(self.family.offset_rope_attention)
+            reused = self._named_modules(self.family.reused_kv_attention)
             recurrent = self._recurrent_modules()
-            hooks.install(self.layers, recurrent, capped, self.inner, offsets, ropes)
+            hooks.install(self.layers, recurrent, capped, self.inner, offsets, ropes, reused)
             layout, self.state_shapes = self._probe()
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
@@ -205,8 +207,12 @@ class ModelAdapter:
             return [(len(PLACEHOLDER.shapes),)] * len(made), [False] * len(made), [None] * len(made)
         # attention only: a cache for each layer (Gemma 4's KV-shared layers get one too,
         # where mlx-lm hands them None and the K/V array), or each of make_cache's where it
-        # makes more (IQuest-Loop-Coder's second loop has its own)
-        attention_only: list[tuple[int, ...]] = [(0,)] * max(len(self.layers), len(made))
+        # makes more (IQuest-Loop-Coder's second loop has its own); none for a layer handed
+        # another layer's K/V as arrays (AFM 7's KV-reuse layers: the inner model reads them
+        # from its last cache)
+        reused = handed_kv(self._named_modules(self.family.reused_kv_attention))
+        cached = len(self.layers) - len(reused)
+        attention_only: list[tuple[int, ...]] = [(0,)] * max(cached, len(made))
         entries: list[tuple[int, ...]] = []
         lists: list[bool] = []
         chunks: list[int | None] = []

@@ -192,6 +192,11 @@ class Family:
     # cut at its cache's offset as one number (HunYuan VL's): hooks/offset_rope.py swaps its
     # class to rotate each row at its own position
     offset_rope_attention: str | None = None
+    # the attribute of each decoder layer holding its attention, where some of them are handed
+    # another layer's K/V as arrays, not a cache (AFM 7's KV-reuse layers, over the last cached
+    # layer's): hooks/reused_kv.py swaps those to rotate each row at its own position and attend
+    # over that layer's pages
+    reused_kv_attention: str | None = None
     vision: Vision | None = None  # how its images run (None: requests with images are refused)
     vision_refusal: str | None = None  # why a checkpoint with a vision tower takes no images
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
@@ -345,11 +350,8 @@ FAMILIES: dict[str, Family] = {
         f"{_MEANWHILE}"
     ),
     "kimi_k3": Family(side_by_side_mixer="self_attn"),
-    "afm7": Family(
-        refusal="its KV-reuse layers attend over the last layer's K/V outside any cache "
-        "(scaled_dot_product_attention with no cache) and take their RoPE position from the "
-        f"number of keys, which the packed step's one-token rows do not carry. {_MEANWHILE}"
-    ),
+    # its KV-reuse layers attend over the last cached layer's K/V: hooks/reused_kv.py
+    "afm7": Family(reused_kv_attention="self_attn"),
     # chunked layers (a ChunkedKVCache each) attend within their chunk: model/attention_chunks.py
     "llama4": Family(scalar_offset_attention="self_attn"),
     "baichuan_m1": Family(

@@ -9,15 +9,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_lm_load
 
-from macbatch.engine import Engine, EngineConfig, UnsupportedModelError
+from macbatch.engine import Engine, EngineConfig, SamplingParams, UnsupportedModelError
 from macbatch.engine.model import families
 from macbatch.engine.model.families import checkpoint_type
 from macbatch.models.check import check_model
 from tests.support.odd_model import ODD_TYPE, save_odd_model
-from tests.support.oracle import mlx_lm_greedy
+from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy
 from tests.support.refusals import assert_refused_at_load
 from tests.support.staggered import (
     GREEDY,
@@ -29,6 +30,8 @@ from tests.support.staggered import (
 from tests.support.tiny import build_model, save_model
 from tests.support.tiny_odd import ODD_CONFIGS, REFUSED_ODD_CONFIGS
 
+WITH_LOGPROBS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+
 
 @pytest.mark.parametrize("arch", list(ODD_CONFIGS))
 def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
@@ -36,6 +39,23 @@ def test_staggered_batch_with_chunked_prefill(arch, tiny_tokenizer):
     model = build_model(arch)
     engine = Engine(model, tiny_tokenizer, EngineConfig(**STAGGERED))
     assert_staggered_batch_matches_mlx_lm(engine, model)
+
+
+def test_kv_reuse_layers_read_the_last_cached_layers_pages(tiny_tokenizer):
+    """AFM 7's KV-reuse layers attend over the last cached layer's K/V, handed as arrays
+    (hooks/reused_kv.py): three prompts batched, two prefilled in chunks, give mlx-lm's own
+    tokens and log-probabilities. Its K/V are fake-quantized at scales that keep them (the
+    checkpoint's; 1.0, the classes' own, rounds a tiny model's rows to a few integers)."""
+    model = build_model("afm7")
+    for layer in model.model.layers:
+        layer.self_attn.quant_key_scale = mx.array(1 / 32)
+        layer.self_attn.quant_value_scale = mx.array(1 / 256)
+    config = EngineConfig(num_blocks=64, block_size=8, max_num_batched_tokens=16)
+    engine = Engine(model, tiny_tokenizer, config)
+    prompts = random_prompts([5, 37, 20], seed=1)
+    for prompt, out in zip(prompts, engine.generate(prompts, WITH_LOGPROBS)):
+        assert_matches_mlx_lm(model, prompt, out)
+    assert_pool_idle(engine)
 
 
 @pytest.mark.parametrize("arch", ["bailing_moe_linear", "recurrent_gemma", "iquestloopcoder"])
@@ -94,7 +114,6 @@ def test_refused_at_load_with_its_reason(arch, tiny_tokenizer):
 @pytest.mark.parametrize(
     "arch, why",
     [
-        ("afm7", "read a cache's K/V before any layer wrote them"),
         ("baichuan_m1", "keeps recurrent state inside its attention layers"),
         ("llama4", "maybe_trim_front"),
     ],

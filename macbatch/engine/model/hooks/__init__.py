@@ -25,6 +25,7 @@ from macbatch.engine.model.hooks import (
     offset_rope,
     pooled_sparse_attention,
     recurrent_layers,
+    reused_kv,
     row_positions,
     scalar_offsets,
     softcap_attention,
@@ -50,6 +51,9 @@ class Target:
     # the attention modules that rotate by a RoPE table cut at their cache's offset as one number
     # (HunYuan VL; the family's record names them)
     offset_ropes: Sequence[Any] = ()
+    # the attention modules of the family's record (AFM 7's), those of them handed another
+    # layer's K/V as arrays swapped
+    reused_kv: Sequence[Any] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,13 @@ HOOKS: tuple[Hook, ...] = (
         lambda target: offset_rope.install(target.offset_ropes),
     ),
     Hook(
+        "reused_kv",
+        "AFM 7's KV-reuse layers are handed the last cached layer's K/V as arrays, no cache, and "
+        "rotate at the number of keys less the queries; the packed step rotates each row at its "
+        "own position and attends over that layer's pages",
+        lambda target: reused_kv.install(target.reused_kv),
+    ),
+    Hook(
         "recurrent_layers",
         "a recurrent layer must see each request's tokens in order, so it runs the step's "
         "sequences apart, each from its state slot",
@@ -177,14 +188,16 @@ def install(
     inner: Any = None,
     scalar_offsets: Sequence[Any] = (),
     offset_ropes: Sequence[Any] = (),
+    reused_kv: Sequence[Any] = (),
 ) -> None:
     """Install every hook a loaded model needs: ``layers``, its decoder layers; ``recurrent``,
     the modules handed a recurrent state cache (``Target``; empty: attention only);
     ``softcapped``, the attention modules that cap their scores inline; ``inner`` and
     ``scalar_offsets``, the inner transformer and the attention modules that read a cache's
     offset as a number; ``offset_ropes``, the attention modules that rotate by a RoPE table cut
-    at their cache's offset."""
-    target = Target(layers, recurrent, softcapped, inner, scalar_offsets, offset_ropes)
+    at their cache's offset; ``reused_kv``, the attention modules (of the family's record) among
+    which those handed another layer's K/V as arrays are swapped."""
+    target = Target(layers, recurrent, softcapped, inner, scalar_offsets, offset_ropes, reused_kv)
     for hook in HOOKS:
         if target.recurrent or not hook.recurrent:
             hook.install(target)

@@ -31,6 +31,14 @@ def fetched(cache: EngineAttention) -> None:
     _LAST.cache = cache
 
 
+def fetcher_of(keys: mx.array) -> EngineAttention | None:
+    """The engine cache whose ``update_and_fetch`` returned ``keys`` last on this thread, or
+    None (keys of mlx-lm's own caches, or fetched by a cache before it)."""
+    cache: Any = getattr(_LAST, "cache", None)
+    fetched_keys = getattr(cache, "fetched", None) or (None,)
+    return cache if fetched_keys[0] is keys else None
+
+
 def _attention(
     queries: mx.array,
     keys: mx.array,
@@ -43,9 +51,8 @@ def _attention(
 ) -> mx.array:
     """MLX's fused attention, or the engine cache's over its pages where ``keys`` are what
     that cache fetched."""
-    cache: Any = getattr(_LAST, "cache", None)
-    fetched_keys = getattr(cache, "fetched", None) or (None,)
-    if fetched_keys[0] is not keys:
+    cache: Any = fetcher_of(keys)
+    if cache is None:
         extra = {} if sinks is None else {"sinks": sinks}
         return mx.fast.scaled_dot_product_attention(
             queries, keys, values, scale=scale, mask=mask, **extra, **kwargs

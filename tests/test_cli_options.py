@@ -28,7 +28,7 @@ OFFERED = {
     },
     "run": {
         "max_num_seqs", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",
-        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check",
+        "cache_dir", "cache_disk_gb", "no_disk_cache", "no_self_check", "indexer_keys",
     },
     "chat": {
         "kv_blocks", "kv_bits", "speculative", "draft_model", "num_speculative_tokens",

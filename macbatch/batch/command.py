@@ -6,7 +6,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn
 
 import typer
 
@@ -23,15 +23,23 @@ if TYPE_CHECKING:
     from macbatch.batch.report import Reporter
     from macbatch.batch.runner import RunOptions
 
-# --kv-bits and the speculative options' EngineConfig fields (None: the job file's)
-EngineOptions = tuple[int | None, dict[str, Any] | None]
+
+class EngineOptions(NamedTuple):
+    """The engine options given on run's command line that change results, so the resume hint
+    repeats them; each None where the job file's (or the engine's default) applies."""
+
+    kv_bits: int | None = None
+    indexer_keys: str | None = None
+    spec: dict[str, Any] | None = None  # the speculative options' EngineConfig fields
+
+
 EXIT_FAILED_REQUESTS = 3
 EXIT_INTERRUPTED = 130
 MAX_IN_FLIGHT = 256
 # run's engine knobs; those left unset (None) are the job file's
 RUN_KNOBS = Pick(
     EngineKnobs,
-    ("max_num_seqs", "kv_bits", *SPECULATIVE, *DISK_CACHE, "no_self_check"),
+    ("max_num_seqs", "kv_bits", "indexer_keys", *SPECULATIVE, *DISK_CACHE, "no_self_check"),
     names={"max_num_seqs": "--max-seqs"},  # its name since run began
     defaults={"speculative": None},
 )
@@ -156,6 +164,7 @@ def run_command(
     spec = None  # the job file's, unless an option is given
     if knobs.speculative is not None or knobs.draft_model:
         spec = knobs.speculative_fields()
+    given = EngineOptions(knobs.kv_bits, knobs.indexer_keys, spec)
     summary = _run(
         file,
         RunOptions(
@@ -165,15 +174,13 @@ def run_command(
         jobs or [],
         output_dir,
         knobs,
-        spec,
+        given,
         reporter,
         headless,
         replicas,
     )
     if summary["status"] in ("interrupted", "incomplete"):
-        again = resume_command(
-            file, model, jobs or [], output_dir, (knobs.kv_bits, spec), headless, max_in_flight
-        )
+        again = resume_command(file, model, jobs or [], output_dir, given, headless, max_in_flight)
         if replicas is not None:  # the launcher's own arguments are not known here
             again += f" --replicas {replicas} (under mlx.launch, as before; or alone, without it)"
     if summary["status"] == "incomplete":
@@ -207,9 +214,9 @@ def resume_command(
     max_in_flight: int = MAX_IN_FLIGHT,
 ) -> str:
     """The command that resumes this run: the same file, model, jobs, output directory, KV
-    format, speculative options and --max-in-flight (without --force / --fresh /
-    --redo-changed, which have done their work)."""
-    kv_bits, spec = engine_options
+    and indexer-key formats, speculative options and --max-in-flight (without --force /
+    --fresh / --redo-changed, which have done their work)."""
+    kv_bits, indexer_keys, spec = engine_options
     words = ["macbatch", "run", str(file)]
     if model:
         words += ["-m", model]
@@ -219,6 +226,8 @@ def resume_command(
         words += ["-o", str(output_dir)]
     if kv_bits is not None:
         words += ["--kv-bits", str(kv_bits)]
+    if indexer_keys is not None:
+        words += ["--indexer-keys", indexer_keys]
     if spec is not None:
         words += ["--speculative", spec["speculative"]]
         if spec["num_speculative_tokens"] is not None:
@@ -238,7 +247,7 @@ def _run(
     jobs: list[str],
     output_dir: Path | None,
     knobs: EngineKnobs,
-    spec: dict[str, Any] | None,
+    engine_options: EngineOptions,
     reporter: "Reporter",
     headless: bool,
     replicas: int | None = None,
@@ -252,7 +261,6 @@ def _run(
     from macbatch.batch.yamlfile import JobFileError
     from macbatch.engine import EngineConfig, load_replicas, replicas_problem
 
-    engine_options = (knobs.kv_bits, spec)
     disk: dict[str, Any] = {}  # never changes results: not in the resume hint
     untold: list[str] = []  # the disk cache's line, said once, as the first model loads
 
@@ -271,11 +279,14 @@ def _run(
             raise JobFileError(f"cannot load model '{name}': {exc}") from exc
 
     def engine_config() -> EngineConfig:
-        bits = knobs.kv_bits if knobs.kv_bits is not None else job_file.kv_bits  # --kv-bits wins
+        given = engine_options  # an option given wins over the job file's key
+        bits = given.kv_bits if given.kv_bits is not None else job_file.kv_bits
+        keys = given.indexer_keys if given.indexer_keys is not None else job_file.indexer_keys
         # neither an option nor the job file's section: MTP where the checkpoint has heads
-        speculative = spec or job_file.speculative or {"speculative": "auto"}
+        speculative = given.spec or job_file.speculative or {"speculative": "auto"}
         return EngineConfig(
             kv_bits=bits,
+            indexer_keys=keys,
             max_num_seqs=knobs.max_num_seqs,
             self_check=not knobs.no_self_check,
             **speculative,

@@ -29,12 +29,21 @@ from macbatch.batch.job_sections import (
 from macbatch.batch.table_files import require_pyarrow
 from macbatch.batch.yaml_checks import YamlChecker, dotted
 from macbatch.batch.yamlfile import JobFileError, LoadedYaml, PathKey, load_yaml
-from macbatch.engine import check_speculative
+from macbatch.engine import check_indexer_keys, check_speculative
 from macbatch.metal.quant import check_kv_quantization
 from macbatch.models.names import UnknownModel, resolve
 from macbatch.models.presets import Preset, PresetError, read_presets
 
-TOP_KEYS = ("version", "model", "kv_bits", "speculative", "defaults", "output", "jobs")
+TOP_KEYS = (
+    "version",
+    "model",
+    "kv_bits",
+    "indexer_keys",
+    "speculative",
+    "defaults",
+    "output",
+    "jobs",
+)
 SPECULATIVE_KEYS = ("method", "draft_model", "num_tokens")
 SETTING_KEYS = (
     "system",
@@ -140,6 +149,7 @@ class JobFile:
     jobs: tuple[JobSpec, ...]
     yaml: LoadedYaml  # where each value sits, for refusals found after loading
     kv_bits: int | None = None  # quantized KV pages (8 or 4), None: float
+    indexer_keys: str | None = None  # a sparse model's indexer keys: "fp8", None: as the latent
     # speculative decoding: EngineConfig's speculative fields (None: off; docs/speculative.md)
     speculative: dict[str, Any] | None = None
     parquet: bool = False  # each generating job's table as <job>.parquet too (needs pyarrow)
@@ -176,6 +186,11 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         check_kv_quantization(kv_bits, None)
     except ValueError as exc:
         raise check.fail(("kv_bits",), str(exc)) from None
+    indexer_keys = top.get("indexer_keys")
+    try:
+        check_indexer_keys(indexer_keys)
+    except ValueError as exc:
+        raise check.fail(("indexer_keys",), str(exc)) from None
     speculative = _speculative(check, top["speculative"], base) if "speculative" in top else None
     output = check.mapping(top.get("output", {}), ("output",), OUTPUT_KEYS)
     output_dir = base / check.text(output.get("dir", "out"), ("output", "dir"))
@@ -210,6 +225,7 @@ def load_job_file(path: Path, model_override: str | None = None) -> JobFile:
         jobs=tuple(specs),
         yaml=loaded,
         kv_bits=kv_bits,
+        indexer_keys=indexer_keys,
         speculative=speculative,
         parquet=parquet,
     )

@@ -485,10 +485,11 @@ def test_the_resume_hint_keeps_what_changes_results(tmp_path: Path) -> None:
     speculative options."""
     import shlex
 
-    from macbatch.batch.command import resume_command
+    from macbatch.batch.command import EngineOptions, resume_command
 
     spec = {"speculative": "ngram", "draft_model": None, "num_speculative_tokens": 3}
-    hint = resume_command(tmp_path / "j.yaml", "demo", ["a", "b"], tmp_path / "o", (4, spec), True)
+    given = EngineOptions(kv_bits=4, spec=spec)
+    hint = resume_command(tmp_path / "j.yaml", "demo", ["a", "b"], tmp_path / "o", given, True)
     assert shlex.split(hint) == [
         "macbatch", "run", str(tmp_path / "j.yaml"), "-m", "demo", "-j", "a", "-j", "b",
         "-o", str(tmp_path / "o"), "--kv-bits", "4", "--speculative", "ngram",

@@ -87,7 +87,7 @@ def test_unknown_key_without_close_match_lists_valid_keys(tmp_path: Path) -> Non
     message = error_for(tmp_path, "model: demo\nzzz: 1\njobs: [{name: a, prompts: [hi]}]\n")
     assert message.endswith(
         ":2:1: unknown key 'zzz' in the top level (valid keys: version, model, kv_bits, "
-        "speculative, defaults, output, jobs)"
+        "indexer_keys, speculative, defaults, output, jobs)"
     )
 
 

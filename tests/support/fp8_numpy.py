@@ -55,11 +55,17 @@ def fp8_keys_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def round_indexer_keys(cache: list) -> None:
-    """Every key mlx-lm's DeepSeek V3.2 caches write into their indexer-key part (each layer's
-    ``CacheList``'s second cache) first rounded through the fp8 format, so mlx-lm's own indexer
-    scores over exactly the keys fp8 pages hold (in place of any other rounding of them: the
-    class's own write is wrapped)."""
+    """Every key a library's sparse-attention caches write into their indexer-key part (a
+    layer's ``CacheList``'s second cache) first rounded through the fp8 format, so the library's
+    own indexer scores over exactly the keys fp8 pages hold (in place of any other rounding of
+    them: the class's own write is wrapped). mlx-lm's DeepSeek V3.2 and GLM-5 write
+    ``update_and_fetch(k, k)`` on every layer; mlx-vlm's Hunyuan V4 writes ``update_and_fetch(k,
+    zeros [.., 0])`` (a ``HyV4KVCache``) on its "full" layers only, its "shared" layers' lists
+    holding the latent alone: those have no keys to round. The values are passed as written
+    (both indexers read the keys alone)."""
     for layer_cache in cache:
+        if len(layer_cache.caches) < 2:  # no indexer of its own (Hunyuan V4's shared layers)
+            continue
         part = layer_cache.caches[1]
         write = type(part).update_and_fetch.__get__(part)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from macbatch.engine import Engine, SamplingParams
+from macbatch.engine import Engine, RequestOutput, SamplingParams
 from tests.support.tiny import VOCAB_SIZE
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
@@ -18,7 +18,16 @@ def random_prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 def run_staggered(engine: Engine, prompts, params, join_every: int = 2) -> dict[int, list[int]]:
     """Add request i after i * join_every steps, so requests join a batch already running."""
-    results: dict[int, list[int]] = {}
+    outs = run_staggered_outputs(engine, prompts, params, join_every)
+    return {i: out.token_ids for i, out in outs.items()}
+
+
+def run_staggered_outputs(
+    engine: Engine, prompts, params, join_every: int = 2
+) -> dict[int, RequestOutput]:
+    """``run_staggered``'s requests, each one's whole final output (its log-probabilities
+    too, where ``params`` asks for them)."""
+    results: dict[int, RequestOutput] = {}
     ids: dict[str, int] = {}
     pending = list(enumerate(prompts))
     step = 0
@@ -28,7 +37,7 @@ def run_staggered(engine: Engine, prompts, params, join_every: int = 2) -> dict[
             ids[engine.add_request(prompt, params)] = i
         for out in engine.step():
             if out.finished:
-                results[ids[out.request_id]] = out.token_ids
+                results[ids[out.request_id]] = out
         step += 1
     return results
 

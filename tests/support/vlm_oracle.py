@@ -40,16 +40,26 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
     )
 
 
-def mlx_vlm_text_greedy(model: Any, prompt: list[int], max_tokens: int) -> list[tuple[int, float]]:
+def mlx_vlm_text_greedy(
+    model: Any, prompt: list[int], max_tokens: int, indexer_keys: str | None = None
+) -> list[tuple[int, float]]:
     """mlx-vlm's own ``generate_step`` (its language model, its own cache) at temperature 0 on
-    token ids alone: each greedy token with its log-probability."""
+    token ids alone: each greedy token with its log-probability. ``indexer_keys`` "fp8": the
+    cache's indexer keys rounded through the fp8 format first (``tests/support/fp8_numpy.py``),
+    as the engine's fp8 key pages hold them."""
     import mlx.core as mx
     from mlx_vlm.generate.ar import generate_step
+    from mlx_vlm.models.cache import make_prompt_cache
 
+    from tests.support.fp8_numpy import round_indexer_keys
+
+    cache = make_prompt_cache(model.language_model)  # the one generate_step makes without it
+    if indexer_keys == "fp8":
+        round_indexer_keys(cache)
     steps = []
     ids = mx.array([prompt])
     for token, logprobs in generate_step(
-        ids, model, None, None, max_tokens=max_tokens, temperature=0.0
+        ids, model, None, None, max_tokens=max_tokens, temperature=0.0, prompt_cache=cache
     ):
         steps.append((int(token), float(logprobs.reshape(-1)[int(token)])))
     return steps

@@ -30,6 +30,7 @@ from tests.support.staggered import (
     assert_restart_reads_the_prefix_from_disk,
     random_prompts,
     run_staggered,
+    run_staggered_outputs,
 )
 from tests.support.tiny import SPARSE_MLA_CONFIGS, build_model
 
@@ -169,26 +170,21 @@ def test_prompt_lookup_drafts_keep_mlx_lms_tokens(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("bits", [None, 8])
-def test_fp8_indexer_keys_select_as_mlx_lms_indexer_over_rounded_keys(bits, tiny_tokenizer):
+@pytest.mark.parametrize("arch", SPARSE)
+def test_fp8_indexer_keys_select_as_mlx_lms_indexer_over_rounded_keys(arch, bits, tiny_tokenizer):
     """``indexer_keys="fp8"``: nine staggered requests' tokens and log-probabilities are
     mlx-lm's with its indexer's keys rounded through the fp8 format (its latent through the 8-bit
     format too with ``kv_bits=8``), on a sequence whose selections the rounding changes, so an
-    engine that kept the keys unrounded (or rounded them otherwise) fails."""
-    model = build_model("deepseek_v32")
+    engine that kept the keys unrounded (or rounded them otherwise) fails. GLM-5's indexer ropes
+    its keys interleaved: they are rounded after that rope, as they are paged."""
+    model = build_model(arch)
     engine = Engine(
         model, tiny_tokenizer, EngineConfig(**STAGGERED, kv_bits=bits, indexer_keys="fp8")
     )
     assert isinstance(engine.kv.full, IndexerKeysGroup)
     prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2], seed=2)  # seed 1: a tie
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=0)
-    ids = {engine.add_request(prompts[0], params): 0}
-    results = {}
-    while engine.has_unfinished():  # request i joins at step i
-        for out in engine.step():
-            if out.finished:
-                results[ids[out.request_id]] = out
-        if len(ids) < len(prompts):
-            ids[engine.add_request(prompts[len(ids)], params)] = len(ids)
+    results = run_staggered_outputs(engine, prompts, params, join_every=1)
     for i, prompt in enumerate(prompts):
         out = results[i]
         if len(prompt) + len(out.token_ids) - 1 > model.args.index_topk:

@@ -1,21 +1,38 @@
 """Encoder embedding throughput: macbatch's packed encoder (no padding in the linear layers,
-attention per group of similar lengths) against padded batches of the same model (what
-mlx-embeddings and sentence-transformers do: batches in arrival order, each padded to its
-longest input, a key mask), on long-tailed lengths from 16 to 2,048 tokens. A random
-BERT-base-shaped float32 model (hidden 768, 12 heads, FFN 3072) cut to a few layers; CLS
-pooling, normalized; both sides' vectors are checked to agree. ``--engine`` also runs the same
-corpus as requests through the encoder engine (what serve and run drive: one pass of
-``--budget`` rows a step, picked by length from a window of the waiting requests).
+attention per group of similar lengths) against the peers on the same machine in the same run:
+mlx-embeddings and sentence-transformers (torch, CPU), each in its own virtual environment as a
+subprocess (``benchmarks/encoder_peer.py``), and our own padded batches of the same model
+(batches in arrival order, each padded to its longest input, a key mask). Texts of long-tailed
+token lengths from 16 to 2,048 (spans of docs/*.md), tokenized by every side with the same
+real tokenizer. A random float32 checkpoint saved in the Hugging Face layout
+(``benchmarks/encoder_checkpoint.py``): ``--shape bert`` BERT-base (hidden 768, 12 heads, FFN
+3,072), ``--shape m3`` BGE-M3's XLM-R (hidden 1,024, 16 heads, FFN 4,096, 250,002 entries,
+8,194 positions), cut to ``--layers``; CLS pooling, normalized; every side's vectors are
+checked against ours (cosine >= 0.9999). A peer whose venv or package is missing is reported
+as not installed. ``--engine`` also runs the corpus as requests through the encoder engine
+(what serve and run drive: passes of ``--budget`` rows picked by length from the waiting
+window).
 
+    python3 -m venv /work/venvs/mlxemb && /work/venvs/mlxemb/bin/pip install mlx-embeddings
+    python3 -m venv /work/venvs/st && /work/venvs/st/bin/pip install torch==2.13.0 \\
+        sentence-transformers
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\
-        python -m benchmarks.encoder_embeddings [--docs 64] [--layers 2]
+        python -m benchmarks.encoder_embeddings [--shape bert|m3] [--docs 64] [--layers 2]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
-from tokenizers import Tokenizer, models
 
 from benchmarks.common import warn_without_openblas
 from benchmarks.embeddings import (
@@ -23,24 +40,30 @@ from benchmarks.embeddings import (
     describe_corpus,
     long_tailed_lengths,
     padded_batches,
-    report,
 )
+from benchmarks.encoder_checkpoint import SHAPES, texts_of_lengths, write_checkpoint
 from macbatch.commands.workload import Clock
 from macbatch.engine import EngineConfig, PoolingParams
-from macbatch.engine.encoder.bert import Encoder
-from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.encoder.engine import EncoderEngine
-from macbatch.engine.encoder.model import EncoderInput, EncoderModel
+from macbatch.engine.encoder.model import EncoderModel
 from macbatch.engine.encoder.varlen import Group, VarlenLayout
-from macbatch.engine.pooling.embedding_profile import EmbeddingProfile
+
+PEER_SCRIPT = Path(__file__).with_name("encoder_peer.py")
+PEER_VENVS = {"mlx-embeddings": "/work/venvs/mlxemb", "sentence-transformers": "/work/venvs/st"}
+NOT_INSTALLED = 3  # encoder_peer.py's exit status for a missing library
+AGREE = 0.9999  # the lowest cosine a side's vectors may have against ours
 
 
-def bert_base(layers: int) -> EncoderConfig:
-    return EncoderConfig.from_dict(
-        {"model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
-         "num_hidden_layers": layers, "num_attention_heads": 12, "intermediate_size": 3072,
-         "max_position_embeddings": 2048}
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Side:
+    """One side's measurement: wall and CPU seconds, its lowest cosine against ours; or why it
+    did not run."""
+
+    name: str
+    wall: float = 0.0
+    cpu: float = 0.0
+    cosine: float = 1.0
+    missing: str | None = None
 
 
 def padded_layout(lengths: list[int]) -> VarlenLayout:
@@ -62,11 +85,12 @@ def padded_layout(lengths: list[int]) -> VarlenLayout:
     return VarlenLayout(groups=(group,), restore=every, members=mx.arange(len(lengths)))
 
 
-def padded_embed(model: Encoder, docs: list[list[int]], batch: int) -> np.ndarray:
+def padded_embed(model: nn.Module, docs: list[list[int]], batch: int) -> np.ndarray:
     vectors = []
     for group, ids in padded_batches(docs, batch):
         width = ids.shape[1]
         positions = np.tile(np.arange(width, dtype=np.int32), len(group))
+        positions += model.config.position_offset
         layout = padded_layout([len(d) for d in group])
         hidden = model(mx.array(ids.reshape(-1)), mx.array(positions),
                        mx.zeros(ids.size, dtype=mx.int32), layout)  # fmt: skip
@@ -88,37 +112,91 @@ def engine_embed(encoder: EncoderModel, docs: list[list[int]], budget: int) -> n
     return np.stack([vectors[r.request_id] for r in requests])
 
 
-def main() -> None:
-    parser = corpus_arguments(__doc__.splitlines()[0], 64, 128, 2048, 8192)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--engine", action="store_true", help="also through the encoder engine")
-    args = parser.parse_args()
-    warn_without_openblas()
-    model = Encoder(bert_base(args.layers))
-    mx.eval(model.parameters())
-    blank = Tokenizer(models.WordPiece({"[UNK]": 0}, unk_token="[UNK]"))
-    encoder = EncoderModel(model, blank, EmbeddingProfile(pooling="cls", hidden_size=768), "bench")
-    rng = np.random.default_rng(1)
-    lengths = [max(16, n) for n in long_tailed_lengths(args.docs, args.median, args.longest)]
-    docs = [rng.integers(1000, 30000, size=n).tolist() for n in lengths]
-    inputs = [EncoderInput(tuple(d), (0,) * len(d)) for d in docs]
-    tokens = describe_corpus(lengths, args.batch)
-    encoder.embed(inputs[:4])  # warm up
-    padded_embed(model, docs[:4], 4)
+def run_peer(peer: str, venv: str, model: Path, texts: Path, batch: int, ours: np.ndarray) -> Side:
+    """``peer`` embedding the texts in its own venv's interpreter; its vectors against ours."""
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        return Side(peer, missing=f"not installed (no {python})")
+    out = texts.with_name(f"{peer}.npy")
+    done = subprocess.run(
+        [str(python), str(PEER_SCRIPT), peer, str(model), str(texts), str(out), f"--batch={batch}"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""),
+    )  # fmt: skip
+    if done.returncode == NOT_INSTALLED:
+        return Side(peer, missing="not installed")
+    if done.returncode != 0:
+        raise RuntimeError(f"{peer} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    vectors = np.load(out)
+    cosine = float((vectors * ours).sum(-1).min())
+    return Side(peer, result["wall"], result["cpu"], cosine)
+
+
+def print_table(tokens: int, sides: list[Side]) -> None:
+    """tok/s (wall and this side's CPU time), ours over each side, the lowest cosine."""
+    ours = sides[0]
+    print(f"{'side':<24}{'tok/s wall':>11}{'tok/s CPU':>11}{'ours/side wall':>16}"
+          f"{'ours/side CPU':>15}{'lowest cos':>12}")  # fmt: skip
+    for side in sides:
+        if side.missing:
+            print(f"{side.name:<24}{side.missing}")
+            continue
+        speeds = f"{tokens / side.wall:>11,.0f}{tokens / side.cpu:>11,.0f}"
+        ratios = f"{side.wall / ours.wall:>15.2f}x{side.cpu / ours.cpu:>14.2f}x"
+        print(f"{side.name:<24}{speeds}{ratios}{side.cosine:>12.6f}")
+    wrong = [s.name for s in sides if not s.missing and s.cosine < AGREE]
+    if wrong:
+        raise SystemExit(f"vectors disagree with ours (cosine < {AGREE}): {', '.join(wrong)}")
+
+
+def measure_ours(
+    encoder: EncoderModel, texts: list[str], docs: list[list[int]], args: argparse.Namespace
+) -> tuple[list[Side], np.ndarray]:
+    """The packed encoder from texts (tokenizing included, as the peers' time includes
+    theirs), our padded batches from the same ids, and with ``--engine`` the encoder engine."""
+    encoder.embed([encoder.tokenize(t) for t in texts[:4]])  # warm up
+    padded_embed(encoder.model, docs[:4], 4)
     clock = Clock()
-    packed = encoder.embed(inputs, max_batch_tokens=args.budget)
-    packed_wall, packed_cpu = clock.read()
-    clock = Clock()
-    plain = padded_embed(model, docs, args.batch)
-    padded_wall, padded_cpu = clock.read()
-    worst = float((packed * plain).sum(-1).min())
-    report("encoder", tokens, (packed_wall, packed_cpu), (padded_wall, padded_cpu), worst)
+    packed = encoder.embed([encoder.tokenize(t) for t in texts], max_batch_tokens=args.budget)
+    sides = [Side("macbatch packed", *clock.read())]
     if args.engine:
         clock = Clock()
         served = engine_embed(encoder, docs, args.budget)
         wall, cpu = clock.read()
-        report("engine", tokens, (wall, cpu), (padded_wall, padded_cpu),
-               float((served * plain).sum(-1).min()))  # fmt: skip
+        sides.append(
+            Side("macbatch encoder engine", wall, cpu, float((served * packed).sum(-1).min()))
+        )
+    clock = Clock()
+    plain = padded_embed(encoder.model, docs, args.batch)
+    wall, cpu = clock.read()
+    sides.append(Side("macbatch padded batches", wall, cpu, float((plain * packed).sum(-1).min())))
+    return sides, packed
+
+
+def main() -> None:
+    parser = corpus_arguments(__doc__.splitlines()[0], 64, 128, 2048, 8192)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="bert")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--engine", action="store_true", help="also through the encoder engine")
+    parser.add_argument("--no-peers", action="store_true", help="only our own sides")
+    args = parser.parse_args()
+    warn_without_openblas()
+    print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="macbatch-encoder-bench-") as scratch:
+        model_dir = write_checkpoint(Path(scratch) / args.shape, args.shape, args.layers)
+        lengths = [max(16, n) for n in long_tailed_lengths(args.docs, args.median, args.longest)]
+        texts = texts_of_lengths(model_dir, lengths)
+        texts_file = Path(scratch) / "texts.json"
+        texts_file.write_text(json.dumps(texts))
+        encoder = EncoderModel.load(str(model_dir))
+        docs = [list(encoder.tokenize(t).ids) for t in texts]
+        tokens = describe_corpus([len(d) for d in docs], args.batch)
+        sides, ours = measure_ours(encoder, texts, docs, args)
+        del encoder  # the peers get the memory
+        for peer, venv in {} if args.no_peers else PEER_VENVS.items():
+            sides.append(run_peer(peer, venv, model_dir, texts_file, args.batch, ours))
+    print(f"load average after: {os.getloadavg()[0]:.2f} (1 min)")
+    print_table(tokens, sides)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ as not installed. ``--engine`` also runs the corpus as requests through the enco
 (what serve and run drive: passes of ``--budget`` rows picked by length from the waiting
 window).
 
-    python3 -m venv /work/venvs/mlxemb && /work/venvs/mlxemb/bin/pip install mlx-embeddings
+    python3 -m venv /work/venvs/mlxemb && /work/venvs/mlxemb/bin/pip install \\
+        mlx-embeddings mlx-cpu==0.32.4
     python3 -m venv /work/venvs/st && /work/venvs/st/bin/pip install torch==2.13.0 \\
         sentence-transformers
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 \\

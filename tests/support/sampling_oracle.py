@@ -1,6 +1,6 @@
 """The chi-square oracle of speculative sampling: the second tokens of many seeded replies to one
 prompt, given the most common first token, follow the target's own distribution (mlx-lm's
-forward at temperature 1, scipy's chi-square at significance 0.001)."""
+forward, or mlx-vlm's, at temperature 1, scipy's chi-square at significance 0.001)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def assert_second_tokens_follow(
     firsts = [o[0] for o in outputs]
     first = max(set(firsts), key=firsts.count)
     seconds = [o[1] for o in outputs if o[0] == first]
-    logits = model(mx.array([prompt + [first]]))[0, -1].astype(mx.float32)
+    out = model(mx.array([prompt + [first]]))
+    logits = getattr(out, "logits", out)[0, -1].astype(mx.float32)  # mlx-vlm's: an output
     probs = np.array(mx.softmax(logits)).astype(np.float64)
     probs /= probs.sum()
     counts = np.bincount(seconds, minlength=len(probs)).astype(float)

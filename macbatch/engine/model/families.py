@@ -102,6 +102,11 @@ class MtpNaming(Enum):
     # ``pre_fc_norm_*`` and ``hyper_connection_mixer``: it reads the target's hyper-connection
     # streams before their final mixer
     QWEN4 = "qwen4"
+    # GLM5-next: DeepSeek's parts on decoder layer ``num_hidden_layers`` under the text model's
+    # prefix (``model.language_model.`` in Hugging Face's layout, ``language_model.model.`` as
+    # mlx-vlm saves it); the layer mlx-vlm's ``glm5_next_mtp`` drafter builds: one stream where
+    # the target's layers keep four, its own pooling indexer, a MoE MLP
+    GLM5_NEXT = "glm5_next"
 
 
 @dataclass(frozen=True)
@@ -443,9 +448,11 @@ FAMILIES: dict[str, Family] = {
         "(text is served)",
     ),
     # GLM5-next's pooling indexer (shared by the layers after it): hooks/pooled_sparse_attention.py,
-    # model/pool_indexer.py
+    # model/pool_indexer.py; its MTP layer (mlx-vlm's drafter's block: one stream, its own
+    # pooling indexer) pages its latent rows and its indexer's keys and gates as the target's do
     "glm5_next": Family(
         library=Library.MLX_VLM,
+        mtp=MtpNaming.GLM5_NEXT,
         vision_refusal="its images are not checked against mlx-vlm's image generation here yet "
         "(text is served)",
     ),

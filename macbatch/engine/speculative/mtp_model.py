@@ -64,6 +64,9 @@ class MtpHead(nn.Module):
     # whether it reads the target's last layer's output (hyper-connection streams) rather than
     # the target's normed output
     reads_streams = False
+    # whether its first position's embedding is zero (mlx-vlm's GLM5-next drafter's, as vLLM's
+    # DeepSeek layer): that position has no token before it
+    zeroes_first_embedding = False
 
     @property
     def paged(self) -> tuple[bool, ...]:
@@ -82,8 +85,13 @@ class MtpHead(nn.Module):
         both = [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)]
         x = self.fc(mx.concatenate(both, axis=-1))
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, mask=None, cache=cache)
+            x = self.run_layer(layer, x, cache)
         return self.norm(x)
+
+    def run_layer(self, layer: nn.Module, x: mx.array, cache: Any) -> mx.array:
+        """One decoder layer over ``x`` (its attention masks itself in the step)."""
+        out: mx.array = layer(x, mask=None, cache=cache)
+        return out
 
     def readout(self, out: mx.array) -> mx.array:
         """What the LM head reads of the layer's output ``out`` (the output itself)."""
@@ -138,6 +146,27 @@ class StreamsMtpHead(MtpHead):
         return mixed
 
 
+class Glm5NextMtpHead(MtpHead):
+    """GLM5-next's MTP layer: DeepSeek's ``eh_proj`` over ``enorm`` and ``hnorm`` and its
+    ``shared_head.norm`` around the block mlx-vlm's ``glm5_next_mtp`` drafter builds at index
+    ``num_hidden_layers`` (sparse NoPE MLA with its own pooling indexer, a MoE MLP, one residual
+    stream where the target's layers keep four). Its first position's embedding is zero, as the
+    drafter's is."""
+
+    zeroes_first_embedding = True
+
+    def __init__(self, args: Any) -> None:
+        from mlx_vlm.speculative.drafters.glm5_next_mtp import Glm5NextMTPDraftModel, ModelConfig
+
+        block = Glm5NextMTPDraftModel(ModelConfig(text_config=args)).mtp_block
+        super().__init__([block], int(args.hidden_size), float(args.rms_norm_eps))
+
+    def run_layer(self, layer: nn.Module, x: mx.array, cache: Any) -> mx.array:
+        """The block, which takes no mask (its attention's selection masks each row)."""
+        out: mx.array = layer(x, cache=cache)
+        return out
+
+
 # the block types a Nemotron-H MTP module may have: attention (paged), MoE and MLP (no cache)
 _NEMOTRON_BLOCKS = {"*": True, "E": False, "-": False}
 
@@ -165,6 +194,8 @@ def new_mtp_head(
         return MtpHead([_hy_v4_layer(args)], args.hidden_size, eps)
     if names.naming is MtpNaming.QWEN4:
         return StreamsMtpHead(args)
+    if names.naming is MtpNaming.GLM5_NEXT:
+        return Glm5NextMtpHead(args)
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
     index = names.layer_index(args)
     return MtpHead([type(attention)(args, index)], args.hidden_size, eps)

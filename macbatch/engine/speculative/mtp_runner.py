@@ -26,7 +26,8 @@ from macbatch.engine.model.adapter import ModelAdapter, PagedLayerCache
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.compute_dtype import parameter_arrays
 from macbatch.engine.model.hooks.latent_attention import is_latent_attention
-from macbatch.engine.model.qsa_indexer import selection_plan
+from macbatch.engine.model.hooks.pooled_sparse_attention import is_pooled_attention
+from macbatch.engine.model.pool_indexer import page_width, selection_plan
 from macbatch.engine.speculative.drafter_pages import DrafterPages
 from macbatch.engine.speculative.layer_taps import LayerTaps
 from macbatch.engine.speculative.mtp_model import MtpHead
@@ -68,7 +69,10 @@ class MtpRunner(DrafterPages):
         tokens = batch.token_ids[:, None]
         embed = getattr(self.head, "embed_tokens", None) or token_embedding(self.target.inner)
         caches = self._caches(batch)
-        out = self.head(embed(tokens), hidden.astype(self.format.dtype), caches, tokens)
+        embedded = embed(tokens)
+        if self.head.zeroes_first_embedding:
+            embedded = mx.where((batch.positions == 0)[:, None, None], 0, embedded)
+        out = self.head(embedded, hidden.astype(self.format.dtype), caches, tokens)
         if batch.sample_rows.size < batch.num_tokens:
             out = out[batch.sample_rows]
         read = self.head.readout(out)
@@ -106,21 +110,24 @@ def token_embedding(inner: nn.Module) -> nn.Module:
 
 def page_shapes(layers: list[nn.Module], args: Any, indexer: Any) -> list[LayerShape]:
     """The store layers of the MTP layer's paged ``layers``: their pages, then its lightning
-    ``indexer``'s key rows when it has one (one ``head_dim`` row per token, no values:
-    kv/indexer_keys.py)."""
+    ``indexer``'s key rows when it has one (one ``head_dim`` row per token, a pooling indexer's
+    gate beside it, no values: kv/indexer_keys.py)."""
     shapes = [page_shape(layer, args) for layer in layers]
     if indexer is not None:
-        shapes.append(LayerShape(1, int(indexer.head_dim), value_dim=0))
+        shapes.append(LayerShape(1, page_width(indexer), value_dim=0))
     return shapes
 
 
 def page_shape(layer: nn.Module, args: Any) -> LayerShape:
     """The pages of the decoder layer ``layer`` (its text config ``args``): an MLA attention's
-    latent row (the latent, then the shared RoPE key; its values the latent), else a K and a V
-    per KV head."""
-    latent = next((m for m in layer.children().values() if is_latent_attention(m)), None)
+    latent row (the latent, then the shared RoPE key, which GLM5-next's NoPE one has not; its
+    values the latent), else a K and a V per KV head."""
+    latent = next(
+        (m for m in layer.children().values() if is_latent_attention(m) or is_pooled_attention(m)),
+        None,
+    )
     if latent is not None:
         rank = int(latent.kv_lora_rank)
-        return LayerShape(1, rank + int(latent.qk_rope_head_dim), value_dim=rank)
+        return LayerShape(1, rank + int(getattr(latent, "qk_rope_head_dim", 0)), value_dim=rank)
     head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
     return LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)

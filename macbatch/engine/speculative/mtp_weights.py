@@ -2,7 +2,7 @@
 
 mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
 files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
-file is never read). Five naming schemes (``MtpNaming``, the families table says which a family
+file is never read). Six naming schemes (``MtpNaming``, the families table says which a family
 uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 
 - Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
@@ -15,6 +15,11 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 - Qwen4-exp: under ``mtp.`` as Qwen3.5's, its parts ``fc_embedding``, ``fc_hidden``,
   ``pre_fc_norm_*`` and ``hyper_connection_mixer`` (mlx-vlm's ``qwen4_exp_mtp`` names); its
   norms stay zero-centred (its own RMSNorm scales by 1 + w), its fused experts are split.
+- GLM5-next: DeepSeek's names on decoder layer ``num_hidden_layers`` under its text model's
+  prefix (``model.language_model.layers.N.``, or ``language_model.model.layers.N.`` as mlx-vlm
+  saves it: the prefixes mlx-vlm's ``glm5_next_mtp`` splitter reads); its layer's weights go
+  through that drafter's own ``sanitize`` (experts stacked, ``q_a_proj`` and
+  ``kv_a_proj_with_mqa`` fused, ``kv_b_proj`` split), as the target's ``sanitize`` drops the layer.
 - Hunyuan V4: under ``model.mtp_layers.N.``, DeepSeek's parts but ``final_layernorm`` for its
   norm (mlx-vlm's ``hy_v4_mtp`` drafter reads the same names).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
@@ -49,6 +54,14 @@ if TYPE_CHECKING:
 _PREFIXES = ("model.language_model.mtp.", "language_model.mtp.", "model.mtp.", "mtp.")
 # each scheme's name, relative to one MTP layer, of MtpHead's parts but its decoder layer
 # (None: a copy of the target's, which serves instead)
+_NEXTN_PARTS: dict[str, str | None] = {
+    "eh_proj": "fc",
+    "enorm": "pre_fc_norm_embedding",
+    "hnorm": "pre_fc_norm_hidden",
+    "shared_head.norm": "norm",
+    "shared_head.head": None,
+    "embed_tokens": None,
+}
 _PARTS: dict[MtpNaming, dict[str, str | None]] = {
     MtpNaming.QWEN: {
         "fc": "fc",
@@ -58,14 +71,8 @@ _PARTS: dict[MtpNaming, dict[str, str | None]] = {
         "embed_tokens": "embed_tokens",
         "lm_head": "lm_head",
     },
-    MtpNaming.NEXTN: {
-        "eh_proj": "fc",
-        "enorm": "pre_fc_norm_embedding",
-        "hnorm": "pre_fc_norm_hidden",
-        "shared_head.norm": "norm",
-        "shared_head.head": None,
-        "embed_tokens": None,
-    },
+    MtpNaming.NEXTN: _NEXTN_PARTS,
+    MtpNaming.GLM5_NEXT: _NEXTN_PARTS,
     MtpNaming.QWEN4: {
         name: name
         for name in (
@@ -92,9 +99,13 @@ _NEMOTRON_PARTS = {
 }
 _NEMOTRON_BLOCK = re.compile(r"^layers\.\d+\.([a-z_]+)(\..+)$")
 # where the schemes that number their MTP layers among the checkpoint's put them: DeepSeek's
-# after the target's (from num_hidden_layers), Hunyuan V4's in a list of their own
+# after the target's (from num_hidden_layers; GLM5-next's under its text model's prefix),
+# Hunyuan V4's in a list of their own
 _LAYER_KEYS = {
     MtpNaming.NEXTN: re.compile(r"^model\.layers\.(\d+)\.(.+)$"),
+    MtpNaming.GLM5_NEXT: re.compile(
+        r"^(?:model\.language_model\.|language_model\.model\.|model\.)layers\.(\d+)\.(.+)$"
+    ),
     MtpNaming.HY_V4: re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$"),
 }
 # the norms a Hugging Face checkpoint stores as (weight - 1): Qwen3-Next's RMSNorm scales by
@@ -108,6 +119,8 @@ _CENTRED_NORMS = (
     "pre_fc_norm_hidden.weight",
 )
 _EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# the schemes whose MTP layers follow the target's own decoder layers (from num_hidden_layers)
+_AFTER_TARGET = (MtpNaming.NEXTN, MtpNaming.GLM5_NEXT)
 # the families whose MTP layer mtp_model.py builds (the families table says)
 MTP_FAMILIES = tuple(name for name, record in FAMILIES.items() if record.mtp is not None)
 
@@ -117,7 +130,8 @@ class MtpNames:
     """Which of a checkpoint's weights are its MTP layers' and their names in ``MtpHead``."""
 
     naming: MtpNaming
-    first_layer: int  # NEXTN: the checkpoint's index of its first MTP layer (num_hidden_layers)
+    # NEXTN, GLM5_NEXT: the checkpoint's index of its first MTP layer (num_hidden_layers)
+    first_layer: int
     # NEMOTRON: the MTP module's block types (mlx-lm's characters: "*" attention, "E" MoE)
     pattern: tuple[str, ...] = ()
 
@@ -126,7 +140,7 @@ class MtpNames:
         decoder layers: layer 0); None: not an MTP weight."""
         if self.naming in _LAYER_KEYS:
             match = _LAYER_KEYS[self.naming].match(key)
-            first = self.first_layer if self.naming is MtpNaming.NEXTN else 0
+            first = self.first_layer if self.naming in _AFTER_TARGET else 0
             if match is None or int(match[1]) < first:
                 return None
             return int(match[1]) - first, match[2]
@@ -289,6 +303,8 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
                 weights[name] = value
     if names.naming is MtpNaming.QWEN4:  # its norms are zero-centred in its own classes too
         return _stacked_experts(weights)
+    if names.naming is MtpNaming.GLM5_NEXT:
+        return _sanitized_by_glm5_drafter(weights, text)
     if names.naming is not MtpNaming.QWEN:
         return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):
@@ -318,6 +334,28 @@ def _sanitized_by_target(weights: dict[str, mx.array], text: nn.Module) -> dict[
         if not k.startswith("layers.") and k.rsplit(".", 1)[0] not in modules
     }
     return {**out, **dropped}
+
+
+def _sanitized_by_glm5_drafter(
+    weights: dict[str, mx.array], text: nn.Module
+) -> dict[str, mx.array]:
+    """GLM5-next's MTP weights through mlx-vlm's ``glm5_next_mtp`` drafter's own ``sanitize``
+    (its layer named ``mtp_block.`` there; it reads the text config alone): a Hugging Face
+    layer's experts stacked, ``q_a_proj`` and ``kv_a_proj_with_mqa`` fused into ``qkv_a_proj``,
+    ``kv_b_proj`` split into ``embed_q`` / ``unembed_out``; a converted layer passes unchanged.
+    The target's ``sanitize`` would drop the layer (an index past its own)."""
+    from types import SimpleNamespace
+
+    from mlx_vlm.speculative.drafters.glm5_next_mtp import Glm5NextMTPDraftModel
+
+    theirs = {_renamed(k, "layers.0.", "mtp_block."): v for k, v in weights.items()}
+    drafter: Any = SimpleNamespace(args=text.args)  # all its ``sanitize`` reads of itself
+    converted = Glm5NextMTPDraftModel.sanitize(drafter, theirs)
+    return {_renamed(k, "mtp_block.", "layers.0."): v for k, v in converted.items()}
+
+
+def _renamed(key: str, prefix: str, replacement: str) -> str:
+    return replacement + key[len(prefix) :] if key.startswith(prefix) else key
 
 
 def _is_centred_norm(name: str, value: mx.array) -> bool:

@@ -298,8 +298,9 @@ class EngineThread(PromptEncoder):
                 if engine.has_unfinished():
                     with self._turn():
                         outputs = engine.step()
-                    self._deliver(outputs)
+                    # the snapshot first: a listener woken by a reply's end reads the stats at once
                     self._stats = engine.stats()
+                    self._deliver(outputs)
                     self._shrink_at = _shrink_deadline(engine)
                 elif self._shrink_at is not None and time.monotonic() >= self._shrink_at:
                     self._shrink_at = None
@@ -369,8 +370,8 @@ class EngineThread(PromptEncoder):
             engine.abort(rid)
         with self._turn():
             outputs = engine.step()
-        self._deliver(outputs)
         self._stats = engine.stats()
+        self._deliver(outputs)
 
     def _turn(self) -> contextlib.AbstractContextManager[None]:
         """A turn of the device for MLX work (at once when the engine is alone on it)."""

@@ -12,7 +12,10 @@ What is compared: the log-probabilities (logits less their log-sum-exp) of the e
 tokens at each of a few greedy steps, the prompt's prefill and its decode steps, against the
 library's at the same token ids; a greedy choice that differs is a mismatch unless the library
 itself holds the two tokens within the tolerance (a near-tie). The tolerance follows the
-activations' dtype and the page format (``tolerance``).
+activations' dtype and the page format (``tolerance``). With fp8 indexer keys
+(``EngineConfig.indexer_keys``) the library's indexer-key caches round every key they are
+handed through that format first (``_fp8_indexer_keys``), so both paths select over the same
+keys: a rounding that reorders two scores is the format's choice, not a mismatch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import mlx.nn as nn
 from macbatch.engine.core.outputs import FinishReason
 from macbatch.engine.inputs.prompt import PromptInput
 from macbatch.engine.sample.params import SamplingParams
+from macbatch.engine.stores.fp8_keys import round_trip
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -133,7 +137,7 @@ def _compare(
         return 0.0, f"the packed step failed: {out.error}"
     assert out.top_logprobs is not None
     worst = 0.0
-    library = library_logprobs(model, prompt, engine.runner.adapter.library_caches())
+    library = library_logprobs(model, prompt, _library_caches(engine, model))
     steps = zip(library, out.token_ids, out.top_logprobs)
     for step, (want, token, mine) in enumerate(steps):
         diffs = [abs(lp - float(want[t])) for t, lp in mine.items()]
@@ -161,6 +165,33 @@ def library_logprobs(model: nn.Module, prompt: list[int], cache: list[Any]) -> I
     steps = generate_step(mx.array(prompt), _Logits(model), max_tokens=STEPS, prompt_cache=cache)
     for _, logprobs in steps:
         yield logprobs.astype(mx.float32)
+
+
+def _library_caches(engine: CheckedEngine, model: nn.Module) -> list[Any]:
+    """A fresh library cache for one request, its indexer keys in the engine's format."""
+    caches = engine.runner.adapter.library_caches()
+    if engine.config.indexer_keys == "fp8":
+        _fp8_indexer_keys(_layers(engine, model) or [], caches)
+    return caches
+
+
+def _fp8_indexer_keys(layers: list[Any], caches: list[Any]) -> None:
+    """Each key the library's indexers write rounded through the fp8 format first: the second
+    part of a layer's two-part ``CacheList`` where its attention has an indexer (mlx-lm's
+    DeepSeek V3.2 and GLM-5, ``update_and_fetch(k, k)``; mlx-vlm's Hunyuan V4's "full" layers,
+    ``update_and_fetch(k, zeros)``). Other indexers keep their keys in caches of their own
+    (Qwen4-exp's ``QSAKVCache``, GLM5-next's four-part lists): left as they are."""
+    for layer, cache in zip(layers, caches):
+        parts: Sequence[Any] = getattr(cache, "caches", ())
+        if len(parts) != 2 or getattr(getattr(layer, "self_attn", None), "indexer", None) is None:
+            continue
+        part = parts[1]
+        write = part.update_and_fetch
+
+        def rounded(keys: mx.array, values: mx.array, write: Any = write) -> Any:
+            return write(round_trip(keys), values)
+
+        part.update_and_fetch = rounded
 
 
 class _Logits(nn.Module):
@@ -217,13 +248,20 @@ def _recording(layers: list[Any]) -> Iterator[list[list[mx.array]]]:
         layers[:] = originals
 
 
+def _layers(engine: CheckedEngine, model: nn.Module) -> list[Any] | None:
+    """The model's decoder layers (its own list, or its inner model's; None: neither)."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, list):
+        return layers
+    inner = getattr(engine.runner.adapter.inner, "layers", None)
+    return inner if isinstance(inner, list) else None
+
+
 def _first_layer(engine: CheckedEngine, model: nn.Module, dtype: mx.Dtype) -> str:
     """``; the first layer whose output differs is layer N (Class)``, or why none was named
     (recorded on another prompt as long, with one token sampled: the prefill alone)."""
-    adapter = engine.runner.adapter
-    layers = getattr(model, "layers", None)
-    layers = layers if isinstance(layers, list) else getattr(adapter.inner, "layers", None)
-    if not isinstance(layers, list):
+    layers = _layers(engine, model)
+    if layers is None:
         return ""
     other = check_prompt(engine.runner.vocab_size, 1)
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, speculative=False)
@@ -231,7 +269,7 @@ def _first_layer(engine: CheckedEngine, model: nn.Module, dtype: mx.Dtype) -> st
         with _recording(layers) as paged:
             engine.generate([PromptInput(other)], once)
         with _recording(layers) as library:
-            model(mx.array([other]), cache=adapter.library_caches())
+            model(mx.array([other]), cache=_library_caches(engine, model))
     except Exception:  # a model that will not run with its layers wrapped: the reason stands
         return ""
     limit = _LAYER_TOLERANCE.get(dtype, _LAYER_TOLERANCE[mx.bfloat16])

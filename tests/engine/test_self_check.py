@@ -1,6 +1,7 @@
 """The load-time self-check: a good model passes and leaves the engine as it was; a model whose
 packed paged step is broken on purpose (one layer's attention output scaled) is refused at load,
-naming that layer, and ``self_check=False`` serves it anyway."""
+naming that layer, and ``self_check=False`` serves it anyway; with fp8 indexer keys the tiny
+GLM-5 loads (the library's keys rounded as the pages' are) and a broken one is still refused."""
 
 from __future__ import annotations
 
@@ -8,22 +9,33 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.model.adapter import PagedLayerCache, UnsupportedModelError
-from macbatch.engine.self_check import self_check
+from macbatch.engine.self_check import check_prompt, self_check
+from tests.support.oracle import mlx_lm_greedy
+from tests.support.sparse_attention import selection_changes
 from tests.support.tiny import build_model, save_model
 
 BROKEN_LAYER = 1
 
 
-@pytest.fixture
-def broken_attention(monkeypatch):
-    """Layer ``BROKEN_LAYER``'s paged attention answers 1.5 times what it should."""
-    attend = PagedLayerCache.attend
+def _break(monkeypatch, method: str) -> None:
+    """Layer ``BROKEN_LAYER``'s paged ``method`` answers 1.5 times what it should."""
+    attend = getattr(PagedLayerCache, method)
 
-    def perturbed(self, queries, keys, values, scale, window, sinks):
-        out = attend(self, queries, keys, values, scale, window, sinks)
+    def perturbed(self, *args, **kwargs):
+        out = attend(self, *args, **kwargs)
         return out * 1.5 if self.layer == BROKEN_LAYER else out
 
-    monkeypatch.setattr(PagedLayerCache, "attend", perturbed)
+    monkeypatch.setattr(PagedLayerCache, method, perturbed)
+
+
+@pytest.fixture
+def broken_attention(monkeypatch):
+    _break(monkeypatch, "attend")
+
+
+@pytest.fixture
+def broken_latent_attention(monkeypatch):
+    _break(monkeypatch, "attend_latent")
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
@@ -56,3 +68,26 @@ def test_load_refuses_it_and_no_self_check_serves_it(tmp_path, broken_attention)
 def test_load_records_a_passed_check(tmp_path):
     engine = Engine.load(str(save_model(tmp_path / "m")), EngineConfig(num_blocks=64))
     assert engine.self_check is not None and engine.self_check.passed
+
+
+def test_fp8_indexer_keys_load_the_sparse_model(tmp_path):
+    """The tiny GLM-5 with ``indexer_keys="fp8"``: its check's decode steps select otherwise
+    over rounded keys than over float ones (checked, so a library forward over float keys
+    refuses it: 0.212 off, as it did), and the check passes to float32 tolerance."""
+    path = save_model(tmp_path / "m", arch="glm_moe_dsa")
+    engine = Engine.load(str(path), EngineConfig(num_blocks=64, indexer_keys="fp8"))
+    assert engine.self_check is not None and engine.self_check.passed
+    assert engine.self_check.worst < 1e-4
+    model = engine.runner.adapter.model
+    prompt = check_prompt(engine.runner.vocab_size)
+    tokens = mlx_lm_greedy(model, prompt, 3, indexer_keys="fp8")
+    assert selection_changes(model, prompt + tokens), "fp8 keys select as float keys here"
+
+
+def test_fp8_indexer_keys_still_refuse_a_broken_step(tmp_path, broken_latent_attention):
+    """Rounding the library's keys hides no broken layer: one latent attention answering 1.5
+    times its output refuses the model (its greedy tokens differ; on this tiny model the
+    refusal names no layer, so the message is not held to one)."""
+    path = save_model(tmp_path / "m", arch="glm_moe_dsa")
+    with pytest.raises(UnsupportedModelError, match="does not reproduce glm_moe_dsa's own"):
+        Engine.load(str(path), EngineConfig(num_blocks=64, indexer_keys="fp8"))

@@ -98,3 +98,9 @@ def dequantize(codes: mx.array, scales: mx.array) -> mx.array:
     *lead, d = codes.shape
     values = mx.from_fp8(codes, dtype=mx.float32).reshape(*lead, scales.shape[-1], -1)
     return (values * scales[..., None]).reshape(*lead, d)
+
+
+def round_trip(x: mx.array) -> mx.array:
+    """``x`` as fp8 pages read it back, in ``x``'s dtype (a library cache's keys rounded as the
+    engine's pages round them: the load-time self-check's)."""
+    return dequantize(*quantize(x)).astype(x.dtype)

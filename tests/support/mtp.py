@@ -109,6 +109,19 @@ def greedy_ids(
     return [o.token_ids for o in engine.generate(prompts, params)]
 
 
+def mixed_batch_outputs(engine: Engine) -> tuple[list[str], list[list[int]]]:
+    """The MTP family tests' mixed batch: ``PROMPTS`` and its first two again, every third
+    request opting out of speculation, greedy; its prompts and each request's token ids."""
+    prompts = PROMPTS + PROMPTS[:2]
+    requests = [
+        SamplingParams(
+            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
+        )
+        for i in range(len(prompts))
+    ]
+    return prompts, [o.token_ids for o in engine.generate(prompts, requests)]
+
+
 def mlx_vlm_greedy_ids(
     model: Any, prompts: list[list[int]] = PROMPTS, max_tokens: int = MTP_TOKENS
 ) -> list[list[int]]:

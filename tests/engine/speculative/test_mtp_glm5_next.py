@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.speculative.mtp_weights import mtp_refusal
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
-    MTP_TOKENS,
     PROMPTS,
     assert_mtp_weights,
     greedy_ids,
+    mixed_batch_outputs,
     mlx_vlm_greedy_ids,
     mtp_engine,
     predicting_mtp_head,
@@ -71,14 +71,7 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_vlm(tiny_tokenizer):
     the next catch-up)."""
     model = GLM5_NEXT.model()
     engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
-    prompts = PROMPTS + PROMPTS[:2]
-    requests = [
-        SamplingParams(
-            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
-        )
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    prompts, outputs = mixed_batch_outputs(engine)
     assert outputs == mlx_vlm_greedy_ids(model, prompts)
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0

@@ -14,14 +14,14 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
-    MTP_TOKENS,
     PROMPTS,
     assert_mtp_weights,
     greedy_ids,
+    mixed_batch_outputs,
     mlx_vlm_greedy_ids,
     mtp_engine,
     predicting_mtp_head,
@@ -73,14 +73,7 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_vlm(tiny_tokenizer):
     and recomputed (their MTP latent and indexer rows rewritten by the next catch-up)."""
     model = hy_v4_model()
     engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
-    prompts = PROMPTS + PROMPTS[:2]
-    requests = [
-        SamplingParams(
-            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
-        )
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    prompts, outputs = mixed_batch_outputs(engine)
     assert outputs == mlx_vlm_greedy_ids(model, prompts)
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.stores.pages import LayerShape
 from macbatch.models.check import check_model
 from tests.support.mtp import (
@@ -28,6 +28,7 @@ from tests.support.mtp import (
     PROMPTS,
     assert_mtp_weights,
     greedy_ids,
+    mixed_batch_outputs,
     mtp_engine,
     mtp_target,
     nemotron_checkpoint_weights,
@@ -73,14 +74,7 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_lm(tiny_tokenizer):
     Mamba states from the prompt), prompts that repeat hit the prefix cache."""
     model = mtp_target("nemotron_h")
     engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
-    prompts = PROMPTS + PROMPTS[:2]
-    requests = [
-        SamplingParams(
-            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
-        )
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    prompts, outputs = mixed_batch_outputs(engine)
     assert outputs == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in prompts]
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0

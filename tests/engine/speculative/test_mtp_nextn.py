@@ -25,6 +25,7 @@ from tests.support.mtp import (
     PROMPTS,
     assert_mtp_weights,
     greedy_ids,
+    mixed_batch_outputs,
     mtp_engine,
     mtp_target,
     predicting_mtp_head,
@@ -98,14 +99,7 @@ def test_a_sparse_targets_mixed_batch_preempted_and_from_the_prefix_cache(tiny_t
     selects positions. Every reply is mlx-lm's."""
     model = mtp_target("glm_moe_dsa")
     engine = mtp_engine(model, tiny_tokenizer, predicting_mtp_head(model), num_blocks=12)
-    prompts = PROMPTS + PROMPTS[:2]
-    requests = [
-        SamplingParams(
-            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
-        )
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    prompts, outputs = mixed_batch_outputs(engine)
     assert outputs == [mlx_lm_greedy(model, p, MTP_TOKENS) for p in prompts]
     stats = engine.stats()
     assert stats.speculation.accepted > 0

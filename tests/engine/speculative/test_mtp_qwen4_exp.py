@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine import Engine, EngineConfig
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
-    MTP_TOKENS,
     PROMPTS,
     assert_mtp_weights,
     greedy_ids,
+    mixed_batch_outputs,
     mlx_vlm_greedy_ids,
     mlx_vlm_qwen4_drafts,
     mtp_engine,
@@ -67,14 +67,7 @@ def test_a_mixed_batch_preempted_still_replies_as_mlx_vlm(tiny_tokenizer):
     the next catch-up)."""
     model = QWEN4_EXP.model(ple_layer_ids=[])
     engine = mtp_engine(model, tiny_tokenizer, predicting_streams_head(model), num_blocks=12)
-    prompts = PROMPTS + PROMPTS[:2]
-    requests = [
-        SamplingParams(
-            max_tokens=MTP_TOKENS, temperature=0, ignore_eos=True, speculative=i % 3 != 1
-        )
-        for i in range(len(prompts))
-    ]
-    outputs = [o.token_ids for o in engine.generate(prompts, requests)]
+    prompts, outputs = mixed_batch_outputs(engine)
     assert outputs == mlx_vlm_greedy_ids(model, prompts)
     stats = engine.stats()
     assert stats.speculation.accepted > 0 and stats.preemptions > 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from macbatch.engine.model.library_keys import round_indexer_keys as round_library_keys
+
 
 def e4m3_grid() -> np.ndarray:
     """Every finite non-negative e4m3 value, ascending; index = the code's low 7 bits."""
@@ -55,42 +57,14 @@ def fp8_keys_numpy(x: np.ndarray) -> np.ndarray:
 
 
 def round_indexer_keys(layers: list, cache: list) -> None:
-    """Every key a library's sparse-attention caches are handed for their indexers first rounded
-    through the fp8 format, so the library's own indexer scores over exactly the keys fp8 pages
-    hold (in place of any other rounding of them: the cache's own write is wrapped). Only the
-    layers of ``layers`` whose attention has an indexer of its own (``self_attn.indexer``):
-    recurrent layers and those sharing another layer's selection (Hunyuan V4's and GLM5-next's
-    "shared" layers, whose lists hold the latent and its projections) have no keys to round."""
-    for layer, layer_cache in zip(layers, cache):
-        if getattr(getattr(layer, "self_attn", None), "indexer", None) is not None:
-            _round_args(*_key_write(layer_cache))
+    """Every key a library's sparse-attention caches are handed for their indexers (one page row
+    at a time: ``macbatch/engine/model/library_keys.py`` says where each family's go) first
+    rounded through this oracle of the fp8 format, so the library's own indexer scores over
+    exactly the keys fp8 pages hold (in place of any other rounding of them)."""
+    round_library_keys(layers, cache, _through_numpy)
 
 
-def _key_write(layer_cache) -> tuple[object, str, int]:
-    """Where a layer's library cache is handed its indexer's keys: the object, its method, and
-    how many leading arguments make up one page row. mlx-vlm's Qwen4-exp hands its raw keys to
-    its ``QSAKVCache``'s ``update_indexer(keys, positions)``; GLM5-next each token's key and
-    pooling gate to the ``PoolingCache`` of its four-part list, ``accumulate_windows(keys,
-    gates, offset)`` (the engine's page row is the two side by side); mlx-lm's DeepSeek V3.2 and
-    GLM-5 write ``update_and_fetch(k, k)`` to their two-part list's second cache, mlx-vlm's
-    Hunyuan V4 ``update_and_fetch(k, zeros [.., 0])`` (both indexers read the keys alone)."""
-    if hasattr(layer_cache, "update_indexer"):
-        return layer_cache, "update_indexer", 1
-    pooling = [part for part in layer_cache.caches if hasattr(part, "accumulate_windows")]
-    if pooling:
-        return pooling[0], "accumulate_windows", 2
-    return layer_cache.caches[1], "update_and_fetch", 1
-
-
-def _round_args(owner: object, method: str, count: int) -> None:
-    """``owner.method``'s first ``count`` arguments rounded first, as one row side by side."""
-    write = getattr(type(owner), method).__get__(owner)
-
-    def rounded(*args):
-        parts = [np.array(a.astype(mx.float32)) for a in args[:count]]
-        exact = fp8_keys_numpy(np.concatenate(parts, axis=-1)).astype(np.float32)
-        cuts = np.cumsum([p.shape[-1] for p in parts])[:-1]
-        back = [mx.array(x).astype(a.dtype) for x, a in zip(np.split(exact, cuts, -1), args)]
-        return write(*back, *args[count:])
-
-    setattr(owner, method, rounded)
+def _through_numpy(x: mx.array) -> mx.array:
+    """``x`` as the format reads it back (float64 oracle), in ``x``'s dtype."""
+    exact = fp8_keys_numpy(np.array(x.astype(mx.float32)))
+    return mx.array(exact.astype(np.float32)).astype(x.dtype)

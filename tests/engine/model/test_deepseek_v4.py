@@ -19,8 +19,8 @@ import pytest
 from mlx_vlm.utils import load_model
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.kv.held_state import HeldStateGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
+from tests.support.disk_tier import conversation_across_a_restart
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import random_prompts, run_staggered
 from tests.support.tiny_deepseek_v4 import (
@@ -79,8 +79,20 @@ def test_batched_log_probabilities_and_a_prefix_hit_match_the_reference(served) 
     for prompt, out in zip([*prompts, resumed], [*outs, again]):
         assert_matches_reference(model, prompt, out)
     assert_pool_idle(engine)
-    group = engine.kv.group(HeldStateGroup)
-    assert group is not None and group.disk_part() is None  # the disk tier stays off
+
+
+def test_a_restart_resumes_a_conversation_from_the_disk_tier(checkpoint, served, tmp_path):
+    """A conversation's first turns on an engine with a disk cache, closed; a fresh engine over
+    the same directory answers its next turn and an edited one from blocks and held caches'
+    checkpoints read back from disk (the window's slots, the pooling caches' open and previous
+    groups: ``conversation_across_a_restart``): every token and log-probability is the
+    reference's."""
+    _, model = served
+    config = EngineConfig(
+        num_blocks=96, block_size=8, max_num_batched_tokens=16, disk_cache_dir=str(tmp_path)
+    )
+    for prompt, out in conversation_across_a_restart(checkpoint, config, GREEDY, seed=5):
+        assert_matches_reference(model, prompt, out)
 
 
 def test_mlx_vlm_own_generation_where_it_is_exact(served) -> None:

@@ -19,6 +19,7 @@ from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.families import unsupported_reason
 from macbatch.engine.stores.held_caches import PLACEHOLDER, HeldCaches
 from tests.support.deepseek_v4 import V41_CONFIG, save_v41
+from tests.support.disk_tier import conversation_across_a_restart
 from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy_logprobs
 from tests.support.staggered import random_prompts
 
@@ -66,29 +67,16 @@ def test_batched_chunked_prefill_and_a_prefix_hit_match_mlx_lm(served) -> None:
 
 
 def test_a_restart_resumes_a_conversation_from_the_disk_tier(checkpoint, served, tmp_path):
-    """An engine with a disk cache serves two requests and is closed; a fresh one over the same
-    directory answers the longer one's next turn (its prompt, its reply, more tokens) from the
-    held caches' checkpoint read back from disk, and every token and log-probability is
-    mlx-lm's."""
+    """A conversation's first turns on an engine with a disk cache, closed; a fresh engine over
+    the same directory answers its next turn and an edited one from blocks and held caches'
+    checkpoints read back from disk (``conversation_across_a_restart``): every token and
+    log-probability is mlx-lm's."""
     _, oracle = served
     config = EngineConfig(
         num_blocks=64, block_size=8, max_num_batched_tokens=16, disk_cache_dir=str(tmp_path)
     )
-    first = Engine.load(str(checkpoint), config)
-    assert first.kv.disk is not None
-    prompts = random_prompts([LONG, 13], seed=5)
-    outs = first.generate(prompts, GREEDY)
-    first.close()
-    resumed = prompts[0] + outs[0].token_ids + random_prompts([5], seed=6)[0]
-    fresh = Engine.load(str(checkpoint), config)
-    [again] = fresh.generate([resumed], GREEDY)
-    assert again.metrics is not None and again.metrics.disk_cached_tokens >= 40
-    stats = fresh.stats().disk
-    assert stats is not None and stats.blocks_read > 0 and stats.corrupt == 0
-    for prompt, out in zip([*prompts, resumed], [*outs, again]):
+    for prompt, out in conversation_across_a_restart(checkpoint, config, GREEDY, seed=5):
         assert_matches_mlx_lm(oracle, prompt, out)
-    assert_pool_idle(fresh)
-    fresh.close()
 
 
 def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:

@@ -81,6 +81,8 @@ def rebuild(data: np.ndarray, fresh: list[Any]) -> list[Any] | None:
         for name, (dtype_name, shape) in shapes.items():
             dtype = getattr(mx, dtype_name)
             size = math.prod(shape) * dtype.size
+            if at + size > data.size:
+                return None
             setattr(part, name, mx.array(data[at : at + size]).view(dtype).reshape(shape))
             at += size
     return fresh if at == data.size else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from macbatch.engine.kv.disk.parts import HeldCheckpointPart
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup, RecurrentStateSpec
+from macbatch.engine.stores.held_bytes import writable
 from macbatch.engine.stores.held_caches import HeldCaches
 
 
@@ -39,7 +40,11 @@ class HeldStateGroup(RecurrentStateGroup):
         return store.held_bytes()
 
     def disk_part(self) -> HeldCheckpointPart | None:
-        """The held caches after a prefix's last block (None: prefix caching is off)."""
+        """The held caches after a prefix's last block (None: prefix caching is off, or the
+        library's caches hold a field ``held_bytes`` does not write)."""
         store = self.slots.store
         assert isinstance(store, HeldCaches)
-        return None if self.checkpoints is None else HeldCheckpointPart(self.checkpoints, store)
+        new = store.new_caches
+        if self.checkpoints is None or new is None or not writable(new()):
+            return None
+        return HeldCheckpointPart(self.checkpoints, store)

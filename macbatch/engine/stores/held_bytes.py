@@ -38,6 +38,17 @@ def layout(caches: Sequence[Any]) -> tuple[str, ...]:
     return tuple(f"{_name(p)}({','.join(vars(p))})" for cache in caches for p in cache_parts(cache))
 
 
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, _SCALARS)
+
+
+def writable(caches: Sequence[Any]) -> bool:
+    """Whether ``payload`` writes caches of this kind: every field an array or a scalar (checked
+    on new caches, so a library whose caches hold something else keeps the tier off)."""
+    values = (v for cache in caches for p in cache_parts(cache) for v in vars(p).values())
+    return all(isinstance(v, mx.array) or _scalar(v) for v in values)
+
+
 def payload(caches: Sequence[Any]) -> mx.array:
     """One checkpoint's caches as a 1-D uint8 array (lazy): the header's length, the header,
     then every array's bytes in the header's order. ``TypeError`` for a field that is neither an
@@ -50,7 +61,7 @@ def payload(caches: Sequence[Any]) -> mx.array:
             if isinstance(value, mx.array):
                 shapes[name] = [str(value.dtype).rsplit(".", 1)[-1], list(value.shape)]
                 arrays.append(value.reshape(-1).view(mx.uint8))
-            elif value is None or isinstance(value, _SCALARS):
+            elif _scalar(value):
                 scalars[name] = value
             else:
                 raise TypeError(f"{_name(part)}.{name} is {type(value).__name__}, not kept")

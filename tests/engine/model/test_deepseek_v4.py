@@ -24,7 +24,7 @@ from mlx_vlm.utils import load_model
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.held_state import HeldStateGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
-from macbatch.engine.stores.held_bytes import FORMAT, payload, rebuild
+from macbatch.engine.stores.held_bytes import FORMAT, payload, rebuild, writable
 from macbatch.engine.stores.held_caches import HeldCaches, cache_parts
 from tests.support.deepseek_v4 import tiny_v41
 from tests.support.disk_tier import conversation_across_a_restart
@@ -107,7 +107,8 @@ def test_a_restart_resumes_a_conversation_from_the_disk_tier(checkpoint, served,
 def test_a_held_checkpoint_rebuilds_only_into_caches_of_its_kind(served) -> None:
     """A checkpoint's payload (``held_bytes.payload``) rebuilt into new caches of the family's
     kind holds every field it had, arrays bit for bit; rebuilt into mlx-lm's V4.1 caches, or
-    cut short, it is refused."""
+    cut short, it is refused; caches with a field that is neither an array nor a scalar are not
+    written (the tier stays off)."""
     engine, _ = served
     engine.generate(random_prompts([29], seed=11), GREEDY)
     group = engine.kv.group(HeldStateGroup)
@@ -128,6 +129,10 @@ def test_a_held_checkpoint_rebuilds_only_into_caches_of_its_kind(served) -> None
                 assert getattr(now, name) == value, name
     assert rebuild(data, tiny_v41().make_cache()) is None
     assert rebuild(data[:-1], store.new_caches()) is None
+    odd = store.new_caches()
+    assert writable(odd)
+    cache_parts(odd[0])[0].transaction = {"length": 1}  # neither an array nor a scalar
+    assert not writable(odd)
 
 
 def test_mlx_vlm_own_generation_where_it_is_exact(served) -> None:

@@ -4,7 +4,8 @@ is read back before it is scheduled (docs/engine.md, "The disk tier").
 
 It keeps, for each block of the prefix cache's chain, every cache group's part of it
 (``group.DiskPart``: full attention's pages, a sliding window's, a recurrent state's
-checkpoint), one file per part, and loops over the parts: it knows no kind.
+checkpoint, held library caches' checkpoint), one file per part, and loops over the parts: it
+knows no kind (a part that is not ``sized`` has payloads of their own lengths).
 A prefix is usable from disk only as far as every part it needs is there (in RAM or read), the
 all-agree rule the KV manager applies to RAM.
 

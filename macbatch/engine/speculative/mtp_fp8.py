@@ -37,19 +37,19 @@ def _source_quantization(config: dict[str, Any]) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def is_block_fp8(config: dict[str, Any]) -> bool:
-    """Whether the checkpoint's weights are block fp8; ``ValueError`` for an fp8 layout this
-    loader does not read (another block size or code format)."""
+def _check_block_fp8(config: dict[str, Any]) -> None:
+    """``ValueError`` where the config declares an fp8 layout this loader does not read (another
+    block size or code format); a config silent on it is read as DeepSeek's, as mlx-lm's
+    DeepSeek ``sanitize`` reads a ``weight_scale_inv``."""
     source = _source_quantization(config)
     if source.get("quant_method") != "fp8":
-        return False
+        return
     block, fmt = source.get("weight_block_size"), source.get("fmt", "e4m3")
     if block != [FP8_BLOCK, FP8_BLOCK] or fmt != "e4m3":
         raise ValueError(
             f"the checkpoint's fp8 MTP weights are {fmt} in blocks of {block}: only e4m3 in "
             f"{FP8_BLOCK} x {FP8_BLOCK} blocks is read"
         )
-    return True
 
 
 def is_mxfp8(config: dict[str, Any]) -> bool:
@@ -67,14 +67,16 @@ def mtp_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     return converted
 
 
-def dequantized_blocks(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+def dequantized_blocks(weights: dict[str, mx.array], config: dict[str, Any]) -> dict[str, mx.array]:
     """``weights`` with every block-fp8 weight (one with a ``weight_scale_inv``) dequantized, in
-    the dtype of the other float weights (bfloat16 when there are none)."""
+    the dtype of the other float weights (bfloat16 when there are none); ``config`` the
+    checkpoint's."""
     import mlx.core as mx
 
     scaled = [k.removesuffix(_SCALE_INV) for k in weights if k.endswith(_SCALE_INV)]
     if not scaled:
         return weights
+    _check_block_fp8(config)
     dtype = next(
         (v.dtype for k, v in weights.items() if mx.issubdtype(v.dtype, mx.floating)
          and not k.endswith(_SCALE_INV)),

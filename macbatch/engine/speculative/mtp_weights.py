@@ -48,7 +48,6 @@ from macbatch.engine.model.families import FAMILIES, MtpNaming, family
 from macbatch.engine.speculative.mtp_fp8 import (
     as_mxfp8_layers,
     dequantized_blocks,
-    is_block_fp8,
     is_mxfp8,
 )
 
@@ -308,8 +307,7 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             name = names.name(key)
             if name is not None:
                 weights[name] = value
-    if is_block_fp8(config):
-        weights = dequantized_blocks(weights)
+    weights = dequantized_blocks(weights, config)
     converted = _converted(weights, names.naming, headers, text)
     return as_mxfp8_layers(converted) if is_mxfp8(config) else converted
 

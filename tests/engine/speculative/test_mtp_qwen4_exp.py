@@ -9,9 +9,12 @@ weights (the drafts themselves), and the weights the test wrote (loading)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.engine.speculative.mtp_model import load_mtp_head
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
@@ -123,5 +126,11 @@ def test_a_block_fp8_checkpoints_mtp_layer_loads_as_the_format_defines(tmp_path)
     assert_mtp_weights(engine, layer.expected)
     assert_dequantized(engine.runner.draft.head, layer)
     prompts = PROMPTS[:2]
-    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
+    target = load_model(path)
+    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(target, prompts, 12)
     assert engine.stats().speculation.drafted > 0
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [64, 64]  # a layout not read: refused
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="in blocks of \\[64, 64\\]: only e4m3 in 128 x 128"):
+        load_mtp_head(path, target, "qwen4_exp")

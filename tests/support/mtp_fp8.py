@@ -1,6 +1,6 @@
 """An MTP layer's weights as real checkpoints store them in 8-bit floats (Hunyuan V4's mxfp8,
 Qwen4-exp's block fp8), encoded by the float64 numpy oracle of the formats
-(tests/support/fp8_oracle.py), with what the loader should make of them."""
+(tests/support/fp8_weights_numpy.py), with what the loader should make of them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from tests.support.fp8_oracle import block_fp8, mxfp8
+from tests.support.fp8_weights_numpy import block_fp8, mxfp8
 
 # the config.json ``quantization_config`` of each format's checkpoints (the fields mlx-vlm
 # 0.7.10 reads: ``fp8.make_quantization_config``, and ModelOpt's method and algorithm)

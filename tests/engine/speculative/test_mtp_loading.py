@@ -3,7 +3,7 @@ zero-centred norms, unstacked or fused experts) and mlx-community's converted, q
 ``--speculative auto`` drafts with it where it exists; the doctor says whether it is there;
 block-fp8 weights dequantize block by block. Oracles: the MTP weights the test wrote (as MLX
 holds them), mlx-lm's generation of the target it loads itself, the float64 numpy oracle of
-block fp8 (tests/support/fp8_oracle.py)."""
+block fp8 (tests/support/fp8_weights_numpy.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.speculative.mtp_fp8 import dequantized_blocks
 from macbatch.models.check import check_model
-from tests.support.fp8_oracle import block_fp8
+from tests.support.fp8_weights_numpy import block_fp8
 from tests.support.mtp import (
     MTP_ARCHS,
     assert_mtp_weights,

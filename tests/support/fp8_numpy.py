@@ -25,15 +25,30 @@ def e4m3_grid() -> np.ndarray:
     return np.array(values)
 
 
-def round_e4m3(x: np.ndarray) -> np.ndarray:
-    """``x`` (within +-448) on the e4m3 grid, to nearest, ties to the even code."""
+def _nearest(mag: np.ndarray) -> np.ndarray:
+    """The index on ``e4m3_grid`` of each magnitude's nearest value (ties to the even code)."""
     grid = e4m3_grid()
-    mag = np.abs(x)
     hi = np.clip(np.searchsorted(grid, mag), 1, len(grid) - 1)
     lo = hi - 1
     below, above = mag - grid[lo], grid[hi] - mag
-    pick = np.where(below < above, lo, np.where(above < below, hi, np.where(lo % 2 == 0, lo, hi)))
-    return np.sign(x) * grid[pick]
+    return np.where(below < above, lo, np.where(above < below, hi, np.where(lo % 2 == 0, lo, hi)))
+
+
+def round_e4m3(x: np.ndarray) -> np.ndarray:
+    """``x`` (within +-448) on the e4m3 grid, to nearest, ties to the even code."""
+    return np.sign(x) * e4m3_grid()[_nearest(np.abs(x))]
+
+
+def e4m3_codes(x: np.ndarray) -> np.ndarray:
+    """The e4m3 byte of each value of ``x`` (its sign bit, then its grid index; nearest, ties to
+    the even code, saturating at 448), as an fp8 checkpoint stores a weight."""
+    index = _nearest(np.minimum(np.abs(x), 448.0))
+    return (index | np.where(x < 0, 0x80, 0)).astype(np.uint8)
+
+
+def e4m3_values(codes: np.ndarray) -> np.ndarray:
+    """The value of each e4m3 byte (none the NaN code)."""
+    return np.where(codes & 0x80, -1.0, 1.0) * e4m3_grid()[codes & 0x7F]
 
 
 def fp8_round_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,11 +1,10 @@
 """The classification heads of DistilBERT, MPNet, ELECTRA, DeBERTa-v2, ModernBERT (CLS and mean
 pooling), gte and Nomic BERT against transformers' own ``*ForSequenceClassification`` logits on
 the same random weights (``tests/support/encoder_classifiers.py``): long-tailed pairs scored in
-packed passes through the Python API, the task list, and what is refused."""
+packed passes through the Python API, the task list, a missing head weight refused."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -62,16 +61,4 @@ def test_a_missing_head_weight_is_refused_by_name(built, tmp_path: Path) -> None
     del weights["pre_classifier.weight"]
     save_file(weights, str(path / "model.safetensors"))
     with pytest.raises(ValueError, match="classifier.dense.weight"):
-        EncoderModel.load(str(path))
-
-
-def test_a_pooling_not_built_is_refused(built, tmp_path: Path) -> None:
-    source = built["modernbert"].path
-    path = tmp_path / "changed"
-    path.mkdir()
-    config = json.loads((source / "config.json").read_text()) | {"classifier_pooling": "max"}
-    (path / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "model.safetensors"):
-        (path / name).write_bytes((source / name).read_bytes())
-    with pytest.raises(ValueError, match="classifier_pooling of 'max' is not built"):
         EncoderModel.load(str(path))

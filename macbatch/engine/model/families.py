@@ -160,19 +160,38 @@ class EncoderNaming(Enum):
 
 
 @dataclass(frozen=True)
+class ClassifierHead:
+    """A family's ``*ForSequenceClassification`` head as transformers defines it: ``out(norm(
+    act(dense(pooled))))`` over each sequence's pooled row, the weights under these names (the
+    base model's prefix stripped). ``activation``, ``dense_bias`` and ``pooling`` are the
+    defaults a checkpoint's config may override (engine/encoder/config.py reads them)."""
+
+    dense: str
+    out: str
+    activation: str = "tanh"
+    norm: str | None = None  # ModernBERT's LayerNorm after the activation
+    dense_bias: bool = True
+    pooling: str = "cls"  # the row it reads: the first token's, or ModernBERT's "mean"
+
+
+# BertForSequenceClassification: BertPooler's tanh(dense(CLS)), then ``classifier``
+_BERT_HEAD = ClassifierHead("pooler.dense", "classifier")
+# RobertaClassificationHead (MPNet's is the same): its own dense + tanh, then ``out_proj``
+_ROBERTA_HEAD = ClassifierHead("classifier.dense", "classifier.out_proj")
+
+
+@dataclass(frozen=True)
 class EncoderLayout:
     """How an encoder family's checkpoint differs (engine/encoder/: HF's names and rules)."""
 
     prefix: str  # where a task checkpoint puts the base model's weights ("bert.", "roberta.")
     # position ids count from padding_idx + 1 (HF's RoBERTa create_position_ids_from_input_ids)
     offset_positions: bool = False
-    # the classification head has its own dense + tanh before ``out_proj`` (RoBERTa's), where
-    # BERT's reads its pooler's tanh(dense(CLS)) into ``classifier``
-    dense_head: bool = False
+    head: ClassifierHead = _BERT_HEAD
     naming: EncoderNaming = EncoderNaming.BERT
 
 
-_ROBERTA = EncoderLayout("roberta.", offset_positions=True, dense_head=True)
+_ROBERTA = EncoderLayout("roberta.", offset_positions=True, head=_ROBERTA_HEAD)
 
 
 @dataclass(frozen=True)
@@ -400,18 +419,49 @@ FAMILIES: dict[str, Family] = {
     "bert": Family(encoder=EncoderLayout("bert.")),
     "roberta": Family(encoder=_ROBERTA),
     "xlm-roberta": Family(encoder=_ROBERTA),
-    "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
+    # DistilBertForSequenceClassification: ReLU between ``pre_classifier`` and ``classifier``
+    "distilbert": Family(
+        encoder=EncoderLayout(
+            "distilbert.",
+            head=ClassifierHead("pre_classifier", "classifier", "relu"),
+            naming=EncoderNaming.DISTILBERT,
+        )
+    ),
     # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
-    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet and ELECTRA
-    # count positions and name their task heads as RoBERTa and BERT do
+    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet counts positions
+    # as RoBERTa does and names its head as RoBERTa's; gte's and Nomic's heads are BERT's
     "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
     "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
-    "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
-    "mpnet": Family(
-        encoder=EncoderLayout("mpnet.", offset_positions=True, naming=EncoderNaming.MPNET)
+    # ModernBertPredictionHead (dense without bias, GELU, LayerNorm) then ``classifier``, over
+    # the row its config's ``classifier_pooling`` says
+    "modernbert": Family(
+        encoder=EncoderLayout(
+            "model.",
+            head=ClassifierHead("head.dense", "classifier", "gelu", "head.norm", False),
+            naming=EncoderNaming.MODERNBERT,
+        )
     ),
-    "electra": Family(encoder=EncoderLayout("electra.", naming=EncoderNaming.ELECTRA)),
-    "deberta-v2": Family(encoder=EncoderLayout("deberta.", naming=EncoderNaming.DEBERTA)),
+    "mpnet": Family(
+        encoder=EncoderLayout(
+            "mpnet.", offset_positions=True, head=_ROBERTA_HEAD, naming=EncoderNaming.MPNET
+        )
+    ),
+    # ElectraClassificationHead: RoBERTa's names with GELU in place of tanh
+    "electra": Family(
+        encoder=EncoderLayout(
+            "electra.",
+            head=ClassifierHead("classifier.dense", "classifier.out_proj", "gelu"),
+            naming=EncoderNaming.ELECTRA,
+        )
+    ),
+    # DebertaV2ForSequenceClassification: ContextPooler's ``pooler_hidden_act``(dense(CLS))
+    "deberta-v2": Family(
+        encoder=EncoderLayout(
+            "deberta.",
+            head=ClassifierHead("pooler.dense", "classifier", "gelu"),
+            naming=EncoderNaming.DEBERTA,
+        )
+    ),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),

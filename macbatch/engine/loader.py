@@ -193,10 +193,8 @@ def load_tokenizer(path: Path, eos_token_ids: Any = None) -> TokenizerWrapper:
     config = read_model_config(path)
     extra = None
     if config.get("model_type") not in CONFIG_MAPPING:
-        blank = PreTrainedConfig(
-            name_or_path=str(path), tokenizer_class=config.get("tokenizer_class")
-        )
-        extra = {"config": blank}
+        fields = {"_name_or_path": str(path), "tokenizer_class": config.get("tokenizer_class")}
+        extra = {"config": PreTrainedConfig.from_dict(fields)}
     return mlx_lm_tokenizer(path, extra, eos_token_ids=eos_token_ids)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4
+from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4, tiny_vlm_idefics3
 from tests.support.tiny_vlm import save_tiny_vlm
 
 
@@ -27,4 +27,6 @@ TINY_VLMS = {
     "mistral3": (save_tiny_vlm, tiny_vlm.rendered),
     "gemma3": (tiny_vlm_gemma3.save_tiny_gemma3, tiny_vlm_gemma3.rendered),
     "gemma4": (tiny_vlm_gemma4.save_tiny_gemma4, tiny_vlm_gemma4.rendered),
+    "idefics3": (tiny_vlm_idefics3.save_tiny_idefics3, tiny_vlm_idefics3.rendered),
+    "smolvlm": (tiny_vlm_idefics3.save_tiny_smolvlm, tiny_vlm_idefics3.rendered),
 }

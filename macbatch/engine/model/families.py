@@ -275,10 +275,10 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
     "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl",
+    "fastvlm", "got", "granite4_vision", "idefics2", "indic_ocr", "internvl",
     "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
-    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "smolvlm", "youtu_vl",
+    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -467,6 +467,9 @@ FAMILIES: dict[str, Family] = {
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
     # rows are causal rows too (docs/vision.md).
     "mistral3": Family(vision=Vision()),
+    # mlx-vlm's language model; an image is its tiles' rows and its whole image's, as the
+    # processor expands it (docs/vision.md)
+    **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
     "gemma3": Family(vision=Vision()),
     "gemma4": Family(
         vision=Vision(

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import tiny_vlm, tiny_vlm_gemma3, tiny_vlm_gemma4, tiny_vlm_idefics3
+from tests.support import (
+    tiny_vlm,
+    tiny_vlm_gemma3,
+    tiny_vlm_gemma4,
+    tiny_vlm_idefics3,
+    tiny_vlm_onevision,
+)
 from tests.support.tiny_vlm import save_tiny_vlm
 
 
@@ -29,4 +35,5 @@ TINY_VLMS = {
     "gemma4": (tiny_vlm_gemma4.save_tiny_gemma4, tiny_vlm_gemma4.rendered),
     "idefics3": (tiny_vlm_idefics3.save_tiny_idefics3, tiny_vlm_idefics3.rendered),
     "smolvlm": (tiny_vlm_idefics3.save_tiny_smolvlm, tiny_vlm_idefics3.rendered),
+    "llava_onevision": (tiny_vlm_onevision.save_tiny_onevision, tiny_vlm_onevision.rendered),
 }

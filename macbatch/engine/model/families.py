@@ -268,7 +268,7 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("llava_next", "internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
@@ -470,6 +470,8 @@ FAMILIES: dict[str, Family] = {
     # mlx-vlm's language model; an image is its tiles' rows and its whole image's, as the
     # processor expands it (docs/vision.md)
     **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
+    # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
+    "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),
     "gemma4": Family(
         vision=Vision(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.support import (
     tiny_vlm,
+    tiny_vlm_aya,
     tiny_vlm_gemma3,
     tiny_vlm_gemma4,
     tiny_vlm_idefics3,
@@ -36,4 +37,5 @@ TINY_VLMS = {
     "idefics3": (tiny_vlm_idefics3.save_tiny_idefics3, tiny_vlm_idefics3.rendered),
     "smolvlm": (tiny_vlm_idefics3.save_tiny_smolvlm, tiny_vlm_idefics3.rendered),
     "llava_onevision": (tiny_vlm_onevision.save_tiny_onevision, tiny_vlm_onevision.rendered),
+    "aya_vision": (tiny_vlm_aya.save_tiny_aya, tiny_vlm_aya.rendered),
 }

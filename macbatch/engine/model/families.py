@@ -274,7 +274,7 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
+    "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
     "fastvlm", "got", "granite4_vision", "idefics2", "indic_ocr", "internvl",
     "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
@@ -472,6 +472,8 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
     # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
     "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
+    # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
+    "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),
     "gemma4": Family(
         vision=Vision(

@@ -275,7 +275,7 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
     "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "idefics2", "indic_ocr", "internvl",
+    "fastvlm", "got", "granite4_vision", "indic_ocr", "internvl",
     "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
     "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
@@ -470,6 +470,13 @@ FAMILIES: dict[str, Family] = {
     # mlx-vlm's language model; an image is its tiles' rows and its whole image's, as the
     # processor expands it (docs/vision.md)
     **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
+    "idefics2": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's Idefics 2 tower attends over the padding its processor adds to "
+        "a prompt's smaller images, so an image's rows depend on the other images beside it "
+        "(tests/vision/test_idefics2_images.py), where the engine encodes each image alone; "
+        "text is served",
+    ),
     # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
     "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
     # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers

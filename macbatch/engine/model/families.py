@@ -268,7 +268,7 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("llava_next", "internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
@@ -479,6 +479,13 @@ FAMILIES: dict[str, Family] = {
     ),
     # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
     "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
+    "llava_next": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's LLaVA-NeXT puts a whole crop's rows (or a block of newline rows) "
+        "in place of each image token the processor expands, its rows outnumbering the prompt's "
+        "ids, and reads only a prompt's first image (tests/vision/test_llava_next_images.py), "
+        "where the engine gives each image token one row; text is served",
+    ),
     # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
     "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),

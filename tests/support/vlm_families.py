@@ -1,6 +1,7 @@
-"""The tiny VLM families the family-generic vision tests run over (Mistral 3, Gemma 3, Gemma 4:
-tests/support/tiny_vlm*.py), and ``TinyVlm``, the value of the ``family_vlm`` fixture that test
-modules name in their signatures; here so they need not import tests/vision/conftest.py."""
+"""The tiny VLM families the family-generic vision tests run over (Mistral 3, Gemma 3, Gemma 4,
+Idefics 3, SmolVLM, LLaVA-OneVision, Aya Vision: tests/support/tiny_vlm*.py), and ``TinyVlm``,
+the value of the ``family_vlm`` fixture that test modules name in their signatures; here so they
+need not import tests/vision/conftest.py."""
 
 from __future__ import annotations
 

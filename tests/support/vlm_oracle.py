@@ -40,6 +40,12 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
     )
 
 
+def mlx_vlm_text_ids(path: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    """mlx-vlm's greedy ids for a text-only prompt of token ids, on the checkpoint at ``path``."""
+    model, _ = _mlx_vlm(str(path))
+    return [token for token, _ in mlx_vlm_text_greedy(model, prompt, max_tokens)]
+
+
 def mlx_vlm_text_greedy(
     model: Any, prompt: list[int], max_tokens: int, indexer_keys: str | None = None
 ) -> list[tuple[int, float]]:

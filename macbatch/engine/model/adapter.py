@@ -166,6 +166,7 @@ class ModelAdapter:
         self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
+        self._embeddings_as = _embeddings_keyword(self._flat._call if self._flat else self.inner)
 
     @property
     def inner(self) -> Any:
@@ -451,7 +452,7 @@ class ModelAdapter:
         vision = self.family.vision
         if vision is None or not vision.scaled_rows:
             embeddings[rows] = image.astype(embeddings.dtype)
-            return inner(inputs, cache=cache, input_embeddings=embeddings)
+            return inner(inputs, cache=cache, **{self._embeddings_as: embeddings})
         # the token rows scaled as the model scales them (the same op), the image rows as they
         # come, and the model's own scaling made 1.0 for this call (restored: the graph is built)
         scale = inner.embed_scale
@@ -459,7 +460,7 @@ class ModelAdapter:
         embeddings[rows] = image.astype(embeddings.dtype)
         inner.embed_scale = 1.0
         try:
-            return inner(inputs, cache=cache, input_embeddings=embeddings)
+            return inner(inputs, cache=cache, **{self._embeddings_as: embeddings})
         finally:
             inner.embed_scale = scale
 
@@ -519,6 +520,13 @@ def _head_call(cls: type) -> Callable[..., Any]:
     bases' that does not."""
     calls = (klass.__dict__.get("__call__") for klass in cls.__mro__)
     return next(c for c in calls if c is not None and "__class__" not in c.__code__.co_freevars)
+
+
+def _embeddings_keyword(call: Callable[..., Any]) -> str:
+    """The keyword ``call`` takes its input embeddings by: mlx-lm's ``input_embeddings``, or
+    mlx-vlm's own text models' ``inputs_embeds`` (Idefics 3's, LLaVA-NeXT's ...)."""
+    parameters = inspect.signature(call).parameters
+    return "inputs_embeds" if "inputs_embeds" in parameters else "input_embeddings"
 
 
 def _position_ids(positions: mx.array, axes: int) -> mx.array:

@@ -287,17 +287,17 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl",
+    "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
+    "fastvlm", "got", "granite4_vision", "indic_ocr", "internvl",
     "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
-    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "smolvlm", "youtu_vl",
+    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -517,6 +517,27 @@ FAMILIES: dict[str, Family] = {
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
     # rows are causal rows too (docs/vision.md).
     "mistral3": Family(vision=Vision()),
+    # mlx-vlm's language model; an image is its tiles' rows and its whole image's, as the
+    # processor expands it (docs/vision.md)
+    **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
+    "idefics2": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's Idefics 2 tower attends over the padding its processor adds to "
+        "a prompt's smaller images, so an image's rows depend on the other images beside it "
+        "(tests/vision/test_idefics2_images.py), where the engine encodes each image alone; "
+        "text is served",
+    ),
+    # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
+    "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
+    "llava_next": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's LLaVA-NeXT puts a whole crop's rows (or a block of newline rows) "
+        "in place of each image token the processor expands, its rows outnumbering the prompt's "
+        "ids, and reads only a prompt's first image (tests/vision/test_llava_next_images.py), "
+        "where the engine gives each image token one row; text is served",
+    ),
+    # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
+    "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),
     "gemma4": Family(
         vision=Vision(

@@ -108,6 +108,8 @@ def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> Visi
         return VisionSupport(VisionEncoder(path, text_model))
     except ValueError as exc:  # a config the family's rule cannot run: text still serves
         return VisionSupport(refusal=f"images for model '{name}' are not supported: {exc}")
+    except OSError as exc:  # no processor files (a text-only conversion): text still serves
+        return VisionSupport(refusal=f"images for model '{name}' cannot be read: {exc}")
 
 
 class EncodeCache:

@@ -53,7 +53,8 @@ def test_batched_chunked_text_matches_mlx_vlm(tmp_path, name) -> None:
     _assert_batched_chunked_text(engine, load_model(path))
     vision = engine.runner.vision
     assert vision.encoder is None
-    assert (family(name).vision_refusal or "?") in (vision.refusal or "")
+    # the table's reason, or for a family whose images are served: its processor files missing
+    assert (family(name).vision_refusal or "cannot be read") in (vision.refusal or "")
 
 
 @pytest.mark.parametrize("name", sorted(BUILT_IN_MEMORY))

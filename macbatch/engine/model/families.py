@@ -486,8 +486,7 @@ FAMILIES: dict[str, Family] = {
     "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
     "step3p7": Family(
         library=Library.MLX_VLM,
-        vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
-        "packed step does not hand it yet (text is served)",
+        vision_refusal=_IMAGES_UNCHECKED,
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
     # its MTP layer (mlx-vlm's classes) reads the target's last layer's streams (layer_taps.py)

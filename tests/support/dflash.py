@@ -1,7 +1,7 @@
 """DFlash drafters for the tiny targets: random ones, ones built to agree with the target, and
-checkpoints in the Hugging Face layout of z-lab's ``*-DFlash-b16`` and of DFlash2 (config fields
-and weight names as mlx-vlm 0.7.10's ``qwen3_dflash`` and ``dflash2`` loaders read them), written
-here by hand."""
+checkpoints in the Hugging Face layout of z-lab's ``*-DFlash-b16``, of DFlash2 and of DSpark
+(config fields and weight names as mlx-vlm 0.7.10's ``qwen3_dflash``, ``dflash2`` and ``dspark``
+loaders read them), written here by hand."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ DFLASH2_FIELDS = dict(
     output_multiplier=0.5,
     final_logit_softcapping=30.0,
 )
+# what a DSpark checkpoint's adds (its block_size there counts the drafts, not the known token;
+# no runtime_block_size: mlx-vlm's default width for it, 8, applies)
+DSPARK_FIELDS = dict(projector_type="dspark", markov_rank=8, enable_confidence_head=True)
 
 
 def dflash_config(
@@ -42,10 +45,14 @@ def dflash_config(
     and its block size and added fields there too)."""
     args = text_model(target).args
     num_target = int(args.num_hidden_layers)
-    extra = dict(DFLASH2_FIELDS, block_size=block_size) if variant == "dflash2" else {}
-    name = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}[variant]
+    extra = {
+        "dflash": {},
+        "dflash2": dict(DFLASH2_FIELDS, block_size=block_size),
+        "dspark": dict(DSPARK_FIELDS, block_size=block_size - 1),
+    }[variant]
+    name = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}.get(variant)
     return {
-        "architectures": [name],
+        "architectures": [name or "Qwen3DSparkModel"],
         "model_type": "qwen3",
         "hidden_size": int(args.hidden_size),
         "intermediate_size": 2 * int(args.hidden_size),
@@ -83,6 +90,8 @@ def random_dflash(
         for conv in ("attention_conv", "mlp_conv"):  # DFlash2's (zero base kernels as built)
             if conv in layer:
                 layer[conv].base_kernel = mx.random.normal(layer[conv].base_kernel.shape)
+    if "markov_head" in model:  # DSpark's: loud enough to change drafts
+        model.markov_head.markov_w2.weight = 4 * model.markov_head.markov_w2.weight
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
@@ -127,6 +136,9 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
     if "candidate_selector" in model:  # DFlash2's: no score beyond the logits
         projection = model.candidate_selector.hidden_projection
         projection.weight = mx.zeros_like(projection.weight)
+    if "markov_head" in model:  # DSpark's: no correction
+        w2 = model.markov_head.markov_w2
+        w2.weight = mx.zeros_like(w2.weight)
     model.norm.weight = text.model.norm.weight
     mx.eval(model.parameters())
     return model
@@ -135,7 +147,8 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
 def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) -> Path:
     """``model`` as a Hugging Face DFlash checkpoint at ``path``: z-lab's names (no prefix,
     ``fc``, ``hidden_norm``, ``layers.*``, ``norm``; DFlash2's convolutions and selector, its
-    codebooks stored bare) and config."""
+    codebooks stored bare; DSpark's Markov head and a random confidence head, which it stores
+    and never drafts with) and config."""
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     config = dflash_config(
@@ -146,12 +159,16 @@ def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) ->
         k.removesuffix(".weight") if "codebook" in k else k: v
         for k, v in tree_flatten(model.parameters())
     }
+    if cfg.variant == "dspark":
+        inputs = cfg.hidden_size + cfg.markov_rank
+        weights["confidence_head.proj.weight"] = mx.random.normal((1, inputs))
+        weights["confidence_head.proj.bias"] = mx.random.normal((1,))
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
 
 
 def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> list[int]:
-    """mlx-vlm 0.7.10's own DFlash (or DFlash2) drafter, loaded from the checkpoint at ``path``
+    """mlx-vlm 0.7.10's own DFlash (DFlash2, DSpark) drafter, loaded from the checkpoint at ``path``
     by the class its loader picks, drafting ``k`` tokens after ``tokens`` greedily: its context
     the outputs of ``target``'s layers (run here layer by layer over mlx-lm's causal mask) at
     positions ``0..len-2``, its cache its own."""
@@ -163,8 +180,8 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     drafter = module.Model(module.ModelConfig.from_dict(raw))
     weights = drafter.sanitize(dict(mx.load(str(path / "model.safetensors"))))  # type: ignore[arg-type]
     drafter.load_weights(list(weights.items()))
-    # bound as DFlash's own bind does: DFlash2's first checks the target for mlx-vlm's cache
-    # rollback, which mlx-lm's models (the round loop's, not the drafter's) do not have
+    # bound as DFlash's own bind does: DFlash2's and DSpark's first check the target for
+    # mlx-vlm's cache rollback, which mlx-lm's models (the round loop's, not the drafter's) lack
     DFlashDraftModel.bind(drafter, target)
     cache = drafter.make_cache()
     outputs = layer_outputs(target, tokens[:-1])

@@ -1,8 +1,9 @@
 """DFlash drafting: a block-diffusion drafter proposes a block per request in one packed forward
 from the target's layer features, its context K/V in the request's blocks (DFlash2 checkpoints
-too: convolutions along the block, a candidate selector). Oracles: mlx-lm's greedy generation of
-the target (the output never changes), and mlx-vlm's own DFlash / DFlash2 drafter loaded from
-the same Hugging Face checkpoint (the drafts themselves)."""
+too: convolutions along the block, a candidate selector; and DSpark's: a Markov head, the known
+token's row drafting). Oracles: mlx-lm's greedy generation of the target (the output never
+changes), and mlx-vlm's own DFlash / DFlash2 / DSpark drafter loaded from the same Hugging Face
+checkpoint (the drafts themselves)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ def test_agreeing_drafter_is_accepted_and_exact(arch, tiny_tokenizer):
     assert spec.drafted > spec.verifications  # blocks, not single drafts
 
 
-@pytest.mark.parametrize("arch, variant", [(a, "dflash") for a in ARCHS] + [("qwen3_5", "dflash2")])
+@pytest.mark.parametrize(
+    "arch, variant",
+    [(a, "dflash") for a in ARCHS] + [("qwen3_5", "dflash2"), ("deepseek_v3", "dspark")],
+)
 def test_rejected_blocks_leave_outputs_unchanged(arch, variant, tiny_tokenizer, eager_speculation):
     model = _target(arch)
     engine = _engine(model, tiny_tokenizer, random_dflash(model, variant=variant))
@@ -91,13 +95,15 @@ def test_no_context_pass_for_a_request_not_expected_to_draft_soon(
     assert engine.stats().speculation.verifications > 0 and written == []
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+@pytest.mark.parametrize("variant", ["dflash", "dflash2", "dspark"])
 def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
-    """A random drafter saved in z-lab's checkpoint layout (DFlash's or DFlash2's) and loaded by
+    """A random drafter saved in z-lab's checkpoint layout (DFlash's, DFlash2's, DSpark's) and
+    loaded by
     the engine's draft loader proposes, at every proposal, exactly what mlx-vlm's drafter of
     that kind loaded from the same files proposes over mlx-lm's layer outputs: the paged
     context, positions, the block's two-way attention and the packing are the drafter's, and
-    DFlash2's convolutions along each block, its scales and its candidate chain too. (Every
+    DFlash2's convolutions along each block, its scales and its candidate chain, and DSpark's
+    block one mask shorter and its Markov chain too. (Every
     request is expected to draft soon, so no prompt pass is skipped; its layers are loud enough
     that the drafts depend on the context and the block, not only the mask token.)"""
     monkeypatch.setattr(
@@ -120,13 +126,14 @@ def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculatio
 
 
 @pytest.mark.parametrize(
-    "arch, variant", [("qwen3", "dflash"), ("qwen3_5", "dflash"), ("qwen3", "dflash2")]
+    "arch, variant",
+    [("qwen3", "dflash"), ("qwen3_5", "dflash"), ("qwen3", "dflash2"), ("qwen3_5", "dspark")],
 )
 def test_mixed_batch_preemption_and_prefix_hits(arch, variant, tiny_tokenizer, eager_speculation):
     """Requests that opt out beside ones that speculate, a pool small enough to preempt, and
     prompts that repeat (prefix-cache hits, their blocks' context K/V written by another
-    request): every reply is mlx-lm's (a DFlash2 drafter's blocks of at most 4 drafts held as
-    DFlash's are: its convolutions pass each row through, its selector adds no score)."""
+    request): every reply is mlx-lm's (DFlash2's and DSpark's drafts held as DFlash's are: the
+    convolutions pass each row through, the selector and the Markov head add no score)."""
     model = _target(arch)
     prompts = PROMPTS + PROMPTS[:3]
     drafter = agreeing_dflash(model, variant=variant)
@@ -162,14 +169,14 @@ def test_seeded_samples_are_the_same_with_and_without_dflash(tiny_tokenizer):
 
 
 # each kind's name in doctor's report, and its most drafts: DFlash's block of 8 less one,
-# DFlash2's mlx-vlm default width of 5 less one
-KINDS = {"dflash": ("DFlash (", 7), "dflash2": ("DFlash2 (", 4)}
+# DFlash2's mlx-vlm default width of 5 less one, DSpark's block of 7 drafts
+KINDS = {"dflash": ("DFlash (", 7), "dflash2": ("DFlash2 (", 4), "dspark": ("DSpark (", 7)}
 
 
 @pytest.mark.parametrize("variant", KINDS)
 def test_draft_model_option_detects_dflash(variant, tmp_path):
-    """``--draft-model`` naming a DFlash or DFlash2 checkpoint (``--speculative auto`` with it
-    means ``draft``) drafts with DFlash: the loader reads its config."""
+    """``--draft-model`` naming a DFlash, DFlash2 or DSpark checkpoint (``--speculative auto``
+    with it means ``draft``) drafts with DFlash: the loader reads its config."""
     model = build_model("qwen3")
     target = save_model(tmp_path / "target", "qwen3")
     drafter = random_dflash(model, variant=variant)

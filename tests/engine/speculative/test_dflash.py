@@ -7,6 +7,8 @@ checkpoint (the drafts themselves)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
@@ -191,3 +193,26 @@ def test_draft_model_option_detects_dflash(variant, tmp_path):
     assert report.problem is None
     row = dict(report.rows)["drafter"]
     assert row.startswith(name) and f"up to {most} drafts" in row and "--draft-model" in row
+
+
+@pytest.mark.parametrize(
+    "variant, change, reason",
+    [
+        ("dflash2", {"causal": True}, "causal blocks"),
+        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "sliding-window"),
+        ("dspark", {"markov_head_type": "lowrank"}, "Markov head"),
+        ("dspark", {"architectures": ["Gemma4DSparkModel"]}, "Gemma 4 DSpark"),
+    ],
+)
+def test_checkpoints_it_cannot_draft_with_are_refused(variant, change, reason, tmp_path):
+    """A checkpoint whose drafter differs from what is built here is refused when loaded,
+    saying what: a causal block, sliding-window layers, another Markov head, Gemma 4's layers."""
+    model = build_model("qwen3")
+    path = save_dflash_checkpoint(tmp_path / "d", random_dflash(model, variant=variant), model)
+    raw = json.loads((path / "config.json").read_text())
+    top = {k: v for k, v in change.items() if k in ("architectures", "layer_types")}
+    raw.update(top)
+    raw["dflash_config"].update({k: v for k, v in change.items() if k not in top})
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=reason):
+        load_draft_model(str(path))

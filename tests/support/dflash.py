@@ -62,6 +62,7 @@ def dflash_config(
         "head_dim": int(args.hidden_size) // 2,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
+        "rope_is_neox_style": variant != "dspark",  # GPT-J's pairs (MLX's traditional) there
         "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
         "vocab_size": int(args.vocab_size),

@@ -9,7 +9,8 @@ projections. So when a request holds
 tokens ``0..n-1`` (the last not yet run by the target), its pages hold the context at positions
 ``0..n-2`` and the proposal is one forward of the block: token ``n-1`` then ``k`` mask tokens at
 positions ``n-1..n-1+k``, attending to that context causally and to the block both ways; its rows
-``1..k`` are the drafts. The block's own K/V lands on positions the target computes next, whose
+``1..k`` are the drafts (a DSpark block is one mask shorter, its rows ``0..k-1`` the drafts).
+The block's own K/V lands on positions the target computes next, whose
 features overwrite it in that step; a verification's rows past the accepted drafts (features of
 rejected tokens) are overwritten the same way when the target computes those positions again. A
 position whose features the request never computed (a prefix-cache hit) or whose context pass

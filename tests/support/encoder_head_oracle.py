@@ -1,8 +1,10 @@
-"""Every encoder family's ``*ForSequenceClassification`` head in float64 numpy, one row each as
-transformers' modeling files define it (read in ``transformers/models/*/modeling_*.py``): the
-logit ``out(norm(act(dense(pooled))))`` of one sequence's last hidden states, its weights under
-the published checkpoints' names. The oracle for macbatch's ``Classifier``; written apart from
-its ``ClassifierHead`` rows so a wrong row there shows here."""
+"""Every encoder family's ``*ForSequenceClassification`` head in float64 numpy (BERT's, RoBERTa's,
+XLM-R's, DistilBERT's, MPNet's, ELECTRA's, DeBERTa-v2's, ModernBERT's, gte's and Nomic BERT's),
+one row each as transformers' modeling files define it (read in
+``transformers/models/*/modeling_*.py``): the logit ``out(norm(act(dense(pooled))))`` of one
+sequence's last hidden states, its weights under the published checkpoints' names. The oracle
+for macbatch's ``Classifier``; written apart from its ``ClassifierHead`` rows so a wrong row
+there shows here."""
 
 from __future__ import annotations
 
@@ -45,24 +47,30 @@ class HeadOracle:
         return str(named or "cls")
 
 
+_ROBERTA = HeadOracle("classifier.dense", "classifier.out_proj", "tanh")
 HEADS = {
+    # BertForSequenceClassification: BertPooler's tanh(dense([CLS])), then classifier
+    "bert": HeadOracle("bert.pooler.dense", "classifier", "tanh"),
+    # RobertaClassificationHead (XLM-R's the same): dense, tanh, out_proj on <s>
+    "roberta": _ROBERTA,
+    "xlm-roberta": _ROBERTA,
     # DistilBertForSequenceClassification: pre_classifier, ReLU, classifier on [CLS]
     "distilbert": HeadOracle("pre_classifier", "classifier", "relu"),
-    # MPNetClassificationHead: dense, tanh, out_proj on <s>
-    "mpnet": HeadOracle("classifier.dense", "classifier.out_proj", "tanh"),
+    # MPNetClassificationHead: RoBERTa's
+    "mpnet": _ROBERTA,
     # ElectraClassificationHead: the same with get_activation("gelu")
     "electra": HeadOracle("classifier.dense", "classifier.out_proj", "gelu"),
     # ContextPooler: dense, ACT2FN[pooler_hidden_act] (DebertaV2Config's default gelu)
     "deberta-v2": HeadOracle("pooler.dense", "classifier", "gelu", "pooler_hidden_act"),
     # ModernBertPredictionHead over classifier_pooling's row (cls or the mask's mean)
     "modernbert": HeadOracle(
-        "head.dense", "classifier", "gelu", "classifier_activation", "head.norm",
-        "classifier_bias", "classifier_pooling",
-    ),  # fmt: skip
+        "head.dense", "classifier", "gelu", activation_field="classifier_activation",
+        norm="head.norm", bias_field="classifier_bias", pooling_field="classifier_pooling",
+    ),
     # GtePooler / NomicBertPooler (inside the base model: tanh(dense([CLS]))), then classifier
     "new": HeadOracle("new.pooler.dense", "classifier", "tanh"),
     "nomic_bert": HeadOracle("bert.pooler.dense", "classifier", "tanh"),
-}
+}  # fmt: skip
 
 
 def head_logits(weights: dict, config: dict, hidden: np.ndarray) -> np.ndarray:

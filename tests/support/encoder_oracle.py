@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from tests.support.encoder_head_oracle import head_logits
+
 _erf = np.vectorize(math.erf)
 
 
@@ -93,14 +95,9 @@ def oracle_pooled(hidden: np.ndarray, method: str, normalize: bool) -> np.ndarra
 
 
 def oracle_score(weights: dict, config: dict, ids: list[int], types: list[int]) -> float:
-    """A one-label sequence classifier's sigmoid(logit) over the CLS row."""
-    cls = oracle_hidden(weights, config, ids, types)[0]
-    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    if config["model_type"] == "bert":
-        pooled = np.tanh(_linear(cls, w, "bert.pooler.dense"))
-        logit = _linear(pooled, w, "classifier")[0]
-    else:
-        logit = _linear(np.tanh(_linear(cls, w, "classifier.dense")), w, "classifier.out_proj")[0]
+    """A one-label sequence classifier's sigmoid(logit): its head (``encoder_head_oracle.py``)
+    over the last hidden states."""
+    logit = head_logits(weights, config, oracle_hidden(weights, config, ids, types))[0]
     return float(1 / (1 + np.exp(-logit)))
 
 

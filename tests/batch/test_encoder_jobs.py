@@ -1,9 +1,10 @@
 """`task: embed` and `task: rerank` jobs on encoder models (``load_engine`` picks their engine):
 an embedding job writes every row's float32 vector once, equal to the float64 numpy oracle,
 with BGE-M3's sparse weights in its result lines, and a rerun rebuilds the identical matrix; a
-rerank job on a cross-encoder scores each pair as the oracle does. (Resuming after kill -9 is
-the runner's, whichever engine: tests/batch/test_embed_jobs.py kills a child run; a child
-process here would cost its ~10 s of imports for nothing the encoder changes.)"""
+rerank job on a cross-encoder (BERT's head, and DeBERTa-v2's of the heads built since) scores
+each pair as the oracle does. (Resuming after kill -9 is the runner's, whichever engine:
+tests/batch/test_embed_jobs.py kills a child run; a child process here would cost its ~10 s of
+imports for nothing the encoder changes.)"""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tests.support.encoder_checkpoints import long_tailed_texts, write_encoder, write_m3_heads
+from tests.support.encoder_head_checkpoints import HEAD_FAMILIES, write_head_checkpoint
 from tests.support.encoder_oracle import (
     cosines,
     oracle_embedding,
@@ -102,3 +104,30 @@ def test_rerank_job_on_a_cross_encoder(tmp_path: Path, macbatch_run) -> None:
         pair = tokenizer.encode(query, document)
         score = lines[f"p{i}"]["response"]["body"]["data"][0]["score"]
         assert abs(score - oracle_score(weights, config, pair.ids, pair.type_ids)) <= 1e-5
+
+
+def test_rerank_job_on_a_deberta_classifier(tmp_path: Path, macbatch_run) -> None:
+    """A head beyond BERT's through ``run``: DeBERTa-v2's ContextPooler with the activation its
+    config names, each pair's score the numpy oracle's sigmoid of its logit."""
+    family = next(f for f in HEAD_FAMILIES if f.name == "deberta-v2")
+    checkpoint = write_head_checkpoint(tmp_path / "deberta-reranker", family)
+    query = "how are blocks freed"
+    documents = long_tailed_texts(6, seed=5)
+    rows = [{"id": f"p{i}", "query": query, "document": d} for i, d in enumerate(documents)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job_file = write_job(
+        tmp_path,
+        f"""
+        model: {checkpoint.path}
+        jobs:
+          - name: pairs
+            task: rerank
+            input: pairs.jsonl
+        """,
+    )
+    result = macbatch_run(job_file)
+    assert result.exit_code == 0, result.output
+    lines = {x["custom_id"]: x for x in read_jsonl(tmp_path / "out" / "pairs.jsonl")}
+    logits = checkpoint.logits([(query, d) for d in documents])
+    got = [lines[f"p{i}"]["response"]["body"]["data"][0]["score"] for i in range(len(documents))]
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-logits)), rtol=1e-4)

@@ -94,6 +94,7 @@ _EXPORTS: dict[str, str] = {
     "unavailable_reason": "macbatch.engine.multimodal.vision",
     "resolve_model_path": "macbatch.engine.loader",
     "check_checkpoint": "macbatch.engine.loader",
+    "load_tokenizer": "macbatch.engine.loader",  # a checkpoint's tokenizer, as the engine loads it
     "probe_model": "macbatch.engine.model.probe",
     # the disk KV cache's contents (macbatch cache)
     "StoredModel": "macbatch.engine.kv.disk.listing",
@@ -166,7 +167,7 @@ if TYPE_CHECKING:
         not_caches,
         stored_models,
     )
-    from macbatch.engine.loader import check_checkpoint, resolve_model_path
+    from macbatch.engine.loader import check_checkpoint, load_tokenizer, resolve_model_path
     from macbatch.engine.loop_handoff import post_to_loop
     from macbatch.engine.lora.files import AdapterError, base_model_of, read_adapter
     from macbatch.engine.model.adapter import UnsupportedModelError

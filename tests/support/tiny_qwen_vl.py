@@ -1,9 +1,9 @@
-"""A tiny random-weight Qwen2.5-VL, Qwen3-VL (with DeepStack features) or Qwen3.5 (a hybrid:
-Gated DeltaNet and attention layers) built from mlx-vlm's own classes and saved in the Hugging
-Face layout with its image processor config, so mlx-vlm's loader and processor and mlx-lm's loader
-all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen VL's
-``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens), its vocabulary cut to the
-tokenizer's size rounded up so the embedding stays small."""
+"""A tiny random-weight Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features) or Qwen3.5 (a
+hybrid: Gated DeltaNet and attention layers) built from mlx-vlm's own classes and saved in the
+Hugging Face layout with its image processor config, so mlx-vlm's loader and processor and
+mlx-lm's loader all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen
+VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens), its vocabulary cut to
+the tokenizer's size rounded up so the embedding stays small."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
     if family == "qwen3_vl":
         return _qwen3_vl_config(tokens)
     text = dict(
-        model_type="qwen2_5_vl",
+        model_type=family,
         hidden_size=32,
         num_hidden_layers=2,
         intermediate_size=64,
@@ -52,6 +52,21 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         tie_word_embeddings=True,
     )
+    if family == "qwen2_vl":  # its tower: full attention, embed_dim wide, mlp_ratio
+        vision = dict(
+            model_type=family,
+            depth=2,
+            embed_dim=32,
+            hidden_size=32,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=PATCH,
+            spatial_patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=3,
+        )
+        return _with_tokens(family, text, vision, tokens)
     vision = dict(
         model_type="qwen2_5_vl",
         depth=2,
@@ -197,6 +212,7 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
 
 def _image_processor(family: str) -> dict[str, Any]:
     processor = {
+        "qwen2_vl": "Qwen2VLProcessor",
         "qwen2_5_vl": "Qwen2_5_VLProcessor",
         "qwen3_vl": "Qwen3VLProcessor",
         "qwen3_5": "Qwen3VLProcessor",

@@ -476,10 +476,10 @@ FAMILIES: dict[str, Family] = {
             scaled_rows=True,
         )
     ),
-    "qwen2_vl": Family(
-        vision_refusal="Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled"
+    **dict.fromkeys(
+        ("qwen2_vl", "qwen2_5_vl"),
+        Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
     ),
-    "qwen2_5_vl": Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
     "qwen3_vl": Family(
         vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True), deepstack=True)
     ),

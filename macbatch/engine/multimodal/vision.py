@@ -106,7 +106,9 @@ def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> Visi
         return VisionSupport(refusal=reason)
     try:
         return VisionSupport(VisionEncoder(path, text_model))
-    except ValueError as exc:  # a config the family's rule cannot run: text still serves
+    # a config the family's rule cannot run, or a processor that cannot be read (no
+    # preprocessor_config.json): text still serves
+    except (ValueError, OSError) as exc:
         return VisionSupport(refusal=f"images for model '{name}' are not supported: {exc}")
 
 
@@ -149,10 +151,14 @@ class VisionEncoder:
         self.model = vlm
         config = vlm.config
         self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
-        rules = family(config.model_type).vision
+        kind = family(config.model_type)
+        rules = kind.vision
         assert rules is not None, "unavailable_reason refuses the families without images"
         self.rules = rules
-        self.mrope = None if rules.mrope is None else MRoPEPositions(vlm, text_model, rules.mrope)
+        self.mrope = None
+        if rules.mrope is not None:  # a text model handed M-RoPE position ids rotates by them
+            rotates_itself = kind.position_id_axes == 3
+            self.mrope = MRoPEPositions(vlm, text_model, rules.mrope, rotates_itself)
         if rules.deepstack:
             count = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
             if count:

@@ -1,6 +1,6 @@
 """A tiny random-weight M-RoPE VLM: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features),
-Qwen3.5 (a hybrid: Gated DeltaNet and attention layers) or GLM-4V (mlx-vlm's own text model,
-rotating by the position ids it is handed), built from mlx-vlm's own classes and saved in the
+Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
+own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes and saved in the
 Hugging Face layout with its image processor config, so mlx-vlm's loader and processor and the
 engine's loader all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen
 VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens; GLM-4V's image tokens
@@ -23,21 +23,25 @@ VOCAB_SIZE = 151680  # the tokenizer's 151669 tokens, rounded up
 PATCH = 14
 MERGE = 2
 WEIGHT_SCALE = 4.0
+# GLM-4V's families: its image span, its image tokens, mlx-vlm's text model
+GLM = ("glm4v", "glm4v_moe", "glm_ocr")
+_GLM_PROCESSORS = {
+    "glm4v": "Glm46VProcessor",
+    "glm4v_moe": "Glm46VMoEProcessor",
+    "glm_ocr": "GlmOcrProcessor",
+}
 # each family's image span: the text an image part renders as (its processor expands the pad)
 IMAGE_SPANS = {
     **dict.fromkeys(
         ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"),
         "<|vision_start|><|image_pad|><|vision_end|>",
     ),
-    **dict.fromkeys(("glm4v", "glm4v_moe"), "<|begin_of_image|><|image|><|end_of_image|>"),
+    **dict.fromkeys(GLM, "<|begin_of_image|><|image|><|end_of_image|>"),
 }
 # the tokens added to the Qwen3 tokenizer (GLM-4V's; within VOCAB_SIZE)
-_ADDED = dict.fromkeys(
-    ("glm4v", "glm4v_moe"), ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>"]
-)
+_ADDED = dict.fromkeys(GLM, ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>"])
 # GLM-4V MoE's text model: a dense first layer, then four experts (two a token) and a shared one
 _GLM_MOE = dict(
-    head_dim=32,
     moe_intermediate_size=32,
     n_routed_experts=4,
     num_experts_per_tok=2,
@@ -68,7 +72,7 @@ def rendered(family: str, question: str, images: int) -> str:
 
 
 def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]:
-    if family in ("glm4v", "glm4v_moe"):
+    if family in GLM:
         return _glm4v_config(tokens, family)
     if family == "qwen3_5":
         return _qwen3_5_config(tokens)
@@ -123,27 +127,31 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
 
 
 def _glm4v_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
-    text = dict(
+    # heads of 32, rotary dims 16 (partial): 8 frequencies, 2 temporal, 3 height, 3 width
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    text: dict[str, Any] = dict(
         model_type=f"{family}_text",
         hidden_size=64,
         num_hidden_layers=2,
         intermediate_size=64,
         num_attention_heads=2,
         num_key_value_heads=1,
+        head_dim=32,
         rms_norm_eps=1e-6,
         vocab_size=VOCAB_SIZE,
         max_position_embeddings=4096,
-        rope_theta=10000.0,
         attention_bias=True,
-        # heads of 32, rotary dims 16 (partial): 8 frequencies, 2 temporal, 3 height, 3 width
-        partial_rotary_factor=0.5,
-        rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]},
         eos_token_id=[151645],
         pad_token_id=0,
-        **(_GLM_MOE if family == "glm4v_moe" else {}),
     )
+    if family == "glm_ocr":  # its RoPE settings under rope_parameters
+        text["rope_parameters"] = dict(rope, partial_rotary_factor=0.5, rope_theta=10000.0)
+    else:
+        text.update(rope_theta=10000.0, partial_rotary_factor=0.5, rope_scaling=rope)
+    if family == "glm4v_moe":
+        text.update(_GLM_MOE)
     vision = dict(
-        model_type=family,
+        model_type=f"{family}_vision" if family == "glm_ocr" else family,
         depth=2,
         hidden_size=32,
         intermediate_size=64,
@@ -155,6 +163,7 @@ def _glm4v_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
         temporal_patch_size=2,
         in_channels=3,
     )
+    begin, end = tokens["<|begin_of_image|>"], tokens["<|end_of_image|>"]
     return dict(
         model_type=family,
         text_config=text,
@@ -163,10 +172,14 @@ def _glm4v_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
         image_token_index=tokens["<|image|>"],
         video_token_id=tokens["<|video|>"],
         video_token_index=tokens["<|video|>"],
-        vision_start_token_id=tokens["<|begin_of_image|>"],
-        vision_end_token_id=tokens["<|end_of_image|>"],
+        # GLM-OCR's names for the image span's tokens, GLM-4V's
+        image_start_token_id=begin,
+        image_end_token_id=end,
+        vision_start_token_id=begin,
+        vision_end_token_id=end,
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
+        pad_token_id=0,
         tie_word_embeddings=False,
     )
 
@@ -300,11 +313,11 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
 
 
 def _image_processor(family: str) -> dict[str, Any]:
-    if family in ("glm4v", "glm4v_moe"):  # its own processor class and resize bounds
+    if family in GLM:  # its own processor class and resize bounds
         return {
             **_image_processor("qwen2_vl"),
             "image_processor_type": "Glm4vImageProcessor",
-            "processor_class": {"glm4v": "Glm46VProcessor"}.get(family, "Glm46VMoEProcessor"),
+            "processor_class": _GLM_PROCESSORS[family],
             "size": {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 16},
         }
     processor = {

@@ -1,7 +1,8 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 images in the packed step: image rows at M-RoPE (three-part)
-positions and every later row shifted by the request's rope delta. Greedy ids equal mlx-vlm's
-own generation on a tiny random-weight Qwen2.5-VL and Qwen3.5 (tests/support/tiny_qwen_vl.py;
-Qwen3.5's text model is a hybrid whose Gated DeltaNet layers carry state slots) with several
+"""M-RoPE images in the packed step (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, GLM-4V
+MoE, GLM-OCR): image rows at three-part positions and every later row shifted by the request's
+rope delta. Greedy ids equal mlx-vlm's own generation on a tiny random-weight model of each
+(tests/support/tiny_qwen_vl.py; Qwen3.5's text model is a hybrid whose Gated DeltaNet layers
+carry state slots; GLM's is mlx-vlm's own, handed the positions as its position ids) with several
 prompts, images and a text-only prompt in flight, 12-token prefill chunks through the image
 rows, preemption, and a second pass that hits the encode and prefix caches (its positions
 derived from the prompt)."""
@@ -23,6 +24,8 @@ from tests.support.vlm_oracle import mlx_vlm_greedy
 pytest.importorskip("mlx_vlm")
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+# their compiled decode step raises inside mx.compile, for text too (docs/vision.md, "Not done yet")
+GLM4V_UNCOMPILED = ("glm4v", "glm4v_moe")
 
 
 def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
@@ -111,7 +114,7 @@ def test_decode_rows_after_an_image_run_compiled(
 ) -> None:
     """Every decode row after an image sits at one shifted 1-D position, so a decode step of
     image requests takes the compiled path (an attention-only text model's), ids unchanged."""
-    if json.loads((qwen_vl_path / "config.json").read_text())["model_type"].startswith("glm"):
+    if json.loads((qwen_vl_path / "config.json").read_text())["model_type"] in GLM4V_UNCOMPILED:
         pytest.skip("GLM-4V's compiled decode step raises in mx.compile, for text too")
     config = EngineConfig(num_blocks=256, block_size=8, compile_decode_after=0)
     engine = Engine.load(str(qwen_vl_path), config)

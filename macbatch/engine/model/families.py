@@ -288,7 +288,7 @@ _VLM_TEXT_CHECKED = (
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``; Qwen3-Omni:
 # its thinker's)
-_VLM_MROPE_TEXT = ("glm_ocr", "paddleocr_vl", "qwen3_omni_moe")
+_VLM_MROPE_TEXT = ("paddleocr_vl", "qwen3_omni_moe")
 
 
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
@@ -435,7 +435,7 @@ FAMILIES: dict[str, Family] = {
     ),
     # their text model takes the M-RoPE position ids (Qwen VL's rule) and rotates by them itself
     **dict.fromkeys(
-        ("glm4v", "glm4v_moe"),
+        ("glm4v", "glm4v_moe", "glm_ocr"),
         Family(
             library=Library.MLX_VLM,
             vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False)),

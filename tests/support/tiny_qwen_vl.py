@@ -1,11 +1,11 @@
 """A tiny random-weight M-RoPE VLM: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features),
 Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
-own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes and saved in the
-Hugging Face layout with its image processor config, so mlx-vlm's loader and processor and the
-engine's loader all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen
-VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens; GLM-4V's image tokens
-are added to it), its vocabulary cut to the tokenizer's size rounded up so the embedding stays
-small."""
+own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes
+and saved in the Hugging Face layout with its image processor config, so mlx-vlm's loader and
+processor and the engine's loader all read it offline. Its tokenizer is the vendored real Qwen3
+one (it has Qwen VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens;
+GLM's image tokens are added to it), its vocabulary cut to the tokenizer's size rounded up so the
+embedding stays small."""
 
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ _VLM_TEXT_CHECKED = (
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``; Qwen3-Omni:
 # its thinker's)
-_VLM_MROPE_TEXT = ("paddleocr_vl", "qwen3_omni_moe")
+_VLM_MROPE_TEXT = ("qwen3_omni_moe",)
 
 
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
@@ -432,6 +432,15 @@ FAMILIES: dict[str, Family] = {
     **dict.fromkeys(
         _VLM_MROPE_TEXT,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=3),
+    ),
+    # its rope index is Qwen VL's, but its tower is mlx-vlm's ``visual`` (a SigLIP patch
+    # embedding and a projector sized 1024 in its code), which the tower call does not read
+    "paddleocr_vl": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its vision tower (mlx-vlm's 'visual', not a Qwen VL 'vision_tower') "
+        "is not called by the engine's image path yet, and its images are not checked against "
+        "mlx-vlm's image generation here (text is served)",
+        position_id_axes=3,
     ),
     # their text model takes the M-RoPE position ids (Qwen VL's rule) and rotates by them itself
     **dict.fromkeys(

@@ -24,8 +24,6 @@ from tests.support.vlm_oracle import mlx_vlm_greedy
 pytest.importorskip("mlx_vlm")
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-# their compiled decode step raises inside mx.compile, for text too (docs/vision.md, "Not done yet")
-GLM4V_UNCOMPILED = ("glm4v", "glm4v_moe")
 
 
 def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
@@ -114,8 +112,6 @@ def test_decode_rows_after_an_image_run_compiled(
 ) -> None:
     """Every decode row after an image sits at one shifted 1-D position, so a decode step of
     image requests takes the compiled path (an attention-only text model's), ids unchanged."""
-    if json.loads((qwen_vl_path / "config.json").read_text())["model_type"] in GLM4V_UNCOMPILED:
-        pytest.skip("GLM-4V's compiled decode step raises in mx.compile, for text too")
     config = EngineConfig(num_blocks=256, block_size=8, compile_decode_after=0)
     engine = Engine.load(str(qwen_vl_path), config)
     todo = cases(image_files)[:3]

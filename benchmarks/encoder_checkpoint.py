@@ -19,6 +19,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer
 
+from tests.support.encoder_checkpoints import random_weights
+
 ROOT = Path(__file__).parents[1]
 TOKENIZERS = ROOT / "tests" / "support" / "tokenizers"
 
@@ -44,40 +46,6 @@ SHAPES = {
 }  # fmt: skip
 
 
-def random_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """float32 weights under the base model's names, drawn as BERT initializes (normal, std
-    0.02; LayerNorm scales near 1), so activations stay in a trained model's range."""
-    rng = np.random.default_rng(seed)
-    h, inter = config["hidden_size"], config["intermediate_size"]
-
-    def normal(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
-
-    def dense(name: str, out: int, inp: int) -> dict[str, np.ndarray]:
-        return {f"{name}.weight": normal(out, inp), f"{name}.bias": normal(out)}
-
-    def layer_norm(name: str) -> dict[str, np.ndarray]:
-        return {f"{name}.weight": 1 + normal(h), f"{name}.bias": normal(h)}
-
-    weights = {
-        "embeddings.word_embeddings.weight": normal(config["vocab_size"], h),
-        "embeddings.position_embeddings.weight": normal(config["max_position_embeddings"], h),
-        "embeddings.token_type_embeddings.weight": normal(config["type_vocab_size"], h),
-        **layer_norm("embeddings.LayerNorm"),
-        **dense("pooler.dense", h, h),
-    }
-    for n in range(config["num_hidden_layers"]):
-        layer = f"encoder.layer.{n}"
-        for part in ("query", "key", "value"):
-            weights |= dense(f"{layer}.attention.self.{part}", h, h)
-        weights |= dense(f"{layer}.attention.output.dense", h, h)
-        weights |= layer_norm(f"{layer}.attention.output.LayerNorm")
-        weights |= dense(f"{layer}.intermediate.dense", inter, h)
-        weights |= dense(f"{layer}.output.dense", h, inter)
-        weights |= layer_norm(f"{layer}.output.LayerNorm")
-    return weights
-
-
 def write_checkpoint(directory: Path, shape: str, layers: int) -> Path:
     """The shape's random checkpoint (cut to ``layers``) with its tokenizer and CLS pooling,
     normalized, embedding up to its position table's length."""
@@ -86,7 +54,9 @@ def write_checkpoint(directory: Path, shape: str, layers: int) -> Path:
     longest = config["max_position_embeddings"] - (2 if shape == "m3" else 0)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
-    save_file(random_weights(config), str(directory / "model.safetensors"))
+    # BERT's initializer range throughout, so activations stay in a trained model's range
+    weights = random_weights(config, std=0.02, embedding_std=(0.02, 0.02))
+    save_file(weights, str(directory / "model.safetensors"))
     (directory / "tokenizer.json").write_text(
         (TOKENIZERS / tokenizer / "tokenizer.json").read_text()
     )

@@ -97,15 +97,17 @@ def write_configs(
     (path / "processor_config.json").write_text(json.dumps(processor))
 
 
-def random_vlm(family: Any, cfg: dict[str, Any], seed: int) -> Any:
+def random_vlm(
+    family: Any, cfg: dict[str, Any], seed: int, parts: tuple[str, ...] = ("text", "vision")
+) -> Any:
     """mlx-vlm's ``family.Model`` (a model module) for ``cfg``, random float32 weights from
-    ``seed``."""
+    ``seed``; ``parts``: the sub-configs given their own classes (Idefics 2's ``perceiver`` too)."""
     import mlx.core as mx
     from mlx_vlm.utils import update_module_configs
 
     mx.random.seed(seed)
     model_config = update_module_configs(
-        family.ModelConfig.from_dict(cfg), family, cfg, ["text", "vision"]
+        family.ModelConfig.from_dict(cfg), family, cfg, list(parts)
     )
     model = family.Model(model_config)
     model.set_dtype(mx.float32)

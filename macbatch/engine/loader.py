@@ -120,8 +120,6 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
     """What ``mlx_lm.load`` does (the model through ``load_checkpoint``), with errors a user can
     act on (``lazy``: weights stay unread until used, so a rank that keeps only its shard never
     holds the whole model)."""
-    from mlx_lm.utils import load_tokenizer
-
     from macbatch.engine.model.adapter import UnsupportedModelError
     from macbatch.engine.model.families import (
         ENCODER_DOES_NOT_GENERATE,
@@ -178,6 +176,26 @@ def _download(repo_id: str) -> Path:
     from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
     return Path(snapshot_download(repo_id, allow_patterns=DEFAULT_ALLOW_PATTERNS))
+
+
+def load_tokenizer(path: Path, eos_token_ids: Any = None) -> TokenizerWrapper:
+    """mlx-lm's tokenizer of the checkpoint at ``path``, handed a blank transformers config when
+    transformers does not know its model type. Its ``AutoTokenizer`` reads the model's config
+    first and, for a type it does not know, builds its generic config from config.json, whose
+    RoPE validation fails on a ``longrope`` ``rope_scaling`` ('PreTrainedConfig' object has no
+    attribute 'max_position_embeddings'): every Phi-4-multimodal (``phi4mm``) checkpoint. The
+    generic config picks the tokenizer by the same fields (an empty model type and the
+    ``tokenizer_class`` config.json names), so the blank one chooses the same tokenizer."""
+    from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
+    from transformers import PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = read_model_config(path)
+    extra = None
+    if config.get("model_type") not in CONFIG_MAPPING:
+        fields = {"_name_or_path": str(path), "tokenizer_class": config.get("tokenizer_class")}
+        extra = {"config": PreTrainedConfig.from_dict(fields)}
+    return mlx_lm_tokenizer(path, extra, eos_token_ids=eos_token_ids)
 
 
 def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:

@@ -13,9 +13,10 @@ tokens at each of a few greedy steps, the prompt's prefill and its decode steps,
 library's at the same token ids; a greedy choice that differs is a mismatch unless the library
 itself holds the two tokens within the tolerance (a near-tie). The tolerance follows the
 activations' dtype and the page format (``tolerance``). With fp8 indexer keys
-(``EngineConfig.indexer_keys``) the library's indexer-key caches round every key they are
-handed through that format first (``_fp8_indexer_keys``), so both paths select over the same
-keys: a rounding that reorders two scores is the format's choice, not a mismatch.
+(``EngineConfig.indexer_keys``) the library's caches round every indexer key they are handed
+through that format first (``model/library_keys.py``: every family whose indexer the engine
+pages), so both paths select over the same keys: a rounding that reorders two scores is the
+format's choice, not a mismatch.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import mlx.nn as nn
 
 from macbatch.engine.core.outputs import FinishReason
 from macbatch.engine.inputs.prompt import PromptInput
+from macbatch.engine.model.library_keys import round_indexer_keys
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.stores.fp8_keys import round_trip
 
@@ -171,27 +173,8 @@ def _library_caches(engine: CheckedEngine, model: nn.Module) -> list[Any]:
     """A fresh library cache for one request, its indexer keys in the engine's format."""
     caches = engine.runner.adapter.library_caches()
     if engine.config.indexer_keys == "fp8":
-        _fp8_indexer_keys(_layers(engine, model) or [], caches)
+        round_indexer_keys(_layers(engine, model) or [], caches, round_trip)
     return caches
-
-
-def _fp8_indexer_keys(layers: list[Any], caches: list[Any]) -> None:
-    """Each key the library's indexers write rounded through the fp8 format first: the second
-    part of a layer's two-part ``CacheList`` where its attention has an indexer (mlx-lm's
-    DeepSeek V3.2 and GLM-5, ``update_and_fetch(k, k)``; mlx-vlm's Hunyuan V4's "full" layers,
-    ``update_and_fetch(k, zeros)``). Other indexers keep their keys in caches of their own
-    (Qwen4-exp's ``QSAKVCache``, GLM5-next's four-part lists): left as they are."""
-    for layer, cache in zip(layers, caches):
-        parts: Sequence[Any] = getattr(cache, "caches", ())
-        if len(parts) != 2 or getattr(getattr(layer, "self_attn", None), "indexer", None) is None:
-            continue
-        part = parts[1]
-        write = part.update_and_fetch
-
-        def rounded(keys: mx.array, values: mx.array, write: Any = write) -> Any:
-            return write(round_trip(keys), values)
-
-        part.update_and_fetch = rounded
 
 
 class _Logits(nn.Module):

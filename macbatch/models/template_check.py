@@ -16,7 +16,7 @@ NO_FORMAT = (
 
 def template_rows(path: Path) -> list[tuple[str, str]]:
     """(label, value) rows about the chat template of the model at ``path``."""
-    from mlx_lm.utils import load_tokenizer
+    from macbatch.engine.loader import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(path)

@@ -1,18 +1,22 @@
 """The load-time self-check: a good model passes and leaves the engine as it was; a model whose
 packed paged step is broken on purpose (one layer's attention output scaled) is refused at load,
 naming that layer, and ``self_check=False`` serves it anyway; with fp8 indexer keys the tiny
-GLM-5 loads (the library's keys rounded as the pages' are) and a broken one is still refused."""
+GLM-5 loads (the library's keys rounded as the pages' are) and a broken one is still refused;
+Qwen4-exp's and GLM5-next's library caches round theirs too."""
 
 from __future__ import annotations
 
 import pytest
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.engine import self_check as self_check_module
 from macbatch.engine.model.adapter import PagedLayerCache, UnsupportedModelError
 from macbatch.engine.self_check import check_prompt, self_check
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.sparse_attention import selection_changes
 from tests.support.tiny import build_model, save_model
+from tests.support.tiny_glm5_next import save_glm5_next
+from tests.support.tiny_qwen4_exp import save_qwen4_exp
 
 BROKEN_LAYER = 1
 
@@ -91,3 +95,26 @@ def test_fp8_indexer_keys_still_refuse_a_broken_step(tmp_path, broken_latent_att
     path = save_model(tmp_path / "m", arch="glm_moe_dsa")
     with pytest.raises(UnsupportedModelError, match="does not reproduce glm_moe_dsa's own"):
         Engine.load(str(path), EngineConfig(num_blocks=64, indexer_keys="fp8"))
+
+
+# tiny configs whose check prompt (12 tokens, contexts to 16) the fp8 rounding selects otherwise:
+# QSA blocks of two tokens, two kept, eight heads (the tiny test model's two often tie at zero);
+# GLM5-next pools of two, two kept
+SELECTING = [
+    (save_qwen4_exp, dict(indexer_n_heads=8, indexer_budget=4, indexer_compress_ratio=2)),
+    (save_glm5_next, dict(index_topk=4, index_kpool=2)),
+]
+
+
+@pytest.mark.parametrize(("save", "config"), SELECTING, ids=["qwen4_exp", "glm5_next"])
+def test_fp8_indexer_keys_rounded_in_the_mlx_vlm_caches_too(save, config, tmp_path, monkeypatch):
+    """Qwen4-exp's ``QSAKVCache`` raw keys and GLM5-next's pooling keys and gates are rounded in
+    the library's caches as well: the check passes to float32 tolerance, and the same check with
+    the library's keys left float refuses the model (its indexer selects otherwise)."""
+    pytest.importorskip("mlx_vlm")
+    path = save(tmp_path / "m", **config)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=64, indexer_keys="fp8"))
+    assert engine.self_check is not None and engine.self_check.passed
+    assert engine.self_check.worst < 1e-4
+    monkeypatch.setattr(self_check_module, "round_indexer_keys", lambda *args: None)
+    assert not self_check(engine).passed

@@ -1,6 +1,7 @@
 """DFlash drafters for the tiny targets: random ones, ones built to agree with the target, and
-checkpoints in the Hugging Face layout of z-lab's ``*-DFlash-b16`` (config fields and weight
-names as mlx-vlm 0.7.10's ``qwen3_dflash`` loader reads them), written here by hand."""
+checkpoints in the Hugging Face layout of z-lab's ``*-DFlash-b16``, of DFlash2 and of DSpark
+(config fields and weight names as mlx-vlm 0.7.10's ``qwen3_dflash``, ``dflash2`` and ``dspark``
+loaders read them), written here by hand."""
 
 from __future__ import annotations
 
@@ -20,13 +21,38 @@ from tests.support.oracle import layer_outputs
 BLOCK_SIZE = 8
 
 
-def dflash_config(target: nn.Module, layers: int = 2, block_size: int = BLOCK_SIZE) -> dict:
+# what a DFlash2 checkpoint's ``dflash_config`` adds: its convolutions, its candidate selector,
+# its scales (no runtime_block_size: mlx-vlm's default width for it, 5, applies)
+DFLASH2_FIELDS = dict(
+    conv_kernel_size=3,
+    conv_group_size=16,
+    selector_rank=8,
+    selector_top_k=6,
+    input_embedding_scale=1.5,
+    output_multiplier=0.5,
+    final_logit_softcapping=30.0,
+)
+# what a DSpark checkpoint's adds (its block_size there counts the drafts, not the known token;
+# no runtime_block_size: mlx-vlm's default width for it, 8, applies)
+DSPARK_FIELDS = dict(projector_type="dspark", markov_rank=8, enable_confidence_head=True)
+
+
+def dflash_config(
+    target: nn.Module, layers: int = 2, block_size: int = BLOCK_SIZE, variant: str = "dflash"
+) -> dict:
     """A DFlash checkpoint's ``config.json`` for ``target`` (as z-lab's: Qwen3 fields, with the
-    mask token and the target's layers under ``dflash_config``)."""
+    mask token and the target's layers under ``dflash_config``; a DFlash2 one's architecture
+    and its block size and added fields there too)."""
     args = text_model(target).args
     num_target = int(args.num_hidden_layers)
+    extra = {
+        "dflash": {},
+        "dflash2": dict(DFLASH2_FIELDS, block_size=block_size),
+        "dspark": dict(DSPARK_FIELDS, block_size=block_size - 1),
+    }[variant]
+    name = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}.get(variant)
     return {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [name or "Qwen3DSparkModel"],
         "model_type": "qwen3",
         "hidden_size": int(args.hidden_size),
         "intermediate_size": 2 * int(args.hidden_size),
@@ -36,6 +62,7 @@ def dflash_config(target: nn.Module, layers: int = 2, block_size: int = BLOCK_SI
         "head_dim": int(args.hidden_size) // 2,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
+        "rope_is_neox_style": variant != "dspark",  # GPT-J's pairs (MLX's traditional) there
         "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
         "vocab_size": int(args.vocab_size),
@@ -44,6 +71,7 @@ def dflash_config(target: nn.Module, layers: int = 2, block_size: int = BLOCK_SI
         "dflash_config": {
             "mask_token_id": int(args.vocab_size) - 1,
             "target_layer_ids": sorted({0, num_target // 2, num_target - 1}),
+            **extra,
         },
     }
 
@@ -60,6 +88,11 @@ def random_dflash(
     for layer in model.layers:
         layer.self_attn.o_proj.weight = gain * layer.self_attn.o_proj.weight
         layer.mlp.down_proj.weight = gain * layer.mlp.down_proj.weight
+        for conv in ("attention_conv", "mlp_conv"):  # DFlash2's (zero base kernels as built)
+            if conv in layer:
+                layer[conv].base_kernel = mx.random.normal(layer[conv].base_kernel.shape)
+    if "markov_head" in model:  # DSpark's: loud enough to change drafts
+        model.markov_head.markov_w2.weight = 4 * model.markov_head.markov_w2.weight
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
     return model
@@ -94,6 +127,19 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
         spread = mx.repeat(mx.eye(dim).reshape(kv_heads, head_dim, dim), 2, axis=0)
         attention.o_proj.weight = 1e4 * spread.reshape(heads * head_dim, dim).T / 2
         layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+        for conv in ("attention_conv", "mlp_conv"):  # DFlash2's: each row itself only
+            if conv in layer:
+                kernel = mx.zeros_like(layer[conv].base_kernel)
+                kernel[:, 0] = 1.0
+                layer[conv].base_kernel = kernel
+                projection = layer[conv].kernel_projection
+                projection.weight = mx.zeros_like(projection.weight)
+    if "candidate_selector" in model:  # DFlash2's: no score beyond the logits
+        projection = model.candidate_selector.hidden_projection
+        projection.weight = mx.zeros_like(projection.weight)
+    if "markov_head" in model:  # DSpark's: no correction
+        w2 = model.markov_head.markov_w2
+        w2.weight = mx.zeros_like(w2.weight)
     model.norm.weight = text.model.norm.weight
     mx.eval(model.parameters())
     return model
@@ -101,29 +147,44 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
 
 def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) -> Path:
     """``model`` as a Hugging Face DFlash checkpoint at ``path``: z-lab's names (no prefix,
-    ``fc``, ``hidden_norm``, ``layers.*``, ``norm``) and config."""
+    ``fc``, ``hidden_norm``, ``layers.*``, ``norm``; DFlash2's convolutions and selector, its
+    codebooks stored bare; DSpark's Markov head and a random confidence head, which it stores
+    and never drafts with) and config."""
     path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
     config = dflash_config(
-        target, layers=model.config.num_hidden_layers, block_size=model.config.block_size
+        target, layers=cfg.num_hidden_layers, block_size=cfg.block_size, variant=cfg.variant
     )
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    weights = dict(tree_flatten(model.parameters()))
+    weights = {
+        k.removesuffix(".weight") if "codebook" in k else k: v
+        for k, v in tree_flatten(model.parameters())
+    }
+    if cfg.variant == "dspark":
+        inputs = cfg.hidden_size + cfg.markov_rank
+        weights["confidence_head.proj.weight"] = mx.random.normal((1, inputs))
+        weights["confidence_head.proj.bias"] = mx.random.normal((1,))
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
 
 
 def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> list[int]:
-    """mlx-vlm 0.7.10's own DFlash drafter, loaded from the checkpoint at ``path``, drafting
-    ``k`` tokens after ``tokens`` greedily: its context the outputs of ``target``'s layers (run
-    here layer by layer over mlx-lm's causal mask) at positions ``0..len-2``, its cache its own."""
-    from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig as VlmConfig
+    """mlx-vlm 0.7.10's own DFlash (DFlash2, DSpark) drafter, loaded from the checkpoint at ``path``
+    by the class its loader picks, drafting ``k`` tokens after ``tokens`` greedily: its context
+    the outputs of ``target``'s layers (run here layer by layer over mlx-lm's causal mask) at
+    positions ``0..len-2``, its cache its own."""
     from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
+    from mlx_vlm.utils import get_model_and_args
 
     raw = json.loads((path / "config.json").read_text())
-    drafter = DFlashDraftModel(VlmConfig.from_dict(raw))
+    module, _ = get_model_and_args(raw)
+    drafter = module.Model(module.ModelConfig.from_dict(raw))
     weights = drafter.sanitize(dict(mx.load(str(path / "model.safetensors"))))  # type: ignore[arg-type]
     drafter.load_weights(list(weights.items()))
-    cache = drafter.reset(target)
+    # bound as DFlash's own bind does: DFlash2's and DSpark's first check the target for
+    # mlx-vlm's cache rollback, which mlx-lm's models (the round loop's, not the drafter's) lack
+    DFlashDraftModel.bind(drafter, target)
+    cache = drafter.make_cache()
     outputs = layer_outputs(target, tokens[:-1])
     ids = raw["dflash_config"]["target_layer_ids"]
     hidden = mx.concatenate([outputs[i] for i in ids], axis=-1)

@@ -169,16 +169,28 @@ def electra_checkpoint(path: Path) -> tuple[Path, dict[str, np.ndarray], dict]:
     return path, weights, config
 
 
-def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.ndarray]:
-    """HF-named float32 weights, LayerNorm scales near 1."""
+def random_weights(
+    config: dict,
+    prefixed: bool = False,
+    seed: int = 0,
+    std: float = 0.1,
+    embedding_std: tuple[float, float] = (1.0, 0.5),
+) -> dict[str, np.ndarray]:
+    """Float32 weights under ``BertModel`` / ``XLMRobertaModel``'s names (with the base model's
+    prefix when ``prefixed``, and the classification head a ``*ForSequenceClassification``
+    config names), normal with ``std``, the word and the position / token-type embeddings with
+    ``embedding_std`` (the tests' defaults spread the vectors apart; the encoder benchmark draws
+    everything at BERT's initializer range, 0.02, so activations stay in a trained model's
+    range), LayerNorm scales near 1. The pooler is there unless the checkpoint is RoBERTa's
+    classifier, which has none (``add_pooling_layer=False``)."""
     rng = np.random.default_rng(seed)
     h, inter = config["hidden_size"], config["intermediate_size"]
     roberta = config["model_type"] != "bert"
-    base = "roberta." if roberta else "bert."
-    prefix = base if prefixed else ""
+    prefix = ("roberta." if roberta else "bert.") if prefixed else ""
+    classifier = config["architectures"][0].endswith("ForSequenceClassification")
 
-    def mat(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    def mat(*shape: int, scale: float = std) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     def norm(name: str) -> dict[str, np.ndarray]:
         return {f"{name}.weight": 1 + mat(h), f"{name}.bias": mat(h)}
@@ -186,10 +198,15 @@ def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.
     def linear(name: str, out: int, inp: int) -> dict[str, np.ndarray]:
         return {f"{name}.weight": mat(out, inp), f"{name}.bias": mat(out)}
 
+    words, positions = embedding_std
     w: dict[str, np.ndarray] = {
-        "embeddings.word_embeddings.weight": mat(config["vocab_size"], h) * 10,
-        "embeddings.position_embeddings.weight": mat(config["max_position_embeddings"], h) * 5,
-        "embeddings.token_type_embeddings.weight": mat(config["type_vocab_size"], h) * 5,
+        "embeddings.word_embeddings.weight": mat(config["vocab_size"], h, scale=words),
+        "embeddings.position_embeddings.weight": mat(
+            config["max_position_embeddings"], h, scale=positions
+        ),
+        "embeddings.token_type_embeddings.weight": mat(
+            config["type_vocab_size"], h, scale=positions
+        ),
         "embeddings.position_ids": np.arange(config["max_position_embeddings"])[None],
         **norm("embeddings.LayerNorm"),
     }
@@ -202,8 +219,7 @@ def random_weights(config: dict, prefixed: bool, seed: int = 0) -> dict[str, np.
         w |= linear(f"{layer}.intermediate.dense", inter, h)
         w |= linear(f"{layer}.output.dense", h, inter)
         w |= norm(f"{layer}.output.LayerNorm")
-    classifier = config["architectures"][0].endswith("ForSequenceClassification")
-    if not roberta:
+    if not (roberta and classifier):
         w |= linear("pooler.dense", h, h)
     w = {prefix + k: v for k, v in w.items()}
     if classifier:

@@ -1,12 +1,14 @@
 """A float64 numpy oracle of the indexer keys' fp8 page format (``stores/fp8_keys.py``), written
 from the e4m3 definition (1 sign, 4 exponent bits of bias 7, 3 mantissa bits, no infinities,
 448 the largest finite value) and DeepSeek V3.2's ``act_quant`` (a power-of-two scale per 128
-columns), not from the engine's code; and mlx-lm's indexer-key caches rounded through it."""
+columns), not from the engine's code; and the libraries' indexer-key caches rounded through it."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+
+from macbatch.engine.model.library_keys import round_indexer_keys as round_library_keys
 
 
 def e4m3_grid() -> np.ndarray:
@@ -23,15 +25,30 @@ def e4m3_grid() -> np.ndarray:
     return np.array(values)
 
 
-def round_e4m3(x: np.ndarray) -> np.ndarray:
-    """``x`` (within +-448) on the e4m3 grid, to nearest, ties to the even code."""
+def _nearest(mag: np.ndarray) -> np.ndarray:
+    """The index on ``e4m3_grid`` of each magnitude's nearest value (ties to the even code)."""
     grid = e4m3_grid()
-    mag = np.abs(x)
     hi = np.clip(np.searchsorted(grid, mag), 1, len(grid) - 1)
     lo = hi - 1
     below, above = mag - grid[lo], grid[hi] - mag
-    pick = np.where(below < above, lo, np.where(above < below, hi, np.where(lo % 2 == 0, lo, hi)))
-    return np.sign(x) * grid[pick]
+    return np.where(below < above, lo, np.where(above < below, hi, np.where(lo % 2 == 0, lo, hi)))
+
+
+def round_e4m3(x: np.ndarray) -> np.ndarray:
+    """``x`` (within +-448) on the e4m3 grid, to nearest, ties to the even code."""
+    return np.sign(x) * e4m3_grid()[_nearest(np.abs(x))]
+
+
+def e4m3_codes(x: np.ndarray) -> np.ndarray:
+    """The e4m3 byte of each value of ``x`` (its sign bit, then its grid index; nearest, ties to
+    the even code, saturating at 448), as an fp8 checkpoint stores a weight."""
+    index = _nearest(np.minimum(np.abs(x), 448.0))
+    return (index | np.where(x < 0, 0x80, 0)).astype(np.uint8)
+
+
+def e4m3_values(codes: np.ndarray) -> np.ndarray:
+    """The value of each e4m3 byte (none the NaN code)."""
+    return np.where(codes & 0x80, -1.0, 1.0) * e4m3_grid()[codes & 0x7F]
 
 
 def fp8_round_numpy(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -54,23 +71,15 @@ def fp8_keys_numpy(x: np.ndarray) -> np.ndarray:
     return (values.reshape(*lead, scale.shape[-1], -1) * scale[..., None]).reshape(*lead, d)
 
 
-def round_indexer_keys(cache: list) -> None:
-    """Every key a library's sparse-attention caches write into their indexer-key part (a
-    layer's ``CacheList``'s second cache) first rounded through the fp8 format, so the library's
-    own indexer scores over exactly the keys fp8 pages hold (in place of any other rounding of
-    them: the class's own write is wrapped). mlx-lm's DeepSeek V3.2 and GLM-5 write
-    ``update_and_fetch(k, k)`` on every layer; mlx-vlm's Hunyuan V4 writes ``update_and_fetch(k,
-    zeros [.., 0])`` (a ``HyV4KVCache``) on its "full" layers only, its "shared" layers' lists
-    holding the latent alone: those have no keys to round. The values are passed as written
-    (both indexers read the keys alone)."""
-    for layer_cache in cache:
-        if len(layer_cache.caches) < 2:  # no indexer of its own (Hunyuan V4's shared layers)
-            continue
-        part = layer_cache.caches[1]
-        write = type(part).update_and_fetch.__get__(part)
+def round_indexer_keys(layers: list, cache: list) -> None:
+    """Every key a library's sparse-attention caches are handed for their indexers (one page row
+    at a time: ``macbatch/engine/model/library_keys.py`` says where each family's go) first
+    rounded through this oracle of the fp8 format, so the library's own indexer scores over
+    exactly the keys fp8 pages hold (in place of any other rounding of them)."""
+    round_library_keys(layers, cache, _through_numpy)
 
-        def rounded(keys: mx.array, values: mx.array, write=write) -> tuple[mx.array, mx.array]:
-            exact = fp8_keys_numpy(np.array(keys.astype(mx.float32)))
-            return write(mx.array(exact.astype(np.float32)).astype(keys.dtype), values)
 
-        part.update_and_fetch = rounded
+def _through_numpy(x: mx.array) -> mx.array:
+    """``x`` as the format reads it back (float64 oracle), in ``x``'s dtype."""
+    exact = fp8_keys_numpy(np.array(x.astype(mx.float32)))
+    return mx.array(exact.astype(np.float32)).astype(x.dtype)

@@ -18,6 +18,7 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.model.adapter import model_type_of, text_model
 from macbatch.engine.model.families import MtpNaming, family
 from macbatch.engine.speculative.mtp_model import MtpHead, new_mtp_head
+from tests.support.mtp_fp8 import Encoding, mark_e4m3
 from tests.support.tiny import build_model, save_model
 
 # the three families with MTP layers, as tiny configs (qwen3_5_moe: qwen3_5's with experts)
@@ -306,8 +307,8 @@ def _hf_experts(weights: dict[str, mx.array], fused: bool) -> dict[str, mx.array
             continue
         mlp, rest = key.split(".switch_mlp.")
         proj = rest.split(".")[0]
-        if not fused:
-            out.update({f"{mlp}.experts.{e}.{proj}.weight": value[e] for e in range(len(value))})
+        if not fused:  # each expert's own, its format's scales beside it
+            out.update({f"{mlp}.experts.{e}.{rest}": value[e] for e in range(len(value))})
         elif proj == "down_proj":
             out[f"{mlp}.experts.down_proj"] = value
         elif proj == "gate_proj":
@@ -385,7 +386,10 @@ def assert_mtp_weights(engine: Any, expected: dict[str, mx.array]) -> None:
     loaded = dict(tree_flatten(head.parameters()))
     assert sorted(loaded) == sorted(expected)
     for name, value in expected.items():
-        assert mx.array_equal(loaded[name].astype(mx.float32), value.astype(mx.float32)), name
+        float_valued = mx.issubdtype(value.dtype, mx.floating)
+        got, want = (loaded[name], value) if not float_valued else (
+            loaded[name].astype(mx.float32), value.astype(mx.float32))  # fmt: skip
+        assert got.dtype == want.dtype and mx.array_equal(got, want), name
 
 
 def unpaged_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
@@ -583,27 +587,57 @@ def _nemotron_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
 _HY_V4_PARTS = {**_NEXTN_PARTS, "norm": "final_layernorm"}
 
 
-def save_hy_v4_checkpoint(path: Path) -> dict[str, mx.array]:
+def save_hy_v4_checkpoint(path: Path, encoding: Encoding | None = None) -> dict[str, mx.array]:
     """The tiny Hunyuan V4 (tests/support/tiny_hy_v4.py) under Hugging Face's names (``model.*``,
     ``lm_head``: mlx-vlm's ``sanitize`` of them drops ``model.mtp_layers``) with a random MTP
     layer at ``model.mtp_layers.0.`` (its own weights as mlx-vlm holds them: ``embed_q`` /
-    ``unembed_out``, fused ``gate_up_proj`` experts) and ``num_nextn_predict_layers: 1``; returns
-    the MTP layer's weights (the loader's expected result)."""
+    ``unembed_out``, fused ``gate_up_proj`` experts) and ``num_nextn_predict_layers: 1``;
+    ``encoding``: the layer stored in an 8-bit format (fused experts then under Hugging Face's
+    ``experts.gate_up_proj`` / ``gate_up_proj_scale``). Returns the MTP layer's float weights."""
     from tests.support.tiny_hy_v4 import hy_v4_model, save_hy_v4
 
     save_hy_v4(path)
     saved = mx.load(str(path / "model.safetensors"))
     weights = {k.removeprefix("language_model."): v for k, v in saved.items()}
-    expected = dict(tree_flatten(random_mtp_head(hy_v4_model()).parameters()))
-    for name, value in expected.items():
+    params = dict(tree_flatten(random_mtp_head(hy_v4_model()).parameters()))
+    layer: dict[str, mx.array] = {}
+    for name, value in (encoding.layer(params).stored if encoding else params).items():
         part, _, rest = name.partition(".")
-        rest = rest.removeprefix("0.") if part == "layers" else f"{_HY_V4_PARTS[part]}.{rest}"
-        weights[f"model.mtp_layers.0.{rest}"] = value
-    mx.save_safetensors(str(path / "model.safetensors"), weights)
+        layer[rest.removeprefix("0.") if part == "layers" else f"{_HY_V4_PARTS[part]}.{rest}"] = (
+            value
+        )
+    weights.update({f"model.mtp_layers.0.{k}": v for k, v in _hy_v4_fused_experts(layer).items()})
+    _save_encoded(path, weights, encoding)
     config = json.loads((path / "config.json").read_text())
     config["num_nextn_predict_layers"] = 1
+    _declare_encoding(path, config, encoding)
+    return params
+
+
+def _hy_v4_fused_experts(layer: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Hunyuan V4's encoded experts under Hugging Face's names (``mlp.experts.gate_up_proj``
+    and ``gate_up_proj_scale``: the names mlx-vlm's ``sanitize`` packs)."""
+    out = dict(layer)
+    for key in [k for k in layer if ".switch_mlp." in k and k.endswith(".weight_scale")]:
+        base = key.removesuffix(".weight_scale")
+        fused = base.replace(".switch_mlp.", ".experts.")
+        out[fused], out[fused + "_scale"] = out.pop(base + ".weight"), out.pop(key)
+    return out
+
+
+def _save_encoded(path: Path, weights: dict[str, mx.array], encoding: Encoding | None) -> None:
+    """The checkpoint's one safetensors file (an encoding's codes typed F8_E4M3)."""
+    file = path / "model.safetensors"
+    mx.save_safetensors(str(file), weights)
+    if encoding is not None:
+        mark_e4m3(file)
+
+
+def _declare_encoding(path: Path, config: dict[str, Any], encoding: Encoding | None) -> None:
+    """``config`` as the checkpoint's config.json, with the encoding's ``quantization_config``."""
+    if encoding is not None:
+        config["quantization_config"] = encoding.quantization_config
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    return expected
 
 
 def predicting_streams_head(model: nn.Module) -> MtpHead:
@@ -644,19 +678,22 @@ def mlx_vlm_qwen4_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: 
     return [int(t) for t in drafts[0].tolist()]
 
 
-def save_qwen4_checkpoint(path: Path) -> dict[str, mx.array]:
+def save_qwen4_checkpoint(path: Path, encoding: Encoding | None = None) -> dict[str, mx.array]:
     """The tiny Qwen4-exp (tests/support/tiny_qwen4_exp.py) with a random MTP layer under
-    ``mtp.`` as Qwen's checkpoints keep it (its experts fused as ``gate_up_proj``) and
-    ``mtp_num_hidden_layers: 1``; returns the MTP layer's weights as mlx-vlm holds them (the
-    loader's expected result)."""
+    ``mtp.`` as Qwen's checkpoints keep it (its experts fused as ``gate_up_proj``; ``encoding``:
+    the layer stored in an 8-bit format, its experts one per projection as Qwen's fp8
+    checkpoints keep them) and ``mtp_num_hidden_layers: 1``; returns the MTP layer's float
+    weights as mlx-vlm holds them (the loader's expected result when float)."""
     from tests.support.tiny_qwen4_exp import QWEN4_EXP
 
     model = QWEN4_EXP.model()
     QWEN4_EXP.save(path)
-    expected = dict(tree_flatten(random_mtp_head(model).parameters()))
-    stored = _hf_experts(expected, fused=True)
-    _add_weights(path, {f"mtp.{k}": v for k, v in stored.items()})
+    params = dict(tree_flatten(random_mtp_head(model).parameters()))
+    stored = encoding.layer(params).stored if encoding else params
+    stored = _hf_experts(stored, fused=encoding is None)
+    weights = dict(mx.load(str(path / "model.safetensors")))
+    _save_encoded(path, {**weights, **{f"mtp.{k}": v for k, v in stored.items()}}, encoding)
     config = json.loads((path / "config.json").read_text())
     config["text_config"]["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    return expected
+    _declare_encoding(path, config, encoding)
+    return params

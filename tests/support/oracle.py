@@ -46,7 +46,7 @@ def mlx_lm_greedy_logprobs(
                 if hasattr(part, "update_and_fetch"):
                     _round_writes(part, kv_bits, kv_group_size)
     if indexer_keys == "fp8":
-        round_indexer_keys(cache)
+        round_indexer_keys(model.layers, cache)
     steps = []
     for token, logprobs in generate_step(
         mx.array(prompt), model, max_tokens=max_tokens, prompt_cache=cache

@@ -166,9 +166,13 @@ OVERRIDES: dict[str, dict[str, dict[str, Any]]] = {
     "qwen3_omni_moe": {"thinker": _OMNI_THINKER, "talker": {"text_config": _OMNI_TEXT},
                        "top": {"enable_audio_output": False}},
     # Phi-4-multimodal: its text fields at the top level, RoPE on three quarters of each 16-wide
-    # head (LongRoPE's factors, its real checkpoints', are left out: transformers' generic config,
-    # which the tokenizer's loader builds for a model type it does not know, fails on them)
-    "phi4mm": {"top": dict(_FLAT, partial_rotary_factor=0.75, audio_processor={"config": dict(
+    # head, LongRoPE as its real checkpoints have it (4,096 original positions of 131,072; the
+    # short factors, which every prompt here is rotated by, differ from 1 and from the long)
+    "phi4mm": {"top": dict(_FLAT, partial_rotary_factor=0.75, max_position_embeddings=131072,
+        original_max_position_embeddings=4096, rope_scaling={"type": "longrope",
+        "short_factor": [1.0, 1.4, 2.2, 3.5, 5.0, 8.0],
+        "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]},
+        audio_processor={"config": dict(
         attention_dim=32, attention_heads=2, num_blocks=1, linear_units=64, ext_pw_out_channel=32,
         depthwise_seperable_out_channel=32, conv_channels=32)})},
     # refused (its attention's short convolutions keep state beside the K/V): its text fields at

@@ -40,6 +40,12 @@ def _generate(path: Path, text: str, images: list[Path], max_tokens: int) -> Any
     )
 
 
+def mlx_vlm_text_ids(path: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    """mlx-vlm's greedy ids for a text-only prompt of token ids, on the checkpoint at ``path``."""
+    model, _ = _mlx_vlm(str(path))
+    return [token for token, _ in mlx_vlm_text_greedy(model, prompt, max_tokens)]
+
+
 def mlx_vlm_text_greedy(
     model: Any, prompt: list[int], max_tokens: int, indexer_keys: str | None = None
 ) -> list[tuple[int, float]]:
@@ -55,7 +61,7 @@ def mlx_vlm_text_greedy(
 
     cache = make_prompt_cache(model.language_model)  # the one generate_step makes without it
     if indexer_keys == "fp8":
-        round_indexer_keys(cache)
+        round_indexer_keys(model.language_model.layers, cache)
     steps = []
     ids = mx.array([prompt])
     for token, logprobs in generate_step(
@@ -123,6 +129,34 @@ def assert_staggered_matches_mlx_vlm(engine: Any, model: Any, params: Any, label
     for prompt, out in zip([prompts[2], prompts[5]], again):
         assert out.metrics.cached_tokens > 0
         assert_matches_mlx_vlm_text(model, prompt, out)
+
+
+def assert_fp8_staggered_matches_mlx_vlm(
+    engine: Any, model: Any, params: Any, lengths: list[int], seed: int = 0
+) -> None:
+    """Random prompts of ``lengths`` (``seed``) joining ``engine``'s batch (fp8 indexer keys) at
+    different steps: every token and log-probability is mlx-vlm's with its indexer-key caches
+    rounded through the fp8 format (``tests/support/fp8_numpy.py``), and some request's are not
+    those of its float keys, so an engine that kept the keys unrounded (or rounded them
+    otherwise) fails; the pool ends idle."""
+    import pytest
+
+    from tests.support.oracle import assert_pool_idle
+    from tests.support.staggered import random_prompts, run_staggered_outputs
+
+    prompts = random_prompts(lengths, seed)
+    outs = run_staggered_outputs(engine, prompts, params)
+    changed = 0
+    for i, prompt in enumerate(prompts):
+        want = mlx_vlm_text_greedy(model, prompt, params.max_tokens, "fp8")
+        assert outs[i].token_ids == [token for token, _ in want], f"request {i}"
+        assert outs[i].logprobs == pytest.approx([lp for _, lp in want], abs=1e-4), f"request {i}"
+        exact = mlx_vlm_text_greedy(model, prompt, params.max_tokens)
+        changed += [token for token, _ in exact] != outs[i].token_ids or any(
+            abs(a - lp) > 1e-3 for a, (_, lp) in zip(outs[i].logprobs, exact)
+        )
+    assert changed, "fp8 keys answer as float keys: nothing tested"
+    assert_pool_idle(engine)
 
 
 def assert_staggered_text_matches(engine: Any, model: Any, lengths: list[int], params: Any) -> None:

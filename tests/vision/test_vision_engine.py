@@ -1,7 +1,9 @@
-"""Images in the packed step, for each family (Mistral 3; Gemma 3, whose window layers see image
-rows too): greedy ids equal mlx-vlm's own generation with several prompts and images in flight,
-prefill chunks that split an image's rows, and a second pass that hits the encode cache and the
-prefix cache (different images never share blocks)."""
+"""Images in the packed step, for each family of ``TINY_VLMS`` (Mistral 3; Gemma 3 and Aya
+Vision, whose window layers see image rows too; Gemma 4; Idefics 3, SmolVLM, LLaVA-OneVision,
+whose images are several tiles): greedy ids equal mlx-vlm's own generation with several prompts
+and images in flight, an image request beside text ones, prefill chunks that split an image's
+rows, and a second pass that hits the encode cache and the prefix cache (different images never
+share blocks)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.image_requests import QUESTIONS, cases, chat, expected
+from tests.support.staggered import random_prompts
 from tests.support.tiny import save_model
 from tests.support.tiny_vlm import png_bytes
 from tests.support.vlm_families import TinyVlm
+from tests.support.vlm_oracle import mlx_vlm_text_ids
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
@@ -37,6 +41,19 @@ def test_greedy_ids_equal_mlx_vlm_with_several_in_flight(
     for (question, images), out in zip(todo, outputs):
         want = expected(family_vlm, question, images, 8)
         assert out.token_ids == want, (question, [p.name for p in images])
+
+
+def test_an_image_request_beside_text_ones_equals_mlx_vlm(
+    engine: Engine, family_vlm: TinyVlm, image_files: list[Path]
+) -> None:
+    # text rows and image rows packed in the same steps; the text requests' oracle is mlx-vlm's
+    # own generation on their ids
+    texts = random_prompts([9, 23], seed=5)
+    question, images = QUESTIONS[2], [image_files[1]]
+    outputs = engine.generate([texts[0], chat(question, images), texts[1]], PARAMS)
+    assert outputs[1].token_ids == expected(family_vlm, question, images, 8)
+    for prompt, out in zip(texts, [outputs[0], outputs[2]]):
+        assert out.token_ids == mlx_vlm_text_ids(family_vlm.path, prompt, 8)
 
 
 def test_second_pass_hits_the_encode_and_prefix_caches(

@@ -1,5 +1,6 @@
 """Which module runs each encoder family's checkpoint, and how its Hugging Face weights map onto
-that module's names: the one place ``EncoderModel.load`` asks."""
+that module's names (its classification head's: ``classifier.py``): the one place
+``EncoderModel.load`` asks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macbatch.engine.encoder.bert import Encoder
+from macbatch.engine.encoder.classifier import classifier_weights, with_classifier
 from macbatch.engine.encoder.config import EncoderConfig
 from macbatch.engine.encoder.deberta import Deberta, deberta_weights
 from macbatch.engine.encoder.modernbert import ModernBert, modernbert_weights
@@ -31,10 +33,12 @@ _ARCHITECTURES: dict[EncoderNaming, tuple[Callable[[EncoderConfig], nn.Module],
 
 
 def load_encoder(weights: Weights, config: EncoderConfig) -> nn.Module:
-    """The family's module holding ``weights`` (HF-named), evaluated; a checkpoint missing one
-    of its weights, or holding one of the wrong shape, is refused by name."""
+    """The family's module (with its classification head, when the checkpoint has one) holding
+    ``weights`` (HF-named), evaluated; a checkpoint missing one of its weights, or holding one
+    of the wrong shape, is refused by name."""
     build, rename = _ARCHITECTURES[config.layout.naming]
-    model = build(config)
-    model.load_weights(list(rename(weights, config).items()))
+    model = with_classifier(build(config), config)
+    ours = rename(weights, config) | classifier_weights(weights, config)
+    model.load_weights(list(ours.items()))
     mx.eval(model.parameters())
     return model

@@ -1,7 +1,8 @@
 """The BERT / RoBERTa / XLM-RoBERTa encoder in MLX over packed rows (macbatch's own code, from
-the architecture: post-LayerNorm blocks, learned absolute positions and token types), and its
-sequence-classification heads; with ELECTRA's narrower embeddings projected up to the hidden
-size, and MPNet's relative-position attention bias (``relative.py``), shared by every layer."""
+the architecture: post-LayerNorm blocks, learned absolute positions and token types), with
+ELECTRA's narrower embeddings projected up to the hidden size, and MPNet's relative-position
+attention bias (``relative.py``), shared by every layer. Every family's classification head is
+``classifier.py``'s."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": nn.gelu_approx,
     "relu": nn.relu,
     "silu": nn.silu,
+    "tanh": mx.tanh,
 }
 
 
@@ -85,19 +87,6 @@ class Layer(Block):
         return self.attend(x, layout, None if biases is None else lambda n, _q, _k: biases[n])
 
 
-class Classifier(nn.Module):
-    """The head of a ``*ForSequenceClassification`` checkpoint over each sequence's CLS row:
-    BERT's ``classifier(tanh(pooler(cls)))``, RoBERTa's ``out_proj(tanh(dense(cls)))``."""
-
-    def __init__(self, c: EncoderConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
-        self.out = nn.Linear(c.hidden_size, c.num_labels)
-
-    def __call__(self, cls_rows: mx.array) -> mx.array:
-        return self.out(mx.tanh(self.dense(cls_rows)))
-
-
 class Encoder(nn.Module):
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
@@ -106,8 +95,6 @@ class Encoder(nn.Module):
         self.layers = [Layer(c) for _ in range(c.num_layers)]
         if c.relative_buckets:
             self.relative_bias = nn.Embedding(c.relative_buckets, c.num_heads)
-        if c.classifier:
-            self.classifier = Classifier(c)
 
     def __call__(
         self, ids: mx.array, positions: mx.array, types: mx.array, layout: VarlenLayout

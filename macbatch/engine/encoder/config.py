@@ -7,10 +7,10 @@ pair."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from macbatch.engine.model.families import EncoderLayout, EncoderNaming, family
+from macbatch.engine.model.families import ClassifierHead, EncoderLayout, EncoderNaming, family
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,9 @@ class EncoderConfig:
     type_vocab_size: int
     layer_norm_eps: float
     pad_token_id: int
-    # ``*ForSequenceClassification``: the checkpoint scores a (query, document) pair
-    classifier: bool
+    # ``*ForSequenceClassification``: the checkpoint scores a (query, document) pair with
+    # ``head`` (None: it embeds)
+    head: ClassifierHead | None
     num_labels: int
     # rotary families (``rotary.py``; None: learned absolute positions, BERT's)
     rope_theta: float | None = None
@@ -57,6 +58,10 @@ class EncoderConfig:
     embedding_size: int | None = None  # ELECTRA's, below the hidden size (None: the same)
     relative_buckets: int = 0  # MPNet's relative-position buckets (0: none)
     disentangled: Disentangled | None = None  # DeBERTa-v2's
+
+    @property
+    def classifier(self) -> bool:
+        return self.head is not None
 
     @property
     def position_offset(self) -> int:
@@ -77,8 +82,6 @@ class EncoderConfig:
         architectures = config.get("architectures") or []
         classifier = any(str(a).endswith("ForSequenceClassification") for a in architectures)
         labels = config.get("id2label")
-        if classifier and layout.naming is not EncoderNaming.BERT:
-            raise ValueError(f"a {model_type} sequence classifier's head is not built")
 
         def field(*names: str, default: Any = None) -> Any:
             """The first of ``names`` the config has (BERT's name first, then the families')."""
@@ -103,7 +106,7 @@ class EncoderConfig:
                 field("layer_norm_eps", "norm_eps", "layer_norm_epsilon", default=1e-12)
             ),
             pad_token_id=int(config.get("pad_token_id") or 0),
-            classifier=classifier,
+            head=_head(layout.head, config) if classifier else None,
             num_labels=int(config.get("num_labels") or (len(labels) if labels else 1)),
             **_family_fields(layout.naming, config, num_layers),
         )
@@ -111,6 +114,21 @@ class EncoderConfig:
 
 # BERT's, DistilBERT's, ModernBERT's and Nomic's names for the hidden activation
 _ACTIVATION_FIELDS = ("hidden_act", "activation", "hidden_activation", "activation_function")
+
+
+def _head(head: ClassifierHead, config: Mapping[str, Any]) -> ClassifierHead:
+    """The family's head with what its config says of it: DeBERTa's ``pooler_hidden_act``,
+    ModernBERT's ``classifier_activation``, ``classifier_bias`` and ``classifier_pooling``."""
+    pooling = str(config.get("classifier_pooling") or head.pooling)
+    if pooling not in ("cls", "mean"):
+        raise ValueError(f"a classifier_pooling of {pooling!r} is not built (cls, mean)")
+    activation = config.get("pooler_hidden_act") or config.get("classifier_activation")
+    return replace(
+        head,
+        activation=str(activation or head.activation),
+        dense_bias=bool(config.get("classifier_bias", head.dense_bias)),
+        pooling=pooling,
+    )
 
 
 def _family_fields(naming: EncoderNaming, config: Mapping[str, Any], layers: int) -> dict:

@@ -123,7 +123,7 @@ class EncoderEngine(PromptEncoder):
             [EncoderInput(tuple(r.prompt_token_ids), tuple(r.token_types or ())) for r in batch]
         )
         if self.model.config.classifier:
-            results = self.model.relevance(hidden, lengths)
+            results = self.model.relevance(hidden, layout, lengths)
         else:
             results = _embeddings(batch, hidden, layout, lengths)
         waited = time.perf_counter()

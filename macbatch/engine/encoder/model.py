@@ -178,17 +178,20 @@ class EncoderModel:
         out = np.zeros(len(pairs), np.float32)
         for members in passes([len(p.ids) for p in pairs], max_batch_tokens):
             hidden, layout = self.hidden_states([pairs[m] for m in members])
-            out[members] = np.array(self.relevance(hidden, [len(pairs[m].ids) for m in members]))
+            lengths = [len(pairs[m].ids) for m in members]
+            out[members] = np.array(self.relevance(hidden, layout, lengths))
         return out
 
-    def relevance(self, hidden: mx.array, lengths: list[int]) -> mx.array:
-        """Each packed pair's score [S] from its CLS row (``score``, one pass)."""
-        if not self.config.classifier or self.config.num_labels != 1:
+    def relevance(self, hidden: mx.array, layout: VarlenLayout, lengths: list[int]) -> mx.array:
+        """Each packed pair's score [S] from its head over its pooled row (the CLS row, or the
+        mean row where the head says so; ``score``, one pass)."""
+        if self.config.head is None or self.config.num_labels != 1:
             raise ValueError(
                 f"model '{self.name}' is not a one-label cross-encoder "
                 "(a *ForSequenceClassification checkpoint with num_labels 1)"
             )
-        logits = self.model.classifier(pooled(hidden, None, lengths, "cls"))[:, 0]
+        rows = pooled(hidden, layout, lengths, self.config.head.pooling)
+        logits = self.model.classifier(rows)[:, 0]
         return mx.sigmoid(logits.astype(mx.float32))
 
 

@@ -48,13 +48,6 @@ _MPNET_AS_BERT = {
     ".attention.LayerNorm.": ".attention.output.LayerNorm.",
 }
 _AS_BERT = {EncoderNaming.DISTILBERT: _DISTILBERT_AS_BERT, EncoderNaming.MPNET: _MPNET_AS_BERT}
-# the classification heads: BERT's pooler + ``classifier``, RoBERTa's ``classifier.dense`` +
-# ``classifier.out_proj``
-_BERT_HEAD = ((r"^pooler\.dense\.", "classifier.dense."), (r"^classifier\.", "classifier.out."))
-_ROBERTA_HEAD = (
-    (r"^classifier\.dense\.", "classifier.dense."),
-    (r"^classifier\.out_proj\.", "classifier.out."),
-)
 # old TensorFlow-converted checkpoints name LayerNorm's parameters gamma and beta
 _NORM_PARAMS = {"gamma": "weight", "beta": "bias"}
 
@@ -70,18 +63,15 @@ def read_weights(directory: Path) -> dict[str, mx.array]:
 
 
 def encoder_weights(weights: dict[str, mx.array], config: EncoderConfig) -> dict[str, mx.array]:
-    """Our names for the weights the encoder (and its head, when it has one) holds; the rest
-    (``position_ids``, a masked-LM head, an unused pooler) are dropped."""
-    renames: tuple[tuple[str, str], ...] = _BERT
-    if config.classifier:
-        renames += _ROBERTA_HEAD if config.layout.dense_head else _BERT_HEAD
+    """Our names for the weights the encoder holds; the rest (``position_ids``, a masked-LM
+    head, a pooler, a classification head: ``classifier.py``'s) are dropped."""
     bert_named = {}
     for name, value in weights.items():
         for theirs, bert in _AS_BERT.get(config.layout.naming, {}).items():
             name = name.replace(theirs, bert)
         head, _, param = name.rpartition(".")
         bert_named[f"{head}.{_NORM_PARAMS.get(param, param)}"] = value
-    return renamed(bert_named, config.layout.prefix, renames)
+    return renamed(bert_named, config.layout.prefix, _BERT)
 
 
 def renamed(

@@ -137,9 +137,14 @@ class DiskPart(Protocol):
     # writer reads in place; False: they may be slices of the group's memory, copied out on the
     # engine thread (a view would keep the whole array alive, and copied on its next update)
     gathers_own_buffers: bool
+    # whether every digest's part has ``slab_bytes``'s sizes; False: each is one payload of its
+    # own length (its file's), ``gather`` making one ``[bytes]`` uint8 array per place and
+    # ``restore`` taking one per digest (held library caches, whose rows grow with the context)
+    sized: bool
 
     def slab_bytes(self) -> list[int]:
-        """Bytes of one digest's part in each of its arrays (its file holds them in order)."""
+        """Bytes of one digest's part in each of its arrays (its file holds them in order;
+        none for a part that is not ``sized``)."""
         ...
 
     def needs(self, num_blocks: int) -> range:

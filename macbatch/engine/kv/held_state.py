@@ -2,17 +2,18 @@
 (DeepSeek V4: ``stores/held_caches.py``): a recurrent-state group whose rows name those caches.
 
 Slots, snapshots and the RAM prefix cache's checkpoints work as a recurrent state's (a
-checkpoint is the caches after a block boundary); the disk tier keeps none of it, since the held
-caches are Python objects of the library's, not rows it can write, so its ``disk_part`` is None
-and the tier stays off for such a model.
+checkpoint is the caches after a block boundary); the disk tier keeps the checkpoints as the
+held caches' arrays and scalar fields, rebuilt into the library's objects when read
+(``HeldCheckpointPart``, ``stores/held_bytes.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from macbatch.engine.kv.disk.parts import CheckpointPart
+from macbatch.engine.kv.disk.parts import HeldCheckpointPart
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup, RecurrentStateSpec
+from macbatch.engine.stores.held_bytes import writable
 from macbatch.engine.stores.held_caches import HeldCaches
 
 
@@ -38,6 +39,12 @@ class HeldStateGroup(RecurrentStateGroup):
         assert isinstance(store, HeldCaches)
         return store.held_bytes()
 
-    def disk_part(self) -> CheckpointPart | None:
-        """None: the disk tier cannot write the library's cache objects."""
-        return None
+    def disk_part(self) -> HeldCheckpointPart | None:
+        """The held caches after a prefix's last block (None: prefix caching is off, or the
+        library's caches hold a field ``held_bytes`` does not write)."""
+        store = self.slots.store
+        assert isinstance(store, HeldCaches)
+        new = store.new_caches
+        if self.checkpoints is None or new is None or not writable(new()):
+            return None
+        return HeldCheckpointPart(self.checkpoints, store)

@@ -166,6 +166,7 @@ class ModelAdapter:
         self.window, self.kv_slots = cache_groups(store_windows, windows and not self.state_shapes)
         # a model layer writes K/V when it is the first to use its store layer
         self.kv_writes = [self.kv_layers.index(kv) == i for i, kv in enumerate(self.kv_layers)]
+        self._embeddings_as = _embeddings_keyword(self._flat._call if self._flat else self.inner)
 
     @property
     def inner(self) -> Any:
@@ -456,11 +457,7 @@ class ModelAdapter:
         inputs[rows] = IMAGE_ROW_TOKEN
         # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
         image = images[:, None, : embeddings.shape[-1]]
-        # mlx-lm's inner transformers name the argument input_embeddings, mlx-vlm's inputs_embeds
-        named = "input_embeddings"
-        if named not in inspect.signature(inner).parameters:
-            named = "inputs_embeds"
-        vision = self.family.vision
+        vision, named = self.family.vision, self._embeddings_as
         if vision is None or not vision.scaled_rows:
             embeddings[rows] = image.astype(embeddings.dtype)
             return self.run_inner(inputs, positions, cache=cache, **{named: embeddings})
@@ -531,6 +528,13 @@ def _head_call(cls: type) -> Callable[..., Any]:
     bases' that does not."""
     calls = (klass.__dict__.get("__call__") for klass in cls.__mro__)
     return next(c for c in calls if c is not None and "__class__" not in c.__code__.co_freevars)
+
+
+def _embeddings_keyword(call: Callable[..., Any]) -> str:
+    """The keyword ``call`` takes its input embeddings by: mlx-lm's ``input_embeddings``, or
+    mlx-vlm's own text models' ``inputs_embeds`` (Idefics 3's, LLaVA-NeXT's ...)."""
+    parameters = inspect.signature(call).parameters
+    return "inputs_embeds" if "inputs_embeds" in parameters else "input_embeddings"
 
 
 def _position_ids(positions: mx.array, axes: int) -> mx.array:

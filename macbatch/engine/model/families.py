@@ -162,19 +162,38 @@ class EncoderNaming(Enum):
 
 
 @dataclass(frozen=True)
+class ClassifierHead:
+    """A family's ``*ForSequenceClassification`` head as transformers defines it: ``out(norm(
+    act(dense(pooled))))`` over each sequence's pooled row, the weights under these names (the
+    base model's prefix stripped). ``activation``, ``dense_bias`` and ``pooling`` are the
+    defaults a checkpoint's config may override (engine/encoder/config.py reads them)."""
+
+    dense: str
+    out: str
+    activation: str = "tanh"
+    norm: str | None = None  # ModernBERT's LayerNorm after the activation
+    dense_bias: bool = True
+    pooling: str = "cls"  # the row it reads: the first token's, or ModernBERT's "mean"
+
+
+# BertForSequenceClassification: BertPooler's tanh(dense(CLS)), then ``classifier``
+_BERT_HEAD = ClassifierHead("pooler.dense", "classifier")
+# RobertaClassificationHead (MPNet's is the same): its own dense + tanh, then ``out_proj``
+_ROBERTA_HEAD = ClassifierHead("classifier.dense", "classifier.out_proj")
+
+
+@dataclass(frozen=True)
 class EncoderLayout:
     """How an encoder family's checkpoint differs (engine/encoder/: HF's names and rules)."""
 
     prefix: str  # where a task checkpoint puts the base model's weights ("bert.", "roberta.")
     # position ids count from padding_idx + 1 (HF's RoBERTa create_position_ids_from_input_ids)
     offset_positions: bool = False
-    # the classification head has its own dense + tanh before ``out_proj`` (RoBERTa's), where
-    # BERT's reads its pooler's tanh(dense(CLS)) into ``classifier``
-    dense_head: bool = False
+    head: ClassifierHead = _BERT_HEAD
     naming: EncoderNaming = EncoderNaming.BERT
 
 
-_ROBERTA = EncoderLayout("roberta.", offset_positions=True, dense_head=True)
+_ROBERTA = EncoderLayout("roberta.", offset_positions=True, head=_ROBERTA_HEAD)
 
 
 @dataclass(frozen=True)
@@ -270,17 +289,17 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("llava_next", "llava_onevision", "internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("internvl_chat", "llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
-    "aya_vision", "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "idefics2", "idefics3", "indic_ocr", "internvl",
+    "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
+    "fastvlm", "got", "granite4_vision", "indic_ocr", "internvl",
     "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
-    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "smolvlm", "youtu_vl",
+    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -402,18 +421,49 @@ FAMILIES: dict[str, Family] = {
     "bert": Family(encoder=EncoderLayout("bert.")),
     "roberta": Family(encoder=_ROBERTA),
     "xlm-roberta": Family(encoder=_ROBERTA),
-    "distilbert": Family(encoder=EncoderLayout("distilbert.", naming=EncoderNaming.DISTILBERT)),
+    # DistilBertForSequenceClassification: ReLU between ``pre_classifier`` and ``classifier``
+    "distilbert": Family(
+        encoder=EncoderLayout(
+            "distilbert.",
+            head=ClassifierHead("pre_classifier", "classifier", "relu"),
+            naming=EncoderNaming.DISTILBERT,
+        )
+    ),
     # the prefixes: NewForMaskedLM's ``new.``, NomicBertForPreTraining's ``bert.``,
-    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet and ELECTRA
-    # count positions and name their task heads as RoBERTa and BERT do
+    # ModernBertForMaskedLM's ``model.`` (their base models save none); MPNet counts positions
+    # as RoBERTa does and names its head as RoBERTa's; gte's and Nomic's heads are BERT's
     "new": Family(encoder=EncoderLayout("new.", naming=EncoderNaming.GTE)),
     "nomic_bert": Family(encoder=EncoderLayout("bert.", naming=EncoderNaming.NOMIC)),
-    "modernbert": Family(encoder=EncoderLayout("model.", naming=EncoderNaming.MODERNBERT)),
-    "mpnet": Family(
-        encoder=EncoderLayout("mpnet.", offset_positions=True, naming=EncoderNaming.MPNET)
+    # ModernBertPredictionHead (dense without bias, GELU, LayerNorm) then ``classifier``, over
+    # the row its config's ``classifier_pooling`` says
+    "modernbert": Family(
+        encoder=EncoderLayout(
+            "model.",
+            head=ClassifierHead("head.dense", "classifier", "gelu", "head.norm", False),
+            naming=EncoderNaming.MODERNBERT,
+        )
     ),
-    "electra": Family(encoder=EncoderLayout("electra.", naming=EncoderNaming.ELECTRA)),
-    "deberta-v2": Family(encoder=EncoderLayout("deberta.", naming=EncoderNaming.DEBERTA)),
+    "mpnet": Family(
+        encoder=EncoderLayout(
+            "mpnet.", offset_positions=True, head=_ROBERTA_HEAD, naming=EncoderNaming.MPNET
+        )
+    ),
+    # ElectraClassificationHead: RoBERTa's names with GELU in place of tanh
+    "electra": Family(
+        encoder=EncoderLayout(
+            "electra.",
+            head=ClassifierHead("classifier.dense", "classifier.out_proj", "gelu"),
+            naming=EncoderNaming.ELECTRA,
+        )
+    ),
+    # DebertaV2ForSequenceClassification: ContextPooler's ``pooler_hidden_act``(dense(CLS))
+    "deberta-v2": Family(
+        encoder=EncoderLayout(
+            "deberta.",
+            head=ClassifierHead("pooler.dense", "classifier", "gelu"),
+            naming=EncoderNaming.DEBERTA,
+        )
+    ),
     "falcon_h1": Family(side_by_side_mixer="mamba"),
     # text models only mlx-vlm has (docs/models.md, "Families only mlx-vlm has")
     **dict.fromkeys(_VLM_SERVED, Family(library=Library.MLX_VLM)),
@@ -456,8 +506,7 @@ FAMILIES: dict[str, Family] = {
     "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
     "step3p7": Family(
         library=Library.MLX_VLM,
-        vision_refusal="its text model takes image rows as mlx-vlm's inputs_embeds, which the "
-        "packed step does not hand it yet (text is served)",
+        vision_refusal=_IMAGES_UNCHECKED,
     ),
     # Qwen Sparse Attention's block indexer: hooks/block_sparse_attention.py, model/qsa_indexer.py
     # its MTP layer (mlx-vlm's classes) reads the target's last layer's streams (layer_taps.py)
@@ -487,6 +536,27 @@ FAMILIES: dict[str, Family] = {
     # sliding-window masks (its ``attention_mask_4d`` never reaches the attention), so its image
     # rows are causal rows too (docs/vision.md).
     "mistral3": Family(vision=Vision()),
+    # mlx-vlm's language model; an image is its tiles' rows and its whole image's, as the
+    # processor expands it (docs/vision.md)
+    **dict.fromkeys(("idefics3", "smolvlm"), Family(library=Library.MLX_VLM, vision=Vision())),
+    "idefics2": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's Idefics 2 tower attends over the padding its processor adds to "
+        "a prompt's smaller images, so an image's rows depend on the other images beside it "
+        "(tests/vision/test_idefics2_images.py), where the engine encodes each image alone; "
+        "text is served",
+    ),
+    # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
+    "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
+    "llava_next": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="mlx-vlm's LLaVA-NeXT puts a whole crop's rows (or a block of newline rows) "
+        "in place of each image token the processor expands, its rows outnumbering the prompt's "
+        "ids, and reads only a prompt's first image (tests/vision/test_llava_next_images.py), "
+        "where the engine gives each image token one row; text is served",
+    ),
+    # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
+    "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),
     "gemma4": Family(
         vision=Vision(

@@ -106,10 +106,10 @@ def vision_for(name: str, text_model: nn.Module, launched: bool = False) -> Visi
         return VisionSupport(refusal=reason)
     try:
         return VisionSupport(VisionEncoder(path, text_model))
-    # a config the family's rule cannot run, or a processor that cannot be read (no
-    # preprocessor_config.json): text still serves
-    except (ValueError, OSError) as exc:
+    except ValueError as exc:  # a config the family's rule cannot run: text still serves
         return VisionSupport(refusal=f"images for model '{name}' are not supported: {exc}")
+    except OSError as exc:  # no processor files (a text-only conversion): text still serves
+        return VisionSupport(refusal=f"images for model '{name}' cannot be read: {exc}")
 
 
 class EncodeCache:

@@ -9,7 +9,8 @@ projections. So when a request holds
 tokens ``0..n-1`` (the last not yet run by the target), its pages hold the context at positions
 ``0..n-2`` and the proposal is one forward of the block: token ``n-1`` then ``k`` mask tokens at
 positions ``n-1..n-1+k``, attending to that context causally and to the block both ways; its rows
-``1..k`` are the drafts. The block's own K/V lands on positions the target computes next, whose
+``1..k`` are the drafts (a DSpark block is one mask shorter, its rows ``0..k-1`` the drafts).
+The block's own K/V lands on positions the target computes next, whose
 features overwrite it in that step; a verification's rows past the accepted drafts (features of
 rejected tokens) are overwritten the same way when the target computes those positions again. A
 position whose features the request never computed (a prefix-cache hit) or whose context pass
@@ -67,30 +68,22 @@ class DFlashDrafter:
 
     def propose(self, requests: Sequence[Request], ks: Sequence[int]) -> list[list[int]]:
         proposals: list[list[int]] = [[] for _ in requests]
+        first = self.runner.first_draft_row
         live: list[tuple[int, list[int], int]] = []  # index, tokens, drafts
         for index, (request, k) in enumerate(zip(requests, ks)):
             k = min(k, self.runner.max_drafts)
             tokens = request.all_token_ids
-            # the block's positions n-1..n-1+k: n - 1 computed, k + 1 more
-            if k > 0 and self.kv.allocate_slots(request.request_id, len(tokens) - 1, k + 1):
+            # the block's positions n-1..n-1+k (DSpark's one fewer): n - 1 computed, the rest new
+            if k > 0 and self.kv.allocate_slots(request.request_id, len(tokens) - 1, k + first):
                 live.append((index, tokens, k))
         if not live:
             return proposals
-        chunks = [ScheduledChunk(requests[i], len(t) - 1, k + 1) for i, t, k in live]
-        batch = self._pack(chunks)
-        mask = self.runner.mask_token_id
-        batch.token_ids = mx.array(
-            [x for _, t, k in live for x in [t[-1]] + [mask] * k], dtype=mx.int32
-        )
-        blocks: list[StepBlock] = []
-        rows: list[int] = []
-        offset = 0
-        for seq, (chunk, (_, _, k)) in enumerate(zip(chunks, live)):
-            blocks.append(StepBlock(seq, offset, chunk.start, chunk.start + k + 1))
-            rows.extend(range(offset + 1, offset + k + 1))
-            offset += k + 1
-        batch.image_blocks = StepBlocks(blocks)  # each block's rows attend both ways
-        drafted = self.runner.draft(batch, mx.array(rows))
+        chunks = [ScheduledChunk(requests[i], len(t) - 1, k + first) for i, t, k in live]
+        batch, rows = self._blocks(chunks, [t[-1] for _, t, _ in live])
+        within = mx.array([i for c in chunks for i in range(c.num_tokens)])
+        anchors = mx.array([t[-1] for _, t, _ in live], dtype=mx.int32)
+        lengths = [k for _, _, k in live]
+        drafted = self.runner.draft(batch, within, rows, (anchors, lengths))
         mx.eval(drafted, *self.runner.arrays())
         tokens = cast(list[int], drafted.tolist())
         at = 0
@@ -98,6 +91,27 @@ class DFlashDrafter:
             proposals[index] = tokens[at : at + k]
             at += k
         return proposals
+
+    def _blocks(
+        self, chunks: list[ScheduledChunk], known: list[int]
+    ) -> tuple[PackedBatch, mx.array]:
+        """The packed batch of the blocks ``chunks`` (each its ``known`` token, then mask
+        tokens), each block's rows attending both ways, and its draft rows, block after block."""
+        batch = self._pack(chunks)
+        mask, first = self.runner.mask_token_id, self.runner.first_draft_row
+        batch.token_ids = mx.array(
+            [x for c, t in zip(chunks, known) for x in [t] + [mask] * (c.num_tokens - 1)],
+            dtype=mx.int32,
+        )
+        blocks: list[StepBlock] = []
+        rows: list[int] = []
+        offset = 0
+        for seq, chunk in enumerate(chunks):
+            blocks.append(StepBlock(seq, offset, chunk.start, chunk.start + chunk.num_tokens))
+            rows.extend(range(offset + first, offset + chunk.num_tokens))
+            offset += chunk.num_tokens
+        batch.image_blocks = StepBlocks(blocks)
+        return batch, mx.array(rows)
 
     def _pack(self, chunks: list[ScheduledChunk]) -> PackedBatch:
         tables = [self.kv.block_table(c.request.request_id) for c in chunks]

@@ -8,11 +8,16 @@ its own ``k_proj`` / ``v_proj`` of that one feature (no input norm; keys through
 RoPE at the context's positions). A block is the last known token then ``block_size - 1`` mask
 tokens (``mask_token_id``) at the next positions, embedded by the target's embedding; its rows
 attend to the whole context and to each other both ways, and the target's LM head over rows 1..
-of the block proposes the whole block at once."""
+of the block proposes the whole block at once.
+
+DFlash2 and DSpark checkpoints (z-lab's later formats, as mlx-vlm 0.7.10's ``dflash2`` and
+``dspark`` read them) are the same drafter with more: DFlash2's convolutions around each
+sublayer and its candidate selector, DSpark's Markov head (dflash_variants.py); ``variant``
+says which."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
+from macbatch.engine.speculative.dflash_variants import BlockConv, CandidateSelector, MarkovHead
 from macbatch.engine.speculative.drafter_checkpoint import (
     input_width,
     load_into,
@@ -31,7 +37,8 @@ from macbatch.engine.speculative.drafter_checkpoint import (
 @dataclass
 class DFlashConfig:
     """The fields a DFlash checkpoint's ``config.json`` declares (its ``dflash_config`` section
-    holds the mask token and the target's layers)."""
+    holds the mask token and the target's layers, and a DFlash2 one its convolutions' and
+    selector's sizes and its scales)."""
 
     hidden_size: int
     intermediate_size: int
@@ -47,11 +54,26 @@ class DFlashConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 40960
     layer_types: list[str] = field(default_factory=list)
+    variant: str = "dflash"  # or "dflash2", "dspark"
+    vocab_size: int = 0
+    runtime_block_size: int | None = None  # the widest block it drafts (default: block_size)
+    causal: bool = False
+    rope_is_neox_style: bool = True
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    conv_kernel_size: int = 0  # DFlash2's convolutions (0: none)
+    conv_group_size: int = 0
+    selector_rank: int = 0  # DFlash2's candidate selector
+    selector_top_k: int = 0
+    markov_rank: int = 0  # DSpark's Markov head
+    sample_from_anchor: bool = False  # DSpark's: the known token's row drafts the first token
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> DFlashConfig:
         flat = dict(raw)
         flat.update(flat.pop("dflash_config", None) or {})
+        _variant_fields(flat, raw.get("architectures") or ())
         rope = flat.pop("rope_parameters", None)
         if isinstance(rope, Mapping):  # newer transformers nest the base here
             rope = dict(rope)
@@ -62,7 +84,43 @@ class DFlashConfig:
         config = cls(**{k: v for k, v in flat.items() if k in known})
         if any(t != "full_attention" for t in config.layer_types):
             raise ValueError("a DFlash drafter with sliding-window layers is not supported")
+        if config.causal:
+            raise ValueError("a DFlash drafter with causal blocks is not supported")
         return config
+
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts of one block: its widest verification, less the known token."""
+        return min(self.block_size, self.runtime_block_size or self.block_size) - 1
+
+    @property
+    def first_draft_row(self) -> int:
+        """The row of a block whose output is its first draft: the known token's (DSpark's,
+        its block one mask shorter), else the first mask's."""
+        return 0 if self.sample_from_anchor else 1
+
+
+def _variant_fields(flat: dict[str, Any], architectures: Sequence[str]) -> None:
+    """What a DFlash2 or a DSpark checkpoint's config means otherwise than DFlash's, as
+    mlx-vlm 0.7.10 reads them, set in ``flat`` (its fields, ``dflash_config``'s merged in)."""
+    if "Gemma4DSparkModel" in architectures:
+        raise ValueError(
+            "a Gemma 4 DSpark drafter (Gemma 4's own layers: per-layer-type RoPE, shared K/V) "
+            "is not supported"
+        )
+    if "DFlash2DraftModel" in architectures:
+        flat["variant"] = "dflash2"  # mlx-vlm's default width for it: 5
+        flat.setdefault("runtime_block_size", min(5, int(flat.get("block_size", 16))))
+    elif flat.get("projector_type") == "dspark" or int(flat.get("markov_rank") or 0) > 0:
+        if flat.get("markov_head_type", "vanilla") != "vanilla":
+            raise ValueError("a DSpark drafter's Markov head other than 'vanilla' is not supported")
+        flat["variant"] = "dspark"
+        flat["markov_rank"] = int(flat.get("markov_rank") or 256)
+        # its block_size counts the drafts; the verification adds the known token
+        anchored = bool(flat.pop("dspark_bonus_anchor", False))
+        flat["block_size"] = int(flat["block_size"]) + (0 if anchored else 1)
+        flat.setdefault("runtime_block_size", min(8, flat["block_size"]))
+        flat.setdefault("sample_from_anchor", True)
 
 
 def is_dflash_config(raw: Mapping[str, Any]) -> bool:
@@ -82,7 +140,7 @@ def drafter_rope(config: Any) -> nn.Module:
     return initialize_rope(
         config.head_dim,
         config.rope_theta,
-        False,
+        not getattr(config, "rope_is_neox_style", True),  # MLX's "traditional": GPT-J pairs
         config.rope_scaling,
         config.max_position_embeddings,
     )
@@ -153,9 +211,27 @@ class _Layer(nn.Module):
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def __call__(self, x: mx.array, rope: Any, cache: Any) -> mx.array:
+    def __call__(self, x: mx.array, rope: Any, cache: Any, within: mx.array) -> mx.array:
+        """A block's rows ``x`` (``within``: each row's index in its block, unused here)."""
         h = x + self.self_attn(self.input_layernorm(x), rope, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class _ConvLayer(_Layer):
+    """DFlash2's layer: each sublayer's normed input and its output convolved along the block
+    (dflash_variants.py)."""
+
+    def __init__(self, config: DFlashConfig) -> None:
+        super().__init__(config)
+        sizes = (config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        self.attention_conv = BlockConv(*sizes)
+        self.mlp_conv = BlockConv(*sizes)
+
+    def __call__(self, x: mx.array, rope: Any, cache: Any, within: mx.array) -> mx.array:
+        h, kernel = self.attention_conv.prepare(self.input_layernorm(x), within)
+        h = x + self.attention_conv.finish(self.self_attn(h, rope, cache), kernel, within)
+        m, kernel = self.mlp_conv.prepare(self.post_attention_layernorm(h), within)
+        return h + self.mlp_conv.finish(self.mlp(m), kernel, within)
 
 
 class DFlashModel(nn.Module):
@@ -169,21 +245,45 @@ class DFlashModel(nn.Module):
         width = len(config.target_layer_ids) * (target_hidden or config.hidden_size)
         self.fc = nn.Linear(width, config.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.layers = [_Layer(config) for _ in range(config.num_hidden_layers)]
+        layer = _ConvLayer if config.conv_kernel_size else _Layer
+        self.layers = [layer(config) for _ in range(config.num_hidden_layers)]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rope = drafter_rope(config)
+        if config.selector_top_k:
+            self.candidate_selector = CandidateSelector(
+                config.vocab_size, config.hidden_size, config.selector_rank, config.selector_top_k
+            )
+        if config.variant == "dspark":
+            self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
 
     def context(self, features: mx.array) -> mx.array:
         """The context feature ``[N, 1, dim]`` of the target's concatenated layer outputs."""
         return self.hidden_norm(self.fc(features))
 
-    def __call__(self, embeddings: mx.array, caches: list[Any]) -> mx.array:
+    def __call__(self, embeddings: mx.array, caches: list[Any], within: mx.array) -> mx.array:
         """The normed output rows of a packed set of blocks (``caches``: one paged cache per
-        layer, over the blocks' positions)."""
-        h = embeddings
+        layer, over the blocks' positions; ``within``: each row's index in its block)."""
+        h = embeddings * self.config.input_embedding_scale
         for layer, cache in zip(self.layers, caches):
-            h = layer(h, self.rope, cache)
+            h = layer(h, self.rope, cache, within)
         return self.norm(h)
+
+    def choose(
+        self, hidden: mx.array, logits: mx.array, anchors: mx.array, lengths: list[int]
+    ) -> mx.array:
+        """The drafts of blocks of ``lengths`` draft rows (``hidden [R, H]`` and the target's
+        ``logits [R, V]`` at them; ``anchors``: each block's known token): the largest logit,
+        or what DFlash2's selector or DSpark's Markov head chooses over the scaled, softcapped
+        logits."""
+        logits = logits * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = mx.tanh(logits / cap) * cap
+        if "candidate_selector" in self:
+            return self.candidate_selector(hidden, logits, anchors, lengths)
+        if "markov_head" in self:
+            return self.markov_head(hidden, logits, anchors, lengths)
+        return mx.argmax(logits, axis=-1)
 
 
 def load_dflash(path: str | Path) -> DFlashModel:
@@ -191,6 +291,12 @@ def load_dflash(path: str | Path) -> DFlashModel:
     ``model.`` prefix some keep dropped; a quantized one is quantized as its config says)."""
     raw, weights = read_checkpoint(path, "DFlash")
     config = DFlashConfig.from_dict(raw)
+    for name in ("predecessor_codebook", "successor_codebook"):  # DFlash2 stores them bare
+        key = f"candidate_selector.{name}"
+        if key in weights:
+            weights[f"{key}.weight"] = weights.pop(key)
+    # DSpark's confidence head: mlx-vlm loads it, and never calls it when drafting
+    weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
     target_hidden = input_width(weights, "fc", raw) // len(config.target_layer_ids)
     return load_into(DFlashModel(config, target_hidden), weights, raw)
 
@@ -199,9 +305,10 @@ def describe_dflash(raw: Mapping[str, Any]) -> str:
     """What ``macbatch doctor`` says of a DFlash checkpoint (its config ``raw``): what drafts
     with it, and how."""
     config = DFlashConfig.from_dict(raw)
+    name = {"dflash": "DFlash", "dflash2": "DFlash2", "dspark": "DSpark"}[config.variant]
     return (
-        f"DFlash (block diffusion): {config.num_hidden_layers} layer(s), blocks of "
-        f"{config.block_size} (up to {config.block_size - 1} drafts a step), reading target "
+        f"{name} (block diffusion): {config.num_hidden_layers} layer(s), blocks of "
+        f"{config.block_size} (up to {config.max_drafts} drafts a step), reading target "
         f"layers {config.target_layer_ids}; --draft-model PATH beside its target drafts with it "
         "(--speculative auto or dflash; docs/speculative.md)"
     )

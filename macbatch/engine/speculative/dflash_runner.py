@@ -18,6 +18,8 @@ from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.speculative.dflash_model import DFlashModel
 from macbatch.engine.speculative.drafter_pages import TappedDrafter
 
+Blocks = tuple[mx.array, list[int]]  # each block's known token, and how many it drafts
+
 
 class DFlashRunner(TappedDrafter):
     """The drafter beside the target's ``adapter``, its pages in the target's blocks
@@ -30,7 +32,8 @@ class DFlashRunner(TappedDrafter):
         super().__init__(model, adapter, config, ids, "the DFlash drafter", pages)
         self.model = model
         self.mask_token_id = cfg.mask_token_id
-        self.max_drafts = cfg.block_size - 1  # a block: the known token, then these
+        self.max_drafts = cfg.max_drafts
+        self.first_draft_row = cfg.first_draft_row
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs."""
@@ -48,9 +51,14 @@ class DFlashRunner(TappedDrafter):
                 *layer.self_attn.keys_values(context, self.model.rope, cache.offset)
             )
 
-    def draft(self, batch: PackedBatch, rows: mx.array) -> mx.array:
-        """The argmax tokens of a packed forward of blocks (``batch.image_blocks``: each block
-        both ways) at its ``rows`` (lazy)."""
+    def draft(
+        self, batch: PackedBatch, within: mx.array, rows: mx.array, blocks: Blocks
+    ) -> mx.array:
+        """The drafts of a packed forward of blocks (``batch.image_blocks``: each block both
+        ways; ``within``: each row's index in its block) at its draft ``rows``, block after
+        block (``blocks``: each one's known token and how many it drafts), as the drafter
+        chooses them (lazy)."""
         embed = getattr(self.model, "embed_tokens", None) or self.target.inner.embed_tokens
-        out = self.model(embed(batch.token_ids[:, None]), self._caches(batch))
-        return mx.argmax(self.target.head(out[rows]), axis=-1)
+        out = self.model(embed(batch.token_ids[:, None]), self._caches(batch), within)[rows]
+        anchors, lengths = blocks
+        return self.model.choose(out[:, 0], self.target.head(out), anchors, lengths)

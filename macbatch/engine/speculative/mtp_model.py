@@ -29,6 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macbatch.engine.model.families import MtpNaming
+from macbatch.engine.speculative.mtp_fp8 import mtp_quantization
 from macbatch.engine.speculative.mtp_weights import (
     MtpNames,
     mtp_names,
@@ -305,8 +306,7 @@ def load_mtp_head(path: Path, model: nn.Module, model_type: str) -> MtpHead:
             "convert drops them): use a checkpoint that keeps them, or --speculative ngram"
         )
     config = read_config(path)
-    quantization = config.get("quantization")  # MLX's (a converted checkpoint's)
-    return build_mtp_head(text, weights, quantization, mtp_names(config))
+    return build_mtp_head(text, weights, mtp_quantization(config), mtp_names(config))
 
 
 def keep_whole_lm_head(head: MtpHead, model: nn.Module) -> None:

@@ -45,6 +45,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from macbatch.engine.model.families import FAMILIES, MtpNaming, family
+from macbatch.engine.speculative.mtp_fp8 import (
+    as_mxfp8_layers,
+    dequantized_blocks,
+    is_mxfp8,
+)
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -290,7 +295,8 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
     stacked as ``switch_mlp``; a DeepSeek/GLM layer as the target's ``sanitize`` leaves it)."""
     import mlx.core as mx
 
-    names = mtp_names(read_config(path))
+    config = read_config(path)
+    names = mtp_names(config)
     headers = checkpoint_headers(path)
     files = sorted({v["file"] for k, v in headers.items() if names.name(k) is not None})
     weights: dict[str, mx.array] = {}
@@ -301,11 +307,24 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             name = names.name(key)
             if name is not None:
                 weights[name] = value
-    if names.naming is MtpNaming.QWEN4:  # its norms are zero-centred in its own classes too
+    weights = dequantized_blocks(weights, config)
+    converted = _converted(weights, names.naming, headers, text)
+    return as_mxfp8_layers(converted) if is_mxfp8(config) else converted
+
+
+def _converted(
+    weights: dict[str, mx.array],
+    naming: MtpNaming,
+    headers: dict[str, dict[str, Any]],
+    text: nn.Module,
+) -> dict[str, mx.array]:
+    """The MTP weights (float, or MLX-quantized) in MLX's layout, by the naming scheme's
+    conversion."""
+    if naming is MtpNaming.QWEN4:  # its norms are zero-centred in its own classes too
         return _stacked_experts(weights)
-    if names.naming is MtpNaming.GLM5_NEXT:
+    if naming is MtpNaming.GLM5_NEXT:
         return _sanitized_by_glm5_drafter(weights, text)
-    if names.naming is not MtpNaming.QWEN:
+    if naming is not MtpNaming.QWEN:
         return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):
         return weights

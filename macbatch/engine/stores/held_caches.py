@@ -18,7 +18,7 @@ KV pool's sizing does not.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -33,9 +33,18 @@ class HeldCaches(StateStore):
     """A state store whose rows each also hold the library's caches of every layer (a list, one
     object per layer; a row no step wrote holds none)."""
 
-    def __init__(self, layers: Sequence[StateShape], rows: int, snapshots: bool = False) -> None:
+    def __init__(
+        self,
+        layers: Sequence[StateShape],
+        rows: int,
+        snapshots: bool = False,
+        new_caches: Callable[[], list[Any]] | None = None,
+    ) -> None:
+        """``new_caches``: new caches of the family's kind, every layer's (a checkpoint read
+        from disk is rebuilt into them: ``held_bytes.rebuild``)."""
         super().__init__(layers, rows, snapshots)
         self.held: dict[int, list[Any]] = {}
+        self.new_caches = new_caches
 
     def copy_of(self, row: int) -> list[Any]:
         """A snapshot of row ``row``'s caches that a step may extend without changing the row."""
@@ -56,7 +65,7 @@ class HeldCaches(StateStore):
             for caches in self.held.values()
             for cache in caches
             if cache is not None
-            for part in _parts(cache)
+            for part in cache_parts(cache)
             for a in vars(part).values()
             if isinstance(a, mx.array)
         }
@@ -69,11 +78,13 @@ class HeldCaches(StateStore):
         self.held = {fresh + i: self.held[row] for i, row in enumerate(kept) if row in self.held}
 
 
-def _parts(cache: Any) -> list[Any]:
+def cache_parts(cache: Any) -> list[Any]:
     """The cache objects in one layer's ``cache``: its parts where it is a list of caches (an
     mlx-vlm ``CacheList``, which keeps them in ``caches``), else itself."""
     parts = getattr(cache, "caches", None)
-    return [p for part in parts for p in _parts(part)] if isinstance(parts, tuple) else [cache]
+    if isinstance(parts, tuple):
+        return [p for part in parts for p in cache_parts(part)]
+    return [cache]
 
 
 def snapshot(cache: Any) -> Any:

@@ -199,8 +199,11 @@ class ModelRunner:
             sizes = state_sizes(config, states.bytes_per_state, kv_bytes, fixed)
             snapshots = verifies_drafts(config)
             rows = sizes.slots * slot_stride(snapshots) + sizes.checkpoints
-            store = HeldCaches if self.adapter.holds_caches else StateStore
-            self.states = store(self.adapter.state_shapes, rows, snapshots)
+            shapes = self.adapter.state_shapes
+            if self.adapter.holds_caches:
+                self.states = HeldCaches(shapes, rows, snapshots, self.adapter.library_caches)
+            else:
+                self.states = StateStore(shapes, rows, snapshots)
             self.cache_groups.append((states, StateMemory(self.states, sizes)))
 
     def _caps(

@@ -13,14 +13,21 @@ reference's flat top-k (docs/engine.md, "DeepSeek V4 as released")."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_vlm.utils import load_model
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.held_state import HeldStateGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
+from macbatch.engine.stores.held_bytes import FORMAT, payload, rebuild, writable
+from macbatch.engine.stores.held_caches import HeldCaches, cache_parts
+from tests.support.deepseek_v4 import tiny_v41
+from tests.support.disk_tier import conversation_across_a_restart
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import random_prompts, run_staggered
 from tests.support.tiny_deepseek_v4 import (
@@ -79,8 +86,53 @@ def test_batched_log_probabilities_and_a_prefix_hit_match_the_reference(served) 
     for prompt, out in zip([*prompts, resumed], [*outs, again]):
         assert_matches_reference(model, prompt, out)
     assert_pool_idle(engine)
+
+
+def test_a_restart_resumes_a_conversation_from_the_disk_tier(checkpoint, served, tmp_path):
+    """A conversation's first turns on an engine with a disk cache, closed; a fresh engine over
+    the same directory answers its next turn and an edited one from blocks and held caches'
+    checkpoints read back from disk (the window's slots, the pooling caches' open and previous
+    groups: ``conversation_across_a_restart``): every token and log-probability is the
+    reference's."""
+    _, model = served
+    config = EngineConfig(
+        num_blocks=96, block_size=8, max_num_batched_tokens=16, disk_cache_dir=str(tmp_path)
+    )
+    for prompt, out in conversation_across_a_restart(checkpoint, config, GREEDY, seed=5):
+        assert_matches_reference(model, prompt, out)
+    [record] = [json.loads(p.read_text()) for p in tmp_path.glob("*/namespace.json")]
+    assert record["held"][0] == FORMAT  # the namespace names the held caches' format
+
+
+def test_a_held_checkpoint_rebuilds_only_into_caches_of_its_kind(served) -> None:
+    """A checkpoint's payload (``held_bytes.payload``) rebuilt into new caches of the family's
+    kind holds every field it had, arrays bit for bit; rebuilt into mlx-lm's V4.1 caches, or
+    cut short, it is refused; caches with a field that is neither an array nor a scalar are not
+    written (the tier stays off)."""
+    engine, _ = served
+    engine.generate(random_prompts([29], seed=11), GREEDY)
     group = engine.kv.group(HeldStateGroup)
-    assert group is not None and group.disk_part() is None  # the disk tier stays off
+    assert group is not None
+    store = group.slots.store
+    assert isinstance(store, HeldCaches) and store.new_caches is not None
+    row = store.held[max(store.held)]
+    data = np.array(payload(row))
+    rebuilt = rebuild(data, store.new_caches())
+    assert rebuilt is not None
+    pairs = [(a, b) for x, y in zip(row, rebuilt) for a, b in zip(cache_parts(x), cache_parts(y))]
+    for was, now in pairs:
+        assert type(was) is type(now) and vars(was).keys() == vars(now).keys()
+        for name, value in vars(was).items():
+            if isinstance(value, mx.array):
+                assert np.array_equal(np.array(value), np.array(getattr(now, name))), name
+            else:
+                assert getattr(now, name) == value, name
+    assert rebuild(data, tiny_v41().make_cache()) is None
+    assert rebuild(data[:-1], store.new_caches()) is None
+    odd = store.new_caches()
+    assert writable(odd)
+    cache_parts(odd[0])[0].transaction = {"length": 1}  # neither an array nor a scalar
+    assert not writable(odd)
 
 
 def test_mlx_vlm_own_generation_where_it_is_exact(served) -> None:

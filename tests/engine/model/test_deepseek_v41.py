@@ -19,6 +19,7 @@ from macbatch.engine.model.adapter import ModelAdapter
 from macbatch.engine.model.families import unsupported_reason
 from macbatch.engine.stores.held_caches import PLACEHOLDER, HeldCaches
 from tests.support.deepseek_v4 import V41_CONFIG, save_v41
+from tests.support.disk_tier import conversation_across_a_restart
 from tests.support.oracle import assert_matches_mlx_lm, assert_pool_idle, mlx_lm_greedy_logprobs
 from tests.support.staggered import random_prompts
 
@@ -57,12 +58,25 @@ def test_batched_chunked_prefill_and_a_prefix_hit_match_mlx_lm(served) -> None:
         assert_matches_mlx_lm(oracle, prompt, out)
     assert_pool_idle(engine)
     group = engine.kv.group(HeldStateGroup)
-    assert group is not None and group.disk_part() is None  # the disk tier stays off
+    assert group is not None
     store = group.slots.store
     assert isinstance(store, HeldCaches)
     assert group.checkpoints is not None  # only checkpoints still hold caches
     assert set(store.held) <= set(group.checkpoints.most_recent(len(store.held)))
     assert engine.stats().kv_bytes_used == store.held_bytes() > 0
+
+
+def test_a_restart_resumes_a_conversation_from_the_disk_tier(checkpoint, served, tmp_path):
+    """A conversation's first turns on an engine with a disk cache, closed; a fresh engine over
+    the same directory answers its next turn and an edited one from blocks and held caches'
+    checkpoints read back from disk (``conversation_across_a_restart``): every token and
+    log-probability is mlx-lm's."""
+    _, oracle = served
+    config = EngineConfig(
+        num_blocks=64, block_size=8, max_num_batched_tokens=16, disk_cache_dir=str(tmp_path)
+    )
+    for prompt, out in conversation_across_a_restart(checkpoint, config, GREEDY, seed=5):
+        assert_matches_mlx_lm(oracle, prompt, out)
 
 
 def test_the_window_and_the_selection_drop_context(served, tmp_path) -> None:

@@ -18,6 +18,7 @@ from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import STAGGERED
 from tests.support.tiny_glm5_next import SPARSE_FROM, save_glm5_next
 from tests.support.vlm_oracle import (
+    assert_fp8_staggered_matches_mlx_vlm,
     assert_matches_mlx_vlm_text,
     assert_preemption_then_disk_restart,
     assert_sparse_not_dense,
@@ -77,3 +78,14 @@ def test_preemption_then_a_restart_from_the_disk_tier(saved, tmp_path: Path) -> 
     gates, and the recurrent state at their end) back for a longer prompt, and its tokens stay
     mlx-vlm's."""
     assert_preemption_then_disk_restart(*saved, GREEDY, tmp_path / "kv")
+
+
+def test_fp8_indexer_keys_select_as_mlx_vlms_indexer_over_rounded_keys(saved) -> None:
+    """``indexer_keys="fp8"`` on the pooling indexer's page rows (each token's key and pooling
+    gate side by side: one row of the format, one scale for both on this 16-wide key):
+    staggered requests' tokens and log-probabilities are mlx-vlm's with the key and gate its
+    ``PoolingCache`` is handed rounded through the fp8 format, and some request's are not those
+    of its float keys (an oracle rounding the key alone fails too, tried)."""
+    engine = Engine.load(str(saved[0]), EngineConfig(**STAGGERED, indexer_keys="fp8"))
+    assert isinstance(engine.kv.full, IndexerKeysGroup)
+    assert_fp8_staggered_matches_mlx_vlm(engine, saved[1], GREEDY, [1, 5, 37, 13, 49])

@@ -16,12 +16,12 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from macbatch.engine.kv.indexer_keys import IndexerKeysGroup
 from macbatch.engine.model.families import Library, family, unsupported_reason
 from tests.support.oracle import assert_pool_idle
-from tests.support.staggered import STAGGERED, random_prompts, run_staggered_outputs
+from tests.support.staggered import STAGGERED
 from tests.support.tiny_hy_v4 import INDEX_TOPK, partition_per_call, save_hy_v4
 from tests.support.vlm_oracle import (
+    assert_fp8_staggered_matches_mlx_vlm,
     assert_sparse_not_dense,
     assert_staggered_matches_mlx_vlm,
-    mlx_vlm_text_greedy,
 )
 
 pytest.importorskip("mlx_vlm")
@@ -79,16 +79,4 @@ def test_fp8_indexer_keys_select_as_mlx_vlms_indexer_over_rounded_keys(saved) ->
     path, oracle = saved
     engine = Engine.load(str(path), EngineConfig(**STAGGERED, indexer_keys="fp8"))
     assert isinstance(engine.kv.full, IndexerKeysGroup)
-    prompts = random_prompts([1, 5, 37, 12, 3, 60, 8, 25, 2])
-    outs = run_staggered_outputs(engine, prompts, GREEDY)
-    changed = 0
-    for i, prompt in enumerate(prompts):
-        want = mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens, "fp8")
-        assert outs[i].token_ids == [token for token, _ in want], f"request {i}"
-        assert outs[i].logprobs == pytest.approx([lp for _, lp in want], abs=1e-4), f"request {i}"
-        exact = mlx_vlm_text_greedy(oracle, prompt, GREEDY.max_tokens)
-        changed += [token for token, _ in exact] != outs[i].token_ids or any(
-            abs(a - lp) > 1e-3 for a, (_, lp) in zip(outs[i].logprobs, exact)
-        )
-    assert changed, "fp8 keys answer as float keys: nothing tested"
-    assert_pool_idle(engine)
+    assert_fp8_staggered_matches_mlx_vlm(engine, oracle, GREEDY, [1, 5, 37, 12, 3, 60, 8, 25, 2])

@@ -18,6 +18,7 @@ from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import STAGGERED
 from tests.support.tiny_qwen4_exp import SPARSE_FROM, save_qwen4_exp
 from tests.support.vlm_oracle import (
+    assert_fp8_staggered_matches_mlx_vlm,
     assert_matches_mlx_vlm_text,
     assert_preemption_then_disk_restart,
     assert_sparse_not_dense,
@@ -77,3 +78,14 @@ def test_preemption_then_a_restart_from_the_disk_tier(saved, tmp_path: Path) -> 
     fresh engine over the same disk tier reads a prompt's blocks (K/V, raw indexer keys, and
     the recurrent state at their end) back for a longer prompt, and its tokens stay mlx-vlm's."""
     assert_preemption_then_disk_restart(*saved, GREEDY, tmp_path / "kv")
+
+
+def test_fp8_indexer_keys_select_as_mlx_vlms_indexer_over_rounded_keys(saved) -> None:
+    """``indexer_keys="fp8"`` on QSA's raw keys (the pages' rows, pooled into block summaries
+    each step): staggered requests' tokens and log-probabilities are mlx-vlm's with its
+    ``QSAKVCache``'s raw keys rounded through the fp8 format, and some request's are not those
+    of its float keys (the tiny model's rounding seldom reorders two block scores: seed 1's
+    49-token prompt is one where it does)."""
+    engine = Engine.load(str(saved[0]), EngineConfig(**STAGGERED, indexer_keys="fp8"))
+    assert isinstance(engine.kv.full, IndexerKeysGroup)
+    assert_fp8_staggered_matches_mlx_vlm(engine, saved[1], GREEDY, [37, 60, 49, 12, 3, 1], seed=1)

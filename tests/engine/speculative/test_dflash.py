@@ -1,9 +1,13 @@
 """DFlash drafting: a block-diffusion drafter proposes a block per request in one packed forward
-from the target's layer features, its context K/V in the request's blocks. Oracles: mlx-lm's
-greedy generation of the target (the output never changes), and mlx-vlm's own DFlash drafter
-loaded from the same Hugging Face checkpoint (the drafts themselves)."""
+from the target's layer features, its context K/V in the request's blocks (DFlash2 checkpoints
+too: convolutions along the block, a candidate selector; and DSpark's: a Markov head, the known
+token's row drafting). Oracles: mlx-lm's greedy generation of the target (the output never
+changes), and mlx-vlm's own DFlash / DFlash2 / DSpark drafter loaded from the same Hugging Face
+checkpoint (the drafts themselves)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -59,10 +63,13 @@ def test_agreeing_drafter_is_accepted_and_exact(arch, tiny_tokenizer):
     assert spec.drafted > spec.verifications  # blocks, not single drafts
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_rejected_blocks_leave_outputs_unchanged(arch, tiny_tokenizer, eager_speculation):
+@pytest.mark.parametrize(
+    "arch, variant",
+    [(a, "dflash") for a in ARCHS] + [("qwen3_5", "dflash2"), ("deepseek_v3", "dspark")],
+)
+def test_rejected_blocks_leave_outputs_unchanged(arch, variant, tiny_tokenizer, eager_speculation):
     model = _target(arch)
-    engine = _engine(model, tiny_tokenizer, random_dflash(model))
+    engine = _engine(model, tiny_tokenizer, random_dflash(model, variant=variant))
     assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     spec = engine.stats().speculation
     assert spec.verifications > 0 and spec.accepted < spec.drafted / 2
@@ -90,23 +97,27 @@ def test_no_context_pass_for_a_request_not_expected_to_draft_soon(
     assert engine.stats().speculation.verifications > 0 and written == []
 
 
-def test_drafts_are_mlx_vlms(tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
-    """A random drafter saved in z-lab's checkpoint layout and loaded by the engine's draft
-    loader proposes, at every proposal, exactly what mlx-vlm's DFlash drafter loaded from the
-    same files proposes over mlx-lm's layer outputs: the paged context, positions, the block's
-    two-way attention and the packing are the drafter's. (Every request is expected to draft
-    soon, so no prompt pass is skipped; its layers are loud enough that the drafts depend on the
-    context and the block, not only the mask token.)"""
+@pytest.mark.parametrize("variant", ["dflash", "dflash2", "dspark"])
+def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
+    """A random drafter saved in z-lab's checkpoint layout (DFlash's, DFlash2's, DSpark's) and
+    loaded by
+    the engine's draft loader proposes, at every proposal, exactly what mlx-vlm's drafter of
+    that kind loaded from the same files proposes over mlx-lm's layer outputs: the paged
+    context, positions, the block's two-way attention and the packing are the drafter's, and
+    DFlash2's convolutions along each block, its scales and its candidate chain, and DSpark's
+    block one mask shorter and its Markov chain too. (Every
+    request is expected to draft soon, so no prompt pass is skipped; its layers are loud enough
+    that the drafts depend on the context and the block, not only the mask token.)"""
     monkeypatch.setattr(
         SpeculationPolicy,
         "drafting_soon",
         lambda self, requests, batch: {r.request_id for r in requests},
     )
     model = build_model("qwen3")
-    drafter = random_dflash(model, gain=5.0)
+    drafter = random_dflash(model, gain=5.0, variant=variant)
     path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
     drafter = load_draft_model(str(path))
-    assert isinstance(drafter, DFlashModel)
+    assert isinstance(drafter, DFlashModel) and drafter.config.variant == variant
     engine = _engine(model, tiny_tokenizer, drafter)
     proposals = recorded_proposals(engine)
     _greedy(engine)
@@ -116,14 +127,19 @@ def test_drafts_are_mlx_vlms(tmp_path, tiny_tokenizer, eager_speculation, monkey
         assert drafts == mlx_vlm_drafts(path, model, tokens, len(drafts))
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
-def test_mixed_batch_preemption_and_prefix_hits(arch, tiny_tokenizer, eager_speculation):
+@pytest.mark.parametrize(
+    "arch, variant",
+    [("qwen3", "dflash"), ("qwen3_5", "dflash"), ("qwen3", "dflash2"), ("qwen3_5", "dspark")],
+)
+def test_mixed_batch_preemption_and_prefix_hits(arch, variant, tiny_tokenizer, eager_speculation):
     """Requests that opt out beside ones that speculate, a pool small enough to preempt, and
     prompts that repeat (prefix-cache hits, their blocks' context K/V written by another
-    request): every reply is mlx-lm's."""
+    request): every reply is mlx-lm's (DFlash2's and DSpark's drafts held as DFlash's are: the
+    convolutions pass each row through, the selector and the Markov head add no score)."""
     model = _target(arch)
     prompts = PROMPTS + PROMPTS[:3]
-    engine = _engine(model, tiny_tokenizer, agreeing_dflash(model), num_blocks=14)
+    drafter = agreeing_dflash(model, variant=variant)
+    engine = _engine(model, tiny_tokenizer, drafter, num_blocks=14)
     assert_mixed_batch_exact(engine, model, prompts, 24)
 
 
@@ -154,19 +170,49 @@ def test_seeded_samples_are_the_same_with_and_without_dflash(tiny_tokenizer):
     assert engine.stats().speculation.accepted > 0
 
 
-def test_draft_model_option_detects_dflash(tmp_path):
-    """``--draft-model`` naming a DFlash checkpoint (``--speculative auto`` with it means
-    ``draft``) drafts with DFlash: the loader reads its config."""
+# each kind's name in doctor's report, and its most drafts: DFlash's block of 8 less one,
+# DFlash2's mlx-vlm default width of 5 less one, DSpark's block of 7 drafts
+KINDS = {"dflash": ("DFlash (", 7), "dflash2": ("DFlash2 (", 4), "dspark": ("DSpark (", 7)}
+
+
+@pytest.mark.parametrize("variant", KINDS)
+def test_draft_model_option_detects_dflash(variant, tmp_path):
+    """``--draft-model`` naming a DFlash, DFlash2 or DSpark checkpoint (``--speculative auto``
+    with it means ``draft``) drafts with DFlash: the loader reads its config."""
     model = build_model("qwen3")
     target = save_model(tmp_path / "target", "qwen3")
-    path = save_dflash_checkpoint(tmp_path / "dflash", random_dflash(model), model)
+    drafter = random_dflash(model, variant=variant)
+    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
     config = EngineConfig(speculative="draft", draft_model=str(path))
     engine = Engine.load(str(target), config)
+    name, most = KINDS[variant]
     assert engine.config.speculative == "dflash"
     assert engine.config.draft_length == 15
-    assert engine.runner.draft.max_drafts == 7  # its checkpoint's block of 8, less one
+    assert engine.runner.draft.max_drafts == most
     report = check_model(str(path))  # macbatch doctor: what it is and what drafts with it
     assert report.problem is None
-    assert (
-        "DFlash" in dict(report.rows)["drafter"] and "--draft-model" in dict(report.rows)["drafter"]
-    )
+    row = dict(report.rows)["drafter"]
+    assert row.startswith(name) and f"up to {most} drafts" in row and "--draft-model" in row
+
+
+@pytest.mark.parametrize(
+    "variant, change, reason",
+    [
+        ("dflash2", {"causal": True}, "causal blocks"),
+        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "sliding-window"),
+        ("dspark", {"markov_head_type": "lowrank"}, "Markov head"),
+        ("dspark", {"architectures": ["Gemma4DSparkModel"]}, "Gemma 4 DSpark"),
+    ],
+)
+def test_checkpoints_it_cannot_draft_with_are_refused(variant, change, reason, tmp_path):
+    """A checkpoint whose drafter differs from what is built here is refused when loaded,
+    saying what: a causal block, sliding-window layers, another Markov head, Gemma 4's layers."""
+    model = build_model("qwen3")
+    path = save_dflash_checkpoint(tmp_path / "d", random_dflash(model, variant=variant), model)
+    raw = json.loads((path / "config.json").read_text())
+    top = {k: v for k, v in change.items() if k in ("architectures", "layer_types")}
+    raw.update(top)
+    raw["dflash_config"].update({k: v for k, v in change.items() if k not in top})
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=reason):
+        load_draft_model(str(path))

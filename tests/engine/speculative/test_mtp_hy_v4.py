@@ -31,6 +31,7 @@ from tests.support.mtp import (
     save_hy_v4_checkpoint,
     unpaged_drafts,
 )
+from tests.support.mtp_fp8 import MXFP8, assert_dequantized
 from tests.support.oracle import assert_pool_idle
 from tests.support.tiny_hy_v4 import CONFIG, hy_v4_model, partition_per_call
 
@@ -132,6 +133,26 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
     assert_mtp_weights(engine, expected)
+    prompts = PROMPTS[:2]
+    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
+    assert engine.stats().speculation.drafted > 0
+
+
+def test_a_mxfp8_checkpoints_mtp_layer_loads_as_the_format_defines(tmp_path):
+    """Hunyuan V4's real checkpoints store the MTP layer in mxfp8 (e4m3 codes, a ``weight_scale``
+    of power-of-two bytes per 32 inputs beside each projection, fused experts' beside them as
+    ``gate_up_proj_scale``; config ``quantization_config`` ModelOpt's MXFP8), encoded here by the
+    float64 numpy oracle of the format: the layer loads as MLX's mxfp8 layers holding exactly the
+    oracle's codes and scales, each standing for the oracle's values (``eh_proj`` too, which the
+    target's ``sanitize`` drops), ``auto`` drafts with it, and the replies are mlx-vlm's."""
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "hy_v4"
+    layer = MXFP8.layer(save_hy_v4_checkpoint(path, MXFP8))
+    engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
+    assert engine.config.speculative == "mtp"
+    assert_mtp_weights(engine, layer.expected)
+    assert_dequantized(engine.runner.draft.head, layer)
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0

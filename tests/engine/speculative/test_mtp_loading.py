@@ -1,8 +1,9 @@
 """Loading a checkpoint's MTP layer beside its target: Hugging Face layout (names under ``mtp.``,
 zero-centred norms, unstacked or fused experts) and mlx-community's converted, quantized layout;
-``--speculative auto`` drafts with it where it exists; the doctor says whether it is there.
-Oracles: the MTP weights the test wrote (as MLX holds them), mlx-lm's generation of the target
-it loads itself."""
+``--speculative auto`` drafts with it where it exists; the doctor says whether it is there;
+block-fp8 weights dequantize block by block. Oracles: the MTP weights the test wrote (as MLX
+holds them), mlx-lm's generation of the target it loads itself, the float64 numpy oracle of
+block fp8 (tests/support/fp8_weights_numpy.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx_lm
+import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from macbatch.engine.speculative.mtp_fp8 import dequantized_blocks
 from macbatch.models.check import check_model
+from tests.support.fp8_weights_numpy import block_fp8
 from tests.support.mtp import (
     MTP_ARCHS,
     assert_mtp_weights,
@@ -22,6 +26,7 @@ from tests.support.mtp import (
     save_mlx_checkpoint,
     without_mtp,
 )
+from tests.support.mtp_fp8 import BLOCK_FP8_CONFIG
 from tests.support.oracle import mlx_lm_greedy
 from tests.support.tiny import save_model
 
@@ -87,3 +92,22 @@ def test_doctor_reports_mtp_heads(tmp_path):
     assert rows["heads"]["MTP heads"].startswith("1 MTP layer(s): --speculative auto drafts")
     assert "weights were dropped" in rows["dropped"]["MTP heads"]
     assert rows["llama"]["MTP heads"].startswith("none; --speculative auto drafts with")
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_block_fp8_weights_dequantize_block_by_block(dtype):
+    """A block-fp8 weight of 300 x 200 (a 3 x 2 grid of 128 x 128 blocks, the last ones partial,
+    each its own scale) dequantizes to the float64 oracle's values exactly, in the dtype of the
+    layer's float weights; its scales go."""
+    weight = np.random.default_rng(0).normal(size=(300, 200)) * np.linspace(0.01, 4.0, 200)
+    codes, scale_inv, values = block_fp8(weight)
+    assert scale_inv.shape == (3, 2) and len(np.unique(scale_inv)) == 6
+    stored = {
+        "a.weight": mx.array(codes),
+        "a.weight_scale_inv": mx.array(scale_inv),
+        "norm.weight": mx.ones((200,), dtype=dtype),
+    }
+    out = dequantized_blocks(stored, {"quantization_config": BLOCK_FP8_CONFIG})
+    assert sorted(out) == ["a.weight", "norm.weight"] and out["a.weight"].dtype == dtype
+    want = mx.array(values.astype(np.float32)).astype(dtype)
+    assert mx.array_equal(out["a.weight"], want)

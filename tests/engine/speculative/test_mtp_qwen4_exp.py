@@ -9,9 +9,12 @@ weights (the drafts themselves), and the weights the test wrote (loading)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from macbatch.engine import Engine, EngineConfig
+from macbatch.engine.speculative.mtp_model import load_mtp_head
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
@@ -28,6 +31,7 @@ from tests.support.mtp import (
     recorded_proposals,
     save_qwen4_checkpoint,
 )
+from tests.support.mtp_fp8 import BLOCK_FP8, assert_dequantized
 from tests.support.oracle import assert_pool_idle
 from tests.support.tiny_qwen4_exp import QWEN4_EXP, TEXT_CONFIG
 
@@ -105,3 +109,28 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0
+
+
+def test_a_block_fp8_checkpoints_mtp_layer_loads_as_the_format_defines(tmp_path):
+    """Qwen4-exp's real checkpoints store the MTP layer in block fp8 (DeepSeek's e4m3 codes, a
+    float32 ``weight_scale_inv`` per 128 x 128 block beside each projection, experts one per
+    projection; config ``quantization_config`` quant_method fp8), encoded here by the float64
+    numpy oracle of the format: the layer loads dequantized to exactly the oracle's values (its
+    float weights' dtype), ``auto`` drafts with it, and the replies are mlx-vlm's."""
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "qwen4_exp"
+    layer = BLOCK_FP8.layer(save_qwen4_checkpoint(path, BLOCK_FP8))
+    engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
+    assert engine.config.speculative == "mtp"
+    assert_mtp_weights(engine, layer.expected)
+    assert_dequantized(engine.runner.draft.head, layer)
+    prompts = PROMPTS[:2]
+    target = load_model(path)
+    assert greedy_ids(engine, prompts, 12) == mlx_vlm_greedy_ids(target, prompts, 12)
+    assert engine.stats().speculation.drafted > 0
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["weight_block_size"] = [64, 64]  # a layout not read: refused
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="in blocks of \\[64, 64\\]: only e4m3 in 128 x 128"):
+        load_mtp_head(path, target, "qwen4_exp")

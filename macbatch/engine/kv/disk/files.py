@@ -254,6 +254,14 @@ class BlockFiles:
             mine = self._mine
             return [digest in mine for digest in digests]
 
+    def payload_bytes(self, digest: bytes) -> int | None:
+        """The payload's length of block ``digest``'s file as listed or written (None: not on
+        disk), for a part whose payloads have lengths of their own."""
+        with self._lock:
+            path = self._mine.get(digest)
+            entry = None if path is None else self._lru.get(path)
+            return None if entry is None else entry.size - HEADER_BYTES
+
     @property
     def num_blocks(self) -> int:
         with self._lock:

@@ -1,10 +1,10 @@
 """A model's namespace in the disk tier: the directory whose blocks only the same weights, page
 format, block size and layer shapes may read (every cache group's: a sliding window's size and
-layers, a hybrid's state layout; a draft model's pages are not kept, so a draft changes none). Its
-name is a hash of all of that and the files' format version, so a different model, a different
-``kv_bits`` or group size, fp8 indexer keys or not, another dtype or block size (or a newer
-format) never finds another's blocks; ``namespace.json`` beside the blocks says in words whose
-they are (``macbatch cache`` lists it).
+layers, a hybrid's state layout, held library caches' format and classes; a draft model's pages are
+not kept, so a draft changes none). Its name is a hash of all of that and the files' format
+version, so a different model, a different ``kv_bits`` or group size, fp8 indexer keys or not,
+another dtype or block size (or a newer format) never finds another's blocks; ``namespace.json``
+beside the blocks says in words whose they are (``macbatch cache`` lists it).
 
 The weights' identity is a fingerprint of the parameters themselves: every array's name, shape and
 dtype, and the first bytes of each (what differs between two checkpoints of one architecture, or
@@ -51,6 +51,9 @@ class Namespace:
     states: tuple[str, ...] = ()  # a hybrid's state arrays: "shape dtype", layer by layer
     format_version: int = FORMAT_VERSION
     indexer_keys: str | None = None  # the indexer keys' own page format ("fp8"; None: as kv_bits)
+    # held library caches: their payload's format, then each cache object's class and fields
+    # (``stores/held_bytes.layout``; empty: none held)
+    held: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -61,11 +64,13 @@ class Namespace:
         return {**self._fields(), "created": time.time()}
 
     def _fields(self) -> dict[str, Any]:
-        """The fields that name it: ``indexer_keys`` only when set, so a namespace whose keys
-        are as the other pages keeps the name (and record) it always had."""
+        """The fields that name it: ``indexer_keys`` and ``held`` only when set, so a namespace
+        without them keeps the name (and record) it always had."""
         fields = asdict(self)
         if self.indexer_keys is None:
             del fields["indexer_keys"]
+        if not self.held:
+            del fields["held"]
         return fields
 
 

@@ -1,6 +1,7 @@
 """The cache groups' parts of a cached prefix on disk (``group.DiskPart``): a block group's pages in
 one block (full attention's, a sliding window's; a draft model's pages in the full group's blocks
-are not kept: ``JointPages`` says why), and a recurrent state's checkpoint. Each says which blocks
+are not kept: ``JointPages`` says why), a recurrent state's checkpoint, and a checkpoint of held
+library caches (``HeldCheckpointPart``: a payload of its own length). Each says which blocks
 of a prefix it needs to resume after it, gathers what it holds as bytes to write, and puts bytes
 read back into its memory, named in the prefix cache and idle there, so the KV manager then takes
 the prefix from RAM as it always does."""
@@ -16,6 +17,8 @@ import numpy as np
 from macbatch.engine.kv.block_pool import BlockPool
 from macbatch.engine.kv.checkpoints import StateCheckpoints
 from macbatch.engine.kv.elastic import ElasticPool
+from macbatch.engine.stores.held_bytes import FORMAT, payload, rebuild
+from macbatch.engine.stores.held_caches import HeldCaches
 from macbatch.engine.stores.state_store import StateStore
 
 
@@ -33,6 +36,7 @@ class BlockPart:
     """A block group's pages of each block (``tag`` names its files)."""
 
     gathers_own_buffers = True  # ``gather_blocks`` gathers by index
+    sized = True
 
     def __init__(
         self, tag: str, elastic: ElasticPool, pages: BlockPages, needs: Callable[[int], range]
@@ -80,6 +84,7 @@ class CheckpointPart:
 
     tag = "state"
     gathers_own_buffers = False  # one row is a slice of the store's array
+    sized = True
 
     def __init__(self, checkpoints: StateCheckpoints, store: StateStore) -> None:
         self.checkpoints = checkpoints
@@ -106,5 +111,49 @@ class CheckpointPart:
             if row < 0:
                 return i
             self.store.scatter_row(row, [s[i] for s in slabs])
+            kept.add(digest)
+        return len(digests)
+
+
+class HeldCheckpointPart(CheckpointPart):
+    """Held library caches' checkpoints (``HeldCaches``: DeepSeek V4): each one's cache objects
+    as one payload of its own length (``stores/held_bytes.py``; the compressed rows grow with
+    the context), rebuilt into new caches of the family's kind when read."""
+
+    tag = FORMAT  # the payload's format names the files: another never reads them
+    gathers_own_buffers = True  # each payload is a concatenation of its own
+    sized = False
+
+    def __init__(self, checkpoints: StateCheckpoints, store: HeldCaches) -> None:
+        super().__init__(checkpoints, store)
+        self.held = store
+
+    def slab_bytes(self) -> list[int]:
+        return []  # not sized: a payload is as long as its file
+
+    def lookup(self, digest: bytes) -> int | None:
+        """Its row, when every layer's caches are in it (a step fills a checkpoint's layers as
+        it builds them)."""
+        row = self.checkpoints.peek(digest)
+        caches = None if row is None else self.held.held.get(row)
+        return row if caches is not None and all(c is not None for c in caches) else None
+
+    def gather(self, places: Sequence[int]) -> list[mx.array]:
+        """One payload per checkpoint row (``[bytes]`` uint8, lazy)."""
+        return [payload(self.held.held[row]) for row in places]
+
+    def restore(
+        self, digests: Sequence[bytes], slabs: Sequence[np.ndarray], keep: Sequence[bytes]
+    ) -> int:
+        """``slabs[i]``: digest i's payload, rebuilt into new caches held in a checkpoint row
+        named ``digests[i]``; stops at one that is not these caches' payload."""
+        assert self.held.new_caches is not None, "the runner gives held caches their kind"
+        kept = set(keep)
+        for i, (digest, data) in enumerate(zip(digests, slabs, strict=True)):
+            caches = rebuild(data, self.held.new_caches())
+            row = -1 if caches is None else self.checkpoints.restore(digest, kept)
+            if caches is None or row < 0:
+                return i
+            self.held.hold(row, caches)
             kept.add(digest)
         return len(digests)

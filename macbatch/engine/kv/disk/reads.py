@@ -62,6 +62,7 @@ class _Read:
     future: Future[bool]
     slabs: list[np.ndarray]
     row: int
+    size: int  # its bytes
 
 
 def reach(parts: dict[str, DiskPart], found: dict[str, list[bool]]) -> int:
@@ -87,7 +88,7 @@ class Reads:
         self.parts = parts
         self.max_read_bytes = max_read_bytes
         self._slabs = {tag: part.slab_bytes() for tag, part in parts.items()}
-        self._bytes = {tag: sum(slabs) for tag, slabs in self._slabs.items()}
+        self._bytes = {tag: sum(slabs) for tag, slabs in self._slabs.items()}  # sized parts'
         # reads overlap (the checksum releases the GIL): an SSD serves several at once
         self._reader = ThreadPoolExecutor(READERS, thread_name_prefix="macbatch-disk-read")
         self._lock = threading.Lock()  # the counts, changed by the readers
@@ -147,15 +148,25 @@ class Reads:
         for i, waiting in enumerate(self._waiting.values()):
             for key, row in zip(waiting.wants[waiting.started :], waiting.rows[waiting.started :]):
                 if key not in self._reads:
-                    size = self._bytes[key[0]]
+                    size = self._size(key)
                     if i and self.bytes_held + size > self.max_read_bytes:
                         return
                     self.bytes_held += size
-                    slabs = self._slabs_for(waiting, key[0])
-                    future = self._reader.submit(self._read, key, [s[row] for s in slabs])
+                    if self.parts[key[0]].sized:
+                        slabs = self._slabs_for(waiting, key[0])
+                    else:  # a payload of its own length: a buffer of its own
+                        slabs, row = [np.empty((1, size), np.uint8)], 0
+                    future = self._reader.submit(self._read, key, [s[row] for s in slabs], size)
                     future.add_done_callback(self._signal)
-                    self._reads[key] = _Read(future, slabs, row)
+                    self._reads[key] = _Read(future, slabs, row, size)
                 waiting.started += 1
+
+    def _size(self, key: Key) -> int:
+        """The bytes of a part's read: its part's slabs, or its file's payload (a part that
+        is not sized; 0 when the file is gone, and its read fails)."""
+        if self.parts[key[0]].sized:
+            return self._bytes[key[0]]
+        return self.files.payload_bytes(file_key(*key)) or 0
 
     def _slabs_for(self, waiting: _Waiting, tag: str) -> list[np.ndarray]:
         """Where ``waiting``'s reads of the part ``tag`` go (not zeroed: a row is used only
@@ -165,12 +176,12 @@ class Reads:
             waiting.slabs[tag] = [np.empty((rows, n), np.uint8) for n in self._slabs[tag]]
         return waiting.slabs[tag]
 
-    def _read(self, key: Key, rows: list[np.ndarray]) -> bool:
+    def _read(self, key: Key, rows: list[np.ndarray], size: int) -> bool:
         """Read the part into ``rows`` (one per array) and check it (on a reader thread)."""
         whole = self.files.read_into(file_key(*key), [row.data for row in rows])
         if whole:
             with self._lock:
-                self.bytes_read += self._bytes[key[0]]
+                self.bytes_read += size
                 self.blocks_read += 1
         return whole
 
@@ -239,8 +250,11 @@ class Reads:
         contiguous (MLX copies a strided array element by element: 40 times slower): the rows
         they were read into, as they are when those are consecutive rows of one request's
         arrays (a prefix read for its request, or the rest of it past what another request
-        put in memory), else copied together."""
+        put in memory), else copied together. A part that is not sized: each digest's payload,
+        in order."""
         reads = [self._reads[(tag, digest)] for digest in digests]
+        if not self.parts[tag].sized:  # one payload per digest
+            return [read.slabs[0][read.row] for read in reads]
         first, start = reads[0].slabs, reads[0].row
         if all(read.slabs is first and read.row == start + i for i, read in enumerate(reads)):
             return [slab[start : start + len(reads)] for slab in first]
@@ -270,7 +284,7 @@ class Reads:
                 read = self._reads.pop(key, None)
                 if read is not None:
                     read.future.cancel()
-                    self.bytes_held -= self._bytes[key[0]]
+                    self.bytes_held -= read.size
         self._start()
 
     def close(self) -> None:

@@ -12,6 +12,8 @@ from macbatch.engine.kv.disk.files import BlockFiles
 from macbatch.engine.kv.disk.namespace import Namespace, weights_fingerprint
 from macbatch.engine.kv.disk.tier import DiskTier
 from macbatch.engine.kv.group import DiskPart
+from macbatch.engine.stores.held_bytes import FORMAT, layout
+from macbatch.engine.stores.held_caches import HeldCaches
 
 if TYPE_CHECKING:
     from macbatch.engine.model.adapter import ModelAdapter
@@ -50,7 +52,15 @@ def namespace_of(
         layer_slots=tuple(adapter.kv_slots),
         states=() if states is None else _state_layout(states),
         indexer_keys=store.format.indexer_keys if _has_indexer_keys(store) else None,
+        held=_held_layout(states),
     )
+
+
+def _held_layout(states: StateStore | None) -> tuple[str, ...]:
+    """Held caches' payload format and classes (``held_bytes.layout``; none: not held)."""
+    if not isinstance(states, HeldCaches) or states.new_caches is None:
+        return ()
+    return (FORMAT, *layout(states.new_caches()))
 
 
 def _shapes(store: KVStore) -> tuple[tuple[int, int], ...]:

@@ -4,7 +4,8 @@ is read back before it is scheduled (docs/engine.md, "The disk tier").
 
 It keeps, for each block of the prefix cache's chain, every cache group's part of it
 (``group.DiskPart``: full attention's pages, a sliding window's, a recurrent state's
-checkpoint), one file per part, and loops over the parts: it knows no kind.
+checkpoint, held library caches' checkpoint), one file per part, and loops over the parts: it
+knows no kind (a part that is not ``sized`` has payloads of their own lengths).
 A prefix is usable from disk only as far as every part it needs is there (in RAM or read), the
 all-agree rule the KV manager applies to RAM.
 
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 
 import mlx.core as mx
 import numpy as np
@@ -61,6 +63,8 @@ class _Capture:
     digests: list[bytes]
     arrays: list[mx.array]
     own: bool  # the arrays are buffers of their own (``DiskPart.gathers_own_buffers``)
+    sizes: list[int]  # each digest's payload bytes
+    sized: bool  # ``DiskPart.sized``: a payload is row i of every array, else array i
 
 
 class DiskTier:
@@ -76,7 +80,7 @@ class DiskTier:
         self.files = files
         self.parts = {part.tag: part for part in parts}
         self.max_queued_bytes = max_queued_bytes
-        self._bytes = {part.tag: sum(part.slab_bytes()) for part in parts}
+        self._bytes = {part.tag: sum(part.slab_bytes()) for part in parts}  # sized parts'
         self.reads = Reads(files, self.parts, max_read_bytes)
         self.writing = True
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="macbatch-disk-write")
@@ -116,33 +120,41 @@ class DiskTier:
             mine = [d for t, d in named if t == tag]
             places = [part.lookup(d) for d in mine]
             live = [(p, d) for p, d in zip(places, mine) if p is not None]
-            live = self._within_queue(tag, mine, live)
-            if live:
-                gathered = part.gather([p for p, _ in live])
-                digests = [d for _, d in live]
+            held = [p for p, _ in live]
+            # a payload of its own length is gathered (lazily) to know it
+            gathered = None if part.sized else part.gather(held)
+            if gathered is None:
+                sizes = [self._bytes[tag]] * len(live)
+            else:
+                sizes = [a.nbytes for a in gathered]
+            count = self._within_queue(tag, mine, live, sizes)
+            if count:
+                gathered = part.gather(held[:count]) if gathered is None else gathered[:count]
+                digests = [d for _, d in live[:count]]
                 own = part.gathers_own_buffers
-                self._captures.append(_Capture(step, tag, digests, gathered, own))
+                capture = _Capture(step, tag, digests, gathered, own, sizes[:count], part.sized)
+                self._captures.append(capture)
                 arrays += gathered
         return arrays
 
     def _within_queue(
-        self, tag: str, named: list[bytes], live: list[tuple[int, bytes]]
-    ) -> list[tuple[int, bytes]]:
-        """Of ``live``, those the writer's queue has room for (the rest dropped, counted)."""
-        size = self._bytes[tag]
+        self, tag: str, named: list[bytes], live: list[tuple[int, bytes]], sizes: list[int]
+    ) -> int:
+        """How many of ``live`` (from the first, ``sizes`` bytes each) the writer's queue has
+        room for (the rest dropped, counted)."""
         with self._lock:
             kept = {d for _, d in live}
             for digest in named:
                 if digest not in kept:
                     self._queued.discard((tag, digest))
-            room = max(0, self.max_queued_bytes - self._queued_bytes) // max(1, size)
-            if len(live) > room:
-                self._dropped += len(live) - room
-                for _, digest in live[room:]:
+            room = self.max_queued_bytes - self._queued_bytes
+            fit = sum(1 for total in accumulate(sizes) if total <= room)
+            if len(live) > fit:
+                self._dropped += len(live) - fit
+                for _, digest in live[fit:]:
                     self._queued.discard((tag, digest))
-                live = live[:room]
-            self._queued_bytes += len(live) * size
-        return live
+            self._queued_bytes += sum(sizes[:fit])
+        return fit
 
     def flush(self, step: int) -> None:
         """Hand the captures evaluated with steps up to ``step`` to the writer (the step is
@@ -156,7 +168,7 @@ class DiskTier:
         self._captures = [c for c in self._captures if c.step > step]
         for capture in ready:
             slabs = [np.array(a, copy=not capture.own) for a in capture.arrays]
-            self._writer.submit(self._write, capture.tag, capture.digests, slabs)
+            self._writer.submit(self._write, capture, slabs)
 
     def capture_now(self) -> None:
         """Capture and flush at once (the engine is idle: nothing to ride along with)."""
@@ -165,11 +177,13 @@ class DiskTier:
             mx.eval(arrays)
         self.flush(-1)
 
-    def _write(self, tag: str, digests: list[bytes], slabs: list[np.ndarray]) -> None:
-        for i, digest in enumerate(digests):
+    def _write(self, capture: _Capture, slabs: list[np.ndarray]) -> None:
+        tag = capture.tag
+        for i, digest in enumerate(capture.digests):
             try:
                 if self.writing:
-                    payload = b"".join(np.ascontiguousarray(s[i]).tobytes() for s in slabs)
+                    rows = [s[i] for s in slabs] if capture.sized else [slabs[i]]
+                    payload = b"".join(np.ascontiguousarray(row).tobytes() for row in rows)
                     self.files.write(file_key(tag, digest), payload)
                     self.reads.rewritten((tag, digest))
             except OSError as error:
@@ -182,7 +196,7 @@ class DiskTier:
             finally:
                 with self._lock:
                     self._queued.discard((tag, digest))
-                    self._queued_bytes -= self._bytes[tag]
+                    self._queued_bytes -= capture.sizes[i]
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:

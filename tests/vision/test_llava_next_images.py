@@ -1,0 +1,40 @@
+"""LLaVA-NeXT's images stay refused, for a measured reason: mlx-vlm's LLaVA-NeXT (the oracle)
+does not put one row at each image token as its processor counts them (AnyRes features unpadded,
+a newline per row): it puts a whole crop's rows, then blocks of its newline row, in place of each
+image token, so its input has more rows than the prompt has ids, and it reads only the first
+image of a prompt. The engine gives each image token one row. Text is served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from macbatch.engine.model.families import family
+from macbatch.engine.multimodal.vision import unavailable_reason
+from tests.support.tiny_vlm_text import vlm_text_model
+
+pytest.importorskip("mlx_vlm")
+
+
+def test_each_image_token_takes_a_whole_crop_of_rows() -> None:
+    model, config = vlm_text_model("llava_next")
+    token = config["image_token_index"]
+    crops, side = 3, config["vision_config"]["image_size"]
+    per_crop = (side // config["vision_config"]["patch_size"]) ** 2  # CLS dropped ("default")
+    pixels = mx.random.normal((1, crops, 3, side, side))
+    text = [1, 7, 9, 10]
+    for placeholders in (1, 4):
+        ids = mx.array([text[:2] + [token] * placeholders + text[2:]])
+        rows = model.get_input_embeddings(ids, pixel_values=pixels).inputs_embeds.shape[1]
+        assert rows == len(text) + placeholders * per_crop != ids.shape[1]
+
+
+def test_images_are_refused_with_the_reason(tmp_path: Path) -> None:
+    _, config = vlm_text_model("llava_next")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reason = unavailable_reason(tmp_path, "tiny-llava-next") or ""
+    assert "outnumbering the prompt's ids" in reason
+    assert family("llava_next").vision is None

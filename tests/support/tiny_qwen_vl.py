@@ -1,9 +1,11 @@
-"""A tiny random-weight Qwen2.5-VL, Qwen3-VL (with DeepStack features) or Qwen3.5 (a hybrid:
-Gated DeltaNet and attention layers) built from mlx-vlm's own classes and saved in the Hugging
-Face layout with its image processor config, so mlx-vlm's loader and processor and mlx-lm's loader
-all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen VL's
-``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens), its vocabulary cut to the
-tokenizer's size rounded up so the embedding stays small."""
+"""A tiny random-weight M-RoPE VLM: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features),
+Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
+own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes
+and saved in the Hugging Face layout with its image processor config, so mlx-vlm's loader and
+processor and the engine's loader all read it offline. Its tokenizer is the vendored real Qwen3
+one (it has Qwen VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens;
+GLM's image tokens are added to it), its vocabulary cut to the tokenizer's size rounded up so the
+embedding stays small."""
 
 from __future__ import annotations
 
@@ -21,24 +23,63 @@ VOCAB_SIZE = 151680  # the tokenizer's 151669 tokens, rounded up
 PATCH = 14
 MERGE = 2
 WEIGHT_SCALE = 4.0
-# Qwen VL's own template shape: an image part renders as a vision span with one image pad.
-CHAT_TEMPLATE = (
+# GLM-4V's families: its image span, its image tokens, mlx-vlm's text model
+GLM = ("glm4v", "glm4v_moe", "glm_ocr")
+_GLM_PROCESSORS = {
+    "glm4v": "Glm46VProcessor",
+    "glm4v_moe": "Glm46VMoEProcessor",
+    "glm_ocr": "GlmOcrProcessor",
+}
+# each family's image span: the text an image part renders as (its processor expands the pad)
+IMAGE_SPANS = {
+    **dict.fromkeys(
+        ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"),
+        "<|vision_start|><|image_pad|><|vision_end|>",
+    ),
+    **dict.fromkeys(GLM, "<|begin_of_image|><|image|><|end_of_image|>"),
+}
+# the tokens added to the Qwen3 tokenizer (GLM-4V's; within VOCAB_SIZE)
+_ADDED = dict.fromkeys(GLM, ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>"])
+# GLM-4V MoE's text model: a dense first layer, then four experts (two a token) and a shared one
+_GLM_MOE = dict(
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=1.0,
+    use_qk_norm=False,
+)
+# Qwen VL's own template shape: an image part renders as the family's span
+_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for part in message['content'] %}{% if part['type'] == 'image' %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}{% endif %}"
+    "SPAN{% else %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 
+def rendered(family: str, question: str, images: int) -> str:
+    """What the tiny model's template renders for one user message of ``images`` images, then
+    ``question`` (mlx-vlm is given the same text)."""
+    body = IMAGE_SPANS[family] * images + question
+    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
 def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]:
+    if family in GLM:
+        return _glm4v_config(tokens, family)
     if family == "qwen3_5":
         return _qwen3_5_config(tokens)
     if family == "qwen3_vl":
         return _qwen3_vl_config(tokens)
     text = dict(
-        model_type="qwen2_5_vl",
+        model_type=family,
         hidden_size=32,
         num_hidden_layers=2,
         intermediate_size=64,
@@ -52,6 +93,21 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
         tie_word_embeddings=True,
     )
+    if family == "qwen2_vl":  # its tower: full attention, embed_dim wide, mlp_ratio
+        vision = dict(
+            model_type=family,
+            depth=2,
+            embed_dim=32,
+            hidden_size=32,
+            num_heads=2,
+            mlp_ratio=2,
+            patch_size=PATCH,
+            spatial_patch_size=PATCH,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=2,
+            in_channels=3,
+        )
+        return _with_tokens(family, text, vision, tokens)
     vision = dict(
         model_type="qwen2_5_vl",
         depth=2,
@@ -68,6 +124,64 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
         in_channels=3,
     )
     return _with_tokens("qwen2_5_vl", text, vision, tokens)
+
+
+def _glm4v_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
+    # heads of 32, rotary dims 16 (partial): 8 frequencies, 2 temporal, 3 height, 3 width
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    text: dict[str, Any] = dict(
+        model_type=f"{family}_text",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=4096,
+        attention_bias=True,
+        eos_token_id=[151645],
+        pad_token_id=0,
+    )
+    if family == "glm_ocr":  # its RoPE settings under rope_parameters
+        text["rope_parameters"] = dict(rope, partial_rotary_factor=0.5, rope_theta=10000.0)
+    else:
+        text.update(rope_theta=10000.0, partial_rotary_factor=0.5, rope_scaling=rope)
+    if family == "glm4v_moe":
+        text.update(_GLM_MOE)
+    vision = dict(
+        model_type=f"{family}_vision" if family == "glm_ocr" else family,
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        out_hidden_size=64,
+        num_heads=2,
+        patch_size=PATCH,
+        image_size=56,  # a 4 x 4 table of position embeddings, interpolated to each grid
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        in_channels=3,
+    )
+    begin, end = tokens["<|begin_of_image|>"], tokens["<|end_of_image|>"]
+    return dict(
+        model_type=family,
+        text_config=text,
+        vision_config=vision,
+        image_token_id=tokens["<|image|>"],
+        image_token_index=tokens["<|image|>"],
+        video_token_id=tokens["<|video|>"],
+        video_token_index=tokens["<|video|>"],
+        # GLM-OCR's names for the image span's tokens, GLM-4V's
+        image_start_token_id=begin,
+        image_end_token_id=end,
+        vision_start_token_id=begin,
+        vision_end_token_id=end,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
 
 
 def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
@@ -174,10 +288,13 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TOKENIZERS / "qwen3" / name, path / name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = CHAT_TEMPLATE
+    if family in _ADDED:
+        tokenizer.add_special_tokens({"additional_special_tokens": _ADDED[family]})
+    tokenizer.chat_template = _TEMPLATE.replace("SPAN", IMAGE_SPANS[family])
     tokenizer.save_pretrained(path)
     names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
-    tokens = {n: tokenizer.convert_tokens_to_ids(n) for n in [*names, "<|vision_pad|>"]}
+    names += ["<|vision_pad|>", *_ADDED.get(family, [])]
+    tokens = {n: tokenizer.convert_tokens_to_ids(n) for n in names}
     cfg = config(tokens, family)
     (path / "config.json").write_text(json.dumps(cfg))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645}))
@@ -196,7 +313,15 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
 
 
 def _image_processor(family: str) -> dict[str, Any]:
+    if family in GLM:  # its own processor class and resize bounds
+        return {
+            **_image_processor("qwen2_vl"),
+            "image_processor_type": "Glm4vImageProcessor",
+            "processor_class": _GLM_PROCESSORS[family],
+            "size": {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 16},
+        }
     processor = {
+        "qwen2_vl": "Qwen2VLProcessor",
         "qwen2_5_vl": "Qwen2_5_VLProcessor",
         "qwen3_vl": "Qwen3VLProcessor",
         "qwen3_5": "Qwen3VLProcessor",

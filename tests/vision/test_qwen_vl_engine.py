@@ -1,13 +1,15 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3.5 images in the packed step: image rows at M-RoPE (three-part)
-positions and every later row shifted by the request's rope delta. Greedy ids equal mlx-vlm's
-own generation on a tiny random-weight Qwen2.5-VL and Qwen3.5 (tests/support/tiny_qwen_vl.py;
-Qwen3.5's text model is a hybrid whose Gated DeltaNet layers carry state slots) with several
+"""M-RoPE images in the packed step (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, GLM-4V
+MoE, GLM-OCR): image rows at three-part positions and every later row shifted by the request's
+rope delta. Greedy ids equal mlx-vlm's own generation on a tiny random-weight model of each
+(tests/support/tiny_qwen_vl.py; Qwen3.5's text model is a hybrid whose Gated DeltaNet layers
+carry state slots; GLM's is mlx-vlm's own, handed the positions as its position ids) with several
 prompts, images and a text-only prompt in flight, 12-token prefill chunks through the image
 rows, preemption, and a second pass that hits the encode and prefix caches (its positions
 derived from the prompt)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +17,13 @@ import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.image_requests import chat
+from tests.support.tiny_qwen_vl import rendered
 from tests.support.vlm_oracle import mlx_vlm_greedy
 
 # the vision extra (mlx-vlm, Pillow); skipped without it: pip install -e '.[vision]'
 pytest.importorskip("mlx_vlm")
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-SPAN = "<|vision_start|><|image_pad|><|vision_end|>"
-
-
-def rendered(question: str, images: list[Path]) -> str:
-    """What the tiny model's template renders (mlx-vlm is given the same text)."""
-    body = SPAN * len(images) + question
-    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
@@ -42,8 +38,9 @@ def cases(image_files: list[Path]) -> list[tuple[str, list[Path]]]:
 
 
 def expect(path: Path, todo: list[tuple[str, list[Path]]], outputs: list, tokens: int) -> None:
+    family = json.loads((path / "config.json").read_text())["model_type"]
     for (question, images), out in zip(todo, outputs):
-        wanted = mlx_vlm_greedy(path, rendered(question, images), images, tokens)
+        wanted = mlx_vlm_greedy(path, rendered(family, question, len(images)), images, tokens)
         assert out.token_ids == wanted, (question, [p.name for p in images])
 
 

@@ -438,21 +438,29 @@ class ModelAdapter:
         inputs = batch.token_ids[:, None]
         if batch.image_rows is None or batch.image_embeddings is None:
             return self.run_inner(inputs, positions, cache=nested)
-        return self._with_images(inputs, nested, batch.image_rows, batch.image_embeddings)
+        return self._with_images(
+            inputs, positions, nested, batch.image_rows, batch.image_embeddings
+        )
 
     def _with_images(
-        self, inputs: mx.array, cache: list[Any], rows: mx.array, images: mx.array
+        self,
+        inputs: mx.array,
+        positions: mx.array,
+        cache: list[Any],
+        rows: mx.array,
+        images: mx.array,
     ) -> mx.array:
-        """The text model on ``inputs`` whose ``rows`` take the image embeddings ``images``."""
+        """The text model on ``inputs`` (at ``positions``) whose ``rows`` take the image
+        embeddings ``images``."""
         inner = self.inner
         embeddings = inner.embed_tokens(inputs)
         inputs[rows] = IMAGE_ROW_TOKEN
         # the first H columns: more are a Qwen3-VL image's DeepStack features (deepstack.py)
         image = images[:, None, : embeddings.shape[-1]]
-        vision = self.family.vision
+        vision, named = self.family.vision, self._embeddings_as
         if vision is None or not vision.scaled_rows:
             embeddings[rows] = image.astype(embeddings.dtype)
-            return inner(inputs, cache=cache, **{self._embeddings_as: embeddings})
+            return self.run_inner(inputs, positions, cache=cache, **{named: embeddings})
         # the token rows scaled as the model scales them (the same op), the image rows as they
         # come, and the model's own scaling made 1.0 for this call (restored: the graph is built)
         scale = inner.embed_scale
@@ -460,7 +468,7 @@ class ModelAdapter:
         embeddings[rows] = image.astype(embeddings.dtype)
         inner.embed_scale = 1.0
         try:
-            return inner(inputs, cache=cache, **{self._embeddings_as: embeddings})
+            return self.run_inner(inputs, positions, cache=cache, **{named: embeddings})
         finally:
             inner.embed_scale = scale
 

@@ -113,7 +113,9 @@ class MtpNaming(Enum):
 class MRoPELayout:
     """Three-part RoPE positions (multimodal/qwen_vl.py): how the text config gives them."""
 
-    # the parts' frequencies interleaved (Qwen3-VL, Qwen3.5), or consecutive sections (Qwen2.5-VL)
+    # the parts' frequencies interleaved (Qwen3-VL, Qwen3.5), or consecutive sections (Qwen2.5-VL);
+    # unread where the text model rotates by the position ids it is handed (GLM-4V's
+    # ``position_id_axes`` 3)
     interleaved: bool
     # settings under ``rope_parameters`` with a partial rotary factor (Qwen3.5), not under
     # ``rope_scaling`` and ``rope_theta`` rotating the whole head
@@ -305,7 +307,7 @@ _VLM_TEXT_CHECKED = (
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``; Qwen3-Omni:
 # its thinker's)
-_VLM_MROPE_TEXT = ("glm4v", "glm4v_moe", "glm_ocr", "paddleocr_vl", "qwen3_omni_moe")
+_VLM_MROPE_TEXT = ("qwen3_omni_moe",)
 
 
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
@@ -481,6 +483,24 @@ FAMILIES: dict[str, Family] = {
         _VLM_MROPE_TEXT,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=3),
     ),
+    # its rope index is Qwen VL's, but its tower is mlx-vlm's ``visual`` (a SigLIP patch
+    # embedding and a projector sized 1024 in its code), which the tower call does not read
+    "paddleocr_vl": Family(
+        library=Library.MLX_VLM,
+        vision_refusal="its vision tower (mlx-vlm's 'visual', not a Qwen VL 'vision_tower') "
+        "is not called by the engine's image path yet, and its images are not checked against "
+        "mlx-vlm's image generation here (text is served)",
+        position_id_axes=3,
+    ),
+    # their text model takes the M-RoPE position ids (Qwen VL's rule) and rotates by them itself
+    **dict.fromkeys(
+        ("glm4v", "glm4v_moe", "glm_ocr"),
+        Family(
+            library=Library.MLX_VLM,
+            vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False)),
+            position_id_axes=3,
+        ),
+    ),
     # its MTP layer (mlx-vlm's own class: one stream, no hyper-connections) pages its latent rows
     # and its indexer's keys, as DeepSeek V3.2's does
     "hy_v4": Family(library=Library.MLX_VLM, mtp=MtpNaming.HY_V4),
@@ -546,10 +566,10 @@ FAMILIES: dict[str, Family] = {
             scaled_rows=True,
         )
     ),
-    "qwen2_vl": Family(
-        vision_refusal="Qwen2-VL's M-RoPE path is Qwen2.5-VL's but untested here; not enabled"
+    **dict.fromkeys(
+        ("qwen2_vl", "qwen2_5_vl"),
+        Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
     ),
-    "qwen2_5_vl": Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
     "qwen3_vl": Family(
         vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True), deepstack=True)
     ),

@@ -1,5 +1,5 @@
-"""Qwen VL images (``qwen2_5_vl``, ``qwen3_vl`` and Qwen3.5's ``qwen3_5``): M-RoPE positions in
-the packed step.
+"""M-RoPE images (Qwen VL: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl`` and Qwen3.5's ``qwen3_5``;
+GLM-4V's ``glm4v``): M-RoPE positions in the packed step.
 
 Qwen VL's text model rotates each head's frequencies in three sections by three position parts
 (temporal, height, width). A text row's three parts are equal, so mlx-lm's 1-D RoPE gives it;
@@ -15,7 +15,9 @@ model/families.py): Qwen2.5-VL gives consecutive sections to temporal, height an
 and Qwen3.5 interleave them (height every third frequency from the second, width from the third,
 each for its section's count). Qwen3.5 rotates only the first part of each head (partial rotary),
 on its attention layers only (the Gated DeltaNet layers have none). Qwen3-VL also adds DeepStack
-features to image rows after its first text layers (``deepstack.py``).
+features to image rows after its first text layers (``deepstack.py``). GLM-4V's text model is
+mlx-vlm's own, which takes M-RoPE position ids and rotates by them itself (its family's
+``position_id_axes`` 3): the adapter hands it the same ``[N, 3]`` positions and its RoPE stays.
 """
 
 from __future__ import annotations
@@ -73,10 +75,16 @@ class MRoPE(nn.Module):
 
 
 class MRoPEPositions:
-    """The M-RoPE part of a ``VisionEncoder``: its text layers' RoPE replaced by ``MRoPE``, and
-    each prompt's three-part positions."""
+    """The M-RoPE part of a ``VisionEncoder``: its text layers' RoPE replaced by ``MRoPE`` (unless
+    ``rotates_itself``: a text model handed the positions as its M-RoPE position ids, mlx-vlm's
+    GLM-4V, keeps its own), and each prompt's three-part positions."""
 
-    def __init__(self, vlm: Any, text_model: nn.Module, layout: MRoPELayout) -> None:
+    def __init__(
+        self, vlm: Any, text_model: nn.Module, layout: MRoPELayout, rotates_itself: bool = False
+    ) -> None:
+        self.merge = int(vlm.config.vision_config.spatial_merge_size)
+        if rotates_itself:
+            return
         text = vlm.config.text_config
         if layout.rope_parameters:  # with a partial rotary factor
             rope = text.rope_parameters
@@ -92,7 +100,6 @@ class MRoPEPositions:
                 f"its rope settings {rope} have no mrope_section that splits the {dims} rotary "
                 "dims of a head"
             )
-        self.merge = int(vlm.config.vision_config.spatial_merge_size)
         for layer in text_model.layers:
             attention = getattr(layer, "self_attn", None)  # a hybrid's recurrent layers: none
             if attention is not None:

@@ -151,10 +151,14 @@ class VisionEncoder:
         self.model = vlm
         config = vlm.config
         self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
-        rules = family(config.model_type).vision
+        kind = family(config.model_type)
+        rules = kind.vision
         assert rules is not None, "unavailable_reason refuses the families without images"
         self.rules = rules
-        self.mrope = None if rules.mrope is None else MRoPEPositions(vlm, text_model, rules.mrope)
+        self.mrope = None
+        if rules.mrope is not None:  # a text model handed M-RoPE position ids rotates by them
+            rotates_itself = kind.position_id_axes == 3
+            self.mrope = MRoPEPositions(vlm, text_model, rules.mrope, rotates_itself)
         if rules.deepstack:
             count = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
             if count:

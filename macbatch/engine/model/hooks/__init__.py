@@ -22,6 +22,7 @@ from macbatch.engine.model.hooks import (
     flat_topk,
     gated_delta,
     latent_attention,
+    mrope_sections,
     offset_rope,
     pooled_sparse_attention,
     recurrent_layers,
@@ -135,6 +136,12 @@ HOOKS: tuple[Hook, ...] = (
         "rotate at the number of keys less the queries; the packed step rotates each row at its "
         "own position and attends over that layer's pages",
         lambda target: reused_kv.install(target.reused_kv),
+    ),
+    Hook(
+        "mrope_sections",
+        "mlx-vlm's sectioned M-RoPE (GLM-4V's) lays out its cos and sin with mx.split, which "
+        "mx.compile of the packed decode step raises on; the same slices cut one by one",
+        lambda _: mrope_sections.install(),
     ),
     Hook(
         "recurrent_layers",

@@ -107,6 +107,10 @@ class MtpNaming(Enum):
     # mlx-vlm saves it); the layer mlx-vlm's ``glm5_next_mtp`` drafter builds: one stream where
     # the target's layers keep four, its own pooling indexer, a MoE MLP
     GLM5_NEXT = "glm5_next"
+    # DeepSeek V4 (mlx-vlm): its release's names under ``mtp.N.`` (``e_proj``, ``h_proj``,
+    # ``enorm``, ``hnorm``, ``attn.*``, ``ffn.*``, ``hc_attn_*``, ``hc_ffn_*``, ``hc_head_*``,
+    # ``norm``): the block mlx-vlm's ``deepseek_v4_mtp`` drafter builds over the target's streams
+    DEEPSEEK_V4 = "deepseek_v4"
 
 
 @dataclass(frozen=True)
@@ -393,7 +397,10 @@ FAMILIES: dict[str, Family] = {
     # same way; its overlapping compressors' pooling caches keep the previous group as DeepSeek's
     # reference does, where mlx-vlm's own zero it at every call (model/overlap_pooling.py)
     "deepseek_v4": Family(
-        library=Library.MLX_VLM, held_cache_attention="attn", held_caches=_reference_caches
+        library=Library.MLX_VLM,
+        held_cache_attention="attn",
+        held_caches=_reference_caches,
+        mtp=MtpNaming.DEEPSEEK_V4,
     ),
     "muse_spark": Family(
         refusal="its text model sits two levels down (model.model.language_model, in a container "

@@ -130,4 +130,6 @@ def page_shape(layer: nn.Module, args: Any) -> LayerShape:
         rank = int(latent.kv_lora_rank)
         return LayerShape(1, rank + int(getattr(latent, "qk_rope_head_dim", 0)), value_dim=rank)
     head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
-    return LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)
+    # DeepSeek V4's config names no K/V heads: its attention has one, its key its value too
+    kv_heads = int(getattr(args, "num_key_value_heads", None) or 1)
+    return LayerShape(num_kv_heads=kv_heads, head_dim=head_dim)

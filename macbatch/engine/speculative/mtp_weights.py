@@ -387,9 +387,7 @@ def _sanitized_by_glm5_drafter(
     return {_renamed(k, "mtp_block.", "layers.0."): v for k, v in converted.items()}
 
 
-def _sanitized_by_v4_drafter(
-    weights: dict[str, mx.array], text: nn.Module
-) -> dict[str, mx.array]:
+def _sanitized_by_v4_drafter(weights: dict[str, mx.array], text: nn.Module) -> dict[str, mx.array]:
     """DeepSeek V4's MTP weights (its release's names) through mlx-vlm's ``deepseek_v4_mtp``
     drafter's own ``sanitize`` (it reads the text config alone): its block ``decoder.`` there,
     our ``layers.0.``; the other parts keep the drafter's names (``e_proj``, ``hc_head.fn`` ...),

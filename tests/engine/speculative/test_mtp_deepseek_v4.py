@@ -32,6 +32,7 @@ from tests.support.mtp_deepseek_v4 import (
     save_v4_checkpoint,
 )
 from tests.support.oracle import assert_pool_idle
+from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 from tests.support.tiny_deepseek_v4 import CONFIG, deepseek_v4_model, reference_greedy
 
 pytest.importorskip("mlx_vlm")
@@ -109,3 +110,16 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0
+
+
+def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer, eager_speculation):
+    """400 seeded requests at temperature 1 whose second token is verified against an MTP
+    draft: given the first token, the second follows the target's distribution (mlx-vlm's
+    forward of the whole sequence; chi-square at significance 0.001). The tiny target's LM
+    head is scaled up 8x: its own is so flat that no next token is common enough to test."""
+    model = deepseek_v4_model()
+    lm_head = model.language_model.lm_head
+    lm_head.weight = lm_head.weight * 8
+    head = predicting_v4_head(model)  # most drafts held
+    engine = mtp_engine(model, tiny_tokenizer, head, num_blocks=256, max_num_seqs=8)
+    assert_sampled_after_a_draft_follow(engine, model, [40, 41, 42, 43, 44])

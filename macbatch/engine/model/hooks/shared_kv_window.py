@@ -51,8 +51,8 @@ def _attend(
     offset: Any,
 ) -> mx.array:
     if not isinstance(cache, EngineAttention):  # mlx-vlm's, past this swap (and any after it)
-        swap = next(c for c in type(self).__mro__ if c in _SWAPPED.values())
-        out: mx.array = super(swap, self)._attend(x, q, kv, q_residual, mask, cache, offset)
+        library: Any = next(c for c in type(self).__mro__ if c in _SWAPPED)
+        out: mx.array = library._attend(self, x, q, kv, q_residual, mask, cache, offset)
         return out
     keys, values = cache.update_and_fetch(kv, kv)
     sinks = self.attn_sink.astype(q.dtype)

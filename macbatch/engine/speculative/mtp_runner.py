@@ -10,8 +10,10 @@ the target's sparse layers do (model/sparse_indexer.py). Its inputs are the
 next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden states: the
 target's, then its own output for the drafts after the first. Nemotron-H's MTP module is an
 attention block then a MoE block: only the attention block has pages (one store layer per
-attention block). Qwen4-exp's reads the target's last layer's output (its hyper-connection streams
-before the final mixer), recorded in the target's forward by a layer tap (layer_taps.py)."""
+attention block). Qwen4-exp's and DeepSeek V4's read the target's last layer's output (its
+hyper-connection streams before the final mixer or head), recorded in the target's forward by a
+layer tap (layer_taps.py); DeepSeek V4's one K/V head is its key and its value (its window
+attention over them: hooks/shared_kv_window.py), beside a target whose own caches are held."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ the target's: mtp_weights.py). The hidden state it reads is the target's output,
 target's final norm, as vLLM's ``qwen3_next_mtp`` and ``deepseek_mtp`` feed it (vLLM's DeepSeek
 layer also zeroes the embedding at position 0; this one does not, which changes a draft, never
 an output), and mlx-vlm's ``nemotron_h_mtp`` too; Qwen4-exp's (``StreamsMtpHead``) and DeepSeek
-V4's (``DeepseekV4MtpHead``) read the target's hyper-connection streams instead. The MTP layer's own output is what its next draft
-reads (docs/speculative.md, "MTP").
+V4's (``DeepseekV4MtpHead``) read the target's hyper-connection streams instead. The MTP
+layer's own output is what its next draft reads (docs/speculative.md, "MTP").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from macbatch.engine import Engine, EngineConfig
-from macbatch.engine.speculative.mtp_weights import mtp_refusal
+from macbatch.engine.speculative.mtp_weights import mtp_layer_count, mtp_refusal
 from macbatch.engine.stores.pages import LayerShape
 from tests.support.mtp import (
     MTP_SETTINGS,
@@ -99,11 +99,12 @@ def test_drafts_are_mlx_vlms_drafters(predicting, tiny_tokenizer, eager_speculat
 def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     """A checkpoint with its MTP layer under ``mtp.0.`` in DeepSeek's release names: ``auto``
     drafts with it, with exactly the weights written, and the replies are the reference's of
-    the same checkpoint (mlx-vlm's ``sanitize`` drops ``mtp.*``)."""
+    the same checkpoint (mlx-vlm's ``sanitize`` drops ``mtp.*``); the doctor counts one layer."""
     from mlx_vlm.utils import load_model
 
     path = tmp_path / "deepseek_v4"
     expected = save_v4_checkpoint(path)
+    assert mtp_layer_count(path) == (1, 1)  # what the doctor counts
     engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
     assert_mtp_weights(engine, expected)

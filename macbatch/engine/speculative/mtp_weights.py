@@ -235,7 +235,10 @@ def _nemotron_pattern(text: dict[str, Any]) -> tuple[str, ...]:
 
 def mtp_refusal(model_type: str) -> str | None:
     """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
-    if family(model_type).mtp is not None:
+    record = family(model_type)
+    if record.mtp_refusal is not None:
+        return f"model type '{model_type}': {record.mtp_refusal}"
+    if record.mtp is not None:
         return None
     return f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
 

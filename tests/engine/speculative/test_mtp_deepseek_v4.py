@@ -42,8 +42,9 @@ def _reference(model, prompts=PROMPTS, max_tokens=16):
     return [reference_greedy(model, p, max_tokens) for p in prompts]
 
 
-def test_deepseek_v4_drafts_with_mtp() -> None:
+def test_deepseek_v4_drafts_with_mtp_and_v41_says_why_not() -> None:
     assert mtp_refusal("deepseek_v4") is None
+    assert "V4.1 block" in (mtp_refusal("deepseek_v41") or "")
 
 
 def test_greedy_outputs_are_the_references_with_a_prefix_cache_hit(tiny_tokenizer):

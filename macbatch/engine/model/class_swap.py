@@ -8,13 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 
-def swap_call(module: Any, swapped: dict[type, type], call: Callable[..., Any]) -> None:
-    """Swap ``module``'s class for a subclass whose ``__call__`` is ``call`` (made once per
-    class, kept in ``swapped``: a hook's own table); a module swapped already is left as it is.
-    Parameters and their names are untouched."""
+def swap_call(
+    module: Any, swapped: dict[type, type], call: Callable[..., Any], name: str = "__call__"
+) -> None:
+    """Swap ``module``'s class for a subclass whose method ``name`` (``__call__``) is ``call``
+    (made once per class, kept in ``swapped``: a hook's own table); a module swapped already is
+    left as it is. Parameters and their names are untouched."""
     cls = type(module)
     if cls in swapped.values():
         return
     if cls not in swapped:
-        swapped[cls] = type(cls.__name__, (cls,), {"__call__": call})
+        swapped[cls] = type(cls.__name__, (cls,), {name: call})
     module.__class__ = swapped[cls]

@@ -107,6 +107,10 @@ class MtpNaming(Enum):
     # mlx-vlm saves it); the layer mlx-vlm's ``glm5_next_mtp`` drafter builds: one stream where
     # the target's layers keep four, its own pooling indexer, a MoE MLP
     GLM5_NEXT = "glm5_next"
+    # DeepSeek V4 (mlx-vlm): its release's names under ``mtp.N.`` (``e_proj``, ``h_proj``,
+    # ``enorm``, ``hnorm``, ``attn.*``, ``ffn.*``, ``hc_attn_*``, ``hc_ffn_*``, ``hc_head_*``,
+    # ``norm``): the block mlx-vlm's ``deepseek_v4_mtp`` drafter builds over the target's streams
+    DEEPSEEK_V4 = "deepseek_v4"
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,9 @@ class Family:
     # multi-token prediction: how the checkpoint names the MTP layer speculative/mtp_model.py
     # builds (None: the family has none it builds)
     mtp: MtpNaming | None = None
+    # why a family whose checkpoints may keep an MTP layer drafts without it (None: ``mtp``
+    # says how it is read, or the family has none)
+    mtp_refusal: str | None = None
     encoder: EncoderLayout | None = None  # an encoder engine/encoder/ runs (None: not one)
     # the attribute of each decoder layer holding an attention module whose cache is the
     # library's own kind, neither pages nor a fixed-size state (DeepSeek V4's LayerCache): its
@@ -389,13 +396,21 @@ FAMILIES: dict[str, Family] = {
     # DeepSeek V4's attention keeps mlx-lm's own LayerCache per layer (a window, compressed rows
     # and their indexer keys, the open group's projections), held per request slot and run per
     # sequence (model/held_attention.py); its hyper-connections and MoE run every row together
-    "deepseek_v41": Family(held_cache_attention="self_attn", config_refusal=_v41_mixed_ratios),
+    "deepseek_v41": Family(
+        held_cache_attention="self_attn",
+        config_refusal=_v41_mixed_ratios,
+        mtp_refusal="its checkpoints' MTP layer ('mtp.*', which mlx-lm's sanitize drops) would be "
+        "a V4.1 block, which no library builds as a drafter to check ours against: not read yet",
+    ),
     # DeepSeek V4 as released (mlx-vlm's deepseek_v4: overlapping ratio-4 compression, an indexer
     # with a compressor of its own, hash-routed first layers, a hyper-connection head), held the
     # same way; its overlapping compressors' pooling caches keep the previous group as DeepSeek's
     # reference does, where mlx-vlm's own zero it at every call (model/overlap_pooling.py)
     "deepseek_v4": Family(
-        library=Library.MLX_VLM, held_cache_attention="attn", held_caches=_reference_caches
+        library=Library.MLX_VLM,
+        held_cache_attention="attn",
+        held_caches=_reference_caches,
+        mtp=MtpNaming.DEEPSEEK_V4,
     ),
     "muse_spark": Family(
         refusal="its text model sits two levels down (model.model.language_model, in a container "

@@ -13,9 +13,9 @@ its embedding) are shared unless a Qwen checkpoint has its own (DeepSeek's and G
 the target's: mtp_weights.py). The hidden state it reads is the target's output, after the
 target's final norm, as vLLM's ``qwen3_next_mtp`` and ``deepseek_mtp`` feed it (vLLM's DeepSeek
 layer also zeroes the embedding at position 0; this one does not, which changes a draft, never
-an output), and mlx-vlm's ``nemotron_h_mtp`` too; Qwen4-exp's (``StreamsMtpHead``) reads the
-target's hyper-connection streams instead. The MTP layer's own output is what its next draft
-reads (docs/speculative.md, "MTP").
+an output), and mlx-vlm's ``nemotron_h_mtp`` too; Qwen4-exp's (``StreamsMtpHead``) and DeepSeek
+V4's (``DeepseekV4MtpHead``) read the target's hyper-connection streams instead. The MTP
+layer's own output is what its next draft reads (docs/speculative.md, "MTP").
 """
 
 from __future__ import annotations
@@ -168,6 +168,54 @@ class Glm5NextMtpHead(MtpHead):
         return out
 
 
+class DeepseekV4MtpHead(MtpHead):
+    """DeepSeek V4's MTP layer (mlx-vlm's ``deepseek_v4_mtp`` modules, built from the target's
+    config): it reads the target's last decoder layer's output, its ``hc_mult`` residual streams
+    before the hyper-connection head; each stream's normed projection (``h_proj`` over
+    ``hnorm``) gets the next token's (``e_proj`` over ``enorm``) added; one block of the target's
+    class runs over the streams (an uncompressed window attention with sinks, its own
+    hyper-connections, a MoE routed by score); its own ``hc_head`` and ``norm`` give what the LM
+    head reads, while its next draft reads the unmixed streams."""
+
+    reads_streams = True
+
+    def __init__(self, args: Any) -> None:
+        from mlx_vlm.speculative.drafters.deepseek_v4_mtp import (
+            DeepseekV4MTPDraftModel,
+            ModelConfig,
+        )
+
+        nn.Module.__init__(self)
+        built = DeepseekV4MTPDraftModel(ModelConfig(text_config=args))
+        self.streams, self.width = int(args.hc_mult), int(args.hidden_size)
+        self.enorm, self.hnorm = built.enorm, built.hnorm
+        self.e_proj, self.h_proj = built.e_proj, built.h_proj
+        layers: list[nn.Module] = [built.decoder]
+        self.layers = layers
+        self.hc_head, self.norm = built.hc_head, built.norm
+        self._paged = (True,)
+
+    def __call__(
+        self,
+        embeddings: mx.array,
+        hidden: mx.array,
+        caches: Sequence[Any],
+        tokens: mx.array | None = None,
+    ) -> mx.array:
+        """The block's streams ``[N, 1, hc, H]`` for next-token embeddings ``[N, 1, H]`` and the
+        streams before them (``[N, 1, hc, H]``)."""
+        streams = hidden.reshape(*hidden.shape[:2], self.streams, self.width)
+        x = self.h_proj(self.hnorm(streams)) + self.e_proj(self.enorm(embeddings))[:, :, None]
+        block = self.layers[0]
+        out: mx.array = block(x, None, caches[0], tokens)
+        return out
+
+    def readout(self, out: mx.array) -> mx.array:
+        """The streams collapsed by the layer's head and normed, as the LM head reads them."""
+        read: mx.array = self.norm(self.hc_head(out))
+        return read
+
+
 # the block types a Nemotron-H MTP module may have: attention (paged), MoE and MLP (no cache)
 _NEMOTRON_BLOCKS = {"*": True, "E": False, "-": False}
 
@@ -197,6 +245,8 @@ def new_mtp_head(
         return StreamsMtpHead(args)
     if names.naming is MtpNaming.GLM5_NEXT:
         return Glm5NextMtpHead(args)
+    if names.naming is MtpNaming.DEEPSEEK_V4:
+        return DeepseekV4MtpHead(args)
     attention = next(layer for layer in text.layers if not getattr(layer, "is_linear", False))
     index = names.layer_index(args)
     return MtpHead([type(attention)(args, index)], args.hidden_size, eps)

@@ -10,8 +10,10 @@ the target's sparse layers do (model/sparse_indexer.py). Its inputs are the
 next tokens' embeddings (the target's, unless the checkpoint has its own) and hidden states: the
 target's, then its own output for the drafts after the first. Nemotron-H's MTP module is an
 attention block then a MoE block: only the attention block has pages (one store layer per
-attention block). Qwen4-exp's reads the target's last layer's output (its hyper-connection streams
-before the final mixer), recorded in the target's forward by a layer tap (layer_taps.py)."""
+attention block). Qwen4-exp's and DeepSeek V4's read the target's last layer's output (its
+hyper-connection streams before the final mixer or head), recorded in the target's forward by a
+layer tap (layer_taps.py); DeepSeek V4's one K/V head is its key and its value (its window
+attention over them: hooks/shared_kv_window.py), beside a target whose own caches are held."""
 
 from __future__ import annotations
 
@@ -130,4 +132,6 @@ def page_shape(layer: nn.Module, args: Any) -> LayerShape:
         rank = int(latent.kv_lora_rank)
         return LayerShape(1, rank + int(getattr(latent, "qk_rope_head_dim", 0)), value_dim=rank)
     head_dim = int(getattr(args, "head_dim", 0) or args.hidden_size // args.num_attention_heads)
-    return LayerShape(num_kv_heads=args.num_key_value_heads, head_dim=head_dim)
+    # DeepSeek V4's config names no K/V heads: its attention has one, its key its value too
+    kv_heads = int(getattr(args, "num_key_value_heads", None) or 1)
+    return LayerShape(num_kv_heads=kv_heads, head_dim=head_dim)

@@ -2,7 +2,7 @@
 
 mlx-lm's ``sanitize`` drops every MTP weight, so they are read here, beside its load: only the
 files that hold them are opened (``mx.load`` reads an array when it is used, so the rest of a
-file is never read). Six naming schemes (``MtpNaming``, the families table says which a family
+file is never read). Seven naming schemes (``MtpNaming``, the families table says which a family
 uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
 
 - Qwen3.5 and Qwen3-Next: under ``mtp.`` whatever prefix the checkpoint puts before it (Hugging
@@ -22,6 +22,11 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
   ``kv_a_proj_with_mqa`` fused, ``kv_b_proj`` split), as the target's ``sanitize`` drops the layer.
 - Hunyuan V4: under ``model.mtp_layers.N.``, DeepSeek's parts but ``final_layernorm`` for its
   norm (mlx-vlm's ``hy_v4_mtp`` drafter reads the same names).
+- DeepSeek V4 (mlx-vlm's ``deepseek_v4``): DeepSeek's release names under ``mtp.N.`` (or bare
+  ``mtp.``; the index is dropped, as mlx-vlm's ``deepseek_v4_mtp`` drafter drops it: its
+  checkpoints ship one layer, at 0 or 1), read as that drafter's own ``sanitize`` reads them
+  (``attn.*`` and ``ffn.*`` its block's, experts stacked, ``hc_*_fn`` / ``base`` / ``scale`` its
+  hyper-connections', ``e_proj`` and ``h_proj`` apart).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
   ``*E``: attention, then MoE) under ``mtp.layers.N.``, the first's ``enorm``, ``hnorm`` and
   ``eh_proj`` and the last's ``final_layernorm`` beside them (mlx-vlm's ``nemotron_h_mtp``
@@ -113,6 +118,8 @@ _LAYER_KEYS = {
     ),
     MtpNaming.HY_V4: re.compile(r"^model\.mtp_layers\.(\d+)\.(.+)$"),
 }
+# DeepSeek V4's one MTP layer, its index (if any) dropped
+_V4_KEY = re.compile(r"^mtp\.(?:\d+\.)?(.+)$")
 # the norms a Hugging Face checkpoint stores as (weight - 1): Qwen3-Next's RMSNorm scales by
 # (1 + weight); MLX's by weight
 _CENTRED_NORMS = (
@@ -143,6 +150,9 @@ class MtpNames:
     def split(self, key: str) -> tuple[int, str] | None:
         """``key``'s MTP layer and its name relative to that layer (Qwen's parts besides the
         decoder layers: layer 0); None: not an MTP weight."""
+        if self.naming is MtpNaming.DEEPSEEK_V4:
+            v4 = _V4_KEY.match(key)
+            return None if v4 is None else (0, v4[1])
         if self.naming in _LAYER_KEYS:
             match = _LAYER_KEYS[self.naming].match(key)
             first = self.first_layer if self.naming in _AFTER_TARGET else 0
@@ -170,6 +180,8 @@ class MtpNames:
         if split is None:
             return None
         layer, rest = split
+        if self.naming is MtpNaming.DEEPSEEK_V4:  # as stored: the drafter's sanitize names it
+            return rest
         if self.naming is MtpNaming.NEMOTRON:
             block = _NEMOTRON_BLOCK.match(rest)
             part = None if block is None else _NEMOTRON_PARTS.get(block[1])
@@ -223,7 +235,10 @@ def _nemotron_pattern(text: dict[str, Any]) -> tuple[str, ...]:
 
 def mtp_refusal(model_type: str) -> str | None:
     """Why a checkpoint of ``model_type`` cannot draft with MTP here (None: it can)."""
-    if family(model_type).mtp is not None:
+    record = family(model_type)
+    if record.mtp_refusal is not None:
+        return f"model type '{model_type}': {record.mtp_refusal}"
+    if record.mtp is not None:
         return None
     return f"model type '{model_type}' has no MTP layer ({', '.join(MTP_FAMILIES)} do)"
 
@@ -324,6 +339,8 @@ def _converted(
         return _stacked_experts(weights)
     if naming is MtpNaming.GLM5_NEXT:
         return _sanitized_by_glm5_drafter(weights, text)
+    if naming is MtpNaming.DEEPSEEK_V4:
+        return _sanitized_by_v4_drafter(weights, text)
     if naming is not MtpNaming.QWEN:
         return _sanitized_by_target(weights, text)
     if not hugging_face_layout(headers):
@@ -371,6 +388,20 @@ def _sanitized_by_glm5_drafter(
     drafter: Any = SimpleNamespace(args=text.args)  # all its ``sanitize`` reads of itself
     converted = Glm5NextMTPDraftModel.sanitize(drafter, theirs)
     return {_renamed(k, "mtp_block.", "layers.0."): v for k, v in converted.items()}
+
+
+def _sanitized_by_v4_drafter(weights: dict[str, mx.array], text: nn.Module) -> dict[str, mx.array]:
+    """DeepSeek V4's MTP weights (its release's names) through mlx-vlm's ``deepseek_v4_mtp``
+    drafter's own ``sanitize`` (it reads the text config alone): its block ``decoder.`` there,
+    our ``layers.0.``; the other parts keep the drafter's names (``e_proj``, ``hc_head.fn`` ...),
+    which ``DeepseekV4MtpHead`` has too. The target's ``sanitize`` drops ``mtp.*``."""
+    from types import SimpleNamespace
+
+    from mlx_vlm.speculative.drafters.deepseek_v4_mtp import DeepseekV4MTPDraftModel
+
+    drafter: Any = SimpleNamespace(args=text.args)  # all its ``sanitize`` reads of itself
+    converted = DeepseekV4MTPDraftModel.sanitize(drafter, weights)
+    return {_renamed(k, "decoder.", "layers.0."): v for k, v in converted.items()}
 
 
 def _renamed(key: str, prefix: str, replacement: str) -> str:

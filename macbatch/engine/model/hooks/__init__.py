@@ -29,6 +29,7 @@ from macbatch.engine.model.hooks import (
     reused_kv,
     row_positions,
     scalar_offsets,
+    shared_kv_window,
     softcap_attention,
     ssm_cut,
     token_history,
@@ -105,6 +106,13 @@ HOOKS: tuple[Hook, ...] = (
         "mlx-vlm's DeepSeek V4 indexer selects by HISA (the top-k inside the best blocks of rows) "
         "past 1,024 compressed rows, where DeepSeek's reference takes the top-k of every row",
         lambda target: flat_topk.install(target.layers),
+    ),
+    Hook(
+        "shared_kv_window",
+        "DeepSeek V4's uncompressed attention (its MTP layer's) writes one key, its value too, "
+        "with an empty value and attends with its window's array mask; the packed step pages it "
+        "as one K/V head and attends over the pages with the window and sinks",
+        lambda target: shared_kv_window.install(target.layers),
     ),
     Hook(
         "row_positions",

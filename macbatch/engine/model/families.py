@@ -140,6 +140,10 @@ class Vision:
     # mlx-vlm scales the token rows, then scatters the image features in as they come), where
     # mlx-lm's text model scales every row it is given (``ModelAdapter``)
     scaled_rows: bool = False
+    # the text the processor expands into one image where it names no token for it (InternVL's
+    # ``<image>``, which its processor replaces by the image's tiles' rows); None: the
+    # processor's begin-of-image or image token
+    placeholder: str | None = None
 
 
 class EncoderNaming(Enum):
@@ -287,7 +291,7 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("llmjpvl", "granite_vision")
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
@@ -535,6 +539,8 @@ FAMILIES: dict[str, Family] = {
         "ids, and reads only a prompt's first image (tests/vision/test_llava_next_images.py), "
         "where the engine gives each image token one row; text is served",
     ),
+    # dynamic tiles and a thumbnail, pixel-shuffled; its processor expands ``<image>``
+    "internvl_chat": Family(library=Library.MLX_VLM, vision=Vision(placeholder="<image>")),
     # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
     "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),

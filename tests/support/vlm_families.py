@@ -1,5 +1,5 @@
 """The tiny VLM families the family-generic vision tests run over (Mistral 3, Gemma 3, Gemma 4,
-Idefics 3, SmolVLM, LLaVA-OneVision, Aya Vision, InternVL chat: tests/support/tiny_vlm*.py),
+Idefics 3, SmolVLM, LLaVA-OneVision, Aya Vision, InternVL 2.5 and 3: tests/support/tiny_vlm*.py),
 and ``TinyVlm``, the value of the ``family_vlm`` fixture that test modules name in their
 signatures; here so they need not import tests/vision/conftest.py."""
 
@@ -41,4 +41,5 @@ TINY_VLMS = {
     "llava_onevision": (tiny_vlm_onevision.save_tiny_onevision, tiny_vlm_onevision.rendered),
     "aya_vision": (tiny_vlm_aya.save_tiny_aya, tiny_vlm_aya.rendered),
     "internvl_chat": (tiny_vlm_internvl.save_tiny_internvl, tiny_vlm_internvl.rendered),
+    "internvl": (tiny_vlm_internvl.save_tiny_internvl3, tiny_vlm_internvl.rendered),
 }

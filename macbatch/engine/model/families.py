@@ -298,7 +298,7 @@ _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (te
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
     "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "indic_ocr", "internvl",
+    "fastvlm", "got", "granite4_vision", "indic_ocr",
     "jina_vlm", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
     "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
@@ -551,8 +551,12 @@ FAMILIES: dict[str, Family] = {
             "one row; text is served",
         ),
     ),
-    # dynamic tiles and a thumbnail, pixel-shuffled; its processor expands ``<image>``
-    "internvl_chat": Family(library=Library.MLX_VLM, vision=Vision(placeholder="<image>")),
+    # InternVL 2.5 and 3: dynamic tiles and a thumbnail, pixel-shuffled; their processor
+    # expands ``<image>``
+    **dict.fromkeys(
+        ("internvl_chat", "internvl"),
+        Family(library=Library.MLX_VLM, vision=Vision(placeholder="<image>")),
+    ),
     # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
     "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),
     "gemma3": Family(vision=Vision()),

@@ -253,14 +253,18 @@ _HELD_NAMES = frozenset(
 )  # fmt: skip
 
 
-def vlm_text_model(family: str, seed: int = 0, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+def vlm_text_model(
+    family: str, seed: int = 0, vision: dict[str, Any] | None = None, **overrides: Any
+) -> tuple[Any, dict[str, Any]]:
     """mlx-vlm's own model of the tiny ``family`` (float32, random weights of ``seed``) and its
-    config.json, ``overrides`` merged into it (for a VLM: into its text config); a family not in
-    ``CONFIGS`` gets its derived config (``vlm_architectures.py``)."""
+    config.json, ``overrides`` merged into it (for a VLM: into its text config, ``vision`` into
+    its vision config); a family not in ``CONFIGS`` gets its derived config
+    (``vlm_architectures.py``)."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     config = copy.deepcopy(CONFIGS[family]) if family in CONFIGS else vlm_config(family)
     config.get("text_config", config).update(overrides)
+    config.get("vision_config", {}).update(vision or {})
     module, _ = get_model_and_args(copy.deepcopy(config))
     mx.random.seed(seed)
     # its config objects as mlx-vlm's loader makes them (the parts' own classes)

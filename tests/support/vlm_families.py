@@ -1,7 +1,7 @@
 """The tiny VLM families the family-generic vision tests run over (Mistral 3, Gemma 3, Gemma 4,
-Idefics 3, SmolVLM, LLaVA-OneVision, Aya Vision: tests/support/tiny_vlm*.py), and ``TinyVlm``,
-the value of the ``family_vlm`` fixture that test modules name in their signatures; here so they
-need not import tests/vision/conftest.py."""
+Idefics 3, SmolVLM, LLaVA-OneVision, Aya Vision, InternVL 2.5 and 3: tests/support/tiny_vlm*.py),
+and ``TinyVlm``, the value of the ``family_vlm`` fixture that test modules name in their
+signatures; here so they need not import tests/vision/conftest.py."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.support import (
     tiny_vlm_gemma3,
     tiny_vlm_gemma4,
     tiny_vlm_idefics3,
+    tiny_vlm_internvl,
     tiny_vlm_onevision,
 )
 from tests.support.tiny_vlm import save_tiny_vlm
@@ -39,4 +40,6 @@ TINY_VLMS = {
     "smolvlm": (tiny_vlm_idefics3.save_tiny_smolvlm, tiny_vlm_idefics3.rendered),
     "llava_onevision": (tiny_vlm_onevision.save_tiny_onevision, tiny_vlm_onevision.rendered),
     "aya_vision": (tiny_vlm_aya.save_tiny_aya, tiny_vlm_aya.rendered),
+    "internvl_chat": (tiny_vlm_internvl.save_tiny_internvl, tiny_vlm_internvl.rendered),
+    "internvl": (tiny_vlm_internvl.save_tiny_internvl3, tiny_vlm_internvl.rendered),
 }

@@ -1,6 +1,6 @@
 """The tiny VLMs (tests/support/tiny_vlm*.py: Mistral 3, Gemma 3, Gemma 4, Idefics 3, SmolVLM,
-LLaVA-OneVision, Aya Vision) saved once per session, their images on disk, and mlx-vlm's own
-greedy generation as the oracle."""
+LLaVA-OneVision, Aya Vision, InternVL 2.5 and 3) saved once per session, their images on disk, and
+mlx-vlm's own greedy generation as the oracle."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""LLaVA-NeXT's images stay refused, for a measured reason: mlx-vlm's LLaVA-NeXT (the oracle)
-does not put one row at each image token as its processor counts them (AnyRes features unpadded,
-a newline per row): it puts a whole crop's rows, then blocks of its newline row, in place of each
-image token, so its input has more rows than the prompt has ids, and it reads only the first
-image of a prompt. The engine gives each image token one row. Text is served."""
+"""LLaVA-NeXT's and Granite Vision's images stay refused, for a measured reason: mlx-vlm's
+LLaVA-NeXT and Granite Vision (a LLaVA-NeXT: the oracle) do not put one row at each image token
+as their processors count them (AnyRes features unpadded, a newline per row): they put a whole
+crop's rows, then blocks of the newline row, in place of each image token, so their input has
+more rows than the prompt has ids, and they read only the first image of a prompt. The engine
+gives each image token one row. Text is served."""
 
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ from tests.support.tiny_vlm_text import vlm_text_model
 pytest.importorskip("mlx_vlm")
 
 
-def test_each_image_token_takes_a_whole_crop_of_rows() -> None:
-    model, config = vlm_text_model("llava_next")
+FAMILIES = ["llava_next", "granite_vision"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_image_token_takes_a_whole_crop_of_rows(name: str) -> None:
+    model, config = vlm_text_model(name)
     token = config["image_token_index"]
     crops, side = 3, config["vision_config"]["image_size"]
     per_crop = (side // config["vision_config"]["patch_size"]) ** 2  # CLS dropped ("default")
@@ -32,9 +37,10 @@ def test_each_image_token_takes_a_whole_crop_of_rows() -> None:
         assert rows == len(text) + placeholders * per_crop != ids.shape[1]
 
 
-def test_images_are_refused_with_the_reason(tmp_path: Path) -> None:
-    _, config = vlm_text_model("llava_next")
+@pytest.mark.parametrize("name", FAMILIES)
+def test_images_are_refused_with_the_reason(tmp_path: Path, name: str) -> None:
+    _, config = vlm_text_model(name)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    reason = unavailable_reason(tmp_path, "tiny-llava-next") or ""
+    reason = unavailable_reason(tmp_path, f"tiny-{name}") or ""
     assert "outnumbering the prompt's ids" in reason
-    assert family("llava_next").vision is None
+    assert family(name).vision is None

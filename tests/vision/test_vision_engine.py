@@ -1,9 +1,9 @@
 """Images in the packed step, for each family of ``TINY_VLMS`` (Mistral 3; Gemma 3 and Aya
 Vision, whose window layers see image rows too; Gemma 4; Idefics 3, SmolVLM, LLaVA-OneVision,
-whose images are several tiles): greedy ids equal mlx-vlm's own generation with several prompts
-and images in flight, an image request beside text ones, prefill chunks that split an image's
-rows, and a second pass that hits the encode cache and the prefix cache (different images never
-share blocks)."""
+InternVL 2.5 and 3, whose images are several tiles): greedy ids equal mlx-vlm's own generation with
+several prompts and images in flight, an image request beside text ones, prefill chunks that
+split an image's rows, and a second pass that hits the encode cache and the prefix cache
+(different images never share blocks)."""
 
 from __future__ import annotations
 

@@ -146,6 +146,10 @@ class Vision:
     # mlx-vlm scales the token rows, then scatters the image features in as they come), where
     # mlx-lm's text model scales every row it is given (``ModelAdapter``)
     scaled_rows: bool = False
+    # the text the processor expands into one image where it names no token for it (InternVL's
+    # ``<image>``, which its processor replaces by the image's tiles' rows); None: the
+    # processor's begin-of-image or image token
+    placeholder: str | None = None
 
 
 class EncoderNaming(Enum):
@@ -296,15 +300,15 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
                "qwen3_5_text", "qwen3_5_moe_text", "decider2")  # fmt: skip
 # VLMs whose text is served (checked the same way) and whose images are not checked yet; Step 3.7
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
-_VLM_TEXT_SERVED = ("internvl_chat", "llmjpvl", "granite_vision")
+_VLM_TEXT_SERVED = ("llmjpvl",)
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
 # code sizing its towers itself); their images are not checked yet
 _VLM_TEXT_CHECKED = (
     "deepseek_vl_v2", "deepseekocr", "deepseekocr_2", "dots_ocr", "falcon_ocr",
-    "fastvlm", "got", "granite4_vision", "indic_ocr", "internvl",
-    "jina_vlm", "llava_bunny", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
+    "fastvlm", "got", "granite4_vision", "indic_ocr",
+    "jina_vlm", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
     "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
 )  # fmt: skip
@@ -563,12 +567,30 @@ FAMILIES: dict[str, Family] = {
     ),
     # AnyRes tiles unpadded to the image's aspect, a learned newline row after each row of them
     "llava_onevision": Family(library=Library.MLX_VLM, vision=Vision()),
-    "llava_next": Family(
+    "llava_bunny": Family(
         library=Library.MLX_VLM,
-        vision_refusal="mlx-vlm's LLaVA-NeXT puts a whole crop's rows (or a block of newline rows) "
-        "in place of each image token the processor expands, its rows outnumbering the prompt's "
-        "ids, and reads only a prompt's first image (tests/vision/test_llava_next_images.py), "
-        "where the engine gives each image token one row; text is served",
+        vision_refusal="mlx-vlm's Bunny puts its 729 image rows in place of one image id the "
+        "processor never expands, its rows outnumbering the prompt's ids, and reads only a "
+        "prompt's first image (tests/vision/test_llava_bunny_images.py), where the engine gives "
+        "each image token one row; text is served",
+    ),
+    # mlx-vlm's Granite Vision merges its image rows as its LLaVA-NeXT does
+    **dict.fromkeys(
+        ("llava_next", "granite_vision"),
+        Family(
+            library=Library.MLX_VLM,
+            vision_refusal="mlx-vlm's LLaVA-NeXT puts a whole crop's rows (or a block of newline "
+            "rows) in place of each image token the processor expands, its rows outnumbering the "
+            "prompt's ids, and reads only a prompt's first image "
+            "(tests/vision/test_llava_next_images.py), where the engine gives each image token "
+            "one row; text is served",
+        ),
+    ),
+    # InternVL 2.5 and 3: dynamic tiles and a thumbnail, pixel-shuffled; their processor
+    # expands ``<image>``
+    **dict.fromkeys(
+        ("internvl_chat", "internvl"),
+        Family(library=Library.MLX_VLM, vision=Vision(placeholder="<image>")),
     ),
     # GOT-OCR 2 tiles and a global one, pixel-shuffled; Cohere 2's sliding-window layers
     "aya_vision": Family(library=Library.MLX_VLM, vision=Vision()),

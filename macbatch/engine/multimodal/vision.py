@@ -235,9 +235,10 @@ class VisionEncoder:
         found = self.cache.get(image.digest)
         if found is not None:
             return found
-        # the text the processor expands into one image's rows (``Vision.boi_placeholder``)
+        # the text the processor expands into one image's rows (``Vision.placeholder``,
+        # ``Vision.boi_placeholder``)
         boi = getattr(self.processor, "boi_token", None) if self.rules.boi_placeholder else None
-        inputs = self._inputs(boi or self.processor.image_token, [image])
+        inputs = self._inputs(self.rules.placeholder or boi or self.processor.image_token, [image])
         ids = inputs.pop("input_ids")
         mask = inputs.pop("attention_mask", None)  # as mlx-vlm's generate passes it (gemma3's)
         features = self.rules.features

@@ -124,6 +124,7 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
     from macbatch.engine.model.families import (
         ENCODER_DOES_NOT_GENERATE,
         family,
+        library_type,
         unsupported_reason,
     )
 
@@ -136,7 +137,7 @@ def load_model(name: str, lazy: bool = False) -> tuple[nn.Module, TokenizerWrapp
         declared = read_model_config(target)
         model_type = str(declared.get("model_type"))
         reason = unsupported_reason(model_type, declared.get("architectures"))
-        if family(model_type).encoder is not None:
+        if family(library_type(model_type)).encoder is not None:
             reason = ENCODER_DOES_NOT_GENERATE
         if reason:
             raise UnsupportedModelError(
@@ -208,9 +209,9 @@ def load_checkpoint(path: Path, lazy: bool) -> tuple[nn.Module, dict[str, Any]]:
     mlx-vlm's loader's (``model/vlm_text.py``)."""
     from mlx_lm.utils import load_model
 
-    from macbatch.engine.model.families import Library, family
+    from macbatch.engine.model.families import Library, family, library_type
 
-    model_type = str(read_model_config(path).get("model_type"))
+    model_type = library_type(str(read_model_config(path).get("model_type")))
     if family(model_type).library is Library.MLX_VLM:
         from macbatch.engine.model.vlm_text import load_vlm_checkpoint
 

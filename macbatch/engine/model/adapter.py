@@ -32,7 +32,12 @@ import mlx.nn as nn
 
 from macbatch.engine.model import hooks
 from macbatch.engine.model.batch import PackedBatch
-from macbatch.engine.model.families import family, remapped_types, unsupported_reason
+from macbatch.engine.model.families import (
+    family,
+    library_type,
+    remapped_types,
+    unsupported_reason,
+)
 from macbatch.engine.model.flat_model import FlatTransformer, is_flat
 from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
 from macbatch.engine.model.hooks.latent_attention import latent_modules
@@ -109,7 +114,7 @@ def model_type_of(model: nn.Module) -> str:
     model_type = getattr(getattr(model, "args", None), "model_type", None) or getattr(
         model, "model_type", module
     )
-    return module if module in remapped_types(str(model_type)) else str(model_type)
+    return module if module in remapped_types(str(model_type)) else library_type(str(model_type))
 
 
 class ModelAdapter:

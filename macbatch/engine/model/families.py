@@ -636,6 +636,23 @@ def family(model_type: str) -> Family:
     return FAMILIES.get(model_type, _PLAIN)
 
 
+def library_type(model_type: str) -> str:
+    """The table's key for a checkpoint's ``model_type``: itself, or the mlx-vlm family it is
+    another name of (mlx-vlm's ``MODEL_REMAPPING``, for the names the table does not hold:
+    real checkpoints say ``phi4-siglip``, ``cohere2_vision`` (Command A Vision, run by Aya
+    Vision's code), ``lfm2-vl``, ``llava-qwen2``, which mlx-vlm loads under its module's name
+    and the table would otherwise take for mlx-lm's). Called where a checkpoint is loaded; it
+    imports mlx-vlm, so ``family`` itself does not."""
+    if model_type in FAMILIES:
+        return model_type
+    try:
+        from mlx_vlm.utils import MODEL_REMAPPING
+    except ImportError:
+        return model_type
+    alias = str(MODEL_REMAPPING.get(model_type, ""))
+    return alias if family(alias).library is Library.MLX_VLM else model_type
+
+
 def checkpoint_type(model_type: str, architectures: Sequence[str] | str | None = None) -> str:
     """The table's key for a checkpoint's config: its ``model_type``, or the mlx-lm module its
     architecture selects where mlx-lm decides on both (``MODEL_ARCHITECTURE_REMAPPING``: Ling
@@ -648,7 +665,7 @@ def checkpoint_type(model_type: str, architectures: Sequence[str] | str | None =
         remapped = MODEL_ARCHITECTURE_REMAPPING.get((model_type, name))
         if remapped is not None:
             return str(remapped)
-    return model_type
+    return library_type(model_type)
 
 
 def remapped_types(model_type: str) -> set[str]:

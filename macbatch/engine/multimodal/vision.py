@@ -24,7 +24,7 @@ import mlx.nn as nn
 import numpy as np
 
 from macbatch.engine.model.config_file import BadConfig, read_model_config
-from macbatch.engine.model.families import ImageFeatures, family, vision_families
+from macbatch.engine.model.families import ImageFeatures, family, library_type, vision_families
 from macbatch.engine.model.image_blocks import runs, step_blocks
 from macbatch.engine.multimodal.deepstack import install_deepstack
 from macbatch.engine.multimodal.images import VISION_EXTRA, Image
@@ -47,7 +47,7 @@ def unavailable_reason(path: Path | str, model_name: str) -> str | None:
     model_type = config.get("model_type", "?")
     if not _has_tower(config):
         return f"model '{model_name}' is a text-only model ({model_type}); it cannot read images"
-    rules = family(model_type)
+    rules = family(library_type(model_type))
     if rules.vision_refusal is not None:
         return f"images for '{model_type}' models are not supported yet: {rules.vision_refusal}"
     if rules.vision is None:
@@ -151,7 +151,7 @@ class VisionEncoder:
         self.model = vlm
         config = vlm.config
         self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
-        kind = family(config.model_type)
+        kind = family(library_type(config.model_type))
         rules = kind.vision
         assert rules is not None, "unavailable_reason refuses the families without images"
         self.rules = rules

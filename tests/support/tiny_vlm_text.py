@@ -280,6 +280,13 @@ def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any
     """The tiny ``family`` checkpoint (``vlm_text_model``) in ``path``, saved under mlx-vlm's
     names (or, for the families of ``CONFIGS`` not held under them, their Hugging Face ones)."""
     model, config = vlm_text_model(family, seed, **overrides)
+    return save_vlm_model(path, family, model, config)
+
+
+def save_vlm_model(path: Path, family: str, model: Any, config: dict[str, Any]) -> Path:
+    """``model`` (mlx-vlm's, of ``family``) and its ``config`` as a checkpoint in ``path``, under
+    the names ``save_vlm_text_model`` uses: apart from it for a model changed after it was built
+    (benchmarks/dflash.py's target, its layers scaled to agree with a drafter)."""
     weights = dict(tree_flatten(model.parameters()))
     if family in CONFIGS and family not in _HELD_NAMES:
         weights = {key.removeprefix("language_model."): v for key, v in weights.items()}

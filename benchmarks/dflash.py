@@ -141,26 +141,32 @@ def mlx_vlm_dflash(target: Path, drafter: Path) -> tuple[PeerRun, Any]:
     return run, draft
 
 
-def peer_request(layers: int, vocab: int, scale: float, tokens: int, repeat: int) -> None:
+def peer_request(
+    layers: int, vocab: int, scale: float, tokens: int, warm: int, repeat: int
+) -> None:
     """Part 4 on checkpoints in a folder kept until it ends (MLX reads weights lazily)."""
     with tempfile.TemporaryDirectory() as root:
         target, drafter = peer_checkpoints(Path(root), layers, vocab, scale)
-        peer_rounds(target, drafter, layers, vocab, tokens, repeat)
+        peer_rounds(target, drafter, layers, vocab, tokens, warm, repeat)
 
 
 def peer_rounds(
-    target: Path, drafter: Path, layers: int, vocab: int, tokens: int, repeat: int
+    target: Path, drafter: Path, layers: int, vocab: int, tokens: int, warm: int, repeat: int
 ) -> None:
     """Part 4: macbatch's DFlash (``Engine.load`` of the target, ``--draft-model`` the drafter;
     prefix cache off, as mlx-vlm prefills each request whole) vs mlx-vlm's own, one request,
-    ``repeat`` rounds whose order alternates; every round's tokens of both must be equal."""
+    ``repeat`` rounds whose order alternates, after ``warm`` untimed whole requests of each (the
+    engine's policy starts a request at 4 drafts and doubles them while all hold, until 8
+    verifications have held: then at the full 15; mlx-vlm starts at its block ceiling); every
+    round's tokens of both must be equal."""
     peer, draft = mlx_vlm_dflash(target, drafter)
     config = EngineConfig(
         speculative="dflash", draft_model=str(drafter), num_blocks=256, enable_prefix_caching=False
     )
     engine = Engine.load(str(target), config)
     prompt = synthetic_prompts(1, 32, 32, vocab, seed=3)[0]
-    peer(prompt, 4), timed(engine, [prompt], 4)
+    for _ in range(warm):
+        peer(prompt, tokens), timed(engine, [prompt], tokens)
     replies: dict[str, list[list[int]]] = {"mlx-vlm": [], "macbatch": []}
 
     def run_peer() -> None:
@@ -180,8 +186,9 @@ def peer_rounds(
     total = tokens * repeat
     print(
         f"4. one request, {tokens} new tokens after 32 (whole request, prefill included), "
-        f"{repeat} rounds, arms alternating; Qwen3.5-shaped target ({layers} layers, mlx-vlm's "
-        "qwen3_5_text), DFlash drafter of blocks of 16, both from the same checkpoints"
+        f"{repeat} rounds after {warm} untimed, arms alternating; Qwen3.5-shaped target "
+        f"({layers} layers, mlx-vlm's qwen3_5_text), DFlash drafter of blocks of 16, both from "
+        "the same checkpoints"
     )
     for name, (wall, cpu) in sums.items():
         print(f"   {name} DFlash: {total / wall:.2f} tok/s wall, {total / cpu:.2f} tok/s CPU")
@@ -241,7 +248,8 @@ def main() -> None:
     if {1, 2, 3} - skip:  # the Qwen3 target only where a part of it runs
         drafter_parts(args, skip)
     if args.peer:
-        peer_request(args.layers, args.vocab, args.residual_scale, args.tokens, args.repeat)
+        scale = args.residual_scale
+        peer_request(args.layers, args.vocab, scale, args.tokens, args.warm, args.repeat)
     print("load average after: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg()))
 
 

@@ -75,10 +75,14 @@ def rebuild(data: np.ndarray, fresh: list[Any]) -> list[Any] | None:
     """``fresh`` (new caches of the family's kind) holding the checkpoint ``payload`` wrote
     into ``data`` (1-D uint8); None when ``data`` is not a payload of these caches."""
     try:
-        length = int.from_bytes(data[:_LENGTH_BYTES].tobytes(), "little")
-        records = json.loads(data[_LENGTH_BYTES : _LENGTH_BYTES + length].tobytes())
-    except ValueError:
+        return _rebuilt(data, fresh)
+    except (ValueError, TypeError, KeyError, AttributeError):  # a header not of this format
         return None
+
+
+def _rebuilt(data: np.ndarray, fresh: list[Any]) -> list[Any] | None:
+    length = int.from_bytes(data[:_LENGTH_BYTES].tobytes(), "little")
+    records = json.loads(data[_LENGTH_BYTES : _LENGTH_BYTES + length].tobytes())
     parts = [p for cache in fresh for p in cache_parts(cache)]
     if not isinstance(records, list) or len(records) != len(parts):
         return None
@@ -87,10 +91,16 @@ def rebuild(data: np.ndarray, fresh: list[Any]) -> list[Any] | None:
         scalars, shapes = record["scalars"], record["arrays"]
         if record["class"] != _name(part) or {*scalars, *shapes} != set(vars(part)):
             return None
+        if not all(_scalar(value) for value in scalars.values()):
+            return None
         for name, value in scalars.items():
             setattr(part, name, value)
         for name, (dtype_name, shape) in shapes.items():
-            dtype = getattr(mx, dtype_name)
+            dtype = getattr(mx, str(dtype_name))
+            if not isinstance(dtype, mx.Dtype) or not all(
+                isinstance(n, int) and n >= 0 for n in shape
+            ):
+                return None
             size = math.prod(shape) * dtype.size
             if at + size > data.size:
                 return None

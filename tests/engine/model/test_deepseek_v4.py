@@ -129,6 +129,25 @@ def test_a_held_checkpoint_rebuilds_only_into_caches_of_its_kind(served) -> None
                 assert getattr(now, name) == value, name
     assert rebuild(data, tiny_v41().make_cache()) is None
     assert rebuild(data[:-1], store.new_caches()) is None
+    # headers of another shape (the files' checksums hold, the payload is not this format's)
+    length = int.from_bytes(data[:8].tobytes(), "little")
+    records = json.loads(data[8 : 8 + length].tobytes())
+    array_field = next(name for name, _ in records[0]["arrays"].items())
+    for broken in (
+        [records[0] | {"scalars": None}, *records[1:]],  # no mapping
+        [records[0] | {"scalars": records[0]["scalars"] | {"offset": [1]}}, *records[1:]],
+        [{**records[0], "arrays": {**records[0]["arrays"], array_field: ["array", [1]]}}],
+        [{**records[0], "arrays": {**records[0]["arrays"], array_field: ["float32", [-1]]}}],
+    ):
+        header = json.dumps(broken + records[len(broken) :]).encode()
+        forged = np.concatenate(
+            [
+                np.frombuffer(len(header).to_bytes(8, "little") + header, np.uint8),
+                data[8 + length :],
+            ]
+        )
+        assert rebuild(forged, store.new_caches()) is None
+    assert rebuild(data[:5], store.new_caches()) is None
     odd = store.new_caches()
     assert writable(odd)
     cache_parts(odd[0])[0].transaction = {"length": 1}  # neither an array nor a scalar

@@ -13,6 +13,16 @@ import mlx.core as mx
 
 from tests.support.tiny import randomize, save_checkpoint
 
+# the rescaling and normalizing fields the tiny VLMs' image processors share (pixels to [-1, 1])
+HALF_NORMALIZED: dict[str, Any] = {
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_convert_rgb": True,
+}
+
 
 @dataclass(frozen=True)
 class TinyVlmFamily:

@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.demo.vision import random_vlm, write_configs
 from tests.support.tiny_vlm import saved_tokenizer
+from tests.support.tiny_vlm_family import HALF_NORMALIZED
 
 VOCAB_SIZE = 32832
 HIDDEN = 64
@@ -122,12 +123,7 @@ def _image_processor() -> dict[str, Any]:
         "processor_class": "Gemma3Processor",
         "size": {"height": 64, "width": 64},
         "do_resize": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_convert_rgb": True,
+        **HALF_NORMALIZED,
         "do_pan_and_scan": False,
         "resample": 2,
     }

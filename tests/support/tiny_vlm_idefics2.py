@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.demo.vision import random_vlm, write_configs
 from tests.support.tiny_vlm import saved_tokenizer
+from tests.support.tiny_vlm_family import HALF_NORMALIZED
 from tests.support.tiny_vlm_idefics3 import CHAT_TEMPLATE, TURN, rendered
 
 __all__ = ["rendered", "save_tiny_idefics2"]
@@ -93,12 +94,7 @@ def _image_processor() -> dict[str, Any]:
         "do_resize": True,
         "size": {"shortest_edge": 16, "longest_edge": 32},
         "do_image_splitting": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_convert_rgb": True,
+        **HALF_NORMALIZED,
         "do_pad": True,
         "resample": 2,
     }

@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.demo.vision import random_vlm, write_configs
 from tests.support.tiny_vlm import saved_tokenizer
+from tests.support.tiny_vlm_family import HALF_NORMALIZED
 
 VOCAB_SIZE = 32832
 TILE = 32  # pixels: the tower's image size and the processor's tile
@@ -105,12 +106,7 @@ def _image_processor(name: str) -> dict[str, Any]:
         "size": {"longest_edge": 2 * TILE},
         "max_image_size": {"longest_edge": TILE},
         "do_image_splitting": True,
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_convert_rgb": True,
+        **HALF_NORMALIZED,
         "do_pad": True,
         "resample": 1,
     }

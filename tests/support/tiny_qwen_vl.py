@@ -33,13 +33,26 @@ _GLM_PROCESSORS = {
 # each family's image span: the text an image part renders as (its processor expands the pad)
 IMAGE_SPANS = {
     **dict.fromkeys(
-        ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"),
+        ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_omni_moe"),
         "<|vision_start|><|image_pad|><|vision_end|>",
     ),
     **dict.fromkeys(GLM, "<|begin_of_image|><|image|><|end_of_image|>"),
 }
-# the tokens added to the Qwen3 tokenizer (GLM-4V's; within VOCAB_SIZE)
-_ADDED = dict.fromkeys(GLM, ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>"])
+# the tokens added to the Qwen3 tokenizer (GLM-4V's; Qwen3-Omni's audio ones; within VOCAB_SIZE)
+_ADDED = {
+    **dict.fromkeys(GLM, ["<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>"]),
+    "qwen3_omni_moe": ["<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"],
+}
+# Qwen3-Omni's processor reads its modalities' tokens as the tokenizer's named special tokens
+_OMNI_NAMED = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 # GLM-4V MoE's text model: a dense first layer, then four experts (two a token) and a shared one
 _GLM_MOE = dict(
     moe_intermediate_size=32,
@@ -78,6 +91,8 @@ def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]
         return _qwen3_5_config(tokens)
     if family == "qwen3_vl":
         return _qwen3_vl_config(tokens)
+    if family == "qwen3_omni_moe":
+        return _qwen3_omni_config(tokens)
     text = dict(
         model_type=family,
         hidden_size=32,
@@ -239,6 +254,63 @@ def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
     return _with_tokens("qwen3_vl", text, _qwen3_vision("qwen3_vl", [0, 1]), tokens)
 
 
+def _qwen3_omni_config(tokens: dict[str, int]) -> dict[str, Any]:
+    """Qwen3-Omni's thinker (a dense first text layer, then four experts, two a token; DeepStack
+    from the tower's layer 0) and a one-layer audio tower; no talker (``enable_audio_output``
+    off), though its config is parsed."""
+    text = dict(
+        model_type="qwen3_omni_moe_text",
+        hidden_size=32,
+        num_hidden_layers=3,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[0],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        # head_dim 16: 8 frequencies, interleaved T H W T H W T T
+        rope_scaling={"type": "default", "mrope_section": [3, 3, 2], "interleaved": True},
+        tie_word_embeddings=False,
+    )
+    vision = dict(_qwen3_vision("qwen3_omni_moe_vision_encoder", [0]), image_size=56)
+    audio = dict(
+        d_model=32,
+        encoder_layers=1,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        num_hidden_layers=1,
+        output_dim=32,
+        downsample_hidden_size=16,
+    )
+    thinker = dict(
+        model_type="qwen3_omni_moe_thinker",
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        image_token_id=tokens["<|image_pad|>"],
+        video_token_id=tokens["<|video_pad|>"],
+        audio_token_id=tokens["<|audio_pad|>"],
+        audio_start_token_id=tokens["<|audio_start|>"],
+        audio_end_token_id=tokens["<|audio_end|>"],
+        vision_start_token_id=tokens["<|vision_start|>"],
+        vision_end_token_id=tokens["<|vision_end|>"],
+    )
+    return dict(
+        model_type="qwen3_omni_moe",
+        thinker_config=thinker,
+        talker_config={"text_config": text},
+        enable_audio_output=False,
+        eos_token_id=151645,
+    )
+
+
 def _qwen3_vision(family: str, deepstack: list[int]) -> dict[str, Any]:
     """Qwen3.5's and Qwen3-VL's vision tower (one more layer than the DeepStack taps)."""
     return dict(
@@ -292,6 +364,8 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
         tokenizer.add_special_tokens({"additional_special_tokens": _ADDED[family]})
     tokenizer.chat_template = _TEMPLATE.replace("SPAN", IMAGE_SPANS[family])
     tokenizer.save_pretrained(path)
+    if family == "qwen3_omni_moe":
+        _name_special_tokens(path / "tokenizer_config.json", _OMNI_NAMED)
     names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
     names += ["<|vision_pad|>", *_ADDED.get(family, [])]
     tokens = {n: tokenizer.convert_tokens_to_ids(n) for n in names}
@@ -312,7 +386,26 @@ def save_tiny_qwen_vl(path: Path, seed: int = 0, family: str = "qwen2_5_vl") -> 
     return path
 
 
+def _name_special_tokens(config_file: Path, named: dict[str, str]) -> None:
+    """Give the saved tokenizer named special tokens (``tokenizer.image_token`` ...), as Qwen3-
+    Omni's real tokenizer config does under ``extra_special_tokens``."""
+    config = json.loads(config_file.read_text())
+    config["extra_special_tokens"] = named
+    config_file.write_text(json.dumps(config))
+
+
 def _image_processor(family: str) -> dict[str, Any]:
+    if family == "qwen3_omni_moe":  # its audio's Whisper features beside the image processor's
+        return {
+            **_image_processor("qwen3_vl"),
+            "processor_class": "Qwen3OmniMoeProcessor",
+            "feature_extractor_type": "WhisperFeatureExtractor",
+            "feature_size": 128,
+            "sampling_rate": 16000,
+            "hop_length": 160,
+            "chunk_length": 30,
+            "n_fft": 400,
+        }
     if family in GLM:  # its own processor class and resize bounds
         return {
             **_image_processor("qwen2_vl"),

@@ -42,7 +42,16 @@ def family_vlm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 @pytest.fixture(
     scope="session",
-    params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v", "glm4v_moe", "glm_ocr"],
+    params=[
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_5",
+        "qwen3_omni_moe",
+        "glm4v",
+        "glm4v_moe",
+        "glm_ocr",
+    ],
 )
 def qwen_vl_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2-VL and a tiny Qwen2.5-VL (sectioned M-RoPE), a tiny Qwen3-VL (interleaved

@@ -150,6 +150,9 @@ class Vision:
     # ``<image>``, which its processor replaces by the image's tiles' rows); None: the
     # processor's begin-of-image or image token
     placeholder: str | None = None
+    # the attribute of mlx-vlm's model holding its vision tower, language model and their
+    # config (Qwen3-Omni's ``thinker``, beside its talker); None: the model itself
+    part: str | None = None
 
 
 class EncoderNaming(Enum):
@@ -252,6 +255,10 @@ class Family:
     # counts from 0 (Command A Vision's): 1 (``[B, L]``) or 3 (M-RoPE's ``[3, B, L]``); the
     # adapter hands it each row's position (None: it takes none)
     position_id_axes: int | None = None
+    # its inner transformer evaluates its hidden states between layers (mlx-vlm's Qwen3-Omni:
+    # ``mx.eval(h)`` after every fourth), which ``mx.compile`` cannot trace: its decode steps
+    # run uncompiled (worker/compiled_step.py)
+    evaluates_between_layers: bool = False
     # why a loaded model of the family is refused for its config (its ``args``), or None: what
     # the family's library itself computes wrongly has no output to match
     config_refusal: Callable[[Any], str | None] | None = None
@@ -318,7 +325,6 @@ _VLM_TEXT_CHECKED = (
 _VLM_POSITION_TEXT = ("cohere_compass", "ernie4_5_moe_vl")
 # those of them whose inner transformer takes M-RoPE position ids (``position_id_axes``; Qwen3-Omni:
 # its thinker's)
-_VLM_MROPE_TEXT = ("qwen3_omni_moe",)
 
 
 # VLMs whose language model is mlx-vlm's own code, tried on tiny models of derived configs
@@ -498,9 +504,18 @@ FAMILIES: dict[str, Family] = {
         _VLM_POSITION_TEXT,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=1),
     ),
-    **dict.fromkeys(
-        _VLM_MROPE_TEXT,
-        Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, position_id_axes=3),
+    # its thinker is Qwen3-VL's image path (interleaved M-RoPE, DeepStack) on mlx-vlm's own MoE
+    # text model, which rotates by the position ids it is handed
+    "qwen3_omni_moe": Family(
+        library=Library.MLX_VLM,
+        vision=Vision(
+            ImageFeatures.TOWER,
+            mrope=MRoPELayout(interleaved=True),
+            deepstack=True,
+            part="thinker",
+        ),
+        position_id_axes=3,
+        evaluates_between_layers=True,
     ),
     # its rope index is Qwen VL's, but its tower is mlx-vlm's ``visual`` (a SigLIP patch
     # embedding and a projector sized 1024 in its code), which the tower call does not read

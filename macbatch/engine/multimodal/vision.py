@@ -147,18 +147,20 @@ class VisionEncoder:
         # replaced by the engine's before anything is evaluated); the vision half loads on use
         vlm, processor = load(str(path), lazy=True)
         self.processor: Any = processor
-        vlm.language_model = text_model
-        self.model = vlm
-        config = vlm.config
-        self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
-        kind = family(library_type(config.model_type))
+        kind = family(library_type(vlm.config.model_type))
         rules = kind.vision
         assert rules is not None, "unavailable_reason refuses the families without images"
         self.rules = rules
+        # the part of mlx-vlm's model that reads images (``Vision.part``: Qwen3-Omni's thinker)
+        vision_part = vlm if rules.part is None else getattr(vlm, rules.part)
+        vision_part.language_model = text_model
+        self.model = vision_part
+        config = vision_part.config
+        self.image_token = int(getattr(config, "image_token_index", None) or config.image_token_id)
         self.mrope = None
         if rules.mrope is not None:  # a text model handed M-RoPE position ids rotates by them
             rotates_itself = kind.position_id_axes == 3
-            self.mrope = MRoPEPositions(vlm, text_model, rules.mrope, rotates_itself)
+            self.mrope = MRoPEPositions(vision_part, text_model, rules.mrope, rotates_itself)
         if rules.deepstack:
             count = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
             if count:

@@ -222,9 +222,12 @@ def compiled_decode(
     None), a distributed group (followers run their own forward), a model with recurrent
     layers (their state rows are gathered and scattered by host-planned slots), a sparse one
     (its indexer's selection is planned on the host from the step's lengths) or a chunked one
-    (its chunks' sequences are too, model/attention_chunks.py).
+    (its chunks' sequences are too, model/attention_chunks.py), or one whose forward evaluates
+    between its layers (``Family.evaluates_between_layers``: a trace cannot).
     ``keeps_hidden``: each step's hidden states are returned too (a drafter reads them);
     ``taps``: the target's layer outputs a drafter records, returned and recorded too."""
     if after is None or distributed or adapter.hybrid or adapter.sparse or adapter.chunked:
+        return None
+    if adapter.family.evaluates_between_layers:
         return None
     return CompiledDecode(adapter, stores, after, keeps_hidden, taps)

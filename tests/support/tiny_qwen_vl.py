@@ -1,5 +1,6 @@
 """A tiny random-weight M-RoPE VLM: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features),
-Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
+Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), Qwen3-Omni (its thinker: DeepStack, a
+MoE text model of mlx-vlm's), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
 own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes
 and saved in the Hugging Face layout with its image processor config, so mlx-vlm's loader and
 processor and the engine's loader all read it offline. Its tokenizer is the vendored real Qwen3

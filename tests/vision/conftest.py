@@ -56,6 +56,7 @@ def family_vlm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def qwen_vl_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2-VL and a tiny Qwen2.5-VL (sectioned M-RoPE), a tiny Qwen3-VL (interleaved
     M-RoPE, DeepStack), a tiny Qwen3.5 (hybrid text model, interleaved partial M-RoPE), a tiny
+    Qwen3-Omni thinker (Qwen3-VL's image path on mlx-vlm's MoE text model), a tiny
     GLM-4V, GLM-4V MoE and GLM-OCR (mlx-vlm's text models, rotating by the M-RoPE position ids
     they are handed)."""
     family = request.param

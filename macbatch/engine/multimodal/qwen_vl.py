@@ -1,5 +1,5 @@
-"""M-RoPE images (Qwen VL: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl`` and Qwen3.5's ``qwen3_5``;
-GLM-4V's ``glm4v``): M-RoPE positions in the packed step.
+"""M-RoPE images (Qwen VL: ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``, Qwen3.5's ``qwen3_5`` and
+Qwen3-Omni's ``qwen3_omni_moe``; GLM-4V's ``glm4v``): M-RoPE positions in the packed step.
 
 Qwen VL's text model rotates each head's frequencies in three sections by three position parts
 (temporal, height, width). A text row's three parts are equal, so mlx-lm's 1-D RoPE gives it;

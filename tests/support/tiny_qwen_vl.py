@@ -1,12 +1,13 @@
 """A tiny random-weight M-RoPE VLM: Qwen2-VL, Qwen2.5-VL, Qwen3-VL (with DeepStack features),
-Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), Qwen3-Omni (its thinker: DeepStack, a
-MoE text model of mlx-vlm's), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's
-own text models, rotating by the position ids they are handed), built from mlx-vlm's own classes
-and saved in the Hugging Face layout with its image processor config, so mlx-vlm's loader and
-processor and the engine's loader all read it offline. Its tokenizer is the vendored real Qwen3
-one (it has Qwen VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens;
-GLM's image tokens are added to it), its vocabulary cut to the tokenizer's size rounded up so the
-embedding stays small."""
+Qwen3.5 (a hybrid: Gated DeltaNet and attention layers), their MoE checkpoints (Qwen3-VL MoE,
+Qwen3.5 MoE: the same towers, routed experts in the text model), Qwen3-Omni (its thinker:
+DeepStack, a MoE text model of mlx-vlm's), GLM-4V, GLM-4V MoE or GLM-OCR (mlx-vlm's own text
+models, rotating by the position ids they are handed), built from mlx-vlm's own classes and saved
+in the Hugging Face layout with its image processor config, so mlx-vlm's loader and processor and
+the engine's loader all read it offline. Its tokenizer is the vendored real Qwen3 one (it has Qwen
+VL's ``<|vision_start|>`` / ``<|image_pad|>`` / ``<|vision_end|>`` tokens; GLM's image tokens are
+added to it), its vocabulary cut to the tokenizer's size rounded up so the embedding stays
+small."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ _GLM_PROCESSORS = {
 # each family's image span: the text an image part renders as (its processor expands the pad)
 IMAGE_SPANS = {
     **dict.fromkeys(
-        ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_omni_moe"),
+        (
+            *("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"),
+            *("qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni_moe"),
+        ),
         "<|vision_start|><|image_pad|><|vision_end|>",
     ),
     **dict.fromkeys(GLM, "<|begin_of_image|><|image|><|end_of_image|>"),
@@ -67,6 +71,13 @@ _GLM_MOE = dict(
     routed_scaling_factor=1.0,
     use_qk_norm=False,
 )
+# Qwen3-VL MoE's and Qwen3.5 MoE's text models: four experts, two a token (Qwen3.5 MoE adds a
+# gated shared expert; Qwen3-VL MoE's first layer stays dense)
+_QWEN_MOE = dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
+)
+_QWEN3_VL_MOE = dict(_QWEN_MOE, decoder_sparse_step=1, mlp_only_layers=[0])
+_QWEN3_5_MOE = dict(_QWEN_MOE, shared_expert_intermediate_size=32)
 # Qwen VL's own template shape: an image part renders as the family's span
 _TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -88,10 +99,10 @@ def rendered(family: str, question: str, images: int) -> str:
 def config(tokens: dict[str, int], family: str = "qwen2_5_vl") -> dict[str, Any]:
     if family in GLM:
         return _glm4v_config(tokens, family)
-    if family == "qwen3_5":
-        return _qwen3_5_config(tokens)
-    if family == "qwen3_vl":
-        return _qwen3_vl_config(tokens)
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        return _qwen3_5_config(tokens, family)
+    if family in ("qwen3_vl", "qwen3_vl_moe"):
+        return _qwen3_vl_config(tokens, family)
     if family == "qwen3_omni_moe":
         return _qwen3_omni_config(tokens)
     text = dict(
@@ -200,9 +211,9 @@ def _glm4v_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
     )
 
 
-def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
-    text = dict(
-        model_type="qwen3_5",
+def _qwen3_5_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
+    text: dict[str, Any] = dict(
+        model_type=family,
         hidden_size=32,
         num_hidden_layers=4,  # Gated DeltaNet, attention, Gated DeltaNet, attention
         full_attention_interval=2,
@@ -227,12 +238,14 @@ def _qwen3_5_config(tokens: dict[str, int]) -> dict[str, Any]:
             "mrope_section": [2, 1, 1],
         },
     )
-    return _with_tokens("qwen3_5", text, _qwen3_vision("qwen3_5", []), tokens)
+    if family == "qwen3_5_moe":
+        text.update(_QWEN3_5_MOE)
+    return _with_tokens(family, text, _qwen3_vision(family, []), tokens)
 
 
-def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
-    text = dict(
-        model_type="qwen3_vl",
+def _qwen3_vl_config(tokens: dict[str, int], family: str) -> dict[str, Any]:
+    text: dict[str, Any] = dict(
+        model_type=family,
         hidden_size=32,
         num_hidden_layers=3,
         intermediate_size=64,
@@ -251,8 +264,10 @@ def _qwen3_vl_config(tokens: dict[str, int]) -> dict[str, Any]:
         },
         tie_word_embeddings=True,
     )
+    if family == "qwen3_vl_moe":  # untied: mlx-lm's Qwen3-VL MoE reads its lm_head
+        text.update(_QWEN3_VL_MOE, tie_word_embeddings=False)
     # DeepStack: the tower's layers 0 and 1 feed the first two text layers
-    return _with_tokens("qwen3_vl", text, _qwen3_vision("qwen3_vl", [0, 1]), tokens)
+    return _with_tokens(family, text, _qwen3_vision(family, [0, 1]), tokens)
 
 
 def _qwen3_omni_config(tokens: dict[str, int]) -> dict[str, Any]:
@@ -417,8 +432,7 @@ def _image_processor(family: str) -> dict[str, Any]:
     processor = {
         "qwen2_vl": "Qwen2VLProcessor",
         "qwen2_5_vl": "Qwen2_5_VLProcessor",
-        "qwen3_vl": "Qwen3VLProcessor",
-        "qwen3_5": "Qwen3VLProcessor",
+        **dict.fromkeys(("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"), "Qwen3VLProcessor"),
     }[family]
     return {
         "image_processor_type": "Qwen2VLImageProcessor",

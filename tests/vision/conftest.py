@@ -43,20 +43,15 @@ def family_vlm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.fixture(
     scope="session",
     params=[
-        "qwen2_vl",
-        "qwen2_5_vl",
-        "qwen3_vl",
-        "qwen3_5",
-        "qwen3_omni_moe",
-        "glm4v",
-        "glm4v_moe",
-        "glm_ocr",
+        *("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"),
+        *("qwen3_omni_moe", "glm4v", "glm4v_moe", "glm_ocr"),
     ],
 )
 def qwen_vl_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen2-VL and a tiny Qwen2.5-VL (sectioned M-RoPE), a tiny Qwen3-VL (interleaved
-    M-RoPE, DeepStack), a tiny Qwen3.5 (hybrid text model, interleaved partial M-RoPE), a tiny
-    Qwen3-Omni thinker (Qwen3-VL's image path on mlx-vlm's MoE text model), a tiny
+    M-RoPE, DeepStack), a tiny Qwen3.5 (hybrid text model, interleaved partial M-RoPE), their MoE
+    checkpoints (the same towers, routed experts in the text model), a tiny Qwen3-Omni thinker
+    (Qwen3-VL's image path on mlx-vlm's MoE text model), a tiny
     GLM-4V, GLM-4V MoE and GLM-OCR (mlx-vlm's text models, rotating by the M-RoPE position ids
     they are handed)."""
     family = request.param

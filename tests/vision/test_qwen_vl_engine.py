@@ -1,11 +1,11 @@
-"""M-RoPE images in the packed step (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Qwen3-Omni, GLM-4V,
-GLM-4V MoE, GLM-OCR): image rows at three-part positions and every later row shifted by the
-request's rope delta. Greedy ids equal mlx-vlm's own generation on a tiny random-weight model of
-each (tests/support/tiny_qwen_vl.py; Qwen3.5's text model is a hybrid whose Gated DeltaNet layers
-carry state slots; GLM's and Qwen3-Omni's are mlx-vlm's own, handed the positions as their
-position ids) with several prompts, images and a text-only prompt in flight, 12-token prefill
-chunks through the image rows, preemption, and a second pass that hits the encode and prefix
-caches (its positions derived from the prompt)."""
+"""M-RoPE images in the packed step (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, their MoE checkpoints,
+Qwen3-Omni, GLM-4V, GLM-4V MoE, GLM-OCR): image rows at three-part positions and every later row
+shifted by the request's rope delta. Greedy ids equal mlx-vlm's own generation on a tiny
+random-weight model of each (tests/support/tiny_qwen_vl.py; Qwen3.5's text model is a hybrid whose
+Gated DeltaNet layers carry state slots; GLM's and Qwen3-Omni's are mlx-vlm's own, handed the
+positions as their position ids) with several prompts, images and a text-only prompt in flight,
+12-token prefill chunks through the image rows, preemption, and a second pass that hits the encode
+and prefix caches (its positions derived from the prompt)."""
 
 from __future__ import annotations
 

@@ -34,12 +34,12 @@ def test_doctor_takes_each_qwen_vl_family_and_says_why_not_an_untested_one(
     tmp_path: Path, qwen_vl_path: Path
 ) -> None:
     assert _images_row(qwen_vl_path).startswith("yes")
-    other = tmp_path / "qwen3-vl-moe"
+    other = tmp_path / "ernie-vl"
     other.mkdir()
     config = json.loads((qwen_vl_path / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_vl_moe"}))
-    reason = unavailable_reason(other, "qwen3-vl-moe")
-    assert reason is not None and "images for 'qwen3_vl_moe' models are not supported" in reason
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "ernie4_5_moe_vl"}))
+    reason = unavailable_reason(other, "ernie-vl")
+    assert reason is not None and "images for 'ernie4_5_moe_vl' models are not supported" in reason
 
 
 def test_doctor_says_yes_for_each_served_family(family_vlm: TinyVlm) -> None:

@@ -622,16 +622,22 @@ FAMILIES: dict[str, Family] = {
         ("qwen2_vl", "qwen2_5_vl"),
         Family(vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=False))),
     ),
-    "qwen3_vl": Family(
-        vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True), deepstack=True)
-    ),
-    "qwen3_5": Family(
-        vision=Vision(
-            ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True, rope_parameters=True)
+    # a MoE checkpoint's images are its dense one's: the same tower, experts in the text model
+    **dict.fromkeys(
+        ("qwen3_vl", "qwen3_vl_moe"),
+        Family(
+            vision=Vision(ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True), deepstack=True)
         ),
-        mtp=MtpNaming.QWEN,
     ),
-    "qwen3_5_moe": Family(mtp=MtpNaming.QWEN),
+    **dict.fromkeys(
+        ("qwen3_5", "qwen3_5_moe"),
+        Family(
+            vision=Vision(
+                ImageFeatures.TOWER, mrope=MRoPELayout(interleaved=True, rope_parameters=True)
+            ),
+            mtp=MtpNaming.QWEN,
+        ),
+    ),
     "qwen3_next": Family(mtp=MtpNaming.QWEN),
     # the MTP layer of an MLA family (deepseek_v3, glm4_moe_lite) pages its latent rows; a sparse
     # one's (deepseek_v32, glm_moe_dsa) its indexer's keys beside them (speculative/mtp_runner.py)

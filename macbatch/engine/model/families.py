@@ -309,6 +309,11 @@ _VLM_SERVED = ("minimax_m3", "k2_horizon", "cohere2_moe", "klear", "kolibri1", "
 # and Mistral Large 3, whose images cannot enter the packed step yet, have entries of their own
 _VLM_TEXT_SERVED = ("llmjpvl",)
 _IMAGES_UNCHECKED = "not checked against mlx-vlm's image generation here yet (text is served)"
+_PHI4_SIGLIP_IMAGES = (
+    "its processor writes one id per image that mlx-vlm's model replaces by all the image's "
+    "rows, which the engine does not expand yet, and mlx-vlm's processor for it needs PyTorch "
+    "(transformers' Siglip2ImageProcessor) to read an image (text is served)"
+)
 # VLMs whose language model is mlx-vlm's own code, checked as text on tiny models of derived
 # configs (tests/engine/model/test_vlm_language_models.py; DeepSeek-OCR 2's built in memory, its
 # code sizing its towers itself); their images are not checked yet
@@ -317,7 +322,7 @@ _VLM_TEXT_CHECKED = (
     "fastvlm", "got", "granite4_vision", "indic_ocr",
     "jina_vlm", "locateanything", "mage_vl", "mimo_v2", "minicpmv4_6",
     "minicpmv4_7", "molmo2", "moondream2", "moondream3", "multi_modality", "nemotron_h_nano_omni",
-    "phi3_v", "phi4mm", "phi4_siglip", "plamo2vl", "youtu_vl",
+    "phi3_v", "phi4mm", "plamo2vl", "youtu_vl",
 )  # fmt: skip
 # those of them whose inner transformer takes each row's position ids (``[B, L]``): without them
 # Command A Vision's counts its positions from 0, ERNIE 4.5 VL's 3-D RoPE (its text rows' three
@@ -496,6 +501,10 @@ FAMILIES: dict[str, Family] = {
         _VLM_TEXT_SERVED + _VLM_TEXT_CHECKED,
         Family(library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED),
     ),
+    # its text checked as ``_VLM_TEXT_CHECKED``'s; its processor writes one id (-200) per image,
+    # which its model replaces by the image's real patches, and mlx-vlm's processor for it needs
+    # PyTorch (tests/vision/test_phi4_siglip_images.py)
+    "phi4_siglip": Family(library=Library.MLX_VLM, vision_refusal=_PHI4_SIGLIP_IMAGES),
     # its attention rotates by a table cut at its cache's offset as one number
     "hunyuan_vl": Family(
         library=Library.MLX_VLM, vision_refusal=_IMAGES_UNCHECKED, offset_rope_attention="self_attn"

@@ -51,9 +51,10 @@ from typing import TYPE_CHECKING, Any
 
 from macbatch.engine.model.families import FAMILIES, MtpNaming, family
 from macbatch.engine.speculative.mtp_fp8 import (
-    as_mxfp8_layers,
+    as_mx_layers,
     dequantized_blocks,
     is_mxfp8,
+    is_ue8m0_fp8,
 )
 
 if TYPE_CHECKING:
@@ -323,8 +324,10 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             if name is not None:
                 weights[name] = value
     weights = dequantized_blocks(weights, config)
+    if is_ue8m0_fp8(config):  # DeepSeek V4's: packed before its drafter's sanitize stacks them
+        weights = as_mx_layers(weights)
     converted = _converted(weights, names.naming, headers, text)
-    return as_mxfp8_layers(converted) if is_mxfp8(config) else converted
+    return as_mx_layers(converted) if is_mxfp8(config) else converted
 
 
 def _converted(

@@ -31,6 +31,7 @@ from tests.support.mtp_deepseek_v4 import (
     random_v4_head,
     save_v4_checkpoint,
 )
+from tests.support.mtp_fp8 import assert_dequantized, v4_release_layer
 from tests.support.oracle import assert_pool_idle
 from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 from tests.support.tiny_deepseek_v4 import CONFIG, deepseek_v4_model, reference_greedy
@@ -104,11 +105,37 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     from mlx_vlm.utils import load_model
 
     path = tmp_path / "deepseek_v4"
-    expected = save_v4_checkpoint(path)
+    expected = save_v4_checkpoint(path).expected
     assert mtp_layer_count(path) == (1, 1)  # what the doctor counts
     engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
     assert_mtp_weights(engine, expected)
+    prompts = PROMPTS[:2]
+    assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
+    assert engine.stats().speculation.drafted > 0
+
+
+# dimensions the release's formats fit: every projection's inputs a multiple of 32
+MX_SHAPES = {"moe_intermediate_size": 32, "q_lora_rank": 32, "o_lora_rank": 16}
+
+
+def test_a_release_checkpoint_in_fp8_and_fp4_loads_and_drafts(tmp_path):
+    """The MTP layer stored as DeepSeek V4's release stores it (routed experts in fp4 with an
+    E8M0 ``.scale`` per 32 inputs, the other projections in e4m3 with one per 128 x 128 block,
+    typed I8 / F8_E4M3 / F8_E8M0; ``quantization_config`` fp8 with ``scale_fmt`` ue8m0), encoded
+    by the float64 numpy oracle of the formats: ``--speculative mtp`` loads it as MLX's mxfp4 /
+    mxfp8 layers holding exactly the oracle's codes and scales, each weight dequantized by its
+    layer's own mode is the oracle's value, and the replies are the reference's."""
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "deepseek_v4"
+    layer = save_v4_checkpoint(path, v4_release_layer, **MX_SHAPES)
+    engine = Engine.load(str(path), EngineConfig(speculative="mtp", **MTP_SETTINGS))
+    head = engine.runner.draft.head
+    assert_mtp_weights(engine, layer.expected)
+    assert_dequantized(head, layer)
+    modes = {m.mode for _, m in head.named_modules() if hasattr(m, "scales")}
+    assert modes == {"mxfp4", "mxfp8"}
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0

@@ -67,15 +67,20 @@ def predicting_v4_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
 
 def mlx_vlm_v4_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
     """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's own ``DeepseekV4MTPDraftModel``
-    with ``head``'s weights, bound to the DeepSeek V4 ``model``: its prefill over the streams
-    of mlx-vlm's one forward of all but the last token (that one its bonus), then its draft
-    block, on its own rotating window cache."""
+    with ``head``'s weights, bound to the DeepSeek V4 ``model`` (``drafter_v4_drafts``)."""
     from mlx_vlm.speculative.drafters.deepseek_v4_mtp import DeepseekV4MTPDraftModel, ModelConfig
 
-    text = model.language_model
-    drafter = DeepseekV4MTPDraftModel(ModelConfig(text_config=text.args))
+    drafter = DeepseekV4MTPDraftModel(ModelConfig(text_config=model.language_model.args))
     weights = [(_drafter_name(n), v) for n, v in tree_flatten(head.parameters())]
     drafter.load_weights(weights, strict=True)
+    return drafter_v4_drafts(drafter, model, tokens, k)
+
+
+def drafter_v4_drafts(drafter: Any, model: nn.Module, tokens: list[int], k: int) -> list[int]:
+    """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's ``drafter`` bound to the DeepSeek
+    V4 ``model``: its prefill over the streams of mlx-vlm's one forward of all but the last
+    token (that one its bonus), then its draft block, on its own rotating window cache."""
+    text = model.language_model
     drafter.reset(model)
     ids = mx.array([tokens[:-1]])
     out = text(ids, cache=text.make_cache(), return_hidden=True)

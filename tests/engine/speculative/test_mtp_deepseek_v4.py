@@ -26,6 +26,7 @@ from tests.support.mtp import (
     recorded_proposals,
 )
 from tests.support.mtp_deepseek_v4 import (
+    drafter_v4_drafts,
     mlx_vlm_v4_drafts,
     predicting_v4_head,
     random_v4_head,
@@ -139,6 +140,33 @@ def test_a_release_checkpoint_in_fp8_and_fp4_loads_and_drafts(tmp_path):
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0
+
+
+# the shapes mlx-vlm's own drafter loads a release layer in: each 128 x 128 block whole
+RELEASE_SHAPES = {**MX_SHAPES, "hidden_size": 128, "moe_intermediate_size": 128,
+                  "q_lora_rank": 128, "o_lora_rank": 64, "head_dim": 128}  # fmt: skip
+
+
+def test_a_release_checkpoints_drafts_are_mlx_vlms_drafters(tmp_path, eager_speculation):
+    """The same release layout in the shapes mlx-vlm reads it in (whole 128 x 128 blocks):
+    mlx-vlm's ``load_drafter`` loads the same checkpoint as its own mxfp4 / mxfp8 drafter, and
+    every proposal macbatch's loaded layer makes equals that drafter's from the streams of
+    mlx-vlm's forward; the replies stay the reference's."""
+    from mlx_vlm.speculative.drafters import load_drafter
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "deepseek_v4"
+    layer = save_v4_checkpoint(path, v4_release_layer, **RELEASE_SHAPES)
+    config = EngineConfig(speculative="mtp", enable_prefix_caching=False, **MTP_SETTINGS)
+    engine = Engine.load(str(path), config)
+    assert_dequantized(engine.runner.draft.head, layer)
+    proposals = recorded_proposals(engine)
+    model, (drafter, _) = load_model(path), load_drafter(str(path))
+    prompts = PROMPTS[:2]
+    assert greedy_ids(engine, prompts, 12) == _reference(model, prompts, 12)
+    assert len(proposals) > 5
+    for tokens, drafts in proposals:
+        assert drafts == drafter_v4_drafts(drafter, model, tokens, len(drafts))
 
 
 def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer, eager_speculation):

@@ -10,7 +10,7 @@ target (its config's ``quantization_config`` names the format; the codes are OCP
   ``weight_scale`` of one power-of-two (ue8m0) scale per 32 inputs, which is MLX's own mxfp8
   layout: kept as MLX's mxfp8 quantized layers (the codes viewed as uint32, the scales as
   ``scales``), as mlx-vlm's ``hy_v4`` ``sanitize`` keeps the target's. Its decoder layer goes
-  through that ``sanitize`` (``mtp_weights._sanitized_by_target``); ``as_mxfp8_layers`` packs
+  through that ``sanitize`` (``mtp_weights._sanitized_by_target``); ``as_mx_layers`` packs
   what it drops and the loader keeps (``eh_proj``).
 - DeepSeek V4's release (``quant_method`` "fp8", ``scale_fmt`` "ue8m0"): a ``.scale`` of
   power-of-two (ue8m0) bytes beside each quantized ``weight``, as mlx-vlm's ``deepseek_v4``
@@ -148,9 +148,11 @@ def _per_group(codes: mx.array, scales: mx.array) -> mx.array:
     ceil(bytes / 128)]``) repeated over their rows and groups."""
     import mlx.core as mx
 
+    if scales.dtype != mx.uint8:
+        raise ValueError(f"DeepSeek V4's fp8 / fp4 scales are ue8m0 bytes, got {scales.dtype}")
     rows, width = codes.shape[-2:]
     if scales.shape[-2:] == (rows, width * 2 // MX_GROUP):
-        return scales.view(mx.uint8)
+        return scales
     grid = (-(-rows // FP8_BLOCK), -(-width // FP8_BLOCK))
     if scales.shape[-2:] != grid or width % MX_GROUP:
         raise ValueError(
@@ -158,5 +160,5 @@ def _per_group(codes: mx.array, scales: mx.array) -> mx.array:
             f"{(rows, width * 2 // MX_GROUP)} or fp8 block scales of {grid}, got "
             f"{tuple(scales.shape)}"
         )
-    groups = mx.repeat(mx.repeat(scales.view(mx.uint8), FP8_BLOCK, -2), FP8_BLOCK // MX_GROUP, -1)
+    groups = mx.repeat(mx.repeat(scales, FP8_BLOCK, -2), FP8_BLOCK // MX_GROUP, -1)
     return groups[..., :rows, : width // MX_GROUP]

@@ -26,7 +26,8 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
   ``mtp.``; the index is dropped, as mlx-vlm's ``deepseek_v4_mtp`` drafter drops it: its
   checkpoints ship one layer, at 0 or 1), read as that drafter's own ``sanitize`` reads them
   (``attn.*`` and ``ffn.*`` its block's, experts stacked, ``hc_*_fn`` / ``base`` / ``scale`` its
-  hyper-connections', ``e_proj`` and ``h_proj`` apart).
+  hyper-connections', ``e_proj`` and ``h_proj`` apart); its release's fp4 experts and ue8m0
+  block fp8 are packed as MLX's mxfp4 / mxfp8 layers first (``mtp_fp8.as_mx_layers``).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
   ``*E``: attention, then MoE) under ``mtp.layers.N.``, the first's ``enorm``, ``hnorm`` and
   ``eh_proj`` and the last's ``final_layernorm`` beside them (mlx-vlm's ``nemotron_h_mtp``

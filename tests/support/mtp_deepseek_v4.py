@@ -1,12 +1,14 @@
 """DeepSeek V4's MTP layer for the tests: random ones, one that predicts the target's next
 token, mlx-vlm's own ``deepseek_v4_mtp`` drafter loaded with an ``MtpHead``'s weights (the
 drafts' oracle), and the tiny DeepSeek V4 checkpoint with its MTP layer under ``mtp.0.`` in
-DeepSeek's release names, written here by hand."""
+DeepSeek's release names, written here by hand, in float or in the release's fp8 / fp4."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,6 +16,7 @@ from mlx.utils import tree_flatten
 
 from macbatch.engine.speculative.mtp_model import MtpHead
 from tests.support.mtp import random_mtp_head
+from tests.support.mtp_fp8 import V4_RELEASE_CONFIG, Fp8Layer, mark_e4m3
 from tests.support.tiny import randomize
 from tests.support.tiny_deepseek_v4 import CONFIG, save_deepseek_v4
 
@@ -64,15 +67,20 @@ def predicting_v4_head(model: nn.Module, scale: float = 0.05) -> MtpHead:
 
 def mlx_vlm_v4_drafts(model: nn.Module, head: MtpHead, tokens: list[int], k: int) -> list[int]:
     """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's own ``DeepseekV4MTPDraftModel``
-    with ``head``'s weights, bound to the DeepSeek V4 ``model``: its prefill over the streams
-    of mlx-vlm's one forward of all but the last token (that one its bonus), then its draft
-    block, on its own rotating window cache."""
+    with ``head``'s weights, bound to the DeepSeek V4 ``model`` (``drafter_v4_drafts``)."""
     from mlx_vlm.speculative.drafters.deepseek_v4_mtp import DeepseekV4MTPDraftModel, ModelConfig
 
-    text = model.language_model
-    drafter = DeepseekV4MTPDraftModel(ModelConfig(text_config=text.args))
+    drafter = DeepseekV4MTPDraftModel(ModelConfig(text_config=model.language_model.args))
     weights = [(_drafter_name(n), v) for n, v in tree_flatten(head.parameters())]
     drafter.load_weights(weights, strict=True)
+    return drafter_v4_drafts(drafter, model, tokens, k)
+
+
+def drafter_v4_drafts(drafter: Any, model: nn.Module, tokens: list[int], k: int) -> list[int]:
+    """The ``k`` greedy drafts after ``tokens`` of mlx-vlm's ``drafter`` bound to the DeepSeek
+    V4 ``model``: its prefill over the streams of mlx-vlm's one forward of all but the last
+    token (that one its bonus), then its draft block, on its own rotating window cache."""
+    text = model.language_model
     drafter.reset(model)
     ids = mx.array([tokens[:-1]])
     out = text(ids, cache=text.make_cache(), return_hidden=True)
@@ -86,27 +94,32 @@ def _drafter_name(name: str) -> str:
     return "decoder." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
 
 
-def save_v4_checkpoint(path: Path) -> dict[str, mx.array]:
-    """The tiny DeepSeek V4 (tests/support/tiny_deepseek_v4.py) with a random MTP layer under
-    ``mtp.0.`` in DeepSeek's release names (``attn.*``, ``ffn.experts.E.w1``, ``hc_attn_fn``,
-    ``hc_head_fn``, ``ffn.gate.bias``, ``wo_a`` flat) and ``num_nextn_predict_layers: 1``;
-    returns its weights as the layer holds them (the loader's expected result)."""
-    save_deepseek_v4(path)
+def save_v4_checkpoint(
+    path: Path, encoding: Callable[[dict[str, mx.array]], Fp8Layer] | None = None, **overrides: Any
+) -> Fp8Layer:
+    """The tiny DeepSeek V4 (tests/support/tiny_deepseek_v4.py, ``overrides`` in its config)
+    with a random MTP layer under ``mtp.0.`` in DeepSeek's release names (``attn.*``,
+    ``ffn.experts.E.w1``, ``hc_attn_fn``, ``hc_head_fn``, ``ffn.gate.bias``, ``wo_a`` flat) and
+    ``num_nextn_predict_layers: 1``, stored by ``encoding`` (None: float; else its codes typed
+    as the release types them, its config's ``quantization_config`` the release's); returns
+    the layer as stored and as the loader should hold it."""
+    save_deepseek_v4(path, **overrides)
     from tests.support.tiny_deepseek_v4 import deepseek_v4_model
 
-    expected = dict(tree_flatten(random_v4_head(deepseek_v4_model()).parameters()))
+    weights = dict(tree_flatten(random_v4_head(deepseek_v4_model(**overrides)).parameters()))
+    layer = Fp8Layer(weights, weights, {}) if encoding is None else encoding(weights)
     stored: dict[str, mx.array] = {}
-    for name, value in expected.items():
+    for name, value in layer.stored.items():
         key = name.removeprefix("layers.0.")
         key = _HC.get(key, key).replace("hc_head.", "hc_head_")
         key = key.replace("gate.e_score_correction_bias", "gate.bias")
         for ours, theirs in _W.items():
             key = key.replace(f"shared_experts.{ours}.", f"shared_experts.{theirs}.")
-        if key == "attn.wo_a.weight":
+        if key.startswith("attn.wo_a."):
             value = value.reshape(-1, value.shape[-1])
         if key.startswith("ffn.switch_mlp."):
-            proj = key.split(".")[2]
-            stored.update({f"ffn.experts.{e}.{_W[proj]}.weight": w for e, w in enumerate(value)})
+            _, _, proj, suffix = key.split(".")
+            stored.update({f"ffn.experts.{e}.{_W[proj]}.{suffix}": w for e, w in enumerate(value)})
             continue
         stored[key] = value
     file = path / "model.safetensors"
@@ -115,5 +128,8 @@ def save_v4_checkpoint(path: Path) -> dict[str, mx.array]:
     mx.save_safetensors(str(file), saved)
     config = json.loads((path / "config.json").read_text())
     config["num_nextn_predict_layers"] = 1
+    if encoding is not None:
+        mark_e4m3(file)
+        config["quantization_config"] = V4_RELEASE_CONFIG
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    return expected
+    return layer

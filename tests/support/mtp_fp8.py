@@ -16,7 +16,14 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from tests.support.fp8_weights_numpy import block_fp8, mxfp8
+from tests.support.fp8_weights_numpy import (
+    FP8_BLOCK,
+    MX_BLOCK,
+    block_fp8,
+    mxfp4,
+    mxfp8,
+    ue8m0_block_fp8,
+)
 
 # the config.json ``quantization_config`` of each format's checkpoints (the fields mlx-vlm
 # 0.7.10 reads: ``fp8.make_quantization_config``, and ModelOpt's method and algorithm)
@@ -27,9 +34,12 @@ BLOCK_FP8_CONFIG = {
     "activation_scheme": "dynamic",
 }
 MXFP8_CONFIG = {"quant_method": "modelopt", "quant_algo": "MXFP8"}
+# DeepSeek V4's release: its block fp8's scales E8M0 bytes
+V4_RELEASE_CONFIG = {**BLOCK_FP8_CONFIG, "scale_fmt": "ue8m0"}
 # weights real checkpoints keep in float: norms, the MoE router, the hyper-connection mixes, and
 # MLA's per-head up-projections (stored as one kv_b_proj, whose 16-wide tiny heads fit no block)
-_FLOAT = ("norm", "mlp.gate.", "shared_expert_gate", "hyper_connection", "embed_q", "unembed_out")
+_FLOAT = ("norm", "mlp.gate.", "ffn.gate.", "shared_expert_gate", "hyper_connection", "embed_q",
+          "unembed_out")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,34 @@ def block_fp8_layer(weights: dict[str, mx.array]) -> Fp8Layer:
     return Fp8Layer(stored, expected, values)
 
 
+def v4_release_layer(weights: dict[str, mx.array]) -> Fp8Layer:
+    """DeepSeek V4's MTP layer ``weights`` as its release stores them: the routed experts
+    (``switch_mlp``) in mxfp4 (codes two to a byte, typed I8, a ``.scale`` byte per 32 inputs),
+    the other projections in block fp8 (a ``.scale`` byte per 128 x 128 block of the stored
+    matrix: ``wo_a`` flat); loaded as MLX's mxfp4 / mxfp8 layers."""
+    stored, expected, values = dict(weights), dict(weights), {}
+    for name, value in weights.items():
+        if not _encoded(name, value):
+            continue
+        prefix = name.removesuffix(".weight")
+        w = np.array(value, np.float64)
+        if ".switch_mlp." in name:
+            codes, scales, values[name] = mxfp4(w)
+            stored[name] = mx.array(codes.view(np.int8))
+            groups = scales
+        else:
+            codes, scales, flat = ue8m0_block_fp8(w.reshape(-1, w.shape[-1]))
+            values[name] = flat.reshape(w.shape)
+            stored[name] = mx.array(codes)
+            rows = np.repeat(scales, FP8_BLOCK, 0)[: codes.shape[0]]
+            groups = np.repeat(rows, FP8_BLOCK // MX_BLOCK, 1)[:, : w.shape[-1] // MX_BLOCK]
+            groups = groups.reshape(*w.shape[:-1], -1)
+        stored[prefix + ".scale"] = mx.array(scales)
+        expected[name] = mx.array(codes.view(np.uint8).reshape(*w.shape[:-1], -1)).view(mx.uint32)
+        expected[prefix + ".scales"] = mx.array(groups)
+    return Fp8Layer(stored, expected, values)
+
+
 @dataclass(frozen=True)
 class Encoding:
     """One of the formats: how it stores a layer's weights, and the config that declares it."""
@@ -117,13 +155,18 @@ def assert_dequantized(head: nn.Module, layer: Fp8Layer) -> None:
 
 
 def mark_e4m3(file: Path) -> None:
-    """The safetensors ``file``'s uint8 weights (not the scales) typed F8_E4M3 in its header, as
-    real fp8 checkpoints type them (``mx.save_safetensors`` writes only MLX's dtypes)."""
+    """The safetensors ``file``'s uint8 weights (not the scales) typed F8_E4M3 in its header
+    (DeepSeek V4's ``.scale`` bytes F8_E8M0), as real fp8 checkpoints type them
+    (``mx.save_safetensors`` writes only MLX's dtypes)."""
     raw = file.read_bytes()
     (size,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + size])
     for key, entry in header.items():
-        if key != "__metadata__" and entry["dtype"] == "U8" and not key.endswith("_scale"):
+        if key == "__metadata__" or entry["dtype"] != "U8":
+            continue
+        if key.endswith(".scale"):  # DeepSeek V4's: E8M0 bytes
+            entry["dtype"] = "F8_E8M0"
+        elif not key.endswith("_scale"):
             entry["dtype"] = "F8_E4M3"
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)

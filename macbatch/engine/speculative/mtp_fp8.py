@@ -10,8 +10,14 @@ target (its config's ``quantization_config`` names the format; the codes are OCP
   ``weight_scale`` of one power-of-two (ue8m0) scale per 32 inputs, which is MLX's own mxfp8
   layout: kept as MLX's mxfp8 quantized layers (the codes viewed as uint32, the scales as
   ``scales``), as mlx-vlm's ``hy_v4`` ``sanitize`` keeps the target's. Its decoder layer goes
-  through that ``sanitize`` (``mtp_weights._sanitized_by_target``); ``as_mxfp8_layers`` packs
+  through that ``sanitize`` (``mtp_weights._sanitized_by_target``); ``as_mx_layers`` packs
   what it drops and the loader keeps (``eh_proj``).
+- DeepSeek V4's release (``quant_method`` "fp8", ``scale_fmt`` "ue8m0"): a ``.scale`` of
+  power-of-two (ue8m0) bytes beside each quantized ``weight``, as mlx-vlm's ``deepseek_v4``
+  ``sanitize`` reads it: its routed experts fp4 (e2m1 codes two to a byte, a scale per 32
+  inputs: MLX's mxfp4), the rest e4m3 in 128 x 128 blocks (a scale per block, which is MLX's
+  mxfp8 with each block's byte repeated over its groups of 32: no value changes). Both kept as
+  MLX's quantized layers (``as_mx_layers``), before the drafter's ``sanitize`` stacks them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ FP8_BLOCK = 128
 MXFP8 = {"group_size": 32, "bits": 8, "mode": "mxfp8"}
 _SCALE_INV = ".weight_scale_inv"
 _SCALE = ".weight_scale"
+_V4_SCALE = ".scale"
+MX_GROUP = 32
 
 
 def _source_quantization(config: dict[str, Any]) -> dict[str, Any]:
@@ -58,11 +66,19 @@ def is_mxfp8(config: dict[str, Any]) -> bool:
     return source.get("quant_method") == "modelopt" and source.get("quant_algo") == "MXFP8"
 
 
+def is_ue8m0_fp8(config: dict[str, Any]) -> bool:
+    """Whether the checkpoint's weights are DeepSeek V4's release format (fp8 blocks and fp4
+    experts, power-of-two scales)."""
+    source = _source_quantization(config)
+    return source.get("quant_method") == "fp8" and source.get("scale_fmt") == "ue8m0"
+
+
 def mtp_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     """MLX's quantization of the checkpoint's MTP layer: a converted checkpoint's
-    ``quantization``, mxfp8 for a ModelOpt mxfp8 one (None: float)."""
+    ``quantization``, mxfp8 for a ModelOpt mxfp8 or DeepSeek V4 one (each layer's own mode,
+    mxfp4 or mxfp8, read from its weights' shapes; None: float)."""
     converted: dict[str, Any] | None = config.get("quantization")
-    if converted is None and is_mxfp8(config):
+    if converted is None and (is_mxfp8(config) or is_ue8m0_fp8(config)):
         return dict(MXFP8)
     return converted
 
@@ -106,14 +122,43 @@ def _dequantized(codes: mx.array, scale_inv: mx.array) -> mx.array:
     return values * scales[:rows, :cols]
 
 
-def as_mxfp8_layers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """``weights`` with every mxfp8 weight (one with a ``weight_scale``) as MLX's mxfp8 layer
-    holds it: the codes viewed as uint32 (four per element), the scales as ``scales``."""
+def as_mx_layers(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """``weights`` with every mxfp8 weight (one with a ModelOpt ``weight_scale``) and every
+    DeepSeek V4 one (a ``.scale`` beside a byte ``weight``) as MLX's mxfp4 / mxfp8 layer holds
+    it: the codes viewed as uint32, the scales one byte per 32 inputs as ``scales``."""
     import mlx.core as mx
 
     out = dict(weights)
-    for key in [k for k in weights if k.endswith(_SCALE)]:
-        name = key.removesuffix(_SCALE)
-        out[name + ".scales"] = out.pop(key)
-        out[name + ".weight"] = out[name + ".weight"].view(mx.uint8).view(mx.uint32)
+    for key in [k for k in weights if k.endswith((_SCALE, _V4_SCALE))]:
+        name = key.removesuffix(_SCALE).removesuffix(_V4_SCALE)
+        codes = out.get(name + ".weight")
+        if codes is None or codes.dtype not in (mx.uint8, mx.int8):
+            continue  # not a quantization scale
+        scales = out.pop(key)
+        if key.endswith(_V4_SCALE):
+            scales = _per_group(codes, scales)
+        out[name + ".scales"] = scales
+        out[name + ".weight"] = codes.view(mx.uint8).view(mx.uint32)
     return out
+
+
+def _per_group(codes: mx.array, scales: mx.array) -> mx.array:
+    """DeepSeek V4's ``scales`` of a ``[rows, bytes]`` weight as one byte per 32 inputs: fp4's
+    as stored (``[rows, bytes / 16]``), fp8's 128 x 128 blocks' (``[ceil(rows / 128),
+    ceil(bytes / 128)]``) repeated over their rows and groups."""
+    import mlx.core as mx
+
+    if scales.dtype != mx.uint8:
+        raise ValueError(f"DeepSeek V4's fp8 / fp4 scales are ue8m0 bytes, got {scales.dtype}")
+    rows, width = codes.shape[-2:]
+    if scales.shape[-2:] == (rows, width * 2 // MX_GROUP):
+        return scales
+    grid = (-(-rows // FP8_BLOCK), -(-width // FP8_BLOCK))
+    if scales.shape[-2:] != grid or width % MX_GROUP:
+        raise ValueError(
+            f"a quantized weight of {tuple(codes.shape)} bytes needs fp4 scales of "
+            f"{(rows, width * 2 // MX_GROUP)} or fp8 block scales of {grid}, got "
+            f"{tuple(scales.shape)}"
+        )
+    groups = mx.repeat(mx.repeat(scales, FP8_BLOCK, -2), FP8_BLOCK // MX_GROUP, -1)
+    return groups[..., :rows, : width // MX_GROUP]

@@ -26,7 +26,8 @@ uses), each decided by one table (``_PARTS``, Nemotron-H's ``_NEMOTRON_PARTS``):
   ``mtp.``; the index is dropped, as mlx-vlm's ``deepseek_v4_mtp`` drafter drops it: its
   checkpoints ship one layer, at 0 or 1), read as that drafter's own ``sanitize`` reads them
   (``attn.*`` and ``ffn.*`` its block's, experts stacked, ``hc_*_fn`` / ``base`` / ``scale`` its
-  hyper-connections', ``e_proj`` and ``h_proj`` apart).
+  hyper-connections', ``e_proj`` and ``h_proj`` apart); its release's fp4 experts and ue8m0
+  block fp8 are packed as MLX's mxfp4 / mxfp8 layers first (``mtp_fp8.as_mx_layers``).
 - Nemotron-H: one MTP module under ``mtp.``, its blocks (``mtp_hybrid_override_pattern``, e.g.
   ``*E``: attention, then MoE) under ``mtp.layers.N.``, the first's ``enorm``, ``hnorm`` and
   ``eh_proj`` and the last's ``final_layernorm`` beside them (mlx-vlm's ``nemotron_h_mtp``
@@ -51,9 +52,10 @@ from typing import TYPE_CHECKING, Any
 
 from macbatch.engine.model.families import FAMILIES, MtpNaming, family
 from macbatch.engine.speculative.mtp_fp8 import (
-    as_mxfp8_layers,
+    as_mx_layers,
     dequantized_blocks,
     is_mxfp8,
+    is_ue8m0_fp8,
 )
 
 if TYPE_CHECKING:
@@ -323,8 +325,10 @@ def read_mtp_weights(path: Path, text: nn.Module) -> dict[str, mx.array]:
             if name is not None:
                 weights[name] = value
     weights = dequantized_blocks(weights, config)
+    if is_ue8m0_fp8(config):  # DeepSeek V4's: packed before its drafter's sanitize stacks them
+        weights = as_mx_layers(weights)
     converted = _converted(weights, names.naming, headers, text)
-    return as_mxfp8_layers(converted) if is_mxfp8(config) else converted
+    return as_mx_layers(converted) if is_mxfp8(config) else converted
 
 
 def _converted(

@@ -26,11 +26,13 @@ from tests.support.mtp import (
     recorded_proposals,
 )
 from tests.support.mtp_deepseek_v4 import (
+    drafter_v4_drafts,
     mlx_vlm_v4_drafts,
     predicting_v4_head,
     random_v4_head,
     save_v4_checkpoint,
 )
+from tests.support.mtp_fp8 import assert_dequantized, v4_release_layer
 from tests.support.oracle import assert_pool_idle
 from tests.support.sampling_oracle import assert_sampled_after_a_draft_follow
 from tests.support.tiny_deepseek_v4 import CONFIG, deepseek_v4_model, reference_greedy
@@ -104,7 +106,7 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     from mlx_vlm.utils import load_model
 
     path = tmp_path / "deepseek_v4"
-    expected = save_v4_checkpoint(path)
+    expected = save_v4_checkpoint(path).expected
     assert mtp_layer_count(path) == (1, 1)  # what the doctor counts
     engine = Engine.load(str(path), EngineConfig(speculative="auto", **MTP_SETTINGS))
     assert engine.config.speculative == "mtp"
@@ -112,6 +114,59 @@ def test_a_checkpoint_with_its_mtp_layer_loads_and_drafts(tmp_path):
     prompts = PROMPTS[:2]
     assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
     assert engine.stats().speculation.drafted > 0
+
+
+# dimensions the release's formats fit: every projection's inputs a multiple of 32
+MX_SHAPES = {"moe_intermediate_size": 32, "q_lora_rank": 32, "o_lora_rank": 16}
+
+
+def test_a_release_checkpoint_in_fp8_and_fp4_loads_and_drafts(tmp_path):
+    """The MTP layer stored as DeepSeek V4's release stores it (routed experts in fp4 with an
+    E8M0 ``.scale`` per 32 inputs, the other projections in e4m3 with one per 128 x 128 block,
+    typed I8 / F8_E4M3 / F8_E8M0; ``quantization_config`` fp8 with ``scale_fmt`` ue8m0), encoded
+    by the float64 numpy oracle of the formats: ``--speculative mtp`` loads it as MLX's mxfp4 /
+    mxfp8 layers holding exactly the oracle's codes and scales, each weight dequantized by its
+    layer's own mode is the oracle's value, and the replies are the reference's."""
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "deepseek_v4"
+    layer = save_v4_checkpoint(path, v4_release_layer, **MX_SHAPES)
+    engine = Engine.load(str(path), EngineConfig(speculative="mtp", **MTP_SETTINGS))
+    head = engine.runner.draft.head
+    assert_mtp_weights(engine, layer.expected)
+    assert_dequantized(head, layer)
+    modes = {m.mode for _, m in head.named_modules() if hasattr(m, "scales")}
+    assert modes == {"mxfp4", "mxfp8"}
+    prompts = PROMPTS[:2]
+    assert greedy_ids(engine, prompts, 12) == _reference(load_model(path), prompts, 12)
+    assert engine.stats().speculation.drafted > 0
+
+
+# the shapes mlx-vlm's own drafter loads a release layer in: each 128 x 128 block whole
+RELEASE_SHAPES = {**MX_SHAPES, "hidden_size": 128, "moe_intermediate_size": 128,
+                  "q_lora_rank": 128, "o_lora_rank": 64, "head_dim": 128}  # fmt: skip
+
+
+def test_a_release_checkpoints_drafts_are_mlx_vlms_drafters(tmp_path, eager_speculation):
+    """The same release layout in the shapes mlx-vlm reads it in (whole 128 x 128 blocks):
+    mlx-vlm's ``load_drafter`` loads the same checkpoint as its own mxfp4 / mxfp8 drafter, and
+    every proposal macbatch's loaded layer makes equals that drafter's from the streams of
+    mlx-vlm's forward; the replies stay the reference's."""
+    from mlx_vlm.speculative.drafters import load_drafter
+    from mlx_vlm.utils import load_model
+
+    path = tmp_path / "deepseek_v4"
+    layer = save_v4_checkpoint(path, v4_release_layer, **RELEASE_SHAPES)
+    config = EngineConfig(speculative="mtp", enable_prefix_caching=False, **MTP_SETTINGS)
+    engine = Engine.load(str(path), config)
+    assert_dequantized(engine.runner.draft.head, layer)
+    proposals = recorded_proposals(engine)
+    model, (drafter, _) = load_model(path), load_drafter(str(path))
+    prompts = PROMPTS[:2]
+    assert greedy_ids(engine, prompts, 12) == _reference(model, prompts, 12)
+    assert len(proposals) > 5
+    for tokens, drafts in proposals:
+        assert drafts == drafter_v4_drafts(drafter, model, tokens, len(drafts))
 
 
 def test_sampled_tokens_after_a_verified_draft_follow_the_target(tiny_tokenizer, eager_speculation):

@@ -1,7 +1,8 @@
 """Loading a checkpoint's MTP layer beside its target: Hugging Face layout (names under ``mtp.``,
 zero-centred norms, unstacked or fused experts) and mlx-community's converted, quantized layout;
 ``--speculative auto`` drafts with it where it exists; the doctor says whether it is there;
-block-fp8 weights dequantize block by block. Oracles: the MTP weights the test wrote (as MLX
+block-fp8 weights dequantize block by block, DeepSeek V4's (ue8m0 scales) load as mxfp8 layers
+of the same values. Oracles: the MTP weights the test wrote (as MLX
 holds them), mlx-lm's generation of the target it loads itself, the float64 numpy oracle of
 block fp8 (tests/support/fp8_weights_numpy.py)."""
 
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
-from macbatch.engine.speculative.mtp_fp8 import dequantized_blocks
+from macbatch.engine.speculative.mtp_fp8 import as_mx_layers, dequantized_blocks
 from macbatch.models.check import check_model
-from tests.support.fp8_weights_numpy import block_fp8
+from tests.support.fp8_weights_numpy import block_fp8, ue8m0_block_fp8
 from tests.support.mtp import (
     MTP_ARCHS,
     assert_mtp_weights,
@@ -111,3 +112,19 @@ def test_block_fp8_weights_dequantize_block_by_block(dtype):
     assert sorted(out) == ["a.weight", "norm.weight"] and out["a.weight"].dtype == dtype
     want = mx.array(values.astype(np.float32)).astype(dtype)
     assert mx.array_equal(out["a.weight"], want)
+
+
+def test_ue8m0_block_fp8_weights_load_as_mxfp8_layers_of_the_same_values():
+    """DeepSeek V4's block fp8 (a power-of-two byte per 128 x 128 block) of a 300 x 192 weight
+    (a 3 x 2 grid, the last blocks partial, each its own scale) becomes an mxfp8 layer that
+    dequantizes to the float64 oracle's values exactly; a float ``.scale`` is refused."""
+    spread = np.kron(4.0 ** np.arange(6).reshape(3, 2), np.ones((128, 128)))[:300, :192]
+    weight = np.random.default_rng(0).normal(size=(300, 192)) * spread
+    codes, scales, values = ue8m0_block_fp8(weight)
+    assert scales.shape == (3, 2) and len(np.unique(scales)) == 6
+    out = as_mx_layers({"a.weight": mx.array(codes), "a.scale": mx.array(scales)})
+    assert sorted(out) == ["a.scales", "a.weight"] and out["a.scales"].shape == (300, 6)
+    got = mx.dequantize(out["a.weight"], out["a.scales"], None, 32, 8, "mxfp8", dtype=mx.float32)
+    assert np.array_equal(np.array(got), values.astype(np.float32))
+    with pytest.raises(ValueError, match="ue8m0"):
+        as_mx_layers({"a.weight": mx.array(codes), "a.scale": mx.array(scales, mx.float32)})

@@ -16,9 +16,14 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from tests.support.oracle import assert_pool_idle
+from tests.support.staggered import random_prompts, run_staggered_outputs
 from tests.support.tiny import TINY_COMMON, save_model
 
 ORIGINAL = 32  # original positions: the prompts and decodes below cross it
+# below, at and past the original positions; the shorter ones decode past them
+LENGTHS = [20, 40, 32, 9, 31, 50]
+GREEDY = SamplingParams(max_tokens=28, temperature=0, ignore_eos=True, logprobs=0)
 _ROTARY = 12  # three quarters of each 16-wide head
 _rng = random.Random(3)
 PHI3 = dict(
@@ -68,45 +73,28 @@ def reference_greedy(model, prompt: list[int], max_tokens: int) -> tuple[list[in
         position += 1
 
 
-def _prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, PHI3["vocab_size"]) for _ in range(length)]
-
-
-def _run_staggered(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Each prompt added two steps after the one before, every request run to its end."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
-    done, waiting = {}, list(enumerate(prompts))
-    while waiting or engine.has_unfinished():
-        if waiting:
-            index, prompt = waiting.pop(0)
-            engine.add_request(prompt, params, request_id=str(index))
-        for _ in range(2):
-            for out in engine.step():
-                if out.finished:
-                    done[int(out.request_id)] = out
-    return done
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 def test_requests_of_both_kinds_in_one_engine_match_the_reference(phi3_path, compiled):
-    # below, at and past the original positions; short ones decode past them
-    lengths = [20, 40, 32, 9, 31, 50]
-    prompts = [_prompt(n, seed) for seed, n in enumerate(lengths)]
+    """Staggered requests, the longer prompts prefilled in chunks, decoded uncompiled or
+    compiled: each one's tokens and log-probabilities are the reference's for it alone."""
+    prompts = random_prompts(LENGTHS, seed=2)
     config = dict(max_num_batched_tokens=24, compile_decode_after=1 if compiled else None)
     engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, **config))
-    done = _run_staggered(engine, prompts, max_tokens=28)
+    outs = run_staggered_outputs(engine, prompts, GREEDY)
     if compiled:
         assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes
     model, _ = load(str(phi3_path))
     for index, prompt in enumerate(prompts):
-        tokens, logprobs = reference_greedy(model, prompt, 28)
-        assert done[index].token_ids == tokens, f"prompt of {len(prompt)} tokens"
-        assert done[index].logprobs == pytest.approx(logprobs, abs=1e-4)
+        tokens, logprobs = reference_greedy(model, prompt, GREEDY.max_tokens or 0)
+        assert outs[index].token_ids == tokens, f"prompt of {len(prompt)} tokens"
+        assert outs[index].logprobs == pytest.approx(logprobs, abs=1e-4)
+    assert_pool_idle(engine)
 
 
 def test_a_long_prompt_reads_no_short_prompts_cached_blocks(phi3_path):
-    shared = _prompt(40, seed=11)
+    """A short prompt's first block is rotated short, a long prompt's long: the long one
+    computes its own, and a second long one reads it."""
+    (shared,) = random_prompts([40], seed=11)
     short, long = shared[:24], shared  # the first block (16 tokens) is the same
     engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64))
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -118,3 +106,25 @@ def test_a_long_prompt_reads_no_short_prompts_cached_blocks(phi3_path):
     assert second.token_ids == reference_greedy(model, long, 6)[0]
     assert second.metrics.cached_tokens == 0
     assert again.token_ids == second.token_ids and again.metrics.cached_tokens == 32
+
+
+def test_phi4mm_requests_of_both_kinds_match_mlx_vlm_one_at_a_time(tmp_path):
+    """Phi-4-multimodal (mlx-vlm's LongRoPE, which takes the furthest position of its call):
+    mlx-vlm's own generation of one sequence, its prompt in one call, is the reference's rule;
+    in one packed engine each request is rotated by its own."""
+    pytest.importorskip("mlx_vlm")
+    from mlx_vlm.utils import load_model
+
+    from tests.support.tiny_vlm_text import save_vlm_text_model
+    from tests.support.vlm_oracle import assert_matches_mlx_vlm_text
+
+    path = save_vlm_text_model(
+        tmp_path, "phi4mm", top={"original_max_position_embeddings": ORIGINAL}
+    )
+    engine = Engine.load(str(path), EngineConfig(num_blocks=64, max_num_batched_tokens=24))
+    prompts = random_prompts(LENGTHS, seed=4)
+    outs = run_staggered_outputs(engine, prompts, GREEDY)
+    assert engine.runner.adapter.long_rope_after == ORIGINAL
+    oracle = load_model(path)
+    for index, prompt in enumerate(prompts):
+        assert_matches_mlx_vlm_text(oracle, prompt, outs[index])

@@ -78,7 +78,6 @@ def model_info_of(name: str, runner: ModelRunner, tokenizer: TokenizerWrapper) -
         kv_bytes_per_token=runner.kv_bytes_per_token,
         embedding=profile_of(tokenizer, name, runner.hidden_size, runner.config.reranker),
         adapters={} if runner.adapters is None else runner.adapters.refs,
-        long_rope_after=runner.adapter.long_rope_after,
     )
 
 

@@ -60,9 +60,6 @@ class ModelInfo:
     # what it does, when not a decoder's (generate, embed, score, and rerank for a reranker):
     # an encoder's, engine/encoder/facts.py
     tasks: tuple[str, ...] | None = None
-    # a LongRoPE's original positions (engine/model/hooks/long_rope.py): a longer prompt's keys
-    # are rotated by the long factors from its first, so its blocks get a prefix-cache scope
-    long_rope_after: int | None = None
 
 
 @dataclass(frozen=True)

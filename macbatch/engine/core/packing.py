@@ -30,12 +30,12 @@ def pack(
     kv_head_counts: set[int],
     states: Sequence[StateChunk] | None = None,
     window: tuple[list[list[int]], set[int]] | None = None,
-    prompt_lengths: bool = False,
+    long_rope: bool = False,
 ) -> PackedBatch:
     """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request,
     ``states[i]`` how its recurrent state flows (hybrid models only), and ``window`` the window
     group's block tables and KV head counts (models with sliding-window layers only);
-    ``prompt_lengths``: each row carries its request's prompt length (a LongRoPE model's).
+    ``long_rope``: each row says whether its request is rotated long (a LongRoPE model's).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
     step's host time grows with the running requests, so no per-chunk numpy calls). A small
@@ -44,8 +44,8 @@ def pack(
     count = len(chunks)
     if count <= SMALL_DECODE and states is None and plan.num_tokens == count:
         batch = _pack_small_decode(plan, block_tables, block_size, kv_head_counts, window)
-        if prompt_lengths:
-            batch.prompt_lengths = mx.array([c.request.num_prompt_tokens for c in chunks], mx.int32)
+        if long_rope:
+            batch.long_rope_rows = mx.array([c.request.long_rope for c in chunks], mx.int32)
         return batch
     lengths = np.fromiter((c.num_tokens for c in chunks), np.int32, count)
     starts = np.fromiter((c.start for c in chunks), np.int32, count)
@@ -71,10 +71,10 @@ def pack(
         window_array = _table_array(window[0])
         window_rows = _write_rows(window_array, row_seq, positions, block_size, window[1])
         window_tables = mx.array(window_array)
-    row_prompts = None
-    if prompt_lengths:
-        prompts = np.fromiter((c.request.num_prompt_tokens for c in chunks), np.int32, count)
-        row_prompts = mx.array(prompts[row_seq])
+    long_rows = None
+    if long_rope:
+        longs = np.fromiter((c.request.long_rope for c in chunks), np.int32, count)
+        long_rows = mx.array(longs[row_seq])
 
     return PackedBatch(
         token_ids=mx.array(token_ids),
@@ -91,7 +91,7 @@ def pack(
         adapter_rows=_adapter_rows(chunks, lengths),
         window_block_tables=window_tables,
         window_write_rows=window_rows,
-        prompt_lengths=row_prompts,
+        long_rope_rows=long_rows,
     )
 
 

@@ -172,7 +172,7 @@ class InputProcessor:
             reasoning=reasoning,
             constraint=constraint,
             images=images,
-            **self._cache_fields(prompt, ids),
+            **self._adapter_fields(prompt),
         )
 
     def _refuse_beyond_characters(self, prompt: PromptInput, limit: int, what: str) -> None:
@@ -210,18 +210,8 @@ class InputProcessor:
             request_id,
             eos_token_ids=self._eos_token_ids,
             detokenizer=self.tokenizer.detokenizer,
-            **self._cache_fields(prompt, ids),
+            **self._adapter_fields(prompt),
         )
-
-    def _cache_fields(self, prompt: PromptInput, ids: list[int]) -> dict[str, Any]:
-        """``_adapter_fields``, the scope a LongRoPE model's long prompt adds to them: its keys
-        are rotated by the long factors from its first (model/hooks/long_rope.py), a shorter
-        prompt's by the short ones, so the two never share a cached block."""
-        fields = self._adapter_fields(prompt)
-        after = self.info.model.long_rope_after
-        if after is not None and len(ids) > after:
-            fields["cache_scope"] = fields.get("cache_scope", b"") + LONG_ROPE_SCOPE
-        return fields
 
     def _adapter_fields(self, prompt: PromptInput) -> dict[str, Any]:
         """The request's adapter slot and prefix-cache scope; unknown names refused."""
@@ -235,7 +225,6 @@ class InputProcessor:
         return {"adapter_slot": ref.slot, "cache_scope": ref.cache_scope}
 
 
-LONG_ROPE_SCOPE = b"long-rope\0"  # beside an adapter's scope, a long LongRoPE prompt's
 M3_ONLY = (
     "sparse lexical weights and ColBERT vectors come from an encoder that ships BGE-M3's heads "
     "(sparse_linear.pt, colbert_linear.pt)"

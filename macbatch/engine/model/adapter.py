@@ -422,7 +422,7 @@ class ModelAdapter:
         used = iter(self.kv_used)
         state_layers = iter(range(len(self.state_shapes)))
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions
-        long_rope.note_step(positions, batch.prompt_lengths)
+        long_rope.note_step(positions, batch.long_rope_rows)
         peers: list[PagedLayerCache] = []
         caches: list[PagedLayerCache | PagedStateCache | HeldAttentionCache | None] = []
         held = None

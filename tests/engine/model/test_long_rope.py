@@ -8,7 +8,11 @@ them, short; a token at or past them long, the keys before it as cached.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -16,6 +20,7 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
 from macbatch.engine import Engine, EngineConfig, SamplingParams
+from tests.support.encoder_classifiers import torch_python
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import random_prompts, run_staggered_outputs
 from tests.support.tiny import TINY_COMMON, save_model
@@ -29,6 +34,7 @@ _rng = random.Random(3)
 PHI3 = dict(
     TINY_COMMON,
     model_type="phi3",
+    pad_token_id=0,  # transformers' Phi-3 default (32000) is past the tiny vocabulary
     partial_rotary_factor=0.75,
     max_position_embeddings=4 * ORIGINAL,
     original_max_position_embeddings=ORIGINAL,
@@ -54,23 +60,34 @@ def _set_factors(model, long: bool) -> None:
         layer.self_attn.rope._freqs = mx.array(factors, dtype=mx.float32) * base
 
 
-def reference_greedy(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy tokens and their log-probabilities of one sequence by transformers' rule."""
-    cache = make_prompt_cache(model)
-    _set_factors(model, len(prompt) > ORIGINAL)
-    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+def reference_greedy(
+    model, prompt: list[int], max_tokens: int, set_long=_set_factors, new_cache=make_prompt_cache
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their log-probabilities of one sequence as transformers' Phi-3 makes
+    them: short while the sequence is within the original positions (a longer prompt: long);
+    once it passes them, the whole sequence computed anew in a fresh cache, long.
+    ``set_long``: rotate ``model`` long or short (mlx-vlm's decides by itself: a no-op)."""
+    sequence = list(prompt)
+    long = len(prompt) > ORIGINAL
+    set_long(model, long)
+    cache = new_cache(model)
+    fed = sequence
     tokens: list[int] = []
     logprobs: list[float] = []
-    position = len(prompt)
     while True:
+        out = model(mx.array([fed]), cache=cache)
+        logits = getattr(out, "logits", out)[0, -1]
         scores = logits - mx.logsumexp(logits)
         tokens.append(int(mx.argmax(scores)))
         logprobs.append(float(scores[tokens[-1]]))
+        sequence.append(tokens[-1])
         if len(tokens) == max_tokens:
             return tokens, logprobs
-        _set_factors(model, len(prompt) > ORIGINAL or position >= ORIGINAL)
-        logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
-        position += 1
+        fed = [tokens[-1]]
+        if not long and len(sequence) > ORIGINAL:  # the next position passes them
+            long = True
+            set_long(model, True)
+            cache, fed = new_cache(model), sequence
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -108,15 +125,16 @@ def test_a_long_prompt_reads_no_short_prompts_cached_blocks(phi3_path):
     assert again.token_ids == second.token_ids and again.metrics.cached_tokens == 32
 
 
-def test_phi4mm_requests_of_both_kinds_match_mlx_vlm_one_at_a_time(tmp_path):
-    """Phi-4-multimodal (mlx-vlm's LongRoPE, which takes the furthest position of its call):
-    mlx-vlm's own generation of one sequence, its prompt in one call, is the reference's rule;
-    in one packed engine each request is rotated by its own."""
+def test_phi4mm_requests_of_both_kinds_match_the_reference(tmp_path):
+    """Phi-4-multimodal (mlx-vlm's LongRoPE, which takes the furthest position of its call,
+    the reference's rule for one call): mlx-vlm's own language model one sequence at a time,
+    computed anew once it passes the original positions, as transformers' Phi-4-multimodal
+    does; in one packed engine each request is rotated by its own."""
     pytest.importorskip("mlx_vlm")
+    from mlx_vlm.models.cache import make_prompt_cache as vlm_cache
     from mlx_vlm.utils import load_model
 
     from tests.support.tiny_vlm_text import save_vlm_text_model
-    from tests.support.vlm_oracle import assert_matches_mlx_vlm_text
 
     path = save_vlm_text_model(
         tmp_path, "phi4mm", top={"original_max_position_embeddings": ORIGINAL}
@@ -125,6 +143,30 @@ def test_phi4mm_requests_of_both_kinds_match_mlx_vlm_one_at_a_time(tmp_path):
     prompts = random_prompts(LENGTHS, seed=4)
     outs = run_staggered_outputs(engine, prompts, GREEDY)
     assert engine.runner.adapter.long_rope_after == ORIGINAL
-    oracle = load_model(path)
+    text = load_model(path).language_model
     for index, prompt in enumerate(prompts):
-        assert_matches_mlx_vlm_text(oracle, prompt, outs[index])
+        want = reference_greedy(text, prompt, GREEDY.max_tokens or 0, lambda *_: None, vlm_cache)
+        assert outs[index].token_ids == want[0], f"prompt of {len(prompt)} tokens"
+        assert outs[index].logprobs == pytest.approx(want[1], abs=1e-4)
+
+
+@pytest.mark.skipif(torch_python() is None, reason="no Python with torch")
+def test_staggered_requests_match_transformers_phi3(phi3_path, tmp_path):
+    """transformers' own Phi-3 (its dynamic ``longrope`` update and its cache computed anew at
+    the crossing), each prompt generated alone on the same checkpoint: the engine's staggered
+    batch gives its tokens and, to the two libraries' float32 sums, its log-probabilities."""
+    prompts = random_prompts(LENGTHS, seed=5)
+    engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, max_num_batched_tokens=24))
+    outs = run_staggered_outputs(engine, prompts, GREEDY)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"prompts": prompts, "max_tokens": GREEDY.max_tokens}))
+    script = Path(__file__).parents[2] / "support" / "transformers_greedy.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
+    python = torch_python()
+    assert python is not None
+    command = [python, str(script), str(phi3_path), str(job), str(tmp_path / "out.json")]
+    subprocess.run(command, check=True, env=env, timeout=600, capture_output=True)
+    want = json.loads((tmp_path / "out.json").read_text())
+    for index, (tokens, logprobs) in enumerate(want):
+        assert outs[index].token_ids == tokens, f"prompt of {LENGTHS[index]} tokens"
+        assert outs[index].logprobs == pytest.approx(logprobs, abs=1e-3)

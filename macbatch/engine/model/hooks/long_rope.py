@@ -1,18 +1,20 @@
 """LongRoPE (Phi-3.5, Phi-4-mini, Phi-4-multimodal: ``rope_scaling.type: longrope``) chosen per
-row, as transformers chooses it for one sequence.
+request, as transformers' Phi-3 chooses it for one sequence.
 
-The reference (transformers' dynamic ``longrope`` update) rotates by the short factors while the
-sequence is within ``original_max_position_embeddings`` and by the long ones once it passes: a
-prompt longer than that is rotated long throughout; a shorter one, and each token decoded at a
-position below it, short; a token at or past it long (the keys before it stay as cached).
-mlx-lm's ``SuScaledRoPE`` always rotates long, and mlx-vlm's takes the furthest position of its
-call, which in a packed step is the furthest of every request in it. ``install`` replaces each
-decoder layer's ``SuScaledRoPE`` by ``RowLongRoPE``: in the engine's step (``note_step``: each
-row's position and its request's prompt length) a row is rotated long iff its position is at or
-past the original positions or its request's prompt is longer than them; any other call (the
-self-check's library forward, one sequence) is rotated long iff its furthest position passes
-them, the reference's rule for one sequence whose prompt is one call. Both scale by the same
-attention factor as the library (mscale), which transformers applies to both factor sets.
+The reference rotates by the short factors while the sequence is within
+``original_max_position_embeddings`` and by the long ones past it: a prompt longer than that is
+rotated long throughout; a shorter one short, and once its sequence reaches a position past them
+transformers' Phi-3 drops its cache and computes the whole sequence again, long
+(``Phi3ForCausalLM.prepare_inputs_for_generation``). mlx-lm's ``SuScaledRoPE`` always rotates
+long, and mlx-vlm's by the furthest position of its call, which in a packed step is the furthest
+of every request in it. The scheduler decides each request's set (``Request.long_rope``: from a
+long prompt, or when the sequence crosses, its blocks released and computed anew) and the packed
+step carries it per row (``PackedBatch.long_rope_rows``). ``install`` replaces each decoder
+layer's ``SuScaledRoPE`` by ``RowLongRoPE``: in the engine's step (``note_step``) each row is
+rotated by its request's set; any other call (the self-check's library forward, one sequence) is
+rotated long iff its furthest position passes the original ones, the reference's rule for one
+sequence whose prompt is one call. Both scale by the library's attention factor (mscale), which
+transformers applies to both sets.
 """
 
 from __future__ import annotations
@@ -24,17 +26,17 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-_STEP = threading.local()  # the engine step's (positions, prompt lengths), per thread
+_STEP = threading.local()  # the engine step's (positions, long rows), per thread
 
 
-def note_step(positions: mx.array, prompt_lengths: mx.array | None) -> None:
+def note_step(positions: mx.array, long_rows: mx.array | None) -> None:
     """Notes the step the adapter is about to run: each row's position (the offset its caches
-    hand the rope) and its request's prompt length (None: the model has no LongRoPE)."""
-    _STEP.rows = None if prompt_lengths is None else (positions, prompt_lengths)
+    hand the rope) and whether its request is rotated long (None: the model has no LongRoPE)."""
+    _STEP.rows = None if long_rows is None else (positions, long_rows)
 
 
-def _prompt_lengths(offset: Any) -> mx.array | None:
-    """The step's prompt lengths when ``offset`` is the noted step's positions, else None."""
+def _long_rows(offset: Any) -> mx.array | None:
+    """The step's long rows when ``offset`` is the noted step's positions, else None."""
     rows = getattr(_STEP, "rows", None)
     return rows[1] if rows is not None and rows[0] is offset else None
 
@@ -56,19 +58,16 @@ class RowLongRoPE(nn.Module):
         self._short_scale, self._long_scale = scales
 
     def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
-        lengths = _prompt_lengths(offset)
-        if lengths is None:
+        rows = _long_rows(offset)
+        if rows is None:
             end = mx.max(mx.array(offset, dtype=mx.int32)) + x.shape[-2]
             long = end > self.original_max_position_embeddings
             freqs = mx.where(long, self._long_freqs, self._short_freqs)
             scale = mx.where(long, self._long_scale, self._short_scale).astype(x.dtype)
             return self._rotated(x, offset, freqs, scale)
-        assert isinstance(offset, mx.array)
-        original = self.original_max_position_embeddings
-        long = (offset >= original) | (lengths > original)
         short = self._rotated(x, offset, self._short_freqs, self._short_scale)
         return mx.where(
-            long.reshape(-1, 1, 1, 1),
+            rows.reshape(-1, 1, 1, 1) > 0,
             self._rotated(x, offset, self._long_freqs, self._long_scale),
             short,
         )
@@ -119,7 +118,7 @@ def install(layers: Sequence[Any]) -> None:
 
 def original_positions(layers: Sequence[Any]) -> int | None:
     """The original positions of the model's ``RowLongRoPE`` (None: it has none), read once at
-    load: the packer then hands each row its request's prompt length."""
+    load: the scheduler decides each request's set by them, the packer hands it to each row."""
     for layer in layers:
         rope = getattr(getattr(layer, "self_attn", None), "rope", None)
         if isinstance(rope, RowLongRoPE):

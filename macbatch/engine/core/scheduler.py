@@ -102,6 +102,7 @@ class Scheduler:
         for request in self.running:
             need = request.num_tokens_to_compute
             if need == 1:  # a decode verifies its drafts in the same chunk, budget permitting
+                self._drafts_within_short(request)
                 decodes.append((request, need + len(request.drafts)))
             elif need:
                 prefills.append((request, need))
@@ -169,6 +170,14 @@ class Scheduler:
         a prompt past them is long from its first token)."""
         after = self.long_rope_after
         return after is not None and not request.long_rope and end > after
+
+    def _drafts_within_short(self, request: Request) -> None:
+        """A LongRoPE request still rotated short verifies no draft past the original
+        positions: its token there is computed after the sequence is computed anew, long, as
+        without drafts."""
+        after = self.long_rope_after
+        if after is not None and not request.long_rope and request.drafts:
+            del request.drafts[max(0, after - request.num_tokens) :]
 
     def _recompute_long(self, request: Request) -> None:
         """``request`` rotated long from now on, sent to the front of the queue holding no

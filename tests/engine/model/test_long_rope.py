@@ -90,15 +90,23 @@ def reference_greedy(
             cache, fed = new_cache(model), sequence
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_requests_of_both_kinds_in_one_engine_match_the_reference(phi3_path, compiled):
-    """Staggered requests, the longer prompts prefilled in chunks, decoded uncompiled or
-    compiled: each one's tokens and log-probabilities are the reference's for it alone."""
+MODES = {
+    "plain": {},
+    "compiled": dict(compile_decode_after=1),
+    "ngram": dict(speculative="ngram", num_speculative_tokens=3),  # drafts cross it too
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_requests_of_both_kinds_in_one_engine_match_the_reference(phi3_path, mode):
+    """Staggered requests, the longer prompts prefilled in chunks, decoded uncompiled, compiled
+    or verifying n-gram drafts: each one's tokens and log-probabilities are the reference's for
+    it alone."""
     prompts = random_prompts(LENGTHS, seed=2)
-    config = dict(max_num_batched_tokens=24, compile_decode_after=1 if compiled else None)
-    engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, **config))
+    config = dict(max_num_batched_tokens=24, **MODES[mode])
+    engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, **config))  # type: ignore[arg-type]
     outs = run_staggered_outputs(engine, prompts, GREEDY)
-    if compiled:
+    if mode == "compiled":
         assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes
     model, _ = load(str(phi3_path))
     for index, prompt in enumerate(prompts):

@@ -90,6 +90,8 @@ class Scheduler:
         self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
+        if self._crosses_long_rope(request, request.num_tokens):
+            request.rotate_long()  # before its blocks are looked up (the disk tier's too)
         self.waiting.append(request)
 
     def schedule(self) -> StepPlan:
@@ -138,7 +140,7 @@ class Scheduler:
                 passed += 1
                 continue
             if self._crosses_long_rope(request, request.num_tokens):
-                request.rotate_long()  # before its first block is cached or read
+                request.rotate_long()  # preempted at the crossing, before it was computed
             # A waiting request holds no blocks: start from whatever prefix is cached.
             request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens

@@ -178,3 +178,21 @@ def test_staggered_requests_match_transformers_phi3(phi3_path, tmp_path):
     for index, (tokens, logprobs) in enumerate(want):
         assert outs[index].token_ids == tokens, f"prompt of {LENGTHS[index]} tokens"
         assert outs[index].logprobs == pytest.approx(logprobs, abs=1e-3)
+
+
+def test_a_long_prompt_reads_no_short_prompts_blocks_from_disk(phi3_path, tmp_path):
+    """The disk tier looks a waiting request's blocks up when it is queued: a long prompt's
+    chain is its long scope's by then, so a restarted engine reads none of a short prompt's
+    blocks for it."""
+    (shared,) = random_prompts([40], seed=11)
+    config = EngineConfig(num_blocks=64, block_size=8, disk_cache_dir=str(tmp_path / "disk"))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    warm = Engine.load(str(phi3_path), config)
+    warm.generate([shared[:24]], params)
+    warm.close()
+    engine = Engine.load(str(phi3_path), config)
+    (out,) = engine.generate([shared], params)
+    engine.close()
+    model, _ = load(str(phi3_path))
+    assert out.metrics.disk_cached_tokens == 0
+    assert out.token_ids == reference_greedy(model, shared, 6)[0]

@@ -110,7 +110,12 @@ class Engine(PromptEncoder):
         runner.constraints = self.constraints
         self.processor = InputProcessor(self.tokenizer, self.info, self.constraints, runner.vision)
         self.kv = kv_manager_for(runner, config, model_name)
-        self.scheduler = Scheduler(self.kv, config.max_num_batched_tokens, config.max_num_seqs)
+        self.scheduler = Scheduler(
+            self.kv,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            runner.adapter.long_rope_after,
+        )
         self.speculator = speculator_for(config, runner.draft, self.kv)
         # the step's side participants: vision rows, the drafter's observation, the disk tier
         self._participants = participants_of(runner, self.kv, self.scheduler, self.speculator)

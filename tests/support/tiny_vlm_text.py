@@ -254,16 +254,22 @@ _HELD_NAMES = frozenset(
 
 
 def vlm_text_model(
-    family: str, seed: int = 0, vision: dict[str, Any] | None = None, **overrides: Any
+    family: str,
+    seed: int = 0,
+    vision: dict[str, Any] | None = None,
+    top: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> tuple[Any, dict[str, Any]]:
     """mlx-vlm's own model of the tiny ``family`` (float32, random weights of ``seed``) and its
     config.json, ``overrides`` merged into it (for a VLM: into its text config, ``vision`` into
-    its vision config); a family not in ``CONFIGS`` gets its derived config
+    its vision config, ``top`` into its top level: a family whose text fields sit there, as
+    Phi-4-multimodal's); a family not in ``CONFIGS`` gets its derived config
     (``vlm_architectures.py``)."""
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
     config = copy.deepcopy(CONFIGS[family]) if family in CONFIGS else vlm_config(family)
     config.get("text_config", config).update(overrides)
+    config.update(top or {})
     config.get("vision_config", {}).update(vision or {})
     module, _ = get_model_and_args(copy.deepcopy(config))
     mx.random.seed(seed)
@@ -276,10 +282,12 @@ def vlm_text_model(
     return model, config
 
 
-def save_vlm_text_model(path: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
+def save_vlm_text_model(
+    path: Path, family: str, seed: int = 0, top: dict[str, Any] | None = None, **overrides: Any
+) -> Path:
     """The tiny ``family`` checkpoint (``vlm_text_model``) in ``path``, saved under mlx-vlm's
     names (or, for the families of ``CONFIGS`` not held under them, their Hugging Face ones)."""
-    model, config = vlm_text_model(family, seed, **overrides)
+    model, config = vlm_text_model(family, seed, top=top, **overrides)
     return save_vlm_model(path, family, model, config)
 
 

@@ -30,10 +30,12 @@ def pack(
     kv_head_counts: set[int],
     states: Sequence[StateChunk] | None = None,
     window: tuple[list[list[int]], set[int]] | None = None,
+    long_rope: bool = False,
 ) -> PackedBatch:
     """``block_tables[i]`` is the KV manager's block table of ``plan.chunks[i]``'s request,
     ``states[i]`` how its recurrent state flows (hybrid models only), and ``window`` the window
-    group's block tables and KV head counts (models with sliding-window layers only).
+    group's block tables and KV head counts (models with sliding-window layers only);
+    ``long_rope``: each row says whether its request is rotated long (a LongRoPE model's).
 
     One Python pass over the chunks collects their numbers; the rest is whole-array numpy (the
     step's host time grows with the running requests, so no per-chunk numpy calls). A small
@@ -41,7 +43,10 @@ def pack(
     chunks = plan.chunks
     count = len(chunks)
     if count <= SMALL_DECODE and states is None and plan.num_tokens == count:
-        return _pack_small_decode(plan, block_tables, block_size, kv_head_counts, window)
+        batch = _pack_small_decode(plan, block_tables, block_size, kv_head_counts, window)
+        if long_rope:
+            batch.long_rope_rows = mx.array([c.request.long_rope for c in chunks], mx.int32)
+        return batch
     lengths = np.fromiter((c.num_tokens for c in chunks), np.int32, count)
     starts = np.fromiter((c.start for c in chunks), np.int32, count)
     samples = np.fromiter((c.samples for c in chunks), np.bool_, count)
@@ -66,6 +71,10 @@ def pack(
         window_array = _table_array(window[0])
         window_rows = _write_rows(window_array, row_seq, positions, block_size, window[1])
         window_tables = mx.array(window_array)
+    long_rows = None
+    if long_rope:
+        longs = np.fromiter((c.request.long_rope for c in chunks), np.int32, count)
+        long_rows = mx.array(longs[row_seq])
 
     return PackedBatch(
         token_ids=mx.array(token_ids),
@@ -82,6 +91,7 @@ def pack(
         adapter_rows=_adapter_rows(chunks, lengths),
         window_block_tables=window_tables,
         window_write_rows=window_rows,
+        long_rope_rows=long_rows,
     )
 
 

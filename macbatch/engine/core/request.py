@@ -19,6 +19,8 @@ from macbatch.engine.pooling.methods import PoolingParams
 from macbatch.engine.sample.params import SamplingParams
 from macbatch.engine.structured_output.constraints import ConstraintState
 
+LONG_ROPE_SCOPE = b"long-rope\0"  # beside an adapter's scope (``Request.rotate_long``)
+
 
 class RequestStatus(Enum):
     WAITING = "waiting"
@@ -67,6 +69,9 @@ class Request:
     # of its blocks (b"": the base model's), from ``ModelInfo.adapters`` (engine/lora/bank.py).
     adapter_slot: int = 0
     cache_scope: bytes = b""
+    # A LongRoPE model's (engine/model/hooks/long_rope.py): every row rotated by the long
+    # factors, from a prompt past the original positions or since the sequence reached them.
+    long_rope: bool = False
     reply: ReplyText = field(init=False, repr=False)
     max_tokens: int = field(init=False)  # params.max_tokens, which the processor always sets
 
@@ -79,6 +84,12 @@ class Request:
             self.logprobs = []
             if self.params.logprobs:
                 self.top_logprobs = []
+
+    def rotate_long(self) -> None:
+        """From now on every row is rotated by the long factors (before any is computed so):
+        its blocks get a prefix-cache scope of their own, never shared with a short one's."""
+        self.long_rope = True
+        self.cache_scope += LONG_ROPE_SCOPE
 
     @property
     def all_token_ids(self) -> list[int]:

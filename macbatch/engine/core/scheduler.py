@@ -73,15 +73,25 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, kv: KVManager, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(
+        self,
+        kv: KVManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        long_rope_after: int | None = None,
+    ) -> None:
+        """``long_rope_after``: a LongRoPE model's original positions (``_rotated_long``)."""
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.long_rope_after = long_rope_after
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
+        if self._crosses_long_rope(request, request.num_tokens):
+            request.rotate_long()  # before its blocks are looked up (the disk tier's too)
         self.waiting.append(request)
 
     def schedule(self) -> StepPlan:
@@ -94,6 +104,7 @@ class Scheduler:
         for request in self.running:
             need = request.num_tokens_to_compute
             if need == 1:  # a decode verifies its drafts in the same chunk, budget permitting
+                self._drafts_within_short(request)
                 decodes.append((request, need + len(request.drafts)))
             elif need:
                 prefills.append((request, need))
@@ -106,6 +117,9 @@ class Scheduler:
             if n == 0:  # an image block that attends both ways waits for a step it fits in
                 budget = 0
                 break
+            if self._crosses_long_rope(request, request.num_computed_tokens + n):
+                self._recompute_long(request)  # readmitted below, its sequence computed anew
+                continue
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, n):
                 victim = self.running[-1]
                 budget += self._preempt(victim, scheduled)
@@ -125,6 +139,8 @@ class Scheduler:
             if not self.kv.prefix_ready(request.request_id):
                 passed += 1
                 continue
+            if self._crosses_long_rope(request, request.num_tokens):
+                request.rotate_long()  # preempted at the crossing, before it was computed
             # A waiting request holds no blocks: start from whatever prefix is cached.
             request.num_computed_tokens = self._cached_prefix(request)
             need = request.num_tokens - request.num_computed_tokens
@@ -148,6 +164,32 @@ class Scheduler:
         if not request.reads_cached_prefix:
             return 0
         return self.kv.take_cached_prefix(request, request.num_tokens)
+
+    def _crosses_long_rope(self, request: Request, end: int) -> bool:
+        """Whether a LongRoPE model's request, still rotated short, would compute a position
+        past the original ones by ``end``: transformers' Phi-3 then rotates the whole sequence by
+        the long factors, its cache dropped and computed anew (``prepare_inputs_for_generation``;
+        a prompt past them is long from its first token)."""
+        after = self.long_rope_after
+        return after is not None and not request.long_rope and end > after
+
+    def _drafts_within_short(self, request: Request) -> None:
+        """A LongRoPE request still rotated short verifies no draft past the original
+        positions: its token there is computed after the sequence is computed anew, long, as
+        without drafts."""
+        after = self.long_rope_after
+        if after is not None and not request.long_rope and request.drafts:
+            del request.drafts[max(0, after - request.num_tokens) :]
+
+    def _recompute_long(self, request: Request) -> None:
+        """``request`` rotated long from now on, sent to the front of the queue holding no
+        blocks (not a preemption: no memory was short)."""
+        request.rotate_long()
+        request.drafts = []
+        self.running.remove(request)
+        self._release(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
 
     def _preempt(self, victim: Request, scheduled: dict[str, ScheduledChunk]) -> int:
         """Send ``victim`` back to waiting; returns the budget its cancelled chunk gave back."""

@@ -40,6 +40,7 @@ from macbatch.engine.model.families import (
 )
 from macbatch.engine.model.flat_model import FlatTransformer, is_flat
 from macbatch.engine.model.held_attention import HeldAttentionCache, HeldStep
+from macbatch.engine.model.hooks import long_rope
 from macbatch.engine.model.hooks.latent_attention import latent_modules
 from macbatch.engine.model.hooks.pooled_sparse_attention import is_pooled_attention
 from macbatch.engine.model.hooks.reused_kv import handed_kv
@@ -161,6 +162,8 @@ class ModelAdapter:
             recurrent = self._recurrent_modules()
             hooks.install(self.layers, recurrent, capped, self.inner, offsets, ropes, reused)
             layout, self.state_shapes = self._probe()
+        # a LongRoPE's original positions: each step then carries its rows' prompt lengths
+        self.long_rope_after = long_rope.original_positions(self.layers)
         self.layer_shapes, self.kv_layers = layout.shapes, layout.kv_layers
         self.kv_dtype, self.head_orders = layout.dtype, layout.head_orders
         self.index_layers = layout.index_layers or [None] * len(self.kv_layers)
@@ -419,6 +422,7 @@ class ModelAdapter:
         used = iter(self.kv_used)
         state_layers = iter(range(len(self.state_shapes)))
         positions = batch.positions if batch.rope_positions is None else batch.rope_positions
+        long_rope.note_step(positions, batch.long_rope_rows)
         peers: list[PagedLayerCache] = []
         caches: list[PagedLayerCache | PagedStateCache | HeldAttentionCache | None] = []
         held = None

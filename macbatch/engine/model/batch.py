@@ -55,6 +55,9 @@ class PackedBatch:
     # [N, 3] M-RoPE positions (engine/multimodal/qwen_vl.py) when a row's request has them, else
     # None.
     rope_positions: mx.array | None = field(default=None, metadata={"rank_local": True})
+    # [N] int32: 1 where a row's request is rotated by the long factors, when the model has a
+    # LongRoPE (model/hooks/long_rope.py; the scheduler decides: Request.long_rope), else None.
+    long_rope_rows: mx.array | None = None
 
     @cached_property
     def attention(self) -> AttentionMetadata:

@@ -137,6 +137,7 @@ class CompiledDecode:
             None if window is None else window.shape[1],
             batch.token_ids.dtype,
             batch.rope_positions is not None,
+            batch.long_rope_rows is not None,
             self._stores.full.num_blocks,  # an elastic pool that grew: new page shapes
             None if self._stores.window is None else self._stores.window.num_blocks,
         )
@@ -174,6 +175,8 @@ def _arrays(batch: PackedBatch) -> list[mx.array]:
         arrays += (batch.window_write_rows[h] for h in sorted(batch.window_write_rows))
     if batch.rope_positions is not None:
         arrays.append(batch.rope_positions)
+    if batch.long_rope_rows is not None:
+        arrays.append(batch.long_rope_rows)
     return arrays
 
 
@@ -181,7 +184,9 @@ def _rebuilt(template: PackedBatch, arrays: list[mx.array], windowed: bool) -> P
     """``template`` over ``arrays`` (``_arrays``' order), its attention metadata without host
     copies: only a traceable backend reads it, and it reads the arrays."""
     token_ids, positions, cu, seq_lens, tables, *rest = arrays
-    rope = None
+    rope = longs = None
+    if template.long_rope_rows is not None:
+        *rest, longs = rest
     if template.rope_positions is not None:
         *rest, rope = rest
     heads = sorted(template.kv_write_rows)
@@ -202,6 +207,7 @@ def _rebuilt(template: PackedBatch, arrays: list[mx.array], windowed: bool) -> P
         window_block_tables=window_tables,
         window_write_rows=window_rows,
         rope_positions=rope,
+        long_rope_rows=longs,
     )
     vars(batch)["attention"] = AttentionMetadata(tables, seq_lens, cu, _NO_HOST, _NO_HOST)
     if window_tables is not None:

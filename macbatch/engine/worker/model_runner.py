@@ -242,7 +242,13 @@ class ModelRunner:
         pages of each group's KV heads."""
         window = None if tables.window is None else (tables.window, self.window_head_counts)
         return pack(
-            plan, tables.blocks, self.config.block_size, self.kv_head_counts, tables.states, window
+            plan,
+            tables.blocks,
+            self.config.block_size,
+            self.kv_head_counts,
+            tables.states,
+            window,
+            self.adapter.long_rope_after is not None,
         )
 
     def forward(

@@ -22,6 +22,7 @@ from macbatch.engine.model.hooks import (
     flat_topk,
     gated_delta,
     latent_attention,
+    long_rope,
     mrope_sections,
     offset_rope,
     pooled_sparse_attention,
@@ -150,6 +151,14 @@ HOOKS: tuple[Hook, ...] = (
         "mlx-vlm's sectioned M-RoPE (GLM-4V's) lays out its cos and sin with mx.split, which "
         "mx.compile of the packed decode step raises on; the same slices cut one by one",
         lambda _: mrope_sections.install(),
+    ),
+    Hook(
+        "long_rope",
+        "mlx-lm's LongRoPE (Phi-3.5, Phi-4-mini) always rotates by the long factors and "
+        "mlx-vlm's (Phi-4-multimodal) by the furthest position of the step; transformers uses "
+        "the short ones within the original positions, so each row chooses by its own position "
+        "and its request's prompt length",
+        lambda target: long_rope.install(target.layers),
     ),
     Hook(
         "recurrent_layers",

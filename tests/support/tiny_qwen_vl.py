@@ -310,13 +310,10 @@ def _qwen3_omni_config(tokens: dict[str, int]) -> dict[str, Any]:
         text_config=text,
         vision_config=vision,
         audio_config=audio,
-        image_token_id=tokens["<|image_pad|>"],
-        video_token_id=tokens["<|video_pad|>"],
         audio_token_id=tokens["<|audio_pad|>"],
         audio_start_token_id=tokens["<|audio_start|>"],
         audio_end_token_id=tokens["<|audio_end|>"],
-        vision_start_token_id=tokens["<|vision_start|>"],
-        vision_end_token_id=tokens["<|vision_end|>"],
+        **_image_token_ids(tokens),
     )
     return dict(
         model_type="qwen3_omni_moe",
@@ -346,6 +343,16 @@ def _qwen3_vision(family: str, deepstack: list[int]) -> dict[str, Any]:
     )
 
 
+def _image_token_ids(tokens: dict[str, int]) -> dict[str, int]:
+    """The image and video token ids every Qwen VL config names."""
+    return dict(
+        image_token_id=tokens["<|image_pad|>"],
+        video_token_id=tokens["<|video_pad|>"],
+        vision_start_token_id=tokens["<|vision_start|>"],
+        vision_end_token_id=tokens["<|vision_end|>"],
+    )
+
+
 def _with_tokens(
     family: str, text: dict[str, Any], vision: dict[str, Any], tokens: dict[str, int]
 ) -> dict[str, Any]:
@@ -353,10 +360,7 @@ def _with_tokens(
         model_type=family,
         text_config=text,
         vision_config=vision,
-        image_token_id=tokens["<|image_pad|>"],
-        video_token_id=tokens["<|video_pad|>"],
-        vision_start_token_id=tokens["<|vision_start|>"],
-        vision_end_token_id=tokens["<|vision_end|>"],
+        **_image_token_ids(tokens),
         vision_token_id=tokens["<|vision_pad|>"],
         vocab_size=VOCAB_SIZE,
         **{k: v for k, v in text.items() if k not in ("model_type", "vocab_size")},

@@ -179,9 +179,9 @@ class DraftModelDrafter:
         for chunk in chunks:
             chunk.samples = True  # a draft's row completes no known sequence, yet is sampled
         block_size, heads = self.runner.block_size, self.runner.head_counts
-        lengths = self.runner.adapter.long_rope_after is not None  # a LongRoPE draft's
+        long_rope = self.runner.adapter.long_rope_after is not None  # a LongRoPE draft model's
         plan = StepPlan(chunks)
-        batch = pack(plan, tables[: len(chunks)], block_size, heads, states, None, lengths)
+        batch = pack(plan, tables[: len(chunks)], block_size, heads, states, long_rope=long_rope)
         if fed is not None:
             batch.token_ids = fed
         return self.runner.greedy(batch)

@@ -2,8 +2,10 @@
 
 The oracle is mlx-lm's own Phi-3, one sequence at a time, its ropes' factors set by the
 reference's rule (transformers' dynamic ``longrope`` update): a prompt longer than the original
-positions is rotated long throughout; a shorter one, and each token decoded at a position below
-them, short; a token at or past them long, the keys before it as cached.
+positions is rotated long throughout; a shorter one short while its sequence is within them,
+and once it passes them the whole sequence is computed anew, long, in a fresh cache (transformers'
+``prepare_inputs_for_generation`` drops the cache there). A second test holds the engine to
+transformers' own ``Phi3ForCausalLM.generate`` where torch is installed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
-"""Phi-3's LongRoPE chosen per request as transformers chooses it (model/hooks/long_rope.py).
+"""LongRoPE chosen per request as transformers' Phi-3 chooses it (model/hooks/long_rope.py), on
+Phi-3, PhiMoE and MiniCPM3 (mlx-lm's three ``SuScaledRoPE`` families).
 
-The oracle is mlx-lm's own Phi-3, one sequence at a time, its ropes' factors set by the
-reference's rule (transformers' dynamic ``longrope`` update): a prompt longer than the original
-positions is rotated long throughout; a shorter one short while its sequence is within them,
-and once it passes them the whole sequence is computed anew, long, in a fresh cache (transformers'
-``prepare_inputs_for_generation`` drops the cache there). A second test holds the engine to
-transformers' own ``Phi3ForCausalLM.generate`` where torch is installed.
+The oracle is mlx-lm's own module of the family, one sequence at a time, its ropes' factors (and
+PhiMoE's mscale) set by the reference's rule (transformers' dynamic ``longrope`` update): a
+prompt longer than the original positions is rotated long throughout; a shorter one short while
+its sequence is within them, and once it passes them the whole sequence is computed anew, long,
+in a fresh cache (transformers' ``prepare_inputs_for_generation`` drops the cache there). A
+second test holds the engine to transformers' own ``generate`` (Phi-3, PhiMoE) where torch is
+installed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -25,45 +29,134 @@ from macbatch.engine import Engine, EngineConfig, SamplingParams
 from tests.support.encoder_classifiers import torch_python
 from tests.support.oracle import assert_pool_idle
 from tests.support.staggered import random_prompts, run_staggered_outputs
-from tests.support.tiny import TINY_COMMON, save_model
+from tests.support.tiny import (
+    MLA_CONFIGS,
+    SPECIAL_TOKENS,
+    TINY_COMMON,
+    model_of,
+    save_model,
+    save_tokenizer,
+)
 
 ORIGINAL = 32  # original positions: the prompts and decodes below cross it
 # below, at and past the original positions; the shorter ones decode past them
 LENGTHS = [20, 40, 32, 9, 31, 50]
 GREEDY = SamplingParams(max_tokens=28, temperature=0, ignore_eos=True, logprobs=0)
-_ROTARY = 12  # three quarters of each 16-wide head
 _rng = random.Random(3)
-PHI3 = dict(
+
+
+def _factors(rotary: int) -> dict[str, list[float]]:
+    """Random distinct short and long factors for ``rotary`` rotated dims."""
+    short = [round(_rng.uniform(1.0, 3.0), 3) for _ in range(rotary // 2)]
+    return {"short_factor": short, "long_factor": [round(_rng.uniform(3, 12), 3) for _ in short]}
+
+
+_PHI = dict(
     TINY_COMMON,
-    model_type="phi3",
     pad_token_id=0,  # transformers' Phi-3 default (32000) is past the tiny vocabulary
-    partial_rotary_factor=0.75,
     max_position_embeddings=4 * ORIGINAL,
     original_max_position_embeddings=ORIGINAL,
+)
+PHI3 = dict(
+    _PHI,
+    model_type="phi3",
+    partial_rotary_factor=0.75,  # 12 of each 16-wide head rotated
+    rope_scaling={"type": "longrope", **_factors(12)},
+)
+# PhiMoE: its own mscale for each set (its real checkpoints' two are equal; these differ)
+PHIMOE = dict(
+    _PHI,
+    model_type="phimoe",
+    num_local_experts=4,
+    num_experts_per_tok=2,  # transformers' sparsemixer takes two
+    attention_bias=True,  # mlx-lm's PhiMoE has the biases always
+    lm_head_bias=True,
     rope_scaling={
         "type": "longrope",
-        "short_factor": [round(_rng.uniform(1.0, 3.0), 3) for _ in range(_ROTARY // 2)],
-        "long_factor": [round(_rng.uniform(3.0, 12.0), 3) for _ in range(_ROTARY // 2)],
+        **_factors(16),
+        "short_mscale": 1.1,
+        "long_mscale": 1.3,
+        "original_max_position_embeddings": ORIGINAL,
     },
 )
+# MiniCPM3: an MLA model whose 32 RoPE dims of each head are rotated, its original positions in
+# its rope_scaling
+MINICPM3 = dict(
+    MLA_CONFIGS["minicpm3"],
+    max_position_embeddings=4 * ORIGINAL,
+    rope_scaling={
+        "type": "longrope",
+        **_factors(32),
+        "original_max_position_embeddings": ORIGINAL,
+    },
+)
+FAMILIES = {"phi3": PHI3, "phimoe": PHIMOE, "minicpm3": MINICPM3}
+_EXPERTS = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}  # PhiMoE's names in HF
+
+
+def _save_phimoe(path: Path) -> Path:
+    """The tiny PhiMoE in Hugging Face's layout (one ``experts.E.wN`` per expert, which
+    transformers reads and mlx-lm's sanitize stacks)."""
+    path.mkdir(parents=True)
+    weights = {}
+    for name, value in tree_flatten(model_of(PHIMOE).parameters()):
+        layer, _, rest = name.partition(".switch_mlp.")
+        if rest:
+            proj = _EXPERTS[rest.split(".")[0]]
+            weights.update(
+                {f"{layer}.experts.{e}.{proj}.weight": value[e] for e in range(len(value))}
+            )
+        else:
+            weights[name] = value
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    eos = SPECIAL_TOKENS.index("<|im_end|>")  # as save_model's
+    (path / "config.json").write_text(json.dumps(dict(PHIMOE, eos_token_id=eos)))
+    save_tokenizer(path)
+    return path
+
+
+def _save(family: str, tmp_path_factory) -> Path:
+    """The tiny checkpoint of ``family``, in Hugging Face's layout."""
+    root = tmp_path_factory.mktemp(family) / family
+    if family == "phimoe":
+        return _save_phimoe(root)
+    arch = "minicpm3" if family == "minicpm3" else "llama"
+    return save_model(root, arch=arch, **FAMILIES[family])
+
+
+@pytest.fixture(scope="module")
+def family_path(request, tmp_path_factory):
+    """The family the test is parametrized by (indirectly) and its tiny checkpoint."""
+    return request.param, _save(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def phi3_path(tmp_path_factory):
-    return save_model(tmp_path_factory.mktemp("phi3") / "phi3", arch="llama", **PHI3)
+    return _save("phi3", tmp_path_factory)
 
 
-def _set_factors(model, long: bool) -> None:
-    """Every layer's rope rotated by the long or the short factors (mlx-lm keeps the long)."""
-    scaling = PHI3["rope_scaling"]
-    factors = scaling["long_factor" if long else "short_factor"]
-    base = PHI3["rope_theta"] ** (mx.arange(0, _ROTARY, 2, dtype=mx.float32) / _ROTARY)
+def set_factors(config: dict, model, long: bool) -> None:
+    """Every layer's rope rotated by the long or the short factors of ``config`` (mlx-lm keeps
+    the long ones), scaled by that set's mscale where the config names one (PhiMoE's)."""
+    scaling = config["rope_scaling"]
+    factors = mx.array(scaling["long_factor" if long else "short_factor"], dtype=mx.float32)
+    rotary = 2 * factors.size
+    base = config["rope_theta"] ** (mx.arange(0, rotary, 2, dtype=mx.float32) / rotary)
     for layer in model.layers:
-        layer.self_attn.rope._freqs = mx.array(factors, dtype=mx.float32) * base
+        layer.self_attn.rope._freqs = factors * base
+        if "long_mscale" in scaling:
+            layer.self_attn.rope._scale = scaling["long_mscale" if long else "short_mscale"]
+
+
+set_phi3_factors = functools.partial(set_factors, PHI3)
 
 
 def reference_greedy(
-    model, prompt: list[int], max_tokens: int, set_long=_set_factors, new_cache=make_prompt_cache
+    model,
+    prompt: list[int],
+    max_tokens: int,
+    set_long=set_phi3_factors,
+    new_cache=make_prompt_cache,
 ) -> tuple[list[int], list[float]]:
     """Greedy tokens and their log-probabilities of one sequence as transformers' Phi-3 makes
     them: short while the sequence is within the original positions (a longer prompt: long);
@@ -99,20 +192,24 @@ MODES = {
 }
 
 
+@pytest.mark.parametrize("family_path", sorted(FAMILIES), indirect=True)
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_requests_of_both_kinds_in_one_engine_match_the_reference(phi3_path, mode):
+def test_requests_of_both_kinds_in_one_engine_match_the_reference(family_path, mode):
     """Staggered requests, the longer prompts prefilled in chunks, decoded uncompiled, compiled
     or verifying n-gram drafts: each one's tokens and log-probabilities are the reference's for
     it alone."""
+    family, path = family_path
     prompts = random_prompts(LENGTHS, seed=2)
     config = dict(max_num_batched_tokens=24, **MODES[mode])
-    engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, **config))  # type: ignore[arg-type]
+    engine = Engine.load(str(path), EngineConfig(num_blocks=64, **config))  # type: ignore[arg-type]
     outs = run_staggered_outputs(engine, prompts, GREEDY)
+    assert engine.runner.adapter.long_rope_after == ORIGINAL
     if mode == "compiled":
         assert engine.runner.compiled is not None and engine.runner.compiled.compiled_shapes
-    model, _ = load(str(phi3_path))
+    model, _ = load(str(path))
+    set_long = functools.partial(set_factors, FAMILIES[family])
     for index, prompt in enumerate(prompts):
-        tokens, logprobs = reference_greedy(model, prompt, GREEDY.max_tokens or 0)
+        tokens, logprobs = reference_greedy(model, prompt, GREEDY.max_tokens or 0, set_long)
         assert outs[index].token_ids == tokens, f"prompt of {len(prompt)} tokens"
         assert outs[index].logprobs == pytest.approx(logprobs, abs=1e-4)
     assert_pool_idle(engine)
@@ -160,25 +257,48 @@ def test_phi4mm_requests_of_both_kinds_match_the_reference(tmp_path):
         assert outs[index].logprobs == pytest.approx(want[1], abs=1e-4)
 
 
+# transformers' runs: a family, its prompts' lengths, the greedy decode, and whether PhiMoE's
+# rotary is handed the sequence's length (transformers_greedy.py, ``rope_by_length``): as
+# transformers 5.24 is, PhiMoE is checked only within the original positions
+WITHIN = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+TRANSFORMERS_RUNS = [
+    ("phi3", LENGTHS, GREEDY, False),
+    ("phimoe", LENGTHS, GREEDY, True),
+    ("phimoe", [9, 20, 16, 24], WITHIN, False),  # each sequence ends within the 32
+]
+
+
 @pytest.mark.skipif(torch_python() is None, reason="no Python with torch")
-def test_staggered_requests_match_transformers_phi3(phi3_path, tmp_path):
-    """transformers' own Phi-3 (its dynamic ``longrope`` update and its cache computed anew at
-    the crossing), each prompt generated alone on the same checkpoint: the engine's staggered
-    batch gives its tokens and, to the two libraries' float32 sums, its log-probabilities."""
-    prompts = random_prompts(LENGTHS, seed=5)
-    engine = Engine.load(str(phi3_path), EngineConfig(num_blocks=64, max_num_batched_tokens=24))
-    outs = run_staggered_outputs(engine, prompts, GREEDY)
+@pytest.mark.parametrize(
+    "family_path, lengths, params, by_length",
+    TRANSFORMERS_RUNS,
+    indirect=["family_path"],
+    ids=["phi3", "phimoe", "phimoe-within"],
+)
+def test_staggered_requests_match_transformers(family_path, lengths, params, by_length, tmp_path):
+    """transformers' own model of the family (its dynamic ``longrope`` update and its cache
+    computed anew at the crossing), each prompt generated alone on the same checkpoint: the
+    engine's staggered batch gives its tokens and, to the two libraries' float32 sums, its
+    log-probabilities."""
+    _, path = family_path
+    prompts = random_prompts(lengths, seed=5)
+    engine = Engine.load(str(path), EngineConfig(num_blocks=64, max_num_batched_tokens=24))
+    outs = run_staggered_outputs(engine, prompts, params)
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"prompts": prompts, "max_tokens": GREEDY.max_tokens}))
+    job.write_text(
+        json.dumps(
+            {"prompts": prompts, "max_tokens": params.max_tokens, "rope_by_length": by_length}
+        )
+    )
     script = Path(__file__).parents[2] / "support" / "transformers_greedy.py"
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
     python = torch_python()
     assert python is not None
-    command = [python, str(script), str(phi3_path), str(job), str(tmp_path / "out.json")]
+    command = [python, str(script), str(path), str(job), str(tmp_path / "out.json")]
     subprocess.run(command, check=True, env=env, timeout=600, capture_output=True)
     want = json.loads((tmp_path / "out.json").read_text())
     for index, (tokens, logprobs) in enumerate(want):
-        assert outs[index].token_ids == tokens, f"prompt of {LENGTHS[index]} tokens"
+        assert outs[index].token_ids == tokens, f"prompt of {lengths[index]} tokens"
         assert outs[index].logprobs == pytest.approx(logprobs, abs=1e-3)
 
 

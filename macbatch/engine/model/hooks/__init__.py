@@ -158,7 +158,7 @@ HOOKS: tuple[Hook, ...] = (
         "mlx-vlm's (Phi-4-multimodal) by the furthest position of the step; transformers uses "
         "the short ones within the original positions, so each row chooses by its own position "
         "and its request's prompt length",
-        lambda target: long_rope.install(target.layers),
+        lambda target: long_rope.install(target.layers, target.inner),
     ),
     Hook(
         "recurrent_layers",

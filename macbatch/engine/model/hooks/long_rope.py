@@ -86,9 +86,9 @@ class RowLongRoPE(nn.Module):
         )
 
 
-def _row_rope(layer: Any, rope: Any) -> RowLongRoPE | None:
+def _row_rope(args: Any, rope: Any) -> RowLongRoPE | None:
     """``rope`` as a ``RowLongRoPE``, or None when it is no library's ``SuScaledRoPE`` (or one
-    whose short factors cannot be read)."""
+    whose short factors cannot be read from the model's ``args``)."""
     kind = type(rope)
     if kind.__name__ != "SuScaledRoPE":
         return None
@@ -97,21 +97,25 @@ def _row_rope(layer: Any, rope: Any) -> RowLongRoPE | None:
         freqs = (rope._short_freqs, rope._long_freqs)
         scales = (float(rope._short_scale), float(rope._long_scale))
         return RowLongRoPE(rope.dim, original, freqs, scales)
-    args = getattr(layer, "args", None)  # mlx-lm's keeps the long ones alone
-    scaling = getattr(args, "rope_scaling", None) or {}
+    scaling = getattr(args, "rope_scaling", None) or {}  # mlx-lm's keeps the long ones alone
     if kind.__module__ != "mlx_lm.models.rope_utils" or "short_factor" not in scaling:
         return None
-    assert args is not None
     base = args.rope_theta ** (mx.arange(0, rope.dim, 2, dtype=mx.float32) / rope.dim)
     short = mx.array(scaling["short_factor"], dtype=mx.float32) * base
-    return RowLongRoPE(rope.dim, original, (short, rope._freqs), (rope._scale, rope._scale))
+    # its scale is the long set's (PhiMoE's long_mscale); the short set's is its own where the
+    # config names one (PhiMoE's short_mscale), else the same attention factor (Phi-3's)
+    short_scale = scaling.get("short_mscale") or rope._scale
+    return RowLongRoPE(rope.dim, original, (short, rope._freqs), (short_scale, rope._scale))
 
 
-def install(layers: Sequence[Any]) -> None:
-    """Replace the ``SuScaledRoPE`` of each decoder layer's attention (none: nothing to do)."""
+def install(layers: Sequence[Any], inner: Any) -> None:
+    """Replace the ``SuScaledRoPE`` of each decoder layer's attention (none: nothing to do).
+    ``inner``: the inner transformer, whose ``args`` hold the factors (PhiMoE's decoder layers
+    keep no ``args``)."""
+    args = getattr(inner, "args", None)
     for layer in layers:
         attention: Any = getattr(layer, "self_attn", None)
-        rope = _row_rope(layer, getattr(attention, "rope", None))
+        rope = _row_rope(args, getattr(attention, "rope", None))
         if rope is not None:
             attention.rope = rope
 

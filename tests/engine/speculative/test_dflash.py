@@ -97,15 +97,37 @@ def test_no_context_pass_for_a_request_not_expected_to_draft_soon(
     assert engine.stats().speculation.verifications > 0 and written == []
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2", "dspark"])
-def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
+# causal blocks and sliding-window layers (windows shorter than the prompts and the block of 8:
+# the context cut, and with causal blocks the block's first rows out of its last rows' window)
+SLIDING = ["sliding_attention", "full_attention"]
+ATTENTION = {
+    "causal": dict(causal=True),
+    "sliding": dict(layer_types=SLIDING, sliding_window=5),
+    "causal-sliding": dict(causal=True, layer_types=SLIDING[::-1], sliding_window=5),
+}
+DRAFTS = [(v, "both ways", {}) for v in ("dflash", "dflash2", "dspark")] + [
+    ("dflash", name, fields) for name, fields in ATTENTION.items()
+]
+DRAFTS += [
+    ("dflash2", "sliding", dict(layer_types=["sliding_attention"] * 2, sliding_window=6)),
+    ("dspark", "causal-sliding", dict(causal=True, layer_types=SLIDING, sliding_window=4)),
+    ("dspark", "sliding", dict(layer_types=SLIDING, sliding_window=4)),
+]
+
+
+@pytest.mark.parametrize("variant, name, attention", DRAFTS)
+def test_drafts_are_mlx_vlms(
+    variant, name, attention, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch
+):
     """A random drafter saved in z-lab's checkpoint layout (DFlash's, DFlash2's, DSpark's) and
     loaded by
     the engine's draft loader proposes, at every proposal, exactly what mlx-vlm's drafter of
     that kind loaded from the same files proposes over mlx-lm's layer outputs: the paged
     context, positions, the block's two-way attention and the packing are the drafter's, and
     DFlash2's convolutions along each block, its scales and its candidate chain, and DSpark's
-    block one mask shorter and its Markov chain too. (Every
+    block one mask shorter and its Markov chain too; causal blocks and sliding-window layers
+    (each sliding layer's window of the context, and of the block where blocks are causal).
+    Five requests drafted in one packed forward, their replies mlx-lm's. (Every
     request is expected to draft soon, so no prompt pass is skipped; its layers are loud enough
     that the drafts depend on the context and the block, not only the mask token.)"""
     monkeypatch.setattr(
@@ -114,13 +136,14 @@ def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculatio
         lambda self, requests, batch: {r.request_id for r in requests},
     )
     model = build_model("qwen3")
-    drafter = random_dflash(model, gain=5.0, variant=variant)
+    drafter = random_dflash(model, gain=5.0, variant=variant, **attention)
     path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
     drafter = load_draft_model(str(path))
     assert isinstance(drafter, DFlashModel) and drafter.config.variant == variant
+    assert drafter.config.causal == ("causal" in name)
     engine = _engine(model, tiny_tokenizer, drafter)
     proposals = recorded_proposals(engine)
-    _greedy(engine)
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert len(proposals) >= len(PROMPTS)
     assert len({d for _, drafts in proposals for d in drafts}) > 3  # not all the mask token
     for tokens, drafts in proposals:

@@ -163,11 +163,14 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
     return model
 
 
-def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) -> Path:
+def save_dflash_checkpoint(
+    path: Path, model: DFlashModel, target: nn.Module, draft_window: int | None = None
+) -> Path:
     """``model`` as a Hugging Face DFlash checkpoint at ``path``: z-lab's names (no prefix,
     ``fc``, ``hidden_norm``, ``layers.*``, ``norm``; DFlash2's convolutions and selector, its
     codebooks stored bare; DSpark's Markov head and a random confidence head, which it stores
-    and never drafts with) and config."""
+    and never drafts with) and config (``draft_window``: its ``dflash_config``'s
+    ``draft_window_size``, which macbatch does not read)."""
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     config = dflash_config(
@@ -179,6 +182,8 @@ def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) ->
         layer_types=cfg.layer_types or None,
         sliding_window=cfg.sliding_window,
     )
+    if draft_window is not None:
+        config["dflash_config"]["draft_window_size"] = draft_window
     (path / "config.json").write_text(json.dumps(config, indent=2))
     weights = {
         k.removesuffix(".weight") if "codebook" in k else k: v

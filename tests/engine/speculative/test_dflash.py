@@ -110,6 +110,9 @@ DRAFTS = [(v, "both ways", {}) for v in ("dflash", "dflash2", "dspark")] + [
 ]
 DRAFTS += [
     ("dflash2", "sliding", dict(layer_types=["sliding_attention"] * 2, sliding_window=6)),
+    # mlx-vlm's windowed context cache, over every layer: on a whole context it cuts nothing,
+    # and a sliding layer still cuts its own window
+    ("dflash", "sliding-draft-window", dict(ATTENTION["sliding"], draft_window_size=3)),
     ("dspark", "causal-sliding", dict(causal=True, layer_types=SLIDING, sliding_window=4)),
     ("dspark", "sliding", dict(layer_types=SLIDING, sliding_window=4)),
 ]
@@ -136,8 +139,10 @@ def test_drafts_are_mlx_vlms(
         lambda self, requests, batch: {r.request_id for r in requests},
     )
     model = build_model("qwen3")
+    attention = dict(attention)
+    draft_window = attention.pop("draft_window_size", None)
     drafter = random_dflash(model, gain=5.0, variant=variant, **attention)
-    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
+    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model, draft_window)
     drafter = load_draft_model(str(path))
     assert isinstance(drafter, DFlashModel) and drafter.config.variant == variant
     assert drafter.config.causal == ("causal" in name)
@@ -151,17 +156,29 @@ def test_drafts_are_mlx_vlms(
 
 
 @pytest.mark.parametrize(
-    "arch, variant",
-    [("qwen3", "dflash"), ("qwen3_5", "dflash"), ("qwen3", "dflash2"), ("qwen3_5", "dspark")],
+    "arch, variant, attention",
+    [
+        ("qwen3", "dflash", "both ways"),
+        ("qwen3_5", "dflash", "both ways"),
+        ("qwen3", "dflash2", "both ways"),
+        ("qwen3_5", "dspark", "both ways"),
+        ("qwen3_5", "dflash", "causal"),
+        ("qwen3", "dflash", "sliding"),
+        ("deepseek_v3", "dspark", "causal-sliding"),
+    ],
 )
-def test_mixed_batch_preemption_and_prefix_hits(arch, variant, tiny_tokenizer, eager_speculation):
+def test_mixed_batch_preemption_and_prefix_hits(
+    arch, variant, attention, tiny_tokenizer, eager_speculation
+):
     """Requests that opt out beside ones that speculate, a pool small enough to preempt, and
     prompts that repeat (prefix-cache hits, their blocks' context K/V written by another
     request): every reply is mlx-lm's (DFlash2's and DSpark's drafts held as DFlash's are: the
-    convolutions pass each row through, the selector and the Markov head add no score)."""
+    convolutions pass each row through, the selector and the Markov head add no score; causal
+    blocks' and a sliding layer's rows see the known token, as long as it is in their
+    window)."""
     model = _target(arch)
     prompts = PROMPTS + PROMPTS[:3]
-    drafter = agreeing_dflash(model, variant=variant)
+    drafter = agreeing_dflash(model, variant=variant, **ATTENTION.get(attention, {}))
     engine = _engine(model, tiny_tokenizer, drafter, num_blocks=14)
     assert_mixed_batch_exact(engine, model, prompts, 24)
 
@@ -221,15 +238,18 @@ def test_draft_model_option_detects_dflash(variant, tmp_path):
 @pytest.mark.parametrize(
     "variant, change, reason",
     [
-        ("dflash2", {"causal": True}, "causal blocks"),
-        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "sliding-window"),
+        ("dflash2", {"causal": True}, "DFlash2 drafter with causal blocks"),
+        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "needs a sliding_window"),
+        ("dflash", {"layer_types": ["chunked_attention"] * 2}, "layer type"),
+        ("dflash", {"layer_types": ["full_attention"]}, "must name its 2 layers"),
         ("dspark", {"markov_head_type": "lowrank"}, "Markov head"),
         ("dspark", {"architectures": ["Gemma4DSparkModel"]}, "Gemma 4 DSpark"),
     ],
 )
 def test_checkpoints_it_cannot_draft_with_are_refused(variant, change, reason, tmp_path):
     """A checkpoint whose drafter differs from what is built here is refused when loaded,
-    saying what: a causal block, sliding-window layers, another Markov head, Gemma 4's layers."""
+    saying what: DFlash2's causal blocks (mlx-vlm refuses them too), sliding layers without a
+    window, another layer type or count, another Markov head, Gemma 4's layers."""
     model = build_model("qwen3")
     path = save_dflash_checkpoint(tmp_path / "d", random_dflash(model, variant=variant), model)
     raw = json.loads((path / "config.json").read_text())

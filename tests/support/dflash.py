@@ -38,11 +38,19 @@ DSPARK_FIELDS = dict(projector_type="dspark", markov_rank=8, enable_confidence_h
 
 
 def dflash_config(
-    target: nn.Module, layers: int = 2, block_size: int = BLOCK_SIZE, variant: str = "dflash"
+    target: nn.Module,
+    layers: int = 2,
+    block_size: int = BLOCK_SIZE,
+    variant: str = "dflash",
+    causal: bool = False,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
 ) -> dict:
     """A DFlash checkpoint's ``config.json`` for ``target`` (as z-lab's: Qwen3 fields, with the
     mask token and the target's layers under ``dflash_config``; a DFlash2 one's architecture
-    and its block size and added fields there too)."""
+    and its block size and added fields there too). Causal blocks are ``dflash_config.causal``;
+    sliding layers are Qwen3's ``layer_types`` and ``sliding_window``, a DSpark checkpoint's
+    window its ``dflash_config.swa_window_size``."""
     args = text_model(target).args
     num_target = int(args.num_hidden_layers)
     extra = {
@@ -51,6 +59,15 @@ def dflash_config(
         "dspark": dict(DSPARK_FIELDS, block_size=block_size - 1),
     }[variant]
     name = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}.get(variant)
+    if causal:
+        extra["causal"] = True
+    windows: dict[str, Any] = {}
+    if layer_types:
+        windows["layer_types"] = layer_types
+        if variant == "dspark":
+            extra["swa_window_size"] = sliding_window
+        else:
+            windows["sliding_window"] = sliding_window
     return {
         "architectures": [name or "Qwen3DSparkModel"],
         "model_type": "qwen3",
@@ -68,6 +85,7 @@ def dflash_config(
         "vocab_size": int(args.vocab_size),
         "block_size": block_size,
         "num_target_layers": num_target,
+        **windows,
         "dflash_config": {
             "mask_token_id": int(args.vocab_size) - 1,
             "target_layer_ids": sorted({0, num_target // 2, num_target - 1}),
@@ -145,16 +163,27 @@ def agreeing_dflash(target: nn.Module, scale: float = 0.05, **config: Any) -> DF
     return model
 
 
-def save_dflash_checkpoint(path: Path, model: DFlashModel, target: nn.Module) -> Path:
+def save_dflash_checkpoint(
+    path: Path, model: DFlashModel, target: nn.Module, draft_window: int | None = None
+) -> Path:
     """``model`` as a Hugging Face DFlash checkpoint at ``path``: z-lab's names (no prefix,
     ``fc``, ``hidden_norm``, ``layers.*``, ``norm``; DFlash2's convolutions and selector, its
     codebooks stored bare; DSpark's Markov head and a random confidence head, which it stores
-    and never drafts with) and config."""
+    and never drafts with) and config (``draft_window``: its ``dflash_config``'s
+    ``draft_window_size``, which macbatch does not read)."""
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     config = dflash_config(
-        target, layers=cfg.num_hidden_layers, block_size=cfg.block_size, variant=cfg.variant
+        target,
+        layers=cfg.num_hidden_layers,
+        block_size=cfg.block_size,
+        variant=cfg.variant,
+        causal=cfg.causal,
+        layer_types=cfg.layer_types or None,
+        sliding_window=cfg.sliding_window,
     )
+    if draft_window is not None:
+        config["dflash_config"]["draft_window_size"] = draft_window
     (path / "config.json").write_text(json.dumps(config, indent=2))
     weights = {
         k.removesuffix(".weight") if "codebook" in k else k: v
@@ -172,7 +201,8 @@ def mlx_vlm_drafts(path: Path, target: nn.Module, tokens: list[int], k: int) -> 
     """mlx-vlm 0.7.10's own DFlash (DFlash2, DSpark) drafter, loaded from the checkpoint at ``path``
     by the class its loader picks, drafting ``k`` tokens after ``tokens`` greedily: its context
     the outputs of ``target``'s layers (run here layer by layer over mlx-lm's causal mask) at
-    positions ``0..len-2``, its cache its own."""
+    positions ``0..len-2``, its cache its own (its sliding layers' rotating caches, or the
+    buffered one of a ``draft_window_size``: all fed the whole context at once)."""
     from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
     from mlx_vlm.utils import get_model_and_args
 

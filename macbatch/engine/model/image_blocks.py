@@ -11,6 +11,10 @@ row at position ``p`` of block ``[start, stop)`` sees the keys its causal mask s
 ``causal | same_block`` does on both layer types (a KV-shared layer reads its source's pages,
 with its own window). Decode and text rows never come here.
 
+A DFlash drafter's blocks (speculative/dflash.py) come here too, built ``from_start``: a sliding
+layer's rows all see the window before their block's first row, as mlx-vlm's drafter cuts its
+context to ``sliding_window - 1`` positions before the block, and every row of the block.
+
 The scheduler keeps a block whole in one prefill chunk and the prefix cache never resumes inside
 one (``PromptImages.chunk_tokens``, ``can_resume_at``), so every key of a block is written in the
 step that computes its rows.
@@ -54,16 +58,19 @@ class StepBlock:
 
 class StepBlocks:
     """A step's image blocks, and per (window, block size) the arrays one batched dense
-    attention over all of them needs, built on the host once per step (not per layer)."""
+    attention over all of them needs, built on the host once per step (not per layer).
+    ``from_start``: a sliding layer's window ends at each block's first row for all its rows
+    (DFlash's blocks), not at each row."""
 
-    def __init__(self, blocks: list[StepBlock]) -> None:
+    def __init__(self, blocks: list[StepBlock], from_start: bool = False) -> None:
         self.blocks = blocks
+        self.from_start = from_start
         self._plans: dict[tuple[int | None, int], _Plan] = {}
 
     def plan(self, window: int | None, block_size: int) -> _Plan:
         key = (window, block_size)
         if key not in self._plans:
-            self._plans[key] = _Plan.build(self.blocks, window, block_size)
+            self._plans[key] = _Plan.build(self.blocks, window, block_size, self.from_start)
         return self._plans[key]
 
 
@@ -83,7 +90,9 @@ class _Plan:
     rows: mx.array
 
     @classmethod
-    def build(cls, blocks: list[StepBlock], window: int | None, block_size: int) -> _Plan:
+    def build(
+        cls, blocks: list[StepBlock], window: int | None, block_size: int, from_start: bool
+    ) -> _Plan:
         length = max(b.stop - b.start for b in blocks)
         firsts = [0 if window is None else max(0, b.start - window + 1) for b in blocks]
         spans = [ceil_div(b.stop, block_size) - f // block_size for b, f in zip(blocks, firsts)]
@@ -96,7 +105,8 @@ class _Plan:
             queries[i] = block.row + np.minimum(np.arange(length), count - 1)
             first_column = first // block_size
             columns[i, :span] = np.arange(first_column, first_column + span)
-            mask = visible(block.start, block.stop, first_column * block_size, window)
+            key = first_column * block_size
+            mask = visible(block.start, block.stop, key, window, from_start)
             seen[i, :count, : mask.shape[1]] = mask
             seen[i, count:] = seen[i, 0]  # padding rows: any row's mask, their output is dropped
         take = np.concatenate(
@@ -131,14 +141,17 @@ def step_blocks(chunks: Sequence[Any]) -> StepBlocks | None:
     return StepBlocks(found) if found else None
 
 
-def visible(start: int, stop: int, first_key: int, window: int | None) -> np.ndarray:
+def visible(
+    start: int, stop: int, first_key: int, window: int | None, from_start: bool = False
+) -> np.ndarray:
     """``[stop - start, stop - first_key]``: which keys from ``first_key`` each row of block
-    ``[start, stop)`` sees (mlx-vlm's ``causal (within the window) | same block``)."""
+    ``[start, stop)`` sees (mlx-vlm's ``causal (within the window) | same block``; the window
+    counted back from the block's first row for every row, ``from_start``)."""
     queries = np.arange(start, stop)[:, None]
     keys = np.arange(first_key, stop)[None, :]
     seen = keys <= queries
     if window is not None:
-        seen &= keys > queries - window
+        seen &= keys > (start if from_start else queries) - window
     return seen | (keys >= start)
 
 

@@ -8,7 +8,8 @@ packed pass of ``fc``, ``hidden_norm`` and each layer's K/V
 projections. So when a request holds
 tokens ``0..n-1`` (the last not yet run by the target), its pages hold the context at positions
 ``0..n-2`` and the proposal is one forward of the block: token ``n-1`` then ``k`` mask tokens at
-positions ``n-1..n-1+k``, attending to that context causally and to the block both ways; its rows
+positions ``n-1..n-1+k``, attending to that context and to the block both ways (causally, where
+the checkpoint's blocks are causal; a sliding layer within its window); its rows
 ``1..k`` are the drafts (a DSpark block is one mask shorter, its rows ``0..k-1`` the drafts).
 The block's own K/V lands on positions the target computes next, whose
 features overwrite it in that step; a verification's rows past the accepted drafts (features of
@@ -96,7 +97,8 @@ class DFlashDrafter:
         self, chunks: list[ScheduledChunk], known: list[int]
     ) -> tuple[PackedBatch, mx.array]:
         """The packed batch of the blocks ``chunks`` (each its ``known`` token, then mask
-        tokens), each block's rows attending both ways, and its draft rows, block after block."""
+        tokens), each block's rows attending both ways (unless its blocks are causal), and its
+        draft rows, block after block."""
         batch = self._pack(chunks)
         mask, first = self.runner.mask_token_id, self.runner.first_draft_row
         batch.token_ids = mx.array(
@@ -110,7 +112,8 @@ class DFlashDrafter:
             blocks.append(StepBlock(seq, offset, chunk.start, chunk.start + chunk.num_tokens))
             rows.extend(range(offset + first, offset + chunk.num_tokens))
             offset += chunk.num_tokens
-        batch.image_blocks = StepBlocks(blocks)
+        if not self.runner.causal:  # causal blocks: the paged attention's own mask
+            batch.image_blocks = StepBlocks(blocks, from_start=True)
         return batch, mx.array(rows)
 
     def _pack(self, chunks: list[ScheduledChunk]) -> PackedBatch:

@@ -54,6 +54,7 @@ class DFlashConfig:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 40960
     layer_types: list[str] = field(default_factory=list)
+    sliding_window: int | None = None  # the context a sliding layer's rows see (with their own)
     variant: str = "dflash"  # or "dflash2", "dspark"
     vocab_size: int = 0
     runtime_block_size: int | None = None  # the widest block it drafts (default: block_size)
@@ -73,6 +74,8 @@ class DFlashConfig:
     def from_dict(cls, raw: Mapping[str, Any]) -> DFlashConfig:
         flat = dict(raw)
         flat.update(flat.pop("dflash_config", None) or {})
+        if "causal" not in flat and "dflash_query_causal" in flat:  # an older name, as mlx-vlm
+            flat["causal"] = flat.pop("dflash_query_causal")
         _variant_fields(flat, raw.get("architectures") or ())
         rope = flat.pop("rope_parameters", None)
         if isinstance(rope, Mapping):  # newer transformers nest the base here
@@ -82,11 +85,17 @@ class DFlashConfig:
         flat.setdefault("head_dim", flat["hidden_size"] // flat["num_attention_heads"])
         known = cls.__dataclass_fields__
         config = cls(**{k: v for k, v in flat.items() if k in known})
-        if any(t != "full_attention" for t in config.layer_types):
-            raise ValueError("a DFlash drafter with sliding-window layers is not supported")
-        if config.causal:
-            raise ValueError("a DFlash drafter with causal blocks is not supported")
+        config.causal = bool(config.causal)
+        _check_attention(config)
         return config
+
+    @property
+    def windows(self) -> list[int | None]:
+        """Each layer's window (None: a full-attention layer): a sliding layer's rows see the
+        last ``sliding_window - 1`` context positions before their block (with causal blocks,
+        the last ``sliding_window`` positions up to their own, block rows included)."""
+        types = self.layer_types or ["full_attention"] * self.num_hidden_layers
+        return [self.sliding_window if t == "sliding_attention" else None for t in types]
 
     @property
     def max_drafts(self) -> int:
@@ -98,6 +107,24 @@ class DFlashConfig:
         """The row of a block whose output is its first draft: the known token's (DSpark's,
         its block one mask shorter), else the first mask's."""
         return 0 if self.sample_from_anchor else 1
+
+
+def _check_attention(config: DFlashConfig) -> None:
+    """Refuse the layer types and blocks these classes do not build, as mlx-vlm 0.7.10 refuses
+    them (DFlash2's causal blocks too: mlx-vlm refuses them, so no drafter holds them)."""
+    types = config.layer_types
+    if types and len(types) != config.num_hidden_layers:
+        layers = config.num_hidden_layers
+        raise ValueError(f"a DFlash drafter's layer_types must name its {layers} layers")
+    unknown = set(types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"a DFlash drafter's layer type {sorted(unknown)} is not supported")
+    if "sliding_attention" in types and not config.sliding_window:
+        raise ValueError("a DFlash drafter with sliding-window layers needs a sliding_window")
+    if config.causal and config.variant == "dflash2":
+        raise ValueError(
+            "a DFlash2 drafter with causal blocks is not supported (mlx-vlm 0.7.10 refuses it)"
+        )
 
 
 def _variant_fields(flat: dict[str, Any], architectures: Sequence[str]) -> None:
@@ -115,6 +142,8 @@ def _variant_fields(flat: dict[str, Any], architectures: Sequence[str]) -> None:
         if flat.get("markov_head_type", "vanilla") != "vanilla":
             raise ValueError("a DSpark drafter's Markov head other than 'vanilla' is not supported")
         flat["variant"] = "dspark"
+        if "swa_window_size" in flat:  # DSpark's name for its sliding layers' window
+            flat["sliding_window"] = int(flat.pop("swa_window_size"))
         flat["markov_rank"] = int(flat.get("markov_rank") or 256)
         # its block_size counts the drafts; the verification adds the known token
         anchored = bool(flat.pop("dspark_bonus_anchor", False))
@@ -164,9 +193,10 @@ def add_projections(attention: nn.Module, config: Any, inputs: int, bias: bool =
 
 
 class _Attention(nn.Module):
-    def __init__(self, config: DFlashConfig) -> None:
+    def __init__(self, config: DFlashConfig, window: int | None) -> None:
         super().__init__()
         head_dim = config.head_dim
+        self.window = window
         add_projections(self, config, config.hidden_size)
         self.q_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=config.rms_norm_eps)
@@ -181,12 +211,13 @@ class _Attention(nn.Module):
 
     def __call__(self, x: mx.array, rope: Any, cache: Any) -> mx.array:
         """A block's rows ``[N, 1, dim]``: their K/V written to ``cache``'s pages, then its
-        paged attention (context causally, the block both ways: the batch's blocks)."""
+        paged attention (context causally, the block both ways unless blocks are causal: the
+        batch's blocks; a sliding layer's within its window)."""
         n = x.shape[0]
         queries = self.q_norm(self.q_proj(x).reshape(n, 1, self.num_heads, -1))
         queries = rope(queries.transpose(0, 2, 1, 3), offset=cache.offset)
         keys, values = cache.update_and_fetch(*self.keys_values(x, rope, cache.offset))
-        out = cache.attend(queries, keys, values, self.scale, None, None)
+        out = cache.attend(queries, keys, values, self.scale, self.window, None)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, 1, -1))
 
 
@@ -204,9 +235,9 @@ class MLP(nn.Module):
 
 
 class _Layer(nn.Module):
-    def __init__(self, config: DFlashConfig) -> None:
+    def __init__(self, config: DFlashConfig, window: int | None) -> None:
         super().__init__()
-        self.self_attn = _Attention(config)
+        self.self_attn = _Attention(config, window)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -221,8 +252,8 @@ class _ConvLayer(_Layer):
     """DFlash2's layer: each sublayer's normed input and its output convolved along the block
     (dflash_variants.py)."""
 
-    def __init__(self, config: DFlashConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: DFlashConfig, window: int | None) -> None:
+        super().__init__(config, window)
         sizes = (config.hidden_size, config.conv_kernel_size, config.conv_group_size)
         self.attention_conv = BlockConv(*sizes)
         self.mlp_conv = BlockConv(*sizes)
@@ -246,7 +277,7 @@ class DFlashModel(nn.Module):
         self.fc = nn.Linear(width, config.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         layer = _ConvLayer if config.conv_kernel_size else _Layer
-        self.layers = [layer(config) for _ in range(config.num_hidden_layers)]
+        self.layers = [layer(config, window) for window in config.windows]
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rope = drafter_rope(config)
         if config.selector_top_k:

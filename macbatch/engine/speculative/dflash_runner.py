@@ -34,6 +34,7 @@ class DFlashRunner(TappedDrafter):
         self.mask_token_id = cfg.mask_token_id
         self.max_drafts = cfg.max_drafts
         self.first_draft_row = cfg.first_draft_row
+        self.causal = cfg.causal
 
     def features(self, hidden: mx.array) -> mx.array:
         """What the drafter keeps of a target forward: its tapped layers' outputs."""
@@ -55,9 +56,9 @@ class DFlashRunner(TappedDrafter):
         self, batch: PackedBatch, within: mx.array, rows: mx.array, blocks: Blocks
     ) -> mx.array:
         """The drafts of a packed forward of blocks (``batch.image_blocks``: each block both
-        ways; ``within``: each row's index in its block) at its draft ``rows``, block after
-        block (``blocks``: each one's known token and how many it drafts), as the drafter
-        chooses them (lazy)."""
+        ways, None where blocks are causal; ``within``: each row's index in its block) at its
+        draft ``rows``, block after block (``blocks``: each one's known token and how many it
+        drafts), as the drafter chooses them (lazy)."""
         embed = getattr(self.model, "embed_tokens", None) or self.target.inner.embed_tokens
         out = self.model(embed(batch.token_ids[:, None]), self._caches(batch), within)[rows]
         anchors, lengths = blocks

@@ -97,15 +97,40 @@ def test_no_context_pass_for_a_request_not_expected_to_draft_soon(
     assert engine.stats().speculation.verifications > 0 and written == []
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dflash2", "dspark"])
-def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch):
+# causal blocks and sliding-window layers (windows shorter than the prompts and the block of 8:
+# the context cut, and with causal blocks the block's first rows out of its last rows' window)
+SLIDING = ["sliding_attention", "full_attention"]
+ATTENTION = {
+    "causal": dict(causal=True),
+    "sliding": dict(layer_types=SLIDING, sliding_window=5),
+    "causal-sliding": dict(causal=True, layer_types=SLIDING[::-1], sliding_window=5),
+}
+DRAFTS = [(v, "both ways", {}) for v in ("dflash", "dflash2", "dspark")] + [
+    ("dflash", name, fields) for name, fields in ATTENTION.items()
+]
+DRAFTS += [
+    ("dflash2", "sliding", dict(layer_types=["sliding_attention"] * 2, sliding_window=6)),
+    # mlx-vlm's windowed context cache, over every layer: on a whole context it cuts nothing,
+    # and a sliding layer still cuts its own window
+    ("dflash", "sliding-draft-window", dict(ATTENTION["sliding"], draft_window_size=3)),
+    ("dspark", "causal-sliding", dict(causal=True, layer_types=SLIDING, sliding_window=4)),
+    ("dspark", "sliding", dict(layer_types=SLIDING, sliding_window=4)),
+]
+
+
+@pytest.mark.parametrize("variant, name, attention", DRAFTS)
+def test_drafts_are_mlx_vlms(
+    variant, name, attention, tmp_path, tiny_tokenizer, eager_speculation, monkeypatch
+):
     """A random drafter saved in z-lab's checkpoint layout (DFlash's, DFlash2's, DSpark's) and
     loaded by
     the engine's draft loader proposes, at every proposal, exactly what mlx-vlm's drafter of
     that kind loaded from the same files proposes over mlx-lm's layer outputs: the paged
     context, positions, the block's two-way attention and the packing are the drafter's, and
     DFlash2's convolutions along each block, its scales and its candidate chain, and DSpark's
-    block one mask shorter and its Markov chain too. (Every
+    block one mask shorter and its Markov chain too; causal blocks and sliding-window layers
+    (each sliding layer's window of the context, and of the block where blocks are causal).
+    Five requests drafted in one packed forward, their replies mlx-lm's. (Every
     request is expected to draft soon, so no prompt pass is skipped; its layers are loud enough
     that the drafts depend on the context and the block, not only the mask token.)"""
     monkeypatch.setattr(
@@ -114,13 +139,16 @@ def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculatio
         lambda self, requests, batch: {r.request_id for r in requests},
     )
     model = build_model("qwen3")
-    drafter = random_dflash(model, gain=5.0, variant=variant)
-    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model)
+    attention = dict(attention)
+    draft_window = attention.pop("draft_window_size", None)
+    drafter = random_dflash(model, gain=5.0, variant=variant, **attention)
+    path = save_dflash_checkpoint(tmp_path / "dflash", drafter, model, draft_window)
     drafter = load_draft_model(str(path))
     assert isinstance(drafter, DFlashModel) and drafter.config.variant == variant
+    assert drafter.config.causal == ("causal" in name)
     engine = _engine(model, tiny_tokenizer, drafter)
     proposals = recorded_proposals(engine)
-    _greedy(engine)
+    assert _greedy(engine) == [mlx_lm_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
     assert len(proposals) >= len(PROMPTS)
     assert len({d for _, drafts in proposals for d in drafts}) > 3  # not all the mask token
     for tokens, drafts in proposals:
@@ -128,17 +156,29 @@ def test_drafts_are_mlx_vlms(variant, tmp_path, tiny_tokenizer, eager_speculatio
 
 
 @pytest.mark.parametrize(
-    "arch, variant",
-    [("qwen3", "dflash"), ("qwen3_5", "dflash"), ("qwen3", "dflash2"), ("qwen3_5", "dspark")],
+    "arch, variant, attention",
+    [
+        ("qwen3", "dflash", "both ways"),
+        ("qwen3_5", "dflash", "both ways"),
+        ("qwen3", "dflash2", "both ways"),
+        ("qwen3_5", "dspark", "both ways"),
+        ("qwen3_5", "dflash", "causal"),
+        ("qwen3", "dflash", "sliding"),
+        ("deepseek_v3", "dspark", "causal-sliding"),
+    ],
 )
-def test_mixed_batch_preemption_and_prefix_hits(arch, variant, tiny_tokenizer, eager_speculation):
+def test_mixed_batch_preemption_and_prefix_hits(
+    arch, variant, attention, tiny_tokenizer, eager_speculation
+):
     """Requests that opt out beside ones that speculate, a pool small enough to preempt, and
     prompts that repeat (prefix-cache hits, their blocks' context K/V written by another
     request): every reply is mlx-lm's (DFlash2's and DSpark's drafts held as DFlash's are: the
-    convolutions pass each row through, the selector and the Markov head add no score)."""
+    convolutions pass each row through, the selector and the Markov head add no score; causal
+    blocks' and a sliding layer's rows see the known token, as long as it is in their
+    window)."""
     model = _target(arch)
     prompts = PROMPTS + PROMPTS[:3]
-    drafter = agreeing_dflash(model, variant=variant)
+    drafter = agreeing_dflash(model, variant=variant, **ATTENTION.get(attention, {}))
     engine = _engine(model, tiny_tokenizer, drafter, num_blocks=14)
     assert_mixed_batch_exact(engine, model, prompts, 24)
 
@@ -198,15 +238,18 @@ def test_draft_model_option_detects_dflash(variant, tmp_path):
 @pytest.mark.parametrize(
     "variant, change, reason",
     [
-        ("dflash2", {"causal": True}, "causal blocks"),
-        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "sliding-window"),
+        ("dflash2", {"causal": True}, "DFlash2 drafter with causal blocks"),
+        ("dflash", {"layer_types": ["sliding_attention"] * 2}, "needs a sliding_window"),
+        ("dflash", {"layer_types": ["chunked_attention"] * 2}, "layer type"),
+        ("dflash", {"layer_types": ["full_attention"]}, "must name its 2 layers"),
         ("dspark", {"markov_head_type": "lowrank"}, "Markov head"),
         ("dspark", {"architectures": ["Gemma4DSparkModel"]}, "Gemma 4 DSpark"),
     ],
 )
 def test_checkpoints_it_cannot_draft_with_are_refused(variant, change, reason, tmp_path):
     """A checkpoint whose drafter differs from what is built here is refused when loaded,
-    saying what: a causal block, sliding-window layers, another Markov head, Gemma 4's layers."""
+    saying what: DFlash2's causal blocks (mlx-vlm refuses them too), sliding layers without a
+    window, another layer type or count, another Markov head, Gemma 4's layers."""
     model = build_model("qwen3")
     path = save_dflash_checkpoint(tmp_path / "d", random_dflash(model, variant=variant), model)
     raw = json.loads((path / "config.json").read_text())

@@ -3,7 +3,8 @@ protocol every attention backend implements (the registry of them is in ``regist
 
 Two objects instead of ten loose arguments, split by lifetime: `AttentionMetadata` is the step's
 (one per packed forward, shared by every layer), `LayerParams` the layer's (its scale, window,
-softcap, sinks, sparse list and second source of rows). The function both describe is written out in ``reference.py``.
+softcap, sinks, sparse list and second source of rows). The function both describe is written
+out in ``reference.py``.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class LayerParams(NamedTuple):
     rows: RowSource | None = None
 
 
-def check_row_source(q: mx.array, k_pages: Pages, meta: AttentionMetadata, layer: LayerParams) -> int:
+def check_row_source(
+    q: mx.array, k_pages: Pages, meta: AttentionMetadata, layer: LayerParams
+) -> int:
     """The entries per query row of a call's second source (``layer.rows``), after checking it
     fits the call: every backend refuses the same misuse with the same words."""
     rows = layer.rows

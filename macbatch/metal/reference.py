@@ -170,9 +170,7 @@ def _listed_attention(
     for start in range(0, q.shape[0], tile):
         at = slice(start, min(start + tile, q.shape[0]))
         pos = mx.array(row_pos[at])[:, None]
-        sel = (
-            pos - mx.arange(entries)[None] if selected is None else selected[at].astype(mx.int32)
-        )
+        sel = pos - mx.arange(entries)[None] if selected is None else selected[at].astype(mx.int32)
         visible = (sel >= 0) & (sel <= pos)
         if window is not None:
             visible &= sel > pos - window
@@ -195,9 +193,7 @@ def _listed_attention(
     return mx.concatenate(parts, axis=0)
 
 
-def _gather_listed(
-    pages: Pages, tables: mx.array, listed: mx.array, visible: mx.array
-) -> mx.array:
+def _gather_listed(pages: Pages, tables: mx.array, listed: mx.array, visible: mx.array) -> mx.array:
     """The rows ``listed [n, K]`` names in pages addressed through ``tables [n, blocks]`` ->
     ``[n, Hkv, K, D]``; hidden entries read the first row of the first block instead (masked)."""
     safe = mx.where(visible, listed, 0)

@@ -101,10 +101,15 @@ class Case:
         self.row_source = None if self.row_top_k is None else RowCase(self, rng)
 
     def args(
-        self, poisoned: bool, selected: np.ndarray | None = None, rows: np.ndarray | None = None
+        self,
+        poisoned: bool,
+        selected: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        poison_rows: bool | None = None,
     ) -> tuple:
         """(q, K pages, V pages, metadata, layer): what a backend is called with; ``selected``
-        and ``rows`` replace the case's own selections (of positions, of second-source rows)."""
+        and ``rows`` replace the case's own selections (of positions, of second-source rows);
+        the row pages are poisoned as the token pages are unless ``poison_rows`` says."""
         k, v = self.k_pages.pages(poisoned), self.v_pages.pages(poisoned)
         if self.value_dim is not None:
             v = k  # one latent row per token: the caller passes the key pages as values
@@ -113,7 +118,7 @@ class Case:
             k,
             v,
             AttentionMetadata.build(self.tables, self.lens, self.cu),
-            self.layer(selected, rows, poisoned),
+            self.layer(selected, rows, poisoned if poison_rows is None else poison_rows),
         )
 
     def layer(

@@ -3,7 +3,8 @@ protocol every attention backend implements (the registry of them is in ``regist
 
 Two objects instead of ten loose arguments, split by lifetime: `AttentionMetadata` is the step's
 (one per packed forward, shared by every layer), `LayerParams` the layer's (its scale, window,
-softcap and sinks). The function both describe is written out in ``reference.py``.
+softcap, sinks, sparse list and second source of rows). The function both describe is written
+out in ``reference.py``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ class AttentionMetadata:
         )
 
 
+class RowSource(NamedTuple):
+    """A second source of key rows read in the same softmax as the paged tokens (DeepSeek V4's
+    compressed rows, docs/kernel.md "Two sources"): rows addressed by index, not position, in
+    pages of their own, so the caller decides which a query row reads (no causal check here).
+
+    ``pages``: ``[row_blocks, 1, rows_per_block, D]`` in the first source's page format (its
+    float dtype, or its bits and group size), one KV head whose rows are keys and values alike
+    (the values their leading ``LayerParams.value_dim`` columns, as on latent pages).
+    ``block_table``: int32 ``[S, max_row_blocks]``, sequence s's row blocks (the metadata's
+    sequence order; row r of s lies at row ``r % rows_per_block`` of block
+    ``block_table[s, r // rows_per_block]``). ``selected``: int32 ``[N, K2]``, per query row the
+    rows of its own sequence it reads, distinct, -1 for none.
+    """
+
+    pages: Pages
+    block_table: mx.array
+    selected: mx.array
+
+    @property
+    def rows_per_block(self) -> int:
+        """The row pages' own block size, in rows (independent of the token pages')."""
+        return int(self.pages.shape[2])
+
+
 class LayerParams(NamedTuple):
     """One layer's own attention parameters. A tuple, not a dataclass: the engine builds one per
     layer per step, and a tuple costs a fifth of a frozen dataclass to make."""
@@ -69,6 +94,49 @@ class LayerParams(NamedTuple):
     # ``[N, K]``, the positions in its own sequence each query row attends to (-1: no entry);
     # None: every visible position
     selected: mx.array | None = None
+    # A second source (DeepSeek V4's compressed rows) read in the same softmax; needs latent
+    # pages (``value_dim`` set) of one KV head. None: the paged tokens only
+    rows: RowSource | None = None
+
+
+def check_row_source(
+    q: mx.array, k_pages: Pages, meta: AttentionMetadata, layer: LayerParams
+) -> int:
+    """The entries per query row of a call's second source (``layer.rows``), after checking it
+    fits the call: every backend refuses the same misuse with the same words."""
+    rows = layer.rows
+    assert rows is not None
+    pages, table, selected = rows
+    if layer.value_dim is None or k_pages.shape[1] != 1 or pages.shape[1] != 1:
+        raise ValueError(
+            "paged_attention: a second source of rows needs latent pages (value_dim set) of one "
+            f"KV head, got value_dim {layer.value_dim}, {k_pages.shape[1]} KV heads and row "
+            f"pages of {pages.shape[1]}"
+        )
+    if pages.ndim != 4 or pages.shape[3] != k_pages.shape[3] or _format(pages) != _format(k_pages):
+        raise ValueError(
+            "paged_attention: row pages must be [row_blocks, 1, rows_per_block, D] in the token "
+            f"pages' format ({_format(k_pages)}, D = {k_pages.shape[3]}), got {_format(pages)} "
+            f"{tuple(pages.shape)}"
+        )
+    if table.ndim != 2 or table.shape[0] != len(meta.host_seq_lens) or table.shape[1] == 0:
+        raise ValueError(
+            f"paged_attention: the row block table must be [S, max_row_blocks] with S = "
+            f"{len(meta.host_seq_lens)} sequences, got {tuple(table.shape)}"
+        )
+    if selected.ndim != 2 or selected.shape[0] != q.shape[0] or selected.shape[1] == 0:
+        raise ValueError(
+            f"paged_attention: the rows' selected must be [N, K2] with N = {q.shape[0]} query "
+            f"rows and K2 > 0, got {tuple(selected.shape)}"
+        )
+    return int(selected.shape[1])
+
+
+def _format(pages: Pages) -> str:
+    """A page format in words: its float dtype, or its bits and group size."""
+    if isinstance(pages, QuantizedPages):
+        return f"{pages.bits}-bit, groups of {pages.group_size}"
+    return str(pages.dtype)
 
 
 class BackendUnavailable(RuntimeError):

@@ -34,6 +34,7 @@ from macbatch.metal.backend import (
     BackendUnavailable,
     LayerParams,
     Pages,
+    check_row_source,
 )
 from macbatch.metal.quant import QuantizedPages
 from macbatch.metal.reference import paged_attention_reference
@@ -171,10 +172,13 @@ def paged_attention_cpu(
     (``layer.value_dim``) are read once per row: the values are the leading columns of the
     key rows the kernel has just read (``v_pages`` is not read). Sparse attention
     (``layer.selected``): each query row reads only the rows its list names, gathered in place.
+    A second source of rows (``layer.rows``): each query row's list of rows, read through their
+    own block table into the same softmax.
     """
-    scale, sliding_window, softcap, sinks, value_dim, selected = layer
+    scale, sliding_window, softcap, sinks, value_dim, selected, _ = layer
     if not serves(q.shape[-1], k_pages.shape[2]):
         return paged_attention_reference(q, k_pages, v_pages, meta, layer)
+    row_inputs = _row_inputs(q, k_pages, meta, layer)
     if value_dim is not None:
         v_pages = k_pages
     quantized = {}
@@ -187,8 +191,20 @@ def paged_attention_cpu(
     return load_extension().paged_attention(
         q, k_pages, v_pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
         scale, sliding_window or 0, softcap or 0.0, sinks, **quantized, value_dim=value_dim or 0,
-        selected=selected,
+        selected=selected, **row_inputs,
     )  # fmt: skip
+
+
+def _row_inputs(q: mx.array, k_pages: Pages, meta: AttentionMetadata, layer: LayerParams) -> dict:
+    """The kernel's arguments for the second source of rows (none without one): its pages
+    (codes and scales when quantized), block table and lists."""
+    if layer.rows is None:
+        return {}
+    check_row_source(q, k_pages, meta, layer)
+    pages, table, selected = layer.rows
+    scales = pages.scales if isinstance(pages, QuantizedPages) else None
+    codes = pages.codes if isinstance(pages, QuantizedPages) else pages
+    return dict(row_pages=codes, row_scales=scales, row_tables=table, row_selected=selected)
 
 
 class CpuKernelBackend(AttentionBackend):

@@ -275,7 +275,7 @@ def paged_attention_kernel(
     """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
     (``layer.value_dim``) by its latent body, which reads only ``k_pages``; sparse attention
     (``layer.selected``) by either body's SPARSE form, which reads only the listed rows."""
-    scale, sliding_window, softcap, sinks, value_dim, selected = layer
+    scale, sliding_window, softcap, sinks, value_dim, selected, rows = layer
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
     n, hq, d = q.shape

@@ -21,6 +21,11 @@
 // no page), and its key loop walks the row's list instead of the pages. The listed positions the
 // row may see are gathered BS at a time into the same float scratch a page fills, so scoring,
 // softmax and values are the dense path's; only the listed rows are ever read.
+//
+// A second source of rows (`row_selected`, [N, K2]: DeepSeek V4's compressed rows, latent pages of
+// one KV head): after its tokens, a query row's item walks its list of rows in the row pages
+// (their own block table and block size in rows), gathered BS at a time into the same scratch and
+// folded into the same online softmax; no causal check, the caller lists what the row may read.
 
 #include <algorithm>
 #include <atomic>
@@ -232,6 +237,9 @@ struct Geometry {
   int value_dim;  // output width: head_dim, or the latent's leading columns
   bool latent;    // values are the leading value_dim columns of the key rows
   int top_k;      // entries per row of `selected` (sparse attention); 0: dense
+  // The second source: entries per row of `row_selected` (0: none), the row pages' block size
+  // in rows and the width of their block table.
+  int row_top_k, rows_per_block, row_max_blocks;
   // Columns accumulated: value_dim rounded up to a multiple of 8 (the vector width), which the
   // head_dim-wide rows always hold (head_dim is a multiple of 8); the extra ones are not output.
   int value_cols() const {
@@ -302,7 +310,10 @@ struct Inputs {
   const int32_t* seq_lens;
   const int32_t* cu_seqlens;
   const int32_t* selected;  // [N, top_k] (sparse attention), nullptr when dense
-  const float* sinks;       // nullptr when the model has none
+  Pages row_pages;              // the second source (unused when row_top_k is 0)
+  const int32_t* row_tables;    // [S, row_max_blocks]
+  const int32_t* row_selected;  // [N, row_top_k]
+  const float* sinks;           // nullptr when the model has none
   T* out;              // [N, Hq, value_dim], row contiguous
 };
 
@@ -418,12 +429,12 @@ const float* load_rows(const Pages& pages, const ChunkRows& chunk, int D, float*
 
 // One chunk of keys (and values) for every query vector of the item. Latent pages' values are
 // the leading columns of the key rows; grouped layers' keys are transposed for page_scores.
-template <typename T, typename Pages, int BS, int WV>
+template <typename Pages, int BS, int WV>
 void attend_chunk(
-    const Inputs<T, Pages>& in, const Geometry& g, Scratch& s, int vectors, int block,
-    const ChunkRows& chunk) {
+    const Pages& k_pages, const Pages& v_pages, const Geometry& g, Scratch& s, int vectors,
+    int block, const ChunkRows& chunk) {
   const int D = g.head_dim;
-  const float* keys = load_rows<Pages, BS>(in.k_pages, chunk, D, s.values.data());
+  const float* keys = load_rows<Pages, BS>(k_pages, chunk, D, s.values.data());
   const float* values = keys;
   if (!g.latent) {  // latent rows are scored as they lie (page_scores_rows)
     for (int j = 0; j < BS; ++j) {
@@ -431,7 +442,7 @@ void attend_chunk(
         s.keys_t[d * BS + j] = keys[j * D + d];
       }
     }
-    values = load_rows<Pages, BS>(in.v_pages, chunk, D, s.values.data());
+    values = load_rows<Pages, BS>(v_pages, chunk, D, s.values.data());
   }
   int v = 0;
   for (; v + 6 <= vectors; v += 6) {
@@ -454,30 +465,28 @@ void attend_chunk(
   }
 }
 
-// Sparse attention: the item's one query row (at `pos`) reads only the rows its list of
-// `selected` positions names that it may see, gathered BS at a time.
-template <typename T, typename Pages, int BS, int WV>
-void attend_selected(
-    const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item, Scratch& s, int vectors,
-    int pos) {
-  const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
-  const int32_t* listed = in.selected + static_cast<int64_t>(item.row_begin) * g.top_k;
+// The rows one query row reads from a list of `entries` (sparse attention's positions, the second
+// source's rows), gathered BS at a time: `row_of(e)` is entry e's pool row, or -1 when the query
+// row does not read it.
+template <typename Pages, int BS, int WV, typename RowOf>
+void attend_listed(
+    const Pages& k_pages, const Pages& v_pages, const Geometry& g, Scratch& s, int vectors,
+    int entries, RowOf row_of) {
   int64_t rows[BS];
   int count = 0;
-  for (int e = 0; e < g.top_k; ++e) {
-    const int key = listed[e];
-    if (key < 0 || key > pos || (g.sliding_window > 0 && key <= pos - g.sliding_window)) {
+  for (int e = 0; e < entries; ++e) {
+    const int64_t row = row_of(e);
+    if (row < 0) {
       continue;
     }
-    rows[count++] = (static_cast<int64_t>(table[key / BS]) * g.num_kv_heads + item.kv_head) * BS +
-                    key % BS;
+    rows[count++] = row;
     if (count == BS) {
-      attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, -1, ChunkRows{0, rows, BS});
+      attend_chunk<Pages, BS, WV>(k_pages, v_pages, g, s, vectors, -1, ChunkRows{0, rows, BS});
       count = 0;
     }
   }
   if (count > 0) {
-    attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, -1, ChunkRows{0, rows, count});
+    attend_chunk<Pages, BS, WV>(k_pages, v_pages, g, s, vectors, -1, ChunkRows{0, rows, count});
   }
 }
 
@@ -508,17 +517,40 @@ void attend(const Inputs<T, Pages>& in, const Geometry& g, const WorkItem& item,
   }
   std::fill(s.acc.begin(), s.acc.begin() + vectors * cols, 0.0f);
 
-  if (g.top_k > 0) {
-    attend_selected<T, Pages, BS, WV>(in, g, item, s, vectors, first_pos);
+  const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
+  if (g.top_k > 0) {  // sparse: the item's one query row (at first_pos) reads the rows it lists
+    const int32_t* listed = in.selected + static_cast<int64_t>(item.row_begin) * g.top_k;
+    attend_listed<Pages, BS, WV>(in.k_pages, in.v_pages, g, s, vectors, g.top_k, [&](int e) {
+      const int key = listed[e];
+      if (key < 0 || key > first_pos ||
+          (g.sliding_window > 0 && key <= first_pos - g.sliding_window)) {
+        return int64_t{-1};
+      }
+      return (static_cast<int64_t>(table[key / BS]) * g.num_kv_heads + item.kv_head) * BS +
+             key % BS;
+    });
   } else {
     const int key_begin =
         g.sliding_window > 0 ? std::max(0, first_pos - g.sliding_window + 1) : 0;
-    const int32_t* table = in.block_tables + static_cast<int64_t>(item.seq) * g.max_blocks;
     for (int block = key_begin / BS; block * BS <= last_pos; ++block) {
       const int64_t page =
           (static_cast<int64_t>(table[block]) * g.num_kv_heads + item.kv_head) * BS;
-      attend_chunk<T, Pages, BS, WV>(in, g, s, vectors, block, ChunkRows{page, nullptr, BS});
+      attend_chunk<Pages, BS, WV>(
+          in.k_pages, in.v_pages, g, s, vectors, block, ChunkRows{page, nullptr, BS});
     }
+  }
+  if (g.row_top_k > 0) {  // the second source: the rows the item's one query row lists
+    const int32_t* rtable = in.row_tables + static_cast<int64_t>(item.seq) * g.row_max_blocks;
+    const int32_t* listed = in.row_selected + static_cast<int64_t>(item.row_begin) * g.row_top_k;
+    const int per_block = g.rows_per_block;
+    attend_listed<Pages, BS, WV>(in.row_pages, in.row_pages, g, s, vectors, g.row_top_k,
+                                 [&](int e) {
+                                   const int r = listed[e];
+                                   return r < 0 ? int64_t{-1}
+                                                : static_cast<int64_t>(rtable[r / per_block]) *
+                                                          per_block +
+                                                      r % per_block;
+                                 });
   }
 
   for (int r = 0; r < rows; ++r) {
@@ -551,9 +583,9 @@ struct Plan {
 };
 
 // Rows of one sequence per item when an item holds `heads` query heads of a group: one under
-// sparse attention, whose rows share no keys.
+// sparse attention or with a second source, whose rows share no keys (or rows).
 inline int rows_per_item(int heads, const Geometry& g) {
-  return g.top_k > 0 ? 1 : std::max(1, kMaxQueryVectors / heads);
+  return g.top_k > 0 || g.row_top_k > 0 ? 1 : std::max(1, kMaxQueryVectors / heads);
 }
 
 // Query heads per work item: the whole group when it fits in one item, else slices of it. While
@@ -583,7 +615,7 @@ Plan plan(const int32_t* cu, const int32_t* seq_lens, int num_seqs, const Geomet
   p.max_vectors = rows * heads;
   for (int seq = 0; seq < num_seqs; ++seq) {
     int span = g.sliding_window > 0 ? std::min(seq_lens[seq], g.sliding_window) : seq_lens[seq];
-    span = g.top_k > 0 ? std::min(span, g.top_k) : span;
+    span = (g.top_k > 0 ? std::min(span, g.top_k) : span) + g.row_top_k;
     p.work += static_cast<int64_t>(cu[seq + 1] - cu[seq]) * g.num_kv_heads * g.group * span;
     for (int row = cu[seq]; row < cu[seq + 1]; row += rows) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
@@ -663,47 +695,66 @@ class PagedAttentionCPU : public mx::Primitive {
 
  private:
   // Inputs: q, k, v, block_tables, seq_lens, cu_seqlens_q, then k_scales and v_scales when the
-  // pages are quantized (bits 8 or 4), then selected (sparse attention), then sinks when the
+  // pages are quantized (bits 8 or 4), then selected (sparse attention), then the second source
+  // (row pages, their scales when quantized, row_tables, row_selected), then sinks when the
   // model has them.
+  template <typename Pages>
+  struct PageSet {
+    Pages k, v, rows;
+  };
+
   template <typename T>
   static void run(
       const std::vector<mx::array>& in, mx::array& out, Geometry g, bool has_sinks, int bits,
       int group_size) {
     const float* sinks = has_sinks ? in.back().data<float>() : nullptr;
+    const size_t rows_at = 6 + (bits != 0 ? 2 : 0) + (g.top_k > 0 ? 1 : 0);
     switch (bits) {
       case 8:
-        return run_pages<T>(in, out, g, sinks, quant_pages<8>(in, group_size));
+        return run_pages<T>(in, out, g, sinks, rows_at, quant_pages<8>(in, group_size, rows_at, g));
       case 4:
-        return run_pages<T>(in, out, g, sinks, quant_pages<4>(in, group_size));
-      default:
+        return run_pages<T>(in, out, g, sinks, rows_at, quant_pages<4>(in, group_size, rows_at, g));
+      default: {
+        const T* rows = g.row_top_k > 0 ? in[rows_at].data<T>() : nullptr;
         return run_pages<T>(
-            in, out, g, sinks,
-            std::pair{FloatPages<T>{in[1].data<T>()}, FloatPages<T>{in[2].data<T>()}});
+            in, out, g, sinks, rows_at,
+            PageSet<FloatPages<T>>{{in[1].data<T>()}, {in[2].data<T>()}, {rows}});
+      }
     }
   }
 
   template <int BITS>
-  static std::pair<QuantPages<BITS>, QuantPages<BITS>> quant_pages(
-      const std::vector<mx::array>& in, int group_size) {
+  static PageSet<QuantPages<BITS>> quant_pages(
+      const std::vector<mx::array>& in, int group_size, size_t rows_at, const Geometry& g) {
+    QuantPages<BITS> rows{nullptr, nullptr, group_size};
+    if (g.row_top_k > 0) {
+      rows = {in[rows_at].data<uint8_t>(), in[rows_at + 1].data<mx::float16_t>(), group_size};
+    }
     return {
         QuantPages<BITS>{in[1].data<uint8_t>(), in[6].data<mx::float16_t>(), group_size},
-        QuantPages<BITS>{in[2].data<uint8_t>(), in[7].data<mx::float16_t>(), group_size}};
+        QuantPages<BITS>{in[2].data<uint8_t>(), in[7].data<mx::float16_t>(), group_size}, rows};
   }
 
   template <typename T, typename Pages>
   static void run_pages(
       const std::vector<mx::array>& in, mx::array& out, const Geometry& g, const float* sinks,
-      std::pair<Pages, Pages> pages) {
+      size_t rows_at, PageSet<Pages> pages) {
     const auto& q = in[0];
+    // The row source's block table and lists follow its pages (and their scales).
+    const size_t tables_at = rows_at + (std::is_same_v<Pages, FloatPages<T>> ? 1 : 2);
+    const bool rows = g.row_top_k > 0;
     Inputs<T, Pages> args{
         q.data<T>(),
         {q.strides()[0], q.strides()[1], q.strides()[2]},
-        pages.first,
-        pages.second,
+        pages.k,
+        pages.v,
         in[3].data<int32_t>(),
         in[4].data<int32_t>(),
         in[5].data<int32_t>(),
-        g.top_k > 0 ? in[in.size() - 1 - (sinks != nullptr)].data<int32_t>() : nullptr,
+        g.top_k > 0 ? in[rows_at - 1].data<int32_t>() : nullptr,
+        pages.rows,
+        rows ? in[tables_at].data<int32_t>() : nullptr,
+        rows ? in[tables_at + 1].data<int32_t>() : nullptr,
         sinks,
         out.data<T>(),
     };
@@ -759,7 +810,11 @@ mx::array paged_attention_cpu(
     int bits,
     int group_size,
     int value_dim,
-    const std::optional<mx::array>& selected) {
+    const std::optional<mx::array>& selected,
+    const std::optional<mx::array>& row_pages,
+    const std::optional<mx::array>& row_scales,
+    const std::optional<mx::array>& row_tables,
+    const std::optional<mx::array>& row_selected) {
   const bool quantized = bits != 0;
   const bool latent = value_dim > 0;
   const auto page_dtype = quantized ? mx::uint8 : q.dtype();
@@ -795,11 +850,31 @@ mx::array paged_attention_cpu(
                    selected->shape(1) == 0)) {
     throw std::invalid_argument("paged_attention_cpu: selected must be [N, K], K > 0");
   }
+  const bool rows = row_selected.has_value();
+  if (rows &&
+      (!latent || k_pages.shape(1) != 1 || !row_pages || !row_tables ||
+       row_pages->ndim() != 4 || row_pages->shape(1) != 1 || row_pages->shape(3) != row_width ||
+       row_pages->dtype() != page_dtype || !row_pages->flags().row_contiguous ||
+       row_tables->ndim() != 2 || row_tables->shape(0) != seq_lens.size() ||
+       row_tables->shape(1) == 0 || row_selected->ndim() != 2 ||
+       row_selected->shape(0) != q.shape(0) || row_selected->shape(1) == 0 ||
+       quantized != row_scales.has_value() ||
+       (quantized &&
+        (row_scales->dtype() != mx::float16 || !row_scales->flags().row_contiguous ||
+         row_scales->size() != row_pages->size() / row_width * (q.shape(2) / group_size) * 2)))) {
+    throw std::invalid_argument(
+        "paged_attention_cpu: a second source of rows needs latent pages of one KV head, row "
+        "pages [row_blocks, 1, rows_per_block, D] in the token pages' format (with their "
+        "scales when quantized), row_tables [S, max_row_blocks] and row_selected [N, K2], K2 > 0");
+  }
   const int hq = q.shape(1), hkv = k_pages.shape(1);
   Geometry g{hkv,     hq / hkv, q.shape(2), block_size,
              block_tables.shape(1), sliding_window, scale, softcap,
              latent ? value_dim : q.shape(2), latent,
-             selected ? selected->shape(1) : 0};
+             selected ? selected->shape(1) : 0,
+             rows ? row_selected->shape(1) : 0,
+             rows ? row_pages->shape(2) : 0,
+             rows ? row_tables->shape(1) : 0};
   auto stream = mx::default_stream(mx::Device::cpu);
   std::vector<mx::array> inputs{
       q,
@@ -815,6 +890,14 @@ mx::array paged_attention_cpu(
   }
   if (selected) {
     inputs.push_back(kernel_input(*selected, mx::int32, stream));
+  }
+  if (rows) {
+    inputs.push_back(*row_pages);
+    if (quantized) {
+      inputs.push_back(*row_scales);
+    }
+    inputs.push_back(kernel_input(*row_tables, mx::int32, stream));
+    inputs.push_back(kernel_input(*row_selected, mx::int32, stream));
   }
   if (sinks) {
     inputs.push_back(kernel_input(*sinks, mx::float32, stream));
@@ -848,5 +931,9 @@ NB_MODULE(_paged_attention_cpu, m) {
       nb::arg("bits") = 0,
       nb::arg("group_size") = 0,
       nb::arg("value_dim") = 0,
-      nb::arg("selected").none() = nb::none());
+      nb::arg("selected").none() = nb::none(),
+      nb::arg("row_pages").none() = nb::none(),
+      nb::arg("row_scales").none() = nb::none(),
+      nb::arg("row_tables").none() = nb::none(),
+      nb::arg("row_selected").none() = nb::none());
 }

@@ -17,6 +17,12 @@ row of ``selected`` lists that it may see by the rule above; -1 marks an unused 
 positions are distinct, and each row lists at least one it may see (its own, for DeepSeek's
 indexer). Every backend reads only the listed rows' pages.
 
+A second source (``LayerParams.rows``, a `RowSource`: DeepSeek V4's compressed rows): row ``i``
+also reads, in the same softmax, the rows its row of ``rows.selected`` lists (-1: none) of its
+own sequence in the row pages, found through their own block table; the caller decides what
+each row may read, so no causal or window rule applies to them. It needs latent pages of one KV
+head (keys are values), and the row pages share the token pages' format and width.
+
 Quantized pages (``QuantizedPages``, format in ``quant.py``) are gathered as codes and scales and
 dequantized to float32 after the gather: only the context of the sequences being attended, for
 this call, never the pool.
@@ -31,7 +37,13 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.arithmetic import ceil_div
-from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
+from macbatch.metal.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    LayerParams,
+    Pages,
+    check_row_source,
+)
 from macbatch.metal.quant import QuantizedPages, dequantize
 
 _PREFILL_TILE = 128
@@ -48,9 +60,11 @@ def paged_attention_reference(
     together so little padding is read; each prefill chunk is cut into query tiles with a causal
     mask offset by the context already cached.
     """
-    if layer.selected is not None:
-        return _sparse_attention(q, k_pages, v_pages, meta, layer)
-    scale, sliding_window, softcap, sinks, value_dim, _ = layer
+    if layer.rows is not None:
+        check_row_source(q, k_pages, meta, layer)
+    if layer.selected is not None or layer.rows is not None:
+        return _listed_attention(q, k_pages, v_pages, meta, layer)
+    scale, sliding_window, softcap, sinks, value_dim, *_ = layer
     block_tables = meta.block_tables
     lens = meta.host_seq_lens.astype(np.int64)
     cu = meta.host_cu_seqlens_q.astype(np.int64)
@@ -122,51 +136,70 @@ def masked_attention(
     [B, n_blocks]`` (block ids, in key order), each row seeing the keys ``visible [B, L,
     n_blocks * block_size]`` marks (at least one per row): for masks other than the causal one
     of the contract (Gemma 4's image blocks, engine/model/image_blocks.py)."""
-    scale, _, softcap, sinks, value_dim, _ = layer
+    scale, _, softcap, sinks, value_dim, *_ = layer
     k = _gather_context(k_pages, blocks)
     v = _values(k, v_pages, blocks, value_dim)
     return _attend(q, k, v, visible[:, None], scale, softcap, sinks)
 
 
-def _sparse_attention(
+def _listed_attention(
     q: mx.array, k_pages: Pages, v_pages: Pages, meta: AttentionMetadata, layer: LayerParams
 ) -> mx.array:
-    """The contract's sparse form: each query row gathers only its ``selected`` positions' rows
-    (at most K per row, whatever the context), a tile of rows at a time so the gathered keys
-    stay small when a long prefill chunk selects from a long context."""
-    scale, window, softcap, sinks, value_dim, selected = layer
-    assert selected is not None
+    """The contract's sparse and two-source forms: each query row gathers only the rows it
+    reads, a tile of query rows at a time so the gathered keys stay small when a long prefill
+    chunk reads from a long context.
+
+    A row's token entries are its ``selected`` positions, or (dense, with a second source) every
+    position of its window, or of its context without one; its second source's entries are the
+    rows ``layer.rows.selected`` lists (no causal check), gathered through their own block table
+    and read in the same softmax (values: their leading ``value_dim`` columns).
+    """
+    scale, window, softcap, sinks, value_dim, selected, rows = layer
     cu = meta.host_cu_seqlens_q.astype(np.int64)
     q_lens = cu[1:] - cu[:-1]
     seq_of_row = np.repeat(np.arange(len(q_lens)), q_lens)
     row_pos = meta.host_seq_lens.astype(np.int64)[seq_of_row] - q_lens[seq_of_row]
     row_pos += np.arange(len(seq_of_row)) - cu[seq_of_row]
-    block_size, top_k = k_pages.shape[2], selected.shape[1]
-    tile = max(1, _SPARSE_TILE_ENTRIES // top_k)
+    if selected is not None:
+        entries = selected.shape[1]
+    else:  # a dense first source beside a second one: every position it may see, listed
+        entries = window or int(meta.host_seq_lens.max(initial=1))
+    extra = 0 if rows is None else rows.selected.shape[1]
+    tile = max(1, _SPARSE_TILE_ENTRIES // (entries + extra))
     parts = []
     for start in range(0, q.shape[0], tile):
-        rows = slice(start, min(start + tile, q.shape[0]))
-        pos = mx.array(row_pos[rows])[:, None]
-        sel = selected[rows].astype(mx.int32)
+        at = slice(start, min(start + tile, q.shape[0]))
+        pos = mx.array(row_pos[at])[:, None]
+        sel = pos - mx.arange(entries)[None] if selected is None else selected[at].astype(mx.int32)
         visible = (sel >= 0) & (sel <= pos)
         if window is not None:
             visible &= sel > pos - window
-        safe = mx.where(visible, sel, 0)
-        blocks = mx.take_along_axis(
-            meta.block_tables[mx.array(seq_of_row[rows])], safe // block_size, axis=1
-        )
-        keys = _gather_rows(k_pages, blocks, safe % block_size)
-        values = (
-            keys[..., :value_dim]
-            if value_dim is not None
-            else _gather_rows(v_pages, blocks, safe % block_size)
-        )
+        seqs = mx.array(seq_of_row[at])
+        keys = _gather_listed(k_pages, meta.block_tables[seqs], sel, visible)
+        if rows is not None:
+            listed = rows.selected[at].astype(mx.int32)
+            found = _gather_listed(rows.pages, rows.block_table[seqs], listed, listed >= 0)
+            keys = mx.concatenate([keys, found], axis=2)
+            visible = mx.concatenate([visible, listed >= 0], axis=1)
+        if value_dim is not None:
+            values = keys[..., :value_dim]
+        else:
+            values = _gather_listed(v_pages, meta.block_tables[seqs], sel, visible)
         mask = visible[:, None, None, :]
-        out = _attend(q[rows][:, :, None, :], keys, values, mask, scale, softcap, sinks)
+        out = _attend(q[at][:, :, None, :], keys, values, mask, scale, softcap, sinks)
         parts.append(out[:, :, 0, :])
     if not parts:
         return mx.zeros((*q.shape[:2], value_dim or q.shape[2]), dtype=q.dtype)
     return mx.concatenate(parts, axis=0)
+
+
+def _gather_listed(pages: Pages, tables: mx.array, listed: mx.array, visible: mx.array) -> mx.array:
+    """The rows ``listed [n, K]`` names in pages addressed through ``tables [n, blocks]`` ->
+    ``[n, Hkv, K, D]``; hidden entries read the first row of the first block instead (masked)."""
+    safe = mx.where(visible, listed, 0)
+    block_size = pages.shape[2]
+    blocks = mx.take_along_axis(tables, safe // block_size, axis=1)
+    return _gather_rows(pages, blocks, safe % block_size)
 
 
 def _gather_rows(pages: Pages, blocks: mx.array, offsets: mx.array) -> mx.array:

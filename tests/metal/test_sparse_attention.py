@@ -117,7 +117,7 @@ def test_the_kernels_do_not_defer_to_the_reference(monkeypatch):
     def refused(*args):
         raise AssertionError("the reference's sparse form ran")
 
-    monkeypatch.setattr(reference, "_sparse_attention", refused)
+    monkeypatch.setattr(reference, "_listed_attention", refused)
     case = Case(**MIXED, **SHAPES["latent_48_36"], kv_bits=8)
     for name, backend in backends().items():
         got = backend(*case.args(poisoned=True))

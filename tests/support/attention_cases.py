@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.metal import AttentionMetadata, LayerParams
+from macbatch.metal.backend import RowSource
 from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from macbatch.metal.quant import QuantizedPages, default_group_size
 from tests.support.attention_numpy import dequantize_numpy, paged_attention_numpy, quantize_numpy
@@ -54,6 +55,11 @@ class Case:
     group_size: int | None = None
     value_dim: int | None = None  # latent pages: values are the keys' leading columns
     top_k: int | None = None  # sparse attention: entries per row of ``selected``
+    # A second source of rows (latent cases): rows per sequence, the row pages' block size and
+    # the entries per row of its list
+    row_counts: list[int] | None = None
+    rows_per_block: int = 4
+    row_top_k: int | None = None
     arrays: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,34 +88,29 @@ class Case:
         k = rng.standard_normal(shape).astype(np.float32)
         v = rng.standard_normal(shape).astype(np.float32)
         q = rng.standard_normal((int(cu[-1]), self.num_q_heads, d)).astype(np.float32)
-        # Round through the dtype so numpy sees exactly what the kernel sees.
-        self.q, self.k, self.v = (_rounded(x, self.dtype) for x in (q, k, v))
-        hidden = ~visible[:, None, :, None]
-        self.k_poisoned = np.where(hidden, np.nan, self.k).astype(np.float32)
-        self.v_poisoned = np.where(hidden, np.nan, self.v).astype(np.float32)
+        self.q = _rounded(q, self.dtype)  # numpy sees exactly what the kernel sees
         if self.kv_bits is not None:
             self.group_size = self.group_size or default_group_size(d)
-            self.quantized = [quantize_numpy(x, self.kv_bits, self.group_size) for x in (k, v)]
-            self.k, self.v = (dequantize_numpy(c, sc, self.kv_bits) for c, sc in self.quantized)
-            self.quantized_poisoned = [  # hidden slots' (scale, bias) of every group are NaN
-                (c, np.where(hidden[..., None], np.nan, sc).astype(np.float16))
-                for c, sc in self.quantized
-            ]
+        hidden = ~visible[:, None, :, None]
+        self.k_pages, self.v_pages = (
+            PageSet(x, hidden, self.dtype, self.kv_bits, self.group_size) for x in (k, v)
+        )
+        self.k, self.v = self.k_pages.values, self.v_pages.values
         self.sink_values = _rounded(2 * rng.standard_normal(self.num_q_heads), self.dtype)
         self.scale = d**-0.5
+        self.row_source = None if self.row_top_k is None else RowCase(self, rng)
 
-    def args(self, poisoned: bool, selected: np.ndarray | None = None) -> tuple:
+    def args(
+        self,
+        poisoned: bool,
+        selected: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        poison_rows: bool | None = None,
+    ) -> tuple:
         """(q, K pages, V pages, metadata, layer): what a backend is called with; ``selected``
-        replaces the case's own selection."""
-        if self.kv_bits is not None:
-            pages = self.quantized_poisoned if poisoned else self.quantized
-            k, v = (
-                QuantizedPages(mx.array(c), mx.array(sc), self.kv_bits, self.group_size)
-                for c, sc in pages
-            )
-        else:
-            k, v = (self.k_poisoned, self.v_poisoned) if poisoned else (self.k, self.v)
-            k, v = mx.array(k).astype(self.dtype), mx.array(v).astype(self.dtype)
+        and ``rows`` replace the case's own selections (of positions, of second-source rows);
+        the row pages are poisoned as the token pages are unless ``poison_rows`` says."""
+        k, v = self.k_pages.pages(poisoned), self.v_pages.pages(poisoned)
         if self.value_dim is not None:
             v = k  # one latent row per token: the caller passes the key pages as values
         return (
@@ -117,10 +118,15 @@ class Case:
             k,
             v,
             AttentionMetadata.build(self.tables, self.lens, self.cu),
-            self.layer(selected),
+            self.layer(selected, rows, poisoned if poison_rows is None else poison_rows),
         )
 
-    def layer(self, selected: np.ndarray | None = None) -> LayerParams:
+    def layer(
+        self,
+        selected: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        poisoned: bool = False,
+    ) -> LayerParams:
         selected = self.selected if selected is None else selected
         return LayerParams(
             self.scale,
@@ -129,13 +135,16 @@ class Case:
             mx.array(self.sink_values).astype(self.dtype) if self.sinks else None,
             self.value_dim,
             None if selected is None else mx.array(selected),
+            None if self.row_source is None else self.row_source.source(poisoned, rows),
         )
 
     @property
     def out_shape(self) -> tuple[int, int, int]:
         return (*self.q.shape[:2], self.value_dim or self.head_dim)
 
-    def oracle(self, selected: np.ndarray | None = None) -> np.ndarray:
+    def oracle(
+        self, selected: np.ndarray | None = None, rows: np.ndarray | None = None
+    ) -> np.ndarray:
         """The float64 numpy answer (latent values: the keys' leading columns, as pages)."""
         v = self.v if self.value_dim is None else self.k[..., : self.value_dim]
         return paged_attention_numpy(
@@ -143,7 +152,83 @@ class Case:
             sliding_window=self.sliding_window, softcap=self.softcap,
             sinks=self.sink_values if self.sinks else None,
             selected=self.selected if selected is None else selected,
+            rows=None if self.row_source is None else self.row_source.oracle(rows),
         )  # fmt: skip
+
+
+class PageSet:
+    """One page array as the tests read it: the float64 oracle's values (rounded through the
+    dtype, or dequantized: exactly what a kernel reads) and the pages a backend is handed, finite
+    or with every ``hidden`` slot poisoned (NaN floats, or NaN scales when quantized)."""
+
+    def __init__(
+        self,
+        x: np.ndarray,
+        hidden: np.ndarray,
+        dtype: mx.Dtype,
+        bits: int | None,
+        group_size: int | None,
+    ) -> None:
+        self.dtype, self.bits, self.group_size = dtype, bits, group_size
+        if bits is None:
+            self.values = _rounded(x, dtype)
+            poisoned = np.where(hidden, np.nan, self.values).astype(np.float32)
+            self.versions: dict[bool, tuple] = {False: (self.values,), True: (poisoned,)}
+            return
+        assert group_size is not None
+        codes, scales = quantize_numpy(x, bits, group_size)
+        self.values = dequantize_numpy(codes, scales, bits)
+        nan_scales = np.where(hidden[..., None], np.nan, scales).astype(np.float16)
+        self.versions = {False: (codes, scales), True: (codes, nan_scales)}
+
+    def pages(self, poisoned: bool) -> mx.array | QuantizedPages:
+        if self.bits is None:
+            return mx.array(self.versions[poisoned][0]).astype(self.dtype)
+        codes, scales = self.versions[poisoned]
+        assert self.group_size is not None
+        return QuantizedPages(mx.array(codes), mx.array(scales), self.bits, self.group_size)
+
+
+class RowCase:
+    """A latent case's second source of rows: ``row_counts[s]`` rows per sequence in pages of
+    ``rows_per_block`` rows under a shuffled block table of their own, and per query row a list
+    of ``row_top_k`` entries (distinct rows of its sequence in random order, about a quarter -1,
+    none at all for a sequence with no rows). Every slot no row lists is poisoned."""
+
+    def __init__(self, case: Case, rng: np.random.Generator) -> None:
+        assert case.row_counts is not None and case.row_top_k is not None
+        per_block, top = case.rows_per_block, case.row_top_k
+        counts = np.array(case.row_counts)
+        blocks_per = -(-counts // per_block)
+        num_blocks = int(blocks_per.sum()) + 2  # blocks nobody owns
+        self.table = np.zeros((len(counts), int(blocks_per.max()) + 1), dtype=np.int32)
+        ids, at = rng.permutation(num_blocks), 0
+        for s in range(len(counts)):
+            self.table[s, : blocks_per[s]] = ids[at : at + blocks_per[s]]
+            at += blocks_per[s]
+        rows = query_positions(case.lens, case.q_lens)
+        self.selected = np.full((len(rows), top), -1, dtype=np.int32)
+        for i, (s, _) in enumerate(rows):
+            listed = min(int(counts[s]), top - top // 4)
+            self.selected[i, rng.permutation(top)[:listed]] = rng.permutation(counts[s])[:listed]
+        self.listed_slots = np.zeros((num_blocks, per_block), dtype=bool)
+        for i, (s, _) in enumerate(rows):
+            for r in self.selected[i][self.selected[i] >= 0]:
+                self.listed_slots[self.table[s, r // per_block], r % per_block] = True
+        x = rng.standard_normal((num_blocks, 1, per_block, case.head_dim)).astype(np.float32)
+        hidden = ~self.listed_slots[:, None, :, None]
+        self.page_set = PageSet(x, hidden, case.dtype, case.kv_bits, case.group_size)
+        self.value_dim = case.value_dim
+
+    def source(self, poisoned: bool, selected: np.ndarray | None = None) -> RowSource:
+        chosen = self.selected if selected is None else selected
+        return RowSource(self.page_set.pages(poisoned), mx.array(self.table), mx.array(chosen))
+
+    def oracle(self, selected: np.ndarray | None = None) -> tuple:
+        """What the numpy oracle reads: keys, values (their leading columns), table, lists."""
+        keys = self.page_set.values
+        chosen = self.selected if selected is None else selected
+        return keys, keys[..., : self.value_dim], self.table, chosen
 
 
 def query_positions(seq_lens: np.ndarray, q_lens: list[int]) -> list[tuple[int, int]]:

@@ -18,9 +18,12 @@ def paged_attention_numpy(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     selected: np.ndarray | None = None,
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """``selected [N, K]`` (sparse attention): row i sees only the positions its row lists
-    (-1: no entry), among those the causal and window rule lets it see."""
+    (-1: no entry), among those the causal and window rule lets it see. ``rows`` (a second
+    source: key pages, value pages, block table, ``[N, K2]`` lists): row i also sees every row
+    its list names (-1: none), found through that table, in the same softmax."""
     q = q.astype(np.float64)
     k_pages = k_pages.astype(np.float64)
     v_pages = v_pages.astype(np.float64)
@@ -49,6 +52,9 @@ def paged_attention_numpy(
                         for t in keys_at
                     ]
                 )
+                if rows is not None:
+                    row_k, row_v = _listed_rows(rows, s, i)
+                    k, v = np.concatenate([k, row_k]), np.concatenate([v, row_v])
                 logits = k @ q[i, h] * scale
                 if softcap is not None:
                     logits = np.tanh(logits / softcap) * softcap
@@ -57,6 +63,21 @@ def paged_attention_numpy(
                 denom = weights.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - peak))
                 out[i, h] = weights @ v / denom
     return out
+
+
+def _listed_rows(
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], seq: int, row: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (keys, values) of the second-source rows query row ``row`` of ``seq`` lists."""
+    keys, values, table, selected = rows
+    per_block = keys.shape[2]
+    listed = [int(r) for r in selected[row] if r >= 0]
+    at = [(table[seq, r // per_block], 0, r % per_block) for r in listed]
+    width_k, width_v = keys.shape[-1], values.shape[-1]
+    return (
+        np.array([keys[a] for a in at], dtype=np.float64).reshape(-1, width_k),
+        np.array([values[a] for a in at], dtype=np.float64).reshape(-1, width_v),
+    )
 
 
 def random_paged_case(q_lens, ctx_lens, hq, hkv, d=16, block_size=4, seed=0):

@@ -9,7 +9,6 @@ device. A speculating decode's chunk is its last token and its drafts, every row
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.engine.core.scheduler import ScheduledChunk, StepPlan
+from macbatch.engine.kv.tables import table_array, table_width
 from macbatch.engine.model.batch import PackedBatch
 from macbatch.engine.model.recurrent import StateChunk, StateRows
 
@@ -64,11 +64,11 @@ def pack(
     token_ids, pending_chunks = _known_tokens(plan)
     pending_rows = [int(cu[i + 1]) - 1 for i in pending_chunks]
 
-    tables = _table_array(block_tables)
+    tables = table_array(block_tables)
     write_rows = _write_rows(tables, row_seq, positions, block_size, kv_head_counts)
     window_tables = window_rows = None
     if window is not None:
-        window_array = _table_array(window[0])
+        window_array = table_array(window[0])
         window_rows = _write_rows(window_array, row_seq, positions, block_size, window[1])
         window_tables = mx.array(window_array)
     long_rows = None
@@ -211,23 +211,7 @@ def _known_tokens(plan: StepPlan) -> tuple[np.ndarray, list[int]]:
     return np.array(flat, dtype=np.int32), pending
 
 
-def _width(longest: int) -> int:
-    """The block tables' width: the longest table rounded up to a power of two."""
-    return 1 << max(0, longest - 1).bit_length()
-
-
 def _padded(block_tables: list[list[int]]) -> list[list[int]]:
-    """``_table_array`` as lists."""
-    width = _width(max(map(len, block_tables)))
+    """``table_array`` as lists."""
+    width = table_width(max(map(len, block_tables)))
     return [table + [0] * (width - len(table)) for table in block_tables]
-
-
-def _table_array(block_tables: list[list[int]]) -> np.ndarray:
-    """``[S, width]`` int32, each table left-aligned, padded with block 0 (never read); the
-    width is the longest table's rounded up to a power of two, so a growing context changes
-    the step's shapes only when it doubles (a compiled step is traced per shape)."""
-    lengths = np.fromiter(map(len, block_tables), np.int64, len(block_tables))
-    flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int32, int(lengths.sum()))
-    tables = np.zeros((len(block_tables), _width(int(lengths.max()))), dtype=np.int32)
-    tables[np.arange(tables.shape[1]) < lengths[:, None]] = flat  # row-major: rows in order
-    return tables

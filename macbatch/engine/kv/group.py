@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import mlx.core as mx
     import numpy as np
 
+    from macbatch.engine.kv.compressed_rows import RowTables
+
 
 @dataclass(frozen=True)
 class CacheSpec:
@@ -64,6 +66,9 @@ class StepTables:
     blocks: list[list[int]] = field(default_factory=list)  # the full group's block tables
     window: list[list[int]] | None = None  # the window group's, when the model has one
     states: list[StateChunk] | None = None  # how each chunk's recurrent state flows (hybrids)
+    # each compressed-rows group's row block tables, by its compress ratio (DeepSeek V4)
+    rows: dict[int, RowTables] = field(default_factory=dict)
+    open_groups: list[StateChunk] | None = None  # how each chunk's open-group state flows
 
 
 class CacheGroup(Protocol):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from macbatch.engine.kv.compressed_rows import CompressedRowsGroup, CompressedRowsSpec
 from macbatch.engine.kv.full import FullAttentionGroup, FullAttentionSpec
 from macbatch.engine.kv.group import CacheGroup, CacheSpec
 from macbatch.engine.kv.held_state import HeldStateGroup, HeldStateSpec
 from macbatch.engine.kv.indexer_keys import IndexerKeysGroup, IndexerKeysSpec
 from macbatch.engine.kv.latent import LatentGroup, LatentSpec
 from macbatch.engine.kv.manager import KVManager
+from macbatch.engine.kv.open_groups import OpenGroupsGroup, OpenGroupsSpec
 from macbatch.engine.kv.recurrent_state import RecurrentStateGroup, RecurrentStateSpec
 from macbatch.engine.kv.window import SlidingWindowGroup, SlidingWindowSpec
 
@@ -22,6 +24,8 @@ CACHE_GROUPS: dict[type[CacheSpec], Callable[..., CacheGroup]] = {
     SlidingWindowSpec: SlidingWindowGroup,
     RecurrentStateSpec: RecurrentStateGroup,
     HeldStateSpec: HeldStateGroup,
+    CompressedRowsSpec: CompressedRowsGroup,
+    OpenGroupsSpec: OpenGroupsGroup,
 }
 
 

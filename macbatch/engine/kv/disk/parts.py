@@ -1,6 +1,7 @@
 """The cache groups' parts of a cached prefix on disk (``group.DiskPart``): a block group's pages in
-one block (full attention's, a sliding window's; a draft model's pages in the full group's blocks
-are not kept: ``JointPages`` says why), a recurrent state's checkpoint, and a checkpoint of held
+one block (full attention's, a sliding window's, a compressed-rows group's row block; a draft
+model's pages in the full group's blocks are not kept: ``JointPages`` says why), a recurrent
+state's checkpoint (or an open-group state's: ``OpenGroupsPart``), and a checkpoint of held
 library caches (``HeldCheckpointPart``: a payload of its own length). Each says which blocks
 of a prefix it needs to resume after it, gathers what it holds as bytes to write, and puts bytes
 read back into its memory, named in the prefix cache and idle there, so the KV manager then takes
@@ -113,6 +114,13 @@ class CheckpointPart:
             self.store.scatter_row(row, [s[i] for s in slabs])
             kept.add(digest)
         return len(digests)
+
+
+class OpenGroupsPart(CheckpointPart):
+    """DeepSeek V4's open-group state's checkpoints (``kv/open_groups.py``): a recurrent
+    state's, under a tag of their own."""
+
+    tag = "open"
 
 
 class HeldCheckpointPart(CheckpointPart):

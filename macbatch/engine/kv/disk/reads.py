@@ -68,18 +68,29 @@ class _Read:
 def reach(parts: dict[str, DiskPart], found: dict[str, list[bool]]) -> int:
     """The most leading blocks every part can resume after, where ``found[tag][i]``: the
     part of block i is there (in memory, on disk, or read)."""
-    missing = {  # per part, how many blocks before i lack it (a range's check is O(1))
-        tag: list(accumulate((not flag for flag in flags), initial=0))
-        for tag, flags in found.items()
-    }
+    missing: dict[tuple[str, int, int], list[int]] = {}
     for count in range(len(next(iter(found.values()))), 0, -1):
         if all(
-            missing[tag][r.stop] == missing[tag][r.start]
-            for tag, part in parts.items()
-            for r in (part.needs(count),)
+            _all_found(missing, found[tag], tag, part.needs(count)) for tag, part in parts.items()
         ):
             return count
     return 0
+
+
+def _all_found(
+    missing: dict[tuple[str, int, int], list[int]], flags: list[bool], tag: str, needed: range
+) -> bool:
+    """Whether every block in ``needed`` (a range, strided for a part whose blocks are every
+    ``step``-th: compressed rows) has its part, in O(1): ``missing[(tag, step, offset)]``
+    counts the blocks ``offset, offset + step, ...`` before each that lack it, made once."""
+    if not needed:
+        return True
+    step = needed.step
+    key = (tag, step, needed.start % step)
+    if key not in missing:
+        missing[key] = list(accumulate((not f for f in flags[key[2] :: step]), initial=0))
+    first = needed.start // step
+    return missing[key][first + len(needed)] == missing[key][first]
 
 
 class Reads:

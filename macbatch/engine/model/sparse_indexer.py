@@ -80,23 +80,31 @@ class SelectionPlan:
         heads: int,
         block_size: int,
         tile_scores: int = _TILE_SCORES,
+        ratio: int = 1,
     ) -> None:
         self.meta = meta
         self.top_k = top_k
         self.heads = heads
         self.block_size = block_size
         self.tile_scores = tile_scores  # the most scores one tile holds
+        # tokens per key: 1 for a key per token; DeepSeek V4's compressed rows, one per ``ratio``
+        # tokens, of which position ``p`` sees the first ``(p + 1) // ratio``
+        self.ratio = ratio
+
+    @functools.cached_property
+    def longest(self) -> int:
+        """The most keys a sequence of the step holds."""
+        return int(self.meta.host_seq_lens.max(initial=0)) // self.ratio
 
     @functools.cached_property
     def dense(self) -> bool:
         """No sequence holds more keys than ``top_k``: every row attends densely."""
-        return int(self.meta.host_seq_lens.max(initial=0)) <= self.top_k
+        return self.longest <= self.top_k
 
     @functools.cached_property
     def num_blocks(self) -> int:
         """The key blocks gathered per sequence (its longest's)."""
-        longest = int(self.meta.host_seq_lens.max(initial=0))
-        return -(-longest // self.block_size)
+        return -(-self.longest // self.block_size)
 
     @functools.cached_property
     def tiles(self) -> list[_Tile]:
@@ -130,7 +138,14 @@ def select(rows: IndexerRows, key_pages: Any, plan: SelectionPlan) -> mx.array |
     if plan.dense:
         return None
     keys = gather_keys(key_pages, plan.meta.block_tables[:, : plan.num_blocks])
-    keys = keys.astype(rows.queries.dtype)
+    return top_k(rows.queries, rows.weights, keys, plan)
+
+
+def top_k(queries: mx.array, weights: mx.array, keys: mx.array, plan: SelectionPlan) -> mx.array:
+    """Each packed row's ``plan.top_k`` best keys ``[N, K]`` int32 (-1: unused) of the
+    ``plan.ratio`` rule's visible ones, by ``sum_h relu(q_h . k) * w_h`` of its ``queries
+    [N, H, D]`` and head ``weights [N, H]`` over its own sequence's ``keys [S, T, D]``."""
+    keys = keys.astype(queries.dtype)
     parts = []
     for tile in plan.tiles:
         packed = mx.array(tile.rows)
@@ -139,16 +154,14 @@ def select(rows: IndexerRows, key_pages: Any, plan: SelectionPlan) -> mx.array |
         tile_keys = keys if every else keys[mx.array(tile.sequences)]
         # [S_t, L_t * H, D] @ [S_t, D, T]: one matrix per sequence, not one key matrix
         # broadcast to every head (which MLX's CPU matmul copies, 13x slower at 16 x 16K)
-        q = rows.queries[packed].reshape(s, length * plan.heads, -1)
+        q = queries[packed].reshape(s, length * plan.heads, -1)
         scores = mx.maximum(q @ tile_keys.swapaxes(-1, -2), 0)
-        scores = scores.reshape(s, length, plan.heads, -1) * rows.weights[packed][..., None]
+        scores = scores.reshape(s, length, plan.heads, -1) * weights[packed][..., None]
         scores = scores.sum(axis=2)  # [S_t, L_t, T]
-        positions = mx.array(tile.positions)[..., None]
-        visible = mx.arange(scores.shape[-1]) <= positions
-        scores = mx.where(visible, scores, -float("inf"))
+        seen = (mx.array(tile.positions)[..., None] + 1) // plan.ratio  # keys each row sees
+        scores = mx.where(mx.arange(scores.shape[-1]) < seen, scores, -float("inf"))
         top = mx.argpartition(scores, kth=-plan.top_k, axis=-1)[..., -plan.top_k :]
-        top = top.astype(mx.int32)
-        top = mx.where(top <= positions, top, -1)
+        top = mx.where(top < seen, top.astype(mx.int32), -1)
         parts.append(top.reshape(-1, plan.top_k)[mx.array(tile.real)])
     return mx.concatenate(parts, axis=0)[plan.order]
 

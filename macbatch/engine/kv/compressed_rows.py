@@ -28,14 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import numpy as np
-
 from macbatch.arithmetic import ceil_div
 from macbatch.engine.kv.block_pool import BlockPool
 from macbatch.engine.kv.disk.parts import BlockPages, BlockPart
 from macbatch.engine.kv.elastic import ElasticPool, PagedMemory
 from macbatch.engine.kv.group import CacheSpec, Chunk, StepTables
-from macbatch.engine.kv.tables import table_array
+from macbatch.engine.kv.tables import RowTables
 from macbatch.engine.stores.pages import LayerShape, PageFormat
 
 
@@ -76,27 +74,6 @@ def compressed_rows_spec(
         fmt.bytes_per_block(list(shapes), per_block),
         fmt.bytes_per_block(keys, per_block),
     )
-
-
-@dataclass(frozen=True)
-class RowTables:
-    """A compressed-rows group's part of a step: each chunk's row block table (in the step's
-    chunk order), what the kernel's compressed source and the compressor's writes read."""
-
-    ratio: int
-    rows_per_block: int
-    tables: list[list[int]]
-
-    def array(self) -> np.ndarray:
-        """``[num_seqs, max_row_blocks]`` int32, padded with block 0 (never read)."""
-        return table_array(self.tables)
-
-    def flat_rows(self, seq: int, first: int, count: int) -> np.ndarray:
-        """The page rows (a ``KVStore`` layer's flat rows: one KV head) of rows ``first`` to
-        ``first + count - 1`` of chunk ``seq``'s sequence, where its compressor writes them."""
-        rows = np.arange(first, first + count)
-        blocks = np.asarray(self.tables[seq], np.int64)[rows // self.rows_per_block]
-        return (blocks * self.rows_per_block + rows % self.rows_per_block).astype(np.int32)
 
 
 class CompressedRowsGroup:

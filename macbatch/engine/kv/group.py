@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
     import numpy as np
 
-    from macbatch.engine.kv.compressed_rows import RowTables
+    from macbatch.engine.kv.tables import RowTables
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""LongRoPE (Phi-3.5, Phi-4-mini, Phi-4-multimodal: ``rope_scaling.type: longrope``) chosen per
-request, as transformers' Phi-3 chooses it for one sequence.
+"""LongRoPE (Phi-3.5, Phi-3.5-MoE, Phi-4-mini, Phi-4-multimodal, MiniCPM3: ``rope_scaling.type:
+longrope``) chosen per request, as transformers' Phi-3 chooses it for one sequence.
 
 The reference rotates by the short factors while the sequence is within
 ``original_max_position_embeddings`` and by the long ones past it: a prompt longer than that is

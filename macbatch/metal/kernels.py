@@ -278,6 +278,11 @@ def paged_attention_kernel(
     scale, sliding_window, softcap, sinks, value_dim, selected, rows = layer
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
+    if rows is not None:
+        raise ValueError(
+            "paged_attention: the Metal kernel does not read a second source of rows "
+            "(LayerParams.rows) yet; use the cpu or reference backend"
+        )
     n, hq, d = q.shape
     dv = value_dim or d
     hkv, bs = k_pages.shape[1], k_pages.shape[2]

@@ -23,7 +23,14 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.arithmetic import ceil_div
-from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
+from macbatch.metal.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    LayerParams,
+    Pages,
+    RowSource,
+    check_row_source,
+)
 from macbatch.metal.quant import QuantizedPages
 
 HERE = Path(__file__).resolve().parent
@@ -31,8 +38,11 @@ INPUT_NAMES = [
     "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
     "params_f", "sinks", "k_scales", "v_scales", "selected",
 ]  # fmt: skip
-# Latent pages: the key pages are the values too, so no V pages or V scales.
-LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")]
+# Latent pages: the key pages are the values too, so no V pages or V scales; a second source
+# of rows (LayerParams.rows) has its pages, scales, block table and lists.
+LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")] + [
+    "row_pages", "row_scales", "row_table", "row_selected",
+]  # fmt: skip
 OUTPUT_NAMES = ["out", "part_ml", "part_acc"]
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_HEAD_DIM = 256
@@ -278,23 +288,26 @@ def paged_attention_kernel(
     scale, sliding_window, softcap, sinks, value_dim, selected, rows = layer
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
-    if rows is not None:
-        raise ValueError(
-            "paged_attention: the Metal kernel does not read a second source of rows "
-            "(LayerParams.rows) yet; use the cpu or reference backend"
-        )
     n, hq, d = q.shape
     dv = value_dim or d
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
+    row_top_k = 0 if rows is None else check_row_source(q, k_pages, meta, layer)
+    if rows is not None and selected is None:  # the body reads rows in its sparse form only
+        selected = every_visible_position(meta, sliding_window)
     top_k = 0 if selected is None else check_selected(selected, n)
     q_lens = meta.host_cu_seqlens_q[1:] - meta.host_cu_seqlens_q[:-1]
     tiling = (choose_latent_tiling if latent else choose_tiling)(
         d, bs, hq // hkv, 1 if top_k else int(q_lens.max(initial=1))
     )
-    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split, top_k)
+    # The tokens' entries, padded to whole chunks when the rows' follow (the body's split_at).
+    tk = tiling.chunk_keys
+    entries = ceil_div(top_k, tk) * tk + row_top_k if row_top_k else top_k
+    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split, entries)
     window = int(sliding_window) if sliding_window else 0
+    row_blocks = 0 if rows is None else rows.block_table.shape[1]
     params_i = mx.array(
-        [hq, hkv, meta.block_tables.shape[1], window, p.num_splits, top_k], dtype=mx.int32
+        [hq, hkv, meta.block_tables.shape[1], window, p.num_splits, top_k, row_top_k, row_blocks],
+        dtype=mx.int32,
     )
     listed = mx.zeros((1,), mx.int32) if selected is None else selected.astype(mx.int32)
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
@@ -308,11 +321,13 @@ def paged_attention_kernel(
     pages = [k_pages] if latent else [k_pages, v_pages]
     scales = [k_scales] if latent else [k_scales, v_scales]
     widths = [("D", d), ("DV", dv)] if latent else [("D", d)]
+    second = _row_inputs(rows, q.dtype) if latent else []
+    rows_template = [("ROWS", rows is not None), ("RBS", rows.rows_per_block if rows else 1)]
     slots = max(1, p.split_groups * p.num_splits)
     out, part_ml, part_acc = make_kernel(metal_kernel or _default_factory(), latent)(
         inputs=[
             q, *pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, mx.array(p.work),
-            params_i, params_f, sink_arr, *scales, listed,
+            params_i, params_f, sink_arr, *scales, listed, *second,
         ],
         output_shapes=[(n, hq, dv), (slots, tiling.tile, 2), (slots, tiling.tile, dv)],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
@@ -322,12 +337,38 @@ def paged_attention_kernel(
             ("T", q.dtype), *widths, ("BS", bs), ("TK", tiling.chunk_keys),
             ("NSG", tiling.num_simdgroups), ("QPS", tiling.qvs_per_simdgroup),
             ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
-            ("GS", group), ("SPARSE", top_k > 0),
+            ("GS", group), ("SPARSE", top_k > 0), *(rows_template if latent else []),
         ],
     )  # fmt: skip
     if p.split_groups == 0:
         return out
     return _merge_splits(out, part_ml, part_acc, p, sink_arr if sinks is not None else None)
+
+
+def every_visible_position(meta: AttentionMetadata, window: int | None) -> mx.array:
+    """A dense first source as the sparse form's lists: ``[N, E]``, each query row's visible
+    positions (its window, else its context), -1 past them; E the longest such span."""
+    cu = meta.host_cu_seqlens_q.astype(np.int64)
+    q_lens = cu[1:] - cu[:-1]
+    seq_of_row = np.repeat(np.arange(len(q_lens)), q_lens)
+    pos = meta.host_seq_lens.astype(np.int64)[seq_of_row] - q_lens[seq_of_row]
+    pos += np.arange(len(seq_of_row)) - cu[seq_of_row]
+    span = int(min(window, pos.max(initial=0) + 1) if window else pos.max(initial=0) + 1)
+    listed = pos[:, None] - np.arange(max(span, 1))[None]
+    return mx.array(np.where(listed >= 0, listed, -1).astype(np.int32))
+
+
+def _row_inputs(rows: RowSource | None, dtype: mx.Dtype) -> list[mx.array]:
+    """The latent body's second-source inputs: row pages (codes when quantized), their scales,
+    block table and lists; 1-element placeholders without a second source."""
+    if rows is None:
+        return [mx.zeros((1,), dtype), mx.zeros((1,), mx.float16),
+                mx.zeros((1,), mx.int32), mx.zeros((1,), mx.int32)]  # fmt: skip
+    pages, table, selected = rows
+    lists = [table.astype(mx.int32), selected.astype(mx.int32)]
+    if isinstance(pages, QuantizedPages):
+        return [pages.codes, pages.scales, *lists]
+    return [pages, mx.zeros((1,), mx.float16), *lists]
 
 
 def _merge_splits(

@@ -15,9 +15,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from macbatch.metal import AttentionBackend, paged_attention_reference, selftest
 from macbatch.metal.kernels import MetalKernelBackend, SplitPolicy
 from tests.support.attention_cases import TOLERANCE, Case, emulated_attention, relative_error
-from tests.support.kernel_checks import check_backends
+from tests.support.kernel_checks import CpuKernel, check_backends
 from tests.support.msl.emulator import Emulator
 
 F16, BF16 = mx.float16, mx.bfloat16
@@ -115,3 +116,32 @@ def test_the_metal_kernel_refuses_rows_beside_grouped_heads():
     source = rows.source(False)
     with pytest.raises(ValueError, match="second source"):
         emulated_attention()(q, k, v, meta, layer._replace(rows=source))
+
+
+def test_selftest_passes_both_kernels_on_rows():
+    assert selftest(emulated_attention()) == (True, "")
+    assert selftest(CpuKernel()) == (True, "")
+
+
+def test_selftest_rejects_a_backend_that_ignores_the_rows():
+    class TokensOnly(AttentionBackend):
+        name = "tokens-only"
+        label = "tokens only"
+
+        def __call__(self, q, k, v, meta, layer, /):
+            return paged_attention_reference(q, k, v, meta, layer._replace(rows=None))
+
+    ok, why = selftest(TokensOnly())
+    assert not ok and "sparse+rows" in why and "max error" in why
+
+
+def test_selftest_rejects_a_metal_body_that_skips_the_rows():
+    factory = Emulator().metal_kernel
+
+    def mutated(**kw):
+        kw["header"] = kw["header"].replace("return live ? row_selected[list_base + e] : -1;",
+                                            "return -1;")  # fmt: skip
+        return factory(**kw)
+
+    ok, why = selftest(MetalKernelBackend(mutated))
+    assert not ok and "sparse+rows" in why

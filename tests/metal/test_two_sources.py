@@ -81,6 +81,21 @@ def test_split_parts_over_tokens_and_rows(bits):
     assert emulator.dispatches[-1].threadgroups == 2 * 4  # 2 decode items, 4 parts each
 
 
+@pytest.mark.parametrize("bits, row_bytes", [(None, 576 * 2), (4, 576 // 2 + 576 // 64 * 2 * 2)])
+def test_a_decode_reads_each_listed_token_and_row_once(bits, row_bytes):
+    """Through the emulator's byte count (576-wide float16 or 4-bit rows): a decode reads the
+    listed tokens' rows and the listed rows, each once, and nothing else."""
+    case = Case(
+        [300, 130, 77], [1, 1, 1], top_k=16, row_counts=[40, 21, 3], row_top_k=8, dtype=F16,
+        kv_bits=bits, num_q_heads=16, num_kv_heads=1, head_dim=576, value_dim=512,
+    )  # fmt: skip
+    emulator = Emulator()
+    emulated_attention(emulator)(*case.args(poisoned=True))
+    assert case.selected is not None and case.row_source is not None
+    listed = int((case.selected >= 0).sum() + (case.row_source.selected >= 0).sum())
+    assert emulator.dispatches[-1].bytes_read == listed * row_bytes
+
+
 def test_other_rows_give_the_other_answer():
     """Lists naming other rows of the same sequence change the output of exactly those query
     rows, each matching numpy: a kernel reading the wrong rows fails one of them."""

@@ -5,9 +5,10 @@ dispatch per call (plus a small MLX merge when long decode contexts were split);
 `MetalKernelBackend` is its entry in the backend registry. The kernel body lives in
 ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
 ``paged_attention.h``; latent pages (MLA, ``LayerParams.value_dim``) have their own body,
-``paged_attention_latent.metal``, on the same work list, splits and merge. ``metal_kernel`` is
-the constructor of the kernel object: MLX's ``mx.fast.metal_kernel`` on a Mac, the test suite's
-MSL emulator on Linux (same signature).
+``paged_attention_latent.metal``, on the same work list, splits and merge (and reads a second
+source of rows, ``row_inputs.py``). ``metal_kernel`` is the constructor of the kernel object:
+MLX's ``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same
+signature).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from macbatch.metal.backend import (
     AttentionMetadata,
     LayerParams,
     Pages,
-    RowSource,
     check_row_source,
 )
 from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.row_inputs import every_visible_position, row_inputs
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
@@ -284,7 +285,9 @@ def paged_attention_kernel(
 ) -> mx.array:
     """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
     (``layer.value_dim``) by its latent body, which reads only ``k_pages``; sparse attention
-    (``layer.selected``) by either body's SPARSE form, which reads only the listed rows."""
+    (``layer.selected``) by either body's SPARSE form, which reads only the listed rows; a second
+    source of rows (``layer.rows``) by the latent body's sparse form with ROWS, after each query
+    row's tokens (a dense first source listed on the host, ``row_inputs.py``)."""
     scale, sliding_window, softcap, sinks, value_dim, selected, rows = layer
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
@@ -321,8 +324,7 @@ def paged_attention_kernel(
     pages = [k_pages] if latent else [k_pages, v_pages]
     scales = [k_scales] if latent else [k_scales, v_scales]
     widths = [("D", d), ("DV", dv)] if latent else [("D", d)]
-    second = _row_inputs(rows, q.dtype) if latent else []
-    rows_template = [("ROWS", rows is not None), ("RBS", rows.rows_per_block if rows else 1)]
+    second, rows_template = row_inputs(rows, q.dtype) if latent else ([], [])
     slots = max(1, p.split_groups * p.num_splits)
     out, part_ml, part_acc = make_kernel(metal_kernel or _default_factory(), latent)(
         inputs=[
@@ -337,38 +339,12 @@ def paged_attention_kernel(
             ("T", q.dtype), *widths, ("BS", bs), ("TK", tiling.chunk_keys),
             ("NSG", tiling.num_simdgroups), ("QPS", tiling.qvs_per_simdgroup),
             ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
-            ("GS", group), ("SPARSE", top_k > 0), *(rows_template if latent else []),
+            ("GS", group), ("SPARSE", top_k > 0), *rows_template,
         ],
     )  # fmt: skip
     if p.split_groups == 0:
         return out
     return _merge_splits(out, part_ml, part_acc, p, sink_arr if sinks is not None else None)
-
-
-def every_visible_position(meta: AttentionMetadata, window: int | None) -> mx.array:
-    """A dense first source as the sparse form's lists: ``[N, E]``, each query row's visible
-    positions (its window, else its context), -1 past them; E the longest such span."""
-    cu = meta.host_cu_seqlens_q.astype(np.int64)
-    q_lens = cu[1:] - cu[:-1]
-    seq_of_row = np.repeat(np.arange(len(q_lens)), q_lens)
-    pos = meta.host_seq_lens.astype(np.int64)[seq_of_row] - q_lens[seq_of_row]
-    pos += np.arange(len(seq_of_row)) - cu[seq_of_row]
-    span = int(min(window, pos.max(initial=0) + 1) if window else pos.max(initial=0) + 1)
-    listed = pos[:, None] - np.arange(max(span, 1))[None]
-    return mx.array(np.where(listed >= 0, listed, -1).astype(np.int32))
-
-
-def _row_inputs(rows: RowSource | None, dtype: mx.Dtype) -> list[mx.array]:
-    """The latent body's second-source inputs: row pages (codes when quantized), their scales,
-    block table and lists; 1-element placeholders without a second source."""
-    if rows is None:
-        return [mx.zeros((1,), dtype), mx.zeros((1,), mx.float16),
-                mx.zeros((1,), mx.int32), mx.zeros((1,), mx.int32)]  # fmt: skip
-    pages, table, selected = rows
-    lists = [table.astype(mx.int32), selected.astype(mx.int32)]
-    if isinstance(pages, QuantizedPages):
-        return [pages.codes, pages.scales, *lists]
-    return [pages, mx.zeros((1,), mx.float16), *lists]
 
 
 def _merge_splits(

@@ -53,6 +53,11 @@ CASES = {
         [100, 30], [1, 6], row_counts=[24, 7], row_top_k=6, sliding_window=16, sinks=True,
         **LATENT,
     ),
+    # DeepSeek V4's shape: 512-wide rows, all of them values, a dense window and sinks
+    "deepseek_v4_window_512_bf16": Case(
+        [200, 40], [1, 5], row_counts=[50, 10], row_top_k=12, sliding_window=32, sinks=True,
+        dtype=BF16, num_q_heads=16, num_kv_heads=1, head_dim=512, value_dim=512,
+    ),
     "no_rows_anywhere": Case([50, 20], [1, 4], top_k=8, row_counts=[0, 0], row_top_k=4, **LATENT),
     "20_heads_two_tiles_4bit": Case(
         [64, 30], [1, 3], top_k=8, row_counts=[12, 5], row_top_k=4, kv_bits=4, group_size=16,

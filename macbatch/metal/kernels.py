@@ -5,9 +5,10 @@ dispatch per call (plus a small MLX merge when long decode contexts were split);
 `MetalKernelBackend` is its entry in the backend registry. The kernel body lives in
 ``paged_attention.metal`` (its header comment explains the work decomposition), helpers in
 ``paged_attention.h``; latent pages (MLA, ``LayerParams.value_dim``) have their own body,
-``paged_attention_latent.metal``, on the same work list, splits and merge. ``metal_kernel`` is
-the constructor of the kernel object: MLX's ``mx.fast.metal_kernel`` on a Mac, the test suite's
-MSL emulator on Linux (same signature).
+``paged_attention_latent.metal``, on the same work list, splits and merge (and reads a second
+source of rows, ``row_inputs.py``). ``metal_kernel`` is the constructor of the kernel object:
+MLX's ``mx.fast.metal_kernel`` on a Mac, the test suite's MSL emulator on Linux (same
+signature).
 """
 
 from __future__ import annotations
@@ -23,16 +24,26 @@ import mlx.core as mx
 import numpy as np
 
 from macbatch.arithmetic import ceil_div
-from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
+from macbatch.metal.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    LayerParams,
+    Pages,
+    check_row_source,
+)
 from macbatch.metal.quant import QuantizedPages
+from macbatch.metal.row_inputs import every_visible_position, row_inputs
 
 HERE = Path(__file__).resolve().parent
 INPUT_NAMES = [
     "q", "k_pages", "v_pages", "block_tables", "seq_lens", "cu_seqlens_q", "work", "params_i",
     "params_f", "sinks", "k_scales", "v_scales", "selected",
 ]  # fmt: skip
-# Latent pages: the key pages are the values too, so no V pages or V scales.
-LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")]
+# Latent pages: the key pages are the values too, so no V pages or V scales; a second source
+# of rows (LayerParams.rows) has its pages, scales, block table and lists.
+LATENT_INPUT_NAMES = [n for n in INPUT_NAMES if n not in ("v_pages", "v_scales")] + [
+    "row_pages", "row_scales", "row_table", "row_selected",
+]  # fmt: skip
 OUTPUT_NAMES = ["out", "part_ml", "part_acc"]
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_HEAD_DIM = 256
@@ -274,22 +285,32 @@ def paged_attention_kernel(
 ) -> mx.array:
     """The attention contract of ``reference.py``, computed by the Metal kernel; latent pages
     (``layer.value_dim``) by its latent body, which reads only ``k_pages``; sparse attention
-    (``layer.selected``) by either body's SPARSE form, which reads only the listed rows."""
+    (``layer.selected``) by either body's SPARSE form, which reads only the listed rows; a second
+    source of rows (``layer.rows``) by the latent body's sparse form with ROWS, after each query
+    row's tokens (a dense first source listed on the host, ``row_inputs.py``)."""
     scale, sliding_window, softcap, sinks, value_dim, selected, rows = layer
     latent = value_dim is not None
     check_shapes(q, k_pages, v_pages, value_dim)
     n, hq, d = q.shape
     dv = value_dim or d
     hkv, bs = k_pages.shape[1], k_pages.shape[2]
+    row_top_k = 0 if rows is None else check_row_source(q, k_pages, meta, layer)
+    if rows is not None and selected is None:  # the body reads rows in its sparse form only
+        selected = every_visible_position(meta, sliding_window)
     top_k = 0 if selected is None else check_selected(selected, n)
     q_lens = meta.host_cu_seqlens_q[1:] - meta.host_cu_seqlens_q[:-1]
     tiling = (choose_latent_tiling if latent else choose_tiling)(
         d, bs, hq // hkv, 1 if top_k else int(q_lens.max(initial=1))
     )
-    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split, top_k)
+    # The tokens' entries, padded to whole chunks when the rows' follow (the body's split_at).
+    tk = tiling.chunk_keys
+    entries = ceil_div(top_k, tk) * tk + row_top_k if row_top_k else top_k
+    p = plan(meta.host_seq_lens, meta.host_cu_seqlens_q, hq, hkv, tiling, split, entries)
     window = int(sliding_window) if sliding_window else 0
+    row_blocks = 0 if rows is None else rows.block_table.shape[1]
     params_i = mx.array(
-        [hq, hkv, meta.block_tables.shape[1], window, p.num_splits, top_k], dtype=mx.int32
+        [hq, hkv, meta.block_tables.shape[1], window, p.num_splits, top_k, row_top_k, row_blocks],
+        dtype=mx.int32,
     )
     listed = mx.zeros((1,), mx.int32) if selected is None else selected.astype(mx.int32)
     params_f = mx.array([scale, softcap or 0.0], dtype=mx.float32)
@@ -303,11 +324,12 @@ def paged_attention_kernel(
     pages = [k_pages] if latent else [k_pages, v_pages]
     scales = [k_scales] if latent else [k_scales, v_scales]
     widths = [("D", d), ("DV", dv)] if latent else [("D", d)]
+    second, rows_template = row_inputs(rows, q.dtype) if latent else ([], [])
     slots = max(1, p.split_groups * p.num_splits)
     out, part_ml, part_acc = make_kernel(metal_kernel or _default_factory(), latent)(
         inputs=[
             q, *pages, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, mx.array(p.work),
-            params_i, params_f, sink_arr, *scales, listed,
+            params_i, params_f, sink_arr, *scales, listed, *second,
         ],
         output_shapes=[(n, hq, dv), (slots, tiling.tile, 2), (slots, tiling.tile, dv)],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
@@ -317,7 +339,7 @@ def paged_attention_kernel(
             ("T", q.dtype), *widths, ("BS", bs), ("TK", tiling.chunk_keys),
             ("NSG", tiling.num_simdgroups), ("QPS", tiling.qvs_per_simdgroup),
             ("SOFTCAP", softcap is not None), ("SINKS", sinks is not None), ("BITS", bits),
-            ("GS", group), ("SPARSE", top_k > 0),
+            ("GS", group), ("SPARSE", top_k > 0), *rows_template,
         ],
     )  # fmt: skip
     if p.split_groups == 0:

@@ -81,10 +81,27 @@ inline uint chunk_row(
          uint(at % bs);
 }
 
+// The second source of rows (the latent body's ROWS): entry e of the tile's row's list of rows
+// (-1: none listed there, or e outside the tile's range). No causal or window rule: the caller
+// lists only rows the query row may read.
+template <typename S>
+inline int listed_row(S row_selected, int list_base, int e, bool live) {
+  return live ? row_selected[list_base + e] : -1;
+}
+
+// The pool row of the second source's row r (one KV head), through its own block table of rbs
+// rows per block.
+template <typename B>
+inline uint source_row(B row_table, int table_base, int rbs, int r) {
+  const int at = max(r, 0);
+  return uint(row_table[table_base + at / rbs]) * uint(rbs) + uint(at % rbs);
+}
+
 // One work item of either kernel body: work[w] = {seq, kv_head, qv_start, qv_count, part}, the
-// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits, top_k}
-// and where the item's sequence sits. Templated on the pointer types: small metadata arrays arrive
-// in the `constant` address space.
+// call's params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window, num_splits, top_k,
+// row_top_k, row_max_blocks} (the last two: the latent body's second source) and where the
+// item's sequence sits. Templated on the pointer types: small metadata arrays arrive in the
+// `constant` address space.
 struct AttentionWork {
   int seq, kvh, qv0, nqv, part;
   int hq, hkv, max_blocks, window, num_splits, top_k, group;

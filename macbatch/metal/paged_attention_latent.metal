@@ -13,9 +13,16 @@
 // Sparse attention (SPARSE) as in paged_attention.metal: a tile holds query heads of one row, its
 // chunks are entries of the row's list of selected positions, each row loaded from wherever the
 // block table puts it and only when the row may see it.
+// A second source of rows (ROWS, with SPARSE; DeepSeek V4's compressed rows): after its top_k
+// token entries (padded to whole chunks) a tile's range holds the row_top_k entries of its row's
+// list of rows (`row_selected`, -1: none), each found through the rows' own block table
+// (`row_table`, RBS rows per block) in `row_pages` (`row_scales`), in the same format as the
+// token pages; a chunk holds entries of one source only, so everything after the load, the
+// split parts and the merge are unchanged. The caller lists only rows the query row may read.
 // Template: T, D (row width), DV (value width), BS, TK, NSG, QPS, SOFTCAP, SINKS, BITS, GS,
-// SPARSE.
-// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits, top_k}
+// SPARSE, ROWS, RBS.
+// params_i = {num_q_heads, num_kv_heads, max_blocks, sliding_window (0: none), num_splits, top_k,
+//             row_top_k, row_max_blocks}
 // params_f = {scale, softcap}
 
 constexpr int MAXQV = NSG * QPS;
@@ -50,6 +57,11 @@ const int table_base = seq * max_blocks;
 // Sparse: the tile's row, its position and its list of selected positions.
 const int row_pos = first_pos + qv0 / group;
 const int list_base = (q_begin + qv0 / group) * top_k;
+// The second source: its entries follow the tokens' at split_at, a chunk boundary.
+const int row_top_k = ROWS ? params_i[6] : 0;
+const int split_at = ROWS ? (top_k + TK - 1) / TK * TK : top_k;
+const int row_list_base = (q_begin + qv0 / group) * row_top_k;
+const int row_table_base = ROWS ? seq * params_i[7] : 0;
 
 threadgroup float rows[TK * D];
 threadgroup float rsb[TK * NGS * 2];  // (scale, bias) of the chunk's rows (quantized pages)
@@ -78,43 +90,54 @@ for (int j = 0; j < QPS; ++j) {
 }
 
 const KeyRange keys =
-    visible_keys(first_pos, qv0, nqv, group, window, top_k, part, num_splits, TK);
+    visible_keys(first_pos, qv0, nqv, group, window, split_at + row_top_k, part, num_splits, TK);
 const int k_begin = keys.begin;
 const int k_end = keys.end;
 
 for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
   threadgroup_barrier(mem_flags::mem_threadgroup);  // the previous chunk is done
+  const bool second = ROWS && c >= split_at;         // the chunk's source, uniform
+  // Where the chunk's live entries end: a token chunk's before the padding up to split_at.
+  const int c_end = ROWS && !second ? min(k_end, top_k) : k_end;
   const uint block = SPARSE ? 0u : uint(block_tables[table_base + c / BS]);
   const uint row0 = (block * uint(hkv) + uint(kvh)) * uint(BS) + uint(c % BS);
   if (BITS == 0) {
     for (int i = tid; i < TK * D; i += NT) {
       const int t = i / D;
-      const bool live = c + t >= k_begin && c + t < k_end;
-      const int key = entry_key(SPARSE, selected, list_base, c + t, live, row_pos, window);
-      const uint at =
-          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key) * uint(D) +
-          uint(i % D);
-      rows[i] = key >= 0 ? kv_load(k_pages, at) : 0.0f;
+      const bool live = c + t >= k_begin && c + t < c_end;
+      const int key = second
+                          ? listed_row(row_selected, row_list_base, c + t - split_at, live)
+                          : entry_key(SPARSE, selected, list_base, c + t, live, row_pos, window);
+      const uint row = second ? source_row(row_table, row_table_base, RBS, key)
+                              : chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, t, key);
+      const uint at = row * uint(D) + uint(i % D);
+      rows[i] = key < 0 ? 0.0f : second ? kv_load(row_pages, at) : kv_load(k_pages, at);
     }
   } else {
     for (int i = tid; i < TK * NGS * 2; i += NT) {
       const int r = i / (NGS * 2);
-      const bool live = c + r >= k_begin && c + r < k_end;
-      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
-      const uint at = chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) *
-                          uint(NGS * 2) +
-                      uint(i % (NGS * 2));
-      rsb[i] = key >= 0 ? kv_load(k_scales, at) : 0.0f;
+      const bool live = c + r >= k_begin && c + r < c_end;
+      const int key = second
+                          ? listed_row(row_selected, row_list_base, c + r - split_at, live)
+                          : entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
+      const uint row = second ? source_row(row_table, row_table_base, RBS, key)
+                              : chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key);
+      const uint at = row * uint(NGS * 2) + uint(i % (NGS * 2));
+      rsb[i] = key < 0 ? 0.0f : second ? kv_load(row_scales, at) : kv_load(k_scales, at);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (int i = tid; i < TK * RB; i += NT) {
       const int r = i / RB;
-      const bool live = c + r >= k_begin && c + r < k_end;
-      const int key = entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
-      const uint at =
-          chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key) * uint(RB) +
-          uint(i % RB);
-      const uint byte = key >= 0 ? uint(kv_load(k_pages, at)) : 0u;
+      const bool live = c + r >= k_begin && c + r < c_end;
+      const int key = second
+                          ? listed_row(row_selected, row_list_base, c + r - split_at, live)
+                          : entry_key(SPARSE, selected, list_base, c + r, live, row_pos, window);
+      const uint row = second ? source_row(row_table, row_table_base, RBS, key)
+                              : chunk_row(SPARSE, block_tables, table_base, hkv, kvh, BS, row0, r, key);
+      const uint at = row * uint(RB) + uint(i % RB);
+      const uint byte = key < 0    ? 0u
+                        : second ? uint(kv_load(row_pages, at))
+                                 : uint(kv_load(k_pages, at));
       for (int e = 0; e < EPB; ++e) {
         const int d = (i % RB) * EPB + e;
         const int sb = (r * NGS + d / GS) * 2;
@@ -143,9 +166,11 @@ for (int c = (k_begin / TK) * TK; c < k_end; c += TK) {
         }
       }
       const float s = simd_sum(dot);
-      const bool live = c + t >= k_begin && c + t < k_end;
-      const int key = entry_key(SPARSE, selected, list_base, c + t, live, pos, window);
-      const bool visible = key >= 0 && key <= pos && (window <= 0 || key > pos - window);
+      const bool live = c + t >= k_begin && c + t < c_end;
+      const int key = second ? listed_row(row_selected, row_list_base, c + t - split_at, live)
+                             : entry_key(SPARSE, selected, list_base, c + t, live, pos, window);
+      const bool visible =
+          key >= 0 && (second || (key <= pos && (window <= 0 || key > pos - window)));
       p[t] = visible ? (SOFTCAP ? soft_cap(s, params_f[1]) * M_LOG2E_F : s) : -INFINITY;
       chunk_max = max(chunk_max, p[t]);
     }

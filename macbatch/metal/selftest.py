@@ -4,7 +4,8 @@ A kernel that compiles on one machine can miscompile, or fail to build, on anoth
 Metal compiler, another C++ toolchain), so the registry runs this once per backend before
 trusting it. It covers what a step can mix: decode rows and prefill chunks, each page dtype,
 8-bit and 4-bit pages, with and without sliding window, softcap and sinks, latent (MLA) pages,
-and sparse attention (each row attending to a short list of its sequence's positions), so a
+sparse attention (each row attending to a short list of its sequence's positions) and, on latent
+pages, a second source of rows (DeepSeek V4's compressed rows, read in the same softmax), so a
 backend that reads any of them wrong is never selected.
 """
 
@@ -13,7 +14,13 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from macbatch.metal.backend import AttentionBackend, AttentionMetadata, LayerParams, Pages
+from macbatch.metal.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    LayerParams,
+    Pages,
+    RowSource,
+)
 from macbatch.metal.quant import QuantizedPages, quantize
 from macbatch.metal.reference import paged_attention_reference
 
@@ -30,6 +37,8 @@ _FORMATS = [
 _SHAPES = [(4, 2, 64, None), (16, 1, 96, 64)]
 _BLOCKS, _BLOCK_SIZE = 24, 16
 _TOP_K = 8  # sparse attention: entries per row, fewer than most rows may see
+# The second source: rows per sequence (one sequence has none), pages of 4 rows, 5 entries a row
+_ROW_COUNTS, _ROWS_PER_BLOCK, _ROW_TOP_K = (10, 5, 0, 8), 4, 5
 
 
 def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
@@ -52,7 +61,8 @@ def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
             page_shape = (_BLOCKS, hkv, _BLOCK_SIZE, d)
             kv = [mx.array(rng.standard_normal(page_shape), dtype=dtype) for _ in range(2)]
             k, v = _pages(kv, bits)
-            for options, layer in _layers(shape, selected, rng).items():
+            rows = _row_source(d, dtype, bits, q_lens, rng) if value_dim else None
+            for options, layer in _layers(shape, selected, rows, rng).items():
                 failure = _compare(backend, (q, k, k if value_dim else v, meta, layer), tol)
                 if failure:
                     pages = f"{bits}-bit pages" if bits else f"{dtype} pages"
@@ -61,16 +71,21 @@ def selftest(backend: AttentionBackend, seed: int = 0) -> tuple[bool, str]:
 
 
 def _layers(
-    shape: tuple[int, int, int, int | None], selected: mx.array, rng: np.random.Generator
+    shape: tuple[int, int, int, int | None],
+    selected: mx.array,
+    rows: RowSource | None,
+    rng: np.random.Generator,
 ) -> dict:
     """The layer options each shape is tested with, by name: latent layers (MLA) need no
-    window, softcap or sinks."""
+    window, softcap or sinks, and take the second source of rows."""
     hq, _, d, value_dim = shape
     if value_dim is not None:
         latent = f"latent {d}/{value_dim}"
+        sparse = LayerParams(d**-0.5, value_dim=value_dim, selected=selected)
         return {
             latent: LayerParams(d**-0.5, value_dim=value_dim),
-            f"{latent} sparse": LayerParams(d**-0.5, value_dim=value_dim, selected=selected),
+            f"{latent} sparse": sparse,
+            f"{latent} sparse+rows": sparse._replace(rows=rows),
         }
     sinks = mx.array(rng.standard_normal(hq), dtype=mx.float32)
     return {
@@ -91,6 +106,22 @@ def _selection(lens: np.ndarray, q_lens: np.ndarray, rng: np.random.Generator) -
                 picked[0] = pos
             rows.append(np.pad(picked, (0, _TOP_K - len(picked)), constant_values=-1))
     return mx.array(np.array(rows, dtype=np.int32))
+
+
+def _row_source(
+    d: int, dtype: mx.Dtype, bits: int | None, q_lens: np.ndarray, rng: np.random.Generator
+) -> RowSource:
+    """A second source in the pages' format: each sequence's rows under a shuffled table of
+    its own, each query row listing up to ``_ROW_TOP_K`` distinct ones (-1 past them)."""
+    per_seq = -(-max(_ROW_COUNTS) // _ROWS_PER_BLOCK)
+    blocks = len(_ROW_COUNTS) * per_seq
+    table = rng.permutation(blocks).reshape(len(_ROW_COUNTS), per_seq).astype(np.int32)
+    lists = np.full((int(q_lens.sum()), _ROW_TOP_K), -1, dtype=np.int32)
+    for i, count in enumerate(np.repeat(_ROW_COUNTS, q_lens)):
+        picked = rng.permutation(int(count))[:_ROW_TOP_K]
+        lists[i, : len(picked)] = picked
+    x = mx.array(rng.standard_normal((blocks, 1, _ROWS_PER_BLOCK, d)), dtype=dtype)
+    return RowSource(_pages([x], bits)[0], mx.array(table), mx.array(lists))
 
 
 def _compare(backend: AttentionBackend, args: tuple, tol: float) -> str | None:

@@ -24,6 +24,7 @@ from tests.support.attention_cases import (
     query_positions,
     relative_error,
 )
+from tests.support.kernel_checks import check_backends, kernel_backends
 from tests.support.msl.emulator import Emulator
 
 F16, BF16 = mx.float16, mx.bfloat16
@@ -35,29 +36,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 # Decode rows on long contexts and a prefill chunk on 50 cached tokens, in one call.
 MIXED = dict(seq_lens=[120, 70, 58, 1], q_lens=[1, 1, 8, 1], top_k=12)
-
-
-def backends() -> dict[str, AttentionBackend]:
-    return {"metal": emulated_attention(), "cpu": _Cpu()}
-
-
-class _Cpu(AttentionBackend):
-    name = "cpu-test"
-    label = "CPU kernel"
-    __call__ = staticmethod(paged_attention_cpu)
-
-
-def check_backends(case: Case, split: SplitPolicy | None = None) -> None:
-    """The kernels on poisoned pages and the reference on finite ones all match numpy."""
-    want = case.oracle()
-    tol = TOLERANCE[case.dtype]
-    kernels = {"metal": emulated_attention(split=split), "cpu": _Cpu()}
-    for name, backend in kernels.items():
-        got = backend(*case.args(poisoned=True))
-        assert got.shape == case.out_shape and got.dtype == case.dtype
-        assert relative_error(got, want) <= tol, f"{name}: {relative_error(got, want)}"
-    ref = paged_attention_reference(*case.args(poisoned=False))
-    assert relative_error(ref, want) <= tol, f"reference: {relative_error(ref, want)}"
 
 
 @pytest.mark.parametrize("bits", [None, 8, 4])
@@ -119,7 +97,7 @@ def test_the_kernels_do_not_defer_to_the_reference(monkeypatch):
 
     monkeypatch.setattr(reference, "_listed_attention", refused)
     case = Case(**MIXED, **SHAPES["latent_48_36"], kv_bits=8)
-    for name, backend in backends().items():
+    for name, backend in kernel_backends().items():
         got = backend(*case.args(poisoned=True))
         assert relative_error(got, case.oracle()) <= TOLERANCE[case.dtype], name
 
@@ -129,7 +107,7 @@ def test_poison_catches_a_kernel_that_reads_every_token():
     fail for a kernel that read the whole context (and are finite and right for the sparse one)."""
     case = Case(**MIXED, **SHAPES["gqa"])
     q, k, v, meta, layer = case.args(poisoned=True)
-    for name, backend in backends().items():
+    for name, backend in kernel_backends().items():
         dense = backend(q, k, v, meta, layer._replace(selected=None))
         assert np.isnan(np.array(dense.astype(mx.float32))).any(), name
         sparse = np.array(backend(q, k, v, meta, layer).astype(mx.float32))
@@ -145,7 +123,7 @@ def test_a_few_other_positions_give_the_other_answer(shape):
     want, want_other = case.oracle(), case.oracle(other)
     rows_changed = np.abs(want - want_other)[changed].max(axis=(1, 2))
     assert (rows_changed > 1e-3).all()  # the change matters to numpy
-    every = {**backends(), "reference": paged_attention_reference}
+    every = {**kernel_backends(), "reference": paged_attention_reference}
     for name, backend in every.items():
         got = backend(*case.args(poisoned=False))
         got_other = backend(*case.args(poisoned=False, selected=other))

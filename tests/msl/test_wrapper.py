@@ -7,6 +7,7 @@ import mlx.core as mx
 import pytest
 
 from macbatch.metal import kernels
+from tests.support.attention_cases import Case
 from tests.support.msl.wrapper import InputSpec, generate
 
 BODY = """
@@ -93,3 +94,39 @@ def test_paged_attention_kernel_source(capfd, tmp_path, num_seqs):
     assert gen.source == printed
     assert ("const constant int32_t* seq_lens" in printed) == (num_seqs < 8)
     assert ("const device uint8_t* k_pages" in printed) == (bits == 4)
+
+
+# The latent body as paged_attention_kernel calls it: 4-bit pages with a second source of rows
+# (its codes, scales, table and lists as inputs), and float pages without one (placeholders).
+@pytest.mark.parametrize("rows", [True, False])
+def test_latent_kernel_source_as_called(capfd, tmp_path, rows):
+    case = Case(
+        [40, 20], [1, 3], top_k=8, row_counts=[6, 3] if rows else None,
+        row_top_k=4 if rows else None, kv_bits=4 if rows else None, group_size=16 if rows else None,
+        num_q_heads=16, num_kv_heads=1, head_dim=48, value_dim=36, block_size=8,
+    )  # fmt: skip
+    calls: list[tuple[dict, dict]] = []
+
+    def recording(**made):
+        def call(**called):
+            calls.append((made, called))
+            shapes, dtypes = called["output_shapes"], called["output_dtypes"]
+            return [mx.zeros(s, d) for s, d in zip(shapes, dtypes, strict=True)]
+
+        return call
+
+    kernels.paged_attention_kernel(*case.args(poisoned=False), metal_kernel=recording)
+    ((made, called),) = calls
+    inputs = called.pop("inputs")
+    names = made["input_names"], made["output_names"]
+    printed = _mlx_printed(
+        capfd, tmp_path, made["name"], *names, made["source"], made["header"], inputs, called
+    )
+    gen = generate(
+        made["name"], *names, made["source"], made["header"],
+        [InputSpec(x.dtype, x.ndim, x.size) for x in inputs], called["output_dtypes"],
+        called["template"],
+    )  # fmt: skip
+    assert gen.source == printed
+    assert ("const device uint8_t* row_pages" in printed) == rows
+    assert ("const constant int32_t* row_selected" in printed) == (not rows)
